@@ -1,0 +1,41 @@
+{
+  "target_defaults": {
+    "cflags": ["-O3", "-fPIC", "-Wall", "-Wno-unused-function"],
+    "cflags_c": ["-std=gnu11"],
+    "cflags_cc": ["-std=c++17"],
+    "include_dirs": ["native/src"]
+  },
+  "targets": [
+    {
+      "target_name": "prima",
+      "sources": [
+        "native/addon.cc",
+        "native/bind_kernels.cc",
+        "native/bind_model.cc",
+        "native/src/kernels.c",
+        "native/src/quants.c",
+        "native/src/threadpool.c",
+        "native/src/matmul.c",
+        "native/src/ops.c",
+        "native/src/model.c"
+      ],
+      "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
+      "defines": ["NAPI_VERSION=8", "NODE_ADDON_API_DISABLE_CPP_EXCEPTIONS"],
+      "libraries": ["-lpthread", "-lm"],
+      "conditions": [
+        ["target_arch=='x64'", { "dependencies": ["prima_avx2"] }],
+        ["target_arch=='arm64'", { "sources": ["native/src/quants_neon.c"] }]
+      ]
+    },
+    {
+      "target_name": "prima_avx2",
+      "type": "static_library",
+      "conditions": [
+        ["target_arch=='x64'", {
+          "sources": ["native/src/quants_avx2.c"],
+          "cflags": ["-mavx2", "-mfma", "-mf16c"]
+        }]
+      ]
+    }
+  ]
+}

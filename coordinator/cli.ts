@@ -1,0 +1,37 @@
+#!/usr/bin/env node
+// prima-coord: the coordinator's command line. Each subcommand lives in its own module and is loaded
+// on demand, so `prima-coord run` does not pay for the scheduler or the model generator.
+
+type Command = (args: string[]) => Promise<number>;
+
+const commands: Record<string, { summary: string; load: () => Promise<Command> }> = {
+  run: { summary: "run model.gguf -p PROMPT [-n N]   generate text (alone, or with joined workers)", load: async () => (await import("./run-command.js")).runCommand },
+  plan: { summary: "plan model.gguf --devices devices.json   print Halda's plan for a cluster", load: async () => (await import("./plan-command.js")).planCommand },
+  "make-model": { summary: "make-model --shape NAME --type TYPE --out FILE   write a random-weight GGUF", load: async () => (await import("./make-model-command.js")).makeModelCommand },
+};
+
+function usage(): string {
+  return ["usage: prima-coord <command> [options]", "", ...Object.entries(commands).map(([n, c]) => `  ${n.padEnd(11)} ${c.summary}`)].join("\n");
+}
+
+async function main(argv: string[]): Promise<number> {
+  const [name, ...rest] = argv;
+  if (!name || name === "-h" || name === "--help") {
+    console.log(usage());
+    return name ? 0 : 2;
+  }
+  const cmd = commands[name];
+  if (!cmd) {
+    console.error(`prima-coord: unknown command "${name}"\n${usage()}`);
+    return 2;
+  }
+  return (await cmd.load())(rest);
+}
+
+main(process.argv.slice(2)).then(
+  (code) => { process.exitCode = code; },
+  (err: unknown) => {
+    console.error(`prima-coord: ${err instanceof Error ? err.message : String(err)}`);
+    process.exitCode = 1;
+  },
+);

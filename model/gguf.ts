@@ -1,0 +1,477 @@
+// GGUF reader and writer (versions 2 and 3, little-endian), as llama.cpp's gguf.cpp defines the format.
+// The reader reads only the header (metadata and tensor table) and checks every count, length and
+// offset against the file before trusting it: a hostile file gets a GgufError naming the problem.
+
+import { closeSync, fstatSync, openSync, readSync, writeSync } from "node:fs";
+import { ggmlTypeInfo, ggmlTypeName } from "./ggml-types.js";
+
+export class GgufError extends Error {
+  override name = "GgufError";
+}
+
+/** GGUF metadata value types (gguf.h). */
+export const GgufValueType = {
+  UINT8: 0, INT8: 1, UINT16: 2, INT16: 3, UINT32: 4, INT32: 5, FLOAT32: 6, BOOL: 7,
+  STRING: 8, ARRAY: 9, UINT64: 10, INT64: 11, FLOAT64: 12,
+} as const;
+export type GgufValueTypeId = (typeof GgufValueType)[keyof typeof GgufValueType];
+
+export type GgufArray =
+  | { readonly itemType: GgufValueTypeId; readonly items: readonly string[] }
+  | { readonly itemType: GgufValueTypeId; readonly items: readonly boolean[] }
+  | { readonly itemType: GgufValueTypeId; readonly items: readonly GgufArray[] }
+  | { readonly itemType: GgufValueTypeId; readonly items: NumericArray };
+export type NumericArray =
+  | Uint8Array | Int8Array | Uint16Array | Int16Array | Uint32Array | Int32Array
+  | Float32Array | Float64Array | BigUint64Array | BigInt64Array;
+export type GgufScalar = number | bigint | boolean | string;
+export type GgufValue = GgufScalar | GgufArray;
+
+export interface GgufKV {
+  readonly key: string;
+  readonly type: GgufValueTypeId;
+  readonly value: GgufValue;
+}
+
+export interface GgufTensorInfo {
+  readonly name: string;
+  /** ggml order: dims[0] is the row length (contiguous), as llama.cpp's ne[]. */
+  readonly dims: readonly number[];
+  readonly type: number;
+  /** Offset from the start of the data section. */
+  readonly relOffset: number;
+  /** Absolute offset in the file. */
+  readonly offset: number;
+  readonly nBytes: number;
+  readonly nElements: number;
+}
+
+export interface GgufFile {
+  readonly path: string;
+  readonly version: number;
+  readonly fileBytes: number;
+  readonly alignment: number;
+  readonly dataOffset: number;
+  readonly metadata: ReadonlyMap<string, GgufKV>;
+  readonly tensors: readonly GgufTensorInfo[];
+}
+
+const MAGIC = 0x46554747; // "GGUF" little-endian
+const MAX_DIMS = 4;
+const MAX_COUNT = 1 << 24; // tensors or keys: far beyond any real model
+const MAX_NESTING = 4;
+
+/** Growable view over the start of a file; reads more on demand, never past the end. */
+class Cursor {
+  private buf: Buffer;
+  pos = 0;
+  constructor(private readonly fd: number, readonly fileBytes: number, private readonly path: string) {
+    this.buf = Buffer.alloc(0);
+    this.ensure(Math.min(fileBytes, 1 << 20));
+  }
+  private ensure(end: number): void {
+    if (end <= this.buf.length) return;
+    if (end > this.fileBytes) {
+      throw new GgufError(`${this.path}: truncated header: needs ${end} bytes, file has ${this.fileBytes}`);
+    }
+    const want = Math.min(this.fileBytes, Math.max(end, this.buf.length * 2));
+    const next = Buffer.alloc(want);
+    this.buf.copy(next);
+    let off = this.buf.length;
+    while (off < want) {
+      const n = readSync(this.fd, next, off, want - off, off);
+      if (n <= 0) throw new GgufError(`${this.path}: read failed at byte ${off}`);
+      off += n;
+    }
+    this.buf = next;
+  }
+  take(n: number, what: string): Buffer {
+    if (n < 0 || this.pos + n > this.fileBytes) {
+      throw new GgufError(`${this.path}: ${what} at byte ${this.pos} needs ${n} bytes, past end of file (size ${this.fileBytes})`);
+    }
+    this.ensure(this.pos + n);
+    const b = this.buf.subarray(this.pos, this.pos + n);
+    this.pos += n;
+    return b;
+  }
+  remaining(): number {
+    return this.fileBytes - this.pos;
+  }
+  u8(w: string) { return this.take(1, w).readUInt8(0); }
+  i8(w: string) { return this.take(1, w).readInt8(0); }
+  u16(w: string) { return this.take(2, w).readUInt16LE(0); }
+  i16(w: string) { return this.take(2, w).readInt16LE(0); }
+  u32(w: string) { return this.take(4, w).readUInt32LE(0); }
+  i32(w: string) { return this.take(4, w).readInt32LE(0); }
+  f32(w: string) { return this.take(4, w).readFloatLE(0); }
+  f64(w: string) { return this.take(8, w).readDoubleLE(0); }
+  u64(w: string): bigint { return this.take(8, w).readBigUInt64LE(0); }
+  i64(w: string): bigint { return this.take(8, w).readBigInt64LE(0); }
+  /** A u64 that must fit a JS number and stay below `max`. */
+  count(w: string, max: number): number {
+    const v = this.u64(w);
+    if (v > BigInt(max)) throw new GgufError(`${this.path}: ${w} is ${v}, more than the limit ${max}`);
+    return Number(v);
+  }
+  string(w: string): string {
+    const n = this.count(`${w} length`, this.remaining());
+    return this.take(n, w).toString("utf8");
+  }
+}
+
+function scalarSize(t: number): number | undefined {
+  switch (t) {
+    case GgufValueType.UINT8: case GgufValueType.INT8: case GgufValueType.BOOL: return 1;
+    case GgufValueType.UINT16: case GgufValueType.INT16: return 2;
+    case GgufValueType.UINT32: case GgufValueType.INT32: case GgufValueType.FLOAT32: return 4;
+    case GgufValueType.UINT64: case GgufValueType.INT64: case GgufValueType.FLOAT64: return 8;
+    default: return undefined;
+  }
+}
+
+/** u64/i64 become numbers when exact, else bigint. */
+function intOrBig(v: bigint): number | bigint {
+  return v >= BigInt(Number.MIN_SAFE_INTEGER) && v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v;
+}
+
+function readValue(c: Cursor, type: number, key: string, depth: number): GgufValue {
+  switch (type) {
+    case GgufValueType.UINT8: return c.u8(key);
+    case GgufValueType.INT8: return c.i8(key);
+    case GgufValueType.UINT16: return c.u16(key);
+    case GgufValueType.INT16: return c.i16(key);
+    case GgufValueType.UINT32: return c.u32(key);
+    case GgufValueType.INT32: return c.i32(key);
+    case GgufValueType.FLOAT32: return c.f32(key);
+    case GgufValueType.FLOAT64: return c.f64(key);
+    case GgufValueType.UINT64: return intOrBig(c.u64(key));
+    case GgufValueType.INT64: return intOrBig(c.i64(key));
+    case GgufValueType.BOOL: {
+      const b = c.u8(key);
+      if (b > 1) throw new GgufError(`key ${key}: bool value ${b} is neither 0 nor 1`);
+      return b === 1;
+    }
+    case GgufValueType.STRING: return c.string(key);
+    case GgufValueType.ARRAY: return readArray(c, key, depth);
+    default: throw new GgufError(`key ${key}: unknown value type ${type}`);
+  }
+}
+
+function readArray(c: Cursor, key: string, depth: number): GgufArray {
+  if (depth >= MAX_NESTING) throw new GgufError(`key ${key}: arrays nested deeper than ${MAX_NESTING}`);
+  const itemType = c.u32(`${key} array type`) as GgufValueTypeId;
+  const size = scalarSize(itemType);
+  // Every item takes at least one byte (strings 8), so the count is bounded by what is left.
+  const minItem = size ?? 8;
+  const n = c.count(`${key} array length`, Math.floor(c.remaining() / minItem));
+  if (size !== undefined && itemType !== GgufValueType.BOOL) {
+    const raw = c.take(n * size, `${key} array`);
+    const copy = new Uint8Array(raw); // aligned copy for typed-array views
+    const b = copy.buffer;
+    const items: NumericArray = (() => {
+      switch (itemType) {
+        case GgufValueType.UINT8: return copy;
+        case GgufValueType.INT8: return new Int8Array(b);
+        case GgufValueType.UINT16: return new Uint16Array(b);
+        case GgufValueType.INT16: return new Int16Array(b);
+        case GgufValueType.UINT32: return new Uint32Array(b);
+        case GgufValueType.INT32: return new Int32Array(b);
+        case GgufValueType.FLOAT32: return new Float32Array(b);
+        case GgufValueType.FLOAT64: return new Float64Array(b);
+        case GgufValueType.UINT64: return new BigUint64Array(b);
+        default: return new BigInt64Array(b);
+      }
+    })();
+    return { itemType, items };
+  }
+  if (itemType === GgufValueType.BOOL) {
+    const raw = c.take(n, `${key} array`);
+    return { itemType, items: Array.from(raw, (v) => v !== 0) };
+  }
+  if (itemType === GgufValueType.STRING) {
+    const items = new Array<string>(n);
+    for (let i = 0; i < n; i++) items[i] = c.string(`${key}[${i}]`);
+    return { itemType, items };
+  }
+  if (itemType === GgufValueType.ARRAY) {
+    const items = new Array<GgufArray>(n);
+    for (let i = 0; i < n; i++) items[i] = readArray(c, `${key}[${i}]`, depth + 1);
+    return { itemType, items };
+  }
+  throw new GgufError(`key ${key}: unknown array item type ${itemType}`);
+}
+
+/** Reads and validates the header of a GGUF file. Throws GgufError on anything malformed. */
+export function readGguf(path: string): GgufFile {
+  let fd: number;
+  try {
+    fd = openSync(path, "r");
+  } catch (e) {
+    throw new GgufError(`${path}: cannot open: ${(e as Error).message}`);
+  }
+  try {
+    const fileBytes = fstatSync(fd).size;
+    return parse(new Cursor(fd, fileBytes, path), path, fileBytes);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+function parse(c: Cursor, path: string, fileBytes: number): GgufFile {
+  if (fileBytes < 4) throw new GgufError(`${path}: not a GGUF file (only ${fileBytes} bytes)`);
+  const magic = c.u32("magic");
+  if (magic !== MAGIC) {
+    throw new GgufError(`${path}: not a GGUF file (magic 0x${magic.toString(16).padStart(8, "0")}, expected "GGUF")`);
+  }
+  const version = c.u32("version");
+  if (version === 1) throw new GgufError(`${path}: GGUF version 1 is obsolete; convert the file with a current llama.cpp`);
+  if (version !== 2 && version !== 3) {
+    const swapped = ((version & 0xff) << 24) | ((version >>> 8) & 0xff) << 16;
+    const hint = swapped === (2 << 24) || swapped === (3 << 24) ? " (big-endian files are not supported)" : "";
+    throw new GgufError(`${path}: unsupported GGUF version ${version}${hint}`);
+  }
+  const nTensors = c.count("tensor count", MAX_COUNT);
+  const nKV = c.count("metadata count", MAX_COUNT);
+
+  const metadata = new Map<string, GgufKV>();
+  for (let i = 0; i < nKV; i++) {
+    const key = c.string(`metadata key #${i}`);
+    if (metadata.has(key)) throw new GgufError(`${path}: metadata key ${key} appears twice`);
+    const type = c.u32(`type of ${key}`) as GgufValueTypeId;
+    const value = readValue(c, type, key, 0);
+    metadata.set(key, { key, type, value });
+  }
+
+  let alignment = 32;
+  const alignKV = metadata.get("general.alignment");
+  if (alignKV) {
+    const a = alignKV.value;
+    if (typeof a !== "number" || a <= 0 || (a & (a - 1)) !== 0 || a > 1 << 20) {
+      throw new GgufError(`${path}: general.alignment ${String(a)} is not a power of two`);
+    }
+    alignment = a;
+  }
+
+  interface Raw { name: string; dims: number[]; type: number; relOffset: bigint }
+  const raws: Raw[] = [];
+  const names = new Set<string>();
+  for (let i = 0; i < nTensors; i++) {
+    const name = c.string(`tensor #${i} name`);
+    if (names.has(name)) throw new GgufError(`${path}: tensor ${name} appears twice`);
+    names.add(name);
+    const nDims = c.u32(`tensor ${name} dimension count`);
+    if (nDims < 1 || nDims > MAX_DIMS) throw new GgufError(`${path}: tensor ${name} has ${nDims} dimensions (1..${MAX_DIMS} allowed)`);
+    const dims: number[] = [];
+    for (let d = 0; d < nDims; d++) {
+      const v = c.u64(`tensor ${name} dim ${d}`);
+      if (v < 1n || v > BigInt(Number.MAX_SAFE_INTEGER)) throw new GgufError(`${path}: tensor ${name} dim ${d} is ${v}`);
+      dims.push(Number(v));
+    }
+    const type = c.u32(`tensor ${name} type`);
+    const relOffset = c.u64(`tensor ${name} offset`);
+    raws.push({ name, dims, type, relOffset });
+  }
+
+  const dataOffset = Math.ceil(c.pos / alignment) * alignment;
+  const tensors: GgufTensorInfo[] = raws.map((r) => {
+    const info = ggmlTypeInfo(r.type);
+    if (!info) throw new GgufError(`${path}: tensor ${r.name} has unknown type ${r.type}`);
+    let nElements = 1;
+    for (const d of r.dims) {
+      nElements *= d;
+      if (nElements > Number.MAX_SAFE_INTEGER) throw new GgufError(`${path}: tensor ${r.name} is absurdly large (${r.dims.join("x")})`);
+    }
+    if (r.dims[0] % info.blockElems !== 0) {
+      throw new GgufError(`${path}: tensor ${r.name} row of ${r.dims[0]} is not a multiple of ${info.name}'s block of ${info.blockElems}`);
+    }
+    const nBytes = (nElements / info.blockElems) * info.blockBytes;
+    if (r.relOffset % BigInt(alignment) !== 0n) {
+      throw new GgufError(`${path}: tensor ${r.name} offset ${r.relOffset} is not aligned to ${alignment}`);
+    }
+    const offset = BigInt(dataOffset) + r.relOffset;
+    if (offset + BigInt(nBytes) > BigInt(fileBytes)) {
+      throw new GgufError(`${path}: tensor ${r.name}: ${nBytes} bytes at offset ${offset} run past end of file (size ${fileBytes}); the file is truncated or corrupt`);
+    }
+    return { name: r.name, dims: r.dims, type: r.type, relOffset: Number(r.relOffset), offset: Number(offset), nBytes, nElements };
+  });
+
+  // Overlapping tensors mean a corrupt table.
+  const sorted = [...tensors].sort((a, b) => a.offset - b.offset);
+  for (let i = 1; i < sorted.length; i++) {
+    const p = sorted[i - 1];
+    if (p.offset + p.nBytes > sorted[i].offset) {
+      throw new GgufError(`${path}: tensors ${p.name} and ${sorted[i].name} overlap`);
+    }
+  }
+  return { path, version, fileBytes, alignment, dataOffset, metadata, tensors };
+}
+
+// ---- typed metadata access -------------------------------------------------------------------
+
+export function metaValue(f: GgufFile, key: string): GgufValue | undefined {
+  return f.metadata.get(key)?.value;
+}
+
+export function metaString(f: GgufFile, key: string): string | undefined {
+  const v = metaValue(f, key);
+  if (v === undefined) return undefined;
+  if (typeof v !== "string") throw new GgufError(`${f.path}: metadata ${key} should be a string`);
+  return v;
+}
+
+export function metaNumber(f: GgufFile, key: string): number | undefined {
+  const v = metaValue(f, key);
+  if (v === undefined) return undefined;
+  if (typeof v === "number") return v;
+  if (typeof v === "bigint") throw new GgufError(`${f.path}: metadata ${key} = ${v} is too large`);
+  if (typeof v === "boolean") return v ? 1 : 0;
+  throw new GgufError(`${f.path}: metadata ${key} should be a number`);
+}
+
+export function metaBool(f: GgufFile, key: string): boolean | undefined {
+  const v = metaValue(f, key);
+  if (v === undefined) return undefined;
+  if (typeof v === "boolean") return v;
+  if (typeof v === "number") return v !== 0;
+  throw new GgufError(`${f.path}: metadata ${key} should be a bool`);
+}
+
+export function metaArray(f: GgufFile, key: string): GgufArray | undefined {
+  const v = metaValue(f, key);
+  if (v === undefined) return undefined;
+  if (typeof v !== "object") throw new GgufError(`${f.path}: metadata ${key} should be an array`);
+  return v;
+}
+
+export function metaStrings(f: GgufFile, key: string): readonly string[] | undefined {
+  const a = metaArray(f, key);
+  if (!a) return undefined;
+  if (a.itemType !== GgufValueType.STRING) throw new GgufError(`${f.path}: metadata ${key} should be an array of strings`);
+  return a.items as readonly string[];
+}
+
+export function metaNumbers(f: GgufFile, key: string): ArrayLike<number> | undefined {
+  const a = metaArray(f, key);
+  if (!a) return undefined;
+  const items = a.items;
+  if (items instanceof BigInt64Array || items instanceof BigUint64Array) return Array.from(items, (v) => Number(v));
+  if (ArrayBuffer.isView(items)) return items as ArrayLike<number>;
+  throw new GgufError(`${f.path}: metadata ${key} should be an array of numbers`);
+}
+
+// ---- writer ---------------------------------------------------------------------------------
+
+export interface GgufTensorToWrite {
+  readonly name: string;
+  readonly dims: readonly number[];
+  readonly type: number;
+  /** The tensor's bytes, produced when it is written so large models never sit in memory whole. */
+  readonly data: Uint8Array | (() => Uint8Array);
+}
+
+export const kv = {
+  str: (key: string, value: string): GgufKV => ({ key, type: GgufValueType.STRING, value }),
+  u32: (key: string, value: number): GgufKV => ({ key, type: GgufValueType.UINT32, value }),
+  i32: (key: string, value: number): GgufKV => ({ key, type: GgufValueType.INT32, value }),
+  f32: (key: string, value: number): GgufKV => ({ key, type: GgufValueType.FLOAT32, value }),
+  bool: (key: string, value: boolean): GgufKV => ({ key, type: GgufValueType.BOOL, value }),
+  strs: (key: string, items: readonly string[]): GgufKV => ({ key, type: GgufValueType.ARRAY, value: { itemType: GgufValueType.STRING, items } }),
+  f32s: (key: string, items: ArrayLike<number>): GgufKV => ({ key, type: GgufValueType.ARRAY, value: { itemType: GgufValueType.FLOAT32, items: Float32Array.from(items) } }),
+  i32s: (key: string, items: ArrayLike<number>): GgufKV => ({ key, type: GgufValueType.ARRAY, value: { itemType: GgufValueType.INT32, items: Int32Array.from(items) } }),
+};
+
+class ByteSink {
+  private chunks: Buffer[] = [];
+  length = 0;
+  push(b: Buffer) { this.chunks.push(b); this.length += b.length; }
+  u32(v: number) { const b = Buffer.alloc(4); b.writeUInt32LE(v >>> 0); this.push(b); }
+  u64(v: number | bigint) { const b = Buffer.alloc(8); b.writeBigUInt64LE(BigInt(v)); this.push(b); }
+  str(s: string) { const b = Buffer.from(s, "utf8"); this.u64(b.length); this.push(b); }
+  bytes(): Buffer { return Buffer.concat(this.chunks); }
+}
+
+function writeScalar(s: ByteSink, type: number, v: GgufScalar, key: string): void {
+  const size = scalarSize(type);
+  if (type === GgufValueType.STRING) { s.str(String(v)); return; }
+  if (size === undefined) throw new GgufError(`key ${key}: cannot write value type ${type}`);
+  const b = Buffer.alloc(size);
+  switch (type) {
+    case GgufValueType.UINT8: b.writeUInt8(Number(v)); break;
+    case GgufValueType.INT8: b.writeInt8(Number(v)); break;
+    case GgufValueType.UINT16: b.writeUInt16LE(Number(v)); break;
+    case GgufValueType.INT16: b.writeInt16LE(Number(v)); break;
+    case GgufValueType.UINT32: b.writeUInt32LE(Number(v)); break;
+    case GgufValueType.INT32: b.writeInt32LE(Number(v)); break;
+    case GgufValueType.FLOAT32: b.writeFloatLE(Number(v)); break;
+    case GgufValueType.FLOAT64: b.writeDoubleLE(Number(v)); break;
+    case GgufValueType.UINT64: b.writeBigUInt64LE(BigInt(v)); break;
+    case GgufValueType.INT64: b.writeBigInt64LE(BigInt(v)); break;
+    case GgufValueType.BOOL: b.writeUInt8(v ? 1 : 0); break;
+  }
+  s.push(b);
+}
+
+function writeValue(s: ByteSink, type: number, v: GgufValue, key: string): void {
+  if (type !== GgufValueType.ARRAY) { writeScalar(s, type, v as GgufScalar, key); return; }
+  const a = v as GgufArray;
+  s.u32(a.itemType);
+  s.u64(a.items.length);
+  const size = scalarSize(a.itemType);
+  if (size !== undefined && a.itemType !== GgufValueType.BOOL && ArrayBuffer.isView(a.items)) {
+    const view = a.items as NumericArray;
+    s.push(Buffer.from(view.buffer, view.byteOffset, view.byteLength));
+    return;
+  }
+  for (const item of Array.from(a.items as ArrayLike<GgufValue>)) {
+    writeValue(s, a.itemType, item, key);
+  }
+}
+
+/** Writes a GGUF v3 file: header, then each tensor's bytes at its aligned offset. */
+export function writeGguf(path: string, metadata: readonly GgufKV[], tensors: readonly GgufTensorToWrite[], alignment = 32): void {
+  const head = new ByteSink();
+  head.u32(MAGIC);
+  head.u32(3);
+  head.u64(tensors.length);
+  head.u64(metadata.length);
+  for (const m of metadata) {
+    head.str(m.key);
+    head.u32(m.type);
+    writeValue(head, m.type, m.value, m.key);
+  }
+  let rel = 0;
+  const offsets: number[] = [];
+  for (const t of tensors) {
+    const info = ggmlTypeInfo(t.type);
+    if (!info) throw new GgufError(`tensor ${t.name}: unknown type ${t.type}`);
+    const n = t.dims.reduce((a, b) => a * b, 1);
+    if (t.dims[0] % info.blockElems !== 0) throw new GgufError(`tensor ${t.name}: row ${t.dims[0]} not a multiple of ${ggmlTypeName(t.type)} block`);
+    head.str(t.name);
+    head.u32(t.dims.length);
+    for (const d of t.dims) head.u64(d);
+    head.u32(t.type);
+    head.u64(rel);
+    offsets.push(rel);
+    rel += Math.ceil(((n / info.blockElems) * info.blockBytes) / alignment) * alignment;
+  }
+  const header = head.bytes();
+  const dataOffset = Math.ceil(header.length / alignment) * alignment;
+  const fd = openSync(path, "w");
+  try {
+    writeSync(fd, header, 0, header.length, 0);
+    let written = dataOffset;
+    tensors.forEach((t, i) => {
+      const info = ggmlTypeInfo(t.type)!;
+      const expect = (t.dims.reduce((a, b) => a * b, 1) / info.blockElems) * info.blockBytes;
+      const data = typeof t.data === "function" ? t.data() : t.data;
+      if (data.length !== expect) throw new GgufError(`tensor ${t.name}: ${data.length} bytes given, ${expect} expected`);
+      writeSync(fd, data, 0, data.length, dataOffset + offsets[i]);
+      written = dataOffset + offsets[i] + data.length;
+    });
+    // Pad the end to whole alignment units, as llama.cpp writes.
+    const end = dataOffset + rel;
+    if (end > written) writeSync(fd, Buffer.alloc(1), 0, 1, end - 1);
+  } finally {
+    closeSync(fd);
+  }
+}

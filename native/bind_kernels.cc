@@ -1,0 +1,2 @@
+#include <napi.h>
+void RegisterKernels(Napi::Env env, Napi::Object exports) {}

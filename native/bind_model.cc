@@ -1,0 +1,2 @@
+#include <napi.h>
+void RegisterModel(Napi::Env env, Napi::Object exports) {}

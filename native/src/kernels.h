@@ -1,0 +1,71 @@
+/* The kernel table: for each weight type, its fused dequantize-and-dot against quantized activations,
+ * its dequantizer and its reference quantizer. One scalar implementation of each function is the
+ * reference (quants.c); SIMD twins (quants_avx2.c, quants_neon.c, ...) are picked at run time. */
+#ifndef PRIMA_KERNELS_H
+#define PRIMA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ggml type ids, as GGUF stores them. The activation formats (Q8_0, Q8_1, Q8_K) reuse ggml's ids. */
+enum prima_type {
+  PRIMA_F32 = 0, PRIMA_F16 = 1, PRIMA_Q4_0 = 2, PRIMA_Q4_1 = 3, PRIMA_Q5_0 = 6, PRIMA_Q5_1 = 7,
+  PRIMA_Q8_0 = 8, PRIMA_Q8_1 = 9, PRIMA_Q2_K = 10, PRIMA_Q3_K = 11, PRIMA_Q4_K = 12,
+  PRIMA_Q5_K = 13, PRIMA_Q6_K = 14, PRIMA_Q8_K = 15, PRIMA_BF16 = 30,
+  PRIMA_TYPE_COUNT = 31
+};
+
+enum prima_simd { PRIMA_SIMD_SCALAR = 0, PRIMA_SIMD_AVX2 = 1, PRIMA_SIMD_AVX512 = 2, PRIMA_SIMD_NEON = 3 };
+
+/* Most activation rows one dot call takes (a prompt batch reuses each decoded weight block this often). */
+#define PRIMA_MAX_NC 4
+
+/* n floats -> n/block_elems blocks of the type. n is a multiple of the block size. */
+typedef void (*prima_quantize_fn)(const float *x, void *y, int64_t n);
+/* n/block_elems blocks -> n floats. */
+typedef void (*prima_dequantize_fn)(const void *x, float *y, int64_t n);
+/* out[c] = dot(weight row w, activation row c) for c in 0..nc-1, nc in 1..PRIMA_MAX_NC.
+ * Both rows hold n elements; activation row c starts at (const char *)a + c * a_stride and is in
+ * the type's act_type format. */
+typedef void (*prima_dot_fn)(int n, const void *w, const void *a, size_t a_stride, int nc, float *out);
+
+typedef struct {
+  int type;
+  const char *name;
+  int block_elems;
+  int block_bytes;
+  int act_type;                    /* format its dot reads activations in: F32, F16, BF16, Q8_0, Q8_1 or Q8_K */
+  prima_dequantize_fn dequantize;
+  prima_quantize_fn quantize_ref;  /* weight quantizer equal to llama.cpp's quantize_row_*_ref */
+  prima_dot_fn dot;
+} prima_type_kernels;
+
+/* Selects the best kernels this CPU runs (idempotent; also called lazily). */
+void prima_kernels_init(void);
+/* Kernels for a weight type at the selected level, or NULL for a type without kernels. */
+const prima_type_kernels *prima_kernels(int type);
+/* Kernels at a given level (tests compare levels); NULL when the level is not compiled in or the CPU
+ * cannot run it. */
+const prima_type_kernels *prima_kernels_at(int type, int simd);
+/* The quantizer for an activation format (F32 is a copy, F16/BF16 convert) at the selected level. */
+prima_quantize_fn prima_act_quantizer(int act_type);
+prima_quantize_fn prima_act_quantizer_at(int act_type, int simd);
+/* Bytes of a row of n elements of a type (weights or activations). */
+size_t prima_row_bytes(int type, int64_t n);
+int prima_simd_level(void);
+const char *prima_simd_name(int simd);
+
+/* Half and bfloat16 conversions used across the engine. */
+float prima_fp16_to_fp32(uint16_t h);
+uint16_t prima_fp32_to_fp16(float f);
+float prima_bf16_to_fp32(uint16_t h);
+uint16_t prima_fp32_to_bf16(float f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
