@@ -1,2 +1,350 @@
+// JS surface of the kernel table (kernels.h): quantize/dequantize/dot on caller-owned typed arrays, for
+// tests, the benchmark and the model generator. Every argument is checked; bad input throws a JS error
+// naming the problem and never reaches the C kernels.
 #include <napi.h>
-void RegisterKernels(Napi::Env env, Napi::Object exports) {}
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "kernels.h"
+}
+
+namespace {
+
+bool Fail(Napi::Env env, const std::string &msg) {
+  Napi::Error::New(env, msg).ThrowAsJavaScriptException();
+  return false;
+}
+
+// A typed array's bytes, copied to 32-byte aligned scratch when the view is misaligned (the kernels
+// read blocks through struct pointers; float and half fields need natural alignment).
+struct Bytes {
+  uint8_t *data = nullptr;
+  size_t length = 0;
+  uint8_t *original = nullptr;
+  std::vector<uint8_t> scratch;
+  void Bind(uint8_t *p, size_t n, bool copyIn) {
+    original = p;
+    length = n;
+    if (reinterpret_cast<uintptr_t>(p) % 32 == 0 || n == 0) {
+      data = p;
+      return;
+    }
+    scratch.resize(n + 32);
+    uintptr_t base = (reinterpret_cast<uintptr_t>(scratch.data()) + 31) & ~uintptr_t(31);
+    data = reinterpret_cast<uint8_t *>(base);
+    if (copyIn) std::memcpy(data, p, n);
+  }
+  void CopyOut() {
+    if (data != original && length) std::memcpy(original, data, length);
+  }
+};
+
+bool GetTyped(Napi::Env env, const Napi::Value &v, napi_typedarray_type want, const char *what, Bytes &out,
+              bool copyIn) {
+  if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != want) {
+    const char *name = want == napi_float32_array ? "Float32Array" : want == napi_uint16_array ? "Uint16Array" : "Uint8Array";
+    return Fail(env, std::string(what) + " must be a " + name);
+  }
+  Napi::TypedArray t = v.As<Napi::TypedArray>();
+  uint8_t *p = static_cast<uint8_t *>(t.ArrayBuffer().Data()) + t.ByteOffset();
+  out.Bind(p, t.ByteLength(), copyIn);
+  return true;
+}
+
+bool GetInt(Napi::Env env, const Napi::Value &v, const char *what, int64_t lo, int64_t hi, int64_t &out) {
+  if (!v.IsNumber()) return Fail(env, std::string(what) + " must be a number");
+  double d = v.As<Napi::Number>().DoubleValue();
+  if (!std::isfinite(d) || d != std::floor(d) || d < (double)lo || d > (double)hi)
+    return Fail(env, std::string(what) + " must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
+                         " (got " + v.ToString().Utf8Value() + ")");
+  out = (int64_t)d;
+  return true;
+}
+
+// Optional SIMD level argument: a name ("scalar", "avx2", "neon") or undefined for the selected level.
+bool GetLevel(Napi::Env env, const Napi::Value &v, int &level) {
+  if (v.IsUndefined() || v.IsNull()) {
+    level = prima_simd_level();
+    return true;
+  }
+  if (!v.IsString()) return Fail(env, "simd level must be a string (scalar, avx2, neon)");
+  std::string s = v.As<Napi::String>().Utf8Value();
+  for (int l = 0; l < 4; l++) {
+    if (s == prima_simd_name(l)) {
+      if (!prima_simd_available(l)) return Fail(env, "simd level " + s + " is not available on this CPU/build");
+      level = l;
+      return true;
+    }
+  }
+  return Fail(env, "unknown simd level '" + s + "' (scalar, avx2, avx512, neon)");
+}
+
+std::string TypeLabel(int type) {
+  const char *n = prima_type_name(type);
+  return n ? std::string(n) : "type " + std::to_string(type);
+}
+
+bool GetKernels(Napi::Env env, const Napi::Value &v, int level, const char *fn, const prima_type_kernels *&k) {
+  int64_t type;
+  if (!GetInt(env, v, "type", 0, PRIMA_TYPE_COUNT - 1, type)) return false;
+  k = prima_kernels_at((int)type, level);
+  if (!k) return Fail(env, std::string(fn) + ": " + TypeLabel((int)type) + " is not a weight type with kernels");
+  return true;
+}
+
+// Checks that a row of n elements of a type fills a buffer exactly; returns the row's bytes.
+bool CheckRow(Napi::Env env, const char *fn, int type, int64_t n, size_t have, const char *what, size_t &bytes) {
+  int be = prima_type_block_elems(type);
+  if (n <= 0 || be <= 0 || n % be)
+    return Fail(env, std::string(fn) + ": " + std::to_string(n) + " elements is not a whole number of " + TypeLabel(type) +
+                         " blocks (" + std::to_string(be) + " elements each)");
+  bytes = prima_row_bytes(type, n);
+  if (have != bytes)
+    return Fail(env, std::string(fn) + ": " + what + " holds " + std::to_string(have) + " bytes, a " + TypeLabel(type) +
+                         " row of " + std::to_string(n) + " elements needs " + std::to_string(bytes));
+  return true;
+}
+
+Napi::Value SimdLevel(const Napi::CallbackInfo &info) {
+  return Napi::String::New(info.Env(), prima_simd_name(prima_simd_level()));
+}
+
+Napi::Value SimdLevels(const Napi::CallbackInfo &info) {
+  Napi::Array a = Napi::Array::New(info.Env());
+  uint32_t i = 0;
+  for (int l = 0; l < 4; l++)
+    if (prima_simd_available(l)) a.Set(i++, Napi::String::New(info.Env(), prima_simd_name(l)));
+  return a;
+}
+
+// typeInfo(type, level?) -> { name, blockElems, blockBytes, actType, dotSimd } or null
+Napi::Value TypeInfo(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int64_t type;
+  int level;
+  if (!GetInt(env, info[0], "type", 0, PRIMA_TYPE_COUNT - 1, type) || !GetLevel(env, info[1], level)) return env.Undefined();
+  const prima_type_kernels *k = prima_kernels_at((int)type, level);
+  if (!k) return env.Null();
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("name", k->name);
+  o.Set("blockElems", k->block_elems);
+  o.Set("blockBytes", k->block_bytes);
+  o.Set("actType", k->act_type);
+  o.Set("dotSimd", prima_simd_name(k->dot_simd));
+  return o;
+}
+
+Napi::Value RowBytes(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int64_t type, n;
+  if (!GetInt(env, info[0], "type", 0, PRIMA_TYPE_COUNT - 1, type) || !GetInt(env, info[1], "n", 0, INT64_C(1) << 40, n))
+    return env.Undefined();
+  if (!prima_type_name((int)type)) return Fail(env, "rowBytes: " + TypeLabel((int)type) + " is not a known type"), env.Undefined();
+  size_t b = prima_row_bytes((int)type, n);
+  if (!b && n) {
+    Fail(env, "rowBytes: " + std::to_string(n) + " elements is not a whole number of " + TypeLabel((int)type) + " blocks");
+    return env.Undefined();
+  }
+  return Napi::Number::New(env, (double)b);
+}
+
+// quantizeRef(type, src: Float32Array, dst: Uint8Array): llama.cpp's quantize_row_*_ref.
+Napi::Value QuantizeRef(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  const prima_type_kernels *k;
+  Bytes src, dst;
+  size_t bytes;
+  if (!GetKernels(env, info[0], PRIMA_SIMD_SCALAR, "quantizeRef", k) ||
+      !GetTyped(env, info[1], napi_float32_array, "quantizeRef: src", src, true) ||
+      !GetTyped(env, info[2], napi_uint8_array, "quantizeRef: dst", dst, false))
+    return env.Undefined();
+  int64_t n = (int64_t)(src.length / 4);
+  if (!k->quantize_ref) return Fail(env, std::string("quantizeRef: no reference quantizer for ") + k->name), env.Undefined();
+  if (!CheckRow(env, "quantizeRef", k->type, n, dst.length, "dst", bytes)) return env.Undefined();
+  k->quantize_ref(reinterpret_cast<const float *>(src.data), dst.data, n);
+  dst.CopyOut();
+  return env.Undefined();
+}
+
+// dequantize(type, src: Uint8Array, dst: Float32Array, level?). Also accepts the activation formats.
+Napi::Value Dequantize(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int level;
+  int64_t type;
+  Bytes src, dst;
+  size_t bytes;
+  if (!GetLevel(env, info[3], level) || !GetInt(env, info[0], "type", 0, PRIMA_TYPE_COUNT - 1, type) ||
+      !GetTyped(env, info[1], napi_uint8_array, "dequantize: src", src, true) ||
+      !GetTyped(env, info[2], napi_float32_array, "dequantize: dst", dst, false))
+    return env.Undefined();
+  prima_dequantize_fn fn = prima_dequantizer_at((int)type, level);
+  if (!fn) return Fail(env, "dequantize: " + TypeLabel((int)type) + " has no dequantizer"), env.Undefined();
+  int64_t n = (int64_t)(dst.length / 4);
+  if (!CheckRow(env, "dequantize", (int)type, n, src.length, "src", bytes)) return env.Undefined();
+  fn(src.data, reinterpret_cast<float *>(dst.data), n);
+  dst.CopyOut();
+  return env.Undefined();
+}
+
+// quantizeAct(actType, src: Float32Array, dst: Uint8Array, level?): activation formats for the dots.
+Napi::Value QuantizeAct(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int level;
+  int64_t type;
+  Bytes src, dst;
+  size_t bytes;
+  if (!GetLevel(env, info[3], level) || !GetInt(env, info[0], "actType", 0, PRIMA_TYPE_COUNT - 1, type) ||
+      !GetTyped(env, info[1], napi_float32_array, "quantizeAct: src", src, true) ||
+      !GetTyped(env, info[2], napi_uint8_array, "quantizeAct: dst", dst, false))
+    return env.Undefined();
+  prima_quantize_fn fn = prima_act_quantizer_at((int)type, level);
+  if (!fn) return Fail(env, "quantizeAct: " + TypeLabel((int)type) + " is not an activation format"), env.Undefined();
+  int64_t n = (int64_t)(src.length / 4);
+  if (!CheckRow(env, "quantizeAct", (int)type, n, dst.length, "dst", bytes)) return env.Undefined();
+  fn(reinterpret_cast<const float *>(src.data), dst.data, n);
+  dst.CopyOut();
+  return env.Undefined();
+}
+
+struct DotArgs {
+  const prima_type_kernels *k;
+  int64_t n, stride, nc;
+  Bytes w, a;
+  size_t wRow, aRow;
+};
+
+// Shared checks of dot/benchDot: weights hold `rows` rows, activations nc rows `stride` bytes apart.
+bool GetDotArgs(Napi::Env env, const Napi::CallbackInfo &info, const char *fn, int level, int64_t rows, DotArgs &d) {
+  if (!GetKernels(env, info[0], level, fn, d.k) || !GetInt(env, info[1], "n", 1, INT32_MAX, d.n) ||
+      !GetTyped(env, info[2], napi_uint8_array, "w", d.w, true) ||
+      !GetTyped(env, info[3], napi_uint8_array, "a", d.a, true) ||
+      !GetInt(env, info[4], "aStride", 0, INT64_C(1) << 40, d.stride) ||
+      !GetInt(env, info[5], "nc", 1, PRIMA_MAX_NC, d.nc))
+    return false;
+  if (!CheckRow(env, fn, d.k->type, d.n, d.w.length / (size_t)rows, "a weight row", d.wRow)) return false;
+  if (d.w.length != d.wRow * (size_t)rows)
+    return Fail(env, std::string(fn) + ": w holds " + std::to_string(d.w.length) + " bytes, " + std::to_string(rows) +
+                         " rows need " + std::to_string(d.wRow * rows));
+  d.aRow = prima_row_bytes(d.k->act_type, d.n);
+  if ((size_t)d.stride < d.aRow)
+    return Fail(env, std::string(fn) + ": aStride " + std::to_string(d.stride) + " is shorter than an activation row (" +
+                         std::to_string(d.aRow) + " bytes of " + TypeLabel(d.k->act_type) + ")");
+  size_t need = (size_t)(d.nc - 1) * (size_t)d.stride + d.aRow;
+  if (d.a.length < need)
+    return Fail(env, std::string(fn) + ": a holds " + std::to_string(d.a.length) + " bytes, " + std::to_string(d.nc) +
+                         " activation rows need " + std::to_string(need));
+  return true;
+}
+
+// dot(type, n, w: Uint8Array, a: Uint8Array, aStride, nc, out: Float32Array, level?)
+Napi::Value Dot(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int level;
+  DotArgs d;
+  Bytes out;
+  if (!GetLevel(env, info[7], level) || !GetDotArgs(env, info, "dot", level, 1, d) ||
+      !GetTyped(env, info[6], napi_float32_array, "dot: out", out, false))
+    return env.Undefined();
+  if (out.length < (size_t)d.nc * 4) return Fail(env, "dot: out holds fewer than nc floats"), env.Undefined();
+  d.k->dot((int)d.n, d.w.data, d.a.data, (size_t)d.stride, (int)d.nc, reinterpret_cast<float *>(out.data));
+  out.CopyOut();
+  return env.Undefined();
+}
+
+// benchDot(type, n, w, a, aStride, nc, rows, minSeconds, level?) -> { calls, seconds }: runs the dot over
+// every row of w (nc activation rows each) until minSeconds pass; times only the C loop.
+Napi::Value BenchDot(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int level;
+  int64_t rows;
+  DotArgs d;
+  if (!GetLevel(env, info[8], level) || !GetInt(env, info[6], "rows", 1, INT32_MAX, rows) ||
+      !GetDotArgs(env, info, "benchDot", level, rows, d))
+    return env.Undefined();
+  if (!info[7].IsNumber()) return Fail(env, "benchDot: minSeconds must be a number"), env.Undefined();
+  double minSeconds = info[7].As<Napi::Number>().DoubleValue();
+  float out[PRIMA_MAX_NC];
+  volatile float sink = 0;
+  int64_t calls = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  double seconds = 0;
+  do {
+    for (int64_t r = 0; r < rows; r++) {
+      d.k->dot((int)d.n, d.w.data + r * d.wRow, d.a.data, (size_t)d.stride, (int)d.nc, out);
+      sink = sink + out[0];
+    }
+    calls += rows;
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (seconds < minSeconds);
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("calls", (double)calls);
+  o.Set("seconds", seconds);
+  return o;
+}
+
+// Half/bfloat16 conversions: fp32ToHalf(src, dst: Uint16Array, "f16"|"bf16"), halfToFp32(src, dst, kind).
+bool GetHalfKind(Napi::Env env, const Napi::Value &v, bool &bf16) {
+  std::string s = v.IsString() ? v.As<Napi::String>().Utf8Value() : "";
+  if (s != "f16" && s != "bf16") return Fail(env, "kind must be 'f16' or 'bf16'");
+  bf16 = s == "bf16";
+  return true;
+}
+
+Napi::Value Fp32ToHalf(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  Bytes src, dst;
+  bool bf16;
+  if (!GetTyped(env, info[0], napi_float32_array, "fp32ToHalf: src", src, true) ||
+      !GetTyped(env, info[1], napi_uint16_array, "fp32ToHalf: dst", dst, false) || !GetHalfKind(env, info[2], bf16))
+    return env.Undefined();
+  size_t n = src.length / 4;
+  if (dst.length != n * 2) return Fail(env, "fp32ToHalf: dst must have as many elements as src"), env.Undefined();
+  const float *s = reinterpret_cast<const float *>(src.data);
+  uint16_t *o = reinterpret_cast<uint16_t *>(dst.data);
+  for (size_t i = 0; i < n; i++) o[i] = bf16 ? prima_fp32_to_bf16(s[i]) : prima_fp32_to_fp16(s[i]);
+  dst.CopyOut();
+  return env.Undefined();
+}
+
+Napi::Value HalfToFp32(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  Bytes src, dst;
+  bool bf16;
+  if (!GetTyped(env, info[0], napi_uint16_array, "halfToFp32: src", src, true) ||
+      !GetTyped(env, info[1], napi_float32_array, "halfToFp32: dst", dst, false) || !GetHalfKind(env, info[2], bf16))
+    return env.Undefined();
+  size_t n = src.length / 2;
+  if (dst.length != n * 4) return Fail(env, "halfToFp32: dst must have as many elements as src"), env.Undefined();
+  const uint16_t *s = reinterpret_cast<const uint16_t *>(src.data);
+  float *o = reinterpret_cast<float *>(dst.data);
+  for (size_t i = 0; i < n; i++) o[i] = bf16 ? prima_bf16_to_fp32(s[i]) : prima_fp16_to_fp32(s[i]);
+  dst.CopyOut();
+  return env.Undefined();
+}
+
+}  // namespace
+
+void RegisterKernels(Napi::Env env, Napi::Object exports) {
+  prima_kernels_init();
+  Napi::Object k = Napi::Object::New(env);
+  k.Set("simdLevel", Napi::Function::New(env, SimdLevel, "simdLevel"));
+  k.Set("simdLevels", Napi::Function::New(env, SimdLevels, "simdLevels"));
+  k.Set("typeInfo", Napi::Function::New(env, TypeInfo, "typeInfo"));
+  k.Set("rowBytes", Napi::Function::New(env, RowBytes, "rowBytes"));
+  k.Set("quantizeRef", Napi::Function::New(env, QuantizeRef, "quantizeRef"));
+  k.Set("dequantize", Napi::Function::New(env, Dequantize, "dequantize"));
+  k.Set("quantizeAct", Napi::Function::New(env, QuantizeAct, "quantizeAct"));
+  k.Set("dot", Napi::Function::New(env, Dot, "dot"));
+  k.Set("benchDot", Napi::Function::New(env, BenchDot, "benchDot"));
+  k.Set("fp32ToHalf", Napi::Function::New(env, Fp32ToHalf, "fp32ToHalf"));
+  k.Set("halfToFp32", Napi::Function::New(env, HalfToFp32, "halfToFp32"));
+  k.Set("maxNc", Napi::Number::New(env, PRIMA_MAX_NC));
+  exports.Set("kernels", k);
+}

@@ -42,6 +42,7 @@ typedef struct {
   prima_dequantize_fn dequantize;
   prima_quantize_fn quantize_ref;  /* weight quantizer equal to llama.cpp's quantize_row_*_ref */
   prima_dot_fn dot;
+  int dot_simd;                    /* level the dot was written for (SCALAR where a level has no twin yet) */
 } prima_type_kernels;
 
 /* Selects the best kernels this CPU runs (idempotent; also called lazily). */
@@ -54,9 +55,19 @@ const prima_type_kernels *prima_kernels_at(int type, int simd);
 /* The quantizer for an activation format (F32 is a copy, F16/BF16 convert) at the selected level. */
 prima_quantize_fn prima_act_quantizer(int act_type);
 prima_quantize_fn prima_act_quantizer_at(int act_type, int simd);
-/* Bytes of a row of n elements of a type (weights or activations). */
+/* The dequantizer of any type with one (weights and the Q8_0/Q8_1/Q8_K activation formats). */
+prima_dequantize_fn prima_dequantizer_at(int type, int simd);
+/* Bytes of a row of n elements of a type (weights or activations); 0 for an unknown type or an n that
+ * is not a whole number of blocks. */
 size_t prima_row_bytes(int type, int64_t n);
+/* Elements per block (1 for float types), 0 for an unknown type. */
+int prima_type_block_elems(int type);
+/* "Q4_K" etc., NULL for an unknown type. */
+const char *prima_type_name(int type);
+/* The selected level (best the CPU runs unless PRIMA_SIMD=scalar|avx2|neon forces a lower one). */
 int prima_simd_level(void);
+/* Whether a level is compiled in and this CPU runs it. */
+int prima_simd_available(int simd);
 const char *prima_simd_name(int simd);
 
 /* Half and bfloat16 conversions used across the engine. */

@@ -1,0 +1,114 @@
+// Typed surface over the addon's kernel table (native/src/kernels.h): quantize, dequantize and dot on
+// caller-owned typed arrays. Used by tests, bench/kernels.ts and the model generator (quantizeRef).
+import { addon } from "./binding.js";
+
+/** ggml type ids as GGUF stores them (the subset prima has kernels or activation formats for). */
+export const GgmlTypeId = {
+  F32: 0, F16: 1, Q4_0: 2, Q4_1: 3, Q5_0: 6, Q5_1: 7, Q8_0: 8, Q8_1: 9,
+  Q2_K: 10, Q3_K: 11, Q4_K: 12, Q5_K: 13, Q6_K: 14, Q8_K: 15, BF16: 30,
+} as const;
+export type GgmlTypeName = keyof typeof GgmlTypeId;
+
+/** Weight types with a dot kernel, in id order. */
+export const WEIGHT_TYPES: readonly GgmlTypeName[] = [
+  "F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "BF16",
+];
+
+export type SimdLevel = "scalar" | "avx2" | "avx512" | "neon";
+
+export interface KernelTypeInfo {
+  name: string;
+  blockElems: number;
+  blockBytes: number;
+  /** Format the dot reads activations in (a GgmlTypeId). */
+  actType: number;
+  /** Level the dot at the asked level was written for ("scalar" where that level has no twin). */
+  dotSimd: SimdLevel;
+}
+
+interface KernelsAddon {
+  simdLevel(): SimdLevel;
+  simdLevels(): SimdLevel[];
+  typeInfo(type: number, level?: SimdLevel): KernelTypeInfo | null;
+  rowBytes(type: number, n: number): number;
+  quantizeRef(type: number, src: Float32Array, dst: Uint8Array): void;
+  dequantize(type: number, src: Uint8Array, dst: Float32Array, level?: SimdLevel): void;
+  quantizeAct(actType: number, src: Float32Array, dst: Uint8Array, level?: SimdLevel): void;
+  dot(type: number, n: number, w: Uint8Array, a: Uint8Array, aStride: number, nc: number, out: Float32Array,
+    level?: SimdLevel): void;
+  benchDot(type: number, n: number, w: Uint8Array, a: Uint8Array, aStride: number, nc: number, rows: number,
+    minSeconds: number, level?: SimdLevel): { calls: number; seconds: number };
+  fp32ToHalf(src: Float32Array, dst: Uint16Array, kind: "f16" | "bf16"): void;
+  halfToFp32(src: Uint16Array, dst: Float32Array, kind: "f16" | "bf16"): void;
+  maxNc: number;
+}
+
+const k = addon.kernels as KernelsAddon;
+
+/** Most activation rows one dot call takes (PRIMA_MAX_NC). */
+export const MAX_NC: number = k.maxNc;
+
+/** The level the kernels run at (best the CPU has, unless PRIMA_SIMD forces a lower one). */
+export function simdLevel(): SimdLevel { return k.simdLevel(); }
+/** Every level compiled in that this CPU runs. */
+export function simdLevels(): SimdLevel[] { return k.simdLevels(); }
+
+function typeId(type: number | GgmlTypeName): number {
+  if (typeof type === "number") return type;
+  const id = (GgmlTypeId as Record<string, number>)[type];
+  if (id === undefined) throw new Error(`unknown ggml type name ${String(type)}`);
+  return id;
+}
+
+/** Layout and activation format of a weight type with kernels, or null. */
+export function typeInfo(type: number | GgmlTypeName, level?: SimdLevel): KernelTypeInfo | null {
+  return k.typeInfo(typeId(type), level);
+}
+
+/** Bytes of a row of n elements (throws when n is not a whole number of blocks). */
+export function rowBytes(type: number | GgmlTypeName, n: number): number { return k.rowBytes(typeId(type), n); }
+
+/** Weight quantizer equal to llama.cpp's quantize_row_*_ref; returns a new buffer when dst is omitted. */
+export function quantizeRef(type: number | GgmlTypeName, src: Float32Array, dst?: Uint8Array): Uint8Array {
+  const id = typeId(type);
+  const out = dst ?? new Uint8Array(k.rowBytes(id, src.length));
+  k.quantizeRef(id, src, out);
+  return out;
+}
+
+/** Blocks of any type with a dequantizer (weights, Q8_0/Q8_1/Q8_K activations) -> floats. */
+export function dequantize(type: number | GgmlTypeName, src: Uint8Array, dst: Float32Array, level?: SimdLevel): Float32Array {
+  k.dequantize(typeId(type), src, dst, level);
+  return dst;
+}
+
+/** Floats -> the activation format a dot reads (F32 copy, F16, BF16, Q8_0, Q8_1, Q8_K). */
+export function quantizeAct(actType: number | GgmlTypeName, src: Float32Array, dst?: Uint8Array, level?: SimdLevel): Uint8Array {
+  const id = typeId(actType);
+  const out = dst ?? new Uint8Array(k.rowBytes(id, src.length));
+  k.quantizeAct(id, src, out, level);
+  return out;
+}
+
+/** out[c] = dot(weight row w, activation row c), c < nc, activation rows aStride bytes apart. */
+export function dot(type: number | GgmlTypeName, n: number, w: Uint8Array, a: Uint8Array, aStride: number, nc: number,
+  out: Float32Array, level?: SimdLevel): Float32Array {
+  k.dot(typeId(type), n, w, a, aStride, nc, out, level);
+  return out;
+}
+
+/** Times the dot over `rows` weight rows (each against the same nc activation rows) for at least minSeconds. */
+export function benchDot(type: number | GgmlTypeName, n: number, w: Uint8Array, a: Uint8Array, aStride: number, nc: number,
+  rows: number, minSeconds: number, level?: SimdLevel): { calls: number; seconds: number } {
+  return k.benchDot(typeId(type), n, w, a, aStride, nc, rows, minSeconds, level);
+}
+
+export function fp32ToHalf(src: Float32Array, kind: "f16" | "bf16", dst = new Uint16Array(src.length)): Uint16Array {
+  k.fp32ToHalf(src, dst, kind);
+  return dst;
+}
+
+export function halfToFp32(src: Uint16Array, kind: "f16" | "bf16", dst = new Float32Array(src.length)): Float32Array {
+  k.halfToFp32(src, dst, kind);
+  return dst;
+}

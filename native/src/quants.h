@@ -1,0 +1,93 @@
+/* Block layouts of every weight and activation type, byte for byte as GGUF files and ggml hold them,
+ * and the kernels of each SIMD level (quants.c is the scalar reference; quants_avx2.c and quants_neon.c
+ * are its twins). kernels.c assembles them into the table of kernels.h. */
+#ifndef PRIMA_QUANTS_H
+#define PRIMA_QUANTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Elements per block: the small formats use 32, the K-quants 256 ("super-blocks"). */
+#define QK32 32
+#define QK_K 256
+/* K-quant scale bytes of Q4_K/Q5_K: 8 six-bit scales and 8 six-bit mins packed into 12 bytes. */
+#define K_SCALE_BYTES 12
+
+typedef uint16_t prima_half; /* IEEE binary16 bits */
+
+/* Q4_0: x = d * (q - 8), q in 0..15. Byte j holds element j (low nibble) and j+16 (high nibble). */
+typedef struct { prima_half d; uint8_t qs[QK32 / 2]; } block_q4_0;
+/* Q4_1: x = d * q + m. */
+typedef struct { prima_half d, m; uint8_t qs[QK32 / 2]; } block_q4_1;
+/* Q5_0: x = d * (q - 16); bit 4 of element j is bit j of qh (little-endian uint32). */
+typedef struct { prima_half d; uint8_t qh[4]; uint8_t qs[QK32 / 2]; } block_q5_0;
+/* Q5_1: x = d * q + m. */
+typedef struct { prima_half d, m; uint8_t qh[4]; uint8_t qs[QK32 / 2]; } block_q5_1;
+/* Q8_0: x = d * q (weights and the activations of Q4_0/Q5_0/Q8_0). */
+typedef struct { prima_half d; int8_t qs[QK32]; } block_q8_0;
+/* Q8_1: activations of Q4_1/Q5_1; s = d * sum(qs) carries the block sum for the weights' min term. */
+typedef struct { prima_half d, s; int8_t qs[QK32]; } block_q8_1;
+
+/* Q2_K: 16 groups of 16; scales[j] low nibble = scale, high nibble = min; x = d*sc*q - dmin*m.
+ * qs: 2 bits each, byte l of a 128-element half holds elements l, l+32, l+64, l+96. */
+typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; prima_half d, dmin; } block_q2_K;
+/* Q3_K: 16 groups of 16, 6-bit signed scales (offset 32) packed in 12 bytes; x = d*(sc-32)*(q-4*!hbit). */
+typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; prima_half d; } block_q3_K;
+/* Q4_K: 8 groups of 32; x = d*sc*q - dmin*m with 6-bit sc, m. qs byte l of a 64-element chunk holds
+ * element l (low nibble) and l+32 (high nibble). */
+typedef struct { prima_half d, dmin; uint8_t scales[K_SCALE_BYTES]; uint8_t qs[QK_K / 2]; } block_q4_K;
+/* Q5_K: as Q4_K plus a fifth bit per element in qh (bit 2c / 2c+1 for chunk c's low / high halves). */
+typedef struct { prima_half d, dmin; uint8_t scales[K_SCALE_BYTES]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
+/* Q6_K: 16 groups of 16, int8 scales; x = d*sc*(q-32), q = 4 low bits in ql, 2 high bits in qh. */
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; prima_half d; } block_q6_K;
+/* Q8_K: activations of every K-quant; float scale and per-16 sums of the quants (for the min terms). */
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
+
+/* Decodes the 6-bit scale and min of group j (0..7) of a Q4_K/Q5_K block. */
+static inline void prima_k4_scale_min(int j, const uint8_t *s, uint8_t *sc, uint8_t *m) {
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (uint8_t)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+    *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+  }
+}
+
+/* Decodes the 16 signed 6-bit scales of a Q3_K block (values -32..31). */
+static inline void prima_q3k_scales(const uint8_t *s, int8_t out[16]) {
+  for (int j = 0; j < 16; j++) {
+    int lo = j < 8 ? (s[j] & 0xF) : (s[j - 8] >> 4);
+    int hi = (s[8 + (j % 4)] >> (2 * (j / 4))) & 3;
+    out[j] = (int8_t)((lo | (hi << 4)) - 32);
+  }
+}
+
+/* One implementation level: per type its dequantizer and dot (NULL where the level has none, so the
+ * table falls back to the scalar one), plus the activation quantizers. Indexed by prima_type. */
+typedef struct {
+  prima_dequantize_fn dequantize[PRIMA_TYPE_COUNT];
+  prima_dot_fn dot[PRIMA_TYPE_COUNT];
+  prima_quantize_fn act_quantize[PRIMA_TYPE_COUNT];
+} prima_level_fns;
+
+void prima_scalar_fns(prima_level_fns *f);
+/* Only the weight quantizers that must equal llama.cpp byte for byte; scalar only (the model generator). */
+void prima_scalar_quantize_ref(prima_quantize_fn q[PRIMA_TYPE_COUNT]);
+#if defined(__x86_64__) || defined(_M_X64)
+void prima_avx2_fns(prima_level_fns *f);
+#endif
+#if defined(__aarch64__) && defined(PRIMA_HAVE_NEON)
+void prima_neon_fns(prima_level_fns *f);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif
