@@ -1,2 +1,461 @@
+// JS surface of the model and its windows (native/model.ts types it). Every argument is checked here
+// before it reaches C: a wrong length or an out-of-range id is a JS exception, never a crash.
 #include <napi.h>
-void RegisterModel(Napi::Env env, Napi::Object exports) {}
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+extern "C" {
+#include "kernels.h"
+#include "model.h"
+}
+
+namespace {
+
+constexpr size_t kErrLen = 512;
+
+Napi::Value ThrowType(Napi::Env env, const std::string &msg) {
+  Napi::TypeError::New(env, msg).ThrowAsJavaScriptException();
+  return env.Undefined();
+}
+
+Napi::Value ThrowErr(Napi::Env env, const std::string &msg) {
+  Napi::Error::New(env, msg).ThrowAsJavaScriptException();
+  return env.Undefined();
+}
+
+bool IntArg(const Napi::Value &v, int64_t lo, int64_t hi, int64_t *out) {
+  if (!v.IsNumber()) return false;
+  const double d = v.As<Napi::Number>().DoubleValue();
+  if (!(d >= (double)lo && d <= (double)hi) || d != (double)(int64_t)d) return false;
+  *out = (int64_t)d;
+  return true;
+}
+
+// Shared by a Model and its Windows, so whichever the garbage collector finalizes first, the C model
+// is closed only after its last window.
+struct ModelState {
+  prima_model *m = nullptr;
+  std::atomic<int> busy{0};
+  std::atomic<int> windows{0};
+  ~ModelState() {
+    if (m) prima_model_close(m);
+  }
+};
+
+class Window : public Napi::ObjectWrap<Window> {
+ public:
+  static Napi::Function Define(Napi::Env env);
+  explicit Window(const Napi::CallbackInfo &info);
+  ~Window() override { Free(); }
+
+
+  prima_window *w = nullptr;
+  std::shared_ptr<ModelState> st;
+  std::atomic<int> busy{0};
+
+  void Free();
+
+ private:
+  Napi::Value Forward(const Napi::CallbackInfo &info);
+  Napi::Value Prefetch(const Napi::CallbackInfo &info);
+  Napi::Value Release(const Napi::CallbackInfo &info);
+  Napi::Value Residency(const Napi::CallbackInfo &info);
+  Napi::Value KvClear(const Napi::CallbackInfo &info);
+  Napi::Value KvTruncate(const Napi::CallbackInfo &info);
+  Napi::Value KvSave(const Napi::CallbackInfo &info);
+  Napi::Value KvLoad(const Napi::CallbackInfo &info);
+  Napi::Value Info(const Napi::CallbackInfo &info);
+  Napi::Value Close(const Napi::CallbackInfo &info);
+  bool Alive(Napi::Env env);
+};
+
+class Model : public Napi::ObjectWrap<Model> {
+ public:
+  static Napi::Function Define(Napi::Env env);
+  explicit Model(const Napi::CallbackInfo &info);
+  ~Model() override { Free(); }
+
+  std::shared_ptr<ModelState> st = std::make_shared<ModelState>();
+  static Napi::FunctionReference windowCtor;
+
+  void Free() {}
+
+ private:
+  Napi::Value MakeWindow(const Napi::CallbackInfo &info);
+  Napi::Value Embed(const Napi::CallbackInfo &info);
+  Napi::Value Logits(const Napi::CallbackInfo &info);
+  Napi::Value Close(const Napi::CallbackInfo &info);
+};
+
+Napi::FunctionReference Model::windowCtor;
+
+// ---- async work -------------------------------------------------------------------------------
+
+// Runs a forward pass (or a head-only pass) on a libuv thread, which joins the model's pool as its
+// thread 0; the promise settles on the JS thread.
+class ForwardWorker : public Napi::AsyncWorker {
+ public:
+  ForwardWorker(Napi::Env env, Window *win, std::shared_ptr<ModelState> model, Napi::Object self, Napi::Float32Array acts,
+                int pos, int n, Napi::Value logits)
+      : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), win(win), model(std::move(model)), pos(pos), n(n) {
+    selfRef = Napi::Persistent(self);
+    actsRef = Napi::Persistent(acts);
+    actsPtr = acts.Data();
+    if (logits.IsTypedArray()) {
+      auto l = logits.As<Napi::Float32Array>();
+      logitsRef = Napi::Persistent(l);
+      logitsPtr = l.Data();
+    }
+    if (win) win->busy++;
+    this->model->busy++;
+  }
+  void Execute() override {
+    char err[kErrLen] = {0};
+    if (win) {
+      if (prima_window_forward(win->w, actsPtr, pos, n, logitsPtr, err, sizeof err) != 0) SetError(err);
+    } else {
+      prima_model_logits(model->m, actsPtr + (size_t)(n - 1) * model->m->hp.n_embd, logitsPtr);
+    }
+  }
+  void OnOK() override {
+    Done();
+    deferred.Resolve(Env().Undefined());
+  }
+  void OnError(const Napi::Error &e) override {
+    Done();
+    deferred.Reject(e.Value());
+  }
+  Napi::Promise Promise() { return deferred.Promise(); }
+
+ private:
+  void Done() {
+    if (win) win->busy--;
+    model->busy--;
+  }
+  Napi::Promise::Deferred deferred;
+  Window *win;
+  std::shared_ptr<ModelState> model;
+  Napi::ObjectReference selfRef;
+  Napi::Reference<Napi::Float32Array> actsRef, logitsRef;
+  float *actsPtr = nullptr;
+  float *logitsPtr = nullptr;
+  int pos, n;
+};
+
+// ---- Model ------------------------------------------------------------------------------------
+
+Napi::Function Model::Define(Napi::Env env) {
+  return DefineClass(env, "NativeModel",
+                     {InstanceMethod("window", &Model::MakeWindow), InstanceMethod("embed", &Model::Embed),
+                      InstanceMethod("logits", &Model::Logits), InstanceMethod("close", &Model::Close)});
+}
+
+// new NativeModel(path, tensors[], hparams, { threads })
+Model::Model(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Model>(info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 4 || !info[0].IsString() || !info[1].IsArray() || !info[2].IsObject() || !info[3].IsObject()) {
+    ThrowType(env, "NativeModel(path, tensors, hparams, options) expected");
+    return;
+  }
+  const std::string path = info[0].As<Napi::String>();
+  Napi::Array arr = info[1].As<Napi::Array>();
+  std::vector<std::string> names(arr.Length());
+  std::vector<prima_tensor_desc> descs(arr.Length());
+  for (uint32_t i = 0; i < arr.Length(); i++) {
+    Napi::Value v = arr.Get(i);
+    if (!v.IsObject()) {
+      ThrowType(env, "tensor table entries must be objects");
+      return;
+    }
+    Napi::Object o = v.As<Napi::Object>();
+    int64_t type, ne0, ne1, offset, nBytes;
+    if (!o.Get("name").IsString() || !IntArg(o.Get("type"), 0, PRIMA_TYPE_COUNT, &type) ||
+        !IntArg(o.Get("ne0"), 1, INT64_C(1) << 40, &ne0) || !IntArg(o.Get("ne1"), 1, INT64_C(1) << 40, &ne1) ||
+        !IntArg(o.Get("offset"), 0, INT64_C(1) << 52, &offset) || !IntArg(o.Get("nBytes"), 0, INT64_C(1) << 52, &nBytes)) {
+      ThrowType(env, "tensor table entry " + std::to_string(i) + " needs name, type, ne0, ne1, offset, nBytes");
+      return;
+    }
+    names[i] = o.Get("name").As<Napi::String>();
+    descs[i] = {nullptr, (int)type, ne0, ne1, (uint64_t)offset, (uint64_t)nBytes};
+  }
+  for (size_t i = 0; i < descs.size(); i++) descs[i].name = names[i].c_str();
+
+  Napi::Object h = info[2].As<Napi::Object>();
+  prima_hparams hp{};
+  int64_t v;
+  struct {
+    const char *key;
+    int *dst;
+  } ints[] = {{"nVocab", &hp.n_vocab},   {"nEmbd", &hp.n_embd},       {"nLayers", &hp.n_layers},
+              {"nHead", &hp.n_head},     {"nHeadKv", &hp.n_head_kv},  {"headDim", &hp.head_dim},
+              {"nFf", &hp.n_ff},         {"ropeDims", &hp.rope_dims}};
+  for (auto &f : ints) {
+    if (!IntArg(h.Get(f.key), 1, 1 << 24, &v)) {
+      ThrowType(env, std::string("hparams.") + f.key + " must be a positive integer");
+      return;
+    }
+    *f.dst = (int)v;
+  }
+  if (!h.Get("normEps").IsNumber() || !h.Get("ropeFreqBase").IsNumber() || !h.Get("ropeFreqScale").IsNumber()) {
+    ThrowType(env, "hparams.normEps, ropeFreqBase and ropeFreqScale must be numbers");
+    return;
+  }
+  hp.norm_eps = h.Get("normEps").As<Napi::Number>().FloatValue();
+  hp.rope_base = h.Get("ropeFreqBase").As<Napi::Number>().FloatValue();
+  hp.rope_freq_scale = h.Get("ropeFreqScale").As<Napi::Number>().FloatValue();
+  hp.rope_neox = h.Get("ropeNeox").ToBoolean().Value() ? 1 : 0;
+
+  int64_t threads = 1;
+  Napi::Value tv = info[3].As<Napi::Object>().Get("threads");
+  if (!tv.IsUndefined() && !IntArg(tv, 1, 1024, &threads)) {
+    ThrowType(env, "options.threads must be an integer from 1 to 1024");
+    return;
+  }
+  char err[kErrLen] = {0};
+  st->m = prima_model_open(path.c_str(), descs.data(), (int)descs.size(), &hp, (int)threads, err, sizeof err);
+  if (!st->m) ThrowErr(env, std::string(path) + ": " + err);
+}
+
+Napi::Value Model::MakeWindow(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!st->m) return ThrowErr(env, "model is closed");
+  return windowCtor.New({info.This(), info.Length() > 0 ? info[0] : env.Undefined(),
+                         info.Length() > 1 ? info[1] : env.Undefined(), info.Length() > 2 ? info[2] : env.Undefined()});
+}
+
+// embed(tokens: Int32Array, out: Float32Array)
+Napi::Value Model::Embed(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!st->m) return ThrowErr(env, "model is closed");
+  if (info.Length() < 2 || !info[0].IsTypedArray() || !info[1].IsTypedArray() ||
+      info[0].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array ||
+      info[1].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array)
+    return ThrowType(env, "embed(tokens: Int32Array, out: Float32Array) expected");
+  auto tokens = info[0].As<Napi::Int32Array>();
+  auto out = info[1].As<Napi::Float32Array>();
+  const size_t n = tokens.ElementLength();
+  if (out.ElementLength() < n * (size_t)st->m->hp.n_embd)
+    return ThrowType(env, "embed: output holds " + std::to_string(out.ElementLength()) + " floats, needs " +
+                              std::to_string(n * st->m->hp.n_embd));
+  for (size_t i = 0; i < n; i++)
+    if (tokens[i] < 0 || tokens[i] >= st->m->hp.n_vocab)
+      return ThrowErr(env, "embed: token id " + std::to_string(tokens[i]) + " is outside the vocabulary of " +
+                               std::to_string(st->m->hp.n_vocab));
+  prima_model_embed(st->m, tokens.Data(), (int)n, out.Data());
+  return env.Undefined();
+}
+
+// logits(acts: Float32Array (rows of nEmbd; the last is used), out: Float32Array(nVocab)): Promise<void>
+Napi::Value Model::Logits(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!st->m) return ThrowErr(env, "model is closed");
+  if (info.Length() < 2 || !info[0].IsTypedArray() || !info[1].IsTypedArray() ||
+      info[0].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
+      info[1].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array)
+    return ThrowType(env, "logits(acts: Float32Array, out: Float32Array) expected");
+  auto acts = info[0].As<Napi::Float32Array>();
+  auto out = info[1].As<Napi::Float32Array>();
+  const size_t E = (size_t)st->m->hp.n_embd;
+  if (acts.ElementLength() < E || acts.ElementLength() % E != 0)
+    return ThrowType(env, "logits: activations must be whole rows of " + std::to_string(E));
+  if (out.ElementLength() < (size_t)st->m->hp.n_vocab) return ThrowType(env, "logits: output is shorter than the vocabulary");
+  auto *w = new ForwardWorker(env, nullptr, st, info.This().As<Napi::Object>(), acts, 0, (int)(acts.ElementLength() / E), out);
+  auto p = w->Promise();
+  w->Queue();
+  return p;
+}
+
+Napi::Value Model::Close(const Napi::CallbackInfo &info) {
+  if (st->busy > 0) return ThrowErr(info.Env(), "model is busy: wait for its forward passes to finish before closing it");
+  if (st->windows > 0) return ThrowErr(info.Env(), "model still has open windows: close them first");
+  if (st->m) prima_model_close(st->m);
+  st->m = nullptr;
+  return info.Env().Undefined();
+}
+
+// ---- Window -----------------------------------------------------------------------------------
+
+Napi::Function Window::Define(Napi::Env env) {
+  return DefineClass(env, "NativeWindow",
+                     {InstanceMethod("forward", &Window::Forward), InstanceMethod("prefetch", &Window::Prefetch),
+                      InstanceMethod("release", &Window::Release), InstanceMethod("residency", &Window::Residency),
+                      InstanceMethod("kvClear", &Window::KvClear), InstanceMethod("kvTruncate", &Window::KvTruncate),
+                      InstanceMethod("kvSave", &Window::KvSave), InstanceMethod("kvLoad", &Window::KvLoad),
+                      InstanceMethod("info", &Window::Info), InstanceMethod("close", &Window::Close)});
+}
+
+// new NativeWindow(model, firstLayer, endLayer, { ctx, maxBatch })
+Window::Window(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Window>(info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 4 || !info[0].IsObject() || !info[3].IsObject()) {
+    ThrowType(env, "window(firstLayer, endLayer, { ctx, maxBatch }) expected");
+    return;
+  }
+  Model *model = Model::Unwrap(info[0].As<Napi::Object>());
+  if (!model || !model->st->m) {
+    ThrowErr(env, "model is closed");
+    return;
+  }
+  const int L = model->st->m->hp.n_layers;
+  int64_t first, end, ctx, batch = 128;
+  Napi::Object o = info[3].As<Napi::Object>();
+  if (!IntArg(info[1], 0, L - 1, &first) || !IntArg(info[2], first + 1, L, &end)) {
+    ThrowType(env, "window layers must satisfy 0 <= first < end <= " + std::to_string(L));
+    return;
+  }
+  if (!IntArg(o.Get("ctx"), 1, 1 << 22, &ctx)) {
+    ThrowType(env, "window options.ctx must be a positive integer");
+    return;
+  }
+  if (!o.Get("maxBatch").IsUndefined() && !IntArg(o.Get("maxBatch"), 1, 4096, &batch)) {
+    ThrowType(env, "window options.maxBatch must be an integer from 1 to 4096");
+    return;
+  }
+  char err[kErrLen] = {0};
+  w = prima_window_create(model->st->m, (int)first, (int)end, (int)ctx, (int)batch, err, sizeof err);
+  if (!w) {
+    ThrowErr(env, err);
+    return;
+  }
+  st = model->st;
+  st->windows++;
+}
+
+void Window::Free() {
+  if (w) {
+    prima_window_destroy(w);
+    w = nullptr;
+    st->windows--;
+  }
+}
+
+bool Window::Alive(Napi::Env env) {
+  if (w) return true;
+  ThrowErr(env, "window is closed");
+  return false;
+}
+
+// forward(acts: Float32Array, pos, nTokens, logits?: Float32Array): Promise<void>
+Napi::Value Window::Forward(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Alive(env)) return env.Undefined();
+  int64_t pos, n;
+  if (info.Length() < 3 || !info[0].IsTypedArray() ||
+      info[0].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array || !IntArg(info[1], 0, 1 << 30, &pos) ||
+      !IntArg(info[2], 1, 1 << 30, &n))
+    return ThrowType(env, "forward(acts: Float32Array, position, nTokens, logits?) expected");
+  auto acts = info[0].As<Napi::Float32Array>();
+  const size_t E = (size_t)st->m->hp.n_embd;
+  if (acts.ElementLength() < (size_t)n * E)
+    return ThrowType(env, "forward: activations hold " + std::to_string(acts.ElementLength()) + " floats, " +
+                              std::to_string(n) + " tokens need " + std::to_string(n * E));
+  Napi::Value logits = info.Length() > 3 ? info[3] : env.Undefined();
+  if (!logits.IsUndefined() && !logits.IsNull()) {
+    if (!logits.IsTypedArray() || logits.As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
+        logits.As<Napi::Float32Array>().ElementLength() < (size_t)st->m->hp.n_vocab)
+      return ThrowType(env, "forward: logits must be a Float32Array of the vocabulary size");
+  }
+  auto *worker = new ForwardWorker(env, this, st, info.This().As<Napi::Object>(), acts, (int)pos, (int)n, logits);
+  auto p = worker->Promise();
+  worker->Queue();
+  return p;
+}
+
+Napi::Value Window::Prefetch(const Napi::CallbackInfo &info) {
+  if (!Alive(info.Env())) return info.Env().Undefined();
+  const int rc = prima_window_prefetch(w);
+  if (rc) return ThrowErr(info.Env(), std::string("prefetch failed: ") + strerror(rc));
+  return info.Env().Undefined();
+}
+
+Napi::Value Window::Release(const Napi::CallbackInfo &info) {
+  if (!Alive(info.Env())) return info.Env().Undefined();
+  const int rc = prima_window_release(w);
+  if (rc) return ThrowErr(info.Env(), std::string("release failed: ") + strerror(rc));
+  return info.Env().Undefined();
+}
+
+Napi::Value Window::Residency(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Alive(env)) return env.Undefined();
+  uint64_t resident = 0, total = 0;
+  const int rc = prima_window_residency(w, &resident, &total);
+  if (rc) return ThrowErr(env, std::string("residency failed: ") + strerror(rc));
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("residentBytes", Napi::Number::New(env, (double)resident));
+  o.Set("totalBytes", Napi::Number::New(env, (double)total));
+  return o;
+}
+
+Napi::Value Window::KvClear(const Napi::CallbackInfo &info) {
+  if (!Alive(info.Env())) return info.Env().Undefined();
+  if (busy > 0) return ThrowErr(info.Env(), "window is busy");
+  w->n_filled = 0;
+  return info.Env().Undefined();
+}
+
+Napi::Value Window::KvTruncate(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Alive(env)) return env.Undefined();
+  if (busy > 0) return ThrowErr(env, "window is busy");
+  int64_t pos;
+  if (info.Length() < 1 || !IntArg(info[0], 0, w->n_filled, &pos))
+    return ThrowType(env, "kvTruncate(position) needs 0 <= position <= " + std::to_string(w->n_filled));
+  w->n_filled = (int)pos;
+  return env.Undefined();
+}
+
+Napi::Value Window::KvSave(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Alive(env)) return env.Undefined();
+  if (info.Length() < 1 || !info[0].IsString()) return ThrowType(env, "kvSave(path) expected");
+  if (busy > 0) return ThrowErr(env, "window is busy");
+  char err[kErrLen] = {0};
+  if (prima_window_kv_save(w, info[0].As<Napi::String>().Utf8Value().c_str(), err, sizeof err)) return ThrowErr(env, err);
+  return env.Undefined();
+}
+
+Napi::Value Window::KvLoad(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Alive(env)) return env.Undefined();
+  if (info.Length() < 1 || !info[0].IsString()) return ThrowType(env, "kvLoad(path) expected");
+  if (busy > 0) return ThrowErr(env, "window is busy");
+  char err[kErrLen] = {0};
+  if (prima_window_kv_load(w, info[0].As<Napi::String>().Utf8Value().c_str(), err, sizeof err)) return ThrowErr(env, err);
+  return env.Undefined();
+}
+
+Napi::Value Window::Info(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Alive(env)) return env.Undefined();
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("firstLayer", w->first);
+  o.Set("endLayer", w->end);
+  o.Set("ctx", w->n_ctx);
+  o.Set("maxBatch", w->max_batch);
+  o.Set("filled", w->n_filled);
+  o.Set("anonBytes", Napi::Number::New(env, (double)w->anon_bytes));
+  return o;
+}
+
+Napi::Value Window::Close(const Napi::CallbackInfo &info) {
+  if (busy > 0) return ThrowErr(info.Env(), "window is busy: wait for its forward pass before closing it");
+  Free();
+  return info.Env().Undefined();
+}
+
+}  // namespace
+
+void RegisterModel(Napi::Env env, Napi::Object exports) {
+  Model::windowCtor = Napi::Persistent(Window::Define(env));
+  Model::windowCtor.SuppressDestruct();
+  exports.Set("NativeModel", Model::Define(env));
+  exports.Set("NativeWindow", Model::windowCtor.Value());
+  exports.Set("simdLevel", Napi::Function::New(env, [](const Napi::CallbackInfo &info) -> Napi::Value {
+                prima_kernels_init();
+                return Napi::String::New(info.Env(), prima_simd_name(prima_simd_level()));
+              }));
+}

@@ -1,1 +1,62 @@
-/* placeholder */
+#include "matmul.h"
+
+#include "kernels.h"
+
+void prima_act_quantize_rows(int act_type, const float *x, size_t x_stride, void *act, size_t act_stride,
+                             int n, int t0, int t1) {
+  prima_quantize_fn q = prima_act_quantizer(act_type);
+  for (int t = t0; t < t1; t++) q(x + (size_t)t * x_stride, (char *)act + (size_t)t * act_stride, n);
+}
+
+/* Rows per chunk: small enough to balance the threads on one token, a few KiB of weights on batches. */
+static int chunk_rows(int64_t rows, int n_tokens, int nth) {
+  int cs;
+  if (n_tokens == 1) {
+    cs = (int)(rows / ((int64_t)nth * 16));
+    if (cs < 8) cs = 8;
+    if (cs > 64) cs = 64;
+  } else {
+    cs = 16;
+  }
+  return cs;
+}
+
+static void mm_chunk(const prima_mm *it, const prima_type_kernels *k, int64_t r0, int64_t r1, int n_tokens) {
+  const prima_tensor *w = it->w;
+  const int n = (int)w->ne0;
+  float tmp[PRIMA_MAX_NC];
+  for (int t0 = 0; t0 < n_tokens; t0 += PRIMA_MAX_NC) {
+    const int nc = n_tokens - t0 < PRIMA_MAX_NC ? n_tokens - t0 : PRIMA_MAX_NC;
+    const char *a = (const char *)it->act + (size_t)t0 * it->act_stride;
+    float *o = it->out + (size_t)t0 * it->out_stride;
+    for (int64_t r = r0; r < r1; r++) {
+      k->dot(n, w->data + (size_t)r * w->row_bytes, a, it->act_stride, nc, tmp);
+      if (it->accumulate) {
+        for (int c = 0; c < nc; c++) o[(size_t)c * it->out_stride + r] += tmp[c];
+      } else {
+        for (int c = 0; c < nc; c++) o[(size_t)c * it->out_stride + r] = tmp[c];
+      }
+    }
+  }
+}
+
+void prima_mm_run(const prima_task *t, const prima_mm *items, int n_items, int n_tokens) {
+  int cs[8], first[9];
+  const prima_type_kernels *ks[8];
+  first[0] = 0;
+  for (int i = 0; i < n_items; i++) {
+    cs[i] = chunk_rows(items[i].w->ne1, n_tokens, t->nth);
+    ks[i] = prima_kernels(items[i].w->type);
+    first[i + 1] = first[i] + (int)((items[i].w->ne1 + cs[i] - 1) / cs[i]);
+  }
+  const int total = first[n_items];
+  int item = 0;
+  for (int c = t->ith; c < total; c = prima_pool_next_chunk(t)) {
+    while (c >= first[item + 1]) item++;
+    while (c < first[item]) item--;
+    const int64_t r0 = (int64_t)(c - first[item]) * cs[item];
+    int64_t r1 = r0 + cs[item];
+    if (r1 > items[item].w->ne1) r1 = items[item].w->ne1;
+    mm_chunk(&items[item], ks[item], r0, r1, n_tokens);
+  }
+}

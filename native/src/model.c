@@ -1,1 +1,629 @@
-/* placeholder */
+#include "model.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kernels.h"
+#include "matmul.h"
+#include "ops.h"
+
+#define MAX_ACT_FORMATS 3 /* distinct activation formats one input may need (mixed weight types) */
+
+static int fail(char *err, size_t err_len, const char *fmt, ...) {
+  if (err && err_len) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
+/* ---- opening ------------------------------------------------------------------------------ */
+
+static const prima_tensor_desc *find(const prima_tensor_desc *t, int n, const char *name) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(t[i].name, name) == 0) return &t[i];
+  return NULL;
+}
+
+/* Resolves one tensor: present (unless optional), inside the file, the expected shape, with kernels. */
+static int bind_tensor(prima_model *m, const prima_tensor_desc *all, int n, const char *name, int64_t ne0,
+                       int64_t ne1, int optional, int f32_only, prima_tensor *out, char *err, size_t err_len) {
+  memset(out, 0, sizeof *out);
+  const prima_tensor_desc *d = find(all, n, name);
+  if (!d) return optional ? 0 : fail(err, err_len, "missing tensor %s", name);
+  if (d->ne0 != ne0 || d->ne1 != ne1)
+    return fail(err, err_len, "tensor %s has shape [%lld, %lld], expected [%lld, %lld]", name, (long long)d->ne0,
+                (long long)d->ne1, (long long)ne0, (long long)ne1);
+  if (f32_only && d->type != PRIMA_F32) return fail(err, err_len, "tensor %s must be F32", name);
+  const prima_type_kernels *k = prima_kernels(d->type);
+  if (!k) return fail(err, err_len, "tensor %s: no kernels for type %d", name, d->type);
+  const size_t row_bytes = prima_row_bytes(d->type, ne0);
+  if (row_bytes == 0) return fail(err, err_len, "tensor %s: row of %lld is not whole blocks", name, (long long)ne0);
+  const uint64_t bytes = (uint64_t)row_bytes * (uint64_t)ne1;
+  if (bytes != d->n_bytes) return fail(err, err_len, "tensor %s: %llu bytes expected, table says %llu", name,
+                                       (unsigned long long)bytes, (unsigned long long)d->n_bytes);
+  if (d->offset > m->map_bytes || bytes > m->map_bytes - d->offset)
+    return fail(err, err_len, "tensor %s: offset %llu + %llu bytes is past the end of the file (%zu bytes)", name,
+                (unsigned long long)d->offset, (unsigned long long)bytes, m->map_bytes);
+  out->data = m->map + d->offset;
+  out->offset = d->offset;
+  out->type = d->type;
+  out->ne0 = ne0;
+  out->ne1 = ne1;
+  out->row_bytes = row_bytes;
+  out->n_bytes = bytes;
+  return 0;
+}
+
+prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors, int n_tensors,
+                              const prima_hparams *hp, int n_threads, char *err, size_t err_len) {
+  prima_kernels_init();
+  prima_ops_init();
+  if (hp->n_embd <= 0 || hp->n_layers <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 || hp->head_dim <= 0 ||
+      hp->n_ff <= 0 || hp->n_vocab <= 0 || hp->n_head % hp->n_head_kv != 0 || hp->rope_dims > hp->head_dim ||
+      hp->rope_dims % 2 != 0) {
+    fail(err, err_len, "invalid hyper-parameters");
+    return NULL;
+  }
+  prima_model *m = calloc(1, sizeof *m);
+  if (!m) {
+    fail(err, err_len, "out of memory");
+    return NULL;
+  }
+  m->fd = -1;
+  m->hp = *hp;
+  m->fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (m->fd < 0) {
+    fail(err, err_len, "cannot open %s: %s", path, strerror(errno));
+    goto bad;
+  }
+  struct stat st;
+  if (fstat(m->fd, &st) != 0 || st.st_size <= 0) {
+    fail(err, err_len, "cannot stat %s", path);
+    goto bad;
+  }
+  m->map_bytes = (size_t)st.st_size;
+  m->map = mmap(NULL, m->map_bytes, PROT_READ, MAP_SHARED, m->fd, 0);
+  if (m->map == MAP_FAILED) {
+    m->map = NULL;
+    fail(err, err_len, "cannot map %s: %s", path, strerror(errno));
+    goto bad;
+  }
+
+  const int E = hp->n_embd, D = hp->head_dim;
+  const int64_t qdim = (int64_t)hp->n_head * D, kvdim = (int64_t)hp->n_head_kv * D;
+  if (bind_tensor(m, tensors, n_tensors, "token_embd.weight", E, hp->n_vocab, 0, 0, &m->tok_embd, err, err_len) ||
+      bind_tensor(m, tensors, n_tensors, "output_norm.weight", E, 1, 0, 1, &m->output_norm, err, err_len) ||
+      bind_tensor(m, tensors, n_tensors, "output.weight", E, hp->n_vocab, 1, 0, &m->output, err, err_len) ||
+      bind_tensor(m, tensors, n_tensors, "rope_freqs.weight", hp->rope_dims / 2, 1, 1, 1, &m->rope_freqs, err, err_len))
+    goto bad;
+  if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
+  m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
+  if (!m->layers) {
+    fail(err, err_len, "out of memory");
+    goto bad;
+  }
+  for (int l = 0; l < hp->n_layers; l++) {
+    prima_layer *L = &m->layers[l];
+    char name[96];
+#define T(field, suffix, ne0, ne1, opt, f32)                                                            \
+  snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                                 \
+  if (bind_tensor(m, tensors, n_tensors, name, ne0, ne1, opt, f32, &L->field, err, err_len)) goto bad;
+    T(attn_norm, "attn_norm.weight", E, 1, 0, 1)
+    T(wq, "attn_q.weight", E, qdim, 0, 0)
+    T(wk, "attn_k.weight", E, kvdim, 0, 0)
+    T(wv, "attn_v.weight", E, kvdim, 0, 0)
+    T(wo, "attn_output.weight", qdim, E, 0, 0)
+    T(bq, "attn_q.bias", qdim, 1, 1, 1)
+    T(bk, "attn_k.bias", kvdim, 1, 1, 1)
+    T(bv, "attn_v.bias", kvdim, 1, 1, 1)
+    T(ffn_norm, "ffn_norm.weight", E, 1, 0, 1)
+    T(w_gate, "ffn_gate.weight", E, hp->n_ff, 0, 0)
+    T(w_up, "ffn_up.weight", E, hp->n_ff, 0, 0)
+    T(w_down, "ffn_down.weight", hp->n_ff, E, 0, 0)
+#undef T
+  }
+  m->pool = prima_pool_create(n_threads);
+  m->head_norm = malloc(sizeof(float) * (size_t)E);
+  m->head_act = malloc(prima_row_bytes(PRIMA_F32, E)); /* F32 is the widest activation format */
+  if (!m->pool || !m->head_norm || !m->head_act) {
+    fail(err, err_len, "out of memory");
+    goto bad;
+  }
+  return m;
+bad:
+  prima_model_close(m);
+  return NULL;
+}
+
+void prima_model_close(prima_model *m) {
+  if (!m) return;
+  prima_pool_destroy(m->pool);
+  free(m->layers);
+  free(m->head_norm);
+  free(m->head_act);
+  if (m->map) munmap(m->map, m->map_bytes);
+  if (m->fd >= 0) close(m->fd);
+  free(m);
+}
+
+/* ---- windows ------------------------------------------------------------------------------ */
+
+static int act_type_of(const prima_tensor *w) { return prima_kernels(w->type)->act_type; }
+
+prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, char *err, size_t err_len) {
+  const prima_hparams *hp = &m->hp;
+  if (first < 0 || end > hp->n_layers || first >= end) {
+    fail(err, err_len, "window [%d, %d) is not inside the model's %d layers", first, end, hp->n_layers);
+    return NULL;
+  }
+  if (n_ctx < 1 || n_ctx > (1 << 22)) {
+    fail(err, err_len, "context of %d tokens is out of range", n_ctx);
+    return NULL;
+  }
+  if (max_batch < 1 || max_batch > 4096) {
+    fail(err, err_len, "batch of %d tokens is out of range", max_batch);
+    return NULL;
+  }
+  prima_window *w = calloc(1, sizeof *w);
+  if (!w) {
+    fail(err, err_len, "out of memory");
+    return NULL;
+  }
+  w->m = m;
+  w->first = first;
+  w->end = end;
+  w->n_ctx = n_ctx;
+  w->max_batch = max_batch;
+  w->kv_type = PRIMA_F16;
+  const int E = hp->n_embd, D = hp->head_dim, nth = prima_pool_threads(m->pool);
+  const size_t qdim = (size_t)hp->n_head * D, kvdim = (size_t)hp->n_head_kv * D;
+  const size_t nl = (size_t)(end - first), B = (size_t)max_batch, half = (size_t)hp->rope_dims / 2;
+  const int ratio = hp->n_head / hp->n_head_kv;
+
+  /* The widest activation row any matmul of this window reads. */
+  size_t act_row = 0;
+  for (int l = first; l < end; l++) {
+    const prima_layer *L = &m->layers[l];
+    const prima_tensor *ws[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down };
+    for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+      const size_t b = prima_row_bytes(act_type_of(ws[i]), ws[i]->ne0);
+      if (b > act_row) act_row = b;
+    }
+  }
+  act_row = (act_row + 63) & ~(size_t)63;
+  w->act_row_bytes = act_row;
+
+  const size_t kv_bytes = 2 * nl * (size_t)n_ctx * kvdim * sizeof(uint16_t);
+  w->k_cache = calloc(nl * (size_t)n_ctx * kvdim, sizeof(uint16_t));
+  w->v_cache = calloc(nl * (size_t)n_ctx * kvdim, sizeof(uint16_t));
+  w->rope_cos = malloc(sizeof(float) * (size_t)n_ctx * half);
+  w->rope_sin = malloc(sizeof(float) * (size_t)n_ctx * half);
+  w->h = malloc(sizeof(float) * B * E);
+  w->q = malloc(sizeof(float) * B * qdim);
+  w->k = malloc(sizeof(float) * B * kvdim);
+  w->v = malloc(sizeof(float) * B * kvdim);
+  w->att = malloc(sizeof(float) * B * qdim);
+  w->gate = malloc(sizeof(float) * B * hp->n_ff);
+  w->up = malloc(sizeof(float) * B * hp->n_ff);
+  w->act_a = malloc(act_row * B * MAX_ACT_FORMATS);
+  w->q16 = malloc(sizeof(uint16_t) * (size_t)nth * ratio * D);
+  w->att_acc = malloc(sizeof(float) * (size_t)nth * ratio * (D + 3));
+  if (!w->k_cache || !w->v_cache || !w->rope_cos || !w->rope_sin || !w->h || !w->q || !w->k || !w->v || !w->att ||
+      !w->gate || !w->up || !w->act_a || !w->q16 || !w->att_acc) {
+    fail(err, err_len, "out of memory for a window of %zu layers and %d tokens of context", nl, n_ctx);
+    prima_window_destroy(w);
+    return NULL;
+  }
+  prima_rope_table(w->rope_cos, w->rope_sin, n_ctx, hp->rope_dims, hp->rope_base, hp->rope_freq_scale,
+                   m->rope_freqs.data ? (const float *)m->rope_freqs.data : NULL);
+  w->anon_bytes = kv_bytes + sizeof(float) * ((size_t)n_ctx * half * 2 + B * (E + 2 * qdim + 2 * kvdim + 2 * (size_t)hp->n_ff)) +
+                  act_row * B * MAX_ACT_FORMATS;
+  return w;
+}
+
+void prima_window_destroy(prima_window *w) {
+  if (!w) return;
+  free(w->k_cache);
+  free(w->v_cache);
+  free(w->rope_cos);
+  free(w->rope_sin);
+  free(w->h);
+  free(w->q);
+  free(w->k);
+  free(w->v);
+  free(w->att);
+  free(w->gate);
+  free(w->up);
+  free(w->act_a);
+  free(w->q16);
+  free(w->att_acc);
+  free(w);
+}
+
+/* ---- forward ------------------------------------------------------------------------------ */
+
+typedef struct {
+  prima_window *w;
+  float *x;      /* n rows of n_embd */
+  int pos, n;    /* this sub-batch */
+  float *logits; /* NULL: no head */
+} fwd_job;
+
+/* Activation buffers for the distinct formats of up to three matrices reading the same input.
+ * slot[i] is the buffer matrix i reads. */
+typedef struct {
+  int n_formats;
+  int format[MAX_ACT_FORMATS];
+  void *buf[MAX_ACT_FORMATS];
+  int slot[3];
+} act_set;
+
+static void act_set_make(act_set *s, prima_window *w, const prima_tensor *const *ms, int n) {
+  s->n_formats = 0;
+  for (int i = 0; i < n; i++) {
+    const int f = act_type_of(ms[i]);
+    int j = 0;
+    while (j < s->n_formats && s->format[j] != f) j++;
+    if (j == s->n_formats) {
+      s->format[j] = f;
+      s->buf[j] = (char *)w->act_a + (size_t)j * w->act_row_bytes * w->max_batch;
+      s->n_formats++;
+    }
+    s->slot[i] = j;
+  }
+}
+
+/* Each thread takes whole tokens: y[t] = f(x[t]) then quantized into every format of the set. */
+static void quantize_for(const prima_task *t, prima_window *w, const act_set *s, const float *x, int n_cols, int n_rows) {
+  for (int r = t->ith; r < n_rows; r = prima_pool_next_chunk(t)) {
+    for (int j = 0; j < s->n_formats; j++)
+      prima_act_quantize_rows(s->format[j], x, n_cols, s->buf[j], w->act_row_bytes, n_cols, r, r + 1);
+  }
+}
+
+static void attention(const prima_task *t, prima_window *w, int li, int pos, int n) {
+  const prima_hparams *hp = &w->m->hp;
+  const int D = hp->head_dim, G = hp->n_head_kv, ratio = hp->n_head / G;
+  const size_t qdim = (size_t)hp->n_head * D, kvdim = (size_t)G * D;
+  const float scale = 1.0f / sqrtf((float)D);
+  const prima_type_kernels *kd = prima_kernels(PRIMA_F16);
+  prima_quantize_fn to_f16 = prima_act_quantizer(PRIMA_F16);
+  const uint16_t *K = w->k_cache + (size_t)li * w->n_ctx * kvdim;
+  const uint16_t *V = w->v_cache + (size_t)li * w->n_ctx * kvdim;
+  uint16_t *q16 = w->q16 + (size_t)t->ith * ratio * D;
+  float *acc = w->att_acc + (size_t)t->ith * ratio * (D + 3);
+  float *M = acc + (size_t)ratio * D, *S = M + ratio, *s = S + ratio;
+  for (int task = t->ith; task < n * G; task = prima_pool_next_chunk(t)) {
+    const int tok = task / G, g = task % G;
+    const float *q = w->q + (size_t)tok * qdim + (size_t)g * ratio * D;
+    to_f16(q, q16, (int64_t)ratio * D); /* llama.cpp rounds Q to F16 against an F16 cache */
+    for (int h = 0; h < ratio; h++) {
+      M[h] = -INFINITY;
+      S[h] = 0.0f;
+    }
+    memset(acc, 0, sizeof(float) * (size_t)ratio * D);
+    const int last = pos + tok;
+    for (int p = 0; p <= last; p++) {
+      const uint16_t *kp = K + (size_t)p * kvdim + (size_t)g * D;
+      const uint16_t *vp = V + (size_t)p * kvdim + (size_t)g * D;
+      for (int h0 = 0; h0 < ratio; h0 += PRIMA_MAX_NC) {
+        const int nc = ratio - h0 < PRIMA_MAX_NC ? ratio - h0 : PRIMA_MAX_NC;
+        kd->dot(D, kp, q16 + (size_t)h0 * D, sizeof(uint16_t) * D, nc, s + h0);
+      }
+      for (int h = 0; h < ratio; h++) {
+        const float sh = s[h] * scale;
+        float ms = 1.0f, vs = 1.0f;
+        if (sh > M[h]) {
+          ms = expf(M[h] - sh);
+          M[h] = sh;
+        } else {
+          vs = expf(sh - M[h]);
+        }
+        prima_acc_f16(acc + (size_t)h * D, vp, D, ms, vs);
+        S[h] = S[h] * ms + vs;
+      }
+    }
+    float *out = w->att + (size_t)tok * qdim + (size_t)g * ratio * D;
+    for (int h = 0; h < ratio; h++) {
+      const float inv = 1.0f / S[h];
+      for (int d = 0; d < D; d++) out[(size_t)h * D + d] = acc[(size_t)h * D + d] * inv;
+    }
+  }
+}
+
+static void store_f16(const float *x, uint16_t *y, int n) {
+  prima_act_quantizer(PRIMA_F16)(x, y, n);
+}
+
+static void forward_job(const prima_task *t, void *ctx) {
+  fwd_job *j = ctx;
+  prima_window *w = j->w;
+  prima_model *m = w->m;
+  const prima_hparams *hp = &m->hp;
+  const int E = hp->n_embd, D = hp->head_dim, n = j->n, pos = j->pos;
+  const size_t qdim = (size_t)hp->n_head * D, kvdim = (size_t)hp->n_head_kv * D, F = (size_t)hp->n_ff;
+  const size_t half = (size_t)hp->rope_dims / 2;
+  float *x = j->x;
+
+  for (int l = w->first; l < w->end; l++) {
+    const prima_layer *L = &m->layers[l];
+    const int li = l - w->first;
+
+    /* attention block */
+    act_set qkv;
+    const prima_tensor *qkv_w[3] = { &L->wq, &L->wk, &L->wv };
+    act_set_make(&qkv, w, qkv_w, 3);
+    for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+      prima_rmsnorm(x + (size_t)r * E, (const float *)L->attn_norm.data, w->h + (size_t)r * E, E, hp->norm_eps);
+      for (int f = 0; f < qkv.n_formats; f++)
+        prima_act_quantize_rows(qkv.format[f], w->h, E, qkv.buf[f], w->act_row_bytes, E, r, r + 1);
+    }
+    prima_pool_barrier(t);
+    {
+      const prima_mm mm[3] = {
+        { &L->wq, qkv.buf[qkv.slot[0]], w->act_row_bytes, w->q, qdim, 0 },
+        { &L->wk, qkv.buf[qkv.slot[1]], w->act_row_bytes, w->k, kvdim, 0 },
+        { &L->wv, qkv.buf[qkv.slot[2]], w->act_row_bytes, w->v, kvdim, 0 },
+      };
+      prima_mm_run(t, mm, 3, n);
+    }
+    prima_pool_barrier(t);
+    uint16_t *Kl = w->k_cache + (size_t)li * w->n_ctx * kvdim;
+    uint16_t *Vl = w->v_cache + (size_t)li * w->n_ctx * kvdim;
+    for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+      float *q = w->q + (size_t)r * qdim, *k = w->k + (size_t)r * kvdim, *v = w->v + (size_t)r * kvdim;
+      if (L->bq.data) {
+        prima_add(q, (const float *)L->bq.data, (int)qdim);
+        prima_add(k, (const float *)L->bk.data, (int)kvdim);
+        prima_add(v, (const float *)L->bv.data, (int)kvdim);
+      }
+      const float *c = w->rope_cos + (size_t)(pos + r) * half, *s = w->rope_sin + (size_t)(pos + r) * half;
+      prima_rope_apply(q, hp->n_head, D, hp->rope_dims, hp->rope_neox, c, s);
+      prima_rope_apply(k, hp->n_head_kv, D, hp->rope_dims, hp->rope_neox, c, s);
+      store_f16(k, Kl + (size_t)(pos + r) * kvdim, (int)kvdim);
+      store_f16(v, Vl + (size_t)(pos + r) * kvdim, (int)kvdim);
+    }
+    prima_pool_barrier(t);
+    attention(t, w, li, pos, n);
+    prima_pool_barrier(t);
+    act_set o;
+    const prima_tensor *o_w[1] = { &L->wo };
+    act_set_make(&o, w, o_w, 1);
+    quantize_for(t, w, &o, w->att, (int)qdim, n);
+    prima_pool_barrier(t);
+    {
+      const prima_mm mm = { &L->wo, o.buf[0], w->act_row_bytes, x, (size_t)E, 1 };
+      prima_mm_run(t, &mm, 1, n);
+    }
+    prima_pool_barrier(t);
+
+    /* feed-forward block */
+    act_set gu;
+    const prima_tensor *gu_w[2] = { &L->w_gate, &L->w_up };
+    act_set_make(&gu, w, gu_w, 2);
+    for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+      prima_rmsnorm(x + (size_t)r * E, (const float *)L->ffn_norm.data, w->h + (size_t)r * E, E, hp->norm_eps);
+      for (int f = 0; f < gu.n_formats; f++)
+        prima_act_quantize_rows(gu.format[f], w->h, E, gu.buf[f], w->act_row_bytes, E, r, r + 1);
+    }
+    prima_pool_barrier(t);
+    {
+      const prima_mm mm[2] = {
+        { &L->w_gate, gu.buf[gu.slot[0]], w->act_row_bytes, w->gate, F, 0 },
+        { &L->w_up, gu.buf[gu.slot[1]], w->act_row_bytes, w->up, F, 0 },
+      };
+      prima_mm_run(t, mm, 2, n);
+    }
+    prima_pool_barrier(t);
+    act_set dn;
+    const prima_tensor *dn_w[1] = { &L->w_down };
+    act_set_make(&dn, w, dn_w, 1);
+    for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+      prima_swiglu(w->gate + (size_t)r * F, w->up + (size_t)r * F, (int)F);
+      prima_act_quantize_rows(dn.format[0], w->gate, F, dn.buf[0], w->act_row_bytes, (int)F, r, r + 1);
+    }
+    prima_pool_barrier(t);
+    {
+      const prima_mm mm = { &L->w_down, dn.buf[0], w->act_row_bytes, x, (size_t)E, 1 };
+      prima_mm_run(t, &mm, 1, n);
+    }
+    prima_pool_barrier(t);
+  }
+
+  if (j->logits) {
+    const float *row = x + (size_t)(n - 1) * E;
+    const int f = act_type_of(&m->output);
+    if (t->ith == 0) {
+      prima_rmsnorm(row, (const float *)m->output_norm.data, m->head_norm, E, hp->norm_eps);
+      prima_act_quantizer(f)(m->head_norm, m->head_act, E);
+    }
+    prima_pool_barrier(t);
+    const prima_mm mm = { &m->output, m->head_act, 0, j->logits, 0, 0 };
+    prima_mm_run(t, &mm, 1, 1);
+  }
+}
+
+int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, float *logits, char *err, size_t err_len) {
+  if (n_tokens < 1) return fail(err, err_len, "forward needs at least one token");
+  if (pos < 0 || pos > w->n_filled)
+    return fail(err, err_len, "position %d leaves a gap: the cache holds %d positions", pos, w->n_filled);
+  if ((int64_t)pos + n_tokens > w->n_ctx)
+    return fail(err, err_len, "positions %d..%d exceed the context of %d tokens", pos, pos + n_tokens - 1, w->n_ctx);
+  const int E = w->m->hp.n_embd;
+  for (int done = 0; done < n_tokens;) {
+    const int n = n_tokens - done < w->max_batch ? n_tokens - done : w->max_batch;
+    fwd_job j = { w, acts + (size_t)done * E, pos + done, n, done + n == n_tokens ? logits : NULL };
+    prima_pool_run(w->m->pool, forward_job, &j);
+    done += n;
+  }
+  w->n_filled = pos + n_tokens;
+  return 0;
+}
+
+typedef struct {
+  prima_model *m;
+  const float *row;
+  float *logits;
+} head_job;
+
+static void head_job_fn(const prima_task *t, void *ctx) {
+  head_job *j = ctx;
+  prima_model *m = j->m;
+  const int E = m->hp.n_embd;
+  if (t->ith == 0) {
+    prima_rmsnorm(j->row, (const float *)m->output_norm.data, m->head_norm, E, m->hp.norm_eps);
+    prima_act_quantizer(act_type_of(&m->output))(m->head_norm, m->head_act, E);
+  }
+  prima_pool_barrier(t);
+  const prima_mm mm = { &m->output, m->head_act, 0, j->logits, 0, 0 };
+  prima_mm_run(t, &mm, 1, 1);
+}
+
+void prima_model_logits(prima_model *m, const float *row, float *logits) {
+  head_job j = { m, row, logits };
+  prima_pool_run(m->pool, head_job_fn, &j);
+}
+
+void prima_model_embed(prima_model *m, const int32_t *tokens, int n, float *out) {
+  const prima_type_kernels *k = prima_kernels(m->tok_embd.type);
+  const int E = m->hp.n_embd;
+  for (int i = 0; i < n; i++)
+    k->dequantize(m->tok_embd.data + (size_t)tokens[i] * m->tok_embd.row_bytes, out + (size_t)i * E, E);
+}
+
+/* ---- paging ------------------------------------------------------------------------------- */
+
+/* Calls fn on each maximal page-aligned run of the window's weight bytes. */
+static int for_each_range(prima_window *w, int (*fn)(prima_window *, uint8_t *, size_t, void *), void *arg) {
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  uint64_t lo = UINT64_MAX, hi = 0;
+  int rc = 0;
+  for (int l = w->first; l < w->end && rc == 0; l++) {
+    const prima_tensor *ts = &w->m->layers[l].attn_norm;
+    const int nt = (int)(sizeof(prima_layer) / sizeof(prima_tensor));
+    for (int i = 0; i < nt && rc == 0; i++) {
+      if (!ts[i].data) continue;
+      const uint64_t a = ts[i].offset & ~(uint64_t)(page - 1);
+      const uint64_t b = (ts[i].offset + ts[i].n_bytes + page - 1) & ~(uint64_t)(page - 1);
+      if (lo != UINT64_MAX && a <= hi && b >= lo) {
+        if (a < lo) lo = a;
+        if (b > hi) hi = b;
+        continue;
+      }
+      if (lo != UINT64_MAX) rc = fn(w, w->m->map + lo, (size_t)(hi - lo), arg);
+      lo = a;
+      hi = b;
+    }
+  }
+  if (rc == 0 && lo != UINT64_MAX) {
+    if (hi > w->m->map_bytes) hi = (w->m->map_bytes + page - 1) & ~(uint64_t)(page - 1);
+    rc = fn(w, w->m->map + lo, (size_t)(hi - lo), arg);
+  }
+  return rc;
+}
+
+static int advise_willneed(prima_window *w, uint8_t *p, size_t len, void *arg) {
+  (void)w;
+  (void)arg;
+  return madvise(p, len, MADV_WILLNEED) == 0 ? 0 : errno;
+}
+
+static int advise_release(prima_window *w, uint8_t *p, size_t len, void *arg) {
+  (void)arg;
+  if (madvise(p, len, MADV_DONTNEED) != 0) return errno;
+  /* Drop the clean pages from the page cache too, so the memory really returns to the device. */
+  posix_fadvise(w->m->fd, (off_t)(p - w->m->map), (off_t)len, POSIX_FADV_DONTNEED);
+  return 0;
+}
+
+typedef struct {
+  uint64_t resident, total;
+} residency_acc;
+
+static int count_resident(prima_window *w, uint8_t *p, size_t len, void *arg) {
+  (void)w;
+  residency_acc *acc = arg;
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  const size_t n_pages = (len + page - 1) / page;
+  unsigned char vec[4096];
+  for (size_t done = 0; done < n_pages;) {
+    const size_t chunk = n_pages - done < sizeof vec ? n_pages - done : sizeof vec;
+    size_t bytes = chunk * page;
+    if (done * page + bytes > len) bytes = len - done * page;
+    if (mincore(p + done * page, bytes, vec) != 0) return errno;
+    for (size_t i = 0; i < chunk; i++)
+      if (vec[i] & 1) acc->resident += page;
+    done += chunk;
+  }
+  acc->total += len;
+  return 0;
+}
+
+int prima_window_prefetch(prima_window *w) { return for_each_range(w, advise_willneed, NULL); }
+int prima_window_release(prima_window *w) { return for_each_range(w, advise_release, NULL); }
+
+int prima_window_residency(prima_window *w, uint64_t *resident, uint64_t *total) {
+  residency_acc acc = { 0, 0 };
+  const int rc = for_each_range(w, count_resident, &acc);
+  *resident = acc.resident;
+  *total = acc.total;
+  return rc;
+}
+
+/* ---- KV cache files ------------------------------------------------------------------------ */
+
+#define KV_MAGIC 0x31564b50u /* "PKV1" */
+
+typedef struct {
+  uint32_t magic, kv_type;
+  int32_t n_layers, kv_dim, n_filled, first;
+} kv_header;
+
+int prima_window_kv_save(prima_window *w, const char *path, char *err, size_t err_len) {
+  const size_t kvdim = (size_t)w->m->hp.n_head_kv * w->m->hp.head_dim;
+  const kv_header h = { KV_MAGIC, (uint32_t)w->kv_type, w->end - w->first, (int32_t)kvdim, w->n_filled, w->first };
+  FILE *f = fopen(path, "wb");
+  if (!f) return fail(err, err_len, "cannot write %s: %s", path, strerror(errno));
+  int ok = fwrite(&h, sizeof h, 1, f) == 1;
+  for (int li = 0; ok && li < h.n_layers; li++) {
+    const size_t off = (size_t)li * w->n_ctx * kvdim, len = (size_t)w->n_filled * kvdim;
+    ok = fwrite(w->k_cache + off, sizeof(uint16_t), len, f) == len && fwrite(w->v_cache + off, sizeof(uint16_t), len, f) == len;
+  }
+  if (fclose(f) != 0) ok = 0;
+  return ok ? 0 : fail(err, err_len, "writing %s failed", path);
+}
+
+int prima_window_kv_load(prima_window *w, const char *path, char *err, size_t err_len) {
+  const size_t kvdim = (size_t)w->m->hp.n_head_kv * w->m->hp.head_dim;
+  FILE *f = fopen(path, "rb");
+  if (!f) return fail(err, err_len, "cannot read %s: %s", path, strerror(errno));
+  kv_header h;
+  int rc = 0;
+  if (fread(&h, sizeof h, 1, f) != 1 || h.magic != KV_MAGIC) {
+    rc = fail(err, err_len, "%s is not a prima KV cache file", path);
+  } else if (h.kv_type != (uint32_t)w->kv_type || h.n_layers != w->end - w->first || h.kv_dim != (int32_t)kvdim || h.first != w->first) {
+    rc = fail(err, err_len, "%s holds the cache of another window or model", path);
+  } else if (h.n_filled < 0 || h.n_filled > w->n_ctx) {
+    rc = fail(err, err_len, "%s holds %d positions, more than the context of %d", path, h.n_filled, w->n_ctx);
+  } else {
+    for (int li = 0; rc == 0 && li < h.n_layers; li++) {
+      const size_t off = (size_t)li * w->n_ctx * kvdim, len = (size_t)h.n_filled * kvdim;
+      if (fread(w->k_cache + off, sizeof(uint16_t), len, f) != len || fread(w->v_cache + off, sizeof(uint16_t), len, f) != len)
+        rc = fail(err, err_len, "%s is truncated", path);
+    }
+    if (rc == 0) w->n_filled = h.n_filled;
+  }
+  fclose(f);
+  return rc;
+}

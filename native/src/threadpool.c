@@ -1,1 +1,147 @@
-/* placeholder */
+#include "threadpool.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+static inline void cpu_relax(void) { _mm_pause(); }
+#elif defined(__aarch64__) || defined(__arm__)
+static inline void cpu_relax(void) { __asm__ __volatile__("yield"); }
+#else
+static inline void cpu_relax(void) {}
+#endif
+
+struct prima_pool {
+  int n;
+  pthread_t *threads;
+  prima_task *tasks;
+  pthread_mutex_t run_mu; /* one job at a time */
+  pthread_mutex_t mu;     /* guards sleeping workers */
+  pthread_cond_t cv;
+  prima_job_fn fn;
+  void *ctx;
+  int64_t spin_ns;
+  _Atomic int generation;
+  _Atomic int n_done;
+  _Atomic int stop;
+  _Atomic int barrier_count;
+  _Atomic int barrier_gen;
+  _Atomic int chunk;
+};
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void *worker_main(void *arg) {
+  prima_task *t = (prima_task *)arg;
+  prima_pool *p = t->pool;
+  int seen = 0;
+  for (;;) {
+    /* Spin first: in a token loop the next job arrives within microseconds. */
+    int64_t deadline = now_ns() + p->spin_ns;
+    int spins = 0;
+    while (atomic_load_explicit(&p->generation, memory_order_acquire) == seen && !atomic_load(&p->stop)) {
+      cpu_relax();
+      if ((++spins & 255) == 0 && now_ns() > deadline) break;
+    }
+    if (atomic_load_explicit(&p->generation, memory_order_acquire) == seen && !atomic_load(&p->stop)) {
+      pthread_mutex_lock(&p->mu);
+      while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->cv, &p->mu);
+      pthread_mutex_unlock(&p->mu);
+    }
+    if (atomic_load(&p->stop)) break;
+    seen = atomic_load_explicit(&p->generation, memory_order_acquire);
+    p->fn(t, p->ctx);
+    atomic_fetch_add_explicit(&p->n_done, 1, memory_order_release);
+  }
+  return NULL;
+}
+
+prima_pool *prima_pool_create(int n_threads) {
+  if (n_threads < 1) n_threads = 1;
+  prima_pool *p = calloc(1, sizeof *p);
+  if (!p) return NULL;
+  p->n = n_threads;
+  p->tasks = calloc((size_t)n_threads, sizeof *p->tasks);
+  p->threads = calloc((size_t)n_threads, sizeof *p->threads);
+  if (!p->tasks || !p->threads) goto fail;
+  const char *spin = getenv("PRIMA_SPIN_US");
+  p->spin_ns = (spin ? atoll(spin) : 300) * 1000;
+  pthread_mutex_init(&p->run_mu, NULL);
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->cv, NULL);
+  atomic_store(&p->chunk, n_threads);
+  for (int i = 0; i < n_threads; i++) p->tasks[i] = (prima_task){ .pool = p, .ith = i, .nth = n_threads };
+  for (int i = 1; i < n_threads; i++) {
+    if (pthread_create(&p->threads[i], NULL, worker_main, &p->tasks[i]) != 0) {
+      p->n = i; /* destroy joins the ones that started */
+      prima_pool_destroy(p);
+      return NULL;
+    }
+  }
+  return p;
+fail:
+  free(p->tasks);
+  free(p->threads);
+  free(p);
+  return NULL;
+}
+
+void prima_pool_destroy(prima_pool *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  atomic_store(&p->stop, 1);
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+  for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
+  pthread_cond_destroy(&p->cv);
+  pthread_mutex_destroy(&p->mu);
+  pthread_mutex_destroy(&p->run_mu);
+  free(p->tasks);
+  free(p->threads);
+  free(p);
+}
+
+int prima_pool_threads(const prima_pool *p) { return p->n; }
+
+void prima_pool_run(prima_pool *p, prima_job_fn fn, void *ctx) {
+  pthread_mutex_lock(&p->run_mu);
+  p->fn = fn;
+  p->ctx = ctx;
+  atomic_store(&p->n_done, 0);
+  atomic_store(&p->chunk, p->n);
+  atomic_store(&p->barrier_count, 0);
+  pthread_mutex_lock(&p->mu);
+  atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+  fn(&p->tasks[0], ctx);
+  while (atomic_load_explicit(&p->n_done, memory_order_acquire) < p->n - 1) cpu_relax();
+  pthread_mutex_unlock(&p->run_mu);
+}
+
+void prima_pool_barrier(const prima_task *t) {
+  prima_pool *p = t->pool;
+  if (t->nth == 1) {
+    atomic_store_explicit(&p->chunk, 1, memory_order_relaxed);
+    return;
+  }
+  int gen = atomic_load_explicit(&p->barrier_gen, memory_order_acquire);
+  if (atomic_fetch_add_explicit(&p->barrier_count, 1, memory_order_acq_rel) == t->nth - 1) {
+    atomic_store_explicit(&p->barrier_count, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->chunk, t->nth, memory_order_relaxed);
+    atomic_fetch_add_explicit(&p->barrier_gen, 1, memory_order_release);
+  } else {
+    while (atomic_load_explicit(&p->barrier_gen, memory_order_acquire) == gen) cpu_relax();
+  }
+}
+
+int prima_pool_next_chunk(const prima_task *t) {
+  return atomic_fetch_add_explicit(&t->pool->chunk, 1, memory_order_relaxed);
+}

@@ -1,0 +1,92 @@
+// A GGUF file opened for running: its checked description (model/) and the native mapping (native/).
+// Windows of layers are made from it; the head's embed and output layer run on it directly.
+import { describeModel, readGguf, type GgufFile, type ModelDescription, type TensorRef } from "../model/index.js";
+import { openNativeModel, type NativeModel, type NativeTensorDesc, type NativeWindow } from "../native/index.js";
+import { availableParallelism } from "node:os";
+
+export interface OpenOptions {
+  /** Compute threads (default: every core). */
+  readonly threads?: number;
+}
+
+export interface WindowOptions {
+  /** KV cache capacity in tokens. */
+  readonly ctx: number;
+  /** Most tokens one native call processes (prompt batches are split to this). Default 128. */
+  readonly maxBatch?: number;
+}
+
+export class LocalModel {
+  private constructor(
+    readonly gguf: GgufFile,
+    readonly desc: ModelDescription,
+    readonly native: NativeModel,
+    readonly threads: number,
+  ) {}
+
+  static open(path: string, options: OpenOptions = {}): LocalModel {
+    const gguf = readGguf(path);
+    const desc = describeModel(gguf);
+    const threads = options.threads ?? availableParallelism();
+    const native = openNativeModel(path, nativeTensorTable(desc), nativeHParams(desc), { threads });
+    return new LocalModel(gguf, desc, native, threads);
+  }
+
+  get nEmbd(): number {
+    return this.desc.hparams.nEmbd;
+  }
+
+  get nVocab(): number {
+    return this.desc.hparams.nVocab;
+  }
+
+  get nLayers(): number {
+    return this.desc.hparams.nLayers;
+  }
+
+  /** Layers [firstLayer, endLayer) with their own KV cache. */
+  window(firstLayer: number, endLayer: number, options: WindowOptions): NativeWindow {
+    return this.native.window(firstLayer, endLayer, { ctx: options.ctx, maxBatch: options.maxBatch ?? 128 });
+  }
+
+  /** nTokens x nEmbd activations for the tokens. */
+  embed(tokens: Int32Array, out = new Float32Array(tokens.length * this.nEmbd)): Float32Array {
+    this.native.embed(tokens, out);
+    return out;
+  }
+
+  /** Output norm + head over the last row of acts. */
+  async logits(acts: Float32Array, out = new Float32Array(this.nVocab)): Promise<Float32Array> {
+    await this.native.logits(acts, out);
+    return out;
+  }
+
+  close(): void {
+    this.native.close();
+  }
+}
+
+function row(t: TensorRef): NativeTensorDesc {
+  const ne1 = t.dims.slice(1).reduce((a, b) => a * b, 1);
+  return { name: t.name, type: t.type, ne0: t.dims[0], ne1, offset: t.offset, nBytes: t.nBytes };
+}
+
+export function nativeTensorTable(desc: ModelDescription): NativeTensorDesc[] {
+  const t = desc.tensors;
+  const out: NativeTensorDesc[] = [row(t.tokenEmbd), row(t.outputNorm)];
+  if (t.output !== t.tokenEmbd) out.push(row(t.output));
+  if (t.ropeFreqs) out.push(row(t.ropeFreqs));
+  for (const l of t.layers) {
+    for (const ref of Object.values(l) as (TensorRef | undefined)[]) if (ref) out.push(row(ref));
+  }
+  return out;
+}
+
+export function nativeHParams(desc: ModelDescription) {
+  const h = desc.hparams;
+  return {
+    nVocab: h.nVocab, nEmbd: h.nEmbd, nLayers: h.nLayers, nHead: h.nHead, nHeadKv: h.nHeadKv,
+    headDim: h.headDimK, nFf: h.nFf, ropeDims: h.ropeDims, ropeNeox: h.ropeNeox, normEps: h.normEps,
+    ropeFreqBase: h.ropeFreqBase, ropeFreqScale: h.ropeFreqScale,
+  };
+}

@@ -1,0 +1,81 @@
+// Typed surface of the native model and its windows (bind_model.cc). The engine is its only user.
+import { addon } from "./binding.js";
+
+export interface NativeHParams {
+  readonly nVocab: number;
+  readonly nEmbd: number;
+  readonly nLayers: number;
+  readonly nHead: number;
+  readonly nHeadKv: number;
+  readonly headDim: number;
+  readonly nFf: number;
+  readonly ropeDims: number;
+  readonly ropeNeox: boolean;
+  readonly normEps: number;
+  readonly ropeFreqBase: number;
+  readonly ropeFreqScale: number;
+}
+
+/** One tensor as the addon maps it: ne0 is the row length, ne1 the number of rows. */
+export interface NativeTensorDesc {
+  readonly name: string;
+  readonly type: number;
+  readonly ne0: number;
+  readonly ne1: number;
+  readonly offset: number;
+  readonly nBytes: number;
+}
+
+export interface WindowInfo {
+  readonly firstLayer: number;
+  readonly endLayer: number;
+  readonly ctx: number;
+  readonly maxBatch: number;
+  /** Positions [0, filled) of the KV cache hold data. */
+  readonly filled: number;
+  /** KV cache + scratch: the window's anonymous memory. */
+  readonly anonBytes: number;
+}
+
+export interface Residency {
+  readonly residentBytes: number;
+  readonly totalBytes: number;
+}
+
+export interface NativeWindow {
+  /** Runs the window's layers over nTokens rows of acts (in place) at positions pos..; fills logits
+   * (output norm + head of the last row) when given. Rejects with a clear error on bad positions. */
+  forward(acts: Float32Array, pos: number, nTokens: number, logits?: Float32Array): Promise<void>;
+  /** MADV_WILLNEED over the window's weights. */
+  prefetch(): void;
+  /** Drops the window's weight pages (MADV_DONTNEED + POSIX_FADV_DONTNEED). */
+  release(): void;
+  residency(): Residency;
+  kvClear(): void;
+  kvTruncate(pos: number): void;
+  kvSave(path: string): void;
+  kvLoad(path: string): void;
+  info(): WindowInfo;
+  close(): void;
+}
+
+export interface NativeModel {
+  window(firstLayer: number, endLayer: number, options: { ctx: number; maxBatch?: number }): NativeWindow;
+  embed(tokens: Int32Array, out: Float32Array): void;
+  /** Output norm + head on the last row of acts. */
+  logits(acts: Float32Array, out: Float32Array): Promise<void>;
+  close(): void;
+}
+
+type ModelCtor = new (path: string, tensors: readonly NativeTensorDesc[], hparams: NativeHParams, options: { threads: number }) => NativeModel;
+
+/** Maps the GGUF at path; throws an Error naming the problem (missing tensor, bad offset, ...). */
+export function openNativeModel(path: string, tensors: readonly NativeTensorDesc[], hparams: NativeHParams, options: { threads: number }): NativeModel {
+  const Ctor = addon.NativeModel as ModelCtor;
+  return new Ctor(path, tensors, hparams, options);
+}
+
+/** The SIMD level the kernels run at on this CPU ("avx2", "neon", "scalar"). */
+export function simdLevel(): string {
+  return (addon.simdLevel as () => string)();
+}

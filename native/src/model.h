@@ -1,0 +1,98 @@
+/* The model and its windows: the weights stay in the mmap'd GGUF file, a window is a range of layers
+ * with its own KV cache and scratch, allocated once when the window is made. Nothing here parses GGUF:
+ * the TypeScript side hands over the tensor table and hyper-parameters it has already checked. */
+#ifndef PRIMA_MODEL_H
+#define PRIMA_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "threadpool.h"
+
+typedef struct {
+  const uint8_t *data; /* NULL for an absent optional tensor */
+  uint64_t offset;     /* in the file */
+  int type;
+  int64_t ne0, ne1;    /* row length, rows */
+  size_t row_bytes;
+  size_t n_bytes;
+} prima_tensor;
+
+typedef struct {
+  prima_tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, ffn_norm, w_gate, w_up, w_down;
+} prima_layer;
+
+typedef struct {
+  int n_vocab, n_embd, n_layers, n_head, n_head_kv, head_dim, n_ff, rope_dims;
+  int rope_neox;
+  float norm_eps, rope_base, rope_freq_scale;
+} prima_hparams;
+
+/* One named tensor of the table TS hands over. */
+typedef struct {
+  const char *name;
+  int type;
+  int64_t ne0, ne1;
+  uint64_t offset;
+  uint64_t n_bytes;
+} prima_tensor_desc;
+
+typedef struct prima_model {
+  int fd;
+  uint8_t *map;
+  size_t map_bytes;
+  prima_hparams hp;
+  prima_tensor tok_embd, output_norm, output, rope_freqs;
+  prima_layer *layers;
+  prima_pool *pool;
+  /* scratch of the output head (one row) */
+  float *head_norm;
+  void *head_act;
+} prima_model;
+
+typedef struct prima_window {
+  prima_model *m;
+  int first, end; /* layers [first, end) */
+  int n_ctx, max_batch;
+  int kv_type;    /* PRIMA_F16 for now */
+  int n_filled;   /* positions [0, n_filled) of the cache hold data */
+  uint16_t *k_cache, *v_cache; /* [layer][n_ctx][kv_dim] */
+  float *rope_cos, *rope_sin;  /* [n_ctx][rope_dims/2] */
+  /* scratch, max_batch rows each */
+  float *h, *q, *k, *v, *att, *gate, *up;
+  void *act_a;                 /* quantized activations: up to 3 formats x max_batch rows */
+  size_t act_row_bytes;        /* stride of a row in act_a/act_b */
+  uint16_t *q16;               /* per thread: one token's query heads in F16 */
+  float *att_acc;              /* per thread: accumulators for a group of heads */
+  size_t anon_bytes;           /* KV + scratch: what the window costs in anonymous memory */
+} prima_window;
+
+/* Opens and maps the file; validates the table against the file and hyper-parameters.
+ * On failure returns NULL and writes a message into err. */
+prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors, int n_tensors,
+                              const prima_hparams *hp, int n_threads, char *err, size_t err_len);
+void prima_model_close(prima_model *m);
+
+prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, char *err, size_t err_len);
+void prima_window_destroy(prima_window *w);
+
+/* Runs the window's layers on n_tokens activation rows (n_embd floats each, updated in place) at
+ * positions pos..pos+n_tokens-1. If logits is non-NULL, also applies the output norm and head to
+ * the last row. Returns 0, or -1 with a message in err. */
+int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, float *logits, char *err, size_t err_len);
+
+/* Output norm + head on one row, on the pool. */
+void prima_model_logits(prima_model *m, const float *row, float *logits);
+/* Embedding rows for tokens (ids checked by the caller). */
+void prima_model_embed(prima_model *m, const int32_t *tokens, int n, float *out);
+
+/* Paging of a window's weights: 0 on success, else errno. */
+int prima_window_prefetch(prima_window *w);
+int prima_window_release(prima_window *w);
+/* Bytes of the window's weights resident in memory, and the total. */
+int prima_window_residency(prima_window *w, uint64_t *resident, uint64_t *total);
+
+int prima_window_kv_save(prima_window *w, const char *path, char *err, size_t err_len);
+int prima_window_kv_load(prima_window *w, const char *path, char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,28 @@
+/* Element-wise and row operations of the forward pass (everything but the weight matmuls). */
+#ifndef PRIMA_OPS_H
+#define PRIMA_OPS_H
+
+#include <stdint.h>
+
+/* y = x / rms(x) * w, the sum of squares in double as llama.cpp does. y may equal x. */
+void prima_rmsnorm(const float *x, const float *w, float *y, int n, float eps);
+
+/* cos/sin table for positions [0, n_pos): theta_i = pos * scale * base^(-2i/dims) / factor_i,
+ * built with the same float recurrence as ggml's rope cache so angles match bit for bit. */
+void prima_rope_table(float *cos_out, float *sin_out, int n_pos, int rope_dims, float base, float freq_scale,
+                      const float *freq_factors);
+/* Rotates the first rope_dims of each of n_heads heads (head_dim apart) at one position. */
+void prima_rope_apply(float *x, int n_heads, int head_dim, int rope_dims, int neox, const float *cos_row,
+                      const float *sin_row);
+
+/* a[i] = silu(a[i]) * b[i] */
+void prima_swiglu(float *a, const float *b, int n);
+
+/* acc[i] = acc[i] * ms + vs * v[i] for an F16 row v */
+void prima_acc_f16(float *acc, const uint16_t *v, int n, float ms, float vs);
+void prima_scale(float *x, int n, float s);
+void prima_add(float *x, const float *y, int n);
+
+void prima_ops_init(void);
+
+#endif

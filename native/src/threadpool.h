@@ -1,0 +1,40 @@
+/* A persistent thread pool for one forward pass at a time.
+ *
+ * The caller of prima_pool_run becomes thread 0 and the pool's n-1 workers join it; inside the job
+ * all threads meet at spin barriers between steps (prima_pool_barrier), so one wake-up pays for a
+ * whole window of layers. Between jobs the workers spin briefly (the next token usually follows at
+ * once), then sleep on a condition variable so an idle device does not burn its CPU. */
+#ifndef PRIMA_THREADPOOL_H
+#define PRIMA_THREADPOOL_H
+
+#include <stdint.h>
+
+typedef struct prima_pool prima_pool;
+
+/* Per-thread view handed to a job. */
+typedef struct {
+  prima_pool *pool;
+  int ith; /* 0..nth-1; 0 is the caller */
+  int nth;
+} prima_task;
+
+typedef void (*prima_job_fn)(const prima_task *t, void *ctx);
+
+/* n_threads >= 1 in total (including the caller). Returns NULL on failure. */
+prima_pool *prima_pool_create(int n_threads);
+void prima_pool_destroy(prima_pool *p);
+int prima_pool_threads(const prima_pool *p);
+
+/* Runs fn on every thread and returns when all have finished. Jobs on one pool are serialized:
+ * a second caller waits for the first job to end. */
+void prima_pool_run(prima_pool *p, prima_job_fn fn, void *ctx);
+
+/* All threads of the running job wait here until every one has arrived. */
+void prima_pool_barrier(const prima_task *t);
+
+/* Dynamic scheduling inside a step: thread ith takes chunk ith first, then calls this for the next
+ * chunk index (nth, nth+1, ...). Every barrier (and every job start) resets the counter to nth, so
+ * each step between two barriers has its own sequence. */
+int prima_pool_next_chunk(const prima_task *t);
+
+#endif
