@@ -160,6 +160,7 @@ void prima_model_close(prima_model *m) {
 /* ---- windows ------------------------------------------------------------------------------ */
 
 static int act_type_of(const prima_tensor *w) { return prima_kernels(w->type)->act_type; }
+static size_t att_scratch_floats(int ratio, int d);
 
 prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, char *err, size_t err_len) {
   const prima_hparams *hp = &m->hp;
@@ -217,10 +218,9 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   w->gate = malloc(sizeof(float) * B * hp->n_ff);
   w->up = malloc(sizeof(float) * B * hp->n_ff);
   w->act_a = malloc(act_row * B * MAX_ACT_FORMATS);
-  w->q16 = malloc(sizeof(uint16_t) * (size_t)nth * ratio * D);
-  w->att_acc = malloc(sizeof(float) * (size_t)nth * ratio * (D + 3));
+  w->att_acc = malloc(sizeof(float) * (size_t)nth * att_scratch_floats(ratio, D));
   if (!w->k_cache || !w->v_cache || !w->rope_cos || !w->rope_sin || !w->h || !w->q || !w->k || !w->v || !w->att ||
-      !w->gate || !w->up || !w->act_a || !w->q16 || !w->att_acc) {
+      !w->gate || !w->up || !w->act_a || !w->att_acc) {
     fail(err, err_len, "out of memory for a window of %zu layers and %d tokens of context", nl, n_ctx);
     prima_window_destroy(w);
     return NULL;
@@ -246,7 +246,6 @@ void prima_window_destroy(prima_window *w) {
   free(w->gate);
   free(w->up);
   free(w->act_a);
-  free(w->q16);
   free(w->att_acc);
   free(w);
 }
@@ -292,47 +291,52 @@ static void quantize_for(const prima_task *t, prima_window *w, const act_set *s,
   }
 }
 
+/* Blocked online softmax: scores for ATT_BLOCK cached positions at a time, one rescale of the
+ * accumulators per block instead of per position. */
+#define ATT_BLOCK 128
+
+static size_t att_scratch_floats(int ratio, int d) { return (size_t)ratio * (2 * (size_t)d + 2 + ATT_BLOCK); }
+
 static void attention(const prima_task *t, prima_window *w, int li, int pos, int n) {
   const prima_hparams *hp = &w->m->hp;
   const int D = hp->head_dim, G = hp->n_head_kv, ratio = hp->n_head / G;
   const size_t qdim = (size_t)hp->n_head * D, kvdim = (size_t)G * D;
   const float scale = 1.0f / sqrtf((float)D);
-  const prima_type_kernels *kd = prima_kernels(PRIMA_F16);
-  prima_quantize_fn to_f16 = prima_act_quantizer(PRIMA_F16);
   const uint16_t *K = w->k_cache + (size_t)li * w->n_ctx * kvdim;
   const uint16_t *V = w->v_cache + (size_t)li * w->n_ctx * kvdim;
-  uint16_t *q16 = w->q16 + (size_t)t->ith * ratio * D;
-  float *acc = w->att_acc + (size_t)t->ith * ratio * (D + 3);
-  float *M = acc + (size_t)ratio * D, *S = M + ratio, *s = S + ratio;
+  float *q = w->att_acc + (size_t)t->ith * att_scratch_floats(ratio, D);
+  float *acc = q + (size_t)ratio * D, *M = acc + (size_t)ratio * D, *S = M + ratio, *s = S + ratio;
   for (int task = t->ith; task < n * G; task = prima_pool_next_chunk(t)) {
     const int tok = task / G, g = task % G;
-    const float *q = w->q + (size_t)tok * qdim + (size_t)g * ratio * D;
-    to_f16(q, q16, (int64_t)ratio * D); /* llama.cpp rounds Q to F16 against an F16 cache */
+    const float *qsrc = w->q + (size_t)tok * qdim + (size_t)g * ratio * D;
+    /* llama.cpp rounds Q to F16 against an F16 cache; so do we, for the same scores. */
+    for (int i = 0; i < ratio * D; i++) q[i] = prima_fp16_to_fp32(prima_fp32_to_fp16(qsrc[i]));
     for (int h = 0; h < ratio; h++) {
       M[h] = -INFINITY;
       S[h] = 0.0f;
     }
     memset(acc, 0, sizeof(float) * (size_t)ratio * D);
-    const int last = pos + tok;
-    for (int p = 0; p <= last; p++) {
-      const uint16_t *kp = K + (size_t)p * kvdim + (size_t)g * D;
-      const uint16_t *vp = V + (size_t)p * kvdim + (size_t)g * D;
-      for (int h0 = 0; h0 < ratio; h0 += PRIMA_MAX_NC) {
-        const int nc = ratio - h0 < PRIMA_MAX_NC ? ratio - h0 : PRIMA_MAX_NC;
-        kd->dot(D, kp, q16 + (size_t)h0 * D, sizeof(uint16_t) * D, nc, s + h0);
-      }
+    const int n_pos = pos + tok + 1; /* causal: positions 0..pos+tok */
+    for (int p0 = 0; p0 < n_pos; p0 += ATT_BLOCK) {
+      const int nb = n_pos - p0 < ATT_BLOCK ? n_pos - p0 : ATT_BLOCK;
+      const size_t off = (size_t)p0 * kvdim + (size_t)g * D;
+      prima_attn_scores(q, ratio, D, K + off, kvdim, nb, scale, s);
       for (int h = 0; h < ratio; h++) {
-        const float sh = s[h] * scale;
-        float ms = 1.0f, vs = 1.0f;
-        if (sh > M[h]) {
-          ms = expf(M[h] - sh);
-          M[h] = sh;
-        } else {
-          vs = expf(sh - M[h]);
+        float *sh = s + (size_t)h * nb;
+        float mb = sh[0];
+        for (int j = 1; j < nb; j++) mb = sh[j] > mb ? sh[j] : mb;
+        const float mnew = mb > M[h] ? mb : M[h];
+        const float ms = expf(M[h] - mnew);
+        float sum = 0.0f;
+        for (int j = 0; j < nb; j++) {
+          sh[j] = expf(sh[j] - mnew);
+          sum += sh[j];
         }
-        prima_acc_f16(acc + (size_t)h * D, vp, D, ms, vs);
-        S[h] = S[h] * ms + vs;
+        S[h] = S[h] * ms + sum;
+        if (ms != 1.0f) prima_scale(acc + (size_t)h * D, D, ms);
+        M[h] = mnew;
       }
+      prima_attn_accum(acc, s, ratio, D, V + off, kvdim, nb);
     }
     float *out = w->att + (size_t)tok * qdim + (size_t)g * ratio * D;
     for (int h = 0; h < ratio; h++) {

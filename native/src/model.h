@@ -62,8 +62,7 @@ typedef struct prima_window {
   float *h, *q, *k, *v, *att, *gate, *up;
   void *act_a;                 /* quantized activations: up to 3 formats x max_batch rows */
   size_t act_row_bytes;        /* stride of a row in act_a/act_b */
-  uint16_t *q16;               /* per thread: one token's query heads in F16 */
-  float *att_acc;              /* per thread: accumulators for a group of heads */
+  float *att_acc;              /* per thread: query, accumulators and scores of a group of heads */
   size_t anon_bytes;           /* KV + scratch: what the window costs in anonymous memory */
 } prima_window;
 

@@ -59,25 +59,92 @@ void prima_swiglu(float *a, const float *b, int n) {
   }
 }
 
-static void acc_f16_scalar(float *acc, const uint16_t *v, int n, float ms, float vs) {
-  for (int i = 0; i < n; i++) acc[i] = acc[i] * ms + vs * prima_fp16_to_fp32(v[i]);
+static void attn_scores_scalar(const float *q, int ratio, int d, const uint16_t *k, size_t ks, int n_pos, float scale,
+                               float *s) {
+  for (int j = 0; j < n_pos; j++) {
+    const uint16_t *kj = k + (size_t)j * ks;
+    for (int h = 0; h < ratio; h++) {
+      float sum = 0.0f;
+      for (int i = 0; i < d; i++) sum += q[(size_t)h * d + i] * prima_fp16_to_fp32(kj[i]);
+      s[(size_t)h * n_pos + j] = sum * scale;
+    }
+  }
+}
+
+static void attn_accum_scalar(float *acc, const float *p, int ratio, int d, const uint16_t *v, size_t vs, int n_pos) {
+  for (int j = 0; j < n_pos; j++) {
+    const uint16_t *vj = v + (size_t)j * vs;
+    for (int h = 0; h < ratio; h++) {
+      const float w = p[(size_t)h * n_pos + j];
+      float *a = acc + (size_t)h * d;
+      for (int i = 0; i < d; i++) a[i] += w * prima_fp16_to_fp32(vj[i]);
+    }
+  }
 }
 
 #ifdef PRIMA_X86
-__attribute__((target("avx2,fma,f16c"))) static void acc_f16_avx2(float *acc, const uint16_t *v, int n, float ms, float vs) {
-  const __m256 vms = _mm256_set1_ps(ms), vvs = _mm256_set1_ps(vs);
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + i)));
-    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(vv, vvs, _mm256_mul_ps(_mm256_loadu_ps(acc + i), vms)));
+static inline float hsum256(__m256 v) __attribute__((target("avx2")));
+static inline float hsum256(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+/* head size a multiple of 8, at most 256 */
+__attribute__((target("avx2,fma,f16c"))) static void attn_scores_avx2(const float *q, int ratio, int d, const uint16_t *k,
+                                                                      size_t ks, int n_pos, float scale, float *s) {
+  const int nv = d / 8;
+  for (int j = 0; j < n_pos; j++) {
+    const uint16_t *kj = k + (size_t)j * ks;
+    __m256 kv[32];
+    for (int i = 0; i < nv; i++) kv[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kj + 8 * i)));
+    for (int h = 0; h < ratio; h++) {
+      const float *qh = q + (size_t)h * d;
+      __m256 sum = _mm256_mul_ps(kv[0], _mm256_loadu_ps(qh));
+      for (int i = 1; i < nv; i++) sum = _mm256_fmadd_ps(kv[i], _mm256_loadu_ps(qh + 8 * i), sum);
+      s[(size_t)h * n_pos + j] = hsum256(sum) * scale;
+    }
   }
-  for (; i < n; i++) acc[i] = acc[i] * ms + vs * prima_fp16_to_fp32(v[i]);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void attn_accum_avx2(float *acc, const float *p, int ratio, int d,
+                                                                     const uint16_t *v, size_t vs, int n_pos) {
+  const int nv = d / 8;
+  for (int j = 0; j < n_pos; j++) {
+    const uint16_t *vj = v + (size_t)j * vs;
+    __m256 vv[32];
+    for (int i = 0; i < nv; i++) vv[i] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vj + 8 * i)));
+    for (int h = 0; h < ratio; h++) {
+      const __m256 w = _mm256_set1_ps(p[(size_t)h * n_pos + j]);
+      float *a = acc + (size_t)h * d;
+      for (int i = 0; i < nv; i++) _mm256_storeu_ps(a + 8 * i, _mm256_fmadd_ps(w, vv[i], _mm256_loadu_ps(a + 8 * i)));
+    }
+  }
 }
 #endif
 
-static void (*acc_f16_impl)(float *, const uint16_t *, int, float, float) = acc_f16_scalar;
+static int g_attn_avx2 = 0;
 
-void prima_acc_f16(float *acc, const uint16_t *v, int n, float ms, float vs) { acc_f16_impl(acc, v, n, ms, vs); }
+void prima_attn_scores(const float *q, int ratio, int d, const uint16_t *k, size_t ks, int n_pos, float scale, float *s) {
+#ifdef PRIMA_X86
+  if (g_attn_avx2 && d % 8 == 0 && d <= 256) {
+    attn_scores_avx2(q, ratio, d, k, ks, n_pos, scale, s);
+    return;
+  }
+#endif
+  attn_scores_scalar(q, ratio, d, k, ks, n_pos, scale, s);
+}
+
+void prima_attn_accum(float *acc, const float *p, int ratio, int d, const uint16_t *v, size_t vs, int n_pos) {
+#ifdef PRIMA_X86
+  if (g_attn_avx2 && d % 8 == 0 && d <= 256) {
+    attn_accum_avx2(acc, p, ratio, d, v, vs, n_pos);
+    return;
+  }
+#endif
+  attn_accum_scalar(acc, p, ratio, d, v, vs, n_pos);
+}
 
 void prima_scale(float *x, int n, float s) {
   for (int i = 0; i < n; i++) x[i] *= s;
@@ -89,6 +156,6 @@ void prima_add(float *x, const float *y, int n) {
 
 void prima_ops_init(void) {
 #ifdef PRIMA_X86
-  if (prima_simd_level() >= PRIMA_SIMD_AVX2) acc_f16_impl = acc_f16_avx2;
+  g_attn_avx2 = prima_simd_level() >= PRIMA_SIMD_AVX2;
 #endif
 }

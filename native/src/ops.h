@@ -2,6 +2,7 @@
 #ifndef PRIMA_OPS_H
 #define PRIMA_OPS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* y = x / rms(x) * w, the sum of squares in double as llama.cpp does. y may equal x. */
@@ -18,8 +19,12 @@ void prima_rope_apply(float *x, int n_heads, int head_dim, int rope_dims, int ne
 /* a[i] = silu(a[i]) * b[i] */
 void prima_swiglu(float *a, const float *b, int n);
 
-/* acc[i] = acc[i] * ms + vs * v[i] for an F16 row v */
-void prima_acc_f16(float *acc, const uint16_t *v, int n, float ms, float vs);
+/* Attention over a block of cached positions for the `ratio` query heads that share one KV head.
+ * scores: s[h * n_pos + j] = scale * dot(q[h], K row j), K rows F16 and k_stride elements apart.
+ * accum:  acc[h] += sum_j p[h * n_pos + j] * V row j. */
+void prima_attn_scores(const float *q, int ratio, int d, const uint16_t *k, size_t k_stride, int n_pos, float scale,
+                       float *s);
+void prima_attn_accum(float *acc, const float *p, int ratio, int d, const uint16_t *v, size_t v_stride, int n_pos);
 void prima_scale(float *x, int n, float s);
 void prima_add(float *x, const float *y, int n);
 

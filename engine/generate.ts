@@ -1,0 +1,88 @@
+// The token loop, independent of where the layers run: a Pipeline runs every layer (one local window,
+// or a ring of devices) and returns the last row's logits; this file embeds, samples and streams.
+import { Sampler } from "./sampler.js";
+
+export interface Pipeline {
+  /** KV capacity in tokens. */
+  readonly nCtx: number;
+  /** Runs every layer over nTokens rows of acts (updated in place) at positions pos..pos+nTokens-1
+   * and returns the logits of the last row (the buffer may be reused by the next call). */
+  forward(acts: Float32Array, pos: number, nTokens: number): Promise<Float32Array>;
+  /** Forgets positions >= pos. */
+  truncate(pos: number): void;
+}
+
+/** Turns token ids into activation rows (the head's embedding). */
+export interface Embedder {
+  readonly nEmbd: number;
+  embed(tokens: Int32Array, out?: Float32Array): Float32Array;
+}
+
+export interface GenerateOptions {
+  readonly maxTokens: number;
+  readonly sampler: Sampler;
+  /** End of generation (EOS/EOT): sampled, not emitted. */
+  readonly isEnd?: (id: number) => boolean;
+  /** Called with each generated token; return false to stop. */
+  readonly onToken?: (id: number) => boolean | void;
+  /** Continue a conversation from this position (the KV cache up to it is kept). Default 0. */
+  readonly startPos?: number;
+}
+
+export type StopReason = "length" | "end" | "context" | "caller";
+
+export interface GenerationResult {
+  readonly ids: number[];
+  readonly stopReason: StopReason;
+  readonly promptTokens: number;
+  readonly promptMs: number;
+  /** Forward passes of one token after the prompt, and their time (sampling included). */
+  readonly decodeSteps: number;
+  readonly decodeMs: number;
+  /** Position after the last token that went through the layers. */
+  readonly endPos: number;
+}
+
+export async function generate(embedder: Embedder, pipeline: Pipeline, prompt: Int32Array, o: GenerateOptions): Promise<GenerationResult> {
+  const startPos = o.startPos ?? 0;
+  if (prompt.length === 0) throw new Error("the prompt has no tokens");
+  if (startPos + prompt.length > pipeline.nCtx) {
+    throw new Error(`prompt of ${prompt.length} tokens at position ${startPos} does not fit the context of ${pipeline.nCtx} tokens`);
+  }
+  pipeline.truncate(startPos);
+  let pos = startPos;
+  const t0 = performance.now();
+  let logits = await pipeline.forward(embedder.embed(prompt), pos, prompt.length);
+  pos += prompt.length;
+  const t1 = performance.now();
+
+  const history: number[] = Array.from(prompt);
+  const ids: number[] = [];
+  const row = new Float32Array(embedder.nEmbd);
+  const tok = new Int32Array(1);
+  let steps = 0;
+  let stopReason: StopReason = "length";
+  while (ids.length < o.maxTokens) {
+    const id = o.sampler.sample(logits, history);
+    history.push(id);
+    if (o.isEnd?.(id)) {
+      stopReason = "end";
+      break;
+    }
+    ids.push(id);
+    if (o.onToken?.(id) === false) {
+      stopReason = "caller";
+      break;
+    }
+    if (ids.length >= o.maxTokens) break;
+    if (pos >= pipeline.nCtx) {
+      stopReason = "context";
+      break;
+    }
+    tok[0] = id;
+    logits = await pipeline.forward(embedder.embed(tok, row), pos, 1);
+    pos++;
+    steps++;
+  }
+  return { ids, stopReason, promptTokens: prompt.length, promptMs: t1 - t0, decodeSteps: steps, decodeMs: performance.now() - t1, endPos: pos };
+}

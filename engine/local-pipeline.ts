@@ -1,0 +1,27 @@
+// One device, every layer: a single window over the whole model, logits from the same native call.
+import type { NativeWindow } from "../native/index.js";
+import type { Pipeline } from "./generate.js";
+import type { LocalModel } from "./local-model.js";
+
+export class LocalPipeline implements Pipeline {
+  readonly window: NativeWindow;
+  private readonly logits: Float32Array;
+
+  constructor(model: LocalModel, readonly nCtx: number, maxBatch = 128) {
+    this.window = model.window(0, model.nLayers, { ctx: nCtx, maxBatch });
+    this.logits = new Float32Array(model.nVocab);
+  }
+
+  async forward(acts: Float32Array, pos: number, nTokens: number): Promise<Float32Array> {
+    await this.window.forward(acts, pos, nTokens, this.logits);
+    return this.logits;
+  }
+
+  truncate(pos: number): void {
+    this.window.kvTruncate(Math.min(pos, this.window.info().filled));
+  }
+
+  close(): void {
+    this.window.close();
+  }
+}

@@ -1,0 +1,201 @@
+// Token sampling: repetition penalties, top-k, top-p, min-p, temperature, then a seeded draw, in
+// llama.cpp's default order. Greedy (argmax) when the temperature is 0. Reproducible for a seed.
+
+export interface SamplerOptions {
+  /** 0 = greedy. Default 0.8. */
+  readonly temperature?: number;
+  /** Keep the k most likely tokens; 0 disables. Default 40. */
+  readonly topK?: number;
+  /** Keep the smallest set whose probability reaches p; 1 disables. Default 0.95. */
+  readonly topP?: number;
+  /** Drop tokens below minP x the top probability; 0 disables. Default 0.05. */
+  readonly minP?: number;
+  /** Divides positive logits (multiplies negative ones) of recently seen tokens; 1 disables. Default 1. */
+  readonly repeatPenalty?: number;
+  /** How many recent tokens the penalties look at. Default 64. */
+  readonly repeatLastN?: number;
+  readonly frequencyPenalty?: number;
+  readonly presencePenalty?: number;
+  /** Seed of the draw; default random. */
+  readonly seed?: number;
+}
+
+export class SamplerError extends Error {
+  override name = "SamplerError";
+}
+
+/** sfc32: small, fast, and good enough for sampling; seeded through splitmix32. */
+export class Rng {
+  private a: number;
+  private b: number;
+  private c: number;
+  private d: number;
+  constructor(seed: number) {
+    let s = seed >>> 0;
+    const next = () => {
+      s = (s + 0x9e3779b9) >>> 0;
+      let z = s;
+      z = Math.imul(z ^ (z >>> 16), 0x85ebca6b) >>> 0;
+      z = Math.imul(z ^ (z >>> 13), 0xc2b2ae35) >>> 0;
+      return (z ^ (z >>> 16)) >>> 0;
+    };
+    this.a = next();
+    this.b = next();
+    this.c = next();
+    this.d = next();
+  }
+  /** Uniform in [0, 1). */
+  next(): number {
+    const t = (((this.a + this.b) >>> 0) + this.d) >>> 0;
+    this.d = (this.d + 1) >>> 0;
+    this.a = this.b ^ (this.b >>> 9);
+    this.b = (this.c + (this.c << 3)) >>> 0;
+    this.c = ((this.c << 21) | (this.c >>> 11)) >>> 0;
+    this.c = (this.c + t) >>> 0;
+    return t / 4294967296;
+  }
+}
+
+export function argmax(logits: ArrayLike<number>): number {
+  let best = 0;
+  let bestV = logits[0];
+  for (let i = 1; i < logits.length; i++) {
+    if (logits[i] > bestV) {
+      bestV = logits[i];
+      best = i;
+    }
+  }
+  return best;
+}
+
+export class Sampler {
+  readonly temperature: number;
+  readonly topK: number;
+  readonly topP: number;
+  readonly minP: number;
+  readonly repeatPenalty: number;
+  readonly repeatLastN: number;
+  readonly frequencyPenalty: number;
+  readonly presencePenalty: number;
+  readonly seed: number;
+  private readonly rng: Rng;
+  private ids = new Int32Array(0);
+  private vals = new Float32Array(0);
+
+  constructor(o: SamplerOptions = {}) {
+    this.temperature = o.temperature ?? 0.8;
+    this.topK = o.topK ?? 40;
+    this.topP = o.topP ?? 0.95;
+    this.minP = o.minP ?? 0.05;
+    this.repeatPenalty = o.repeatPenalty ?? 1;
+    this.repeatLastN = o.repeatLastN ?? 64;
+    this.frequencyPenalty = o.frequencyPenalty ?? 0;
+    this.presencePenalty = o.presencePenalty ?? 0;
+    this.seed = o.seed ?? Math.floor(Math.random() * 2 ** 32);
+    const check = (ok: boolean, what: string) => {
+      if (!ok) throw new SamplerError(what);
+    };
+    check(Number.isFinite(this.temperature) && this.temperature >= 0, `temperature must be >= 0 (got ${this.temperature})`);
+    check(Number.isInteger(this.topK) && this.topK >= 0, `top-k must be a whole number >= 0 (got ${this.topK})`);
+    check(this.topP > 0 && this.topP <= 1, `top-p must be in (0, 1] (got ${this.topP})`);
+    check(this.minP >= 0 && this.minP < 1, `min-p must be in [0, 1) (got ${this.minP})`);
+    check(this.repeatPenalty > 0, `repeat penalty must be > 0 (got ${this.repeatPenalty})`);
+    check(Number.isInteger(this.repeatLastN) && this.repeatLastN >= 0, `repeat-last-n must be a whole number >= 0`);
+    check(Number.isInteger(this.seed) && this.seed >= 0 && this.seed < 2 ** 32, `seed must be an integer in [0, 2^32)`);
+    this.rng = new Rng(this.seed);
+  }
+
+  get greedy(): boolean {
+    return this.temperature === 0;
+  }
+
+  /** Picks the next token. logits may be modified (penalties are applied in place). */
+  sample(logits: Float32Array, history: ArrayLike<number> = []): number {
+    this.applyPenalties(logits, history);
+    if (this.greedy) return argmax(logits);
+    let n = this.selectTopK(logits);
+    const ids = this.ids, vals = this.vals;
+    // Softmax over the (descending) candidates for top-p and min-p, before temperature, as llama.cpp.
+    const max = vals[0];
+    let sum = 0;
+    for (let i = 0; i < n; i++) sum += Math.exp(vals[i] - max);
+    if (this.topP < 1) {
+      let cum = 0;
+      for (let i = 0; i < n; i++) {
+        cum += Math.exp(vals[i] - max) / sum;
+        if (cum >= this.topP) {
+          n = i + 1;
+          break;
+        }
+      }
+    }
+    if (this.minP > 0) {
+      const floor = max + Math.log(this.minP);
+      let keep = 1;
+      while (keep < n && vals[keep] >= floor) keep++;
+      n = keep;
+    }
+    let total = 0;
+    const probs = new Float64Array(n);
+    for (let i = 0; i < n; i++) {
+      probs[i] = Math.exp((vals[i] - max) / this.temperature);
+      total += probs[i];
+    }
+    let r = this.rng.next() * total;
+    for (let i = 0; i < n; i++) {
+      r -= probs[i];
+      if (r < 0) return ids[i];
+    }
+    return ids[n - 1];
+  }
+
+  private applyPenalties(logits: Float32Array, history: ArrayLike<number>): void {
+    if (this.repeatLastN === 0 || history.length === 0) return;
+    if (this.repeatPenalty === 1 && this.frequencyPenalty === 0 && this.presencePenalty === 0) return;
+    const counts = new Map<number, number>();
+    for (let i = Math.max(0, history.length - this.repeatLastN); i < history.length; i++) {
+      const id = history[i];
+      if (id >= 0 && id < logits.length) counts.set(id, (counts.get(id) ?? 0) + 1);
+    }
+    for (const [id, count] of counts) {
+      let l = logits[id];
+      l = l > 0 ? l / this.repeatPenalty : l * this.repeatPenalty;
+      l -= count * this.frequencyPenalty + this.presencePenalty;
+      logits[id] = l;
+    }
+  }
+
+  /** Fills ids/vals with the candidates in descending logit order; returns how many. */
+  private selectTopK(logits: Float32Array): number {
+    const V = logits.length;
+    const k = this.topK > 0 && this.topK < V ? this.topK : V;
+    if (this.ids.length < k) {
+      this.ids = new Int32Array(k);
+      this.vals = new Float32Array(k);
+    }
+    const ids = this.ids, vals = this.vals;
+    if (k === V) {
+      const order = Array.from({ length: V }, (_, i) => i).sort((a, b) => logits[b] - logits[a]);
+      for (let i = 0; i < V; i++) {
+        ids[i] = order[i];
+        vals[i] = logits[order[i]];
+      }
+      return V;
+    }
+    // Keep a sorted (descending) list of the best k; most logits fail the first comparison.
+    let n = 0;
+    for (let i = 0; i < V; i++) {
+      const v = logits[i];
+      if (n === k && v <= vals[k - 1]) continue;
+      let j = n < k ? n++ : k - 1;
+      while (j > 0 && vals[j - 1] < v) {
+        vals[j] = vals[j - 1];
+        ids[j] = ids[j - 1];
+        j--;
+      }
+      vals[j] = v;
+      ids[j] = i;
+    }
+    return n;
+  }
+}
