@@ -226,8 +226,7 @@ function parse(c: Cursor, path: string, fileBytes: number): GgufFile {
   const version = c.u32("version");
   if (version === 1) throw new GgufError(`${path}: GGUF version 1 is obsolete; convert the file with a current llama.cpp`);
   if (version !== 2 && version !== 3) {
-    const swapped = ((version & 0xff) << 24) | ((version >>> 8) & 0xff) << 16;
-    const hint = swapped === (2 << 24) || swapped === (3 << 24) ? " (big-endian files are not supported)" : "";
+    const hint = (version & 0xffffff) === 0 && [2, 3].includes(version >>> 24) ? " (big-endian files are not supported)" : "";
     throw new GgufError(`${path}: unsupported GGUF version ${version}${hint}`);
   }
   const nTensors = c.count("tensor count", MAX_COUNT);
