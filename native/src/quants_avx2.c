@@ -1,8 +1,416 @@
 /* AVX2/FMA/F16C twins of quants.c (compiled with -mavx2 -mfma -mf16c into its own static library, and
- * only called after kernels.c saw the CPU run them). */
+ * only called after kernels.c saw the CPU run them).
+ *
+ * Every dot decodes a weight block once and uses it for each of the nc activation rows, with integer
+ * products (maddubs: unsigned weight levels x signed activations -> int16 pairs; madd: x group scale
+ * -> int32). The integer sum of each block equals the scalar twin's exactly; only the float
+ * accumulation order differs. Weight levels are kept unsigned (K-quants add their offset through
+ * the activations' bsums), so maddubs never saturates: 2 * 63 * 127 < 32767. */
 #include <immintrin.h>
 #include <string.h>
 
 #include "quants.h"
 
-void prima_avx2_fns(prima_level_fns *f) { memset(f, 0, sizeof *f); }
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* Row c of the activations, as bytes. */
+#define ACT_ROW(c) ((const uint8_t *)a + (size_t)(c) * as)
+
+ALWAYS_INLINE float h2f(prima_half h) { return _cvtsh_ss(h); }
+
+ALWAYS_INLINE float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+ALWAYS_INLINE float hsum128(__m128 s) {
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+/* A shuffle mask that broadcasts 16-bit lane g (of each 128-bit half) to every 16-bit lane. */
+ALWAYS_INLINE __m256i bcast16_mask(int g) { return _mm256_set1_epi16((short)(0x0100 + 0x0202 * g)); }
+/* Lanes 0..7 get 16-bit element lo, lanes 8..15 element hi (of a register holding 8 int16 in both halves). */
+ALWAYS_INLINE __m256i bcast16_mask2(int lo, int hi) {
+  return _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * hi)), _mm_set1_epi16((short)(0x0100 + 0x0202 * lo)));
+}
+
+/* Dispatches a kernel body written for a constant NC (so the compiler keeps per-row state in
+ * registers) on the run-time nc. */
+#define DISPATCH_NC(kernel)                                                                  \
+  static void kernel(int n, const void *w, const void *a, size_t as, int nc, float *out) { \
+    switch (nc) {                                                                            \
+    case 1: kernel##_nc(n, w, a, as, 1, out); break;                                         \
+    case 2: kernel##_nc(n, w, a, as, 2, out); break;                                         \
+    case 3: kernel##_nc(n, w, a, as, 3, out); break;                                         \
+    default: kernel##_nc(n, w, a, as, 4, out); break;                                        \
+    }                                                                                        \
+  }
+
+/* ---------------------------------------------------------------- float formats */
+
+ALWAYS_INLINE __m256 load8_f32(const void *p) { return _mm256_loadu_ps((const float *)p); }
+ALWAYS_INLINE __m256 load8_f16(const void *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+ALWAYS_INLINE __m256 load8_bf16(const void *p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+ALWAYS_INLINE float load1_f32(const void *p, int i) { return ((const float *)p)[i]; }
+ALWAYS_INLINE float load1_f16(const void *p, int i) { return h2f(((const uint16_t *)p)[i]); }
+ALWAYS_INLINE float load1_bf16(const void *p, int i) { return prima_bf16_to_fp32(((const uint16_t *)p)[i]); }
+
+/* 16 elements per step, two accumulators per row (hides FMA latency when nc is small). */
+#define FLOAT_DOT(NAME, ESIZE, LOAD8, LOAD1)                                                          \
+  ALWAYS_INLINE void NAME##_nc(int n, const void *w, const void *a, size_t as, const int NC, float *out) { \
+    __m256 acc0[PRIMA_MAX_NC], acc1[PRIMA_MAX_NC];                                                    \
+    for (int c = 0; c < NC; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();                            \
+    const uint8_t *wb = w;                                                                            \
+    int i = 0;                                                                                        \
+    for (; i + 16 <= n; i += 16) {                                                                    \
+      const __m256 w0 = LOAD8(wb + (size_t)i * ESIZE), w1 = LOAD8(wb + (size_t)(i + 8) * ESIZE);     \
+      for (int c = 0; c < NC; c++) {                                                                  \
+        acc0[c] = _mm256_fmadd_ps(w0, LOAD8(ACT_ROW(c) + (size_t)i * ESIZE), acc0[c]);                \
+        acc1[c] = _mm256_fmadd_ps(w1, LOAD8(ACT_ROW(c) + (size_t)(i + 8) * ESIZE), acc1[c]);          \
+      }                                                                                               \
+    }                                                                                                 \
+    for (int c = 0; c < NC; c++) {                                                                    \
+      float s = hsum256(_mm256_add_ps(acc0[c], acc1[c]));                                             \
+      for (int j = i; j < n; j++) s += LOAD1(w, j) * LOAD1(ACT_ROW(c), j);                            \
+      out[c] = s;                                                                                     \
+    }                                                                                                 \
+  }                                                                                                   \
+  DISPATCH_NC(NAME)
+
+FLOAT_DOT(dot_f32, 4, load8_f32, load1_f32)
+FLOAT_DOT(dot_f16, 2, load8_f16, load1_f16)
+FLOAT_DOT(dot_bf16, 2, load8_bf16, load1_bf16)
+
+/* ---------------------------------------------------------------- 32-element blocks */
+
+/* 16 bytes of nibbles -> 32 bytes: element j (low nibble of byte j) then j+16 (high nibbles). */
+ALWAYS_INLINE __m256i nibbles32(const uint8_t *qs) {
+  const __m128i t = _mm_loadu_si128((const __m128i *)qs);
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0F));
+}
+
+/* Bit j of the little-endian uint32 at qh -> 0x10 in byte j (the fifth bit of Q5 levels). */
+ALWAYS_INLINE __m256i fifth_bits32(const uint8_t *qh4) {
+  uint32_t qh;
+  memcpy(&qh, qh4, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32((int)qh), _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+/* Sum of q*a over 32 signed levels q (never -128) and signed activations a, as 8 int32 lanes. */
+ALWAYS_INLINE __m256i dot32_signed(__m256i absq, __m256i q, __m256i a) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(absq, _mm256_sign_epi8(a, q)), _mm256_set1_epi16(1));
+}
+/* Same for unsigned levels q (<= 127). */
+ALWAYS_INLINE __m256i dot32_unsigned(__m256i q, __m256i a) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), _mm256_set1_epi16(1));
+}
+
+/* Signed-level blocks (Q4_0, Q5_0, Q8_0) against Q8_0: acc += (d_w*d_a) * isum, per lane. */
+#define SIGNED32_DOT(NAME, BLOCK, DECODE)                                                             \
+  ALWAYS_INLINE void NAME##_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out) { \
+    const BLOCK *w = vw;                                                                              \
+    __m256 acc[PRIMA_MAX_NC];                                                                         \
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();                                        \
+    for (int i = 0; i < n / QK32; i++) {                                                              \
+      const __m256i q = DECODE(&w[i]);                                                                \
+      const __m256i absq = _mm256_sign_epi8(q, q);                                                    \
+      const float d = h2f(w[i].d);                                                                    \
+      for (int c = 0; c < NC; c++) {                                                                  \
+        const block_q8_0 *x = (const block_q8_0 *)ACT_ROW(c) + i;                                     \
+        const __m256i p = dot32_signed(absq, q, _mm256_loadu_si256((const __m256i *)x->qs));          \
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * h2f(x->d)), _mm256_cvtepi32_ps(p), acc[c]);       \
+      }                                                                                               \
+    }                                                                                                 \
+    for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);                                            \
+  }                                                                                                   \
+  DISPATCH_NC(NAME)
+
+ALWAYS_INLINE __m256i decode_q4_0(const block_q4_0 *b) { return _mm256_sub_epi8(nibbles32(b->qs), _mm256_set1_epi8(8)); }
+ALWAYS_INLINE __m256i decode_q5_0(const block_q5_0 *b) {
+  return _mm256_sub_epi8(_mm256_or_si256(nibbles32(b->qs), fifth_bits32(b->qh)), _mm256_set1_epi8(16));
+}
+ALWAYS_INLINE __m256i decode_q8_0(const block_q8_0 *b) { return _mm256_loadu_si256((const __m256i *)b->qs); }
+
+SIGNED32_DOT(dot_q4_0, block_q4_0, decode_q4_0)
+SIGNED32_DOT(dot_q5_0, block_q5_0, decode_q5_0)
+SIGNED32_DOT(dot_q8_0, block_q8_0, decode_q8_0)
+
+/* Unsigned-level blocks with a min (Q4_1, Q5_1) against Q8_1: acc += (d_w*d_a) * isum + m_w * s_a. */
+#define MIN32_DOT(NAME, BLOCK, DECODE)                                                                \
+  ALWAYS_INLINE void NAME##_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out) { \
+    const BLOCK *w = vw;                                                                              \
+    __m256 acc[PRIMA_MAX_NC];                                                                         \
+    float accm[PRIMA_MAX_NC];                                                                         \
+    for (int c = 0; c < NC; c++) { acc[c] = _mm256_setzero_ps(); accm[c] = 0; }                       \
+    for (int i = 0; i < n / QK32; i++) {                                                              \
+      const __m256i q = DECODE(&w[i]);                                                                \
+      const float d = h2f(w[i].d), m = h2f(w[i].m);                                                   \
+      for (int c = 0; c < NC; c++) {                                                                  \
+        const block_q8_1 *x = (const block_q8_1 *)ACT_ROW(c) + i;                                     \
+        const __m256i p = dot32_unsigned(q, _mm256_loadu_si256((const __m256i *)x->qs));              \
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * h2f(x->d)), _mm256_cvtepi32_ps(p), acc[c]);       \
+        accm[c] += m * h2f(x->s);                                                                     \
+      }                                                                                               \
+    }                                                                                                 \
+    for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]) + accm[c];                                  \
+  }                                                                                                   \
+  DISPATCH_NC(NAME)
+
+ALWAYS_INLINE __m256i decode_q4_1(const block_q4_1 *b) { return nibbles32(b->qs); }
+ALWAYS_INLINE __m256i decode_q5_1(const block_q5_1 *b) { return _mm256_or_si256(nibbles32(b->qs), fifth_bits32(b->qh)); }
+
+MIN32_DOT(dot_q4_1, block_q4_1, decode_q4_1)
+MIN32_DOT(dot_q5_1, block_q5_1, decode_q5_1)
+
+/* ---------------------------------------------------------------- K-quants
+ * Common shape: per super-block and row, an int32x8 sum of scale * (levels . activations); the
+ * offset or min of the levels enters once per super-block as (group scale or min) . bsums. */
+
+ALWAYS_INLINE const block_q8_K *act_k(const void *a, size_t as, int c, int i) {
+  return (const block_q8_K *)((const uint8_t *)a + (size_t)c * as) + i;
+}
+
+/* The 8 six-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K block. */
+ALWAYS_INLINE __m128i k4_scales_mins(const uint8_t *s) {
+  uint32_t u[3], r[4];
+  memcpy(u, s, 12);
+  r[0] = u[0] & 0x3f3f3f3f;
+  r[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+  r[2] = u[1] & 0x3f3f3f3f;
+  r[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+  return _mm_loadu_si128((const __m128i *)r);
+}
+
+/* Q4_K and Q5_K: 8 groups of 32; group 2j = low nibbles of qs chunk j, 2j+1 = high nibbles. */
+#define K4_DOT(NAME, BLOCK, FIFTH)                                                                    \
+  ALWAYS_INLINE void NAME##_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out) { \
+    const BLOCK *w = vw;                                                                              \
+    const __m256i m4 = _mm256_set1_epi8(0x0F);                                                        \
+    __m256 acc[PRIMA_MAX_NC];                                                                         \
+    __m128 accm[PRIMA_MAX_NC];                                                                        \
+    for (int c = 0; c < NC; c++) { acc[c] = _mm256_setzero_ps(); accm[c] = _mm_setzero_ps(); }       \
+    for (int i = 0; i < n / QK_K; i++) {                                                              \
+      const BLOCK *b = &w[i];                                                                         \
+      const __m128i scm = k4_scales_mins(b->scales);                                                  \
+      const __m128i mins = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm));                           \
+      const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));                     \
+      const float d = h2f(b->d), dmin = h2f(b->dmin);                                                 \
+      __m256i sumi[PRIMA_MAX_NC];                                                                     \
+      for (int c = 0; c < NC; c++) {                                                                  \
+        const block_q8_K *x = act_k(a, as, c, i);                                                     \
+        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x->bsums),                \
+                                          _mm_loadu_si128((const __m128i *)x->bsums + 1));            \
+        accm[c] = _mm_fmadd_ps(_mm_set1_ps(x->d * dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins, bs)), accm[c]); \
+        sumi[c] = _mm256_setzero_si256();                                                             \
+      }                                                                                               \
+      FIFTH##_INIT                                                                                    \
+      for (int j = 0; j < 4; j++) {                                                                   \
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * j));                      \
+        __m256i ql = _mm256_and_si256(q, m4), qh = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);     \
+        FIFTH##_ADD                                                                                   \
+        const __m256i sl = _mm256_shuffle_epi8(scales, bcast16_mask(2 * j));                          \
+        const __m256i sh = _mm256_shuffle_epi8(scales, bcast16_mask(2 * j + 1));                      \
+        for (int c = 0; c < NC; c++) {                                                                \
+          const block_q8_K *x = act_k(a, as, c, i);                                                   \
+          const __m256i a0 = _mm256_loadu_si256((const __m256i *)(x->qs + 64 * j));                   \
+          const __m256i a1 = _mm256_loadu_si256((const __m256i *)(x->qs + 64 * j + 32));              \
+          const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(ql, a0), sl);                     \
+          const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(qh, a1), sh);                     \
+          sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p0, p1));                              \
+        }                                                                                             \
+      }                                                                                               \
+      for (int c = 0; c < NC; c++) {                                                                  \
+        const block_q8_K *x = act_k(a, as, c, i);                                                     \
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);      \
+      }                                                                                               \
+    }                                                                                                 \
+    for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]) - hsum128(accm[c]);                         \
+  }                                                                                                   \
+  DISPATCH_NC(NAME)
+
+#define NO_FIFTH_INIT
+#define NO_FIFTH_ADD
+/* Q5_K: bit 2j of qh[l] is the fifth bit of element 64j+l, bit 2j+1 of element 64j+32+l. */
+#define Q5_FIFTH_INIT                                                                                 \
+  __m256i qhbits = _mm256_loadu_si256((const __m256i *)b->qh);                                        \
+  const __m256i one = _mm256_set1_epi8(1);
+#define Q5_FIFTH_ADD                                                                                  \
+  ql = _mm256_or_si256(ql, _mm256_slli_epi16(_mm256_and_si256(qhbits, one), 4));                      \
+  qh = _mm256_or_si256(qh, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qhbits, 1), one), 4)); \
+  qhbits = _mm256_srli_epi16(qhbits, 2);
+
+K4_DOT(dot_q4_K, block_q4_K, NO_FIFTH)
+K4_DOT(dot_q5_K, block_q5_K, Q5_FIFTH)
+
+/* Q6_K: per 128-element half h, four 32-element vectors of unsigned levels 0..63 (offset 32 enters via
+ * -32 * scales . bsums); 16 groups of 16 with int8 scales. */
+ALWAYS_INLINE void dot_q6_K_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out) {
+  const block_q6_K *w = vw;
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  __m256 acc[PRIMA_MAX_NC];
+  for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+  for (int i = 0; i < n / QK_K; i++) {
+    const block_q6_K *b = &w[i];
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)b->scales);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    const float d = h2f(b->d);
+    __m256i sumi[PRIMA_MAX_NC];
+    for (int c = 0; c < NC; c++) {
+      const block_q8_K *x = act_k(a, as, c, i);
+      const __m256i bias = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x->bsums));
+      sumi[c] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, 5));
+    }
+    for (int h = 0; h < 2; h++) {
+      const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
+      const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
+      const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
+      const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+      for (int k = 0; k < 4; k++) {
+        const __m256i lo = (k & 1) ? ql1 : ql0;
+        const __m256i low4 = k < 2 ? _mm256_and_si256(lo, m4) : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
+        const __m256i high2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m3), 4);
+        const __m256i q = _mm256_or_si256(low4, high2);
+        /* vector k holds elements 128h + 32k + l (decode_q6_K), i.e. groups 2k and 2k+1 of the half */
+        const __m256i s = _mm256_shuffle_epi8(scales, bcast16_mask2(2 * k, 2 * k + 1));
+        for (int c = 0; c < NC; c++) {
+          const block_q8_K *x = act_k(a, as, c, i);
+          const __m256i av = _mm256_loadu_si256((const __m256i *)(x->qs + 128 * h + 32 * k));
+          sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), s));
+        }
+      }
+    }
+    for (int c = 0; c < NC; c++) {
+      const block_q8_K *x = act_k(a, as, c, i);
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+    }
+  }
+  for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);
+}
+DISPATCH_NC(dot_q6_K)
+
+/* Q2_K and Q3_K: 2-bit fields; vector (h, s) = bits 2s..2s+1 of qs[32h..32h+31] = elements
+ * 128h + 32s + l, i.e. groups 8h+2s and 8h+2s+1. */
+ALWAYS_INLINE void dot_q2_K_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out) {
+  const block_q2_K *w = vw;
+  const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[PRIMA_MAX_NC];
+  for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+  for (int i = 0; i < n / QK_K; i++) {
+    const block_q2_K *b = &w[i];
+    const __m128i sm = _mm_loadu_si128((const __m128i *)b->scales);
+    const __m128i sc8 = _mm_and_si128(sm, _mm256_castsi256_si128(m4));
+    const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm256_castsi256_si128(m4)));
+    const float d = h2f(b->d), dmin = h2f(b->dmin);
+    __m256i sumi[PRIMA_MAX_NC];
+    float msum[PRIMA_MAX_NC];
+    for (int c = 0; c < NC; c++) {
+      const block_q8_K *x = act_k(a, as, c, i);
+      const __m256i mp = _mm256_madd_epi16(mins16, _mm256_loadu_si256((const __m256i *)x->bsums));
+      const __m128i m128 = _mm_add_epi32(_mm256_castsi256_si128(mp), _mm256_extracti128_si256(mp, 1));
+      const __m128i m64 = _mm_add_epi32(m128, _mm_unpackhi_epi64(m128, m128));
+      msum[c] = (float)_mm_cvtsi128_si32(_mm_add_epi32(m64, _mm_shuffle_epi32(m64, 1)));
+      sumi[c] = _mm256_setzero_si256();
+    }
+    for (int h = 0; h < 2; h++) {
+      const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
+      const __m256i qs = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
+      for (int s = 0; s < 4; s++) {
+        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * s), m3);
+        const __m256i sv = _mm256_shuffle_epi8(scales, bcast16_mask2(2 * s, 2 * s + 1));
+        for (int c = 0; c < NC; c++) {
+          const block_q8_K *x = act_k(a, as, c, i);
+          const __m256i av = _mm256_loadu_si256((const __m256i *)(x->qs + 128 * h + 32 * s));
+          sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), sv));
+        }
+      }
+    }
+    for (int c = 0; c < NC; c++) {
+      const block_q8_K *x = act_k(a, as, c, i);
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+      acc[c] = _mm256_sub_ps(acc[c], _mm256_setr_ps((x->d * dmin) * msum[c], 0, 0, 0, 0, 0, 0, 0));
+    }
+  }
+  for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);
+}
+DISPATCH_NC(dot_q2_K)
+
+/* The 16 signed 6-bit scales of a Q3_K block as int8. */
+ALWAYS_INLINE __m128i q3k_scales(const uint8_t *s) {
+  uint32_t u[3], r[4];
+  memcpy(u, s, 12);
+  const uint32_t k1 = 0x03030303, k2 = 0x0f0f0f0f;
+  r[0] = (u[0] & k2) | (((u[2] >> 0) & k1) << 4);
+  r[1] = (u[1] & k2) | (((u[2] >> 2) & k1) << 4);
+  r[2] = ((u[0] >> 4) & k2) | (((u[2] >> 4) & k1) << 4);
+  r[3] = ((u[1] >> 4) & k2) | (((u[2] >> 6) & k1) << 4);
+  return _mm_sub_epi8(_mm_loadu_si128((const __m128i *)r), _mm_set1_epi8(32));
+}
+
+/* Q3_K: unsigned levels 0..7 (2 low bits | high bit << 2) = q + 4; the -4 enters via scales . bsums. */
+ALWAYS_INLINE void dot_q3_K_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out) {
+  const block_q3_K *w = vw;
+  const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
+  __m256 acc[PRIMA_MAX_NC];
+  for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+  for (int i = 0; i < n / QK_K; i++) {
+    const block_q3_K *b = &w[i];
+    const __m128i sc8 = q3k_scales(b->scales);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    const float d = h2f(b->d);
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)b->hmask);
+    __m256i sumi[PRIMA_MAX_NC];
+    for (int c = 0; c < NC; c++) {
+      const block_q8_K *x = act_k(a, as, c, i);
+      const __m256i bias = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x->bsums));
+      sumi[c] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, 2));
+    }
+    for (int h = 0; h < 2; h++) {
+      const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
+      const __m256i qs = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
+      for (int s = 0; s < 4; s++) {
+        const __m256i hbit = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + s), one), 2);
+        const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2 * s), m3), hbit);
+        const __m256i sv = _mm256_shuffle_epi8(scales, bcast16_mask2(2 * s, 2 * s + 1));
+        for (int c = 0; c < NC; c++) {
+          const block_q8_K *x = act_k(a, as, c, i);
+          const __m256i av = _mm256_loadu_si256((const __m256i *)(x->qs + 128 * h + 32 * s));
+          sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), sv));
+        }
+      }
+    }
+    for (int c = 0; c < NC; c++) {
+      const block_q8_K *x = act_k(a, as, c, i);
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+    }
+  }
+  for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);
+}
+DISPATCH_NC(dot_q3_K)
+
+/* ---------------------------------------------------------------- the level */
+
+void prima_avx2_fns(prima_level_fns *f) {
+  memset(f, 0, sizeof *f);
+  f->dot[PRIMA_F32] = dot_f32;
+  f->dot[PRIMA_F16] = dot_f16;
+  f->dot[PRIMA_BF16] = dot_bf16;
+  f->dot[PRIMA_Q4_0] = dot_q4_0;
+  f->dot[PRIMA_Q4_1] = dot_q4_1;
+  f->dot[PRIMA_Q5_0] = dot_q5_0;
+  f->dot[PRIMA_Q5_1] = dot_q5_1;
+  f->dot[PRIMA_Q8_0] = dot_q8_0;
+  f->dot[PRIMA_Q2_K] = dot_q2_K;
+  f->dot[PRIMA_Q3_K] = dot_q3_K;
+  f->dot[PRIMA_Q4_K] = dot_q4_K;
+  f->dot[PRIMA_Q5_K] = dot_q5_K;
+  f->dot[PRIMA_Q6_K] = dot_q6_K;
+}
