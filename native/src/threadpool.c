@@ -1,9 +1,16 @@
 #include "threadpool.h"
 
+#include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -19,8 +26,6 @@ struct prima_pool {
   pthread_t *threads;
   prima_task *tasks;
   pthread_mutex_t run_mu; /* one job at a time */
-  pthread_mutex_t mu;     /* guards sleeping workers */
-  pthread_cond_t cv;
   prima_job_fn fn;
   void *ctx;
   int64_t spin_ns;
@@ -30,7 +35,46 @@ struct prima_pool {
   _Atomic int barrier_count;
   _Atomic int barrier_gen;
   _Atomic int chunk;
+  _Atomic int sleepers; /* threads blocked in wait_change: wakers skip the syscall when 0 */
 };
+
+/* Spinning is right while every thread has a core; when the device is busy with other programs the
+ * thread we wait for may not be running, and spinning would steal its time. So: spin briefly, then
+ * sleep until the value changes (a futex on Linux, yielding elsewhere). */
+#define SPIN_NS 20000
+
+static int64_t now_ns(void);
+
+static void wait_change(prima_pool *p, _Atomic int *addr, int val, int64_t spin_ns) {
+  int64_t deadline = 0;
+  for (int i = 1;; i++) {
+    if (atomic_load_explicit(addr, memory_order_acquire) != val) return;
+    cpu_relax();
+    if ((i & 63) == 0) {
+      const int64_t t = now_ns();
+      if (deadline == 0) deadline = t + spin_ns;
+      else if (t > deadline) break;
+    }
+  }
+  atomic_fetch_add(&p->sleepers, 1);
+  while (atomic_load(addr) == val) {
+#ifdef __linux__
+    syscall(SYS_futex, (int *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+#else
+    sched_yield();
+#endif
+  }
+  atomic_fetch_sub(&p->sleepers, 1);
+}
+
+static void wake_all(prima_pool *p, _Atomic int *addr) {
+#ifdef __linux__
+  if (atomic_load(&p->sleepers) > 0) syscall(SYS_futex, (int *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+#else
+  (void)p;
+  (void)addr;
+#endif
+}
 
 static int64_t now_ns(void) {
   struct timespec ts;
@@ -43,22 +87,13 @@ static void *worker_main(void *arg) {
   prima_pool *p = t->pool;
   int seen = 0;
   for (;;) {
-    /* Spin first: in a token loop the next job arrives within microseconds. */
-    int64_t deadline = now_ns() + p->spin_ns;
-    int spins = 0;
-    while (atomic_load_explicit(&p->generation, memory_order_acquire) == seen && !atomic_load(&p->stop)) {
-      cpu_relax();
-      if ((++spins & 255) == 0 && now_ns() > deadline) break;
-    }
-    if (atomic_load_explicit(&p->generation, memory_order_acquire) == seen && !atomic_load(&p->stop)) {
-      pthread_mutex_lock(&p->mu);
-      while (atomic_load(&p->generation) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->cv, &p->mu);
-      pthread_mutex_unlock(&p->mu);
-    }
+    /* The next job of a token loop usually comes within microseconds: spin longer here. */
+    wait_change(p, &p->generation, seen, p->spin_ns);
     if (atomic_load(&p->stop)) break;
     seen = atomic_load_explicit(&p->generation, memory_order_acquire);
     p->fn(t, p->ctx);
     atomic_fetch_add_explicit(&p->n_done, 1, memory_order_release);
+    wake_all(p, &p->n_done);
   }
   return NULL;
 }
@@ -74,8 +109,6 @@ prima_pool *prima_pool_create(int n_threads) {
   const char *spin = getenv("PRIMA_SPIN_US");
   p->spin_ns = (spin ? atoll(spin) : 300) * 1000;
   pthread_mutex_init(&p->run_mu, NULL);
-  pthread_mutex_init(&p->mu, NULL);
-  pthread_cond_init(&p->cv, NULL);
   atomic_store(&p->chunk, n_threads);
   for (int i = 0; i < n_threads; i++) p->tasks[i] = (prima_task){ .pool = p, .ith = i, .nth = n_threads };
   for (int i = 1; i < n_threads; i++) {
@@ -95,13 +128,10 @@ fail:
 
 void prima_pool_destroy(prima_pool *p) {
   if (!p) return;
-  pthread_mutex_lock(&p->mu);
   atomic_store(&p->stop, 1);
-  pthread_cond_broadcast(&p->cv);
-  pthread_mutex_unlock(&p->mu);
+  atomic_fetch_add(&p->generation, 1);
+  wake_all(p, &p->generation);
   for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
-  pthread_cond_destroy(&p->cv);
-  pthread_mutex_destroy(&p->mu);
   pthread_mutex_destroy(&p->run_mu);
   free(p->tasks);
   free(p->threads);
@@ -117,12 +147,11 @@ void prima_pool_run(prima_pool *p, prima_job_fn fn, void *ctx) {
   atomic_store(&p->n_done, 0);
   atomic_store(&p->chunk, p->n);
   atomic_store(&p->barrier_count, 0);
-  pthread_mutex_lock(&p->mu);
   atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
-  pthread_cond_broadcast(&p->cv);
-  pthread_mutex_unlock(&p->mu);
+  wake_all(p, &p->generation);
   fn(&p->tasks[0], ctx);
-  while (atomic_load_explicit(&p->n_done, memory_order_acquire) < p->n - 1) cpu_relax();
+  for (int done; (done = atomic_load_explicit(&p->n_done, memory_order_acquire)) < p->n - 1;)
+    wait_change(p, &p->n_done, done, SPIN_NS);
   pthread_mutex_unlock(&p->run_mu);
 }
 
@@ -137,8 +166,9 @@ void prima_pool_barrier(const prima_task *t) {
     atomic_store_explicit(&p->barrier_count, 0, memory_order_relaxed);
     atomic_store_explicit(&p->chunk, t->nth, memory_order_relaxed);
     atomic_fetch_add_explicit(&p->barrier_gen, 1, memory_order_release);
+    wake_all(p, &p->barrier_gen);
   } else {
-    while (atomic_load_explicit(&p->barrier_gen, memory_order_acquire) == gen) cpu_relax();
+    wait_change(p, &p->barrier_gen, gen, SPIN_NS);
   }
 }
 

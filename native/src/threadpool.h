@@ -1,9 +1,10 @@
 /* A persistent thread pool for one forward pass at a time.
  *
  * The caller of prima_pool_run becomes thread 0 and the pool's n-1 workers join it; inside the job
- * all threads meet at spin barriers between steps (prima_pool_barrier), so one wake-up pays for a
- * whole window of layers. Between jobs the workers spin briefly (the next token usually follows at
- * once), then sleep on a condition variable so an idle device does not burn its CPU. */
+ * all threads meet at barriers between steps (prima_pool_barrier), so one wake-up pays for a whole
+ * window of layers. Every wait spins briefly and then sleeps on a futex: spinning alone would steal
+ * the core from the very thread being waited for when the device is busy with other programs, and
+ * an idle device must not burn its CPU. PRIMA_SPIN_US sets the idle spin between jobs (default 300). */
 #ifndef PRIMA_THREADPOOL_H
 #define PRIMA_THREADPOOL_H
 

@@ -1,0 +1,71 @@
+// npm run bench [-- --only engine,kernels,halda,ring] [--threads N] [--reps N]
+// Every part measures us and a peer in the same run and prints ratios (absolute numbers on a shared
+// machine mean little). Results and the command go in BENCHMARKS.md.
+import { existsSync } from "node:fs";
+import { parseArgs } from "node:util";
+import { fileURLToPath } from "node:url";
+import { benchEngine } from "./engine.js";
+import { ensureLlamaBench, runLlamaBench } from "./llama-bench.js";
+
+const root = fileURLToPath(new URL("../..", import.meta.url));
+
+const { values } = parseArgs({
+  options: {
+    only: { type: "string" },
+    threads: { type: "string", default: "2" },
+    reps: { type: "string", default: "3" },
+  },
+});
+const parts = new Set((values.only ?? "engine,kernels,halda,ring").split(","));
+const threads = Number(values.threads);
+const reps = Number(values.reps);
+const log = (s: string) => console.error(s);
+
+/** The generated benchmark model (tinyllama-1.1b shape, Q4_K_M, llama-spm vocabulary). */
+async function benchmarkModel(): Promise<string> {
+  const path = `${root}.cache/bench-llama-Q4_K_M.gguf`;
+  if (existsSync(path)) return path;
+  log(`generating the benchmark model at ${path} (once)`);
+  const { generateModel } = await import("../modelgen/index.js");
+  await generateModel({ shape: "tinyllama-1.1b", type: "Q4_K_M", out: path, vocab: "llama-spm", seed: 1 });
+  return path;
+}
+
+async function engineBench(): Promise<void> {
+  ensureLlamaBench(log);
+  const models = [
+    { name: "stories260K (F32)", path: `${root}models/stories260K.gguf`, prompt: 128, decode: 256, goals: { pp: 0.8, tg: 0.5 } },
+    { name: "tinyllama-1.1b Q4_K_M", path: await benchmarkModel(), prompt: 128, decode: 64, goals: { pp: 0.8, tg: 1.0 } },
+  ];
+  console.log(`\n## engine vs llama-bench (${threads} threads, ${reps} reps)\n`);
+  console.log("| model | prima prompt tok/s | llama.cpp prompt tok/s | ratio (goal) | prima decode tok/s | llama.cpp decode tok/s | ratio (goal) |");
+  console.log("|---|---|---|---|---|---|---|");
+  for (const m of models) {
+    const ours = await benchEngine(m.path, { threads, prompt: m.prompt, decode: m.decode, reps });
+    const peer = runLlamaBench(m.path, { threads, prompt: m.prompt, decode: m.decode, reps });
+    const r = (a: number, b: number) => (a / b).toFixed(2);
+    console.log(`| ${m.name} | ${ours.promptTokS.toFixed(1)} | ${peer.promptTokS.toFixed(1)} | ${r(ours.promptTokS, peer.promptTokS)}x (${m.goals.pp}x) | ` +
+      `${ours.decodeTokS.toFixed(1)} | ${peer.decodeTokS.toFixed(1)} | ${r(ours.decodeTokS, peer.decodeTokS)}x (${m.goals.tg}x) |`);
+  }
+  console.log(`\nllama-bench: -p P -n D -t ${threads} -r ${reps}; prima: the same batch and steps through engine/ (bench/engine.ts)`);
+}
+
+async function main(): Promise<void> {
+  console.log(`# npm run bench -- --only ${[...parts].join(",")} --threads ${threads} --reps ${reps}`);
+  if (parts.has("engine")) await engineBench();
+  for (const part of ["kernels", "halda", "ring"]) {
+    if (!parts.has(part)) continue;
+    const file = `${root}dist/bench/${part}.js`;
+    if (!existsSync(file)) {
+      log(`(bench part ${part} is not built: ${file} missing)`);
+      continue;
+    }
+    const mod = (await import(file)) as { main?: () => Promise<void> };
+    if (mod.main) await mod.main();
+  }
+}
+
+main().catch((e: unknown) => {
+  console.error(`bench: ${e instanceof Error ? e.message : String(e)}`);
+  process.exitCode = 1;
+});

@@ -1,0 +1,56 @@
+// The speed peer: llama.cpp's own llama-bench, compiled for this CPU from the source node-llama-cpp
+// bundles, cached in .cache/ (ignored by git). Built once (about 15 minutes on 2 cores), then reused.
+import { execFileSync, spawnSync } from "node:child_process";
+import { existsSync, mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+export interface PeerResult {
+  /** tokens per second, mean over repetitions */
+  readonly promptTokS: number;
+  readonly decodeTokS: number;
+  readonly build: string;
+}
+
+// compiled to dist/bench/: the package root is two levels up
+const root = fileURLToPath(new URL("../..", import.meta.url));
+const srcDir = join(root, "node_modules/node-llama-cpp/llama/llama.cpp");
+const buildDir = join(root, ".cache/llama-build");
+export const llamaBenchPath = join(buildDir, "bin/llama-bench");
+
+export function ensureLlamaBench(log: (s: string) => void): string {
+  if (existsSync(llamaBenchPath)) return llamaBenchPath;
+  if (!existsSync(join(srcDir, "CMakeLists.txt"))) {
+    log("llama-bench: unpacking llama.cpp's source from node-llama-cpp (offline)");
+    execFileSync("npx", ["--no-install", "node-llama-cpp", "source", "download", "--skipBuild", "--gpu", "false"], { cwd: root, stdio: "inherit" });
+  }
+  mkdirSync(buildDir, { recursive: true });
+  log(`llama-bench: building into ${buildDir} (once; about 15 minutes on 2 cores)`);
+  const run = (args: string[]) => {
+    const r = spawnSync("cmake", args, { cwd: root, stdio: "inherit" });
+    if (r.status !== 0) throw new Error(`cmake ${args.join(" ")} failed (exit ${r.status})`);
+  };
+  run(["-S", srcDir, "-B", buildDir, "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DCMAKE_BUILD_TYPE=Release"]);
+  run(["--build", buildDir, "--target", "llama-bench", "-j2"]);
+  return llamaBenchPath;
+}
+
+interface LlamaBenchRow {
+  n_prompt: number;
+  n_gen: number;
+  avg_ts: number;
+  build_commit?: string;
+  cpu_info?: string;
+}
+
+/** Runs llama-bench for prompt and decode speed on one model with the given threads. */
+export function runLlamaBench(model: string, opts: { threads: number; prompt: number; decode: number; reps: number }): PeerResult {
+  const out = execFileSync(llamaBenchPath, ["-m", model, "-t", String(opts.threads), "-p", String(opts.prompt), "-n", String(opts.decode),
+    "-r", String(opts.reps), "-o", "json"], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], maxBuffer: 1 << 24 });
+  const rows = JSON.parse(out) as LlamaBenchRow[];
+  const pp = rows.find((r) => r.n_prompt > 0 && r.n_gen === 0);
+  const tg = rows.find((r) => r.n_gen > 0 && r.n_prompt === 0);
+  if (!pp || !tg) throw new Error(`llama-bench printed no pp/tg rows: ${out.slice(0, 200)}`);
+  return { promptTokS: pp.avg_ts, decodeTokS: tg.avg_ts, build: rows[0].build_commit ?? "?" };
+}
