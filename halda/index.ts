@@ -1,0 +1,11 @@
+// halda/: the layer-to-device scheduler (HALDA.md). Pure: no I/O; imports only types from model/.
+export { halda } from "./planner.js";
+export { baselinePlan, baselineNames, type BaselineName } from "./baselines.js";
+export { predictLatency, predictLatencyMs, type Assignment, type ComputeBufferChoice, type DeviceEvaluation, type LatencyPrediction } from "./latency.js";
+export { parseDeviceProfiles, resolveDevice, type ParsedDevices, type ResolvedDevice } from "./devices.js";
+export { validKs } from "./terms.js";
+export {
+  HaldaError,
+  type DeviceLatencyMs, type DeviceOs, type DevicePlan, type DeviceProfile, type DeviceSet, type DroppedDevice,
+  type GpuBackend, type HaldaOptions, type ModelProfile, type PerWeightType, type Plan, type PlannerName,
+} from "./types.js";

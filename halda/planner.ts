@@ -1,0 +1,185 @@
+// Halda's entry point: resolve the inputs, solve (exact or faithful), drop devices Halda leaves with a
+// window of one layer or less and solve again (HALDA.md §4.4), then write the answer up as a Plan.
+
+import { resolveDevice, type ResolvedDevice } from "./devices.js";
+import { ExactSolver } from "./exact.js";
+import { solveFaithful } from "./faithful.js";
+import { deviceRows, type IlpSolution } from "./ilp.js";
+import { evaluateDevice, fmtGiB } from "./latency.js";
+import {
+  allowedSets, conservativeFlags, deviceTerms, modelTerms, resolveOptions, validKs,
+  type DeviceTerms, type ModelTerms, type ResolvedOptions,
+} from "./terms.js";
+import { HaldaError, type DevicePlan, type DeviceProfile, type DroppedDevice, type HaldaOptions, type ModelProfile, type Plan } from "./types.js";
+
+/** A solved device list: the solution at the chosen k and a way to get the other k. */
+interface Solved {
+  readonly solution: IlpSolution;
+  readonly terms: readonly DeviceTerms[];
+  readonly atK: (k: number) => IlpSolution | null;
+  readonly notes: string[];
+  readonly ilpCount: () => number;
+}
+
+const pickBest = (sols: (IlpSolution | null)[]): IlpSolution | null => {
+  let best: IlpSolution | null = null;
+  for (const s of sols) if (s && (!best || s.objectiveMs < best.objectiveMs - 1e-9 * Math.max(1, Math.abs(best.objectiveMs)))) best = s;
+  return best;
+};
+
+/** The k values that decide the plan: userK; all of K with the guard (k matters); else k = 1 suffices (§2.5). */
+function decidingKs(ks: readonly number[], o: ResolvedOptions): number[] {
+  if (o.userK > 0 || o.prefetchGuard) return [...ks];
+  return ks.includes(1) ? [1] : [...ks];
+}
+
+function solveExactly(devs: readonly ResolvedDevice[], ks: readonly number[], m: ModelTerms, o: ResolvedOptions, notes: string[]): Solved | null {
+  const terms = devs.map((d, i) => deviceTerms(d, i === 0, conservativeFlags(d), m, o));
+  let startSets: IlpSolution["sets"] | undefined;
+  if (devs.length > 8) startSets = solveFaithful(devs, ks, m, { ...o, mode: "prima" })?.solution.sets;
+  const ex = new ExactSolver(terms, m, o, ks, startSets);
+  const solution = pickBest(decidingKs(ks, o).map((k) => ex.bestAt(k)));
+  if (!solution) return null;
+  return { solution, terms, atK: (k) => ex.bestAt(k), notes, ilpCount: () => ex.ilpCount };
+}
+
+function solveOnce(devs: readonly ResolvedDevice[], m: ModelTerms, o: ResolvedOptions): Solved | null {
+  const ks = validKs(m.nLayers, devs.length, o.userK);
+  if (ks.length === 0) return null;
+  if (o.mode === "prima") {
+    const f = solveFaithful(devs, ks, m, o);
+    if (f) return { solution: f.solution, terms: f.terms, atK: (k) => f.byK.get(k) ?? null, notes: f.notes, ilpCount: () => 0 };
+    const notes = ["prima: the first pass has no feasible k (prima.cpp aborts here); fell back to exact mode"];
+    return solveExactly(devs, ks, m, o, notes);
+  }
+  return solveExactly(devs, ks, m, o, []);
+}
+
+/** A device that can hold no layer in any set it may be in can never be in a feasible plan. */
+function cannotHoldALayer(d: ResolvedDevice, isHead: boolean, m: ModelTerms, o: ResolvedOptions): string | null {
+  const t = deviceTerms(d, isHead, conservativeFlags(d), m, o);
+  for (const set of allowedSets(t)) {
+    const rows = deviceRows(t, set, 1, m, o);
+    for (const n of [0, 1]) {
+      if (n > rows.vramMax) continue;
+      const r = 1 + rows.ramN * n;
+      if ((rows.ramMax === undefined || r <= rows.ramMax) && (rows.ramMin === undefined || r >= rows.ramMin)) return null;
+    }
+  }
+  return `cannot hold one layer (${fmtGiB(m.layerBytesWithKv)} with its KV cache; room for ${fmtGiB(Math.max(0, t.capBytes))} in RAM, ${fmtGiB(t.capGpuBytes)} on the GPU) and its disk (${(d.diskBytesPerS / 1e9).toFixed(2)} GB/s) is below the ${(o.minDiskBytesPerS / 1e9).toFixed(2)} GB/s overload threshold`;
+}
+
+/** Why no plan exists, in terms a user can act on (HALDA.md §4.3). */
+function explainInfeasible(devs: readonly ResolvedDevice[], m: ModelTerms, o: ResolvedOptions): string {
+  const L = m.nLayers, M = devs.length;
+  if (L < M) return `the model has ${L} layers but ${M} devices are in the ring; every device needs at least one layer: remove ${M - L} device(s)`;
+  if (o.userK > 0) {
+    if (L % o.userK !== 0) return `k = ${o.userK} does not divide the model's ${L} layers (valid k: ${validKs(L, M, 0).join(", ")})`;
+    if (L / o.userK < M) return `k = ${o.userK} leaves ${L / o.userK} layers per cycle for ${M} devices; every device needs at least one (valid k: ${validKs(L, M, 0).join(", ")})`;
+  }
+  const terms = devs.map((d, i) => deviceTerms(d, i === 0, conservativeFlags(d), m, o));
+  const bp = m.layerBytesWithKv;
+  const anyOverload = terms.some((t) => t.mayOverload);
+  const holdable = terms.reduce((s, t) => {
+    const ram = Math.max(0, Math.floor(t.capBytes / bp + 1e-9));
+    const gpu = t.dev.hasGpu ? Math.floor(t.capGpuBytes / bp + 1e-9) : 0;
+    return s + (t.gpuLayersLeaveRam ? ram + gpu : ram);
+  }, 0);
+  const detail = terms.map((t) => `${t.dev.name}: ${fmtGiB(Math.max(0, t.capBytes))} RAM-side${t.dev.hasGpu ? ` + ${fmtGiB(t.capGpuBytes)} GPU` : ""}, disk ${(t.dev.diskBytesPerS / 1e9).toFixed(2)} GB/s`).join("; ");
+  if (!anyOverload && holdable < L) {
+    return `the model does not fit: ${L} layers of ${fmtGiB(bp)} (weights plus KV cache for ${m.nCtx} tokens) need ${fmtGiB(L * bp)}, the devices hold ${holdable} layers without overload, and no disk reaches the ${(o.minDiskBytesPerS / 1e9).toFixed(2)} GB/s needed to stream the rest (${detail}). Add memory or a device with a fast disk, or use a smaller model or context`;
+  }
+  return `no assignment satisfies every device's memory limits at k ∈ {${validKs(L, M, o.userK).join(", ")}} (${detail})`;
+}
+
+function buildPlan(planner: Plan["planner"], devs: readonly ResolvedDevice[], active: readonly number[], solved: Solved, m: ModelTerms, o: ResolvedOptions, dropped: DroppedDevice[], notes: string[]): Plan {
+  const sol = solved.solution;
+  const devices: DevicePlan[] = active.map((di, j) => {
+    const t = solved.terms[j];
+    const ev = evaluateDevice(t, sol.k, sol.w[j], sol.n[j], m, o);
+    return {
+      index: di, name: devs[di].name, set: ev.set,
+      windowLayers: sol.w[j], gpuLayers: sol.n[j],
+      layersPerToken: sol.k * sol.w[j], gpuLayersPerToken: sol.k * sol.n[j],
+      reloadBytesPerToken: ev.reloadBytesPerToken,
+      ramLayerCapacityBytes: t.capBytes, gpuLayerCapacityBytes: t.capGpuBytes,
+      cpuComputeBufferBytes: t.cCpuBytes, gpuComputeBufferBytes: t.cGpuBytes,
+      latency: ev.latency,
+    };
+  });
+  const latencyMs = devices.reduce((s, d) => s + d.latency.totalMs, 0);
+  if (Math.abs(latencyMs - sol.latencyMs) > 1e-6 * Math.max(1, latencyMs)) {
+    notes.push(`the ILP's linear cost (${sol.latencyMs.toFixed(3)} ms) differs from the plan's evaluated latency (${latencyMs.toFixed(3)} ms): a device sits exactly on its memory boundary`);
+  }
+  let runnerUp: Plan["runnerUp"] = null;
+  const others = validKs(m.nLayers, active.length, 0).filter((k) => k !== sol.k);
+  for (const k of others) {
+    const s = solved.atK(k);
+    if (s && (!runnerUp || s.latencyMs < runnerUp.latencyMs)) runnerUp = { k, latencyMs: s.latencyMs };
+  }
+  return { planner, nLayers: m.nLayers, k: sol.k, devices, dropped, latencyMs, objectiveMs: sol.objectiveMs + (latencyMs - sol.latencyMs), runnerUp, problems: [], notes: [...notes, ...solved.notes] };
+}
+
+/**
+ * Halda: the plan for these devices (ring order, the first is the head) and this model. Throws
+ * HaldaError on invalid input or when no plan exists (the message says why).
+ */
+export function halda(devices: readonly DeviceProfile[], model: ModelProfile, options: HaldaOptions = {}): Plan {
+  const o = resolveOptions(options);
+  const m = modelTerms(model, o);
+  if (devices.length === 0) throw new HaldaError("no devices to plan for", "invalid-input");
+  const devs = devices.map((d, i) => resolveDevice(d, i));
+  const L = m.nLayers;
+  if (o.userK > 0 && L % o.userK !== 0) throw new HaldaError(explainInfeasible(devs, m, o), "invalid-input");
+
+  const notes: string[] = [];
+  const dropped: DroppedDevice[] = [];
+  let active = devs.map((_, i) => i);
+
+  // [EXT] A device that cannot hold one layer and may not overload makes every plan infeasible: with
+  // device selection on, drop it up front (the head cannot be dropped: that is an error).
+  const headProblem = cannotHoldALayer(devs[0], true, m, o);
+  if (headProblem) throw new HaldaError(`the head ${devs[0].name} ${headProblem}`, "infeasible");
+  if (o.dropWindowLayers > 0) {
+    active = active.filter((i) => {
+      if (i === 0) return true;
+      const why = cannotHoldALayer(devs[i], false, m, o);
+      if (why) dropped.push({ index: i, name: devs[i].name, reason: why });
+      return !why;
+    });
+  }
+
+  const solveActive = (idx: readonly number[]) => solveOnce(idx.map((i) => devs[i]), m, o);
+  let solved = active.length <= L ? solveActive(active) : null;
+  if (!solved) throw new HaldaError(explainInfeasible(active.map((i) => devs[i]), m, o), "infeasible");
+
+  // Device selection (§4.4): drop non-head devices left with a window of at most dropWindowLayers.
+  for (;;) {
+    if (o.dropWindowLayers <= 0) break;
+    const drop = active.filter((di, j) => j > 0 && solved!.solution.w[j] <= o.dropWindowLayers);
+    if (drop.length === 0) break;
+    const rest = active.filter((di) => !drop.includes(di));
+    const next = solveActive(rest);
+    const withMs = solved.solution.latencyMs;
+    if (!next) {
+      notes.push(`selection: kept ${drop.map((i) => devs[i].name).join(", ")} (window of ${o.dropWindowLayers} layer or less): no feasible plan without them`);
+      break;
+    }
+    const withoutMs = next.solution.latencyMs;
+    if (o.dropOnlyIfFaster && withoutMs >= withMs) {
+      notes.push(`selection: kept ${drop.map((i) => devs[i].name).join(", ")}: the ring without them predicts ${withoutMs.toFixed(1)} ms, not faster than ${withMs.toFixed(1)} ms`);
+      break;
+    }
+    for (const di of drop) {
+      const j = active.indexOf(di);
+      dropped.push({
+        index: di, name: devs[di].name,
+        reason: `left with a window of ${solved.solution.w[j]} layer(s) (${solved.solution.n[j]} on GPU): predicted ${withMs.toFixed(1)} ms with it, ${withoutMs.toFixed(1)} ms without`,
+      });
+    }
+    active = rest;
+    solved = next;
+  }
+  dropped.sort((a, b) => a.index - b.index);
+  return buildPlan(o.mode === "prima" ? "halda-prima" : "halda", devs, active, solved, m, o, dropped, notes);
+}

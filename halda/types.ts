@@ -1,0 +1,157 @@
+// The types Halda shares with the rest of the system: what a device measured (DeviceProfile), what the
+// model costs (ModelProfile, from model/), the knobs (HaldaOptions) and the answer (Plan).
+// Symbols in comments are HALDA.md's.
+
+export type { ModelProfile, PerWeightType } from "../model/profile.js";
+
+export type DeviceOs = "macos" | "linux" | "android";
+/** GPU usable for layers. Vulkan, SYCL and the rest count as "none" (HALDA.md §1.1). */
+export type GpuBackend = "metal" | "cuda" | "none";
+
+/**
+ * One device as the profiler measures it (HALDA.md §1.1). Throughputs are keyed by ggml weight-type
+ * name ("Q4_K", "F16", "F32", ...); the key "*" applies to every type not listed. Optional fields and
+ * their defaults are listed in deploy/README.md and in `resolveDevice` (halda/devices.ts).
+ */
+export interface DeviceProfile {
+  readonly name: string;
+  readonly id?: string;
+  readonly os: DeviceOs;
+  /** Default "none". */
+  readonly gpuBackend?: GpuBackend;
+  /** CPU and GPU share memory (Apple Silicon). Default: true for Metal, false otherwise. */
+  readonly uma?: boolean;
+  /** CPU FLOP/s per weight type, times F32 activations. */
+  readonly cpuFlopsPerS: Readonly<Record<string, number>>;
+  /** GPU FLOP/s per weight type; required with a GPU backend. */
+  readonly gpuFlopsPerS?: Readonly<Record<string, number>>;
+  /** ms to write one token's K and V rows of one layer into the cache. Default 0. */
+  readonly kvCopyCpuMs?: number;
+  readonly kvCopyGpuMs?: number;
+  /** Read bandwidths; used only with `registerLoadTerms` (paper terms the code leaves out). */
+  readonly ramReadBytesPerS?: number;
+  readonly vramReadBytesPerS?: number;
+  /** ms to copy one token's hidden state across the bus each way (paper ξ). Default 0. */
+  readonly ramToVramMs?: number;
+  readonly vramToRamMs?: number;
+  /** Informational. */
+  readonly ramTotalBytes?: number;
+  /** d_avail: RAM the app may use. */
+  readonly ramAvailableBytes: number;
+  /** d_swap: other apps' memory the OS swaps out before dropping our pages (Android). Default 0. */
+  readonly swappableBytes?: number;
+  /** Informational. */
+  readonly swapTotalBytes?: number;
+  readonly swapAvailableBytes?: number;
+  /** d_gpu: usable GPU memory (Metal: recommendedMaxWorkingSetSize − allocated, d_metal). Required with a GPU. */
+  readonly gpuFreeBytes?: number;
+  /** User cap on gpuFreeBytes (prima.cpp's --gpu-mem). */
+  readonly gpuMemCapBytes?: number;
+  /** Disk read throughput; at least one of the two. The missing one defaults to the other. */
+  readonly diskSeqReadBytesPerS?: number;
+  readonly diskRandReadBytesPerS?: number;
+  /** ms to send one token's activations to the successor (ξ). Default 0. */
+  readonly linkLatencyMs?: number;
+  /** Measured scratch memory of the forward pass (c_cpu, c_gpu). Default: prima.cpp's estimate (HALDA.md §1.4). */
+  readonly cpuComputeBufferBytes?: number;
+  readonly gpuComputeBufferBytes?: number;
+}
+
+export type DeviceSet = "M1" | "M2" | "M3" | "M4";
+
+export interface HaldaOptions {
+  /** "exact" (default): enumerate set assignments, global optimum of the model. "prima": Algorithm 1 as prima.cpp runs it. */
+  readonly mode?: "exact" | "prima";
+  /** Number of ring cycles; 0 or undefined = choose. */
+  readonly k?: number;
+  /** The head's window coefficient is divided by this (tie-break toward the head). Default 1.01. */
+  readonly masterPriority?: number;
+  /** s_thr: a disk slower than this never overloads (M4 only). Default 1e8 B/s (0.1 GB/s). */
+  readonly minDiskBytesPerS?: number;
+  /** A Metal head keeps output.weight in Metal memory. Default true. */
+  readonly keepOutputInMetal?: boolean;
+  /** Physical batch for the compute-buffer estimate. Default 512. */
+  readonly nUbatch?: number;
+  /** One overloaded window must fit in RAM (prefetch-release guard, HALDA.md §4.6). Default false. */
+  readonly prefetchGuard?: boolean;
+  /** Include the paper's RAM/VRAM read terms in α, β and κ (the code leaves them out). Default false. */
+  readonly registerLoadTerms?: boolean;
+  /** The head's output-layer compute: the paper's output layer (default) or the code's one-layer term. */
+  readonly headComputeTerm?: "outputLayer" | "oneLayer";
+  /** Drop non-head devices left with a window of this many layers or fewer; 0 disables. Default 1. */
+  readonly dropWindowLayers?: number;
+  /** Drop only when the smaller ring is predicted faster (HALDA.md §4.4 [EXT]). Default false: the paper's rule. */
+  readonly dropOnlyIfFaster?: boolean;
+}
+
+export interface DeviceLatencyMs {
+  /** Layer compute on CPU and GPU, plus the output layer on the head. */
+  readonly computeMs: number;
+  /** KV writes, RAM<->VRAM copies and (with registerLoadTerms) weight reads from RAM/VRAM. */
+  readonly memoryMs: number;
+  /** Re-reading evicted weights from disk. */
+  readonly diskMs: number;
+  /** Sending activations to the successor, once per window. */
+  readonly commMs: number;
+  readonly totalMs: number;
+}
+
+export interface DevicePlan {
+  /** Index into the devices given to the planner. */
+  readonly index: number;
+  readonly name: string;
+  readonly set: DeviceSet;
+  /** w: layers per cycle. */
+  readonly windowLayers: number;
+  /** n: of those, the last n run on the GPU. */
+  readonly gpuLayers: number;
+  /** k·w and k·n: layers per token. */
+  readonly layersPerToken: number;
+  readonly gpuLayersPerToken: number;
+  /** Bytes read back from disk per token. */
+  readonly reloadBytesPerToken: number;
+  /** cap and capGpu: bytes of layers that fit RAM-side and in VRAM without overload. */
+  readonly ramLayerCapacityBytes: number;
+  readonly gpuLayerCapacityBytes: number;
+  /** The compute buffers the latency was computed with. */
+  readonly cpuComputeBufferBytes: number;
+  readonly gpuComputeBufferBytes: number;
+  readonly latency: DeviceLatencyMs;
+}
+
+export interface DroppedDevice {
+  readonly index: number;
+  readonly name: string;
+  readonly reason: string;
+}
+
+export type PlannerName = "halda" | "halda-prima" | "even" | "memory" | "flops";
+
+export interface Plan {
+  readonly planner: PlannerName;
+  readonly nLayers: number;
+  /** k: cycles per token. */
+  readonly k: number;
+  /** The devices that hold layers, in ring order (the head first). */
+  readonly devices: readonly DevicePlan[];
+  readonly dropped: readonly DroppedDevice[];
+  /** Predicted token latency: the sum of every device's total. */
+  readonly latencyMs: number;
+  /** What Halda minimised: latencyMs with the head's window cost divided by masterPriority (a tie-break).
+   *  Baselines optimise nothing; for them it equals latencyMs. */
+  readonly objectiveMs: number;
+  /** The best other k and its predicted latency, when one is feasible. */
+  readonly runnerUp: { readonly k: number; readonly latencyMs: number } | null;
+  /** Constraint violations (baselines may overload a slow disk or overfill VRAM); empty for Halda. */
+  readonly problems: readonly string[];
+  /** How the plan was reached (fallbacks, calibration steps, selection decisions). */
+  readonly notes: readonly string[];
+}
+
+/** Bad input or no feasible plan; the message says which and what to change. */
+export class HaldaError extends Error {
+  override name = "HaldaError";
+  constructor(message: string, readonly reason: "invalid-input" | "infeasible") {
+    super(message);
+  }
+}

@@ -1,0 +1,87 @@
+// Exact mode against brute force: on seeded random small clusters, Halda's objective equals the
+// minimum over every k, window and GPU-layer count of an independent evaluation of the model
+// (oracle.ts). Any mismatch fails.
+
+import { describe, expect, test } from "vitest";
+import { halda, HaldaError, type HaldaOptions, type Plan } from "../../halda/index.js";
+import { bruteForce, defaultOracleOptions, kCandidates, type OracleOptions } from "./oracle.js";
+import { mulberry32, randomInstance } from "./random-instances.js";
+
+const rel = (a: number, b: number) => Math.abs(a - b) / Math.max(1, Math.abs(b));
+
+interface Variant {
+  readonly name: string;
+  readonly count: number;
+  readonly layerChoices?: readonly number[];
+  readonly options: (rand: () => number, L: number, M: number) => { halda: HaldaOptions; oracle: OracleOptions };
+}
+
+const variants: Variant[] = [
+  {
+    // The main check: no tie-break factor, so Halda's objective is the model's latency itself.
+    name: "auto k, masterPriority 1", count: 320,
+    options: (rand, _L, _M) => {
+      const headComputeTerm = rand() < 0.5 ? "outputLayer" : "oneLayer";
+      const keepOutputInMetal = rand() < 0.7;
+      return {
+        halda: { masterPriority: 1, dropWindowLayers: 0, headComputeTerm, keepOutputInMetal },
+        oracle: { ...defaultOracleOptions, headComputeTerm, keepOutputInMetal },
+      };
+    },
+  },
+  {
+    name: "auto k, masterPriority 1.01 (the scaled objective)", count: 60,
+    options: () => ({ halda: { dropWindowLayers: 0 }, oracle: { ...defaultOracleOptions, masterPriority: 1.01 } }),
+  },
+  {
+    name: "user k", count: 60, layerChoices: [8, 12, 16, 20, 24, 30, 32],
+    options: (rand, L, M) => {
+      const ks = kCandidates(L, M, 0).filter((k) => k > 1);
+      const k = ks.length > 0 ? ks[Math.floor(rand() * ks.length)] : 1;
+      return { halda: { masterPriority: 1, dropWindowLayers: 0, k }, oracle: { ...defaultOracleOptions, k } };
+    },
+  },
+  {
+    name: "prefetch guard", count: 150, layerChoices: [8, 12, 16, 20, 24, 30, 32],
+    options: () => ({ halda: { masterPriority: 1, dropWindowLayers: 0, prefetchGuard: true }, oracle: { ...defaultOracleOptions, prefetchGuard: true } }),
+  },
+];
+
+describe("exact mode equals brute force", () => {
+  let seed = 1000;
+  for (const v of variants) {
+    test(`${v.name}: ${v.count} random instances`, () => {
+      let feasible = 0, infeasible = 0, kAbove1 = 0, overloaded = 0;
+      for (let i = 0; i < v.count; i++) {
+        const rand = mulberry32(seed++);
+        const inst = randomInstance(rand, 4, 32, v.layerChoices);
+        const { halda: hOpt, oracle: oOpt } = v.options(rand, inst.model.nLayers, inst.devices.length);
+        const hOptions: HaldaOptions = { ...hOpt, registerLoadTerms: inst.registerLoadTerms };
+        const oOptions: OracleOptions = { ...oOpt, registerLoadTerms: inst.registerLoadTerms };
+        const brute = bruteForce(inst.devices, inst.model, oOptions);
+        let plan: Plan | null = null;
+        try {
+          plan = halda(inst.devices, inst.model, hOptions);
+        } catch (e) {
+          if (!(e instanceof HaldaError)) throw e;
+          expect(e.reason, `seed ${seed - 1}: ${e.message}`).toBe("infeasible");
+        }
+        const where = `seed ${seed - 1} (${v.name}): halda ${plan ? `${plan.objectiveMs} k=${plan.k} w=[${plan.devices.map((d) => d.windowLayers)}] n=[${plan.devices.map((d) => d.gpuLayers)}]` : "infeasible"}, brute force ${brute ? `${brute.objectiveMs} k=${brute.k} w=[${brute.w}] n=[${brute.n}]` : "infeasible"}`;
+        expect(plan === null, where).toBe(brute === null);
+        if (!plan || !brute) { infeasible++; continue; }
+        feasible++;
+        expect(rel(plan.objectiveMs, brute.objectiveMs), where).toBeLessThan(1e-9);
+        if (oOptions.masterPriority === 1) expect(rel(plan.latencyMs, brute.objectiveMs), where).toBeLessThan(1e-9);
+        if (plan.k > 1) kAbove1++;
+        if (plan.devices.some((d) => d.set !== "M4")) overloaded++;
+      }
+      // The instances must exercise both answers and the overload sets, or the check means little.
+      expect(feasible).toBeGreaterThan(v.count * (v.name === "prefetch guard" ? 0.3 : 0.6));
+      expect(infeasible).toBeGreaterThan(0);
+      expect(overloaded).toBeGreaterThan(v.count * (v.name === "prefetch guard" ? 0.04 : 0.1));
+      if (v.name === "user k") expect(kAbove1).toBeGreaterThan(v.count * 0.3);
+      if (v.name === "prefetch guard") expect(kAbove1).toBeGreaterThan(0);
+      console.log(`${v.name}: ${feasible} feasible (${overloaded} with an overloaded device, ${kAbove1} with k > 1), ${infeasible} infeasible`);
+    });
+  }
+});
