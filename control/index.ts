@@ -1,0 +1,2 @@
+// control/: the gRPC control plane shared by the coordinator and the workers.
+export * from "./proto.js";

@@ -1,0 +1,103 @@
+// The gRPC control plane (protos/prima.proto) loaded at run time with @grpc/proto-loader, and
+// TypeScript shapes of its messages (field names camelCased as proto-loader delivers them).
+import * as grpc from "@grpc/grpc-js";
+import * as protoLoader from "@grpc/proto-loader";
+import { existsSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+export const PROTOCOL_VERSION = 1;
+
+export interface Join {
+  protocolVersion: number;
+  deviceName: string;
+  hardwareId: string;
+  dataHost: string;
+  dataPort: number;
+  modelFingerprint: string;
+  modelPath: string;
+  profileJson: string;
+}
+export interface Welcome { deviceId: string }
+export interface WindowMsg { firstLayer: number; endLayer: number; cycle: number }
+export interface Assignment {
+  ringId: string;
+  windows: WindowMsg[];
+  successorUrl: string;
+  ctx: number;
+  maxBatch: number;
+  cycles: number;
+  prefetch: boolean;
+  releaseAfterUse: boolean;
+  threads: number;
+  ringOrder: string[];
+  wireDtype: number;
+}
+export interface LoadProgress { fraction: number; stage: string }
+export interface Ready { anonBytes: number }
+export interface Heartbeat { sentUnixMs: number }
+export interface KvCommand { op: "CLEAR" | "TRUNCATE"; position: number }
+export interface WindowStatus {
+  firstLayer: number; endLayer: number; cycle: number; residentBytes: number; totalBytes: number;
+  frames: number; tokens: number; computeMs: number; majorFaults: number;
+}
+export interface Status {
+  windows: WindowStatus[]; waitMs: number; sendMs: number; anonRssBytes: number; memTotalBytes: number;
+  memAvailableBytes: number; memPressure: number; frames: number;
+}
+export interface Failure { message: string }
+export interface Shutdown { reason: string }
+
+interface WorkerFields { join: Join; heartbeat: Heartbeat; progress: LoadProgress; ready: Ready; status: Status; failure: Failure }
+interface CoordinatorFields {
+  welcome: Welcome; assignment: Assignment; kv: KvCommand; statusRequest: Record<string, never>; shutdown: Shutdown; heartbeat: Heartbeat;
+}
+/** A oneof message: exactly one field set; `msg` names it on received messages (proto-loader's oneofs). */
+type OneOf<F> = { [K in keyof F]: { msg?: K } & Pick<F, K> }[keyof F];
+/** One message on the worker -> coordinator stream. */
+export type WorkerMessage = OneOf<WorkerFields>;
+/** One message on the coordinator -> worker stream. */
+export type CoordinatorMessage = OneOf<CoordinatorFields>;
+
+export type SessionStream = grpc.ServerDuplexStream<WorkerMessage, CoordinatorMessage>;
+export type ClientSessionStream = grpc.ClientDuplexStream<WorkerMessage, CoordinatorMessage>;
+
+function protoPath(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (;;) {
+    const p = join(dir, "protos", "prima.proto");
+    if (existsSync(p)) return p;
+    const up = dirname(dir);
+    if (up === dir) throw new Error("prima: protos/prima.proto not found");
+    dir = up;
+  }
+}
+
+interface CoordinatorPackage {
+  Coordinator: grpc.ServiceClientConstructor;
+}
+
+let loaded: CoordinatorPackage | undefined;
+function pkg(): CoordinatorPackage {
+  if (!loaded) {
+    const def = protoLoader.loadSync(protoPath(), { keepCase: false, longs: Number, enums: String, defaults: true, oneofs: true });
+    loaded = (grpc.loadPackageDefinition(def) as unknown as { prima: CoordinatorPackage }).prima;
+  }
+  return loaded;
+}
+
+export function coordinatorService(): grpc.ServiceDefinition {
+  return pkg().Coordinator.service;
+}
+
+export interface CoordinatorClient extends grpc.Client {
+  session(options?: grpc.CallOptions): ClientSessionStream;
+}
+
+export function coordinatorClient(address: string): CoordinatorClient {
+  const Ctor = pkg().Coordinator;
+  return new Ctor(address, grpc.credentials.createInsecure(), {
+    "grpc.keepalive_time_ms": 10_000,
+    "grpc.max_receive_message_length": 64 << 20,
+  }) as unknown as CoordinatorClient;
+}
