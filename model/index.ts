@@ -4,3 +4,4 @@ export * from "./ggml-types.js";
 export * from "./architecture.js";
 export { modelProfile, modelShapes, modelShapeByName, syntheticModelDescription, syntheticFileTypes, parseSyntheticFileType } from "./profile.js";
 export type { ModelProfile, ModelProfileOptions, ModelShape, PerWeightType, SyntheticFileType } from "./profile.js";
+export { modelFingerprint } from "./fingerprint.js";
