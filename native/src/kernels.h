@@ -21,8 +21,9 @@ enum prima_type {
 
 enum prima_simd { PRIMA_SIMD_SCALAR = 0, PRIMA_SIMD_AVX2 = 1, PRIMA_SIMD_AVX512 = 2, PRIMA_SIMD_NEON = 3 };
 
-/* Most activation rows one dot call takes (a prompt batch reuses each decoded weight block this often). */
-#define PRIMA_MAX_NC 4
+/* Most activation rows one dot call takes (a prompt batch reuses each decoded weight block this often;
+ * 8 measured ~15% faster per row than 4 on AVX2 for Q4_K/Q6_K). */
+#define PRIMA_MAX_NC 8
 
 /* n floats -> n/block_elems blocks of the type. n is a multiple of the block size. */
 typedef void (*prima_quantize_fn)(const float *x, void *y, int64_t n);
