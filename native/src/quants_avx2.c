@@ -404,6 +404,131 @@ ALWAYS_INLINE void dot_q3_K_nc(int n, const void *vw, const void *a, size_t as, 
 }
 DISPATCH_NC(dot_q3_K)
 
+/* ---------------------------------------------------------------- activation quantizers
+ * Byte-identical to quants.c's (the tests compare them): products are rounded by cvtps_epi32, which
+ * rounds to nearest even like the scalar nearest_int, and the half conversions round to nearest even. */
+
+ALWAYS_INLINE __m256 abs_ps(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+ALWAYS_INLINE float hmax256(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+/* Four int32x8 (elements 0..31 in order) -> 32 int8 in order (saturating, as the values fit). */
+ALWAYS_INLINE __m256i pack32(__m256i i0, __m256i i1, __m256i i2, __m256i i3) {
+  const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i0, i1), _mm256_packs_epi32(i2, i3));
+  return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+ALWAYS_INLINE __m256i quantize32(const float *x, __m256 mul, __m256i *sum32) {
+  const __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), mul));
+  const __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), mul));
+  const __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), mul));
+  const __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), mul));
+  if (sum32) *sum32 = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+  return pack32(i0, i1, i2, i3);
+}
+
+ALWAYS_INLINE float amax32(const float *x) {
+  __m256 m = abs_ps(_mm256_loadu_ps(x));
+  m = _mm256_max_ps(m, abs_ps(_mm256_loadu_ps(x + 8)));
+  m = _mm256_max_ps(m, abs_ps(_mm256_loadu_ps(x + 16)));
+  m = _mm256_max_ps(m, abs_ps(_mm256_loadu_ps(x + 24)));
+  return hmax256(m);
+}
+
+ALWAYS_INLINE int hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+  return _mm_cvtsi128_si32(s);
+}
+
+static void quantize_act_q8_0(const float *x, void *vy, int64_t n) {
+  block_q8_0 *y = vy;
+  for (int64_t i = 0; i < n / QK32; i++, x += QK32) {
+    const float amax = amax32(x);
+    const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+    y[i].d = prima_fp32_to_fp16(d);
+    _mm256_storeu_si256((__m256i *)y[i].qs, quantize32(x, _mm256_set1_ps(id), NULL));
+  }
+}
+
+static void quantize_act_q8_1(const float *x, void *vy, int64_t n) {
+  block_q8_1 *y = vy;
+  for (int64_t i = 0; i < n / QK32; i++, x += QK32) {
+    const float amax = amax32(x);
+    const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+    __m256i sum;
+    y[i].d = prima_fp32_to_fp16(d);
+    _mm256_storeu_si256((__m256i *)y[i].qs, quantize32(x, _mm256_set1_ps(id), &sum));
+    y[i].s = prima_fp32_to_fp16(d * (float)hsum_epi32(sum));
+  }
+}
+
+static void quantize_act_q8_K(const float *x, void *vy, int64_t n) {
+  block_q8_K *y = vy;
+  for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < QK_K; j += 8) m = _mm256_max_ps(m, abs_ps(_mm256_loadu_ps(x + j)));
+    const float amax = hmax256(m);
+    if (!amax) {
+      memset(&y[i], 0, sizeof y[i]);
+      continue;
+    }
+    /* the scale takes the sign of the first element of largest magnitude, as the scalar scan does */
+    float max = 0;
+    const __m256 va = _mm256_set1_ps(amax);
+    for (int j = 0; j < QK_K; j += 8) {
+      const int hit = _mm256_movemask_ps(_mm256_cmp_ps(abs_ps(_mm256_loadu_ps(x + j)), va, _CMP_EQ_OQ));
+      if (hit) { max = x[j + __builtin_ctz((unsigned)hit)]; break; }
+    }
+    const float iscale = -127.f / max;
+    const __m256 mul = _mm256_set1_ps(iscale);
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    for (int j = 0; j < QK_K; j += 32) {
+      const __m256i q = quantize32(x + j, mul, NULL);
+      _mm256_storeu_si256((__m256i *)(y[i].qs + j), q);
+      /* group sums: sad over q+128 gives 8-byte sums; lanes 0+1 and 2+3 are the two groups of 16 */
+      const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(q, bias), _mm256_setzero_si256());
+      const __m256i g = _mm256_add_epi64(sad, _mm256_srli_si256(sad, 8));
+      y[i].bsums[j / 16] = (int16_t)(_mm256_extract_epi32(g, 0) - 2048);
+      y[i].bsums[j / 16 + 1] = (int16_t)(_mm256_extract_epi32(g, 4) - 2048);
+    }
+    y[i].d = 1 / iscale;
+  }
+}
+
+static void quantize_act_f16(const float *x, void *vy, int64_t n) {
+  uint16_t *y = vy;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; i++) y[i] = prima_fp32_to_fp16(x[i]);
+}
+
+/* Round to nearest even; NaN -> quiet NaN (upper half | 0x40), as prima_fp32_to_bf16. */
+static void quantize_act_bf16(const float *x, void *vy, int64_t n) {
+  uint16_t *y = vy;
+  int64_t i = 0;
+  const __m256i one = _mm256_set1_epi32(1), round = _mm256_set1_epi32(0x7FFF), absmask = _mm256_set1_epi32(0x7FFFFFFF);
+  const __m256i inf = _mm256_set1_epi32(0x7F800000), quiet = _mm256_set1_epi32(0x40);
+  for (; i + 8 <= n; i += 8) {
+    const __m256i u = _mm256_loadu_si256((const __m256i *)(x + i));
+    const __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(round, _mm256_and_si256(_mm256_srli_epi32(u, 16), one))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absmask), inf);
+    const __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet);
+    const __m256i r = _mm256_blendv_epi8(rounded, qnan, nan);
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128((__m128i *)(y + i), packed);
+  }
+  for (; i < n; i++) y[i] = prima_fp32_to_bf16(x[i]);
+}
+
 /* ---------------------------------------------------------------- the level */
 
 void prima_avx2_fns(prima_level_fns *f) {
@@ -421,4 +546,9 @@ void prima_avx2_fns(prima_level_fns *f) {
   f->dot[PRIMA_Q4_K] = dot_q4_K;
   f->dot[PRIMA_Q5_K] = dot_q5_K;
   f->dot[PRIMA_Q6_K] = dot_q6_K;
+  f->act_quantize[PRIMA_F16] = quantize_act_f16;
+  f->act_quantize[PRIMA_BF16] = quantize_act_bf16;
+  f->act_quantize[PRIMA_Q8_0] = quantize_act_q8_0;
+  f->act_quantize[PRIMA_Q8_1] = quantize_act_q8_1;
+  f->act_quantize[PRIMA_Q8_K] = quantize_act_q8_K;
 }
