@@ -1,0 +1,184 @@
+// One device's part of the piped ring: its windows (one per cycle), and what it does with each
+// activation frame from its predecessor: run the window of that frame's cycle, pass the rows on,
+// then advise the OS about the next window (prefetch) and, if memory is short, drop the one it used.
+// The head (last in ring order) also closes each cycle: it starts the next one or delivers the result.
+import type { LocalModel } from "../engine/index.js";
+import type { NativeWindow } from "../native/index.js";
+import type { ActivationsFrame, ErrorFrame } from "./frame.js";
+
+export interface WindowSpec {
+  readonly firstLayer: number;
+  readonly endLayer: number;
+  readonly cycle: number;
+}
+
+export interface WindowStats {
+  readonly firstLayer: number;
+  readonly endLayer: number;
+  readonly cycle: number;
+  frames: number;
+  tokens: number;
+  computeMs: number;
+  majorFaults: number;
+}
+
+export interface NodeStats {
+  windows: WindowStats[];
+  /** Time between finishing one frame and the next one arriving. */
+  waitMs: number;
+  /** Time spent handing frames to the successor (encode + write until buffered/drained). */
+  sendMs: number;
+  frames: number;
+}
+
+export interface RingNodeOptions {
+  readonly model: LocalModel;
+  readonly windows: readonly WindowSpec[];
+  readonly cycles: number;
+  readonly ctx: number;
+  readonly maxBatch: number;
+  readonly prefetch: boolean;
+  readonly releaseAfterUse: boolean;
+  /** The head is last in ring order: it wraps cycles and delivers finished rows. */
+  readonly isHead: boolean;
+  /** Sends a frame to the successor (resolves when it is handed to the socket). */
+  readonly send: (frame: ActivationsFrame | ErrorFrame) => Promise<void>;
+  /** Head only: rows that finished their last cycle. */
+  readonly deliver?: (frame: ActivationsFrame) => void;
+  /** A frame could not be processed (the error was also passed on to the successor). */
+  readonly onError: (message: string, frame: ActivationsFrame | ErrorFrame) => void;
+}
+
+interface Slot {
+  readonly spec: WindowSpec;
+  readonly window: NativeWindow;
+  readonly stats: WindowStats;
+}
+
+export class RingNode {
+  private readonly slots = new Map<number, Slot>();
+  private queue: (ActivationsFrame | ErrorFrame)[] = [];
+  private busy = false;
+  private lastDoneMs = 0;
+  private stats: Omit<NodeStats, "windows"> = { waitMs: 0, sendMs: 0, frames: 0 };
+  private closed = false;
+
+  constructor(private readonly o: RingNodeOptions) {
+    for (const spec of o.windows) {
+      if (this.slots.has(spec.cycle)) throw new Error(`two windows for cycle ${spec.cycle}`);
+      const window = o.model.window(spec.firstLayer, spec.endLayer, { ctx: o.ctx, maxBatch: o.maxBatch });
+      this.slots.set(spec.cycle, { spec, window, stats: { ...spec, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 } });
+    }
+  }
+
+  /** Windows in cycle order. */
+  get windows(): readonly NativeWindow[] {
+    return [...this.slots.values()].sort((a, b) => a.spec.cycle - b.spec.cycle).map((s) => s.window);
+  }
+
+  anonBytes(): number {
+    let total = 0;
+    for (const s of this.slots.values()) total += s.window.info().anonBytes;
+    return total;
+  }
+
+  /** Takes a frame from the predecessor; frames are processed one at a time, in arrival order. */
+  receive(frame: ActivationsFrame | ErrorFrame): void {
+    if (this.closed) return;
+    if (this.lastDoneMs > 0 && !this.busy && this.queue.length === 0) this.stats.waitMs += performance.now() - this.lastDoneMs;
+    this.queue.push(frame);
+    if (!this.busy) void this.drain();
+  }
+
+  statsSnapshot(): NodeStats {
+    return { ...this.stats, windows: [...this.slots.values()].map((s) => ({ ...s.stats })) };
+  }
+
+  resetStats(): void {
+    this.stats = { waitMs: 0, sendMs: 0, frames: 0 };
+    this.lastDoneMs = 0;
+    for (const s of this.slots.values()) Object.assign(s.stats, { frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 });
+  }
+
+  /** Sends rows to the successor, timing it. */
+  async send(frame: ActivationsFrame | ErrorFrame): Promise<void> {
+    const t0 = performance.now();
+    await this.o.send(frame);
+    this.stats.sendMs += performance.now() - t0;
+  }
+
+  close(): void {
+    this.closed = true;
+    this.queue = [];
+    for (const s of this.slots.values()) {
+      try {
+        s.window.close();
+      } catch {
+        // busy: a forward is still running; its window is freed with the model
+      }
+    }
+    this.slots.clear();
+  }
+
+  private async drain(): Promise<void> {
+    this.busy = true;
+    while (this.queue.length > 0 && !this.closed) {
+      const frame = this.queue.shift()!;
+      try {
+        await this.process(frame);
+      } catch (e) {
+        const message = e instanceof Error ? e.message : String(e);
+        this.o.onError(message, frame);
+        if (!this.closed) {
+          await this.o.send({ type: "error", requestId: frame.requestId, firstTokenPosition: frame.firstTokenPosition, nTokens: frame.nTokens, cycle: frame.cycle, message }).catch(() => {});
+        }
+      }
+    }
+    this.busy = false;
+    this.lastDoneMs = performance.now();
+  }
+
+  private async process(frame: ActivationsFrame | ErrorFrame): Promise<void> {
+    if (frame.type === "error") {
+      // Pass the failure on so it reaches the head, which ends the request.
+      if (this.o.isHead) this.o.onError(frame.message, frame);
+      else await this.send(frame);
+      return;
+    }
+    this.stats.frames++;
+    const slot = this.slots.get(frame.cycle);
+    if (slot) {
+      const faults0 = process.resourceUsage().majorPageFault;
+      const t0 = performance.now();
+      await slot.window.forward(frame.activations, frame.firstTokenPosition, frame.nTokens);
+      slot.stats.computeMs += performance.now() - t0;
+      slot.stats.majorFaults += process.resourceUsage().majorPageFault - faults0;
+      slot.stats.frames++;
+      slot.stats.tokens += frame.nTokens;
+    } else if (!this.o.isHead) {
+      throw new Error(`no window for cycle ${frame.cycle} on this device`);
+    }
+    const last = frame.cycle + 1 >= this.o.cycles;
+    if (this.o.isHead && last) this.o.deliver?.(frame);
+    else await this.send(this.o.isHead ? { ...frame, cycle: frame.cycle + 1 } : frame);
+    if (slot) this.advise(slot, frame);
+  }
+
+  private nextSlot(cycle: number): Slot | undefined {
+    for (let c = 1; c <= this.o.cycles; c++) {
+      const s = this.slots.get((cycle + c) % this.o.cycles);
+      if (s) return s;
+    }
+    return undefined;
+  }
+
+  /** After passing rows on: page in the next window, and drop this one if memory is short. Not while
+   * more rows for the same window are already waiting (a long prompt's batches). */
+  private advise(slot: Slot, frame: ActivationsFrame): void {
+    const next = this.queue[0];
+    if (next && next.cycle === frame.cycle) return;
+    // With one window, the next window is this one again: releasing it would only thrash.
+    if (this.o.releaseAfterUse && this.slots.size > 1) slot.window.release();
+    if (this.o.prefetch) this.nextSlot(frame.cycle)?.window.prefetch();
+  }
+}

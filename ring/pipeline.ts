@@ -1,0 +1,85 @@
+// The head's view of the ring as an engine Pipeline: a forward call sends the rows (in batches, all
+// at once, so a long prompt's batches are on different devices at the same time) into cycle 0 and
+// resolves when the last batch has gone through every cycle; the head applies the output layer.
+import type { LocalModel, Pipeline } from "../engine/index.js";
+import type { ActivationsFrame } from "./frame.js";
+import type { RingNode } from "./node.js";
+import type { PayloadDtype } from "./validation.js";
+
+interface Pending {
+  readonly requestId: number;
+  readonly endPos: number;
+  readonly resolve: (logits: Float32Array) => void;
+  readonly reject: (e: Error) => void;
+}
+
+export interface RingPipelineOptions {
+  readonly model: LocalModel;
+  /** The head's own node (last in ring order; it may hold no windows). */
+  readonly node: RingNode;
+  readonly nCtx: number;
+  readonly maxBatch: number;
+  readonly wireDtype: PayloadDtype;
+}
+
+export class RingPipeline implements Pipeline {
+  readonly nCtx: number;
+  private requestId = 0;
+  private pending: Pending | undefined;
+  private failure: Error | undefined;
+  private readonly logits: Float32Array;
+
+  constructor(private readonly o: RingPipelineOptions) {
+    this.nCtx = o.nCtx;
+    this.logits = new Float32Array(o.model.nVocab);
+  }
+
+  async forward(acts: Float32Array, pos: number, nTokens: number): Promise<Float32Array> {
+    if (this.failure) throw this.failure;
+    if (this.pending) throw new Error("the ring runs one request at a time");
+    const E = this.o.model.nEmbd;
+    const requestId = (this.requestId = (this.requestId + 1) >>> 0);
+    const done = new Promise<Float32Array>((resolve, reject) => {
+      this.pending = { requestId, endPos: pos + nTokens, resolve, reject };
+    });
+    try {
+      for (let off = 0; off < nTokens; off += this.o.maxBatch) {
+        const n = Math.min(this.o.maxBatch, nTokens - off);
+        await this.o.node.send({
+          type: "activations", requestId, firstTokenPosition: pos + off, nTokens: n, cycle: 0, rowWidth: E,
+          dtype: this.o.wireDtype, activations: acts.subarray(off * E, (off + n) * E),
+        });
+      }
+    } catch (e) {
+      this.fail(e instanceof Error ? e : new Error(String(e)));
+    }
+    try {
+      return await done;
+    } finally {
+      this.pending = undefined;
+    }
+  }
+
+  /** Positions are carried by every frame: a forward at position p overwrites from p on every device. */
+  truncate(_pos: number): void {}
+
+  /** Rows that finished their last cycle (from the head's node). */
+  async deliver(frame: ActivationsFrame): Promise<void> {
+    const p = this.pending;
+    if (!p || frame.requestId !== p.requestId) return; // a stale batch of an abandoned request
+    if (frame.firstTokenPosition + frame.nTokens !== p.endPos) return; // an earlier batch: its KV is written, nothing to return
+    try {
+      const E = this.o.model.nEmbd;
+      await this.o.model.logits(frame.activations.subarray((frame.nTokens - 1) * E, frame.nTokens * E), this.logits);
+      p.resolve(this.logits);
+    } catch (e) {
+      p.reject(e instanceof Error ? e : new Error(String(e)));
+    }
+  }
+
+  /** Ends the current request (and every later one) with this error: a device failed. */
+  fail(e: Error): void {
+    this.failure ??= e;
+    this.pending?.reject(this.failure);
+  }
+}
