@@ -24,7 +24,7 @@
       "libraries": ["-lpthread", "-lm"],
       "conditions": [
         ["target_arch=='x64'", { "dependencies": ["prima_avx2"] }],
-        ["target_arch=='arm64'", { "sources": ["native/src/quants_neon.c"] }]
+        ["target_arch=='arm64'", { "sources": ["native/src/quants_neon.c"], "defines": ["PRIMA_HAVE_NEON"] }]
       ]
     },
     {

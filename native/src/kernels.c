@@ -99,9 +99,11 @@ static void init_once(void) {
   }
 #endif
 #if defined(__aarch64__) && defined(PRIMA_HAVE_NEON)
-  prima_neon_fns(&fns);
-  fill_level(PRIMA_SIMD_NEON, &scalar, &fns, quantize_ref);
-  g_level_ok[PRIMA_SIMD_NEON] = 1;
+  if (cpu_runs(PRIMA_SIMD_NEON)) {
+    prima_neon_fns(&fns);
+    fill_level(PRIMA_SIMD_NEON, &scalar, &fns, quantize_ref);
+    g_level_ok[PRIMA_SIMD_NEON] = 1;
+  }
 #endif
   (void)fns;
   int best = PRIMA_SIMD_SCALAR;

@@ -1,0 +1,126 @@
+/* Every SIMD level this build and CPU have, against the scalar twin, in plain C: used to run the NEON
+ * kernels under qemu-aarch64 (test/native/simd.test.ts cross-compiles it with the kernel sources).
+ * Also prints a hash of every reference quantizer's output, so runs on different architectures can
+ * be compared with each other (and, through the x86 run, with llama.cpp). Exit status 1 on failure. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void) {
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  return (uint32_t)(rng_state >> 16);
+}
+static float normal(void) {
+  float u = (rnd() + 1.0f) / 4294967296.0f, v = rnd() / 4294967296.0f;
+  return sqrtf(-2 * logf(u)) * cosf(6.2831853f * v);
+}
+
+static int failures = 0, checks = 0;
+#define CHECK(cond, ...)                 \
+  do {                                   \
+    checks++;                            \
+    if (!(cond)) {                       \
+      failures++;                        \
+      if (failures < 30) {               \
+        printf("FAIL: " __VA_ARGS__);    \
+        printf("\n");                    \
+      }                                  \
+    }                                    \
+  } while (0)
+
+static const int TYPES[] = {PRIMA_F32, PRIMA_F16, PRIMA_BF16, PRIMA_Q4_0, PRIMA_Q4_1, PRIMA_Q5_0, PRIMA_Q5_1,
+                            PRIMA_Q8_0, PRIMA_Q2_K, PRIMA_Q3_K, PRIMA_Q4_K, PRIMA_Q5_K, PRIMA_Q6_K};
+#define NTYPES (int)(sizeof TYPES / sizeof TYPES[0])
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const uint8_t *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+int main(void) {
+  prima_kernels_init();
+  /* 1. reference quantizers: a hash over all types, on awkward data (zeros, constants, outliers) */
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int ti = 0; ti < NTYPES; ti++) {
+    const prima_type_kernels *k = prima_kernels_at(TYPES[ti], PRIMA_SIMD_SCALAR);
+    const int n = 256 * 6;
+    float *x = malloc(n * sizeof(float));
+    for (int i = 0; i < n; i++) x[i] = 0.02f * normal();
+    for (int i = 0; i < 256; i++) x[i] = 0;
+    for (int i = 256; i < 512; i++) x[i] = 0.013f;
+    x[600] = 0.9f;
+    for (int i = 768; i < 1024; i++) x[i] *= 1e-6f;
+    uint8_t *q = calloc(1, prima_row_bytes(k->type, n));
+    k->quantize_ref(x, q, n);
+    h = fnv(h, q, prima_row_bytes(k->type, n));
+    free(q);
+    free(x);
+  }
+  printf("quantize_ref hash %016llx\n", (unsigned long long)h);
+
+  /* 2. each SIMD level against scalar */
+  for (int level = 1; level < 4; level++) {
+    if (!prima_simd_available(level)) continue;
+    printf("level %s\n", prima_simd_name(level));
+    for (int ti = 0; ti < NTYPES; ti++) {
+      const prima_type_kernels *ks = prima_kernels_at(TYPES[ti], PRIMA_SIMD_SCALAR);
+      const prima_type_kernels *kv = prima_kernels_at(TYPES[ti], level);
+      CHECK(kv->dot_simd == level, "%s has no %s dot", ks->name, prima_simd_name(level));
+      const int quantized = ks->block_elems > 1;
+      for (int blocks = 1; blocks <= 5; blocks += 2) {
+        const int n = blocks * (ks->block_elems == 256 ? 256 : 32) + (quantized ? 0 : 3); /* odd float lengths */
+        const size_t wbytes = prima_row_bytes(ks->type, n), abytes = prima_row_bytes(ks->act_type, n);
+        const size_t stride = abytes + 48;
+        float *x = malloc(n * sizeof(float));
+        uint8_t *w = malloc(wbytes), *acts = calloc(PRIMA_MAX_NC, stride);
+        for (int i = 0; i < n; i++) x[i] = 0.02f * normal();
+        ks->quantize_ref(x, w, n);
+        for (int c = 0; c < PRIMA_MAX_NC; c++) {
+          for (int i = 0; i < n; i++) x[i] = normal();
+          prima_act_quantizer_at(ks->act_type, PRIMA_SIMD_SCALAR)(x, acts + c * stride, n);
+          /* the level's activation quantizer must give the same bytes */
+          uint8_t *mine = malloc(abytes);
+          prima_act_quantizer_at(ks->act_type, level)(x, mine, n);
+          CHECK(memcmp(mine, acts + c * stride, abytes) == 0, "%s act quantizer differs at %s", ks->name, prima_simd_name(level));
+          free(mine);
+        }
+        float *deq_s = malloc(n * sizeof(float)), *deq_v = malloc(n * sizeof(float));
+        ks->dequantize(w, deq_s, n);
+        kv->dequantize(w, deq_v, n);
+        CHECK(memcmp(deq_s, deq_v, n * sizeof(float)) == 0, "%s dequantize differs", ks->name);
+        for (int nc = 1; nc <= PRIMA_MAX_NC; nc++) {
+          float want[PRIMA_MAX_NC], got[PRIMA_MAX_NC];
+          ks->dot(n, w, acts, stride, nc, want);
+          kv->dot(n, w, acts, stride, nc, got);
+          for (int c = 0; c < nc; c++) {
+            /* tolerance: float-summation order, relative to sum |w_i a_i| */
+            float *af = malloc(n * sizeof(float));
+            prima_dequantizer_at(ks->act_type, PRIMA_SIMD_SCALAR)(acts + c * stride, af, n);
+            double abs = 0;
+            for (int i = 0; i < n; i++) abs += fabs((double)deq_s[i] * af[i]);
+            free(af);
+            /* NEON combines the exact integer block sums in the scalar float order: bit-identical */
+            if (level == PRIMA_SIMD_NEON && quantized)
+              CHECK(memcmp(&got[c], &want[c], 4) == 0, "%s n=%d nc=%d row %d: neon %.9g != scalar %.9g", ks->name, n, nc, c, got[c], want[c]);
+            CHECK(fabs((double)got[c] - want[c]) <= 1e-5 * abs + 1e-30, "%s n=%d nc=%d row %d: %s %.9g scalar %.9g",
+                  ks->name, n, nc, c, prima_simd_name(level), got[c], want[c]);
+          }
+        }
+        free(deq_s);
+        free(deq_v);
+        free(x);
+        free(w);
+        free(acts);
+      }
+    }
+  }
+  printf("checked %d, failed %d\n", checks, failures);
+  return failures ? 1 : 0;
+}
