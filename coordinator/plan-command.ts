@@ -1,5 +1,220 @@
-// Placeholder until the plan command lands.
-export async function planCommand(_args: string[]): Promise<number> {
-  console.error("prima-coord plan: not built yet");
-  return 1;
+// prima-coord plan model.gguf --devices devices.json: Halda's plan for a cluster, as a table next to
+// the baselines' predictions, or as JSON. The model is profiled from its GGUF header (no weights are
+// read), or from a named shape when the file is not at hand (--shape llama3-70b --type Q4_K_M).
+import { readFileSync } from "node:fs";
+import { parseArgs } from "node:util";
+import { baselineNames, baselinePlan, halda, HaldaError, parseDeviceProfiles, type DeviceProfile, type HaldaOptions, type Plan } from "../halda/index.js";
+import {
+  describeModel, GgufError, modelProfile, modelShapeByName, modelShapes, parseSyntheticFileType, readGguf,
+  syntheticFileTypes, syntheticModelDescription, type ModelDescription, type ModelProfile,
+} from "../model/index.js";
+
+const HELP = `usage: prima-coord plan model.gguf --devices devices.json [options]
+       prima-coord plan --shape NAME --type TYPE --devices devices.json [options]
+
+  --devices FILE      device profiles, ring order, the head first (schema: deploy/README.md)
+  --shape NAME        plan a model that is not on disk: ${modelShapes.map((s) => s.name).join(", ")}
+  --type TYPE         its file type: ${syntheticFileTypes.join(", ")}
+  -c, --ctx N         KV cache size in tokens (default 1024)
+  -k, --k N           ring cycles per token (default: Halda chooses)
+  --mode MODE         exact (default: the model's global optimum) or prima (prima.cpp's Algorithm 1)
+  --prefetch-guard    one overloaded window must fit in RAM (makes k > 1 worth it when memory is short)
+  --keep-all          no device selection: keep devices Halda leaves with one layer
+  --json              print one JSON object: the plan, the baselines and the model profile`;
+
+class UsageError extends Error {
+  override name = "UsageError";
+}
+
+interface PlanArgs {
+  readonly model?: string;
+  readonly shape?: string;
+  readonly type?: string;
+  readonly devices: string;
+  readonly ctx: number;
+  readonly options: HaldaOptions;
+  readonly json: boolean;
+}
+
+function intArg(name: string, v: string | undefined, dflt: number, min: number): number {
+  if (v === undefined) return dflt;
+  const n = Number(v);
+  if (v.trim() === "" || !Number.isInteger(n) || n < min) throw new UsageError(`--${name} must be a whole number >= ${min} (got "${v}")`);
+  return n;
+}
+
+export function parsePlanArgs(argv: string[]): PlanArgs | "help" {
+  let parsed;
+  try {
+    parsed = parseArgs({
+      args: argv,
+      allowPositionals: true,
+      options: {
+        devices: { type: "string" },
+        shape: { type: "string" },
+        type: { type: "string" },
+        ctx: { type: "string", short: "c" },
+        k: { type: "string", short: "k" },
+        mode: { type: "string" },
+        "prefetch-guard": { type: "boolean" },
+        "keep-all": { type: "boolean" },
+        json: { type: "boolean" },
+        help: { type: "boolean", short: "h" },
+      },
+    });
+  } catch (e) {
+    throw new UsageError((e as Error).message);
+  }
+  const { values: v, positionals } = parsed;
+  if (v.help) return "help";
+  if (positionals.length > 1) throw new UsageError(`expected one model file, got ${positionals.length}: ${positionals.join(" ")}`);
+  const model = positionals[0];
+  if (model !== undefined && (v.shape !== undefined || v.type !== undefined)) throw new UsageError("give either a model file or --shape/--type, not both");
+  if (model === undefined && (v.shape === undefined || v.type === undefined)) throw new UsageError("missing the model: give model.gguf, or --shape NAME --type TYPE");
+  if (v.devices === undefined) throw new UsageError("missing --devices FILE");
+  const mode = v.mode ?? "exact";
+  if (mode !== "exact" && mode !== "prima") throw new UsageError(`--mode must be exact or prima (got "${mode}")`);
+  return {
+    model, shape: v.shape, type: v.type, devices: v.devices,
+    ctx: intArg("ctx", v.ctx, 1024, 1),
+    json: v.json ?? false,
+    options: {
+      mode,
+      k: intArg("k", v.k, 0, 1),
+      prefetchGuard: v["prefetch-guard"] ?? false,
+      dropWindowLayers: v["keep-all"] ? 0 : 1,
+    },
+  };
+}
+
+function loadModel(a: PlanArgs): { desc: ModelDescription; label: string } {
+  if (a.model !== undefined) {
+    try {
+      return { desc: describeModel(readGguf(a.model)), label: a.model };
+    } catch (e) {
+      if (e instanceof GgufError) throw new UsageError(e.message);
+      throw e;
+    }
+  }
+  const shape = modelShapeByName(a.shape!);
+  if (!shape) throw new UsageError(`unknown --shape "${a.shape}" (known: ${modelShapes.map((s) => s.name).join(", ")})`);
+  const type = parseSyntheticFileType(a.type!);
+  if (!type) throw new UsageError(`unknown --type "${a.type}" (known: ${syntheticFileTypes.join(", ")})`);
+  return { desc: syntheticModelDescription(shape, type), label: `${shape.name} ${type} (synthetic tensor table)` };
+}
+
+function loadDevices(path: string): { devices: DeviceProfile[]; warnings: string[] } {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8");
+  } catch (e) {
+    throw new UsageError(`--devices ${path}: cannot read: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+  }
+  let json: unknown;
+  try {
+    json = JSON.parse(text);
+  } catch (e) {
+    throw new UsageError(`--devices ${path}: not valid JSON: ${(e as Error).message}`);
+  }
+  try {
+    return parseDeviceProfiles(json);
+  } catch (e) {
+    if (e instanceof HaldaError) throw new UsageError(`--devices ${path}: ${e.message}`);
+    throw e;
+  }
+}
+
+const GiB = 2 ** 30;
+const ms = (x: number) => (x >= 100 ? x.toFixed(0) : x >= 10 ? x.toFixed(1) : x.toFixed(2));
+
+function table(rows: string[][]): string {
+  const widths = rows[0].map((_, c) => Math.max(...rows.map((r) => r[c].length)));
+  return rows.map((r) => r.map((cell, c) => (c === 0 ? cell.padEnd(widths[c]) : cell.padStart(widths[c]))).join("  ").trimEnd()).join("\n");
+}
+
+function describePlan(plan: Plan): string {
+  const rows = [["device", "set", "window", "GPU", "layers/token", "compute ms", "memory ms", "disk ms", "comm ms", "total ms", "reload/token"]];
+  for (const d of plan.devices) {
+    const l = d.latency;
+    rows.push([d.name, d.set, String(d.windowLayers), String(d.gpuLayers), String(d.layersPerToken), ms(l.computeMs), ms(l.memoryMs), ms(l.diskMs), ms(l.commMs), ms(l.totalMs), `${(d.reloadBytesPerToken / GiB).toFixed(2)} GiB`]);
+  }
+  return table(rows);
+}
+
+interface BaselineResult {
+  readonly name: string;
+  readonly plan?: Plan;
+  readonly error?: string;
+}
+
+function report(label: string, profile: ModelProfile, plan: Plan, baselines: BaselineResult[], warnings: string[]): string {
+  const bp = profile.layerBytes + profile.kvBytesPerTokenLayer * profile.nCtx;
+  const out: string[] = [];
+  for (const w of warnings) out.push(`warning: ${w}`);
+  out.push(`model   ${label}: ${profile.nLayers} layers of ${(profile.layerBytes / GiB).toFixed(3)} GiB + ${(bp - profile.layerBytes) / 2 ** 20} MiB KV at ctx ${profile.nCtx}`);
+  out.push(`plan    ${plan.planner}: k = ${plan.k} cycle${plan.k === 1 ? "" : "s"}, predicted ${ms(plan.latencyMs)} ms/token` +
+    (plan.runnerUp ? ` (runner-up k = ${plan.runnerUp.k}: ${ms(plan.runnerUp.latencyMs)} ms)` : ""));
+  out.push("");
+  out.push(describePlan(plan));
+  for (const d of plan.dropped) out.push(`dropped ${d.name}: ${d.reason}`);
+  for (const n of plan.notes) out.push(`note    ${n}`);
+  out.push("");
+  out.push("baselines (same devices, k, latency model):");
+  const rows = [["planner", "ms/token", "vs halda", "windows", "GPU layers", "problems"]];
+  rows.push(["halda", ms(plan.latencyMs), "1.00x", plan.devices.map((d) => d.windowLayers).join("/"), plan.devices.map((d) => d.gpuLayers).join("/"), ""]);
+  for (const b of baselines) {
+    if (!b.plan) { rows.push([b.name, "-", "-", "-", "-", b.error ?? ""]); continue; }
+    const p = b.plan;
+    rows.push([b.name, ms(p.latencyMs), `${(p.latencyMs / plan.latencyMs).toFixed(2)}x`, p.devices.map((d) => d.windowLayers).join("/"), p.devices.map((d) => d.gpuLayers).join("/"), p.problems.length ? `${p.problems.length}: ${p.problems[0]}` : ""]);
+  }
+  out.push(table(rows));
+  return out.join("\n");
+}
+
+export async function planCommand(argv: string[]): Promise<number> {
+  let args: PlanArgs | "help";
+  try {
+    args = parsePlanArgs(argv);
+    if (args === "help") {
+      console.log(HELP);
+      return 0;
+    }
+    const a = args;
+    const { desc, label } = loadModel(a);
+    const { devices, warnings } = loadDevices(a.devices);
+    const profile = modelProfile(desc, { nCtx: a.ctx, name: label });
+    let plan: Plan;
+    try {
+      plan = halda(devices, profile, a.options);
+    } catch (e) {
+      if (e instanceof HaldaError && e.reason === "infeasible") {
+        console.error(`prima-coord plan: no plan: ${e.message}`);
+        return 1;
+      }
+      throw e;
+    }
+    // The baselines keep every device, at Halda's k if it was forced, else k = 1.
+    const baselines: BaselineResult[] = baselineNames.map((name) => {
+      try {
+        return { name, plan: baselinePlan(name, devices, profile, { k: a.options.k }) };
+      } catch (e) {
+        if (e instanceof HaldaError) return { name, error: e.message };
+        throw e;
+      }
+    });
+    if (a.json) {
+      const { layerBytesEach: _each, ...summary } = profile;
+      const base = Object.fromEntries(baselines.map((b) => [b.name, b.plan ?? { error: b.error }]));
+      console.log(JSON.stringify({ model: summary, plan, baselines: base, warnings }, null, 2));
+    } else {
+      console.log(report(label, profile, plan, baselines, warnings));
+    }
+    return 0;
+  } catch (e) {
+    if (e instanceof UsageError || (e instanceof HaldaError && e.reason === "invalid-input")) {
+      console.error(`prima-coord plan: ${e.message}\n(run "prima-coord plan --help" for usage)`);
+      return 2;
+    }
+    throw e;
+  }
 }

@@ -75,7 +75,7 @@ function explainInfeasible(devs: readonly ResolvedDevice[], m: ModelTerms, o: Re
   if (L < M) return `the model has ${L} layers but ${M} devices are in the ring; every device needs at least one layer: remove ${M - L} device(s)`;
   if (o.userK > 0) {
     if (L % o.userK !== 0) return `k = ${o.userK} does not divide the model's ${L} layers (valid k: ${validKs(L, M, 0).join(", ")})`;
-    if (L / o.userK < M) return `k = ${o.userK} leaves ${L / o.userK} layers per cycle for ${M} devices; every device needs at least one (valid k: ${validKs(L, M, 0).join(", ")})`;
+    if (L / o.userK < M) return `k = ${o.userK} leaves ${L / o.userK} layer(s) per cycle for ${M} devices; every device needs at least one (valid k: ${validKs(L, M, 0).join(", ")})`;
   }
   const terms = devs.map((d, i) => deviceTerms(d, i === 0, conservativeFlags(d), m, o));
   const bp = m.layerBytesWithKv;
@@ -149,6 +149,7 @@ export function halda(devices: readonly DeviceProfile[], model: ModelProfile, op
     });
   }
 
+  if (o.userK > 0 && L / o.userK < active.length) throw new HaldaError(explainInfeasible(active.map((i) => devs[i]), m, o), "invalid-input");
   const solveActive = (idx: readonly number[]) => solveOnce(idx.map((i) => devs[i]), m, o);
   let solved = active.length <= L ? solveActive(active) : null;
   if (!solved) throw new HaldaError(explainInfeasible(active.map((i) => devs[i]), m, o), "infeasible");

@@ -1,0 +1,101 @@
+// prima-coord plan: the table, the JSON, and clear messages with exit code 2 for bad arguments and
+// bad device files (never a stack trace), 1 when no plan exists.
+
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeEach, describe, expect, test, vi } from "vitest";
+import { planCommand } from "../../coordinator/plan-command.js";
+import { halda, parseDeviceProfiles } from "../../halda/index.js";
+import { modelProfile, modelShapeByName, syntheticModelDescription } from "../../model/index.js";
+
+let out: string[] = [], err: string[] = [];
+beforeEach(() => {
+  out = []; err = [];
+  vi.spyOn(console, "log").mockImplementation((...a: unknown[]) => { out.push(a.join(" ")); });
+  vi.spyOn(console, "error").mockImplementation((...a: unknown[]) => { err.push(a.join(" ")); });
+});
+afterEach(() => vi.restoreAllMocks());
+
+const dir = mkdtempSync(join(tmpdir(), "prima-plan-"));
+function file(name: string, text: string): string {
+  const p = join(dir, name);
+  writeFileSync(p, text);
+  return p;
+}
+
+describe("prima-coord plan", () => {
+  test("the paper's cluster and Llama 3-70B: a table next to the baselines", async () => {
+    const code = await planCommand(["--shape", "llama3-70b", "--type", "Q4_K_M", "--devices", "deploy/devices/paper-d1-d4.json"]);
+    expect(code).toBe(0);
+    const text = out.join("\n");
+    for (const name of ["D1-mac-m1", "D2-laptop-i9-rtx3070", "D3-desktop-i9-rtx2080ti", "D4-mate40pro-termux"]) expect(text).toContain(name);
+    expect(text).toMatch(/k = 1 cycle, predicted \d+ ms\/token \(runner-up k = 2/);
+    expect(text).toMatch(/device +set +window +GPU/);
+    for (const b of ["even", "memory", "flops"]) expect(text).toMatch(new RegExp(`^${b} +\\d+ +\\d+\\.\\d\\dx`, "m"));
+    expect(err).toEqual([]);
+  });
+
+  test("--json carries the same plan Halda computes", async () => {
+    const code = await planCommand(["--shape", "llama3-8b", "--type", "Q4_K_M", "--devices", "deploy/devices/paper-d1-d6.json", "--json", "--ctx", "2048"]);
+    expect(code).toBe(0);
+    const j = JSON.parse(out.join("\n"));
+    const devices = parseDeviceProfiles(JSON.parse(readFileSync("deploy/devices/paper-d1-d6.json", "utf8"))).devices;
+    const model = modelProfile(syntheticModelDescription(modelShapeByName("llama3-8b")!, "Q4_K_M"), { nCtx: 2048 });
+    const expected = halda(devices, model);
+    expect(j.plan.k).toBe(expected.k);
+    expect(j.plan.latencyMs).toBeCloseTo(expected.latencyMs, 9);
+    expect(j.plan.devices.map((d: { windowLayers: number }) => d.windowLayers)).toEqual(expected.devices.map((d) => d.windowLayers));
+    expect(j.model.nCtx).toBe(2048);
+    expect(Object.keys(j.baselines)).toEqual(["even", "memory", "flops"]);
+  });
+
+  test("a real GGUF file, forced k, faithful mode, no selection", async () => {
+    expect(await planCommand(["models/stories260K.gguf", "--devices", "deploy/devices/home-example.json", "-k", "1", "--mode", "prima", "--keep-all"])).toBe(0);
+    expect(out.join("\n")).toMatch(/halda-prima: k = 1/);
+  });
+
+  const bad: [string, string[], RegExp][] = [
+    ["no devices", ["models/stories260K.gguf"], /missing --devices FILE/],
+    ["no model", ["--devices", "deploy/devices/paper-d1-d4.json"], /missing the model/],
+    ["both model and shape", ["models/stories260K.gguf", "--shape", "llama3-8b", "--type", "F16", "--devices", "x"], /either a model file or --shape\/--type/],
+    ["unknown shape", ["--shape", "llama9", "--type", "F16", "--devices", "deploy/devices/paper-d1-d4.json"], /unknown --shape "llama9" \(known: tinyllama-1.1b/],
+    ["unknown type", ["--shape", "llama3-8b", "--type", "Q3_XYZ", "--devices", "deploy/devices/paper-d1-d4.json"], /unknown --type "Q3_XYZ"/],
+    ["bad ctx", ["models/stories260K.gguf", "--devices", "deploy/devices/paper-d1-d4.json", "--ctx", "lots"], /--ctx must be a whole number >= 1 \(got "lots"\)/],
+    ["bad k", ["models/stories260K.gguf", "--devices", "deploy/devices/paper-d1-d4.json", "-k", "0"], /--k must be a whole number >= 1/],
+    ["bad mode", ["models/stories260K.gguf", "--devices", "deploy/devices/paper-d1-d4.json", "--mode", "fast"], /--mode must be exact or prima/],
+    ["unknown option", ["models/stories260K.gguf", "--devices", "deploy/devices/paper-d1-d4.json", "--fast"], /Unknown option '--fast'/],
+    ["missing model file", ["nope.gguf", "--devices", "deploy/devices/paper-d1-d4.json"], /nope\.gguf: cannot open/],
+    ["not a GGUF", ["deploy/README.md", "--devices", "deploy/devices/paper-d1-d4.json"], /not a GGUF file/],
+    ["missing devices file", ["models/stories260K.gguf", "--devices", "nope.json"], /--devices nope\.json: cannot read: ENOENT/],
+    ["devices not JSON", ["models/stories260K.gguf", "--devices", file("bad.json", "{ devices: ")], /not valid JSON/],
+    ["device field", ["models/stories260K.gguf", "--devices", file("field.json", JSON.stringify([{ name: "x", os: "linux", cpuFlopsPerS: { "*": 1e11 }, diskSeqReadBytesPerS: 1e9 }]))], /device #0 \(x\): missing ramAvailableBytes/],
+    ["k that does not divide", ["--shape", "llama3-70b", "--type", "Q4_K_M", "--devices", "deploy/devices/paper-d1-d4.json", "-k", "3"], /k = 3 does not divide the model's 80 layers/],
+  ];
+  for (const [what, args, message] of bad) {
+    test(`exit 2: ${what}`, async () => {
+      expect(await planCommand(args)).toBe(2);
+      const text = err.join("\n");
+      expect(text).toMatch(message);
+      expect(text).not.toMatch(/\n\s+at /); // no stack trace
+      expect(out).toEqual([]);
+    });
+  }
+
+  test("exit 1 with the reason when the model cannot fit", async () => {
+    const tiny = file("tiny.json", JSON.stringify([{ name: "pi", os: "linux", cpuFlopsPerS: { "*": 2e10 }, ramAvailableBytes: 3e8, diskSeqReadBytesPerS: 5e7 }]));
+    expect(await planCommand(["--shape", "llama3-70b", "--type", "Q4_K_M", "--devices", tiny])).toBe(1);
+    expect(err.join("\n")).toMatch(/no plan: the head pi cannot hold one layer/);
+    const two = file("two.json", JSON.stringify([
+      { name: "a", os: "linux", cpuFlopsPerS: { "*": 2e10 }, ramAvailableBytes: 8e9, diskSeqReadBytesPerS: 5e7 },
+      { name: "b", os: "linux", cpuFlopsPerS: { "*": 2e10 }, ramAvailableBytes: 8e9, diskSeqReadBytesPerS: 5e7 },
+    ]));
+    expect(await planCommand(["--shape", "llama3-70b", "--type", "Q4_K_M", "--devices", two])).toBe(1);
+    expect(err.join("\n")).toMatch(/the model does not fit/);
+  });
+
+  test("--help", async () => {
+    expect(await planCommand(["--help"])).toBe(0);
+    expect(out.join("\n")).toMatch(/usage: prima-coord plan model.gguf --devices devices.json/);
+  });
+});
