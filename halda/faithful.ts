@@ -113,7 +113,7 @@ export function solveFaithful(devs: readonly ResolvedDevice[], ks: readonly numb
       break;
     }
     const kcur = L / W;
-    const terms = devs.map((d, i) => deviceTerms(d, i === 0, flagsFromPlan(d, w[i], n[i]), m, o));
+    const terms = devs.map((d, i) => deviceTerms(d, i === 0, flagsFromPlan(w[i], n[i]), m, o));
     const sets = classify(terms, kcur, w, n, m, forced);
     if (prevSets && sameSets(sets, prevSets)) break;
     prevSets = sets;

@@ -95,7 +95,7 @@ export function predictResolved(devs: readonly ResolvedDevice[], a: Assignment, 
       throw new HaldaError(`${d.name}: window ${w} with ${n} GPU layers is not a valid assignment (integers, 0 <= n <= w)`, "invalid-input");
     }
     if (w === 0 && i !== 0) { out.push(null); return; }
-    const flags = buffers === "fromPlan" ? flagsFromPlan(d, w, n) : conservativeFlags(d);
+    const flags = buffers === "fromPlan" ? flagsFromPlan(w, n) : conservativeFlags(d);
     const given = typeof buffers === "object" ? buffers[i] : undefined;
     const ev = evaluateDevice(termsWithBuffers(d, i === 0, flags, m, o, given), a.k, w, n, m, o);
     out.push(ev);

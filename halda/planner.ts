@@ -157,7 +157,7 @@ export function halda(devices: readonly DeviceProfile[], model: ModelProfile, op
   // Device selection (§4.4): drop non-head devices left with a window of at most dropWindowLayers.
   for (;;) {
     if (o.dropWindowLayers <= 0) break;
-    const drop = active.filter((di, j) => j > 0 && solved!.solution.w[j] <= o.dropWindowLayers);
+    const drop = active.filter((_, j) => j > 0 && solved!.solution.w[j] <= o.dropWindowLayers);
     if (drop.length === 0) break;
     const rest = active.filter((di) => !drop.includes(di));
     const next = solveActive(rest);

@@ -108,7 +108,7 @@ export function conservativeFlags(d: ResolvedDevice): BufferFlags {
 }
 
 /** Flags from a plan (prima.cpp computes them from the previous iterate). */
-export function flagsFromPlan(d: ResolvedDevice, w: number, n: number): BufferFlags {
+export function flagsFromPlan(w: number, n: number): BufferFlags {
   return { offload: w > n, hasGpuLayers: n > 0 };
 }
 

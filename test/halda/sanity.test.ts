@@ -162,7 +162,7 @@ describe("SC-4, §8: Llama 3-70B on D1..D4", () => {
     const bp = m.layerBytesWithKv;
     // Initialisation: w ∝ budgets [5.3, 4.1, 9.7, 1.9] GiB; n = w on GPU devices.
     let wv = [20, 16, 37, 7], nv = [20, 16, 37, 0];
-    let terms = devs.map((d, i) => deviceTerms(d, i === 0, flagsFromPlan(d, wv[i], nv[i]), m, o));
+    let terms = devs.map((d, i) => deviceTerms(d, i === 0, flagsFromPlan(wv[i], nv[i]), m, o));
     const sets1 = classify(terms, 1, wv, nv, m, [false, false, false, false]);
     expect(sets1).toEqual(["M2", "M4", "M4", "M3"]);
     const coefs = terms.map((t, i) => setCoefficients(t, sets1[i], m));
@@ -192,7 +192,7 @@ describe("SC-4, §8: Llama 3-70B on D1..D4", () => {
     expect(calibrationCheck(terms, sets1, best!, m).fires).toBe(false);
     // Iteration 2: D2 and D3 now offload; D3 tips into M3, D2 stays in M4.
     wv = [...best!.w]; nv = [...best!.n];
-    terms = devs.map((d, i) => deviceTerms(d, i === 0, flagsFromPlan(d, wv[i], nv[i]), m, o));
+    terms = devs.map((d, i) => deviceTerms(d, i === 0, flagsFromPlan(wv[i], nv[i]), m, o));
     expect(terms[2].cCpuBytes / GiB).toBeCloseTo(0.189, 3);
     const sets2 = classify(terms, 1, wv, nv, m, [false, false, false, false]);
     expect(sets2).toEqual(["M2", "M4", "M3", "M3"]);
