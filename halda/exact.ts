@@ -31,8 +31,6 @@ function* assignments(options: readonly DeviceSet[][]): Generator<DeviceSet[]> {
  * With more than 8 devices the assignments are replaced by a local search from `startSets`.
  */
 export class ExactSolver {
-  /** ILPs handed to the solver so far (for the benchmark). */
-  ilpCount = 0;
   private base: { sets: DeviceSet[]; sol: IlpSolution }[] | null = null;
   private readonly cache = new Map<number, IlpSolution | null>();
   private readonly xiSum: number;
@@ -48,7 +46,6 @@ export class ExactSolver {
   }
 
   private solve(sets: readonly DeviceSet[], k: number, guard: boolean): IlpSolution | null {
-    this.ilpCount++;
     return solveIlp(this.terms, sets, k, this.m, guard === this.o.prefetchGuard ? this.o : { ...this.o, prefetchGuard: guard });
   }
 

@@ -71,15 +71,16 @@ export function solveIlp(terms: readonly DeviceTerms[], sets: readonly DeviceSet
   const coefs: SetCoefficients[] = terms.map((t, i) => setCoefficients(t, sets[i], m));
   const rows: DeviceRows[] = terms.map((t, i) => deviceRows(t, sets[i], k, m, o));
 
-  // Cheap infeasibility check before calling the solver: per-device ranges of w must reach W.
+  // Cheap infeasibility check before calling the solver: the windows each device allows must be able
+  // to sum to W. With n <= min(w, vramMax), the RAM row bounds w from below by ramMin and from above
+  // by ramMax (+ vramMax when GPU layers leave RAM).
   let wLo = 0, wHi = 0;
   for (const r of rows) {
-    const vmax = Math.max(0, r.vramMax);
-    let lo = 1, hi = W;
-    if (r.ramMin !== undefined) lo = Math.max(lo, r.ramN === 0 ? r.ramMin : r.ramMin); // w ≥ r ≥ ramMin
-    if (r.ramMax !== undefined) hi = Math.min(hi, r.ramN === 0 ? r.ramMax : r.ramMax + vmax);
-    if (r.guardMax !== undefined) hi = Math.min(hi, r.ramN === 0 ? r.guardMax : r.guardMax + vmax);
-    if (r.vramMax < 0 || lo > hi) return null;
+    if (r.vramMax < 0) return null;
+    const gpuRelief = r.ramN === 0 ? 0 : r.vramMax;
+    const lo = Math.max(1, r.ramMin ?? 1);
+    const hi = Math.min(W, r.ramMax === undefined ? W : r.ramMax + gpuRelief, r.guardMax === undefined ? W : r.guardMax + gpuRelief);
+    if (lo > hi) return null;
     wLo += lo;
     wHi += hi;
   }

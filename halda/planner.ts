@@ -18,7 +18,6 @@ interface Solved {
   readonly terms: readonly DeviceTerms[];
   readonly atK: (k: number) => IlpSolution | null;
   readonly notes: string[];
-  readonly ilpCount: () => number;
 }
 
 const pickBest = (sols: (IlpSolution | null)[]): IlpSolution | null => {
@@ -40,7 +39,7 @@ function solveExactly(devs: readonly ResolvedDevice[], ks: readonly number[], m:
   const ex = new ExactSolver(terms, m, o, ks, startSets);
   const solution = pickBest(decidingKs(ks, o).map((k) => ex.bestAt(k)));
   if (!solution) return null;
-  return { solution, terms, atK: (k) => ex.bestAt(k), notes, ilpCount: () => ex.ilpCount };
+  return { solution, terms, atK: (k) => ex.bestAt(k), notes };
 }
 
 function solveOnce(devs: readonly ResolvedDevice[], m: ModelTerms, o: ResolvedOptions): Solved | null {
@@ -48,7 +47,7 @@ function solveOnce(devs: readonly ResolvedDevice[], m: ModelTerms, o: ResolvedOp
   if (ks.length === 0) return null;
   if (o.mode === "prima") {
     const f = solveFaithful(devs, ks, m, o);
-    if (f) return { solution: f.solution, terms: f.terms, atK: (k) => f.byK.get(k) ?? null, notes: f.notes, ilpCount: () => 0 };
+    if (f) return { solution: f.solution, terms: f.terms, atK: (k) => f.byK.get(k) ?? null, notes: f.notes };
     const notes = ["prima: the first pass has no feasible k (prima.cpp aborts here); fell back to exact mode"];
     return solveExactly(devs, ks, m, o, notes);
   }
