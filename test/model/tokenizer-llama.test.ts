@@ -1,0 +1,128 @@
+// Live comparison with llama.cpp (node-llama-cpp loads each vocabulary as a vocab-only model):
+// the same ids for golden and random nasty strings, with and without special-token parsing, the
+// same detokenized text, and the same special token ids.
+
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { getLlama, LlamaLogLevel, type Llama, type LlamaModel, type Token } from "node-llama-cpp";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { kv, readGguf, writeGguf, type GgufKV } from "../../model/gguf.js";
+import { Tokenizer } from "../../model/tokenizer.js";
+import { bundledVocab, goldenTokenizerDir, type BundledVocabName } from "../../model/tokenizer-export.js";
+import { goldenCases, nastyStrings, rng, stringItems, type GoldenVocab } from "./tokenizer-fixtures.js";
+
+const VOCABS: readonly BundledVocabName[] = ["llama-spm", "phi-3", "gpt-2", "llama-bpe", "qwen2", "stories260K"];
+
+/** node-llama-cpp's native model object: llama.cpp's own answers without the JS layer's filtering. */
+interface AddonModel {
+  getTokenAttributes(id: number): number;
+  isEogToken(id: number): boolean;
+  shouldPrependBosToken(): boolean;
+  shouldAppendEosToken(): boolean;
+}
+function addonOf(model: LlamaModel): AddonModel {
+  return (model as unknown as { _model: AddonModel })._model;
+}
+
+let llama: Llama;
+let dir: string;
+
+beforeAll(async () => {
+  llama = await getLlama({ gpu: false, build: "never", skipDownload: true, logLevel: LlamaLogLevel.disabled });
+  dir = mkdtempSync(join(tmpdir(), "prima-vocab-"));
+});
+afterAll(async () => {
+  await llama?.dispose();
+  if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+/** A vocab-only GGUF llama.cpp can load: llama hyper-parameters (from llama-spm's file) plus the vocabulary. */
+function vocabGguf(name: string, tokenizerMeta: readonly GgufKV[]): { path: string; metadata: GgufKV[] } {
+  const base = readGguf(join(goldenTokenizerDir(), "ggml-vocab-llama-spm.gguf"));
+  const nVocab = stringItems(tokenizerMeta, "tokenizer.ggml.tokens").length;
+  const meta: GgufKV[] = [];
+  for (const [key, value] of base.metadata) {
+    if (key.startsWith("tokenizer.")) continue;
+    if (key === "general.name") meta.push(kv.str(key, name === "phi-3" ? "Phi3" : name));
+    else if (key === "llama.vocab_size") meta.push(kv.u32(key, nVocab));
+    else meta.push(value);
+  }
+  const path = join(dir, `${name}.gguf`);
+  const metadata = [...meta, ...tokenizerMeta];
+  writeGguf(path, metadata, []);
+  return { path, metadata };
+}
+
+describe.each(VOCABS)("%s against llama.cpp", (name) => {
+  let ours: Tokenizer;
+  let theirs: LlamaModel;
+  let texts: string[];
+
+  beforeAll(async () => {
+    const { path, metadata } = vocabGguf(name, bundledVocab(name).metadata);
+    // All of the file's metadata, as llama.cpp reads it: general.name matters (Phi-3's special
+    // tokens strip the spaces after them).
+    ours = Tokenizer.fromMetadata(metadata);
+    theirs = await llama.loadModel({ modelPath: path, vocabOnly: true });
+    const specialTexts = [...Array(ours.nVocab).keys()]
+      .filter((id) => ours.tokenAttributes(id) & 0b11001) // control, user-defined, unknown
+      .map((id) => ours.tokenText(id));
+    const r = rng(7);
+    const picked = Array.from({ length: 40 }, () => specialTexts[Math.floor(r() * specialTexts.length)]);
+    const golden = name === "stories260K" ? [] : goldenCases(name as GoldenVocab).map((c) => c.text);
+    texts = [...golden, ...nastyStrings(1234, 250, picked)];
+  }, 60_000);
+  afterAll(async () => {
+    await theirs?.dispose();
+  });
+
+  test("special token ids, add_bos/add_eos", () => {
+    // node-llama-cpp reports BOS/EOS only when they are control tokens.
+    const control = (id: number | null) => (id !== null && ours.isControl(id) ? id : null);
+    expect({ bos: control(ours.bos), eos: control(ours.eos), eot: ours.eot, nl: ours.nl }).toEqual({
+      bos: theirs.tokens.bos, eos: theirs.tokens.eos, eot: theirs.tokens.eot, nl: theirs.tokens.nl,
+    });
+    const addon = addonOf(theirs);
+    expect({ addBos: ours.addBos, addEos: ours.addEos }).toEqual({
+      addBos: addon.shouldPrependBosToken(), addEos: addon.shouldAppendEosToken(),
+    });
+  });
+
+  test("every token's attributes and end-of-generation flag", () => {
+    const addon = addonOf(theirs);
+    const mismatches: string[] = [];
+    for (let id = 0; id < ours.nVocab; id++) {
+      const want = { attr: addon.getTokenAttributes(id), eog: addon.isEogToken(id) };
+      const got = { attr: ours.tokenAttributes(id), eog: ours.isEog(id) };
+      if (got.attr !== want.attr || got.eog !== want.eog) {
+        mismatches.push(`${id} ${JSON.stringify(ours.tokenText(id))}: ours ${JSON.stringify(got)} llama.cpp ${JSON.stringify(want)}`);
+      }
+    }
+    expect(mismatches.slice(0, 5)).toEqual([]);
+  });
+
+  test.each([false, true])("encode, parseSpecial=%s", (parseSpecial) => {
+    const mismatches: string[] = [];
+    for (const text of texts) {
+      const want = Array.from(theirs.tokenize(text, parseSpecial));
+      const got = Array.from(ours.encode(text, { parseSpecial }));
+      if (JSON.stringify(got) !== JSON.stringify(want)) mismatches.push(`${JSON.stringify(text)}: ours ${got} llama.cpp ${want}`);
+    }
+    expect(mismatches.slice(0, 5)).toEqual([]);
+  });
+
+  test.each([false, true])("detokenize, special=%s", (special) => {
+    const mismatches: string[] = [];
+    const r = rng(99);
+    const idLists = texts.map((t) => Array.from(ours.encode(t, { parseSpecial: true })));
+    // Plus random id sequences, which split UTF-8 characters and mix in every kind of token.
+    for (let i = 0; i < 200; i++) idLists.push(Array.from({ length: 1 + Math.floor(r() * 12) }, () => Math.floor(r() * ours.nVocab)));
+    for (const ids of idLists) {
+      const want = theirs.detokenize(ids as Token[], special);
+      const got = ours.detokenize(ids, { unparseSpecial: special });
+      if (got !== want) mismatches.push(`${ids}: ours ${JSON.stringify(got)} llama.cpp ${JSON.stringify(want)}`);
+    }
+    expect(mismatches.slice(0, 5)).toEqual([]);
+  });
+});

@@ -1,0 +1,282 @@
+// The tokenizer against llama.cpp's own data: its golden tokenizer tests for five vocabularies, its
+// converted Llama 3 / Qwen2 vocabularies (for our tokenizer.json conversion), and its Unicode table.
+// Plus the streaming decoder, bad input, and a guard against quadratic encoding.
+
+import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, test } from "vitest";
+import { GgufValueType, kv, readGguf, writeGguf, type GgufKV } from "../../model/gguf.js";
+import { StreamingDecoder, Tokenizer, TokenizerError } from "../../model/tokenizer.js";
+import {
+  bundledVocab, goldenTokenizerDir, tokenizerMetadataFromGguf, tokenizerMetadataFromTokenizerJson, type BundledVocabName,
+} from "../../model/tokenizer-export.js";
+import { CATEGORY_MASK, CptFlag, cptFlags } from "../../model/tokenizer-unicode.js";
+import { GOLDEN_VOCABS, goldenCases, nastyStrings, rng, stringItems } from "./tokenizer-fixtures.js";
+
+const LLAMA_CPP = "node_modules/node-llama-cpp/llama/llama.cpp";
+
+const tokenizers = new Map<BundledVocabName, Tokenizer>();
+function tokenizer(name: BundledVocabName): Tokenizer {
+  let t = tokenizers.get(name);
+  if (!t) {
+    t = Tokenizer.fromMetadata(bundledVocab(name).metadata);
+    tokenizers.set(name, t);
+  }
+  return t;
+}
+
+describe("golden: llama.cpp's tokenizer tests", () => {
+  test.each(GOLDEN_VOCABS)("%s: every case gives llama.cpp's ids", (name) => {
+    const tok = tokenizer(name);
+    const cases = goldenCases(name);
+    expect(cases.length).toBeGreaterThan(40);
+    const mismatches = cases
+      .map((c) => ({ text: c.text, want: c.ids.join(" "), got: Array.from(tok.encode(c.text)).join(" ") }))
+      .filter((r) => r.got !== r.want);
+    expect(mismatches).toEqual([]);
+  });
+
+  test("the GGUF vocabularies read from their files give the same ids", () => {
+    for (const name of ["llama-spm", "phi-3", "gpt-2"] as const) {
+      const tok = Tokenizer.fromGguf(join(goldenTokenizerDir(), `ggml-vocab-${name}.gguf`));
+      for (const c of goldenCases(name)) expect(Array.from(tok.encode(c.text))).toEqual(c.ids);
+    }
+  });
+});
+
+describe("tokenizer.json conversion against llama.cpp's convert_hf_to_gguf.py output", () => {
+  // llama.cpp ships the vocabularies its converter wrote for Llama 3 and Qwen2.
+  test.each([["llama-bpe", 128256], ["qwen2", 151643]] as const)("%s", (name, nBase) => {
+    const ref = readGguf(join(LLAMA_CPP, "models", `ggml-vocab-${name}.gguf`));
+    const mine = new Map(bundledVocab(name).metadata.map((m) => [m.key, m.value] as const));
+    const items = (v: unknown) => Array.from((v as { items: ArrayLike<unknown> }).items);
+    const refMeta = (k: string) => ref.metadata.get(k)?.value;
+    expect(mine.get("tokenizer.ggml.model")).toBe(refMeta("tokenizer.ggml.model"));
+    expect(mine.get("tokenizer.ggml.pre")).toBe(refMeta("tokenizer.ggml.pre"));
+    expect(items(mine.get("tokenizer.ggml.merges"))).toEqual(items(refMeta("tokenizer.ggml.merges")));
+    // The base vocabulary; Qwen3's package adds tokens that Qwen2's file pads.
+    expect(items(mine.get("tokenizer.ggml.tokens")).slice(0, nBase)).toEqual(items(refMeta("tokenizer.ggml.tokens")).slice(0, nBase));
+    expect(items(mine.get("tokenizer.ggml.token_type")).slice(0, nBase)).toEqual(items(refMeta("tokenizer.ggml.token_type")).slice(0, nBase));
+    if (name === "llama-bpe") {
+      expect([mine.get("tokenizer.ggml.bos_token_id"), mine.get("tokenizer.ggml.eos_token_id")])
+        .toEqual([refMeta("tokenizer.ggml.bos_token_id"), refMeta("tokenizer.ggml.eos_token_id")]);
+    }
+  });
+});
+
+test("codepoint categories equal llama.cpp's unicode-data.cpp for every codepoint", () => {
+  const src = readFileSync(join(LLAMA_CPP, "src", "unicode-data.cpp"), "utf8");
+  const section = (name: string) => src.slice(src.indexOf(name), src.indexOf("};", src.indexOf(name)));
+  const ranges = [...section("unicode_ranges_flags").matchAll(/\{0x([0-9A-F]+), 0x([0-9A-F]+)\}/g)]
+    .map((m) => [parseInt(m[1], 16), parseInt(m[2], 16)] as const);
+  const whitespace = new Set([...section("unicode_set_whitespace").matchAll(/0x([0-9A-F]+)/g)].map((m) => parseInt(m[1], 16)));
+  expect(ranges.length).toBeGreaterThan(1000);
+  expect(whitespace.size).toBe(25);
+  const bad: string[] = [];
+  for (let i = 1; i < ranges.length; i++) {
+    for (let c = ranges[i - 1][0]; c < ranges[i][0]; c++) {
+      const want = ranges[i - 1][1] | (whitespace.has(c) ? CptFlag.WHITESPACE : 0);
+      const got = cptFlags(c) & (CATEGORY_MASK | CptFlag.WHITESPACE);
+      if (got !== want && bad.length < 10) bad.push(`U+${c.toString(16)}: ${got} vs ${want}`);
+    }
+  }
+  expect(bad).toEqual([]);
+});
+
+describe("special tokens and flags", () => {
+  test("BOS/EOS are added as the vocabulary says", () => {
+    for (const name of ["llama-spm", "gpt-2", "llama-bpe", "qwen2"] as const) {
+      const tok = tokenizer(name);
+      const plain = Array.from(tok.encode("Hello"));
+      const withSpecial = Array.from(tok.encode("Hello", { addSpecial: true }));
+      const expected = [...(tok.addBos ? [tok.bos!] : []), ...plain, ...(tok.addEos ? [tok.eos!] : [])];
+      expect(withSpecial).toEqual(expected);
+    }
+    expect(tokenizer("llama-spm").addBos).toBe(true);
+    expect(tokenizer("qwen2").addBos).toBe(false);
+  });
+
+  test("control tokens are parsed only when asked, user-defined ones always", () => {
+    const qwen = tokenizer("qwen2");
+    const imStart = qwen.tokenId("<|im_start|>")!;
+    const toolCall = qwen.tokenId("<tool_call>")!; // user-defined in Qwen3's vocabulary
+    expect(Array.from(qwen.encode("<|im_start|>user", { parseSpecial: true }))[0]).toBe(imStart);
+    expect(Array.from(qwen.encode("<|im_start|>user"))).not.toContain(imStart);
+    expect(Array.from(qwen.encode("a<tool_call>b"))).toContain(toolCall);
+  });
+
+  test("end of generation", () => {
+    const llama3 = tokenizer("llama-bpe");
+    expect(llama3.isEog(llama3.tokenId("<|eot_id|>")!)).toBe(true);
+    expect(llama3.isEog(llama3.eos!)).toBe(true);
+    expect(llama3.isEog(llama3.tokenId("Hello")!)).toBe(false);
+    const qwen = tokenizer("qwen2");
+    expect(qwen.isEog(qwen.tokenId("<|im_end|>")!)).toBe(true);
+  });
+
+  test("pieces: SentencePiece spaces, byte tokens, control tokens hidden unless asked", () => {
+    const spm = tokenizer("llama-spm");
+    expect(spm.decode(spm.encode("Hello world"))).toBe(" Hello world");
+    expect(spm.detokenize(spm.encode("Hello world"))).toBe("Hello world");
+    const byteA = spm.tokenId("<0x41>")!;
+    expect(Array.from(spm.tokenPiece(byteA))).toEqual([0x41]);
+    expect(spm.decode([spm.bos!, byteA])).toBe("A");
+    expect(spm.decode([spm.bos!, byteA], { special: true })).toBe("<s>A");
+  });
+});
+
+describe("streaming decoder", () => {
+  test.each(["llama-spm", "gpt-2", "llama-bpe", "qwen2", "stories260K"] as const)("%s", (name) => {
+    const tok = tokenizer(name);
+    const r = rng(42);
+    let heldBack = 0;
+    // Valid text whose characters split across tokens: rare characters become byte tokens
+    // (SentencePiece) or several byte-level tokens (BPE). No piece may hold a replacement character.
+    const valid = nastyStrings(5, 60).map((s) => s.replace(/\uFFFD|[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g, ""));
+    for (const text of valid) {
+      const ids = tok.encode(text, { parseSpecial: true });
+      const dec = new StreamingDecoder(tok);
+      let out = "";
+      for (const id of ids) {
+        const piece = dec.push(id);
+        if (piece === "" && tok.tokenPiece(id).length > 0) heldBack++;
+        expect(piece).not.toContain("\uFFFD");
+        out += piece;
+      }
+      out += dec.flush();
+      expect(out).toBe(tok.decode(ids));
+      expect(out).not.toContain("\uFFFD");
+    }
+    expect(heldBack).toBeGreaterThan(0);
+    // Random ids (invalid UTF-8 included): the stream still equals the whole decode.
+    for (let k = 0; k < 200; k++) {
+      const ids = Array.from({ length: 1 + Math.floor(r() * 20) }, () => Math.floor(r() * tok.nVocab));
+      const special = r() < 0.5;
+      const dec = new StreamingDecoder(tok, { special });
+      const out = ids.map((id) => dec.push(id)).join("") + dec.flush();
+      expect(out).toBe(tok.decode(ids, { special }));
+    }
+  });
+
+  test("a character split over byte tokens comes out whole", () => {
+    const spm = tokenizer("llama-spm");
+    const bytes = [...new TextEncoder().encode("🦙")].map((b) => spm.tokenId(`<0x${b.toString(16).toUpperCase()}>`)!);
+    const dec = new StreamingDecoder(spm);
+    expect(bytes.map((id) => dec.push(id))).toEqual(["", "", "", "🦙"]);
+    expect(dec.flush()).toBe("");
+  });
+});
+
+describe("bad input gives clear errors", () => {
+  let dir: string;
+  beforeAll(() => {
+    dir = mkdtempSync(join(tmpdir(), "prima-tok-"));
+  });
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+  const gpt2 = () => bundledVocab("gpt-2").metadata;
+  const replace = (meta: readonly GgufKV[], kvs: GgufKV[]) =>
+    [...meta.filter((m) => !kvs.some((k) => k.key === m.key)), ...kvs];
+
+  test("a GGUF without tokenizer metadata", () => {
+    const path = join(dir, "no-tokenizer.gguf");
+    writeGguf(path, [kv.str("general.architecture", "llama")], []);
+    expect(() => Tokenizer.fromGguf(path)).toThrow(/no-tokenizer\.gguf: no tokenizer in this GGUF: metadata tokenizer\.ggml\.model is missing/);
+    expect(() => tokenizerMetadataFromGguf(readGguf(path))).toThrow(TokenizerError);
+  });
+
+  test("merges that name unknown tokens", () => {
+    const merges = stringItems(gpt2(), "tokenizer.ggml.merges");
+    const broken = [...merges.slice(0, 10), "Ġt zzzqqq", ...merges.slice(10)];
+    expect(() => Tokenizer.fromMetadata(replace(gpt2(), [kv.strs("tokenizer.ggml.merges", broken)])))
+      .toThrow(/tokenizer\.ggml\.merges\[10\] "Ġt zzzqqq": "zzzqqq" is not a token/);
+    expect(() => Tokenizer.fromMetadata(replace(gpt2(), [kv.strs("tokenizer.ggml.merges", ["nospace"])])))
+      .toThrow(/merges\[0\] "nospace": has no space/);
+  });
+
+  test("ids out of range", () => {
+    const tok = tokenizer("gpt-2");
+    expect(() => tok.decode([1, 50257])).toThrow(/token id 50257 is out of range \(the vocabulary has 50257 tokens\)/);
+    expect(() => tok.detokenize([-1])).toThrow(/token id -1 is out of range/);
+    expect(() => tok.tokenText(1.5)).toThrow(TokenizerError);
+    expect(() => new StreamingDecoder(tok).push(1e9)).toThrow(/out of range/);
+  });
+
+  test("unsupported or inconsistent vocabularies", () => {
+    expect(() => Tokenizer.fromMetadata(replace(gpt2(), [kv.str("tokenizer.ggml.model", "bert")]))).toThrow(/"bert" is not supported/);
+    expect(() => Tokenizer.fromMetadata(replace(gpt2(), [kv.str("tokenizer.ggml.pre", "tekken")]))).toThrow(/pre-tokenizer "tekken".*not supported/);
+    expect(() => Tokenizer.fromMetadata(gpt2().filter((m) => m.key !== "tokenizer.ggml.merges"))).toThrow(/without tokenizer\.ggml\.merges/);
+    expect(() => Tokenizer.fromMetadata(replace(gpt2(), [kv.strs("tokenizer.ggml.tokens", ["a", "b", "a"])]))).toThrow(/token 2 "a" duplicates token 0/);
+    expect(() => Tokenizer.fromMetadata(replace(gpt2(), [kv.i32s("tokenizer.ggml.token_type", [1, 1])]))).toThrow(/token_type has 2 entries for 50257 tokens/);
+    expect(() => Tokenizer.fromMetadata(replace(gpt2(), [kv.u32("tokenizer.ggml.tokens", 3)]))).toThrow(/tokenizer\.ggml\.tokens should be an array of strings/);
+    const bad: GgufKV = { key: "tokenizer.ggml.scores", type: GgufValueType.ARRAY, value: { itemType: GgufValueType.STRING, items: ["x"] } };
+    expect(() => Tokenizer.fromMetadata(replace(bundledVocab("llama-spm").metadata, [bad]))).toThrow(/scores should be a numeric array/);
+  });
+
+  test("a SentencePiece vocabulary without byte tokens cannot encode unknown characters", () => {
+    const meta = replace(bundledVocab("stories260K").metadata, []);
+    const tokens = stringItems(meta, "tokenizer.ggml.tokens").map((t) => (t.startsWith("<0x") ? `byte${t}` : t));
+    const tok = Tokenizer.fromMetadata(replace(meta, [kv.strs("tokenizer.ggml.tokens", tokens)]));
+    expect(() => tok.encode("中")).toThrow(/no token for byte 0xE4/);
+    expect(() => tok.encode(42 as unknown as string)).toThrow(/text must be a string/);
+  });
+
+  test("tokenizer.json that is not byte-level BPE", () => {
+    const json = { model: { type: "Unigram", vocab: {} }, pre_tokenizer: { type: "Metaspace" } };
+    expect(() => tokenizerMetadataFromTokenizerJson(json as never, { pre: "qwen2" })).toThrow(/model type "Unigram" is not supported/);
+  });
+});
+
+describe("encoding time grows linearly", () => {
+  // Median of three runs (the machine is shared), each on fresh text so the word cache cannot help.
+  function medianMs(make: (run: number) => string, tok: Tokenizer): number {
+    const t: number[] = [];
+    for (let run = 0; run < 3; run++) {
+      const text = make(run);
+      const t0 = performance.now();
+      tok.encode(text, { parseSpecial: true });
+      t.push(performance.now() - t0);
+    }
+    return t.sort((a, b) => a - b)[1];
+  }
+  const ascii = new TextDecoder();
+  const letters = (r: () => number, n: number) => {
+    const b = new Uint8Array(n);
+    for (let i = 0; i < n; i++) b[i] = 97 + Math.floor(r() * 26);
+    return ascii.decode(b);
+  };
+  /** n random lowercase words of 2..9 letters, space separated. */
+  const words = (seed: number, n: number) => {
+    const r = rng(seed);
+    const b = new Uint8Array(n * 10);
+    let o = 0;
+    for (let w = 0; w < n; w++) {
+      if (w > 0) b[o++] = 0x20;
+      for (let k = 2 + Math.floor(r() * 8); k > 0; k--) b[o++] = 97 + Math.floor(r() * 26);
+    }
+    return ascii.decode(b.subarray(0, o));
+  };
+
+  test.each([
+    ["BPE, distinct words", "llama-bpe", 2000, (n: number, run: number) => words(n * 10 + run, n)],
+    ["BPE, one long word", "gpt-2", 4000, (n: number, run: number) => letters(rng(n * 10 + run), 2 * n)],
+    ["BPE, special tokens everywhere", "qwen2", 4000, (n: number, run: number) => `<|im_start|>${letters(rng(run), 1)} `.repeat(n / 2)],
+    ["SentencePiece, one sequence", "llama-spm", 2000, (n: number, run: number) => words(n * 10 + run + 5, n)],
+  ] as const)("%s", (_label, name, size, make) => {
+    const tok = tokenizer(name);
+    tok.encode(make(500, 9), { parseSpecial: true }); // warm up
+    const tSmall = medianMs((run) => make(size, run), tok);
+    const tLarge = medianMs((run) => make(8 * size, run), tok);
+    // 8x the input: linear is 8x the time, quadratic 64x.
+    expect(tLarge / Math.max(tSmall, 1)).toBeLessThan(24);
+  });
+
+  test("a 10k-token BPE prompt encodes in well under 100 ms on an idle core", () => {
+    const tok = tokenizer("llama-bpe");
+    const n = tok.encode(words(3, 9000)).length;
+    expect(n).toBeGreaterThan(10000);
+    // Generous bound for a shared machine; typically ~20-40 ms.
+    expect(medianMs((run) => words(100 + run, 9000), tok)).toBeLessThan(250);
+  });
+});
