@@ -212,10 +212,12 @@ export async function runCommand(argv: string[]): Promise<number> {
     return 2;
   }
   const t0 = performance.now();
-  const model = LocalModel.open(a.model, { threads: a.threads });
+  const ring = a.minWorkers > 0 || a.layerWindows !== undefined;
+  // As head of a ring, its threads would spin while the rest of the ring computes: let them sleep.
+  const model = LocalModel.open(a.model, { threads: a.threads, idleSpinUs: ring ? 0 : undefined });
   const tok = Tokenizer.fromGguf(model.gguf);
   const ctx = Math.min(a.ctx, model.desc.hparams.nCtxTrain);
-  if (a.minWorkers > 0 || a.layerWindows) {
+  if (ring) {
     const { runRing } = await import("./ring-run.js");
     return runRing(a, model, tok, ctx, t0);
   }

@@ -7,6 +7,8 @@ import { availableParallelism } from "node:os";
 export interface OpenOptions {
   /** Compute threads (default: every core). */
   readonly threads?: number;
+  /** Idle spin of the compute threads between calls, in microseconds (see NativeModelOptions). */
+  readonly idleSpinUs?: number;
 }
 
 export interface WindowOptions {
@@ -28,7 +30,7 @@ export class LocalModel {
     const gguf = readGguf(path);
     const desc = describeModel(gguf);
     const threads = options.threads ?? availableParallelism();
-    const native = openNativeModel(path, nativeTensorTable(desc), nativeHParams(desc), { threads });
+    const native = openNativeModel(path, nativeTensorTable(desc), nativeHParams(desc), { threads, idleSpinUs: options.idleSpinUs });
     return new LocalModel(gguf, desc, native, threads);
   }
 
@@ -50,13 +52,13 @@ export class LocalModel {
   }
 
   /** nTokens x nEmbd activations for the tokens. */
-  embed(tokens: Int32Array, out = new Float32Array(tokens.length * this.nEmbd)): Float32Array {
+  embed(tokens: Int32Array, out: Float32Array = new Float32Array(tokens.length * this.nEmbd)): Float32Array {
     this.native.embed(tokens, out);
     return out;
   }
 
   /** Output norm + head over the last row of acts. */
-  async logits(acts: Float32Array, out = new Float32Array(this.nVocab)): Promise<Float32Array> {
+  async logits(acts: Float32Array, out: Float32Array = new Float32Array(this.nVocab)): Promise<Float32Array> {
     await this.native.logits(acts, out);
     return out;
   }

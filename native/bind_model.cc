@@ -208,14 +208,19 @@ Model::Model(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Model>(info) {
   hp.rope_freq_scale = h.Get("ropeFreqScale").As<Napi::Number>().FloatValue();
   hp.rope_neox = h.Get("ropeNeox").ToBoolean().Value() ? 1 : 0;
 
-  int64_t threads = 1;
+  int64_t threads = 1, spinUs = -1;
   Napi::Value tv = info[3].As<Napi::Object>().Get("threads");
   if (!tv.IsUndefined() && !IntArg(tv, 1, 1024, &threads)) {
     ThrowType(env, "options.threads must be an integer from 1 to 1024");
     return;
   }
+  Napi::Value sv = info[3].As<Napi::Object>().Get("idleSpinUs");
+  if (!sv.IsUndefined() && !IntArg(sv, 0, 1000000, &spinUs)) {
+    ThrowType(env, "options.idleSpinUs must be an integer from 0 to 1000000");
+    return;
+  }
   char err[kErrLen] = {0};
-  st->m = prima_model_open(path.c_str(), descs.data(), (int)descs.size(), &hp, (int)threads, err, sizeof err);
+  st->m = prima_model_open(path.c_str(), descs.data(), (int)descs.size(), &hp, (int)threads, (int)spinUs, err, sizeof err);
   if (!st->m) ThrowErr(env, std::string(path) + ": " + err);
 }
 

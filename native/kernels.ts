@@ -16,6 +16,9 @@ export const WEIGHT_TYPES: readonly GgmlTypeName[] = [
 
 export type SimdLevel = "scalar" | "avx2" | "avx512" | "neon";
 
+/** Timing of repeated passes over a weight matrix: totals and the fastest single pass. */
+export interface BenchTiming { calls: number; seconds: number; bestPassSeconds: number }
+
 export interface KernelTypeInfo {
   name: string;
   blockElems: number;
@@ -37,7 +40,7 @@ interface KernelsAddon {
   dot(type: number, n: number, w: Uint8Array, a: Uint8Array, aStride: number, nc: number, out: Float32Array,
     level?: SimdLevel): void;
   benchDot(type: number, n: number, w: Uint8Array, a: Uint8Array, aStride: number, nc: number, rows: number,
-    minSeconds: number, level?: SimdLevel): { calls: number; seconds: number };
+    minSeconds: number, level?: SimdLevel): BenchTiming;
   fp32ToHalf(src: Float32Array, dst: Uint16Array, kind: "f16" | "bf16"): void;
   halfToFp32(src: Uint16Array, dst: Float32Array, kind: "f16" | "bf16"): void;
   maxNc: number;
@@ -99,7 +102,7 @@ export function dot(type: number | GgmlTypeName, n: number, w: Uint8Array, a: Ui
 
 /** Times the dot over `rows` weight rows (each against the same nc activation rows) for at least minSeconds. */
 export function benchDot(type: number | GgmlTypeName, n: number, w: Uint8Array, a: Uint8Array, aStride: number, nc: number,
-  rows: number, minSeconds: number, level?: SimdLevel): { calls: number; seconds: number } {
+  rows: number, minSeconds: number, level?: SimdLevel): BenchTiming {
   return k.benchDot(typeId(type), n, w, a, aStride, nc, rows, minSeconds, level);
 }
 

@@ -67,10 +67,17 @@ export interface NativeModel {
   close(): void;
 }
 
-type ModelCtor = new (path: string, tensors: readonly NativeTensorDesc[], hparams: NativeHParams, options: { threads: number }) => NativeModel;
+export interface NativeModelOptions {
+  readonly threads: number;
+  /** How long idle compute threads spin for the next call before sleeping (default 300 us: a token
+   * loop's next call comes at once; a ring device waits for the whole ring, so it should not spin). */
+  readonly idleSpinUs?: number;
+}
+
+type ModelCtor = new (path: string, tensors: readonly NativeTensorDesc[], hparams: NativeHParams, options: NativeModelOptions) => NativeModel;
 
 /** Maps the GGUF at path; throws an Error naming the problem (missing tensor, bad offset, ...). */
-export function openNativeModel(path: string, tensors: readonly NativeTensorDesc[], hparams: NativeHParams, options: { threads: number }): NativeModel {
+export function openNativeModel(path: string, tensors: readonly NativeTensorDesc[], hparams: NativeHParams, options: NativeModelOptions): NativeModel {
   const Ctor = addon.NativeModel as ModelCtor;
   return new Ctor(path, tensors, hparams, options);
 }

@@ -12,7 +12,7 @@ export const HEARTBEAT_TIMEOUT_MS = 1500;
 /** What the session asks of the device while it is joined. */
 export interface SessionHandler {
   /** Sets up the assigned windows and links; reports load progress; resolves with anonymous bytes. */
-  assign(a: Assignment, progress: (fraction: number, stage: string) => void): Promise<number>;
+  assign(a: Assignment, progress: (fraction: number, stage: string) => void, deviceId: string): Promise<number>;
   kv(cmd: KvCommand): void;
   status(): Status;
   /** Drops windows and links (the run ended or the coordinator is gone). */
@@ -117,7 +117,7 @@ export class WorkerSession {
         const layers = a.windows.map((w) => `${w.firstLayer}-${w.endLayer - 1}`).join(", ");
         this.o.log(`assigned layers ${layers} (${a.cycles} cycle${a.cycles === 1 ? "" : "s"}), successor ${a.successorUrl}`);
         this.handler
-          .assign(a, (fraction, stage) => this.send({ progress: { fraction, stage } }))
+          .assign(a, (fraction, stage) => this.send({ progress: { fraction, stage } }), this.deviceId)
           .then((anonBytes) => this.send({ ready: { anonBytes } }))
           .catch((e: unknown) => this.fail(e));
         return;

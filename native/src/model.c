@@ -66,7 +66,7 @@ static int bind_tensor(prima_model *m, const prima_tensor_desc *all, int n, cons
 }
 
 prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors, int n_tensors,
-                              const prima_hparams *hp, int n_threads, char *err, size_t err_len) {
+                              const prima_hparams *hp, int n_threads, int idle_spin_us, char *err, size_t err_len) {
   prima_kernels_init();
   prima_ops_init();
   if (hp->n_embd <= 0 || hp->n_layers <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 || hp->head_dim <= 0 ||
@@ -133,7 +133,7 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
     T(w_down, "ffn_down.weight", hp->n_ff, E, 0, 0)
 #undef T
   }
-  m->pool = prima_pool_create(n_threads);
+  m->pool = prima_pool_create(n_threads, idle_spin_us);
   m->head_norm = malloc(sizeof(float) * (size_t)E);
   m->head_act = malloc(prima_row_bytes(PRIMA_F32, E)); /* F32 is the widest activation format */
   if (!m->pool || !m->head_norm || !m->head_act) {

@@ -69,7 +69,7 @@ typedef struct prima_window {
 /* Opens and maps the file; validates the table against the file and hyper-parameters.
  * On failure returns NULL and writes a message into err. */
 prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors, int n_tensors,
-                              const prima_hparams *hp, int n_threads, char *err, size_t err_len);
+                              const prima_hparams *hp, int n_threads, int idle_spin_us, char *err, size_t err_len);
 void prima_model_close(prima_model *m);
 
 prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, char *err, size_t err_len);

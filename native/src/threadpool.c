@@ -98,7 +98,7 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
-prima_pool *prima_pool_create(int n_threads) {
+prima_pool *prima_pool_create(int n_threads, int idle_spin_us) {
   if (n_threads < 1) n_threads = 1;
   prima_pool *p = calloc(1, sizeof *p);
   if (!p) return NULL;
@@ -107,7 +107,7 @@ prima_pool *prima_pool_create(int n_threads) {
   p->threads = calloc((size_t)n_threads, sizeof *p->threads);
   if (!p->tasks || !p->threads) goto fail;
   const char *spin = getenv("PRIMA_SPIN_US");
-  p->spin_ns = (spin ? atoll(spin) : 300) * 1000;
+  p->spin_ns = (int64_t)(idle_spin_us >= 0 ? idle_spin_us : spin ? atoll(spin) : 300) * 1000;
   pthread_mutex_init(&p->run_mu, NULL);
   atomic_store(&p->chunk, n_threads);
   for (int i = 0; i < n_threads; i++) p->tasks[i] = (prima_task){ .pool = p, .ith = i, .nth = n_threads };

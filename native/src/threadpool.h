@@ -21,8 +21,9 @@ typedef struct {
 
 typedef void (*prima_job_fn)(const prima_task *t, void *ctx);
 
-/* n_threads >= 1 in total (including the caller). Returns NULL on failure. */
-prima_pool *prima_pool_create(int n_threads);
+/* n_threads >= 1 in total (including the caller); idle_spin_us: how long idle workers spin for the next
+ * job before sleeping (< 0: PRIMA_SPIN_US or 300). Returns NULL on failure. */
+prima_pool *prima_pool_create(int n_threads, int idle_spin_us);
 void prima_pool_destroy(prima_pool *p);
 int prima_pool_threads(const prima_pool *p);
 

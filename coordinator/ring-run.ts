@@ -1,0 +1,147 @@
+// `prima-coord run` with workers: wait for them, give each a window per cycle, wire the ring, and
+// generate through it. The coordinator is the head: it embeds, holds the last windows of every cycle
+// (if any), applies the output layer and samples. Any device that fails ends the run with its name.
+import { randomUUID } from "node:crypto";
+import type { LocalModel } from "../engine/index.js";
+import { modelFingerprint } from "../model/index.js";
+import type { Tokenizer } from "../model/tokenizer.js";
+import { anonRssBytes, deviceMemory, memoryPressureTracker } from "../profiler/index.js";
+import {
+  PlanError, RingListener, RingNode, RingPipeline, dialSuccessor, evenLayerWindows, ringWindows, type NodeStats, type RingLink,
+} from "../ring/index.js";
+import type { Status } from "../control/index.js";
+import { WorkerRegistry, type WorkerHandle } from "./registry.js";
+import { runGeneration, timingLine, type RunArgs } from "./run-command.js";
+
+const log = (line: string) => console.error(`[prima-coord] ${line}`);
+
+/** The head's row of the summary, in the workers' Status shape. */
+function headStatus(node: RingNode, pressure: number): Status {
+  const s: NodeStats = node.statsSnapshot();
+  const mem = deviceMemory();
+  return {
+    windows: s.windows.map((w, i) => ({ ...w, ...(() => { const r = node.windows[i].residency(); return { residentBytes: r.residentBytes, totalBytes: r.totalBytes }; })() })),
+    waitMs: s.waitMs, sendMs: s.sendMs, frames: s.frames, anonRssBytes: anonRssBytes(), memTotalBytes: mem.totalBytes,
+    memAvailableBytes: mem.availableBytes, memPressure: pressure,
+  };
+}
+
+export function summaryTable(rows: { device: string; status: Status }[], tokens: number): string {
+  const per = (ms: number) => (tokens > 0 ? (ms / tokens).toFixed(2) : "-");
+  const lines = [
+    "device                      layers            compute ms/tok  wait ms/tok  send ms/tok  major faults  resident  anon RSS  mem pressure",
+  ];
+  for (const { device, status: s } of rows) {
+    const layers = s.windows.map((w) => `${w.firstLayer}-${w.endLayer - 1}`).join(",") || "-";
+    const compute = s.windows.reduce((a, w) => a + w.computeMs, 0);
+    const faults = s.windows.reduce((a, w) => a + w.majorFaults, 0);
+    const res = s.windows.reduce((a, w) => a + w.residentBytes, 0), tot = s.windows.reduce((a, w) => a + w.totalBytes, 0);
+    lines.push(
+      `${device.padEnd(27)} ${layers.padEnd(17)} ${per(compute).padStart(14)} ${per(s.waitMs).padStart(12)} ${per(s.sendMs).padStart(12)} ` +
+      `${String(faults).padStart(13)} ${(tot ? `${((100 * res) / tot).toFixed(0)}%` : "-").padStart(9)} ${`${(s.anonRssBytes / 2 ** 20).toFixed(0)} MiB`.padStart(9)} ` +
+      `${`${(100 * s.memPressure).toFixed(2)}%`.padStart(13)}`,
+    );
+  }
+  return lines.join("\n");
+}
+
+export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx: number, t0: number): Promise<number> {
+  const joinedAt = performance.now();
+  const fingerprint = modelFingerprint(model.gguf);
+  const registry = new WorkerRegistry({ modelFingerprint: fingerprint, log });
+  const port = await registry.listen(a.port);
+  let link: RingLink | undefined;
+  let listener: RingListener | undefined;
+  let node: RingNode | undefined;
+  let workers: WorkerHandle[] = [];
+  try {
+    log(`listening for workers on port ${port}; waiting for ${a.minWorkers}`);
+    workers = await registry.waitFor(a.minWorkers, a.joinTimeoutS * 1000);
+    const loadStart = performance.now();
+
+    // Ring order: workers in join order, then the head.
+    const L = model.nLayers;
+    const perCycle = a.layerWindows ?? evenLayerWindows(L, workers.length + 1, a.cycles ?? 1);
+    if (perCycle.length !== workers.length + 1) {
+      throw new PlanError(`--layer-windows lists ${perCycle.length} windows for ${workers.length} workers and the head (${workers.length + 1} expected)`);
+    }
+    const plan = ringWindows(L, perCycle, a.cycles);
+    const inRing = workers.filter((_, i) => plan.perDevice[i].length > 0);
+    if (inRing.length === 0) throw new PlanError("no worker takes a layer: run without --min-workers");
+    const skipped = workers.filter((_, i) => plan.perDevice[i].length === 0);
+    for (const w of skipped) log(`device ${w.label} takes no layers and stays out of the ring`);
+    const ringId = randomUUID();
+    const headId = "head";
+    const identity = { deviceId: headId, modelFingerprint: fingerprint, hiddenSize: model.nEmbd, ringId };
+    const wireDtype = "f32" as const;
+    log(`plan: ${plan.cycles} cycle${plan.cycles === 1 ? "" : "s"} of [${perCycle.join(", ")}] layers (ring order: ${[...inRing.map((w) => w.id), headId].join(" -> ")})`);
+
+    const pipelineRef: { p?: RingPipeline } = {};
+    node = new RingNode({
+      model, windows: plan.perDevice[workers.length], cycles: plan.cycles, ctx, maxBatch: a.batch, prefetch: a.prefetch,
+      releaseAfterUse: false, isHead: true,
+      send: async (f) => {
+        if (!link) throw new Error("the ring is not connected");
+        await link.send(f);
+      },
+      deliver: (f) => void pipelineRef.p?.deliver(f),
+      onError: (message) => pipelineRef.p?.fail(new Error(message)),
+    });
+    const pipeline = new RingPipeline({ model, node, nCtx: ctx, maxBatch: a.batch, wireDtype });
+    pipelineRef.p = pipeline;
+    registry.on("lost", (w: WorkerHandle, reason: string) => {
+      if (inRing.includes(w)) pipeline.fail(new Error(`device ${w.label} failed: ${reason}`));
+    });
+    registry.on("failure", (w: WorkerHandle, message: string) => {
+      if (inRing.includes(w)) pipeline.fail(new Error(`device ${w.label}: ${message}`));
+    });
+
+    const linkOpts = { identity, maxTokensPerFrame: a.batch, log };
+    listener = await RingListener.listen({ port: 0, ...linkOpts });
+    listener.on("link", (l) => {
+      l.on("frame", (f) => {
+        if (f.type !== "hello") node!.receive(f);
+      });
+      l.on("close", (c) => {
+        if (c.error) pipeline.fail(new Error(`link from ${l.peerName} failed: ${c.error.message}`));
+      });
+    });
+    const ringOrder = [...inRing.map((w) => w.id), headId];
+    await Promise.all(inRing.map((w, i) => {
+      const idx = workers.indexOf(w);
+      const successorUrl = i + 1 < inRing.length ? inRing[i + 1].dataUrl : `ws://:${listener!.port}`;
+      return w.assign({
+        ringId, windows: [...plan.perDevice[idx]], successorUrl, ctx, maxBatch: a.batch, cycles: plan.cycles, prefetch: a.prefetch,
+        releaseAfterUse: false, threads: 0, ringOrder, wireDtype: 0,
+      }).then((ready) => log(`device ${w.label} ready (${(ready.anonBytes / 2 ** 20).toFixed(1)} MiB for KV and scratch)`));
+    }));
+    link = await dialSuccessor(inRing[0].dataUrl, linkOpts);
+    link.on("close", (c) => {
+      if (c.error) pipeline.fail(new Error(`link to ${link!.peerName} failed: ${c.error.message}`));
+    });
+    const pressure = memoryPressureTracker();
+    const timer = setInterval(() => pressure.sample(), 250);
+    // Load time: opening the model here plus setting up the ring (not the wait for workers to join).
+    const loadMs = joinedAt - t0 + (performance.now() - loadStart);
+    const report = await runGeneration(a, model, tok, pipeline, loadMs, inRing.length + 1).finally(() => clearInterval(timer));
+
+    const statuses = await Promise.all(inRing.map(async (w) => ({ device: w.label, status: await w.status() })));
+    statuses.push({ device: `${headId} (this coordinator)`, status: headStatus(node, pressure.pressure()) });
+    const steps = report.generated_ids.length + report.prompt_ids.length;
+    if (a.json) console.log(JSON.stringify({ ...report, cycles: plan.cycles, layer_windows: perCycle, devices_status: statuses }));
+    else {
+      console.error(timingLine(report));
+      console.error(`per device (per token of ${steps} through the ring):\n${summaryTable(statuses, steps)}`);
+    }
+    return 0;
+  } catch (e) {
+    console.error(`prima-coord: ${e instanceof Error ? e.message : String(e)}`);
+    return 1;
+  } finally {
+    for (const w of workers) w.shutdown("the run is over");
+    await Promise.allSettled([link?.close("run over"), listener?.close()]);
+    node?.close();
+    await registry.close();
+    model.close();
+  }
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/env node
+// prima-worker: a device's daemon. `prima-worker --join host:port --model model.gguf` joins the
+// coordinator, runs the windows it is given, and rejoins when the run ends, until stopped.
+import { hostname } from "node:os";
+import { parseArgs } from "node:util";
+import { LocalModel } from "../engine/index.js";
+import { modelFingerprint } from "../model/index.js";
+import { WorkerDevice, reserveDataPort } from "./device.js";
+import { WorkerSession } from "./session.js";
+
+const HELP = `usage: prima-worker --join host:port --model model.gguf [options]
+
+  --join HOST:PORT     the coordinator to join (prima-coord run ... --min-workers N)
+  --model PATH         this device's copy of the model (the same file as the coordinator's)
+  --port N             data-plane port the predecessor connects to (default: any free port)
+  --advertise HOST     address the predecessor should use (default: what the coordinator sees)
+  --name NAME          device name in plans and logs (default: the host name)
+  --threads N          compute threads (default: all cores)
+  --once               exit when the first session ends instead of rejoining`;
+
+async function main(argv: string[]): Promise<number> {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: argv,
+      options: {
+        join: { type: "string" }, model: { type: "string" }, port: { type: "string" }, advertise: { type: "string" },
+        name: { type: "string" }, threads: { type: "string", short: "t" }, once: { type: "boolean" }, help: { type: "boolean", short: "h" },
+      },
+    }));
+  } catch (e) {
+    console.error(`${(e as Error).message}\n${HELP}`);
+    return 2;
+  }
+  if (values.help) {
+    console.log(HELP);
+    return 0;
+  }
+  if (!values.join || !/^[^\s]+:\d+$/.test(values.join)) {
+    console.error(`--join host:port is required\n${HELP}`);
+    return 2;
+  }
+  if (!values.model) {
+    console.error(`--model is required: every device maps its own copy of the model\n${HELP}`);
+    return 2;
+  }
+  const threads = values.threads === undefined ? undefined : Number(values.threads);
+  if (threads !== undefined && (!Number.isInteger(threads) || threads < 1)) {
+    console.error("--threads must be a whole number >= 1");
+    return 2;
+  }
+  const port = Number(values.port ?? 0);
+  if (!Number.isInteger(port) || port < 0 || port > 65535) {
+    console.error("--port must be a port number");
+    return 2;
+  }
+  const name = values.name ?? hostname();
+  const log = (line: string) => console.error(`[prima-worker ${name}] ${line}`);
+  // A ring device's next frame comes only after the rest of the ring: idle threads should sleep.
+  const model = LocalModel.open(values.model, { threads, idleSpinUs: 0 });
+  const fingerprint = modelFingerprint(model.gguf);
+  const dataPort = await reserveDataPort(port, "0.0.0.0");
+  const coordinatorHost = values.join.slice(0, values.join.lastIndexOf(":"));
+  let session: WorkerSession;
+  const device = new WorkerDevice({
+    model, fingerprint, deviceName: name, dataPort, dataHost: values.advertise ?? "", coordinatorHost, log,
+    fail: (e) => session.fail(e),
+  });
+  session = new WorkerSession({
+    coordinator: values.join,
+    join: { deviceName: name, hardwareId: "", dataHost: values.advertise ?? "", dataPort, modelFingerprint: fingerprint, modelPath: values.model, profileJson: "" },
+    log,
+    once: values.once,
+  }, device);
+  const stop = () => session.stop();
+  process.once("SIGINT", stop);
+  process.once("SIGTERM", stop);
+  log(`model ${values.model} (${model.nLayers} layers), data plane port ${dataPort}`);
+  await session.run();
+  return 0;
+}
+
+main(process.argv.slice(2)).then(
+  (code) => { process.exitCode = code; },
+  (e: unknown) => {
+    console.error(`prima-worker: ${e instanceof Error ? e.message : String(e)}`);
+    process.exitCode = 1;
+  },
+);

@@ -1,0 +1,133 @@
+// What a worker does while joined: on an assignment it makes its windows, listens for its
+// predecessor, dials its successor, pages its windows in (reporting progress), and then runs every
+// activation frame that arrives through its ring node.
+import type { Assignment, KvCommand, Status } from "../control/index.js";
+import type { LocalModel } from "../engine/index.js";
+import { anonRssBytes, deviceMemory, memoryPressureTracker } from "../profiler/index.js";
+import { RingListener, RingNode, dialSuccessor, type RingLink, type RingLinkOptions } from "../ring/index.js";
+import type { SessionHandler } from "./session.js";
+
+export interface DeviceOptions {
+  readonly model: LocalModel;
+  readonly fingerprint: string;
+  readonly deviceName: string;
+  /** Data-plane port (the listener is bound before joining so the port can be announced). */
+  readonly dataPort: number;
+  readonly dataHost: string;
+  /** Host the worker dialled the coordinator on: a successor URL with an empty host means it. */
+  readonly coordinatorHost: string;
+  readonly log: (line: string) => void;
+  /** Reports a failure of this device to the coordinator. */
+  readonly fail: (e: unknown) => void;
+}
+
+/** Binds the data-plane port early (port 0 = any) so the worker can announce it when joining. */
+export async function reserveDataPort(port: number, host: string): Promise<number> {
+  const probe = await RingListener.listen({ port, host, identity: { deviceId: "unassigned", modelFingerprint: "-", hiddenSize: 1, ringId: "-" } });
+  const bound = probe.port;
+  await probe.close();
+  return bound;
+}
+
+export class WorkerDevice implements SessionHandler {
+  private node: RingNode | undefined;
+  private listener: RingListener | undefined;
+  private successor: RingLink | undefined;
+  private predecessor: RingLink | undefined;
+  private pressure = memoryPressureTracker();
+  private pressureTimer: NodeJS.Timeout | undefined;
+
+  constructor(private readonly o: DeviceOptions) {}
+
+  async assign(a: Assignment, progress: (fraction: number, stage: string) => void, deviceId: string): Promise<number> {
+    await this.reset("new assignment");
+    const { model } = this.o;
+    const linkOptions = (id: string): RingLinkOptions => ({
+      identity: { deviceId: id, modelFingerprint: this.o.fingerprint, hiddenSize: model.nEmbd, ringId: a.ringId },
+      maxTokensPerFrame: Math.max(a.maxBatch, 1),
+      log: this.o.log,
+    });
+    this.node = new RingNode({
+      model,
+      windows: a.windows.map((w) => ({ firstLayer: w.firstLayer, endLayer: w.endLayer, cycle: w.cycle })),
+      cycles: a.cycles,
+      ctx: a.ctx,
+      maxBatch: a.maxBatch,
+      prefetch: a.prefetch,
+      releaseAfterUse: a.releaseAfterUse,
+      isHead: false,
+      send: async (f) => {
+        if (!this.successor) throw new Error("no successor link");
+        await this.successor.send(f);
+      },
+      onError: (message) => this.o.fail(new Error(message)),
+    });
+    this.listener = await RingListener.listen({ port: this.o.dataPort, host: "0.0.0.0", ...linkOptions(deviceId) });
+    this.listener.on("link", (link) => this.attachPredecessor(link));
+    const url = a.successorUrl.replace(/^ws:\/\/:/, `ws://${this.o.coordinatorHost}:`);
+    progress(0, "dialling the successor");
+    this.successor = await dialSuccessor(url, linkOptions(deviceId));
+    this.successor.on("close", (c) => {
+      if (c.error) this.o.fail(new Error(`link to ${this.successor?.peerName ?? url} failed: ${c.error.message}`));
+    });
+    // Page the windows in now rather than during the first token.
+    const windows = this.node.windows;
+    for (let i = 0; i < windows.length; i++) {
+      windows[i].prefetch();
+      progress((i + 1) / windows.length, `prefetching window ${i + 1} of ${windows.length}`);
+    }
+    this.pressure = memoryPressureTracker();
+    this.pressureTimer = setInterval(() => this.pressure.sample(), 250);
+    this.pressureTimer.unref();
+    return this.node.anonBytes();
+  }
+
+  kv(cmd: KvCommand): void {
+    for (const w of this.node?.windows ?? []) {
+      if (cmd.op === "CLEAR") w.kvClear();
+      else w.kvTruncate(Math.min(cmd.position, w.info().filled));
+    }
+    if (cmd.op === "CLEAR") this.node?.resetStats();
+  }
+
+  status(): Status {
+    const s = this.node?.statsSnapshot();
+    const mem = deviceMemory();
+    this.pressure.sample();
+    return {
+      windows: (s?.windows ?? []).map((w, i) => {
+        const r = this.node!.windows[i].residency();
+        return { ...w, residentBytes: r.residentBytes, totalBytes: r.totalBytes };
+      }),
+      waitMs: s?.waitMs ?? 0,
+      sendMs: s?.sendMs ?? 0,
+      frames: s?.frames ?? 0,
+      anonRssBytes: anonRssBytes(),
+      memTotalBytes: mem.totalBytes,
+      memAvailableBytes: mem.availableBytes,
+      memPressure: this.pressure.pressure(),
+    };
+  }
+
+  async reset(_reason: string): Promise<void> {
+    clearInterval(this.pressureTimer);
+    this.node?.close();
+    this.node = undefined;
+    const closing = [this.successor?.close("run ended"), this.predecessor?.close("run ended"), this.listener?.close()];
+    this.successor = this.predecessor = undefined;
+    this.listener = undefined;
+    await Promise.allSettled(closing);
+  }
+
+  private attachPredecessor(link: RingLink): void {
+    void this.predecessor?.close("replaced by a new predecessor");
+    this.predecessor = link;
+    link.on("frame", (f) => {
+      if (f.type === "hello") return;
+      this.node?.receive(f);
+    });
+    link.on("close", (c) => {
+      if (c.error && this.predecessor === link) this.o.fail(new Error(`link from ${link.peerName} failed: ${c.error.message}`));
+    });
+  }
+}
