@@ -1,0 +1,135 @@
+// Dialing the successor: connect to ws://host:port, say HELLO, check its HELLO, and hand back a
+// RingLink. Every way this can fail (nothing listening, a hang, a refusal, garbage) rejects with a
+// RingLinkError naming the address; the socket is always cleaned up.
+import type { Socket } from "node:net";
+import WebSocket from "ws";
+import { FrameError, RingLinkError, type RingLinkErrorKind } from "./errors.js";
+import { encodeFrame } from "./frame.js";
+import { decodeHandshakeMessage, refuse } from "./handshake.js";
+import { helloMismatch } from "./hello.js";
+import { RingLink } from "./link.js";
+import { CloseCode, resolveLinkOptions, type RingLinkOptions } from "./options.js";
+
+/** Client frames are masked unless the mask is zero; masking guards browsers' proxies, not a LAN ring,
+ * and would cost a pass over every payload. */
+function zeroMask(mask: Buffer): void {
+  mask.fill(0);
+}
+
+function describeConnectError(err: Error & { code?: string }): { kind: RingLinkErrorKind; text: string } {
+  switch (err.code) {
+    case "ECONNREFUSED":
+      return { kind: "unreachable", text: "nothing is listening there (connection refused)" };
+    case "ENOTFOUND":
+    case "EAI_AGAIN":
+      return { kind: "unreachable", text: `unknown host (${err.code})` };
+    case "EHOSTUNREACH":
+    case "ENETUNREACH":
+      return { kind: "unreachable", text: `no route to the host (${err.code})` };
+    case "ECONNRESET":
+      return { kind: "closed", text: "the connection was reset" };
+  }
+  if (/Unexpected server response/.test(err.message)) {
+    return { kind: "protocol", text: `not a prima ring listener (${err.message})` };
+  }
+  return { kind: "unreachable", text: err.message };
+}
+
+/**
+ * Connects to the successor's RingListener at `url` (ws://host:port) and exchanges HELLOs. Resolves
+ * with the link once the successor accepted this device and was accepted; rejects with a
+ * RingLinkError (unreachable, timeout, refused, protocol, closed) otherwise.
+ */
+export function dialSuccessor(url: string, options: RingLinkOptions): Promise<RingLink> {
+  const opts = resolveLinkOptions(options);
+  return new Promise<RingLink>((resolve, reject) => {
+    let ws: WebSocket;
+    try {
+      ws = new WebSocket(url, {
+        perMessageDeflate: false,
+        maxPayload: opts.maxMessageBytes,
+        generateMask: zeroMask,
+        followRedirects: false,
+      });
+    } catch (e) {
+      reject(new RingLinkError("unreachable", url, `bad successor address: ${(e as Error).message}`));
+      return;
+    }
+    let socket: Socket | null = null;
+    let settled = false;
+    let opened = false;
+
+    const fail = (kind: RingLinkErrorKind, text: string) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      ws.removeAllListeners("message");
+      ws.terminate();
+      reject(new RingLinkError(kind, `successor ${url}`, text));
+    };
+
+    const timer = setTimeout(() => {
+      fail("timeout", opened
+        ? `no HELLO from the successor within ${opts.handshakeTimeoutMs} ms`
+        : `could not connect within ${opts.handshakeTimeoutMs} ms`);
+    }, opts.handshakeTimeoutMs);
+    timer.unref();
+
+    // Always listening: ws emits 'error' after a terminate too, and an unheard 'error' would throw.
+    ws.on("error", (err: Error & { code?: string }) => {
+      const { kind, text } = describeConnectError(err);
+      fail(kind, text);
+    });
+    ws.on("upgrade", (res) => {
+      socket = res.socket as Socket;
+    });
+    ws.on("open", () => {
+      opened = true;
+      try {
+        ws.send(encodeFrame({ type: "hello", hello: opts.hello }));
+      } catch (e) {
+        fail("protocol", `could not send HELLO: ${(e as Error).message}`);
+      }
+    });
+    ws.on("close", (code, reason) => {
+      const text = reason.toString();
+      if (code === CloseCode.refused) fail("refused", `the successor refused this device: ${text}`);
+      else fail("closed", `the successor closed the connection during the handshake (code ${code}${text ? `: ${text}` : ""})`);
+    });
+    ws.on("message", (data, isBinary) => {
+      if (settled) return;
+      let frame;
+      try {
+        frame = decodeHandshakeMessage(data, isBinary, opts.limits);
+      } catch (e) {
+        fail("protocol", `the successor answered with ${e instanceof FrameError ? e.message : String(e)}`);
+        return;
+      }
+      if (frame.type === "error") {
+        fail("refused", `the successor refused this device: ${frame.message}`);
+        return;
+      }
+      const mismatch = helloMismatch(opts.hello, frame.hello, opts.expectedPeerDeviceId);
+      if (mismatch) {
+        settled = true;
+        clearTimeout(timer);
+        ws.removeAllListeners("message");
+        refuse(ws, mismatch, 1000);
+        reject(new RingLinkError("refused", `successor ${url}`, `refused the successor: ${mismatch}`));
+        return;
+      }
+      if (!socket) {
+        fail("protocol", "no socket after the WebSocket upgrade");
+        return;
+      }
+      settled = true;
+      clearTimeout(timer);
+      ws.removeAllListeners("message");
+      ws.removeAllListeners("close");
+      ws.removeAllListeners("open");
+      ws.removeAllListeners("upgrade");
+      // The handshake's 'error' listener stays: the link adds its own, and the old one is a no-op now.
+      resolve(new RingLink(ws, socket, frame.hello, "successor", url, opts));
+    });
+  });
+}

@@ -1,0 +1,382 @@
+// One established link between ring neighbours, after both HELLOs were accepted (dial.ts makes the
+// link to the successor, listener.ts the one from the predecessor). It sends frames in order with
+// backpressure, decodes what arrives (any invalid frame drops the link), and watches the peer's
+// liveness. Every failure ends in one 'close' carrying the error; nothing escapes as an uncaught
+// exception or an unhandled rejection.
+import { EventEmitter } from "node:events";
+import type { Socket } from "node:net";
+import type WebSocket from "ws";
+import { FrameError, RingLinkError, type RingLinkErrorKind } from "./errors.js";
+import { decodeFrame, encodeFrame, type Frame } from "./frame.js";
+import { LivenessWatch } from "./liveness.js";
+import { CloseCode, closeReason, type ResolvedLinkOptions } from "./options.js";
+import { PAYLOAD_DTYPE_BYTES, type Hello } from "./validation.js";
+
+/** What the peer is to this device. */
+export type PeerRole = "successor" | "predecessor";
+
+/** Timing and size of one sent frame (for per-hop timings). */
+export interface FrameSendStats {
+  /** Frame bytes (header + payload; WebSocket framing excluded). */
+  bytes: number;
+  /** Waiting for earlier frames on this link to be handed to the socket. */
+  queuedMs: number;
+  /** Encoding (and f16 conversion). */
+  encodeMs: number;
+  /** From the first fragment's write until the last one left this process (kernel buffer), backpressure included. */
+  writeMs: number;
+  /** From send() until the last fragment left this process. */
+  totalMs: number;
+}
+
+export interface RingLinkClosed {
+  /** WebSocket close code (1000 normal, 1006 lost without a close frame, 4001-4003 see CloseCode). */
+  code: number;
+  reason: string;
+  /** Why the link failed; null when it was closed on purpose (by either side, code 1000). */
+  error: RingLinkError | null;
+}
+
+export interface RingLinkCounters {
+  framesSent: number;
+  bytesSent: number;
+  framesReceived: number;
+  bytesReceived: number;
+}
+
+interface RingLinkEvents {
+  frame: [frame: Frame];
+  /** Emitted only when someone listens (an unheard 'error' would throw); 'close' always carries it. */
+  error: [error: RingLinkError];
+  close: [closed: RingLinkClosed];
+}
+
+const FRAGMENTS_IN_FLIGHT = 2;
+const CLOSE_GRACE_MS = 1000;
+
+function toBuffer(data: WebSocket.RawData): Buffer {
+  if (Buffer.isBuffer(data)) return data;
+  if (Array.isArray(data)) return Buffer.concat(data);
+  return Buffer.from(data);
+}
+
+export class RingLink extends EventEmitter<RingLinkEvents> {
+  /** The peer's HELLO: device id, model, limits. */
+  readonly peer: Hello;
+  /** ws://host:port for a successor, host:port for a predecessor. */
+  readonly peerAddress: string;
+  readonly role: PeerRole;
+  readonly counters: RingLinkCounters = { framesSent: 0, bytesSent: 0, framesReceived: 0, bytesReceived: 0 };
+  /** Resolves (never rejects) when the link is closed, with why. */
+  readonly closed: Promise<RingLinkClosed>;
+
+  private readonly ws: WebSocket;
+  private readonly options: ResolvedLinkOptions;
+  private readonly liveness: LivenessWatch;
+  private resolveClosed!: (c: RingLinkClosed) => void;
+  private closedInfo: RingLinkClosed | null = null;
+  private failure: RingLinkError | null = null;
+  private closingOnPurpose = false;
+  private terminateTimer: NodeJS.Timeout | null = null;
+  /** Resolves when the previous frame's fragments are all handed to ws (frames never interleave). */
+  private sendTurn: Promise<void> = Promise.resolve();
+  private fragmentsInFlight = 0;
+  private slotWaiters: Array<() => void> = [];
+  /** Frames that arrived while nobody listened (delivered to the first 'frame' listener or iterator). */
+  private backlog: Frame[] = [];
+  private backlogFlushScheduled = false;
+
+  /** @internal Made by dialSuccessor and RingListener once both HELLOs are accepted. */
+  constructor(ws: WebSocket, socket: Socket, peer: Hello, role: PeerRole, peerAddress: string, options: ResolvedLinkOptions) {
+    super();
+    this.ws = ws;
+    this.peer = peer;
+    this.role = role;
+    this.peerAddress = peerAddress;
+    this.options = options;
+    this.closed = new Promise((r) => (this.resolveClosed = r));
+    this.liveness = new LivenessWatch(ws, socket, options.livenessTimeoutMs, (reason) => this.fail("dead", reason, null));
+    ws.on("message", (data, isBinary) => this.onMessage(data, isBinary));
+    ws.on("error", (err) => this.onWsError(err));
+    ws.on("close", (code, reason) => this.onClose(code, reason.toString()));
+    (this as unknown as EventEmitter).on("newListener", (event: string | symbol) => {
+      if (event === "frame" && this.backlog.length > 0) this.scheduleBacklogFlush();
+    });
+    this.liveness.start();
+  }
+
+  /** `successor "dev-b" (ws://10.0.0.2:9000)`: how errors and logs name the peer. */
+  get peerName(): string {
+    return `${this.role} "${this.peer.deviceId}" (${this.peerAddress})`;
+  }
+
+  get isOpen(): boolean {
+    return this.closedInfo === null && !this.closingOnPurpose && this.failure === null;
+  }
+
+  /**
+   * Sends one frame. Frames go out in call order; the promise resolves when the whole frame has
+   * left this process, with its timing. The frame is encoded (copied) before the promise settles, so
+   * the activations array may be reused once this resolves (or even right after it is called, for
+   * the first frame of an idle link; do not rely on that). Rejects with FrameError for a frame the
+   * peer's HELLO limits refuse (the link stays up), or RingLinkError when the link is down.
+   */
+  send(frame: Frame): Promise<FrameSendStats> {
+    const calledAt = performance.now();
+    const turn = this.sendTurn;
+    let releaseTurn!: () => void;
+    this.sendTurn = new Promise<void>((r) => (releaseTurn = r));
+    const result = turn.then(() => this.writeFrame(frame, calledAt, releaseTurn));
+    // The caller gets the rejection; this only keeps an ignored send from being an unhandled rejection.
+    result.catch(() => {});
+    return result;
+  }
+
+  /** Frames as they arrive; ends when the link closes cleanly, throws its RingLinkError when it fails. */
+  frames(): AsyncIterableIterator<Frame> {
+    const queue: Frame[] = this.backlog.splice(0);
+    let waiter: { resolve: (r: IteratorResult<Frame>) => void; reject: (e: unknown) => void } | null = null;
+    let finished = false;
+    let errorThrown = false;
+    const onFrame = (f: Frame) => {
+      if (waiter) {
+        const w = waiter;
+        waiter = null;
+        w.resolve({ value: f, done: false });
+      } else queue.push(f);
+    };
+    const onClose = () => {
+      if (!waiter) return;
+      const w = waiter;
+      waiter = null;
+      settleEnd(w.resolve, w.reject);
+    };
+    const cleanup = () => {
+      finished = true;
+      this.off("frame", onFrame);
+      this.off("close", onClose);
+    };
+    const settleEnd = (resolve: (r: IteratorResult<Frame>) => void, reject: (e: unknown) => void) => {
+      const error = this.closedInfo?.error ?? null;
+      cleanup();
+      if (error && !errorThrown) {
+        errorThrown = true;
+        reject(error);
+      } else resolve({ value: undefined, done: true });
+    };
+    this.on("frame", onFrame);
+    this.on("close", onClose);
+    const iterator: AsyncIterableIterator<Frame> = {
+      next: () =>
+        new Promise<IteratorResult<Frame>>((resolve, reject) => {
+          if (queue.length > 0) return resolve({ value: queue.shift()!, done: false });
+          if (finished) return resolve({ value: undefined, done: true });
+          if (this.closedInfo) return settleEnd(resolve, reject);
+          waiter = { resolve, reject };
+        }),
+      return: () => {
+        cleanup();
+        if (waiter) waiter.resolve({ value: undefined, done: true });
+        waiter = null;
+        return Promise.resolve({ value: undefined, done: true });
+      },
+      [Symbol.asyncIterator]() {
+        return iterator;
+      },
+    };
+    return iterator;
+  }
+
+  /** Closes the link (code 1000). Frames not yet handed to the socket fail with "closed". */
+  close(reason = "closing"): Promise<RingLinkClosed> {
+    if (!this.closedInfo && !this.closingOnPurpose && !this.failure) {
+      this.closingOnPurpose = true;
+      this.wakeSlotWaiters();
+      this.closeSocket(CloseCode.normal, reason);
+    }
+    return this.closed;
+  }
+
+  private async writeFrame(frame: Frame, calledAt: number, releaseTurn: () => void): Promise<FrameSendStats> {
+    try {
+      const turnAt = performance.now();
+      this.checkOpen();
+      this.checkPeerLimits(frame);
+      const buf = encodeFrame(frame);
+      const encodedAt = performance.now();
+      const flushed: Promise<void>[] = [];
+      for (let offset = 0; offset < buf.length; offset += this.options.fragmentBytes) {
+        await this.fragmentSlot();
+        const end = Math.min(buf.length, offset + this.options.fragmentBytes);
+        const fragment = this.writeFragment(buf.subarray(offset, end), end === buf.length);
+        fragment.catch(() => {}); // awaited below unless an earlier step throws; never left unhandled
+        flushed.push(fragment);
+      }
+      releaseTurn();
+      await Promise.all(flushed);
+      const doneAt = performance.now();
+      this.counters.framesSent++;
+      this.counters.bytesSent += buf.length;
+      return {
+        bytes: buf.length, queuedMs: turnAt - calledAt, encodeMs: encodedAt - turnAt, writeMs: doneAt - encodedAt,
+        totalMs: doneAt - calledAt,
+      };
+    } finally {
+      releaseTurn(); // idempotent; lets the next frame go even when this one failed
+    }
+  }
+
+  private checkOpen(): void {
+    if (this.isOpen) return;
+    const why = this.failure ? `: ${this.failure.message}` : "";
+    throw new RingLinkError("closed", this.peerName, `cannot send, the link is closed${why}`);
+  }
+
+  /** Refuse locally, with a clear error, what the peer announced it would refuse (and drop the link for). */
+  private checkPeerLimits(frame: Frame): void {
+    if (frame.type === "hello") throw new FrameError("frame type", "HELLO is sent by the handshake only");
+    if (frame.type !== "activations") return;
+    if (frame.rowWidth !== this.peer.hiddenSize) {
+      throw new FrameError("row width", `row width ${frame.rowWidth} does not match the model's hidden size ${this.peer.hiddenSize}`);
+    }
+    if (frame.nTokens > this.peer.maxTokensPerFrame) {
+      throw new FrameError("number of tokens",
+        `number of tokens ${frame.nTokens} exceeds ${this.peerName}'s limit of ${this.peer.maxTokensPerFrame} per frame`);
+    }
+    const payloadBytes = frame.nTokens * frame.rowWidth * (PAYLOAD_DTYPE_BYTES[frame.dtype] ?? 4);
+    if (payloadBytes > this.peer.maxPayloadBytes) {
+      throw new FrameError("payload length",
+        `payload of ${payloadBytes} bytes exceeds ${this.peerName}'s limit of ${this.peer.maxPayloadBytes} bytes`);
+    }
+  }
+
+  /** Waits until fewer than FRAGMENTS_IN_FLIGHT fragments are unflushed: this is the backpressure. */
+  private async fragmentSlot(): Promise<void> {
+    while (this.fragmentsInFlight >= FRAGMENTS_IN_FLIGHT) {
+      this.checkOpen();
+      await new Promise<void>((r) => this.slotWaiters.push(r));
+    }
+    this.checkOpen();
+  }
+
+  private wakeSlotWaiters(): void {
+    const waiters = this.slotWaiters;
+    this.slotWaiters = [];
+    for (const w of waiters) w();
+  }
+
+  private writeFragment(bytes: Buffer, last: boolean): Promise<void> {
+    this.fragmentsInFlight++;
+    return new Promise<void>((resolve, reject) => {
+      this.ws.send(bytes, { binary: true, fin: last, compress: false }, (err) => {
+        this.fragmentsInFlight--;
+        this.liveness.noteWriteProgress();
+        this.wakeSlotWaiters();
+        if (err) reject(new RingLinkError("closed", this.peerName, `the connection closed before a frame was sent (${err.message})`));
+        else resolve();
+      });
+    });
+  }
+
+  private onMessage(data: WebSocket.RawData, isBinary: boolean): void {
+    if (!this.isOpen) return;
+    if (!isBinary) return this.fail("protocol", "sent a text message; the data plane carries binary frames only", CloseCode.protocol);
+    const buf = toBuffer(data);
+    let frame: Frame;
+    try {
+      frame = decodeFrame(buf, this.options.limits);
+    } catch (e) {
+      const msg = e instanceof Error ? e.message : String(e);
+      return this.fail("protocol", `sent an invalid frame: ${msg}`, CloseCode.protocol);
+    }
+    if (frame.type === "hello") return this.fail("protocol", "sent a second HELLO", CloseCode.protocol);
+    this.counters.framesReceived++;
+    this.counters.bytesReceived += buf.length;
+    this.deliver(frame);
+  }
+
+  private deliver(frame: Frame): void {
+    if (this.backlog.length > 0 || this.listenerCount("frame") === 0) {
+      this.backlog.push(frame);
+      if (this.listenerCount("frame") > 0) this.scheduleBacklogFlush();
+      return;
+    }
+    this.emitFrame(frame);
+  }
+
+  private emitFrame(frame: Frame): void {
+    this.safeEmit("frame", frame);
+  }
+
+  /** A consumer's bug must not surface inside ws's socket handlers as an uncaught exception: log it. */
+  private safeEmit<K extends keyof RingLinkEvents>(event: K, ...args: RingLinkEvents[K]): void {
+    try {
+      (this.emit as (e: K, ...a: RingLinkEvents[K]) => boolean)(event, ...args);
+    } catch (e) {
+      this.options.log(`prima ring: a '${event}' listener of ${this.peerName} threw: ${e instanceof Error ? e.stack : String(e)}`);
+    }
+  }
+
+  private scheduleBacklogFlush(): void {
+    if (this.backlogFlushScheduled) return;
+    this.backlogFlushScheduled = true;
+    queueMicrotask(() => {
+      this.backlogFlushScheduled = false;
+      while (this.backlog.length > 0 && this.listenerCount("frame") > 0) this.emitFrame(this.backlog.shift()!);
+    });
+  }
+
+  private onWsError(err: Error & { code?: string }): void {
+    // ws reports malformed WebSocket traffic (too large, bad opcode, ...) with WS_ERR_* codes, then closes.
+    if (err.code?.startsWith("WS_ERR_")) {
+      const detail = err.code === "WS_ERR_UNSUPPORTED_MESSAGE_LENGTH"
+        ? `sent a message over this link's limit of ${this.options.maxMessageBytes} bytes`
+        : `broke the WebSocket protocol (${err.message})`;
+      this.fail("protocol", detail, null);
+    } else {
+      this.fail("closed", `connection error: ${err.message}`, null);
+    }
+  }
+
+  /** Records the first failure, reports it, and ends the connection (close frame when closeCode is given). */
+  private fail(kind: RingLinkErrorKind, reason: string, closeCode: number | null): void {
+    if (this.failure || this.closedInfo) return;
+    const error = new RingLinkError(kind, this.peerName, reason);
+    this.failure = error;
+    this.liveness.stop();
+    this.wakeSlotWaiters();
+    this.options.log(`prima ring: ${error.message}`);
+    if (this.listenerCount("error") > 0) this.safeEmit("error", error);
+    if (closeCode === null) this.ws.terminate();
+    else this.closeSocket(closeCode, reason);
+  }
+
+  private closeSocket(code: number, reason: string): void {
+    try {
+      this.ws.close(code, closeReason(reason));
+    } catch {
+      this.ws.terminate();
+      return;
+    }
+    // A peer that does not answer the close frame (hung, gone) must not hold the link half-open.
+    this.terminateTimer = setTimeout(() => this.ws.terminate(), CLOSE_GRACE_MS);
+    this.terminateTimer.unref();
+  }
+
+  private onClose(code: number, reason: string): void {
+    if (this.closedInfo) return;
+    this.liveness.stop();
+    if (this.terminateTimer) clearTimeout(this.terminateTimer);
+    let error = this.failure;
+    if (!error && !this.closingOnPurpose && code !== CloseCode.normal) {
+      const how = code === 1006 ? "the connection was lost (no close frame)" : `the peer closed the link (code ${code}${reason ? `: ${reason}` : ""})`;
+      error = new RingLinkError("closed", this.peerName, how);
+      this.options.log(`prima ring: ${error.message}`);
+      if (this.listenerCount("error") > 0) this.safeEmit("error", error);
+    }
+    this.closedInfo = { code, reason, error };
+    this.wakeSlotWaiters();
+    this.resolveClosed(this.closedInfo);
+    this.safeEmit("close", this.closedInfo);
+  }
+}

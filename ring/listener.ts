@@ -1,0 +1,252 @@
+// Listening for the predecessor: a WebSocket server whose only job is to accept the device before
+// this one in the ring. Anything else that connects (a port scanner, a stale device of another
+// ring, a broken peer) is dropped with a logged reason, and the listener stays up for the real
+// predecessor.
+import { EventEmitter } from "node:events";
+import { createServer, type IncomingMessage, type Server } from "node:http";
+import type { AddressInfo, Socket } from "node:net";
+import WebSocket, { WebSocketServer } from "ws";
+import { FrameError, RingLinkError } from "./errors.js";
+import { encodeFrame } from "./frame.js";
+import { decodeHandshakeMessage, refuse } from "./handshake.js";
+import { helloMismatch } from "./hello.js";
+import { RingLink } from "./link.js";
+import { CloseCode, closeReason, resolveLinkOptions, type ResolvedLinkOptions, type RingLinkOptions } from "./options.js";
+
+export interface RingListenerOptions extends RingLinkOptions {
+  /** Interface to listen on. Default "0.0.0.0" (the ring's devices are other machines). */
+  host?: string;
+  /** TCP port; 0 picks a free one (read it back from `port`). */
+  port: number;
+}
+
+/** A connection the listener refused, and why. */
+export interface DroppedPeer {
+  /** host:port of the remote end. */
+  remoteAddress: string;
+  reason: string;
+}
+
+interface RingListenerEvents {
+  /** A predecessor passed the handshake (also queued for accept()). */
+  link: [link: RingLink];
+  dropped: [dropped: DroppedPeer];
+}
+
+function remoteOf(socket: Socket): string {
+  return `${socket.remoteAddress ?? "?"}:${socket.remotePort ?? "?"}`;
+}
+
+export class RingListener extends EventEmitter<RingListenerEvents> {
+  readonly host: string;
+  /** The bound TCP port. */
+  readonly port: number;
+  private readonly server: Server;
+  private readonly wss: WebSocketServer;
+  private readonly options: ResolvedLinkOptions;
+  /** Links that passed the handshake and no accept() has taken yet. */
+  private readonly unclaimed: RingLink[] = [];
+  private readonly acceptWaiters: Array<{ resolve: (l: RingLink) => void; reject: (e: RingLinkError) => void }> = [];
+  private readonly links = new Set<RingLink>();
+  private readonly handshaking = new Set<WebSocket>();
+  private closing: Promise<void> | null = null;
+
+  /** Starts listening; rejects with a clear Error when the address cannot be bound. */
+  static listen(options: RingListenerOptions): Promise<RingListener> {
+    const opts = resolveLinkOptions(options);
+    const host = options.host ?? "0.0.0.0";
+    const server = createServer();
+    return new Promise<RingListener>((resolve, reject) => {
+      const onError = (err: Error & { code?: string }) => {
+        server.close();
+        reject(new Error(`ring: cannot listen on ${host}:${options.port}: ${err.message}`));
+      };
+      server.once("error", onError);
+      server.listen(options.port, host, () => {
+        server.off("error", onError);
+        resolve(new RingListener(server, host, (server.address() as AddressInfo).port, opts));
+      });
+    });
+  }
+
+  private constructor(server: Server, host: string, port: number, options: ResolvedLinkOptions) {
+    super();
+    this.server = server;
+    this.host = host;
+    this.port = port;
+    this.options = options;
+    server.on("error", (err) => options.log(`prima ring: listener on ${host}:${port}: ${err.message}`));
+    // Plain HTTP and non-HTTP bytes never reach ws: answer or cut them here, with a log line.
+    server.on("request", (req: IncomingMessage, res) => {
+      this.dropped(remoteOf(req.socket), `sent a plain HTTP ${req.method} request, not a WebSocket upgrade`);
+      res.writeHead(426, { "content-type": "text/plain", connection: "close" });
+      res.end("prima ring data plane: WebSocket connections only\n");
+    });
+    server.on("clientError", (err: Error & { code?: string }, socket) => {
+      this.dropped(remoteOf(socket as Socket), `sent bytes that are not HTTP (${err.code ?? err.message})`);
+      socket.destroy();
+    });
+    this.wss = new WebSocketServer({
+      server,
+      maxPayload: options.maxMessageBytes,
+      perMessageDeflate: false,
+      clientTracking: false,
+    });
+    this.wss.on("error", (err) => options.log(`prima ring: listener on ${host}:${port}: ${err.message}`));
+    this.wss.on("wsClientError", (err, socket, req) => {
+      this.dropped(remoteOf(req.socket), `sent an invalid WebSocket upgrade (${err.message})`);
+      socket.destroy();
+    });
+    this.wss.on("connection", (ws, req) => this.handshake(ws, req.socket));
+  }
+
+  /** ws://host:port to give the predecessor (with the wildcard host replaced by loopback). */
+  get url(): string {
+    const host = this.host === "0.0.0.0" || this.host === "::" ? "127.0.0.1" : this.host;
+    return `ws://${host.includes(":") ? `[${host}]` : host}:${this.port}`;
+  }
+
+  /**
+   * The next predecessor that passed the handshake (one that connected earlier and is still open
+   * counts). Rejects with a RingLinkError on timeout or when the listener closes.
+   */
+  accept(options: { timeoutMs?: number } = {}): Promise<RingLink> {
+    const ready = this.unclaimed.shift();
+    if (ready) return Promise.resolve(ready);
+    if (this.closing) return Promise.reject(new RingLinkError("closed", "predecessor", `listener on port ${this.port} is closed`));
+    const accepted = new Promise<RingLink>((resolve, reject) => {
+      const waiter = { resolve, reject };
+      this.acceptWaiters.push(waiter);
+      if (options.timeoutMs !== undefined) {
+        const timer = setTimeout(() => {
+          const i = this.acceptWaiters.indexOf(waiter);
+          if (i < 0) return;
+          this.acceptWaiters.splice(i, 1);
+          reject(new RingLinkError("timeout", "predecessor", `no predecessor connected to port ${this.port} within ${options.timeoutMs} ms`));
+        }, options.timeoutMs);
+        timer.unref();
+        waiter.resolve = (l) => {
+          clearTimeout(timer);
+          resolve(l);
+        };
+      }
+    });
+    // The caller gets the rejection; this only keeps a forgotten accept() from being an unhandled rejection.
+    accepted.catch(() => {});
+    return accepted;
+  }
+
+  /** Stops listening and closes every link it made. */
+  close(): Promise<void> {
+    if (this.closing) return this.closing;
+    for (const w of this.acceptWaiters.splice(0)) {
+      w.reject(new RingLinkError("closed", "predecessor", `listener on port ${this.port} closed`));
+    }
+    for (const ws of this.handshaking) ws.terminate();
+    const linksClosed = [...this.links].map((l) => l.close("listener closing"));
+    this.closing = (async () => {
+      await Promise.all(linksClosed);
+      await new Promise<void>((resolve) => this.wss.close(() => resolve()));
+      await new Promise<void>((resolve) => {
+        this.server.close(() => resolve());
+        this.server.closeAllConnections();
+      });
+    })();
+    return this.closing;
+  }
+
+  private dropped(remoteAddress: string, reason: string): void {
+    this.options.log(`prima ring: listener on port ${this.port} dropped ${remoteAddress}: ${reason}`);
+    this.safeEmit("dropped", { remoteAddress, reason });
+  }
+
+  /** A listener's bug must not surface inside ws's socket handlers as an uncaught exception: log it. */
+  private safeEmit<K extends keyof RingListenerEvents>(event: K, ...args: RingListenerEvents[K]): void {
+    try {
+      (this.emit as (e: K, ...a: RingListenerEvents[K]) => boolean)(event, ...args);
+    } catch (e) {
+      this.options.log(`prima ring: a '${event}' listener threw: ${e instanceof Error ? e.stack : String(e)}`);
+    }
+  }
+
+  private handshake(ws: WebSocket, socket: Socket): void {
+    const remote = remoteOf(socket);
+    if (this.closing) {
+      ws.terminate();
+      return;
+    }
+    this.handshaking.add(ws);
+    let done = false;
+    const finish = () => {
+      done = true;
+      clearTimeout(timer);
+      this.handshaking.delete(ws);
+      ws.removeAllListeners("message");
+      ws.removeAllListeners("close");
+    };
+    const drop = (reason: string, closeCode: number | null) => {
+      if (done) return;
+      finish();
+      this.dropped(remote, reason);
+      if (closeCode === null) ws.terminate();
+      else {
+        try {
+          ws.close(closeCode, closeReason(reason));
+        } catch {
+          ws.terminate();
+        }
+        setTimeout(() => ws.terminate(), 1000).unref();
+      }
+    };
+    const timer = setTimeout(() => drop(`no HELLO within ${this.options.handshakeTimeoutMs} ms`, CloseCode.handshakeTimeout),
+      this.options.handshakeTimeoutMs);
+    timer.unref();
+
+    ws.on("error", (err: Error & { code?: string }) => {
+      drop(err.code === "WS_ERR_UNSUPPORTED_MESSAGE_LENGTH"
+        ? `sent a message over the limit of ${this.options.maxMessageBytes} bytes`
+        : `broke the WebSocket protocol (${err.message})`, null);
+    });
+    ws.on("close", (code) => drop(`closed the connection before its HELLO (code ${code})`, null));
+    ws.on("message", (data, isBinary) => {
+      if (done) return;
+      let frame;
+      try {
+        frame = decodeHandshakeMessage(data, isBinary, this.options.limits);
+      } catch (e) {
+        drop(e instanceof FrameError ? `sent garbage: ${e.message}` : String(e), CloseCode.protocol);
+        return;
+      }
+      if (frame.type === "error") {
+        drop(`sent an ERROR frame instead of HELLO: ${frame.message}`, CloseCode.protocol);
+        return;
+      }
+      const mismatch = helloMismatch(this.options.hello, frame.hello, this.options.expectedPeerDeviceId);
+      if (mismatch) {
+        finish();
+        this.dropped(remote, `refused: ${mismatch}`);
+        refuse(ws, mismatch, 1000);
+        return;
+      }
+      finish();
+      try {
+        ws.send(encodeFrame({ type: "hello", hello: this.options.hello }));
+      } catch (e) {
+        this.dropped(remote, `could not answer HELLO: ${(e as Error).message}`);
+        ws.terminate();
+        return;
+      }
+      const link = new RingLink(ws, socket, frame.hello, "predecessor", remote, this.options);
+      this.links.add(link);
+      void link.closed.then(() => {
+        this.links.delete(link);
+        const i = this.unclaimed.indexOf(link);
+        if (i >= 0) this.unclaimed.splice(i, 1);
+      });
+      const waiter = this.acceptWaiters.shift();
+      if (waiter) waiter.resolve(link);
+      else this.unclaimed.push(link);
+      this.safeEmit("link", link);
+    });
+  }
+}

@@ -1,0 +1,207 @@
+// Every check the codec makes, in one place: a frame header against itself, against the buffer that
+// carried it and against the link's limits (before any payload byte is read), and a HELLO payload's
+// JSON. Each failure is a FrameError naming the field. Pure functions, no I/O.
+import { FrameError } from "./errors.js";
+
+/** Header fields as read from the wire (numbers, not yet trusted). */
+export interface FrameHeader {
+  magic: Uint8Array;
+  headerVersion: number;
+  frameType: number;
+  requestId: number;
+  firstTokenPosition: number;
+  nTokens: number;
+  cycle: number;
+  payloadDtype: number;
+  reserved: number;
+  rowWidth: number;
+  payloadBytes: number;
+}
+
+/** What one side of a link accepts; the decoder refuses anything outside it. */
+export interface FrameLimits {
+  /** The model's hidden size: every activation row is this wide. */
+  hiddenSize: number;
+  /** Most tokens one ACTIVATIONS frame may carry (at most 65535, the header field's range). */
+  maxTokensPerFrame: number;
+  /** Most payload bytes one ACTIVATIONS frame may carry. */
+  maxPayloadBytes: number;
+}
+
+/** The peer-facing identity and limits each side sends in its HELLO. */
+export interface Hello {
+  /** Ring protocol version (PROTOCOL_VERSION); both sides must speak the same. */
+  protocolVersion: number;
+  deviceId: string;
+  /** Identifies the model file (e.g. a hash of the GGUF's tensor table); both sides must agree. */
+  modelFingerprint: string;
+  hiddenSize: number;
+  /** The ring session: a device of an old or another ring must not feed this one. */
+  ringId: string;
+  /** The sender's receive limits, so its peer can refuse an oversized frame locally, with a clear error. */
+  maxTokensPerFrame: number;
+  maxPayloadBytes: number;
+}
+
+export const FRAME_MAGIC = "PRMA";
+export const FRAME_MAGIC_BYTES: Uint8Array = new TextEncoder().encode(FRAME_MAGIC);
+export const FRAME_HEADER_VERSION = 1;
+export const FRAME_HEADER_BYTES = 32;
+/** Version of the ring protocol (frame types and handshake), carried in HELLO. */
+export const PROTOCOL_VERSION = 1;
+/** Most payload bytes of a HELLO or ERROR frame (JSON, message text). */
+export const CONTROL_PAYLOAD_MAX_BYTES = 64 * 1024;
+export const U16_MAX = 0xffff;
+export const U32_MAX = 0xffffffff;
+
+/** Frame type ids on the wire. 0 is never a frame, so a zeroed buffer is refused. */
+export const FrameTypeId = { hello: 1, activations: 2, error: 3 } as const;
+export type FrameTypeName = keyof typeof FrameTypeId;
+
+/** Payload dtype ids on the wire and their sizes. */
+export const PayloadDtypeId = { f32: 0, f16: 1 } as const;
+export type PayloadDtype = keyof typeof PayloadDtypeId;
+export const PAYLOAD_DTYPE_BYTES: Readonly<Record<PayloadDtype, number>> = { f32: 4, f16: 2 };
+
+export function frameTypeName(id: number): FrameTypeName | undefined {
+  return id === 1 ? "hello" : id === 2 ? "activations" : id === 3 ? "error" : undefined;
+}
+
+export function payloadDtypeName(id: number): PayloadDtype | undefined {
+  return id === 0 ? "f32" : id === 1 ? "f16" : undefined;
+}
+
+function hex(bytes: Uint8Array): string {
+  return Array.from(bytes, (b) => `0x${b.toString(16).padStart(2, "0")}`).join(" ");
+}
+
+function mustBeZero(type: FrameTypeName, field: string, value: number): void {
+  if (value !== 0) throw new FrameError(field, `a ${type} frame must have ${field} 0, got ${value}`);
+}
+
+/**
+ * Checks a header against itself, the buffer length and the limits; returns the frame's type and
+ * dtype names. Reads nothing past the header.
+ */
+export function validateHeader(h: FrameHeader, bufferBytes: number, limits: FrameLimits): {
+  type: FrameTypeName;
+  dtype: PayloadDtype;
+} {
+  for (let i = 0; i < 4; i++) {
+    if (h.magic[i] !== FRAME_MAGIC_BYTES[i]) {
+      throw new FrameError("magic", `magic bytes ${hex(h.magic)} are not "${FRAME_MAGIC}"; not a prima frame`);
+    }
+  }
+  if (h.headerVersion !== FRAME_HEADER_VERSION) {
+    throw new FrameError("header version",
+      `header version ${h.headerVersion} is not supported (this build reads version ${FRAME_HEADER_VERSION})`);
+  }
+  const type = frameTypeName(h.frameType);
+  if (type === undefined) {
+    throw new FrameError("frame type", `frame type ${h.frameType} is unknown (1 hello, 2 activations, 3 error)`);
+  }
+  const dtype = payloadDtypeName(h.payloadDtype);
+  if (dtype === undefined) {
+    throw new FrameError("payload dtype", `payload dtype ${h.payloadDtype} is unknown (0 f32, 1 f16)`);
+  }
+  if (h.reserved !== 0) {
+    throw new FrameError("reserved", `reserved bytes 22-23 hold ${h.reserved}, expected 0`);
+  }
+  const payloadInBuffer = bufferBytes - FRAME_HEADER_BYTES;
+  if (payloadInBuffer !== h.payloadBytes) {
+    throw new FrameError("payload length",
+      `the header declares ${h.payloadBytes} payload bytes but ${payloadInBuffer} follow it` +
+      (payloadInBuffer < h.payloadBytes ? " (truncated frame)" : " (trailing bytes)"));
+  }
+
+  if (type === "activations") {
+    if (h.rowWidth !== limits.hiddenSize) {
+      throw new FrameError("row width", `row width ${h.rowWidth} does not match the model's hidden size ${limits.hiddenSize}`);
+    }
+    if (h.nTokens === 0) throw new FrameError("number of tokens", "an activations frame with 0 tokens");
+    if (h.nTokens > limits.maxTokensPerFrame) {
+      throw new FrameError("number of tokens",
+        `number of tokens ${h.nTokens} exceeds this link's limit of ${limits.maxTokensPerFrame} per frame`);
+    }
+    if (h.firstTokenPosition + h.nTokens > U32_MAX) {
+      throw new FrameError("position", `position ${h.firstTokenPosition} + ${h.nTokens} tokens is past the u32 range`);
+    }
+    const expected = h.nTokens * h.rowWidth * PAYLOAD_DTYPE_BYTES[dtype];
+    if (h.payloadBytes !== expected) {
+      throw new FrameError("payload length",
+        `payload length ${h.payloadBytes} is not ${h.nTokens} tokens x row width ${h.rowWidth} x ` +
+        `${PAYLOAD_DTYPE_BYTES[dtype]} bytes (${dtype}) = ${expected}`);
+    }
+    if (h.payloadBytes > limits.maxPayloadBytes) {
+      throw new FrameError("payload length",
+        `payload length ${h.payloadBytes} exceeds this link's limit of ${limits.maxPayloadBytes} bytes`);
+    }
+  } else {
+    // HELLO and ERROR carry no rows; HELLO no request either. Zero fields keep the header unambiguous.
+    if (type === "hello") {
+      mustBeZero(type, "request id", h.requestId);
+      mustBeZero(type, "position", h.firstTokenPosition);
+      mustBeZero(type, "number of tokens", h.nTokens);
+      mustBeZero(type, "cycle", h.cycle);
+    }
+    mustBeZero(type, "payload dtype", h.payloadDtype);
+    mustBeZero(type, "row width", h.rowWidth);
+    if (h.payloadBytes > CONTROL_PAYLOAD_MAX_BYTES) {
+      throw new FrameError("payload length",
+        `a ${type} frame's payload of ${h.payloadBytes} bytes exceeds ${CONTROL_PAYLOAD_MAX_BYTES}`);
+    }
+    if (type === "hello" && h.payloadBytes === 0) throw new FrameError("payload", "a hello frame with an empty payload");
+  }
+  return { type, dtype };
+}
+
+const CONTROL_CHARS = /[\u0000-\u001f\u007f]/;
+
+function helloString(o: Record<string, unknown>, key: keyof Hello, maxChars: number): string {
+  const v = o[key];
+  if (typeof v !== "string") throw new FrameError("hello", `hello field ${key} must be a string, got ${typeof v}`);
+  if (v.length === 0 || v.length > maxChars) {
+    throw new FrameError("hello", `hello field ${key} must be 1 to ${maxChars} characters, got ${v.length}`);
+  }
+  if (CONTROL_CHARS.test(v)) throw new FrameError("hello", `hello field ${key} contains control characters`);
+  return v;
+}
+
+function helloInteger(o: Record<string, unknown>, key: keyof Hello, min: number, max: number): number {
+  const v = o[key];
+  if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) {
+    throw new FrameError("hello", `hello field ${key} must be an integer in ${min}..${max}, got ${JSON.stringify(v) ?? typeof v}`);
+  }
+  return v;
+}
+
+/** Checks a parsed HELLO payload's shape and ranges (not whether it matches ours: see hello.ts). */
+export function validateHello(value: unknown): Hello {
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    throw new FrameError("hello", "hello payload is not a JSON object");
+  }
+  const o = value as Record<string, unknown>;
+  return {
+    protocolVersion: helloInteger(o, "protocolVersion", 1, U16_MAX),
+    deviceId: helloString(o, "deviceId", 256),
+    modelFingerprint: helloString(o, "modelFingerprint", 1024),
+    hiddenSize: helloInteger(o, "hiddenSize", 1, 1 << 30),
+    ringId: helloString(o, "ringId", 256),
+    maxTokensPerFrame: helloInteger(o, "maxTokensPerFrame", 1, U16_MAX),
+    maxPayloadBytes: helloInteger(o, "maxPayloadBytes", 1, U32_MAX),
+  };
+}
+
+/** Checks limits a caller configured (a programming error, not peer input: throws RangeError). */
+export function validateLimits(limits: FrameLimits): FrameLimits {
+  const { hiddenSize, maxTokensPerFrame, maxPayloadBytes } = limits;
+  const ok = (v: number, max: number) => Number.isInteger(v) && v >= 1 && v <= max;
+  if (!ok(hiddenSize, 1 << 30)) throw new RangeError(`ring: hidden size ${hiddenSize} must be an integer in 1..2^30`);
+  if (!ok(maxTokensPerFrame, U16_MAX)) {
+    throw new RangeError(`ring: max tokens per frame ${maxTokensPerFrame} must be an integer in 1..${U16_MAX}`);
+  }
+  if (!ok(maxPayloadBytes, U32_MAX)) {
+    throw new RangeError(`ring: max payload bytes ${maxPayloadBytes} must be an integer in 1..${U32_MAX}`);
+  }
+  return { hiddenSize, maxTokensPerFrame, maxPayloadBytes };
+}
