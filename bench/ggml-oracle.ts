@@ -105,11 +105,12 @@ export function ggmlVecDot(type: number, n: number, w: Uint8Array, acts: Uint8Ar
   return new Float32Array(out.buffer.slice(out.byteOffset, out.byteOffset + out.byteLength));
 }
 
-export interface OracleTiming { calls: number; seconds: number }
+/** Totals over all passes, and the fastest single pass over the rows. */
+export interface OracleTiming { calls: number; seconds: number; bestPassSeconds: number }
 
 function parseTiming(out: Buffer): OracleTiming {
-  const [calls, seconds] = out.toString().trim().split(/\s+/).map(Number);
-  return { calls, seconds };
+  const [calls, seconds, bestPassSeconds] = out.toString().trim().split(/\s+/).map(Number);
+  return { calls, seconds, bestPassSeconds };
 }
 
 /** Times ggml's vec_dot over `rows` weight rows, each against nc activation rows (nc calls per row). */

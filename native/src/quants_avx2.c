@@ -72,22 +72,31 @@ ALWAYS_INLINE float load1_f32(const void *p, int i) { return ((const float *)p)[
 ALWAYS_INLINE float load1_f16(const void *p, int i) { return h2f(((const uint16_t *)p)[i]); }
 ALWAYS_INLINE float load1_bf16(const void *p, int i) { return prima_bf16_to_fp32(((const uint16_t *)p)[i]); }
 
-/* 16 elements per step, two accumulators per row (hides FMA latency when nc is small). */
+/* U x 8 elements per step with U accumulators per row (4 for nc <= 2 to hide FMA latency, else 2 to
+ * keep every accumulator in a register). */
 #define FLOAT_DOT(NAME, ESIZE, LOAD8, LOAD1)                                                          \
   ALWAYS_INLINE void NAME##_nc(int n, const void *w, const void *a, size_t as, const int NC, float *out) { \
-    __m256 acc0[PRIMA_MAX_NC], acc1[PRIMA_MAX_NC];                                                    \
-    for (int c = 0; c < NC; c++) acc0[c] = acc1[c] = _mm256_setzero_ps();                            \
+    const int U = NC <= 2 ? 4 : 2;                                                                    \
+    __m256 acc[4][PRIMA_MAX_NC];                                                                      \
+    for (int u = 0; u < U; u++)                                                                       \
+      for (int c = 0; c < NC; c++) acc[u][c] = _mm256_setzero_ps();                                   \
     const uint8_t *wb = w;                                                                            \
     int i = 0;                                                                                        \
-    for (; i + 16 <= n; i += 16) {                                                                    \
-      const __m256 w0 = LOAD8(wb + (size_t)i * ESIZE), w1 = LOAD8(wb + (size_t)(i + 8) * ESIZE);     \
-      for (int c = 0; c < NC; c++) {                                                                  \
-        acc0[c] = _mm256_fmadd_ps(w0, LOAD8(ACT_ROW(c) + (size_t)i * ESIZE), acc0[c]);                \
-        acc1[c] = _mm256_fmadd_ps(w1, LOAD8(ACT_ROW(c) + (size_t)(i + 8) * ESIZE), acc1[c]);          \
+    for (; i + 8 * U <= n; i += 8 * U) {                                                              \
+      for (int u = 0; u < U; u++) {                                                                   \
+        const __m256 wv = LOAD8(wb + (size_t)(i + 8 * u) * ESIZE);                                    \
+        for (int c = 0; c < NC; c++)                                                                  \
+          acc[u][c] = _mm256_fmadd_ps(wv, LOAD8(ACT_ROW(c) + (size_t)(i + 8 * u) * ESIZE), acc[u][c]); \
       }                                                                                               \
     }                                                                                                 \
+    for (; i + 8 <= n; i += 8) {                                                                      \
+      const __m256 wv = LOAD8(wb + (size_t)i * ESIZE);                                                \
+      for (int c = 0; c < NC; c++) acc[0][c] = _mm256_fmadd_ps(wv, LOAD8(ACT_ROW(c) + (size_t)i * ESIZE), acc[0][c]); \
+    }                                                                                                 \
     for (int c = 0; c < NC; c++) {                                                                    \
-      float s = hsum256(_mm256_add_ps(acc0[c], acc1[c]));                                             \
+      __m256 t = acc[0][c];                                                                           \
+      for (int u = 1; u < U; u++) t = _mm256_add_ps(t, acc[u][c]);                                    \
+      float s = hsum256(t);                                                                           \
       for (int j = i; j < n; j++) s += LOAD1(w, j) * LOAD1(ACT_ROW(c), j);                            \
       out[c] = s;                                                                                     \
     }                                                                                                 \
@@ -125,23 +134,35 @@ ALWAYS_INLINE __m256i dot32_unsigned(__m256i q, __m256i a) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), _mm256_set1_epi16(1));
 }
 
-/* Signed-level blocks (Q4_0, Q5_0, Q8_0) against Q8_0: acc += (d_w*d_a) * isum, per lane. */
+/* Signed-level blocks (Q4_0, Q5_0, Q8_0) against Q8_0: acc += (d_w*d_a) * isum, per lane. Blocks go in
+ * pairs into two accumulator sets, so consecutive FMAs do not wait on each other. */
 #define SIGNED32_DOT(NAME, BLOCK, DECODE)                                                             \
+  ALWAYS_INLINE void NAME##_block(const BLOCK *wb, int i, const void *a, size_t as, const int NC, __m256 *acc) { \
+    const __m256i q = DECODE(wb);                                                                     \
+    const __m256i absq = _mm256_sign_epi8(q, q);                                                      \
+    const float d = h2f(wb->d);                                                                       \
+    for (int c = 0; c < NC; c++) {                                                                    \
+      const block_q8_0 *x = (const block_q8_0 *)ACT_ROW(c) + i;                                       \
+      const __m256i p = dot32_signed(absq, q, _mm256_loadu_si256((const __m256i *)x->qs));            \
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * h2f(x->d)), _mm256_cvtepi32_ps(p), acc[c]);         \
+    }                                                                                                 \
+  }                                                                                                   \
+  BLOCK32_LOOP(NAME, BLOCK)
+
+#define BLOCK32_LOOP(NAME, BLOCK)                                                                     \
   ALWAYS_INLINE void NAME##_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out) { \
     const BLOCK *w = vw;                                                                              \
-    __m256 acc[PRIMA_MAX_NC];                                                                         \
-    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();                                        \
-    for (int i = 0; i < n / QK32; i++) {                                                              \
-      const __m256i q = DECODE(&w[i]);                                                                \
-      const __m256i absq = _mm256_sign_epi8(q, q);                                                    \
-      const float d = h2f(w[i].d);                                                                    \
-      for (int c = 0; c < NC; c++) {                                                                  \
-        const block_q8_0 *x = (const block_q8_0 *)ACT_ROW(c) + i;                                     \
-        const __m256i p = dot32_signed(absq, q, _mm256_loadu_si256((const __m256i *)x->qs));          \
-        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * h2f(x->d)), _mm256_cvtepi32_ps(p), acc[c]);       \
-      }                                                                                               \
+    __m256 acc0[PRIMA_MAX_NC], acc1[PRIMA_MAX_NC];                                                    \
+    float accm[PRIMA_MAX_NC];                                                                         \
+    for (int c = 0; c < NC; c++) { acc0[c] = acc1[c] = _mm256_setzero_ps(); accm[c] = 0; }            \
+    const int nb = n / QK32;                                                                          \
+    int i = 0;                                                                                        \
+    for (; i + 1 < nb; i += 2) {                                                                      \
+      NAME##_block(&w[i], i, a, as, NC, acc0 MIN_ARG);                                                \
+      NAME##_block(&w[i + 1], i + 1, a, as, NC, acc1 MIN_ARG);                                        \
     }                                                                                                 \
-    for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);                                            \
+    if (i < nb) NAME##_block(&w[i], i, a, as, NC, acc0 MIN_ARG);                                      \
+    for (int c = 0; c < NC; c++) out[c] = hsum256(_mm256_add_ps(acc0[c], acc1[c])) + accm[c];         \
   }                                                                                                   \
   DISPATCH_NC(NAME)
 
@@ -151,36 +172,34 @@ ALWAYS_INLINE __m256i decode_q5_0(const block_q5_0 *b) {
 }
 ALWAYS_INLINE __m256i decode_q8_0(const block_q8_0 *b) { return _mm256_loadu_si256((const __m256i *)b->qs); }
 
+#define MIN_ARG
 SIGNED32_DOT(dot_q4_0, block_q4_0, decode_q4_0)
 SIGNED32_DOT(dot_q5_0, block_q5_0, decode_q5_0)
 SIGNED32_DOT(dot_q8_0, block_q8_0, decode_q8_0)
+#undef MIN_ARG
 
 /* Unsigned-level blocks with a min (Q4_1, Q5_1) against Q8_1: acc += (d_w*d_a) * isum + m_w * s_a. */
 #define MIN32_DOT(NAME, BLOCK, DECODE)                                                                \
-  ALWAYS_INLINE void NAME##_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out) { \
-    const BLOCK *w = vw;                                                                              \
-    __m256 acc[PRIMA_MAX_NC];                                                                         \
-    float accm[PRIMA_MAX_NC];                                                                         \
-    for (int c = 0; c < NC; c++) { acc[c] = _mm256_setzero_ps(); accm[c] = 0; }                       \
-    for (int i = 0; i < n / QK32; i++) {                                                              \
-      const __m256i q = DECODE(&w[i]);                                                                \
-      const float d = h2f(w[i].d), m = h2f(w[i].m);                                                   \
-      for (int c = 0; c < NC; c++) {                                                                  \
-        const block_q8_1 *x = (const block_q8_1 *)ACT_ROW(c) + i;                                     \
-        const __m256i p = dot32_unsigned(q, _mm256_loadu_si256((const __m256i *)x->qs));              \
-        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * h2f(x->d)), _mm256_cvtepi32_ps(p), acc[c]);       \
-        accm[c] += m * h2f(x->s);                                                                     \
-      }                                                                                               \
+  ALWAYS_INLINE void NAME##_block(const BLOCK *wb, int i, const void *a, size_t as, const int NC, __m256 *acc, \
+                                  float *accm) {                                                      \
+    const __m256i q = DECODE(wb);                                                                     \
+    const float d = h2f(wb->d), m = h2f(wb->m);                                                       \
+    for (int c = 0; c < NC; c++) {                                                                    \
+      const block_q8_1 *x = (const block_q8_1 *)ACT_ROW(c) + i;                                      \
+      const __m256i p = dot32_unsigned(q, _mm256_loadu_si256((const __m256i *)x->qs));                \
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * h2f(x->d)), _mm256_cvtepi32_ps(p), acc[c]);         \
+      accm[c] += m * h2f(x->s);                                                                       \
     }                                                                                                 \
-    for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]) + accm[c];                                  \
   }                                                                                                   \
-  DISPATCH_NC(NAME)
+  BLOCK32_LOOP(NAME, BLOCK)
 
 ALWAYS_INLINE __m256i decode_q4_1(const block_q4_1 *b) { return nibbles32(b->qs); }
 ALWAYS_INLINE __m256i decode_q5_1(const block_q5_1 *b) { return _mm256_or_si256(nibbles32(b->qs), fifth_bits32(b->qh)); }
 
+#define MIN_ARG , accm
 MIN32_DOT(dot_q4_1, block_q4_1, decode_q4_1)
 MIN32_DOT(dot_q5_1, block_q5_1, decode_q5_1)
+#undef MIN_ARG
 
 /* ---------------------------------------------------------------- K-quants
  * Common shape: per super-block and row, an int32x8 sum of scale * (levels . activations); the
@@ -191,14 +210,12 @@ ALWAYS_INLINE const block_q8_K *act_k(const void *a, size_t as, int c, int i) {
 }
 
 /* The 8 six-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K block. */
+/* (built in registers: storing four uint32 and loading them as one vector stalls store forwarding) */
 ALWAYS_INLINE __m128i k4_scales_mins(const uint8_t *s) {
-  uint32_t u[3], r[4];
+  uint32_t u[3];
   memcpy(u, s, 12);
-  r[0] = u[0] & 0x3f3f3f3f;
-  r[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
-  r[2] = u[1] & 0x3f3f3f3f;
-  r[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
-  return _mm_loadu_si128((const __m128i *)r);
+  return _mm_set_epi32((int)(((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4)), (int)(u[1] & 0x3f3f3f3f),
+                       (int)((u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4)), (int)(u[0] & 0x3f3f3f3f));
 }
 
 /* Q4_K and Q5_K: 8 groups of 32; group 2j = low nibbles of qs chunk j, 2j+1 = high nibbles. */
@@ -362,14 +379,13 @@ DISPATCH_NC(dot_q2_K)
 
 /* The 16 signed 6-bit scales of a Q3_K block as int8. */
 ALWAYS_INLINE __m128i q3k_scales(const uint8_t *s) {
-  uint32_t u[3], r[4];
+  uint32_t u[3];
   memcpy(u, s, 12);
   const uint32_t k1 = 0x03030303, k2 = 0x0f0f0f0f;
-  r[0] = (u[0] & k2) | (((u[2] >> 0) & k1) << 4);
-  r[1] = (u[1] & k2) | (((u[2] >> 2) & k1) << 4);
-  r[2] = ((u[0] >> 4) & k2) | (((u[2] >> 4) & k1) << 4);
-  r[3] = ((u[1] >> 4) & k2) | (((u[2] >> 6) & k1) << 4);
-  return _mm_sub_epi8(_mm_loadu_si128((const __m128i *)r), _mm_set1_epi8(32));
+  const __m128i r = _mm_set_epi32((int)(((u[1] >> 4) & k2) | (((u[2] >> 6) & k1) << 4)),
+                                  (int)(((u[0] >> 4) & k2) | (((u[2] >> 4) & k1) << 4)),
+                                  (int)((u[1] & k2) | (((u[2] >> 2) & k1) << 4)), (int)((u[0] & k2) | ((u[2] & k1) << 4)));
+  return _mm_sub_epi8(r, _mm_set1_epi8(32));
 }
 
 /* Q3_K: unsigned levels 0..7 (2 low bits | high bit << 2) = q + 4; the -4 enters via scales . bsums. */
