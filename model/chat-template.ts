@@ -1,7 +1,8 @@
 // Chat prompts from a model's tokenizer.chat_template (Jinja, rendered with @huggingface/jinja) as
 // llama.cpp's common_chat_templates_apply does: messages, add_generation_prompt, bos_token and
-// eos_token (the texts of the model's BOS/EOS tokens), then the BOS text is cut from the front when
-// the tokenizer adds BOS itself (and the EOS text from the end when it adds EOS).
+// eos_token (the texts of the model's BOS/EOS tokens), enable_thinking and today's date; a system
+// message is folded into the next message when the template ignores or refuses the system role;
+// then the BOS text is cut from the front when the tokenizer adds BOS itself (EOS likewise).
 
 import { Template } from "@huggingface/jinja";
 import type { GgufFile } from "./gguf.js";
@@ -35,7 +36,12 @@ export interface RenderOptions {
   readonly extra?: Readonly<Record<string, unknown>>;
   /** Cut the BOS/EOS text the tokenizer will add itself, as llama.cpp does. Default true. */
   readonly stripAddedSpecial?: boolean;
+  /** The date templates see (datetime, date_string). Default now. */
+  readonly now?: Date;
 }
+
+const MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+const SYSTEM_PROBE = "\u0001system-probe\u0001";
 
 /** llama.cpp's own default template (common/chat.cpp CHATML_TEMPLATE_SRC). */
 export const CHATML_TEMPLATE =
@@ -62,6 +68,7 @@ const FALLBACKS: Readonly<Record<ChatFallback, string>> = { chatml: CHATML_TEMPL
 
 export class ChatTemplate {
   private readonly compiled: Template;
+  private systemRole: boolean | undefined;
 
   /**
    * @param source the Jinja template
@@ -105,22 +112,63 @@ export class ChatTemplate {
     return ChatTemplate.forTokenizer(Tokenizer.fromGguf(file), options);
   }
 
-  /** The prompt text for `messages`; tokenize it with parseSpecial and addSpecial. */
-  render(messages: readonly ChatMessage[], options: RenderOptions = {}): string {
+  /**
+   * Whether the template renders a system message. llama.cpp probes the same way (does the
+   * system content get used?) and, if not, folds the system message into the next one.
+   */
+  get supportsSystemRole(): boolean {
+    if (this.systemRole === undefined) {
+      try {
+        const probe = [{ role: "system", content: SYSTEM_PROBE }, { role: "user", content: "user" }];
+        this.systemRole = this.compiled.render({ ...this.baseVariables(), messages: probe, add_generation_prompt: false }).includes(SYSTEM_PROBE);
+      } catch {
+        this.systemRole = false;
+      }
+    }
+    return this.systemRole;
+  }
+
+  private baseVariables(now = new Date()): Record<string, unknown> {
+    const two = (n: number) => String(n).padStart(2, "0");
+    const month = MONTHS[now.getMonth()];
+    return {
+      bos_token: this.bosToken,
+      eos_token: this.eosToken,
+      enable_thinking: true,
+      datetime: `${month} ${two(now.getDate())} ${now.getFullYear()}`,
+      date_string: `${two(now.getDate())} ${month} ${now.getFullYear()}`,
+    };
+  }
+
+  /** The messages as llama.cpp hands them to the template (developer -> system, system folded in). */
+  normalizeMessages(messages: readonly ChatMessage[]): ChatMessage[] {
     if (!Array.isArray(messages)) throw new ChatTemplateError("messages must be an array of { role, content }");
-    for (const [i, m] of messages.entries()) {
+    let out = messages.map((m, i) => {
       if (!m || typeof m.role !== "string" || typeof m.content !== "string") {
         throw new ChatTemplateError(`message ${i} needs a string role and a string content`);
       }
+      return m.role === "developer" && !this.source.includes("<|channel|>") ? { ...m, role: "system" } : m;
+    });
+    if (out.length > 0 && out[0].role === "system" && !this.supportsSystemRole) {
+      out = out.length > 1 ? [{ ...out[1], content: `${out[0].content}\n${out[1].content}` }, ...out.slice(2)] : [];
     }
-    const vars: Record<string, unknown> = {
-      messages,
-      bos_token: this.bosToken,
-      eos_token: this.eosToken,
+    return out;
+  }
+
+  /** Every variable the template is rendered with. */
+  variables(messages: readonly ChatMessage[], options: RenderOptions = {}): Record<string, unknown> {
+    return {
+      ...this.baseVariables(options.now),
+      messages: this.normalizeMessages(messages),
       add_generation_prompt: options.addGenerationPrompt ?? true,
       ...(options.tools ? { tools: options.tools } : {}),
       ...options.extra,
     };
+  }
+
+  /** The prompt text for `messages`; tokenize it with parseSpecial and addSpecial. */
+  render(messages: readonly ChatMessage[], options: RenderOptions = {}): string {
+    const vars = this.variables(messages, options);
     let text: string;
     try {
       text = this.compiled.render(vars);

@@ -7,7 +7,7 @@ export type { ModelProfile, ModelProfileOptions, ModelShape, PerWeightType, Synt
 export { modelFingerprint } from "./fingerprint.js";
 export { Tokenizer, StreamingDecoder, TokenizerError, TokenAttr, TokenType, SUPPORTED_PRE_TOKENIZERS } from "./tokenizer.js";
 export type { EncodeOptions, DecodeOptions, DetokenizeOptions, TokenizerModel } from "./tokenizer.js";
-export { tokenizerMetadataFromGguf, tokenizerMetadataFromTokenizerJson, bundledVocab, BUNDLED_VOCAB_NAMES, goldenTokenizerDir } from "./tokenizer-export.js";
-export type { BundledVocab, BundledVocabName, HfTokenizerJson, HfTokenizerConfig, TokenizerJsonOptions } from "./tokenizer-export.js";
+export { tokenizerMetadataFromGguf, tokenizerMetadataFromTokenizerJson, bundledVocab, padVocab, BUNDLED_VOCAB_NAMES, goldenTokenizerDir } from "./tokenizer-export.js";
+export type { BundledVocab, BundledVocabName, BundledVocabOptions, HfTokenizerJson, HfTokenizerConfig, TokenizerJsonOptions } from "./tokenizer-export.js";
 export { ChatTemplate, ChatTemplateError, renderChat, CHATML_TEMPLATE, LLAMA2_TEMPLATE } from "./chat-template.js";
 export type { ChatMessage, ChatFallback, ChatTemplateOptions, RenderOptions } from "./chat-template.js";

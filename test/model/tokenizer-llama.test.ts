@@ -9,10 +9,21 @@ import { getLlama, LlamaLogLevel, type Llama, type LlamaModel, type Token } from
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { kv, readGguf, writeGguf, type GgufKV } from "../../model/gguf.js";
 import { Tokenizer } from "../../model/tokenizer.js";
-import { bundledVocab, goldenTokenizerDir, type BundledVocabName } from "../../model/tokenizer-export.js";
+import { bundledVocab, goldenTokenizerDir } from "../../model/tokenizer-export.js";
 import { goldenCases, nastyStrings, rng, stringItems, type GoldenVocab } from "./tokenizer-fixtures.js";
 
-const VOCABS: readonly BundledVocabName[] = ["llama-spm", "phi-3", "gpt-2", "llama-bpe", "qwen2", "stories260K"];
+/** The vocabularies compared, with the golden strings they have. */
+const VOCABS: readonly (readonly [label: string, golden: GoldenVocab | null, metadata: () => readonly GgufKV[]])[] = [
+  ["llama-spm", "llama-spm", () => bundledVocab("llama-spm").metadata],
+  ["phi-3", "phi-3", () => bundledVocab("phi-3").metadata],
+  ["gpt-2", "gpt-2", () => bundledVocab("gpt-2").metadata],
+  // llama.cpp's "default" BPE pre-tokenizer (std::regex on category-collapsed text).
+  ["gpt-2 with pre-tokenizer default", "gpt-2", () => [...bundledVocab("gpt-2").metadata.filter((m) => m.key !== "tokenizer.ggml.pre"), kv.str("tokenizer.ggml.pre", "default")]],
+  ["llama-bpe", "llama-bpe", () => bundledVocab("llama-bpe").metadata],
+  // Padded to Qwen2.5's vocab_size with unused tokens, as a generated model has it.
+  ["qwen2 (151936 tokens)", "qwen2", () => bundledVocab("qwen2", { vocabSize: 151936 }).metadata],
+  ["stories260K", null, () => bundledVocab("stories260K").metadata],
+];
 
 /** node-llama-cpp's native model object: llama.cpp's own answers without the JS layer's filtering. */
 interface AddonModel {
@@ -48,19 +59,19 @@ function vocabGguf(name: string, tokenizerMeta: readonly GgufKV[]): { path: stri
     else if (key === "llama.vocab_size") meta.push(kv.u32(key, nVocab));
     else meta.push(value);
   }
-  const path = join(dir, `${name}.gguf`);
+  const path = join(dir, `${name.replace(/\W+/g, "_")}.gguf`);
   const metadata = [...meta, ...tokenizerMeta];
   writeGguf(path, metadata, []);
   return { path, metadata };
 }
 
-describe.each(VOCABS)("%s against llama.cpp", (name) => {
+describe.each(VOCABS)("%s against llama.cpp", (name, golden, tokenizerMetadata) => {
   let ours: Tokenizer;
   let theirs: LlamaModel;
   let texts: string[];
 
   beforeAll(async () => {
-    const { path, metadata } = vocabGguf(name, bundledVocab(name).metadata);
+    const { path, metadata } = vocabGguf(name, tokenizerMetadata());
     // All of the file's metadata, as llama.cpp reads it: general.name matters (Phi-3's special
     // tokens strip the spaces after them).
     ours = Tokenizer.fromMetadata(metadata);
@@ -70,8 +81,7 @@ describe.each(VOCABS)("%s against llama.cpp", (name) => {
       .map((id) => ours.tokenText(id));
     const r = rng(7);
     const picked = Array.from({ length: 40 }, () => specialTexts[Math.floor(r() * specialTexts.length)]);
-    const golden = name === "stories260K" ? [] : goldenCases(name as GoldenVocab).map((c) => c.text);
-    texts = [...golden, ...nastyStrings(1234, 250, picked)];
+    texts = [...(golden ? goldenCases(golden).map((c) => c.text) : []), ...nastyStrings(1234, 250, picked)];
   }, 60_000);
   afterAll(async () => {
     await theirs?.dispose();
