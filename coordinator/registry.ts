@@ -79,16 +79,25 @@ export class WorkerHandle {
         for (const w of this.waiters) if (w.kind === "ready") w.onProgress?.(m.progress.fraction, m.progress.stage);
         return null;
       case "ready":
-      case "status": {
-        const i = this.waiters.findIndex((w) => w.kind === m.msg);
-        if (i >= 0) this.waiters.splice(i, 1)[0].resolve((m.msg === "ready" ? m.ready : m.status) as never);
+        this.settle("ready", m.ready);
         return null;
-      }
-      case "failure":
+      case "status":
+        this.settle("status", m.status);
+        return null;
+      case "failure": {
+        // A failure while the coordinator waits for an answer is that answer.
+        const err = new Error(`device ${this.label}: ${m.failure.message}`);
+        for (const w of this.waiters.splice(0)) w.reject(err);
         return m.failure.message;
+      }
       default:
         return null;
     }
+  }
+
+  private settle(kind: "ready" | "status", value: Ready | Status): void {
+    const i = this.waiters.findIndex((w) => w.kind === kind);
+    if (i >= 0) this.waiters.splice(i, 1)[0].resolve(value as never);
   }
 
   markLost(reason: string): void {

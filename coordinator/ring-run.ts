@@ -14,6 +14,8 @@ import { WorkerRegistry, type WorkerHandle } from "./registry.js";
 import { runGeneration, timingLine, type RunArgs } from "./run-command.js";
 
 const log = (line: string) => console.error(`[prima-coord] ${line}`);
+/** How long to wait for the session loss that usually follows a neighbour's link failure. */
+const FAILURE_GRACE_MS = 300;
 
 /** The head's row of the summary, in the workers' Status shape. */
 function headStatus(node: RingNode, pressure: number): Status {
@@ -85,15 +87,24 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
         await link.send(f);
       },
       deliver: (f) => void pipelineRef.p?.deliver(f),
-      onError: (message) => pipelineRef.p?.fail(new Error(message)),
+      onError: (message) => failRun(new Error(message)),
     });
     const pipeline = new RingPipeline({ model, node, nCtx: ctx, maxBatch: a.batch, wireDtype });
     pipelineRef.p = pipeline;
+    // When a device dies, its neighbours' links fail too, often first. Collect what fails for a short
+    // moment and name the device whose session was lost, if one was: that is the device to look at.
+    const failures: { error: Error; lost: boolean }[] = [];
+    const failRun = (error: Error, lost = false) => {
+      failures.push({ error, lost });
+      if (failures.length === 1) {
+        setTimeout(() => pipeline.fail((failures.find((f) => f.lost) ?? failures[0]).error), FAILURE_GRACE_MS).unref();
+      }
+    };
     registry.on("lost", (w: WorkerHandle, reason: string) => {
-      if (inRing.includes(w)) pipeline.fail(new Error(`device ${w.label} failed: ${reason}`));
+      if (inRing.includes(w)) failRun(new Error(`device ${w.label} failed: ${reason}`), true);
     });
     registry.on("failure", (w: WorkerHandle, message: string) => {
-      if (inRing.includes(w)) pipeline.fail(new Error(`device ${w.label}: ${message}`));
+      if (inRing.includes(w)) failRun(new Error(`device ${w.label}: ${message}`));
     });
 
     const linkOpts = { identity, maxTokensPerFrame: a.batch, log };
@@ -103,7 +114,7 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
         if (f.type !== "hello") node!.receive(f);
       });
       l.on("close", (c) => {
-        if (c.error) pipeline.fail(new Error(`link from ${l.peerName} failed: ${c.error.message}`));
+        if (c.error) failRun(new Error(`link from ${l.peerName} failed: ${c.error.message}`));
       });
     });
     const ringOrder = [...inRing.map((w) => w.id), headId];
@@ -117,7 +128,7 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
     }));
     link = await dialSuccessor(inRing[0].dataUrl, linkOpts);
     link.on("close", (c) => {
-      if (c.error) pipeline.fail(new Error(`link to ${link!.peerName} failed: ${c.error.message}`));
+      if (c.error) failRun(new Error(`link to ${link!.peerName} failed: ${c.error.message}`));
     });
     const pressure = memoryPressureTracker();
     const timer = setInterval(() => pressure.sample(), 250);

@@ -4,7 +4,7 @@
 import type { Assignment, KvCommand, Status } from "../control/index.js";
 import type { LocalModel } from "../engine/index.js";
 import { anonRssBytes, deviceMemory, memoryPressureTracker } from "../profiler/index.js";
-import { RingListener, RingNode, dialSuccessor, type RingLink, type RingLinkOptions } from "../ring/index.js";
+import { RingLinkError, RingListener, RingNode, dialSuccessor, type RingLink, type RingLinkOptions } from "../ring/index.js";
 import type { SessionHandler } from "./session.js";
 
 export interface DeviceOptions {
@@ -27,6 +27,19 @@ export async function reserveDataPort(port: number, host: string): Promise<numbe
   const bound = probe.port;
   await probe.close();
   return bound;
+}
+
+/** The successor may still be setting up its listener for the same assignment: retry refusals. */
+async function dialWithRetry(url: string, options: RingLinkOptions, withinMs: number): Promise<RingLink> {
+  const deadline = Date.now() + withinMs;
+  for (;;) {
+    try {
+      return await dialSuccessor(url, options);
+    } catch (e) {
+      if (!(e instanceof RingLinkError) || e.kind !== "unreachable" || Date.now() > deadline) throw e;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
 }
 
 export class WorkerDevice implements SessionHandler {
@@ -66,7 +79,7 @@ export class WorkerDevice implements SessionHandler {
     this.listener.on("link", (link) => this.attachPredecessor(link));
     const url = a.successorUrl.replace(/^ws:\/\/:/, `ws://${this.o.coordinatorHost}:`);
     progress(0, "dialling the successor");
-    this.successor = await dialSuccessor(url, linkOptions(deviceId));
+    this.successor = await dialWithRetry(url, linkOptions(deviceId), 5000);
     this.successor.on("close", (c) => {
       if (c.error) this.o.fail(new Error(`link to ${this.successor?.peerName ?? url} failed: ${c.error.message}`));
     });
