@@ -1,8 +1,10 @@
 // prima-coord run model.gguf -p "..." -n 128: generate text. With no workers the coordinator is a
 // single-device engine; with --min-workers it waits for prima-worker daemons and drives the ring.
+import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { LocalModel, LocalPipeline, Sampler, generate, type Pipeline } from "../engine/index.js";
 import { Tokenizer, StreamingDecoder } from "../model/tokenizer.js";
+import type { ChatTemplateOptions } from "../model/chat-template.js";
 import { peakAnonTracker } from "../profiler/index.js";
 
 const HELP = `usage: prima-coord run model.gguf [options]
@@ -18,6 +20,7 @@ const HELP = `usage: prima-coord run model.gguf [options]
   -b, --batch N            prompt batch size (default 128)
       --chat               wrap the prompt in the model's chat template
       --system TEXT        system message for --chat
+      --chat-template T    for a model without a template: chatml or llama2, or a Jinja file
       --json               print one JSON object instead of streaming text
       --no-special         do not parse special tokens in the prompt
 
@@ -39,6 +42,7 @@ export interface RunArgs {
   readonly batch: number;
   readonly chat: boolean;
   readonly system?: string;
+  readonly chatTemplate?: string;
   readonly json: boolean;
   readonly parseSpecial: boolean;
   readonly port: number;
@@ -85,6 +89,7 @@ export function parseRunArgs(argv: string[]): RunArgs {
       batch: { type: "string", short: "b" },
       chat: { type: "boolean" },
       system: { type: "string" },
+      "chat-template": { type: "string" },
       json: { type: "boolean" },
       "no-special": { type: "boolean" },
       port: { type: "string" },
@@ -121,6 +126,7 @@ export function parseRunArgs(argv: string[]): RunArgs {
     batch: intArg("batch", values.batch, 128, 1),
     chat: values.chat ?? false,
     system: values.system,
+    chatTemplate: values["chat-template"],
     json: values.json ?? false,
     parseSpecial: !values["no-special"],
     port: intArg("port", values.port, 7400, 0),
@@ -133,15 +139,15 @@ export function parseRunArgs(argv: string[]): RunArgs {
 }
 
 /** The prompt as token ids: optionally through the chat template, BOS as the vocabulary asks. */
-export async function promptIds(tok: Tokenizer, model: LocalModel, a: RunArgs): Promise<Int32Array> {
+export async function promptIds(tok: Tokenizer, a: RunArgs): Promise<Int32Array> {
   if (!a.chat) return tok.encode(a.prompt, { addSpecial: true, parseSpecial: a.parseSpecial });
   const { renderChat } = await import("../model/chat-template.js");
   const messages = [...(a.system ? [{ role: "system", content: a.system }] : []), { role: "user", content: a.prompt }];
-  const text = renderChat(model.gguf, messages, { addGenerationPrompt: true });
-  // A template that writes the BOS text itself must not get a second BOS from the tokenizer.
-  const bosText = tok.bos === null ? null : tok.tokenText(tok.bos);
-  const addSpecial = !(bosText && text.startsWith(bosText));
-  return tok.encode(text, { addSpecial, parseSpecial: true });
+  // The rendered text leaves out the BOS the tokenizer adds itself (as llama.cpp does).
+  const t = a.chatTemplate;
+  const choice: ChatTemplateOptions = t === undefined ? {} : t === "chatml" || t === "llama2" ? { fallback: t } : { template: readFileSync(t, "utf8") };
+  const text = renderChat(tok, messages, { addGenerationPrompt: true, ...choice });
+  return tok.encode(text, { addSpecial: true, parseSpecial: true });
 }
 
 export interface RunReport {
@@ -160,7 +166,7 @@ export interface RunReport {
 /** Generates on `pipeline` and streams text to stdout (unless --json); returns the report. */
 export async function runGeneration(a: RunArgs, model: LocalModel, tok: Tokenizer, pipeline: Pipeline, loadMs: number, devices: number): Promise<RunReport> {
   const mem = peakAnonTracker();
-  const ids = await promptIds(tok, model, a);
+  const ids = await promptIds(tok, a);
   if (ids.length >= pipeline.nCtx) throw new UsageError(`the prompt has ${ids.length} tokens, the context only ${pipeline.nCtx}: raise --ctx`);
   const stream = new StreamingDecoder(tok);
   let text = "";
