@@ -19,11 +19,11 @@ export type PeerRole = "successor" | "predecessor";
 export interface FrameSendStats {
   /** Frame bytes (header + payload; WebSocket framing excluded). */
   bytes: number;
+  /** Checks and encoding (the copy, or the f16 conversion). */
+  encodeMs: number;
   /** Waiting for earlier frames on this link to be handed to the socket. */
   queuedMs: number;
-  /** Encoding (and f16 conversion). */
-  encodeMs: number;
-  /** From the first fragment's write until the last one left this process (kernel buffer), backpressure included. */
+  /** From the first fragment's write until the last one left this process (to the kernel), backpressure included. */
   writeMs: number;
   /** From send() until the last fragment left this process. */
   totalMs: number;
@@ -53,6 +53,13 @@ interface RingLinkEvents {
 
 const FRAGMENTS_IN_FLIGHT = 2;
 const CLOSE_GRACE_MS = 1000;
+
+/** Returns p, marked as handled: its caller still sees the rejection, but one that nobody awaits
+ * (an ignored send, a fragment after an earlier failure) is not an unhandled rejection. */
+function handled<T>(p: Promise<T>): Promise<T> {
+  p.catch(() => {});
+  return p;
+}
 
 function toBuffer(data: WebSocket.RawData): Buffer {
   if (Buffer.isBuffer(data)) return data;
@@ -115,21 +122,27 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
   }
 
   /**
-   * Sends one frame. Frames go out in call order; the promise resolves when the whole frame has
-   * left this process, with its timing. The frame is encoded (copied) before the promise settles, so
-   * the activations array may be reused once this resolves (or even right after it is called, for
-   * the first frame of an idle link; do not rely on that). Rejects with FrameError for a frame the
-   * peer's HELLO limits refuse (the link stays up), or RingLinkError when the link is down.
+   * Sends one frame. It is checked against the peer's HELLO limits and encoded (copied) before this
+   * returns, so the caller may reuse its activations at once. Frames go out in call order; the
+   * promise resolves when the whole frame has left this process, with its timing. Rejects with
+   * FrameError for a frame the peer would refuse (the link stays up), or RingLinkError when the link
+   * is down.
    */
   send(frame: Frame): Promise<FrameSendStats> {
     const calledAt = performance.now();
+    let buf: Buffer;
+    try {
+      this.checkOpen();
+      this.checkPeerLimits(frame);
+      buf = encodeFrame(frame);
+    } catch (e) {
+      return handled(Promise.reject(e));
+    }
+    const encodedAt = performance.now();
     const turn = this.sendTurn;
     let releaseTurn!: () => void;
     this.sendTurn = new Promise<void>((r) => (releaseTurn = r));
-    const result = turn.then(() => this.writeFrame(frame, calledAt, releaseTurn));
-    // The caller gets the rejection; this only keeps an ignored send from being an unhandled rejection.
-    result.catch(() => {});
-    return result;
+    return handled(turn.then(() => this.writeFrame(buf, calledAt, encodedAt, releaseTurn)));
   }
 
   /** Frames as they arrive; ends when the link closes cleanly, throws its RingLinkError when it fails. */
@@ -197,20 +210,14 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
     return this.closed;
   }
 
-  private async writeFrame(frame: Frame, calledAt: number, releaseTurn: () => void): Promise<FrameSendStats> {
+  private async writeFrame(buf: Buffer, calledAt: number, encodedAt: number, releaseTurn: () => void): Promise<FrameSendStats> {
     try {
       const turnAt = performance.now();
-      this.checkOpen();
-      this.checkPeerLimits(frame);
-      const buf = encodeFrame(frame);
-      const encodedAt = performance.now();
       const flushed: Promise<void>[] = [];
       for (let offset = 0; offset < buf.length; offset += this.options.fragmentBytes) {
         await this.fragmentSlot();
         const end = Math.min(buf.length, offset + this.options.fragmentBytes);
-        const fragment = this.writeFragment(buf.subarray(offset, end), end === buf.length);
-        fragment.catch(() => {}); // awaited below unless an earlier step throws; never left unhandled
-        flushed.push(fragment);
+        flushed.push(handled(this.writeFragment(buf.subarray(offset, end), end === buf.length)));
       }
       releaseTurn();
       await Promise.all(flushed);
@@ -218,7 +225,7 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
       this.counters.framesSent++;
       this.counters.bytesSent += buf.length;
       return {
-        bytes: buf.length, queuedMs: turnAt - calledAt, encodeMs: encodedAt - turnAt, writeMs: doneAt - encodedAt,
+        bytes: buf.length, encodeMs: encodedAt - calledAt, queuedMs: turnAt - encodedAt, writeMs: doneAt - turnAt,
         totalMs: doneAt - calledAt,
       };
     } finally {

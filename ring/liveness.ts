@@ -1,12 +1,16 @@
 // Liveness of one link: is the peer still there and still reading? A TCP connection to a hung
 // process (stopped, deadlocked, swapping to death) stays up for minutes, so the link asks itself:
 //   - ping: every tick without an unanswered ping, send one; once it has left this process (its
-//     write callback fired), the peer has deadAfterMs to answer. Any byte from the peer also counts
-//     as an answer, so a long incoming frame on a slow link is not mistaken for silence.
+//     write callback fired), the peer has deadAfterMs to answer. Any byte from the peer counts as an
+//     answer (a long incoming frame on a slow link is not silence), and so does one of our own writes
+//     completing (our ping may wait in the kernel behind a long outgoing frame; while the peer's
+//     kernel keeps taking our bytes, a late pong is explained).
 //   - reading: while this side has bytes waiting to be written, a write must complete at least every
-//     deadAfterMs (frames are written in fragments, see link.ts, so a slow link still shows progress).
-// With tick = timeout/8 and deadAfter = timeout - 3 ticks, a peer that goes silent is reported
-// within timeoutMs: at most a tick until a ping leaves, deadAfter, and a tick until the check runs.
+//     deadAfterMs (frames go out in fragments, see link.ts, so a slow link still shows progress). A
+//     frozen peer's receive buffer fills and our writes stop: this rule then reports it.
+// With tick = timeout/8 and deadAfter = timeout/2, a peer that goes silent is reported after at most
+// a tick until a ping leaves, deadAfter, and a tick until the check runs: 3/4 of the timeout, which
+// leaves the rest for timer delays on a busy machine.
 import type { Socket } from "node:net";
 import type WebSocket from "ws";
 
@@ -21,7 +25,10 @@ export class LivenessWatch {
   /** When the outstanding ping left this process, or null while it is still queued. */
   private pingFlushedAt: number | null = null;
   private lastHeardAt = performance.now();
-  private lastWriteProgressAt = performance.now();
+  /** When one of our writes last completed. */
+  private lastWriteAt = performance.now();
+  /** When bytes started waiting to be written (sampled each tick), or null while nothing waits. */
+  private bufferedSince: number | null = null;
   private readonly onPong = () => {
     this.pingOutstanding = false;
     this.pingFlushedAt = null;
@@ -38,14 +45,15 @@ export class LivenessWatch {
     private readonly onDead: (reason: string) => void,
   ) {
     this.tickMs = Math.max(1, timeoutMs / 8);
-    this.deadAfterMs = timeoutMs - 3 * this.tickMs;
+    this.deadAfterMs = timeoutMs / 2;
   }
 
   start(): void {
     if (this.timer) return;
     this.ws.on("pong", this.onPong);
     this.socket.on("data", this.onData);
-    this.lastHeardAt = this.lastWriteProgressAt = performance.now();
+    this.lastHeardAt = this.lastWriteAt = performance.now();
+    this.bufferedSince = null;
     this.timer = setInterval(() => this.tick(), this.tickMs);
     this.timer.unref(); // a link never keeps the process alive by itself
   }
@@ -59,7 +67,7 @@ export class LivenessWatch {
 
   /** The link calls this whenever one of its writes completes. */
   noteWriteProgress(): void {
-    this.lastWriteProgressAt = performance.now();
+    this.lastWriteAt = performance.now();
   }
 
   private dead(reason: string): void {
@@ -70,17 +78,21 @@ export class LivenessWatch {
   private tick(): void {
     const now = performance.now();
     if (this.pingOutstanding && this.pingFlushedAt !== null) {
-      const silentMs = now - Math.max(this.pingFlushedAt, this.lastHeardAt);
+      const silentMs = now - Math.max(this.pingFlushedAt, this.lastHeardAt, this.lastWriteAt);
       if (silentMs > this.deadAfterMs) {
-        this.dead(`no answer to a ping for ${Math.round(silentMs)} ms: the peer is dead, hung or unreachable`);
+        this.dead(`no answer to a ping for ${Math.round(now - this.pingFlushedAt)} ms: the peer is dead, hung or unreachable`);
         return;
       }
     }
-    if (this.ws.bufferedAmount === 0) this.lastWriteProgressAt = now;
-    else if (now - this.lastWriteProgressAt > this.deadAfterMs) {
-      this.dead(`the peer stopped reading: ${this.ws.bufferedAmount} bytes unsent and no write completed for ` +
-        `${Math.round(now - this.lastWriteProgressAt)} ms`);
-      return;
+    const buffered = this.ws.bufferedAmount;
+    if (buffered === 0) this.bufferedSince = null;
+    else {
+      this.bufferedSince ??= now;
+      const stalledMs = now - Math.max(this.lastWriteAt, this.bufferedSince);
+      if (stalledMs > this.deadAfterMs) {
+        this.dead(`the peer stopped reading: ${buffered} bytes unsent and no write completed for ${Math.round(stalledMs)} ms`);
+        return;
+      }
     }
     if (!this.pingOutstanding && this.ws.readyState === this.ws.OPEN) {
       this.pingOutstanding = true;

@@ -240,8 +240,12 @@ describe("garbage", () => {
     await once(ws, "message");
     const inbound = await listener.accept({ timeoutMs: 5000 });
     const wsClosed = once(ws, "close");
+    const reading = (async () => {
+      for await (const f of inbound.frames()) void f;
+    })();
     ws.send(Buffer.from("PRMX not a frame at all, long enough to have a header"));
     const closed = await inbound.closed;
+    expect(await rejection(reading)).toBe(closed.error); // the iterator throws the link's error
     expect(closed.error?.kind).toBe("protocol");
     expect(closed.error?.message).toMatch(/^ring link predecessor "evil" \(127\.0\.0\.1:\d+\): sent an invalid frame: frame: magic bytes/);
     expect((await wsClosed)[0]).toBe(4002);
@@ -294,6 +298,7 @@ describe("liveness", () => {
     const closed = await link.closed;
     expect(performance.now() - t0).toBeLessThan(2000);
     expect(closed.error?.kind).toBe("dead");
+    expect(closed.error?.message).toMatch(/successor "frozen" .*: (the peer stopped reading|no answer to a ping)/);
     const results = await Promise.allSettled(sends);
     expect(results.some((r) => r.status === "rejected")).toBe(true);
   });
@@ -372,6 +377,24 @@ describe("traffic", () => {
     }
     expect(ids).toEqual(Array.from({ length: 300 }, (_, i) => i));
     expect((await Promise.all(sends)).every((s) => s.bytes > 32)).toBe(true);
+  });
+
+  it("copies the rows at send(), so the caller may reuse its array at once", async () => {
+    const { out, inn } = await pair();
+    const frame = acts(0, 300); // several fragments
+    const sends = [];
+    for (let v = 0; v < 3; v++) {
+      frame.activations.fill(v);
+      sends.push(out.send({ ...frame, requestId: v }));
+    }
+    frame.activations.fill(-1);
+    await Promise.all(sends);
+    const it = inn.frames();
+    for (let v = 0; v < 3; v++) {
+      const f = (await it.next()).value as ActivationsFrame;
+      expect(f.activations.every((x) => x === v)).toBe(true);
+    }
+    await it.return?.();
   });
 
   it("keeps frames that arrive before anyone listens", async () => {
