@@ -12,20 +12,27 @@ import { codepointsOf, gpt2Bytes, pushUtf8 } from "./tokenizer-unicode.js";
 import type { Vocab } from "./tokenizer-vocab.js";
 
 const WORD_CACHE_LIMIT = 1 << 16;
+const CACHED_WORD_MAX_BYTES = 256;
+/** Words longer than this get their own buffers, so one huge word does not keep them allocated. */
+const SHARED_BUFFER_MAX = 4096;
 
 export class BpeEncoder {
   private readonly heap = new MergeHeap();
   private readonly cache = new Map<string, readonly number[]>();
   /** Token id of each single byte character, -1 if it is not a token. */
   private readonly byteId = new Int32Array(256);
-  private id = new Int32Array(64);
-  private len = new Int32Array(64);
-  private prev = new Int32Array(64);
-  private next = new Int32Array(64);
+  private id: Int32Array;
+  private len: Int32Array;
+  private prev: Int32Array;
+  private next: Int32Array;
 
-  constructor(private readonly vocab: Vocab) {
+  constructor(private readonly vocab: Vocab, capacity = 64) {
     if (!vocab.splitter) throw new Error("BpeEncoder needs a BPE vocabulary");
     for (let b = 0; b < 256; b++) this.byteId[b] = vocab.tokenToId.get(gpt2Bytes.byteToChar[b]) ?? -1;
+    this.id = new Int32Array(capacity);
+    this.len = new Int32Array(capacity);
+    this.prev = new Int32Array(capacity);
+    this.next = new Int32Array(capacity);
   }
 
   /** Appends the ids of `text` (no special-token parsing) to `out`. */
@@ -43,8 +50,10 @@ export class BpeEncoder {
       let ids = this.cache.get(word);
       if (!ids) {
         ids = this.encodeWord(word, bytes);
-        if (this.cache.size >= WORD_CACHE_LIMIT) this.cache.clear();
-        this.cache.set(word, ids);
+        if (word.length <= CACHED_WORD_MAX_BYTES) {
+          if (this.cache.size >= WORD_CACHE_LIMIT) this.cache.clear();
+          this.cache.set(word, ids);
+        }
       }
       for (const id of ids) out.push(id);
     }
@@ -58,11 +67,13 @@ export class BpeEncoder {
       if (whole !== undefined) return [whole];
     }
     const n = bytes.length;
+    if (n > SHARED_BUFFER_MAX && n > this.len.length) return new BpeEncoder(this.vocab, n).encodeWord(word, bytes);
     if (this.len.length < n) {
-      this.id = new Int32Array(n * 2);
-      this.len = new Int32Array(n * 2);
-      this.prev = new Int32Array(n * 2);
-      this.next = new Int32Array(n * 2);
+      const cap = Math.min(SHARED_BUFFER_MAX, n * 2);
+      this.id = new Int32Array(cap);
+      this.len = new Int32Array(cap);
+      this.prev = new Int32Array(cap);
+      this.next = new Int32Array(cap);
     }
     const { id, len, prev, next, heap } = this;
     for (let i = 0; i < n; i++) {

@@ -20,25 +20,26 @@ export function spmByteToken(vocab: Vocab, byte: number): number {
 }
 
 export class SpmEncoder {
-  private readonly heap = new MergeHeap();
-  private start = new Int32Array(64);
-  private len = new Int32Array(64);
-  private prev = new Int32Array(64);
-  private next = new Int32Array(64);
-
   constructor(private readonly vocab: Vocab) {}
 
   /** Appends the ids of `text` (spaces already escaped to U+2581) to `out`. */
   encode(text: string, out: number[]): void {
     if (text.length === 0) return;
-    if (this.start.length < text.length) {
-      const cap = text.length * 2;
-      this.start = new Int32Array(cap);
-      this.len = new Int32Array(cap);
-      this.prev = new Int32Array(cap);
-      this.next = new Int32Array(cap);
-    }
-    const { start, len, prev, next, heap } = this;
+    // Per call, so a long prompt's buffers do not stay allocated.
+    const start = new Int32Array(text.length);
+    const len = new Int32Array(text.length);
+    const prev = new Int32Array(text.length);
+    const next = new Int32Array(text.length);
+    const heap = new MergeHeap();
+    const { tokenToId, scores } = this.vocab;
+    const tryAdd = (l: number, r: number) => {
+      if (l < 0 || r < 0) return;
+      const size = len[l] + len[r];
+      const id = tokenToId.getRange(text, start[l], start[l] + size);
+      // Highest score first: the heap pops the smallest key.
+      if (id >= 0) heap.push(-scores[id], l, r, size);
+    };
+
     let n = 0;
     for (let i = 0; i < text.length; ) {
       const c = text.charCodeAt(i);
@@ -51,9 +52,7 @@ export class SpmEncoder {
       i += w;
     }
     next[n - 1] = -1;
-
-    heap.clear();
-    for (let i = 1; i < n; i++) this.tryAdd(text, i - 1, i);
+    for (let i = 1; i < n; i++) tryAdd(i - 1, i);
 
     while (heap.pop()) {
       const l = heap.topLeft;
@@ -64,26 +63,17 @@ export class SpmEncoder {
       len[r] = 0;
       next[l] = next[r];
       if (next[r] >= 0) prev[next[r]] = l;
-      this.tryAdd(text, prev[l], l);
-      this.tryAdd(text, l, next[l]);
+      tryAdd(prev[l], l);
+      tryAdd(l, next[l]);
     }
 
     for (let i = 0; i !== -1; i = next[i]) {
-      const id = this.vocab.tokenToId.getRange(text, start[i], start[i] + len[i]);
+      const id = tokenToId.getRange(text, start[i], start[i] + len[i]);
       if (id >= 0) {
         out.push(id);
       } else {
         for (const b of utf8Bytes(text.substring(start[i], start[i] + len[i]))) out.push(spmByteToken(this.vocab, b));
       }
     }
-  }
-
-  private tryAdd(text: string, l: number, r: number): void {
-    if (l < 0 || r < 0) return;
-    const size = this.len[l] + this.len[r];
-    const id = this.vocab.tokenToId.getRange(text, this.start[l], this.start[l] + size);
-    if (id < 0) return;
-    // Highest score first: the heap pops the smallest key.
-    this.heap.push(-this.vocab.scores[id], l, r, size);
   }
 }

@@ -7,9 +7,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { GgufValueType, kv, readGguf, writeGguf, type GgufKV } from "../../model/gguf.js";
-import { StreamingDecoder, Tokenizer, TokenizerError } from "../../model/tokenizer.js";
+import { StreamingDecoder, TokenAttr, Tokenizer, TokenizerError } from "../../model/tokenizer.js";
 import {
-  bundledVocab, goldenTokenizerDir, tokenizerMetadataFromGguf, tokenizerMetadataFromTokenizerJson, type BundledVocabName,
+  bundledVocab, goldenTokenizerDir, padVocab, tokenizerMetadataFromGguf, tokenizerMetadataFromTokenizerJson, type BundledVocabName,
 } from "../../model/tokenizer-export.js";
 import { CATEGORY_MASK, CptFlag, cptFlags } from "../../model/tokenizer-unicode.js";
 import { GOLDEN_VOCABS, goldenCases, nastyStrings, rng, stringItems } from "./tokenizer-fixtures.js";
@@ -62,6 +62,35 @@ describe("tokenizer.json conversion against llama.cpp's convert_hf_to_gguf.py ou
       expect([mine.get("tokenizer.ggml.bos_token_id"), mine.get("tokenizer.ggml.eos_token_id")])
         .toEqual([refMeta("tokenizer.ggml.bos_token_id"), refMeta("tokenizer.ggml.eos_token_id")]);
     }
+  });
+});
+
+describe("vocabulary export", () => {
+  test("tokenizerMetadataFromGguf copies exactly the tokenizer keys", () => {
+    const file = readGguf(join(goldenTokenizerDir(), "ggml-vocab-phi-3.gguf"));
+    const copied = tokenizerMetadataFromGguf(file);
+    expect(copied.map((m) => m.key)).toEqual([...file.metadata.keys()].filter((k) => k.startsWith("tokenizer.")));
+    expect(copied.every((m) => file.metadata.get(m.key) === m)).toBe(true);
+  });
+
+  test("padding to a model's vocab_size adds unused tokens that never come out of encode", () => {
+    const base = bundledVocab("llama-spm").metadata;
+    const padded = Tokenizer.fromMetadata(padVocab(base, 32016));
+    expect(padded.nVocab).toBe(32016);
+    expect(padded.tokenText(32015)).toBe("[PAD32015]");
+    expect(padded.tokenAttributes(32015)).toBe(TokenAttr.UNUSED);
+    expect(padded.decode([32015], { special: true })).toBe("");
+    expect(Array.from(padded.encode("[PAD32015] hi", { parseSpecial: true }))).toEqual(Array.from(tokenizer("llama-spm").encode("[PAD32015] hi")));
+    expect(() => padVocab(base, 10)).toThrow(/vocabulary size 10 is smaller than the vocabulary's 32000 tokens/);
+  });
+
+  test("a model config's special ids fill in what tokenizer_config.json leaves unset", () => {
+    const endOfText = tokenizer("qwen2").tokenId("<|endoftext|>")!;
+    const meta = new Map(bundledVocab("qwen2", { modelConfig: { bos_token_id: endOfText, eos_token_id: 1 } }).metadata.map((m) => [m.key, m.value]));
+    expect(meta.get("tokenizer.ggml.bos_token_id")).toBe(endOfText); // tokenizer_config.json names no BOS
+    expect(meta.get("tokenizer.ggml.eos_token_id")).toBe(tokenizer("qwen2").tokenId("<|im_end|>")); // but names <|im_end|> as EOS
+    expect(() => bundledVocab("gpt-2", { modelConfig: {} })).toThrow(/modelConfig applies to the tokenizer\.json vocabularies/);
+    expect(() => bundledVocab("nope" as BundledVocabName)).toThrow(/unknown vocabulary "nope"/);
   });
 });
 
