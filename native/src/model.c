@@ -508,32 +508,44 @@ void prima_model_embed(prima_model *m, const int32_t *tokens, int n, float *out)
 
 /* ---- paging ------------------------------------------------------------------------------- */
 
-/* Calls fn on each maximal page-aligned run of the window's weight bytes. */
+/* Calls fn on each maximal page-aligned run of the window's weight bytes, in file order. Runs must be
+ * as long as possible: the page cache keeps large folios, and dropping part of one drops nothing. */
+typedef struct {
+  uint64_t lo, hi;
+} byte_range;
+
+static int cmp_range(const void *a, const void *b) {
+  const byte_range *x = a, *y = b;
+  return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
 static int for_each_range(prima_window *w, int (*fn)(prima_window *, uint8_t *, size_t, void *), void *arg) {
-  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
-  uint64_t lo = UINT64_MAX, hi = 0;
-  int rc = 0;
-  for (int l = w->first; l < w->end && rc == 0; l++) {
+  const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  const int nt = (int)(sizeof(prima_layer) / sizeof(prima_tensor));
+  const int cap = (w->end - w->first) * nt;
+  byte_range *r = malloc(sizeof *r * (size_t)cap);
+  if (!r) return ENOMEM;
+  int n = 0;
+  for (int l = w->first; l < w->end; l++) {
     const prima_tensor *ts = &w->m->layers[l].attn_norm;
-    const int nt = (int)(sizeof(prima_layer) / sizeof(prima_tensor));
-    for (int i = 0; i < nt && rc == 0; i++) {
+    for (int i = 0; i < nt; i++) {
       if (!ts[i].data) continue;
-      const uint64_t a = ts[i].offset & ~(uint64_t)(page - 1);
-      const uint64_t b = (ts[i].offset + ts[i].n_bytes + page - 1) & ~(uint64_t)(page - 1);
-      if (lo != UINT64_MAX && a <= hi && b >= lo) {
-        if (a < lo) lo = a;
-        if (b > hi) hi = b;
-        continue;
-      }
-      if (lo != UINT64_MAX) rc = fn(w, w->m->map + lo, (size_t)(hi - lo), arg);
-      lo = a;
-      hi = b;
+      r[n].lo = ts[i].offset & ~(page - 1);
+      r[n].hi = (ts[i].offset + ts[i].n_bytes + page - 1) & ~(page - 1);
+      n++;
     }
   }
-  if (rc == 0 && lo != UINT64_MAX) {
-    if (hi > w->m->map_bytes) hi = (w->m->map_bytes + page - 1) & ~(uint64_t)(page - 1);
+  qsort(r, (size_t)n, sizeof *r, cmp_range);
+  const uint64_t map_end = ((uint64_t)w->m->map_bytes + page - 1) & ~(page - 1);
+  int rc = 0;
+  for (int i = 0; i < n && rc == 0;) {
+    uint64_t lo = r[i].lo, hi = r[i].hi;
+    for (i++; i < n && r[i].lo <= hi; i++)
+      if (r[i].hi > hi) hi = r[i].hi;
+    if (hi > map_end) hi = map_end;
     rc = fn(w, w->m->map + lo, (size_t)(hi - lo), arg);
   }
+  free(r);
   return rc;
 }
 

@@ -1,0 +1,36 @@
+// A window's weights can be dropped from memory and paged back in ahead of use (MADV_WILLNEED), and
+// mincore residency shows both. The model is copied first so no other test holds its pages.
+import { closeSync, copyFileSync, fsyncSync, mkdtempSync, openSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { expect, it } from "vitest";
+import { LocalModel } from "../../engine/index.js";
+
+it("release evicts a window's pages; prefetch brings them back before the window runs", async () => {
+  const path = join(mkdtempSync(join(tmpdir(), "prima-paging-")), "model.gguf");
+  copyFileSync("models/stories260K.gguf", path);
+  const fd = openSync(path, "r+");
+  fsyncSync(fd); // dirty pages cannot be dropped from the page cache
+  closeSync(fd);
+  const model = LocalModel.open(path, { threads: 1 });
+  const w = model.window(1, 4, { ctx: 8 });
+  const total = w.residency().totalBytes;
+  // 3 layers of F32 weights, page-aligned
+  expect(total).toBeGreaterThan(3 * 64 * (64 + 32 + 32 + 64 + 3 * 172) * 4);
+  w.release();
+  const evicted = w.residency().residentBytes;
+  expect(evicted / total).toBeLessThan(0.2);
+  w.prefetch();
+  let resident = 0;
+  for (let i = 0; i < 200 && resident < total; i++) {
+    resident = w.residency().residentBytes;
+    if (resident < total) await new Promise((r) => setTimeout(r, 10));
+  }
+  expect(resident).toBe(total);
+  // and the window still computes what it computed before the round trip
+  const acts = model.embed(Int32Array.of(1, 403));
+  await w.forward(acts, 0, 2);
+  expect(acts.every(Number.isFinite)).toBe(true);
+  w.close();
+  model.close();
+});
