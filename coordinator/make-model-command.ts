@@ -1,5 +1,128 @@
-// Placeholder until the make-model command lands.
-export async function makeModelCommand(_args: string[]): Promise<number> {
-  console.error("prima-coord make-model: not built yet");
-  return 1;
+// prima-coord make-model: writes a random-weight GGUF of a named or custom shape and any type mix
+// (modelgen/). Tests and benchmarks use it to make models no one can download here.
+import { parseArgs } from "node:util";
+import {
+  FILE_TYPE_NAMES, GEN_SHAPES, generateModel, genShapeByName, ModelGenError, resolveShape, type GenShape,
+} from "../modelgen/index.js";
+import { BUNDLED_VOCAB_NAMES, type BundledVocabName } from "../model/index.js";
+
+const HELP = `usage: prima-coord make-model --shape NAME --type TYPE --out FILE [options]
+       prima-coord make-model --dims N --layers N --heads N --ffn N --type TYPE --out FILE [options]
+
+  --shape NAME      ${GEN_SHAPES.map((s) => s.name).join(", ")}
+  --type TYPE       ${FILE_TYPE_NAMES.join(", ")} (Q3_K/Q4_K/Q5_K mean the _M mixes)
+  --pure            every quantized weight of the type's base type (llama-quantize --pure)
+  --out FILE        the GGUF to write
+  --vocab NAME      ${BUNDLED_VOCAB_NAMES.join(", ")} (default: the shape's)
+  --seed N          random seed (default 1)
+  custom shape (starting from --shape, or from tiny-llama):
+  --arch A          llama or qwen2      --dims N      --layers N     --heads N
+  --kv-heads N      --ffn N             --vocab-size N                --ctx N`;
+
+class UsageError extends Error {
+  override name = "UsageError";
+}
+
+function intArg(name: string, v: string | undefined): number | undefined {
+  if (v === undefined) return undefined;
+  const n = Number(v);
+  if (v.trim() === "" || !Number.isInteger(n) || n <= 0) throw new UsageError(`--${name} must be a positive whole number (got "${v}")`);
+  return n;
+}
+
+export interface MakeModelArgs {
+  readonly shape: GenShape;
+  readonly type: string;
+  readonly pure: boolean;
+  readonly out: string;
+  readonly vocab?: BundledVocabName;
+  readonly seed: number;
+}
+
+export function parseMakeModelArgs(argv: string[]): MakeModelArgs | "help" {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: argv,
+      options: {
+        shape: { type: "string" }, type: { type: "string" }, out: { type: "string" }, pure: { type: "boolean" },
+        vocab: { type: "string" }, seed: { type: "string" }, arch: { type: "string" }, dims: { type: "string" },
+        layers: { type: "string" }, heads: { type: "string" }, "kv-heads": { type: "string" }, ffn: { type: "string" },
+        "vocab-size": { type: "string" }, ctx: { type: "string" }, help: { type: "boolean", short: "h" },
+      },
+    }));
+  } catch (e) {
+    throw new UsageError(e instanceof Error ? e.message : String(e));
+  }
+  if (values.help) return "help";
+  if (!values.type) throw new UsageError("--type is required");
+  if (!values.out) throw new UsageError("--out is required");
+  const custom = values.dims ?? values.layers ?? values.heads ?? values["kv-heads"] ?? values.ffn ?? values["vocab-size"] ?? values.ctx ?? values.arch;
+  if (!values.shape && custom === undefined) throw new UsageError("--shape (or a custom --dims/--layers/... shape) is required");
+  let base = genShapeByName(values.shape ?? "tiny-llama");
+  if (!base) throw new UsageError(`unknown shape "${values.shape}" (known: ${GEN_SHAPES.map((s) => s.name).join(", ")})`);
+  if (values.arch !== undefined && values.arch !== "llama" && values.arch !== "qwen2") {
+    throw new UsageError(`--arch must be llama or qwen2 (got "${values.arch}")`);
+  }
+  if (custom !== undefined) {
+    const arch = (values.arch as "llama" | "qwen2" | undefined) ?? base.arch;
+    const heads = intArg("heads", values.heads) ?? base.nHead;
+    base = {
+      ...base,
+      name: "custom",
+      arch,
+      nEmbd: intArg("dims", values.dims) ?? base.nEmbd,
+      nLayers: intArg("layers", values.layers) ?? base.nLayers,
+      nHead: heads,
+      nHeadKv: intArg("kv-heads", values["kv-heads"]) ?? (values.heads ? heads : base.nHeadKv),
+      nFf: intArg("ffn", values.ffn) ?? base.nFf,
+      nVocab: intArg("vocab-size", values["vocab-size"]) ?? base.nVocab,
+      contextLength: intArg("ctx", values.ctx) ?? base.contextLength,
+      tiedEmbeddings: arch === "qwen2" ? base.tiedEmbeddings || base.arch !== "qwen2" : false,
+      qkvBias: arch === "qwen2",
+    };
+  }
+  let vocab: BundledVocabName | undefined;
+  if (values.vocab !== undefined) {
+    if (!(BUNDLED_VOCAB_NAMES as readonly string[]).includes(values.vocab)) {
+      throw new UsageError(`unknown vocabulary "${values.vocab}" (known: ${BUNDLED_VOCAB_NAMES.join(", ")})`);
+    }
+    vocab = values.vocab as BundledVocabName;
+  }
+  const seed = values.seed === undefined ? 1 : Number(values.seed);
+  if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new UsageError(`--seed must be a whole number 0..4294967295 (got "${values.seed}")`);
+  return { shape: base, type: values.type, pure: values.pure ?? false, out: values.out, vocab, seed };
+}
+
+export async function makeModelCommand(argv: string[]): Promise<number> {
+  let args;
+  try {
+    args = parseMakeModelArgs(argv);
+    if (args === "help") {
+      console.log(HELP);
+      return 0;
+    }
+    resolveShape(args.shape);
+  } catch (e) {
+    if (e instanceof UsageError || e instanceof ModelGenError) {
+      console.error(`prima-coord make-model: ${e.message}\n\n${HELP}`);
+      return 2;
+    }
+    throw e;
+  }
+  const t0 = Date.now();
+  try {
+    const r = await generateModel({ shape: args.shape, type: args.type, pure: args.pure, out: args.out, vocab: args.vocab, seed: args.seed });
+    const counts = new Map<number, number>();
+    for (const t of r.tensors) counts.set(t.type, (counts.get(t.type) ?? 0) + 1);
+    console.log(`wrote ${r.path}: ${r.shape.name} (${r.shape.arch}, ${r.shape.nLayers} layers, dim ${r.shape.nEmbd}), ${r.fileType}` +
+      `${args.pure ? " pure" : ""}, ${(r.fileBytes / 2 ** 20).toFixed(1)} MiB in ${((Date.now() - t0) / 1000).toFixed(1)} s`);
+    return 0;
+  } catch (e) {
+    if (e instanceof ModelGenError) {
+      console.error(`prima-coord make-model: ${e.message}`);
+      return 2;
+    }
+    throw e;
+  }
 }

@@ -1,0 +1,175 @@
+// Writes a random-weight GGUF in a llama or qwen2 shape: normal weights (std 0.02), norms 1.0, qwen2
+// QKV biases, quantized with our reference quantizers (byte-equal to llama.cpp's quantize_row_*_ref)
+// into the type mix llama-quantize would choose, with a real vocabulary's tokenizer metadata.
+// Tensors are produced one at a time while the file is written: no model sits in memory whole.
+import { statSync } from "node:fs";
+import { bundledVocab, kv, writeGguf, GgufValueType, type BundledVocabName, type GgufKV, type GgufTensorToWrite } from "../model/index.js";
+import { quantizeRef, rowBytes } from "../native/kernels.js";
+import { FILE_TYPES, parseFileType, tensorTypeFor, type FileTypeName } from "./quant-mix.js";
+import { NormalStream } from "./random.js";
+import { genShapeByName, GEN_SHAPES, shapeProblems, type GenShape } from "./shapes.js";
+
+export class ModelGenError extends Error {
+  override name = "ModelGenError";
+}
+
+export interface GenerateOptions {
+  /** A named shape (GEN_SHAPES) or a full shape. */
+  readonly shape: string | GenShape;
+  /** A file type (Q4_K_M, Q8_0, F16 ...; Q4_K means Q4_K_M as in llama-quantize). */
+  readonly type: string;
+  readonly out: string;
+  /** Every quantized weight the file type's base type, as llama-quantize --pure. */
+  readonly pure?: boolean;
+  /** A bundled vocabulary by name, or tokenizer.* metadata (padded to the shape's vocabulary size). */
+  readonly vocab?: BundledVocabName | readonly GgufKV[];
+  readonly seed?: number;
+  /** Standard deviation of the weights (default 0.02). */
+  readonly weightStd?: number;
+  /** general.name (default: the shape's name and type). */
+  readonly name?: string;
+}
+
+export interface GeneratedTensor {
+  readonly name: string;
+  readonly dims: readonly number[];
+  readonly type: number;
+}
+
+export interface GenerateResult {
+  readonly path: string;
+  readonly shape: GenShape;
+  readonly fileType: FileTypeName;
+  readonly tensors: readonly GeneratedTensor[];
+  readonly fileBytes: number;
+}
+
+interface TensorPlan extends GeneratedTensor {
+  /** What fills it: weights (normal), ones (norms) or biases (small normal). */
+  readonly fill: "weight" | "ones" | "bias";
+}
+
+/** The tensors of a shape, in the order convert_hf_to_gguf-style files hold them, with their types. */
+export function planTensors(shape: GenShape, fileType: FileTypeName, pure = false): GeneratedTensor[] {
+  return planWithFill(shape, fileType, pure).map(({ name, dims, type }) => ({ name, dims, type }));
+}
+
+function planWithFill(shape: GenShape, fileType: FileTypeName, pure: boolean): TensorPlan[] {
+  const E = shape.nEmbd, hd = E / shape.nHead, kvDim = hd * shape.nHeadKv, F = shape.nFf;
+  const out: TensorPlan[] = [];
+  const add = (name: string, dims: number[], layer: number, fill: TensorPlan["fill"]) =>
+    out.push({ name, dims, fill, type: tensorTypeFor(fileType, { name, dims, layer }, shape, pure) });
+  add("token_embd.weight", [E, shape.nVocab], -1, "weight");
+  for (let i = 0; i < shape.nLayers; i++) {
+    const p = `blk.${i}.`;
+    add(`${p}attn_norm.weight`, [E], i, "ones");
+    add(`${p}attn_q.weight`, [E, E], i, "weight");
+    add(`${p}attn_k.weight`, [E, kvDim], i, "weight");
+    add(`${p}attn_v.weight`, [E, kvDim], i, "weight");
+    if (shape.qkvBias) {
+      add(`${p}attn_q.bias`, [E], i, "bias");
+      add(`${p}attn_k.bias`, [kvDim], i, "bias");
+      add(`${p}attn_v.bias`, [kvDim], i, "bias");
+    }
+    add(`${p}attn_output.weight`, [E, E], i, "weight");
+    add(`${p}ffn_norm.weight`, [E], i, "ones");
+    add(`${p}ffn_gate.weight`, [E, F], i, "weight");
+    add(`${p}ffn_up.weight`, [E, F], i, "weight");
+    add(`${p}ffn_down.weight`, [F, E], i, "weight");
+  }
+  add("output_norm.weight", [E], -1, "ones");
+  if (!shape.tiedEmbeddings) add("output.weight", [E, shape.nVocab], -1, "weight");
+  return out;
+}
+
+/** A tensor's bytes: generated and quantized a block of rows at a time. */
+function tensorBytes(t: TensorPlan, seed: number, std: number): Uint8Array {
+  const rowElems = t.dims[0];
+  const rows = t.dims.slice(1).reduce((a, b) => a * b, 1);
+  const rowLen = rowBytes(t.type, rowElems);
+  const out = new Uint8Array(rowLen * rows);
+  if (t.fill === "ones") {
+    out.set(quantizeRef(t.type, new Float32Array(rowElems * rows).fill(1)));
+    return out;
+  }
+  const stream = new NormalStream(seed, t.name);
+  const chunkRows = Math.max(1, Math.floor((1 << 20) / rowElems));
+  const buf = new Float32Array(chunkRows * rowElems);
+  for (let r = 0; r < rows; r += chunkRows) {
+    const n = Math.min(chunkRows, rows - r);
+    const x = buf.subarray(0, n * rowElems);
+    stream.fill(x, t.fill === "bias" ? std / 2 : std);
+    quantizeRef(t.type, x, out.subarray(r * rowLen, (r + n) * rowLen));
+  }
+  return out;
+}
+
+function archMetadata(shape: GenShape, name: string, fileType: FileTypeName): GgufKV[] {
+  const a = shape.arch, hd = shape.nEmbd / shape.nHead;
+  return [
+    kv.str("general.architecture", a),
+    kv.str("general.name", name),
+    kv.u32(`${a}.context_length`, shape.contextLength),
+    kv.u32(`${a}.embedding_length`, shape.nEmbd),
+    kv.u32(`${a}.block_count`, shape.nLayers),
+    kv.u32(`${a}.feed_forward_length`, shape.nFf),
+    kv.u32(`${a}.attention.head_count`, shape.nHead),
+    kv.u32(`${a}.attention.head_count_kv`, shape.nHeadKv),
+    kv.f32(`${a}.rope.freq_base`, shape.ropeFreqBase),
+    kv.f32(`${a}.attention.layer_norm_rms_epsilon`, shape.normEps),
+    kv.u32(`${a}.rope.dimension_count`, hd),
+    kv.u32(`${a}.vocab_size`, shape.nVocab),
+    kv.u32("general.file_type", FILE_TYPES[fileType].ftype),
+    kv.u32("general.quantization_version", 2),
+  ];
+}
+
+function vocabMetadata(shape: GenShape, vocab: GenerateOptions["vocab"]): GgufKV[] {
+  const meta = typeof vocab === "object" ? [...vocab] : [...bundledVocab(vocab ?? shape.defaultVocab).metadata];
+  const tokens = meta.find((m) => m.key === "tokenizer.ggml.tokens");
+  if (!tokens || tokens.type !== GgufValueType.ARRAY || typeof tokens.value !== "object") {
+    throw new ModelGenError("vocabulary metadata has no tokenizer.ggml.tokens array");
+  }
+  const nTokens = tokens.value.items.length;
+  if (nTokens > shape.nVocab) {
+    throw new ModelGenError(`the vocabulary has ${nTokens} tokens, more than the shape's vocabulary size ${shape.nVocab}`);
+  }
+  if (nTokens === shape.nVocab) return meta;
+  if (typeof vocab === "object") {
+    throw new ModelGenError(`the vocabulary has ${nTokens} tokens, the shape needs ${shape.nVocab} (pad it with model/'s padVocab)`);
+  }
+  return [...bundledVocab(vocab ?? shape.defaultVocab, { vocabSize: shape.nVocab }).metadata];
+}
+
+export function resolveShape(shape: string | GenShape): GenShape {
+  const s = typeof shape === "string" ? genShapeByName(shape) : shape;
+  if (!s) throw new ModelGenError(`unknown shape "${String(shape)}" (known: ${GEN_SHAPES.map((x) => x.name).join(", ")})`);
+  const problems = shapeProblems(s);
+  if (problems.length) throw new ModelGenError(`shape ${s.name}: ${problems.join("; ")}`);
+  return s;
+}
+
+/** Generates the model file; resolves when it is written. */
+export async function generateModel(options: GenerateOptions): Promise<GenerateResult> {
+  const shape = resolveShape(options.shape);
+  const fileType = parseFileType(options.type);
+  if (!fileType) throw new ModelGenError(`unknown file type "${options.type}" (known: ${Object.keys(FILE_TYPES).join(", ")})`);
+  const seed = options.seed ?? 1;
+  if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new ModelGenError(`seed must be a whole number 0..2^32-1 (got ${seed})`);
+  const std = options.weightStd ?? 0.02;
+  if (!(std > 0 && std < 1e3)) throw new ModelGenError(`weight std must be positive (got ${std})`);
+  const plan = planWithFill(shape, fileType, options.pure ?? false);
+  const metadata = [
+    ...archMetadata(shape, options.name ?? `${shape.name}-${fileType}${options.pure ? "-pure" : ""}-random`, fileType),
+    ...vocabMetadata(shape, options.vocab),
+  ];
+  const tensors: GgufTensorToWrite[] = plan.map((t) => ({
+    name: t.name, dims: t.dims, type: t.type, data: () => tensorBytes(t, seed, std),
+  }));
+  writeGguf(options.out, metadata, tensors);
+  return {
+    path: options.out, shape, fileType,
+    tensors: plan.map(({ name, dims, type }) => ({ name, dims, type })),
+    fileBytes: statSync(options.out).size,
+  };
+}

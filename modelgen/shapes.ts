@@ -1,0 +1,82 @@
+// Model shapes the generator knows by name (../shared/models/README.md), plus small test shapes whose
+// every dimension is a multiple of 256, so that every quantization type applies to every matrix.
+
+export type GenArchitecture = "llama" | "qwen2";
+
+export interface GenShape {
+  readonly name: string;
+  readonly arch: GenArchitecture;
+  readonly nEmbd: number;
+  readonly nLayers: number;
+  readonly nHead: number;
+  readonly nHeadKv: number;
+  readonly nFf: number;
+  readonly nVocab: number;
+  /** No output.weight: the head reuses token_embd.weight (qwen2 small models). */
+  readonly tiedEmbeddings: boolean;
+  /** attn_q/k/v biases (qwen2). */
+  readonly qkvBias: boolean;
+  readonly contextLength: number;
+  readonly ropeFreqBase: number;
+  readonly normEps: number;
+  /** The vocabulary written when none is asked for (a bundled vocabulary name, see model/). */
+  readonly defaultVocab: "llama-spm" | "llama-bpe" | "qwen2" | "stories260K";
+}
+
+export const GEN_SHAPES: readonly GenShape[] = [
+  {
+    name: "tinyllama-1.1b", arch: "llama", nEmbd: 2048, nLayers: 22, nHead: 32, nHeadKv: 4, nFf: 5632, nVocab: 32000,
+    tiedEmbeddings: false, qkvBias: false, contextLength: 2048, ropeFreqBase: 10000, normEps: 1e-5, defaultVocab: "llama-spm",
+  },
+  {
+    name: "llama3-8b", arch: "llama", nEmbd: 4096, nLayers: 32, nHead: 32, nHeadKv: 8, nFf: 14336, nVocab: 128256,
+    tiedEmbeddings: false, qkvBias: false, contextLength: 8192, ropeFreqBase: 500000, normEps: 1e-5, defaultVocab: "llama-bpe",
+  },
+  {
+    name: "llama3-70b", arch: "llama", nEmbd: 8192, nLayers: 80, nHead: 64, nHeadKv: 8, nFf: 28672, nVocab: 128256,
+    tiedEmbeddings: false, qkvBias: false, contextLength: 8192, ropeFreqBase: 500000, normEps: 1e-5, defaultVocab: "llama-bpe",
+  },
+  {
+    name: "qwen2.5-0.5b", arch: "qwen2", nEmbd: 896, nLayers: 24, nHead: 14, nHeadKv: 2, nFf: 4864, nVocab: 151936,
+    tiedEmbeddings: true, qkvBias: true, contextLength: 32768, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "qwen2",
+  },
+  // Test shapes: seconds to make, every dimension a multiple of 256, GQA, stories260K's 512-token vocabulary.
+  {
+    name: "tiny-llama", arch: "llama", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, nFf: 512, nVocab: 512,
+    tiedEmbeddings: false, qkvBias: false, contextLength: 512, ropeFreqBase: 10000, normEps: 1e-5, defaultVocab: "stories260K",
+  },
+  {
+    name: "tiny-qwen2", arch: "qwen2", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, nFf: 512, nVocab: 512,
+    tiedEmbeddings: true, qkvBias: true, contextLength: 512, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "stories260K",
+  },
+  // 8 layers: the layer-dependent type choices of the K-quant mixes (first/last eighth, every third) all
+  // occur; 4 heads per KV head: the GQA-dependent ones too.
+  {
+    name: "small-llama", arch: "llama", nEmbd: 256, nLayers: 8, nHead: 4, nHeadKv: 1, nFf: 512, nVocab: 512,
+    tiedEmbeddings: false, qkvBias: false, contextLength: 1024, ropeFreqBase: 10000, normEps: 1e-5, defaultVocab: "stories260K",
+  },
+];
+
+export function genShapeByName(name: string): GenShape | undefined {
+  return GEN_SHAPES.find((s) => s.name === name.toLowerCase());
+}
+
+/** Problems with a shape (an empty list when it can be generated). */
+export function shapeProblems(s: GenShape): string[] {
+  const p: string[] = [];
+  const pos = (v: number, what: string) => {
+    if (!Number.isInteger(v) || v <= 0) p.push(`${what} must be a positive whole number (got ${v})`);
+  };
+  pos(s.nEmbd, "dims");
+  pos(s.nLayers, "layers");
+  pos(s.nHead, "heads");
+  pos(s.nHeadKv, "kv heads");
+  pos(s.nFf, "ffn");
+  pos(s.nVocab, "vocab size");
+  pos(s.contextLength, "context length");
+  if (p.length) return p;
+  if (s.nEmbd % s.nHead !== 0) p.push(`dims ${s.nEmbd} is not a multiple of heads ${s.nHead}`);
+  else if ((s.nEmbd / s.nHead) % 2 !== 0) p.push(`head size ${s.nEmbd / s.nHead} must be even (RoPE rotates pairs)`);
+  if (s.nHead % s.nHeadKv !== 0) p.push(`heads ${s.nHead} is not a multiple of kv heads ${s.nHeadKv}`);
+  return p;
+}
