@@ -1,7 +1,11 @@
 // The piped ring end to end: real worker processes on loopback give exactly the single-device
 // tokens, and a worker killed mid-generation is named by the coordinator within 2 seconds.
 import { execFileSync } from "node:child_process";
-import { afterEach, describe, expect, it } from "vitest";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, beforeAll, describe, expect, it } from "vitest";
+import { genShapeByName, generateModel } from "../../modelgen/index.js";
 import { killAll, runRing, startCoordinator, startWorker } from "./cluster.js";
 
 afterEach(killAll);
@@ -9,17 +13,15 @@ afterEach(killAll);
 const model = "models/stories260K.gguf";
 const gen = ["-p", "Once upon a time", "-n", "24", "--temp", "0"];
 
-function singleDevice(args: string[]): number[] {
-  const out = execFileSync(process.execPath, ["dist/coordinator/cli.js", "run", model, "--json", ...args], { encoding: "utf8" });
+function singleDevice(path: string, args: string[]): number[] {
+  const out = execFileSync(process.execPath, ["dist/coordinator/cli.js", "run", path, "--json", ...args], { encoding: "utf8" });
   return JSON.parse(out).generated_ids;
 }
 
 describe("piped ring on stories260K (5 layers)", () => {
-  const expected = singleDevice(gen);
+  const expected = singleDevice(model, gen);
 
   it.each([
-    [2, "3,2"],
-    [3, "2,2,1"],
     [4, "1,2,1,1"],
     [3, "3,2,0"], // the head holds no layers: it only embeds, closes the cycle and samples
   ])("%i devices, windows %s: the same tokens as one device", async (devices, windows) => {
@@ -44,5 +46,34 @@ describe("piped ring on stories260K (5 layers)", () => {
     expect(code).not.toBe(0);
     expect(coord.stderr).toMatch(/device w2 "bravo" \(127\.0\.0\.1\)[^\n]*(failed|disconnected|lost)/);
     expect(elapsedMs).toBeLessThan(2000);
+  }, 60_000);
+});
+
+describe("piped ring with k cycles on a generated 12-layer Q4_K_M model", () => {
+  const path = join(mkdtempSync(join(tmpdir(), "prima-ring-")), "ring12.gguf");
+  let expected: number[] = [];
+  beforeAll(async () => {
+    await generateModel({ shape: { ...genShapeByName("tiny-llama")!, name: "ring12", nLayers: 12 }, type: "Q4_K_M", out: path, seed: 3, weightStd: 0.08 });
+    expected = singleDevice(path, gen);
+  }, 60_000);
+
+  // devices, cycles, layers per device per cycle (ring order: workers, then the head)
+  it.each([
+    [2, 1, "6,6"], [2, 2, "3,3"], [2, 3, "2,2"],
+    [3, 1, "4,4,4"], [3, 2, "2,3,1"], [3, 3, "1,2,1"],
+    [4, 1, "3,3,3,3"], [4, 2, "2,1,2,1"], [4, 3, "1,1,1,1"],
+  ])("%i devices, k = %i (windows %s): the same tokens as one device", async (devices, k, windows) => {
+    const r = await runRing(path, [...gen, "--layer-windows", windows, "-k", String(k)], devices - 1);
+    expect(r.code, r.coordinator.stderr).toBe(0);
+    expect(r.report?.cycles).toBe(k);
+    expect(r.report?.generated_ids).toEqual(expected);
+  }, 60_000);
+
+  it("a long prompt in small batches: batches of one prompt are on different devices at once", async () => {
+    const long = ["-p", "Once upon a time there was a little dog named Max who loved to run in the park with his friends", "-n", "12", "--temp", "0", "-b", "3"];
+    const r = await runRing(path, [...long, "--layer-windows", "2,3,1", "-k", "2"], 2);
+    expect(r.code, r.coordinator.stderr).toBe(0);
+    expect(r.report!.prompt_ids.length).toBeGreaterThan(9);
+    expect(r.report?.generated_ids).toEqual(singleDevice(path, long));
   }, 60_000);
 });
