@@ -1,10 +1,12 @@
 // The kernel family against its references: every SIMD level against the scalar twin, the scalar
 // dot against a double-precision sum, and quantizers/dequantizers/activation formats/dots against
 // llama.cpp's own ggml (compiled oracle harness, test/native/ggml_oracle.c).
+import { spawnSync } from "node:child_process";
+import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import {
   GgmlTypeId, MAX_NC, WEIGHT_TYPES, dequantize, dot, fp32ToHalf, halfToFp32, quantizeAct, quantizeRef, rowBytes,
-  simdLevels, typeInfo, type GgmlTypeName, type SimdLevel,
+  simdLevel, simdLevels, typeInfo, type GgmlTypeName, type SimdLevel,
 } from "../../native/kernels.js";
 import {
   ggmlDequantize, ggmlFromFloat, ggmlQuantizeRef, ggmlVecDot, oracleUnavailable,
@@ -53,6 +55,7 @@ function blockElemsOf(t: GgmlTypeName): number { return K_TYPES.has(t) ? 256 : t
 function oddLength(t: GgmlTypeName): number { return K_TYPES.has(t) ? 256 * 5 : 32 * 13; }
 
 const levels = simdLevels();
+const addonPath = join(import.meta.dirname, "..", "..", "build", "Release", "prima.node");
 const simdOnly = levels.filter((l) => l !== "scalar");
 
 function sameBits(a: Float32Array, b: Float32Array): boolean {
@@ -200,6 +203,15 @@ describe("kernel table", () => {
       expect(rowBytes(t, 2 * info!.blockElems)).toBe(2 * info!.blockBytes);
     }
     expect(typeInfo(4)).toBeNull(); // Q4_2, removed from ggml
+  });
+
+  it("PRIMA_SIMD forces a lower level, and an unknown name is ignored", () => {
+    const level = (env: string) => spawnSync(process.execPath, ["-e",
+      `const k = require(${JSON.stringify(addonPath)}).kernels; console.log(k.simdLevel())`],
+    { env: { ...process.env, PRIMA_SIMD: env }, encoding: "utf8" }).stdout.trim();
+    expect(level("scalar")).toBe("scalar");
+    expect(level("bogus")).toBe(simdLevel());
+    expect(level("avx512")).toBe(simdLevel()); // not available here: never forced upward
   });
 
   it("has a SIMD dot for every weight type at every SIMD level", () => {
