@@ -51,7 +51,7 @@ export function oracleUnavailable(): string | null {
   if (!existsSync(exe)) {
     mkdirSync(dir, { recursive: true });
     const tmp = `${exe}.${process.pid}.tmp`;
-    const cc = spawnSync("gcc", ["-O2", "-std=gnu11", "-o", tmp, source, "-ldl"], { encoding: "utf8" });
+    const cc = spawnSync("gcc", ["-O2", "-std=gnu11", "-o", tmp, source, "-ldl", "-lpthread"], { encoding: "utf8" });
     if (cc.error || cc.status !== 0) {
       return (failure = `gcc could not build the ggml oracle: ${cc.error?.message ?? cc.stderr}`);
     }
@@ -113,13 +113,14 @@ function parseTiming(out: Buffer): OracleTiming {
   return { calls, seconds, bestPassSeconds };
 }
 
-/** Times ggml's vec_dot over `rows` weight rows, each against nc activation rows (nc calls per row). */
+/** Times ggml's vec_dot over `rows` weight rows, each against nc activation rows (nc calls per row);
+ * with threads > 1 each pass splits the rows between that many threads. */
 export function ggmlBenchVecDot(type: number, n: number, w: Uint8Array, acts: Uint8Array, rows: number, nc: number,
-  minSeconds: number): OracleTiming {
+  minSeconds: number, threads = 1): OracleTiming {
   const input = new Uint8Array(w.length + acts.length);
   input.set(w, 0);
   input.set(acts, w.length);
-  return parseTiming(runOracle("bench_vec_dot", [type, n, rows, nc, minSeconds], input));
+  return parseTiming(runOracle("bench_vec_dot", [type, n, rows, nc, minSeconds, threads], input));
 }
 
 /** Times llama.cpp's repacked Q4_K gemm (8 weight rows x 4 activation rows per tile) over `rows` rows. */

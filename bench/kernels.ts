@@ -4,7 +4,8 @@
 //   npm run build && node dist/bench/kernels.js [--types Q4_K,Q6_K] [--seconds 0.3] [--cold-mb 256] [--n 2048]
 //
 // hot: 64 weight rows (L2-resident), ns per block; cold: a matrix larger than the caches, GB/s of
-// weights streamed (the decode regime). Ratios are ggml time / our time (> 1: we are faster).
+// weights streamed (the decode regime), on one core and on two (rows split between the threads).
+// Ratios are ggml time / our time (> 1: we are faster).
 import { GgmlTypeId, MAX_NC, WEIGHT_TYPES, benchDot, quantizeAct, quantizeRef, simdLevel, typeInfo, type GgmlTypeName }
   from "../native/kernels.js";
 import { ggmlBenchGemmQ4K, ggmlBenchVecDot, oracleUnavailable } from "./ggml-oracle.js";
@@ -81,7 +82,7 @@ function main(): void {
   console.log(`prima kernels (${simdLevel()}) vs ggml CPU (haswell build), one core, n=${o.n}, ${o.seconds}s per point`);
   console.log(`reproduce: npm run build && node dist/bench/kernels.js ${process.argv.slice(2).join(" ")}`);
   console.log("ratio = ggml time / prima time (> 1 means prima is faster)\n");
-  console.log(`type  | hot nc=1: ns/block prima ggml ratio | hot nc=${MAX_NC} (per row): prima ggml ratio | cold nc=1: GB/s prima ggml ratio`);
+  console.log(`type  | hot nc=1: ns/block prima ggml ratio | hot nc=${MAX_NC} (per row): prima ggml ratio | cold nc=1: GB/s prima ggml ratio | cold nc=1 2 threads: GB/s prima ggml ratio`);
   for (const t of o.types) {
     const info = typeInfo(t)!;
     const id = GgmlTypeId[t];
@@ -107,10 +108,15 @@ function main(): void {
     const c1 = bestOf(3, coldRows, () => benchDot(t, n, cold, a1.bytes, a1.stride, 1, coldRows, slice),
       () => ggmlBenchVecDot(id, n, cold, a1.bytes, coldRows, 1, slice));
     const gbOurs = rowBytesCold / c1.ours / 1e9, gbTheirs = rowBytesCold / c1.theirs / 1e9;
+    // decode with 2 threads: each pass streams the whole matrix, half the rows per thread
+    const c2 = bestOf(3, coldRows, () => benchDot(t, n, cold, a1.bytes, a1.stride, 1, coldRows, slice, undefined, 2),
+      () => ggmlBenchVecDot(id, n, cold, a1.bytes, coldRows, 1, slice, 2));
+    const gb2Ours = rowBytesCold / c2.ours / 1e9, gb2Theirs = rowBytesCold / c2.theirs / 1e9;
 
     console.log(
       `${t.padEnd(5)} | ${fmt(nsOurs1)} ${fmt(nsTheirs1)} ${fmt(nsTheirs1 / nsOurs1)}  | ` +
-      `${fmt(nsOurs4)} ${fmt(nsTheirs4)} ${fmt(nsTheirs4 / nsOurs4)}  | ${fmt(gbOurs)} ${fmt(gbTheirs)} ${fmt(gbOurs / gbTheirs)}`,
+      `${fmt(nsOurs4)} ${fmt(nsTheirs4)} ${fmt(nsTheirs4 / nsOurs4)}  | ${fmt(gbOurs)} ${fmt(gbTheirs)} ${fmt(gbOurs / gbTheirs)}  | ` +
+      `${fmt(gb2Ours)} ${fmt(gb2Theirs)} ${fmt(gb2Ours / gb2Theirs)}`,
     );
 
     if (t === "Q4_K") {

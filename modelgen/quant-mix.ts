@@ -3,7 +3,8 @@
 // for the llama and qwen2 architectures without an importance matrix (so no Q2_K_S, which llama.cpp
 // refuses to make without one). test/modelgen checks these
 // choices against llama.cpp's own llama_model_quantize.
-import { GgmlTypeId } from "../native/kernels.js";
+// Pure (no native addon): model/profile.ts and the scheduler can type tables of shapes never written.
+import { GgmlType as GgmlTypeId } from "../model/ggml-types.js";
 import type { GenShape } from "./shapes.js";
 
 /** llama_ftype values (include/llama.h) and the default weight type of each. */

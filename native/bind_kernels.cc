@@ -3,12 +3,15 @@
 // naming the problem and never reaches the C kernels.
 #include <napi.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 extern "C" {
@@ -258,36 +261,74 @@ Napi::Value Dot(const Napi::CallbackInfo &info) {
   return env.Undefined();
 }
 
-// benchDot(type, n, w, a, aStride, nc, rows, minSeconds, level?) -> { calls, seconds, bestPassSeconds }: runs
-// the dot over every row of w (nc activation rows each), pass after pass, until minSeconds pass; times only
-// the C loop. The fastest pass is the least disturbed by other work on a shared machine.
+// All threads of a benchmark wait here between passes (spinning: a pass can be microseconds).
+class SpinBarrier {
+ public:
+  explicit SpinBarrier(int n) : n_(n) {}
+  void Wait() {
+    const int gen = gen_.load(std::memory_order_acquire);
+    if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
+      count_.store(0, std::memory_order_relaxed);
+      gen_.fetch_add(1, std::memory_order_release);
+    } else {
+      while (gen_.load(std::memory_order_acquire) == gen) {
+      }
+    }
+  }
+
+ private:
+  const int n_;
+  std::atomic<int> count_{0}, gen_{0};
+};
+
+// benchDot(type, n, w, a, aStride, nc, rows, minSeconds, level?, threads?) -> { calls, seconds, bestPassSeconds }:
+// runs the dot over every row of w (nc activation rows each), pass after pass, until minSeconds pass; times
+// only the C loop. With threads > 1 each pass splits the rows into contiguous slices, one per thread (how a
+// matmul streams a weight matrix). The fastest pass is the least disturbed by other work on a shared machine.
 Napi::Value BenchDot(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   int level;
-  int64_t rows;
+  int64_t rows, threads = 1;
   DotArgs d;
   if (!GetLevel(env, info[8], level) || !GetInt(env, info[6], "rows", 1, INT32_MAX, rows) ||
       !GetDotArgs(env, info, "benchDot", level, rows, d))
     return env.Undefined();
   if (!info[7].IsNumber()) return Fail(env, "benchDot: minSeconds must be a number"), env.Undefined();
-  double minSeconds = info[7].As<Napi::Number>().DoubleValue();
-  float out[PRIMA_MAX_NC];
-  volatile float sink = 0;
+  if (!info[9].IsUndefined() && !GetInt(env, info[9], "threads", 1, 64, threads)) return env.Undefined();
+  if (threads > rows) threads = rows;
+  const double minSeconds = info[7].As<Napi::Number>().DoubleValue();
+  SpinBarrier barrier((int)threads);
+  std::atomic<bool> stop{false};
   int64_t calls = 0;
-  auto t0 = std::chrono::steady_clock::now();
   double seconds = 0, best = 1e30;
-  do {
-    auto r0 = std::chrono::steady_clock::now();
-    for (int64_t r = 0; r < rows; r++) {
-      d.k->dot((int)d.n, d.w.data + r * d.wRow, d.a.data, (size_t)d.stride, (int)d.nc, out);
-      sink = sink + out[0];
+  auto work = [&](int t) {
+    const int64_t r0 = rows * t / threads, r1 = rows * (t + 1) / threads;
+    float out[PRIMA_MAX_NC];
+    volatile float sink = 0;
+    const auto start = std::chrono::steady_clock::now();
+    for (;;) {
+      barrier.Wait();
+      const auto p0 = std::chrono::steady_clock::now();
+      for (int64_t r = r0; r < r1; r++) {
+        d.k->dot((int)d.n, d.w.data + r * d.wRow, d.a.data, (size_t)d.stride, (int)d.nc, out);
+        sink = sink + out[0];
+      }
+      barrier.Wait();
+      if (t == 0) {
+        const auto p1 = std::chrono::steady_clock::now();
+        best = std::min(best, std::chrono::duration<double>(p1 - p0).count());
+        calls += rows;
+        seconds = std::chrono::duration<double>(p1 - start).count();
+        stop.store(seconds >= minSeconds);
+      }
+      barrier.Wait();
+      if (stop.load()) break;
     }
-    auto r1 = std::chrono::steady_clock::now();
-    double pass = std::chrono::duration<double>(r1 - r0).count();
-    if (pass < best) best = pass;
-    calls += rows;
-    seconds = std::chrono::duration<double>(r1 - t0).count();
-  } while (seconds < minSeconds);
+  };
+  std::vector<std::thread> helpers;
+  for (int t = 1; t < threads; t++) helpers.emplace_back(work, t);
+  work(0);
+  for (auto &h : helpers) h.join();
   Napi::Object o = Napi::Object::New(env);
   o.Set("calls", (double)calls);
   o.Set("seconds", seconds);

@@ -40,7 +40,7 @@ interface KernelsAddon {
   dot(type: number, n: number, w: Uint8Array, a: Uint8Array, aStride: number, nc: number, out: Float32Array,
     level?: SimdLevel): void;
   benchDot(type: number, n: number, w: Uint8Array, a: Uint8Array, aStride: number, nc: number, rows: number,
-    minSeconds: number, level?: SimdLevel): BenchTiming;
+    minSeconds: number, level?: SimdLevel, threads?: number): BenchTiming;
   fp32ToHalf(src: Float32Array, dst: Uint16Array, kind: "f16" | "bf16"): void;
   halfToFp32(src: Uint16Array, dst: Float32Array, kind: "f16" | "bf16"): void;
   maxNc: number;
@@ -100,10 +100,11 @@ export function dot(type: number | GgmlTypeName, n: number, w: Uint8Array, a: Ui
   return out;
 }
 
-/** Times the dot over `rows` weight rows (each against the same nc activation rows) for at least minSeconds. */
+/** Times the dot over `rows` weight rows (each against the same nc activation rows) for at least minSeconds;
+ * with threads > 1 each pass splits the rows between that many threads. */
 export function benchDot(type: number | GgmlTypeName, n: number, w: Uint8Array, a: Uint8Array, aStride: number, nc: number,
-  rows: number, minSeconds: number, level?: SimdLevel): BenchTiming {
-  return k.benchDot(typeId(type), n, w, a, aStride, nc, rows, minSeconds, level);
+  rows: number, minSeconds: number, level?: SimdLevel, threads = 1): BenchTiming {
+  return k.benchDot(typeId(type), n, w, a, aStride, nc, rows, minSeconds, level, threads);
 }
 
 export function fp32ToHalf(src: Float32Array, kind: "f16" | "bf16", dst = new Uint16Array(src.length)): Uint16Array {

@@ -7,11 +7,14 @@
  *   ggml_oracle <libdir> <cpu-variant> dequantize <type> <n>       row bytes         -> f32[n]
  *   ggml_oracle <libdir> <cpu-variant> from_float <type> <n>       f32[n]            -> row bytes (CPU activation quantizer)
  *   ggml_oracle <libdir> <cpu-variant> vec_dot <type> <n> <nc>     w row, nc act rows -> f32[nc]
- *   ggml_oracle <libdir> <cpu-variant> bench_vec_dot <type> <n> <rows> <nc> <seconds>   w rows, nc act rows -> "calls seconds bestPassSeconds"
+ *   ggml_oracle <libdir> <cpu-variant> bench_vec_dot <type> <n> <rows> <nc> <seconds> [threads]   w rows, nc act rows
+ *       -> "calls seconds bestPassSeconds" (threads split each pass's rows into contiguous slices)
  *   ggml_oracle <libdir> <cpu-variant> bench_gemm 12 <n> <rows> <seconds>   Q4_K repacked gemm, 4 act rows -> "calls seconds bestPassSeconds"
  * Types are ggml ids. Errors go to stderr with exit code 2. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +79,59 @@ static double now_s(void) {
 static uint16_t half_bits(float f) {
   uint16_t (*f2h)(float) = (uint16_t (*)(float))sym(base, "ggml_fp32_to_fp16");
   return f2h(f);
+}
+
+/* ---- bench_vec_dot: passes over the rows, split between threads, with a spin barrier between passes */
+struct bench {
+  vec_dot_t dot;
+  int n, nc, threads;
+  int64_t rows;
+  size_t wrow, arow;
+  const uint8_t *w, *a;
+  double seconds, best, el;
+  int64_t calls;
+  atomic_int count, gen, stop;
+};
+
+static void barrier_wait(struct bench *b) {
+  const int g = atomic_load(&b->gen);
+  if (atomic_fetch_add(&b->count, 1) + 1 == b->threads) {
+    atomic_store(&b->count, 0);
+    atomic_fetch_add(&b->gen, 1);
+  } else {
+    while (atomic_load(&b->gen) == g) {
+    }
+  }
+}
+
+struct worker { struct bench *b; int t; };
+
+static void *bench_worker(void *arg) {
+  struct worker *wk = arg;
+  struct bench *b = wk->b;
+  const int64_t r0 = b->rows * wk->t / b->threads, r1 = b->rows * (wk->t + 1) / b->threads;
+  float out[64];
+  volatile float sink = 0;
+  const double start = now_s();
+  for (;;) {
+    barrier_wait(b);
+    const double p0 = now_s();
+    for (int64_t r = r0; r < r1; r++) {
+      for (int c = 0; c < b->nc; c++) b->dot(b->n, &out[c], 0, b->w + r * b->wrow, 0, b->a + c * b->arow, 0, 1);
+      sink = sink + out[0];
+    }
+    barrier_wait(b);
+    if (wk->t == 0) {
+      const double p1 = now_s();
+      if (p1 - p0 < b->best) b->best = p1 - p0;
+      b->calls += b->rows;
+      b->el = p1 - start;
+      atomic_store(&b->stop, b->el >= b->seconds);
+    }
+    barrier_wait(b);
+    if (atomic_load(&b->stop)) break;
+  }
+  return NULL;
 }
 
 int main(int argc, char **argv) {
@@ -143,21 +199,16 @@ int main(int argc, char **argv) {
       for (int c = 0; c < nc; c++) t->vec_dot((int)n, &out[c], 0, w, 0, a + c * arow, 0, 1);
       write_all(out, (size_t)nc * 4);
     } else {
-      volatile float sink = 0;
-      int64_t calls = 0;
-      double t0 = now_s(), el, best = 1e30;
-      do {
-        double r0 = now_s();
-        for (int64_t r = 0; r < rows; r++) {
-          for (int c = 0; c < nc; c++) t->vec_dot((int)n, &out[c], 0, w + r * wrow, 0, a + c * arow, 0, 1);
-          sink = sink + out[0];
-        }
-        double r1 = now_s();
-        if (r1 - r0 < best) best = r1 - r0;
-        calls += rows;
-        el = r1 - t0;
-      } while (el < seconds);
-      printf("%lld %.9f %.9f\n", (long long)calls, el, best);
+      struct bench b = {.dot = t->vec_dot, .n = (int)n, .nc = nc, .threads = argc > 9 ? atoi(argv[9]) : 1, .rows = rows,
+                        .wrow = wrow, .arow = arow, .w = w, .a = a, .seconds = seconds, .best = 1e30};
+      if (b.threads < 1 || b.threads > 64) die("threads must be 1..64", NULL);
+      pthread_t tids[64];
+      struct worker wks[64];
+      for (int i = 0; i < b.threads; i++) wks[i] = (struct worker){&b, i};
+      for (int i = 1; i < b.threads; i++) pthread_create(&tids[i], NULL, bench_worker, &wks[i]);
+      bench_worker(&wks[0]);
+      for (int i = 1; i < b.threads; i++) pthread_join(tids[i], NULL);
+      printf("%lld %.9f %.9f\n", (long long)b.calls, b.el, b.best);
     }
   } else if (!strcmp(op, "bench_gemm")) {
     /* llama.cpp's prompt path on AVX2 for Q4_K: weights repacked 8 rows at a time (block_q4_Kx8),
