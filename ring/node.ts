@@ -43,8 +43,10 @@ export interface RingNodeOptions {
   readonly isHead: boolean;
   /** Sends a frame to the successor (resolves when it is handed to the socket). */
   readonly send: (frame: ActivationsFrame | ErrorFrame) => Promise<void>;
-  /** Head only: rows that finished their last cycle. */
-  readonly deliver?: (frame: ActivationsFrame) => void;
+  /** Head only: rows that finished their last cycle; `logits` is set when logitsFor asked for them. */
+  readonly deliver?: (frame: ActivationsFrame, logits?: Float32Array) => void;
+  /** Head only: a buffer when this frame's last row needs the output layer (fused into the window's call). */
+  readonly logitsFor?: (frame: ActivationsFrame) => Float32Array | undefined;
   /** A frame could not be processed (the error was also passed on to the successor). */
   readonly onError: (message: string, frame: ActivationsFrame | ErrorFrame) => void;
 }
@@ -147,10 +149,12 @@ export class RingNode {
     }
     this.stats.frames++;
     const slot = this.slots.get(frame.cycle);
+    const last = frame.cycle + 1 >= this.o.cycles;
+    const logits = this.o.isHead && last && slot ? this.o.logitsFor?.(frame) : undefined;
     if (slot) {
       const faults0 = process.resourceUsage().majorPageFault;
       const t0 = performance.now();
-      await slot.window.forward(frame.activations, frame.firstTokenPosition, frame.nTokens);
+      await slot.window.forward(frame.activations, frame.firstTokenPosition, frame.nTokens, logits);
       slot.stats.computeMs += performance.now() - t0;
       slot.stats.majorFaults += process.resourceUsage().majorPageFault - faults0;
       slot.stats.frames++;
@@ -158,8 +162,7 @@ export class RingNode {
     } else if (!this.o.isHead) {
       throw new Error(`no window for cycle ${frame.cycle} on this device`);
     }
-    const last = frame.cycle + 1 >= this.o.cycles;
-    if (this.o.isHead && last) this.o.deliver?.(frame);
+    if (this.o.isHead && last) this.o.deliver?.(frame, logits);
     else await this.send(this.o.isHead ? { ...frame, cycle: frame.cycle + 1 } : frame);
     if (slot) this.advise(slot, frame);
   }

@@ -63,14 +63,27 @@ export class RingPipeline implements Pipeline {
   /** Positions are carried by every frame: a forward at position p overwrites from p on every device. */
   truncate(_pos: number): void {}
 
-  /** Rows that finished their last cycle (from the head's node). */
-  async deliver(frame: ActivationsFrame): Promise<void> {
+  /** The buffer for the output layer when the frame is the request's last batch (the head's window
+   * computes the logits in the same native call). */
+  logitsFor(frame: ActivationsFrame): Float32Array | undefined {
+    return this.isFinal(frame) ? this.logits : undefined;
+  }
+
+  private isFinal(frame: ActivationsFrame): boolean {
     const p = this.pending;
-    if (!p || frame.requestId !== p.requestId) return; // a stale batch of an abandoned request
-    if (frame.firstTokenPosition + frame.nTokens !== p.endPos) return; // an earlier batch: its KV is written, nothing to return
+    return !!p && frame.requestId === p.requestId && frame.firstTokenPosition + frame.nTokens === p.endPos;
+  }
+
+  /** Rows that finished their last cycle (from the head's node), with their logits when fused. */
+  async deliver(frame: ActivationsFrame, logits?: Float32Array): Promise<void> {
+    const p = this.pending;
+    // a stale batch of an abandoned request, or an earlier batch whose KV is written: nothing to return
+    if (!p || !this.isFinal(frame)) return;
     try {
-      const E = this.o.model.nEmbd;
-      await this.o.model.logits(frame.activations.subarray((frame.nTokens - 1) * E, frame.nTokens * E), this.logits);
+      if (!logits) {
+        const E = this.o.model.nEmbd;
+        await this.o.model.logits(frame.activations.subarray((frame.nTokens - 1) * E, frame.nTokens * E), this.logits);
+      }
       p.resolve(this.logits);
     } catch (e) {
       p.reject(e instanceof Error ? e : new Error(String(e)));
