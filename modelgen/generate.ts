@@ -4,7 +4,7 @@
 // Tensors are produced one at a time while the file is written: no model sits in memory whole.
 import { statSync } from "node:fs";
 import { bundledVocab, kv, writeGguf, GgufValueType, type BundledVocabName, type GgufKV, type GgufTensorToWrite } from "../model/index.js";
-import { quantizeRef, rowBytes } from "../native/kernels.js";
+import { quantizeRef, rowBytes } from "../native/index.js";
 import { FILE_TYPES, parseFileType, tensorTypeFor, type FileTypeName } from "./quant-mix.js";
 import { NormalStream } from "./random.js";
 import { genShapeByName, GEN_SHAPES, shapeProblems, type GenShape } from "./shapes.js";

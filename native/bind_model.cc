@@ -459,8 +459,4 @@ void RegisterModel(Napi::Env env, Napi::Object exports) {
   Model::windowCtor.SuppressDestruct();
   exports.Set("NativeModel", Model::Define(env));
   exports.Set("NativeWindow", Model::windowCtor.Value());
-  exports.Set("simdLevel", Napi::Function::New(env, [](const Napi::CallbackInfo &info) -> Napi::Value {
-                prima_kernels_init();
-                return Napi::String::New(info.Env(), prima_simd_name(prima_simd_level()));
-              }));
 }

@@ -81,8 +81,3 @@ export function openNativeModel(path: string, tensors: readonly NativeTensorDesc
   const Ctor = addon.NativeModel as ModelCtor;
   return new Ctor(path, tensors, hparams, options);
 }
-
-/** The SIMD level the kernels run at on this CPU ("avx2", "neon", "scalar"). */
-export function simdLevel(): string {
-  return (addon.simdLevel as () => string)();
-}
