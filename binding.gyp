@@ -12,12 +12,14 @@
         "native/addon.cc",
         "native/bind_kernels.cc",
         "native/bind_model.cc",
+        "native/bind_profile.cc",
         "native/src/kernels.c",
         "native/src/quants.c",
         "native/src/threadpool.c",
         "native/src/matmul.c",
         "native/src/ops.c",
-        "native/src/model.c"
+        "native/src/model.c",
+        "native/src/profile.c"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
       "defines": ["NAPI_VERSION=8", "NODE_ADDON_API_DISABLE_CPP_EXCEPTIONS"],

@@ -3,10 +3,12 @@
 
 void RegisterKernels(Napi::Env env, Napi::Object exports);
 void RegisterModel(Napi::Env env, Napi::Object exports);
+void RegisterProfile(Napi::Env env, Napi::Object exports);
 
 static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   RegisterKernels(env, exports);
   RegisterModel(env, exports);
+  RegisterProfile(env, exports);
   return exports;
 }
 

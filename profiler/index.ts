@@ -1,2 +1,14 @@
-// profiler/: what a device is: memory, and (as it lands) kernel throughput, disk and links.
+// profiler/: what a device is and how fast: our kernels on the model's shapes, memory (cgroup limits
+// honoured) and memory pressure, disk with the page cache bypassed, OS, GPU, and the hop to a peer.
 export * from "./memory.js";
+export { profileDevice, refreshMemory, hardwareId, type ProfileOptions } from "./profile.js";
+export { parseDeviceReport, formatReport, REPORT_VERSION, RAM_AVAILABLE_FRACTION, type DeviceReport, type DeviceDetails } from "./report.js";
+export {
+  modelWorkload, genericWorkload, flopsPerType, timeStep, stepKey, describeStep, type ModelWorkload, type MatrixShape, type MatmulStep, type StepTiming,
+} from "./compute.js";
+export { measureDisk, blockDeviceOf, readAheadBytes, diskKey, type DiskMeasurement } from "./disk.js";
+export { LinkProbeServer, measureLink, type LinkMeasurement, type LinkOptions } from "./link.js";
+export { detectGpus, parseNvidiaSmi, type GpuInfo } from "./gpu.js";
+export { detectOs, systemInfo, cgroupPaths, cpuQuota, diskThrottle, type SystemInfo, type CgroupPaths, type DiskThrottle } from "./system.js";
+export { defaultCacheDir } from "./cache.js";
+export { dropFileCache } from "../native/profile.js";

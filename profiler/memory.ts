@@ -1,15 +1,42 @@
-// Memory readings of this process and this device, from /proc (Linux and Android); other systems get
-// what Node itself reports.
+// Memory readings of this process and this device, from /proc (Linux and Android) and the memory
+// cgroup the process runs in (v1 and v2): a container or a cgroup-limited service sees its limit as
+// its memory. Other systems get what Node itself reports.
 import { readFileSync } from "node:fs";
 import { freemem, totalmem } from "node:os";
+import { join } from "node:path";
+import { cgroupPaths, type CgroupPaths } from "./system.js";
 
 function procKiB(file: string, key: string): number | undefined {
   try {
-    const m = readFileSync(file, "utf8").match(new RegExp(`^${key}:\\s+(\\d+) kB`, "m"));
+    const m = readFileSync(file, "utf8").match(new RegExp(`^${key.replace(/[()]/g, "\\$&")}:\\s+(\\d+) kB`, "m"));
     return m ? Number(m[1]) * 1024 : undefined;
   } catch {
     return undefined;
   }
+}
+
+function readNumber(path: string): number | undefined {
+  try {
+    const s = readFileSync(path, "utf8").trim();
+    if (s === "max") return Infinity;
+    const n = Number(s);
+    return Number.isFinite(n) ? n : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+function statFields(path: string): Record<string, number> {
+  const out: Record<string, number> = {};
+  try {
+    for (const line of readFileSync(path, "utf8").split("\n")) {
+      const [k, v] = line.split(" ");
+      if (k && v !== undefined && Number.isFinite(Number(v))) out[k] = Number(v);
+    }
+  } catch {
+    // no stat file: no reclaimable estimate
+  }
+  return out;
 }
 
 /** Anonymous resident memory of this process (heap, stacks, KV caches; not mmap'd file pages). */
@@ -17,12 +44,84 @@ export function anonRssBytes(): number {
   return procKiB("/proc/self/status", "RssAnon") ?? process.memoryUsage().rss;
 }
 
-/** MemTotal and MemAvailable of the device. */
-export function deviceMemory(): { totalBytes: number; availableBytes: number } {
+/** A memory cgroup's limit and what in it is in use and reclaimable (page cache). */
+export interface CgroupMemory {
+  readonly version: 1 | 2;
+  readonly dir: string;
+  /** The smallest limit on the way up the hierarchy (v1: hierarchical_memory_limit). */
+  readonly limitBytes: number;
+  readonly usageBytes: number;
+  /** File pages (active + inactive): the kernel drops these before it runs out. */
+  readonly fileBytes: number;
+}
+
+/** This process's memory cgroup, or undefined when it has no limit (or no cgroups at all). */
+export function cgroupMemory(paths: CgroupPaths = cgroupPaths()): CgroupMemory | undefined {
+  const g = paths.memory;
+  if (!g) return undefined;
+  if (g.version === 1) {
+    const stat = statFields(join(g.dir, "memory.stat"));
+    const limit = Math.min(readNumber(join(g.dir, "memory.limit_in_bytes")) ?? Infinity, stat.hierarchical_memory_limit ?? Infinity);
+    const usage = readNumber(join(g.dir, "memory.usage_in_bytes"));
+    // The kernel reports "no limit" as a page-rounded 2^63: anything beyond 2^60 is unlimited.
+    if (usage === undefined || !(limit < 2 ** 60)) return undefined;
+    const file = (stat.total_active_file ?? stat.active_file ?? 0) + (stat.total_inactive_file ?? stat.inactive_file ?? 0);
+    return { version: 1, dir: g.dir, limitBytes: limit, usageBytes: usage, fileBytes: file };
+  }
+  // v2: memory.max of this group and of every ancestor (the root group has no memory.max).
+  let limit = Infinity;
+  for (let dir = g.dir; dir !== "/"; dir = join(dir, "..")) {
+    const v = readNumber(join(dir, "memory.max"));
+    if (v === undefined) break;
+    limit = Math.min(limit, v);
+  }
+  const usage = readNumber(join(g.dir, "memory.current"));
+  if (usage === undefined || !(limit < 2 ** 60)) return undefined;
+  const stat = statFields(join(g.dir, "memory.stat"));
+  return { version: 2, dir: g.dir, limitBytes: limit, usageBytes: usage, fileBytes: (stat.active_file ?? 0) + (stat.inactive_file ?? 0) };
+}
+
+export interface MemoryReading {
+  /** The device's memory as this process sees it: MemTotal, or the cgroup limit when lower. */
+  readonly totalBytes: number;
+  /** MemAvailable, or what the cgroup has left (limit - usage + its page cache) when lower. */
+  readonly availableBytes: number;
+  /** The machine's own MemTotal and MemAvailable. */
+  readonly physicalTotalBytes: number;
+  readonly physicalAvailableBytes: number;
+  readonly cgroup?: CgroupMemory;
+  readonly swapTotalBytes: number;
+  readonly swapFreeBytes: number;
+  /** Anonymous memory of other apps the OS would swap out before dropping our pages (Android only;
+   *  HALDA.md §1.1: Active(anon) + Inactive(anon) - Mlocked). */
+  readonly swappableBytes: number;
+}
+
+/** Reads memory now (a few small files; cheap enough to call every quarter second). */
+export function readMemory(isAndroid = false, paths?: CgroupPaths): MemoryReading {
+  const physicalTotalBytes = procKiB("/proc/meminfo", "MemTotal") ?? totalmem();
+  const physicalAvailableBytes = procKiB("/proc/meminfo", "MemAvailable") ?? freemem();
+  const cg = cgroupMemory(paths ?? cgroupPaths());
+  let totalBytes = physicalTotalBytes, availableBytes = physicalAvailableBytes;
+  if (cg && cg.limitBytes < totalBytes) totalBytes = cg.limitBytes;
+  if (cg) availableBytes = Math.min(availableBytes, Math.max(0, Math.min(cg.limitBytes, cg.limitBytes - cg.usageBytes + cg.fileBytes)));
+  const anon = (procKiB("/proc/meminfo", "Active(anon)") ?? 0) + (procKiB("/proc/meminfo", "Inactive(anon)") ?? 0);
   return {
-    totalBytes: procKiB("/proc/meminfo", "MemTotal") ?? totalmem(),
-    availableBytes: procKiB("/proc/meminfo", "MemAvailable") ?? freemem(),
+    totalBytes,
+    availableBytes,
+    physicalTotalBytes,
+    physicalAvailableBytes,
+    ...(cg ? { cgroup: cg } : {}),
+    swapTotalBytes: procKiB("/proc/meminfo", "SwapTotal") ?? 0,
+    swapFreeBytes: procKiB("/proc/meminfo", "SwapFree") ?? 0,
+    swappableBytes: isAndroid ? Math.max(0, anon - (procKiB("/proc/meminfo", "Mlocked") ?? 0)) : 0,
   };
+}
+
+/** MemTotal and MemAvailable of the device (the memory cgroup's when it is tighter). */
+export function deviceMemory(): { totalBytes: number; availableBytes: number } {
+  const r = readMemory();
+  return { totalBytes: r.totalBytes, availableBytes: r.availableBytes };
 }
 
 /** Tracks the peak of anonymous RSS by sampling (cheap enough for every few tokens). */

@@ -1,0 +1,178 @@
+// JS surface of the device micro-benchmarks (native/src/profile.h), for profiler/. Every argument is
+// checked here; bad input is a JS exception naming the argument, never a crash. The calls are
+// synchronous: profiling happens before a device joins a ring, and each call is bounded in time.
+#include <napi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+extern "C" {
+#include "kernels.h"
+#include "profile.h"
+}
+
+namespace {
+
+constexpr size_t kErrLen = 512;
+
+Napi::Value Throw(Napi::Env env, const std::string &msg) {
+  Napi::Error::New(env, msg).ThrowAsJavaScriptException();
+  return env.Undefined();
+}
+
+bool Int(const Napi::CallbackInfo &info, size_t i, const char *what, double lo, double hi, double &out) {
+  const Napi::Value v = info[i];
+  if (!v.IsNumber()) {
+    Throw(info.Env(), std::string(what) + " must be a number");
+    return false;
+  }
+  const double d = v.As<Napi::Number>().DoubleValue();
+  if (!std::isfinite(d) || d != std::floor(d) || d < lo || d > hi) {
+    Throw(info.Env(), std::string(what) + " must be a whole number in " + std::to_string((long long)lo) + ".." +
+                          std::to_string((long long)hi) + " (got " + v.ToString().Utf8Value() + ")");
+    return false;
+  }
+  out = d;
+  return true;
+}
+
+bool Seconds(const Napi::CallbackInfo &info, size_t i, const char *what, double &out) {
+  const Napi::Value v = info[i];
+  if (!v.IsNumber() || !std::isfinite(v.As<Napi::Number>().DoubleValue()) || v.As<Napi::Number>().DoubleValue() < 0 ||
+      v.As<Napi::Number>().DoubleValue() > 60) {
+    Throw(info.Env(), std::string(what) + " must be a number of seconds in 0..60");
+    return false;
+  }
+  out = v.As<Napi::Number>().DoubleValue();
+  return true;
+}
+
+bool Path(const Napi::CallbackInfo &info, size_t i, std::string &out) {
+  if (!info[i].IsString() || info[i].As<Napi::String>().Utf8Value().empty()) {
+    Throw(info.Env(), "path must be a non-empty string");
+    return false;
+  }
+  out = info[i].As<Napi::String>().Utf8Value();
+  if (out.find('\0') != std::string::npos) {
+    Throw(info.Env(), "path must not contain NUL");
+    return false;
+  }
+  return true;
+}
+
+// matmul([{type, ne0, ne1}, ...], nTokens, threads, workingSetBytes, minSeconds) -> {secondsPerPass, passes, copies}
+Napi::Value Matmul(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!info[0].IsArray()) return Throw(env, "matrices must be an array of {type, ne0, ne1}");
+  Napi::Array list = info[0].As<Napi::Array>();
+  const uint32_t n = list.Length();
+  if (n < 1 || n > PRIMA_PROFILE_MAX_ITEMS) return Throw(env, "a step has 1.." + std::to_string(PRIMA_PROFILE_MAX_ITEMS) + " matrices, not " + std::to_string(n));
+  int types[PRIMA_PROFILE_MAX_ITEMS];
+  int64_t ne0s[PRIMA_PROFILE_MAX_ITEMS], ne1s[PRIMA_PROFILE_MAX_ITEMS];
+  for (uint32_t i = 0; i < n; i++) {
+    Napi::Value v = list.Get(i);
+    if (!v.IsObject()) return Throw(env, "matrix " + std::to_string(i) + " must be an object {type, ne0, ne1}");
+    Napi::Object o = v.As<Napi::Object>();
+    const char *fields[3] = {"type", "ne0", "ne1"};
+    const double hi[3] = {PRIMA_TYPE_COUNT - 1, 1 << 20, 1 << 22};
+    double got[3];
+    for (int f = 0; f < 3; f++) {
+      Napi::Value x = o.Get(fields[f]);
+      const double d = x.IsNumber() ? x.As<Napi::Number>().DoubleValue() : NAN;
+      if (!std::isfinite(d) || d != std::floor(d) || d < (f == 0 ? 0 : 1) || d > hi[f])
+        return Throw(env, "matrix " + std::to_string(i) + ": " + fields[f] + " must be a whole number in " +
+                              std::to_string(f == 0 ? 0 : 1) + ".." + std::to_string((long long)hi[f]));
+      got[f] = d;
+    }
+    types[i] = (int)got[0];
+    ne0s[i] = (int64_t)got[1];
+    ne1s[i] = (int64_t)got[2];
+  }
+  double nTokens, threads, ws, minS;
+  if (!Int(info, 1, "nTokens", 1, PRIMA_MAX_NC * 64, nTokens) || !Int(info, 2, "threads", 1, 1024, threads) ||
+      !Int(info, 3, "workingSetBytes", 0, (double)(1ull << 36), ws) || !Seconds(info, 4, "minSeconds", minS))
+    return env.Undefined();
+  prima_mm_bench r;
+  char err[kErrLen] = {0};
+  if (prima_profile_matmul(types, ne0s, ne1s, (int)n, (int)nTokens, (int)threads, (size_t)ws, minS, &r, err, sizeof err) != 0)
+    return Throw(env, err);
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("secondsPerPass", r.seconds_per_pass);
+  o.Set("passes", r.passes);
+  o.Set("copies", r.copies);
+  return o;
+}
+
+// memRead(bytes, threads, minSeconds) -> bytes per second
+Napi::Value MemRead(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  double bytes, threads, minS;
+  if (!Int(info, 0, "bytes", 1 << 20, (double)(1ull << 34), bytes) || !Int(info, 1, "threads", 1, 1024, threads) ||
+      !Seconds(info, 2, "minSeconds", minS))
+    return env.Undefined();
+  double bps = 0;
+  char err[kErrLen] = {0};
+  if (prima_profile_mem_read((size_t)bytes, (int)threads, minS, &bps, err, sizeof err) != 0) return Throw(env, err);
+  return Napi::Number::New(env, bps);
+}
+
+// kvCopy(kvFloats, nCtx, minSeconds) -> seconds per write of one token's K and V rows
+Napi::Value KvCopy(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  double kv, ctx, minS;
+  if (!Int(info, 0, "kvFloats", 2, 1 << 22, kv) || !Int(info, 1, "nCtx", 1, 1 << 20, ctx) || !Seconds(info, 2, "minSeconds", minS))
+    return env.Undefined();
+  if ((int)kv % 2) return Throw(env, "kvFloats must be even (K and V rows of equal width)");
+  double s = 0;
+  char err[kErrLen] = {0};
+  if (prima_profile_kv_copy((int)kv, (int)ctx, minS, &s, err, sizeof err) != 0) return Throw(env, err);
+  return Napi::Number::New(env, s);
+}
+
+// disk(path, fileBytes, seqBlock, randBlock, seqSeconds, randSeconds, allowDirect) -> {seqBytesPerS, randBytesPerS, ...}
+Napi::Value Disk(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  std::string path;
+  double fileBytes, seqBlock, randBlock, seqS, randS;
+  if (!Path(info, 0, path) || !Int(info, 1, "fileBytes", 4096, (double)(1ull << 40), fileBytes) ||
+      !Int(info, 2, "seqBlock", 4096, 64 << 20, seqBlock) || !Int(info, 3, "randBlock", 4096, 64 << 20, randBlock) ||
+      !Seconds(info, 4, "seqSeconds", seqS) || !Seconds(info, 5, "randSeconds", randS))
+    return env.Undefined();
+  if (!info[6].IsBoolean()) return Throw(env, "allowDirect must be true or false");
+  const bool allowDirect = info[6].As<Napi::Boolean>().Value();
+  prima_disk_bench r;
+  char err[kErrLen] = {0};
+  if (prima_profile_disk(path.c_str(), (uint64_t)fileBytes, (size_t)seqBlock, (size_t)randBlock, seqS, randS, allowDirect ? 1 : 0, &r, err,
+                         sizeof err) != 0)
+    return Throw(env, err);
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("seqBytesPerS", r.seq_bytes_per_s);
+  o.Set("randBytesPerS", r.rand_bytes_per_s);
+  o.Set("seqBytesRead", (double)r.seq_bytes_read);
+  o.Set("randReads", (double)r.rand_reads);
+  o.Set("direct", r.direct != 0);
+  return o;
+}
+
+// dropCache(path): write back and drop the file's cached pages.
+Napi::Value DropCache(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  std::string path;
+  if (!Path(info, 0, path)) return env.Undefined();
+  char err[kErrLen] = {0};
+  if (prima_profile_drop_cache(path.c_str(), err, sizeof err) != 0) return Throw(env, err);
+  return env.Undefined();
+}
+
+}  // namespace
+
+void RegisterProfile(Napi::Env env, Napi::Object exports) {
+  Napi::Object p = Napi::Object::New(env);
+  p.Set("matmul", Napi::Function::New(env, Matmul, "matmul"));
+  p.Set("memRead", Napi::Function::New(env, MemRead, "memRead"));
+  p.Set("kvCopy", Napi::Function::New(env, KvCopy, "kvCopy"));
+  p.Set("disk", Napi::Function::New(env, Disk, "disk"));
+  p.Set("dropCache", Napi::Function::New(env, DropCache, "dropCache"));
+  exports.Set("profile", p);
+}

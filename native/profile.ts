@@ -1,0 +1,63 @@
+// Typed surface of the device micro-benchmarks (bind_profile.cc, src/profile.h), used by profiler/.
+import { addon } from "./binding.js";
+
+export interface MatmulBench {
+  /** Mean seconds of one step over all its matrices. */
+  readonly secondsPerPass: number;
+  readonly passes: number;
+  /** Copies of the matrix cycled through to fill the working set. */
+  readonly copies: number;
+}
+
+export interface DiskBench {
+  readonly seqBytesPerS: number;
+  readonly randBytesPerS: number;
+  readonly seqBytesRead: number;
+  readonly randReads: number;
+  /** true: O_DIRECT (F_NOCACHE on macOS); false: buffered reads after dropping the file's pages. */
+  readonly direct: boolean;
+}
+
+interface ProfileAddon {
+  matmul(matrices: readonly MatrixSpec[], nTokens: number, threads: number, workingSetBytes: number, minSeconds: number): MatmulBench;
+  memRead(bytes: number, threads: number, minSeconds: number): number;
+  kvCopy(kvFloats: number, nCtx: number, minSeconds: number): number;
+  disk(path: string, fileBytes: number, seqBlock: number, randBlock: number, seqSeconds: number, randSeconds: number, allowDirect: boolean): DiskBench;
+  dropCache(path: string): void;
+}
+
+const p = addon.profile as ProfileAddon;
+
+/** A weight matrix: ggml type id, row length ne0, rows ne1. */
+export interface MatrixSpec {
+  readonly type: number;
+  readonly ne0: number;
+  readonly ne1: number;
+}
+
+/** Times one matmul step of the forward pass (up to 8 matrices run together, as q, k and v are) with
+ *  our kernels on random weights, on `threads`. */
+export function benchMatmul(matrices: readonly MatrixSpec[], o: { nTokens?: number; threads: number; workingSetBytes: number; minSeconds: number }): MatmulBench {
+  return p.matmul(matrices, o.nTokens ?? 1, o.threads, o.workingSetBytes, o.minSeconds);
+}
+
+/** Read bandwidth in B/s over a buffer of `bytes`. */
+export function benchMemRead(bytes: number, threads: number, minSeconds: number): number {
+  return p.memRead(bytes, threads, minSeconds);
+}
+
+/** Seconds to write one token's K and V rows (kvFloats values, F16) into a cache of nCtx positions. */
+export function benchKvCopy(kvFloats: number, nCtx: number, minSeconds: number): number {
+  return p.kvCopy(kvFloats, nCtx, minSeconds);
+}
+
+/** Disk read throughput on a scratch file at `path` (created, read with the page cache bypassed, removed).
+ *  `buffered`: drop the file's cached pages and read through the cache, as where O_DIRECT is refused. */
+export function benchDisk(path: string, o: { fileBytes: number; seqBlock: number; randBlock: number; seqSeconds: number; randSeconds: number; buffered?: boolean }): DiskBench {
+  return p.disk(path, o.fileBytes, o.seqBlock, o.randBlock, o.seqSeconds, o.randSeconds, !o.buffered);
+}
+
+/** Writes back and drops a file's pages from the page cache. */
+export function dropFileCache(path: string): void {
+  p.dropCache(path);
+}

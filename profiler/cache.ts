@@ -1,0 +1,86 @@
+// Measured speeds are cached per device, so a restart does not measure again. The key is what the
+// speeds depend on: the hardware, the OS and its kernel build, our native build, the thread count and
+// the CPU limits of the cgroup. Inside one device's entry, kernel timings are keyed by weight type and
+// shape, KV-write costs by width, and disk speeds by block device and read throttle, so a second model
+// or a second disk only adds entries. Memory, GPU memory and links change all the time: never cached.
+import { createHash } from "node:crypto";
+import { existsSync, mkdirSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
+import { homedir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import type { StepTiming } from "./compute.js";
+import type { DiskMeasurement } from "./disk.js";
+
+export const CACHE_VERSION = 2;
+
+export interface CachedSpeeds {
+  readonly version: number;
+  readonly key: string;
+  /** What the key was made of, for people reading the file. */
+  readonly identity: Readonly<Record<string, string | number>>;
+  memReadBytesPerS?: number;
+  kernels: Record<string, StepTiming>;
+  /** By kvFloats. */
+  kvCopyMs: Record<string, number>;
+  /** By diskKey(). */
+  disks: Record<string, DiskMeasurement>;
+}
+
+/** $PRIMA_PROFILE_DIR, else $XDG_CACHE_HOME/prima/profiles, else ~/.cache/prima/profiles. */
+export function defaultCacheDir(env: NodeJS.ProcessEnv = process.env): string {
+  if (env.PRIMA_PROFILE_DIR) return env.PRIMA_PROFILE_DIR;
+  return join(env.XDG_CACHE_HOME || join(homedir(), ".cache"), "prima", "profiles");
+}
+
+/** Size and time of our compiled addon: a rebuilt kernel may be faster or slower. */
+export function nativeBuildId(): string {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (;;) {
+    const addon = join(dir, "build", "Release", "prima.node");
+    if (existsSync(join(dir, "binding.gyp")) && existsSync(addon)) {
+      const s = statSync(addon);
+      return `${s.size}-${Math.floor(s.mtimeMs)}`;
+    }
+    const up = dirname(dir);
+    if (up === dir) return "unknown";
+    dir = up;
+  }
+}
+
+export function cacheKey(identity: Readonly<Record<string, string | number>>): string {
+  return createHash("sha256").update(JSON.stringify(identity)).digest("hex").slice(0, 24);
+}
+
+function fileOf(dir: string, key: string): string {
+  return join(dir, `${key}.json`);
+}
+
+/** The cached speeds for this key, or an empty entry (an unreadable or foreign file counts as empty). */
+export function loadSpeeds(dir: string, key: string, identity: Readonly<Record<string, string | number>>): CachedSpeeds {
+  const empty: CachedSpeeds = { version: CACHE_VERSION, key, identity, kernels: {}, kvCopyMs: {}, disks: {} };
+  try {
+    const j = JSON.parse(readFileSync(fileOf(dir, key), "utf8")) as CachedSpeeds;
+    if (j.version !== CACHE_VERSION || j.key !== key || typeof j.kernels !== "object" || typeof j.disks !== "object" || typeof j.kvCopyMs !== "object") return empty;
+    return { ...empty, ...j, identity };
+  } catch {
+    return empty;
+  }
+}
+
+/** Merges into what is on disk (another process may have added entries) and writes atomically. */
+export function saveSpeeds(dir: string, s: CachedSpeeds): string {
+  mkdirSync(dir, { recursive: true });
+  const onDisk = loadSpeeds(dir, s.key, s.identity);
+  const merged: CachedSpeeds = {
+    ...s,
+    memReadBytesPerS: s.memReadBytesPerS ?? onDisk.memReadBytesPerS,
+    kernels: { ...onDisk.kernels, ...s.kernels },
+    kvCopyMs: { ...onDisk.kvCopyMs, ...s.kvCopyMs },
+    disks: { ...onDisk.disks, ...s.disks },
+  };
+  const file = fileOf(dir, s.key);
+  const tmp = `${file}.${process.pid}.tmp`;
+  writeFileSync(tmp, JSON.stringify(merged, null, 1));
+  renameSync(tmp, file);
+  return file;
+}

@@ -1,0 +1,94 @@
+// Disk read throughput where the model lives (HALDA.md §1.1 diskSeqReadBytesPerS/diskRandReadBytesPerS):
+// a scratch file next to the model, read with the page cache bypassed, sequentially in blocks of the
+// device's read-ahead size and at random in pages, iodepth 1 (prima.cpp runs fio that way; we run our
+// own reader, native/src/profile.c).
+import { accessSync, constants, readFileSync, statSync } from "node:fs";
+import { platform } from "node:os";
+import { join } from "node:path";
+import { benchDisk } from "../native/profile.js";
+import { diskThrottle, type DiskThrottle } from "./system.js";
+
+export interface DiskMeasurement {
+  /** The directory the scratch file was in, and its block device (major:minor, "" if unknown). */
+  readonly dir: string;
+  readonly device: string;
+  readonly seqReadBytesPerS: number;
+  readonly randReadBytesPerS: number;
+  readonly seqBlockBytes: number;
+  readonly randBlockBytes: number;
+  /** O_DIRECT (or F_NOCACHE) rather than buffered reads after dropping the cached pages. */
+  readonly direct: boolean;
+  /** cgroup read throttling on that device when the measurement was made. */
+  readonly throttle: DiskThrottle;
+}
+
+/** major:minor of the block device holding path (Linux dev_t encoding), or "" when unknown. */
+export function blockDeviceOf(path: string): string {
+  try {
+    const d = BigInt(statSync(path).dev);
+    const major = ((d >> 8n) & 0xfffn) | ((d >> 32n) & 0xfffff000n);
+    const minor = (d & 0xffn) | ((d >> 12n) & 0xffffff00n);
+    return `${major}:${minor}`;
+  } catch {
+    return "";
+  }
+}
+
+/** The read-ahead size of a block device in bytes (the mmap's sequential read unit), default 128 KiB. */
+export function readAheadBytes(device: string): number {
+  for (const p of [`/sys/dev/block/${device}/queue/read_ahead_kb`, `/sys/dev/block/${device}/../queue/read_ahead_kb`]) {
+    try {
+      const kb = Number(readFileSync(p, "utf8").trim());
+      if (kb > 0) return kb * 1024;
+    } catch {
+      // a partition has its queue one level up; a virtual device may have none
+    }
+  }
+  return 128 * 1024;
+}
+
+/** The first writable directory among the candidates (the model's own first). */
+export function scratchDir(candidates: readonly string[]): string | undefined {
+  for (const d of candidates) {
+    try {
+      accessSync(d, constants.W_OK);
+      if (statSync(d).isDirectory()) return d;
+    } catch {
+      // not writable: next
+    }
+  }
+  return undefined;
+}
+
+export interface DiskBenchOptions {
+  readonly seqSeconds: number;
+  readonly randSeconds: number;
+  /** Scratch file size; default 64 MiB (at least 8 sequential blocks). */
+  readonly fileBytes?: number;
+  /** Read through the page cache after dropping the file's pages (what happens where O_DIRECT is refused). */
+  readonly buffered?: boolean;
+}
+
+/** Cache key of a disk measurement: the device and any throttle on it. */
+export function diskKey(dir: string): string {
+  const device = blockDeviceOf(dir);
+  const t = diskThrottle(device);
+  return `${device || dir}|bps=${t.readBytesPerS ?? "-"}|iops=${t.readIops ?? "-"}`;
+}
+
+export function measureDisk(dir: string, o: DiskBenchOptions): DiskMeasurement {
+  const device = blockDeviceOf(dir);
+  const apple = platform() === "darwin";
+  // Sequential reads of the read-ahead size (1-8 MiB keeps the first read short on a slow disk).
+  const seqBlock = Math.min(8 << 20, Math.max(128 << 10, apple ? 1 << 20 : readAheadBytes(device)));
+  const randBlock = apple ? 16384 : 4096;
+  const fileBytes = Math.max(o.fileBytes ?? 64 << 20, 8 * seqBlock);
+  const path = join(dir, `.prima-disk-probe-${process.pid}-${Date.now()}.tmp`);
+  const r = benchDisk(path, { fileBytes, seqBlock, randBlock, seqSeconds: o.seqSeconds, randSeconds: o.randSeconds, buffered: o.buffered });
+  return {
+    dir, device,
+    seqReadBytesPerS: r.seqBytesPerS, randReadBytesPerS: r.randBytesPerS,
+    seqBlockBytes: seqBlock, randBlockBytes: randBlock,
+    direct: r.direct, throttle: diskThrottle(device),
+  };
+}

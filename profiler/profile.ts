@@ -1,0 +1,172 @@
+// Measures this device for Halda: each step says what it does; speeds come from the cache unless
+// asked to measure again. A few seconds the first time on a device, milliseconds afterwards.
+import { createHash } from "node:crypto";
+import { tmpdir } from "node:os";
+import type { DeviceProfile } from "../halda/index.js";
+import { simdLevel } from "../native/index.js";
+import { cacheKey, defaultCacheDir, loadSpeeds, nativeBuildId, saveSpeeds } from "./cache.js";
+import {
+  describeStep, flopsPerType, measureKvCopyMs, measureMemoryBandwidth, stepKey, timeStep, type ModelWorkload, type StepTiming,
+} from "./compute.js";
+import { diskKey, measureDisk, scratchDir } from "./disk.js";
+import { detectGpus } from "./gpu.js";
+import { readMemory } from "./memory.js";
+import { RAM_AVAILABLE_FRACTION, REPORT_VERSION, type DeviceReport } from "./report.js";
+import { cgroupPaths, cpuQuota, systemInfo } from "./system.js";
+
+export interface ProfileOptions {
+  /** Device name in plans and logs. */
+  readonly name: string;
+  /** The model whose shapes the kernels are timed on (profiler/compute.ts modelWorkload). */
+  readonly workload: ModelWorkload;
+  /** Compute threads, as the engine will use them. */
+  readonly threads: number;
+  /** Directories to put the disk's scratch file in, best first (the model's own directory). */
+  readonly diskDirs?: readonly string[];
+  /** KV cache length for the KV-write timing (default 1024). */
+  readonly nCtx?: number;
+  /** Measure again even when the cache has the numbers. */
+  readonly reprofile?: boolean;
+  /** Shorter timings (tests). */
+  readonly quick?: boolean;
+  /** Default: defaultCacheDir(). */
+  readonly cacheDir?: string;
+  readonly progress?: (line: string) => void;
+}
+
+/** Stable identity of the hardware: machine id, CPU model and count. */
+export function hardwareId(): string {
+  const s = systemInfo();
+  return createHash("sha256").update(`${s.machineId}|${s.cpuModel}|${s.logicalCpus}|${s.arch}`).digest("hex").slice(0, 16);
+}
+
+const fmtFlops = (f: number) => `${(f / 1e9).toFixed(2)} GFLOP/s`;
+
+export function profileDevice(o: ProfileOptions): DeviceReport {
+  const t0 = performance.now();
+  const say = o.progress ?? (() => {});
+  const sys = systemInfo();
+  const quota = cpuQuota(cgroupPaths());
+  const simd = simdLevel();
+  const identity = {
+    cpu: sys.cpuModel, cpus: sys.logicalCpus, arch: sys.arch, os: sys.os, kernel: `${sys.kernelRelease} ${sys.kernelVersion}`,
+    machine: sys.machineId, native: nativeBuildId(), simd, threads: o.threads, cpuQuota: quota ?? "none",
+  };
+  const key = cacheKey(identity);
+  const dir = o.cacheDir ?? defaultCacheDir();
+  const speeds = loadSpeeds(dir, key, identity);
+  const measured: string[] = [];
+  const quick = o.quick ?? false;
+  say(`profiling ${o.name}: ${sys.os}, ${sys.cpuModel}, ${o.threads} threads (${simd})${quota ? `, cgroup CPU quota ${quota.toFixed(2)}` : ""}`);
+
+  // Memory and GPUs first: the benchmarks below size their buffers from what is free.
+  const memory = readMemory(sys.os === "android");
+  say(`memory: ${(memory.availableBytes / 2 ** 30).toFixed(2)} GiB available of ${(memory.totalBytes / 2 ** 30).toFixed(2)} GiB${memory.cgroup ? ` (cgroup v${memory.cgroup.version} limit)` : ""}`);
+  const gpus = detectGpus();
+  say(`gpu: ${gpus.length ? gpus.map((g) => `${g.kind} ${g.name}`).join(", ") + " (reported; kernels run on the CPU)" : "none"}`);
+  // A working set past the last-level cache, as a model's layers are; never more than a quarter of
+  // what is free (a memory-limited device must survive its own profile).
+  const budget = Math.max(4 << 20, Math.floor(memory.availableBytes / 4));
+  const workingSetBytes = Math.max(1 << 20, Math.min(o.workload.weightBytes, 64 << 20, budget));
+
+  const kernels: StepTiming[] = [];
+  const steps = o.workload.steps;
+  steps.forEach((st, i) => {
+    const k = stepKey(st);
+    let t = o.reprofile ? undefined : speeds.kernels[k];
+    const step = `kernels ${i + 1}/${steps.length}: ${describeStep(st)}`;
+    if (t) say(`${step}: ${fmtFlops(t.flopsPerS)} (cached)`);
+    else {
+      t = timeStep(st, { threads: o.threads, workingSetBytes, minSeconds: quick ? 0.04 : 0.12 });
+      speeds.kernels[k] = t;
+      measured.push(k);
+      say(`${step}: ${fmtFlops(t.flopsPerS)}`);
+    }
+    kernels.push(t);
+  });
+  const cpuFlopsPerS = flopsPerType(o.workload, new Map(kernels.map((t) => [t.key, t])));
+
+  let memRead = o.reprofile ? undefined : speeds.memReadBytesPerS;
+  if (memRead === undefined) {
+    memRead = measureMemoryBandwidth(Math.min(100 << 20, Math.max(8 << 20, budget)), o.threads, quick ? 0.05 : 0.15);
+    speeds.memReadBytesPerS = memRead;
+    measured.push("memory bandwidth");
+    say(`memory read: ${(memRead / 1e9).toFixed(2)} GB/s`);
+  } else say(`memory read: ${(memRead / 1e9).toFixed(2)} GB/s (cached)`);
+
+  const kvKey = String(o.workload.kvFloats);
+  let kvCopyMs = o.reprofile ? undefined : speeds.kvCopyMs[kvKey];
+  if (kvCopyMs === undefined) {
+    kvCopyMs = measureKvCopyMs(o.workload.kvFloats, o.nCtx ?? 1024, quick ? 0.01 : 0.03);
+    speeds.kvCopyMs[kvKey] = kvCopyMs;
+    measured.push("kv copy");
+    say(`kv copy: ${(kvCopyMs * 1000).toFixed(2)} us per token and layer`);
+  } else say(`kv copy: ${(kvCopyMs * 1000).toFixed(2)} us per token and layer (cached)`);
+
+  const diskDir = scratchDir([...(o.diskDirs ?? []), dir, tmpdir()]);
+  if (!diskDir) throw new Error(`no writable directory for the disk's scratch file (tried ${[...(o.diskDirs ?? []), dir, tmpdir()].join(", ")})`);
+  const dk = diskKey(diskDir);
+  let disk = o.reprofile ? undefined : speeds.disks[dk];
+  const fmtDisk = (d: { seqReadBytesPerS: number; randReadBytesPerS: number }) =>
+    `${(d.seqReadBytesPerS / 1e6).toFixed(0)} MB/s sequential, ${(d.randReadBytesPerS / 1e6).toFixed(1)} MB/s random`;
+  if (!disk) {
+    say(`disk: reading a scratch file under ${diskDir} with the page cache bypassed`);
+    disk = measureDisk(diskDir, quick ? { seqSeconds: 0.15, randSeconds: 0.1, fileBytes: 32 << 20 } : { seqSeconds: 0.4, randSeconds: 0.3 });
+    speeds.disks[dk] = disk;
+    measured.push("disk");
+    say(`disk: ${fmtDisk(disk)}`);
+  } else say(`disk: ${fmtDisk(disk)} (cached)`);
+
+  let cacheFile: string | undefined;
+  if (measured.length) {
+    try {
+      cacheFile = saveSpeeds(dir, speeds);
+    } catch (e) {
+      say(`could not cache the profile in ${dir}: ${(e as Error).message}`);
+    }
+  }
+  const profile: DeviceProfile = {
+    name: o.name,
+    id: hardwareId(),
+    os: sys.os,
+    gpuBackend: "none",
+    cpuFlopsPerS,
+    kvCopyCpuMs: kvCopyMs,
+    ramReadBytesPerS: memRead,
+    ramTotalBytes: memory.totalBytes,
+    ramAvailableBytes: Math.floor(memory.availableBytes * RAM_AVAILABLE_FRACTION),
+    swappableBytes: memory.swappableBytes,
+    swapTotalBytes: memory.swapTotalBytes,
+    swapAvailableBytes: memory.swapFreeBytes,
+    diskSeqReadBytesPerS: disk.seqReadBytesPerS,
+    diskRandReadBytesPerS: disk.randReadBytesPerS,
+  };
+  const profileMs = performance.now() - t0;
+  say(`profile done in ${(profileMs / 1000).toFixed(1)} s${measured.length ? "" : " (from the cache)"}`);
+  return {
+    version: REPORT_VERSION,
+    profile,
+    details: {
+      system: sys, threads: o.threads, simd, ...(quota ? { cpuQuota: quota } : {}), memory, gpus,
+      workload: o.workload.name, kernels, memReadBytesPerS: memRead, kvCopyMs, disk,
+      cacheKey: key, ...(cacheFile ? { cacheFile } : {}), measured, profileMs,
+    },
+  };
+}
+
+/** The same report with memory read again (it changes all the time; speeds do not). */
+export function refreshMemory(r: DeviceReport): DeviceReport {
+  const memory = readMemory(r.profile.os === "android");
+  return {
+    ...r,
+    profile: {
+      ...r.profile,
+      ramTotalBytes: memory.totalBytes,
+      ramAvailableBytes: Math.floor(memory.availableBytes * RAM_AVAILABLE_FRACTION),
+      swappableBytes: memory.swappableBytes,
+      swapTotalBytes: memory.swapTotalBytes,
+      swapAvailableBytes: memory.swapFreeBytes,
+    },
+    details: { ...r.details, memory },
+  };
+}

@@ -1,0 +1,94 @@
+// A device's profile as it travels (Join.profile_json) and prints: Halda's DeviceProfile, plus the
+// details behind it. Parsing a report from the wire checks it the way Halda will, so a broken worker
+// is named at join time rather than failing the plan.
+import { resolveDevice, type DeviceProfile } from "../halda/index.js";
+import type { StepTiming } from "./compute.js";
+import type { DiskMeasurement } from "./disk.js";
+import type { GpuInfo } from "./gpu.js";
+import type { MemoryReading } from "./memory.js";
+import type { SystemInfo } from "./system.js";
+
+export const REPORT_VERSION = 1;
+
+/** prima.cpp keeps a fifth of MemAvailable back on Linux (HALDA.md §1.1); we do so everywhere. */
+export const RAM_AVAILABLE_FRACTION = 0.8;
+
+export interface DeviceDetails {
+  readonly system: SystemInfo;
+  readonly threads: number;
+  readonly simd: string;
+  /** CPUs the cgroup allows (quota / period), when limited. */
+  readonly cpuQuota?: number;
+  readonly memory: MemoryReading;
+  readonly gpus: readonly GpuInfo[];
+  /** The model the kernels were timed for, and each shape's timing. */
+  readonly workload: string;
+  readonly kernels: readonly StepTiming[];
+  readonly memReadBytesPerS: number;
+  readonly kvCopyMs: number;
+  readonly disk: DiskMeasurement;
+  readonly cacheKey: string;
+  readonly cacheFile?: string;
+  /** What was measured now rather than taken from the cache. */
+  readonly measured: readonly string[];
+  readonly profileMs: number;
+}
+
+export interface DeviceReport {
+  readonly version: number;
+  readonly profile: DeviceProfile;
+  readonly details: DeviceDetails;
+  /** Port of the device's link probe (profiler/link.ts), for the coordinator to measure the hop. */
+  readonly linkProbePort?: number;
+}
+
+/** Parses and checks a report from Join.profile_json; throws an Error saying what is wrong. */
+export function parseDeviceReport(json: string): DeviceReport {
+  if (!json) throw new Error("no profile (the worker sent none)");
+  let r: DeviceReport;
+  try {
+    r = JSON.parse(json) as DeviceReport;
+  } catch (e) {
+    throw new Error(`the profile is not JSON: ${(e as Error).message}`);
+  }
+  const failed = (r as { error?: unknown } | null)?.error;
+  if (typeof failed === "string") throw new Error(`the device could not profile itself: ${failed}`);
+  if (typeof r !== "object" || r === null || r.version !== REPORT_VERSION) throw new Error(`profile version ${(r as { version?: unknown })?.version} is not ${REPORT_VERSION}`);
+  if (typeof r.profile !== "object" || r.profile === null) throw new Error("the profile has no device profile");
+  resolveDevice(r.profile, 1); // throws HaldaError naming the field
+  if (r.linkProbePort !== undefined && !(Number.isInteger(r.linkProbePort) && r.linkProbePort > 0 && r.linkProbePort < 65536)) {
+    throw new Error(`link probe port ${r.linkProbePort} is invalid`);
+  }
+  return r;
+}
+
+const gib = (b: number | undefined) => (b === undefined ? "-" : `${(b / 2 ** 30).toFixed(2)} GiB`);
+const mbps = (b: number | undefined) => (b === undefined ? "-" : `${(b / 1e6).toFixed(0)} MB/s`);
+const gflops = (f: number) => `${(f / 1e9).toFixed(2)} GFLOP/s`;
+
+/** The report as a two-column table (what `prima-worker profile` prints). */
+export function formatReport(r: DeviceReport): string {
+  const p = r.profile, d = r.details, m = d.memory;
+  const rows: [string, string][] = [
+    ["device", `${p.name} (id ${p.id ?? "-"})`],
+    ["os", `${p.os} (${d.system.platform} ${d.system.arch}, kernel ${d.system.kernelRelease})`],
+    ["cpu", `${d.system.cpuModel}, ${d.system.logicalCpus} logical CPUs, ${d.threads} threads, ${d.simd}${d.cpuQuota ? `, cgroup quota ${d.cpuQuota.toFixed(2)} CPUs` : ""}`],
+    ["gpu", d.gpus.length ? d.gpus.map((g) => `${g.kind} ${g.name}, ${gib(g.freeBytes)} free of ${gib(g.totalBytes)} (not used: kernels are CPU-only)`).join("; ") : "none"],
+  ];
+  for (const [type, f] of Object.entries(p.cpuFlopsPerS)) rows.push([`cpu ${type}`, gflops(f)]);
+  for (const k of d.kernels) rows.push([`  ${k.label}`, `${gflops(k.flopsPerS)} (${(k.secondsPerStep * 1000).toFixed(3)} ms per token)`]);
+  rows.push(
+    ["memory read", `${(d.memReadBytesPerS / 1e9).toFixed(2)} GB/s`],
+    ["kv copy", `${(d.kvCopyMs * 1000).toFixed(2)} us per token and layer`],
+    ["ram total", `${gib(m.totalBytes)}${m.cgroup ? ` (cgroup v${m.cgroup.version} limit; machine ${gib(m.physicalTotalBytes)})` : ""}`],
+    ["ram available", `${gib(m.availableBytes)} (Halda plans with ${gib(p.ramAvailableBytes)})`],
+    ["swap", `${gib(m.swapTotalBytes)} total, ${gib(m.swapFreeBytes)} free, ${gib(m.swappableBytes)} swappable`],
+    ["disk sequential", `${mbps(p.diskSeqReadBytesPerS)} (${d.disk.seqBlockBytes >> 10} KiB reads)`],
+    ["disk random", `${mbps(p.diskRandReadBytesPerS)} (${d.disk.randBlockBytes >> 10} KiB reads)`],
+    ["disk", `${d.disk.device || "?"} under ${d.disk.dir}, ${d.disk.direct ? "O_DIRECT" : "page cache dropped"}${d.disk.throttle.readBytesPerS ? `, cgroup throttle ${mbps(d.disk.throttle.readBytesPerS)}` : ""}`],
+    ["measured now", d.measured.length ? d.measured.join(", ") : "nothing (all from the cache)"],
+    ["cache", d.cacheFile ?? d.cacheKey],
+  );
+  const w = Math.max(...rows.map(([k]) => k.length));
+  return rows.map(([k, v]) => `${k.padEnd(w)}  ${v}`).join("\n");
+}

@@ -1,0 +1,135 @@
+// Test harness: cgroup v1 groups (memory, cpu, blkio) to give processes less memory, CPU or disk, and
+// processes started inside them. Each helper says why it cannot run, so a test skips with a reason.
+import { spawn, type ChildProcess } from "node:child_process";
+import { existsSync, mkdirSync, readFileSync, rmdirSync, statSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+export const root = fileURLToPath(new URL("../..", import.meta.url));
+const base = "/sys/fs/cgroup";
+
+/** Why a v1 controller cannot be used here, or null when it can (we must be able to make a group). */
+export function controllerProblem(controller: "memory" | "cpu" | "blkio"): string | null {
+  const dir = join(base, controller);
+  if (!existsSync(join(dir, "cgroup.procs"))) return `no cgroup v1 ${controller} controller at ${dir}`;
+  const probe = join(dir, `prima-probe-${process.pid}`);
+  try {
+    mkdirSync(probe);
+    rmdirSync(probe);
+    return null;
+  } catch (e) {
+    return `cannot create a ${controller} cgroup: ${(e as Error).message}`;
+  }
+}
+
+/** major:minor of the disk holding path, as blkio wants it. */
+export function diskDeviceOf(path: string): string {
+  const d = BigInt(statSync(path).dev);
+  return `${((d >> 8n) & 0xfffn) | ((d >> 32n) & 0xfffff000n)}:${(d & 0xffn) | ((d >> 12n) & 0xffffff00n)}`;
+}
+
+/** Whether blkio read throttling of this device takes effect (it does not on some virtual disks). */
+export function blkioProblem(dev: string): string | null {
+  const p = controllerProblem("blkio");
+  if (p) return p;
+  if (!existsSync(join(base, "blkio", "blkio.throttle.read_bps_device"))) return "blkio has no throttle files";
+  if (!existsSync(`/sys/dev/block/${dev}`)) return `block device ${dev} is not in /sys/dev/block`;
+  return null;
+}
+
+export class Cgroup {
+  readonly dirs: string[] = [];
+  constructor(readonly name: string) {}
+
+  /** Creates the group under a controller and writes settings (file -> value). */
+  add(controller: "memory" | "cpu" | "blkio", settings: Record<string, string | number> = {}): this {
+    const dir = join(base, controller, this.name);
+    mkdirSync(dir, { recursive: true });
+    for (const [file, v] of Object.entries(settings)) writeFileSync(join(dir, file), String(v));
+    this.dirs.push(dir);
+    return this;
+  }
+
+  set(controller: "memory" | "cpu" | "blkio", file: string, v: string | number): void {
+    writeFileSync(join(base, controller, this.name, file), String(v));
+  }
+
+  read(controller: "memory" | "cpu" | "blkio", file: string): string {
+    return readFileSync(join(base, controller, this.name, file), "utf8").trim();
+  }
+
+  /** Removes the groups (their processes must have exited; retried briefly). */
+  async remove(): Promise<void> {
+    for (const dir of this.dirs) {
+      for (let i = 0; i < 50; i++) {
+        try {
+          if (existsSync(dir)) rmdirSync(dir);
+          break;
+        } catch {
+          await new Promise((r) => setTimeout(r, 100));
+        }
+      }
+    }
+  }
+}
+
+export interface Proc {
+  readonly child: ChildProcess;
+  stdout: string;
+  stderr: string;
+  readonly exited: Promise<number | null>;
+  waitFor(re: RegExp, timeoutMs?: number): Promise<RegExpMatchArray>;
+}
+
+const running = new Set<ChildProcess>();
+
+export function killAll(): void {
+  for (const c of running) c.kill("SIGKILL");
+  running.clear();
+}
+
+/** Starts `node args...` inside the cgroups (the shell joins them before exec, so node starts inside). */
+export function startIn(groups: readonly Cgroup[], args: readonly string[], env: NodeJS.ProcessEnv = {}): Proc {
+  const dirs = groups.flatMap((g) => g.dirs);
+  const join = dirs.map((d) => `echo $$ > '${d}/cgroup.procs'`).join(" && ");
+  const child = spawn("/bin/sh", ["-c", `${join ? `${join} && ` : ""}exec "$0" "$@"`, process.execPath, ...args], {
+    cwd: root, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...env },
+  });
+  running.add(child);
+  child.on("exit", () => running.delete(child));
+  const waiters: { re: RegExp; resolve: (m: RegExpMatchArray) => void }[] = [];
+  const p: Proc = {
+    child, stdout: "", stderr: "",
+    exited: new Promise((resolve) => child.on("exit", (code) => resolve(code))),
+    waitFor(re, timeoutMs = 30_000) {
+      const m = (p.stderr + p.stdout).match(re);
+      if (m) return Promise.resolve(m);
+      return new Promise((resolve, reject) => {
+        waiters.push({ re, resolve });
+        setTimeout(() => reject(new Error(`timed out waiting for ${re}; stderr:\n${p.stderr}`)), timeoutMs).unref();
+      });
+    },
+  };
+  const check = () => {
+    for (let i = waiters.length - 1; i >= 0; i--) {
+      const m = (p.stderr + p.stdout).match(waiters[i].re);
+      if (m) waiters.splice(i, 1)[0].resolve(m);
+    }
+  };
+  child.stdout!.on("data", (d: Buffer) => { p.stdout += d.toString(); check(); });
+  child.stderr!.on("data", (d: Buffer) => { p.stderr += d.toString(); check(); });
+  return p;
+}
+
+/** Runs a script (ES module source, may import dist/) in the cgroups; resolves with its stdout JSON. */
+export async function runScriptIn<T>(groups: readonly Cgroup[], source: string, env: NodeJS.ProcessEnv = {}): Promise<T> {
+  const p = startIn(groups, ["--input-type=module", "-e", source], env);
+  const code = await p.exited;
+  if (code !== 0) throw new Error(`script failed (${code}):\n${p.stderr}`);
+  return JSON.parse(p.stdout) as T;
+}
+
+/** file:// URL of a compiled module in dist/, for child scripts. */
+export function distUrl(path: string): string {
+  return new URL(`dist/${path}`, `file://${root}`).href;
+}

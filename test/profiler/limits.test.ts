@@ -1,0 +1,134 @@
+// A device with less reports less: processes in memory, CPU and blkio cgroups measure their limits,
+// memory pressure follows the paper's definition inside a limit, and a file in the page cache is not
+// taken for the disk. The parts that need a cgroup controller skip, saying why, where it is missing.
+import { writeFileSync, readFileSync, rmSync, mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, afterEach, describe, expect, it } from "vitest";
+import { Cgroup, blkioProblem, controllerProblem, diskDeviceOf, distUrl, killAll, runScriptIn } from "./cgroup.js";
+
+const tag = `prima-test-${process.pid}`;
+const groups: Cgroup[] = [];
+const group = (name: string) => {
+  const g = new Cgroup(`${tag}-${name}`);
+  groups.push(g);
+  return g;
+};
+afterEach(killAll);
+afterAll(async () => {
+  for (const g of groups) await g.remove();
+});
+
+const profiler = distUrl("profiler/index.js");
+const memProblem = controllerProblem("memory");
+const cpuProblem = controllerProblem("cpu");
+const scratch = mkdtempSync(join(tmpdir(), "prima-limits-"));
+afterAll(() => rmSync(scratch, { recursive: true, force: true }));
+const diskProblem = blkioProblem(diskDeviceOf(scratch));
+
+if (memProblem) console.warn(`limits.test: memory cgroup parts skipped: ${memProblem}`);
+if (cpuProblem) console.warn(`limits.test: CPU cgroup parts skipped: ${cpuProblem}`);
+if (diskProblem) console.warn(`limits.test: blkio parts skipped: ${diskProblem}`);
+
+interface Mem { totalBytes: number; availableBytes: number; physicalTotalBytes: number; cgroup?: { limitBytes: number; version: number } }
+
+describe.skipIf(memProblem !== null)(`memory cgroup limits${memProblem ? ` (skipped: ${memProblem})` : ""}`, () => {
+  it("a process in a 300 MiB group reports at most 300 MiB, and less than one outside it", async () => {
+    const limited = group("mem").add("memory", { "memory.limit_in_bytes": 300 * 2 ** 20 });
+    const src = `import { readMemory } from ${JSON.stringify(profiler)}; console.log(JSON.stringify(readMemory()));`;
+    const inside = await runScriptIn<Mem>([limited], src);
+    const outside = await runScriptIn<Mem>([], src);
+    expect(inside.cgroup?.version).toBe(1);
+    expect(inside.cgroup?.limitBytes).toBe(300 * 2 ** 20);
+    expect(inside.totalBytes).toBe(300 * 2 ** 20);
+    expect(inside.availableBytes).toBeLessThan(300 * 2 ** 20);
+    expect(inside.availableBytes).toBeGreaterThan(100 * 2 ** 20); // node itself needs a few tens of MiB
+    expect(outside.totalBytes).toBeGreaterThan(inside.totalBytes);
+    expect(outside.availableBytes).toBeGreaterThan(inside.availableBytes);
+  });
+
+  it("memory pressure is the drop of available memory over the group's memory: anonymous memory counts, page cache does not", async () => {
+    const limited = group("pressure").add("memory", { "memory.limit_in_bytes": 400 * 2 ** 20 });
+    const file = join(scratch, "cache-me.bin");
+    writeFileSync(file, Buffer.alloc(64 * 2 ** 20, 7));
+    const src = `
+      import { memoryPressureTracker } from ${JSON.stringify(profiler)};
+      const anon = memoryPressureTracker();
+      const held = Buffer.alloc(40 * 2 ** 20, 1); // 40 MiB of anonymous memory, touched
+      anon.sample();
+      console.log(JSON.stringify({ anon: anon.pressure(), held: held.length }));`;
+    const r = await runScriptIn<{ anon: number }>([limited], src);
+    // 40 MiB of 400 MiB is 10 %; allocation noise of node itself stays within a few MiB.
+    expect(r.anon).toBeGreaterThan(0.08);
+    expect(r.anon).toBeLessThan(0.13);
+    const fileOnly = `
+      import { memoryPressureTracker } from ${JSON.stringify(profiler)};
+      import { openSync, readSync, closeSync } from "node:fs";
+      const t = memoryPressureTracker();
+      const fd = openSync(${JSON.stringify(file)}, "r"); const b = Buffer.alloc(1 << 20);
+      for (let off = 0; off < 64 * 2 ** 20; off += b.length) readSync(fd, b, 0, b.length, off);
+      closeSync(fd); t.sample();
+      console.log(JSON.stringify({ file: t.pressure() }));`;
+    const f = await runScriptIn<{ file: number }>([limited], fileOnly);
+    expect(f.file).toBeLessThan(0.02); // 64 MiB read through the page cache: reclaimable, not pressure
+  });
+});
+
+describe.skipIf(cpuProblem !== null)(`CPU cgroup quota${cpuProblem ? ` (skipped: ${cpuProblem})` : ""}`, () => {
+  it("a worker limited to half a CPU measures its kernels slower", async () => {
+    const throttled = group("cpu").add("cpu", { "cpu.cfs_period_us": 20000, "cpu.cfs_quota_us": 10000 });
+    const src = `
+      import { timeStep, cpuQuota } from ${JSON.stringify(profiler)};
+      const step = { matrices: [{ type: "Q8_0", typeId: 8, ne0: 1024, ne1: 1024 }], perLayer: 1 };
+      const t = timeStep(step, { threads: 2, workingSetBytes: 32 << 20, minSeconds: 0.3 });
+      console.log(JSON.stringify({ flops: t.flopsPerS, quota: cpuQuota() ?? null }));`;
+    const slow = await runScriptIn<{ flops: number; quota: number }>([throttled], src);
+    const fast = await runScriptIn<{ flops: number; quota: number | null }>([], src);
+    expect(slow.quota).toBeCloseTo(0.5, 5);
+    expect(fast.quota).toBeNull();
+    // Half a CPU against two: a quarter of the throughput, give or take the scheduler.
+    expect(slow.flops).toBeLessThan(fast.flops * 0.6);
+  });
+});
+
+describe.skipIf(diskProblem !== null)(`disk reads bypass the page cache${diskProblem ? ` (skipped: ${diskProblem})` : ""}`, () => {
+  it("a worker whose disk is throttled to 20 MB/s measures about 20 MB/s, though the file sits in the page cache", async () => {
+    const dev = diskDeviceOf(scratch);
+    const slow = group("disk").add("blkio", { "blkio.throttle.read_bps_device": `${dev} ${20_000_000}` });
+    // A cached file reads at memory speed: that is what the profiler must not report as the disk.
+    const file = join(scratch, "warm.bin");
+    writeFileSync(file, Buffer.alloc(32 * 2 ** 20, 3));
+    readFileSync(file);
+    const t0 = performance.now();
+    for (let i = 0; i < 4; i++) readFileSync(file);
+    const cachedBytesPerS = (4 * 32 * 2 ** 20) / ((performance.now() - t0) / 1000);
+    const src = (buffered: boolean) => `
+      import { measureDisk } from ${JSON.stringify(profiler)};
+      console.log(JSON.stringify(measureDisk(${JSON.stringify(scratch)}, { seqSeconds: 0.6, randSeconds: 0.2, fileBytes: 32 << 20, buffered: ${buffered} })));`;
+    type Disk = { seqReadBytesPerS: number; randReadBytesPerS: number; direct: boolean; throttle: { readBytesPerS?: number } };
+    const throttled = await runScriptIn<Disk>([slow], src(false));
+    const free = await runScriptIn<Disk>([], src(false));
+    // Where O_DIRECT is refused the file's pages are dropped before reading: still the disk's speed.
+    const buffered = await runScriptIn<Disk>([slow], src(true));
+    expect(throttled.direct).toBe(true);
+    expect(buffered.direct).toBe(false);
+    expect(buffered.seqReadBytesPerS).toBeLessThan(20_000_000 * 1.5);
+    expect(throttled.throttle.readBytesPerS).toBe(20_000_000);
+    expect(throttled.seqReadBytesPerS).toBeLessThan(20_000_000 * 1.5);
+    expect(throttled.seqReadBytesPerS).toBeGreaterThan(20_000_000 * 0.3);
+    expect(throttled.randReadBytesPerS).toBeLessThan(20_000_000 * 1.5);
+    expect(cachedBytesPerS).toBeGreaterThan(10 * throttled.seqReadBytesPerS);
+    expect(free.seqReadBytesPerS).toBeGreaterThan(2 * throttled.seqReadBytesPerS);
+  }, 30_000);
+});
+
+describe("disk reads where O_DIRECT is refused", () => {
+  it("reports a directory it cannot write to with a clear error", async () => {
+    const src = `
+      import { measureDisk } from ${JSON.stringify(profiler)};
+      try { measureDisk("/proc", { seqSeconds: 0.05, randSeconds: 0.05 }); console.log("{}"); }
+      catch (e) { console.log(JSON.stringify({ error: e.message })); }`;
+    const r = await runScriptIn<{ error?: string }>([], src);
+    expect(r.error).toMatch(/cannot create the scratch file \/proc\/.*: /);
+  });
+});

@@ -1,0 +1,114 @@
+// The device profiler: units and sanity of what it measures, the cache, and the step timings against
+// the engine's own forward pass on a generated model.
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { afterAll, describe, expect, it } from "vitest";
+import { LocalModel } from "../../engine/index.js";
+import { resolveDevice } from "../../halda/index.js";
+import { modelProfile } from "../../model/index.js";
+import {
+  flopsPerType, formatReport, modelWorkload, parseDeviceReport, profileDevice, stepKey, type ModelWorkload, type StepTiming,
+} from "../../profiler/index.js";
+import { PLACEMENT_SHAPE, testModel } from "./models.js";
+
+const cacheDir = mkdtempSync(join(tmpdir(), "prima-profile-test-"));
+afterAll(() => rmSync(cacheDir, { recursive: true, force: true }));
+
+describe("flopsPerType", () => {
+  it("turns step timings into per-type throughput whose layer time is the steps' time", () => {
+    // Two steps per layer of mixed types, one stand-in: Sum_q F_q / flops_q must equal the layer's step time.
+    const w: ModelWorkload = {
+      name: "synthetic", nEmbd: 256, kvFloats: 128, weightBytes: 1,
+      steps: [
+        { matrices: [{ type: "Q4_K", typeId: 12, ne0: 256, ne1: 256 }, { type: "Q6_K", typeId: 14, ne0: 256, ne1: 64 }], perLayer: 1 },
+        { matrices: [{ type: "Q4_K", typeId: 12, ne0: 256, ne1: 512 }], perLayer: 0.5 },
+        { matrices: [{ type: "F32", typeId: 0, ne0: 256, ne1: 256 }], perLayer: 0 },
+      ],
+    };
+    const seconds = [3e-5, 2e-5, 5e-5];
+    const timings = new Map<string, StepTiming>(w.steps.map((s, i) => {
+      const f = s.matrices.reduce((a, m) => a + 2 * m.ne0 * m.ne1, 0);
+      return [stepKey(s), { key: stepKey(s), label: "", rowsTimed: s.matrices.map((m) => m.ne1), secondsPerStep: seconds[i], flopsPerS: f / seconds[i], workingSetBytes: 0 }];
+    }));
+    const flops = flopsPerType(w, timings);
+    const layerFlops: Record<string, number> = {};
+    for (const s of w.steps) for (const m of s.matrices) if (s.perLayer > 0) layerFlops[m.type] = (layerFlops[m.type] ?? 0) + 2 * m.ne0 * m.ne1 * s.perLayer;
+    const predicted = Object.entries(layerFlops).reduce((a, [t, f]) => a + f / flops[t], 0);
+    expect(predicted).toBeCloseTo(1 * seconds[0] + 0.5 * seconds[1], 12);
+    expect(flops.F32).toBeCloseTo((2 * 256 * 256) / seconds[2], 0);
+  });
+});
+
+describe("profileDevice on a generated model", async () => {
+  const modelPath = await testModel(PLACEMENT_SHAPE, "Q8_0");
+  const model = LocalModel.open(modelPath, { threads: 2 });
+  const workload = modelWorkload(model.desc);
+  const lines: string[] = [];
+  const first = profileDevice({ name: "unit", workload, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, progress: (l) => lines.push(l) });
+  afterAll(() => model.close());
+
+  it("measures every type the model's FLOPs need, in FLOP/s that match the engine's own forward pass", async () => {
+    const mp = modelProfile(model.desc, { nCtx: 256, nPredict: 64 });
+    for (const t of [...Object.keys(mp.layerFlops), ...Object.keys(mp.outputFlops)]) {
+      expect(first.profile.cpuFlopsPerS[t], t).toBeGreaterThan(1e8);
+      expect(first.profile.cpuFlopsPerS[t], t).toBeLessThan(1e13);
+    }
+    // The matmul time the profile predicts for a layer, against real decode steps through all layers:
+    // the matmuls are most of a layer's work, never more than all of it.
+    const matmulMs = 1000 * Object.entries(mp.layerFlops).filter(([t]) => t !== "F32" && t !== "F16").reduce((a, [t, f]) => a + f / first.profile.cpuFlopsPerS[t], 0);
+    const w = model.window(0, model.nLayers, { ctx: 256 });
+    const acts = new Float32Array(model.nEmbd).fill(0.01);
+    for (let p = 0; p < 4; p++) await w.forward(acts, p, 1);
+    const t0 = performance.now();
+    for (let p = 4; p < 44; p++) await w.forward(acts, p, 1);
+    const realLayerMs = (performance.now() - t0) / 40 / model.nLayers;
+    w.close();
+    expect(matmulMs).toBeLessThan(realLayerMs * 1.3);
+    expect(matmulMs).toBeGreaterThan(realLayerMs * 0.4);
+  });
+
+  it("reports memory, disk and KV-copy figures in their units, within physical bounds", () => {
+    const p = first.profile, m = first.details.memory;
+    expect(p.ramTotalBytes).toBe(m.totalBytes);
+    expect(m.totalBytes).toBeLessThanOrEqual(m.physicalTotalBytes);
+    expect(m.availableBytes).toBeLessThanOrEqual(m.totalBytes);
+    expect(p.ramAvailableBytes).toBeLessThan(m.availableBytes); // prima.cpp's 0.8 margin
+    expect(p.ramAvailableBytes).toBeGreaterThan(0);
+    expect(p.ramReadBytesPerS).toBeGreaterThan(5e8); // B/s: no device reads memory slower than 0.5 GB/s
+    expect(p.ramReadBytesPerS).toBeLessThan(2e12);
+    expect(p.diskSeqReadBytesPerS).toBeGreaterThan(1e6);
+    expect(p.diskSeqReadBytesPerS).toBeLessThan(1e11);
+    expect(p.diskRandReadBytesPerS).toBeGreaterThan(1e5);
+    expect(p.kvCopyCpuMs).toBeGreaterThan(0); // ms for a few hundred halves: far below a millisecond
+    expect(p.kvCopyCpuMs).toBeLessThan(0.1);
+    expect(first.details.disk.direct).toBe(true);
+    expect(() => resolveDevice(p, 0)).not.toThrow();
+    expect(lines.some((l) => /kernels 1\/\d+/.test(l)) && lines.some((l) => /^disk: \d+ MB\/s/.test(l))).toBe(true);
+    expect(formatReport(first)).toMatch(/disk sequential\s+\d+ MB\/s/);
+  });
+
+  it("reads speeds from the cache on the next start, and measures again when asked", () => {
+    const again = profileDevice({ name: "unit", workload, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true });
+    expect(again.details.measured).toEqual([]);
+    expect(again.profile.cpuFlopsPerS).toEqual(first.profile.cpuFlopsPerS);
+    expect(again.profile.diskSeqReadBytesPerS).toBe(first.profile.diskSeqReadBytesPerS);
+    const fresh = profileDevice({ name: "unit", workload, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, reprofile: true });
+    expect(fresh.details.measured).toContain("disk");
+    expect(fresh.details.measured.length).toBe(workload.steps.length + 3);
+    // Another thread count is another device configuration: measured anew.
+    const one = profileDevice({ name: "unit", workload, threads: 1, diskDirs: [dirname(modelPath)], cacheDir, quick: true });
+    expect(one.details.cacheKey).not.toBe(first.details.cacheKey);
+    expect(one.details.measured.length).toBeGreaterThan(0);
+  });
+
+  it("round-trips through the join message and refuses broken profiles by name", () => {
+    const back = parseDeviceReport(JSON.stringify({ ...first, linkProbePort: 4321 }));
+    expect(back.profile).toEqual(first.profile);
+    expect(() => parseDeviceReport("")).toThrow(/no profile/);
+    expect(() => parseDeviceReport("{oops")).toThrow(/not JSON/);
+    expect(() => parseDeviceReport(JSON.stringify({ version: 1, error: "disk full" }))).toThrow(/could not profile itself: disk full/);
+    expect(() => parseDeviceReport(JSON.stringify({ ...first, profile: { ...first.profile, ramAvailableBytes: -1 } }))).toThrow(/ramAvailableBytes/);
+    expect(() => parseDeviceReport(JSON.stringify({ ...first, linkProbePort: 70000 }))).toThrow(/link probe port/);
+  });
+});
