@@ -371,7 +371,13 @@ Napi::Value Window::Forward(const Napi::CallbackInfo &info) {
 
 Napi::Value Window::Prefetch(const Napi::CallbackInfo &info) {
   if (!Alive(info.Env())) return info.Env().Undefined();
-  const int rc = prima_window_prefetch(w);
+  uint64_t maxBytes = UINT64_MAX;
+  if (info.Length() > 0 && !info[0].IsUndefined()) {
+    int64_t v;
+    if (!IntArg(info[0], 0, INT64_C(1) << 52, &v)) return ThrowType(info.Env(), "prefetch(maxBytes?) needs a byte count >= 0");
+    maxBytes = (uint64_t)v;
+  }
+  const int rc = prima_window_prefetch(w, maxBytes);
   if (rc) return ThrowErr(info.Env(), std::string("prefetch failed: ") + strerror(rc));
   return info.Env().Undefined();
 }

@@ -38,6 +38,8 @@ export interface RingNodeOptions {
   readonly ctx: number;
   readonly maxBatch: number;
   readonly prefetch: boolean;
+  /** How many bytes of the next window may be paged in ahead (what memory can hold); default all. */
+  readonly prefetchBudgetBytes?: () => number;
   readonly releaseAfterUse: boolean;
   /** The head is last in ring order: it wraps cycles and delivers finished rows. */
   readonly isHead: boolean;
@@ -64,8 +66,11 @@ export class RingNode {
   private lastDoneMs = 0;
   private stats: Omit<NodeStats, "windows"> = { waitMs: 0, sendMs: 0, frames: 0 };
   private closed = false;
+  /** Drop a window's pages after running it (a device short of memory with several windows). */
+  releaseAfterUse: boolean;
 
   constructor(private readonly o: RingNodeOptions) {
+    this.releaseAfterUse = o.releaseAfterUse;
     for (const spec of o.windows) {
       if (this.slots.has(spec.cycle)) throw new Error(`two windows for cycle ${spec.cycle}`);
       const window = o.model.window(spec.firstLayer, spec.endLayer, { ctx: o.ctx, maxBatch: o.maxBatch });
@@ -181,7 +186,7 @@ export class RingNode {
     const next = this.queue[0];
     if (next && next.cycle === frame.cycle) return;
     // With one window, the next window is this one again: releasing it would only thrash.
-    if (this.o.releaseAfterUse && this.slots.size > 1) slot.window.release();
-    if (this.o.prefetch) this.nextSlot(frame.cycle)?.window.prefetch();
+    if (this.releaseAfterUse && this.slots.size > 1) slot.window.release();
+    if (this.o.prefetch) this.nextSlot(frame.cycle)?.window.prefetch(this.o.prefetchBudgetBytes?.());
   }
 }

@@ -3,7 +3,7 @@
 // activation frame that arrives through its ring node.
 import type { Assignment, KvCommand, Status } from "../control/index.js";
 import type { LocalModel } from "../engine/index.js";
-import { anonRssBytes, deviceMemory, memoryPressureTracker } from "../profiler/index.js";
+import { anonRssBytes, deviceMemory, memoryPressureTracker, readMemory } from "../profiler/index.js";
 import { RingLinkError, RingListener, RingNode, dialSuccessor, type RingLink, type RingLinkOptions } from "../ring/index.js";
 import type { SessionHandler } from "./session.js";
 
@@ -67,6 +67,7 @@ export class WorkerDevice implements SessionHandler {
       ctx: a.ctx,
       maxBatch: a.maxBatch,
       prefetch: a.prefetch,
+      prefetchBudgetBytes: () => this.prefetchBudget(),
       releaseAfterUse: a.releaseAfterUse,
       isHead: false,
       send: async (f) => {
@@ -83,16 +84,37 @@ export class WorkerDevice implements SessionHandler {
     this.successor.on("close", (c) => {
       if (c.error) this.o.fail(new Error(`link to ${this.successor?.peerName ?? url} failed: ${c.error.message}`));
     });
-    // Page the windows in now rather than during the first token.
+    // A device whose windows together exceed what memory can hold is overloaded: each window's pages
+    // go as soon as it has run, so the next one (being prefetched) has room.
     const windows = this.node.windows;
+    const windowBytes = windows.reduce((s, w) => s + w.residency().totalBytes, 0);
+    const budget = this.prefetchBudget();
+    if (windows.length > 1 && windowBytes > budget && !this.node.releaseAfterUse) {
+      this.node.releaseAfterUse = true;
+      this.o.log(`overloaded: ${(windowBytes / 2 ** 20).toFixed(0)} MiB of windows, room for ${(budget / 2 ** 20).toFixed(0)} MiB: releasing each window after use`);
+    }
+    // Page the windows in now rather than during the first token (as far as they fit).
+    let room = budget;
     for (let i = 0; i < windows.length; i++) {
-      windows[i].prefetch();
+      const take = Math.min(room, windows[i].residency().totalBytes);
+      windows[i].prefetch(take);
+      room -= take;
       progress((i + 1) / windows.length, `prefetching window ${i + 1} of ${windows.length}`);
     }
     this.pressure = memoryPressureTracker();
     this.pressureTimer = setInterval(() => this.pressure.sample(), 250);
     this.pressureTimer.unref();
     return this.node.anonBytes();
+  }
+
+  /** What the page cache can hold for our weights: a memory cgroup's limit less our anonymous memory,
+   * or what the device has available plus what our windows already hold; 10% kept free. */
+  private prefetchBudget(): number {
+    const m = readMemory();
+    const anon = anonRssBytes();
+    const resident = (this.node?.windows ?? []).reduce((a, w) => a + w.residency().residentBytes, 0);
+    const room = m.cgroup ? m.cgroup.limitBytes - anon : m.availableBytes + resident;
+    return Math.max(0, Math.floor(room * 0.9));
   }
 
   kv(cmd: KvCommand): void {

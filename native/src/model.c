@@ -549,9 +549,13 @@ static int for_each_range(prima_window *w, int (*fn)(prima_window *, uint8_t *, 
   return rc;
 }
 
+/* arg: bytes still allowed (advice stops there: what would not fit is evicted before it is used). */
 static int advise_willneed(prima_window *w, uint8_t *p, size_t len, void *arg) {
   (void)w;
-  (void)arg;
+  uint64_t *left = arg;
+  if (*left == 0) return 0;
+  if (len > *left) len = (size_t)*left;
+  *left -= len;
   return madvise(p, len, MADV_WILLNEED) == 0 ? 0 : errno;
 }
 
@@ -586,7 +590,7 @@ static int count_resident(prima_window *w, uint8_t *p, size_t len, void *arg) {
   return 0;
 }
 
-int prima_window_prefetch(prima_window *w) { return for_each_range(w, advise_willneed, NULL); }
+int prima_window_prefetch(prima_window *w, uint64_t max_bytes) { return for_each_range(w, advise_willneed, &max_bytes); }
 int prima_window_release(prima_window *w) { return for_each_range(w, advise_release, NULL); }
 
 int prima_window_residency(prima_window *w, uint64_t *resident, uint64_t *total) {

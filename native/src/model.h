@@ -85,8 +85,9 @@ void prima_model_logits(prima_model *m, const float *row, float *logits);
 /* Embedding rows for tokens (ids checked by the caller). */
 void prima_model_embed(prima_model *m, const int32_t *tokens, int n, float *out);
 
-/* Paging of a window's weights: 0 on success, else errno. */
-int prima_window_prefetch(prima_window *w);
+/* Paging of a window's weights: 0 on success, else errno. Prefetch advises at most max_bytes, from
+ * the window's first layer on (the order the forward pass reads them). */
+int prima_window_prefetch(prima_window *w, uint64_t max_bytes);
 int prima_window_release(prima_window *w);
 /* Bytes of the window's weights resident in memory, and the total. */
 int prima_window_residency(prima_window *w, uint64_t *resident, uint64_t *total);
