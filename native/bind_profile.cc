@@ -3,6 +3,7 @@
 // synchronous: profiling happens before a device joins a ring, and each call is bounded in time.
 #include <napi.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -10,6 +11,7 @@
 extern "C" {
 #include "kernels.h"
 #include "profile.h"
+#include "threadpool.h"
 }
 
 namespace {
@@ -165,6 +167,92 @@ Napi::Value DropCache(const Napi::CallbackInfo &info) {
   return env.Undefined();
 }
 
+// ---- what a window call costs besides its layers ------------------------------------------------
+// A pool whose idle threads sleep at once (as a ring device's do between tokens), and an async call
+// that wakes them for one barrier, the way a window's forward is dispatched: JS -> libuv thread ->
+// pool -> promise. Timing it from JS gives the per-call cost the layers' FLOPs do not include.
+
+struct BenchPool {
+  prima_pool *pool = nullptr;
+  std::atomic<int> busy{0};
+  bool closed = false;
+};
+
+void EmptyJob(const prima_task *t, void *) { prima_pool_barrier(t); }
+
+class WakeWorker : public Napi::AsyncWorker {
+ public:
+  WakeWorker(Napi::Env env, BenchPool *p) : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), p(p) { p->busy++; }
+  void Execute() override { prima_pool_run(p->pool, EmptyJob, nullptr); }
+  void OnOK() override {
+    p->busy--;
+    deferred.Resolve(Env().Undefined());
+  }
+  void OnError(const Napi::Error &e) override {
+    p->busy--;
+    deferred.Reject(e.Value());
+  }
+  Napi::Promise Promise() { return deferred.Promise(); }
+
+ private:
+  Napi::Promise::Deferred deferred;
+  BenchPool *p;
+};
+
+void FreePool(Napi::Env, BenchPool *p) {
+  if (p->pool && p->busy == 0) prima_pool_destroy(p->pool);
+  delete p;
+}
+
+// createPool(threads) -> handle: a pool whose idle threads sleep immediately.
+Napi::Value CreatePool(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  double threads;
+  if (!Int(info, 0, "threads", 1, 1024, threads)) return env.Undefined();
+  auto *p = new BenchPool();
+  p->pool = prima_pool_create((int)threads, 0);
+  if (!p->pool) {
+    delete p;
+    return Throw(env, "cannot start a thread pool of " + std::to_string((int)threads) + " threads");
+  }
+  return Napi::External<BenchPool>::New(env, p, FreePool);
+}
+
+BenchPool *PoolArg(const Napi::CallbackInfo &info) {
+  if (!info[0].IsExternal()) {
+    Throw(info.Env(), "expected a pool from createPool()");
+    return nullptr;
+  }
+  BenchPool *p = info[0].As<Napi::External<BenchPool>>().Data();
+  if (p->closed) {
+    Throw(info.Env(), "the pool is closed");
+    return nullptr;
+  }
+  return p;
+}
+
+// wakePool(handle) -> Promise: one empty job (a barrier) on the pool, dispatched as a forward is.
+Napi::Value WakePool(const Napi::CallbackInfo &info) {
+  BenchPool *p = PoolArg(info);
+  if (!p) return info.Env().Undefined();
+  if (p->busy) return Throw(info.Env(), "the pool is already running a job");
+  auto *w = new WakeWorker(info.Env(), p);
+  Napi::Promise promise = w->Promise();
+  w->Queue();
+  return promise;
+}
+
+// closePool(handle): stops the pool's threads (once no job runs).
+Napi::Value ClosePool(const Napi::CallbackInfo &info) {
+  BenchPool *p = PoolArg(info);
+  if (!p) return info.Env().Undefined();
+  if (p->busy) return Throw(info.Env(), "the pool is running a job");
+  prima_pool_destroy(p->pool);
+  p->pool = nullptr;
+  p->closed = true;
+  return info.Env().Undefined();
+}
+
 }  // namespace
 
 void RegisterProfile(Napi::Env env, Napi::Object exports) {
@@ -174,5 +262,8 @@ void RegisterProfile(Napi::Env env, Napi::Object exports) {
   p.Set("kvCopy", Napi::Function::New(env, KvCopy, "kvCopy"));
   p.Set("disk", Napi::Function::New(env, Disk, "disk"));
   p.Set("dropCache", Napi::Function::New(env, DropCache, "dropCache"));
+  p.Set("createPool", Napi::Function::New(env, CreatePool, "createPool"));
+  p.Set("wakePool", Napi::Function::New(env, WakePool, "wakePool"));
+  p.Set("closePool", Napi::Function::New(env, ClosePool, "closePool"));
   exports.Set("profile", p);
 }

@@ -24,7 +24,14 @@ interface ProfileAddon {
   kvCopy(kvFloats: number, nCtx: number, minSeconds: number): number;
   disk(path: string, fileBytes: number, seqBlock: number, randBlock: number, seqSeconds: number, randSeconds: number, allowDirect: boolean): DiskBench;
   dropCache(path: string): void;
+  createPool(threads: number): PoolHandle;
+  wakePool(pool: PoolHandle): Promise<void>;
+  closePool(pool: PoolHandle): void;
 }
+
+/** An opaque thread pool handle (native). */
+declare const poolBrand: unique symbol;
+type PoolHandle = { readonly [poolBrand]: true };
 
 const p = addon.profile as ProfileAddon;
 
@@ -60,4 +67,27 @@ export function benchDisk(path: string, o: { fileBytes: number; seqBlock: number
 /** Writes back and drops a file's pages from the page cache. */
 export function dropFileCache(path: string): void {
   p.dropCache(path);
+}
+
+/**
+ * ms to dispatch one call to a thread pool whose threads sleep between calls, as a window's forward
+ * is dispatched on a ring device (JS -> libuv thread -> pool wake-up -> promise): the median of
+ * `calls` calls spaced `gapMs` apart.
+ */
+export async function benchDispatchMs(threads: number, calls: number, gapMs: number): Promise<number> {
+  const pool = p.createPool(threads);
+  try {
+    const times: number[] = [];
+    await p.wakePool(pool);
+    for (let i = 0; i < calls; i++) {
+      await new Promise((r) => setTimeout(r, gapMs));
+      const t0 = performance.now();
+      await p.wakePool(pool);
+      times.push(performance.now() - t0);
+    }
+    times.sort((a, b) => a - b);
+    return times[Math.floor(times.length / 2)];
+  } finally {
+    p.closePool(pool);
+  }
 }

@@ -19,6 +19,7 @@ export interface CachedSpeeds {
   /** What the key was made of, for people reading the file. */
   readonly identity: Readonly<Record<string, string | number>>;
   memReadBytesPerS?: number;
+  windowCallMs?: number;
   kernels: Record<string, StepTiming>;
   /** By kvFloats. */
   kvCopyMs: Record<string, number>;
@@ -74,6 +75,7 @@ export function saveSpeeds(dir: string, s: CachedSpeeds): string {
   const merged: CachedSpeeds = {
     ...s,
     memReadBytesPerS: s.memReadBytesPerS ?? onDisk.memReadBytesPerS,
+    windowCallMs: s.windowCallMs ?? onDisk.windowCallMs,
     kernels: { ...onDisk.kernels, ...s.kernels },
     kvCopyMs: { ...onDisk.kvCopyMs, ...s.kvCopyMs },
     disks: { ...onDisk.disks, ...s.disks },

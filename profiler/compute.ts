@@ -6,7 +6,7 @@
 // Sum_q F_q / cpuFlopsPerS[q] is the time of a layer's matmuls.
 import type { ModelDescription, TensorRef } from "../model/index.js";
 import { ggmlTypeName, rowBytes } from "../model/index.js";
-import { benchKvCopy, benchMatmul, benchMemRead } from "../native/profile.js";
+import { benchDispatchMs, benchKvCopy, benchMatmul, benchMemRead } from "../native/profile.js";
 
 /** One weight matrix: ne0 is the row length (inputs), ne1 the rows (outputs). */
 export interface MatrixShape {
@@ -157,4 +157,12 @@ export function measureMemoryBandwidth(bytes: number, threads: number, minSecond
 /** ms to write one token's K and V rows of one layer (F16) into the cache. */
 export function measureKvCopyMs(kvFloats: number, nCtx: number, minSeconds: number): number {
   return benchKvCopy(kvFloats, nCtx, minSeconds) * 1000;
+}
+
+/**
+ * ms a window's forward costs beyond its layers: dispatching the call to the compute threads, which
+ * sleep between tokens on a ring device, and getting the result back to JS. Paid once per window.
+ */
+export function measureWindowCallMs(threads: number, calls: number): Promise<number> {
+  return benchDispatchMs(threads, calls, 2);
 }

@@ -1,65 +1,53 @@
-// The cost of a hop between two devices: round trip of an activation-sized message and bandwidth of
-// a prompt-batch-sized one, over TCP like the ring's data plane. Each worker runs a small echo server
-// (announced in its profile); the coordinator measures its hop to every worker before planning. In a
-// home network every hop crosses the same router, so the coordinator's hop to a device stands for
-// that device's hop to its ring successor.
-import { createServer, connect, type Server, type Socket } from "node:net";
+// The cost of a hop between two devices, measured over the ring's own data plane (ring/: WebSocket
+// links, HELLO, the frame codec): the round trip of one token's activations and the throughput of a
+// prompt batch. A raw TCP echo would leave out what a hop really costs here (framing, checks, the
+// event loop on both ends), which on a fast network is most of it. Each worker runs an echo (a
+// listener announced in its profile); the coordinator measures its hop to every worker before
+// planning. In a home network every hop crosses the same router, so the coordinator's hop to a
+// device stands for that device's hop to its ring successor.
+import { RingListener, dialSuccessor, type ActivationsFrame, type RingLink, type RingLinkOptions } from "../ring/index.js";
 
-/** Largest message the echo server takes: a 64-token batch of a 128k-wide model is 32 MiB. */
-const MAX_MESSAGE_BYTES = 64 << 20;
+/** The probe's ring: links to it are refused by real rings and vice versa. */
+const PROBE_RING = "prima-link-probe";
 
-/** Echoes length-prefixed messages (u32 little-endian length, then the bytes). */
+export interface ProbeIdentity {
+  readonly deviceId: string;
+  readonly modelFingerprint: string;
+  /** The model's hidden size: one token's activations are this many floats. */
+  readonly hiddenSize: number;
+}
+
+/** Echoes activation frames back to whoever sent them. */
 export class LinkProbeServer {
-  private constructor(private readonly server: Server, readonly port: number) {}
+  private constructor(private readonly listener: RingListener) {}
 
-  static listen(port = 0, host = "0.0.0.0"): Promise<LinkProbeServer> {
-    const server = createServer((s) => echo(s));
-    return new Promise((resolve, reject) => {
-      server.once("error", reject);
-      server.listen(port, host, () => {
-        server.off("error", reject);
-        const a = server.address();
-        resolve(new LinkProbeServer(server, typeof a === "object" && a ? a.port : port));
+  get port(): number {
+    return this.listener.port;
+  }
+
+  static async listen(identity: ProbeIdentity, o: { port?: number; host?: string; maxTokens?: number; log?: (line: string) => void } = {}): Promise<LinkProbeServer> {
+    const listener = await RingListener.listen({
+      port: o.port ?? 0, host: o.host, identity: { ...identity, ringId: PROBE_RING }, maxTokensPerFrame: o.maxTokens ?? 512,
+      log: o.log ?? (() => {}),
+    });
+    listener.on("link", (link: RingLink) => {
+      link.on("frame", (f) => {
+        if (f.type === "activations") link.send(f).catch(() => link.close("probe echo failed"));
       });
     });
+    return new LinkProbeServer(listener);
   }
 
   close(): Promise<void> {
-    return new Promise((resolve) => this.server.close(() => resolve()));
+    return this.listener.close();
   }
-
-  /** Lets the process exit while the server is still listening. */
-  unref(): this {
-    this.server.unref();
-    return this;
-  }
-}
-
-function echo(s: Socket): void {
-  s.setNoDelay(true);
-  let buf: Buffer = Buffer.alloc(0);
-  s.on("data", (d: Buffer) => {
-    buf = buf.length ? Buffer.concat([buf, d]) : d;
-    while (buf.length >= 4) {
-      const n = buf.readUInt32LE(0);
-      if (n > MAX_MESSAGE_BYTES) {
-        s.destroy(); // not a probe: drop the peer
-        return;
-      }
-      if (buf.length < 4 + n) break;
-      s.write(buf.subarray(0, 4 + n));
-      buf = buf.subarray(4 + n);
-    }
-  });
-  s.on("error", () => s.destroy());
-  s.setTimeout(30_000, () => s.destroy());
 }
 
 export interface LinkMeasurement {
-  /** Median round trip of one activation message (ms). */
+  /** Median round trip of one token's activations (ms). */
   readonly rttMs: number;
   readonly messageBytes: number;
-  /** Throughput of the bulk message, one way (B/s). */
+  /** Throughput of a prompt batch, one way (B/s). */
   readonly bytesPerS: number;
   readonly bulkBytes: number;
   /** One way time of one token's activations: Halda's linkLatencyMs (ξ). */
@@ -67,70 +55,67 @@ export interface LinkMeasurement {
 }
 
 export interface LinkOptions {
-  /** One token's activations: nEmbd x 4 bytes. */
-  readonly messageBytes: number;
-  /** A prompt batch's activations, for the bandwidth. */
-  readonly bulkBytes: number;
+  /** The measuring device (its fingerprint and hidden size must match the probe's). */
+  readonly identity: ProbeIdentity;
+  /** Tokens in the bandwidth message (a prompt batch). */
+  readonly bulkTokens: number;
   readonly rounds?: number;
   readonly timeoutMs?: number;
 }
 
-/** Measures the hop to a LinkProbeServer at host:port. Rejects with a clear message on failure. */
-export function measureLink(host: string, port: number, o: LinkOptions): Promise<LinkMeasurement> {
+/** Measures the hop to a LinkProbeServer at url (ws://host:port). Rejects with a clear message on failure. */
+export async function measureLink(url: string, o: LinkOptions): Promise<LinkMeasurement> {
   const rounds = o.rounds ?? 20;
-  if (!(o.messageBytes >= 1 && o.messageBytes <= MAX_MESSAGE_BYTES) || !(o.bulkBytes >= 1 && o.bulkBytes <= MAX_MESSAGE_BYTES)) {
-    return Promise.reject(new Error(`link probe message sizes must be 1..${MAX_MESSAGE_BYTES} bytes`));
+  const E = o.identity.hiddenSize;
+  if (!Number.isInteger(o.bulkTokens) || o.bulkTokens < 1 || o.bulkTokens > 512) throw new Error(`link probe: bulk of ${o.bulkTokens} tokens must be 1..512`);
+  const options: RingLinkOptions = {
+    identity: { ...o.identity, ringId: PROBE_RING }, maxTokensPerFrame: Math.max(1, o.bulkTokens), handshakeTimeoutMs: o.timeoutMs ?? 5000, log: () => {},
+  };
+  let link: RingLink;
+  try {
+    link = await dialSuccessor(url, options);
+  } catch (e) {
+    throw new Error(`link probe to ${url}: ${(e as Error).message}`);
   }
-  return new Promise((resolve, reject) => {
-    const s = connect({ host, port });
-    s.setNoDelay(true);
-    const timer = setTimeout(() => finish(new Error(`link probe to ${host}:${port} timed out after ${o.timeoutMs ?? 5000} ms`)), o.timeoutMs ?? 5000);
-    let done = false;
-    const finish = (err: Error | null, m?: LinkMeasurement) => {
-      if (done) return;
-      done = true;
-      clearTimeout(timer);
-      s.destroy();
-      if (err) reject(err);
-      else resolve(m!);
-    };
-    s.on("error", (e) => finish(new Error(`link probe to ${host}:${port}: ${e.message}`)));
-    s.on("close", () => finish(new Error(`link probe to ${host}:${port}: connection closed`)));
-
-    const message = (n: number) => {
-      const b = Buffer.alloc(4 + n);
-      b.writeUInt32LE(n, 0);
-      for (let i = 4; i < b.length; i += 4096) b[i] = i & 0xff;
-      return b;
-    };
-    const small = message(o.messageBytes), bulk = message(o.bulkBytes);
-    const plan: Buffer[] = [small, small, ...Array(rounds).fill(small), bulk, bulk, bulk];
-    const times: number[] = [];
-    let expect = 0, got = 0, t0 = 0;
-    const next = () => {
-      const i = times.length;
-      if (i === plan.length) {
-        const smallRtt = times.slice(2, 2 + rounds).sort((a, b) => a - b);
-        const rttMs = smallRtt[Math.floor(smallRtt.length / 2)];
-        const bulkRtt = Math.min(...times.slice(2 + rounds));
-        // The bulk round trip carries the bytes twice; what the small message costs is latency.
-        const oneWayS = Math.max(bulkRtt - smallRtt[0], bulkRtt / 4) / 2 / 1000;
-        finish(null, { rttMs, messageBytes: o.messageBytes, bytesPerS: o.bulkBytes / oneWayS, bulkBytes: o.bulkBytes, linkLatencyMs: rttMs / 2 });
-        return;
-      }
-      expect = plan[i].length;
-      got = 0;
-      t0 = performance.now();
-      s.write(plan[i]);
-    };
-    s.on("data", (d: Buffer) => {
-      got += d.length;
-      if (got > expect) return finish(new Error(`link probe to ${host}:${port}: the peer sent more than it was sent`));
-      if (got === expect) {
-        times.push(performance.now() - t0);
-        next();
-      }
-    });
-    s.on("connect", next);
-  });
+  const timeoutMs = o.timeoutMs ?? 5000;
+  try {
+    const echo = (nTokens: number, requestId: number): Promise<number> =>
+      new Promise((resolve, reject) => {
+        const frame: ActivationsFrame = {
+          type: "activations", requestId, firstTokenPosition: 0, nTokens, cycle: 0, rowWidth: E, dtype: "f32",
+          activations: new Float32Array(nTokens * E).fill(0.5),
+        };
+        const timer = setTimeout(() => done(new Error(`link probe to ${url}: no echo within ${timeoutMs} ms`)), timeoutMs);
+        const onFrame = (f: { type: string; requestId?: number }) => {
+          if (f.type === "activations" && f.requestId === requestId) done(null);
+        };
+        const onClose = () => done(new Error(`link probe to ${url}: the link closed`));
+        const t0 = performance.now();
+        const done = (err: Error | null) => {
+          clearTimeout(timer);
+          link.off("frame", onFrame);
+          link.off("close", onClose);
+          if (err) reject(err);
+          else resolve(performance.now() - t0);
+        };
+        link.on("frame", onFrame);
+        link.on("close", onClose);
+        link.send(frame).catch((e: Error) => done(new Error(`link probe to ${url}: ${e.message}`)));
+      });
+    let id = 1;
+    for (let i = 0; i < 3; i++) await echo(1, id++); // warm-up: JIT, buffers, TCP windows
+    const small: number[] = [];
+    for (let i = 0; i < rounds; i++) small.push(await echo(1, id++));
+    const bulk: number[] = [];
+    for (let i = 0; i < 3; i++) bulk.push(await echo(o.bulkTokens, id++));
+    small.sort((a, b) => a - b);
+    const rttMs = small[Math.floor(small.length / 2)];
+    const bulkRtt = Math.min(...bulk);
+    // The bulk round trip carries the bytes twice; what the small message costs is latency.
+    const oneWayS = Math.max(bulkRtt - small[0], bulkRtt / 4) / 2 / 1000;
+    const bulkBytes = o.bulkTokens * E * 4;
+    return { rttMs, messageBytes: E * 4, bytesPerS: bulkBytes / oneWayS, bulkBytes, linkLatencyMs: rttMs / 2 };
+  } finally {
+    await link.close("probe done");
+  }
 }

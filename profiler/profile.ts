@@ -6,7 +6,7 @@ import type { DeviceProfile } from "../halda/index.js";
 import { simdLevel } from "../native/index.js";
 import { cacheKey, defaultCacheDir, loadSpeeds, nativeBuildId, saveSpeeds } from "./cache.js";
 import {
-  describeStep, flopsPerType, measureKvCopyMs, measureMemoryBandwidth, stepKey, timeStep, type ModelWorkload, type StepTiming,
+  describeStep, flopsPerType, measureKvCopyMs, measureMemoryBandwidth, measureWindowCallMs, stepKey, timeStep, type ModelWorkload, type StepTiming,
 } from "./compute.js";
 import { diskKey, measureDisk, scratchDir } from "./disk.js";
 import { detectGpus } from "./gpu.js";
@@ -42,7 +42,7 @@ export function hardwareId(): string {
 
 const fmtFlops = (f: number) => `${(f / 1e9).toFixed(2)} GFLOP/s`;
 
-export function profileDevice(o: ProfileOptions): DeviceReport {
+export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
   const t0 = performance.now();
   const say = o.progress ?? (() => {});
   const sys = systemInfo();
@@ -103,6 +103,14 @@ export function profileDevice(o: ProfileOptions): DeviceReport {
     say(`kv copy: ${(kvCopyMs * 1000).toFixed(2)} us per token and layer`);
   } else say(`kv copy: ${(kvCopyMs * 1000).toFixed(2)} us per token and layer (cached)`);
 
+  let windowCallMs = o.reprofile ? undefined : speeds.windowCallMs;
+  if (windowCallMs === undefined) {
+    windowCallMs = await measureWindowCallMs(o.threads, quick ? 10 : 30);
+    speeds.windowCallMs = windowCallMs;
+    measured.push("window call");
+    say(`window call: ${(windowCallMs * 1000).toFixed(0)} us to wake ${o.threads} sleeping thread${o.threads === 1 ? "" : "s"}`);
+  } else say(`window call: ${(windowCallMs * 1000).toFixed(0)} us (cached)`);
+
   const diskDir = scratchDir([...(o.diskDirs ?? []), dir, tmpdir()]);
   if (!diskDir) throw new Error(`no writable directory for the disk's scratch file (tried ${[...(o.diskDirs ?? []), dir, tmpdir()].join(", ")})`);
   const dk = diskKey(diskDir);
@@ -148,7 +156,7 @@ export function profileDevice(o: ProfileOptions): DeviceReport {
     profile,
     details: {
       system: sys, threads: o.threads, simd, ...(quota ? { cpuQuota: quota } : {}), memory, gpus,
-      workload: o.workload.name, kernels, memReadBytesPerS: memRead, kvCopyMs, disk,
+      workload: o.workload.name, kernels, memReadBytesPerS: memRead, kvCopyMs, windowCallMs, disk,
       cacheKey: key, ...(cacheFile ? { cacheFile } : {}), measured, profileMs,
     },
   };

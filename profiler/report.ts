@@ -26,6 +26,8 @@ export interface DeviceDetails {
   readonly kernels: readonly StepTiming[];
   readonly memReadBytesPerS: number;
   readonly kvCopyMs: number;
+  /** ms to dispatch one window's forward to sleeping compute threads and get it back (per window). */
+  readonly windowCallMs: number;
   readonly disk: DiskMeasurement;
   readonly cacheKey: string;
   readonly cacheFile?: string;
@@ -80,6 +82,7 @@ export function formatReport(r: DeviceReport): string {
   rows.push(
     ["memory read", `${(d.memReadBytesPerS / 1e9).toFixed(2)} GB/s`],
     ["kv copy", `${(d.kvCopyMs * 1000).toFixed(2)} us per token and layer`],
+    ["window call", `${(d.windowCallMs * 1000).toFixed(0)} us per window (waking the compute threads)`],
     ["ram total", `${gib(m.totalBytes)}${m.cgroup ? ` (cgroup v${m.cgroup.version} limit; machine ${gib(m.physicalTotalBytes)})` : ""}`],
     ["ram available", `${gib(m.availableBytes)} (Halda plans with ${gib(p.ramAvailableBytes)})`],
     ["swap", `${gib(m.swapTotalBytes)} total, ${gib(m.swapFreeBytes)} free, ${gib(m.swappableBytes)} swappable`],

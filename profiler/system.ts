@@ -87,7 +87,7 @@ export function cgroupPaths(procCgroup = read("/proc/self/cgroup") ?? "", mounti
   }
   const locate = (mount: Mount, path: string): string => {
     const rel = mount.root !== "/" && path.startsWith(mount.root) ? path.slice(mount.root.length) : path;
-    const dir = join(mount.point, rel);
+    const dir = join(mount.point, rel).replace(/(.)\/+$/, "$1");
     return exists(dir) ? dir : mount.point;
   };
   const v1Dir = (controller: string): { version: 1; dir: string } | undefined => {

@@ -45,7 +45,7 @@ describe("profileDevice on a generated model", async () => {
   const model = LocalModel.open(modelPath, { threads: 2 });
   const workload = modelWorkload(model.desc);
   const lines: string[] = [];
-  const first = profileDevice({ name: "unit", workload, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, progress: (l) => lines.push(l) });
+  const first = await profileDevice({ name: "unit", workload, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, progress: (l) => lines.push(l) });
   afterAll(() => model.close());
 
   it("measures every type the model's FLOPs need, in FLOP/s that match the engine's own forward pass", async () => {
@@ -83,21 +83,23 @@ describe("profileDevice on a generated model", async () => {
     expect(p.kvCopyCpuMs).toBeGreaterThan(0); // ms for a few hundred halves: far below a millisecond
     expect(p.kvCopyCpuMs).toBeLessThan(0.1);
     expect(first.details.disk.direct).toBe(true);
+    expect(first.details.windowCallMs).toBeGreaterThan(0.001); // waking threads and a libuv round trip: microseconds to a millisecond
+    expect(first.details.windowCallMs).toBeLessThan(20);
     expect(() => resolveDevice(p, 0)).not.toThrow();
     expect(lines.some((l) => /kernels 1\/\d+/.test(l)) && lines.some((l) => /^disk: \d+ MB\/s/.test(l))).toBe(true);
     expect(formatReport(first)).toMatch(/disk sequential\s+\d+ MB\/s/);
   });
 
-  it("reads speeds from the cache on the next start, and measures again when asked", () => {
-    const again = profileDevice({ name: "unit", workload, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true });
+  it("reads speeds from the cache on the next start, and measures again when asked", async () => {
+    const again = await profileDevice({ name: "unit", workload, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true });
     expect(again.details.measured).toEqual([]);
     expect(again.profile.cpuFlopsPerS).toEqual(first.profile.cpuFlopsPerS);
     expect(again.profile.diskSeqReadBytesPerS).toBe(first.profile.diskSeqReadBytesPerS);
-    const fresh = profileDevice({ name: "unit", workload, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, reprofile: true });
+    const fresh = await profileDevice({ name: "unit", workload, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, reprofile: true });
     expect(fresh.details.measured).toContain("disk");
-    expect(fresh.details.measured.length).toBe(workload.steps.length + 3);
+    expect(fresh.details.measured.length).toBe(workload.steps.length + 4);
     // Another thread count is another device configuration: measured anew.
-    const one = profileDevice({ name: "unit", workload, threads: 1, diskDirs: [dirname(modelPath)], cacheDir, quick: true });
+    const one = await profileDevice({ name: "unit", workload, threads: 1, diskDirs: [dirname(modelPath)], cacheDir, quick: true });
     expect(one.details.cacheKey).not.toBe(first.details.cacheKey);
     expect(one.details.measured.length).toBeGreaterThan(0);
   });

@@ -1,0 +1,131 @@
+// What the device is (OS, GPU, cgroup layout) from the files and tools that say so, and the cost of a
+// hop measured against a link probe, with and without a slow link in between.
+import { readFileSync } from "node:fs";
+import { createServer, connect, type Server } from "node:net";
+import { join } from "node:path";
+import { afterEach, describe, expect, it } from "vitest";
+import { LinkProbeServer, cgroupPaths, detectGpus, detectOs, measureLink, parseNvidiaSmi } from "../../profiler/index.js";
+
+describe("operating system", () => {
+  it("tells Android (Termux or its build.prop) from Linux, and macOS by platform", () => {
+    const none = () => false;
+    expect(detectOs({}, none, "linux")).toBe("linux");
+    expect(detectOs({ TERMUX_VERSION: "0.118.0" }, none, "linux")).toBe("android");
+    expect(detectOs({}, (p) => p === "/system/build.prop", "linux")).toBe("android");
+    expect(detectOs({}, none, "android")).toBe("android");
+    expect(detectOs({}, none, "darwin")).toBe("macos");
+  });
+});
+
+describe("GPUs", () => {
+  it("reads nvidia-smi's CSV in MiB, skipping lines it cannot read", () => {
+    const gpus = parseNvidiaSmi("NVIDIA GeForce RTX 3080, 10240, 9000\nNVIDIA T4, 15360, 15000\n\ngarbage\nX, -1, 5\n");
+    expect(gpus).toEqual([
+      { kind: "cuda", name: "NVIDIA GeForce RTX 3080", totalBytes: 10240 * 2 ** 20, freeBytes: 9000 * 2 ** 20, uma: false },
+      { kind: "cuda", name: "NVIDIA T4", totalBytes: 15360 * 2 ** 20, freeBytes: 15000 * 2 ** 20, uma: false },
+    ]);
+  });
+
+  it("reports Metal on Apple Silicon, nothing on an Intel Mac", () => {
+    expect(detectGpus("darwin", "arm64")).toMatchObject([{ kind: "metal", uma: true }]);
+    expect(detectGpus("darwin", "x64")).toEqual([]);
+  });
+});
+
+describe("cgroup layout", () => {
+  const mountinfo = [
+    "32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu",
+    "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory",
+    "38 31 0:35 / /sys/fs/cgroup/blkio rw,relatime - cgroup cgroup rw,blkio",
+    "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw",
+  ].join("\n");
+
+  it("finds v1 groups under their controllers' mounts", () => {
+    const p = cgroupPaths("4:memory:/svc/worker\n1:cpu:/svc\n7:blkio:/\n0::/", mountinfo, () => true);
+    expect(p.memory).toEqual({ version: 1, dir: "/sys/fs/cgroup/memory/svc/worker" });
+    expect(p.cpu).toEqual({ version: 1, dir: "/sys/fs/cgroup/cpu/svc" });
+    expect(p.blkio).toEqual({ version: 1, dir: "/sys/fs/cgroup/blkio" });
+  });
+
+  it("takes the mount itself as the group when the listed path is not inside it (a container)", () => {
+    const p = cgroupPaths("4:memory:/docker/abc123\n", mountinfo, (d) => d === "/sys/fs/cgroup/memory");
+    expect(p.memory).toEqual({ version: 1, dir: "/sys/fs/cgroup/memory" });
+  });
+
+  it("finds this process's real groups: directories that list this process", () => {
+    const p = cgroupPaths();
+    for (const g of [p.memory, p.cpu, p.blkio]) {
+      if (!g || g.version !== 1) continue;
+      const procs = readFileSync(join(g.dir, "cgroup.procs"), "utf8").split("\n");
+      expect(procs).toContain(String(process.pid));
+    }
+  });
+});
+
+describe("link probe over the ring's data plane", () => {
+  const servers: { close(): unknown }[] = [];
+  afterEach(async () => {
+    for (const s of servers.splice(0)) await s.close();
+  });
+  const identity = { deviceId: "probe", modelFingerprint: "test-model", hiddenSize: 1024 };
+  const client = { deviceId: "head", modelFingerprint: "test-model", hiddenSize: 1024 };
+
+  /** A TCP relay that holds every chunk for delayMs in each direction: a slow link. */
+  function slowRelay(targetPort: number, delayMs: number): Promise<Server & { port: number }> {
+    const server = createServer((c) => {
+      const up = connect(targetPort, "127.0.0.1");
+      c.on("data", (d) => setTimeout(() => up.write(d), delayMs));
+      up.on("data", (d) => setTimeout(() => c.write(d), delayMs));
+      const end = () => { c.destroy(); up.destroy(); };
+      c.on("close", end);
+      up.on("close", end);
+      c.on("error", end);
+      up.on("error", end);
+    });
+    return new Promise((resolve) => server.listen(0, "127.0.0.1", () => {
+      const a = server.address();
+      resolve(Object.assign(server, { port: typeof a === "object" && a ? a.port : 0 }));
+    }));
+  }
+
+  it("measures a loopback hop as fast, and a hop through a 15 ms relay as at least 15 ms each way", async () => {
+    const probe = await LinkProbeServer.listen(identity, { host: "127.0.0.1" });
+    servers.push(probe);
+    const fast = await measureLink(`ws://127.0.0.1:${probe.port}`, { identity: client, bulkTokens: 128, rounds: 10 });
+    expect(fast.messageBytes).toBe(4096); // one token of 1024 floats
+    expect(fast.bulkBytes).toBe(128 * 4096);
+    expect(fast.rttMs).toBeGreaterThan(0);
+    expect(fast.rttMs).toBeLessThan(15);
+    expect(fast.linkLatencyMs).toBeCloseTo(fast.rttMs / 2, 9);
+    expect(fast.bytesPerS).toBeGreaterThan(1e7); // loopback moves far more than 10 MB/s
+    const relay = await slowRelay(probe.port, 15);
+    servers.push({ close: () => new Promise((r) => relay.close(() => r(undefined))) });
+    const slow = await measureLink(`ws://127.0.0.1:${relay.port}`, { identity: client, bulkTokens: 16, rounds: 4 });
+    expect(slow.rttMs).toBeGreaterThanOrEqual(30);
+    expect(slow.linkLatencyMs).toBeGreaterThanOrEqual(15);
+    expect(slow.linkLatencyMs).toBeGreaterThan(fast.linkLatencyMs * 3);
+  });
+
+  it("drops a peer that sends garbage or another model, and keeps serving", async () => {
+    const probe = await LinkProbeServer.listen(identity, { host: "127.0.0.1" });
+    servers.push(probe);
+    const closed = await new Promise<boolean>((resolve) => {
+      const s = connect(probe.port, "127.0.0.1", () => s.write(Buffer.from([0xff, 0xfe, 0x00, 0x01, 0x0d, 0x0a, 0x0d, 0x0a])));
+      s.on("close", () => resolve(true));
+      s.on("error", () => undefined);
+    });
+    expect(closed).toBe(true);
+    await expect(measureLink(`ws://127.0.0.1:${probe.port}`, { identity: { ...client, modelFingerprint: "other" }, bulkTokens: 4 }))
+      .rejects.toThrow(/link probe to ws:\/\/127\.0\.0\.1:\d+: .*fingerprint/);
+    const ok = await measureLink(`ws://127.0.0.1:${probe.port}`, { identity: client, bulkTokens: 4, rounds: 3 });
+    expect(ok.rttMs).toBeGreaterThan(0);
+  });
+
+  it("says which peer it could not reach", async () => {
+    const probe = await LinkProbeServer.listen(identity, { host: "127.0.0.1" });
+    const port = probe.port;
+    await probe.close();
+    await expect(measureLink(`ws://127.0.0.1:${port}`, { identity: client, bulkTokens: 4 })).rejects.toThrow(new RegExp(`link probe to ws://127\\.0\\.0\\.1:${port}`));
+    await expect(measureLink(`ws://127.0.0.1:${port}`, { identity: client, bulkTokens: 0 })).rejects.toThrow(/bulk of 0 tokens/);
+  });
+});
