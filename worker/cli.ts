@@ -6,9 +6,11 @@ import { parseArgs } from "node:util";
 import { LocalModel } from "../engine/index.js";
 import { modelFingerprint } from "../model/index.js";
 import { WorkerDevice, reserveDataPort } from "./device.js";
+import { joinProfile, profileCommand } from "./profile-command.js";
 import { WorkerSession } from "./session.js";
 
 const HELP = `usage: prima-worker --join host:port --model model.gguf [options]
+       prima-worker profile [--model model.gguf] [--json] [--reprofile]   (measure this device)
 
   --join HOST:PORT     the coordinator to join (prima-coord run ... --min-workers N)
   --model PATH         this device's copy of the model (the same file as the coordinator's)
@@ -16,16 +18,18 @@ const HELP = `usage: prima-worker --join host:port --model model.gguf [options]
   --advertise HOST     address the predecessor should use (default: what the coordinator sees)
   --name NAME          device name in plans and logs (default: the host name)
   --threads N          compute threads (default: all cores)
-  --once               exit when the first session ends instead of rejoining`;
+  --once               exit when the first session ends instead of rejoining
+  --reprofile          measure this device again instead of using its cached profile`;
 
 async function main(argv: string[]): Promise<number> {
+  if (argv[0] === "profile") return profileCommand(argv.slice(1));
   let values;
   try {
     ({ values } = parseArgs({
       args: argv,
       options: {
         join: { type: "string" }, model: { type: "string" }, port: { type: "string" }, advertise: { type: "string" },
-        name: { type: "string" }, threads: { type: "string", short: "t" }, once: { type: "boolean" }, help: { type: "boolean", short: "h" },
+        name: { type: "string" }, threads: { type: "string", short: "t" }, once: { type: "boolean" }, reprofile: { type: "boolean" }, help: { type: "boolean", short: "h" },
       },
     }));
   } catch (e) {
@@ -59,6 +63,8 @@ async function main(argv: string[]): Promise<number> {
   // A ring device's next frame comes only after the rest of the ring: idle threads should sleep.
   const model = LocalModel.open(values.model, { threads, idleSpinUs: 0 });
   const fingerprint = modelFingerprint(model.gguf);
+  // Measured (or read from the cache) before joining: the coordinator plans with it.
+  const profile = await joinProfile(model, values.model, fingerprint, name, values.reprofile ?? false, log);
   const dataPort = await reserveDataPort(port, "0.0.0.0");
   const coordinatorHost = values.join.slice(0, values.join.lastIndexOf(":"));
   let session: WorkerSession;
@@ -68,7 +74,10 @@ async function main(argv: string[]): Promise<number> {
   });
   session = new WorkerSession({
     coordinator: values.join,
-    join: { deviceName: name, hardwareId: "", dataHost: values.advertise ?? "", dataPort, modelFingerprint: fingerprint, modelPath: values.model, profileJson: "" },
+    join: {
+      deviceName: name, hardwareId: profile.hardwareId, dataHost: values.advertise ?? "", dataPort, modelFingerprint: fingerprint, modelPath: values.model,
+      get profileJson() { return profile.json(); }, // memory read afresh at every join
+    },
     log,
     once: values.once,
   }, device);
@@ -77,6 +86,7 @@ async function main(argv: string[]): Promise<number> {
   process.once("SIGTERM", stop);
   log(`model ${values.model} (${model.nLayers} layers), data plane port ${dataPort}`);
   await session.run();
+  await profile.close();
   return 0;
 }
 

@@ -1,0 +1,100 @@
+// `prima-worker profile`: measure this device (or read its cached profile) and print it as a table
+// or JSON. Also the profile a worker daemon announces when it joins, with its link probe.
+import { availableParallelism, hostname } from "node:os";
+import { dirname, resolve } from "node:path";
+import { parseArgs } from "node:util";
+import { LocalModel } from "../engine/index.js";
+import {
+  LinkProbeServer, formatReport, genericWorkload, modelWorkload, profileDevice, refreshMemory, type DeviceReport,
+} from "../profiler/index.js";
+
+const HELP = `usage: prima-worker profile [--model model.gguf] [options]
+
+  --model PATH     time the kernels on this model's weight types and shapes (default: a generic
+                   4096-wide layer of Q4_K, Q6_K, Q8_0, F16 and F32)
+  --name NAME      device name (default: the host name)
+  --threads N      compute threads (default: all cores)
+  --reprofile      measure again even if this device's profile is cached
+  --quick          shorter timings
+  --json           print the profile as JSON (what the worker sends when it joins)
+
+Speeds are cached per device in $PRIMA_PROFILE_DIR (default ~/.cache/prima/profiles); memory is
+always read fresh.`;
+
+export async function profileCommand(argv: string[]): Promise<number> {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: argv,
+      options: {
+        model: { type: "string" }, name: { type: "string" }, threads: { type: "string", short: "t" }, reprofile: { type: "boolean" },
+        quick: { type: "boolean" }, json: { type: "boolean" }, help: { type: "boolean", short: "h" },
+      },
+    }));
+  } catch (e) {
+    console.error(`${(e as Error).message}\n${HELP}`);
+    return 2;
+  }
+  if (values.help) {
+    console.log(HELP);
+    return 0;
+  }
+  const threads = values.threads === undefined ? availableParallelism() : Number(values.threads);
+  if (!Number.isInteger(threads) || threads < 1 || threads > 1024) {
+    console.error("--threads must be a whole number >= 1");
+    return 2;
+  }
+  const name = values.name ?? hostname();
+  let workload = genericWorkload();
+  let diskDirs: string[] = [];
+  if (values.model) {
+    try {
+      const model = LocalModel.open(values.model, { threads: 1 });
+      workload = modelWorkload(model.desc);
+      model.close();
+    } catch (e) {
+      console.error(`prima-worker profile: ${values.model}: ${(e as Error).message}`);
+      return 1;
+    }
+    diskDirs = [dirname(resolve(values.model))];
+  }
+  try {
+    const report = await profileDevice({
+      name, workload, threads, diskDirs, reprofile: values.reprofile, quick: values.quick,
+      progress: (line) => console.error(`[profile] ${line}`),
+    });
+    console.log(values.json ? JSON.stringify(report, null, 1) : formatReport(report));
+    return 0;
+  } catch (e) {
+    console.error(`prima-worker profile: ${(e as Error).message}`);
+    return 1;
+  }
+}
+
+export interface JoinProfile {
+  readonly hardwareId: string;
+  /** The profile as JSON with memory read now: read each time the worker joins. */
+  json(): string;
+  close(): Promise<void>;
+}
+
+/** Profiles the daemon's device (cached after the first time) and starts its link probe. A device that
+ *  cannot profile itself still joins: it says why, and only --layer-windows plans can use it. */
+export async function joinProfile(model: LocalModel, modelPath: string, fingerprint: string, name: string, reprofile: boolean, log: (line: string) => void): Promise<JoinProfile> {
+  let report: DeviceReport | undefined;
+  let error = "";
+  try {
+    report = await profileDevice({
+      name, workload: modelWorkload(model.desc), threads: model.threads, diskDirs: [dirname(resolve(modelPath))], reprofile, progress: (l) => log(`profile: ${l}`),
+    });
+  } catch (e) {
+    error = (e as Error).message;
+    log(`profile failed: ${error}`);
+  }
+  const probe = await LinkProbeServer.listen({ deviceId: `${name} link probe`, modelFingerprint: fingerprint, hiddenSize: model.nEmbd });
+  return {
+    hardwareId: report?.profile.id ?? "",
+    json: () => JSON.stringify(report ? { ...refreshMemory(report), linkProbePort: probe.port } : { version: 1, error }),
+    close: () => probe.close(),
+  };
+}
