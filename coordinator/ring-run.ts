@@ -2,16 +2,21 @@
 // generate through it. The coordinator is the head: it embeds, holds the last windows of every cycle
 // (if any), applies the output layer and samples. Any device that fails ends the run with its name.
 import { randomUUID } from "node:crypto";
-import type { LocalModel } from "../engine/index.js";
+import { dirname, resolve } from "node:path";
+import { LocalPipeline, type LocalModel } from "../engine/index.js";
 import { modelFingerprint } from "../model/index.js";
 import type { Tokenizer } from "../model/tokenizer.js";
-import { anonRssBytes, deviceMemory, memoryPressureTracker } from "../profiler/index.js";
+import { anonRssBytes, deviceMemory, memoryPressureTracker, modelWorkload, profileDevice, type DeviceReport } from "../profiler/index.js";
 import {
   PlanError, RingListener, RingNode, RingPipeline, dialSuccessor, evenLayerWindows, ringWindows, type NodeStats, type RingLink,
 } from "../ring/index.js";
 import type { Status } from "../control/index.js";
+import {
+  DecodeMeter, formatPlan, formatPrediction, measuredBetween, planRing, predictionReport, ringPosition,
+  type MeasuredDevice, type PredictionReport, type RingPlan,
+} from "./placement.js";
 import { WorkerRegistry, type WorkerHandle } from "./registry.js";
-import { runGeneration, timingLine, type RunArgs } from "./run-command.js";
+import { promptIds, runGeneration, timingLine, type RunArgs } from "./run-command.js";
 
 const log = (line: string) => console.error(`[prima-coord] ${line}`);
 /** How long to wait for the session loss that usually follows a neighbour's link failure. */
@@ -47,9 +52,48 @@ export function summaryTable(rows: { device: string; status: Status }[], tokens:
   return lines.join("\n");
 }
 
+/** Halda dropped every worker: generate on the head alone, and still compare with the prediction. */
+async function runAlone(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx: number, placement: RingPlan, loadMs: number): Promise<number> {
+  const local = new LocalPipeline(model, ctx, a.batch);
+  const pressure = memoryPressureTracker();
+  const timer = setInterval(() => pressure.sample(), 250);
+  const meter = new DecodeMeter(local, async () => {});
+  try {
+    const report = await runGeneration(a, model, tok, meter, loadMs, 1).finally(() => clearInterval(timer));
+    pressure.sample();
+    const measured = new Map<number, MeasuredDevice>([[0, { computeMs: meter.meanDecodeMs, sendMs: 0, memPressure: pressure.pressure() }]]);
+    const prediction = meter.decodeSteps > 0 ? predictionReport(placement, placement.labels, measured, meter.meanDecodeMs, meter.decodeSteps) : undefined;
+    if (a.json) {
+      console.log(JSON.stringify({
+        ...report, cycles: placement.cycles, layer_windows: placement.perCycle,
+        placement: { plan: placement.plan, labels: placement.labels, devices: placement.devices, per_cycle: placement.perCycle, links: placement.links, model: placement.model, prediction },
+      }));
+    } else console.error(timingLine(report));
+    if (prediction) log(formatPrediction(prediction));
+    return 0;
+  } finally {
+    local.close();
+  }
+}
+
 export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx: number, t0: number): Promise<number> {
-  const joinedAt = performance.now();
   const fingerprint = modelFingerprint(model.gguf);
+  // Without --layer-windows the ring places itself: the head measures itself (or reads its cached
+  // profile) before it listens, so that on one machine it never competes with a worker's profile.
+  let headReport: DeviceReport | undefined;
+  if (a.layerWindows === undefined) {
+    try {
+      headReport = await profileDevice({
+        name: "head", workload: modelWorkload(model.desc), threads: model.threads, diskDirs: [dirname(resolve(a.model))], nCtx: ctx,
+        progress: (l) => log(`profile: ${l}`),
+      });
+    } catch (e) {
+      console.error(`prima-coord: profiling this device failed: ${(e as Error).message}; give --layer-windows to place layers by hand`);
+      model.close();
+      return 1;
+    }
+  }
+  const joinedAt = performance.now();
   const registry = new WorkerRegistry({ modelFingerprint: fingerprint, log });
   const port = await registry.listen(a.port);
   let link: RingLink | undefined;
@@ -63,15 +107,29 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
 
     // Ring order: workers in join order, then the head.
     const L = model.nLayers;
-    const perCycle = a.layerWindows ?? evenLayerWindows(L, workers.length + 1, a.cycles ?? 1);
+    let placement: RingPlan | undefined;
+    if (headReport) {
+      const tokens = (await promptIds(tok, a)).length + a.nPredict;
+      placement = await planRing({
+        model, modelPath: a.model, fingerprint, workers, head: headReport, ctx, maxBatch: a.batch, tokens, options: { k: a.cycles }, log,
+      });
+      log(formatPlan(placement, placement.labels));
+    }
+    const perCycle = placement ? [...placement.perCycle] : a.layerWindows ?? evenLayerWindows(L, workers.length + 1, a.cycles ?? 1);
     if (perCycle.length !== workers.length + 1) {
       throw new PlanError(`--layer-windows lists ${perCycle.length} windows for ${workers.length} workers and the head (${workers.length + 1} expected)`);
     }
-    const plan = ringWindows(L, perCycle, a.cycles);
+    const plan = ringWindows(L, perCycle, placement?.cycles ?? a.cycles);
+    const releaseAfterUse = (pos: number) => placement?.releaseAfterUse[pos] ?? false;
     const inRing = workers.filter((_, i) => plan.perDevice[i].length > 0);
+    if (inRing.length === 0 && placement) {
+      for (const w of workers) log(`device ${w.label} takes no layers: Halda keeps every layer on this device`);
+      return await runAlone(a, model, tok, ctx, placement, joinedAt - t0 + (performance.now() - loadStart));
+    }
     if (inRing.length === 0) throw new PlanError("no worker takes a layer: run without --min-workers");
     const skipped = workers.filter((_, i) => plan.perDevice[i].length === 0);
     for (const w of skipped) log(`device ${w.label} takes no layers and stays out of the ring`);
+    const haldaIndex = (w: WorkerHandle) => workers.indexOf(w) + 1;
     const ringId = randomUUID();
     const headId = "head";
     const identity = { deviceId: headId, modelFingerprint: fingerprint, hiddenSize: model.nEmbd, ringId };
@@ -81,12 +139,13 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
     const pipelineRef: { p?: RingPipeline } = {};
     node = new RingNode({
       model, windows: plan.perDevice[workers.length], cycles: plan.cycles, ctx, maxBatch: a.batch, prefetch: a.prefetch,
-      releaseAfterUse: false, isHead: true,
+      releaseAfterUse: releaseAfterUse(workers.length), isHead: true,
       send: async (f) => {
         if (!link) throw new Error("the ring is not connected");
         await link.send(f);
       },
-      deliver: (f) => void pipelineRef.p?.deliver(f),
+      deliver: (f, logits) => void pipelineRef.p?.deliver(f, logits),
+      logitsFor: (f) => pipelineRef.p?.logitsFor(f),
       onError: (message) => failRun(new Error(message)),
     });
     const pipeline = new RingPipeline({ model, node, nCtx: ctx, maxBatch: a.batch, wireDtype });
@@ -123,7 +182,7 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
       const successorUrl = i + 1 < inRing.length ? inRing[i + 1].dataUrl : `ws://:${listener!.port}`;
       return w.assign({
         ringId, windows: [...plan.perDevice[idx]], successorUrl, ctx, maxBatch: a.batch, cycles: plan.cycles, prefetch: a.prefetch,
-        releaseAfterUse: false, threads: 0, ringOrder, wireDtype: 0,
+        releaseAfterUse: releaseAfterUse(idx), threads: 0, ringOrder, wireDtype: 0,
       }).then((ready) => log(`device ${w.label} ready (${(ready.anonBytes / 2 ** 20).toFixed(1)} MiB for KV and scratch)`));
     }));
     link = await dialSuccessor(inRing[0].dataUrl, linkOpts);
@@ -134,16 +193,42 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
     const timer = setInterval(() => pressure.sample(), 250);
     // Load time: opening the model here plus setting up the ring (not the wait for workers to join).
     const loadMs = joinedAt - t0 + (performance.now() - loadStart);
-    const report = await runGeneration(a, model, tok, pipeline, loadMs, inRing.length + 1).finally(() => clearInterval(timer));
+    // With a plan, every device's counters are read when decoding starts, to compare with the prediction.
+    const atDecodeStart = new Map<number, Status>();
+    const meter = new DecodeMeter(pipeline, async () => {
+      const st = await Promise.all(inRing.map((w) => w.status()));
+      inRing.forEach((w, i) => atDecodeStart.set(haldaIndex(w), st[i]));
+      atDecodeStart.set(0, headStatus(node!, 0));
+    });
+    const report = await runGeneration(a, model, tok, placement ? meter : pipeline, loadMs, inRing.length + 1).finally(() => clearInterval(timer));
 
-    const statuses = await Promise.all(inRing.map(async (w) => ({ device: w.label, status: await w.status() })));
-    statuses.push({ device: `${headId} (this coordinator)`, status: headStatus(node, pressure.pressure()) });
+    const statuses = await Promise.all(inRing.map(async (w) => ({ device: w.label, status: await w.status(), haldaIndex: haldaIndex(w) })));
+    statuses.push({ device: `${headId} (this coordinator)`, status: headStatus(node, pressure.pressure()), haldaIndex: 0 });
     const steps = report.generated_ids.length + report.prompt_ids.length;
-    if (a.json) console.log(JSON.stringify({ ...report, cycles: plan.cycles, layer_windows: perCycle, devices_status: statuses }));
-    else {
+    let prediction: PredictionReport | undefined;
+    if (placement && meter.decodeSteps > 0) {
+      const measured = new Map<number, MeasuredDevice>();
+      for (const s of statuses) {
+        const before = atDecodeStart.get(s.haldaIndex);
+        if (before) measured.set(s.haldaIndex, measuredBetween(before, s.status, meter.decodeSteps));
+      }
+      prediction = predictionReport(placement, placement.labels, measured, meter.meanDecodeMs, meter.decodeSteps);
+    }
+    if (a.json) {
+      const placementJson = placement && {
+        plan: placement.plan, labels: placement.labels, devices: placement.devices, per_cycle: placement.perCycle,
+        release_after_use: placement.releaseAfterUse, links: placement.links, model: placement.model,
+        ring_positions: placement.labels.map((_, hi) => ringPosition(hi, workers.length)), prediction,
+      };
+      console.log(JSON.stringify({
+        ...report, cycles: plan.cycles, layer_windows: perCycle, devices_status: statuses.map(({ device, status }) => ({ device, status })),
+        ...(placementJson ? { placement: placementJson } : {}),
+      }));
+    } else {
       console.error(timingLine(report));
       console.error(`per device (per token of ${steps} through the ring):\n${summaryTable(statuses, steps)}`);
     }
+    if (prediction) log(formatPrediction(prediction));
     return 0;
   } catch (e) {
     console.error(`prima-coord: ${e instanceof Error ? e.message : String(e)}`);

@@ -1,0 +1,293 @@
+// From device profiles to a ring: Halda's plan (devices, sets, windows, predicted latency), mapped to
+// layer windows in ring order with device selection applied; and afterwards, what each device was
+// predicted to cost per token next to what it measured.
+//
+// Order: Halda's device 0 is the head; our ring runs workers in join order and then the head (which
+// holds the last window of each cycle). Halda's latency is a sum over devices, so the rotation does
+// not change the plan: worker j (join order) is Halda device j + 1.
+import type { Status } from "../control/index.js";
+import type { LocalModel, Pipeline } from "../engine/index.js";
+import { halda, type DeviceLatencyMs, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "../halda/index.js";
+import { modelProfile } from "../model/index.js";
+import {
+  RAM_AVAILABLE_FRACTION, measureLink, parseDeviceReport, refreshMemory, type DeviceReport, type LinkMeasurement,
+} from "../profiler/index.js";
+import type { WorkerHandle } from "./registry.js";
+
+export interface Placement {
+  readonly plan: Plan;
+  /** Halda's input, the head first. */
+  readonly devices: readonly DeviceProfile[];
+  /** Layers per cycle in ring order (workers in join order, then the head); 0: takes no part. */
+  readonly perCycle: readonly number[];
+  readonly cycles: number;
+  /** Per ring position: drop a window's pages after running it, so the prefetch of the next one has
+   *  room (an overloaded device that runs several windows per token). */
+  readonly releaseAfterUse: readonly boolean[];
+  /** b': bytes of one layer with its KV cache, the unit of the devices' capacities. */
+  readonly layerBytesWithKv: number;
+}
+
+/** Ring position (workers 0..n-1, head n) of Halda device i. */
+export function ringPosition(haldaIndex: number, nWorkers: number): number {
+  return haldaIndex === 0 ? nWorkers : haldaIndex - 1;
+}
+
+/** Halda device index of ring position pos. */
+function haldaIndexAt(pos: number, nWorkers: number): number {
+  return pos === nWorkers ? 0 : pos + 1;
+}
+
+/** Halda's plan for the head and the workers (join order); throws HaldaError when there is none. */
+export function placeRing(head: DeviceProfile, workers: readonly DeviceProfile[], model: ModelProfile, options: HaldaOptions = {}): Placement {
+  const devices = [head, ...workers];
+  const plan = halda(devices, model, options);
+  const n = workers.length;
+  const perCycle = new Array<number>(n + 1).fill(0);
+  const releaseAfterUse = new Array<boolean>(n + 1).fill(false);
+  for (const d of plan.devices) {
+    const pos = ringPosition(d.index, n);
+    perCycle[pos] = d.windowLayers;
+    releaseAfterUse[pos] = plan.k > 1 && d.set !== "M4";
+  }
+  return { plan, devices, perCycle, cycles: plan.k, releaseAfterUse, layerBytesWithKv: model.layerBytes + model.kvBytesPerTokenLayer * model.nCtx };
+}
+
+const ms = (v: number) => v.toFixed(2);
+
+/** The plan as a table: device, set, window, layers, predicted ms per token and its breakdown. */
+export function formatPlan(p: Placement, labels: readonly string[]): string {
+  const n = p.devices.length - 1;
+  const lines = [
+    `plan: Halda (${p.plan.planner}), k = ${p.cycles} cycle${p.cycles === 1 ? "" : "s"}, predicted ${ms(p.plan.latencyMs)} ms per token` +
+      (p.plan.runnerUp ? ` (best other k = ${p.plan.runnerUp.k}: ${ms(p.plan.runnerUp.latencyMs)} ms)` : ""),
+    `${"device".padEnd(32)} set  window  RAM-side cap    compute   memory     disk     comm   total ms`,
+  ];
+  const byIndex = new Map(p.plan.devices.map((d) => [d.index, d]));
+  for (let pos = 0; pos <= n; pos++) {
+    const hi = haldaIndexAt(pos, n);
+    const d = byIndex.get(hi);
+    const label = labels[hi];
+    if (!d) {
+      lines.push(`${label.padEnd(32)} -    dropped`);
+      continue;
+    }
+    const l = d.latency;
+    const capLayers = d.ramLayerCapacityBytes / p.layerBytesWithKv;
+    lines.push(
+      `${label.padEnd(32)} ${d.set}   ${String(d.windowLayers).padStart(6)}  ${`${Math.max(0, capLayers).toFixed(1)} layers`.padStart(12)} ` +
+      `${ms(l.computeMs).padStart(9)} ${ms(l.memoryMs).padStart(8)} ${ms(l.diskMs).padStart(8)} ${ms(l.commMs).padStart(8)} ${ms(l.totalMs).padStart(10)}`,
+    );
+  }
+  for (const d of p.plan.dropped) lines.push(`dropped ${labels[d.index]}: ${d.reason}`);
+  for (const note of p.plan.notes) lines.push(`note: ${note}`);
+  return lines.join("\n");
+}
+
+// ---- predicted vs measured ---------------------------------------------------------------------
+
+/** One device's decode cost per token, measured. */
+export interface MeasuredDevice {
+  /** Running its windows. */
+  readonly computeMs: number;
+  /** Handing activations to its successor. */
+  readonly sendMs: number;
+  /** The paper's memory pressure on this device during the run (fraction of its memory). */
+  readonly memPressure: number;
+}
+
+/** Per-token decode cost of a device between two status snapshots. */
+export function measuredBetween(before: Status, after: Status, tokens: number): MeasuredDevice {
+  const compute = (s: Status) => s.windows.reduce((a, w) => a + w.computeMs, 0);
+  const t = Math.max(1, tokens);
+  return { computeMs: (compute(after) - compute(before)) / t, sendMs: (after.sendMs - before.sendMs) / t, memPressure: after.memPressure };
+}
+
+export interface PredictionRow {
+  readonly label: string;
+  readonly haldaIndex: number;
+  readonly set: string;
+  readonly windowLayers: number;
+  readonly predicted: DeviceLatencyMs;
+  readonly measured: MeasuredDevice;
+}
+
+export interface PredictionReport {
+  readonly rows: readonly PredictionRow[];
+  readonly predictedTokenMs: number;
+  readonly measuredTokenMs: number;
+  /** (measured - predicted) / predicted. */
+  readonly error: number;
+  readonly decodeTokens: number;
+}
+
+export function predictionReport(p: Placement, labels: readonly string[], measured: ReadonlyMap<number, MeasuredDevice>, measuredTokenMs: number, decodeTokens: number): PredictionReport {
+  const rows: PredictionRow[] = [];
+  const n = p.devices.length - 1;
+  const byIndex = new Map(p.plan.devices.map((d) => [d.index, d]));
+  for (let pos = 0; pos <= n; pos++) {
+    const hi = haldaIndexAt(pos, n);
+    const d = byIndex.get(hi), m = measured.get(hi);
+    if (d && m) rows.push({ label: labels[hi], haldaIndex: hi, set: d.set, windowLayers: d.windowLayers, predicted: d.latency, measured: m });
+  }
+  const predictedTokenMs = p.plan.latencyMs;
+  return { rows, predictedTokenMs, measuredTokenMs, error: (measuredTokenMs - predictedTokenMs) / predictedTokenMs, decodeTokens };
+}
+
+export function formatPrediction(r: PredictionReport): string {
+  const pct = (x: number) => `${x >= 0 ? "+" : ""}${(100 * x).toFixed(0)}%`;
+  const lines = [
+    `predicted vs measured, ms per token (decode, ${r.decodeTokens} tokens):`,
+    `${"device".padEnd(32)} window  predicted (compute+memory+disk+comm)   measured (compute+send)   mem pressure`,
+  ];
+  let sum = 0;
+  for (const row of r.rows) {
+    const p = row.predicted, m = row.measured;
+    const measuredMs = m.computeMs + m.sendMs;
+    sum += measuredMs;
+    lines.push(
+      `${row.label.padEnd(32)} ${String(row.windowLayers).padStart(6)}  ${ms(p.totalMs).padStart(8)} (${ms(p.computeMs)}+${ms(p.memoryMs)}+${ms(p.diskMs)}+${ms(p.commMs)})`.padEnd(80) +
+      `${ms(measuredMs).padStart(8)} (${ms(m.computeMs)}+${ms(m.sendMs)})`.padEnd(26) + `${(100 * m.memPressure).toFixed(2)}%`.padStart(8),
+    );
+  }
+  // In a ring, what no device's counters hold: the hops themselves, the head's output layer and sampling.
+  if (r.rows.length > 1) lines.push(`${"hops, output layer, sampling".padEnd(32)}`.padEnd(80) + `${ms(Math.max(0, r.measuredTokenMs - sum)).padStart(8)}`);
+  lines.push(`token latency: predicted ${ms(r.predictedTokenMs)} ms, measured ${ms(r.measuredTokenMs)} ms (${pct(r.error)})`);
+  return lines.join("\n");
+}
+
+/**
+ * A pipeline that times decode steps (one token each) and calls `onDecodeStart` once, before the
+ * first of them, so the caller can snapshot every device's counters between prompt and decode.
+ */
+export class DecodeMeter implements Pipeline {
+  readonly nCtx: number;
+  private started = false;
+  private decodeMs = 0;
+  private steps = 0;
+
+  constructor(private readonly inner: Pipeline, private readonly onDecodeStart: () => Promise<void>) {
+    this.nCtx = inner.nCtx;
+  }
+
+  async forward(acts: Float32Array, pos: number, nTokens: number): Promise<Float32Array> {
+    const decode = nTokens === 1 && pos > 0;
+    if (decode && !this.started) {
+      this.started = true;
+      await this.onDecodeStart();
+    }
+    const t0 = performance.now();
+    const out = await this.inner.forward(acts, pos, nTokens);
+    if (decode) {
+      this.decodeMs += performance.now() - t0;
+      this.steps++;
+    }
+    return out;
+  }
+
+  truncate(pos: number): void {
+    this.inner.truncate(pos);
+  }
+
+  /** Decode steps timed, and their mean wall time through the whole ring (ms). */
+  get decodeSteps(): number {
+    return this.steps;
+  }
+
+  get meanDecodeMs(): number {
+    return this.steps ? this.decodeMs / this.steps : 0;
+  }
+}
+
+// ---- gathering the profiles --------------------------------------------------------------------
+
+export interface RingPlanInput {
+  readonly model: LocalModel;
+  readonly modelPath: string;
+  readonly fingerprint: string;
+  readonly workers: readonly WorkerHandle[];
+  /** The head's own profile (measured before it listened). */
+  readonly head: DeviceReport;
+  readonly ctx: number;
+  readonly maxBatch: number;
+  /** Tokens the run will hold: prompt + generated (sets the attention FLOPs). */
+  readonly tokens: number;
+  readonly options: HaldaOptions;
+  readonly log: (line: string) => void;
+}
+
+export interface RingPlan extends Placement {
+  /** Display labels by Halda index (0 = head). */
+  readonly labels: readonly string[];
+  readonly model: ModelProfile;
+  readonly links: readonly (LinkMeasurement | null)[];
+}
+
+/** Scratch of one window (activations, RoPE tables): the engine's compute buffer, measured. */
+function windowScratchBytes(model: LocalModel, ctx: number, maxBatch: number, kvBytesPerTokenLayer: number): number {
+  const w = model.window(0, 1, { ctx, maxBatch });
+  try {
+    return Math.max(0, w.info().anonBytes - kvBytesPerTokenLayer * ctx);
+  } finally {
+    w.close();
+  }
+}
+
+/**
+ * Gathers the workers' profiles (memory read afresh through a status request), measures the hop to
+ * each worker, and runs Halda. Throws an Error naming the device or the reason when no plan exists.
+ */
+export async function planRing(i: RingPlanInput): Promise<RingPlan> {
+  const profileModel = modelProfile(i.model.desc, { nCtx: i.ctx, nPredict: Math.max(1, Math.min(i.ctx, i.tokens)), name: i.modelPath });
+  const scratch = windowScratchBytes(i.model, i.ctx, i.maxBatch, profileModel.kvBytesPerTokenLayer);
+  const linkOptions = {
+    identity: { deviceId: "head", modelFingerprint: i.fingerprint, hiddenSize: i.model.nEmbd }, bulkTokens: Math.min(512, i.maxBatch),
+  };
+  const reports: DeviceReport[] = [];
+  const links: (LinkMeasurement | null)[] = [null];
+  for (const w of i.workers) {
+    let r: DeviceReport;
+    try {
+      r = parseDeviceReport(w.join.profileJson);
+    } catch (e) {
+      throw new Error(`device ${w.label} has no usable profile: ${(e as Error).message}; give --layer-windows to place layers by hand`);
+    }
+    // Memory now, not when it joined: the status carries the device's (cgroup-aware) MemAvailable.
+    const s = await w.status();
+    reports.push({ ...r, profile: { ...r.profile, ramTotalBytes: s.memTotalBytes, ramAvailableBytes: Math.floor(s.memAvailableBytes * RAM_AVAILABLE_FRACTION) } });
+    let link: LinkMeasurement | null = null;
+    if (r.linkProbePort) {
+      try {
+        const host = w.dataHost.includes(":") ? `[${w.dataHost}]` : w.dataHost;
+        link = await measureLink(`ws://${host}:${r.linkProbePort}`, linkOptions);
+      } catch (e) {
+        i.log(`device ${w.label}: link probe failed (${(e as Error).message}); planning without its hop cost`);
+      }
+    }
+    links.push(link);
+  }
+  // The head's hop goes to the first worker of the ring.
+  links[0] = links[1] ?? null;
+  const head = refreshMemory(i.head);
+  // ξ, what a window costs besides its layers: the hop to the successor and waking the compute threads.
+  const withLink = (r: DeviceReport, name: string, link: LinkMeasurement | null): DeviceProfile => ({
+    ...r.profile, name, cpuComputeBufferBytes: scratch, linkLatencyMs: (link?.linkLatencyMs ?? 0) + (r.details.windowCallMs ?? 0),
+  });
+  const headProfile = withLink(head, "head", links[0]);
+  const workerProfiles = reports.map((r, j) => withLink(r, i.workers[j].id, links[j + 1]));
+  const labels = ["head (this coordinator)", ...i.workers.map((w) => w.label)];
+  for (let j = 0; j < labels.length; j++) {
+    const p = j === 0 ? headProfile : workerProfiles[j - 1];
+    const l = links[j];
+    i.log(`profile ${labels[j]}: ${Object.entries(p.cpuFlopsPerS).map(([t, f]) => `${t} ${(f / 1e9).toFixed(1)}`).join(", ")} GFLOP/s; ` +
+      `${(p.ramAvailableBytes / 2 ** 20).toFixed(0)} MiB for layers; disk ${((p.diskSeqReadBytesPerS ?? 0) / 1e6).toFixed(0)} MB/s` +
+      (l ? `; hop ${l.rttMs.toFixed(3)} ms round trip, ${(l.bytesPerS / 1e6).toFixed(0)} MB/s` : ""));
+  }
+  let placement: Placement;
+  try {
+    placement = placeRing(headProfile, workerProfiles, profileModel, i.options);
+  } catch (e) {
+    throw new Error(`no plan: ${(e as Error).message}`);
+  }
+  return { ...placement, labels, model: profileModel, links };
+}
