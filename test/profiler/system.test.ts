@@ -1,10 +1,13 @@
 // What the device is (OS, GPU, cgroup layout) from the files and tools that say so, and the cost of a
 // hop measured against a link probe, with and without a slow link in between.
-import { readFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer, connect, type Server } from "node:net";
-import { join } from "node:path";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
-import { LinkProbeServer, cgroupPaths, detectGpus, detectOs, measureLink, parseNvidiaSmi } from "../../profiler/index.js";
+import {
+  LinkProbeServer, cgroupMemory, cgroupPaths, detectGpus, detectOs, measureLink, parseNvidiaSmi, readMemory,
+} from "../../profiler/index.js";
 
 describe("operating system", () => {
   it("tells Android (Termux or its build.prop) from Linux, and macOS by platform", () => {
@@ -127,5 +130,50 @@ describe("link probe over the ring's data plane", () => {
     await probe.close();
     await expect(measureLink(`ws://127.0.0.1:${port}`, { identity: client, bulkTokens: 4 })).rejects.toThrow(new RegExp(`link probe to ws://127\\.0\\.0\\.1:${port}`));
     await expect(measureLink(`ws://127.0.0.1:${port}`, { identity: client, bulkTokens: 0 })).rejects.toThrow(/bulk of 0 tokens/);
+  });
+});
+
+describe("cgroup memory files", () => {
+  const dirs: string[] = [];
+  afterEach(() => {
+    for (const d of dirs.splice(0)) rmSync(d, { recursive: true, force: true });
+  });
+  const tree = (files: Record<string, string>) => {
+    const root = mkdtempSync(join(tmpdir(), "prima-cg-"));
+    dirs.push(root);
+    for (const [f, v] of Object.entries(files)) {
+      mkdirSync(dirname(join(root, f)), { recursive: true });
+      writeFileSync(join(root, f), v);
+    }
+    return root;
+  };
+
+  it("v2: the tightest memory.max on the way up, usage, and page cache as reclaimable", () => {
+    const root = tree({
+      "parent/memory.max": `${500 * 2 ** 20}\n`,
+      "parent/child/memory.max": "max\n",
+      "parent/child/memory.current": `${200 * 2 ** 20}\n`,
+      "parent/child/memory.stat": `anon ${150 * 2 ** 20}\nactive_file ${30 * 2 ** 20}\ninactive_file ${20 * 2 ** 20}\n`,
+    });
+    const m = cgroupMemory({ memory: { version: 2, dir: join(root, "parent/child") } });
+    expect(m).toEqual({ version: 2, dir: join(root, "parent/child"), limitBytes: 500 * 2 ** 20, usageBytes: 200 * 2 ** 20, fileBytes: 50 * 2 ** 20 });
+    const r = readMemory(false, { memory: { version: 2, dir: join(root, "parent/child") } });
+    expect(r.totalBytes).toBe(500 * 2 ** 20);
+    expect(r.availableBytes).toBe(Math.min(r.physicalAvailableBytes, (500 - 200 + 50) * 2 ** 20));
+  });
+
+  it("v1: hierarchical_memory_limit counts, and an unlimited group is no limit at all", () => {
+    const limited = tree({
+      "memory.limit_in_bytes": "9223372036854771712\n",
+      "memory.usage_in_bytes": `${64 * 2 ** 20}\n`,
+      "memory.stat": `hierarchical_memory_limit ${256 * 2 ** 20}\ntotal_active_file ${8 * 2 ** 20}\ntotal_inactive_file ${8 * 2 ** 20}\n`,
+    });
+    expect(cgroupMemory({ memory: { version: 1, dir: limited } })).toMatchObject({ limitBytes: 256 * 2 ** 20, usageBytes: 64 * 2 ** 20, fileBytes: 16 * 2 ** 20 });
+    const free = tree({
+      "memory.limit_in_bytes": "9223372036854771712\n",
+      "memory.usage_in_bytes": `${64 * 2 ** 20}\n`,
+      "memory.stat": "hierarchical_memory_limit 9223372036854771712\n",
+    });
+    expect(cgroupMemory({ memory: { version: 1, dir: free } })).toBeUndefined();
   });
 });
