@@ -16,6 +16,7 @@
 #include "ops.h"
 
 #define MAX_ACT_FORMATS 3 /* distinct activation formats one input may need (mixed weight types) */
+#define SMALL_LAYER_BYTES (512 * 1024) /* below this per layer, one token runs on one thread */
 
 static int fail(char *err, size_t err_len, const char *fmt, ...) {
   if (err && err_len) {
@@ -187,6 +188,7 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   w->n_ctx = n_ctx;
   w->max_batch = max_batch;
   w->kv_type = PRIMA_F16;
+  w->layer_bytes = 0; /* set below, once the layers are known to be valid */
   const int E = hp->n_embd, D = hp->head_dim, nth = prima_pool_threads(m->pool);
   const size_t qdim = (size_t)hp->n_head * D, kvdim = (size_t)hp->n_head_kv * D;
   const size_t nl = (size_t)(end - first), B = (size_t)max_batch, half = (size_t)hp->rope_dims / 2;
@@ -203,6 +205,11 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
     }
   }
   act_row = (act_row + 63) & ~(size_t)63;
+  size_t weights = 0;
+  for (int l = first; l < end; l++) {
+    const prima_tensor *ts = &m->layers[l].attn_norm;
+    for (size_t i = 0; i < sizeof(prima_layer) / sizeof(prima_tensor); i++) weights += ts[i].n_bytes;
+  }
   w->act_row_bytes = act_row;
 
   const size_t kv_bytes = 2 * nl * (size_t)n_ctx * kvdim * sizeof(uint16_t);
@@ -227,6 +234,7 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   }
   prima_rope_table(w->rope_cos, w->rope_sin, n_ctx, hp->rope_dims, hp->rope_base, hp->rope_freq_scale,
                    m->rope_freqs.data ? (const float *)m->rope_freqs.data : NULL);
+  w->layer_bytes = weights / nl;
   w->anon_bytes = kv_bytes + sizeof(float) * ((size_t)n_ctx * half * 2 + B * (E + 2 * qdim + 2 * kvdim + 2 * (size_t)hp->n_ff)) +
                   act_row * B * MAX_ACT_FORMATS;
   return w;
@@ -468,7 +476,10 @@ int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, fl
   for (int done = 0; done < n_tokens;) {
     const int n = n_tokens - done < w->max_batch ? n_tokens - done : w->max_batch;
     fwd_job j = { w, acts + (size_t)done * E, pos + done, n, done + n == n_tokens ? logits : NULL };
-    prima_pool_run(w->m->pool, forward_job, &j);
+    /* One token through small layers is a few microseconds of work per step: meeting other threads at
+     * ten barriers per layer would cost more than it saves. */
+    if (n == 1 && w->layer_bytes < SMALL_LAYER_BYTES) prima_pool_run_alone(w->m->pool, forward_job, &j);
+    else prima_pool_run(w->m->pool, forward_job, &j);
     done += n;
   }
   w->n_filled = pos + n_tokens;

@@ -64,6 +64,7 @@ typedef struct prima_window {
   size_t act_row_bytes;        /* stride of a row in act_a/act_b */
   float *att_acc;              /* per thread: query, accumulators and scores of a group of heads */
   size_t anon_bytes;           /* KV + scratch: what the window costs in anonymous memory */
+  size_t layer_bytes;          /* mean weight bytes of one of its layers */
 } prima_window;
 
 /* Opens and maps the file; validates the table against the file and hyper-parameters.

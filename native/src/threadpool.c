@@ -38,29 +38,22 @@ struct prima_pool {
   _Atomic int sleepers; /* threads blocked in wait_change: wakers skip the syscall when 0 */
 };
 
-/* Inside a job the threads should meet within microseconds, but a thread that just woke from a halted
- * core (a sleeping laptop core, an idle VM vCPU) can take hundreds of microseconds to arrive. So a
- * waiter spins briefly, then keeps yielding the core (so that if the thread it waits for shares the
- * core, that thread runs) for up to BARRIER_YIELD_NS, and only then sleeps on a futex (sched_yield
- * elsewhere). Spinning alone would steal the core from the very thread being waited for when the
- * device is busy with other programs, and an idle device must not burn its CPU. */
-#define SPIN_NS 50000
-#define BARRIER_YIELD_NS 2000000
+/* Spinning is right while every thread has a core; when the device is busy with other programs the
+ * thread we wait for may not be running, and spinning would steal its time. So: spin briefly, then
+ * sleep until the value changes (a futex on Linux, yielding elsewhere). */
+#define SPIN_NS 20000
 
 static int64_t now_ns(void);
 
-static void wait_change(prima_pool *p, _Atomic int *addr, int val, int64_t spin_ns, int64_t yield_ns) {
-  int64_t start = 0;
+static void wait_change(prima_pool *p, _Atomic int *addr, int val, int64_t spin_ns) {
+  int64_t deadline = 0;
   for (int i = 1;; i++) {
     if (atomic_load_explicit(addr, memory_order_acquire) != val) return;
+    cpu_relax();
     if ((i & 63) == 0) {
       const int64_t t = now_ns();
-      if (start == 0) start = t;
-      else if (t - start > spin_ns + yield_ns) break;
-      else if (t - start > spin_ns) sched_yield();
-      else cpu_relax();
-    } else {
-      cpu_relax();
+      if (deadline == 0) deadline = t + spin_ns;
+      else if (t > deadline) break;
     }
   }
   atomic_fetch_add(&p->sleepers, 1);
@@ -95,7 +88,7 @@ static void *worker_main(void *arg) {
   int seen = 0;
   for (;;) {
     /* The next job of a token loop usually comes within microseconds: spin longer here. */
-    wait_change(p, &p->generation, seen, p->spin_ns, 0);
+    wait_change(p, &p->generation, seen, p->spin_ns);
     if (atomic_load(&p->stop)) break;
     seen = atomic_load_explicit(&p->generation, memory_order_acquire);
     p->fn(t, p->ctx);
@@ -147,6 +140,14 @@ void prima_pool_destroy(prima_pool *p) {
 
 int prima_pool_threads(const prima_pool *p) { return p->n; }
 
+void prima_pool_run_alone(prima_pool *p, prima_job_fn fn, void *ctx) {
+  pthread_mutex_lock(&p->run_mu);
+  const prima_task solo = { .pool = p, .ith = 0, .nth = 1 };
+  atomic_store(&p->chunk, 1);
+  fn(&solo, ctx);
+  pthread_mutex_unlock(&p->run_mu);
+}
+
 void prima_pool_run(prima_pool *p, prima_job_fn fn, void *ctx) {
   pthread_mutex_lock(&p->run_mu);
   p->fn = fn;
@@ -158,7 +159,7 @@ void prima_pool_run(prima_pool *p, prima_job_fn fn, void *ctx) {
   wake_all(p, &p->generation);
   fn(&p->tasks[0], ctx);
   for (int done; (done = atomic_load_explicit(&p->n_done, memory_order_acquire)) < p->n - 1;)
-    wait_change(p, &p->n_done, done, SPIN_NS, BARRIER_YIELD_NS);
+    wait_change(p, &p->n_done, done, SPIN_NS);
   pthread_mutex_unlock(&p->run_mu);
 }
 
@@ -175,7 +176,7 @@ void prima_pool_barrier(const prima_task *t) {
     atomic_fetch_add_explicit(&p->barrier_gen, 1, memory_order_release);
     wake_all(p, &p->barrier_gen);
   } else {
-    wait_change(p, &p->barrier_gen, gen, SPIN_NS, BARRIER_YIELD_NS);
+    wait_change(p, &p->barrier_gen, gen, SPIN_NS);
   }
 }
 

@@ -31,6 +31,10 @@ int prima_pool_threads(const prima_pool *p);
  * a second caller waits for the first job to end. */
 void prima_pool_run(prima_pool *p, prima_job_fn fn, void *ctx);
 
+/* Runs fn on the caller alone (nth = 1): for jobs too small to repay waking the workers and meeting
+ * them at every barrier. Serialized with prima_pool_run. */
+void prima_pool_run_alone(prima_pool *p, prima_job_fn fn, void *ctx);
+
 /* All threads of the running job wait here until every one has arrived. */
 void prima_pool_barrier(const prima_task *t);
 
