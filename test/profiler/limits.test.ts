@@ -75,19 +75,27 @@ describe.skipIf(memProblem !== null)(`memory cgroup limits${memProblem ? ` (skip
 });
 
 describe.skipIf(cpuProblem !== null)(`CPU cgroup quota${cpuProblem ? ` (skipped: ${cpuProblem})` : ""}`, () => {
-  it("a worker limited to half a CPU measures its kernels slower", async () => {
-    const throttled = group("cpu").add("cpu", { "cpu.cfs_period_us": 20000, "cpu.cfs_quota_us": 10000 });
-    const src = `
+  it("a worker limited to a tenth of a CPU measures its kernels slower", async () => {
+    const throttled = group("cpu").add("cpu", { "cpu.cfs_period_us": 20000, "cpu.cfs_quota_us": 2000 });
+    // The script joins the group itself once loaded: node starting up on a tenth of a CPU takes long.
+    const src = (dir: string | null) => `
       import { timeStep, cpuQuota } from ${JSON.stringify(profiler)};
+      import { writeFileSync } from "node:fs";
+      ${dir ? `writeFileSync(${JSON.stringify(`${dir}/cgroup.procs`)}, String(process.pid));` : ""}
       const step = { matrices: [{ type: "Q8_0", typeId: 8, ne0: 1024, ne1: 1024 }], perLayer: 1 };
       const t = timeStep(step, { threads: 2, workingSetBytes: 32 << 20, minSeconds: 0.3 });
       console.log(JSON.stringify({ flops: t.flopsPerS, quota: cpuQuota() ?? null }));`;
-    const slow = await runScriptIn<{ flops: number; quota: number }>([throttled], src);
-    const fast = await runScriptIn<{ flops: number; quota: number | null }>([], src);
-    expect(slow.quota).toBeCloseTo(0.5, 5);
-    expect(fast.quota).toBeNull();
-    // Half a CPU against two: a quarter of the throughput, give or take the scheduler.
-    expect(slow.flops).toBeLessThan(fast.flops * 0.6);
+    // Interleaved, best of three each: other programs on this machine slow both alike.
+    const fast: { flops: number; quota: number | null }[] = [], slow: { flops: number; quota: number | null }[] = [];
+    for (let i = 0; i < 3; i++) {
+      fast.push(await runScriptIn([], src(null)));
+      slow.push(await runScriptIn([], src(throttled.dirs[0])));
+    }
+    expect(slow[0].quota).toBeCloseTo(0.1, 5);
+    expect(fast[0].quota).toBeNull();
+    // A tenth of a CPU against two: a twentieth of the throughput, give or take the scheduler.
+    const best = (r: { flops: number }[]) => Math.max(...r.map((x) => x.flops));
+    expect(best(slow)).toBeLessThan(best(fast) * 0.5);
   });
 });
 

@@ -7,9 +7,9 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { afterAll, afterEach, describe, expect, it } from "vitest";
-import { DecodeMeter, placeRing, ringPosition } from "../../coordinator/placement.js";
+import { DecodeMeter, placeRing, ringPosition, selectDevices } from "../../coordinator/placement.js";
 import { LocalModel } from "../../engine/index.js";
-import type { DeviceProfile, Plan } from "../../halda/index.js";
+import { halda, type DeviceProfile, type Plan } from "../../halda/index.js";
 import { describeModel, modelProfile, modelShapeByName, readGguf, syntheticModelDescription } from "../../model/index.js";
 import { dropFileCache, RAM_AVAILABLE_FRACTION } from "../../profiler/index.js";
 import { Cgroup, blkioProblem, controllerProblem, diskDeviceOf, killAll, root, startIn } from "../profiler/cgroup.js";
@@ -39,6 +39,21 @@ describe("placeRing: Halda's plan in ring order", () => {
     expect(ringPosition(0, 3)).toBe(3);
     expect(ringPosition(2, 3)).toBe(1);
     expect(p.releaseAfterUse.every((r) => r === false)).toBe(true); // k = 1: nothing to release
+  });
+
+  it("drops only the devices that slow the ring, one at a time, where Halda's own rule would drop a needed one", () => {
+    // The head and w1 nearly hold the model; w2 and w3 are each left with one layer. Dropping both (the
+    // paper's rule) forces an overload; dropping only the slow w3 leaves w2 to take two layers.
+    const devices = [device("head", 1e11, 15, true), device("w1", 1e11, 15), device("w2", 1e11, 3), device("w3", 1e10, 40)];
+    const paperRule = halda(devices, model);
+    expect(paperRule.dropped.map((d) => d.name)).toEqual(["w2", "w3"]);
+    const chosen = selectDevices(devices, model);
+    expect(chosen.dropped.map((d) => d.name)).toEqual(["w3"]);
+    expect(chosen.devices.find((d) => d.name === "w2")?.windowLayers).toBeGreaterThanOrEqual(2);
+    expect(chosen.latencyMs).toBeLessThan(paperRule.latencyMs);
+    expect(chosen.dropped[0].reason).toMatch(/predicted [\d.]+ ms with it, [\d.]+ ms without/);
+    // Indices are those of the full list, whatever subset was solved last.
+    expect(chosen.devices.map((d) => [d.index, d.name])).toEqual([[0, "head"], [1, "w1"], [2, "w2"]]);
   });
 
   it("releases windows after use on overloaded devices that run several windows per token", () => {
@@ -102,18 +117,23 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
   const gen = ["-p", "Once upon a time", "-n", String(nPredict), "--temp", "0", "--ctx", String(ctx)];
 
   /** One placed run: fresh profiles (measured just before it), cgroup limits, three workers. */
+  // The slow worker's profile is measured once (under its limits) and kept; the others' afresh each time.
+  const slowCache = mkdtempSync(join(tmpdir(), "prima-place-slow-"));
+  dirs.push(slowCache);
+
   async function attempt(modelPath: string, n: number, bPrime: number, scratch: number) {
     const cacheDir = mkdtempSync(join(tmpdir(), "prima-place-profiles-"));
     dirs.push(cacheDir);
     const env = { PRIMA_PROFILE_DIR: cacheDir };
+    const slowEnv = { PRIMA_PROFILE_DIR: slowCache };
     const make = (name: string) => {
       const g = new Cgroup(`${tag}-${n}-${name}`).add("memory");
       groups.push(g);
       return g;
     };
     const head = make("head"), g1 = make("w1"), g2 = make("w2"), g3 = make("w3");
-    // The fourth device: half a CPU, and where the disk allows, reads throttled to 20 MB/s.
-    g3.add("cpu", { "cpu.cfs_period_us": 20000, "cpu.cfs_quota_us": 10000 });
+    // The fourth device: a quarter of a CPU, and where the disk allows, reads throttled to 20 MB/s.
+    g3.add("cpu", { "cpu.cfs_period_us": 20000, "cpu.cfs_quota_us": 5000 });
     g3.set("memory", "memory.limit_in_bytes", 512 * 2 ** 20);
     const dev = diskDeviceOf(dirname(modelPath));
     const diskProblem = blkioProblem(dev);
@@ -123,7 +143,7 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
     // Profiles first, each device's own (the slow one under its limits), then the unconstrained
     // machine, which the head and the two other workers read from the cache: the run follows within
     // seconds, so it sees the load the profile saw.
-    const slowProfile = startIn([g3], [workerCli, "profile", "--model", modelPath, "--threads", "1"], env);
+    const slowProfile = startIn([g3], [workerCli, "profile", "--model", modelPath, "--threads", "1"], slowEnv);
     expect(await slowProfile.exited, slowProfile.stderr).toBe(0);
     execFileSync(process.execPath, [workerCli, "profile", "--model", modelPath, "--threads", "1"], { cwd: root, env: { ...process.env, ...env }, stdio: "ignore" });
     // Each device pages its own windows in, charged to its own cgroup.
@@ -137,21 +157,21 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
     };
     const coord = startIn([head], [coordCli, "run", modelPath, "--port", "0", "--min-workers", "3", "--threads", "1", "--json", ...gen], env);
     const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
-    limitFor(head, 3.5);
     const joinWorker = async (g: Cgroup, name: string, layers?: number) => {
-      const p = startIn([g], [workerCli, "--join", `127.0.0.1:${port}`, "--model", modelPath, "--name", name, "--once", "--threads", "1"], env);
+      const p = startIn([g], [workerCli, "--join", `127.0.0.1:${port}`, "--model", modelPath, "--name", name, "--once", "--threads", "1"], g === g3 ? slowEnv : env);
       await coord.waitFor(new RegExp(`"${name}" .*joined`), 40_000);
       if (layers !== undefined) limitFor(g, layers);
       return p;
     };
-    await joinWorker(g1, "alpha", 6.5);
-    await joinWorker(g2, "bravo", 4.5);
-    const slow = await joinWorker(g3, "delta");
+    const workers = [await joinWorker(g1, "alpha", 6.5), await joinWorker(g2, "bravo", 3.5)];
+    // The head's own use grows as workers connect: its limit is set last, just before it plans.
+    limitFor(head, 4.5);
+    workers.push(await joinWorker(g3, "delta"));
     const code = await Promise.race([coord.exited, new Promise((r) => setTimeout(() => r("timeout"), 40_000))]);
     expect(code, coord.stderr).toBe(0);
-    await Promise.race([slow.exited, new Promise((r) => setTimeout(r, 3000))]);
+    await Promise.all(workers.map((w) => Promise.race([w.exited, new Promise((r) => setTimeout(r, 3000))])));
     const r = JSON.parse(coord.stdout.split("\n").find((l) => l.startsWith("{"))!) as RunJson;
-    return { r, coord, slow, diskProblem };
+    return { r, coord, workers, diskProblem };
   }
 
   it("three workers with different limits get different windows, the slow one takes no part, and the prediction holds", async () => {
@@ -167,35 +187,43 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
     lm.close();
 
     // This machine is shared: other programs can halve its speed between a profile and a run seconds
-    // later. Placement is checked on every attempt; the prediction must hold on one of three.
+    // later, and other test files run beside this one. What follows from memory limits and the plan
+    // is checked on every attempt; what rests on timing (the quarter-CPU worker measured slow and so
+    // dropped, the prediction within 30 %) must hold together on one of up to four attempts.
     const errors: string[] = [];
-    for (let n = 0; n < 3; n++) {
-      const { r, coord, slow, diskProblem } = await attempt(modelPath, n, bPrime, scratch);
+    const started = Date.now();
+    for (let n = 0; n < 4 && (n === 0 || Date.now() - started < 40_000); n++) {
+      const { r, coord, workers, diskProblem } = await attempt(modelPath, n, bPrime, scratch);
       const pl = r.placement;
       const windowOf = (i: number) => pl.per_cycle[ringPosition(i, 3)];
-      // Halda saw the limits: less memory, less room; half a CPU, a fraction of the throughput.
+      const planText = coord.stderr.split("\n").filter((l) => /profile (head|w)|^w\d|^head|^dropped|^note|plan:/.test(l)).join("\n");
+      // Halda saw the limits: less memory, less room; a throttled disk, a slow disk.
       const ram = pl.devices.map((d) => d.ramAvailableBytes);
       expect(ram[1]).toBeGreaterThan(ram[2]);
-      expect(ram[2]).toBeGreaterThan(ram[0]);
-      expect(pl.devices[3].cpuFlopsPerS.Q8_0).toBeLessThan(0.7 * pl.devices[1].cpuFlopsPerS.Q8_0);
       if (!diskProblem) expect(pl.devices[3].diskSeqReadBytesPerS).toBeLessThan(30e6);
       expect(pl.devices[1].diskSeqReadBytesPerS).toBeGreaterThan(pl.devices[3].diskSeqReadBytesPerS!);
 
-      // Different limits, different windows; every window fits its device; the slow worker is dropped.
+      // Different limits, different windows: the worker with more memory takes more layers.
       expect(pl.per_cycle.reduce((a, b) => a + b, 0)).toBe(PLACEMENT_SHAPE.nLayers);
-      expect(windowOf(1)).toBeGreaterThan(windowOf(2));
-      expect(windowOf(2)).toBeGreaterThan(0);
-      expect(windowOf(0)).toBeGreaterThan(0);
-      expect(windowOf(3)).toBe(0);
-      expect(pl.plan.dropped.map((d) => d.index)).toEqual([3]);
+      expect(windowOf(0), planText).toBeGreaterThan(0);
+      expect(windowOf(2), planText).toBeGreaterThan(0);
+      expect(windowOf(1), planText).toBeGreaterThan(windowOf(2));
+      // Each window fits its device's memory, or (a device with a fast disk a hair short of room,
+      // which Halda may prefer to a smaller window) the plan counts the weights it must read again.
       for (const d of pl.plan.devices) {
-        expect(d.set, d.name).toBe("M4");
-        expect(d.windowLayers * bPrime, d.name).toBeLessThanOrEqual(d.ramLayerCapacityBytes);
+        if (d.set === "M4") expect(d.windowLayers * bPrime, d.name).toBeLessThanOrEqual(d.ramLayerCapacityBytes);
+        else {
+          expect(d.set, d.name).toBe("M3");
+          expect(d.reloadBytesPerToken, d.name).toBeCloseTo(d.windowLayers * bPrime - d.ramLayerCapacityBytes, -3);
+        }
       }
-      // The dropped device took no part: no assignment, and the ring ran through three devices.
-      expect(slow.stderr).not.toMatch(/assigned layers/);
-      expect(coord.stderr).toMatch(/device w3 "delta" \(127\.0\.0\.1\) takes no layers and stays out of the ring/);
-      expect(r.devices).toBe(3);
+      // Devices Halda drops take no part: no assignment, and the ring runs through the others only.
+      for (const d of pl.plan.dropped) {
+        expect(windowOf(d.index)).toBe(0);
+        expect(workers[d.index - 1].stderr).not.toMatch(/assigned layers/);
+        expect(coord.stderr).toContain(`${pl.labels[d.index]} takes no layers and stays out of the ring`);
+      }
+      expect(r.devices).toBe(pl.plan.devices.length);
       expect(r.generated_ids).toEqual(alone.generated_ids);
 
       // The plan and the comparison were printed.
@@ -208,12 +236,15 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
       for (const row of pr.rows) expect(row.measured.memPressure, row.label).toBeLessThan(0.06);
       for (const s of r.devices_status) expect(s.status.memPressure, s.device).toBeLessThan(0.06);
 
+      const slowFlops = pl.devices[3].cpuFlopsPerS.Q8_0, fastFlops = pl.devices[1].cpuFlopsPerS.Q8_0;
       const error = Math.abs(pr.measuredTokenMs - pr.predictedTokenMs) / pr.measuredTokenMs;
-      const line = `attempt ${n + 1}: windows ${JSON.stringify(pl.per_cycle)}, predicted ${pr.predictedTokenMs.toFixed(2)} ms, measured ${pr.measuredTokenMs.toFixed(2)} ms per token (${(100 * error).toFixed(0)}% off)`;
+      const line = `attempt ${n + 1}: windows ${JSON.stringify(pl.per_cycle)}, dropped ${JSON.stringify(pl.plan.dropped.map((d) => d.name))}, ` +
+        `slow worker ${(slowFlops / 1e9).toFixed(1)} vs ${(fastFlops / 1e9).toFixed(1)} GFLOP/s, predicted ${pr.predictedTokenMs.toFixed(2)} ms, ` +
+        `measured ${pr.measuredTokenMs.toFixed(2)} ms per token (${(100 * error).toFixed(0)}% off)`;
       console.log(`placement: ${line}`);
       errors.push(`${line}\n${coord.stderr.split("\n").filter((l) => /predicted|^w\d|^head|token latency/.test(l)).join("\n")}`);
-      if (error < 0.3) return;
+      if (slowFlops < 0.7 * fastFlops && windowOf(3) === 0 && error < 0.3) return;
     }
-    expect.fail(`the predicted token latency was more than 30% off in every attempt:\n${errors.join("\n")}`);
+    expect.fail(`no attempt had the slow worker measured slow and dropped with the prediction within 30%:\n${errors.join("\n")}`);
   }, 150_000);
 });
