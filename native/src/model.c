@@ -335,11 +335,7 @@ static void attention(const prima_task *t, prima_window *w, int li, int pos, int
         for (int j = 1; j < nb; j++) mb = sh[j] > mb ? sh[j] : mb;
         const float mnew = mb > M[h] ? mb : M[h];
         const float ms = expf(M[h] - mnew);
-        float sum = 0.0f;
-        for (int j = 0; j < nb; j++) {
-          sh[j] = expf(sh[j] - mnew);
-          sum += sh[j];
-        }
+        const float sum = prima_exp_sum(sh, nb, mnew);
         S[h] = S[h] * ms + sum;
         if (ms != 1.0f) prima_scale(acc + (size_t)h * D, D, ms);
         M[h] = mnew;

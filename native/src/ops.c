@@ -7,6 +7,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define PRIMA_X86 1
+static inline float hsum256(__m256 v) __attribute__((target("avx2")));
 #endif
 
 void prima_rmsnorm(const float *x, const float *w, float *y, int n, float eps) {
@@ -52,12 +53,77 @@ void prima_rope_apply(float *x, int n_heads, int head_dim, int rope_dims, int ne
   }
 }
 
-void prima_swiglu(float *a, const float *b, int n) {
+static void swiglu_scalar(float *a, const float *b, int n) {
   for (int i = 0; i < n; i++) {
     const float g = a[i];
     a[i] = (g / (1.0f + expf(-g))) * b[i];
   }
 }
+
+/* sum of exp(x[i] - m), x[i] replaced by exp(x[i] - m) */
+static float exp_sum_scalar(float *x, int n, float m) {
+  float sum = 0.0f;
+  for (int i = 0; i < n; i++) {
+    x[i] = expf(x[i] - m);
+    sum += x[i];
+  }
+  return sum;
+}
+
+#ifdef PRIMA_X86
+/* exp on 8 floats: 2^n * e^r with n = round(x / ln 2), r = x - n ln 2 split in two constants for
+ * precision, e^r by Cephes' expf polynomial (about 1 ulp, as libm's expf and ggml's SIMD exp). Inputs
+ * below -87.3 give 0 (a subnormal at most: nothing a softmax or SiLU notices), above 88.7 infinity. */
+__attribute__((target("avx2,fma"))) static inline __m256 exp8(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.7228f), lo = _mm256_set1_ps(-87.3365f);
+  const __m256 over = _mm256_cmp_ps(x, hi, _CMP_GT_OQ), under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  /* n is in [-126, 128]: 2^n by building the exponent field; 2^128 overflows to the infinity we want */
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  y = _mm256_blendv_ps(y, _mm256_set1_ps(INFINITY), over);
+  return _mm256_andnot_ps(under, y);
+}
+
+__attribute__((target("avx2,fma"))) static void swiglu_avx2(float *a, const float *b, int n) {
+  int i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(a + i);
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(b + i)));
+  }
+  swiglu_scalar(a + i, b + i, n - i);
+}
+
+__attribute__((target("avx2,fma"))) static float exp_sum_avx2(float *x, int n, float m) {
+  int i = 0;
+  __m256 acc = _mm256_setzero_ps();
+  const __m256 vm = _mm256_set1_ps(m);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  return hsum256(acc) + exp_sum_scalar(x + i, n - i, m);
+}
+#endif
+
+static void (*swiglu_impl)(float *, const float *, int) = swiglu_scalar;
+static float (*exp_sum_impl)(float *, int, float) = exp_sum_scalar;
+
+void prima_swiglu(float *a, const float *b, int n) { swiglu_impl(a, b, n); }
+float prima_exp_sum(float *x, int n, float m) { return exp_sum_impl(x, n, m); }
 
 static void attn_scores_scalar(const float *q, int ratio, int d, const uint16_t *k, size_t ks, int n_pos, float scale,
                                float *s) {
@@ -83,7 +149,6 @@ static void attn_accum_scalar(float *acc, const float *p, int ratio, int d, cons
 }
 
 #ifdef PRIMA_X86
-static inline float hsum256(__m256 v) __attribute__((target("avx2")));
 static inline float hsum256(__m256 v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   x = _mm_add_ps(x, _mm_movehl_ps(x, x));
@@ -157,5 +222,9 @@ void prima_add(float *x, const float *y, int n) {
 void prima_ops_init(void) {
 #ifdef PRIMA_X86
   g_attn_avx2 = prima_simd_level() >= PRIMA_SIMD_AVX2;
+  if (g_attn_avx2) {
+    swiglu_impl = swiglu_avx2;
+    exp_sum_impl = exp_sum_avx2;
+  }
 #endif
 }

@@ -18,6 +18,8 @@ void prima_rope_apply(float *x, int n_heads, int head_dim, int rope_dims, int ne
 
 /* a[i] = silu(a[i]) * b[i] */
 void prima_swiglu(float *a, const float *b, int n);
+/* x[i] = exp(x[i] - m); returns their sum (the softmax numerators of a row whose max is m) */
+float prima_exp_sum(float *x, int n, float m);
 
 /* Attention over a block of cached positions for the `ratio` query heads that share one KV head.
  * scores: s[h * n_pos + j] = scale * dot(q[h], K row j), K rows F16 and k_stride elements apart.
