@@ -52,6 +52,16 @@ export function cacheKey(identity: Readonly<Record<string, string | number>>): s
   return createHash("sha256").update(JSON.stringify(identity)).digest("hex").slice(0, 24);
 }
 
+/** mkdir -p, one level at a time (Node's recursive mkdir never returns under /proc). */
+function makeDirs(dir: string): void {
+  const missing: string[] = [];
+  for (let d = dir; !existsSync(d); d = dirname(d)) {
+    missing.unshift(d);
+    if (dirname(d) === d) break;
+  }
+  for (const d of missing) mkdirSync(d);
+}
+
 function fileOf(dir: string, key: string): string {
   return join(dir, `${key}.json`);
 }
@@ -70,7 +80,7 @@ export function loadSpeeds(dir: string, key: string, identity: Readonly<Record<s
 
 /** Merges into what is on disk (another process may have added entries) and writes atomically. */
 export function saveSpeeds(dir: string, s: CachedSpeeds): string {
-  mkdirSync(dir, { recursive: true });
+  makeDirs(dir);
   const onDisk = loadSpeeds(dir, s.key, s.identity);
   const merged: CachedSpeeds = {
     ...s,

@@ -53,7 +53,7 @@ export async function profileCommand(argv: string[]): Promise<number> {
       workload = modelWorkload(model.desc);
       model.close();
     } catch (e) {
-      console.error(`prima-worker profile: ${values.model}: ${(e as Error).message}`);
+      console.error(`prima-worker profile: ${(e as Error).message}`);
       return 1;
     }
     diskDirs = [dirname(resolve(values.model))];
