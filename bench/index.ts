@@ -1,4 +1,4 @@
-// npm run bench [-- --only engine,memory,kernels,halda,ring] [--threads N] [--reps N]
+// npm run bench [-- --only engine,memory,ring,halda,kernels] [--threads N] [--reps N]
 // Every part measures us and a peer in the same run and prints ratios (absolute numbers on a shared
 // machine mean little). Results and the command go in BENCHMARKS.md.
 import { existsSync } from "node:fs";
@@ -16,7 +16,7 @@ const { values } = parseArgs({
     reps: { type: "string", default: "3" },
   },
 });
-const parts = new Set((values.only ?? "engine,memory,kernels,halda,ring").split(","));
+const parts = new Set((values.only ?? "engine,memory,ring,halda,kernels").split(","));
 const threads = Number(values.threads);
 const reps = Number(values.reps);
 const log = (s: string) => console.error(s);
@@ -53,16 +53,12 @@ async function engineBench(): Promise<void> {
 async function main(): Promise<void> {
   console.log(`# npm run bench -- --only ${[...parts].join(",")} --threads ${threads} --reps ${reps}`);
   if (parts.has("engine")) await engineBench();
-  for (const part of ["memory", "kernels", "halda", "ring"]) {
-    if (!parts.has(part)) continue;
-    const file = `${root}dist/bench/${part}.js`;
-    if (!existsSync(file)) {
-      log(`(bench part ${part} is not built: ${file} missing)`);
-      continue;
-    }
-    const mod = (await import(file)) as { main?: () => Promise<void> };
-    if (mod.main) await mod.main();
-  }
+  const model = parts.has("memory") || parts.has("ring") ? await benchmarkModel() : "";
+  // Each part prints its own table; they live in dist/bench/ and also run alone.
+  if (parts.has("memory")) await (await import("./memory.js")).main();
+  if (parts.has("ring")) await (await import("./ring.js")).main(model);
+  if (parts.has("halda")) await (await import("./halda.js")).main();
+  if (parts.has("kernels")) await import("./kernels.js"); // runs on import
 }
 
 main().catch((e: unknown) => {

@@ -1,0 +1,144 @@
+// The ring's cost, measured on this machine with real processes on loopback:
+//  1. overhead: decode latency of a 3-process ring (2 workers + the head) over one process, same model,
+//     and the cost per hop;
+//  2. memory-starved workers (a memory cgroup each, smaller than their windows): prefetch on vs off,
+//     and k = 1 vs k = 2.
+//   node dist/bench/ring.js [model.gguf]
+import { spawn, type ChildProcess } from "node:child_process";
+import { existsSync, mkdirSync, rmdirSync, writeFileSync } from "node:fs";
+import { fileURLToPath } from "node:url";
+
+const root = fileURLToPath(new URL("../..", import.meta.url));
+const coordCli = `${root}dist/coordinator/cli.js`;
+const workerCli = `${root}dist/worker/cli.js`;
+
+interface Report {
+  generated_ids: number[];
+  decode_tok_s: number;
+  prompt_tok_s: number;
+}
+
+interface Proc {
+  child: ChildProcess;
+  out: string;
+  err: string;
+  exited: Promise<number | null>;
+}
+
+function start(cli: string, args: string[]): Proc {
+  const child = spawn(process.execPath, [cli, ...args], { stdio: ["ignore", "pipe", "pipe"] });
+  const p: Proc = { child, out: "", err: "", exited: new Promise((r) => child.on("exit", r)) };
+  child.stdout!.on("data", (d: Buffer) => (p.out += d.toString()));
+  child.stderr!.on("data", (d: Buffer) => (p.err += d.toString()));
+  return p;
+}
+
+async function waitFor(p: Proc, re: RegExp, timeoutMs = 60_000): Promise<RegExpMatchArray> {
+  const t0 = Date.now();
+  for (;;) {
+    const m = p.err.match(re);
+    if (m) return m;
+    if (Date.now() - t0 > timeoutMs) throw new Error(`timed out waiting for ${re}:\n${p.err}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+const GEN = ["-p", "Once upon a time", "-n", "64", "--temp", "0", "--ctx", "256"];
+
+async function single(model: string): Promise<Report> {
+  const p = start(coordCli, ["run", model, "--json", ...GEN]);
+  await p.exited;
+  return JSON.parse(p.out);
+}
+
+/** Runs a ring; `cgroups[i]` (optional) is a memory cgroup for worker i. */
+async function ring(model: string, windows: string, k: number, nWorkers: number, extra: string[] = [], cgroups: (string | undefined)[] = []): Promise<Report> {
+  const coord = start(coordCli, ["run", model, "--json", "--port", "0", "--min-workers", String(nWorkers), "--layer-windows", windows, "-k", String(k), ...GEN, ...extra]);
+  const port = (await waitFor(coord, /listening for workers on port (\d+)/))[1];
+  const workers: Proc[] = [];
+  try {
+    for (let i = 0; i < nWorkers; i++) {
+      const w = start(workerCli, ["--join", `127.0.0.1:${port}`, "--model", model, "--name", `bench${i + 1}`, "--once"]);
+      const cg = cgroups[i];
+      if (cg) writeFileSync(`${cg}/cgroup.procs`, String(w.child.pid));
+      workers.push(w);
+      await waitFor(coord, new RegExp(`"bench${i + 1}" .*joined`));
+    }
+    const code = await coord.exited;
+    if (code !== 0) throw new Error(`ring run failed:\n${coord.err}`);
+    return JSON.parse(coord.out.split("\n").find((l) => l.startsWith("{"))!);
+  } finally {
+    for (const w of workers) w.child.kill("SIGKILL");
+    coord.child.kill("SIGKILL");
+  }
+}
+
+const MEMCG = "/sys/fs/cgroup/memory";
+
+function makeCgroup(name: string, limitBytes: number): string | undefined {
+  if (!existsSync(`${MEMCG}/memory.limit_in_bytes`)) return undefined;
+  const dir = `${MEMCG}/${name}`;
+  try {
+    mkdirSync(dir, { recursive: true });
+    writeFileSync(`${dir}/memory.limit_in_bytes`, String(limitBytes));
+    return dir;
+  } catch {
+    return undefined;
+  }
+}
+
+function dropCaches(): void {
+  try {
+    writeFileSync("/proc/sys/vm/drop_caches", "1");
+  } catch {
+    // not root: the first run reads from the page cache
+  }
+}
+
+export async function main(modelArg?: string): Promise<void> {
+  const model = modelArg ?? `${root}.cache/bench-llama-Q4_K_M.gguf`;
+  console.log(`\n## ring overhead: 3 processes on loopback vs one (decode, 64 tokens, ${model.split("/").pop()})\n`);
+  const one = await single(model);
+  const three = await ring(model, "8,7,7", 1, 2);
+  const same = JSON.stringify(one.generated_ids) === JSON.stringify(three.generated_ids);
+  const msOne = 1000 / one.decode_tok_s, msThree = 1000 / three.decode_tok_s;
+  console.log("| setup | decode ms/token | ratio (goal <= 1.10) | per-hop cost | same tokens |");
+  console.log("|---|---|---|---|---|");
+  console.log(`| 1 process | ${msOne.toFixed(2)} | 1.00 | - | - |`);
+  console.log(`| 3-process ring, k=1 | ${msThree.toFixed(2)} | ${(msThree / msOne).toFixed(3)} | ${((msThree - msOne) / 3).toFixed(3)} ms | ${same ? "yes" : "NO"} |`);
+
+  // Memory-starved workers: each holds a third of the model per cycle but may keep far less in RAM.
+  const limit = 160 * 2 ** 20;
+  const cgs = [makeCgroup("prima-bench-w1", limit), makeCgroup("prima-bench-w2", limit)];
+  if (!cgs[0] || !cgs[1]) {
+    console.log("\n(memory cgroups unavailable: skipping the memory-starved ring)");
+    return;
+  }
+  console.log(`\n## memory-starved workers (memory cgroup of ${limit / 2 ** 20} MiB each, ~210 MiB of weights each)\n`);
+  console.log("| cycles | prefetch | decode ms/token |");
+  console.log("|---|---|---|");
+  try {
+    for (const [k, windows] of [[1, "8,7,7"], [2, "4,4,3"]] as const) {
+      for (const prefetch of [true, false]) {
+        dropCaches();
+        const r = await ring(model, windows, k, 2, prefetch ? [] : ["--no-prefetch"], cgs);
+        console.log(`| k=${k} | ${prefetch ? "on" : "off"} | ${(1000 / r.decode_tok_s).toFixed(1)} |`);
+      }
+    }
+  } finally {
+    for (const cg of cgs) {
+      try {
+        rmdirSync(cg!);
+      } catch {
+        // still has a process for a moment; harmless
+      }
+    }
+  }
+}
+
+if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
+  main(process.argv[2]).catch((e: unknown) => {
+    console.error(e instanceof Error ? e.message : String(e));
+    process.exitCode = 1;
+  });
+}
