@@ -85,6 +85,7 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
     try {
       headReport = await profileDevice({
         name: "head", workload: modelWorkload(model.desc), threads: model.threads, diskDirs: [dirname(resolve(a.model))], nCtx: ctx,
+        reprofile: a.reprofile,
         progress: (l) => log(`profile: ${l}`),
       });
     } catch (e) {

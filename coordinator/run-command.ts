@@ -28,7 +28,9 @@ ring (with workers):
       --port N             gRPC port workers join on (default 7400)
       --min-workers N      wait for N workers before running (default 0: run alone)
       --layer-windows LIST layers per device per cycle, ring order: workers in join order, then the head
+                           (default: every device is profiled and Halda places the layers)
   -k, --cycles N           ring cycles per token (with --layer-windows; default: layers / sum of windows)
+      --reprofile          measure this device again instead of using its cached profile
       --no-prefetch        do not advise the OS to page in the next window
       --join-timeout S     seconds to wait for workers (default 60)`;
 
@@ -50,6 +52,7 @@ export interface RunArgs {
   readonly layerWindows?: number[];
   readonly cycles?: number;
   readonly prefetch: boolean;
+  readonly reprofile: boolean;
   readonly joinTimeoutS: number;
 }
 
@@ -97,6 +100,7 @@ export function parseRunArgs(argv: string[]): RunArgs {
       "layer-windows": { type: "string" },
       cycles: { type: "string", short: "k" },
       "no-prefetch": { type: "boolean" },
+      reprofile: { type: "boolean" },
       "join-timeout": { type: "string" },
       help: { type: "boolean", short: "h" },
     },
@@ -134,6 +138,7 @@ export function parseRunArgs(argv: string[]): RunArgs {
     layerWindows,
     cycles: values.cycles === undefined ? undefined : intArg("cycles", values.cycles, 1, 1),
     prefetch: !values["no-prefetch"],
+    reprofile: values.reprofile ?? false,
     joinTimeoutS: intArg("join-timeout", values["join-timeout"], 60, 1),
   };
 }
