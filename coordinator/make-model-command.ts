@@ -1,15 +1,13 @@
 // prima-coord make-model: writes a random-weight GGUF of a named or custom shape and any type mix
 // (modelgen/). Tests and benchmarks use it to make models no one can download here.
 import { parseArgs } from "node:util";
-import {
-  FILE_TYPE_NAMES, GEN_SHAPES, generateModel, genShapeByName, ModelGenError, resolveShape, type GenShape,
-} from "../modelgen/index.js";
-import { BUNDLED_VOCAB_NAMES, type BundledVocabName } from "../model/index.js";
+import { generateModel, ModelGenError, resolveShape } from "../modelgen/index.js";
+import { BUNDLED_VOCAB_NAMES, FILE_TYPE_NAMES, modelShapeByName, modelShapes, type BundledVocabName, type ModelShape } from "../model/index.js";
 
 const HELP = `usage: prima-coord make-model --shape NAME --type TYPE --out FILE [options]
        prima-coord make-model --dims N --layers N --heads N --ffn N --type TYPE --out FILE [options]
 
-  --shape NAME      ${GEN_SHAPES.map((s) => s.name).join(", ")}
+  --shape NAME      ${modelShapes.map((s) => s.name).join(", ")}
   --type TYPE       ${FILE_TYPE_NAMES.join(", ")} (Q3_K/Q4_K/Q5_K mean the _M mixes)
   --pure            every quantized weight of the type's base type (llama-quantize --pure)
   --out FILE        the GGUF to write
@@ -31,7 +29,7 @@ function intArg(name: string, v: string | undefined): number | undefined {
 }
 
 export interface MakeModelArgs {
-  readonly shape: GenShape;
+  readonly shape: ModelShape;
   readonly type: string;
   readonly pure: boolean;
   readonly out: string;
@@ -59,8 +57,8 @@ export function parseMakeModelArgs(argv: string[]): MakeModelArgs | "help" {
   if (!values.out) throw new UsageError("--out is required");
   const custom = values.dims ?? values.layers ?? values.heads ?? values["kv-heads"] ?? values.ffn ?? values["vocab-size"] ?? values.ctx ?? values.arch;
   if (!values.shape && custom === undefined) throw new UsageError("--shape (or a custom --dims/--layers/... shape) is required");
-  let base = genShapeByName(values.shape ?? "tiny-llama");
-  if (!base) throw new UsageError(`unknown shape "${values.shape}" (known: ${GEN_SHAPES.map((s) => s.name).join(", ")})`);
+  let base = modelShapeByName(values.shape ?? "tiny-llama");
+  if (!base) throw new UsageError(`unknown shape "${values.shape}" (known: ${modelShapes.map((s) => s.name).join(", ")})`);
   if (values.arch !== undefined && values.arch !== "llama" && values.arch !== "qwen2") {
     throw new UsageError(`--arch must be llama or qwen2 (got "${values.arch}")`);
   }

@@ -5,8 +5,8 @@ import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { baselineNames, baselinePlan, halda, HaldaError, parseDeviceProfiles, type DeviceProfile, type HaldaOptions, type Plan } from "../halda/index.js";
 import {
-  describeModel, GgufError, modelProfile, modelShapeByName, modelShapes, parseSyntheticFileType, readGguf,
-  syntheticFileTypes, syntheticModelDescription, type ModelDescription, type ModelProfile,
+  describeModel, FILE_TYPE_NAMES, GgufError, modelProfile, modelShapeByName, modelShapes, parseFileType, readGguf,
+  syntheticModelDescription, type ModelDescription, type ModelProfile,
 } from "../model/index.js";
 
 const HELP = `usage: prima-coord plan model.gguf --devices devices.json [options]
@@ -14,7 +14,7 @@ const HELP = `usage: prima-coord plan model.gguf --devices devices.json [options
 
   --devices FILE      device profiles, ring order, the head first (schema: deploy/README.md)
   --shape NAME        plan a model that is not on disk: ${modelShapes.map((s) => s.name).join(", ")}
-  --type TYPE         its file type: ${syntheticFileTypes.join(", ")}
+  --type TYPE         its file type: ${FILE_TYPE_NAMES.join(", ")}
   -c, --ctx N         KV cache size in tokens (default 1024)
   -k, --k N           ring cycles per token (default: Halda chooses)
   --mode MODE         exact (default: the model's global optimum) or prima (prima.cpp's Algorithm 1)
@@ -98,8 +98,8 @@ function loadModel(a: PlanArgs): { desc: ModelDescription; label: string } {
   }
   const shape = modelShapeByName(a.shape!);
   if (!shape) throw new UsageError(`unknown --shape "${a.shape}" (known: ${modelShapes.map((s) => s.name).join(", ")})`);
-  const type = parseSyntheticFileType(a.type!);
-  if (!type) throw new UsageError(`unknown --type "${a.type}" (known: ${syntheticFileTypes.join(", ")})`);
+  const type = parseFileType(a.type!);
+  if (!type) throw new UsageError(`unknown --type "${a.type}" (known: ${FILE_TYPE_NAMES.join(", ")})`);
   return { desc: syntheticModelDescription(shape, type), label: `${shape.name} ${type} (synthetic tensor table)` };
 }
 

@@ -2,8 +2,13 @@
 export * from "./gguf.js";
 export * from "./ggml-types.js";
 export * from "./architecture.js";
-export { modelProfile, modelShapes, modelShapeByName, syntheticModelDescription, syntheticFileTypes, parseSyntheticFileType } from "./profile.js";
-export type { ModelProfile, ModelProfileOptions, ModelShape, PerWeightType, SyntheticFileType } from "./profile.js";
+export { modelProfile, syntheticModelDescription } from "./profile.js";
+export type { ModelProfile, ModelProfileOptions, PerWeightType } from "./profile.js";
+export { modelShapes, modelShapeByName, shapeProblems, type ModelShape } from "./shapes.js";
+export {
+  FILE_TYPES, FILE_TYPE_NAMES, parseFileType, planTensors, tensorCategory, tensorTypeFor,
+  type FileTypeName, type PlannedTensor, type TensorCategory, type TensorForTyping,
+} from "./quant-mix.js";
 export { modelFingerprint } from "./fingerprint.js";
 export { Tokenizer, StreamingDecoder, TokenizerError, TokenAttr, TokenType, SUPPORTED_PRE_TOKENIZERS } from "./tokenizer.js";
 export type { EncodeOptions, DecodeOptions, DetokenizeOptions, TokenizerModel } from "./tokenizer.js";

@@ -5,6 +5,8 @@
 
 import type { HParams, LayerTensors, ModelDescription, ModelTensors, TensorRef } from "./architecture.js";
 import { GgmlType, ggmlTypeInfo, ggmlTypeName } from "./ggml-types.js";
+import { planTensors, type FileTypeName } from "./quant-mix.js";
+import type { ModelShape } from "./shapes.js";
 
 /** FLOPs (or bytes) keyed by ggml weight-type name ("Q4_K", "F16", "F32", ...). */
 export type PerWeightType = Readonly<Record<string, number>>;
@@ -139,125 +141,38 @@ export function modelProfile(desc: ModelDescription, opts: ModelProfileOptions):
   };
 }
 
-// ---- named shapes and synthetic tensor tables ------------------------------------------------
-// A stopgap: the model generator (modelgen/) will own the shape table; this one exists so that
-// `prima-coord plan --shape llama3-70b --type Q4_K_M` works before it lands.
+// ---- synthetic tensor tables ------------------------------------------------------------------
 
-export interface ModelShape {
-  readonly name: string;
-  readonly arch: "llama" | "qwen2";
-  readonly nEmbd: number;
-  readonly nLayers: number;
-  readonly nHead: number;
-  readonly nHeadKv: number;
-  readonly nFf: number;
-  readonly nVocab: number;
-  readonly tiedEmbeddings: boolean;
-  readonly hasQkvBias: boolean;
-  /** Llama 3.1-style rope_freqs tensor (64 F32 values for head size 128). */
-  readonly hasRopeFreqs: boolean;
-}
-
-export const modelShapes: readonly ModelShape[] = [
-  { name: "tinyllama-1.1b", arch: "llama", nEmbd: 2048, nLayers: 22, nHead: 32, nHeadKv: 4, nFf: 5632, nVocab: 32000, tiedEmbeddings: false, hasQkvBias: false, hasRopeFreqs: false },
-  { name: "llama3-8b", arch: "llama", nEmbd: 4096, nLayers: 32, nHead: 32, nHeadKv: 8, nFf: 14336, nVocab: 128256, tiedEmbeddings: false, hasQkvBias: false, hasRopeFreqs: false },
-  { name: "llama1-30b", arch: "llama", nEmbd: 6656, nLayers: 60, nHead: 52, nHeadKv: 52, nFf: 17920, nVocab: 32000, tiedEmbeddings: false, hasQkvBias: false, hasRopeFreqs: false },
-  { name: "llama3-70b", arch: "llama", nEmbd: 8192, nLayers: 80, nHead: 64, nHeadKv: 8, nFf: 28672, nVocab: 128256, tiedEmbeddings: false, hasQkvBias: false, hasRopeFreqs: false },
-  { name: "qwen2.5-0.5b", arch: "qwen2", nEmbd: 896, nLayers: 24, nHead: 14, nHeadKv: 2, nFf: 4864, nVocab: 151936, tiedEmbeddings: true, hasQkvBias: true, hasRopeFreqs: false },
-];
-
-export function modelShapeByName(name: string): ModelShape | undefined {
-  return modelShapes.find((s) => s.name === name.toLowerCase());
-}
-
-/** File types a synthetic table can be typed as: pure types, and the K-quant mixes llama-quantize makes. */
-export const syntheticFileTypes = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q6_K", "Q4_K_M", "Q5_K_M"] as const;
-export type SyntheticFileType = (typeof syntheticFileTypes)[number];
-
-type TensorRole = "token_embd" | "output" | "attn_q" | "attn_k" | "attn_v" | "attn_output" | "ffn_gate" | "ffn_up" | "ffn_down";
-
-/** Row length not divisible by the type's block: llama-quantize falls back to a 32-block type, then F16. */
-function fallbackType(type: number, rowElems: number): number {
-  const info = ggmlTypeInfo(type)!;
-  if (rowElems % info.blockElems === 0) return type;
-  const next: Record<number, number> = { [GgmlType.Q4_K]: GgmlType.Q5_0, [GgmlType.Q5_K]: GgmlType.Q5_1, [GgmlType.Q6_K]: GgmlType.Q8_0, [GgmlType.Q2_K]: GgmlType.Q4_0, [GgmlType.Q3_K]: GgmlType.Q4_0 };
-  const fb = next[type] ?? type;
-  return rowElems % ggmlTypeInfo(fb)!.blockElems === 0 ? fb : GgmlType.F16;
-}
-
-/** The type llama-quantize gives a 2-D weight (llama-quant.cpp, llama_tensor_get_type), for our ftypes. */
-function quantizedType(ftype: SyntheticFileType, role: TensorRole, layer: number, shape: ModelShape, rowElems: number): number {
-  const float: Record<string, number> = { F32: GgmlType.F32, F16: GgmlType.F16, BF16: GgmlType.BF16 };
-  if (ftype in float) return float[ftype];
-  const base: Record<string, number> = { Q8_0: GgmlType.Q8_0, Q4_0: GgmlType.Q4_0, Q5_0: GgmlType.Q5_0, Q6_K: GgmlType.Q6_K, Q4_K_M: GgmlType.Q4_K, Q5_K_M: GgmlType.Q5_K };
-  let t = base[ftype];
-  const n = shape.nLayers;
-  const moreBits = layer < Math.floor(n / 8) || layer >= Math.floor((7 * n) / 8) || (layer - Math.floor(n / 8)) % 3 === 2;
-  const km = ftype === "Q4_K_M" || ftype === "Q5_K_M";
-  const isOutput = role === "output" || (role === "token_embd" && shape.tiedEmbeddings);
-  if (isOutput) {
-    // The output matrix gets Q6_K unless the file is Q8_0 or its rows do not fit 256-blocks.
-    if (rowElems % ggmlTypeInfo(t)!.blockElems !== 0) t = GgmlType.Q8_0;
-    else if (t !== GgmlType.Q8_0) t = GgmlType.Q6_K;
-  } else if (role === "attn_v") {
-    if (km && moreBits) t = GgmlType.Q6_K;
-    // llama3-70b-like (80 layers, GQA): attn_v is 8x smaller than attn_q, so it gets 5 bits for free.
-    const is70B = shape.arch === "llama" && n === 80 && shape.nHead !== shape.nHeadKv;
-    if (is70B && t === GgmlType.Q4_K) t = GgmlType.Q5_K;
-  } else if (role === "ffn_down") {
-    if (km && moreBits) t = GgmlType.Q6_K;
-  }
-  return fallbackType(t, rowElems);
-}
-
-/** A ModelDescription for a named shape typed as llama-quantize would type `fileType`; no file behind it. */
-export function syntheticModelDescription(shape: ModelShape, fileType: SyntheticFileType): ModelDescription {
-  const E = shape.nEmbd, hd = E / shape.nHead, qDim = E, kvDim = shape.nHeadKv * hd;
+/** A ModelDescription for a named shape typed as llama-quantize would type `fileType`; no file behind
+ * it (for planning models that are not on disk). Offsets are laid out as a file would hold them. */
+export function syntheticModelDescription(shape: ModelShape, fileType: FileTypeName): ModelDescription {
+  const E = shape.nEmbd, hd = E / shape.nHead;
   let offset = 0;
-  const tensor = (name: string, type: number, dims: number[]): TensorRef => {
-    const info = ggmlTypeInfo(type)!;
-    const n = dims.reduce((a, b) => a * b, 1);
-    const nBytes = (n / info.blockElems) * info.blockBytes;
-    const ref = { name, type, dims, offset, nBytes };
+  const refs = new Map<string, TensorRef>();
+  for (const t of planTensors(shape, fileType)) {
+    const info = ggmlTypeInfo(t.type)!;
+    const nBytes = (t.dims.reduce((a, b) => a * b, 1) / info.blockElems) * info.blockBytes;
+    refs.set(t.name, { name: t.name, type: t.type, dims: t.dims, offset, nBytes });
     offset += Math.ceil(nBytes / 32) * 32;
-    return ref;
-  };
-  const weight = (name: string, role: TensorRole, layer: number, dims: number[]) => tensor(name, quantizedType(fileType, role, layer, shape, dims[0]), dims);
-  const f32 = (name: string, dims: number[]) => tensor(name, GgmlType.F32, dims);
-  const tokenEmbd = weight("token_embd.weight", "token_embd", -1, [E, shape.nVocab]);
+  }
+  const get = (name: string) => refs.get(name)!;
   const layers: LayerTensors[] = [];
   for (let i = 0; i < shape.nLayers; i++) {
     const p = `blk.${i}.`;
     layers.push({
-      attnNorm: f32(`${p}attn_norm.weight`, [E]),
-      wq: weight(`${p}attn_q.weight`, "attn_q", i, [E, qDim]),
-      wk: weight(`${p}attn_k.weight`, "attn_k", i, [E, kvDim]),
-      wv: weight(`${p}attn_v.weight`, "attn_v", i, [E, kvDim]),
-      wo: weight(`${p}attn_output.weight`, "attn_output", i, [qDim, E]),
-      bq: shape.hasQkvBias ? f32(`${p}attn_q.bias`, [qDim]) : undefined,
-      bk: shape.hasQkvBias ? f32(`${p}attn_k.bias`, [kvDim]) : undefined,
-      bv: shape.hasQkvBias ? f32(`${p}attn_v.bias`, [kvDim]) : undefined,
-      ffnNorm: f32(`${p}ffn_norm.weight`, [E]),
-      wGate: weight(`${p}ffn_gate.weight`, "ffn_gate", i, [E, shape.nFf]),
-      wUp: weight(`${p}ffn_up.weight`, "ffn_up", i, [E, shape.nFf]),
-      wDown: weight(`${p}ffn_down.weight`, "ffn_down", i, [shape.nFf, E]),
+      attnNorm: get(`${p}attn_norm.weight`), wq: get(`${p}attn_q.weight`), wk: get(`${p}attn_k.weight`), wv: get(`${p}attn_v.weight`),
+      wo: get(`${p}attn_output.weight`), bq: refs.get(`${p}attn_q.bias`), bk: refs.get(`${p}attn_k.bias`), bv: refs.get(`${p}attn_v.bias`),
+      ffnNorm: get(`${p}ffn_norm.weight`), wGate: get(`${p}ffn_gate.weight`), wUp: get(`${p}ffn_up.weight`), wDown: get(`${p}ffn_down.weight`),
     });
   }
-  const outputNorm = f32("output_norm.weight", [E]);
-  const output = shape.tiedEmbeddings ? tokenEmbd : weight("output.weight", "output", -1, [E, shape.nVocab]);
-  const ropeFreqs = shape.hasRopeFreqs ? f32("rope_freqs.weight", [hd / 2]) : undefined;
-  const tensors: ModelTensors = { tokenEmbd, outputNorm, output, ropeFreqs, layers };
+  const tokenEmbd = get("token_embd.weight");
+  const tensors: ModelTensors = { tokenEmbd, outputNorm: get("output_norm.weight"), output: refs.get("output.weight") ?? tokenEmbd, layers };
   const hparams: HParams = {
     arch: shape.arch, nVocab: shape.nVocab, nEmbd: E, nLayers: shape.nLayers, nHead: shape.nHead, nHeadKv: shape.nHeadKv,
-    headDimK: hd, headDimV: hd, nFf: shape.nFf, nCtxTrain: 8192, normEps: 1e-5, ropeDims: hd,
-    ropeFreqBase: shape.arch === "qwen2" ? 1_000_000 : 500_000, ropeFreqScale: 1, ropeNeox: shape.arch === "qwen2",
-    hasRopeFreqs: shape.hasRopeFreqs, hasQkvBias: shape.hasQkvBias, tiedEmbeddings: shape.tiedEmbeddings,
+    headDimK: hd, headDimV: hd, nFf: shape.nFf, nCtxTrain: shape.contextLength, normEps: shape.normEps, ropeDims: hd,
+    ropeFreqBase: shape.ropeFreqBase, ropeFreqScale: 1, ropeNeox: shape.arch === "qwen2",
+    hasRopeFreqs: false, hasQkvBias: shape.qkvBias, tiedEmbeddings: shape.tiedEmbeddings,
   };
   return { path: `synthetic:${shape.name}-${fileType}`, fileBytes: offset, hparams, tensors };
 }
 
-/** Parses a --type argument; undefined when unknown. */
-export function parseSyntheticFileType(name: string): SyntheticFileType | undefined {
-  const up = name.toUpperCase();
-  return (syntheticFileTypes as readonly string[]).includes(up) ? (up as SyntheticFileType) : undefined;
-}

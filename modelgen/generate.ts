@@ -3,19 +3,20 @@
 // into the type mix llama-quantize would choose, with a real vocabulary's tokenizer metadata.
 // Tensors are produced one at a time while the file is written: no model sits in memory whole.
 import { statSync } from "node:fs";
-import { bundledVocab, kv, writeGguf, GgufValueType, type BundledVocabName, type GgufKV, type GgufTensorToWrite } from "../model/index.js";
+import {
+  FILE_TYPES, GgufValueType, bundledVocab, kv, modelShapeByName, modelShapes, parseFileType, planTensors, shapeProblems, writeGguf,
+  type BundledVocabName, type FileTypeName, type GgufKV, type GgufTensorToWrite, type ModelShape, type PlannedTensor,
+} from "../model/index.js";
 import { quantizeRef, rowBytes } from "../native/index.js";
-import { FILE_TYPES, parseFileType, tensorTypeFor, type FileTypeName } from "./quant-mix.js";
 import { NormalStream } from "./random.js";
-import { genShapeByName, GEN_SHAPES, shapeProblems, type GenShape } from "./shapes.js";
 
 export class ModelGenError extends Error {
   override name = "ModelGenError";
 }
 
 export interface GenerateOptions {
-  /** A named shape (GEN_SHAPES) or a full shape. */
-  readonly shape: string | GenShape;
+  /** A named shape (modelShapes) or a full shape. */
+  readonly shape: string | ModelShape;
   /** A file type (Q4_K_M, Q8_0, F16 ...; Q4_K means Q4_K_M as in llama-quantize). */
   readonly type: string;
   readonly out: string;
@@ -38,52 +39,14 @@ export interface GeneratedTensor {
 
 export interface GenerateResult {
   readonly path: string;
-  readonly shape: GenShape;
+  readonly shape: ModelShape;
   readonly fileType: FileTypeName;
   readonly tensors: readonly GeneratedTensor[];
   readonly fileBytes: number;
 }
 
-interface TensorPlan extends GeneratedTensor {
-  /** What fills it: weights (normal), ones (norms) or biases (small normal). */
-  readonly fill: "weight" | "ones" | "bias";
-}
-
-/** The tensors of a shape, in the order convert_hf_to_gguf-style files hold them, with their types. */
-export function planTensors(shape: GenShape, fileType: FileTypeName, pure = false): GeneratedTensor[] {
-  return planWithFill(shape, fileType, pure).map(({ name, dims, type }) => ({ name, dims, type }));
-}
-
-function planWithFill(shape: GenShape, fileType: FileTypeName, pure: boolean): TensorPlan[] {
-  const E = shape.nEmbd, hd = E / shape.nHead, kvDim = hd * shape.nHeadKv, F = shape.nFf;
-  const out: TensorPlan[] = [];
-  const add = (name: string, dims: number[], layer: number, fill: TensorPlan["fill"]) =>
-    out.push({ name, dims, fill, type: tensorTypeFor(fileType, { name, dims, layer }, shape, pure) });
-  add("token_embd.weight", [E, shape.nVocab], -1, "weight");
-  for (let i = 0; i < shape.nLayers; i++) {
-    const p = `blk.${i}.`;
-    add(`${p}attn_norm.weight`, [E], i, "ones");
-    add(`${p}attn_q.weight`, [E, E], i, "weight");
-    add(`${p}attn_k.weight`, [E, kvDim], i, "weight");
-    add(`${p}attn_v.weight`, [E, kvDim], i, "weight");
-    if (shape.qkvBias) {
-      add(`${p}attn_q.bias`, [E], i, "bias");
-      add(`${p}attn_k.bias`, [kvDim], i, "bias");
-      add(`${p}attn_v.bias`, [kvDim], i, "bias");
-    }
-    add(`${p}attn_output.weight`, [E, E], i, "weight");
-    add(`${p}ffn_norm.weight`, [E], i, "ones");
-    add(`${p}ffn_gate.weight`, [E, F], i, "weight");
-    add(`${p}ffn_up.weight`, [E, F], i, "weight");
-    add(`${p}ffn_down.weight`, [F, E], i, "weight");
-  }
-  add("output_norm.weight", [E], -1, "ones");
-  if (!shape.tiedEmbeddings) add("output.weight", [E, shape.nVocab], -1, "weight");
-  return out;
-}
-
 /** A tensor's bytes: generated and quantized a block of rows at a time. */
-function tensorBytes(t: TensorPlan, seed: number, std: number): Uint8Array {
+function tensorBytes(t: PlannedTensor, seed: number, std: number): Uint8Array {
   const rowElems = t.dims[0];
   const rows = t.dims.slice(1).reduce((a, b) => a * b, 1);
   const rowLen = rowBytes(t.type, rowElems);
@@ -104,7 +67,7 @@ function tensorBytes(t: TensorPlan, seed: number, std: number): Uint8Array {
   return out;
 }
 
-function archMetadata(shape: GenShape, name: string, fileType: FileTypeName): GgufKV[] {
+function archMetadata(shape: ModelShape, name: string, fileType: FileTypeName): GgufKV[] {
   const a = shape.arch, hd = shape.nEmbd / shape.nHead;
   return [
     kv.str("general.architecture", a),
@@ -124,7 +87,7 @@ function archMetadata(shape: GenShape, name: string, fileType: FileTypeName): Gg
   ];
 }
 
-function vocabMetadata(shape: GenShape, vocab: GenerateOptions["vocab"]): GgufKV[] {
+function vocabMetadata(shape: ModelShape, vocab: GenerateOptions["vocab"]): GgufKV[] {
   const meta = typeof vocab === "object" ? [...vocab] : [...bundledVocab(vocab ?? shape.defaultVocab).metadata];
   const tokens = meta.find((m) => m.key === "tokenizer.ggml.tokens");
   if (!tokens || tokens.type !== GgufValueType.ARRAY || typeof tokens.value !== "object") {
@@ -141,9 +104,9 @@ function vocabMetadata(shape: GenShape, vocab: GenerateOptions["vocab"]): GgufKV
   return [...bundledVocab(vocab ?? shape.defaultVocab, { vocabSize: shape.nVocab }).metadata];
 }
 
-export function resolveShape(shape: string | GenShape): GenShape {
-  const s = typeof shape === "string" ? genShapeByName(shape) : shape;
-  if (!s) throw new ModelGenError(`unknown shape "${String(shape)}" (known: ${GEN_SHAPES.map((x) => x.name).join(", ")})`);
+export function resolveShape(shape: string | ModelShape): ModelShape {
+  const s = typeof shape === "string" ? modelShapeByName(shape) : shape;
+  if (!s) throw new ModelGenError(`unknown shape "${String(shape)}" (known: ${modelShapes.map((x) => x.name).join(", ")})`);
   const problems = shapeProblems(s);
   if (problems.length) throw new ModelGenError(`shape ${s.name}: ${problems.join("; ")}`);
   return s;
@@ -158,7 +121,7 @@ export async function generateModel(options: GenerateOptions): Promise<GenerateR
   if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new ModelGenError(`seed must be a whole number 0..2^32-1 (got ${seed})`);
   const std = options.weightStd ?? 0.02;
   if (!(std > 0 && std < 1e3)) throw new ModelGenError(`weight std must be positive (got ${std})`);
-  const plan = planWithFill(shape, fileType, options.pure ?? false);
+  const plan = planTensors(shape, fileType, options.pure ?? false);
   const metadata = [
     ...archMetadata(shape, options.name ?? `${shape.name}-${fileType}${options.pure ? "-pure" : ""}-random`, fileType),
     ...vocabMetadata(shape, options.vocab),

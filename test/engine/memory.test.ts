@@ -6,13 +6,14 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { expect, it } from "vitest";
-import { genShapeByName, generateModel } from "../../modelgen/index.js";
+import { generateModel } from "../../modelgen/index.js";
+import { modelShapeByName } from "../../model/index.js";
 import type { MemoryReport } from "../../bench/memory.js";
 
 it("anonymous RSS at 2048 tokens of context stays within the KV cache + 64 MiB, below the weights", async () => {
   const dir = mkdtempSync(join(tmpdir(), "prima-memtest-"));
   const path = join(dir, "m.gguf");
-  const shape = { ...genShapeByName("tiny-llama")!, name: "mem", nEmbd: 1024, nLayers: 4, nHead: 8, nHeadKv: 8, nFf: 4096, contextLength: 2048 };
+  const shape = { ...modelShapeByName("tiny-llama")!, name: "mem", nEmbd: 1024, nLayers: 4, nHead: 8, nHeadKv: 8, nFf: 4096, contextLength: 2048 };
   await generateModel({ shape, type: "F16", out: path, seed: 1 });
   const out = execFileSync(process.execPath, ["dist/bench/memory.js", path, "2048"], { encoding: "utf8" });
   rmSync(dir, { recursive: true, force: true });

@@ -74,7 +74,7 @@ function expectedQ4KM(s: ModelShape): { layerBytes: number; inputBytes: number; 
     const vType = t(moreBits(i, s.nLayers) ? "Q6_K" : is70B ? "Q5_K" : "Q4_K", E);
     const downType = t(moreBits(i, s.nLayers) ? "Q6_K" : "Q4_K", F);
     const base = t("Q4_K", E);
-    bytes += 2 * E * 4 + (s.hasQkvBias ? 4 * (E + 2 * kv) : 0);
+    bytes += 2 * E * 4 + (s.qkvBias ? 4 * (E + 2 * kv) : 0);
     bytes += E * E * bytesPer[base] * 2 + E * kv * bytesPer[t("Q4_K", E)] + E * kv * bytesPer[vType];
     bytes += 2 * E * F * bytesPer[base] + F * E * bytesPer[downType];
     if (vType === "Q6_K") q6 += 2 * E * kv;
@@ -108,7 +108,7 @@ describe("synthetic Q4_K_M tensor tables", () => {
       const weightFlops = sum(p.layerFlops) - p.layerFlops.F32 - p.layerFlops.F16;
       expect(weightFlops).toBeCloseTo(x.matmulFlops, 3);
       expect(p.layerFlops.F16).toBe(4 * d * shape.nHead * nCtx);
-      expect(p.layerFlops.F32).toBeCloseTo(f32Extras(shape.nEmbd, shape.nHead, shape.nHeadKv, d, shape.nFf, nCtx, shape.hasQkvBias), 6);
+      expect(p.layerFlops.F32).toBeCloseTo(f32Extras(shape.nEmbd, shape.nHead, shape.nHeadKv, d, shape.nFf, nCtx, shape.qkvBias), 6);
     });
   }
 

@@ -10,18 +10,17 @@ import { getLlama, LlamaLogLevel, type Llama } from "node-llama-cpp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { describeModel, readGguf, metaNumber, metaString, type GgufFile } from "../../model/index.js";
 import { GgmlTypeId } from "../../native/kernels.js";
-import {
-  FILE_TYPES, FILE_TYPE_NAMES, generateModel, genShapeByName, ModelGenError, planTensors, type FileTypeName, type GenShape,
-} from "../../modelgen/index.js";
+import { generateModel, ModelGenError } from "../../modelgen/index.js";
+import { FILE_TYPES, FILE_TYPE_NAMES, modelShapeByName, planTensors, type FileTypeName, type ModelShape } from "../../model/index.js";
 import { parseMakeModelArgs } from "../../coordinator/make-model-command.js";
 
 const root = join(import.meta.dirname, "..", "..");
 const dir = mkdtempSync(join(tmpdir(), "prima-modelgen-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-const tiny = genShapeByName("tiny-llama")!;
-const tinyQwen = genShapeByName("tiny-qwen2")!;
-const small = genShapeByName("small-llama")!;
+const tiny = modelShapeByName("tiny-llama")!;
+const tinyQwen = modelShapeByName("tiny-qwen2")!;
+const small = modelShapeByName("small-llama")!;
 
 function tensorBytes(f: GgufFile, name: string): Buffer {
   const t = f.tensors.find((x) => x.name === name)!;
@@ -36,7 +35,7 @@ function tensorBytes(f: GgufFile, name: string): Buffer {
 }
 
 let n = 0;
-async function make(shape: GenShape, type: string, pure = false, seed = 7) {
+async function make(shape: ModelShape, type: string, pure = false, seed = 7) {
   const out = join(dir, `${shape.name}-${type}${pure ? "-pure" : ""}-${n++}.gguf`);
   const r = await generateModel({ shape, type, pure, out, seed });
   return { ...r, file: readGguf(out) };
@@ -162,7 +161,7 @@ describe.skipIf(quantizeReason !== null)("against llama.cpp's quantizer", () => 
     expect(r.status, r.stderr.slice(-2000)).toBe(0);
   }
 
-  const cases: [GenShape, FileTypeName, boolean][] = [
+  const cases: [ModelShape, FileTypeName, boolean][] = [
     [tiny, "Q4_K_M", false], [tiny, "Q2_K", false], [tiny, "Q4_0", false], [tiny, "Q5_1", false],
     [small, "Q4_K_M", false], [small, "Q5_K_M", false], [small, "Q4_K_S", false], [small, "Q3_K_M", false],
     [small, "Q3_K_L", false], [small, "Q2_K", false], [small, "Q6_K", false], [small, "Q8_0", false],
@@ -193,7 +192,7 @@ describe.skipIf(quantizeReason !== null)("against llama.cpp's quantizer", () => 
   it("the mix a big shape gets (types only, no file written) follows llama.cpp's rules", () => {
     // TinyLlama-1.1B Q4_K_M as llama-quantize types it: attn_v and ffn_down Q6_K in layers 0-1,
     // 4, 7, 10, 13, 16, 19-21 (use_more_bits), the rest Q4_K, output Q6_K, token_embd Q4_K.
-    const plan = planTensors(genShapeByName("tinyllama-1.1b")!, "Q4_K_M");
+    const plan = planTensors(modelShapeByName("tinyllama-1.1b")!, "Q4_K_M");
     const typeOf = (name: string) => plan.find((t) => t.name === name)!.type;
     const six = [0, 1, 4, 7, 10, 13, 16, 19, 20, 21];
     for (let i = 0; i < 22; i++) {
@@ -206,7 +205,7 @@ describe.skipIf(quantizeReason !== null)("against llama.cpp's quantizer", () => 
     expect(typeOf("token_embd.weight")).toBe(GgmlTypeId.Q4_K);
     expect(typeOf("blk.0.attn_norm.weight")).toBe(GgmlTypeId.F32);
     // qwen2.5-0.5b: 896 is no multiple of 256, so its K-quant rows fall back (Q4_K -> Q5_0, Q6_K -> Q8_0)
-    const q = planTensors(genShapeByName("qwen2.5-0.5b")!, "Q4_K_M");
+    const q = planTensors(modelShapeByName("qwen2.5-0.5b")!, "Q4_K_M");
     expect(q.find((t) => t.name === "token_embd.weight")!.type).toBe(GgmlTypeId.Q8_0);
     expect(q.find((t) => t.name === "blk.5.attn_q.weight")!.type).toBe(GgmlTypeId.Q5_0);
     // 4864 = 19 x 256: ffn_down keeps K-quants (layer 6 of 24 is not a use_more_bits layer, 5 is)

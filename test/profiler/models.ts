@@ -2,16 +2,17 @@
 import { existsSync, mkdirSync, renameSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { generateModel, type GenShape } from "../../modelgen/index.js";
+import { generateModel } from "../../modelgen/index.js";
+import type { ModelShape } from "../../model/index.js";
 
 /** 12 llama layers of 1024 wide, Q8_0 (145 MB): enough work per token that latency is not overhead. */
-export const PLACEMENT_SHAPE: GenShape = {
+export const PLACEMENT_SHAPE: ModelShape = {
   name: "placement-test", arch: "llama", nEmbd: 1024, nLayers: 12, nHead: 16, nHeadKv: 4, nFf: 2816, nVocab: 512,
   tiedEmbeddings: false, qkvBias: false, contextLength: 1024, ropeFreqBase: 10000, normEps: 1e-5, defaultVocab: "stories260K",
 };
 
 /** The model file for a shape and type, generated on first use. */
-export async function testModel(shape: GenShape, type: string): Promise<string> {
+export async function testModel(shape: ModelShape, type: string): Promise<string> {
   const dir = join(tmpdir(), "prima-test-models");
   mkdirSync(dir, { recursive: true });
   const path = join(dir, `${shape.name}-${shape.nEmbd}x${shape.nLayers}-${type}.gguf`);

@@ -5,7 +5,8 @@ import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
-import { genShapeByName, generateModel } from "../../modelgen/index.js";
+import { generateModel } from "../../modelgen/index.js";
+import { modelShapeByName } from "../../model/index.js";
 import { killAll, runRing, startCoordinator, startWorker } from "./cluster.js";
 
 afterEach(killAll);
@@ -53,7 +54,7 @@ describe("piped ring with k cycles on a generated 12-layer Q4_K_M model", () => 
   const path = join(mkdtempSync(join(tmpdir(), "prima-ring-")), "ring12.gguf");
   let expected: number[] = [];
   beforeAll(async () => {
-    await generateModel({ shape: { ...genShapeByName("tiny-llama")!, name: "ring12", nLayers: 12 }, type: "Q4_K_M", out: path, seed: 3, weightStd: 0.08 });
+    await generateModel({ shape: { ...modelShapeByName("tiny-llama")!, name: "ring12", nLayers: 12 }, type: "Q4_K_M", out: path, seed: 3, weightStd: 0.08 });
     expected = singleDevice(path, gen);
   }, 60_000);
 

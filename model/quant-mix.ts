@@ -3,9 +3,9 @@
 // for the llama and qwen2 architectures without an importance matrix (so no Q2_K_S, which llama.cpp
 // refuses to make without one). test/modelgen checks these
 // choices against llama.cpp's own llama_model_quantize.
-// Pure (no native addon): model/profile.ts and the scheduler can type tables of shapes never written.
-import { GgmlType as GgmlTypeId } from "../model/ggml-types.js";
-import type { GenShape } from "./shapes.js";
+// Pure (no native addon): the generator writes these tables, the planner profiles them unwritten.
+import { GgmlType as GgmlTypeId } from "./ggml-types.js";
+import type { ModelShape } from "./shapes.js";
 
 /** llama_ftype values (include/llama.h) and the default weight type of each. */
 export const FILE_TYPES = {
@@ -78,7 +78,7 @@ function fallback(type: number, rowElems: number): number {
 }
 
 /** The ggml type llama-quantize gives `t` in a file of type `fileType` (pure: every weight the base type). */
-export function tensorTypeFor(fileType: FileTypeName, t: TensorForTyping, shape: GenShape, pure = false): number {
+export function tensorTypeFor(fileType: FileTypeName, t: TensorForTyping, shape: ModelShape, pure = false): number {
   const { base } = FILE_TYPES[fileType];
   // tensor_allows_quantization: 2-D tensors whose name ends in "weight", norms excepted
   const quantizable = t.dims.length >= 2 && t.name.endsWith("weight") && !t.name.includes("_norm.weight");
@@ -117,4 +117,41 @@ export function tensorTypeFor(fileType: FileTypeName, t: TensorForTyping, shape:
     else if (fileType === "Q3_K_L") type = GgmlTypeId.Q5_K;
   }
   return fallback(type, t.dims[0]);
+}
+
+export interface PlannedTensor {
+  readonly name: string;
+  readonly dims: readonly number[];
+  readonly type: number;
+  /** What fills it: weights (normal), ones (norms) or biases (small normal). */
+  readonly fill: "weight" | "ones" | "bias";
+}
+
+/** The tensors of a shape, in the order convert_hf_to_gguf-style files hold them, with their types. */
+export function planTensors(shape: ModelShape, fileType: FileTypeName, pure = false): PlannedTensor[] {
+  const E = shape.nEmbd, hd = E / shape.nHead, kvDim = hd * shape.nHeadKv, F = shape.nFf;
+  const out: PlannedTensor[] = [];
+  const add = (name: string, dims: number[], layer: number, fill: PlannedTensor["fill"]) =>
+    out.push({ name, dims, fill, type: tensorTypeFor(fileType, { name, dims, layer }, shape, pure) });
+  add("token_embd.weight", [E, shape.nVocab], -1, "weight");
+  for (let i = 0; i < shape.nLayers; i++) {
+    const p = `blk.${i}.`;
+    add(`${p}attn_norm.weight`, [E], i, "ones");
+    add(`${p}attn_q.weight`, [E, E], i, "weight");
+    add(`${p}attn_k.weight`, [E, kvDim], i, "weight");
+    add(`${p}attn_v.weight`, [E, kvDim], i, "weight");
+    if (shape.qkvBias) {
+      add(`${p}attn_q.bias`, [E], i, "bias");
+      add(`${p}attn_k.bias`, [kvDim], i, "bias");
+      add(`${p}attn_v.bias`, [kvDim], i, "bias");
+    }
+    add(`${p}attn_output.weight`, [E, E], i, "weight");
+    add(`${p}ffn_norm.weight`, [E], i, "ones");
+    add(`${p}ffn_gate.weight`, [E, F], i, "weight");
+    add(`${p}ffn_up.weight`, [E, F], i, "weight");
+    add(`${p}ffn_down.weight`, [F, E], i, "weight");
+  }
+  add("output_norm.weight", [E], -1, "ones");
+  if (!shape.tiedEmbeddings) add("output.weight", [E, shape.nVocab], -1, "weight");
+  return out;
 }

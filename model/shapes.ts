@@ -1,11 +1,11 @@
-// Model shapes the generator knows by name (../shared/models/README.md), plus small test shapes whose
+// Model shapes known by name (the generator writes them, the planner profiles them) (../shared/models/README.md), plus small test shapes whose
 // every dimension is a multiple of 256, so that every quantization type applies to every matrix.
 
-export type GenArchitecture = "llama" | "qwen2";
+import type { Architecture } from "./architecture.js";
 
-export interface GenShape {
+export interface ModelShape {
   readonly name: string;
-  readonly arch: GenArchitecture;
+  readonly arch: Architecture;
   readonly nEmbd: number;
   readonly nLayers: number;
   readonly nHead: number;
@@ -23,7 +23,7 @@ export interface GenShape {
   readonly defaultVocab: "llama-spm" | "llama-bpe" | "qwen2" | "stories260K";
 }
 
-export const GEN_SHAPES: readonly GenShape[] = [
+export const modelShapes: readonly ModelShape[] = [
   {
     name: "tinyllama-1.1b", arch: "llama", nEmbd: 2048, nLayers: 22, nHead: 32, nHeadKv: 4, nFf: 5632, nVocab: 32000,
     tiedEmbeddings: false, qkvBias: false, contextLength: 2048, ropeFreqBase: 10000, normEps: 1e-5, defaultVocab: "llama-spm",
@@ -31,6 +31,10 @@ export const GEN_SHAPES: readonly GenShape[] = [
   {
     name: "llama3-8b", arch: "llama", nEmbd: 4096, nLayers: 32, nHead: 32, nHeadKv: 8, nFf: 14336, nVocab: 128256,
     tiedEmbeddings: false, qkvBias: false, contextLength: 8192, ropeFreqBase: 500000, normEps: 1e-5, defaultVocab: "llama-bpe",
+  },
+  {
+    name: "llama1-30b", arch: "llama", nEmbd: 6656, nLayers: 60, nHead: 52, nHeadKv: 52, nFf: 17920, nVocab: 32000,
+    tiedEmbeddings: false, qkvBias: false, contextLength: 2048, ropeFreqBase: 10000, normEps: 1e-6, defaultVocab: "llama-spm",
   },
   {
     name: "llama3-70b", arch: "llama", nEmbd: 8192, nLayers: 80, nHead: 64, nHeadKv: 8, nFf: 28672, nVocab: 128256,
@@ -57,12 +61,12 @@ export const GEN_SHAPES: readonly GenShape[] = [
   },
 ];
 
-export function genShapeByName(name: string): GenShape | undefined {
-  return GEN_SHAPES.find((s) => s.name === name.toLowerCase());
+export function modelShapeByName(name: string): ModelShape | undefined {
+  return modelShapes.find((s) => s.name === name.toLowerCase());
 }
 
 /** Problems with a shape (an empty list when it can be generated). */
-export function shapeProblems(s: GenShape): string[] {
+export function shapeProblems(s: ModelShape): string[] {
   const p: string[] = [];
   const pos = (v: number, what: string) => {
     if (!Number.isInteger(v) || v <= 0) p.push(`${what} must be a positive whole number (got ${v})`);
