@@ -2,6 +2,8 @@
 // before it reaches C: a wrong length or an out-of-range id is a JS exception, never a crash.
 #include <napi.h>
 
+#include "napi_util.h"
+
 #include <atomic>
 #include <memory>
 #include <string>
@@ -14,25 +16,10 @@ extern "C" {
 
 namespace {
 
-constexpr size_t kErrLen = 512;
-
-Napi::Value ThrowType(Napi::Env env, const std::string &msg) {
-  Napi::TypeError::New(env, msg).ThrowAsJavaScriptException();
-  return env.Undefined();
-}
-
-Napi::Value ThrowErr(Napi::Env env, const std::string &msg) {
-  Napi::Error::New(env, msg).ThrowAsJavaScriptException();
-  return env.Undefined();
-}
-
-bool IntArg(const Napi::Value &v, int64_t lo, int64_t hi, int64_t *out) {
-  if (!v.IsNumber()) return false;
-  const double d = v.As<Napi::Number>().DoubleValue();
-  if (!(d >= (double)lo && d <= (double)hi) || d != (double)(int64_t)d) return false;
-  *out = (int64_t)d;
-  return true;
-}
+using prima_napi::IntArg;
+using prima_napi::kErrLen;
+using prima_napi::ThrowErr;
+using prima_napi::ThrowType;
 
 // Shared by a Model and its Windows, so whichever the garbage collector finalizes first, the C model
 // is closed only after its last window.

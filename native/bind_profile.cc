@@ -3,6 +3,8 @@
 // synchronous: profiling happens before a device joins a ring, and each call is bounded in time.
 #include <napi.h>
 
+#include "napi_util.h"
+
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -16,26 +18,17 @@ extern "C" {
 
 namespace {
 
-constexpr size_t kErrLen = 512;
-
-Napi::Value Throw(Napi::Env env, const std::string &msg) {
-  Napi::Error::New(env, msg).ThrowAsJavaScriptException();
-  return env.Undefined();
-}
+using prima_napi::kErrLen;
+Napi::Value Throw(Napi::Env env, const std::string &msg) { return prima_napi::ThrowErr(env, msg); }
 
 bool Int(const Napi::CallbackInfo &info, size_t i, const char *what, double lo, double hi, double &out) {
-  const Napi::Value v = info[i];
-  if (!v.IsNumber()) {
-    Throw(info.Env(), std::string(what) + " must be a number");
-    return false;
-  }
-  const double d = v.As<Napi::Number>().DoubleValue();
-  if (!std::isfinite(d) || d != std::floor(d) || d < lo || d > hi) {
+  int64_t v;
+  if (!prima_napi::IntArg(info[i], (int64_t)lo, (int64_t)hi, &v)) {
     Throw(info.Env(), std::string(what) + " must be a whole number in " + std::to_string((long long)lo) + ".." +
-                          std::to_string((long long)hi) + " (got " + v.ToString().Utf8Value() + ")");
+                          std::to_string((long long)hi) + " (got " + info[i].ToString().Utf8Value() + ")");
     return false;
   }
-  out = d;
+  out = (double)v;
   return true;
 }
 
