@@ -1,11 +1,10 @@
 // Test harness: cgroup v1 groups (memory, cpu, blkio) to give processes less memory, CPU or disk, and
 // processes started inside them. Each helper says why it cannot run, so a test skips with a reason.
-import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, rmdirSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { killAll, root, startProcess, type Proc } from "../helpers/process.js";
 
-export const root = fileURLToPath(new URL("../..", import.meta.url));
+export { killAll, root, type Proc };
 const base = "/sys/fs/cgroup";
 
 /** Why a v1 controller cannot be used here, or null when it can (we must be able to make a group). */
@@ -73,52 +72,11 @@ export class Cgroup {
   }
 }
 
-export interface Proc {
-  readonly child: ChildProcess;
-  stdout: string;
-  stderr: string;
-  readonly exited: Promise<number | null>;
-  waitFor(re: RegExp, timeoutMs?: number): Promise<RegExpMatchArray>;
-}
-
-const running = new Set<ChildProcess>();
-
-export function killAll(): void {
-  for (const c of running) c.kill("SIGKILL");
-  running.clear();
-}
-
 /** Starts `node args...` inside the cgroups (the shell joins them before exec, so node starts inside). */
 export function startIn(groups: readonly Cgroup[], args: readonly string[], env: NodeJS.ProcessEnv = {}): Proc {
   const dirs = groups.flatMap((g) => g.dirs);
   const join = dirs.map((d) => `echo $$ > '${d}/cgroup.procs'`).join(" && ");
-  const child = spawn("/bin/sh", ["-c", `${join ? `${join} && ` : ""}exec "$0" "$@"`, process.execPath, ...args], {
-    cwd: root, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...env },
-  });
-  running.add(child);
-  child.on("exit", () => running.delete(child));
-  const waiters: { re: RegExp; resolve: (m: RegExpMatchArray) => void }[] = [];
-  const p: Proc = {
-    child, stdout: "", stderr: "",
-    exited: new Promise((resolve) => child.on("exit", (code) => resolve(code))),
-    waitFor(re, timeoutMs = 30_000) {
-      const m = (p.stderr + p.stdout).match(re);
-      if (m) return Promise.resolve(m);
-      return new Promise((resolve, reject) => {
-        waiters.push({ re, resolve });
-        setTimeout(() => reject(new Error(`timed out waiting for ${re}; stderr:\n${p.stderr}`)), timeoutMs).unref();
-      });
-    },
-  };
-  const check = () => {
-    for (let i = waiters.length - 1; i >= 0; i--) {
-      const m = (p.stderr + p.stdout).match(waiters[i].re);
-      if (m) waiters.splice(i, 1)[0].resolve(m);
-    }
-  };
-  child.stdout!.on("data", (d: Buffer) => { p.stdout += d.toString(); check(); });
-  child.stderr!.on("data", (d: Buffer) => { p.stderr += d.toString(); check(); });
-  return p;
+  return startProcess("/bin/sh", ["-c", `${join ? `${join} && ` : ""}exec "$0" "$@"`, process.execPath, ...args], env);
 }
 
 /** Runs a script (ES module source, may import dist/) in the cgroups; resolves with its stdout JSON. */
