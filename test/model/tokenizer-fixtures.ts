@@ -4,6 +4,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { GgufKV } from "../../model/gguf.js";
 import { goldenTokenizerDir } from "../../model/tokenizer-export.js";
+import { mulberry32 } from "../helpers/random.js";
 
 /** The string items of an array metadata value. */
 export function stringItems(meta: readonly GgufKV[], key: string): string[] {
@@ -48,16 +49,7 @@ export function goldenCases(name: GoldenVocab): GoldenCase[] {
 }
 
 /** Deterministic PRNG (mulberry32). */
-export function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+export const rng = mulberry32;
 
 const PIECES = [
   "Hello", " world", "I'm", " it'S", "'ll", "'RE", "'d", "don't", "DON'T", " ", "  ", "   ", "\t", "\n", "\r\n", "\n\n\n",

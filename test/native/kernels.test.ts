@@ -11,19 +11,11 @@ import {
 import {
   ggmlDequantize, ggmlFromFloat, ggmlQuantizeRef, ggmlVecDot, oracleUnavailable,
 } from "../../bench/ggml-oracle.js";
+import { mulberry32 } from "../helpers/random.js";
 
 // ---------------------------------------------------------------- data
 
-function rng(seed: number): () => number {
-  let s = seed >>> 0;
-  return () => {
-    s = (s + 0x6d2b79f5) >>> 0;
-    let t = s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+const rng = mulberry32;
 
 function normals(n: number, seed: number, std = 1): Float32Array {
   const r = rng(seed);
