@@ -141,6 +141,7 @@ Napi::Value TypeInfo(const Napi::CallbackInfo &info) {
   o.Set("blockBytes", k->block_bytes);
   o.Set("actType", k->act_type);
   o.Set("dotSimd", prima_simd_name(k->dot_simd));
+  o.Set("dotRows", k->dot_rows != nullptr);
   return o;
 }
 
@@ -257,6 +258,37 @@ Napi::Value Dot(const Napi::CallbackInfo &info) {
     return env.Undefined();
   if (out.length < (size_t)d.nc * 4) return Fail(env, "dot: out holds fewer than nc floats"), env.Undefined();
   d.k->dot((int)d.n, d.w.data, d.a.data, (size_t)d.stride, (int)d.nc, reinterpret_cast<float *>(out.data));
+  out.CopyOut();
+  return env.Undefined();
+}
+
+// dotRows(type, n, w: Uint8Array, wStride, nr, a: Uint8Array, out: Float32Array, level?): out[r] = dot(weight row r,
+// activation row a) for nr weight rows wStride bytes apart (the level's rows kernel, or its dot row by row).
+Napi::Value DotRows(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int level;
+  int64_t n, wStride, nr;
+  const prima_type_kernels *k;
+  Bytes w, a, out;
+  if (!GetLevel(env, info[7], level) || !GetKernels(env, info[0], level, "dotRows", k) ||
+      !GetInt(env, info[1], "n", 1, INT32_MAX, n) || !GetTyped(env, info[2], napi_uint8_array, "w", w, true) ||
+      !GetInt(env, info[3], "wStride", 0, INT64_C(1) << 40, wStride) || !GetInt(env, info[4], "nr", 1, 1 << 20, nr) ||
+      !GetTyped(env, info[5], napi_uint8_array, "a", a, true) ||
+      !GetTyped(env, info[6], napi_float32_array, "dotRows: out", out, false))
+    return env.Undefined();
+  size_t wRow, aRow;
+  if (!CheckRow(env, "dotRows", k->type, n, prima_row_bytes(k->type, n), "a weight row", wRow) ||
+      !CheckRow(env, "dotRows", k->act_type, n, a.length, "a", aRow))
+    return env.Undefined();
+  if ((size_t)wStride < wRow)
+    return Fail(env, "dotRows: wStride " + std::to_string(wStride) + " is shorter than a weight row (" + std::to_string(wRow) +
+                         " bytes of " + TypeLabel(k->type) + ")"), env.Undefined();
+  const size_t need = (size_t)(nr - 1) * (size_t)wStride + wRow;
+  if (w.length < need)
+    return Fail(env, "dotRows: w holds " + std::to_string(w.length) + " bytes, " + std::to_string(nr) + " rows need " +
+                         std::to_string(need)), env.Undefined();
+  if (out.length < (size_t)nr * 4) return Fail(env, "dotRows: out holds fewer than nr floats"), env.Undefined();
+  prima_dot_rows(k, (int)n, w.data, (size_t)wStride, (int)nr, a.data, reinterpret_cast<float *>(out.data));
   out.CopyOut();
   return env.Undefined();
 }
@@ -389,6 +421,7 @@ void RegisterKernels(Napi::Env env, Napi::Object exports) {
   k.Set("dequantize", Napi::Function::New(env, Dequantize, "dequantize"));
   k.Set("quantizeAct", Napi::Function::New(env, QuantizeAct, "quantizeAct"));
   k.Set("dot", Napi::Function::New(env, Dot, "dot"));
+  k.Set("dotRows", Napi::Function::New(env, DotRows, "dotRows"));
   k.Set("benchDot", Napi::Function::New(env, BenchDot, "benchDot"));
   k.Set("fp32ToHalf", Napi::Function::New(env, Fp32ToHalf, "fp32ToHalf"));
   k.Set("halfToFp32", Napi::Function::New(env, HalfToFp32, "halfToFp32"));

@@ -27,6 +27,9 @@ export interface KernelTypeInfo {
   actType: number;
   /** Level the dot at the asked level was written for ("scalar" where that level has no twin). */
   dotSimd: SimdLevel;
+  /** Whether the level has a rows kernel (decode's streaming matrix-vector product) for the type; without
+   * one, dotRows calls the dot row by row. */
+  dotRows: boolean;
 }
 
 interface KernelsAddon {
@@ -38,6 +41,8 @@ interface KernelsAddon {
   dequantize(type: number, src: Uint8Array, dst: Float32Array, level?: SimdLevel): void;
   quantizeAct(actType: number, src: Float32Array, dst: Uint8Array, level?: SimdLevel): void;
   dot(type: number, n: number, w: Uint8Array, a: Uint8Array, aStride: number, nc: number, out: Float32Array,
+    level?: SimdLevel): void;
+  dotRows(type: number, n: number, w: Uint8Array, wStride: number, nr: number, a: Uint8Array, out: Float32Array,
     level?: SimdLevel): void;
   benchDot(type: number, n: number, w: Uint8Array, a: Uint8Array, aStride: number, nc: number, rows: number,
     minSeconds: number, level?: SimdLevel, threads?: number): BenchTiming;
@@ -97,6 +102,14 @@ export function quantizeAct(actType: number | GgmlTypeName, src: Float32Array, d
 export function dot(type: number | GgmlTypeName, n: number, w: Uint8Array, a: Uint8Array, aStride: number, nc: number,
   out: Float32Array, level?: SimdLevel): Float32Array {
   k.dot(typeId(type), n, w, a, aStride, nc, out, level);
+  return out;
+}
+
+/** out[r] = dot(weight row r, activation row a), r < nr, weight rows wStride bytes apart: decode's rows kernel
+ * (equal bit for bit to dot with nc = 1 on each row, at the same level). */
+export function dotRows(type: number | GgmlTypeName, n: number, w: Uint8Array, wStride: number, nr: number, a: Uint8Array,
+  out: Float32Array, level?: SimdLevel): Float32Array {
+  k.dotRows(typeId(type), n, w, wStride, nr, a, out, level);
   return out;
 }
 

@@ -73,6 +73,7 @@ static void fill_level(int simd, const prima_level_fns *scalar, const prima_leve
     k->quantize_ref = quantize_ref[t];
     k->dot = fns->dot[t] ? fns->dot[t] : scalar->dot[t];
     k->dot_simd = fns->dot[t] ? simd : PRIMA_SIMD_SCALAR;
+    k->dot_rows = fns->dot[t] ? fns->dot_rows[t] : NULL; /* a rows kernel must match the dot it stands for */
   }
 }
 
@@ -111,6 +112,14 @@ static void init_once(void) {
     if (g_level_ok[l]) best = l;
   int forced = simd_from_env();
   g_level = (forced >= 0 && g_level_ok[forced]) ? forced : best;
+}
+
+void prima_dot_rows(const prima_type_kernels *k, int n, const void *w, size_t w_stride, int nr, const void *a, float *out) {
+  if (k->dot_rows) {
+    k->dot_rows(n, w, w_stride, nr, a, out);
+    return;
+  }
+  for (int r = 0; r < nr; r++) k->dot(n, (const char *)w + (size_t)r * w_stride, a, 0, 1, out + r);
 }
 
 void prima_kernels_init(void) { pthread_once(&g_once, init_once); }

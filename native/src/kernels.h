@@ -33,6 +33,12 @@ typedef void (*prima_dequantize_fn)(const void *x, float *y, int64_t n);
  * Both rows hold n elements; activation row c starts at (const char *)a + c * a_stride and is in
  * the type's act_type format. */
 typedef void (*prima_dot_fn)(int n, const void *w, const void *a, size_t a_stride, int nc, float *out);
+/* Decode's matrix-vector product: out[r] = dot(weight row r, activation row a) for r in 0..nr-1 (nr >= 1),
+ * weight row r at (const char *)w + r * w_stride. Each out[r] equals the level's dot (nc = 1) on that row
+ * bit for bit: only the memory access differs. A rows kernel walks its rows in order and prefetches the
+ * bytes ahead of it (through and past the last row: a matrix is read front to back by chunks of rows),
+ * which on one token is what bounds the speed, not arithmetic. */
+typedef void (*prima_dot_rows_fn)(int n, const void *w, size_t w_stride, int nr, const void *a, float *out);
 
 typedef struct {
   int type;
@@ -44,7 +50,12 @@ typedef struct {
   prima_quantize_fn quantize_ref;  /* weight quantizer equal to llama.cpp's quantize_row_*_ref */
   prima_dot_fn dot;
   int dot_simd;                    /* level the dot was written for (SCALAR where a level has no twin yet) */
+  prima_dot_rows_fn dot_rows;      /* NULL where the level has none: prima_dot_rows calls dot row by row */
 } prima_type_kernels;
+
+/* out[r] = dot(row r, a) for nr rows w_stride bytes apart: the level's rows kernel, or its dot row by row
+ * (the reference: the two agree bit for bit). */
+void prima_dot_rows(const prima_type_kernels *k, int n, const void *w, size_t w_stride, int nr, const void *a, float *out);
 
 /* Selects the best kernels this CPU runs (idempotent; also called lazily). */
 void prima_kernels_init(void);

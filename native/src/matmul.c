@@ -2,11 +2,16 @@
 
 #include "kernels.h"
 
+#include <stdint.h>
+
 void prima_act_quantize_rows(int act_type, const float *x, size_t x_stride, void *act, size_t act_stride,
                              int n, int t0, int t1) {
   prima_quantize_fn q = prima_act_quantizer(act_type);
   for (int t = t0; t < t1; t++) q(x + (size_t)t * x_stride, (char *)act + (size_t)t * act_stride, n);
 }
+
+/* Most rows of a one-token chunk: its dots go to a stack buffer when they accumulate. */
+#define MAX_CHUNK_ROWS 64
 
 /* Rows per chunk: small enough to balance the threads on one token, a few KiB of weights on batches. */
 static int chunk_rows(int64_t rows, int n_tokens, int nth) {
@@ -14,17 +19,35 @@ static int chunk_rows(int64_t rows, int n_tokens, int nth) {
   if (n_tokens == 1) {
     cs = (int)(rows / ((int64_t)nth * 16));
     if (cs < 8) cs = 8;
-    if (cs > 64) cs = 64;
+    if (cs > MAX_CHUNK_ROWS) cs = MAX_CHUNK_ROWS;
   } else {
     cs = 16;
   }
   return cs;
 }
 
+/* One token: the chunk's rows in one rows-kernel call (it streams them with prefetch). */
+static void mv_chunk(const prima_mm *it, const prima_type_kernels *k, int64_t r0, int64_t r1) {
+  const prima_tensor *w = it->w;
+  const int nr = (int)(r1 - r0);
+  const uint8_t *wr = w->data + (size_t)r0 * w->row_bytes;
+  if (!it->accumulate) {
+    prima_dot_rows(k, (int)w->ne0, wr, w->row_bytes, nr, it->act, it->out + r0);
+    return;
+  }
+  float tmp[MAX_CHUNK_ROWS];
+  prima_dot_rows(k, (int)w->ne0, wr, w->row_bytes, nr, it->act, tmp);
+  for (int r = 0; r < nr; r++) it->out[r0 + r] += tmp[r];
+}
+
 static void mm_chunk(const prima_mm *it, const prima_type_kernels *k, int64_t r0, int64_t r1, int n_tokens) {
   const prima_tensor *w = it->w;
   const int n = (int)w->ne0;
   float tmp[PRIMA_MAX_NC];
+  if (n_tokens == 1) {
+    mv_chunk(it, k, r0, r1);
+    return;
+  }
   for (int t0 = 0; t0 < n_tokens; t0 += PRIMA_MAX_NC) {
     const int nc = n_tokens - t0 < PRIMA_MAX_NC ? n_tokens - t0 : PRIMA_MAX_NC;
     const char *a = (const char *)it->act + (size_t)t0 * it->act_stride;

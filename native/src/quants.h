@@ -74,6 +74,7 @@ static inline void prima_q3k_scales(const uint8_t *s, int8_t out[16]) {
 typedef struct {
   prima_dequantize_fn dequantize[PRIMA_TYPE_COUNT];
   prima_dot_fn dot[PRIMA_TYPE_COUNT];
+  prima_dot_rows_fn dot_rows[PRIMA_TYPE_COUNT]; /* only next to that level's own dot of the type */
   prima_quantize_fn act_quantize[PRIMA_TYPE_COUNT];
 } prima_level_fns;
 

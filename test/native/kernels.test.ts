@@ -5,7 +5,7 @@ import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import {
-  GgmlTypeId, MAX_NC, WEIGHT_TYPES, dequantize, dot, fp32ToHalf, halfToFp32, quantizeAct, quantizeRef, rowBytes,
+  GgmlTypeId, MAX_NC, WEIGHT_TYPES, dequantize, dot, dotRows, fp32ToHalf, halfToFp32, quantizeAct, quantizeRef, rowBytes,
   simdLevel, simdLevels, typeInfo, type GgmlTypeName, type SimdLevel,
 } from "../../native/kernels.js";
 import {
@@ -209,6 +209,13 @@ describe("kernel table", () => {
   it("has a SIMD dot for every weight type at every SIMD level", () => {
     for (const l of simdOnly) for (const t of WEIGHT_TYPES) expect(typeInfo(t, l)!.dotSimd, `${t} at ${l}`).toBe(l);
   });
+
+  it("decodes through a rows kernel for every weight type on AVX2; the scalar level's rows are its dot row by row", () => {
+    for (const t of WEIGHT_TYPES) {
+      expect(typeInfo(t, "scalar")!.dotRows, `${t} at scalar`).toBe(false);
+      if (levels.includes("avx2")) expect(typeInfo(t, "avx2")!.dotRows, `${t} at avx2`).toBe(true);
+    }
+  });
 });
 
 // ---------------------------------------------------------------- against ggml
@@ -307,6 +314,37 @@ describe.skipIf(noOracle !== null)("against llama.cpp's ggml", () => {
   });
 });
 
+/** nr weight rows, stride bytes apart, the gaps filled with bytes no kernel should read: random quants with
+ * sane scales on even rows, quantized weight-like rows on odd ones. */
+function weightRows(t: GgmlTypeName, n: number, nr: number, stride: number, seed: number): Uint8Array {
+  const w = new Uint8Array(stride * nr).fill(0x7C);
+  for (let r = 0; r < nr; r++) {
+    w.set(r % 2 ? quantizeRef(t, awkwardRow(n, blockElemsOf(t), seed + r)) : randomWeightBytes(t, n, seed + r), r * stride);
+  }
+  return w;
+}
+
+describe.skipIf(noOracle !== null)("rows kernels against llama.cpp's ggml", () => {
+  it("each row of a rows call equals ggml's vec_dot on that row (up to summation order)", () => {
+    for (const t of WEIGHT_TYPES) {
+      const n = oddLength(t), nr = 3;
+      const info = typeInfo(t)!;
+      const rowLen = rowBytes(t, n), stride = rowLen + info.blockBytes;
+      const w = weightRows(t, n, nr, stride, 500);
+      const a = quantizeAct(info.actType, normals(n, 501, 0.5));
+      for (const l of levels) {
+        const got = dotRows(t, n, w, stride, nr, a, new Float32Array(nr), l);
+        for (let r = 0; r < nr; r++) {
+          const row = w.slice(r * stride, r * stride + rowLen);
+          const theirs = ggmlVecDot(GgmlTypeId[t], n, row, a, 1)[0];
+          const { abs } = exactDot(dequantize(t, row, new Float32Array(n)), actToFloats(info.actType, a, n));
+          expect(Math.abs(got[r] - theirs), `${t} at ${l} row ${r}: ours ${got[r]} ggml ${theirs}`).toBeLessThanOrEqual(abs * 1e-5 + 1e-30);
+        }
+      }
+    }
+  });
+});
+
 // ---------------------------------------------------------------- SIMD vs scalar, scalar vs double
 
 describe("dots", () => {
@@ -378,6 +416,29 @@ describe("dots", () => {
     }
   });
 
+  it("rows kernels equal the level's dot (nc = 1) on each row bit for bit, for nr = 1..5 and padded strides", () => {
+    // decode runs the rows kernel and prompts run the dot: the same weights must give the same bits
+    for (const l of levels) {
+      for (const t of WEIGHT_TYPES) {
+        const info = typeInfo(t, l)!;
+        const n = oddLength(t), nrMax = 5;
+        const rowLen = rowBytes(t, n), stride = rowLen + 3 * info.blockBytes + 1;
+        const w = weightRows(t, n, nrMax, stride, 600);
+        for (const a of [quantizeAct(info.actType, normals(n, 601, 2)), randomActBytes(info.actType, n, 602)]) {
+          const want = Float32Array.from({ length: nrMax }, (_, r) =>
+            dot(t, n, w.slice(r * stride, r * stride + rowLen), a, a.length, 1, new Float32Array(1), l)[0]);
+          for (let nr = 1; nr <= nrMax; nr++) {
+            const got = dotRows(t, n, w, stride, nr, a, new Float32Array(nr), l);
+            expect(sameBits(got, want.subarray(0, nr)), `${t} at ${l} nr=${nr}: ${got} vs ${want.subarray(0, nr)}`).toBe(true);
+          }
+          // a sub-range of rows (the matmul hands each thread chunks that start anywhere)
+          const got = dotRows(t, n, w.subarray(2 * stride), stride, 3, a, new Float32Array(3), l);
+          expect(sameBits(got, want.subarray(2, 5)), `${t} at ${l} rows 2..4`).toBe(true);
+        }
+      }
+    }
+  });
+
   it("SIMD dequantizers and activation quantizers equal the scalar ones on every level", () => {
     for (const l of simdOnly) {
       for (const t of WEIGHT_TYPES) {
@@ -415,6 +476,12 @@ describe("bad input gives a clear error", () => {
     expect(() => dot("Q4_K", n, w, a, a.length, 1, new Float32Array(0))).toThrow(/out/);
     expect(() => dot("Q4_K", n, w, new Float32Array(8) as unknown as Uint8Array, 8, 1, out)).toThrow(/Uint8Array/);
     expect(() => dot("Q4_K", n, w, a, a.length, 1, out, "avx9000" as SimdLevel)).toThrow(/unknown simd level/);
+    expect(() => dotRows("Q4_K", n, w, w.length, 0, a, out)).toThrow(/nr must be/);
+    expect(() => dotRows("Q4_K", n, w, w.length - 1, 1, a, out)).toThrow(/wStride 143 is shorter/);
+    expect(() => dotRows("Q4_K", n, w, w.length, 2, a, out)).toThrow(/2 rows need 288/);
+    expect(() => dotRows("Q4_K", n, w, w.length, 1, a.subarray(1), out)).toThrow(/needs 292/);
+    expect(() => dotRows("Q4_K", n, w, w.length, 1, a, new Float32Array(0))).toThrow(/out/);
+    expect(() => dotRows("Q4_K", 100, w, w.length, 1, a, out)).toThrow(/whole number of Q4_K blocks/);
     expect(() => quantizeRef("Q4_K", new Float32Array(100))).toThrow(/whole number/);
     expect(() => quantizeRef("Q8_K", new Float32Array(256))).toThrow(/not a weight type/);
     expect(() => quantizeAct("Q4_K", new Float32Array(256))).toThrow(/not an activation format/);
