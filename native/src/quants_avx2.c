@@ -320,7 +320,7 @@ K4_DOT(dot_q5_K, block_q5_K, Q5_FIFTH)
  * -32 * scales . bsums); 16 groups of 16 with int8 scales. */
 ALWAYS_INLINE void dot_q6_K_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) {
   const block_q6_K *w = vw;
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
   __m256 acc[PRIMA_MAX_NC];
   for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
   for (int i = 0; i < n / QK_K; i++) {
@@ -343,7 +343,12 @@ ALWAYS_INLINE void dot_q6_K_nc(int n, const void *vw, const void *a, size_t as, 
       for (int k = 0; k < 4; k++) {
         const __m256i lo = (k & 1) ? ql1 : ql0;
         const __m256i low4 = k < 2 ? _mm256_and_si256(lo, m4) : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
-        const __m256i high2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), m3), 4);
+        /* bits 2k..2k+1 of each qh byte moved to bits 4..5 (one shift and one mask; the shift crosses
+         * bytes inside each 16-bit lane, but the mask keeps only bits that came from the same byte) */
+        const __m256i high2 = k == 0   ? _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)
+                              : k == 1 ? _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)
+                              : k == 2 ? _mm256_and_si256(qh, m30)
+                                       : _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30);
         const __m256i q = _mm256_or_si256(low4, high2);
         /* vector k holds elements 128h + 32k + l (decode_q6_K), i.e. groups 2k and 2k+1 of the half */
         const __m256i s = _mm256_shuffle_epi8(scales, bcast16_mask2(2 * k, 2 * k + 1));
