@@ -11,8 +11,6 @@ import { CHATML_TEMPLATE, ChatTemplate, ChatTemplateError, LLAMA2_TEMPLATE, rend
 import { Tokenizer } from "../../model/tokenizer.js";
 import { bundledVocab, goldenTokenizerDir } from "../../model/tokenizer-export.js";
 
-const LLAMA_CPP = "node_modules/node-llama-cpp/llama/llama.cpp";
-
 const tokenizers = new Map<string, Tokenizer>();
 function tokenizer(name: "llama-bpe" | "qwen2" | "llama-spm"): Tokenizer {
   if (!tokenizers.has(name)) tokenizers.set(name, Tokenizer.fromMetadata(bundledVocab(name).metadata));
@@ -170,6 +168,7 @@ for case in json.load(sys.stdin):
         out.append({"error": str(e)})
 json.dump(out, sys.stdout)
 `;
+import { LLAMA_CPP_SOURCE as LLAMA_CPP } from "../global-setup.js";
 
 /** Renders with Python's Jinja2 (what transformers' apply_chat_template uses). */
 function jinja2(cases: readonly { template: string; vars: Record<string, unknown> }[]): (string | { error: string })[] {

@@ -13,8 +13,7 @@ import {
 } from "../../model/tokenizer-export.js";
 import { CATEGORY_MASK, CptFlag, cptFlags } from "../../model/tokenizer-unicode.js";
 import { GOLDEN_VOCABS, goldenCases, nastyStrings, rng, stringItems } from "./tokenizer-fixtures.js";
-
-const LLAMA_CPP = "node_modules/node-llama-cpp/llama/llama.cpp";
+import { LLAMA_CPP_SOURCE as LLAMA_CPP } from "../global-setup.js";
 
 const tokenizers = new Map<BundledVocabName, Tokenizer>();
 function tokenizer(name: BundledVocabName): Tokenizer {
