@@ -5,6 +5,7 @@ import { hostname } from "node:os";
 import { parseArgs } from "node:util";
 import { LocalModel } from "../engine/index.js";
 import { modelFingerprint } from "../model/index.js";
+import { RING_IDLE_SPIN_US } from "../ring/index.js";
 import { WorkerDevice, reserveDataPort } from "./device.js";
 import { joinProfile, profileCommand } from "./profile-command.js";
 import { WorkerSession } from "./session.js";
@@ -61,7 +62,7 @@ async function main(argv: string[]): Promise<number> {
   const name = values.name ?? hostname();
   const log = (line: string) => console.error(`[prima-worker ${name}] ${line}`);
   // A ring device's next frame comes only after the rest of the ring: idle threads should sleep.
-  const model = LocalModel.open(values.model, { threads, idleSpinUs: 0 });
+  const model = LocalModel.open(values.model, { threads, idleSpinUs: RING_IDLE_SPIN_US });
   const fingerprint = modelFingerprint(model.gguf);
   // Measured (or read from the cache) before joining: the coordinator plans with it.
   const profile = await joinProfile(model, values.model, fingerprint, name, values.reprofile ?? false, log);
