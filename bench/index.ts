@@ -34,8 +34,8 @@ async function benchmarkModel(): Promise<string> {
 async function engineBench(): Promise<void> {
   ensureLlamaBench(log);
   const models = [
-    { name: "stories260K (F32)", path: `${root}models/stories260K.gguf`, prompt: 128, decode: 256, goals: { pp: 0.8, tg: 0.5 } },
-    { name: "tinyllama-1.1b Q4_K_M", path: await benchmarkModel(), prompt: 128, decode: 64, goals: { pp: 0.8, tg: 1.0 } },
+    { name: "stories260K (F32)", path: `${root}models/stories260K.gguf`, prompt: 128, decode: 256, goals: { pp: undefined, tg: 0.5 } },
+    { name: "tinyllama-1.1b Q4_K_M", path: await benchmarkModel(), prompt: 128, decode: 64, goals: { pp: 0.8 as number | undefined, tg: 1.0 } },
   ];
   console.log(`\n## engine vs llama-bench (${threads} threads, ${reps} reps)\n`);
   console.log("| model | prima prompt tok/s | llama.cpp prompt tok/s | ratio (goal) | prima decode tok/s | llama.cpp decode tok/s | ratio (goal) |");
@@ -44,7 +44,7 @@ async function engineBench(): Promise<void> {
     const ours = await benchEngine(m.path, { threads, prompt: m.prompt, decode: m.decode, reps });
     const peer = runLlamaBench(m.path, { threads, prompt: m.prompt, decode: m.decode, reps });
     const r = (a: number, b: number) => (a / b).toFixed(2);
-    console.log(`| ${m.name} | ${ours.promptTokS.toFixed(1)} | ${peer.promptTokS.toFixed(1)} | ${r(ours.promptTokS, peer.promptTokS)}x (${m.goals.pp}x) | ` +
+    console.log(`| ${m.name} | ${ours.promptTokS.toFixed(1)} | ${peer.promptTokS.toFixed(1)} | ${r(ours.promptTokS, peer.promptTokS)}x (${m.goals.pp === undefined ? "no goal" : `${m.goals.pp}x`}) | ` +
       `${ours.decodeTokS.toFixed(1)} | ${peer.decodeTokS.toFixed(1)} | ${r(ours.decodeTokS, peer.decodeTokS)}x (${m.goals.tg}x) |`);
   }
   console.log(`\nllama-bench: -p P -n D -t ${threads} -r ${reps}; prima: the same batch and steps through engine/ (bench/engine.ts)`);

@@ -118,6 +118,9 @@ export async function main(modelArg?: string, reps = 3): Promise<void> {
   console.log(`| 1 process | ${one.toFixed(2)} (${runs(msOne)}) | 1.00 | - | - |`);
   console.log(`| 3-process ring, k=1 | ${three.toFixed(2)} (${runs(msThree)}) | ${(three / one).toFixed(3)} | ${((three - one) / 3).toFixed(3)} ms | ${same ? "yes" : "NO"} |`);
 
+  // Where the difference comes from (see BENCHMARKS.md): the same window after an idle gap.
+  await (await import("./idle-gap.js")).main(model);
+
   // Memory-starved workers: each holds a third of the model per cycle but may keep far less in RAM.
   const limit = 160 * 2 ** 20;
   const cgs = [makeCgroup("prima-bench-w1", limit), makeCgroup("prima-bench-w2", limit)];
