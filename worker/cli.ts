@@ -2,10 +2,10 @@
 // prima-worker: a device's daemon. `prima-worker --join host:port --model model.gguf` joins the
 // coordinator, runs the windows it is given, and rejoins when the run ends, until stopped.
 import { hostname } from "node:os";
-import { parseArgs } from "node:util";
 import { LocalModel } from "../engine/index.js";
 import { modelFingerprint } from "../model/index.js";
 import { RING_IDLE_SPIN_US } from "../ring/index.js";
+import { parseWorkerArgs, threadsArg } from "./args.js";
 import { WorkerDevice, reserveDataPort } from "./device.js";
 import { joinProfile, profileCommand } from "./profile-command.js";
 import { WorkerSession } from "./session.js";
@@ -24,23 +24,12 @@ const HELP = `usage: prima-worker --join host:port --model model.gguf [options]
 
 async function main(argv: string[]): Promise<number> {
   if (argv[0] === "profile") return profileCommand(argv.slice(1));
-  let values;
-  try {
-    ({ values } = parseArgs({
-      args: argv,
-      options: {
-        join: { type: "string" }, model: { type: "string" }, port: { type: "string" }, advertise: { type: "string" },
-        name: { type: "string" }, threads: { type: "string", short: "t" }, once: { type: "boolean" }, reprofile: { type: "boolean" }, help: { type: "boolean", short: "h" },
-      },
-    }));
-  } catch (e) {
-    console.error(`${(e as Error).message}\n${HELP}`);
-    return 2;
-  }
-  if (values.help) {
-    console.log(HELP);
-    return 0;
-  }
+  const values = parseWorkerArgs(argv, {
+    join: { type: "string" }, model: { type: "string" }, port: { type: "string" }, advertise: { type: "string" },
+    name: { type: "string" }, threads: { type: "string", short: "t" }, once: { type: "boolean" }, reprofile: { type: "boolean" },
+    help: { type: "boolean", short: "h" },
+  }, HELP);
+  if (typeof values === "number") return values;
   if (!values.join || !/^[^\s]+:\d+$/.test(values.join)) {
     console.error(`--join host:port is required\n${HELP}`);
     return 2;
@@ -49,11 +38,8 @@ async function main(argv: string[]): Promise<number> {
     console.error(`--model is required: every device maps its own copy of the model\n${HELP}`);
     return 2;
   }
-  const threads = values.threads === undefined ? undefined : Number(values.threads);
-  if (threads !== undefined && (!Number.isInteger(threads) || threads < 1)) {
-    console.error("--threads must be a whole number >= 1");
-    return 2;
-  }
+  const threads = threadsArg(values.threads);
+  if (threads === "bad") return 2;
   const port = Number(values.port ?? 0);
   if (!Number.isInteger(port) || port < 0 || port > 65535) {
     console.error("--port must be a port number");
@@ -61,7 +47,7 @@ async function main(argv: string[]): Promise<number> {
   }
   const name = values.name ?? hostname();
   const log = (line: string) => console.error(`[prima-worker ${name}] ${line}`);
-  // A ring device's next frame comes only after the rest of the ring: idle threads should sleep.
+  // A ring device's next frame comes only after the rest of the ring: idle threads spin only briefly.
   const model = LocalModel.open(values.model, { threads, idleSpinUs: RING_IDLE_SPIN_US });
   const fingerprint = modelFingerprint(model.gguf);
   // Measured (or read from the cache) before joining: the coordinator plans with it.

@@ -2,8 +2,8 @@
 // or JSON. Also the profile a worker daemon announces when it joins, with its link probe.
 import { availableParallelism, hostname } from "node:os";
 import { dirname, resolve } from "node:path";
-import { parseArgs } from "node:util";
 import { LocalModel } from "../engine/index.js";
+import { parseWorkerArgs, threadsArg } from "./args.js";
 import {
   LinkProbeServer, formatReport, genericWorkload, modelWorkload, profileDevice, refreshMemory, type DeviceReport,
 } from "../profiler/index.js";
@@ -22,28 +22,14 @@ Speeds are cached per device in $PRIMA_PROFILE_DIR (default ~/.cache/prima/profi
 always read fresh.`;
 
 export async function profileCommand(argv: string[]): Promise<number> {
-  let values;
-  try {
-    ({ values } = parseArgs({
-      args: argv,
-      options: {
-        model: { type: "string" }, name: { type: "string" }, threads: { type: "string", short: "t" }, reprofile: { type: "boolean" },
-        quick: { type: "boolean" }, json: { type: "boolean" }, help: { type: "boolean", short: "h" },
-      },
-    }));
-  } catch (e) {
-    console.error(`${(e as Error).message}\n${HELP}`);
-    return 2;
-  }
-  if (values.help) {
-    console.log(HELP);
-    return 0;
-  }
-  const threads = values.threads === undefined ? availableParallelism() : Number(values.threads);
-  if (!Number.isInteger(threads) || threads < 1 || threads > 1024) {
-    console.error("--threads must be a whole number >= 1");
-    return 2;
-  }
+  const values = parseWorkerArgs(argv, {
+    model: { type: "string" }, name: { type: "string" }, threads: { type: "string", short: "t" }, reprofile: { type: "boolean" },
+    quick: { type: "boolean" }, json: { type: "boolean" }, help: { type: "boolean", short: "h" },
+  }, HELP);
+  if (typeof values === "number") return values;
+  const threadsGiven = threadsArg(values.threads);
+  if (threadsGiven === "bad") return 2;
+  const threads = threadsGiven ?? availableParallelism();
   const name = values.name ?? hostname();
   let workload = genericWorkload();
   let diskDirs: string[] = [];

@@ -18,7 +18,7 @@
 #define MAX_ACT_FORMATS 3 /* distinct activation formats one input may need (mixed weight types) */
 #define SMALL_LAYER_BYTES (512 * 1024) /* below this per layer, one token runs on one thread */
 
-static int fail(char *err, size_t err_len, const char *fmt, ...) {
+int prima_fail(char *err, size_t err_len, const char *fmt, ...) {
   if (err && err_len) {
     va_list ap;
     va_start(ap, fmt);
@@ -41,20 +41,20 @@ static int bind_tensor(prima_model *m, const prima_tensor_desc *all, int n, cons
                        int64_t ne1, int optional, int f32_only, prima_tensor *out, char *err, size_t err_len) {
   memset(out, 0, sizeof *out);
   const prima_tensor_desc *d = find(all, n, name);
-  if (!d) return optional ? 0 : fail(err, err_len, "missing tensor %s", name);
+  if (!d) return optional ? 0 : prima_fail(err, err_len, "missing tensor %s", name);
   if (d->ne0 != ne0 || d->ne1 != ne1)
-    return fail(err, err_len, "tensor %s has shape [%lld, %lld], expected [%lld, %lld]", name, (long long)d->ne0,
+    return prima_fail(err, err_len, "tensor %s has shape [%lld, %lld], expected [%lld, %lld]", name, (long long)d->ne0,
                 (long long)d->ne1, (long long)ne0, (long long)ne1);
-  if (f32_only && d->type != PRIMA_F32) return fail(err, err_len, "tensor %s must be F32", name);
+  if (f32_only && d->type != PRIMA_F32) return prima_fail(err, err_len, "tensor %s must be F32", name);
   const prima_type_kernels *k = prima_kernels(d->type);
-  if (!k) return fail(err, err_len, "tensor %s: no kernels for type %d", name, d->type);
+  if (!k) return prima_fail(err, err_len, "tensor %s: no kernels for type %d", name, d->type);
   const size_t row_bytes = prima_row_bytes(d->type, ne0);
-  if (row_bytes == 0) return fail(err, err_len, "tensor %s: row of %lld is not whole blocks", name, (long long)ne0);
+  if (row_bytes == 0) return prima_fail(err, err_len, "tensor %s: row of %lld is not whole blocks", name, (long long)ne0);
   const uint64_t bytes = (uint64_t)row_bytes * (uint64_t)ne1;
-  if (bytes != d->n_bytes) return fail(err, err_len, "tensor %s: %llu bytes expected, table says %llu", name,
+  if (bytes != d->n_bytes) return prima_fail(err, err_len, "tensor %s: %llu bytes expected, table says %llu", name,
                                        (unsigned long long)bytes, (unsigned long long)d->n_bytes);
   if (d->offset > m->map_bytes || bytes > m->map_bytes - d->offset)
-    return fail(err, err_len, "tensor %s: offset %llu + %llu bytes is past the end of the file (%zu bytes)", name,
+    return prima_fail(err, err_len, "tensor %s: offset %llu + %llu bytes is past the end of the file (%zu bytes)", name,
                 (unsigned long long)d->offset, (unsigned long long)bytes, m->map_bytes);
   out->data = m->map + d->offset;
   out->offset = d->offset;
@@ -73,31 +73,31 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
   if (hp->n_embd <= 0 || hp->n_layers <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 || hp->head_dim <= 0 ||
       hp->n_ff <= 0 || hp->n_vocab <= 0 || hp->n_head % hp->n_head_kv != 0 || hp->rope_dims > hp->head_dim ||
       hp->rope_dims % 2 != 0) {
-    fail(err, err_len, "invalid hyper-parameters");
+    prima_fail(err, err_len, "invalid hyper-parameters");
     return NULL;
   }
   prima_model *m = calloc(1, sizeof *m);
   if (!m) {
-    fail(err, err_len, "out of memory");
+    prima_fail(err, err_len, "out of memory");
     return NULL;
   }
   m->fd = -1;
   m->hp = *hp;
   m->fd = open(path, O_RDONLY | O_CLOEXEC);
   if (m->fd < 0) {
-    fail(err, err_len, "cannot open %s: %s", path, strerror(errno));
+    prima_fail(err, err_len, "cannot open %s: %s", path, strerror(errno));
     goto bad;
   }
   struct stat st;
   if (fstat(m->fd, &st) != 0 || st.st_size <= 0) {
-    fail(err, err_len, "cannot stat %s", path);
+    prima_fail(err, err_len, "cannot stat %s", path);
     goto bad;
   }
   m->map_bytes = (size_t)st.st_size;
   m->map = mmap(NULL, m->map_bytes, PROT_READ, MAP_SHARED, m->fd, 0);
   if (m->map == MAP_FAILED) {
     m->map = NULL;
-    fail(err, err_len, "cannot map %s: %s", path, strerror(errno));
+    prima_fail(err, err_len, "cannot map %s: %s", path, strerror(errno));
     goto bad;
   }
 
@@ -111,7 +111,7 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
   if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
   m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
   if (!m->layers) {
-    fail(err, err_len, "out of memory");
+    prima_fail(err, err_len, "out of memory");
     goto bad;
   }
   for (int l = 0; l < hp->n_layers; l++) {
@@ -138,7 +138,7 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
   m->head_norm = malloc(sizeof(float) * (size_t)E);
   m->head_act = malloc(prima_row_bytes(PRIMA_F32, E)); /* F32 is the widest activation format */
   if (!m->pool || !m->head_norm || !m->head_act) {
-    fail(err, err_len, "out of memory");
+    prima_fail(err, err_len, "out of memory");
     goto bad;
   }
   return m;
@@ -166,20 +166,20 @@ static size_t att_scratch_floats(int ratio, int d);
 prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, char *err, size_t err_len) {
   const prima_hparams *hp = &m->hp;
   if (first < 0 || end > hp->n_layers || first >= end) {
-    fail(err, err_len, "window [%d, %d) is not inside the model's %d layers", first, end, hp->n_layers);
+    prima_fail(err, err_len, "window [%d, %d) is not inside the model's %d layers", first, end, hp->n_layers);
     return NULL;
   }
   if (n_ctx < 1 || n_ctx > (1 << 22)) {
-    fail(err, err_len, "context of %d tokens is out of range", n_ctx);
+    prima_fail(err, err_len, "context of %d tokens is out of range", n_ctx);
     return NULL;
   }
   if (max_batch < 1 || max_batch > 4096) {
-    fail(err, err_len, "batch of %d tokens is out of range", max_batch);
+    prima_fail(err, err_len, "batch of %d tokens is out of range", max_batch);
     return NULL;
   }
   prima_window *w = calloc(1, sizeof *w);
   if (!w) {
-    fail(err, err_len, "out of memory");
+    prima_fail(err, err_len, "out of memory");
     return NULL;
   }
   w->m = m;
@@ -228,7 +228,7 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   w->att_acc = malloc(sizeof(float) * (size_t)nth * att_scratch_floats(ratio, D));
   if (!w->k_cache || !w->v_cache || !w->rope_cos || !w->rope_sin || !w->h || !w->q || !w->k || !w->v || !w->att ||
       !w->gate || !w->up || !w->act_a || !w->att_acc) {
-    fail(err, err_len, "out of memory for a window of %zu layers and %d tokens of context", nl, n_ctx);
+    prima_fail(err, err_len, "out of memory for a window of %zu layers and %d tokens of context", nl, n_ctx);
     prima_window_destroy(w);
     return NULL;
   }
@@ -463,11 +463,11 @@ static void forward_job(const prima_task *t, void *ctx) {
 }
 
 int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, float *logits, char *err, size_t err_len) {
-  if (n_tokens < 1) return fail(err, err_len, "forward needs at least one token");
+  if (n_tokens < 1) return prima_fail(err, err_len, "forward needs at least one token");
   if (pos < 0 || pos > w->n_filled)
-    return fail(err, err_len, "position %d leaves a gap: the cache holds %d positions", pos, w->n_filled);
+    return prima_fail(err, err_len, "position %d leaves a gap: the cache holds %d positions", pos, w->n_filled);
   if ((int64_t)pos + n_tokens > w->n_ctx)
-    return fail(err, err_len, "positions %d..%d exceed the context of %d tokens", pos, pos + n_tokens - 1, w->n_ctx);
+    return prima_fail(err, err_len, "positions %d..%d exceed the context of %d tokens", pos, pos + n_tokens - 1, w->n_ctx);
   const int E = w->m->hp.n_embd;
   for (int done = 0; done < n_tokens;) {
     const int n = n_tokens - done < w->max_batch ? n_tokens - done : w->max_batch;
@@ -621,33 +621,33 @@ int prima_window_kv_save(prima_window *w, const char *path, char *err, size_t er
   const size_t kvdim = (size_t)w->m->hp.n_head_kv * w->m->hp.head_dim;
   const kv_header h = { KV_MAGIC, (uint32_t)w->kv_type, w->end - w->first, (int32_t)kvdim, w->n_filled, w->first };
   FILE *f = fopen(path, "wb");
-  if (!f) return fail(err, err_len, "cannot write %s: %s", path, strerror(errno));
+  if (!f) return prima_fail(err, err_len, "cannot write %s: %s", path, strerror(errno));
   int ok = fwrite(&h, sizeof h, 1, f) == 1;
   for (int li = 0; ok && li < h.n_layers; li++) {
     const size_t off = (size_t)li * w->n_ctx * kvdim, len = (size_t)w->n_filled * kvdim;
     ok = fwrite(w->k_cache + off, sizeof(uint16_t), len, f) == len && fwrite(w->v_cache + off, sizeof(uint16_t), len, f) == len;
   }
   if (fclose(f) != 0) ok = 0;
-  return ok ? 0 : fail(err, err_len, "writing %s failed", path);
+  return ok ? 0 : prima_fail(err, err_len, "writing %s failed", path);
 }
 
 int prima_window_kv_load(prima_window *w, const char *path, char *err, size_t err_len) {
   const size_t kvdim = (size_t)w->m->hp.n_head_kv * w->m->hp.head_dim;
   FILE *f = fopen(path, "rb");
-  if (!f) return fail(err, err_len, "cannot read %s: %s", path, strerror(errno));
+  if (!f) return prima_fail(err, err_len, "cannot read %s: %s", path, strerror(errno));
   kv_header h;
   int rc = 0;
   if (fread(&h, sizeof h, 1, f) != 1 || h.magic != KV_MAGIC) {
-    rc = fail(err, err_len, "%s is not a prima KV cache file", path);
+    rc = prima_fail(err, err_len, "%s is not a prima KV cache file", path);
   } else if (h.kv_type != (uint32_t)w->kv_type || h.n_layers != w->end - w->first || h.kv_dim != (int32_t)kvdim || h.first != w->first) {
-    rc = fail(err, err_len, "%s holds the cache of another window or model", path);
+    rc = prima_fail(err, err_len, "%s holds the cache of another window or model", path);
   } else if (h.n_filled < 0 || h.n_filled > w->n_ctx) {
-    rc = fail(err, err_len, "%s holds %d positions, more than the context of %d", path, h.n_filled, w->n_ctx);
+    rc = prima_fail(err, err_len, "%s holds %d positions, more than the context of %d", path, h.n_filled, w->n_ctx);
   } else {
     for (int li = 0; rc == 0 && li < h.n_layers; li++) {
       const size_t off = (size_t)li * w->n_ctx * kvdim, len = (size_t)h.n_filled * kvdim;
       if (fread(w->k_cache + off, sizeof(uint16_t), len, f) != len || fread(w->v_cache + off, sizeof(uint16_t), len, f) != len)
-        rc = fail(err, err_len, "%s is truncated", path);
+        rc = prima_fail(err, err_len, "%s is truncated", path);
     }
     if (rc == 0) w->n_filled = h.n_filled;
   }

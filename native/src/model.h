@@ -96,4 +96,7 @@ int prima_window_residency(prima_window *w, uint64_t *resident, uint64_t *total)
 int prima_window_kv_save(prima_window *w, const char *path, char *err, size_t err_len);
 int prima_window_kv_load(prima_window *w, const char *path, char *err, size_t err_len);
 
+/* Formats a message into err (when given) and returns -1: the error convention of the native core. */
+int prima_fail(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 #endif

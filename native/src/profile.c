@@ -6,7 +6,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,16 +17,6 @@
 #include "matmul.h"
 #include "model.h"
 #include "threadpool.h"
-
-static int fail(char *err, size_t err_len, const char *fmt, ...) {
-  if (err && err_len) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
 
 static double now_s(void) {
   struct timespec ts;
@@ -78,9 +67,9 @@ int prima_profile_matmul(const int *types, const int64_t *ne0s, const int64_t *n
                          int n_threads, size_t working_set_bytes, double min_seconds, prima_mm_bench *out, char *err,
                          size_t err_len) {
   prima_kernels_init();
-  if (n_items < 1 || n_items > PRIMA_PROFILE_MAX_ITEMS) return fail(err, err_len, "a group has 1..%d matrices, not %d", PRIMA_PROFILE_MAX_ITEMS, n_items);
-  if (n_tokens < 1 || n_tokens > PRIMA_MAX_NC * 64) return fail(err, err_len, "n_tokens %d is out of range", n_tokens);
-  if (n_threads < 1 || n_threads > 1024) return fail(err, err_len, "n_threads %d is out of range", n_threads);
+  if (n_items < 1 || n_items > PRIMA_PROFILE_MAX_ITEMS) return prima_fail(err, err_len, "a group has 1..%d matrices, not %d", PRIMA_PROFILE_MAX_ITEMS, n_items);
+  if (n_tokens < 1 || n_tokens > PRIMA_MAX_NC * 64) return prima_fail(err, err_len, "n_tokens %d is out of range", n_tokens);
+  if (n_threads < 1 || n_threads > 1024) return prima_fail(err, err_len, "n_threads %d is out of range", n_threads);
   const prima_type_kernels *ks[PRIMA_PROFILE_MAX_ITEMS];
   size_t row_bytes[PRIMA_PROFILE_MAX_ITEMS], act_row[PRIMA_PROFILE_MAX_ITEMS], mat_off[PRIMA_PROFILE_MAX_ITEMS + 1];
   size_t act_off[PRIMA_PROFILE_MAX_ITEMS + 1], out_off[PRIMA_PROFILE_MAX_ITEMS + 1];
@@ -88,14 +77,14 @@ int prima_profile_matmul(const int *types, const int64_t *ne0s, const int64_t *n
   for (int i = 0; i < n_items; i++) {
     const int64_t ne0 = ne0s[i], ne1 = ne1s[i];
     ks[i] = prima_kernels(types[i]);
-    if (!ks[i]) return fail(err, err_len, "no kernels for weight type %d", types[i]);
-    if (!ks[i]->quantize_ref) return fail(err, err_len, "weight type %s has no reference quantizer", ks[i]->name);
+    if (!ks[i]) return prima_fail(err, err_len, "no kernels for weight type %d", types[i]);
+    if (!ks[i]->quantize_ref) return prima_fail(err, err_len, "weight type %s has no reference quantizer", ks[i]->name);
     if (ne0 < 1 || ne1 < 1 || ne0 > (1 << 20) || ne1 > (1 << 22))
-      return fail(err, err_len, "matrix shape %lld x %lld is out of range", (long long)ne1, (long long)ne0);
+      return prima_fail(err, err_len, "matrix shape %lld x %lld is out of range", (long long)ne1, (long long)ne0);
     row_bytes[i] = prima_row_bytes(types[i], ne0);
-    if (!row_bytes[i]) return fail(err, err_len, "rows of %lld elements are not whole %s blocks", (long long)ne0, ks[i]->name);
+    if (!row_bytes[i]) return prima_fail(err, err_len, "rows of %lld elements are not whole %s blocks", (long long)ne0, ks[i]->name);
     act_row[i] = prima_row_bytes(ks[i]->act_type, ne0);
-    if (!act_row[i]) return fail(err, err_len, "rows of %lld elements do not fit the %s activation format", (long long)ne0, ks[i]->name);
+    if (!act_row[i]) return prima_fail(err, err_len, "rows of %lld elements do not fit the %s activation format", (long long)ne0, ks[i]->name);
     /* 64-byte aligned pieces, as tensors in a GGUF file are (32-byte) aligned. */
     mat_off[i + 1] = mat_off[i] + (row_bytes[i] * (size_t)ne1 + 63) / 64 * 64;
     act_off[i + 1] = act_off[i] + (act_row[i] * (size_t)n_tokens + 63) / 64 * 64;
@@ -116,7 +105,7 @@ int prima_profile_matmul(const int *types, const int64_t *ne0s, const int64_t *n
   prima_mm *items = calloc(copies * (size_t)n_items, sizeof *items);
   prima_pool *pool = prima_pool_create(n_threads, -1);
   if (!w || !src || !act || !o || !ts || !items || !pool) {
-    fail(err, err_len, "out of memory for a %.1f MiB matmul working set", (double)(group_bytes * copies) / 1048576.0);
+    prima_fail(err, err_len, "out of memory for a %.1f MiB matmul working set", (double)(group_bytes * copies) / 1048576.0);
     goto done;
   }
   uint64_t seed = 0x9e3779b97f4a7c15ull;
@@ -203,15 +192,15 @@ static void read_job_fn(const prima_task *t, void *ctx) {
 
 int prima_profile_mem_read(size_t bytes, int n_threads, double min_seconds, double *bytes_per_s, char *err,
                            size_t err_len) {
-  if (bytes < (1u << 20) || bytes > ((size_t)1 << 34)) return fail(err, err_len, "buffer of %zu bytes is out of range", bytes);
-  if (n_threads < 1 || n_threads > 1024) return fail(err, err_len, "n_threads %d is out of range", n_threads);
+  if (bytes < (1u << 20) || bytes > ((size_t)1 << 34)) return prima_fail(err, err_len, "buffer of %zu bytes is out of range", bytes);
+  if (n_threads < 1 || n_threads > 1024) return prima_fail(err, err_len, "n_threads %d is out of range", n_threads);
   bytes &= ~(size_t)127;
   uint64_t *buf = alloc_aligned(bytes, 64);
   prima_pool *pool = prima_pool_create(n_threads, -1);
   if (!buf || !pool) {
     free(buf);
     if (pool) prima_pool_destroy(pool);
-    return fail(err, err_len, "out of memory for a %.0f MiB read buffer", (double)bytes / 1048576.0);
+    return prima_fail(err, err_len, "out of memory for a %.0f MiB read buffer", (double)bytes / 1048576.0);
   }
   for (size_t i = 0; i < bytes / 8; i++) buf[i] = i * 0x9e3779b97f4a7c15ull;
   read_job job = { buf, bytes / 8, {0} };
@@ -236,8 +225,8 @@ int prima_profile_mem_read(size_t bytes, int n_threads, double min_seconds, doub
 
 int prima_profile_kv_copy(int kv_floats, int n_ctx, double min_seconds, double *seconds, char *err, size_t err_len) {
   prima_kernels_init();
-  if (kv_floats < 2 || kv_floats > (1 << 22) || kv_floats % 2) return fail(err, err_len, "kv_floats %d must be even and in 2..%d", kv_floats, 1 << 22);
-  if (n_ctx < 1 || n_ctx > (1 << 20)) return fail(err, err_len, "n_ctx %d is out of range", n_ctx);
+  if (kv_floats < 2 || kv_floats > (1 << 22) || kv_floats % 2) return prima_fail(err, err_len, "kv_floats %d must be even and in 2..%d", kv_floats, 1 << 22);
+  if (n_ctx < 1 || n_ctx > (1 << 20)) return prima_fail(err, err_len, "n_ctx %d is out of range", n_ctx);
   const int half = kv_floats / 2;
   float *src = malloc(sizeof(float) * (size_t)kv_floats);
   uint16_t *k = malloc(sizeof(uint16_t) * (size_t)n_ctx * (size_t)half);
@@ -246,7 +235,7 @@ int prima_profile_kv_copy(int kv_floats, int n_ctx, double min_seconds, double *
     free(src);
     free(k);
     free(v);
-    return fail(err, err_len, "out of memory for a KV cache of %d positions", n_ctx);
+    return prima_fail(err, err_len, "out of memory for a KV cache of %d positions", n_ctx);
   }
   memset(k, 0, sizeof(uint16_t) * (size_t)n_ctx * (size_t)half);
   memset(v, 0, sizeof(uint16_t) * (size_t)n_ctx * (size_t)half);
@@ -307,32 +296,32 @@ static void drop_pages(int fd, int advice) {
 
 int prima_profile_disk(const char *path, uint64_t file_bytes, size_t seq_block, size_t rand_block, double seq_seconds,
                        double rand_seconds, int allow_direct, prima_disk_bench *out, char *err, size_t err_len) {
-  if (seq_block < 4096 || seq_block % 4096 || seq_block > (64u << 20)) return fail(err, err_len, "sequential block of %zu bytes must be a multiple of 4096 up to 64 MiB", seq_block);
-  if (rand_block < 4096 || rand_block % 4096 || rand_block > seq_block) return fail(err, err_len, "random block of %zu bytes must be a multiple of 4096 up to the sequential block", rand_block);
-  if (file_bytes < seq_block || file_bytes > ((uint64_t)1 << 40)) return fail(err, err_len, "scratch file of %llu bytes is out of range", (unsigned long long)file_bytes);
+  if (seq_block < 4096 || seq_block % 4096 || seq_block > (64u << 20)) return prima_fail(err, err_len, "sequential block of %zu bytes must be a multiple of 4096 up to 64 MiB", seq_block);
+  if (rand_block < 4096 || rand_block % 4096 || rand_block > seq_block) return prima_fail(err, err_len, "random block of %zu bytes must be a multiple of 4096 up to the sequential block", rand_block);
+  if (file_bytes < seq_block || file_bytes > ((uint64_t)1 << 40)) return prima_fail(err, err_len, "scratch file of %llu bytes is out of range", (unsigned long long)file_bytes);
   file_bytes = file_bytes / seq_block * seq_block;
   memset(out, 0, sizeof *out);
   uint8_t *buf = alloc_aligned(seq_block, 4096);
-  if (!buf) return fail(err, err_len, "out of memory for a %zu-byte read buffer", seq_block);
+  if (!buf) return prima_fail(err, err_len, "out of memory for a %zu-byte read buffer", seq_block);
   int rc = -1, direct = 0, fd = -1;
   uint64_t seed = 0x2545f4914f6cdd1dull;
 
   /* Random contents, so that no layer below us can compress or deduplicate the reads away. */
   fd = open_uncached(path, O_WRONLY | O_CREAT | O_TRUNC, 0600, allow_direct, &direct);
   if (fd < 0) {
-    fail(err, err_len, "cannot create the scratch file %s: %s", path, strerror(errno));
+    prima_fail(err, err_len, "cannot create the scratch file %s: %s", path, strerror(errno));
     goto done;
   }
   for (uint64_t off = 0; off < file_bytes; off += seq_block) {
     uint64_t *words = (uint64_t *)buf;
     for (size_t i = 0; i < seq_block / 8; i++) words[i] = rng_next(&seed);
     if (pwrite(fd, buf, seq_block, (off_t)off) != (ssize_t)seq_block) {
-      fail(err, err_len, "writing the scratch file %s: %s", path, errno ? strerror(errno) : "short write");
+      prima_fail(err, err_len, "writing the scratch file %s: %s", path, errno ? strerror(errno) : "short write");
       goto done;
     }
   }
   if (fdatasync(fd) != 0) {
-    fail(err, err_len, "syncing the scratch file %s: %s", path, strerror(errno));
+    prima_fail(err, err_len, "syncing the scratch file %s: %s", path, strerror(errno));
     goto done;
   }
   close(fd);
@@ -341,7 +330,7 @@ int prima_profile_disk(const char *path, uint64_t file_bytes, size_t seq_block, 
   /* Sequential reads of the read-ahead size. */
   fd = open_uncached(path, O_RDONLY, 0, allow_direct, &direct);
   if (fd < 0) {
-    fail(err, err_len, "cannot open the scratch file %s: %s", path, strerror(errno));
+    prima_fail(err, err_len, "cannot open the scratch file %s: %s", path, strerror(errno));
     goto done;
   }
 #if defined(POSIX_FADV_SEQUENTIAL)
@@ -351,7 +340,7 @@ int prima_profile_disk(const char *path, uint64_t file_bytes, size_t seq_block, 
   uint64_t off = 0;
   do {
     if (pread(fd, buf, seq_block, (off_t)off) != (ssize_t)seq_block) {
-      fail(err, err_len, "reading the scratch file %s: %s", path, errno ? strerror(errno) : "short read");
+      prima_fail(err, err_len, "reading the scratch file %s: %s", path, errno ? strerror(errno) : "short read");
       goto done;
     }
     off += seq_block;
@@ -370,7 +359,7 @@ int prima_profile_disk(const char *path, uint64_t file_bytes, size_t seq_block, 
   do {
     const uint64_t at = (rng_next(&seed) % slots) * seq_block + (rng_next(&seed) % (seq_block / rand_block)) * rand_block;
     if (pread(fd, buf, rand_block, (off_t)at) != (ssize_t)rand_block) {
-      fail(err, err_len, "reading the scratch file %s: %s", path, errno ? strerror(errno) : "short read");
+      prima_fail(err, err_len, "reading the scratch file %s: %s", path, errno ? strerror(errno) : "short read");
       goto done;
     }
     reads++;
@@ -390,13 +379,13 @@ done:
 int prima_profile_drop_cache(const char *path, char *err, size_t err_len) {
 #if defined(POSIX_FADV_DONTNEED)
   int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return fail(err, err_len, "cannot open %s: %s", path, strerror(errno));
+  if (fd < 0) return prima_fail(err, err_len, "cannot open %s: %s", path, strerror(errno));
   fdatasync(fd);
   const int r = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
   close(fd);
-  if (r != 0) return fail(err, err_len, "posix_fadvise on %s: %s", path, strerror(r));
+  if (r != 0) return prima_fail(err, err_len, "posix_fadvise on %s: %s", path, strerror(r));
   return 0;
 #else
-  return fail(err, err_len, "dropping cached pages of %s is not supported on this system", path);
+  return prima_fail(err, err_len, "dropping cached pages of %s is not supported on this system", path);
 #endif
 }

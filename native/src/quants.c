@@ -943,45 +943,29 @@ static void dot_q3_K(int n, const void *vw, const void *a, size_t as, int nc, fl
   for (int c = 0; c < nc; c++) out[c] = acc[c];
 }
 
-static void dot_q4_K(int n, const void *vw, const void *a, size_t as, int nc, float *out) {
-  const block_q4_K *w = vw;
-  float acc[PRIMA_MAX_NC] = {0};
-  uint8_t q[QK_K], sc[8], m[8];
-  for (int i = 0; i < n / QK_K; i++) {
-    decode_q4_K(&w[i], q, sc, m);
-    const float d = H2F(w[i].d), dmin = H2F(w[i].dmin);
-    for (int c = 0; c < nc; c++) {
-      const block_q8_K *x = ACT(block_q8_K, c) + i;
-      int isum = 0, msum = 0;
-      for (int g = 0; g < 8; g++) {
-        isum += sc[g] * isum_u8(q + 32 * g, x->qs + 32 * g, 32);
-        msum += m[g] * (x->bsums[2 * g] + x->bsums[2 * g + 1]);
-      }
-      acc[c] += (x->d * d) * (float)isum - (x->d * dmin) * (float)msum;
-    }
+/* Q4_K and Q5_K differ only in how a block decodes to 6-bit-scaled unsigned levels with minimums. */
+#define DOT_K_WITH_MIN(T)                                                                        \
+  static void dot_##T(int n, const void *vw, const void *a, size_t as, int nc, float *out) {     \
+    const block_##T *w = vw;                                                                     \
+    float acc[PRIMA_MAX_NC] = {0};                                                               \
+    uint8_t q[QK_K], sc[8], m[8];                                                                \
+    for (int i = 0; i < n / QK_K; i++) {                                                         \
+      decode_##T(&w[i], q, sc, m);                                                               \
+      const float d = H2F(w[i].d), dmin = H2F(w[i].dmin);                                        \
+      for (int c = 0; c < nc; c++) {                                                             \
+        const block_q8_K *x = ACT(block_q8_K, c) + i;                                            \
+        int isum = 0, msum = 0;                                                                  \
+        for (int g = 0; g < 8; g++) {                                                            \
+          isum += sc[g] * isum_u8(q + 32 * g, x->qs + 32 * g, 32);                               \
+          msum += m[g] * (x->bsums[2 * g] + x->bsums[2 * g + 1]);                                \
+        }                                                                                        \
+        acc[c] += (x->d * d) * (float)isum - (x->d * dmin) * (float)msum;                        \
+      }                                                                                          \
+    }                                                                                            \
+    for (int c = 0; c < nc; c++) out[c] = acc[c];                                                \
   }
-  for (int c = 0; c < nc; c++) out[c] = acc[c];
-}
-
-static void dot_q5_K(int n, const void *vw, const void *a, size_t as, int nc, float *out) {
-  const block_q5_K *w = vw;
-  float acc[PRIMA_MAX_NC] = {0};
-  uint8_t q[QK_K], sc[8], m[8];
-  for (int i = 0; i < n / QK_K; i++) {
-    decode_q5_K(&w[i], q, sc, m);
-    const float d = H2F(w[i].d), dmin = H2F(w[i].dmin);
-    for (int c = 0; c < nc; c++) {
-      const block_q8_K *x = ACT(block_q8_K, c) + i;
-      int isum = 0, msum = 0;
-      for (int g = 0; g < 8; g++) {
-        isum += sc[g] * isum_u8(q + 32 * g, x->qs + 32 * g, 32);
-        msum += m[g] * (x->bsums[2 * g] + x->bsums[2 * g + 1]);
-      }
-      acc[c] += (x->d * d) * (float)isum - (x->d * dmin) * (float)msum;
-    }
-  }
-  for (int c = 0; c < nc; c++) out[c] = acc[c];
-}
+DOT_K_WITH_MIN(q4_K)
+DOT_K_WITH_MIN(q5_K)
 
 static void dot_q6_K(int n, const void *vw, const void *a, size_t as, int nc, float *out) {
   const block_q6_K *w = vw;
