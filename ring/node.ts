@@ -191,8 +191,12 @@ export class RingNode {
   private advise(slot: Slot, frame: ActivationsFrame): void {
     const next = this.queue[0];
     if (next && next.cycle === frame.cycle) return;
-    // With one window, the next window is this one again: releasing it would only thrash.
-    if (this.releaseAfterUse && this.slots.size > 1) slot.window.release();
-    if (this.o.prefetch) this.nextSlot(frame.cycle)?.window.prefetch(this.o.prefetchBudgetBytes?.());
+    // With one window, the next window is this one again: releasing it would only thrash, and advice
+    // could only page its first layers back in at the cost of its last (measured slower, and the
+    // advice itself costs a walk over every page on each token).
+    const following = this.nextSlot(frame.cycle);
+    if (!following || following === slot) return;
+    if (this.releaseAfterUse) slot.window.release();
+    if (this.o.prefetch) following.window.prefetch(this.o.prefetchBudgetBytes?.());
   }
 }

@@ -49,11 +49,13 @@ export class WorkerDevice implements SessionHandler {
   private predecessor: RingLink | undefined;
   private pressure = memoryPressureTracker();
   private pressureTimer: NodeJS.Timeout | undefined;
+  private budgetCache: { at: number; bytes: number } | undefined;
 
   constructor(private readonly o: DeviceOptions) {}
 
   async assign(a: Assignment, progress: (fraction: number, stage: string) => void, deviceId: string): Promise<number> {
     await this.reset("new assignment");
+    this.budgetCache = undefined;
     const { model } = this.o;
     const linkOptions = (id: string): RingLinkOptions => ({
       identity: { deviceId: id, modelFingerprint: this.o.fingerprint, hiddenSize: model.nEmbd, ringId: a.ringId },
@@ -110,6 +112,16 @@ export class WorkerDevice implements SessionHandler {
   /** What the page cache can hold for our weights: a memory cgroup's limit less our anonymous memory,
    * or what the device has available plus what our windows already hold; 10% kept free. */
   private prefetchBudget(): number {
+    // Asked after every window a device runs: memory does not change much in a quarter second, and
+    // reading /proc and counting resident pages each time cost ~1 ms of the event loop per token.
+    const now = performance.now();
+    if (this.budgetCache && now - this.budgetCache.at < 250) return this.budgetCache.bytes;
+    const bytes = this.measurePrefetchBudget();
+    this.budgetCache = { at: now, bytes };
+    return bytes;
+  }
+
+  private measurePrefetchBudget(): number {
     const m = readMemory();
     const anon = anonRssBytes();
     const resident = (this.node?.windows ?? []).reduce((a, w) => a + w.residency().residentBytes, 0);
