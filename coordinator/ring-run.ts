@@ -56,10 +56,9 @@ export function summaryTable(rows: { device: string; status: Status }[], tokens:
 async function runAlone(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx: number, placement: RingPlan, loadMs: number): Promise<number> {
   const local = new LocalPipeline(model, ctx, a.batch);
   const pressure = memoryPressureTracker();
-  const timer = setInterval(() => pressure.sample(), 250);
   const meter = new DecodeMeter(local, async () => {});
   try {
-    const report = await runGeneration(a, model, tok, meter, loadMs, 1).finally(() => clearInterval(timer));
+    const report = await runGeneration(a, model, tok, meter, loadMs, 1).finally(() => pressure.stop());
     pressure.sample();
     const measured = new Map<number, MeasuredDevice>([[0, { computeMs: meter.meanDecodeMs, sendMs: 0, memPressure: pressure.pressure() }]]);
     const prediction = meter.decodeSteps > 0 ? predictionReport(placement, placement.labels, measured, meter.meanDecodeMs, meter.decodeSteps) : undefined;
@@ -191,7 +190,6 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
       if (c.error) failRun(new Error(`link to ${link!.peerName} failed: ${c.error.message}`));
     });
     const pressure = memoryPressureTracker();
-    const timer = setInterval(() => pressure.sample(), 250);
     // Load time: opening the model here plus setting up the ring (not the wait for workers to join).
     const loadMs = joinedAt - t0 + (performance.now() - loadStart);
     // With a plan, every device's counters are read when decoding starts, to compare with the prediction.
@@ -201,7 +199,7 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
       inRing.forEach((w, i) => atDecodeStart.set(haldaIndex(w), st[i]));
       atDecodeStart.set(0, headStatus(node!, 0));
     });
-    const report = await runGeneration(a, model, tok, placement ? meter : pipeline, loadMs, inRing.length + 1).finally(() => clearInterval(timer));
+    const report = await runGeneration(a, model, tok, placement ? meter : pipeline, loadMs, inRing.length + 1).finally(() => pressure.stop());
 
     const statuses = await Promise.all(inRing.map(async (w) => ({ device: w.label, status: await w.status(), haldaIndex: haldaIndex(w) })));
     statuses.push({ device: `${headId} (this coordinator)`, status: headStatus(node, pressure.pressure()), haldaIndex: 0 });

@@ -6,13 +6,15 @@ import { freemem, totalmem } from "node:os";
 import { join } from "node:path";
 import { cgroupPaths, type CgroupPaths } from "./system.js";
 
-function procKiB(file: string, key: string): number | undefined {
+/** The "Key:  123 kB" lines of a /proc file, in bytes (empty when the file cannot be read). */
+function procKiBFields(file: string): Map<string, number> {
+  const out = new Map<string, number>();
   try {
-    const m = readFileSync(file, "utf8").match(new RegExp(`^${key.replace(/[()]/g, "\\$&")}:\\s+(\\d+) kB`, "m"));
-    return m ? Number(m[1]) * 1024 : undefined;
+    for (const m of readFileSync(file, "utf8").matchAll(/^([^:\n]+):\s+(\d+) kB$/gm)) out.set(m[1]!, Number(m[2]) * 1024);
   } catch {
-    return undefined;
+    // not Linux, or no /proc: callers fall back to what Node reports
   }
+  return out;
 }
 
 function readNumber(path: string): number | undefined {
@@ -41,7 +43,7 @@ function statFields(path: string): Record<string, number> {
 
 /** Anonymous resident memory of this process (heap, stacks, KV caches; not mmap'd file pages). */
 export function anonRssBytes(): number {
-  return procKiB("/proc/self/status", "RssAnon") ?? process.memoryUsage().rss;
+  return procKiBFields("/proc/self/status").get("RssAnon") ?? process.memoryUsage().rss;
 }
 
 /** A memory cgroup's limit and what in it is in use and reclaimable (page cache). */
@@ -97,24 +99,25 @@ export interface MemoryReading {
   readonly swappableBytes: number;
 }
 
-/** Reads memory now (a few small files; cheap enough to call every quarter second). */
+/** Reads memory now (a few small files: a fraction of a millisecond). */
 export function readMemory(isAndroid = false, paths?: CgroupPaths): MemoryReading {
-  const physicalTotalBytes = procKiB("/proc/meminfo", "MemTotal") ?? totalmem();
-  const physicalAvailableBytes = procKiB("/proc/meminfo", "MemAvailable") ?? freemem();
+  const info = procKiBFields("/proc/meminfo");
+  const physicalTotalBytes = info.get("MemTotal") ?? totalmem();
+  const physicalAvailableBytes = info.get("MemAvailable") ?? freemem();
   const cg = cgroupMemory(paths ?? cgroupPaths());
   let totalBytes = physicalTotalBytes, availableBytes = physicalAvailableBytes;
   if (cg && cg.limitBytes < totalBytes) totalBytes = cg.limitBytes;
   if (cg) availableBytes = Math.min(availableBytes, Math.max(0, Math.min(cg.limitBytes, cg.limitBytes - cg.usageBytes + cg.fileBytes)));
-  const anon = (procKiB("/proc/meminfo", "Active(anon)") ?? 0) + (procKiB("/proc/meminfo", "Inactive(anon)") ?? 0);
+  const anon = (info.get("Active(anon)") ?? 0) + (info.get("Inactive(anon)") ?? 0);
   return {
     totalBytes,
     availableBytes,
     physicalTotalBytes,
     physicalAvailableBytes,
     ...(cg ? { cgroup: cg } : {}),
-    swapTotalBytes: procKiB("/proc/meminfo", "SwapTotal") ?? 0,
-    swapFreeBytes: procKiB("/proc/meminfo", "SwapFree") ?? 0,
-    swappableBytes: isAndroid ? Math.max(0, anon - (procKiB("/proc/meminfo", "Mlocked") ?? 0)) : 0,
+    swapTotalBytes: info.get("SwapTotal") ?? 0,
+    swapFreeBytes: info.get("SwapFree") ?? 0,
+    swappableBytes: isAndroid ? Math.max(0, anon - (info.get("Mlocked") ?? 0)) : 0,
   };
 }
 
@@ -136,15 +139,20 @@ export function peakAnonTracker(): { sample(): void; peakBytes(): number } {
   };
 }
 
-/** The paper's memory pressure: the largest drop of MemAvailable during a run relative to MemTotal. */
-export function memoryPressureTracker(): { sample(): void; pressure(): number } {
+/** The paper's memory pressure: the largest drop of MemAvailable during a run relative to MemTotal.
+ * Samples every half second until stopped (and whenever asked); the timer never keeps Node alive. */
+export function memoryPressureTracker(intervalMs = 500): { sample(): void; pressure(): number; stop(): void } {
   const start = deviceMemory();
   let lowest = start.availableBytes;
+  const sample = () => {
+    const a = deviceMemory().availableBytes;
+    if (a < lowest) lowest = a;
+  };
+  const timer = setInterval(sample, intervalMs);
+  timer.unref();
   return {
-    sample() {
-      const a = deviceMemory().availableBytes;
-      if (a < lowest) lowest = a;
-    },
+    sample,
     pressure: () => Math.max(0, start.availableBytes - lowest) / start.totalBytes,
+    stop: () => clearInterval(timer),
   };
 }

@@ -47,8 +47,7 @@ export class WorkerDevice implements SessionHandler {
   private listener: RingListener | undefined;
   private successor: RingLink | undefined;
   private predecessor: RingLink | undefined;
-  private pressure = memoryPressureTracker();
-  private pressureTimer: NodeJS.Timeout | undefined;
+  private pressure: ReturnType<typeof memoryPressureTracker> | undefined;
   private budgetCache: { at: number; bytes: number } | undefined;
 
   constructor(private readonly o: DeviceOptions) {}
@@ -103,9 +102,8 @@ export class WorkerDevice implements SessionHandler {
       room -= take;
       progress((i + 1) / windows.length, `prefetching window ${i + 1} of ${windows.length}`);
     }
+    this.pressure?.stop();
     this.pressure = memoryPressureTracker();
-    this.pressureTimer = setInterval(() => this.pressure.sample(), 250);
-    this.pressureTimer.unref();
     return this.node.anonBytes();
   }
 
@@ -140,7 +138,7 @@ export class WorkerDevice implements SessionHandler {
   status(): Status {
     const s = this.node?.statsSnapshot();
     const mem = deviceMemory();
-    this.pressure.sample();
+    this.pressure?.sample();
     return {
       windows: (s?.windows ?? []).map((w, i) => {
         const r = this.node!.windows[i].residency();
@@ -152,12 +150,12 @@ export class WorkerDevice implements SessionHandler {
       anonRssBytes: anonRssBytes(),
       memTotalBytes: mem.totalBytes,
       memAvailableBytes: mem.availableBytes,
-      memPressure: this.pressure.pressure(),
+      memPressure: this.pressure?.pressure() ?? 0,
     };
   }
 
   async reset(_reason: string): Promise<void> {
-    clearInterval(this.pressureTimer);
+    this.pressure?.stop();
     this.node?.close();
     this.node = undefined;
     const closing = [this.successor?.close("run ended"), this.predecessor?.close("run ended"), this.listener?.close()];
