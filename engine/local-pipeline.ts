@@ -2,18 +2,21 @@
 import type { NativeWindow } from "../native/index.js";
 import type { Pipeline } from "./generate.js";
 import type { LocalModel } from "./local-model.js";
+import { QuickForward } from "./quick-forward.js";
 
 export class LocalPipeline implements Pipeline {
   readonly window: NativeWindow;
   private readonly logits: Float32Array;
+  private readonly runner: QuickForward;
 
   constructor(model: LocalModel, readonly nCtx: number, maxBatch = 128) {
     this.window = model.window(0, model.nLayers, { ctx: nCtx, maxBatch });
     this.logits = new Float32Array(model.nVocab);
+    this.runner = new QuickForward(this.window);
   }
 
   async forward(acts: Float32Array, pos: number, nTokens: number): Promise<Float32Array> {
-    await this.window.forward(acts, pos, nTokens, this.logits);
+    await this.runner.forward(acts, pos, nTokens, this.logits);
     return this.logits;
   }
 

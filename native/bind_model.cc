@@ -47,6 +47,8 @@ class Window : public Napi::ObjectWrap<Window> {
 
  private:
   Napi::Value Forward(const Napi::CallbackInfo &info);
+  Napi::Value ForwardNow(const Napi::CallbackInfo &info);
+  bool ForwardArgs(const Napi::CallbackInfo &info, int64_t *pos, int64_t *n, Napi::Value *logits);
   Napi::Value Prefetch(const Napi::CallbackInfo &info);
   Napi::Value Release(const Napi::CallbackInfo &info);
   Napi::Value Residency(const Napi::CallbackInfo &info);
@@ -272,7 +274,8 @@ Napi::Value Model::Close(const Napi::CallbackInfo &info) {
 
 Napi::Function Window::Define(Napi::Env env) {
   return DefineClass(env, "NativeWindow",
-                     {InstanceMethod("forward", &Window::Forward), InstanceMethod("prefetch", &Window::Prefetch),
+                     {InstanceMethod("forward", &Window::Forward), InstanceMethod("forwardNow", &Window::ForwardNow),
+                      InstanceMethod("prefetch", &Window::Prefetch),
                       InstanceMethod("release", &Window::Release), InstanceMethod("residency", &Window::Residency),
                       InstanceMethod("kvClear", &Window::KvClear), InstanceMethod("kvTruncate", &Window::KvTruncate),
                       InstanceMethod("kvSave", &Window::KvSave), InstanceMethod("kvLoad", &Window::KvLoad),
@@ -330,30 +333,61 @@ bool Window::Alive(Napi::Env env) {
   return false;
 }
 
+// Checks forward's arguments (acts: Float32Array, pos, nTokens, logits?: Float32Array); false after
+// throwing a TypeError that names what is wrong.
+bool Window::ForwardArgs(const Napi::CallbackInfo &info, int64_t *pos, int64_t *n, Napi::Value *logits) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 3 || !info[0].IsTypedArray() ||
+      info[0].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array || !IntArg(info[1], 0, 1 << 30, pos) ||
+      !IntArg(info[2], 1, 1 << 30, n)) {
+    ThrowType(env, "forward(acts: Float32Array, position, nTokens, logits?) expected");
+    return false;
+  }
+  auto acts = info[0].As<Napi::Float32Array>();
+  const size_t E = (size_t)st->m->hp.n_embd;
+  if (acts.ElementLength() < (size_t)*n * E) {
+    ThrowType(env, "forward: activations hold " + std::to_string(acts.ElementLength()) + " floats, " +
+                       std::to_string(*n) + " tokens need " + std::to_string(*n * E));
+    return false;
+  }
+  *logits = info.Length() > 3 ? info[3] : env.Undefined();
+  if (!logits->IsUndefined() && !logits->IsNull()) {
+    if (!logits->IsTypedArray() || logits->As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
+        logits->As<Napi::Float32Array>().ElementLength() < (size_t)st->m->hp.n_vocab) {
+      ThrowType(env, "forward: logits must be a Float32Array of the vocabulary size");
+      return false;
+    }
+  }
+  return true;
+}
+
 // forward(acts: Float32Array, pos, nTokens, logits?: Float32Array): Promise<void>
 Napi::Value Window::Forward(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
-  if (!Alive(env)) return env.Undefined();
   int64_t pos, n;
-  if (info.Length() < 3 || !info[0].IsTypedArray() ||
-      info[0].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array || !IntArg(info[1], 0, 1 << 30, &pos) ||
-      !IntArg(info[2], 1, 1 << 30, &n))
-    return ThrowType(env, "forward(acts: Float32Array, position, nTokens, logits?) expected");
-  auto acts = info[0].As<Napi::Float32Array>();
-  const size_t E = (size_t)st->m->hp.n_embd;
-  if (acts.ElementLength() < (size_t)n * E)
-    return ThrowType(env, "forward: activations hold " + std::to_string(acts.ElementLength()) + " floats, " +
-                              std::to_string(n) + " tokens need " + std::to_string(n * E));
-  Napi::Value logits = info.Length() > 3 ? info[3] : env.Undefined();
-  if (!logits.IsUndefined() && !logits.IsNull()) {
-    if (!logits.IsTypedArray() || logits.As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
-        logits.As<Napi::Float32Array>().ElementLength() < (size_t)st->m->hp.n_vocab)
-      return ThrowType(env, "forward: logits must be a Float32Array of the vocabulary size");
-  }
-  auto *worker = new ForwardWorker(env, this, st, info.This().As<Napi::Object>(), acts, (int)pos, (int)n, logits);
+  Napi::Value logits;
+  if (!Alive(env) || !ForwardArgs(info, &pos, &n, &logits)) return env.Undefined();
+  auto *worker = new ForwardWorker(env, this, st, info.This().As<Napi::Object>(), info[0].As<Napi::Float32Array>(),
+                                   (int)pos, (int)n, logits);
   auto p = worker->Promise();
   worker->Queue();
   return p;
+}
+
+// forwardNow(acts, pos, nTokens, logits?): the same pass on the calling thread. It blocks the event
+// loop for its duration, so it is for short calls (a decode step), where it saves the two thread
+// hand-offs of the asynchronous path.
+Napi::Value Window::ForwardNow(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int64_t pos, n;
+  Napi::Value logits;
+  if (!Alive(env) || !ForwardArgs(info, &pos, &n, &logits)) return env.Undefined();
+  if (busy > 0) return ThrowErr(env, "window is busy: wait for its forward pass to finish");
+  float *logitsPtr = logits.IsTypedArray() ? logits.As<Napi::Float32Array>().Data() : nullptr;
+  char err[kErrLen] = {0};
+  if (prima_window_forward(w, info[0].As<Napi::Float32Array>().Data(), (int)pos, (int)n, logitsPtr, err, sizeof err) != 0)
+    return ThrowErr(env, err);
+  return env.Undefined();
 }
 
 Napi::Value Window::Prefetch(const Napi::CallbackInfo &info) {

@@ -46,6 +46,9 @@ export interface NativeWindow {
   /** Runs the window's layers over nTokens rows of acts (in place) at positions pos..; fills logits
    * (output norm + head of the last row) when given. Rejects with a clear error on bad positions. */
   forward(acts: Float32Array, pos: number, nTokens: number, logits?: Float32Array): Promise<void>;
+  /** The same pass on the calling thread: it blocks the event loop while it runs, so only for short
+   * calls (engine/quick-forward.ts decides). Throws when an asynchronous pass is still running. */
+  forwardNow(acts: Float32Array, pos: number, nTokens: number, logits?: Float32Array): void;
   /** MADV_WILLNEED over the window's weights, from its first layer on, at most maxBytes (default all):
    * on a device short of memory, advice past what fits would be evicted before it is used. */
   prefetch(maxBytes?: number): void;

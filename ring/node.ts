@@ -2,7 +2,7 @@
 // activation frame from its predecessor: run the window of that frame's cycle, pass the rows on,
 // then advise the OS about the next window (prefetch) and, if memory is short, drop the one it used.
 // The head (last in ring order) also closes each cycle: it starts the next one or delivers the result.
-import type { LocalModel } from "../engine/index.js";
+import { QuickForward, type LocalModel } from "../engine/index.js";
 import type { NativeWindow } from "../native/index.js";
 import type { ActivationsFrame, ErrorFrame } from "./frame.js";
 
@@ -62,6 +62,7 @@ export interface RingNodeOptions {
 interface Slot {
   readonly spec: WindowSpec;
   readonly window: NativeWindow;
+  readonly runner: QuickForward;
   readonly stats: WindowStats;
 }
 
@@ -80,7 +81,7 @@ export class RingNode {
     for (const spec of o.windows) {
       if (this.slots.has(spec.cycle)) throw new Error(`two windows for cycle ${spec.cycle}`);
       const window = o.model.window(spec.firstLayer, spec.endLayer, { ctx: o.ctx, maxBatch: o.maxBatch });
-      this.slots.set(spec.cycle, { spec, window, stats: { ...spec, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 } });
+      this.slots.set(spec.cycle, { spec, window, runner: new QuickForward(window), stats: { ...spec, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 } });
     }
   }
 
@@ -165,7 +166,7 @@ export class RingNode {
     if (slot) {
       const faults0 = process.resourceUsage().majorPageFault;
       const t0 = performance.now();
-      await slot.window.forward(frame.activations, frame.firstTokenPosition, frame.nTokens, logits);
+      await slot.runner.forward(frame.activations, frame.firstTokenPosition, frame.nTokens, logits);
       slot.stats.computeMs += performance.now() - t0;
       slot.stats.majorFaults += process.resourceUsage().majorPageFault - faults0;
       slot.stats.frames++;

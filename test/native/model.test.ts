@@ -42,6 +42,29 @@ describe("native model surface", () => {
     m.close();
   });
 
+  it("forwardNow computes what forward does, on the calling thread, and refuses while a pass runs", async () => {
+    const m = LocalModel.open(path, { threads: 2 });
+    const a = m.window(0, 5, { ctx: 16 }), b = m.window(0, 5, { ctx: 16 });
+    const la = new Float32Array(m.nVocab), lb = new Float32Array(m.nVocab);
+    const prompt = Int32Array.of(1, 403, 407);
+    await a.forward(m.embed(prompt), 0, 3);
+    await b.forward(m.embed(prompt), 0, 3);
+    const actsA = m.embed(Int32Array.of(261)), actsB = m.embed(Int32Array.of(261));
+    await a.forward(actsA, 3, 1, la);
+    b.forwardNow(actsB, 3, 1, lb);
+    expect(Array.from(lb)).toEqual(Array.from(la));
+    expect(Array.from(actsB)).toEqual(Array.from(actsA));
+    expect(b.info().filled).toBe(4);
+    expect(() => b.forwardNow(actsB, 9, 1)).toThrow(/position 9 leaves a gap/);
+    expect(() => b.forwardNow(actsB, 4, 1, new Float32Array(3))).toThrow(/logits must be a Float32Array of the vocabulary size/);
+    const running = a.forward(m.embed(Int32Array.of(5)), 4, 1);
+    expect(() => a.forwardNow(m.embed(Int32Array.of(5)), 4, 1)).toThrow(/window is busy/);
+    await running;
+    a.close();
+    b.close();
+    m.close();
+  });
+
   it("saves and restores a KV cache; refuses a cache of another window", async () => {
     const { mkdtempSync, writeFileSync } = await import("node:fs");
     const dir = mkdtempSync("/tmp/prima-kv-");
