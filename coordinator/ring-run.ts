@@ -33,23 +33,36 @@ function headStatus(node: RingNode, pressure: number): Status {
   };
 }
 
-export function summaryTable(rows: { device: string; status: Status }[], tokens: number): string {
+/** Per-device timings per token; with `before` (counters read when decoding started), decode only:
+ * a prompt's first pass pays for mapping the weights in and would blur the per-token figures. */
+export function summaryTable(rows: { device: string; status: Status; before?: Status }[], tokens: number): string {
   const per = (ms: number) => (tokens > 0 ? (ms / tokens).toFixed(2) : "-");
   const lines = [
     "device                      layers            compute ms/tok  wait ms/tok  send ms/tok  major faults  resident  anon RSS  mem pressure",
   ];
-  for (const { device, status: s } of rows) {
+  const compute = (s: Status | undefined) => s?.windows.reduce((a, w) => a + w.computeMs, 0) ?? 0;
+  const faults = (s: Status | undefined) => s?.windows.reduce((a, w) => a + w.majorFaults, 0) ?? 0;
+  for (const { device, status: s, before: b } of rows) {
     const layers = s.windows.map((w) => `${w.firstLayer}-${w.endLayer - 1}`).join(",") || "-";
-    const compute = s.windows.reduce((a, w) => a + w.computeMs, 0);
-    const faults = s.windows.reduce((a, w) => a + w.majorFaults, 0);
     const res = s.windows.reduce((a, w) => a + w.residentBytes, 0), tot = s.windows.reduce((a, w) => a + w.totalBytes, 0);
     lines.push(
-      `${device.padEnd(27)} ${layers.padEnd(17)} ${per(compute).padStart(14)} ${per(s.waitMs).padStart(12)} ${per(s.sendMs).padStart(12)} ` +
-      `${String(faults).padStart(13)} ${(tot ? `${((100 * res) / tot).toFixed(0)}%` : "-").padStart(9)} ${`${(s.anonRssBytes / 2 ** 20).toFixed(0)} MiB`.padStart(9)} ` +
+      `${device.padEnd(27)} ${layers.padEnd(17)} ${per(compute(s) - compute(b)).padStart(14)} ${per(s.waitMs - (b?.waitMs ?? 0)).padStart(12)} ` +
+      `${per(s.sendMs - (b?.sendMs ?? 0)).padStart(12)} ${String(faults(s) - faults(b)).padStart(13)} ` +
+      `${(tot ? `${((100 * res) / tot).toFixed(0)}%` : "-").padStart(9)} ${`${(s.anonRssBytes / 2 ** 20).toFixed(0)} MiB`.padStart(9)} ` +
       `${`${(100 * s.memPressure).toFixed(2)}%`.padStart(13)}`,
     );
   }
   return lines.join("\n");
+}
+
+/** One device's compute, wait and send time per decode step (ms) and its major faults during decode. */
+function perDecodeStep(before: Status | undefined, after: Status, steps: number) {
+  const compute = (s: Status | undefined) => s?.windows.reduce((a, w) => a + w.computeMs, 0) ?? 0;
+  const faults = (s: Status | undefined) => s?.windows.reduce((a, w) => a + w.majorFaults, 0) ?? 0;
+  return {
+    compute_ms: (compute(after) - compute(before)) / steps, wait_ms: (after.waitMs - (before?.waitMs ?? 0)) / steps,
+    send_ms: (after.sendMs - (before?.sendMs ?? 0)) / steps, major_faults: faults(after) - faults(before),
+  };
 }
 
 /** Halda dropped every worker: generate on the head alone, and still compare with the prediction. */
@@ -192,18 +205,21 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
     const pressure = memoryPressureTracker();
     // Load time: opening the model here plus setting up the ring (not the wait for workers to join).
     const loadMs = joinedAt - t0 + (performance.now() - loadStart);
-    // With a plan, every device's counters are read when decoding starts, to compare with the prediction.
+    // Every device's counters are read when decoding starts: decode-only timings per device, and with a
+    // plan, the comparison with its prediction.
     const atDecodeStart = new Map<number, Status>();
     const meter = new DecodeMeter(pipeline, async () => {
       const st = await Promise.all(inRing.map((w) => w.status()));
       inRing.forEach((w, i) => atDecodeStart.set(haldaIndex(w), st[i]));
       atDecodeStart.set(0, headStatus(node!, 0));
     });
-    const report = await runGeneration(a, model, tok, placement ? meter : pipeline, loadMs, inRing.length + 1).finally(() => pressure.stop());
+    const report = await runGeneration(a, model, tok, meter, loadMs, inRing.length + 1).finally(() => pressure.stop());
 
     const statuses = await Promise.all(inRing.map(async (w) => ({ device: w.label, status: await w.status(), haldaIndex: haldaIndex(w) })));
     statuses.push({ device: `${headId} (this coordinator)`, status: headStatus(node, pressure.pressure()), haldaIndex: 0 });
-    const steps = report.generated_ids.length + report.prompt_ids.length;
+    const decodeOnly = meter.decodeSteps > 0;
+    const steps = decodeOnly ? meter.decodeSteps : report.generated_ids.length + report.prompt_ids.length;
+    const rows = statuses.map((s) => ({ ...s, before: decodeOnly ? atDecodeStart.get(s.haldaIndex) : undefined }));
     let prediction: PredictionReport | undefined;
     if (placement && meter.decodeSteps > 0) {
       const measured = new Map<number, MeasuredDevice>();
@@ -221,11 +237,13 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
       };
       console.log(JSON.stringify({
         ...report, cycles: plan.cycles, layer_windows: perCycle, devices_status: statuses.map(({ device, status }) => ({ device, status })),
+        ...(decodeOnly ? { devices_decode: rows.map((r) => ({ device: r.device, ...perDecodeStep(r.before, r.status, steps) })) } : {}),
         ...(placementJson ? { placement: placementJson } : {}),
       }));
     } else {
       console.error(timingLine(report));
-      console.error(`per device (per token of ${steps} through the ring):\n${summaryTable(statuses, steps)}`);
+      const what = decodeOnly ? `per decode step, ${steps} steps` : `per token of ${steps} through the ring`;
+      console.error(`per device (${what}):\n${summaryTable(rows, steps)}`);
     }
     if (prediction) log(formatPrediction(prediction));
     return 0;

@@ -20,7 +20,10 @@ export interface RingRun {
   workers: Proc[];
   code: number | null;
   /** The coordinator's --json report, when it printed one. */
-  report?: { generated_ids: number[]; prompt_ids: number[]; devices: number; cycles: number };
+  report?: {
+    generated_ids: number[]; prompt_ids: number[]; devices: number; cycles: number;
+    devices_decode?: { device: string; compute_ms: number; wait_ms: number; send_ms: number; major_faults: number }[];
+  };
 }
 
 /** Runs `prima-coord run` with n workers joined in order, and waits for it to end. */

@@ -30,6 +30,16 @@ describe("piped ring on stories260K (5 layers)", () => {
     expect(r.code, r.coordinator.stderr).toBe(0);
     expect(r.report?.generated_ids).toEqual(expected);
     expect(r.report?.devices).toBe(devices);
+    // Decode-only timings per device: every device that holds layers computed, none stalled on faults.
+    const perDevice = r.report!.devices_decode!;
+    expect(perDevice.map((d) => d.device).filter((d) => d.includes("head"))).toHaveLength(1);
+    expect(perDevice).toHaveLength(devices);
+    const withLayers = windows.split(",").map(Number);
+    perDevice.forEach((d, i) => {
+      if (withLayers[i]! > 0) expect(d.compute_ms, d.device).toBeGreaterThan(0);
+      expect(d.wait_ms, d.device).toBeGreaterThanOrEqual(0);
+      expect(d.send_ms, d.device).toBeGreaterThanOrEqual(0);
+    });
   }, 60_000);
 
   it("a worker killed mid-generation is reported by name within 2 s", async () => {
