@@ -14,6 +14,7 @@ const workerCli = `${root}dist/worker/cli.js`;
 
 interface Report {
   generated_ids: number[];
+  devices_decode?: { device: string; compute_ms: number; wait_ms: number; send_ms: number }[];
   decode_tok_s: number;
   prompt_tok_s: number;
 }
@@ -103,6 +104,7 @@ export async function main(modelArg?: string, reps = 3): Promise<void> {
   // A shared machine's speed drifts by 10-20% within minutes: alternate the two setups and compare
   // medians rather than one run of each.
   const msOne: number[] = [], msThree: number[] = [];
+  const rings: Report[] = [];
   let same = true;
   for (let i = 0; i < reps; i++) {
     const one = await single(model);
@@ -110,6 +112,7 @@ export async function main(modelArg?: string, reps = 3): Promise<void> {
     same &&= JSON.stringify(one.generated_ids) === JSON.stringify(three.generated_ids);
     msOne.push(1000 / one.decode_tok_s);
     msThree.push(1000 / three.decode_tok_s);
+    rings.push(three);
   }
   const one = median(msOne), three = median(msThree);
   console.log("| setup | decode ms/token (runs) | ratio (goal <= 1.10) | per-hop cost | same tokens |");
@@ -117,6 +120,16 @@ export async function main(modelArg?: string, reps = 3): Promise<void> {
   const runs = (xs: number[]) => xs.map((x) => x.toFixed(1)).join(", ");
   console.log(`| 1 process | ${one.toFixed(2)} (${runs(msOne)}) | 1.00 | - | - |`);
   console.log(`| 3-process ring, k=1 | ${three.toFixed(2)} (${runs(msThree)}) | ${(three / one).toFixed(3)} | ${((three - one) / 3).toFixed(3)} ms | ${same ? "yes" : "NO"} |`);
+
+  // The median ring run, device by device: compute is the layers' own time, the rest is the hops.
+  const mid = rings[msThree.indexOf(three)]!;
+  if (mid.devices_decode) {
+    console.log("\n| ring device (median run) | compute ms/token | waiting ms/token | sending ms/token |");
+    console.log("|---|---|---|---|");
+    for (const d of mid.devices_decode) console.log(`| ${d.device} | ${d.compute_ms.toFixed(2)} | ${d.wait_ms.toFixed(2)} | ${d.send_ms.toFixed(2)} |`);
+    const compute = mid.devices_decode.reduce((a, d) => a + d.compute_ms, 0);
+    console.log(`\nsum of compute ${compute.toFixed(2)} ms of a ${three.toFixed(2)} ms token: ${(three - compute).toFixed(2)} ms in the three hops`);
+  }
 
   // Where the difference comes from (see BENCHMARKS.md): the same window after an idle gap.
   await (await import("./idle-gap.js")).main(model);
