@@ -98,7 +98,7 @@ function dropCaches(): void {
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
-export async function main(modelArg?: string, reps = 3): Promise<void> {
+export async function main(modelArg?: string, reps = 5): Promise<void> {
   const model = modelArg ?? `${root}.cache/bench-llama-Q4_K_M.gguf`;
   console.log(`\n## ring overhead: 3 processes on loopback vs one (decode, 64 tokens, ${model.split("/").pop()}, median of ${reps} alternating runs)\n`);
   // A shared machine's speed drifts by 10-20% within minutes: alternate the two setups and compare
