@@ -1004,19 +1004,7 @@ void prima_scalar_fns(prima_level_fns *f) {
   f->dequantize[PRIMA_Q8_1] = dequantize_q8_1;
   f->dequantize[PRIMA_Q8_K] = dequantize_q8_K;
 
-  f->dot[PRIMA_F32] = dot_f32;
-  f->dot[PRIMA_F16] = dot_f16;
-  f->dot[PRIMA_BF16] = dot_bf16;
-  f->dot[PRIMA_Q4_0] = dot_q4_0;
-  f->dot[PRIMA_Q4_1] = dot_q4_1;
-  f->dot[PRIMA_Q5_0] = dot_q5_0;
-  f->dot[PRIMA_Q5_1] = dot_q5_1;
-  f->dot[PRIMA_Q8_0] = dot_q8_0;
-  f->dot[PRIMA_Q2_K] = dot_q2_K;
-  f->dot[PRIMA_Q3_K] = dot_q3_K;
-  f->dot[PRIMA_Q4_K] = dot_q4_K;
-  f->dot[PRIMA_Q5_K] = dot_q5_K;
-  f->dot[PRIMA_Q6_K] = dot_q6_K;
+  PRIMA_SET_DOTS(f);
 
   f->act_quantize[PRIMA_F32] = quantize_f32;
   f->act_quantize[PRIMA_F16] = quantize_f16;

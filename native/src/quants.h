@@ -78,6 +78,18 @@ typedef struct {
   prima_quantize_fn act_quantize[PRIMA_TYPE_COUNT];
 } prima_level_fns;
 
+/* Every weight type with a dot kernel, as X(TYPE, name): each level defines dot_<name> for all of them
+ * and registers them with PRIMA_SET_DOTS(f). */
+#define PRIMA_DOT_TYPES(X)                                                                              \
+  X(F32, f32) X(F16, f16) X(BF16, bf16) X(Q4_0, q4_0) X(Q4_1, q4_1) X(Q5_0, q5_0) X(Q5_1, q5_1)           \
+  X(Q8_0, q8_0) X(Q2_K, q2_K) X(Q3_K, q3_K) X(Q4_K, q4_K) X(Q5_K, q5_K) X(Q6_K, q6_K)
+#define PRIMA_SET_DOT_(T, name) fns_->dot[PRIMA_##T] = dot_##name;
+#define PRIMA_SET_DOTS(f)                \
+  do {                                   \
+    prima_level_fns *fns_ = (f);         \
+    PRIMA_DOT_TYPES(PRIMA_SET_DOT_)      \
+  } while (0)
+
 void prima_scalar_fns(prima_level_fns *f);
 /* Only the weight quantizers that must equal llama.cpp byte for byte; scalar only (the model generator). */
 void prima_scalar_quantize_ref(prima_quantize_fn q[PRIMA_TYPE_COUNT]);

@@ -317,17 +317,5 @@ K_DOT(dot_q3_K, block_q3_K, Q3K_PREP, Q3K_DECODE, NO_MINSUM, K_DW)
 
 void prima_neon_fns(prima_level_fns *f) {
   memset(f, 0, sizeof *f);
-  f->dot[PRIMA_F32] = dot_f32;
-  f->dot[PRIMA_F16] = dot_f16;
-  f->dot[PRIMA_BF16] = dot_bf16;
-  f->dot[PRIMA_Q4_0] = dot_q4_0;
-  f->dot[PRIMA_Q4_1] = dot_q4_1;
-  f->dot[PRIMA_Q5_0] = dot_q5_0;
-  f->dot[PRIMA_Q5_1] = dot_q5_1;
-  f->dot[PRIMA_Q8_0] = dot_q8_0;
-  f->dot[PRIMA_Q2_K] = dot_q2_K;
-  f->dot[PRIMA_Q3_K] = dot_q3_K;
-  f->dot[PRIMA_Q4_K] = dot_q4_K;
-  f->dot[PRIMA_Q5_K] = dot_q5_K;
-  f->dot[PRIMA_Q6_K] = dot_q6_K;
+  PRIMA_SET_DOTS(f);
 }
