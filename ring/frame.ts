@@ -119,6 +119,14 @@ function utf8Within(text: string, maxBytes: number): Uint8Array {
  * the caller may reuse its array as soon as this returns). Throws FrameError for a field out of its
  * wire range or rows that do not match nTokens x rowWidth.
  */
+/** The header fields an error frame shares with the activations it stands for. */
+function checkRowsHeader(frame: { requestId: number; firstTokenPosition: number; nTokens: number; cycle: number }): void {
+  checkUint("request id", frame.requestId, U32_MAX);
+  checkUint("position", frame.firstTokenPosition, U32_MAX);
+  checkUint("number of tokens", frame.nTokens, U16_MAX);
+  checkUint("cycle", frame.cycle, U16_MAX);
+}
+
 export function encodeFrame(frame: Frame): Buffer {
   switch (frame.type) {
     case "hello": {
@@ -136,10 +144,7 @@ export function encodeFrame(frame: Frame): Buffer {
       return buf;
     }
     case "error": {
-      checkUint("request id", frame.requestId, U32_MAX);
-      checkUint("position", frame.firstTokenPosition, U32_MAX);
-      checkUint("number of tokens", frame.nTokens, U16_MAX);
-      checkUint("cycle", frame.cycle, U16_MAX);
+      checkRowsHeader(frame);
       const text = utf8Within(String(frame.message), CONTROL_PAYLOAD_MAX_BYTES);
       const buf = allocFrame(text.length);
       writeHeader(buf, {
@@ -150,10 +155,7 @@ export function encodeFrame(frame: Frame): Buffer {
       return buf;
     }
     case "activations": {
-      checkUint("request id", frame.requestId, U32_MAX);
-      checkUint("position", frame.firstTokenPosition, U32_MAX);
-      checkUint("number of tokens", frame.nTokens, U16_MAX);
-      checkUint("cycle", frame.cycle, U16_MAX);
+      checkRowsHeader(frame);
       checkUint("row width", frame.rowWidth, U32_MAX);
       if (frame.nTokens === 0) throw new FrameError("number of tokens", "an activations frame with 0 tokens");
       if (frame.firstTokenPosition + frame.nTokens > U32_MAX) {
