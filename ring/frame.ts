@@ -114,11 +114,6 @@ function utf8Within(text: string, maxBytes: number): Uint8Array {
   return bytes.subarray(0, end);
 }
 
-/**
- * Encodes a frame: header + payload in one new buffer (the activations are copied or converted, so
- * the caller may reuse its array as soon as this returns). Throws FrameError for a field out of its
- * wire range or rows that do not match nTokens x rowWidth.
- */
 /** The header fields an error frame shares with the activations it stands for. */
 function checkRowsHeader(frame: { requestId: number; firstTokenPosition: number; nTokens: number; cycle: number }): void {
   checkUint("request id", frame.requestId, U32_MAX);
@@ -127,6 +122,11 @@ function checkRowsHeader(frame: { requestId: number; firstTokenPosition: number;
   checkUint("cycle", frame.cycle, U16_MAX);
 }
 
+/**
+ * Encodes a frame: header + payload in one new buffer (the activations are copied or converted, so
+ * the caller may reuse its array as soon as this returns). Throws FrameError for a field out of its
+ * wire range or rows that do not match nTokens x rowWidth.
+ */
 export function encodeFrame(frame: Frame): Buffer {
   switch (frame.type) {
     case "hello": {
