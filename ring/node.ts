@@ -46,6 +46,10 @@ export interface RingNodeOptions {
   readonly prefetch: boolean;
   /** How many bytes of the next window may be paged in ahead (what memory can hold); default all. */
   readonly prefetchBudgetBytes?: () => number;
+  /** Whether memory holds every window of this device now (default: yes). When it may not, decode
+   * steps stay off the event loop: paging a window in can take seconds, and a blocked event loop
+   * would look dead to the ring. */
+  readonly windowsFitInMemory?: () => boolean;
   readonly releaseAfterUse: boolean;
   /** The head is last in ring order: it wraps cycles and delivers finished rows. */
   readonly isHead: boolean;
@@ -64,6 +68,8 @@ interface Slot {
   readonly window: NativeWindow;
   readonly runner: QuickForward;
   readonly stats: WindowStats;
+  /** Major page faults during this window's last call. */
+  lastFaults: number;
 }
 
 export class RingNode {
@@ -81,7 +87,12 @@ export class RingNode {
     for (const spec of o.windows) {
       if (this.slots.has(spec.cycle)) throw new Error(`two windows for cycle ${spec.cycle}`);
       const window = o.model.window(spec.firstLayer, spec.endLayer, { ctx: o.ctx, maxBatch: o.maxBatch });
-      this.slots.set(spec.cycle, { spec, window, runner: new QuickForward(window), stats: { ...spec, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 } });
+      const slot: Slot = {
+        spec, window, lastFaults: 0, stats: { ...spec, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 },
+        // Inline only while the window's pages are all there: no faults last time, none released since.
+        runner: new QuickForward(window, () => slot.lastFaults === 0 && !this.releaseAfterUse && (o.windowsFitInMemory?.() ?? true)),
+      };
+      this.slots.set(spec.cycle, slot);
     }
   }
 
@@ -168,7 +179,8 @@ export class RingNode {
       const t0 = performance.now();
       await slot.runner.forward(frame.activations, frame.firstTokenPosition, frame.nTokens, logits);
       slot.stats.computeMs += performance.now() - t0;
-      slot.stats.majorFaults += process.resourceUsage().majorPageFault - faults0;
+      slot.lastFaults = process.resourceUsage().majorPageFault - faults0;
+      slot.stats.majorFaults += slot.lastFaults;
       slot.stats.frames++;
       slot.stats.tokens += frame.nTokens;
     } else if (!this.o.isHead) {

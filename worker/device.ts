@@ -49,6 +49,7 @@ export class WorkerDevice implements SessionHandler {
   private predecessor: RingLink | undefined;
   private pressure: ReturnType<typeof memoryPressureTracker> | undefined;
   private budgetCache: { at: number; bytes: number } | undefined;
+  private windowBytes = 0;
 
   constructor(private readonly o: DeviceOptions) {}
 
@@ -69,6 +70,7 @@ export class WorkerDevice implements SessionHandler {
       maxBatch: a.maxBatch,
       prefetch: a.prefetch,
       prefetchBudgetBytes: () => this.prefetchBudget(),
+      windowsFitInMemory: () => this.prefetchBudget() >= this.windowBytes,
       releaseAfterUse: a.releaseAfterUse,
       isHead: false,
       send: async (f) => {
@@ -89,6 +91,7 @@ export class WorkerDevice implements SessionHandler {
     // go as soon as it has run, so the next one (being prefetched) has room.
     const windows = this.node.windows;
     const windowBytes = windows.reduce((s, w) => s + w.residency().totalBytes, 0);
+    this.windowBytes = windowBytes;
     const budget = this.prefetchBudget();
     if (windows.length > 1 && windowBytes > budget && !this.node.releaseAfterUse) {
       this.node.releaseAfterUse = true;

@@ -49,3 +49,17 @@ describe("QuickForward", () => {
     expect(calls).toEqual(["async 1", "inline 1", "async 1", "inline 1"]);
   });
 });
+
+describe("QuickForward with a guard", () => {
+  it("stays asynchronous while the guard says the window's pages may be missing", async () => {
+    const { window, calls } = fakeWindow(() => 1);
+    let fits = false;
+    const q = new QuickForward(window, () => fits);
+    const acts = new Float32Array(4);
+    await q.forward(acts, 0, 1);
+    await q.forward(acts, 1, 1);
+    fits = true;
+    await q.forward(acts, 2, 1);
+    expect(calls).toEqual(["async 1", "async 1", "inline 1"]);
+  });
+});
