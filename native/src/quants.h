@@ -90,6 +90,24 @@ typedef struct {
     PRIMA_DOT_TYPES(PRIMA_SET_DOT_)      \
   } while (0)
 
+/* A SIMD level's dot for nc = 1..8 activation columns, one function each (so the column loops
+ * unroll), and the dispatcher over nc. The level defines NC_FN(kernel, k) first. */
+#define PRIMA_DISPATCH_NC(kernel)                                                            \
+  NC_FN(kernel, 1) NC_FN(kernel, 2) NC_FN(kernel, 3) NC_FN(kernel, 4)                        \
+  NC_FN(kernel, 5) NC_FN(kernel, 6) NC_FN(kernel, 7) NC_FN(kernel, 8)                        \
+  static void kernel(int n, const void *w, const void *a, size_t as, int nc, float *out) { \
+    switch (nc) {                                                                            \
+    case 1: kernel##_1(n, w, a, as, out); break;                                             \
+    case 2: kernel##_2(n, w, a, as, out); break;                                             \
+    case 3: kernel##_3(n, w, a, as, out); break;                                             \
+    case 4: kernel##_4(n, w, a, as, out); break;                                             \
+    case 5: kernel##_5(n, w, a, as, out); break;                                             \
+    case 6: kernel##_6(n, w, a, as, out); break;                                             \
+    case 7: kernel##_7(n, w, a, as, out); break;                                             \
+    default: kernel##_8(n, w, a, as, out); break;                                            \
+    }                                                                                        \
+  }
+
 void prima_scalar_fns(prima_level_fns *f);
 /* Only the weight quantizers that must equal llama.cpp byte for byte; scalar only (the model generator). */
 void prima_scalar_quantize_ref(prima_quantize_fn q[PRIMA_TYPE_COUNT]);

@@ -72,22 +72,7 @@ ALWAYS_INLINE void prefetch_span(const void *p, const int bytes) {
     prefetch_span(w, PREFETCH_BYTES);                                                                       \
     for (int r = 0; r < nr; r++) kernel##_nc(n, (const uint8_t *)w + (size_t)r * ws, a, 0, 1, out + r, PREFETCH_BYTES); \
   }
-#define DISPATCH_NC(kernel)                                                                  \
-  NC_FN(kernel, 1) NC_FN(kernel, 2) NC_FN(kernel, 3) NC_FN(kernel, 4)                        \
-  NC_FN(kernel, 5) NC_FN(kernel, 6) NC_FN(kernel, 7) NC_FN(kernel, 8)                        \
-  static void kernel(int n, const void *w, const void *a, size_t as, int nc, float *out) { \
-    switch (nc) {                                                                            \
-    case 1: kernel##_1(n, w, a, as, out); break;                                             \
-    case 2: kernel##_2(n, w, a, as, out); break;                                             \
-    case 3: kernel##_3(n, w, a, as, out); break;                                             \
-    case 4: kernel##_4(n, w, a, as, out); break;                                             \
-    case 5: kernel##_5(n, w, a, as, out); break;                                             \
-    case 6: kernel##_6(n, w, a, as, out); break;                                             \
-    case 7: kernel##_7(n, w, a, as, out); break;                                             \
-    default: kernel##_8(n, w, a, as, out); break;                                            \
-    }                                                                                        \
-  }                                                                                          \
-  ROWS_FN(kernel)
+#define DISPATCH_NC(kernel) PRIMA_DISPATCH_NC(kernel) ROWS_FN(kernel)
 
 /* ---------------------------------------------------------------- float formats */
 

@@ -36,21 +36,7 @@ ALWAYS_INLINE int32x4_t dot16(int8x16_t q, int8x16_t x) {
   static __attribute__((noinline)) void kernel##_##k(int n, const void *w, const void *a, size_t as, float *out) { \
     kernel##_nc(n, w, a, as, k, out);                                                                       \
   }
-#define DISPATCH_NC(kernel)                                                                  \
-  NC_FN(kernel, 1) NC_FN(kernel, 2) NC_FN(kernel, 3) NC_FN(kernel, 4)                        \
-  NC_FN(kernel, 5) NC_FN(kernel, 6) NC_FN(kernel, 7) NC_FN(kernel, 8)                        \
-  static void kernel(int n, const void *w, const void *a, size_t as, int nc, float *out) { \
-    switch (nc) {                                                                            \
-    case 1: kernel##_1(n, w, a, as, out); break;                                             \
-    case 2: kernel##_2(n, w, a, as, out); break;                                             \
-    case 3: kernel##_3(n, w, a, as, out); break;                                             \
-    case 4: kernel##_4(n, w, a, as, out); break;                                             \
-    case 5: kernel##_5(n, w, a, as, out); break;                                             \
-    case 6: kernel##_6(n, w, a, as, out); break;                                             \
-    case 7: kernel##_7(n, w, a, as, out); break;                                             \
-    default: kernel##_8(n, w, a, as, out); break;                                            \
-    }                                                                                        \
-  }
+#define DISPATCH_NC(kernel) PRIMA_DISPATCH_NC(kernel)
 
 /* ---------------------------------------------------------------- float formats */
 
