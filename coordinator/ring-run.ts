@@ -6,7 +6,7 @@ import { dirname, resolve } from "node:path";
 import { LocalPipeline, type LocalModel } from "../engine/index.js";
 import { modelFingerprint } from "../model/index.js";
 import type { Tokenizer } from "../model/tokenizer.js";
-import { anonRssBytes, deviceMemory, memoryPressureTracker, modelWorkload, profileDevice, type DeviceReport } from "../profiler/index.js";
+import { WeightRoom, anonRssBytes, deviceMemory, memoryPressureTracker, modelWorkload, profileDevice, type DeviceReport } from "../profiler/index.js";
 import {
   PlanError, RingListener, RingNode, RingPipeline, dialSuccessor, evenLayerWindows, ringWindows, type NodeStats, type RingLink,
 } from "../ring/index.js";
@@ -150,8 +150,11 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
     log(`plan: ${plan.cycles} cycle${plan.cycles === 1 ? "" : "s"} of [${perCycle.join(", ")}] layers (ring order: ${[...inRing.map((w) => w.id), headId].join(" -> ")})`);
 
     const pipelineRef: { p?: RingPipeline } = {};
+    // The head weighs its memory as workers do: how far to prefetch, and whether decode steps may run inline.
+    const room = new WeightRoom(() => node?.residentWeightBytes() ?? 0);
     node = new RingNode({
       model, windows: plan.perDevice[workers.length], cycles: plan.cycles, ctx, maxBatch: a.batch, prefetch: a.prefetch,
+      prefetchBudgetBytes: () => room.bytes(), windowsFitInMemory: () => room.bytes() >= (node?.weightBytes ?? Infinity),
       releaseAfterUse: releaseAfterUse(workers.length), isHead: true,
       send: async (f) => {
         if (!link) throw new Error("the ring is not connected");

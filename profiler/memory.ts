@@ -156,3 +156,28 @@ export function memoryPressureTracker(intervalMs = 500): { sample(): void; press
     stop: () => clearInterval(timer),
   };
 }
+
+/** What the page cache can hold for a device's weights: a memory cgroup's limit less this process's
+ * anonymous memory, or what the device has available plus what our windows already hold (they would
+ * be counted as used); 10% kept free. Asked after every window a ring device runs: memory does not
+ * change much in a quarter second, and reading /proc and counting resident pages each time cost
+ * ~1 ms of the event loop per token, so a reading is reused for 250 ms. */
+export class WeightRoom {
+  private cached: { at: number; bytes: number } | undefined;
+
+  constructor(private readonly residentWeightBytes: () => number) {}
+
+  bytes(): number {
+    const now = performance.now();
+    if (this.cached && now - this.cached.at < 250) return this.cached.bytes;
+    const m = readMemory();
+    const room = m.cgroup ? m.cgroup.limitBytes - anonRssBytes() : m.availableBytes + this.residentWeightBytes();
+    this.cached = { at: now, bytes: Math.max(0, Math.floor(room * 0.9)) };
+    return this.cached.bytes;
+  }
+
+  /** The next reading is fresh (new windows were just mapped). */
+  forget(): void {
+    this.cached = undefined;
+  }
+}

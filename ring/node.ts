@@ -82,6 +82,9 @@ export class RingNode {
   /** Drop a window's pages after running it (a device short of memory with several windows). */
   releaseAfterUse: boolean;
 
+  /** Bytes of weights in this device's windows together. */
+  readonly weightBytes: number;
+
   constructor(private readonly o: RingNodeOptions) {
     this.releaseAfterUse = o.releaseAfterUse;
     for (const spec of o.windows) {
@@ -94,6 +97,12 @@ export class RingNode {
       };
       this.slots.set(spec.cycle, slot);
     }
+    this.weightBytes = [...this.slots.values()].reduce((a, s) => a + s.window.residency().totalBytes, 0);
+  }
+
+  /** Bytes of this device's weights in memory now (mincore over its windows: not for every token). */
+  residentWeightBytes(): number {
+    return this.windows.reduce((a, w) => a + w.residency().residentBytes, 0);
   }
 
   /** Windows in cycle order. */

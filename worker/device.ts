@@ -3,7 +3,7 @@
 // activation frame that arrives through its ring node.
 import type { Assignment, KvCommand, Status } from "../control/index.js";
 import type { LocalModel } from "../engine/index.js";
-import { anonRssBytes, deviceMemory, memoryPressureTracker, readMemory } from "../profiler/index.js";
+import { WeightRoom, anonRssBytes, deviceMemory, memoryPressureTracker } from "../profiler/index.js";
 import { RingLinkError, RingListener, RingNode, dialSuccessor, type RingLink, type RingLinkOptions } from "../ring/index.js";
 import type { SessionHandler } from "./session.js";
 
@@ -48,14 +48,13 @@ export class WorkerDevice implements SessionHandler {
   private successor: RingLink | undefined;
   private predecessor: RingLink | undefined;
   private pressure: ReturnType<typeof memoryPressureTracker> | undefined;
-  private budgetCache: { at: number; bytes: number } | undefined;
-  private windowBytes = 0;
+  private readonly room = new WeightRoom(() => this.node?.residentWeightBytes() ?? 0);
 
   constructor(private readonly o: DeviceOptions) {}
 
   async assign(a: Assignment, progress: (fraction: number, stage: string) => void, deviceId: string): Promise<number> {
     await this.reset("new assignment");
-    this.budgetCache = undefined;
+    this.room.forget();
     const { model } = this.o;
     const linkOptions = (id: string): RingLinkOptions => ({
       identity: { deviceId: id, modelFingerprint: this.o.fingerprint, hiddenSize: model.nEmbd, ringId: a.ringId },
@@ -69,8 +68,8 @@ export class WorkerDevice implements SessionHandler {
       ctx: a.ctx,
       maxBatch: a.maxBatch,
       prefetch: a.prefetch,
-      prefetchBudgetBytes: () => this.prefetchBudget(),
-      windowsFitInMemory: () => this.prefetchBudget() >= this.windowBytes,
+      prefetchBudgetBytes: () => this.room.bytes(),
+      windowsFitInMemory: () => this.room.bytes() >= (this.node?.weightBytes ?? Infinity),
       releaseAfterUse: a.releaseAfterUse,
       isHead: false,
       send: async (f) => {
@@ -90,9 +89,8 @@ export class WorkerDevice implements SessionHandler {
     // A device whose windows together exceed what memory can hold is overloaded: each window's pages
     // go as soon as it has run, so the next one (being prefetched) has room.
     const windows = this.node.windows;
-    const windowBytes = windows.reduce((s, w) => s + w.residency().totalBytes, 0);
-    this.windowBytes = windowBytes;
-    const budget = this.prefetchBudget();
+    const windowBytes = this.node.weightBytes;
+    const budget = this.room.bytes();
     if (windows.length > 1 && windowBytes > budget && !this.node.releaseAfterUse) {
       this.node.releaseAfterUse = true;
       this.o.log(`overloaded: ${(windowBytes / 2 ** 20).toFixed(0)} MiB of windows, room for ${(budget / 2 ** 20).toFixed(0)} MiB: releasing each window after use`);
@@ -108,26 +106,6 @@ export class WorkerDevice implements SessionHandler {
     this.pressure?.stop();
     this.pressure = memoryPressureTracker();
     return this.node.anonBytes();
-  }
-
-  /** What the page cache can hold for our weights: a memory cgroup's limit less our anonymous memory,
-   * or what the device has available plus what our windows already hold; 10% kept free. */
-  private prefetchBudget(): number {
-    // Asked after every window a device runs: memory does not change much in a quarter second, and
-    // reading /proc and counting resident pages each time cost ~1 ms of the event loop per token.
-    const now = performance.now();
-    if (this.budgetCache && now - this.budgetCache.at < 250) return this.budgetCache.bytes;
-    const bytes = this.measurePrefetchBudget();
-    this.budgetCache = { at: now, bytes };
-    return bytes;
-  }
-
-  private measurePrefetchBudget(): number {
-    const m = readMemory();
-    const anon = anonRssBytes();
-    const resident = (this.node?.windows ?? []).reduce((a, w) => a + w.residency().residentBytes, 0);
-    const room = m.cgroup ? m.cgroup.limitBytes - anon : m.availableBytes + resident;
-    return Math.max(0, Math.floor(room * 0.9));
   }
 
   kv(cmd: KvCommand): void {
