@@ -33,8 +33,9 @@ export interface NodeStats {
 
 /** How long a ring device's compute threads spin after a window before sleeping, in microseconds.
  * The next frame is a whole ring away, so no long spin; but a brief one keeps the core awake while
- * the successor's threads wake, which measured 10-15% faster decode on a loopback ring of virtual
- * CPUs (0 us: 21.5 tok/s, 500 us: 25 tok/s; BENCHMARKS.md), and costs a real device nothing. */
+ * the successor's threads wake. On a loopback ring of virtual CPUs it measured 10-15% faster decode
+ * while decode steps went through a libuv thread (0 us: 21.5 tok/s, 500 us: 25); with steps inline,
+ * 0 and 500 us are within noise and 2000 us is slower (BENCHMARKS.md). It costs a real device nothing. */
 export const RING_IDLE_SPIN_US = 500;
 
 export interface RingNodeOptions {
