@@ -18,6 +18,10 @@
 #define MAX_ACT_FORMATS 3 /* distinct activation formats one input may need (mixed weight types) */
 #define SMALL_LAYER_BYTES (512 * 1024) /* below this per layer, one token runs on one thread */
 
+/* A layer's tensors, as an array: prima_layer holds nothing but prima_tensors, attn_norm first. */
+#define LAYER_N_TENSORS ((int)(sizeof(prima_layer) / sizeof(prima_tensor)))
+static const prima_tensor *layer_tensors(const prima_layer *L) { return &L->attn_norm; }
+
 int prima_fail(char *err, size_t err_len, const char *fmt, ...) {
   if (err && err_len) {
     va_list ap;
@@ -188,7 +192,6 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   w->n_ctx = n_ctx;
   w->max_batch = max_batch;
   w->kv_type = PRIMA_F16;
-  w->layer_bytes = 0; /* set below, once the layers are known to be valid */
   const int E = hp->n_embd, D = hp->head_dim, nth = prima_pool_threads(m->pool);
   const size_t qdim = (size_t)hp->n_head * D, kvdim = (size_t)hp->n_head_kv * D;
   const size_t nl = (size_t)(end - first), B = (size_t)max_batch, half = (size_t)hp->rope_dims / 2;
@@ -207,8 +210,8 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   act_row = (act_row + 63) & ~(size_t)63;
   size_t weights = 0;
   for (int l = first; l < end; l++) {
-    const prima_tensor *ts = &m->layers[l].attn_norm;
-    for (size_t i = 0; i < sizeof(prima_layer) / sizeof(prima_tensor); i++) weights += ts[i].n_bytes;
+    const prima_tensor *ts = layer_tensors(&m->layers[l]);
+    for (int i = 0; i < LAYER_N_TENSORS; i++) weights += ts[i].n_bytes;
   }
   w->act_row_bytes = act_row;
 
@@ -528,13 +531,13 @@ static int cmp_range(const void *a, const void *b) {
 
 static int for_each_range(prima_window *w, int (*fn)(prima_window *, uint8_t *, size_t, void *), void *arg) {
   const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-  const int nt = (int)(sizeof(prima_layer) / sizeof(prima_tensor));
+  const int nt = LAYER_N_TENSORS;
   const int cap = (w->end - w->first) * nt;
   byte_range *r = malloc(sizeof *r * (size_t)cap);
   if (!r) return ENOMEM;
   int n = 0;
   for (int l = w->first; l < w->end; l++) {
-    const prima_tensor *ts = &w->m->layers[l].attn_norm;
+    const prima_tensor *ts = layer_tensors(&w->m->layers[l]);
     for (int i = 0; i < nt; i++) {
       if (!ts[i].data) continue;
       r[n].lo = ts[i].offset & ~(page - 1);
