@@ -2,7 +2,8 @@
 // or JSON. Also the profile a worker daemon announces when it joins, with its link probe.
 import { availableParallelism, hostname } from "node:os";
 import { dirname, resolve } from "node:path";
-import { LocalModel } from "../engine/index.js";
+import type { LocalModel } from "../engine/index.js";
+import { describeModel, readGguf } from "../model/index.js";
 import { parseWorkerArgs, threadsArg } from "./args.js";
 import {
   LinkProbeServer, formatReport, genericWorkload, modelWorkload, profileDevice, refreshMemory, type DeviceReport,
@@ -35,9 +36,7 @@ export async function profileCommand(argv: string[]): Promise<number> {
   let diskDirs: string[] = [];
   if (values.model) {
     try {
-      const model = LocalModel.open(values.model, { threads: 1 });
-      workload = modelWorkload(model.desc);
-      model.close();
+      workload = modelWorkload(describeModel(readGguf(values.model))); // the header is enough: nothing mapped
     } catch (e) {
       console.error(`prima-worker profile: ${(e as Error).message}`);
       return 1;
