@@ -10,7 +10,7 @@ import {
 } from "./compute.js";
 import { diskKey, measureDisk, scratchDir } from "./disk.js";
 import { detectGpus } from "./gpu.js";
-import { readMemory } from "./memory.js";
+import { readMemory, type MemoryReading } from "./memory.js";
 import { RAM_AVAILABLE_FRACTION, REPORT_VERSION, type DeviceReport } from "./report.js";
 import { cgroupPaths, cpuQuota, systemInfo } from "./system.js";
 
@@ -86,44 +86,36 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
   });
   const cpuFlopsPerS = flopsPerType(o.workload, new Map(kernels.map((t) => [t.key, t])));
 
-  let memRead = o.reprofile ? undefined : speeds.memReadBytesPerS;
-  if (memRead === undefined) {
-    memRead = measureMemoryBandwidth(Math.min(100 << 20, Math.max(8 << 20, budget)), o.threads, quick ? 0.05 : 0.15);
-    speeds.memReadBytesPerS = memRead;
-    measured.push("memory bandwidth");
-    say(`memory read: ${(memRead / 1e9).toFixed(2)} GB/s`);
-  } else say(`memory read: ${(memRead / 1e9).toFixed(2)} GB/s (cached)`);
+  /** A cached speed, or measured now (and noted for the cache); either way said. */
+  const cachedOr = async <T>(what: string, cached: T | undefined, measure: () => T | Promise<T>, describe: (v: T) => string): Promise<T> => {
+    if (cached !== undefined && !o.reprofile) {
+      say(`${what}: ${describe(cached)} (cached)`);
+      return cached;
+    }
+    const v = await measure();
+    measured.push(what);
+    say(`${what}: ${describe(v)}`);
+    return v;
+  };
 
+  const memRead = speeds.memReadBytesPerS = await cachedOr("memory read", speeds.memReadBytesPerS,
+    () => measureMemoryBandwidth(Math.min(100 << 20, Math.max(8 << 20, budget)), o.threads, quick ? 0.05 : 0.15),
+    (v) => `${(v / 1e9).toFixed(2)} GB/s`);
   const kvKey = String(o.workload.kvFloats);
-  let kvCopyMs = o.reprofile ? undefined : speeds.kvCopyMs[kvKey];
-  if (kvCopyMs === undefined) {
-    kvCopyMs = measureKvCopyMs(o.workload.kvFloats, o.nCtx ?? 1024, quick ? 0.01 : 0.03);
-    speeds.kvCopyMs[kvKey] = kvCopyMs;
-    measured.push("kv copy");
-    say(`kv copy: ${(kvCopyMs * 1000).toFixed(2)} us per token and layer`);
-  } else say(`kv copy: ${(kvCopyMs * 1000).toFixed(2)} us per token and layer (cached)`);
-
-  let windowCallMs = o.reprofile ? undefined : speeds.windowCallMs;
-  if (windowCallMs === undefined) {
-    windowCallMs = await measureWindowCallMs(o.threads, quick ? 10 : 30);
-    speeds.windowCallMs = windowCallMs;
-    measured.push("window call");
-    say(`window call: ${(windowCallMs * 1000).toFixed(0)} us to wake ${o.threads} sleeping thread${o.threads === 1 ? "" : "s"}`);
-  } else say(`window call: ${(windowCallMs * 1000).toFixed(0)} us (cached)`);
+  const kvCopyMs = speeds.kvCopyMs[kvKey] = await cachedOr("kv copy", speeds.kvCopyMs[kvKey],
+    () => measureKvCopyMs(o.workload.kvFloats, o.nCtx ?? 1024, quick ? 0.01 : 0.03),
+    (v) => `${(v * 1000).toFixed(2)} us per token and layer`);
+  const windowCallMs = speeds.windowCallMs = await cachedOr("window call", speeds.windowCallMs,
+    () => measureWindowCallMs(o.threads, quick ? 10 : 30),
+    (v) => `${(v * 1000).toFixed(0)} us to wake ${o.threads} sleeping thread${o.threads === 1 ? "" : "s"}`);
 
   const diskDir = scratchDir([...(o.diskDirs ?? []), dir, tmpdir()]);
   if (!diskDir) throw new Error(`no writable directory for the disk's scratch file (tried ${[...(o.diskDirs ?? []), dir, tmpdir()].join(", ")})`);
   const dk = diskKey(diskDir);
-  let disk = o.reprofile ? undefined : speeds.disks[dk];
-  const fmtDisk = (d: { seqReadBytesPerS: number; randReadBytesPerS: number }) =>
-    `${(d.seqReadBytesPerS / 1e6).toFixed(0)} MB/s sequential, ${(d.randReadBytesPerS / 1e6).toFixed(1)} MB/s random`;
-  if (!disk) {
+  const disk = speeds.disks[dk] = await cachedOr("disk", speeds.disks[dk], () => {
     say(`disk: reading a scratch file under ${diskDir} with the page cache bypassed`);
-    disk = measureDisk(diskDir, quick ? { seqSeconds: 0.15, randSeconds: 0.1, fileBytes: 32 << 20 } : { seqSeconds: 0.4, randSeconds: 0.3 });
-    speeds.disks[dk] = disk;
-    measured.push("disk");
-    say(`disk: ${fmtDisk(disk)}`);
-  } else say(`disk: ${fmtDisk(disk)} (cached)`);
+    return measureDisk(diskDir, quick ? { seqSeconds: 0.15, randSeconds: 0.1, fileBytes: 32 << 20 } : { seqSeconds: 0.4, randSeconds: 0.3 });
+  }, (d) => `${(d.seqReadBytesPerS / 1e6).toFixed(0)} MB/s sequential, ${(d.randReadBytesPerS / 1e6).toFixed(1)} MB/s random`);
 
   let cacheFile: string | undefined;
   if (measured.length) {
@@ -141,11 +133,7 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
     cpuFlopsPerS,
     kvCopyCpuMs: kvCopyMs,
     ramReadBytesPerS: memRead,
-    ramTotalBytes: memory.totalBytes,
-    ramAvailableBytes: Math.floor(memory.availableBytes * RAM_AVAILABLE_FRACTION),
-    swappableBytes: memory.swappableBytes,
-    swapTotalBytes: memory.swapTotalBytes,
-    swapAvailableBytes: memory.swapFreeBytes,
+    ...memoryFields(memory),
     diskSeqReadBytesPerS: disk.seqReadBytesPerS,
     diskRandReadBytesPerS: disk.randReadBytesPerS,
   };
@@ -162,19 +150,19 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
   };
 }
 
+/** The profile's memory fields from a reading. */
+function memoryFields(memory: MemoryReading) {
+  return {
+    ramTotalBytes: memory.totalBytes,
+    ramAvailableBytes: Math.floor(memory.availableBytes * RAM_AVAILABLE_FRACTION),
+    swappableBytes: memory.swappableBytes,
+    swapTotalBytes: memory.swapTotalBytes,
+    swapAvailableBytes: memory.swapFreeBytes,
+  };
+}
+
 /** The same report with memory read again (it changes all the time; speeds do not). */
 export function refreshMemory(r: DeviceReport): DeviceReport {
   const memory = readMemory(r.profile.os === "android");
-  return {
-    ...r,
-    profile: {
-      ...r.profile,
-      ramTotalBytes: memory.totalBytes,
-      ramAvailableBytes: Math.floor(memory.availableBytes * RAM_AVAILABLE_FRACTION),
-      swappableBytes: memory.swappableBytes,
-      swapTotalBytes: memory.swapTotalBytes,
-      swapAvailableBytes: memory.swapFreeBytes,
-    },
-    details: { ...r.details, memory },
-  };
+  return { ...r, profile: { ...r.profile, ...memoryFields(memory) }, details: { ...r.details, memory } };
 }
