@@ -96,11 +96,24 @@ export interface MeasuredDevice {
   readonly memPressure: number;
 }
 
-/** Per-token decode cost of a device between two status snapshots. */
-export function measuredBetween(before: Status, after: Status, tokens: number): MeasuredDevice {
-  const compute = (s: Status) => s.windows.reduce((a, w) => a + w.computeMs, 0);
-  const t = Math.max(1, tokens);
-  return { computeMs: (compute(after) - compute(before)) / t, sendMs: (after.sendMs - before.sendMs) / t, memPressure: after.memPressure };
+/** What a device did between two status snapshots (before: undefined for "since it started"), per
+ * step; major faults in total. */
+export interface StepCost {
+  readonly computeMs: number;
+  readonly waitMs: number;
+  readonly sendMs: number;
+  readonly majorFaults: number;
+}
+
+export function costPerStep(before: Status | undefined, after: Status, steps: number): StepCost {
+  const sum = (s: Status | undefined, f: (w: Status["windows"][number]) => number) => s?.windows.reduce((a, w) => a + f(w), 0) ?? 0;
+  const t = Math.max(1, steps);
+  return {
+    computeMs: (sum(after, (w) => w.computeMs) - sum(before, (w) => w.computeMs)) / t,
+    waitMs: (after.waitMs - (before?.waitMs ?? 0)) / t,
+    sendMs: (after.sendMs - (before?.sendMs ?? 0)) / t,
+    majorFaults: sum(after, (w) => w.majorFaults) - sum(before, (w) => w.majorFaults),
+  };
 }
 
 export interface PredictionRow {

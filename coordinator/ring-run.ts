@@ -12,7 +12,7 @@ import {
 } from "../ring/index.js";
 import type { Status } from "../control/index.js";
 import {
-  DecodeMeter, formatPlan, formatPrediction, measuredBetween, planRing, predictionReport, ringPosition,
+  DecodeMeter, costPerStep, formatPlan, formatPrediction, planRing, predictionReport, ringPosition,
   type MeasuredDevice, type PredictionReport, type RingPlan,
 } from "./placement.js";
 import { WorkerRegistry, type WorkerHandle } from "./registry.js";
@@ -36,32 +36,29 @@ function headStatus(node: RingNode, pressure: number): Status {
 /** Per-device timings per token; with `before` (counters read when decoding started), decode only:
  * a prompt's first pass pays for mapping the weights in and would blur the per-token figures. */
 export function summaryTable(rows: { device: string; status: Status; before?: Status }[], tokens: number): string {
-  const per = (ms: number) => (tokens > 0 ? (ms / tokens).toFixed(2) : "-");
+  const ms = (v: number) => (tokens > 0 ? v.toFixed(2) : "-");
   const lines = [
     "device                      layers            compute ms/tok  wait ms/tok  send ms/tok  major faults  resident  anon RSS  mem pressure",
   ];
-  const compute = (s: Status | undefined) => s?.windows.reduce((a, w) => a + w.computeMs, 0) ?? 0;
-  const faults = (s: Status | undefined) => s?.windows.reduce((a, w) => a + w.majorFaults, 0) ?? 0;
-  for (const { device, status: s, before: b } of rows) {
+  for (const { device, status: s, before } of rows) {
     const layers = s.windows.map((w) => `${w.firstLayer}-${w.endLayer - 1}`).join(",") || "-";
+    const c = costPerStep(before, s, tokens);
     const res = s.windows.reduce((a, w) => a + w.residentBytes, 0), tot = s.windows.reduce((a, w) => a + w.totalBytes, 0);
     lines.push(
-      `${device.padEnd(27)} ${layers.padEnd(17)} ${per(compute(s) - compute(b)).padStart(14)} ${per(s.waitMs - (b?.waitMs ?? 0)).padStart(12)} ` +
-      `${per(s.sendMs - (b?.sendMs ?? 0)).padStart(12)} ${String(faults(s) - faults(b)).padStart(13)} ` +
-      `${(tot ? `${((100 * res) / tot).toFixed(0)}%` : "-").padStart(9)} ${`${(s.anonRssBytes / 2 ** 20).toFixed(0)} MiB`.padStart(9)} ` +
-      `${`${(100 * s.memPressure).toFixed(2)}%`.padStart(13)}`,
+      `${device.padEnd(27)} ${layers.padEnd(17)} ${ms(c.computeMs).padStart(14)} ${ms(c.waitMs).padStart(12)} ${ms(c.sendMs).padStart(12)} ` +
+      `${String(c.majorFaults).padStart(13)} ${(tot ? `${((100 * res) / tot).toFixed(0)}%` : "-").padStart(9)} ` +
+      `${`${(s.anonRssBytes / 2 ** 20).toFixed(0)} MiB`.padStart(9)} ${`${(100 * s.memPressure).toFixed(2)}%`.padStart(13)}`,
     );
   }
   return lines.join("\n");
 }
 
-/** One device's compute, wait and send time per decode step (ms) and its major faults during decode. */
-function perDecodeStep(before: Status | undefined, after: Status, steps: number) {
-  const compute = (s: Status | undefined) => s?.windows.reduce((a, w) => a + w.computeMs, 0) ?? 0;
-  const faults = (s: Status | undefined) => s?.windows.reduce((a, w) => a + w.majorFaults, 0) ?? 0;
+/** The plan and how its prediction held, as --json reports them. */
+function placementJson(placement: RingPlan, nWorkers: number, prediction: PredictionReport | undefined) {
   return {
-    compute_ms: (compute(after) - compute(before)) / steps, wait_ms: (after.waitMs - (before?.waitMs ?? 0)) / steps,
-    send_ms: (after.sendMs - (before?.sendMs ?? 0)) / steps, major_faults: faults(after) - faults(before),
+    plan: placement.plan, labels: placement.labels, devices: placement.devices, per_cycle: placement.perCycle,
+    release_after_use: placement.releaseAfterUse, links: placement.links, model: placement.model,
+    ring_positions: placement.labels.map((_, hi) => ringPosition(hi, nWorkers)), prediction,
   };
 }
 
@@ -77,8 +74,7 @@ async function runAlone(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx: numb
     const prediction = meter.decodeSteps > 0 ? predictionReport(placement, placement.labels, measured, meter.meanDecodeMs, meter.decodeSteps) : undefined;
     if (a.json) {
       console.log(JSON.stringify({
-        ...report, cycles: placement.cycles, layer_windows: placement.perCycle,
-        placement: { plan: placement.plan, labels: placement.labels, devices: placement.devices, per_cycle: placement.perCycle, links: placement.links, model: placement.model, prediction },
+        ...report, cycles: placement.cycles, layer_windows: placement.perCycle, placement: placementJson(placement, placement.labels.length - 1, prediction),
       }));
     } else console.error(timingLine(report));
     if (prediction) log(formatPrediction(prediction));
@@ -154,7 +150,7 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
     const room = new WeightRoom(() => node?.residentWeightBytes() ?? 0);
     node = new RingNode({
       model, windows: plan.perDevice[workers.length], cycles: plan.cycles, ctx, maxBatch: a.batch, prefetch: a.prefetch,
-      prefetchBudgetBytes: () => room.bytes(), windowsFitInMemory: () => room.bytes() >= (node?.weightBytes ?? Infinity),
+      weightRoomBytes: () => room.bytes(),
       releaseAfterUse: releaseAfterUse(workers.length), isHead: true,
       send: async (f) => {
         if (!link) throw new Error("the ring is not connected");
@@ -224,24 +220,24 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
     const steps = decodeOnly ? meter.decodeSteps : report.generated_ids.length + report.prompt_ids.length;
     const rows = statuses.map((s) => ({ ...s, before: decodeOnly ? atDecodeStart.get(s.haldaIndex) : undefined }));
     let prediction: PredictionReport | undefined;
-    if (placement && meter.decodeSteps > 0) {
+    if (placement && decodeOnly) {
       const measured = new Map<number, MeasuredDevice>();
-      for (const s of statuses) {
-        const before = atDecodeStart.get(s.haldaIndex);
-        if (before) measured.set(s.haldaIndex, measuredBetween(before, s.status, meter.decodeSteps));
+      for (const r of rows) {
+        if (!r.before) continue;
+        const c = costPerStep(r.before, r.status, steps);
+        measured.set(r.haldaIndex, { computeMs: c.computeMs, sendMs: c.sendMs, memPressure: r.status.memPressure });
       }
       prediction = predictionReport(placement, placement.labels, measured, meter.meanDecodeMs, meter.decodeSteps);
     }
     if (a.json) {
-      const placementJson = placement && {
-        plan: placement.plan, labels: placement.labels, devices: placement.devices, per_cycle: placement.perCycle,
-        release_after_use: placement.releaseAfterUse, links: placement.links, model: placement.model,
-        ring_positions: placement.labels.map((_, hi) => ringPosition(hi, workers.length)), prediction,
+      const perDevice = (r: (typeof rows)[number]) => {
+        const c = costPerStep(r.before, r.status, steps);
+        return { device: r.device, compute_ms: c.computeMs, wait_ms: c.waitMs, send_ms: c.sendMs, major_faults: c.majorFaults };
       };
       console.log(JSON.stringify({
         ...report, cycles: plan.cycles, layer_windows: perCycle, devices_status: statuses.map(({ device, status }) => ({ device, status })),
-        ...(decodeOnly ? { devices_decode: rows.map((r) => ({ device: r.device, ...perDecodeStep(r.before, r.status, steps) })) } : {}),
-        ...(placementJson ? { placement: placementJson } : {}),
+        ...(decodeOnly ? { devices_decode: rows.map(perDevice) } : {}),
+        ...(placement ? { placement: placementJson(placement, workers.length, prediction) } : {}),
       }));
     } else {
       console.error(timingLine(report));

@@ -225,7 +225,7 @@ export async function runCommand(argv: string[]): Promise<number> {
   }
   const t0 = performance.now();
   const ring = a.minWorkers > 0 || a.layerWindows !== undefined;
-  // As head of a ring, its threads would spin while the rest of the ring computes: let them sleep.
+  // As head of a ring, its threads wait for the rest of the ring between windows: spin only briefly.
   const model = LocalModel.open(a.model, { threads: a.threads, idleSpinUs: ring ? RING_IDLE_SPIN_US : undefined });
   const tok = Tokenizer.fromGguf(model.gguf);
   const ctx = Math.min(a.ctx, model.desc.hparams.nCtxTrain);

@@ -45,12 +45,10 @@ export interface RingNodeOptions {
   readonly ctx: number;
   readonly maxBatch: number;
   readonly prefetch: boolean;
-  /** How many bytes of the next window may be paged in ahead (what memory can hold); default all. */
-  readonly prefetchBudgetBytes?: () => number;
-  /** Whether memory holds every window of this device now (default: yes). When it may not, decode
-   * steps stay off the event loop: paging a window in can take seconds, and a blocked event loop
-   * would look dead to the ring. */
-  readonly windowsFitInMemory?: () => boolean;
+  /** Bytes of weights memory can hold now (default: unlimited). It bounds how far the next window is
+   * paged in ahead, and when it is less than this device's windows, decode steps stay off the event
+   * loop: paging a window in can take seconds, and a blocked event loop would look dead to the ring. */
+  readonly weightRoomBytes?: () => number;
   readonly releaseAfterUse: boolean;
   /** The head is last in ring order: it wraps cycles and delivers finished rows. */
   readonly isHead: boolean;
@@ -94,11 +92,15 @@ export class RingNode {
       const slot: Slot = {
         spec, window, lastFaults: 0, stats: { ...spec, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 },
         // Inline only while the window's pages are all there: no faults last time, none released since.
-        runner: new QuickForward(window, () => slot.lastFaults === 0 && !this.releaseAfterUse && (o.windowsFitInMemory?.() ?? true)),
+        runner: new QuickForward(window, () => slot.lastFaults === 0 && !this.releaseAfterUse && this.windowsFitInMemory()),
       };
       this.slots.set(spec.cycle, slot);
     }
     this.weightBytes = [...this.slots.values()].reduce((a, s) => a + s.window.residency().totalBytes, 0);
+  }
+
+  private windowsFitInMemory(): boolean {
+    return (this.o.weightRoomBytes?.() ?? Infinity) >= this.weightBytes;
   }
 
   /** Bytes of this device's weights in memory now (mincore over its windows: not for every token). */
@@ -220,6 +222,6 @@ export class RingNode {
     const following = this.nextSlot(frame.cycle);
     if (!following || following === slot) return;
     if (this.releaseAfterUse) slot.window.release();
-    if (this.o.prefetch) following.window.prefetch(this.o.prefetchBudgetBytes?.());
+    if (this.o.prefetch) following.window.prefetch(this.o.weightRoomBytes?.());
   }
 }

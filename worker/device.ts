@@ -68,8 +68,7 @@ export class WorkerDevice implements SessionHandler {
       ctx: a.ctx,
       maxBatch: a.maxBatch,
       prefetch: a.prefetch,
-      prefetchBudgetBytes: () => this.room.bytes(),
-      windowsFitInMemory: () => this.room.bytes() >= (this.node?.weightBytes ?? Infinity),
+      weightRoomBytes: () => this.room.bytes(),
       releaseAfterUse: a.releaseAfterUse,
       isHead: false,
       send: async (f) => {
