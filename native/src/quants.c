@@ -988,19 +988,9 @@ static void dot_q6_K(int n, const void *vw, const void *a, size_t as, int nc, fl
 
 void prima_scalar_fns(prima_level_fns *f) {
   memset(f, 0, sizeof *f);
-  f->dequantize[PRIMA_F32] = dequantize_f32;
-  f->dequantize[PRIMA_F16] = dequantize_f16;
-  f->dequantize[PRIMA_BF16] = dequantize_bf16;
-  f->dequantize[PRIMA_Q4_0] = dequantize_q4_0;
-  f->dequantize[PRIMA_Q4_1] = dequantize_q4_1;
-  f->dequantize[PRIMA_Q5_0] = dequantize_q5_0;
-  f->dequantize[PRIMA_Q5_1] = dequantize_q5_1;
-  f->dequantize[PRIMA_Q8_0] = dequantize_q8_0;
-  f->dequantize[PRIMA_Q2_K] = dequantize_q2_K;
-  f->dequantize[PRIMA_Q3_K] = dequantize_q3_K;
-  f->dequantize[PRIMA_Q4_K] = dequantize_q4_K;
-  f->dequantize[PRIMA_Q5_K] = dequantize_q5_K;
-  f->dequantize[PRIMA_Q6_K] = dequantize_q6_K;
+#define SET_DEQUANTIZE(T, name) f->dequantize[PRIMA_##T] = dequantize_##name;
+  PRIMA_WEIGHT_TYPES(SET_DEQUANTIZE)
+#undef SET_DEQUANTIZE
   f->dequantize[PRIMA_Q8_1] = dequantize_q8_1;
   f->dequantize[PRIMA_Q8_K] = dequantize_q8_K;
 

@@ -78,16 +78,22 @@ typedef struct {
   prima_quantize_fn act_quantize[PRIMA_TYPE_COUNT];
 } prima_level_fns;
 
-/* Every weight type with a dot kernel, as X(TYPE, name): each level defines dot_<name> for all of them
- * and registers them with PRIMA_SET_DOTS(f). */
-#define PRIMA_DOT_TYPES(X)                                                                              \
+/* Every weight type, as X(TYPE, name): each level defines dot_<name> (and AVX2 dot_<name>_rows) for
+ * all of them and registers them with PRIMA_SET_DOTS(f) / PRIMA_SET_DOT_ROWS(f). */
+#define PRIMA_WEIGHT_TYPES(X)                                                                           \
   X(F32, f32) X(F16, f16) X(BF16, bf16) X(Q4_0, q4_0) X(Q4_1, q4_1) X(Q5_0, q5_0) X(Q5_1, q5_1)           \
   X(Q8_0, q8_0) X(Q2_K, q2_K) X(Q3_K, q3_K) X(Q4_K, q4_K) X(Q5_K, q5_K) X(Q6_K, q6_K)
 #define PRIMA_SET_DOT_(T, name) fns_->dot[PRIMA_##T] = dot_##name;
+#define PRIMA_SET_DOT_ROWS_(T, name) fns_->dot_rows[PRIMA_##T] = dot_##name##_rows;
 #define PRIMA_SET_DOTS(f)                \
   do {                                   \
     prima_level_fns *fns_ = (f);         \
-    PRIMA_DOT_TYPES(PRIMA_SET_DOT_)      \
+    PRIMA_WEIGHT_TYPES(PRIMA_SET_DOT_)   \
+  } while (0)
+#define PRIMA_SET_DOT_ROWS(f)             \
+  do {                                    \
+    prima_level_fns *fns_ = (f);          \
+    PRIMA_WEIGHT_TYPES(PRIMA_SET_DOT_ROWS_) \
   } while (0)
 
 /* A SIMD level's dot for nc = 1..8 activation columns, one function each (so the column loops
