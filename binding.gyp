@@ -25,7 +25,7 @@
       "defines": ["NAPI_VERSION=8", "NODE_ADDON_API_DISABLE_CPP_EXCEPTIONS"],
       "libraries": ["-lpthread", "-lm"],
       "conditions": [
-        ["target_arch=='x64'", { "dependencies": ["prima_avx2"] }],
+        ["target_arch=='x64'", { "dependencies": ["prima_avx2", "prima_avx512", "prima_avx512vnni"] }],
         ["target_arch=='arm64'", { "sources": ["native/src/quants_neon.c"], "defines": ["PRIMA_HAVE_NEON"] }]
       ]
     },
@@ -33,9 +33,26 @@
       "target_name": "prima_avx2",
       "type": "static_library",
       "conditions": [
+        ["target_arch=='x64'", { "sources": ["native/src/quants_x86.c"], "cflags": ["-mavx2", "-mfma", "-mf16c"] }]
+      ]
+    },
+    {
+      "target_name": "prima_avx512",
+      "type": "static_library",
+      "conditions": [
         ["target_arch=='x64'", {
-          "sources": ["native/src/quants_avx2.c"],
-          "cflags": ["-mavx2", "-mfma", "-mf16c"]
+          "sources": ["native/src/quants_x86.c"],
+          "cflags": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"]
+        }]
+      ]
+    },
+    {
+      "target_name": "prima_avx512vnni",
+      "type": "static_library",
+      "conditions": [
+        ["target_arch=='x64'", {
+          "sources": ["native/src/quants_x86.c"],
+          "cflags": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx512vnni"]
         }]
       ]
     }

@@ -1,6 +1,6 @@
 /* The kernel table: per SIMD level and weight type, the best function that level has (falling back to
  * the scalar reference where a level has no twin), and run-time selection of the level this CPU runs.
- * PRIMA_SIMD=scalar|avx2|neon in the environment forces a lower level (never a higher one). */
+ * PRIMA_SIMD=scalar|avx2|avx512|neon in the environment forces a lower level (never a higher one). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +47,9 @@ static int cpu_runs(int simd) {
   case PRIMA_SIMD_AVX2:
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  case PRIMA_SIMD_AVX512: /* (libgcc also checks that the OS saves the zmm and mask registers) */
+    return cpu_runs(PRIMA_SIMD_AVX2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
 #endif
 #if defined(__aarch64__) && defined(PRIMA_HAVE_NEON)
   case PRIMA_SIMD_NEON: return 1; /* NEON is part of AArch64 */
@@ -97,6 +100,12 @@ static void init_once(void) {
     prima_avx2_fns(&fns);
     fill_level(PRIMA_SIMD_AVX2, &scalar, &fns, quantize_ref);
     g_level_ok[PRIMA_SIMD_AVX2] = 1;
+  }
+  if (cpu_runs(PRIMA_SIMD_AVX512)) {
+    if (__builtin_cpu_supports("avx512vnni")) prima_avx512vnni_fns(&fns);
+    else prima_avx512_fns(&fns);
+    fill_level(PRIMA_SIMD_AVX512, &scalar, &fns, quantize_ref);
+    g_level_ok[PRIMA_SIMD_AVX512] = 1;
   }
 #endif
 #if defined(__aarch64__) && defined(PRIMA_HAVE_NEON)

@@ -1,6 +1,6 @@
 /* The kernel table: for each weight type, its fused dequantize-and-dot against quantized activations,
  * its dequantizer and its reference quantizer. One scalar implementation of each function is the
- * reference (quants.c); SIMD twins (quants_avx2.c, quants_neon.c, ...) are picked at run time. */
+ * reference (quants.c); SIMD twins (quants_x86.c, quants_neon.c) are picked at run time. */
 #ifndef PRIMA_KERNELS_H
 #define PRIMA_KERNELS_H
 
@@ -76,7 +76,7 @@ size_t prima_row_bytes(int type, int64_t n);
 int prima_type_block_elems(int type);
 /* "Q4_K" etc., NULL for an unknown type. */
 const char *prima_type_name(int type);
-/* The selected level (best the CPU runs unless PRIMA_SIMD=scalar|avx2|neon forces a lower one). */
+/* The selected level (best the CPU runs unless PRIMA_SIMD=scalar|avx2|avx512|neon forces a lower one). */
 int prima_simd_level(void);
 /* Whether a level is compiled in and this CPU runs it. */
 int prima_simd_available(int simd);

@@ -1,7 +1,7 @@
 /* The scalar reference of every kernel: half/bfloat16 conversions, dequantizers, weight quantizers
  * equal to llama.cpp's quantize_row_*_ref byte for byte (the model generator writes with them),
  * activation quantizers equal to what ggml's CPU backend feeds its dots, and the fused dots.
- * SIMD twins (quants_avx2.c, quants_neon.c) must give the same integer parts and the same float
+ * SIMD twins (quants_x86.c, quants_neon.c) must give the same integer parts and the same float
  * result up to summation order; tests compare them on random blocks. */
 #include <float.h>
 #include <math.h>

@@ -1,5 +1,5 @@
 /* Block layouts of every weight and activation type, byte for byte as GGUF files and ggml hold them,
- * and the kernels of each SIMD level (quants.c is the scalar reference; quants_avx2.c and quants_neon.c
+ * and the kernels of each SIMD level (quants.c is the scalar reference; quants_x86.c and quants_neon.c
  * are its twins). kernels.c assembles them into the table of kernels.h. */
 #ifndef PRIMA_QUANTS_H
 #define PRIMA_QUANTS_H
@@ -118,7 +118,10 @@ void prima_scalar_fns(prima_level_fns *f);
 /* Only the weight quantizers that must equal llama.cpp byte for byte; scalar only (the model generator). */
 void prima_scalar_quantize_ref(prima_quantize_fn q[PRIMA_TYPE_COUNT]);
 #if defined(__x86_64__) || defined(_M_X64)
+/* quants_x86.c, compiled once per level: AVX2, AVX-512 (F/BW/DQ/VL), AVX-512 with VNNI. */
 void prima_avx2_fns(prima_level_fns *f);
+void prima_avx512_fns(prima_level_fns *f);
+void prima_avx512vnni_fns(prima_level_fns *f);
 #endif
 #if defined(__aarch64__) && defined(PRIMA_HAVE_NEON)
 void prima_neon_fns(prima_level_fns *f);

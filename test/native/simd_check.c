@@ -8,6 +8,9 @@
 #include <string.h>
 
 #include "kernels.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint32_t rnd(void) {
@@ -44,6 +47,41 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
   return h;
 }
 
+
+/* Whether the CPU's own float -> half conversion (vcvtps2ph) rounds ties to even, as IEEE and every
+ * real F16C CPU do. bochs 2.7 rounds them away from zero (at every level): under it, a level's F16
+ * activation bytes may differ from scalar by one at exact ties, and only there. */
+#if defined(__x86_64__)
+__attribute__((target("f16c"))) static int cpu_f16_ties_even(void) {
+  if (!__builtin_cpu_supports("f16c")) return 1;
+  const __m128i h = _mm_cvtps_ph(_mm_set1_ps(1.0f + 1.0f / 2048), _MM_FROUND_TO_NEAREST_INT); /* between 1 and 1+2^-10 */
+  return _mm_extract_epi16(h, 0) == 0x3c00;
+}
+#else
+static int cpu_f16_ties_even(void) { return 1; }
+#endif
+
+/* Halves a and b are neighbours and x lies exactly between them. */
+static int f16_tie_between(float x, uint16_t a, uint16_t b) {
+  if (a == b || (a > b ? a - b : b - a) != 1) return 0;
+  return ((double)prima_fp16_to_fp32(a) + prima_fp16_to_fp32(b)) / 2 == (double)x;
+}
+
+/* The level's activation bytes equal scalar's, or (F16 on a CPU that rounds ties away) differ only at
+ * exact ties. Returns the first byte that differs otherwise, or n. */
+static size_t act_mismatch(int act_type, const float *x, const uint8_t *mine, const uint8_t *want, size_t n, int ties_even) {
+  for (size_t at = 0; at < n; at++) {
+    if (mine[at] == want[at]) continue;
+    if (act_type != PRIMA_F16 || ties_even) return at;
+    const size_t e = at / 2;
+    uint16_t a, b;
+    memcpy(&a, mine + 2 * e, 2);
+    memcpy(&b, want + 2 * e, 2);
+    if (!f16_tie_between(x[e], a, b)) return at;
+  }
+  return n;
+}
+
 int main(void) {
   prima_kernels_init();
   /* 1. reference quantizers: a hash over all types, on awkward data (zeros, constants, outliers) */
@@ -64,6 +102,25 @@ int main(void) {
     free(x);
   }
   printf("quantize_ref hash %016llx\n", (unsigned long long)h);
+
+  /* 2. half-precision rounding ties (the float exactly between two halves, normal and subnormal) go to
+   * the even half at every level, as the scalar conversion does */
+  const int ties_even = cpu_f16_ties_even();
+  if (!ties_even) printf("this CPU rounds vcvtps2ph ties away from even (an emulator): F16 ties not compared\n");
+  for (int level = 1; level < 4 && ties_even; level++) {
+    if (!prima_simd_available(level)) continue;
+    enum { NT = 64 };
+    float x[NT];
+    uint16_t want[NT], got[NT];
+    for (int i = 0; i < NT; i++) {
+      const int e = -24 + (i % 40);                                      /* unit in the last place of the half */
+      x[i] = ldexpf((float)(2 * (int)(rnd() % 2048) + 1), e - 1) * (i % 3 ? 1 : -1); /* odd multiple of half an ulp */
+    }
+    prima_act_quantizer_at(PRIMA_F16, PRIMA_SIMD_SCALAR)(x, want, NT);
+    prima_act_quantizer_at(PRIMA_F16, level)(x, got, NT);
+    for (int i = 0; i < NT; i++)
+      CHECK(got[i] == want[i], "F16 tie %.9g: %s %04x, scalar %04x", x[i], prima_simd_name(level), got[i], want[i]);
+  }
 
   /* 2. each SIMD level against scalar */
   for (int level = 1; level < 4; level++) {
@@ -88,7 +145,10 @@ int main(void) {
           /* the level's activation quantizer must give the same bytes */
           uint8_t *mine = malloc(abytes);
           prima_act_quantizer_at(ks->act_type, level)(x, mine, n);
-          CHECK(memcmp(mine, acts + c * stride, abytes) == 0, "%s act quantizer differs at %s", ks->name, prima_simd_name(level));
+          const size_t at = act_mismatch(ks->act_type, x, mine, acts + c * stride, abytes, ties_even);
+          CHECK(at == abytes, "%s act quantizer differs at %s: byte %zu (%02x, scalar %02x; x[%zu] = %.9g)", ks->name,
+                prima_simd_name(level), at, at < abytes ? mine[at] : 0, at < abytes ? acts[c * stride + at] : 0,
+                at / 2, ks->block_elems == 1 ? x[at / 2] : 0.0f);
           free(mine);
         }
         float *deq_s = malloc(n * sizeof(float)), *deq_v = malloc(n * sizeof(float));
@@ -112,6 +172,23 @@ int main(void) {
             CHECK(fabs((double)got[c] - want[c]) <= 1e-5 * abs + 1e-30, "%s n=%d nc=%d row %d: %s %.9g scalar %.9g",
                   ks->name, n, nc, c, prima_simd_name(level), got[c], want[c]);
           }
+        }
+        { /* the rows kernel (decode's matrix-vector product): each row equals the level's dot bit for bit */
+          enum { NR = 3 };
+          uint8_t *m = malloc(wbytes * NR);
+          for (int r = 0; r < NR; r++) {
+            for (int i = 0; i < n; i++) x[i] = 0.02f * normal();
+            ks->quantize_ref(x, m + r * wbytes, n);
+          }
+          float rows[NR];
+          prima_dot_rows(kv, n, m, wbytes, NR, acts, rows);
+          for (int r = 0; r < NR; r++) {
+            float one;
+            kv->dot(n, m + r * wbytes, acts, 0, 1, &one);
+            CHECK(memcmp(&one, &rows[r], sizeof one) == 0, "%s n=%d row %d: %s rows kernel %.9g != its dot %.9g", ks->name, n, r,
+                  prima_simd_name(level), rows[r], one);
+          }
+          free(m);
         }
         free(deq_s);
         free(deq_v);

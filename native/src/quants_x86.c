@@ -1,11 +1,17 @@
-/* AVX2/FMA/F16C twins of quants.c (compiled with -mavx2 -mfma -mf16c into its own static library, and
- * only called after kernels.c saw the CPU run them).
+/* x86 twins of quants.c. This one source is compiled once per x86 level, each into its own static
+ * library, and a level's functions are only called after kernels.c saw the CPU run that level:
+ *   AVX2 + FMA + F16C                      -> prima_avx2_fns
+ *   + AVX-512 F/BW/DQ/VL                   -> prima_avx512_fns: 512-bit float, Q4_K, Q5_K and Q6_K dots (the
+ *                                             prompt's hot loops); the rest is the AVX2 code with EVEX's 32
+ *                                             registers
+ *   + AVX-512 VNNI                         -> prima_avx512vnni_fns: also vpdpbusd for the 32-element blocks
  *
  * Every dot decodes a weight block once and uses it for each of the nc activation rows, with integer
  * products (maddubs: unsigned weight levels x signed activations -> int16 pairs; madd: x group scale
- * -> int32). The integer sum of each block equals the scalar twin's exactly; only the float
- * accumulation order differs. Weight levels are kept unsigned (K-quants add their offset through
- * the activations' bsums), so maddubs never saturates: 2 * 63 * 127 < 32767. */
+ * -> int32; or VNNI's dpbusd: four products straight into int32). The integer sum of each block equals
+ * the scalar twin's exactly; only the float accumulation order differs. Weight levels are kept unsigned
+ * (K-quants add their offset through the activations' bsums), so maddubs never saturates:
+ * 2 * 63 * 127 < 32767. */
 #include <immintrin.h>
 #include <string.h>
 
@@ -16,7 +22,7 @@
 /* Row c of the activations, as bytes. */
 #define ACT_ROW(c) ((const uint8_t *)a + (size_t)(c) * as)
 
-/* Half -> float through a table (filled once by prima_avx2_fns): a load, where vcvtph2ps on a scalar
+/* Half -> float through a table (filled once by the level's fns): a load, where vcvtph2ps on a scalar
  * costs an insert and a convert on the block's critical path (measured ~25% on the 32-element dots). */
 static float f16_table[1 << 16];
 ALWAYS_INLINE float h2f(prima_half h) { return f16_table[h]; }
@@ -74,52 +80,73 @@ ALWAYS_INLINE void prefetch_span(const void *p, const int bytes) {
   }
 #define DISPATCH_NC(kernel) PRIMA_DISPATCH_NC(kernel) ROWS_FN(kernel)
 
-/* ---------------------------------------------------------------- float formats */
+/* ---------------------------------------------------------------- float formats
+ * A vector of VW floats: 16 (zmm) with AVX-512, else 8 (ymm). */
 
-ALWAYS_INLINE __m256 load8_f32(const void *p) { return _mm256_loadu_ps((const float *)p); }
-ALWAYS_INLINE __m256 load8_f16(const void *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-ALWAYS_INLINE __m256 load8_bf16(const void *p) {
+#ifdef __AVX512F__
+#define VW 16
+typedef __m512 vfloat;
+#define vf_zero _mm512_setzero_ps
+#define vf_fmadd _mm512_fmadd_ps
+#define vf_add _mm512_add_ps
+#define vf_hsum _mm512_reduce_add_ps
+ALWAYS_INLINE __m512 loadv_f32(const void *p) { return _mm512_loadu_ps(p); }
+ALWAYS_INLINE __m512 loadv_f16(const void *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+ALWAYS_INLINE __m512 loadv_bf16(const void *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+#else
+#define VW 8
+typedef __m256 vfloat;
+#define vf_zero _mm256_setzero_ps
+#define vf_fmadd _mm256_fmadd_ps
+#define vf_add _mm256_add_ps
+#define vf_hsum hsum256
+ALWAYS_INLINE __m256 loadv_f32(const void *p) { return _mm256_loadu_ps((const float *)p); }
+ALWAYS_INLINE __m256 loadv_f16(const void *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+ALWAYS_INLINE __m256 loadv_bf16(const void *p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
+#endif
 ALWAYS_INLINE float load1_f32(const void *p, int i) { return ((const float *)p)[i]; }
 ALWAYS_INLINE float load1_f16(const void *p, int i) { return h2f(((const uint16_t *)p)[i]); }
 ALWAYS_INLINE float load1_bf16(const void *p, int i) { return prima_bf16_to_fp32(((const uint16_t *)p)[i]); }
 
-/* U x 8 elements per step with U accumulators per row (4 for nc <= 2 to hide FMA latency, else 2 to
+/* U x VW elements per step with U accumulators per row (4 for nc <= 2 to hide FMA latency, else 2 to
  * keep every accumulator in a register). */
-#define FLOAT_DOT(NAME, ESIZE, LOAD8, LOAD1)                                                          \
+#define FLOAT_DOT(NAME, ESIZE, LOADV, LOAD1)                                                          \
   ALWAYS_INLINE void NAME##_nc(int n, const void *w, const void *a, size_t as, const int NC, float *out, const int PF) { \
     const int U = NC <= 2 ? 4 : 2;                                                                    \
-    __m256 acc[4][PRIMA_MAX_NC];                                                                      \
+    vfloat acc[4][PRIMA_MAX_NC];                                                                      \
     for (int u = 0; u < U; u++)                                                                       \
-      for (int c = 0; c < NC; c++) acc[u][c] = _mm256_setzero_ps();                                   \
+      for (int c = 0; c < NC; c++) acc[u][c] = vf_zero();                                             \
     const uint8_t *wb = w;                                                                            \
     int i = 0;                                                                                        \
-    for (; i + 8 * U <= n; i += 8 * U) {                                                              \
-      PREFETCH(wb + (size_t)i * ESIZE, 8 * U * ESIZE);                                                \
+    for (; i + VW * U <= n; i += VW * U) {                                                            \
+      PREFETCH(wb + (size_t)i * ESIZE, VW * U * ESIZE);                                               \
       for (int u = 0; u < U; u++) {                                                                   \
-        const __m256 wv = LOAD8(wb + (size_t)(i + 8 * u) * ESIZE);                                    \
+        const vfloat wv = LOADV(wb + (size_t)(i + VW * u) * ESIZE);                                   \
         for (int c = 0; c < NC; c++)                                                                  \
-          acc[u][c] = _mm256_fmadd_ps(wv, LOAD8(ACT_ROW(c) + (size_t)(i + 8 * u) * ESIZE), acc[u][c]); \
+          acc[u][c] = vf_fmadd(wv, LOADV(ACT_ROW(c) + (size_t)(i + VW * u) * ESIZE), acc[u][c]);      \
       }                                                                                               \
     }                                                                                                 \
-    for (; i + 8 <= n; i += 8) {                                                                      \
-      const __m256 wv = LOAD8(wb + (size_t)i * ESIZE);                                                \
-      for (int c = 0; c < NC; c++) acc[0][c] = _mm256_fmadd_ps(wv, LOAD8(ACT_ROW(c) + (size_t)i * ESIZE), acc[0][c]); \
+    for (; i + VW <= n; i += VW) {                                                                    \
+      const vfloat wv = LOADV(wb + (size_t)i * ESIZE);                                                \
+      for (int c = 0; c < NC; c++) acc[0][c] = vf_fmadd(wv, LOADV(ACT_ROW(c) + (size_t)i * ESIZE), acc[0][c]); \
     }                                                                                                 \
     for (int c = 0; c < NC; c++) {                                                                    \
-      __m256 t = acc[0][c];                                                                           \
-      for (int u = 1; u < U; u++) t = _mm256_add_ps(t, acc[u][c]);                                    \
-      float s = hsum256(t);                                                                           \
+      vfloat t = acc[0][c];                                                                           \
+      for (int u = 1; u < U; u++) t = vf_add(t, acc[u][c]);                                           \
+      float s = vf_hsum(t);                                                                           \
       for (int j = i; j < n; j++) s += LOAD1(w, j) * LOAD1(ACT_ROW(c), j);                            \
       out[c] = s;                                                                                     \
     }                                                                                                 \
   }                                                                                                   \
   DISPATCH_NC(NAME)
 
-FLOAT_DOT(dot_f32, 4, load8_f32, load1_f32)
-FLOAT_DOT(dot_f16, 2, load8_f16, load1_f16)
-FLOAT_DOT(dot_bf16, 2, load8_bf16, load1_bf16)
+FLOAT_DOT(dot_f32, 4, loadv_f32, load1_f32)
+FLOAT_DOT(dot_f16, 2, loadv_f16, load1_f16)
+FLOAT_DOT(dot_bf16, 2, loadv_bf16, load1_bf16)
 
 /* ---------------------------------------------------------------- 32-element blocks */
 
@@ -141,11 +168,19 @@ ALWAYS_INLINE __m256i fifth_bits32(const uint8_t *qh4) {
 
 /* Sum of q*a over 32 signed levels q (never -128) and signed activations a, as 8 int32 lanes. */
 ALWAYS_INLINE __m256i dot32_signed(__m256i absq, __m256i q, __m256i a) {
+#ifdef __AVX512VNNI__
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), absq, _mm256_sign_epi8(a, q));
+#else
   return _mm256_madd_epi16(_mm256_maddubs_epi16(absq, _mm256_sign_epi8(a, q)), _mm256_set1_epi16(1));
+#endif
 }
 /* Same for unsigned levels q (<= 127). */
 ALWAYS_INLINE __m256i dot32_unsigned(__m256i q, __m256i a) {
+#ifdef __AVX512VNNI__
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, a);
+#else
   return _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), _mm256_set1_epi16(1));
+#endif
 }
 
 /* Signed-level blocks (Q4_0, Q5_0, Q8_0) against Q8_0: acc += (d_w*d_a) * isum, per lane. Blocks go in
@@ -232,6 +267,133 @@ ALWAYS_INLINE __m128i k4_scales_mins(const uint8_t *s) {
   return _mm_set_epi32((int)(((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4)), (int)(u[1] & 0x3f3f3f3f),
                        (int)((u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4)), (int)(u[0] & 0x3f3f3f3f));
 }
+
+#ifdef __AVX512BW__
+/* ---- 512-bit K-quant dots: one zmm holds two consecutive 32-element vectors of the AVX2 bodies (the
+ * activations of those 64 elements are contiguous), so each multiply-add step covers 64 elements. */
+
+/* int16 lanes 0..7 of v (a group's scale each) spread over the 32 lanes of a zmm: lanes 8k..8k+7 (16
+ * elements' pair sums) get scale g[k]. */
+ALWAYS_INLINE __m512i spread_scales(__m512i v, int g0, int g1, int g2, int g3) {
+  const __m256i lo = _mm256_set_m128i(_mm_set1_epi16((short)g1), _mm_set1_epi16((short)g0));
+  const __m256i hi = _mm256_set_m128i(_mm_set1_epi16((short)g3), _mm_set1_epi16((short)g2));
+  return _mm512_permutexvar_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), v);
+}
+/* The 32 bytes at p in both halves of a zmm, the upper half shifted right by `upper_shift` bits (per
+ * 16-bit lane: callers mask to bits that stay inside their byte). */
+ALWAYS_INLINE __m512i twice_shifted(const uint8_t *p, const int upper_shift) {
+  const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+  return _mm512_mask_blend_epi64(0xF0, v, _mm512_srli_epi16(v, upper_shift));
+}
+
+/* Q4_K and Q5_K: zmm j holds groups 2j (low nibbles of qs chunk j) and 2j+1 (its high nibbles). */
+#define K4_DOT(NAME, BLOCK, FIFTH)                                                                    \
+  ALWAYS_INLINE void NAME##_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) { \
+    const BLOCK *w = vw;                                                                              \
+    const __m512i m4 = _mm512_set1_epi8(0x0F);                                                        \
+    __m512 acc[PRIMA_MAX_NC];                                                                         \
+    __m128 acc1m = _mm_setzero_ps(); /* nc = 1: the min term accumulates apart, as in AVX2 */        \
+    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();                                        \
+    for (int i = 0; i < n / QK_K; i++) {                                                              \
+      const BLOCK *b = &w[i];                                                                         \
+      PREFETCH(b, (int)sizeof(BLOCK));                                                                \
+      const __m128i scm = k4_scales_mins(b->scales);                                                  \
+      const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));                         \
+      const __m128i mins8 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm));                          \
+      const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(scm));                          \
+      const float d = h2f(b->d), dmin = h2f(b->dmin);                                                 \
+      __m512i sumi[PRIMA_MAX_NC];                                                                     \
+      for (int c = 0; c < NC; c++) sumi[c] = _mm512_setzero_si512();                                  \
+      if (NC == 1) {                                                                                  \
+        const block_q8_K *x = act_k(a, as, 0, i);                                                     \
+        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x->bsums),                \
+                                          _mm_loadu_si128((const __m128i *)x->bsums + 1));            \
+        acc1m = _mm_fmadd_ps(_mm_set1_ps(x->d * dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins8, bs)), acc1m); \
+      }                                                                                               \
+      FIFTH##_INIT512                                                                                 \
+      for (int j = 0; j < 4; j++) {                                                                   \
+        __m512i q = _mm512_and_si512(twice_shifted(b->qs + 32 * j, 4), m4);                           \
+        FIFTH##_ADD512                                                                                \
+        const __m512i s = spread_scales(scales, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1);                  \
+        for (int c = 0; c < NC; c++) {                                                                \
+          const __m512i av = _mm512_loadu_si512(act_k(a, as, c, i)->qs + 64 * j);                     \
+          sumi[c] = _mm512_add_epi32(sumi[c], _mm512_madd_epi16(_mm512_maddubs_epi16(q, av), s));     \
+        }                                                                                             \
+      }                                                                                               \
+      for (int c = 0; c < NC; c++) {                                                                  \
+        const block_q8_K *x = act_k(a, as, c, i);                                                     \
+        acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(x->d * d), _mm512_cvtepi32_ps(sumi[c]), acc[c]);      \
+        if (NC > 1) {                                                                                 \
+          const __m256i mp = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x->bsums));  \
+          acc[c] = _mm512_fnmadd_ps(_mm512_set1_ps(x->d * dmin), _mm512_cvtepi32_ps(_mm512_zextsi256_si512(mp)), acc[c]); \
+        }                                                                                             \
+      }                                                                                               \
+    }                                                                                                 \
+    for (int c = 0; c < NC; c++) out[c] = _mm512_reduce_add_ps(acc[c]) - (NC == 1 ? hsum128(acc1m) : 0.0f); \
+  }                                                                                                   \
+  DISPATCH_NC(NAME)
+
+#define NO_FIFTH_INIT512
+#define NO_FIFTH_ADD512
+/* Q5_K: the lower half of zmm j needs bit 2j of each qh byte, the upper half bit 2j+1. */
+#define Q5_FIFTH_INIT512                                                                              \
+  __m512i qhbits = twice_shifted(b->qh, 1);                                                           \
+  const __m512i one = _mm512_set1_epi8(1);
+#define Q5_FIFTH_ADD512                                                                               \
+  q = _mm512_or_si512(q, _mm512_slli_epi16(_mm512_and_si512(qhbits, one), 4));                         \
+  qhbits = _mm512_srli_epi16(qhbits, 2);
+
+K4_DOT(dot_q4_K, block_q4_K, NO_FIFTH)
+K4_DOT(dot_q5_K, block_q5_K, Q5_FIFTH)
+
+/* Q6_K: per 128-element half h, zmm p holds the AVX2 body's vectors 2p and 2p+1 (groups 4p..4p+3):
+ * low nibbles of ql[64h..64h+63] (p = 0) or their high nibbles (p = 1), and from qh[32h..32h+31] bits
+ * 0-1 / 2-3 (p = 0) or 4-5 / 6-7 (p = 1) moved to bits 4-5. */
+ALWAYS_INLINE void dot_q6_K_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) {
+  const block_q6_K *w = vw;
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  /* per-16-bit-lane shifts of qh: left by 4 / 2 (p = 0), right by 0 / 2 (p = 1), lower / upper half */
+  const __m512i shl0 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i shr1 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+  __m512 acc[PRIMA_MAX_NC];
+  for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
+  for (int i = 0; i < n / QK_K; i++) {
+    const block_q6_K *b = &w[i];
+    PREFETCH(b, (int)sizeof(block_q6_K));
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)b->scales);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    const float d = h2f(b->d);
+    __m512i sumi[PRIMA_MAX_NC];
+    for (int c = 0; c < NC; c++) {
+      const block_q8_K *x = act_k(a, as, c, i);
+      const __m256i bias = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x->bsums));
+      sumi[c] = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, 5)));
+    }
+    for (int h = 0; h < 2; h++) {
+      const __m512i scales = _mm512_castsi128_si512(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
+      const __m512i ql = _mm512_loadu_si512(b->ql + 64 * h);
+      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * h)));
+      for (int p = 0; p < 2; p++) {
+        const __m512i low4 = p == 0 ? _mm512_and_si512(ql, m4) : _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
+        const __m512i high2 = _mm512_and_si512(p == 0 ? _mm512_sllv_epi16(qh, shl0) : _mm512_srlv_epi16(qh, shr1), m30);
+        const __m512i q = _mm512_or_si512(low4, high2);
+        const __m512i s = spread_scales(scales, 4 * p, 4 * p + 1, 4 * p + 2, 4 * p + 3);
+        for (int c = 0; c < NC; c++) {
+          const __m512i av = _mm512_loadu_si512(act_k(a, as, c, i)->qs + 128 * h + 64 * p);
+          sumi[c] = _mm512_add_epi32(sumi[c], _mm512_madd_epi16(_mm512_maddubs_epi16(q, av), s));
+        }
+      }
+    }
+    for (int c = 0; c < NC; c++) {
+      const block_q8_K *x = act_k(a, as, c, i);
+      acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(x->d * d), _mm512_cvtepi32_ps(sumi[c]), acc[c]);
+    }
+  }
+  for (int c = 0; c < NC; c++) out[c] = _mm512_reduce_add_ps(acc[c]);
+}
+DISPATCH_NC(dot_q6_K)
+
+#else /* AVX2 */
 
 /* Q4_K and Q5_K: 8 groups of 32; group 2j = low nibbles of qs chunk j, 2j+1 = high nibbles. */
 #define K4_DOT(NAME, BLOCK, FIFTH)                                                                    \
@@ -352,6 +514,7 @@ ALWAYS_INLINE void dot_q6_K_nc(int n, const void *vw, const void *a, size_t as, 
   for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);
 }
 DISPATCH_NC(dot_q6_K)
+#endif
 
 /* Q2_K and Q3_K: 2-bit fields; vector (h, s) = bits 2s..2s+1 of qs[32h..32h+31] = elements
  * 128h + 32s + l, i.e. groups 8h+2s and 8h+2s+1. */
@@ -580,7 +743,15 @@ static void quantize_act_bf16(const float *x, void *vy, int64_t n) {
 
 /* ---------------------------------------------------------------- the level */
 
-void prima_avx2_fns(prima_level_fns *f) {
+#if defined(__AVX512VNNI__)
+#define LEVEL_FNS prima_avx512vnni_fns
+#elif defined(__AVX512BW__)
+#define LEVEL_FNS prima_avx512_fns
+#else
+#define LEVEL_FNS prima_avx2_fns
+#endif
+
+void LEVEL_FNS(prima_level_fns *f) {
   memset(f, 0, sizeof *f);
   for (int h = 0; h < (1 << 16); h++) f16_table[h] = _cvtsh_ss((unsigned short)h);
   PRIMA_SET_DOTS(f);
