@@ -63,6 +63,12 @@ export class LocalModel {
     return out;
   }
 
+  /** No pass is coming soon (a ring device handed its rows on): the compute threads sleep now rather
+   * than spin for a next pass, leaving the cores to the devices that run next. */
+  relax(): void {
+    this.native.relax();
+  }
+
   close(): void {
     this.native.close();
   }

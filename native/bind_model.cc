@@ -75,6 +75,7 @@ class Model : public Napi::ObjectWrap<Model> {
  private:
   Napi::Value MakeWindow(const Napi::CallbackInfo &info);
   Napi::Value Embed(const Napi::CallbackInfo &info);
+  Napi::Value Relax(const Napi::CallbackInfo &info);
   Napi::Value Logits(const Napi::CallbackInfo &info);
   Napi::Value Close(const Napi::CallbackInfo &info);
 };
@@ -139,7 +140,8 @@ class ForwardWorker : public Napi::AsyncWorker {
 Napi::Function Model::Define(Napi::Env env) {
   return DefineClass(env, "NativeModel",
                      {InstanceMethod("window", &Model::MakeWindow), InstanceMethod("embed", &Model::Embed),
-                      InstanceMethod("logits", &Model::Logits), InstanceMethod("close", &Model::Close)});
+                      InstanceMethod("logits", &Model::Logits), InstanceMethod("relax", &Model::Relax),
+                      InstanceMethod("close", &Model::Close)});
 }
 
 // new NativeModel(path, tensors[], hparams, { threads })
@@ -260,6 +262,12 @@ Napi::Value Model::Logits(const Napi::CallbackInfo &info) {
   auto p = w->Promise();
   w->Queue();
   return p;
+}
+
+// relax(): the compute threads stop spinning for a next job (see prima_pool_relax).
+Napi::Value Model::Relax(const Napi::CallbackInfo &info) {
+  if (st->m) prima_pool_relax(st->m->pool);
+  return info.Env().Undefined();
 }
 
 Napi::Value Model::Close(const Napi::CallbackInfo &info) {

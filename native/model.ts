@@ -68,6 +68,8 @@ export interface NativeModel {
   embed(tokens: Int32Array, out: Float32Array): void;
   /** Output norm + head on the last row of acts. */
   logits(acts: Float32Array, out: Float32Array): Promise<void>;
+  /** No pass is coming soon: the compute threads stop spinning and sleep until the next one. */
+  relax(): void;
   close(): void;
 }
 

@@ -31,11 +31,12 @@ export interface NodeStats {
   frames: number;
 }
 
-/** How long a ring device's compute threads spin after a window before sleeping, in microseconds.
- * The next frame is a whole ring away, so no long spin; but a brief one keeps the core awake while
- * the successor's threads wake. On a loopback ring of virtual CPUs it measured 10-15% faster decode
- * while decode steps went through a libuv thread (0 us: 21.5 tok/s, 500 us: 25); with steps inline,
- * 0 and 500 us are within noise and 2000 us is slower (BENCHMARKS.md). It costs a real device nothing. */
+/** How long a ring device's compute threads spin after a pass before sleeping, in microseconds: it
+ * covers a device's own passes in a row (the head's output layer, then the next token's window). Once
+ * a device has handed its rows on it relaxes its threads at once (LocalModel.relax), since its next
+ * frame is a whole ring away. Measured on a loopback ring of virtual CPUs: 500 us beat 0 while decode
+ * steps went through a libuv thread (21.5 -> 25 tok/s); with steps inline, 0 and 500 us are within
+ * noise and 2000 us is slower (BENCHMARKS.md). */
 export const RING_IDLE_SPIN_US = 500;
 
 export interface RingNodeOptions {
@@ -199,7 +200,12 @@ export class RingNode {
       throw new Error(`no window for cycle ${frame.cycle} on this device`);
     }
     if (this.o.isHead && last) this.o.deliver?.(frame, logits);
-    else await this.send(this.o.isHead ? { ...frame, cycle: frame.cycle + 1 } : frame);
+    else {
+      await this.send(this.o.isHead ? { ...frame, cycle: frame.cycle + 1 } : frame);
+      // Nothing more for this device until the rows come round again: its threads stop spinning
+      // now, leaving the cores to the device that runs next (on a loopback ring, the same cores).
+      if (this.queue.length === 0) this.o.model.relax();
+    }
     if (slot) this.advise(slot, frame);
   }
 

@@ -36,6 +36,7 @@ struct prima_pool {
   _Atomic int barrier_gen;
   _Atomic int chunk;
   _Atomic int sleepers; /* threads blocked in wait_change: wakers skip the syscall when 0 */
+  _Atomic int relaxed;  /* set by prima_pool_relax: idle workers sleep now rather than spin on */
 };
 
 /* Spinning is right while every thread has a core; when the device is busy with other programs the
@@ -51,6 +52,7 @@ static void wait_change(prima_pool *p, _Atomic int *addr, int val, int64_t spin_
     if (atomic_load_explicit(addr, memory_order_acquire) != val) return;
     cpu_relax();
     if ((i & 63) == 0) {
+      if (addr == &p->generation && atomic_load_explicit(&p->relaxed, memory_order_relaxed)) break;
       const int64_t t = now_ns();
       if (deadline == 0) deadline = t + spin_ns;
       else if (t > deadline) break;
@@ -140,6 +142,8 @@ void prima_pool_destroy(prima_pool *p) {
 
 int prima_pool_threads(const prima_pool *p) { return p->n; }
 
+void prima_pool_relax(prima_pool *p) { atomic_store_explicit(&p->relaxed, 1, memory_order_relaxed); }
+
 void prima_pool_run_alone(prima_pool *p, prima_job_fn fn, void *ctx) {
   pthread_mutex_lock(&p->run_mu);
   const prima_task solo = { .pool = p, .ith = 0, .nth = 1 };
@@ -155,6 +159,7 @@ void prima_pool_run(prima_pool *p, prima_job_fn fn, void *ctx) {
   atomic_store(&p->n_done, 0);
   atomic_store(&p->chunk, p->n);
   atomic_store(&p->barrier_count, 0);
+  atomic_store_explicit(&p->relaxed, 0, memory_order_relaxed);
   atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
   wake_all(p, &p->generation);
   fn(&p->tasks[0], ctx);

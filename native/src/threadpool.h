@@ -34,6 +34,9 @@ void prima_pool_run(prima_pool *p, prima_job_fn fn, void *ctx);
 /* Runs fn on the caller alone (nth = 1): for jobs too small to repay waking the workers and meeting
  * them at every barrier. Serialized with prima_pool_run. */
 void prima_pool_run_alone(prima_pool *p, prima_job_fn fn, void *ctx);
+/* No job is coming soon (a ring device handed its rows on): idle workers stop spinning and sleep, so
+ * the cores go to whoever runs next. The next job wakes them as usual. */
+void prima_pool_relax(prima_pool *p);
 
 /* All threads of the running job wait here until every one has arrived. */
 void prima_pool_barrier(const prima_task *t);
