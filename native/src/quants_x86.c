@@ -90,6 +90,8 @@ typedef __m512 vfloat;
 #define vf_fmadd _mm512_fmadd_ps
 #define vf_add _mm512_add_ps
 #define vf_hsum _mm512_reduce_add_ps
+#define vf_set1 _mm512_set1_ps
+#define vf_fnmadd _mm512_fnmadd_ps
 ALWAYS_INLINE __m512 loadv_f32(const void *p) { return _mm512_loadu_ps(p); }
 ALWAYS_INLINE __m512 loadv_f16(const void *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 ALWAYS_INLINE __m512 loadv_bf16(const void *p) {
@@ -102,6 +104,8 @@ typedef __m256 vfloat;
 #define vf_fmadd _mm256_fmadd_ps
 #define vf_add _mm256_add_ps
 #define vf_hsum hsum256
+#define vf_set1 _mm256_set1_ps
+#define vf_fnmadd _mm256_fnmadd_ps
 ALWAYS_INLINE __m256 loadv_f32(const void *p) { return _mm256_loadu_ps((const float *)p); }
 ALWAYS_INLINE __m256 loadv_f16(const void *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 ALWAYS_INLINE __m256 loadv_bf16(const void *p) {
@@ -268,141 +272,108 @@ ALWAYS_INLINE __m128i k4_scales_mins(const uint8_t *s) {
                        (int)((u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4)), (int)(u[0] & 0x3f3f3f3f));
 }
 
+/* K-quant dots at either width. A level vector holds VB bytes: 32 (ymm) or, with AVX-512, 64 (zmm:
+ * two consecutive 32-element vectors of the ymm bodies, whose activations are contiguous, so one
+ * multiply-add step covers 64 elements). The per-width parts are how a vector's levels and group
+ * scales are gathered; the integer sums are the same either way. */
 #ifdef __AVX512BW__
-/* ---- 512-bit K-quant dots: one zmm holds two consecutive 32-element vectors of the AVX2 bodies (the
- * activations of those 64 elements are contiguous), so each multiply-add step covers 64 elements. */
+#define VB 64
+typedef __m512i vint;
+#define vi_zero _mm512_setzero_si512
+#define vi_add32 _mm512_add_epi32
+#define vi_load(p) _mm512_loadu_si512((const void *)(p))
+#define vi_from256 _mm512_zextsi256_si512 /* an 8-lane int32 term in the first lanes */
+#define vi_dot16(q, a, s) _mm512_madd_epi16(_mm512_maddubs_epi16(q, a), s)
+#define vi_to_ps _mm512_cvtepi32_ps
 
-/* int16 lanes 0..7 of v (a group's scale each) spread over the 32 lanes of a zmm: lanes 8k..8k+7 (16
- * elements' pair sums) get scale g[k]. */
-ALWAYS_INLINE __m512i spread_scales(__m512i v, int g0, int g1, int g2, int g3) {
+/* int16 lanes 0..7 of v (a group's scale each) spread over the 32 lanes: lanes 8k..8k+7 (16 elements'
+ * pair sums) get scale g[k]. */
+ALWAYS_INLINE vint spread_scales(vint v, int g0, int g1, int g2, int g3) {
   const __m256i lo = _mm256_set_m128i(_mm_set1_epi16((short)g1), _mm_set1_epi16((short)g0));
   const __m256i hi = _mm256_set_m128i(_mm_set1_epi16((short)g3), _mm_set1_epi16((short)g2));
   return _mm512_permutexvar_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), v);
 }
-/* The 32 bytes at p in both halves of a zmm, the upper half shifted right by `upper_shift` bits (per
- * 16-bit lane: callers mask to bits that stay inside their byte). */
-ALWAYS_INLINE __m512i twice_shifted(const uint8_t *p, const int upper_shift) {
+/* The 32 bytes at p in both halves, the upper half shifted right by `upper_shift` bits (per 16-bit
+ * lane: callers mask to bits that stay inside their byte). */
+ALWAYS_INLINE vint twice_shifted(const uint8_t *p, const int upper_shift) {
   const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
   return _mm512_mask_blend_epi64(0xF0, v, _mm512_srli_epi16(v, upper_shift));
 }
+/* Eight int16 scales (lanes 0..7, from int8 or uint8 s8) as the K bodies' scale source. */
+ALWAYS_INLINE vint scales16(__m128i s16) { return _mm512_castsi128_si512(s16); }
 
-/* Q4_K and Q5_K: zmm j holds groups 2j (low nibbles of qs chunk j) and 2j+1 (its high nibbles). */
-#define K4_DOT(NAME, BLOCK, FIFTH)                                                                    \
-  ALWAYS_INLINE void NAME##_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) { \
-    const BLOCK *w = vw;                                                                              \
-    const __m512i m4 = _mm512_set1_epi8(0x0F);                                                        \
-    __m512 acc[PRIMA_MAX_NC];                                                                         \
-    __m128 acc1m = _mm_setzero_ps(); /* nc = 1: the min term accumulates apart, as in AVX2 */        \
-    for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();                                        \
-    for (int i = 0; i < n / QK_K; i++) {                                                              \
-      const BLOCK *b = &w[i];                                                                         \
-      PREFETCH(b, (int)sizeof(BLOCK));                                                                \
-      const __m128i scm = k4_scales_mins(b->scales);                                                  \
-      const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));                         \
-      const __m128i mins8 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm));                          \
-      const __m512i scales = _mm512_castsi128_si512(_mm_cvtepu8_epi16(scm));                          \
-      const float d = h2f(b->d), dmin = h2f(b->dmin);                                                 \
-      __m512i sumi[PRIMA_MAX_NC];                                                                     \
-      for (int c = 0; c < NC; c++) sumi[c] = _mm512_setzero_si512();                                  \
-      if (NC == 1) {                                                                                  \
-        const block_q8_K *x = act_k(a, as, 0, i);                                                     \
-        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x->bsums),                \
-                                          _mm_loadu_si128((const __m128i *)x->bsums + 1));            \
-        acc1m = _mm_fmadd_ps(_mm_set1_ps(x->d * dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins8, bs)), acc1m); \
-      }                                                                                               \
-      FIFTH##_INIT512                                                                                 \
-      for (int j = 0; j < 4; j++) {                                                                   \
-        __m512i q = _mm512_and_si512(twice_shifted(b->qs + 32 * j, 4), m4);                           \
-        FIFTH##_ADD512                                                                                \
-        const __m512i s = spread_scales(scales, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1);                  \
-        for (int c = 0; c < NC; c++) {                                                                \
-          const __m512i av = _mm512_loadu_si512(act_k(a, as, c, i)->qs + 64 * j);                     \
-          sumi[c] = _mm512_add_epi32(sumi[c], _mm512_madd_epi16(_mm512_maddubs_epi16(q, av), s));     \
-        }                                                                                             \
-      }                                                                                               \
-      for (int c = 0; c < NC; c++) {                                                                  \
-        const block_q8_K *x = act_k(a, as, c, i);                                                     \
-        acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(x->d * d), _mm512_cvtepi32_ps(sumi[c]), acc[c]);      \
-        if (NC > 1) {                                                                                 \
-          const __m256i mp = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x->bsums));  \
-          acc[c] = _mm512_fnmadd_ps(_mm512_set1_ps(x->d * dmin), _mm512_cvtepi32_ps(_mm512_zextsi256_si512(mp)), acc[c]); \
-        }                                                                                             \
-      }                                                                                               \
-    }                                                                                                 \
-    for (int c = 0; c < NC; c++) out[c] = _mm512_reduce_add_ps(acc[c]) - (NC == 1 ? hsum128(acc1m) : 0.0f); \
-  }                                                                                                   \
-  DISPATCH_NC(NAME)
-
-#define NO_FIFTH_INIT512
-#define NO_FIFTH_ADD512
-/* Q5_K: the lower half of zmm j needs bit 2j of each qh byte, the upper half bit 2j+1. */
-#define Q5_FIFTH_INIT512                                                                              \
-  __m512i qhbits = twice_shifted(b->qh, 1);                                                           \
-  const __m512i one = _mm512_set1_epi8(1);
-#define Q5_FIFTH_ADD512                                                                               \
-  q = _mm512_or_si512(q, _mm512_slli_epi16(_mm512_and_si512(qhbits, one), 4));                         \
-  qhbits = _mm512_srli_epi16(qhbits, 2);
-
-K4_DOT(dot_q4_K, block_q4_K, NO_FIFTH)
-K4_DOT(dot_q5_K, block_q5_K, Q5_FIFTH)
-
-/* Q6_K: per 128-element half h, zmm p holds the AVX2 body's vectors 2p and 2p+1 (groups 4p..4p+3):
- * low nibbles of ql[64h..64h+63] (p = 0) or their high nibbles (p = 1), and from qh[32h..32h+31] bits
- * 0-1 / 2-3 (p = 0) or 4-5 / 6-7 (p = 1) moved to bits 4-5. */
-ALWAYS_INLINE void dot_q6_K_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) {
-  const block_q6_K *w = vw;
-  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-  /* per-16-bit-lane shifts of qh: left by 4 / 2 (p = 0), right by 0 / 2 (p = 1), lower / upper half */
-  const __m512i shl0 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-  const __m512i shr1 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-  __m512 acc[PRIMA_MAX_NC];
-  for (int c = 0; c < NC; c++) acc[c] = _mm512_setzero_ps();
-  for (int i = 0; i < n / QK_K; i++) {
-    const block_q6_K *b = &w[i];
-    PREFETCH(b, (int)sizeof(block_q6_K));
-    const __m128i sc8 = _mm_loadu_si128((const __m128i *)b->scales);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-    const float d = h2f(b->d);
-    __m512i sumi[PRIMA_MAX_NC];
-    for (int c = 0; c < NC; c++) {
-      const block_q8_K *x = act_k(a, as, c, i);
-      const __m256i bias = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x->bsums));
-      sumi[c] = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, 5)));
-    }
-    for (int h = 0; h < 2; h++) {
-      const __m512i scales = _mm512_castsi128_si512(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
-      const __m512i ql = _mm512_loadu_si512(b->ql + 64 * h);
-      const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * h)));
-      for (int p = 0; p < 2; p++) {
-        const __m512i low4 = p == 0 ? _mm512_and_si512(ql, m4) : _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4);
-        const __m512i high2 = _mm512_and_si512(p == 0 ? _mm512_sllv_epi16(qh, shl0) : _mm512_srlv_epi16(qh, shr1), m30);
-        const __m512i q = _mm512_or_si512(low4, high2);
-        const __m512i s = spread_scales(scales, 4 * p, 4 * p + 1, 4 * p + 2, 4 * p + 3);
-        for (int c = 0; c < NC; c++) {
-          const __m512i av = _mm512_loadu_si512(act_k(a, as, c, i)->qs + 128 * h + 64 * p);
-          sumi[c] = _mm512_add_epi32(sumi[c], _mm512_madd_epi16(_mm512_maddubs_epi16(q, av), s));
-        }
-      }
-    }
-    for (int c = 0; c < NC; c++) {
-      const block_q8_K *x = act_k(a, as, c, i);
-      acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(x->d * d), _mm512_cvtepi32_ps(sumi[c]), acc[c]);
-    }
-  }
-  for (int c = 0; c < NC; c++) out[c] = _mm512_reduce_add_ps(acc[c]);
+/* Q4_K/Q5_K, 64-element chunk j (groups 2j, 2j+1): the low nibbles of qs[32j..] then the high ones;
+ * Q5_K's fifth bits are bit 2j / 2j+1 of each qh byte. */
+ALWAYS_INLINE vint k4_levels(const uint8_t *qs, const uint8_t *qh, int j, int v) {
+  (void)v;
+  vint q = _mm512_and_si512(twice_shifted(qs + 32 * j, 4), _mm512_set1_epi8(0x0F));
+  if (qh) q = _mm512_or_si512(q, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(twice_shifted(qh, 1), 2 * j),
+                                                                    _mm512_set1_epi8(1)), 4));
+  return q;
 }
-DISPATCH_NC(dot_q6_K)
+ALWAYS_INLINE vint k4_scale(vint scales, int j, int v) { (void)v; return spread_scales(scales, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1); }
 
-#else /* AVX2 */
+/* Q6_K, half h, vector v (elements 128h + 64v ..): the low nibbles of ql[64h..64h+63] (v = 0) or their
+ * high nibbles (v = 1), with qh[32h..] bits 0-1 / 2-3 (v = 0) or 4-5 / 6-7 (v = 1) as bits 4-5; groups
+ * 4v..4v+3 of the half. */
+ALWAYS_INLINE vint q6_levels(const uint8_t *ql, const uint8_t *qh, int v) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+  const __m512i l = _mm512_loadu_si512((const void *)ql);
+  const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
+  const __m512i low4 = v == 0 ? _mm512_and_si512(l, m4) : _mm512_and_si512(_mm512_srli_epi16(l, 4), m4);
+  /* per-16-bit-lane shifts of qh, lower / upper half: left by 4 / 2 (v = 0), right by 0 / 2 (v = 1) */
+  const __m512i high2 = v == 0 ? _mm512_sllv_epi16(h, _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1))
+                               : _mm512_srlv_epi16(h, _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1));
+  return _mm512_or_si512(low4, _mm512_and_si512(high2, m30));
+}
+ALWAYS_INLINE vint q6_scale(vint scales, int v) { return spread_scales(scales, 4 * v, 4 * v + 1, 4 * v + 2, 4 * v + 3); }
+#else
+#define VB 32
+typedef __m256i vint;
+#define vi_zero _mm256_setzero_si256
+#define vi_add32 _mm256_add_epi32
+#define vi_load(p) _mm256_loadu_si256((const __m256i *)(p))
+#define vi_from256(x) (x)
+#define vi_dot16(q, a, s) _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), s)
+#define vi_to_ps _mm256_cvtepi32_ps
 
-/* Q4_K and Q5_K: 8 groups of 32; group 2j = low nibbles of qs chunk j, 2j+1 = high nibbles. */
-#define K4_DOT(NAME, BLOCK, FIFTH)                                                                    \
+ALWAYS_INLINE vint scales16(__m128i s16) { return _mm256_broadcastsi128_si256(s16); }
+
+/* Q4_K/Q5_K, chunk j, vector v: group 2j + v = the low (v = 0) or high (v = 1) nibbles of qs[32j..];
+ * Q5_K's fifth bit is bit 2j + v of each qh byte. */
+ALWAYS_INLINE vint k4_levels(const uint8_t *qs, const uint8_t *qh, int j, int v) {
+  const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j)), m4 = _mm256_set1_epi8(0x0F);
+  __m256i l = v == 0 ? _mm256_and_si256(q, m4) : _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+  if (qh)
+    l = _mm256_or_si256(l, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)qh), 2 * j + v),
+                                                             _mm256_set1_epi8(1)), 4));
+  return l;
+}
+ALWAYS_INLINE vint k4_scale(vint scales, int j, int v) { return _mm256_shuffle_epi8(scales, bcast16_mask(2 * j + v)); }
+
+/* Q6_K, half h, vector k (elements 128h + 32k + l, groups 2k and 2k+1 of the half): low nibbles of
+ * ql[64h + 32(k&1)..] (k < 2) or their high nibbles, with bits 2k..2k+1 of qh[32h..] moved to bits
+ * 4-5 (one shift and one mask; the shift crosses bytes inside each 16-bit lane, but the mask keeps only
+ * bits that came from the same byte). */
+ALWAYS_INLINE vint q6_levels(const uint8_t *ql, const uint8_t *qh, int k) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+  const __m256i lo = _mm256_loadu_si256((const __m256i *)(ql + 32 * (k & 1)));
+  const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+  const __m256i low4 = k < 2 ? _mm256_and_si256(lo, m4) : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
+  const __m256i high2 = k == 0 ? _mm256_slli_epi16(h, 4) : k == 1 ? _mm256_slli_epi16(h, 2) : k == 2 ? h : _mm256_srli_epi16(h, 2);
+  return _mm256_or_si256(low4, _mm256_and_si256(high2, m30));
+}
+ALWAYS_INLINE vint q6_scale(vint scales, int k) { return _mm256_shuffle_epi8(scales, bcast16_mask2(2 * k, 2 * k + 1)); }
+#endif
+
+/* Q4_K and Q5_K: 8 groups of 32; group 2j = low nibbles of qs chunk j, 2j+1 = high nibbles. QH(b) is
+ * the block's fifth bits, or NULL. */
+#define K4_DOT(NAME, BLOCK, QH)                                                                       \
   ALWAYS_INLINE void NAME##_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) { \
     const BLOCK *w = vw;                                                                              \
-    const __m256i m4 = _mm256_set1_epi8(0x0F);                                                        \
-    __m256 acc[PRIMA_MAX_NC];                                                                         \
+    vfloat acc[PRIMA_MAX_NC];                                                                           \
     __m128 acc1m = _mm_setzero_ps(); /* nc = 1: the min term accumulates apart (measured faster) */  \
-    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();                                        \
+    for (int c = 0; c < NC; c++) acc[c] = vf_zero();                                                  \
     for (int i = 0; i < n / QK_K; i++) {                                                              \
       const BLOCK *b = &w[i];                                                                         \
       PREFETCH(b, (int)sizeof(BLOCK));                                                                \
@@ -410,111 +381,74 @@ DISPATCH_NC(dot_q6_K)
       /* min g in int16 lanes 2g and 2g+1, against the two bsums of group g */                        \
       const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));                         \
       const __m128i mins8 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm));                          \
-      const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));                     \
+      const vint scales = scales16(_mm_cvtepu8_epi16(scm));                                           \
       const float d = h2f(b->d), dmin = h2f(b->dmin);                                                 \
-      __m256i sumi[PRIMA_MAX_NC];                                                                     \
-      for (int c = 0; c < NC; c++) sumi[c] = _mm256_setzero_si256();                                  \
+      vint sumi[PRIMA_MAX_NC];                                                                        \
+      for (int c = 0; c < NC; c++) sumi[c] = vi_zero();                                               \
       if (NC == 1) {                                                                                  \
         const block_q8_K *x = act_k(a, as, 0, i);                                                     \
         const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x->bsums),                \
                                           _mm_loadu_si128((const __m128i *)x->bsums + 1));            \
         acc1m = _mm_fmadd_ps(_mm_set1_ps(x->d * dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins8, bs)), acc1m); \
       }                                                                                               \
-      FIFTH##_INIT                                                                                    \
-      for (int j = 0; j < 4; j++) {                                                                   \
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * j));                      \
-        __m256i ql = _mm256_and_si256(q, m4), qh = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);     \
-        FIFTH##_ADD                                                                                   \
-        const __m256i sl = _mm256_shuffle_epi8(scales, bcast16_mask(2 * j));                          \
-        const __m256i sh = _mm256_shuffle_epi8(scales, bcast16_mask(2 * j + 1));                      \
-        for (int c = 0; c < NC; c++) {                                                                \
-          const block_q8_K *x = act_k(a, as, c, i);                                                   \
-          const __m256i a0 = _mm256_loadu_si256((const __m256i *)(x->qs + 64 * j));                   \
-          const __m256i a1 = _mm256_loadu_si256((const __m256i *)(x->qs + 64 * j + 32));              \
-          const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(ql, a0), sl);                     \
-          const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(qh, a1), sh);                     \
-          sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(p0, p1));                              \
+      for (int j = 0; j < 4; j++)                                                                     \
+        for (int v = 0; v < 64 / VB; v++) {                                                           \
+          const vint q = k4_levels(b->qs, QH(b), j, v), s = k4_scale(scales, j, v);                   \
+          for (int c = 0; c < NC; c++)                                                                \
+            sumi[c] = vi_add32(sumi[c], vi_dot16(q, vi_load(act_k(a, as, c, i)->qs + 64 * j + VB * v), s)); \
         }                                                                                             \
-      }                                                                                               \
       for (int c = 0; c < NC; c++) {                                                                  \
         const block_q8_K *x = act_k(a, as, c, i);                                                     \
-        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);      \
+        acc[c] = vf_fmadd(vf_set1(x->d * d), vi_to_ps(sumi[c]), acc[c]);                              \
         if (NC > 1) {                                                                                 \
           const __m256i mp = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x->bsums));  \
-          acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(x->d * dmin), _mm256_cvtepi32_ps(mp), acc[c]);     \
+          acc[c] = vf_fnmadd(vf_set1(x->d * dmin), vi_to_ps(vi_from256(mp)), acc[c]);                 \
         }                                                                                             \
       }                                                                                               \
     }                                                                                                 \
-    for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]) - (NC == 1 ? hsum128(acc1m) : 0.0f);        \
+    for (int c = 0; c < NC; c++) out[c] = vf_hsum(acc[c]) - (NC == 1 ? hsum128(acc1m) : 0.0f);     \
   }                                                                                                   \
   DISPATCH_NC(NAME)
 
-#define NO_FIFTH_INIT
-#define NO_FIFTH_ADD
-/* Q5_K: bit 2j of qh[l] is the fifth bit of element 64j+l, bit 2j+1 of element 64j+32+l. */
-#define Q5_FIFTH_INIT                                                                                 \
-  __m256i qhbits = _mm256_loadu_si256((const __m256i *)b->qh);                                        \
-  const __m256i one = _mm256_set1_epi8(1);
-#define Q5_FIFTH_ADD                                                                                  \
-  ql = _mm256_or_si256(ql, _mm256_slli_epi16(_mm256_and_si256(qhbits, one), 4));                      \
-  qh = _mm256_or_si256(qh, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qhbits, 1), one), 4)); \
-  qhbits = _mm256_srli_epi16(qhbits, 2);
+#define NO_QH(b) ((const uint8_t *)NULL)
+#define Q5_QH(b) ((b)->qh)
+K4_DOT(dot_q4_K, block_q4_K, NO_QH)
+K4_DOT(dot_q5_K, block_q5_K, Q5_QH)
 
-K4_DOT(dot_q4_K, block_q4_K, NO_FIFTH)
-K4_DOT(dot_q5_K, block_q5_K, Q5_FIFTH)
-
-/* Q6_K: per 128-element half h, four 32-element vectors of unsigned levels 0..63 (offset 32 enters via
+/* Q6_K: per 128-element half, 128 / VB vectors of unsigned levels 0..63 (offset 32 enters via
  * -32 * scales . bsums); 16 groups of 16 with int8 scales. */
 ALWAYS_INLINE void dot_q6_K_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) {
   const block_q6_K *w = vw;
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-  __m256 acc[PRIMA_MAX_NC];
-  for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+  vfloat acc[PRIMA_MAX_NC];
+  for (int c = 0; c < NC; c++) acc[c] = vf_zero();
   for (int i = 0; i < n / QK_K; i++) {
     const block_q6_K *b = &w[i];
     PREFETCH(b, (int)sizeof(block_q6_K));
     const __m128i sc8 = _mm_loadu_si128((const __m128i *)b->scales);
     const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
     const float d = h2f(b->d);
-    __m256i sumi[PRIMA_MAX_NC];
+    vint sumi[PRIMA_MAX_NC];
     for (int c = 0; c < NC; c++) {
       const block_q8_K *x = act_k(a, as, c, i);
       const __m256i bias = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x->bsums));
-      sumi[c] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, 5));
+      sumi[c] = vi_from256(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, 5)));
     }
     for (int h = 0; h < 2; h++) {
-      const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
-      const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
-      const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
-      const __m256i qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
-      for (int k = 0; k < 4; k++) {
-        const __m256i lo = (k & 1) ? ql1 : ql0;
-        const __m256i low4 = k < 2 ? _mm256_and_si256(lo, m4) : _mm256_and_si256(_mm256_srli_epi16(lo, 4), m4);
-        /* bits 2k..2k+1 of each qh byte moved to bits 4..5 (one shift and one mask; the shift crosses
-         * bytes inside each 16-bit lane, but the mask keeps only bits that came from the same byte) */
-        const __m256i high2 = k == 0   ? _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30)
-                              : k == 1 ? _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30)
-                              : k == 2 ? _mm256_and_si256(qh, m30)
-                                       : _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30);
-        const __m256i q = _mm256_or_si256(low4, high2);
-        /* vector k holds elements 128h + 32k + l (decode_q6_K), i.e. groups 2k and 2k+1 of the half */
-        const __m256i s = _mm256_shuffle_epi8(scales, bcast16_mask2(2 * k, 2 * k + 1));
-        for (int c = 0; c < NC; c++) {
-          const block_q8_K *x = act_k(a, as, c, i);
-          const __m256i av = _mm256_loadu_si256((const __m256i *)(x->qs + 128 * h + 32 * k));
-          sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), s));
-        }
+      const vint scales = scales16(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
+      for (int v = 0; v < 128 / VB; v++) {
+        const vint q = q6_levels(b->ql + 64 * h, b->qh + 32 * h, v), s = q6_scale(scales, v);
+        for (int c = 0; c < NC; c++)
+          sumi[c] = vi_add32(sumi[c], vi_dot16(q, vi_load(act_k(a, as, c, i)->qs + 128 * h + VB * v), s));
       }
     }
     for (int c = 0; c < NC; c++) {
       const block_q8_K *x = act_k(a, as, c, i);
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+      acc[c] = vf_fmadd(vf_set1(x->d * d), vi_to_ps(sumi[c]), acc[c]);
     }
   }
-  for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);
+  for (int c = 0; c < NC; c++) out[c] = vf_hsum(acc[c]);
 }
 DISPATCH_NC(dot_q6_K)
-#endif
 
 /* Q2_K and Q3_K: 2-bit fields; vector (h, s) = bits 2s..2s+1 of qs[32h..32h+31] = elements
  * 128h + 32s + l, i.e. groups 8h+2s and 8h+2s+1. */
