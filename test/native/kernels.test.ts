@@ -203,7 +203,7 @@ describe("kernel table", () => {
     { env: { ...process.env, PRIMA_SIMD: env }, encoding: "utf8" }).stdout.trim();
     expect(level("scalar")).toBe("scalar");
     expect(level("bogus")).toBe(simdLevel());
-    expect(level("avx512")).toBe(simdLevel()); // not available here: never forced upward
+    expect(level("avx512")).toBe(simdLevel()); // the best level on an AVX-512 CPU; elsewhere never forced upward
   });
 
   it("has a SIMD dot for every weight type at every SIMD level", () => {
