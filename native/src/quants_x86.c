@@ -1,9 +1,8 @@
 /* x86 twins of quants.c. This one source is compiled once per x86 level, each into its own static
  * library, and a level's functions are only called after kernels.c saw the CPU run that level:
  *   AVX2 + FMA + F16C                      -> prima_avx2_fns
- *   + AVX-512 F/BW/DQ/VL                   -> prima_avx512_fns: 512-bit float, Q4_K, Q5_K and Q6_K dots (the
- *                                             prompt's hot loops); the rest is the AVX2 code with EVEX's 32
- *                                             registers
+ *   + AVX-512 F/BW/DQ/VL                   -> prima_avx512_fns: 512-bit float and K-quant dots; the
+ *                                             32-element blocks are the AVX2 code with EVEX's 32 registers
  *   + AVX-512 VNNI                         -> prima_avx512vnni_fns: also vpdpbusd for the 32-element blocks
  *
  * Every dot decodes a weight block once and uses it for each of the nc activation rows, with integer
@@ -284,6 +283,8 @@ typedef __m512i vint;
 #define vi_load(p) _mm512_loadu_si512((const void *)(p))
 #define vi_from256 _mm512_zextsi256_si512 /* an 8-lane int32 term in the first lanes */
 #define vi_dot16(q, a, s) _mm512_madd_epi16(_mm512_maddubs_epi16(q, a), s)
+#define vi_or _mm512_or_si512
+#define vf_sub_lane0(v, x) _mm512_mask_sub_ps(v, 1, v, _mm512_set1_ps(x))
 #define vi_to_ps _mm512_cvtepi32_ps
 
 /* int16 lanes 0..7 of v (a group's scale each) spread over the 32 lanes: lanes 8k..8k+7 (16 elements'
@@ -326,7 +327,17 @@ ALWAYS_INLINE vint q6_levels(const uint8_t *ql, const uint8_t *qh, int v) {
                                : _mm512_srlv_epi16(h, _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1));
   return _mm512_or_si512(low4, _mm512_and_si512(high2, m30));
 }
-ALWAYS_INLINE vint q6_scale(vint scales, int v) { return spread_scales(scales, 4 * v, 4 * v + 1, 4 * v + 2, 4 * v + 3); }
+/* The scales of 16-element groups 4v..4v+3 of a 128-element half (Q6_K, Q3_K, Q2_K). */
+ALWAYS_INLINE vint g16_scale(vint scales, int v) { return spread_scales(scales, 4 * v, 4 * v + 1, 4 * v + 2, 4 * v + 3); }
+
+/* Q2_K/Q3_K, half h, vector v (elements 128h + 64v ..): bits 4v..4v+1 of qs[32h..] (lower half) and
+ * 4v+2..4v+3 (upper); Q3_K's third bit is bit 4h+2v / 4h+2v+1 of each hmask byte. */
+ALWAYS_INLINE vint q2_levels(const uint8_t *qs, int v) {
+  return _mm512_and_si512(_mm512_srli_epi16(twice_shifted(qs, 2), 4 * v), _mm512_set1_epi8(3));
+}
+ALWAYS_INLINE vint q3_high_bits(const uint8_t *hmask, int h, int v) {
+  return _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(twice_shifted(hmask, 1), 4 * h + 2 * v), _mm512_set1_epi8(1)), 2);
+}
 #else
 #define VB 32
 typedef __m256i vint;
@@ -335,6 +346,8 @@ typedef __m256i vint;
 #define vi_load(p) _mm256_loadu_si256((const __m256i *)(p))
 #define vi_from256(x) (x)
 #define vi_dot16(q, a, s) _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), s)
+#define vi_or _mm256_or_si256
+#define vf_sub_lane0(v, x) _mm256_sub_ps(v, _mm256_setr_ps(x, 0, 0, 0, 0, 0, 0, 0))
 #define vi_to_ps _mm256_cvtepi32_ps
 
 ALWAYS_INLINE vint scales16(__m128i s16) { return _mm256_broadcastsi128_si256(s16); }
@@ -363,7 +376,17 @@ ALWAYS_INLINE vint q6_levels(const uint8_t *ql, const uint8_t *qh, int k) {
   const __m256i high2 = k == 0 ? _mm256_slli_epi16(h, 4) : k == 1 ? _mm256_slli_epi16(h, 2) : k == 2 ? h : _mm256_srli_epi16(h, 2);
   return _mm256_or_si256(low4, _mm256_and_si256(high2, m30));
 }
-ALWAYS_INLINE vint q6_scale(vint scales, int k) { return _mm256_shuffle_epi8(scales, bcast16_mask2(2 * k, 2 * k + 1)); }
+/* The scales of 16-element groups 2k and 2k+1 of a 128-element half (Q6_K, Q3_K, Q2_K). */
+ALWAYS_INLINE vint g16_scale(vint scales, int k) { return _mm256_shuffle_epi8(scales, bcast16_mask2(2 * k, 2 * k + 1)); }
+
+/* Q2_K/Q3_K, half h, vector s (elements 128h + 32s + l): bits 2s..2s+1 of qs[32h..]; Q3_K's third bit
+ * is bit 4h+s of each hmask byte. */
+ALWAYS_INLINE vint q2_levels(const uint8_t *qs, int s) {
+  return _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)qs), 2 * s), _mm256_set1_epi8(3));
+}
+ALWAYS_INLINE vint q3_high_bits(const uint8_t *hmask, int h, int s) {
+  return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)hmask), 4 * h + s), _mm256_set1_epi8(1)), 2);
+}
 #endif
 
 /* Q4_K and Q5_K: 8 groups of 32; group 2j = low nibbles of qs chunk j, 2j+1 = high nibbles. QH(b) is
@@ -415,6 +438,15 @@ ALWAYS_INLINE vint q6_scale(vint scales, int k) { return _mm256_shuffle_epi8(sca
 K4_DOT(dot_q4_K, block_q4_K, NO_QH)
 K4_DOT(dot_q5_K, block_q5_K, Q5_QH)
 
+/* sumi[c] += one 128-element half h of a super-block in 16-element groups: 128 / VB level vectors
+ * (LEVELS, an expression of v) against the activations, with the half's int16 `scales`. */
+#define HALF128_DOT(LEVELS)                                                                           \
+  for (int v = 0; v < 128 / VB; v++) {                                                                \
+    const vint q = (LEVELS), s = g16_scale(scales, v);                                                \
+    for (int c = 0; c < NC; c++)                                                                      \
+      sumi[c] = vi_add32(sumi[c], vi_dot16(q, vi_load(act_k(a, as, c, i)->qs + 128 * h + VB * v), s)); \
+  }
+
 /* Q6_K: per 128-element half, 128 / VB vectors of unsigned levels 0..63 (offset 32 enters via
  * -32 * scales . bsums); 16 groups of 16 with int8 scales. */
 ALWAYS_INLINE void dot_q6_K_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) {
@@ -435,11 +467,7 @@ ALWAYS_INLINE void dot_q6_K_nc(int n, const void *vw, const void *a, size_t as, 
     }
     for (int h = 0; h < 2; h++) {
       const vint scales = scales16(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
-      for (int v = 0; v < 128 / VB; v++) {
-        const vint q = q6_levels(b->ql + 64 * h, b->qh + 32 * h, v), s = q6_scale(scales, v);
-        for (int c = 0; c < NC; c++)
-          sumi[c] = vi_add32(sumi[c], vi_dot16(q, vi_load(act_k(a, as, c, i)->qs + 128 * h + VB * v), s));
-      }
+      HALF128_DOT(q6_levels(b->ql + 64 * h, b->qh + 32 * h, v))
     }
     for (int c = 0; c < NC; c++) {
       const block_q8_K *x = act_k(a, as, c, i);
@@ -450,21 +478,20 @@ ALWAYS_INLINE void dot_q6_K_nc(int n, const void *vw, const void *a, size_t as, 
 }
 DISPATCH_NC(dot_q6_K)
 
-/* Q2_K and Q3_K: 2-bit fields; vector (h, s) = bits 2s..2s+1 of qs[32h..32h+31] = elements
- * 128h + 32s + l, i.e. groups 8h+2s and 8h+2s+1. */
+/* Q2_K: 2-bit levels, 16 groups of 16 with 4-bit scales and mins (the mins enter via bsums). */
 ALWAYS_INLINE void dot_q2_K_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) {
   const block_q2_K *w = vw;
-  const __m256i m3 = _mm256_set1_epi8(3), m4 = _mm256_set1_epi8(0x0F);
-  __m256 acc[PRIMA_MAX_NC];
-  for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+  const __m128i m4 = _mm_set1_epi8(0x0F);
+  vfloat acc[PRIMA_MAX_NC];
+  for (int c = 0; c < NC; c++) acc[c] = vf_zero();
   for (int i = 0; i < n / QK_K; i++) {
     const block_q2_K *b = &w[i];
     PREFETCH(b, (int)sizeof(block_q2_K));
     const __m128i sm = _mm_loadu_si128((const __m128i *)b->scales);
-    const __m128i sc8 = _mm_and_si128(sm, _mm256_castsi256_si128(m4));
-    const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), _mm256_castsi256_si128(m4)));
+    const __m128i sc8 = _mm_and_si128(sm, m4);
+    const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4));
     const float d = h2f(b->d), dmin = h2f(b->dmin);
-    __m256i sumi[PRIMA_MAX_NC];
+    vint sumi[PRIMA_MAX_NC];
     float msum[PRIMA_MAX_NC];
     for (int c = 0; c < NC; c++) {
       const block_q8_K *x = act_k(a, as, c, i);
@@ -472,28 +499,19 @@ ALWAYS_INLINE void dot_q2_K_nc(int n, const void *vw, const void *a, size_t as, 
       const __m128i m128 = _mm_add_epi32(_mm256_castsi256_si128(mp), _mm256_extracti128_si256(mp, 1));
       const __m128i m64 = _mm_add_epi32(m128, _mm_unpackhi_epi64(m128, m128));
       msum[c] = (float)_mm_cvtsi128_si32(_mm_add_epi32(m64, _mm_shuffle_epi32(m64, 1)));
-      sumi[c] = _mm256_setzero_si256();
+      sumi[c] = vi_zero();
     }
     for (int h = 0; h < 2; h++) {
-      const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
-      const __m256i qs = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
-      for (int s = 0; s < 4; s++) {
-        const __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * s), m3);
-        const __m256i sv = _mm256_shuffle_epi8(scales, bcast16_mask2(2 * s, 2 * s + 1));
-        for (int c = 0; c < NC; c++) {
-          const block_q8_K *x = act_k(a, as, c, i);
-          const __m256i av = _mm256_loadu_si256((const __m256i *)(x->qs + 128 * h + 32 * s));
-          sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), sv));
-        }
-      }
+      const vint scales = scales16(_mm_cvtepu8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
+      HALF128_DOT(q2_levels(b->qs + 32 * h, v))
     }
     for (int c = 0; c < NC; c++) {
       const block_q8_K *x = act_k(a, as, c, i);
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
-      acc[c] = _mm256_sub_ps(acc[c], _mm256_setr_ps((x->d * dmin) * msum[c], 0, 0, 0, 0, 0, 0, 0));
+      acc[c] = vf_fmadd(vf_set1(x->d * d), vi_to_ps(sumi[c]), acc[c]);
+      acc[c] = vf_sub_lane0(acc[c], (x->d * dmin) * msum[c]);
     }
   }
-  for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);
+  for (int c = 0; c < NC; c++) out[c] = vf_hsum(acc[c]);
 }
 DISPATCH_NC(dot_q2_K)
 
@@ -511,42 +529,30 @@ ALWAYS_INLINE __m128i q3k_scales(const uint8_t *s) {
 /* Q3_K: unsigned levels 0..7 (2 low bits | high bit << 2) = q + 4; the -4 enters via scales . bsums. */
 ALWAYS_INLINE void dot_q3_K_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) {
   const block_q3_K *w = vw;
-  const __m256i m3 = _mm256_set1_epi8(3), one = _mm256_set1_epi8(1);
-  __m256 acc[PRIMA_MAX_NC];
-  for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+  vfloat acc[PRIMA_MAX_NC];
+  for (int c = 0; c < NC; c++) acc[c] = vf_zero();
   for (int i = 0; i < n / QK_K; i++) {
     const block_q3_K *b = &w[i];
     PREFETCH(b, (int)sizeof(block_q3_K));
     const __m128i sc8 = q3k_scales(b->scales);
     const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
     const float d = h2f(b->d);
-    const __m256i hm = _mm256_loadu_si256((const __m256i *)b->hmask);
-    __m256i sumi[PRIMA_MAX_NC];
+    vint sumi[PRIMA_MAX_NC];
     for (int c = 0; c < NC; c++) {
       const block_q8_K *x = act_k(a, as, c, i);
       const __m256i bias = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x->bsums));
-      sumi[c] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, 2));
+      sumi[c] = vi_from256(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, 2)));
     }
     for (int h = 0; h < 2; h++) {
-      const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
-      const __m256i qs = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * h));
-      for (int s = 0; s < 4; s++) {
-        const __m256i hbit = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + s), one), 2);
-        const __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qs, 2 * s), m3), hbit);
-        const __m256i sv = _mm256_shuffle_epi8(scales, bcast16_mask2(2 * s, 2 * s + 1));
-        for (int c = 0; c < NC; c++) {
-          const block_q8_K *x = act_k(a, as, c, i);
-          const __m256i av = _mm256_loadu_si256((const __m256i *)(x->qs + 128 * h + 32 * s));
-          sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(_mm256_maddubs_epi16(q, av), sv));
-        }
-      }
+      const vint scales = scales16(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
+      HALF128_DOT(vi_or(q2_levels(b->qs + 32 * h, v), q3_high_bits(b->hmask, h, v)))
     }
     for (int c = 0; c < NC; c++) {
       const block_q8_K *x = act_k(a, as, c, i);
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+      acc[c] = vf_fmadd(vf_set1(x->d * d), vi_to_ps(sumi[c]), acc[c]);
     }
   }
-  for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);
+  for (int c = 0; c < NC; c++) out[c] = vf_hsum(acc[c]);
 }
 DISPATCH_NC(dot_q3_K)
 
