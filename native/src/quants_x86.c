@@ -447,36 +447,42 @@ K4_DOT(dot_q5_K, block_q5_K, Q5_QH)
       sumi[c] = vi_add32(sumi[c], vi_dot16(q, vi_load(act_k(a, as, c, i)->qs + 128 * h + VB * v), s)); \
   }
 
-/* Q6_K: per 128-element half, 128 / VB vectors of unsigned levels 0..63 (offset 32 enters via
- * -32 * scales . bsums); 16 groups of 16 with int8 scales. */
-ALWAYS_INLINE void dot_q6_K_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) {
-  const block_q6_K *w = vw;
-  vfloat acc[PRIMA_MAX_NC];
-  for (int c = 0; c < NC; c++) acc[c] = vf_zero();
-  for (int i = 0; i < n / QK_K; i++) {
-    const block_q6_K *b = &w[i];
-    PREFETCH(b, (int)sizeof(block_q6_K));
-    const __m128i sc8 = _mm_loadu_si128((const __m128i *)b->scales);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-    const float d = h2f(b->d);
-    vint sumi[PRIMA_MAX_NC];
-    for (int c = 0; c < NC; c++) {
-      const block_q8_K *x = act_k(a, as, c, i);
-      const __m256i bias = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x->bsums));
-      sumi[c] = vi_from256(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, 5)));
-    }
-    for (int h = 0; h < 2; h++) {
-      const vint scales = scales16(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
-      HALF128_DOT(q6_levels(b->ql + 64 * h, b->qh + 32 * h, v))
-    }
-    for (int c = 0; c < NC; c++) {
-      const block_q8_K *x = act_k(a, as, c, i);
-      acc[c] = vf_fmadd(vf_set1(x->d * d), vi_to_ps(sumi[c]), acc[c]);
-    }
-  }
-  for (int c = 0; c < NC; c++) out[c] = vf_hsum(acc[c]);
-}
-DISPATCH_NC(dot_q6_K)
+/* Q6_K and Q3_K: unsigned levels (q + 2^(OFFSET_SHIFT)) in 16 groups of 16 with int8 scales; the
+ * offset enters once per super-block as -2^OFFSET_SHIFT * scales . bsums. SCALES8 gives the block's 16
+ * scales as int8, LEVELS the level vector v of half h. */
+#define SIGNED_SCALE_K_DOT(NAME, BLOCK, SCALES8, OFFSET_SHIFT, LEVELS)                                \
+  ALWAYS_INLINE void NAME##_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) { \
+    const BLOCK *w = vw;                                                                              \
+    vfloat acc[PRIMA_MAX_NC];                                                                         \
+    for (int c = 0; c < NC; c++) acc[c] = vf_zero();                                                  \
+    for (int i = 0; i < n / QK_K; i++) {                                                              \
+      const BLOCK *b = &w[i];                                                                         \
+      PREFETCH(b, (int)sizeof(BLOCK));                                                                \
+      const __m128i sc8 = (SCALES8);                                                                  \
+      const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);                                                 \
+      const float d = h2f(b->d);                                                                      \
+      vint sumi[PRIMA_MAX_NC];                                                                        \
+      for (int c = 0; c < NC; c++) {                                                                  \
+        const block_q8_K *x = act_k(a, as, c, i);                                                     \
+        const __m256i bias = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x->bsums));  \
+        sumi[c] = vi_from256(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, OFFSET_SHIFT))); \
+      }                                                                                               \
+      for (int h = 0; h < 2; h++) {                                                                   \
+        const vint scales = scales16(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));      \
+        HALF128_DOT(LEVELS)                                                                           \
+      }                                                                                               \
+      for (int c = 0; c < NC; c++) {                                                                  \
+        const block_q8_K *x = act_k(a, as, c, i);                                                     \
+        acc[c] = vf_fmadd(vf_set1(x->d * d), vi_to_ps(sumi[c]), acc[c]);                             \
+      }                                                                                               \
+    }                                                                                                 \
+    for (int c = 0; c < NC; c++) out[c] = vf_hsum(acc[c]);                                            \
+  }                                                                                                   \
+  DISPATCH_NC(NAME)
+
+/* Q6_K: levels 0..63 (offset 32). */
+SIGNED_SCALE_K_DOT(dot_q6_K, block_q6_K, _mm_loadu_si128((const __m128i *)b->scales), 5,
+                   q6_levels(b->ql + 64 * h, b->qh + 32 * h, v))
 
 /* Q2_K: 2-bit levels, 16 groups of 16 with 4-bit scales and mins (the mins enter via bsums). */
 ALWAYS_INLINE void dot_q2_K_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) {
@@ -526,35 +532,9 @@ ALWAYS_INLINE __m128i q3k_scales(const uint8_t *s) {
   return _mm_sub_epi8(r, _mm_set1_epi8(32));
 }
 
-/* Q3_K: unsigned levels 0..7 (2 low bits | high bit << 2) = q + 4; the -4 enters via scales . bsums. */
-ALWAYS_INLINE void dot_q3_K_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) {
-  const block_q3_K *w = vw;
-  vfloat acc[PRIMA_MAX_NC];
-  for (int c = 0; c < NC; c++) acc[c] = vf_zero();
-  for (int i = 0; i < n / QK_K; i++) {
-    const block_q3_K *b = &w[i];
-    PREFETCH(b, (int)sizeof(block_q3_K));
-    const __m128i sc8 = q3k_scales(b->scales);
-    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-    const float d = h2f(b->d);
-    vint sumi[PRIMA_MAX_NC];
-    for (int c = 0; c < NC; c++) {
-      const block_q8_K *x = act_k(a, as, c, i);
-      const __m256i bias = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x->bsums));
-      sumi[c] = vi_from256(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, 2)));
-    }
-    for (int h = 0; h < 2; h++) {
-      const vint scales = scales16(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
-      HALF128_DOT(vi_or(q2_levels(b->qs + 32 * h, v), q3_high_bits(b->hmask, h, v)))
-    }
-    for (int c = 0; c < NC; c++) {
-      const block_q8_K *x = act_k(a, as, c, i);
-      acc[c] = vf_fmadd(vf_set1(x->d * d), vi_to_ps(sumi[c]), acc[c]);
-    }
-  }
-  for (int c = 0; c < NC; c++) out[c] = vf_hsum(acc[c]);
-}
-DISPATCH_NC(dot_q3_K)
+/* Q3_K: levels 0..7 (2 low bits | high bit << 2) = q + 4. */
+SIGNED_SCALE_K_DOT(dot_q3_K, block_q3_K, q3k_scales(b->scales), 2,
+                   vi_or(q2_levels(b->qs + 32 * h, v), q3_high_bits(b->hmask, h, v)))
 
 /* ---------------------------------------------------------------- activation quantizers
  * Byte-identical to quants.c's (the tests compare them): products are rounded by cvtps_epi32, which
