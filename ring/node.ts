@@ -138,11 +138,14 @@ export class RingNode {
     for (const s of this.slots.values()) Object.assign(s.stats, { frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 });
   }
 
-  /** Sends rows to the successor, timing it. */
+  /** Sends rows to the successor, timing it. With nothing else queued, this device has no work until
+   * rows come round again: its threads stop spinning now, leaving the cores to the device that runs
+   * next (on a loopback ring, the same cores). */
   async send(frame: ActivationsFrame | ErrorFrame): Promise<void> {
     const t0 = performance.now();
     await this.o.send(frame);
     this.stats.sendMs += performance.now() - t0;
+    if (this.queue.length === 0) this.o.model.relax();
   }
 
   close(): void {
@@ -200,12 +203,7 @@ export class RingNode {
       throw new Error(`no window for cycle ${frame.cycle} on this device`);
     }
     if (this.o.isHead && last) this.o.deliver?.(frame, logits);
-    else {
-      await this.send(this.o.isHead ? { ...frame, cycle: frame.cycle + 1 } : frame);
-      // Nothing more for this device until the rows come round again: its threads stop spinning
-      // now, leaving the cores to the device that runs next (on a loopback ring, the same cores).
-      if (this.queue.length === 0) this.o.model.relax();
-    }
+    else await this.send(this.o.isHead ? { ...frame, cycle: frame.cycle + 1 } : frame);
     if (slot) this.advise(slot, frame);
   }
 
