@@ -3,7 +3,7 @@
 // the end of the context, and the process's anonymous RSS (heap, KV, scratch; not the mmap'd
 // weights in the page cache) is compared with the KV cache's size.
 //   node dist/bench/memory.js model.gguf [ctx]      prints one JSON line
-import { closeSync, mkdtempSync, openSync, rmSync, writeSync } from "node:fs";
+import { closeSync, mkdtempSync, openSync, readFileSync, rmSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -20,6 +20,18 @@ export interface MemoryReport {
   readonly peakAnonBytes: number;
   /** peak - KV: what the engine and Node need besides the cache. */
   readonly overKvBytes: number;
+  /** File pages this process maps with 2 MiB pages (the weights, where the page cache holds large
+   * folios: native/src/model.c map_weights); 0 where the kernel does not say. */
+  readonly hugeMappedBytes: number;
+}
+
+function filePmdMappedBytes(): number {
+  try {
+    const kb = /^FilePmdMapped:\s+(\d+) kB/m.exec(readFileSync("/proc/self/smaps_rollup", "utf8"))?.[1];
+    return kb ? Number(kb) * 1024 : 0;
+  } catch {
+    return 0;
+  }
 }
 
 /** A KV cache file of the native format (native/src/model.c) holding `filled` positions of zeros. */
@@ -64,9 +76,11 @@ export async function measureMemory(path: string, ctx = 2048): Promise<MemoryRep
     rmSync(dir, { recursive: true, force: true });
   }
   peak.sample();
+  const hugeMappedBytes = filePmdMappedBytes();
   w.close();
   model.close();
-  return { model: path, ctx, weightBytes, kvBytes, baselineAnonBytes, peakAnonBytes: peak.peakBytes(), overKvBytes: peak.peakBytes() - kvBytes };
+  return { model: path, ctx, weightBytes, kvBytes, baselineAnonBytes, peakAnonBytes: peak.peakBytes(), overKvBytes: peak.peakBytes() - kvBytes,
+    hugeMappedBytes };
 }
 
 export async function main(): Promise<void> {
@@ -74,9 +88,9 @@ export async function main(): Promise<void> {
   const r = await measureMemory(`${root}.cache/bench-llama-Q4_K_M.gguf`, 2048);
   const mib = (b: number) => (b / 2 ** 20).toFixed(1);
   console.log(`\n## memory at full context (${r.ctx} tokens), benchmark model\n`);
-  console.log(`| weights (mmap'd) | KV cache | peak anonymous RSS | over the KV cache | goal |`);
-  console.log(`|---|---|---|---|---|`);
-  console.log(`| ${mib(r.weightBytes)} MiB | ${mib(r.kvBytes)} MiB | ${mib(r.peakAnonBytes)} MiB | ${mib(r.overKvBytes)} MiB | <= 64 MiB |`);
+  console.log(`| weights (mmap'd) | of which in 2 MiB pages | KV cache | peak anonymous RSS | over the KV cache | goal |`);
+  console.log(`|---|---|---|---|---|---|`);
+  console.log(`| ${mib(r.weightBytes)} MiB | ${mib(r.hugeMappedBytes)} MiB | ${mib(r.kvBytes)} MiB | ${mib(r.peakAnonBytes)} MiB | ${mib(r.overKvBytes)} MiB | <= 64 MiB |`);
 }
 
 if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
