@@ -85,7 +85,7 @@ static uint8_t *map_weights(int fd, size_t bytes) {
       uint8_t *p = mmap(at, bytes, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
       if (p != MAP_FAILED) {
         if (at > span) munmap(span, (size_t)(at - span));
-        const size_t tail = (size_t)(span + bytes + huge - (at + bytes));
+        const size_t tail = (size_t)(span + huge - at); /* the reservation past the file's end */
         if (tail) munmap(at + bytes, tail);
         madvise(p, bytes, MADV_HUGEPAGE); /* advice only: without THP it changes nothing */
         return p;

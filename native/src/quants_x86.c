@@ -255,7 +255,7 @@ MIN32_DOT(dot_q5_1, block_q5_1, decode_q5_1)
 #undef MIN_ARG
 
 /* ---------------------------------------------------------------- K-quants
- * Common shape: per super-block and row, an int32x8 sum of scale * (levels . activations); the
+ * Common shape: per super-block and row, an int32 vector sum of scale * (levels . activations); the
  * offset or min of the levels enters once per super-block as (group scale or min) . bsums. */
 
 ALWAYS_INLINE const block_q8_K *act_k(const void *a, size_t as, int c, int i) {
