@@ -4,7 +4,7 @@
 import { fileURLToPath } from "node:url";
 import { Worker } from "node:worker_threads";
 import { LocalModel } from "../engine/index.js";
-import { RING_IDLE_SPIN_US } from "../ring/index.js";
+import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 
 const root = fileURLToPath(new URL("../..", import.meta.url));
 
@@ -58,7 +58,7 @@ async function medianForwardMs(model: LocalModel, gapMs: number, gap: Gap, n = 1
 
 export async function main(modelArg?: string): Promise<void> {
   const path = modelArg ?? `${root}.cache/bench-llama-Q4_K_M.gguf`;
-  const model = LocalModel.open(path, { threads: 2, idleSpinUs: RING_IDLE_SPIN_US });
+  const model = LocalModel.open(path, { threads: 2, ...RING_COMPUTE_OPTIONS });
   try {
     console.log("\n## one process, a 7-layer window, with and without a ring device's idle gap\n");
     console.log("| between forwards | median ms per forward |");

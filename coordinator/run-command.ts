@@ -6,7 +6,7 @@ import { LocalModel, LocalPipeline, Sampler, generate, type Pipeline } from "../
 import { Tokenizer, StreamingDecoder } from "../model/tokenizer.js";
 import type { ChatTemplateOptions } from "../model/chat-template.js";
 import { peakAnonTracker } from "../profiler/index.js";
-import { RING_IDLE_SPIN_US } from "../ring/index.js";
+import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 
 const HELP = `usage: prima-coord run model.gguf [options]
 
@@ -225,8 +225,8 @@ export async function runCommand(argv: string[]): Promise<number> {
   }
   const t0 = performance.now();
   const ring = a.minWorkers > 0 || a.layerWindows !== undefined;
-  // As head of a ring, its threads wait for the rest of the ring between windows: spin only briefly.
-  const model = LocalModel.open(a.model, { threads: a.threads, idleSpinUs: ring ? RING_IDLE_SPIN_US : undefined });
+  // As head of a ring, its threads wait for the rest of the ring between windows (RING_COMPUTE_OPTIONS).
+  const model = LocalModel.open(a.model, { threads: a.threads, ...(ring ? RING_COMPUTE_OPTIONS : {}) });
   const tok = Tokenizer.fromGguf(model.gguf);
   const ctx = Math.min(a.ctx, model.desc.hparams.nCtxTrain);
   if (ring) {

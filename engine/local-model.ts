@@ -9,6 +9,8 @@ export interface OpenOptions {
   readonly threads?: number;
   /** Idle spin of the compute threads between calls, in microseconds (see NativeModelOptions). */
   readonly idleSpinUs?: number;
+  /** Hold the compute threads on distinct CPUs during each pass (see NativeModelOptions). */
+  readonly spreadThreads?: boolean;
 }
 
 export interface WindowOptions {
@@ -30,7 +32,7 @@ export class LocalModel {
     const gguf = readGguf(path);
     const desc = describeModel(gguf);
     const threads = options.threads ?? availableParallelism();
-    const native = openNativeModel(path, nativeTensorTable(desc), nativeHParams(desc), { threads, idleSpinUs: options.idleSpinUs });
+    const native = openNativeModel(path, nativeTensorTable(desc), nativeHParams(desc), { threads, idleSpinUs: options.idleSpinUs, spreadThreads: options.spreadThreads });
     return new LocalModel(gguf, desc, native, threads);
   }
 

@@ -210,9 +210,11 @@ Model::Model(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Model>(info) {
     ThrowType(env, "options.idleSpinUs must be an integer from 0 to 1000000");
     return;
   }
+  const bool spread = info[3].As<Napi::Object>().Get("spreadThreads").ToBoolean().Value();
   char err[kErrLen] = {0};
   st->m = prima_model_open(path.c_str(), descs.data(), (int)descs.size(), &hp, (int)threads, (int)spinUs, err, sizeof err);
   if (!st->m) ThrowErr(env, std::string(path) + ": " + err);
+  else if (spread) prima_pool_spread(st->m->pool, 1);
 }
 
 Napi::Value Model::MakeWindow(const Napi::CallbackInfo &info) {

@@ -78,6 +78,9 @@ export interface NativeModelOptions {
   /** How long idle compute threads spin for the next call before sleeping (default 300 us: a token
    * loop's next call comes at once; a ring device waits for the whole ring, so it should not spin). */
   readonly idleSpinUs?: number;
+  /** Hold the compute threads on distinct CPUs during each pass (default false): for threads that
+   * sleep between passes, as a ring device's do (see prima_pool_spread). */
+  readonly spreadThreads?: boolean;
 }
 
 type ModelCtor = new (path: string, tensors: readonly NativeTensorDesc[], hparams: NativeHParams, options: NativeModelOptions) => NativeModel;

@@ -23,6 +23,6 @@ export { RingLink, type FrameSendStats, type PeerRole, type RingLinkClosed, type
 export { dialSuccessor } from "./dial.js";
 export { RingListener, type DroppedPeer, type RingListenerOptions } from "./listener.js";
 // The piped-ring driver (the lead's): a device's node, the head's pipeline, windows per cycle.
-export { RING_IDLE_SPIN_US, RingNode, type NodeStats, type RingNodeOptions, type WindowSpec, type WindowStats } from "./node.js";
+export { RING_COMPUTE_OPTIONS, RingNode, type NodeStats, type RingNodeOptions, type WindowSpec, type WindowStats } from "./node.js";
 export { RingPipeline, type RingPipelineOptions } from "./pipeline.js";
 export { PlanError, evenLayerWindows, ringWindows, type RingWindows } from "./windows.js";

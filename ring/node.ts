@@ -31,13 +31,17 @@ export interface NodeStats {
   frames: number;
 }
 
-/** How long a ring device's compute threads spin after a pass before sleeping, in microseconds: it
- * covers a device's own passes in a row (the head's output layer, then the next token's window). Once
- * a device has handed its rows on it relaxes its threads at once (LocalModel.relax), since its next
- * frame is a whole ring away. Measured on a loopback ring of virtual CPUs: 500 us beat 0 while decode
- * steps went through a libuv thread (21.5 -> 25 tok/s); with steps inline, 0 and 500 us are within
- * noise and 2000 us is slower (BENCHMARKS.md). */
-export const RING_IDLE_SPIN_US = 500;
+/** How a ring device runs its compute threads (LocalModel.open options), whose next pass is a ring
+ * round away:
+ * - idleSpinUs: how long they spin after a pass before sleeping. It covers a device's own passes in
+ *   a row (the head's output layer, then the next token's window). Once a device has handed its rows
+ *   on it relaxes its threads at once (LocalModel.relax). Measured on a loopback ring of virtual
+ *   CPUs: 500 us beat 0 while decode steps went through a libuv thread (21.5 -> 25 tok/s); with steps
+ *   inline, 0 and 500 us are within noise and 2000 us is slower (BENCHMARKS.md).
+ * - spreadThreads: during a pass, the threads stay on distinct CPUs. Woken together after the gap,
+ *   they were often stacked on one CPU, trading places at every barrier (perf sched); the loopback
+ *   ring's decode was faster with it in 7 of 8 paired runs (BENCHMARKS.md). */
+export const RING_COMPUTE_OPTIONS = { idleSpinUs: 500, spreadThreads: true } as const;
 
 export interface RingNodeOptions {
   readonly model: LocalModel;
@@ -143,9 +147,11 @@ export class RingNode {
    * next (on a loopback ring, the same cores). */
   async send(frame: ActivationsFrame | ErrorFrame): Promise<void> {
     const t0 = performance.now();
+    // Before the write completes (that can take milliseconds): the successor starts as soon as the
+    // bytes arrive, and our threads' idle spin would compete with it for the cores meanwhile.
+    if (this.queue.length === 0) this.o.model.relax();
     await this.o.send(frame);
     this.stats.sendMs += performance.now() - t0;
-    if (this.queue.length === 0) this.o.model.relax();
   }
 
   close(): void {

@@ -4,7 +4,7 @@
 import { hostname } from "node:os";
 import { LocalModel } from "../engine/index.js";
 import { modelFingerprint } from "../model/index.js";
-import { RING_IDLE_SPIN_US } from "../ring/index.js";
+import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 import { parseWorkerArgs, threadsArg } from "./args.js";
 import { WorkerDevice, reserveDataPort } from "./device.js";
 import { joinProfile, profileCommand } from "./profile-command.js";
@@ -47,8 +47,8 @@ async function main(argv: string[]): Promise<number> {
   }
   const name = values.name ?? hostname();
   const log = (line: string) => console.error(`[prima-worker ${name}] ${line}`);
-  // A ring device's next frame comes only after the rest of the ring: idle threads spin only briefly.
-  const model = LocalModel.open(values.model, { threads, idleSpinUs: RING_IDLE_SPIN_US });
+  // A ring device's next frame comes only after the rest of the ring (RING_COMPUTE_OPTIONS).
+  const model = LocalModel.open(values.model, { threads, ...RING_COMPUTE_OPTIONS });
   const fingerprint = modelFingerprint(model.gguf);
   // Measured (or read from the cache) before joining: the coordinator plans with it.
   const profile = await joinProfile(model, values.model, fingerprint, name, values.reprofile ?? false, log);

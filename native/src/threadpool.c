@@ -1,3 +1,6 @@
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* sched_getcpu, CPU_* and pthread_setaffinity_np */
+#endif
 #include "threadpool.h"
 
 #include <limits.h>
@@ -37,6 +40,11 @@ struct prima_pool {
   _Atomic int chunk;
   _Atomic int sleepers; /* threads blocked in wait_change: wakers skip the syscall when 0 */
   _Atomic int relaxed;  /* set by prima_pool_relax: idle workers sleep now rather than spin on */
+  int spread;           /* prima_pool_spread: hold the threads on distinct CPUs during each job */
+  int spread_cpu;       /* the CPU the workers were last kept off (-1: none yet) */
+#ifdef __linux__
+  cpu_set_t caller_cpus; /* the calling thread's own CPU set, given back after the job */
+#endif
 };
 
 /* Spinning is right while every thread has a core; when the device is busy with other programs the
@@ -144,6 +152,44 @@ int prima_pool_threads(const prima_pool *p) { return p->n; }
 
 void prima_pool_relax(prima_pool *p) { atomic_store_explicit(&p->relaxed, 1, memory_order_relaxed); }
 
+void prima_pool_spread(prima_pool *p, int on) {
+  p->spread = on && p->n > 1;
+  p->spread_cpu = -1;
+}
+
+/* The caller stays on the CPU it runs on, the workers keep off it (set again only when the caller
+ * moved). Returns whether it did; the caller's own CPU set is kept to be given back after the job. */
+static int spread_begin(prima_pool *p) {
+#ifdef __linux__
+  const int c = sched_getcpu();
+  if (c < 0 || sched_getaffinity(0, sizeof p->caller_cpus, &p->caller_cpus) != 0 || !CPU_ISSET(c, &p->caller_cpus) ||
+      CPU_COUNT(&p->caller_cpus) < p->n)
+    return 0;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(c, &one);
+  if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0) return 0;
+  if (c != p->spread_cpu) {
+    cpu_set_t rest = p->caller_cpus;
+    CPU_CLR(c, &rest);
+    for (int i = 1; i < p->n; i++) pthread_setaffinity_np(p->threads[i], sizeof rest, &rest);
+    p->spread_cpu = c;
+  }
+  return 1;
+#else
+  (void)p;
+  return 0;
+#endif
+}
+
+static void spread_end(prima_pool *p) {
+#ifdef __linux__
+  pthread_setaffinity_np(pthread_self(), sizeof p->caller_cpus, &p->caller_cpus);
+#else
+  (void)p;
+#endif
+}
+
 void prima_pool_run_alone(prima_pool *p, prima_job_fn fn, void *ctx) {
   pthread_mutex_lock(&p->run_mu);
   const prima_task solo = { .pool = p, .ith = 0, .nth = 1 };
@@ -161,10 +207,12 @@ void prima_pool_run(prima_pool *p, prima_job_fn fn, void *ctx) {
   atomic_store(&p->barrier_count, 0);
   atomic_store_explicit(&p->relaxed, 0, memory_order_relaxed);
   atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+  const int spread = p->spread && spread_begin(p);
   wake_all(p, &p->generation);
   fn(&p->tasks[0], ctx);
   for (int done; (done = atomic_load_explicit(&p->n_done, memory_order_acquire)) < p->n - 1;)
     wait_change(p, &p->n_done, done, SPIN_NS);
+  if (spread) spread_end(p);
   pthread_mutex_unlock(&p->run_mu);
 }
 

@@ -38,6 +38,12 @@ void prima_pool_run_alone(prima_pool *p, prima_job_fn fn, void *ctx);
  * the cores go to whoever runs next. The next job wakes them as usual. */
 void prima_pool_relax(prima_pool *p);
 
+/* During each job, hold the threads on distinct CPUs: the caller on the one it runs on, the workers
+ * off it (Linux; needs at least as many CPUs as threads, else it stays off). For pools whose threads
+ * all sleep between jobs, as a ring device's do: woken together, they were often stacked on one CPU
+ * by the scheduler, trading places at every barrier for milliseconds while the other CPU idled. */
+void prima_pool_spread(prima_pool *p, int on);
+
 /* All threads of the running job wait here until every one has arrived. */
 void prima_pool_barrier(const prima_task *t);
 
