@@ -56,7 +56,7 @@ async function main(): Promise<void> {
   const model = parts.has("memory") || parts.has("ring") ? await benchmarkModel() : "";
   // Each part prints its own table; they live in dist/bench/ and also run alone.
   if (parts.has("memory")) await (await import("./memory.js")).main();
-  if (parts.has("ring")) await (await import("./ring.js")).main(model, Math.max(reps, 5));
+  if (parts.has("ring")) await (await import("./ring.js")).main(model, Math.max(reps, 7));
   if (parts.has("halda")) await (await import("./halda.js")).main();
   if (parts.has("kernels")) await import("./kernels.js"); // runs on import
 }

@@ -98,12 +98,12 @@ function dropCaches(): void {
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
-export async function main(modelArg?: string, reps = 5): Promise<void> {
+export async function main(modelArg?: string, reps = 7): Promise<void> {
   const model = modelArg ?? `${root}.cache/bench-llama-Q4_K_M.gguf`;
-  console.log(`\n## ring overhead: 3 processes on loopback vs one (decode, 64 tokens, ${model.split("/").pop()}, median of ${reps} alternating runs)\n`);
-  // A shared machine's speed drifts by 10-20% within minutes: alternate the two setups and compare
-  // medians rather than one run of each.
-  const msOne: number[] = [], msThree: number[] = [];
+  console.log(`\n## ring overhead: 3 processes on loopback vs one (decode, 64 tokens, ${model.split("/").pop()}, ${reps} paired runs)\n`);
+  // This machine's speed drifts by 10-40% within minutes: each ring run is paired with a one-process
+  // run just before it, and the ratio is the median of the pairs' ratios.
+  const msOne: number[] = [], msThree: number[] = [], ratios: number[] = [];
   const rings: Report[] = [];
   let same = true;
   for (let i = 0; i < reps; i++) {
@@ -112,23 +112,26 @@ export async function main(modelArg?: string, reps = 5): Promise<void> {
     same &&= JSON.stringify(one.generated_ids) === JSON.stringify(three.generated_ids);
     msOne.push(1000 / one.decode_tok_s);
     msThree.push(1000 / three.decode_tok_s);
+    ratios.push(msThree[i]! / msOne[i]!);
     rings.push(three);
   }
-  const one = median(msOne), three = median(msThree);
-  console.log("| setup | decode ms/token (runs) | ratio (goal <= 1.10) | per-hop cost | same tokens |");
+  const one = median(msOne), three = median(msThree), ratio = median(ratios);
+  console.log("| setup | decode ms/token, median (runs) | ratio, median of pairs (range) (goal <= 1.10) | per-hop cost | same tokens |");
   console.log("|---|---|---|---|---|");
   const runs = (xs: number[]) => xs.map((x) => x.toFixed(1)).join(", ");
+  const range = `${Math.min(...ratios).toFixed(2)}-${Math.max(...ratios).toFixed(2)}`;
   console.log(`| 1 process | ${one.toFixed(2)} (${runs(msOne)}) | 1.00 | - | - |`);
-  console.log(`| 3-process ring, k=1 | ${three.toFixed(2)} (${runs(msThree)}) | ${(three / one).toFixed(3)} | ${((three - one) / 3).toFixed(3)} ms | ${same ? "yes" : "NO"} |`);
+  console.log(`| 3-process ring, k=1 | ${three.toFixed(2)} (${runs(msThree)}) | ${ratio.toFixed(3)} (${range}) | ${((three - one) / 3).toFixed(3)} ms | ${same ? "yes" : "NO"} |`);
 
-  // The median ring run, device by device: compute is the layers' own time, the rest is the hops.
-  const mid = rings[msThree.indexOf(three)]!;
+  // The median pair's ring run, device by device: compute is the layers' own time, the rest is the hops.
+  const mid = rings[ratios.indexOf(ratio)]!;
   if (mid.devices_decode) {
-    console.log("\n| ring device (median run) | compute ms/token | waiting ms/token | sending ms/token |");
+    console.log("\n| ring device (run of the median pair) | compute ms/token | waiting ms/token | sending ms/token |");
     console.log("|---|---|---|---|");
     for (const d of mid.devices_decode) console.log(`| ${d.device} | ${d.compute_ms.toFixed(2)} | ${d.wait_ms.toFixed(2)} | ${d.send_ms.toFixed(2)} |`);
     const compute = mid.devices_decode.reduce((a, d) => a + d.compute_ms, 0);
-    console.log(`\nsum of compute ${compute.toFixed(2)} ms of a ${three.toFixed(2)} ms token: ${(three - compute).toFixed(2)} ms in the three hops`);
+    const token = 1000 / mid.decode_tok_s;
+    console.log(`\nsum of compute ${compute.toFixed(2)} ms of a ${token.toFixed(2)} ms token: ${(token - compute).toFixed(2)} ms in the three hops`);
   }
 
   // Where the difference comes from (see BENCHMARKS.md): the same window after an idle gap.
