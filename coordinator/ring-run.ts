@@ -171,6 +171,12 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
         setTimeout(() => pipeline.fail((failures.find((f) => f.lost) ?? failures[0]).error), FAILURE_GRACE_MS).unref();
       }
     };
+    // A link names its peer by ring id; say which joined device that is, as the session loss would
+    // (which may come later than the grace above on a busy machine).
+    const linkPeer = (l: RingLink) => {
+      const w = inRing.find((d) => d.id === l.peer.deviceId);
+      return w ? `${l.role} device ${w.label}` : l.peerName;
+    };
     registry.on("lost", (w: WorkerHandle, reason: string) => {
       if (inRing.includes(w)) failRun(new Error(`device ${w.label} failed: ${reason}`), true);
     });
@@ -185,7 +191,7 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
         if (f.type !== "hello") node!.receive(f);
       });
       l.on("close", (c) => {
-        if (c.error) failRun(new Error(`link from ${l.peerName} failed: ${c.error.message}`));
+        if (c.error) failRun(new Error(`link from ${linkPeer(l)} failed: ${c.error.message}`));
       });
     });
     const ringOrder = [...inRing.map((w) => w.id), headId];
@@ -199,7 +205,7 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
     }));
     link = await dialSuccessor(inRing[0].dataUrl, linkOpts);
     link.on("close", (c) => {
-      if (c.error) failRun(new Error(`link to ${link!.peerName} failed: ${c.error.message}`));
+      if (c.error) failRun(new Error(`link to ${linkPeer(link!)} failed: ${c.error.message}`));
     });
     const pressure = memoryPressureTracker();
     // Load time: opening the model here plus setting up the ring (not the wait for workers to join).
