@@ -206,8 +206,8 @@ void prima_pool_run(prima_pool *p, prima_job_fn fn, void *ctx) {
   atomic_store(&p->chunk, p->n);
   atomic_store(&p->barrier_count, 0);
   atomic_store_explicit(&p->relaxed, 0, memory_order_relaxed);
+  const int spread = p->spread && spread_begin(p); /* before the workers see the job */
   atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
-  const int spread = p->spread && spread_begin(p);
   wake_all(p, &p->generation);
   fn(&p->tasks[0], ctx);
   for (int done; (done = atomic_load_explicit(&p->n_done, memory_order_acquire)) < p->n - 1;)
