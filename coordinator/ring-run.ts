@@ -13,7 +13,7 @@ import {
 import type { Status } from "../control/index.js";
 import {
   DecodeMeter, costPerStep, formatPlan, formatPrediction, planRing, predictionReport, ringPosition,
-  type MeasuredDevice, type PredictionReport, type RingPlan,
+  type MeasuredDevice, type PredictionReport, type RingPlan, type StepCost,
 } from "./placement.js";
 import { WorkerRegistry, type WorkerHandle } from "./registry.js";
 import { promptIds, runGeneration, timingLine, type RunArgs } from "./run-command.js";
@@ -33,16 +33,15 @@ function headStatus(node: RingNode, pressure: number): Status {
   };
 }
 
-/** Per-device timings per token; with `before` (counters read when decoding started), decode only:
- * a prompt's first pass pays for mapping the weights in and would blur the per-token figures. */
-export function summaryTable(rows: { device: string; status: Status; before?: Status }[], tokens: number): string {
+/** Per-device timings per token (`cost`: decode only when counters were read as decoding started, since
+ * a prompt's first pass pays for mapping the weights in and would blur the per-token figures). */
+export function summaryTable(rows: { device: string; status: Status; cost: StepCost }[], tokens: number): string {
   const ms = (v: number) => (tokens > 0 ? v.toFixed(2) : "-");
   const lines = [
     "device                      layers            compute ms/tok  wait ms/tok  send ms/tok  major faults  resident  anon RSS  mem pressure",
   ];
-  for (const { device, status: s, before } of rows) {
+  for (const { device, status: s, cost: c } of rows) {
     const layers = s.windows.map((w) => `${w.firstLayer}-${w.endLayer - 1}`).join(",") || "-";
-    const c = costPerStep(before, s, tokens);
     const res = s.windows.reduce((a, w) => a + w.residentBytes, 0), tot = s.windows.reduce((a, w) => a + w.totalBytes, 0);
     lines.push(
       `${device.padEnd(27)} ${layers.padEnd(17)} ${ms(c.computeMs).padStart(14)} ${ms(c.waitMs).padStart(12)} ${ms(c.sendMs).padStart(12)} ` +
@@ -224,22 +223,21 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
     statuses.push({ device: `${headId} (this coordinator)`, status: headStatus(node, pressure.pressure()), haldaIndex: 0 });
     const decodeOnly = meter.decodeSteps > 0;
     const steps = decodeOnly ? meter.decodeSteps : report.generated_ids.length + report.prompt_ids.length;
-    const rows = statuses.map((s) => ({ ...s, before: decodeOnly ? atDecodeStart.get(s.haldaIndex) : undefined }));
+    const rows = statuses.map((s) => {
+      const before = decodeOnly ? atDecodeStart.get(s.haldaIndex) : undefined;
+      return { ...s, before, cost: costPerStep(before, s.status, steps) };
+    });
     let prediction: PredictionReport | undefined;
     if (placement && decodeOnly) {
       const measured = new Map<number, MeasuredDevice>();
       for (const r of rows) {
-        if (!r.before) continue;
-        const c = costPerStep(r.before, r.status, steps);
-        measured.set(r.haldaIndex, { computeMs: c.computeMs, sendMs: c.sendMs, memPressure: r.status.memPressure });
+        if (r.before) measured.set(r.haldaIndex, { computeMs: r.cost.computeMs, sendMs: r.cost.sendMs, memPressure: r.status.memPressure });
       }
       prediction = predictionReport(placement, placement.labels, measured, meter.meanDecodeMs, meter.decodeSteps);
     }
     if (a.json) {
-      const perDevice = (r: (typeof rows)[number]) => {
-        const c = costPerStep(r.before, r.status, steps);
-        return { device: r.device, compute_ms: c.computeMs, wait_ms: c.waitMs, send_ms: c.sendMs, major_faults: c.majorFaults };
-      };
+      const perDevice = ({ device, cost: c }: (typeof rows)[number]) =>
+        ({ device, compute_ms: c.computeMs, wait_ms: c.waitMs, send_ms: c.sendMs, major_faults: c.majorFaults });
       console.log(JSON.stringify({
         ...report, cycles: plan.cycles, layer_windows: perCycle, devices_status: statuses.map(({ device, status }) => ({ device, status })),
         ...(decodeOnly ? { devices_decode: rows.map(perDevice) } : {}),
