@@ -143,12 +143,11 @@ export class RingNode {
   }
 
   /** Sends rows to the successor, timing it. With nothing else queued, this device has no work until
-   * rows come round again: its threads stop spinning now, leaving the cores to the device that runs
-   * next (on a loopback ring, the same cores). */
+   * rows come round again: its threads stop spinning now, before the write completes (that can take
+   * milliseconds), since the successor starts as soon as the bytes arrive and on a loopback ring
+   * needs the same cores. */
   async send(frame: ActivationsFrame | ErrorFrame): Promise<void> {
     const t0 = performance.now();
-    // Before the write completes (that can take milliseconds): the successor starts as soon as the
-    // bytes arrive, and our threads' idle spin would compete with it for the cores meanwhile.
     if (this.queue.length === 0) this.o.model.relax();
     await this.o.send(frame);
     this.stats.sendMs += performance.now() - t0;
