@@ -42,6 +42,7 @@ struct prima_pool {
   _Atomic int relaxed;  /* set by prima_pool_relax: idle workers sleep now rather than spin on */
   int spread;           /* prima_pool_spread: hold the threads on distinct CPUs during each job */
   int spread_cpu;       /* the CPU the workers were last kept off (-1: none yet) */
+  int64_t wait_spin_ns; /* how long the running job's threads spin at barriers before sleeping */
 #ifdef __linux__
   cpu_set_t caller_cpus; /* the calling thread's own CPU set, given back after the job */
 #endif
@@ -51,6 +52,10 @@ struct prima_pool {
  * thread we wait for may not be running, and spinning would steal its time. So: spin briefly, then
  * sleep until the value changes (a futex on Linux, yielding elsewhere). */
 #define SPIN_NS 20000
+/* A spread pass holds its CPUs (one thread each), so a thread waiting for the others takes no core
+ * from them by spinning; sleeping costs a wake-up, which on a virtual CPU that halted can take
+ * 0.1-0.8 ms (perf sched) and staggers the threads so the next barrier waits again. */
+#define SPREAD_SPIN_NS 1000000
 
 static int64_t now_ns(void);
 
@@ -207,11 +212,12 @@ void prima_pool_run(prima_pool *p, prima_job_fn fn, void *ctx) {
   atomic_store(&p->barrier_count, 0);
   atomic_store_explicit(&p->relaxed, 0, memory_order_relaxed);
   const int spread = p->spread && spread_begin(p); /* before the workers see the job */
+  p->wait_spin_ns = spread ? SPREAD_SPIN_NS : SPIN_NS;
   atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
   wake_all(p, &p->generation);
   fn(&p->tasks[0], ctx);
   for (int done; (done = atomic_load_explicit(&p->n_done, memory_order_acquire)) < p->n - 1;)
-    wait_change(p, &p->n_done, done, SPIN_NS);
+    wait_change(p, &p->n_done, done, p->wait_spin_ns);
   if (spread) spread_end(p);
   pthread_mutex_unlock(&p->run_mu);
 }
@@ -229,7 +235,7 @@ void prima_pool_barrier(const prima_task *t) {
     atomic_fetch_add_explicit(&p->barrier_gen, 1, memory_order_release);
     wake_all(p, &p->barrier_gen);
   } else {
-    wait_change(p, &p->barrier_gen, gen, SPIN_NS);
+    wait_change(p, &p->barrier_gen, gen, p->wait_spin_ns);
   }
 }
 

@@ -1,4 +1,4 @@
-// The thread pool's CPU spreading for ring devices (prima_pool_spread), checked in plain C:
+// The thread pool's CPU spreading for ring devices (prima_pool_spread) and its barrier spinning, checked in plain C:
 // test/native/pool_check.c, built against native/src/threadpool.c.
 import { spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
@@ -15,7 +15,7 @@ const linuxGcc = process.platform === "linux" && spawnSync("sh", ["-c", "command
 const canSpread = linuxGcc && availableParallelism() >= 2;
 
 describe("thread pool", () => {
-  it.skipIf(!canSpread)("spreads a job's threads over distinct CPUs and gives the caller its CPUs back", () => {
+  it.skipIf(!canSpread)("spreads a job's threads over distinct CPUs, keeps them spinning at its barriers, and gives the caller its CPUs back", () => {
     const exe = join(dir, "pool_check");
     const src = join(root, "native", "src");
     const build = spawnSync("gcc", ["-O2", "-std=gnu11", `-I${src}`, "-o", exe, join(import.meta.dirname, "pool_check.c"), join(src, "threadpool.c"), "-lpthread"], { encoding: "utf8" });

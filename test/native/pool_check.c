@@ -1,10 +1,13 @@
 /* The thread pool's CPU spreading (prima_pool_spread), in plain C: during a job the caller is held on
- * its CPU and the workers off it, the caller's own CPUs come back after the job, and a process with
- * fewer CPUs than threads leaves spreading off. Prints "pool ok" or the first failure. */
+ * its CPU and the workers off it, the caller's own CPUs come back after the job, threads waiting at a
+ * barrier of a spread job keep their CPU (spin) rather than sleep, and a process with fewer CPUs than
+ * threads leaves spreading off. Prints "pool ok" or the first failure. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 
 #include "threadpool.h"
 
@@ -22,6 +25,32 @@ static void record_job(const prima_task *t, void *ctx) {
   r->cpu[t->ith] = sched_getcpu();
   sched_getaffinity(0, sizeof r->mask[t->ith], &r->mask[t->ith]);
   r->ran[t->ith] = 1;
+}
+
+/* Thread 0 arrives 300 us late at a barrier; the others count their voluntary context switches
+ * (sleeps) while they wait for it. */
+typedef struct {
+  long sleeps[MAX_THREADS];
+} late_record;
+
+static long voluntary_switches(void) {
+  struct rusage u;
+  getrusage(RUSAGE_THREAD, &u);
+  return u.ru_nvcsw;
+}
+
+static void late_job(const prima_task *t, void *ctx) {
+  late_record *r = ctx;
+  prima_pool_barrier(t);
+  if (t->ith == 0) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    do clock_gettime(CLOCK_MONOTONIC, &b);
+    while ((b.tv_sec - a.tv_sec) * 1000000000L + (b.tv_nsec - a.tv_nsec) < 300000);
+  }
+  const long before = voluntary_switches();
+  prima_pool_barrier(t);
+  r->sleeps[t->ith] = voluntary_switches() - before;
 }
 
 static int fail(const char *what) {
@@ -67,6 +96,13 @@ int main(void) {
       for (int i = 1; i < n; i++)
         if (moved.cpu[i] == moved.cpu[0]) return fail("after the caller moved, a worker ran on its CPU");
     }
+  }
+  for (int round = 0; round < 5; round++) {
+    late_record r;
+    memset(&r, 0, sizeof r);
+    prima_pool_run(p, late_job, &r);
+    for (int i = 1; i < n; i++)
+      if (r.sleeps[i] != 0) return fail("a worker slept at a barrier of a spread job while the caller was 300 us late");
   }
   prima_pool_destroy(p);
 
