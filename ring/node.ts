@@ -198,7 +198,11 @@ export class RingNode {
     if (slot) {
       const faults0 = process.resourceUsage().majorPageFault;
       const t0 = performance.now();
-      await slot.runner.forward(frame.activations, frame.firstTokenPosition, frame.nTokens, logits);
+      // Inline, the rows go on to the successor in this same turn, without an await in between.
+      const { activations, firstTokenPosition, nTokens } = frame;
+      if (!slot.runner.forwardInline(activations, firstTokenPosition, nTokens, logits)) {
+        await slot.runner.forward(activations, firstTokenPosition, nTokens, logits);
+      }
       slot.stats.computeMs += performance.now() - t0;
       slot.lastFaults = process.resourceUsage().majorPageFault - faults0;
       slot.stats.majorFaults += slot.lastFaults;

@@ -1,0 +1,56 @@
+// A ring device's hot path: a quick one-token window runs inline and its rows are handed to the
+// successor before receive() returns, with no await in between (each await let the rest of the
+// event-loop turn run first, ~0.1 ms per hop).
+import { afterAll, describe, expect, it } from "vitest";
+import { LocalModel } from "../../engine/index.js";
+import { RingNode, type ActivationsFrame } from "../../ring/index.js";
+
+const model = LocalModel.open("models/stories260K.gguf", { threads: 1 });
+afterAll(() => model.close());
+
+function frame(pos: number): ActivationsFrame {
+  return {
+    type: "activations", requestId: 1, firstTokenPosition: pos, nTokens: 1, cycle: 0, rowWidth: model.nEmbd,
+    dtype: "f32", activations: model.embed(new Int32Array([pos + 1])),
+  };
+}
+
+describe("RingNode", () => {
+  it("sends a quick one-token window's rows on within receive(), and gives the same rows as the async path", async () => {
+    const sent: { pos: number; rows: Float32Array; inTurn: boolean }[] = [];
+    let inReceive = false;
+    const node = new RingNode({
+      model, windows: [{ firstLayer: 0, endLayer: model.desc.hparams.nLayers, cycle: 0 }], cycles: 1, ctx: 16, maxBatch: 8,
+      prefetch: false, releaseAfterUse: false, isHead: false,
+      send: async (f) => {
+        if (f.type === "activations") sent.push({ pos: f.firstTokenPosition, rows: Float32Array.from(f.activations), inTurn: inReceive });
+      },
+      onError: (m) => {
+        throw new Error(m);
+      },
+    });
+    try {
+      for (let pos = 0; pos < 3; pos++) {
+        inReceive = true;
+        node.receive(frame(pos));
+        inReceive = false;
+        await new Promise((r) => setTimeout(r, 10));
+      }
+      // The first step has no timing yet, so it goes through a libuv thread; later ones are inline.
+      expect(sent.map((s) => [s.pos, s.inTurn])).toEqual([[0, false], [1, true], [2, true]]);
+
+      const reference = model.window(0, model.desc.hparams.nLayers, { ctx: 16 });
+      try {
+        for (const s of sent) {
+          const acts = frame(s.pos).activations;
+          await reference.forward(acts, s.pos, 1);
+          expect(Array.from(s.rows)).toEqual(Array.from(acts));
+        }
+      } finally {
+        reference.close();
+      }
+    } finally {
+      node.close();
+    }
+  });
+});
