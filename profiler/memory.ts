@@ -99,12 +99,21 @@ export interface MemoryReading {
   readonly swappableBytes: number;
 }
 
-/** Reads memory now (a few small files: a fraction of a millisecond). */
+/** This process's cgroups change only when something moves it, so readings reuse them for a second:
+ * finding them reads two /proc files, and a ring device reads memory a few times a second. */
+let recentPaths: { at: number; paths: CgroupPaths } | undefined;
+function currentCgroupPaths(): CgroupPaths {
+  const now = performance.now();
+  if (!recentPaths || now - recentPaths.at > 1000) recentPaths = { at: now, paths: cgroupPaths() };
+  return recentPaths.paths;
+}
+
+/** Reads memory now (a few small files: 0.5 ms, 2-3 ms on a busy virtual machine). */
 export function readMemory(isAndroid = false, paths?: CgroupPaths): MemoryReading {
   const info = procKiBFields("/proc/meminfo");
   const physicalTotalBytes = info.get("MemTotal") ?? totalmem();
   const physicalAvailableBytes = info.get("MemAvailable") ?? freemem();
-  const cg = cgroupMemory(paths ?? cgroupPaths());
+  const cg = cgroupMemory(paths ?? currentCgroupPaths());
   let totalBytes = physicalTotalBytes, availableBytes = physicalAvailableBytes;
   if (cg && cg.limitBytes < totalBytes) totalBytes = cg.limitBytes;
   if (cg) availableBytes = Math.min(availableBytes, Math.max(0, Math.min(cg.limitBytes, cg.limitBytes - cg.usageBytes + cg.fileBytes)));
@@ -159,25 +168,40 @@ export function memoryPressureTracker(intervalMs = 500): { sample(): void; press
 
 /** What the page cache can hold for a device's weights: a memory cgroup's limit less this process's
  * anonymous memory, or what the device has available plus what our windows already hold (they would
- * be counted as used); 10% kept free. Asked after every window a ring device runs: memory does not
- * change much in a quarter second, and reading /proc and counting resident pages each time cost
- * ~1 ms of the event loop per token, so a reading is reused for 250 ms. */
+ * be counted as used); 10% kept free. Asked before and after every window a ring device runs: reading
+ * /proc and counting resident pages takes 0.5-3 ms, so a reading is reused, and one older than a
+ * second is renewed after the current event-loop turn (once the rows have gone on), not on the way
+ * to the window: profiles showed the renewal on a ring device's critical path every few tokens, and
+ * four renewals a second took 1% of a core. */
+const RENEW_AFTER_MS = 1000;
+
 export class WeightRoom {
   private cached: { at: number; bytes: number } | undefined;
+  private renewing = false;
 
   constructor(private readonly residentWeightBytes: () => number) {}
 
   bytes(): number {
-    const now = performance.now();
-    if (this.cached && now - this.cached.at < 250) return this.cached.bytes;
-    const m = readMemory();
-    const room = m.cgroup ? m.cgroup.limitBytes - anonRssBytes() : m.availableBytes + this.residentWeightBytes();
-    this.cached = { at: now, bytes: Math.max(0, Math.floor(room * 0.9)) };
+    if (!this.cached) return this.read();
+    if (performance.now() - this.cached.at >= RENEW_AFTER_MS && !this.renewing) {
+      this.renewing = true;
+      setImmediate(() => {
+        this.renewing = false;
+        this.read();
+      });
+    }
     return this.cached.bytes;
   }
 
   /** The next reading is fresh (new windows were just mapped). */
   forget(): void {
     this.cached = undefined;
+  }
+
+  private read(): number {
+    const m = readMemory();
+    const room = m.cgroup ? m.cgroup.limitBytes - anonRssBytes() : m.availableBytes + this.residentWeightBytes();
+    this.cached = { at: performance.now(), bytes: Math.max(0, Math.floor(room * 0.9)) };
+    return this.cached.bytes;
   }
 }

@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import {
-  LinkProbeServer, cgroupMemory, cgroupPaths, detectGpus, detectOs, measureLink, parseNvidiaSmi, readMemory,
+  LinkProbeServer, WeightRoom, cgroupMemory, cgroupPaths, detectGpus, detectOs, measureLink, parseNvidiaSmi, readMemory,
 } from "../../profiler/index.js";
 
 describe("operating system", () => {
@@ -175,5 +175,27 @@ describe("cgroup memory files", () => {
       "memory.stat": "hierarchical_memory_limit 9223372036854771712\n",
     });
     expect(cgroupMemory({ memory: { version: 1, dir: free } })).toBeUndefined();
+  });
+});
+
+// Without a memory cgroup limit the room counts our resident weights, so each reading asks for them.
+describe.skipIf(cgroupMemory() !== undefined)("weight room of a ring device", () => {
+  it("answers from its last reading and renews a stale one after the current turn, not during the call", async () => {
+    let readings = 0;
+    const room = new WeightRoom(() => (readings++, 0));
+    const first = room.bytes();
+    expect(first).toBeGreaterThan(0);
+    expect(readings).toBe(1);
+    expect(room.bytes()).toBe(first);
+    expect(readings).toBe(1); // fresh: no second reading
+    await new Promise((r) => setTimeout(r, 1010));
+    room.bytes(); // stale: answered from the old reading...
+    room.bytes();
+    expect(readings).toBe(1);
+    await new Promise((r) => setImmediate(r));
+    expect(readings).toBe(2); // ...and renewed once, after the turn
+    room.forget();
+    room.bytes();
+    expect(readings).toBe(3); // forgotten: read at once
   });
 });
