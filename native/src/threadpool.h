@@ -41,7 +41,9 @@ void prima_pool_relax(prima_pool *p);
 /* During each job, hold the threads on distinct CPUs: the caller on the one it runs on, the workers
  * off it (Linux; needs at least as many CPUs as threads, else it stays off). For pools whose threads
  * all sleep between jobs, as a ring device's do: woken together, they were often stacked on one CPU
- * by the scheduler, trading places at every barrier for milliseconds while the other CPU idled. */
+ * by the scheduler, trading places at every barrier for milliseconds while the other CPU idled.
+ * Holding a CPU each, the threads of such a job spin longer at its barriers (up to 1 ms) before
+ * sleeping: waking a thread whose CPU went idle can take most of a millisecond on a virtual CPU. */
 void prima_pool_spread(prima_pool *p, int on);
 
 /* All threads of the running job wait here until every one has arrived. */
