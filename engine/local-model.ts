@@ -71,6 +71,12 @@ export class LocalModel {
     this.native.relax();
   }
 
+  /** A pass is coming soon (a ring device's rows are arriving): the compute threads wake now and spin
+   * for it, so their wake-up overlaps the work before the pass instead of delaying its start. */
+  prewake(): void {
+    this.native.prewake();
+  }
+
   close(): void {
     this.native.close();
   }

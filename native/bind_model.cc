@@ -76,6 +76,7 @@ class Model : public Napi::ObjectWrap<Model> {
   Napi::Value MakeWindow(const Napi::CallbackInfo &info);
   Napi::Value Embed(const Napi::CallbackInfo &info);
   Napi::Value Relax(const Napi::CallbackInfo &info);
+  Napi::Value Prewake(const Napi::CallbackInfo &info);
   Napi::Value Logits(const Napi::CallbackInfo &info);
   Napi::Value Close(const Napi::CallbackInfo &info);
 };
@@ -141,6 +142,7 @@ Napi::Function Model::Define(Napi::Env env) {
   return DefineClass(env, "NativeModel",
                      {InstanceMethod("window", &Model::MakeWindow), InstanceMethod("embed", &Model::Embed),
                       InstanceMethod("logits", &Model::Logits), InstanceMethod("relax", &Model::Relax),
+                      InstanceMethod("prewake", &Model::Prewake),
                       InstanceMethod("close", &Model::Close)});
 }
 
@@ -269,6 +271,12 @@ Napi::Value Model::Logits(const Napi::CallbackInfo &info) {
 // relax(): the compute threads stop spinning for a next job (see prima_pool_relax).
 Napi::Value Model::Relax(const Napi::CallbackInfo &info) {
   if (st->m) prima_pool_relax(st->m->pool);
+  return info.Env().Undefined();
+}
+
+// prewake(): a pass is coming soon; sleeping compute threads wake and spin for it (prima_pool_prewake).
+Napi::Value Model::Prewake(const Napi::CallbackInfo &info) {
+  if (st->m) prima_pool_prewake(st->m->pool);
   return info.Env().Undefined();
 }
 

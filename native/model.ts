@@ -70,6 +70,8 @@ export interface NativeModel {
   logits(acts: Float32Array, out: Float32Array): Promise<void>;
   /** No pass is coming soon: the compute threads stop spinning and sleep until the next one. */
   relax(): void;
+  /** A pass is coming soon: sleeping compute threads wake and spin for it. */
+  prewake(): void;
   close(): void;
 }
 

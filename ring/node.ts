@@ -128,6 +128,9 @@ export class RingNode {
   /** Takes a frame from the predecessor; frames are processed one at a time, in arrival order. */
   receive(frame: ActivationsFrame | ErrorFrame): void {
     if (this.closed) return;
+    // Idle until now, this device's compute threads sleep: wake them at once, so their wake-up (0.05-0.5
+    // ms on a virtual CPU) overlaps the rest of this turn rather than the pass's first layer.
+    if (!this.busy && frame.type === "activations" && this.slots.has(frame.cycle)) this.o.model.prewake();
     if (this.lastDoneMs > 0 && !this.busy && this.queue.length === 0) this.stats.waitMs += performance.now() - this.lastDoneMs;
     this.queue.push(frame);
     if (!this.busy) void this.drain();

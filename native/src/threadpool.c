@@ -38,8 +38,9 @@ struct prima_pool {
   _Atomic int barrier_count;
   _Atomic int barrier_gen;
   _Atomic int chunk;
-  _Atomic int sleepers; /* threads blocked in wait_change: wakers skip the syscall when 0 */
+  _Atomic int sleepers; /* threads blocked in a futex: wakers skip the syscall when 0 */
   _Atomic int relaxed;  /* set by prima_pool_relax: idle workers sleep now rather than spin on */
+  _Atomic int idle_word; /* what idle workers sleep on: changed by a new job and by prima_pool_prewake */
   int spread;           /* prima_pool_spread: hold the threads on distinct CPUs during each job */
   int spread_cpu;       /* the CPU the workers were last kept off (-1: none yet) */
   int64_t wait_spin_ns; /* how long the running job's threads spin at barriers before sleeping */
@@ -59,26 +60,36 @@ struct prima_pool {
 
 static int64_t now_ns(void);
 
-static void wait_change(prima_pool *p, _Atomic int *addr, int val, int64_t spin_ns) {
+/* Spins until *addr != val, for up to spin_ns (and, if relaxable, only until the pool is relaxed).
+ * Returns whether it changed. */
+static int spin_until_change(prima_pool *p, _Atomic int *addr, int val, int64_t spin_ns, int relaxable) {
   int64_t deadline = 0;
   for (int i = 1;; i++) {
-    if (atomic_load_explicit(addr, memory_order_acquire) != val) return;
+    if (atomic_load_explicit(addr, memory_order_acquire) != val) return 1;
     cpu_relax();
     if ((i & 63) == 0) {
-      if (addr == &p->generation && atomic_load_explicit(&p->relaxed, memory_order_relaxed)) break;
+      if (relaxable && atomic_load_explicit(&p->relaxed, memory_order_relaxed)) return 0;
       const int64_t t = now_ns();
       if (deadline == 0) deadline = t + spin_ns;
-      else if (t > deadline) break;
+      else if (t > deadline) return 0;
     }
   }
-  atomic_fetch_add(&p->sleepers, 1);
-  while (atomic_load(addr) == val) {
+}
+
+static void futex_wait(_Atomic int *addr, int val) {
 #ifdef __linux__
-    syscall(SYS_futex, (int *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+  syscall(SYS_futex, (int *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
 #else
-    sched_yield();
+  (void)addr;
+  (void)val;
+  sched_yield();
 #endif
-  }
+}
+
+static void wait_change(prima_pool *p, _Atomic int *addr, int val, int64_t spin_ns) {
+  if (spin_until_change(p, addr, val, spin_ns, 0)) return;
+  atomic_fetch_add(&p->sleepers, 1);
+  while (atomic_load(addr) == val) futex_wait(addr, val);
   atomic_fetch_sub(&p->sleepers, 1);
 }
 
@@ -89,6 +100,31 @@ static void wake_all(prima_pool *p, _Atomic int *addr) {
   (void)p;
   (void)addr;
 #endif
+}
+
+/* Idle workers sleep on idle_word, which changes for a new job and for a prewake. */
+static void wake_idle(prima_pool *p) {
+  atomic_fetch_add(&p->idle_word, 1);
+  wake_all(p, &p->idle_word);
+}
+
+/* An idle worker waits for the job after `seen`: it spins, then sleeps until a job starts, or until a
+ * prewake sends it back to spinning. */
+static void wait_job(prima_pool *p, int seen) {
+  for (;;) {
+    if (spin_until_change(p, &p->generation, seen, p->spin_ns, 1)) return;
+    atomic_fetch_add(&p->sleepers, 1);
+    for (;;) {
+      const int word = atomic_load(&p->idle_word);
+      if (atomic_load(&p->generation) != seen) {
+        atomic_fetch_sub(&p->sleepers, 1);
+        return;
+      }
+      futex_wait(&p->idle_word, word);
+      if (atomic_load(&p->idle_word) != word) break; /* a job (seen above next time round) or a prewake */
+    }
+    atomic_fetch_sub(&p->sleepers, 1);
+  }
 }
 
 static int64_t now_ns(void) {
@@ -103,7 +139,7 @@ static void *worker_main(void *arg) {
   int seen = 0;
   for (;;) {
     /* The next job of a token loop usually comes within microseconds: spin longer here. */
-    wait_change(p, &p->generation, seen, p->spin_ns);
+    wait_job(p, seen);
     if (atomic_load(&p->stop)) break;
     seen = atomic_load_explicit(&p->generation, memory_order_acquire);
     p->fn(t, p->ctx);
@@ -145,7 +181,7 @@ void prima_pool_destroy(prima_pool *p) {
   if (!p) return;
   atomic_store(&p->stop, 1);
   atomic_fetch_add(&p->generation, 1);
-  wake_all(p, &p->generation);
+  wake_idle(p);
   for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
   pthread_mutex_destroy(&p->run_mu);
   free(p->tasks);
@@ -156,6 +192,11 @@ void prima_pool_destroy(prima_pool *p) {
 int prima_pool_threads(const prima_pool *p) { return p->n; }
 
 void prima_pool_relax(prima_pool *p) { atomic_store_explicit(&p->relaxed, 1, memory_order_relaxed); }
+
+void prima_pool_prewake(prima_pool *p) {
+  atomic_store_explicit(&p->relaxed, 0, memory_order_relaxed);
+  wake_idle(p);
+}
 
 void prima_pool_spread(prima_pool *p, int on) {
   p->spread = on && p->n > 1;
@@ -214,7 +255,7 @@ void prima_pool_run(prima_pool *p, prima_job_fn fn, void *ctx) {
   const int spread = p->spread && spread_begin(p); /* before the workers see the job */
   p->wait_spin_ns = spread ? SPREAD_SPIN_NS : SPIN_NS;
   atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
-  wake_all(p, &p->generation);
+  wake_idle(p);
   fn(&p->tasks[0], ctx);
   for (int done; (done = atomic_load_explicit(&p->n_done, memory_order_acquire)) < p->n - 1;)
     wait_change(p, &p->n_done, done, p->wait_spin_ns);

@@ -38,6 +38,10 @@ void prima_pool_run_alone(prima_pool *p, prima_job_fn fn, void *ctx);
  * the cores go to whoever runs next. The next job wakes them as usual. */
 void prima_pool_relax(prima_pool *p);
 
+/* A job is coming soon (a ring device's input is arriving): sleeping workers wake and spin for it (for
+ * the pool's idle spin), so waking them is off the job's critical path. */
+void prima_pool_prewake(prima_pool *p);
+
 /* During each job, hold the threads on distinct CPUs: the caller on the one it runs on, the workers
  * off it (Linux; needs at least as many CPUs as threads, else it stays off). For pools whose threads
  * all sleep between jobs, as a ring device's do: woken together, they were often stacked on one CPU

@@ -1,6 +1,6 @@
-// A ring device's hot path: a quick one-token window runs inline and its rows are handed to the
-// successor before receive() returns, with no await in between (each await let the rest of the
-// event-loop turn run first, ~0.1 ms per hop).
+// A ring device's hot path: a frame wakes the compute threads first, a quick one-token window runs
+// inline and its rows are handed to the successor before receive() returns, with no await in between
+// (each await let the rest of the event-loop turn run first, ~0.1 ms per hop).
 import { afterAll, describe, expect, it } from "vitest";
 import { LocalModel } from "../../engine/index.js";
 import { RingNode, type ActivationsFrame } from "../../ring/index.js";
@@ -19,6 +19,14 @@ describe("RingNode", () => {
   it("sends a quick one-token window's rows on within receive(), and gives the same rows as the async path", async () => {
     const sent: { pos: number; rows: Float32Array; inTurn: boolean }[] = [];
     let inReceive = false;
+    // Each frame reaching the idle device wakes its compute threads before anything else.
+    let prewakes = 0;
+    const prewake = model.prewake.bind(model);
+    model.prewake = () => {
+      expect(inReceive && sent.length === prewakes).toBe(true);
+      prewakes++;
+      prewake();
+    };
     const node = new RingNode({
       model, windows: [{ firstLayer: 0, endLayer: model.desc.hparams.nLayers, cycle: 0 }], cycles: 1, ctx: 16, maxBatch: 8,
       prefetch: false, releaseAfterUse: false, isHead: false,
@@ -38,6 +46,7 @@ describe("RingNode", () => {
       }
       // The first step has no timing yet, so it goes through a libuv thread; later ones are inline.
       expect(sent.map((s) => [s.pos, s.inTurn])).toEqual([[0, false], [1, true], [2, true]]);
+      expect(prewakes).toBe(3);
 
       const reference = model.window(0, model.desc.hparams.nLayers, { ctx: 16 });
       try {
@@ -51,6 +60,7 @@ describe("RingNode", () => {
       }
     } finally {
       node.close();
+      model.prewake = prewake;
     }
   });
 });
