@@ -149,8 +149,9 @@ export function peakAnonTracker(): { sample(): void; peakBytes(): number } {
 }
 
 /** The paper's memory pressure: the largest drop of MemAvailable during a run relative to MemTotal.
- * Samples every half second until stopped (and whenever asked); the timer never keeps Node alive. */
-export function memoryPressureTracker(intervalMs = 500): { sample(): void; pressure(): number; stop(): void } {
+ * Samples every second until stopped (and whenever asked); the timer never keeps Node alive. A reading
+ * costs 0.5-3 ms of the event loop, which on a ring device lands in someone's window. */
+export function memoryPressureTracker(intervalMs = 1000): { sample(): void; pressure(): number; stop(): void } {
   const start = deviceMemory();
   let lowest = start.availableBytes;
   const sample = () => {

@@ -1,16 +1,17 @@
 // Liveness of one link: is the peer still there and still reading? A TCP connection to a hung
 // process (stopped, deadlocked, swapping to death) stays up for minutes, so the link asks itself:
-//   - ping: every tick without an unanswered ping, send one; once it has left this process (its
-//     write callback fired), the peer has deadAfterMs to answer. Any byte from the peer counts as an
-//     answer (a long incoming frame on a slow link is not silence), and so does one of our own writes
-//     completing (our ping may wait in the kernel behind a long outgoing frame; while the peer's
-//     kernel keeps taking our bytes, a late pong is explained).
+//   - ping: every tick without an unanswered ping, unless the peer was heard within half a tick, send
+//     one; once it has left this process (its write callback fired), the peer has deadAfterMs to
+//     answer. Any byte from the peer counts as an answer (a long incoming frame on a slow link is not
+//     silence), and so does one of our own writes completing (our ping may wait in the kernel behind
+//     a long outgoing frame; while the peer's kernel keeps taking our bytes, a late pong is explained).
 //   - reading: while this side has bytes waiting to be written, a write must complete at least every
 //     deadAfterMs (frames go out in fragments, see link.ts, so a slow link still shows progress). A
 //     frozen peer's receive buffer fills and our writes stop: this rule then reports it.
 // With tick = timeout/8 and deadAfter = timeout/2, a peer that goes silent is reported after at most
-// a tick until a ping leaves, deadAfter, and a tick until the check runs: 3/4 of the timeout, which
-// leaves the rest for timer delays on a busy machine.
+// a tick and a half until a ping leaves (none goes while the peer was heard within half a tick),
+// deadAfter, and a tick until the check runs: 13/16 of the timeout, which leaves the rest for timer
+// delays on a busy machine.
 import type { Socket } from "node:net";
 import type WebSocket from "ws";
 
@@ -94,7 +95,9 @@ export class LivenessWatch {
         return;
       }
     }
-    if (!this.pingOutstanding && this.ws.readyState === this.ws.OPEN) {
+    // A peer heard from within the last half tick (a predecessor streaming frames) needs no ping: each
+    // ping and pong wakes both processes, which on a busy device lands in someone's compute.
+    if (!this.pingOutstanding && now - this.lastHeardAt >= this.tickMs / 2 && this.ws.readyState === this.ws.OPEN) {
       this.pingOutstanding = true;
       this.pingFlushedAt = null;
       const seq = ++this.pingSeq;
