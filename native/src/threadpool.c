@@ -46,6 +46,7 @@ struct prima_pool {
   int64_t wait_spin_ns; /* how long the running job's threads spin at barriers before sleeping */
 #ifdef __linux__
   cpu_set_t caller_cpus; /* the calling thread's own CPU set, given back after the job */
+  cpu_set_t spread_from; /* the caller's CPU set when the workers were last kept off spread_cpu */
 #endif
 };
 
@@ -203,23 +204,34 @@ void prima_pool_spread(prima_pool *p, int on) {
   p->spread_cpu = -1;
 }
 
+#ifdef __linux__
+static void set_workers_cpus(prima_pool *p, const cpu_set_t *cpus) {
+  for (int i = 1; i < p->n; i++) pthread_setaffinity_np(p->threads[i], sizeof *cpus, cpus);
+}
+#endif
+
 /* The caller stays on the CPU it runs on, the workers keep off it (set again only when the caller
- * moved). Returns whether it did; the caller's own CPU set is kept to be given back after the job. */
+ * moved or its CPU set changed). Returns whether it did; the caller's own CPU set is kept to be given
+ * back after the job. When it cannot spread, workers it had kept off a CPU get the caller's set. */
 static int spread_begin(prima_pool *p) {
 #ifdef __linux__
   const int c = sched_getcpu();
-  if (c < 0 || sched_getaffinity(0, sizeof p->caller_cpus, &p->caller_cpus) != 0 || !CPU_ISSET(c, &p->caller_cpus) ||
-      CPU_COUNT(&p->caller_cpus) < p->n)
+  if (c < 0 || sched_getaffinity(0, sizeof p->caller_cpus, &p->caller_cpus) != 0) return 0;
+  if (!CPU_ISSET(c, &p->caller_cpus) || CPU_COUNT(&p->caller_cpus) < p->n) {
+    if (p->spread_cpu >= 0) set_workers_cpus(p, &p->caller_cpus);
+    p->spread_cpu = -1;
     return 0;
+  }
   cpu_set_t one;
   CPU_ZERO(&one);
   CPU_SET(c, &one);
   if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) != 0) return 0;
-  if (c != p->spread_cpu) {
+  if (c != p->spread_cpu || !CPU_EQUAL(&p->spread_from, &p->caller_cpus)) {
     cpu_set_t rest = p->caller_cpus;
     CPU_CLR(c, &rest);
-    for (int i = 1; i < p->n; i++) pthread_setaffinity_np(p->threads[i], sizeof rest, &rest);
+    set_workers_cpus(p, &rest);
     p->spread_cpu = c;
+    p->spread_from = p->caller_cpus;
   }
   return 1;
 #else

@@ -1,8 +1,8 @@
 /* The thread pool's CPU spreading (prima_pool_spread), in plain C: during a job the caller is held on
  * its CPU and the workers off it, the caller's own CPUs come back after the job, threads waiting at a
  * barrier of a spread job keep their CPU (spin) rather than sleep, and a process with fewer CPUs than
- * threads leaves spreading off. Also prima_pool_prewake: relaxed (sleeping) workers wake and spin.
- * Prints "pool ok" or the first failure. */
+ * threads leaves spreading off (workers it had moved get the caller's CPUs). Also prima_pool_prewake:
+ * relaxed (sleeping) workers wake and spin. Prints "pool ok" or the first failure. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdio.h>
@@ -164,6 +164,24 @@ int main(void) {
     }
   }
   if (counted == 0) return fail("the caller was never less than 0.7 ms late (machine too busy to check barrier spinning)");
+
+  /* the caller's CPU set narrows to fewer CPUs than threads: no spreading, and the workers it had kept
+   * off the caller's CPU now get the caller's set rather than their old one */
+  {
+    record before;
+    memset(&before, 0, sizeof before);
+    prima_pool_run(p, record_job, &before);
+    cpu_set_t mine;
+    CPU_ZERO(&mine);
+    CPU_SET(before.cpu[0], &mine);
+    if (sched_setaffinity(0, sizeof mine, &mine) != 0) return fail("narrowing the caller");
+    record narrow;
+    memset(&narrow, 0, sizeof narrow);
+    prima_pool_run(p, record_job, &narrow);
+    for (int i = 1; i < n; i++)
+      if (!CPU_EQUAL(&narrow.mask[i], &mine)) return fail("after the caller's CPUs narrowed, a worker kept its old CPU set");
+    sched_setaffinity(0, sizeof all, &all);
+  }
   prima_pool_destroy(p);
 
   /* fewer CPUs than threads: no spreading, the job still runs on every thread, the caller keeps its CPU */
