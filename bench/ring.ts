@@ -102,13 +102,20 @@ export async function main(modelArg?: string, reps = 7): Promise<void> {
   const model = modelArg ?? `${root}.cache/bench-llama-Q4_K_M.gguf`;
   console.log(`\n## ring overhead: 3 processes on loopback vs one (decode, 64 tokens, ${model.split("/").pop()}, ${reps} paired runs)\n`);
   // This machine's speed drifts by 10-40% within minutes: each ring run is paired with a one-process
-  // run just before it, and the ratio is the median of the pairs' ratios.
+  // run next to it, and the ratio is the median of the pairs' ratios. Which of the two goes first
+  // alternates, so a steady drift does not always count against the same one.
   const msOne: number[] = [], msThree: number[] = [], ratios: number[] = [];
   const rings: Report[] = [];
   let same = true;
   for (let i = 0; i < reps; i++) {
-    const one = await single(model);
-    const three = await ring(model, "8,7,7", 1, 2);
+    let one: Report, three: Report;
+    if (i % 2 === 0) {
+      one = await single(model);
+      three = await ring(model, "8,7,7", 1, 2);
+    } else {
+      three = await ring(model, "8,7,7", 1, 2);
+      one = await single(model);
+    }
     same &&= JSON.stringify(one.generated_ids) === JSON.stringify(three.generated_ids);
     msOne.push(1000 / one.decode_tok_s);
     msThree.push(1000 / three.decode_tok_s);
