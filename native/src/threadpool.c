@@ -112,18 +112,14 @@ static void wake_idle(prima_pool *p) {
 /* An idle worker waits for the job after `seen`: it spins, then sleeps until a job starts, or until a
  * prewake sends it back to spinning. */
 static void wait_job(prima_pool *p, int seen) {
-  for (;;) {
-    if (spin_until_change(p, &p->generation, seen, p->spin_ns, 1)) return;
+  while (!spin_until_change(p, &p->generation, seen, p->spin_ns, 1)) {
     atomic_fetch_add(&p->sleepers, 1);
-    for (;;) {
-      const int word = atomic_load(&p->idle_word);
-      if (atomic_load(&p->generation) != seen) {
-        atomic_fetch_sub(&p->sleepers, 1);
-        return;
-      }
+    int word;
+    do {
+      word = atomic_load(&p->idle_word);
+      if (atomic_load(&p->generation) != seen) break; /* the spin above returns at once */
       futex_wait(&p->idle_word, word);
-      if (atomic_load(&p->idle_word) != word) break; /* a job (seen above next time round) or a prewake */
-    }
+    } while (atomic_load(&p->idle_word) == word); /* changed: a job, or a prewake (spin again) */
     atomic_fetch_sub(&p->sleepers, 1);
   }
 }
