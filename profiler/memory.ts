@@ -133,7 +133,8 @@ function currentCgroupPaths(): CgroupPaths {
   return recentPaths.paths;
 }
 
-/** Reads memory now (a few small files: 0.5 ms, 2-3 ms on a busy virtual machine). */
+/** Reads memory now (a few small kernel files, kept open: ~0.2 ms here, several times that on a busy
+ * virtual machine with cold caches). */
 export function readMemory(isAndroid = false, paths?: CgroupPaths): MemoryReading {
   const info = procKiBFields("/proc/meminfo");
   const physicalTotalBytes = info.get("MemTotal") ?? totalmem();
@@ -174,8 +175,8 @@ export function peakAnonTracker(): { sample(): void; peakBytes(): number } {
 }
 
 /** The paper's memory pressure: the largest drop of MemAvailable during a run relative to MemTotal.
- * Samples every second until stopped (and whenever asked); the timer never keeps Node alive. A reading
- * costs 0.5-3 ms of the event loop, which on a ring device lands in someone's window. */
+ * Samples every second until stopped (and whenever asked); the timer never keeps Node alive. Each
+ * reading's event-loop time (readMemory) lands, on a loopback ring, in some device's window. */
 export function memoryPressureTracker(intervalMs = 1000): { sample(): void; pressure(): number; stop(): void } {
   const start = deviceMemory();
   let lowest = start.availableBytes;
@@ -194,11 +195,11 @@ export function memoryPressureTracker(intervalMs = 1000): { sample(): void; pres
 
 /** What the page cache can hold for a device's weights: a memory cgroup's limit less this process's
  * anonymous memory, or what the device has available plus what our windows already hold (they would
- * be counted as used); 10% kept free. Asked before and after every window a ring device runs: reading
- * /proc and counting resident pages takes 0.5-3 ms, so a reading is reused, and one older than a
- * second is renewed after the current event-loop turn (once the rows have gone on), not on the way
- * to the window: profiles showed the renewal on a ring device's critical path every few tokens, and
- * four renewals a second took 1% of a core. */
+ * be counted as used); 10% kept free. Asked before and after every window a ring device runs: a
+ * reading (readMemory, and mincore over the windows without a cgroup limit) took 2-3 ms in situ when
+ * profiled, so a reading is reused, and one older than a second is renewed after the current
+ * event-loop turn (once the rows have gone on), not on the way to the window, where profiles had
+ * found the renewal every few tokens. */
 const RENEW_AFTER_MS = 1000;
 
 export class WeightRoom {
