@@ -33,6 +33,15 @@ function headStatus(node: RingNode, pressure: number): Status {
   };
 }
 
+/** Rewrites the ring links' names for their peers (`successor "w2" (ws://10.0.0.2:9000)`, by ring id)
+ * as the devices the user knows (`successor device w2 "bravo" (10.0.0.2)`), for the ring's members. */
+export function namePeerDevices(text: string, devices: readonly { id: string; label: string }[]): string {
+  return text.replace(/\b(successor|predecessor) "([^"]*)" \([^)]*\)/g, (whole, role: string, id: string) => {
+    const d = devices.find((x) => x.id === id);
+    return d ? `${role} device ${d.label}` : whole;
+  });
+}
+
 /** Per-device timings per token (`cost`: decode only when counters were read as decoding started, since
  * a prompt's first pass pays for mapping the weights in and would blur the per-token figures). */
 export function summaryTable(rows: { device: string; status: Status; cost: StepCost }[], tokens: number): string {
@@ -170,17 +179,14 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
         setTimeout(() => pipeline.fail((failures.find((f) => f.lost) ?? failures[0]).error), FAILURE_GRACE_MS).unref();
       }
     };
-    // A link names its peer by ring id; say which joined device that is, as the session loss would
-    // (which may come later than the grace above on a busy machine).
-    const linkPeer = (l: RingLink) => {
-      const w = inRing.find((d) => d.id === l.peer.deviceId);
-      return w ? `${l.role} device ${w.label}` : l.peerName;
-    };
+    // Links, ours and the workers', name their peers by ring id; say which joined device that is, as
+    // the session loss would (which may come later than the grace above on a busy machine).
+    const named = (text: string) => namePeerDevices(text, inRing);
     registry.on("lost", (w: WorkerHandle, reason: string) => {
       if (inRing.includes(w)) failRun(new Error(`device ${w.label} failed: ${reason}`), true);
     });
     registry.on("failure", (w: WorkerHandle, message: string) => {
-      if (inRing.includes(w)) failRun(new Error(`device ${w.label}: ${message}`));
+      if (inRing.includes(w)) failRun(new Error(named(`device ${w.label}: ${message}`)));
     });
 
     const linkOpts = { identity, maxTokensPerFrame: a.batch, log };
@@ -190,7 +196,7 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
         if (f.type !== "hello") node!.receive(f);
       });
       l.on("close", (c) => {
-        if (c.error) failRun(new Error(`link from ${linkPeer(l)} failed: ${c.error.message}`));
+        if (c.error) failRun(new Error(named(`link from ${l.peerName} failed: ${c.error.message}`)));
       });
     });
     const ringOrder = [...inRing.map((w) => w.id), headId];
@@ -204,7 +210,7 @@ export async function runRing(a: RunArgs, model: LocalModel, tok: Tokenizer, ctx
     }));
     link = await dialSuccessor(inRing[0].dataUrl, linkOpts);
     link.on("close", (c) => {
-      if (c.error) failRun(new Error(`link to ${linkPeer(link!)} failed: ${c.error.message}`));
+      if (c.error) failRun(new Error(named(`link to ${link!.peerName} failed: ${c.error.message}`)));
     });
     const pressure = memoryPressureTracker();
     // Load time: opening the model here plus setting up the ring (not the wait for workers to join).
