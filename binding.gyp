@@ -19,6 +19,7 @@
         "native/src/matmul.c",
         "native/src/ops.c",
         "native/src/model.c",
+        "native/src/lane.c",
         "native/src/profile.c"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],

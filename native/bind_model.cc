@@ -11,6 +11,7 @@
 
 extern "C" {
 #include "kernels.h"
+#include "lane.h"
 #include "model.h"
 }
 
@@ -497,6 +498,301 @@ Napi::Value Window::Close(const Napi::CallbackInfo &info) {
   return info.Env().Undefined();
 }
 
+
+// ---- Lane --------------------------------------------------------------------------------------
+
+// new NativeLane(model, windows: NativeWindow[], cycles: number[], options, onEvent): a ring worker's
+// data path on its own thread (src/lane.h). Its windows stay busy (no forward, close or KV call from
+// JS) until stop(); KV commands go through the lane's kvClear/kvTruncate, between frames.
+class Lane : public Napi::ObjectWrap<Lane> {
+ public:
+  static Napi::Function Define(Napi::Env env);
+  explicit Lane(const Napi::CallbackInfo &info);
+  ~Lane() override { Stop(); }
+
+ private:
+  struct Event {
+    prima_lane_event_kind kind;
+    int link, code;
+    std::string kindName, text;
+    std::vector<uint8_t> data;
+  };
+  static void OnEvent(void *ctx, const prima_lane_event *ev);
+  void Stop();
+  bool Running(Napi::Env env);
+  Napi::Value Attach(const Napi::CallbackInfo &info);
+  Napi::Value Send(const Napi::CallbackInfo &info);
+  Napi::Value Resume(const Napi::CallbackInfo &info);
+  Napi::Value CloseLink(const Napi::CallbackInfo &info);
+  Napi::Value SetWeightRoom(const Napi::CallbackInfo &info);
+  Napi::Value SetReleaseAfterUse(const Napi::CallbackInfo &info);
+  Napi::Value Stats(const Napi::CallbackInfo &info);
+  Napi::Value ResetStats(const Napi::CallbackInfo &info);
+  Napi::Value KvClear(const Napi::CallbackInfo &info);
+  Napi::Value KvTruncate(const Napi::CallbackInfo &info);
+  Napi::Value StopJs(const Napi::CallbackInfo &info);
+
+  prima_lane *lane = nullptr;
+  std::shared_ptr<ModelState> st;
+  std::vector<Napi::ObjectReference> windowRefs;
+  std::vector<Window *> windows;
+  Napi::ThreadSafeFunction tsfn;
+};
+
+Napi::Function Lane::Define(Napi::Env env) {
+  return DefineClass(env, "NativeLane",
+                     {InstanceMethod("attach", &Lane::Attach), InstanceMethod("send", &Lane::Send),
+                      InstanceMethod("resume", &Lane::Resume), InstanceMethod("closeLink", &Lane::CloseLink),
+                      InstanceMethod("setWeightRoom", &Lane::SetWeightRoom),
+                      InstanceMethod("setReleaseAfterUse", &Lane::SetReleaseAfterUse),
+                      InstanceMethod("stats", &Lane::Stats), InstanceMethod("resetStats", &Lane::ResetStats),
+                      InstanceMethod("kvClear", &Lane::KvClear), InstanceMethod("kvTruncate", &Lane::KvTruncate),
+                      InstanceMethod("stop", &Lane::StopJs)});
+}
+
+static uint64_t NumberOr(const Napi::Object &o, const char *key, uint64_t fallback) {
+  Napi::Value v = o.Get(key);
+  return v.IsNumber() ? (uint64_t)v.As<Napi::Number>().DoubleValue() : fallback;
+}
+
+Lane::Lane(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Lane>(info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 5 || !info[0].IsObject() || !info[1].IsArray() || !info[2].IsArray() || !info[3].IsObject() ||
+      !info[4].IsFunction()) {
+    ThrowType(env, "new NativeLane(model, windows, cycles, options, onEvent) expected");
+    return;
+  }
+  Model *model = Napi::ObjectWrap<Model>::Unwrap(info[0].As<Napi::Object>());
+  if (!model || !model->st->m) {
+    ThrowErr(env, "model is closed");
+    return;
+  }
+  st = model->st;
+  auto wins = info[1].As<Napi::Array>();
+  auto cycles = info[2].As<Napi::Array>();
+  if (wins.Length() == 0 || wins.Length() != cycles.Length()) {
+    ThrowType(env, "NativeLane: one cycle per window, at least one window");
+    return;
+  }
+  Napi::Object o = info[3].As<Napi::Object>();
+  std::vector<prima_lane_window> lw;
+  for (uint32_t i = 0; i < wins.Length(); i++) {
+    Napi::Value wv = wins.Get(i);
+    int64_t cycle;
+    Window *w = wv.IsObject() ? Napi::ObjectWrap<Window>::Unwrap(wv.As<Napi::Object>()) : nullptr;
+    if (!w || !w->w || w->st != st || !IntArg(cycles.Get(i), 0, 65535, &cycle)) {
+      ThrowType(env, "NativeLane: windows must be open windows of this model, cycles whole numbers 0-65535");
+      return;
+    }
+    lw.push_back({w->w, (int)cycle});
+    windows.push_back(w);
+    windowRefs.push_back(Napi::Persistent(wv.As<Napi::Object>()));
+  }
+  prima_lane_config cfg = {};
+  cfg.model = st->m;
+  cfg.windows = lw.data();
+  cfg.n_windows = (int)lw.size();
+  cfg.cycles = (int)NumberOr(o, "cycles", 1);
+  cfg.hidden_size = (uint32_t)st->m->hp.n_embd;
+  cfg.max_tokens_per_frame = (uint32_t)NumberOr(o, "maxTokensPerFrame", 512);
+  cfg.max_payload_bytes = NumberOr(o, "maxPayloadBytes", 0);
+  cfg.max_message_bytes = NumberOr(o, "maxMessageBytes", 0);
+  cfg.liveness_timeout_ms = (int)NumberOr(o, "livenessTimeoutMs", 2000);
+  cfg.fragment_bytes = (uint32_t)NumberOr(o, "fragmentBytes", 256 * 1024);
+  cfg.prefetch = o.Get("prefetch").ToBoolean().Value();
+  cfg.on_event = &Lane::OnEvent;
+  cfg.ctx = this;
+  if (cfg.cycles < 1 || cfg.liveness_timeout_ms < 1) {
+    ThrowType(env, "NativeLane: cycles and livenessTimeoutMs must be positive");
+    return;
+  }
+  tsfn = Napi::ThreadSafeFunction::New(env, info[4].As<Napi::Function>(), "prima-lane", 0, 1);
+  tsfn.Unref(env);
+  char err[kErrLen] = {0};
+  lane = prima_lane_start(&cfg, err, sizeof err);
+  if (!lane) {
+    tsfn.Release();
+    ThrowErr(env, err);
+    return;
+  }
+  for (Window *w : windows) w->busy++;
+  st->busy++;
+}
+
+// On the lane thread: copy the event and hand it to the JS thread.
+void Lane::OnEvent(void *ctx, const prima_lane_event *ev) {
+  Lane *self = (Lane *)ctx;
+  Event *e = new Event{ev->kind, ev->link, ev->code, ev->kind_name ? ev->kind_name : "", ev->text ? ev->text : "",
+                       std::vector<uint8_t>(ev->data, ev->data + ev->len)};
+  napi_status s = self->tsfn.NonBlockingCall(e, [](Napi::Env env, Napi::Function cb, Event *e) {
+    static const char *kinds[] = {"frame", "failed", "closed", "error"};
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("kind", kinds[e->kind]);
+    o.Set("link", e->link == PRIMA_LANE_IN ? "in" : "out");
+    o.Set("code", e->code);
+    o.Set("failure", e->kindName);
+    o.Set("text", e->text);
+    if (e->kind == PRIMA_LANE_EV_FRAME) o.Set("data", Napi::Buffer<uint8_t>::Copy(env, e->data.data(), e->data.size()));
+    delete e;
+    cb.Call({o});
+  });
+  if (s != napi_ok) delete e;
+}
+
+void Lane::Stop() {
+  if (!lane) return;
+  prima_lane_stop(lane);
+  lane = nullptr;
+  tsfn.Release();
+  for (Window *w : windows) w->busy--;
+  st->busy--;
+  windows.clear();
+  windowRefs.clear();
+}
+
+bool Lane::Running(Napi::Env env) {
+  if (lane) return true;
+  ThrowErr(env, "the lane is stopped");
+  return false;
+}
+
+static int LinkArg(const Napi::Value &v) {
+  if (!v.IsString()) return -1;
+  std::string s = v.As<Napi::String>().Utf8Value();
+  return s == "in" ? PRIMA_LANE_IN : s == "out" ? PRIMA_LANE_OUT : -1;
+}
+
+// attach("in" | "out", fd, prefix?: Buffer)
+Napi::Value Lane::Attach(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Running(env)) return env.Undefined();
+  int64_t fd;
+  int link = info.Length() > 0 ? LinkArg(info[0]) : -1;
+  if (link < 0 || info.Length() < 2 || !IntArg(info[1], 0, 1 << 30, &fd) || (info.Length() > 2 && !info[2].IsBuffer()))
+    return ThrowType(env, "attach(\"in\" | \"out\", fd, prefix?: Buffer) expected");
+  const uint8_t *pre = nullptr;
+  size_t n = 0;
+  if (info.Length() > 2) {
+    auto b = info[2].As<Napi::Buffer<uint8_t>>();
+    pre = b.Data();
+    n = b.Length();
+  }
+  char err[kErrLen] = {0};
+  if (prima_lane_attach(lane, link, (int)fd, pre, n, err, sizeof err)) return ThrowErr(env, err);
+  return env.Undefined();
+}
+
+// send(frame: Uint8Array): a whole frame to the successor.
+Napi::Value Lane::Send(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Running(env)) return env.Undefined();
+  if (info.Length() < 1 || !info[0].IsTypedArray() || info[0].As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array)
+    return ThrowType(env, "send(frame: Uint8Array) expected");
+  auto b = info[0].As<Napi::Uint8Array>();
+  prima_lane_send(lane, b.Data(), b.ByteLength());
+  return env.Undefined();
+}
+
+Napi::Value Lane::Resume(const Napi::CallbackInfo &info) {
+  if (Running(info.Env())) prima_lane_resume(lane);
+  return info.Env().Undefined();
+}
+
+// closeLink("in" | "out", code (0: at once, no close frame), reason)
+Napi::Value Lane::CloseLink(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Running(env)) return env.Undefined();
+  int64_t code;
+  int link = info.Length() > 0 ? LinkArg(info[0]) : -1;
+  if (link < 0 || info.Length() < 2 || !IntArg(info[1], 0, 4999, &code))
+    return ThrowType(env, "closeLink(\"in\" | \"out\", code, reason?) expected");
+  std::string reason = info.Length() > 2 && info[2].IsString() ? info[2].As<Napi::String>().Utf8Value() : "";
+  prima_lane_close_link(lane, link, (int)code, reason.c_str());
+  return env.Undefined();
+}
+
+Napi::Value Lane::SetWeightRoom(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Running(env)) return env.Undefined();
+  if (info.Length() < 1 || !info[0].IsNumber()) return ThrowType(env, "setWeightRoom(bytes) expected");
+  double d = info[0].As<Napi::Number>().DoubleValue();
+  prima_lane_set_weight_room(lane, !(d < 1.8e19) ? UINT64_MAX : d <= 0 ? 0 : (uint64_t)d);
+  return env.Undefined();
+}
+
+Napi::Value Lane::SetReleaseAfterUse(const Napi::CallbackInfo &info) {
+  if (Running(info.Env())) prima_lane_set_release_after_use(lane, info.Length() > 0 && info[0].ToBoolean().Value());
+  return info.Env().Undefined();
+}
+
+// stats(): { waitMs, sendMs, frames, windows: [{ computeMs, frames, tokens, majorFaults }] } (windows in
+// the constructor's order)
+Napi::Value Lane::Stats(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Running(env)) return env.Undefined();
+  prima_lane_stats s;
+  std::vector<prima_lane_window_stats> ws(windows.size());
+  prima_lane_read_stats(lane, &s, ws.data());
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("waitMs", s.wait_ms);
+  o.Set("sendMs", s.send_ms);
+  o.Set("frames", (double)s.frames);
+  Napi::Array a = Napi::Array::New(env, ws.size());
+  for (size_t i = 0; i < ws.size(); i++) {
+    Napi::Object w = Napi::Object::New(env);
+    w.Set("computeMs", ws[i].compute_ms);
+    w.Set("frames", (double)ws[i].frames);
+    w.Set("tokens", (double)ws[i].tokens);
+    w.Set("majorFaults", (double)ws[i].major_faults);
+    a.Set((uint32_t)i, w);
+  }
+  o.Set("windows", a);
+  return o;
+}
+
+Napi::Value Lane::ResetStats(const Napi::CallbackInfo &info) {
+  if (Running(info.Env())) prima_lane_reset_stats(lane);
+  return info.Env().Undefined();
+}
+
+struct KvJob {
+  std::vector<Window *> *windows;
+  int64_t position;  // -1: clear
+};
+
+static void RunKv(void *arg) {
+  KvJob *job = (KvJob *)arg;
+  for (Window *w : *job->windows) {
+    if (job->position < 0) w->w->n_filled = 0;
+    else if (job->position < w->w->n_filled) w->w->n_filled = (int)job->position;
+  }
+}
+
+// kvClear(): every window's cache emptied, between frames.
+Napi::Value Lane::KvClear(const Napi::CallbackInfo &info) {
+  if (!Running(info.Env())) return info.Env().Undefined();
+  KvJob job = {&windows, -1};
+  prima_lane_exclusive(lane, RunKv, &job);
+  return info.Env().Undefined();
+}
+
+// kvTruncate(position): every window keeps at most the first `position` tokens, between frames.
+Napi::Value Lane::KvTruncate(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Running(env)) return env.Undefined();
+  int64_t pos;
+  if (info.Length() < 1 || !IntArg(info[0], 0, 1 << 30, &pos)) return ThrowType(env, "kvTruncate(position) expected");
+  KvJob job = {&windows, pos};
+  prima_lane_exclusive(lane, RunKv, &job);
+  return env.Undefined();
+}
+
+// stop(): the thread ends and its sockets close (no close frames: closeLink first for those).
+Napi::Value Lane::StopJs(const Napi::CallbackInfo &info) {
+  Stop();
+  return info.Env().Undefined();
+}
+
 }  // namespace
 
 void RegisterModel(Napi::Env env, Napi::Object exports) {
@@ -504,4 +800,5 @@ void RegisterModel(Napi::Env env, Napi::Object exports) {
   Model::windowCtor.SuppressDestruct();
   exports.Set("NativeModel", Model::Define(env));
   exports.Set("NativeWindow", Model::windowCtor.Value());
+  exports.Set("NativeLane", Lane::Define(env));
 }

@@ -1,5 +1,6 @@
 // The native core's public surface: the model and its windows, and the kernels.
 export * from "./model.js";
+export * from "./lane.js";
 export {
   GgmlTypeId, MAX_NC, WEIGHT_TYPES, benchDot, dequantize, dot, dotRows, fp32ToHalf, halfToFp32, quantizeAct, quantizeRef, rowBytes,
   simdLevel, simdLevels, typeInfo, type GgmlTypeName, type KernelTypeInfo, type SimdLevel,

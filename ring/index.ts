@@ -16,13 +16,15 @@ export {
 } from "./validation.js";
 export { helloMismatch, type RingIdentity } from "./hello.js";
 export {
-  CloseCode, DEFAULT_FRAGMENT_BYTES, DEFAULT_HANDSHAKE_TIMEOUT_MS, DEFAULT_MAX_TOKENS_PER_FRAME, type RingLinkOptions,
+  CloseCode, DEFAULT_FRAGMENT_BYTES, DEFAULT_HANDSHAKE_TIMEOUT_MS, DEFAULT_MAX_TOKENS_PER_FRAME, resolveLinkOptions,
+  type ResolvedLinkOptions, type RingLinkOptions,
 } from "./options.js";
 export { DEFAULT_LIVENESS_TIMEOUT_MS } from "./liveness.js";
 export { RingLink, type FrameSendStats, type PeerRole, type RingLinkClosed, type RingLinkCounters } from "./link.js";
 export { dialSuccessor } from "./dial.js";
 export { RingListener, type DroppedPeer, type RingListenerOptions } from "./listener.js";
 // The piped-ring driver (the lead's): a device's node, the head's pipeline, windows per cycle.
+export { RingLane, type RingLaneOptions } from "./lane.js";
 export { RING_COMPUTE_OPTIONS, RingNode, type NodeStats, type RingNodeOptions, type WindowSpec, type WindowStats } from "./node.js";
 export { RingPipeline, type RingPipelineOptions } from "./pipeline.js";
 export { PlanError, evenLayerWindows, ringWindows, type RingWindows } from "./windows.js";

@@ -12,6 +12,11 @@ import { LivenessWatch } from "./liveness.js";
 import { CloseCode, closeReason, type ResolvedLinkOptions } from "./options.js";
 import { PAYLOAD_DTYPE_BYTES, type Hello } from "./validation.js";
 
+/** How a link handed to the native lane is closed (code 0: at once, without a close frame). */
+export interface LaneSide {
+  close(code: number, reason: string): void;
+}
+
 /** What the peer is to this device. */
 export type PeerRole = "successor" | "predecessor";
 
@@ -94,11 +99,15 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
   /** Frames that arrived while nobody listened (delivered to the first 'frame' listener or iterator). */
   private backlog: Frame[] = [];
   private backlogFlushScheduled = false;
+  private readonly socket: Socket;
+  /** Set once the native lane owns the connection (handOverToLane): it closes it, JS no longer does. */
+  private lane: LaneSide | null = null;
 
   /** @internal Made by dialSuccessor and RingListener once both HELLOs are accepted. */
   constructor(ws: WebSocket, socket: Socket, peer: Hello, role: PeerRole, peerAddress: string, options: ResolvedLinkOptions) {
     super();
     this.ws = ws;
+    this.socket = socket;
     this.peer = peer;
     this.role = role;
     this.peerAddress = peerAddress;
@@ -135,6 +144,7 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
     let buf: Buffer;
     try {
       this.checkOpen();
+      if (this.lane) throw new RingLinkError("closed", this.peerName, "cannot send from JS: the native lane writes this link's frames");
       this.checkPeerLimits(frame);
       buf = encodeFrame(frame);
     } catch (e) {
@@ -152,6 +162,47 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
     this.framesQueued++;
     this.sendTurn = new Promise<void>((r) => (releaseTurn = r));
     return handled(turn.then(() => this.writeFrame(buf, calledAt, encodedAt, releaseTurn)));
+  }
+
+  /**
+   * @internal The connection's file descriptor, for the native lane to take over, or null when it
+   * cannot be handed over cleanly now: the link is closing, bytes are waiting to be written, or ws has
+   * read bytes it has not made a message of yet.
+   */
+  socketForLane(): number | null {
+    const receiver = (this.ws as unknown as { _receiver?: { _bufferedBytes?: number; _state?: number; _fragmented?: number } })._receiver;
+    const fd = (this.socket as unknown as { _handle?: { fd?: number } })._handle?.fd;
+    if (!this.isOpen || this.lane || typeof fd !== "number" || fd < 0) return null;
+    if (this.ws.bufferedAmount !== 0 || this.socket.readableLength !== 0) return null;
+    if (!receiver || receiver._bufferedBytes !== 0 || receiver._state !== 0 || receiver._fragmented !== 0) return null;
+    return fd;
+  }
+
+  /**
+   * @internal Once the lane holds a dup of socketForLane()'s descriptor (in the same event-loop turn,
+   * so ws reads nothing more): JS lets go of the connection, which the lane now reads, pings, answers
+   * and closes, and learns what happens to it from lane events.
+   */
+  handOverToLane(lane: LaneSide): void {
+    this.lane = lane;
+    this.liveness.stop();
+    for (const event of ["message", "close", "error", "ping", "pong"] as const) this.ws.removeAllListeners(event);
+    this.ws.on("error", () => {});
+    this.ws.terminate(); // closes JS's descriptor only: the lane's copy keeps the connection
+  }
+
+  /** @internal The lane ended without reporting this link's end (it was stopped): closed on purpose. */
+  laneStopped(): void {
+    if (this.closedInfo) return;
+    if (!this.failure) this.closingOnPurpose = true;
+    this.onClose(1006, "");
+  }
+
+  /** @internal What the lane reports about this link. */
+  laneEvent(ev: { kind: "frame" | "failed" | "closed"; code: number; failure: string; text: string; data?: Buffer }): void {
+    if (ev.kind === "frame") this.onMessage(ev.data ?? Buffer.alloc(0), true);
+    else if (ev.kind === "failed") this.fail(ev.failure as RingLinkErrorKind, ev.text, null);
+    else this.onClose(ev.code, ev.text);
   }
 
   /** Frames as they arrive; ends when the link closes cleanly, throws its RingLinkError when it fails. */
@@ -375,11 +426,18 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
     this.wakeSlotWaiters();
     this.options.log(`prima ring: ${error.message}`);
     if (this.listenerCount("error") > 0) this.safeEmit("error", error);
-    if (closeCode === null) this.ws.terminate();
+    if (closeCode === null) this.terminate();
     else this.closeSocket(closeCode, reason);
   }
 
+  private terminate(): void {
+    if (this.lane) this.lane.close(0, "");
+    else this.ws.terminate();
+  }
+
   private closeSocket(code: number, reason: string): void {
+    // The lane answers the close handshake itself, and gives up on a silent peer after the same grace.
+    if (this.lane) return this.lane.close(code, closeReason(reason));
     try {
       this.ws.close(code, closeReason(reason));
     } catch {

@@ -114,6 +114,11 @@ export class RingNode {
     return this.windows.reduce((a, w) => a + w.residency().residentBytes, 0);
   }
 
+  /** Each window with its spec, in cycle order (for the native lane, which runs them itself). */
+  get slotWindows(): readonly { readonly spec: WindowSpec; readonly window: NativeWindow }[] {
+    return [...this.slots.values()].sort((a, b) => a.spec.cycle - b.spec.cycle).map((s) => ({ spec: s.spec, window: s.window }));
+  }
+
   /** Windows in cycle order. */
   get windows(): readonly NativeWindow[] {
     return [...this.slots.values()].sort((a, b) => a.spec.cycle - b.spec.cycle).map((s) => s.window);

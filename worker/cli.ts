@@ -20,6 +20,7 @@ const HELP = `usage: prima-worker --join host:port --model model.gguf [options]
   --name NAME          device name in plans and logs (default: the host name)
   --threads N          compute threads (default: all cores)
   --once               exit when the first session ends instead of rejoining
+  --no-native-lane     pass ring frames through JS instead of the native lane (a C thread; for comparison)
   --reprofile          measure this device again instead of using its cached profile`;
 
 async function main(argv: string[]): Promise<number> {
@@ -27,6 +28,7 @@ async function main(argv: string[]): Promise<number> {
   const values = parseWorkerArgs(argv, {
     join: { type: "string" }, model: { type: "string" }, port: { type: "string" }, advertise: { type: "string" },
     name: { type: "string" }, threads: { type: "string", short: "t" }, once: { type: "boolean" }, reprofile: { type: "boolean" },
+    "no-native-lane": { type: "boolean" },
     help: { type: "boolean", short: "h" },
   }, HELP);
   if (typeof values === "number") return values;
@@ -57,7 +59,7 @@ async function main(argv: string[]): Promise<number> {
   let session: WorkerSession;
   const device = new WorkerDevice({
     model, fingerprint, deviceName: name, dataPort, dataHost: values.advertise ?? "", coordinatorHost, log,
-    fail: (e) => session.fail(e),
+    fail: (e) => session.fail(e), nativeLane: !values["no-native-lane"],
   });
   session = new WorkerSession({
     coordinator: values.join,

@@ -4,7 +4,9 @@
 import type { Assignment, KvCommand, Status } from "../control/index.js";
 import type { LocalModel } from "../engine/index.js";
 import { WeightRoom, anonRssBytes, deviceMemory, memoryPressureTracker } from "../profiler/index.js";
-import { RingLinkError, RingListener, RingNode, dialSuccessor, type RingLink, type RingLinkOptions } from "../ring/index.js";
+import {
+  RingLane, RingLinkError, RingListener, RingNode, dialSuccessor, resolveLinkOptions, type RingLink, type RingLinkOptions,
+} from "../ring/index.js";
 import type { SessionHandler } from "./session.js";
 
 export interface DeviceOptions {
@@ -19,6 +21,8 @@ export interface DeviceOptions {
   readonly log: (line: string) => void;
   /** Reports a failure of this device to the coordinator. */
   readonly fail: (e: unknown) => void;
+  /** Run the ring links' frames on the native lane (ring/lane.ts; default true); false keeps them in JS. */
+  readonly nativeLane?: boolean;
 }
 
 /** Binds the data-plane port early (port 0 = any) so the worker can announce it when joining. */
@@ -47,6 +51,9 @@ export class WorkerDevice implements SessionHandler {
   private listener: RingListener | undefined;
   private successor: RingLink | undefined;
   private predecessor: RingLink | undefined;
+  /** The native data path, once both links are up (unless turned off: DeviceOptions.nativeLane). */
+  private lane: RingLane | undefined;
+  private laneSetup: (() => void) | undefined;
   private pressure: ReturnType<typeof memoryPressureTracker> | undefined;
   private readonly room = new WeightRoom(() => this.node?.residentWeightBytes() ?? 0);
 
@@ -85,6 +92,21 @@ export class WorkerDevice implements SessionHandler {
     this.successor.on("close", (c) => {
       if (c.error) this.o.fail(new Error(`link to ${this.successor?.peerName ?? url} failed: ${c.error.message}`));
     });
+    const node = this.node;
+    this.laneSetup = () => {
+      // A device without layers only passes frames on: JS does that.
+      if (this.o.nativeLane === false || this.lane || !this.predecessor || !this.successor || this.node !== node || node.weightBytes === 0) return;
+      try {
+        this.lane = RingLane.start({
+          model: model.native, node, cycles: a.cycles, prefetch: a.prefetch, releaseAfterUse: node.releaseAfterUse,
+          link: resolveLinkOptions(linkOptions(deviceId)), predecessor: this.predecessor, successor: this.successor,
+          weightRoomBytes: () => this.room.bytes(), onError: (message) => this.o.fail(new Error(message)),
+        }) ?? undefined;
+        this.o.log(this.lane ? "ring frames run on the native lane" : "the ring links could not be handed to the native lane now: frames go through JS");
+      } catch (e) {
+        this.o.log(`the native lane did not start (${e instanceof Error ? e.message : String(e)}): frames go through JS`);
+      }
+    };
     // A device whose windows together exceed what memory can hold is overloaded: each window's pages
     // go as soon as it has run, so the next one (being prefetched) has room.
     const windows = this.node.windows;
@@ -92,6 +114,7 @@ export class WorkerDevice implements SessionHandler {
     const budget = this.room.bytes();
     if (windows.length > 1 && windowBytes > budget && !this.node.releaseAfterUse) {
       this.node.releaseAfterUse = true;
+      this.lane?.setReleaseAfterUse(true);
       this.o.log(`overloaded: ${(windowBytes / 2 ** 20).toFixed(0)} MiB of windows, room for ${(budget / 2 ** 20).toFixed(0)} MiB: releasing each window after use`);
     }
     // Page the windows in now rather than during the first token (as far as they fit).
@@ -104,10 +127,17 @@ export class WorkerDevice implements SessionHandler {
     }
     this.pressure?.stop();
     this.pressure = memoryPressureTracker();
+    this.laneSetup();
     return this.node.anonBytes();
   }
 
   kv(cmd: KvCommand): void {
+    if (this.lane) {
+      if (cmd.op === "CLEAR") this.lane.kvClear();
+      else this.lane.kvTruncate(cmd.position);
+      if (cmd.op === "CLEAR") this.lane.resetStats();
+      return;
+    }
     for (const w of this.node?.windows ?? []) {
       if (cmd.op === "CLEAR") w.kvClear();
       else w.kvTruncate(Math.min(cmd.position, w.info().filled));
@@ -116,7 +146,7 @@ export class WorkerDevice implements SessionHandler {
   }
 
   status(): Status {
-    const s = this.node?.statsSnapshot();
+    const s = this.lane?.stats() ?? this.node?.statsSnapshot();
     const mem = deviceMemory();
     this.pressure?.sample();
     return {
@@ -136,6 +166,10 @@ export class WorkerDevice implements SessionHandler {
 
   async reset(_reason: string): Promise<void> {
     this.pressure?.stop();
+    // The lane runs the windows: it ends (after its close handshakes) before they are closed.
+    const lane = this.lane;
+    this.lane = this.laneSetup = undefined;
+    await lane?.close("run ended");
     this.node?.close();
     this.node = undefined;
     const closing = [this.successor?.close("run ended"), this.predecessor?.close("run ended"), this.listener?.close()];
@@ -145,14 +179,21 @@ export class WorkerDevice implements SessionHandler {
   }
 
   private attachPredecessor(link: RingLink): void {
+    if (this.lane) {
+      void link.close("this device's ring links are already running");
+      return;
+    }
     void this.predecessor?.close("replaced by a new predecessor");
     this.predecessor = link;
     link.on("frame", (f) => {
       if (f.type === "hello") return;
-      this.node?.receive(f);
+      if (this.lane) this.lane.takeFrame(f);
+      else this.node?.receive(f);
     });
     link.on("close", (c) => {
       if (c.error && this.predecessor === link) this.o.fail(new Error(`link from ${link.peerName} failed: ${c.error.message}`));
     });
+    // After ws has finished with the message that brought this link (the HELLO), before it reads more.
+    queueMicrotask(() => this.laneSetup?.());
   }
 }

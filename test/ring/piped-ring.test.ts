@@ -1,5 +1,6 @@
 // The piped ring end to end: real worker processes on loopback give exactly the single-device
-// tokens, and a worker killed mid-generation is named by the coordinator within 2 seconds.
+// tokens (workers' frames on the native lane, and through JS with --no-native-lane), and a worker
+// killed mid-generation is named by the coordinator within 2 seconds.
 import { execFileSync } from "node:child_process";
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -83,6 +84,15 @@ describe("piped ring with k cycles on a generated 12-layer Q4_K_M model", () => 
     expect(r.code, r.coordinator.stderr).toBe(0);
     expect(r.report?.cycles).toBe(k);
     expect(r.report?.generated_ids).toEqual(expected);
+    // The workers' frames ran on the native lane (ring/lane.ts), not through JS.
+    for (const w of r.workers) expect(w.stderr).toContain("ring frames run on the native lane");
+  }, 60_000);
+
+  it("with --no-native-lane the frames go through JS, with the same tokens", async () => {
+    const r = await runRing(path, [...gen, "--layer-windows", "2,3,1", "-k", "2"], 2, ["--no-native-lane"]);
+    expect(r.code, r.coordinator.stderr).toBe(0);
+    expect(r.report?.generated_ids).toEqual(expected);
+    for (const w of r.workers) expect(w.stderr).not.toContain("native lane");
   }, 60_000);
 
   it("a long prompt in small batches: batches of one prompt are on different devices at once", async () => {

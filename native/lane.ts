@@ -1,0 +1,70 @@
+// Typed surface of the native lane (bind_model.cc, src/lane.h): a ring worker's data path on a thread
+// of its own. ring/lane.ts is its only user.
+import { addon } from "./binding.js";
+import type { NativeModel, NativeWindow } from "./model.js";
+
+export type LaneLinkName = "in" | "out";
+
+export interface NativeLaneEvent {
+  /** frame: a message the lane leaves to JS (`data`; after an "in" frame the lane waits for resume());
+   * failed: the link failed (`failure` "protocol" | "dead" | "closed", `text` why); closed: the
+   * connection ended (`code`, 1006 when lost, and `text` the reason); error: a window's pass failed
+   * (`text`), and an ERROR frame went on to the successor. */
+  readonly kind: "frame" | "failed" | "closed" | "error";
+  readonly link: LaneLinkName;
+  readonly code: number;
+  readonly failure: string;
+  readonly text: string;
+  readonly data?: Buffer;
+}
+
+export interface NativeLaneOptions {
+  readonly cycles: number;
+  /** This device's receive limits (its HELLO): frames outside them go to JS to be named and refused. */
+  readonly maxTokensPerFrame: number;
+  readonly maxPayloadBytes: number;
+  readonly maxMessageBytes: number;
+  readonly livenessTimeoutMs: number;
+  readonly fragmentBytes: number;
+  readonly prefetch: boolean;
+}
+
+export interface NativeLaneWindowStats {
+  readonly computeMs: number;
+  readonly frames: number;
+  readonly tokens: number;
+  readonly majorFaults: number;
+}
+
+export interface NativeLaneStats {
+  readonly waitMs: number;
+  readonly sendMs: number;
+  readonly frames: number;
+  readonly windows: readonly NativeLaneWindowStats[];
+}
+
+export interface NativeLane {
+  /** Hands over a connected socket (the lane takes a dup of fd) with bytes already read from it. */
+  attach(link: LaneLinkName, fd: number, prefix?: Buffer): void;
+  /** A whole frame for the successor. */
+  send(frame: Uint8Array): void;
+  resume(): void;
+  /** Close handshake with code and reason; code 0 ends the connection at once. */
+  closeLink(link: LaneLinkName, code: number, reason?: string): void;
+  setWeightRoom(bytes: number): void;
+  setReleaseAfterUse(on: boolean): void;
+  stats(): NativeLaneStats;
+  resetStats(): void;
+  kvClear(): void;
+  kvTruncate(position: number): void;
+  /** Ends the thread and its sockets (no close frames). The windows are usable from JS again. */
+  stop(): void;
+}
+
+type LaneCtor = new (model: NativeModel, windows: readonly NativeWindow[], cycles: readonly number[], options: NativeLaneOptions,
+  onEvent: (ev: NativeLaneEvent) => void) => NativeLane;
+
+export function startNativeLane(model: NativeModel, windows: readonly NativeWindow[], cycles: readonly number[],
+  options: NativeLaneOptions, onEvent: (ev: NativeLaneEvent) => void): NativeLane {
+  return new (addon.NativeLane as LaneCtor)(model, windows, cycles, options, onEvent);
+}

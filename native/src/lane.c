@@ -1,0 +1,804 @@
+/* The lane: a ring worker's data path on its own thread (lane.h says why). One thread, one poll loop:
+ * commands from JS arrive through a pipe; each link is a non-blocking socket with a buffer of
+ * unparsed bytes and a queue of whole WebSocket frames to write. The WebSocket rules are RFC 6455's
+ * as ws applies them to our links: no extensions, binary messages only, a client masks (our
+ * successor link: a zero key, as ring/dial.ts asks of ws), a server does not. */
+#define _GNU_SOURCE
+#include "lane.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels.h"
+#include "threadpool.h"
+
+#ifndef MSG_NOSIGNAL
+#define MSG_NOSIGNAL 0
+#endif
+
+#define FRAME_HEADER_BYTES 32
+#define FRAME_ACTIVATIONS 2
+#define FRAME_ERROR 3
+#define CONTROL_PAYLOAD_MAX 65536
+#define CLOSE_GRACE_MS 1000.0
+#define LOST 1006
+
+typedef struct chunk {
+  struct chunk *next;
+  size_t len, off;
+  int ping;
+  uint8_t data[];
+} chunk;
+
+typedef struct message {
+  struct message *next;
+  size_t len;
+  uint8_t *data;
+} message;
+
+typedef struct {
+  int fd; /* -1: not attached or ended */
+  int server;
+  int ended;
+  uint8_t *rbuf;
+  size_t rlen, rcap;
+  uint8_t *msg; /* a fragmented data message being assembled */
+  size_t msg_len, msg_cap;
+  int in_msg;
+  chunk *head;
+  size_t queued;
+  double last_heard, last_write, buffered_since, ping_flushed_at, next_tick;
+  int ping_outstanding;
+  int close_sent, close_received, close_code;
+  char close_reason[124];
+  double close_deadline;
+} conn;
+
+enum { CMD_ATTACH, CMD_SEND, CMD_RESUME, CMD_CLOSE, CMD_STOP };
+typedef struct command {
+  struct command *next;
+  int type, link, fd, code;
+  char reason[124];
+  size_t len;
+  uint8_t data[];
+} command;
+
+struct prima_lane {
+  prima_lane_config cfg;
+  prima_lane_window *windows;
+  prima_lane_window_stats *wstats;
+  prima_lane_stats stats;
+  pthread_t thread;
+  int wake[2];
+  pthread_mutex_t mu;   /* commands and stats */
+  pthread_mutex_t proc; /* held while a frame runs */
+  command *cmds, *cmds_tail;
+  conn c[2];
+  message *frames, *frames_tail; /* whole messages from the predecessor, waiting their turn */
+  int paused, stopping;
+  double last_done;
+  float *scratch;
+  size_t scratch_len;
+  _Atomic uint64_t room;
+  _Atomic int release_after_use;
+};
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void emit(prima_lane *l, prima_lane_event_kind kind, int link, int code, const char *kind_name, const char *text,
+                 const uint8_t *data, size_t len) {
+  prima_lane_event ev = {kind, link, code, kind_name, text ? text : "", data, len};
+  l->cfg.on_event(l->cfg.ctx, &ev);
+}
+
+/* ---- writing ---------------------------------------------------------------------------------- */
+
+/* One WebSocket frame as a chunk: a client masks with a zero key (nothing to XOR). */
+static chunk *ws_frame(const conn *c, int fin, int op, const uint8_t *p1, size_t n1, const uint8_t *p2, size_t n2) {
+  size_t len = n1 + n2, hl = len < 126 ? 2 : len < 65536 ? 4 : 10;
+  size_t ml = c->server ? 0 : 4;
+  chunk *k = malloc(sizeof(chunk) + hl + ml + len);
+  if (!k) return NULL;
+  uint8_t *h = k->data;
+  h[0] = (uint8_t)((fin ? 0x80 : 0) | op);
+  uint8_t mbit = c->server ? 0 : 0x80;
+  if (len < 126) h[1] = mbit | (uint8_t)len;
+  else if (len < 65536) {
+    h[1] = mbit | 126;
+    h[2] = (uint8_t)(len >> 8);
+    h[3] = (uint8_t)len;
+  } else {
+    h[1] = mbit | 127;
+    for (int i = 0; i < 8; i++) h[2 + i] = (uint8_t)((uint64_t)len >> (56 - 8 * i));
+  }
+  memset(h + hl, 0, ml);
+  if (n1) memcpy(h + hl + ml, p1, n1);
+  if (n2) memcpy(h + hl + ml + n1, p2, n2);
+  k->next = NULL;
+  k->len = hl + ml + len;
+  k->off = 0;
+  k->ping = 0;
+  return k;
+}
+
+static void enqueue(conn *c, chunk *k, int control) {
+  if (!k) return;
+  c->queued += k->len;
+  chunk **at = &c->head;
+  if (control) {
+    /* A control frame may go between the fragments of a message, never inside a frame. */
+    if (*at && (*at)->off > 0) at = &(*at)->next;
+  } else {
+    while (*at) at = &(*at)->next;
+  }
+  k->next = *at;
+  *at = k;
+}
+
+static void end_conn(prima_lane *l, int link, int code, const char *reason);
+
+static void fail_conn(prima_lane *l, int link, const char *kind, const char *fmt, ...) {
+  conn *c = &l->c[link];
+  if (c->ended || c->fd < 0) return;
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  emit(l, PRIMA_LANE_EV_FAILED, link, 0, kind, msg, NULL, 0);
+  end_conn(l, link, LOST, "");
+}
+
+/* Writes what the socket takes now. */
+static void flush(prima_lane *l, int link) {
+  conn *c = &l->c[link];
+  while (c->fd >= 0 && c->head) {
+    chunk *k = c->head;
+    ssize_t n = send(c->fd, k->data + k->off, k->len - k->off, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      fail_conn(l, link, "closed", "connection error: %s", strerror(errno));
+      return;
+    }
+    double t = now_ms();
+    c->last_write = t;
+    k->off += (size_t)n;
+    c->queued -= (size_t)n;
+    if (k->off < k->len) continue;
+    if (k->ping && c->ping_outstanding) c->ping_flushed_at = t;
+    c->head = k->next;
+    free(k);
+  }
+  if (c->fd >= 0 && !c->head) {
+    c->buffered_since = -1;
+    /* Both close frames exchanged and ours written: the connection is over. */
+    if (c->close_sent && c->close_received) end_conn(l, link, c->close_code, c->close_reason);
+  }
+}
+
+static void send_close(prima_lane *l, int link, int code, const char *reason) {
+  conn *c = &l->c[link];
+  if (c->close_sent || c->fd < 0) return;
+  uint8_t body[125];
+  size_t rl = strnlen(reason, 123);
+  body[0] = (uint8_t)(code >> 8);
+  body[1] = (uint8_t)code;
+  memcpy(body + 2, reason, rl);
+  enqueue(c, ws_frame(c, 1, 8, body, 2 + rl, NULL, 0), 1);
+  c->close_sent = 1;
+  c->close_deadline = now_ms() + CLOSE_GRACE_MS;
+  flush(l, link);
+}
+
+/* A whole prima frame to the successor, as fragments of at most fragment_bytes (pings overtake a long
+ * frame; see ring/options.ts). */
+static void send_message(prima_lane *l, const uint8_t *p, size_t len) {
+  conn *c = &l->c[PRIMA_LANE_OUT];
+  if (c->fd < 0) return;
+  size_t step = l->cfg.fragment_bytes ? l->cfg.fragment_bytes : len;
+  size_t off = 0;
+  do {
+    size_t n = len - off < step ? len - off : step;
+    enqueue(c, ws_frame(c, off + n == len, off == 0 ? 2 : 0, p + off, n, NULL, 0), 0);
+    off += n;
+  } while (off < len);
+  if (c->buffered_since < 0) c->buffered_since = now_ms();
+  flush(l, PRIMA_LANE_OUT);
+}
+
+static void end_conn(prima_lane *l, int link, int code, const char *reason) {
+  conn *c = &l->c[link];
+  if (c->fd < 0 || c->ended) return;
+  shutdown(c->fd, SHUT_RDWR);
+  close(c->fd);
+  c->fd = -1;
+  c->ended = 1;
+  while (c->head) {
+    chunk *k = c->head;
+    c->head = k->next;
+    free(k);
+  }
+  c->queued = 0;
+  emit(l, PRIMA_LANE_EV_CLOSED, link, code, NULL, reason, NULL, 0);
+}
+
+/* ---- running frames --------------------------------------------------------------------------- */
+
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static uint32_t rd32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+
+/* The window for an ACTIVATIONS frame the lane may run, or -1: the frame goes to JS, whose decoder
+ * (ring/validation.ts) names whatever is wrong with it. */
+static int runnable(const prima_lane *l, const uint8_t *f, size_t len) {
+  if (len < FRAME_HEADER_BYTES || memcmp(f, "PRMA", 4) != 0 || rd16(f + 4) != 1 || rd16(f + 6) != FRAME_ACTIVATIONS) return -1;
+  uint32_t n = rd16(f + 16), dtype = rd16(f + 20), row = rd32(f + 24), payload = rd32(f + 28);
+  if (dtype > 1 || rd16(f + 22) != 0 || row != l->cfg.hidden_size || n < 1 || n > l->cfg.max_tokens_per_frame) return -1;
+  if ((uint64_t)payload != len - FRAME_HEADER_BYTES || (uint64_t)n * row * (dtype ? 2 : 4) != payload) return -1;
+  if (payload > l->cfg.max_payload_bytes) return -1;
+  for (int i = 0; i < l->cfg.n_windows; i++)
+    if (l->windows[i].cycle == rd16(f + 18)) return i;
+  return -1;
+}
+
+static void send_error_frame(prima_lane *l, const uint8_t *f, const char *text) {
+  uint8_t buf[FRAME_HEADER_BYTES + 512];
+  size_t tl = strlen(text);
+  if (tl > 512) tl = 512;
+  memcpy(buf, f, FRAME_HEADER_BYTES); /* request, position, tokens and cycle of the failed frame */
+  buf[6] = FRAME_ERROR;
+  buf[7] = 0;
+  memset(buf + 20, 0, 8); /* dtype, reserved, row width */
+  buf[28] = (uint8_t)tl;
+  buf[29] = (uint8_t)(tl >> 8);
+  buf[30] = buf[31] = 0;
+  memcpy(buf + FRAME_HEADER_BYTES, text, tl);
+  send_message(l, buf, FRAME_HEADER_BYTES + tl);
+}
+
+static int input_pending(prima_lane *l) {
+  conn *c = &l->c[PRIMA_LANE_IN];
+  if (l->frames || c->fd < 0) return l->frames != NULL;
+  if (c->rlen > 0) return 1;
+  struct pollfd p = {c->fd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0;
+}
+
+/* The next window (cycle order, wrapping) after window i, as RingNode.nextSlot. */
+static int next_window(const prima_lane *l, int i) {
+  int best = -1, bestd = 1 << 30;
+  for (int j = 0; j < l->cfg.n_windows; j++) {
+    int d = ((l->windows[j].cycle - l->windows[i].cycle) % l->cfg.cycles + l->cfg.cycles) % l->cfg.cycles;
+    if (d == 0) d = l->cfg.cycles;
+    if (d < bestd) bestd = d, best = j;
+  }
+  return best;
+}
+
+static void run_frame(prima_lane *l, message *m) {
+  uint8_t *f = m->data;
+  int wi = runnable(l, f, m->len);
+  if (wi < 0) {
+    l->paused = 1;
+    emit(l, PRIMA_LANE_EV_FRAME, PRIMA_LANE_IN, 0, NULL, NULL, f, m->len);
+    return;
+  }
+  prima_lane_window *win = &l->windows[wi];
+  int n = rd16(f + 16), pos = (int)rd32(f + 12), f16 = rd16(f + 20) == 1;
+  size_t nf = (size_t)n * l->cfg.hidden_size;
+  float *acts = (float *)(f + FRAME_HEADER_BYTES);
+  if (f16) {
+    if (l->scratch_len < nf) {
+      free(l->scratch);
+      l->scratch = malloc(nf * sizeof(float));
+      l->scratch_len = l->scratch ? nf : 0;
+    }
+    acts = l->scratch;
+    if (!acts) {
+      send_error_frame(l, f, "out of memory for the rows");
+      emit(l, PRIMA_LANE_EV_ERROR, PRIMA_LANE_IN, 0, NULL, "out of memory for the rows", NULL, 0);
+      return;
+    }
+    const uint8_t *h = f + FRAME_HEADER_BYTES;
+    for (size_t i = 0; i < nf; i++) acts[i] = prima_fp16_to_fp32(rd16(h + 2 * i));
+  }
+  prima_pool_prewake(l->cfg.model->pool);
+  char err[256] = "";
+  struct rusage ru0, ru1;
+  pthread_mutex_lock(&l->proc);
+  getrusage(RUSAGE_SELF, &ru0);
+  double t0 = now_ms();
+  int rc = prima_window_forward(win->window, acts, pos, n, NULL, err, sizeof err);
+  double t1 = now_ms();
+  getrusage(RUSAGE_SELF, &ru1);
+  pthread_mutex_unlock(&l->proc);
+  pthread_mutex_lock(&l->mu);
+  prima_lane_window_stats *ws = &l->wstats[wi];
+  ws->compute_ms += t1 - t0;
+  ws->frames++;
+  ws->tokens += (uint64_t)n;
+  ws->major_faults += (uint64_t)(ru1.ru_majflt - ru0.ru_majflt);
+  l->stats.frames++;
+  pthread_mutex_unlock(&l->mu);
+  if (rc != 0) {
+    send_error_frame(l, f, err);
+    emit(l, PRIMA_LANE_EV_ERROR, PRIMA_LANE_IN, 0, NULL, err, NULL, 0);
+    return;
+  }
+  if (f16) {
+    uint8_t *h = f + FRAME_HEADER_BYTES;
+    for (size_t i = 0; i < nf; i++) {
+      uint16_t v = prima_fp32_to_fp16(acts[i]);
+      h[2 * i] = (uint8_t)v;
+      h[2 * i + 1] = (uint8_t)(v >> 8);
+    }
+  }
+  /* With no more input, this device has nothing to do until rows come round again: its threads stop
+   * spinning now, since the successor starts as soon as the bytes arrive (RingNode.send). */
+  if (!input_pending(l)) prima_pool_relax(l->cfg.model->pool);
+  send_message(l, f, m->len);
+  double t2 = now_ms();
+  pthread_mutex_lock(&l->mu);
+  l->stats.send_ms += t2 - t1;
+  pthread_mutex_unlock(&l->mu);
+  /* After passing rows on: page in the next window, and drop this one if memory is short
+   * (RingNode.advise; not while more rows for this window wait). */
+  if (l->frames && runnable(l, l->frames->data, l->frames->len) == wi) return;
+  int next = next_window(l, wi);
+  if (next < 0 || next == wi) return;
+  if (atomic_load(&l->release_after_use)) prima_window_release(win->window);
+  if (l->cfg.prefetch) prima_window_prefetch(l->windows[next].window, atomic_load(&l->room));
+}
+
+static void run_frames(prima_lane *l) {
+  while (l->frames && !l->paused && l->c[PRIMA_LANE_OUT].fd >= 0) {
+    message *m = l->frames;
+    l->frames = m->next;
+    if (!l->frames) l->frames_tail = NULL;
+    run_frame(l, m);
+    free(m->data);
+    free(m);
+    if (!l->frames) l->last_done = now_ms();
+  }
+}
+
+/* ---- reading ---------------------------------------------------------------------------------- */
+
+static void on_message(prima_lane *l, int link, uint8_t *data, size_t len) {
+  if (link == PRIMA_LANE_OUT) {
+    /* A successor sends nothing back on the data plane: JS decodes it and reports what it is. */
+    emit(l, PRIMA_LANE_EV_FRAME, link, 0, NULL, NULL, data, len);
+    free(data);
+    return;
+  }
+  message *m = malloc(sizeof *m);
+  if (!m) {
+    free(data);
+    fail_conn(l, link, "closed", "out of memory for a %zu-byte frame", len);
+    return;
+  }
+  if (!l->frames && l->last_done > 0) {
+    pthread_mutex_lock(&l->mu);
+    l->stats.wait_ms += now_ms() - l->last_done;
+    pthread_mutex_unlock(&l->mu);
+  }
+  *m = (message){NULL, len, data};
+  if (l->frames_tail) l->frames_tail->next = m;
+  else l->frames = m;
+  l->frames_tail = m;
+}
+
+static int grow(uint8_t **buf, size_t *cap, size_t need) {
+  if (need <= *cap) return 0;
+  size_t nc = *cap ? *cap : 65536;
+  while (nc < need) nc *= 2;
+  uint8_t *nb = realloc(*buf, nc);
+  if (!nb) return -1;
+  *buf = nb;
+  *cap = nc;
+  return 0;
+}
+
+/* Parses one WebSocket frame from the link's buffer: 1 done, 0 needs more bytes, -1 the link ended. */
+static int parse_frame(prima_lane *l, int link) {
+  conn *c = &l->c[link];
+  const uint8_t *b = c->rbuf;
+  if (c->rlen < 2) return 0;
+  int fin = b[0] >> 7, rsv = b[0] & 0x70, op = b[0] & 15, masked = b[1] >> 7;
+  uint64_t len = b[1] & 127;
+  size_t hl = 2;
+  if (rsv) return fail_conn(l, link, "protocol", "broke the WebSocket protocol (RSV bits set, no extension agreed)"), -1;
+  if (masked != c->server)
+    return fail_conn(l, link, "protocol", "broke the WebSocket protocol (%s)", c->server ? "an unmasked frame from a client" : "a masked frame from a server"), -1;
+  if (op != 0 && op != 1 && op != 2 && op != 8 && op != 9 && op != 10)
+    return fail_conn(l, link, "protocol", "broke the WebSocket protocol (invalid opcode %d)", op), -1;
+  if (len == 126) {
+    if (c->rlen < 4) return 0;
+    len = (uint64_t)b[2] << 8 | b[3];
+    hl = 4;
+  } else if (len == 127) {
+    if (c->rlen < 10) return 0;
+    len = 0;
+    for (int i = 0; i < 8; i++) len = len << 8 | b[2 + i];
+    hl = 10;
+    if (len >> 63) return fail_conn(l, link, "protocol", "broke the WebSocket protocol (a 64-bit length with its top bit set)"), -1;
+  }
+  if (op >= 8 && (!fin || len > 125))
+    return fail_conn(l, link, "protocol", "broke the WebSocket protocol (a fragmented or over-long control frame)"), -1;
+  if (op == 1) return fail_conn(l, link, "protocol", "sent a text message; the data plane carries binary frames only"), -1;
+  if (op == 0 && !c->in_msg) return fail_conn(l, link, "protocol", "broke the WebSocket protocol (a continuation frame with no message)"), -1;
+  if (op == 2 && c->in_msg) return fail_conn(l, link, "protocol", "broke the WebSocket protocol (a new message inside a fragmented one)"), -1;
+  if (op < 8 && c->msg_len + len > l->cfg.max_message_bytes)
+    return fail_conn(l, link, "protocol", "sent a message over this link's limit of %llu bytes", (unsigned long long)l->cfg.max_message_bytes), -1;
+  size_t ml = masked ? 4 : 0;
+  if (c->rlen < hl + ml + len) return 0;
+  uint8_t mask[4] = {0, 0, 0, 0};
+  if (masked) memcpy(mask, b + hl, 4);
+  uint8_t *p = c->rbuf + hl + ml;
+  if (mask[0] | mask[1] | mask[2] | mask[3])
+    for (uint64_t i = 0; i < len; i++) p[i] ^= mask[i & 3];
+  size_t used = hl + ml + (size_t)len;
+  if (op >= 8) {
+    uint8_t body[125];
+    memcpy(body, p, (size_t)len);
+    memmove(c->rbuf, c->rbuf + used, c->rlen - used);
+    c->rlen -= used;
+    if (op == 9) {
+      if (!c->close_sent) enqueue(c, ws_frame(c, 1, 10, body, (size_t)len, NULL, 0), 1);
+      flush(l, link);
+    } else if (op == 10) {
+      c->ping_outstanding = 0;
+      c->ping_flushed_at = -1;
+    } else {
+      c->close_received = 1;
+      c->close_code = len >= 2 ? body[0] << 8 | body[1] : 1005;
+      size_t rl = len > 2 ? (size_t)len - 2 : 0;
+      memcpy(c->close_reason, body + 2, rl);
+      c->close_reason[rl] = 0;
+      /* Answer with the same code (ws does) and end once it is written. */
+      if (!c->close_sent) send_close(l, link, c->close_code == 1005 ? 1000 : c->close_code, "");
+      else flush(l, link);
+      return -1;
+    }
+    return 1;
+  }
+  if (!fin || c->in_msg) {
+    if (grow(&c->msg, &c->msg_cap, c->msg_len + (size_t)len))
+      return fail_conn(l, link, "closed", "out of memory for a %llu-byte message", (unsigned long long)(c->msg_len + len)), -1;
+    memcpy(c->msg + c->msg_len, p, (size_t)len);
+    c->msg_len += (size_t)len;
+    c->in_msg = !fin;
+  }
+  uint8_t *data = NULL;
+  size_t dlen = 0;
+  if (fin) {
+    if (c->msg_len > 0 || c->msg) {
+      data = c->msg;
+      dlen = c->msg_len;
+      c->msg = NULL;
+      c->msg_len = c->msg_cap = 0;
+    } else {
+      data = malloc(len ? (size_t)len : 1);
+      if (!data) return fail_conn(l, link, "closed", "out of memory for a %llu-byte message", (unsigned long long)len), -1;
+      memcpy(data, p, (size_t)len);
+      dlen = (size_t)len;
+    }
+    c->in_msg = 0;
+  }
+  memmove(c->rbuf, c->rbuf + used, c->rlen - used);
+  c->rlen -= used;
+  if (data) on_message(l, link, data, dlen);
+  return 1;
+}
+
+static void read_conn(prima_lane *l, int link) {
+  conn *c = &l->c[link];
+  for (;;) {
+    if (c->fd < 0 || c->close_received) return;
+    if (grow(&c->rbuf, &c->rcap, c->rlen + 65536)) {
+      fail_conn(l, link, "closed", "out of memory reading the link");
+      return;
+    }
+    ssize_t n = recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) fail_conn(l, link, "closed", "connection error: %s", strerror(errno));
+      break;
+    }
+    if (n == 0) {
+      /* Lost without a close frame (a killed peer): what ws reports as 1006. */
+      end_conn(l, link, LOST, "");
+      return;
+    }
+    c->rlen += (size_t)n;
+    c->last_heard = now_ms();
+    if ((size_t)n < 65536) break;
+  }
+  while (c->fd >= 0 && parse_frame(l, link) > 0) {
+  }
+}
+
+/* ---- liveness (ring/liveness.ts) -------------------------------------------------------------- */
+
+static void tick(prima_lane *l, int link, double now) {
+  conn *c = &l->c[link];
+  double tick_ms = l->cfg.liveness_timeout_ms / 8.0, dead_after = l->cfg.liveness_timeout_ms / 2.0;
+  if (c->close_sent && now > c->close_deadline) {
+    end_conn(l, link, LOST, "");
+    return;
+  }
+  if (c->ping_outstanding && c->ping_flushed_at >= 0) {
+    double t = c->ping_flushed_at > c->last_heard ? c->ping_flushed_at : c->last_heard;
+    if (c->last_write > t) t = c->last_write;
+    if (now - t > dead_after) {
+      fail_conn(l, link, "dead", "no answer to a ping for %.0f ms: the peer is dead, hung or unreachable", now - c->ping_flushed_at);
+      return;
+    }
+  }
+  if (c->queued > 0) {
+    if (c->buffered_since < 0) c->buffered_since = now;
+    double t = c->last_write > c->buffered_since ? c->last_write : c->buffered_since;
+    if (now - t > dead_after) {
+      fail_conn(l, link, "dead", "the peer stopped reading: %zu bytes unsent and no write completed for %.0f ms", c->queued, now - t);
+      return;
+    }
+  }
+  if (!c->ping_outstanding && !c->close_sent && now - c->last_heard >= tick_ms / 2) {
+    c->ping_outstanding = 1;
+    c->ping_flushed_at = -1;
+    chunk *k = ws_frame(c, 1, 9, NULL, 0, NULL, 0);
+    if (k) k->ping = 1;
+    enqueue(c, k, 1);
+    flush(l, link);
+  }
+}
+
+/* ---- the thread ------------------------------------------------------------------------------- */
+
+static void attach(prima_lane *l, command *cmd) {
+  conn *c = &l->c[cmd->link];
+  if (c->fd >= 0 || c->ended) {
+    close(cmd->fd);
+    return;
+  }
+  double t = now_ms();
+  c->fd = cmd->fd;
+  c->server = cmd->link == PRIMA_LANE_IN;
+  c->last_heard = c->last_write = t;
+  c->buffered_since = c->ping_flushed_at = -1;
+  c->next_tick = t + l->cfg.liveness_timeout_ms / 8.0;
+  if (cmd->len && grow(&c->rbuf, &c->rcap, cmd->len) == 0) {
+    memcpy(c->rbuf, cmd->data, cmd->len);
+    c->rlen = cmd->len;
+    while (c->fd >= 0 && parse_frame(l, cmd->link) > 0) {
+    }
+  }
+}
+
+static void run_commands(prima_lane *l) {
+  char drain[64];
+  while (read(l->wake[0], drain, sizeof drain) > 0) {
+  }
+  pthread_mutex_lock(&l->mu);
+  command *cmds = l->cmds;
+  l->cmds = l->cmds_tail = NULL;
+  pthread_mutex_unlock(&l->mu);
+  while (cmds) {
+    command *cmd = cmds;
+    cmds = cmd->next;
+    switch (cmd->type) {
+      case CMD_ATTACH: attach(l, cmd); break;
+      case CMD_SEND: send_message(l, cmd->data, cmd->len); break;
+      case CMD_RESUME: l->paused = 0; break;
+      case CMD_CLOSE:
+        if (cmd->code == 0) end_conn(l, cmd->link, LOST, "");
+        else send_close(l, cmd->link, cmd->code, cmd->reason);
+        break;
+      case CMD_STOP: l->stopping = 1; break;
+    }
+    free(cmd);
+  }
+}
+
+static void *lane_main(void *arg) {
+  prima_lane *l = arg;
+  while (!l->stopping) {
+    run_commands(l);
+    if (l->stopping) break;
+    run_frames(l);
+    double now = now_ms();
+    int timeout = 1000;
+    struct pollfd p[3] = {{l->wake[0], POLLIN, 0}, {-1, 0, 0}, {-1, 0, 0}};
+    for (int i = 0; i < 2; i++) {
+      conn *c = &l->c[i];
+      if (c->fd < 0) continue;
+      if (now >= c->next_tick) {
+        tick(l, i, now);
+        c->next_tick = now + l->cfg.liveness_timeout_ms / 8.0;
+      }
+      if (c->fd < 0) continue;
+      int wait = (int)(c->next_tick - now) + 1;
+      if (wait < timeout) timeout = wait;
+      p[1 + i].fd = c->fd;
+      p[1 + i].events = (short)((c->close_received ? 0 : POLLIN) | (c->head ? POLLOUT : 0));
+    }
+    if (poll(p, 3, timeout) < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; i++) {
+      if (p[1 + i].fd < 0 || l->c[i].fd < 0) continue;
+      if (p[1 + i].revents & POLLOUT) flush(l, i);
+      if (p[1 + i].revents & (POLLIN | POLLHUP | POLLERR)) read_conn(l, i);
+    }
+  }
+  return NULL;
+}
+
+static void push_command(prima_lane *l, command *cmd) {
+  if (!cmd) return;
+  cmd->next = NULL;
+  pthread_mutex_lock(&l->mu);
+  if (l->cmds_tail) l->cmds_tail->next = cmd;
+  else l->cmds = cmd;
+  l->cmds_tail = cmd;
+  pthread_mutex_unlock(&l->mu);
+  char one = 1;
+  ssize_t ignored = write(l->wake[1], &one, 1);
+  (void)ignored;
+}
+
+static command *new_command(int type, int link, size_t len) {
+  command *cmd = calloc(1, sizeof(command) + len);
+  if (cmd) {
+    cmd->type = type;
+    cmd->link = link;
+    cmd->fd = -1;
+    cmd->len = len;
+  }
+  return cmd;
+}
+
+prima_lane *prima_lane_start(const prima_lane_config *cfg, char *err, size_t err_len) {
+  if (cfg->n_windows < 1 || cfg->cycles < 1 || !cfg->on_event) {
+    snprintf(err, err_len, "a lane needs at least one window, a cycle count and an event callback");
+    return NULL;
+  }
+  prima_lane *l = calloc(1, sizeof *l);
+  if (!l) return snprintf(err, err_len, "out of memory"), NULL;
+  l->cfg = *cfg;
+  l->windows = calloc((size_t)cfg->n_windows, sizeof *l->windows);
+  l->wstats = calloc((size_t)cfg->n_windows, sizeof *l->wstats);
+  if (!l->windows || !l->wstats || pipe(l->wake) != 0) {
+    snprintf(err, err_len, "cannot set up the lane: %s", strerror(errno));
+    free(l->windows);
+    free(l->wstats);
+    free(l);
+    return NULL;
+  }
+  memcpy(l->windows, cfg->windows, (size_t)cfg->n_windows * sizeof *l->windows);
+  l->cfg.windows = l->windows;
+  for (int i = 0; i < 2; i++) {
+    fcntl(l->wake[i], F_SETFL, fcntl(l->wake[i], F_GETFL) | O_NONBLOCK);
+    fcntl(l->wake[i], F_SETFD, FD_CLOEXEC);
+    l->c[i].fd = -1;
+  }
+  atomic_store(&l->room, UINT64_MAX);
+  pthread_mutex_init(&l->mu, NULL);
+  pthread_mutex_init(&l->proc, NULL);
+  if (pthread_create(&l->thread, NULL, lane_main, l) != 0) {
+    snprintf(err, err_len, "cannot start the lane thread");
+    close(l->wake[0]);
+    close(l->wake[1]);
+    free(l->windows);
+    free(l->wstats);
+    free(l);
+    return NULL;
+  }
+  return l;
+}
+
+int prima_lane_attach(prima_lane *l, int link, int fd, const uint8_t *prefix, size_t prefix_len, char *err, size_t err_len) {
+  if (link != PRIMA_LANE_IN && link != PRIMA_LANE_OUT) return snprintf(err, err_len, "no link %d", link), -1;
+  int own = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  if (own < 0) return snprintf(err, err_len, "cannot take the socket: %s", strerror(errno)), -1;
+  fcntl(own, F_SETFL, fcntl(own, F_GETFL) | O_NONBLOCK);
+  command *cmd = new_command(CMD_ATTACH, link, prefix_len);
+  if (!cmd) {
+    close(own);
+    return snprintf(err, err_len, "out of memory"), -1;
+  }
+  cmd->fd = own;
+  if (prefix_len) memcpy(cmd->data, prefix, prefix_len);
+  push_command(l, cmd);
+  return 0;
+}
+
+void prima_lane_send(prima_lane *l, const uint8_t *frame, size_t len) {
+  command *cmd = new_command(CMD_SEND, PRIMA_LANE_OUT, len);
+  if (cmd) memcpy(cmd->data, frame, len);
+  push_command(l, cmd);
+}
+
+void prima_lane_resume(prima_lane *l) { push_command(l, new_command(CMD_RESUME, 0, 0)); }
+
+void prima_lane_close_link(prima_lane *l, int link, int code, const char *reason) {
+  command *cmd = new_command(CMD_CLOSE, link, 0);
+  if (cmd) {
+    cmd->code = code;
+    snprintf(cmd->reason, sizeof cmd->reason, "%s", reason ? reason : "");
+  }
+  push_command(l, cmd);
+}
+
+void prima_lane_set_weight_room(prima_lane *l, uint64_t bytes) { atomic_store(&l->room, bytes); }
+void prima_lane_set_release_after_use(prima_lane *l, int on) { atomic_store(&l->release_after_use, on); }
+
+void prima_lane_exclusive(prima_lane *l, void (*fn)(void *), void *arg) {
+  pthread_mutex_lock(&l->proc);
+  fn(arg);
+  pthread_mutex_unlock(&l->proc);
+}
+
+void prima_lane_read_stats(prima_lane *l, prima_lane_stats *s, prima_lane_window_stats *per_window) {
+  pthread_mutex_lock(&l->mu);
+  *s = l->stats;
+  memcpy(per_window, l->wstats, (size_t)l->cfg.n_windows * sizeof *per_window);
+  pthread_mutex_unlock(&l->mu);
+}
+
+void prima_lane_reset_stats(prima_lane *l) {
+  pthread_mutex_lock(&l->mu);
+  memset(&l->stats, 0, sizeof l->stats);
+  memset(l->wstats, 0, (size_t)l->cfg.n_windows * sizeof *l->wstats);
+  pthread_mutex_unlock(&l->mu);
+}
+
+void prima_lane_stop(prima_lane *l) {
+  if (!l) return;
+  push_command(l, new_command(CMD_STOP, 0, 0));
+  pthread_join(l->thread, NULL);
+  for (int i = 0; i < 2; i++) {
+    conn *c = &l->c[i];
+    if (c->fd >= 0) close(c->fd);
+    while (c->head) {
+      chunk *k = c->head;
+      c->head = k->next;
+      free(k);
+    }
+    free(c->rbuf);
+    free(c->msg);
+  }
+  while (l->frames) {
+    message *m = l->frames;
+    l->frames = m->next;
+    free(m->data);
+    free(m);
+  }
+  while (l->cmds) {
+    command *cmd = l->cmds;
+    l->cmds = cmd->next;
+    if (cmd->type == CMD_ATTACH && cmd->fd >= 0) close(cmd->fd);
+    free(cmd);
+  }
+  close(l->wake[0]);
+  close(l->wake[1]);
+  pthread_mutex_destroy(&l->mu);
+  pthread_mutex_destroy(&l->proc);
+  free(l->scratch);
+  free(l->windows);
+  free(l->wstats);
+  free(l);
+}

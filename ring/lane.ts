@@ -1,0 +1,135 @@
+// A ring worker's data path on the native lane (native/src/lane.h). Once a worker has both links, their
+// connections go to a C thread that reads each frame, runs its window and writes the rows on, with
+// no event loop, stream or JS object in between: on a loopback ring that path cost ~0.4 ms of CPU per
+// device per token (BENCHMARKS.md). JS keeps what is rare: the frames the lane leaves to it (ERROR
+// frames to pass on, frames it cannot run or that fail its checks, which the codec then names), link
+// failures (reported through the RingLink objects, as before), KV commands and statistics.
+import { startNativeLane, type NativeLane, type NativeLaneEvent, type NativeModel } from "../native/index.js";
+import { encodeFrame, type Frame } from "./frame.js";
+import type { RingLink } from "./link.js";
+import type { NodeStats, RingNode } from "./node.js";
+import type { ResolvedLinkOptions } from "./options.js";
+
+export interface RingLaneOptions {
+  readonly model: NativeModel;
+  readonly node: RingNode;
+  readonly cycles: number;
+  readonly prefetch: boolean;
+  readonly releaseAfterUse: boolean;
+  /** This device's link options (its HELLO limits, liveness timeout, fragment size). */
+  readonly link: ResolvedLinkOptions;
+  readonly predecessor: RingLink;
+  readonly successor: RingLink;
+  /** Bytes of weights memory can hold now (renewed once a second; default unlimited). */
+  readonly weightRoomBytes?: () => number;
+  /** A frame could not be processed (an ERROR frame went on to the successor). */
+  readonly onError: (message: string) => void;
+}
+
+const ROOM_RENEW_MS = 1000;
+
+export class RingLane {
+  private stopped = false;
+  private readonly roomTimer: NodeJS.Timeout | undefined;
+
+  private constructor(private readonly lane: NativeLane, private readonly o: RingLaneOptions) {
+    const side = (which: "in" | "out") => ({
+      close: (code: number, reason: string) => {
+        if (!this.stopped) lane.closeLink(which, code, reason);
+      },
+    });
+    // Both descriptors are dup'ed (attach) before JS closes its own (handOverToLane), in one turn.
+    lane.attach("in", o.predecessor.socketForLane()!);
+    lane.attach("out", o.successor.socketForLane()!);
+    o.predecessor.handOverToLane(side("in"));
+    o.successor.handOverToLane(side("out"));
+    if (o.weightRoomBytes) {
+      const renew = () => lane.setWeightRoom(o.weightRoomBytes!());
+      renew();
+      this.roomTimer = setInterval(renew, ROOM_RENEW_MS);
+      this.roomTimer.unref();
+    }
+  }
+
+  /** Starts the lane over both links, or returns null (the links stay with JS) when either cannot be
+   * handed over now (see RingLink.socketForLane). */
+  static start(o: RingLaneOptions): RingLane | null {
+    if (o.predecessor.socketForLane() === null || o.successor.socketForLane() === null) return null;
+    const slots = o.node.slotWindows;
+    let self: RingLane | null = null;
+    const lane = startNativeLane(o.model, slots.map((s) => s.window), slots.map((s) => s.spec.cycle), {
+      cycles: o.cycles,
+      maxTokensPerFrame: o.link.limits.maxTokensPerFrame,
+      maxPayloadBytes: o.link.limits.maxPayloadBytes,
+      maxMessageBytes: o.link.maxMessageBytes,
+      livenessTimeoutMs: o.link.livenessTimeoutMs,
+      fragmentBytes: o.link.fragmentBytes,
+      prefetch: o.prefetch,
+    }, (ev) => self?.onEvent(ev));
+    lane.setReleaseAfterUse(o.releaseAfterUse);
+    self = new RingLane(lane, o);
+    return self;
+  }
+
+  /** A frame the predecessor link delivered to JS (the lane left it, and waits). */
+  takeFrame(frame: Frame): void {
+    if (this.stopped) return;
+    if (frame.type === "error") this.lane.send(encodeFrame(frame));
+    else if (frame.type === "activations") {
+      // Valid (the codec passed it) yet not run: no window of this device is in that cycle.
+      const message = `no window for cycle ${frame.cycle} on this device`;
+      this.o.onError(message);
+      this.lane.send(encodeFrame({ type: "error", requestId: frame.requestId, firstTokenPosition: frame.firstTokenPosition, nTokens: frame.nTokens, cycle: frame.cycle, message }));
+    }
+    this.lane.resume();
+  }
+
+  kvClear(): void {
+    if (!this.stopped) this.lane.kvClear();
+  }
+
+  kvTruncate(position: number): void {
+    if (!this.stopped) this.lane.kvTruncate(position);
+  }
+
+  setReleaseAfterUse(on: boolean): void {
+    if (!this.stopped) this.lane.setReleaseAfterUse(on);
+  }
+
+  stats(): NodeStats {
+    const s = this.lane.stats();
+    const slots = this.o.node.slotWindows;
+    return {
+      waitMs: s.waitMs, sendMs: s.sendMs, frames: s.frames,
+      windows: slots.map((slot, i) => ({ ...slot.spec, ...s.windows[i] })),
+    };
+  }
+
+  resetStats(): void {
+    if (!this.stopped) this.lane.resetStats();
+  }
+
+  /** Closes both links (close handshakes, at most the links' grace), then ends the thread. */
+  async close(reason: string): Promise<void> {
+    if (this.stopped) return;
+    await Promise.allSettled([this.o.predecessor.close(reason), this.o.successor.close(reason)]);
+    this.stop();
+  }
+
+  /** Ends the thread at once (its connections close without close frames). */
+  stop(): void {
+    if (this.stopped) return;
+    this.stopped = true;
+    if (this.roomTimer) clearInterval(this.roomTimer);
+    this.lane.stop();
+    this.o.predecessor.laneStopped();
+    this.o.successor.laneStopped();
+  }
+
+  private onEvent(ev: NativeLaneEvent): void {
+    if (this.stopped) return;
+    const { kind } = ev;
+    if (kind === "error") return this.o.onError(ev.text);
+    (ev.link === "in" ? this.o.predecessor : this.o.successor).laneEvent({ ...ev, kind });
+  }
+}

@@ -1,0 +1,202 @@
+// The native lane (ring/lane.ts, native/src/lane.c) between a predecessor and a successor played by
+// this test over loopback: it runs frames in C with the same rows as a JS pass, passes ERROR frames
+// on, refuses garbage (WebSocket-level and prima-level) with an error that names it while the process
+// stays up, reports a successor that stops reading, and closes cleanly.
+import { afterAll, afterEach, describe, expect, it } from "vitest";
+import type { Socket } from "node:net";
+import type WebSocket from "ws";
+import { LocalModel } from "../../engine/index.js";
+import {
+  CloseCode, RingLane, RingListener, RingNode, dialSuccessor, encodeFrame, f16ToF32, f32ToF16, resolveLinkOptions,
+  type ActivationsFrame, type Frame, type RingLink, type RingLinkOptions,
+} from "../../ring/index.js";
+
+const model = LocalModel.open("models/stories260K.gguf", { threads: 1 });
+const nLayers = model.desc.hparams.nLayers;
+afterAll(() => model.close());
+
+const cleanups: Array<() => unknown> = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+function options(deviceId: string, o: Partial<RingLinkOptions> = {}): RingLinkOptions {
+  return {
+    identity: { deviceId, modelFingerprint: "gguf:lane", hiddenSize: model.nEmbd, ringId: "ring-lane" },
+    maxTokensPerFrame: 8, log: () => {}, ...o,
+  };
+}
+
+function rows(pos: number, nTokens = 1): ActivationsFrame {
+  const tokens = Int32Array.from({ length: nTokens }, (_, i) => pos + i + 1);
+  return {
+    type: "activations", requestId: 7, firstTokenPosition: pos, nTokens, cycle: 0, rowWidth: model.nEmbd, dtype: "f32",
+    activations: model.embed(tokens),
+  };
+}
+
+/** predecessor (the test) -> device (the lane) -> successor (the test). */
+async function laneDevice(deviceOptions: Partial<RingLinkOptions> = {}, successorOptions: Partial<RingLinkOptions> = {}) {
+  const devOpts = options("device", deviceOptions);
+  const deviceListener = await RingListener.listen({ port: 0, host: "127.0.0.1", ...devOpts });
+  const successorListener = await RingListener.listen({ port: 0, host: "127.0.0.1", ...options("successor", successorOptions) });
+  cleanups.push(() => deviceListener.close(), () => successorListener.close());
+  const accepted = successorListener.accept();
+  const out = await dialSuccessor(successorListener.url, devOpts);
+  const successor = await accepted;
+  const incoming = deviceListener.accept();
+  const predecessor = await dialSuccessor(deviceListener.url, options("predecessor"));
+  const inLink = await incoming;
+  const errors: string[] = [];
+  const node = new RingNode({
+    model, windows: [{ firstLayer: 0, endLayer: nLayers, cycle: 0 }], cycles: 1, ctx: 32, maxBatch: 8, prefetch: false,
+    releaseAfterUse: false, isHead: false, send: () => Promise.reject(new Error("the lane sends, not JS")), onError: (m) => errors.push(m),
+  });
+  const lane = RingLane.start({
+    model: model.native, node, cycles: 1, prefetch: false, releaseAfterUse: false, link: resolveLinkOptions(devOpts),
+    predecessor: inLink, successor: out, onError: (m) => errors.push(m),
+  });
+  expect(lane).not.toBeNull();
+  inLink.on("frame", (f) => lane!.takeFrame(f));
+  cleanups.push(async () => {
+    lane!.stop();
+    node.close();
+    await Promise.allSettled([predecessor.close(), successor.close()]);
+  });
+  const received: Frame[] = [];
+  successor.on("frame", (f) => received.push(f));
+  return { lane: lane!, node, predecessor, successor, inLink, out, errors, received };
+}
+
+async function until(cond: () => boolean, what: string, ms = 5000): Promise<void> {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+/** The test's own end of a link, below RingLink: to write what a well-behaved peer never would. */
+function rawSocket(link: RingLink): Socket {
+  return (link as unknown as { socket: Socket }).socket;
+}
+
+function rawWs(link: RingLink): WebSocket {
+  return (link as unknown as { ws: WebSocket }).ws;
+}
+
+describe("native lane", () => {
+  it("runs each frame in C with the same rows as a JS pass, in order, and passes ERROR frames on", async () => {
+    const d = await laneDevice();
+    const sent = [rows(0, 3), rows(3), rows(4)];
+    for (const f of sent) await d.predecessor.send(f);
+    await d.predecessor.send({ type: "error", requestId: 7, firstTokenPosition: 5, nTokens: 1, cycle: 0, message: "upstream failed" });
+    await until(() => d.received.length === 4, "four frames at the successor");
+
+    const reference = model.window(0, nLayers, { ctx: 32 });
+    try {
+      for (let i = 0; i < sent.length; i++) {
+        const got = d.received[i] as ActivationsFrame;
+        const want = rows(sent[i].firstTokenPosition, sent[i].nTokens);
+        await reference.forward(want.activations, want.firstTokenPosition, want.nTokens);
+        expect([got.type, got.firstTokenPosition, got.nTokens]).toEqual(["activations", want.firstTokenPosition, want.nTokens]);
+        expect(Array.from(got.activations)).toEqual(Array.from(want.activations));
+      }
+    } finally {
+      reference.close();
+    }
+    expect(d.received[3]).toMatchObject({ type: "error", message: "upstream failed", firstTokenPosition: 5 });
+    const stats = d.lane.stats();
+    expect([stats.frames, stats.windows[0].frames, stats.windows[0].tokens]).toEqual([3, 3, 5]);
+    expect(d.errors).toEqual([]);
+
+    // KV commands run between frames: after a truncate to 3, position 3 again gives the same rows.
+    d.lane.kvTruncate(3);
+    await d.predecessor.send(rows(3));
+    await until(() => d.received.length === 5, "the frame after the truncate");
+    expect(Array.from((d.received[4] as ActivationsFrame).activations)).toEqual(Array.from((d.received[1] as ActivationsFrame).activations));
+  });
+
+  it("f16 rows: converted in and out as the JS codec does (ggml's rounding)", async () => {
+    const d = await laneDevice();
+    const f = { ...rows(0, 2), dtype: "f16" as const };
+    await d.predecessor.send(f);
+    await until(() => d.received.length === 1, "the f16 frame");
+    const got = d.received[0] as ActivationsFrame;
+    expect(got.dtype).toBe("f16");
+    // What the JS path computes: the f16 rows as floats, the window, and f16 again on the way out.
+    const want = f16ToF32(f32ToF16(f.activations));
+    const reference = model.window(0, nLayers, { ctx: 32 });
+    try {
+      await reference.forward(want, 0, 2);
+    } finally {
+      reference.close();
+    }
+    expect(Array.from(got.activations)).toEqual(Array.from(f16ToF32(f32ToF16(want))));
+  });
+
+  it("a frame for a cycle it has no window for goes on as an ERROR frame and is reported", async () => {
+    const d = await laneDevice();
+    await d.predecessor.send({ ...rows(0), cycle: 1 });
+    await until(() => d.received.length === 1, "the error frame");
+    expect(d.received[0]).toMatchObject({ type: "error", message: "no window for cycle 1 on this device" });
+    expect(d.errors).toEqual(["no window for cycle 1 on this device"]);
+    // The lane goes on with the next frame.
+    await d.predecessor.send(rows(0));
+    await until(() => d.received.length === 2, "the next frame");
+    expect(d.received[1].type).toBe("activations");
+  });
+
+  it("an invalid prima frame drops the predecessor with an error naming the field", async () => {
+    const d = await laneDevice();
+    const bad = encodeFrame(rows(0));
+    bad[0] = 0x58; // magic
+    rawWs(d.predecessor).send(bad);
+    const closed = await d.inLink.closed;
+    expect(closed.error?.kind).toBe("protocol");
+    expect(closed.error?.message).toMatch(/invalid frame: .*magic bytes 0x58/);
+    const theirs = await d.predecessor.closed;
+    expect(theirs.code).toBe(CloseCode.protocol);
+    expect(d.received).toEqual([]);
+  });
+
+  it("WebSocket-level garbage drops the predecessor with a clear error; the successor link stays up", async () => {
+    const d = await laneDevice();
+    rawSocket(d.predecessor).write(Buffer.from([0x83, 0x80, 0, 0, 0, 0])); // opcode 3, reserved
+    const closed = await d.inLink.closed;
+    expect(closed.error?.kind).toBe("protocol");
+    expect(closed.error?.message).toMatch(/broke the WebSocket protocol \(invalid opcode 3\)/);
+    expect(d.out.isOpen).toBe(true);
+  });
+
+  it("a text message and an oversized message are refused by name", async () => {
+    const d1 = await laneDevice();
+    rawWs(d1.predecessor).send("hello");
+    expect((await d1.inLink.closed).error?.message).toMatch(/sent a text message/);
+    const d2 = await laneDevice();
+    rawWs(d2.predecessor).send(Buffer.alloc(resolveLinkOptions(options("device")).maxMessageBytes + 1));
+    expect((await d2.inLink.closed).error?.message).toMatch(/sent a message over this link's limit of \d+ bytes/);
+  });
+
+  it("a successor that stops reading and answering is reported dead within the liveness timeout", async () => {
+    const d = await laneDevice({ livenessTimeoutMs: 400 }, { livenessTimeoutMs: 60_000 });
+    const socket = rawSocket(d.successor);
+    socket.pause();
+    (socket as unknown as { _handle: { readStop(): void } })._handle.readStop();
+    const t0 = performance.now();
+    const closed = await d.out.closed;
+    expect(closed.error?.kind).toBe("dead");
+    expect(closed.error?.message).toMatch(/no answer to a ping/);
+    expect(performance.now() - t0).toBeLessThan(1000);
+  });
+
+  it("closes both links with a clean close handshake", async () => {
+    const d = await laneDevice();
+    await d.predecessor.send(rows(0));
+    await until(() => d.received.length === 1, "a frame");
+    await d.lane.close("done");
+    expect((await d.predecessor.closed).error).toBeNull();
+    expect((await d.successor.closed).error).toBeNull();
+    expect((await d.inLink.closed).error).toBeNull();
+  });
+});
