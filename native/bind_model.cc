@@ -531,8 +531,12 @@ class Lane : public Napi::ObjectWrap<Lane> {
   Napi::Value KvClear(const Napi::CallbackInfo &info);
   Napi::Value KvTruncate(const Napi::CallbackInfo &info);
   Napi::Value StopJs(const Napi::CallbackInfo &info);
+  Napi::Value RunFrame(const Napi::CallbackInfo &info);
+  friend class LaneRunWorker;
 
   prima_lane *lane = nullptr;
+  int runs = 0;             // runFrame passes in flight (they use the lane)
+  bool stopWanted = false;  // stop() came while one was: the last one to finish stops
   std::shared_ptr<ModelState> st;
   std::vector<Napi::ObjectReference> windowRefs;
   std::vector<Window *> windows;
@@ -547,7 +551,7 @@ Napi::Function Lane::Define(Napi::Env env) {
                       InstanceMethod("setReleaseAfterUse", &Lane::SetReleaseAfterUse),
                       InstanceMethod("stats", &Lane::Stats), InstanceMethod("resetStats", &Lane::ResetStats),
                       InstanceMethod("kvClear", &Lane::KvClear), InstanceMethod("kvTruncate", &Lane::KvTruncate),
-                      InstanceMethod("stop", &Lane::StopJs)});
+                      InstanceMethod("runFrame", &Lane::RunFrame), InstanceMethod("stop", &Lane::StopJs)});
 }
 
 static uint64_t NumberOr(const Napi::Object &o, const char *key, uint64_t fallback) {
@@ -600,6 +604,7 @@ Lane::Lane(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Lane>(info) {
   cfg.liveness_timeout_ms = (int)NumberOr(o, "livenessTimeoutMs", 2000);
   cfg.fragment_bytes = (uint32_t)NumberOr(o, "fragmentBytes", 256 * 1024);
   cfg.prefetch = o.Get("prefetch").ToBoolean().Value();
+  cfg.weight_bytes = NumberOr(o, "weightBytes", 0);
   cfg.on_event = &Lane::OnEvent;
   cfg.ctx = this;
   if (cfg.cycles < 1 || cfg.liveness_timeout_ms < 1) {
@@ -641,6 +646,10 @@ void Lane::OnEvent(void *ctx, const prima_lane_event *ev) {
 
 void Lane::Stop() {
   if (!lane) return;
+  if (runs > 0) {
+    stopWanted = true;
+    return;
+  }
   prima_lane_stop(lane);
   lane = nullptr;
   tsfn.Release();
@@ -651,7 +660,7 @@ void Lane::Stop() {
 }
 
 bool Lane::Running(Napi::Env env) {
-  if (lane) return true;
+  if (lane && !stopWanted) return true;
   ThrowErr(env, "the lane is stopped");
   return false;
 }
@@ -787,7 +796,58 @@ Napi::Value Lane::KvTruncate(const Napi::CallbackInfo &info) {
   return env.Undefined();
 }
 
-// stop(): the thread ends and its sockets close (no close frames: closeLink first for those).
+// Runs a frame the lane left to JS with code 1 on a libuv thread (prima_lane_run); the promise settles
+// once its rows (or an ERROR frame) are queued for the successor.
+class LaneRunWorker : public Napi::AsyncWorker {
+ public:
+  LaneRunWorker(Napi::Env env, Lane *lane, Napi::Object self, Napi::Buffer<uint8_t> frame)
+      : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), lane(lane), data(frame.Data()), len(frame.Length()) {
+    selfRef = Napi::Persistent(self);
+    frameRef = Napi::Persistent(frame);
+    lane->runs++;
+  }
+  void Execute() override {
+    char err[kErrLen] = {0};
+    if (prima_lane_run(lane->lane, data, len, err, sizeof err) != 0) SetError(err);
+  }
+  void OnOK() override {
+    Done();
+    deferred.Resolve(Env().Undefined());
+  }
+  void OnError(const Napi::Error &e) override {
+    Done();
+    deferred.Reject(e.Value());
+  }
+  Napi::Promise Promise() { return deferred.Promise(); }
+
+ private:
+  void Done() {
+    if (--lane->runs == 0 && lane->stopWanted) {
+      lane->stopWanted = false;
+      lane->Stop();
+    }
+  }
+  Napi::Promise::Deferred deferred;
+  Lane *lane;
+  Napi::ObjectReference selfRef;
+  Napi::Reference<Napi::Buffer<uint8_t>> frameRef;
+  uint8_t *data;
+  size_t len;
+};
+
+// runFrame(frame: Buffer): Promise<void>
+Napi::Value Lane::RunFrame(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Running(env)) return env.Undefined();
+  if (info.Length() < 1 || !info[0].IsBuffer()) return ThrowType(env, "runFrame(frame: Buffer) expected");
+  auto *w = new LaneRunWorker(env, this, info.This().As<Napi::Object>(), info[0].As<Napi::Buffer<uint8_t>>());
+  Napi::Promise p = w->Promise();
+  w->Queue();
+  return p;
+}
+
+// stop(): the thread ends and its sockets close (no close frames: closeLink first for those). With a
+// runFrame pass in flight, the lane stops when it ends.
 Napi::Value Lane::StopJs(const Napi::CallbackInfo &info) {
   Stop();
   return info.Env().Undefined();

@@ -6,7 +6,8 @@ import type { NativeModel, NativeWindow } from "./model.js";
 export type LaneLinkName = "in" | "out";
 
 export interface NativeLaneEvent {
-  /** frame: a message the lane leaves to JS (`data`; after an "in" frame the lane waits for resume());
+  /** frame: a message the lane leaves to JS (`data`; after an "in" frame the lane waits for resume();
+   * `code` 1: a frame to run with runFrame, one that may take long, 0: one for JS to decode);
    * failed: the link failed (`failure` "protocol" | "dead" | "closed", `text` why); closed: the
    * connection ended (`code`, 1006 when lost, and `text` the reason); error: a window's pass failed
    * (`text`), and an ERROR frame went on to the successor. */
@@ -27,6 +28,9 @@ export interface NativeLaneOptions {
   readonly livenessTimeoutMs: number;
   readonly fragmentBytes: number;
   readonly prefetch: boolean;
+  /** Bytes of weights in the lane's windows: a pass runs on the lane thread only while they all fit
+   * the weight room (setWeightRoom). */
+  readonly weightBytes: number;
 }
 
 export interface NativeLaneWindowStats {
@@ -48,6 +52,9 @@ export interface NativeLane {
   attach(link: LaneLinkName, fd: number, prefix?: Buffer): void;
   /** A whole frame for the successor. */
   send(frame: Uint8Array): void;
+  /** Runs a frame the lane left with code 1 on a libuv thread; settles once its rows (or an ERROR frame,
+   * and then it rejects) are queued for the successor. */
+  runFrame(frame: Buffer): Promise<void>;
   resume(): void;
   /** Close handshake with code and reason; code 0 ends the connection at once. */
   closeLink(link: LaneLinkName, code: number, reason?: string): void;

@@ -65,6 +65,7 @@ export class RingLane {
       livenessTimeoutMs: o.link.livenessTimeoutMs,
       fragmentBytes: o.link.fragmentBytes,
       prefetch: o.prefetch,
+      weightBytes: o.node.weightBytes,
     }, (ev) => self?.onEvent(ev));
     lane.setReleaseAfterUse(o.releaseAfterUse);
     self = new RingLane(lane, o);
@@ -82,6 +83,19 @@ export class RingLane {
       this.lane.send(encodeFrame({ type: "error", requestId: frame.requestId, firstTokenPosition: frame.firstTokenPosition, nTokens: frame.nTokens, cycle: frame.cycle, message }));
     }
     this.lane.resume();
+  }
+
+  /** A pass that may take long (a prompt batch, a window paged in from disk) runs on a libuv thread,
+   * while the lane thread goes on answering pings: a device busy for seconds must not look dead. */
+  private runOffLane(frame: Buffer): void {
+    this.lane.runFrame(frame).then(
+      () => this.stopped || this.lane.resume(),
+      (e: Error) => {
+        if (this.stopped) return;
+        this.o.onError(e.message);
+        this.lane.resume();
+      },
+    );
   }
 
   kvClear(): void {
@@ -130,6 +144,7 @@ export class RingLane {
     if (this.stopped) return;
     const { kind } = ev;
     if (kind === "error") return this.o.onError(ev.text);
+    if (kind === "frame" && ev.link === "in" && ev.code === 1) return this.runOffLane(ev.data!);
     (ev.link === "in" ? this.o.predecessor : this.o.successor).laneEvent({ ...ev, kind });
   }
 }

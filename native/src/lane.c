@@ -90,6 +90,7 @@ struct prima_lane {
   double last_done;
   float *scratch;
   size_t scratch_len;
+  double *last_one_token_ms; /* per window: the last one-token pass, for the quick-pass rule */
   _Atomic uint64_t room;
   _Atomic int release_after_use;
 };
@@ -256,11 +257,11 @@ static int runnable(const prima_lane *l, const uint8_t *f, size_t len) {
   return -1;
 }
 
-static void send_error_frame(prima_lane *l, const uint8_t *f, const char *text) {
-  uint8_t buf[FRAME_HEADER_BYTES + 512];
-  size_t tl = strlen(text);
-  if (tl > 512) tl = 512;
-  memcpy(buf, f, FRAME_HEADER_BYTES); /* request, position, tokens and cycle of the failed frame */
+/* An ERROR frame standing for the failed frame f (its request, position, tokens and cycle) into buf
+ * (FRAME_HEADER_BYTES + 512 bytes); returns its length. */
+static size_t error_frame(uint8_t *buf, const uint8_t *f, const char *text) {
+  size_t tl = strlen(text) < 512 ? strlen(text) : 512;
+  memcpy(buf, f, FRAME_HEADER_BYTES);
   buf[6] = FRAME_ERROR;
   buf[7] = 0;
   memset(buf + 20, 0, 8); /* dtype, reserved, row width */
@@ -268,7 +269,12 @@ static void send_error_frame(prima_lane *l, const uint8_t *f, const char *text) 
   buf[29] = (uint8_t)(tl >> 8);
   buf[30] = buf[31] = 0;
   memcpy(buf + FRAME_HEADER_BYTES, text, tl);
-  send_message(l, buf, FRAME_HEADER_BYTES + tl);
+  return FRAME_HEADER_BYTES + tl;
+}
+
+static void send_error_frame(prima_lane *l, const uint8_t *f, const char *text) {
+  uint8_t buf[FRAME_HEADER_BYTES + 512];
+  send_message(l, buf, error_frame(buf, f, text));
 }
 
 static int input_pending(prima_lane *l) {
@@ -290,40 +296,31 @@ static int next_window(const prima_lane *l, int i) {
   return best;
 }
 
-static void run_frame(prima_lane *l, message *m) {
-  uint8_t *f = m->data;
-  int wi = runnable(l, f, m->len);
-  if (wi < 0) {
-    l->paused = 1;
-    emit(l, PRIMA_LANE_EV_FRAME, PRIMA_LANE_IN, 0, NULL, NULL, f, m->len);
-    return;
-  }
-  prima_lane_window *win = &l->windows[wi];
+/* A pass runs on the lane thread only when it is quick (engine/quick-forward.ts's rule: one token,
+ * the window's last one-token pass under 50 ms, its pages all in memory). Anything longer (a prompt
+ * batch, a window paged in from disk) runs off it (prima_lane_run on a libuv thread), so the lane
+ * keeps answering pings and reading: a pass of seconds must not make this device look dead. */
+#define QUICK_PASS_MS 50.0
+
+static int quick(prima_lane *l, int wi, int n) {
+  return n == 1 && l->last_one_token_ms[wi] < QUICK_PASS_MS && !atomic_load(&l->release_after_use) &&
+         atomic_load(&l->room) >= l->cfg.weight_bytes;
+}
+
+/* Runs window wi over the frame's rows in place (f16 rows through scratch, which holds n x hidden
+ * floats); counts it. 0, or -1 with err set (nothing sent). */
+static int compute(prima_lane *l, int wi, uint8_t *f, float *scratch, char *err, size_t err_len) {
   int n = rd16(f + 16), pos = (int)rd32(f + 12), f16 = rd16(f + 20) == 1;
   size_t nf = (size_t)n * l->cfg.hidden_size;
-  float *acts = (float *)(f + FRAME_HEADER_BYTES);
-  if (f16) {
-    if (l->scratch_len < nf) {
-      free(l->scratch);
-      l->scratch = malloc(nf * sizeof(float));
-      l->scratch_len = l->scratch ? nf : 0;
-    }
-    acts = l->scratch;
-    if (!acts) {
-      send_error_frame(l, f, "out of memory for the rows");
-      emit(l, PRIMA_LANE_EV_ERROR, PRIMA_LANE_IN, 0, NULL, "out of memory for the rows", NULL, 0);
-      return;
-    }
-    const uint8_t *h = f + FRAME_HEADER_BYTES;
-    for (size_t i = 0; i < nf; i++) acts[i] = prima_fp16_to_fp32(rd16(h + 2 * i));
-  }
+  float *acts = f16 ? scratch : (float *)(f + FRAME_HEADER_BYTES);
+  if (f16)
+    for (size_t i = 0; i < nf; i++) acts[i] = prima_fp16_to_fp32(rd16(f + FRAME_HEADER_BYTES + 2 * i));
   prima_pool_prewake(l->cfg.model->pool);
-  char err[256] = "";
   struct rusage ru0, ru1;
   pthread_mutex_lock(&l->proc);
   getrusage(RUSAGE_SELF, &ru0);
   double t0 = now_ms();
-  int rc = prima_window_forward(win->window, acts, pos, n, NULL, err, sizeof err);
+  int rc = prima_window_forward(l->windows[wi].window, acts, pos, n, NULL, err, err_len);
   double t1 = now_ms();
   getrusage(RUSAGE_SELF, &ru1);
   pthread_mutex_unlock(&l->proc);
@@ -334,35 +331,60 @@ static void run_frame(prima_lane *l, message *m) {
   ws->tokens += (uint64_t)n;
   ws->major_faults += (uint64_t)(ru1.ru_majflt - ru0.ru_majflt);
   l->stats.frames++;
+  if (n == 1) l->last_one_token_ms[wi] = t1 - t0;
   pthread_mutex_unlock(&l->mu);
-  if (rc != 0) {
+  if (rc != 0) return -1;
+  if (f16)
+    for (size_t i = 0; i < nf; i++) {
+      uint16_t v = prima_fp32_to_fp16(acts[i]);
+      f[FRAME_HEADER_BYTES + 2 * i] = (uint8_t)v;
+      f[FRAME_HEADER_BYTES + 2 * i + 1] = (uint8_t)(v >> 8);
+    }
+  return 0;
+}
+
+/* After passing rows on: page in the next window, and drop this one if memory is short
+ * (RingNode.advise; not while more rows for this window wait). */
+static void advise(prima_lane *l, int wi, int more_for_this_window) {
+  int next = next_window(l, wi);
+  if (more_for_this_window || next < 0 || next == wi) return;
+  if (atomic_load(&l->release_after_use)) prima_window_release(l->windows[wi].window);
+  if (l->cfg.prefetch) prima_window_prefetch(l->windows[next].window, atomic_load(&l->room));
+}
+
+static void run_frame(prima_lane *l, message *m) {
+  uint8_t *f = m->data;
+  int wi = runnable(l, f, m->len);
+  if (wi < 0 || !quick(l, wi, rd16(f + 16))) {
+    /* code 1: JS runs it off this thread (prima_lane_run); 0: JS decodes it and says what it is. */
+    l->paused = 1;
+    emit(l, PRIMA_LANE_EV_FRAME, PRIMA_LANE_IN, wi < 0 ? 0 : 1, NULL, NULL, f, m->len);
+    return;
+  }
+  size_t nf = (size_t)rd16(f + 16) * l->cfg.hidden_size;
+  if (rd16(f + 20) == 1 && l->scratch_len < nf) {
+    free(l->scratch);
+    l->scratch = malloc(nf * sizeof(float));
+    l->scratch_len = l->scratch ? nf : 0;
+  }
+  char err[256] = "";
+  if (rd16(f + 20) == 1 && !l->scratch) snprintf(err, sizeof err, "out of memory for the rows");
+  double t1 = now_ms();
+  if (err[0] || compute(l, wi, f, l->scratch, err, sizeof err) != 0) {
     send_error_frame(l, f, err);
     emit(l, PRIMA_LANE_EV_ERROR, PRIMA_LANE_IN, 0, NULL, err, NULL, 0);
     return;
   }
-  if (f16) {
-    uint8_t *h = f + FRAME_HEADER_BYTES;
-    for (size_t i = 0; i < nf; i++) {
-      uint16_t v = prima_fp32_to_fp16(acts[i]);
-      h[2 * i] = (uint8_t)v;
-      h[2 * i + 1] = (uint8_t)(v >> 8);
-    }
-  }
   /* With no more input, this device has nothing to do until rows come round again: its threads stop
    * spinning now, since the successor starts as soon as the bytes arrive (RingNode.send). */
   if (!input_pending(l)) prima_pool_relax(l->cfg.model->pool);
+  t1 = now_ms();
   send_message(l, f, m->len);
   double t2 = now_ms();
   pthread_mutex_lock(&l->mu);
   l->stats.send_ms += t2 - t1;
   pthread_mutex_unlock(&l->mu);
-  /* After passing rows on: page in the next window, and drop this one if memory is short
-   * (RingNode.advise; not while more rows for this window wait). */
-  if (l->frames && runnable(l, l->frames->data, l->frames->len) == wi) return;
-  int next = next_window(l, wi);
-  if (next < 0 || next == wi) return;
-  if (atomic_load(&l->release_after_use)) prima_window_release(win->window);
-  if (l->cfg.prefetch) prima_window_prefetch(l->windows[next].window, atomic_load(&l->room));
+  advise(l, wi, l->frames && runnable(l, l->frames->data, l->frames->len) == wi);
 }
 
 static void run_frames(prima_lane *l) {
@@ -681,14 +703,17 @@ prima_lane *prima_lane_start(const prima_lane_config *cfg, char *err, size_t err
   l->cfg = *cfg;
   l->windows = calloc((size_t)cfg->n_windows, sizeof *l->windows);
   l->wstats = calloc((size_t)cfg->n_windows, sizeof *l->wstats);
-  if (!l->windows || !l->wstats || pipe(l->wake) != 0) {
+  l->last_one_token_ms = calloc((size_t)cfg->n_windows, sizeof *l->last_one_token_ms);
+  if (!l->windows || !l->wstats || !l->last_one_token_ms || pipe(l->wake) != 0) {
     snprintf(err, err_len, "cannot set up the lane: %s", strerror(errno));
+    free(l->last_one_token_ms);
     free(l->windows);
     free(l->wstats);
     free(l);
     return NULL;
   }
   memcpy(l->windows, cfg->windows, (size_t)cfg->n_windows * sizeof *l->windows);
+  for (int i = 0; i < cfg->n_windows; i++) l->last_one_token_ms[i] = 1e300; /* no timing yet: not quick */
   l->cfg.windows = l->windows;
   for (int i = 0; i < 2; i++) {
     fcntl(l->wake[i], F_SETFL, fcntl(l->wake[i], F_GETFL) | O_NONBLOCK);
@@ -702,6 +727,7 @@ prima_lane *prima_lane_start(const prima_lane_config *cfg, char *err, size_t err
     snprintf(err, err_len, "cannot start the lane thread");
     close(l->wake[0]);
     close(l->wake[1]);
+    free(l->last_one_token_ms);
     free(l->windows);
     free(l->wstats);
     free(l);
@@ -730,6 +756,27 @@ void prima_lane_send(prima_lane *l, const uint8_t *frame, size_t len) {
   command *cmd = new_command(CMD_SEND, PRIMA_LANE_OUT, len);
   if (cmd) memcpy(cmd->data, frame, len);
   push_command(l, cmd);
+}
+
+int prima_lane_run(prima_lane *l, uint8_t *frame, size_t len, char *err, size_t err_len) {
+  int wi = runnable(l, frame, len);
+  if (wi < 0) return snprintf(err, err_len, "not a frame this device runs"), -1;
+  float *scratch = NULL;
+  if (rd16(frame + 20) == 1) {
+    scratch = malloc((size_t)rd16(frame + 16) * l->cfg.hidden_size * sizeof(float));
+    if (!scratch) return snprintf(err, err_len, "out of memory for the rows"), -1;
+  }
+  int rc = compute(l, wi, frame, scratch, err, err_len);
+  free(scratch);
+  if (rc != 0) {
+    /* The error frame goes the same way the rows would have (CMD_SEND, ahead of the resume). */
+    uint8_t buf[FRAME_HEADER_BYTES + 512];
+    prima_lane_send(l, buf, error_frame(buf, frame, err));
+    return -1;
+  }
+  prima_lane_send(l, frame, len);
+  advise(l, wi, 0);
+  return 0;
 }
 
 void prima_lane_resume(prima_lane *l) { push_command(l, new_command(CMD_RESUME, 0, 0)); }
@@ -798,6 +845,7 @@ void prima_lane_stop(prima_lane *l) {
   pthread_mutex_destroy(&l->mu);
   pthread_mutex_destroy(&l->proc);
   free(l->scratch);
+  free(l->last_one_token_ms);
   free(l->windows);
   free(l->wstats);
   free(l);

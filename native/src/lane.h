@@ -21,7 +21,8 @@ extern "C" {
 enum { PRIMA_LANE_IN = 0, PRIMA_LANE_OUT = 1 };
 
 typedef enum {
-  PRIMA_LANE_EV_FRAME,  /* a whole message the lane leaves to JS (bytes); link IN pauses the lane */
+  PRIMA_LANE_EV_FRAME,  /* a whole message the lane leaves to JS (bytes); link IN pauses the lane. Code 1:
+                           a frame to run off the lane thread (prima_lane_run), 0: one JS must decode */
   PRIMA_LANE_EV_FAILED, /* the link failed: kind ("protocol", "dead", "closed") and message */
   PRIMA_LANE_EV_CLOSED, /* the connection ended: code (1006 when lost without a close frame), reason */
   PRIMA_LANE_EV_ERROR,  /* a window's pass failed (message); an ERROR frame went on to the successor */
@@ -63,6 +64,8 @@ typedef struct {
   int liveness_timeout_ms;
   uint32_t fragment_bytes;
   int prefetch;
+  /* Bytes of weights in this device's windows: a pass is quick only while memory holds them all. */
+  uint64_t weight_bytes;
   /* Called on the lane thread; the event's pointers are valid only during the call. */
   void (*on_event)(void *ctx, const prima_lane_event *ev);
   void *ctx;
@@ -75,6 +78,9 @@ prima_lane *prima_lane_start(const prima_lane_config *cfg, char *err, size_t err
 int prima_lane_attach(prima_lane *l, int link, int fd, const uint8_t *prefix, size_t prefix_len, char *err, size_t err_len);
 /* Queues a whole frame (header + payload) for the successor. */
 void prima_lane_send(prima_lane *l, const uint8_t *frame, size_t len);
+/* Runs a frame the lane left to JS with code 1 (on any thread but the lane's: a libuv thread) and
+ * queues its rows, or an ERROR frame, for the successor. 0, or -1 with err. */
+int prima_lane_run(prima_lane *l, uint8_t *frame, size_t len, char *err, size_t err_len);
 /* After an IN frame event: take the next frame. */
 void prima_lane_resume(prima_lane *l);
 /* Close handshake with this code and reason; code 0 ends the connection at once (no close frame). */

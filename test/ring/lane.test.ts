@@ -6,6 +6,7 @@ import { afterAll, afterEach, describe, expect, it } from "vitest";
 import type { Socket } from "node:net";
 import type WebSocket from "ws";
 import { LocalModel } from "../../engine/index.js";
+import { mulberry32 } from "../helpers/random.js";
 import {
   CloseCode, RingLane, RingListener, RingNode, dialSuccessor, encodeFrame, f16ToF32, f32ToF16, resolveLinkOptions,
   type ActivationsFrame, type Frame, type RingLink, type RingLinkOptions,
@@ -176,6 +177,26 @@ describe("native lane", () => {
     const d2 = await laneDevice();
     rawWs(d2.predecessor).send(Buffer.alloc(resolveLinkOptions(options("device")).maxMessageBytes + 1));
     expect((await d2.inLink.closed).error?.message).toMatch(/sent a message over this link's limit of \d+ bytes/);
+  });
+
+  it("survives random bytes after the handshake: each link either waits for more or fails by name", async () => {
+    const random = mulberry32(11);
+    let failed = 0;
+    for (let i = 0; i < 25; i++) {
+      const d = await laneDevice();
+      const bytes = Buffer.from(Array.from({ length: 1 + Math.floor(random() * 300) }, () => Math.floor(random() * 256)));
+      if (i % 2 === 0) bytes[0] = 0x82; // a binary frame header half the time, so the parser gets past the first byte
+      rawSocket(d.predecessor).write(bytes);
+      const outcome = await Promise.race([d.inLink.closed, new Promise((r) => setTimeout(() => r("open"), 50))]);
+      if (outcome !== "open") {
+        failed++;
+        expect((outcome as { error: Error | null }).error?.message).toMatch(/predecessor .*(WebSocket|message|frame|connection)/);
+      }
+      // The lane is still there for the other link.
+      expect(d.out.isOpen).toBe(true);
+      for (const c of cleanups.splice(0).reverse()) await c();
+    }
+    expect(failed).toBeGreaterThan(10);
   });
 
   it("a successor that stops reading and answering is reported dead within the liveness timeout", async () => {
