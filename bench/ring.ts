@@ -44,7 +44,11 @@ async function waitFor(p: Proc, re: RegExp, timeoutMs = 60_000): Promise<RegExpM
   }
 }
 
-const GEN = ["-p", "Once upon a time", "-n", "64", "--temp", "0", "--ctx", "256"];
+// 192 tokens (~6 s) per overhead run: with 64, one stall of the host moved a run's mean by several
+// percent. Memory-starved runs take ~0.35 s a token: 32 tokens each.
+const DECODE_TOKENS = 192;
+const gen = (tokens: number) => ["-p", "Once upon a time", "-n", String(tokens), "--temp", "0", "--ctx", "256"];
+const GEN = gen(DECODE_TOKENS);
 
 async function single(model: string): Promise<Report> {
   const p = start(coordCli, ["run", model, "--json", ...GEN]);
@@ -53,13 +57,14 @@ async function single(model: string): Promise<Report> {
 }
 
 /** Runs a ring; `cgroups[i]` (optional) is a memory cgroup for worker i. */
-async function ring(model: string, windows: string, k: number, nWorkers: number, extra: string[] = [], cgroups: (string | undefined)[] = []): Promise<Report> {
-  const coord = start(coordCli, ["run", model, "--json", "--port", "0", "--min-workers", String(nWorkers), "--layer-windows", windows, "-k", String(k), ...GEN, ...extra]);
+async function ring(model: string, windows: string, k: number, nWorkers: number, extra: string[] = [], cgroups: (string | undefined)[] = [], args = GEN,
+  workerArgs: string[] = []): Promise<Report> {
+  const coord = start(coordCli, ["run", model, "--json", "--port", "0", "--min-workers", String(nWorkers), "--layer-windows", windows, "-k", String(k), ...args, ...extra]);
   const port = (await waitFor(coord, /listening for workers on port (\d+)/))[1];
   const workers: Proc[] = [];
   try {
     for (let i = 0; i < nWorkers; i++) {
-      const w = start(workerCli, ["--join", `127.0.0.1:${port}`, "--model", model, "--name", `bench${i + 1}`, "--once"]);
+      const w = start(workerCli, ["--join", `127.0.0.1:${port}`, "--model", model, "--name", `bench${i + 1}`, "--once", ...workerArgs]);
       const cg = cgroups[i];
       if (cg) writeFileSync(`${cg}/cgroup.procs`, String(w.child.pid));
       workers.push(w);
@@ -100,45 +105,49 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 
 export async function main(modelArg?: string, reps = 7): Promise<void> {
   const model = modelArg ?? `${root}.cache/bench-llama-Q4_K_M.gguf`;
-  console.log(`\n## ring overhead: 3 processes on loopback vs one (decode, 64 tokens, ${model.split("/").pop()}, ${reps} paired runs)\n`);
-  // This machine's speed drifts by 10-40% within minutes: each ring run is paired with a one-process
-  // run next to it, and the ratio is the median of the pairs' ratios. Which of the two goes first
-  // alternates, so a steady drift does not always count against the same one.
-  const msOne: number[] = [], msThree: number[] = [], ratios: number[] = [];
-  const rings: Report[] = [];
-  let same = true;
+  console.log(`\n## ring overhead: 3 processes on loopback vs one (decode, ${DECODE_TOKENS} tokens, ${model.split("/").pop()}, ${reps} rounds)\n`);
+  // This machine's speed drifts by 10-40% within minutes: each ring run is next to a one-process run,
+  // and a ratio is the median of those runs' ratios. The order of the three setups rotates from one
+  // round to the next, so a steady drift does not always count against the same one. The second ring
+  // passes its workers' frames through JS (--no-native-lane), for the native lane's share.
+  const setups = [
+    { name: "1 process", run: () => single(model) },
+    { name: "3-process ring, k=1", run: () => ring(model, "8,7,7", 1, 2) },
+    { name: "3-process ring, k=1, frames through JS", run: () => ring(model, "8,7,7", 1, 2, [], [], GEN, ["--no-native-lane"]) },
+  ];
+  const reports: Report[][] = setups.map(() => []);
   for (let i = 0; i < reps; i++) {
-    let one: Report, three: Report;
-    if (i % 2 === 0) {
-      one = await single(model);
-      three = await ring(model, "8,7,7", 1, 2);
-    } else {
-      three = await ring(model, "8,7,7", 1, 2);
-      one = await single(model);
+    for (let j = 0; j < setups.length; j++) {
+      const s = (i + j) % setups.length;
+      reports[s]!.push(await setups[s]!.run());
     }
-    same &&= JSON.stringify(one.generated_ids) === JSON.stringify(three.generated_ids);
-    msOne.push(1000 / one.decode_tok_s);
-    msThree.push(1000 / three.decode_tok_s);
-    ratios.push(msThree[i]! / msOne[i]!);
-    rings.push(three);
   }
-  const one = median(msOne), three = median(msThree), ratio = median(ratios);
-  console.log("| setup | decode ms/token, median (runs) | ratio, median of pairs (range) (goal <= 1.10) | per-hop cost | same tokens |");
-  console.log("|---|---|---|---|---|");
+  const ms = (r: Report) => 1000 / r.decode_tok_s;
   const runs = (xs: number[]) => xs.map((x) => x.toFixed(1)).join(", ");
-  const range = `${Math.min(...ratios).toFixed(2)}-${Math.max(...ratios).toFixed(2)}`;
-  console.log(`| 1 process | ${one.toFixed(2)} (${runs(msOne)}) | 1.00 | - | - |`);
-  console.log(`| 3-process ring, k=1 | ${three.toFixed(2)} (${runs(msThree)}) | ${ratio.toFixed(3)} (${range}) | ${((three - one) / 3).toFixed(3)} ms | ${same ? "yes" : "NO"} |`);
+  const one = reports[0]!.map(ms);
+  console.log("| setup | decode ms/token, median (runs) | ratio to 1 process, median of rounds (range) (goal <= 1.10) | per-hop cost | hops: token - sum of compute, median | same tokens |");
+  console.log("|---|---|---|---|---|---|");
+  console.log(`| ${setups[0]!.name} | ${median(one).toFixed(2)} (${runs(one)}) | 1.00 | - | - | - |`);
+  for (let s = 1; s < setups.length; s++) {
+    const three = reports[s]!.map(ms);
+    const ratios = three.map((t, i) => t / one[i]!);
+    const range = `${Math.min(...ratios).toFixed(2)}-${Math.max(...ratios).toFixed(2)}`;
+    // What the devices' windows took together; the rest of a token is the hops (and the head's sampling).
+    const hops = reports[s]!.map((r) => ms(r) - (r.devices_decode ?? []).reduce((a, d) => a + d.compute_ms, 0));
+    const same = reports[s]!.every((r, i) => JSON.stringify(r.generated_ids) === JSON.stringify(reports[0]![i]!.generated_ids));
+    console.log(`| ${setups[s]!.name} | ${median(three).toFixed(2)} (${runs(three)}) | ${median(ratios).toFixed(3)} (${range}) | ` +
+      `${((median(three) - median(one)) / 3).toFixed(3)} ms | ${median(hops).toFixed(2)} ms | ${same ? "yes" : "NO"} |`);
+  }
 
-  // The median pair's ring run, device by device: compute is the layers' own time, the rest is the hops.
-  const mid = rings[ratios.indexOf(ratio)]!;
+  // The lane ring's run nearest its median, device by device: compute is the layers' own time.
+  const laneMs = reports[1]!.map(ms);
+  const mid = reports[1]![laneMs.indexOf(median(laneMs))]!;
   if (mid.devices_decode) {
-    console.log("\n| ring device (run of the median pair) | compute ms/token | waiting ms/token | sending ms/token |");
+    console.log("\n| ring device (the native-lane ring's median run) | compute ms/token | waiting ms/token | sending ms/token |");
     console.log("|---|---|---|---|");
     for (const d of mid.devices_decode) console.log(`| ${d.device} | ${d.compute_ms.toFixed(2)} | ${d.wait_ms.toFixed(2)} | ${d.send_ms.toFixed(2)} |`);
     const compute = mid.devices_decode.reduce((a, d) => a + d.compute_ms, 0);
-    const token = 1000 / mid.decode_tok_s;
-    console.log(`\nsum of compute ${compute.toFixed(2)} ms of a ${token.toFixed(2)} ms token: ${(token - compute).toFixed(2)} ms in the three hops`);
+    console.log(`\nsum of compute ${compute.toFixed(2)} ms of a ${ms(mid).toFixed(2)} ms token: ${(ms(mid) - compute).toFixed(2)} ms in the three hops`);
   }
 
   // Where the difference comes from (see BENCHMARKS.md): the same window after an idle gap.
@@ -158,7 +167,7 @@ export async function main(modelArg?: string, reps = 7): Promise<void> {
     for (const [k, windows] of [[1, "8,7,7"], [2, "4,4,3"]] as const) {
       for (const prefetch of [true, false]) {
         dropCaches();
-        const r = await ring(model, windows, k, 2, prefetch ? [] : ["--no-prefetch"], cgs);
+        const r = await ring(model, windows, k, 2, prefetch ? [] : ["--no-prefetch"], cgs, gen(32));
         console.log(`| k=${k} | ${prefetch ? "on" : "off"} | ${(1000 / r.decode_tok_s).toFixed(1)} |`);
       }
     }
