@@ -549,9 +549,10 @@ static void read_conn(prima_lane *l, int link) {
     }
     c->rlen += (size_t)n;
     c->last_heard = now_ms();
+    /* Parse as we go: a flooding peer must not make the buffer grow past one message. */
+    while (c->fd >= 0 && parse_frame(l, link) > 0) {
+    }
     if ((size_t)n < 65536) break;
-  }
-  while (c->fd >= 0 && parse_frame(l, link) > 0) {
   }
 }
 

@@ -37,7 +37,8 @@ function rows(pos: number, nTokens = 1): ActivationsFrame {
 }
 
 /** predecessor (the test) -> device (the lane) -> successor (the test). */
-async function laneDevice(deviceOptions: Partial<RingLinkOptions> = {}, successorOptions: Partial<RingLinkOptions> = {}) {
+async function laneDevice(deviceOptions: Partial<RingLinkOptions> = {}, successorOptions: Partial<RingLinkOptions> = {},
+  predecessorOptions: Partial<RingLinkOptions> = {}) {
   const devOpts = options("device", deviceOptions);
   const deviceListener = await RingListener.listen({ port: 0, host: "127.0.0.1", ...devOpts });
   const successorListener = await RingListener.listen({ port: 0, host: "127.0.0.1", ...options("successor", successorOptions) });
@@ -46,7 +47,7 @@ async function laneDevice(deviceOptions: Partial<RingLinkOptions> = {}, successo
   const out = await dialSuccessor(successorListener.url, devOpts);
   const successor = await accepted;
   const incoming = deviceListener.accept();
-  const predecessor = await dialSuccessor(deviceListener.url, options("predecessor"));
+  const predecessor = await dialSuccessor(deviceListener.url, options("predecessor", predecessorOptions));
   const inLink = await incoming;
   const errors: string[] = [];
   const node = new RingNode({
@@ -116,6 +117,21 @@ describe("native lane", () => {
     await d.predecessor.send(rows(3));
     await until(() => d.received.length === 5, "the frame after the truncate");
     expect(Array.from((d.received[4] as ActivationsFrame).activations)).toEqual(Array.from((d.received[1] as ActivationsFrame).activations));
+  });
+
+  it("frames split into WebSocket fragments both ways: assembled, run and fragmented again", async () => {
+    const d = await laneDevice({ fragmentBytes: 1024 }, {}, { fragmentBytes: 1024 });
+    const f = rows(0, 8); // 2 KiB of rows: three fragments each way
+    await d.predecessor.send(f);
+    await until(() => d.received.length === 1, "the fragmented frame");
+    const want = rows(0, 8);
+    const reference = model.window(0, nLayers, { ctx: 32 });
+    try {
+      await reference.forward(want.activations, 0, 8);
+    } finally {
+      reference.close();
+    }
+    expect(Array.from((d.received[0] as ActivationsFrame).activations)).toEqual(Array.from(want.activations));
   });
 
   it("f16 rows: converted in and out as the JS codec does (ggml's rounding)", async () => {
