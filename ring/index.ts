@@ -1,7 +1,8 @@
 // ring/: the data plane. Activations travel from each device to its successor over one persistent
 // binary WebSocket per device pair: a 32-byte little-endian header and a payload (frame.ts), a
 // HELLO handshake that checks model and ring (hello.ts, handshake.ts), and links that send in order
-// with backpressure and watch their peer's liveness (link.ts, dial.ts, listener.ts).
+// with backpressure and watch their peer's liveness (link.ts, dial.ts, listener.ts). On a worker, the
+// native lane (lane.ts) can take both links over and run the frames in C.
 // Which device runs which window when is the ring driver's business, not this folder's.
 export { FrameError, RingLinkError, type RingLinkErrorKind } from "./errors.js";
 export { f16ToF32, f32ToF16 } from "./f16.js";

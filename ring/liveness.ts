@@ -11,7 +11,8 @@
 // With tick = timeout/8 and deadAfter = timeout/2, a peer that goes silent is reported after at most
 // a tick and a half until a ping leaves (none goes while the peer was heard within half a tick),
 // deadAfter, and a tick until the check runs: 13/16 of the timeout, which leaves the rest for timer
-// delays on a busy machine.
+// delays on a busy machine. native/src/lane.c applies the same rules to links a worker has handed to
+// its native lane: a change here goes there too.
 import type { Socket } from "node:net";
 import type WebSocket from "ws";
 

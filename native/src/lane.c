@@ -556,7 +556,7 @@ static void read_conn(prima_lane *l, int link) {
   }
 }
 
-/* ---- liveness (ring/liveness.ts) -------------------------------------------------------------- */
+/* ---- liveness: ring/liveness.ts's rules, for the links JS no longer sees (change both) ---------- */
 
 static void tick(prima_lane *l, int link, double now) {
   conn *c = &l->c[link];
