@@ -88,11 +88,32 @@ Napi::FunctionReference Model::windowCtor;
 
 // Runs a forward pass (or a head-only pass) on a libuv thread, which joins the model's pool as its
 // thread 0; the promise settles on the JS thread.
-class ForwardWorker : public Napi::AsyncWorker {
+// An AsyncWorker whose result is a promise; Done() runs on the JS thread before it settles.
+class PromiseWorker : public Napi::AsyncWorker {
+ public:
+  explicit PromiseWorker(Napi::Env env) : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)) {}
+  void OnOK() override {
+    Done();
+    deferred.Resolve(Env().Undefined());
+  }
+  void OnError(const Napi::Error &e) override {
+    Done();
+    deferred.Reject(e.Value());
+  }
+  Napi::Promise Promise() { return deferred.Promise(); }
+
+ protected:
+  virtual void Done() = 0;
+
+ private:
+  Napi::Promise::Deferred deferred;
+};
+
+class ForwardWorker : public PromiseWorker {
  public:
   ForwardWorker(Napi::Env env, Window *win, std::shared_ptr<ModelState> model, Napi::Object self, Napi::Float32Array acts,
                 int pos, int n, Napi::Value logits)
-      : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), win(win), model(std::move(model)), pos(pos), n(n) {
+      : PromiseWorker(env), win(win), model(std::move(model)), pos(pos), n(n) {
     selfRef = Napi::Persistent(self);
     actsRef = Napi::Persistent(acts);
     actsPtr = acts.Data();
@@ -112,22 +133,12 @@ class ForwardWorker : public Napi::AsyncWorker {
       prima_model_logits(model->m, actsPtr + (size_t)(n - 1) * model->m->hp.n_embd, logitsPtr);
     }
   }
-  void OnOK() override {
-    Done();
-    deferred.Resolve(Env().Undefined());
-  }
-  void OnError(const Napi::Error &e) override {
-    Done();
-    deferred.Reject(e.Value());
-  }
-  Napi::Promise Promise() { return deferred.Promise(); }
 
  private:
-  void Done() {
+  void Done() override {
     if (win) win->busy--;
     model->busy--;
   }
-  Napi::Promise::Deferred deferred;
   Window *win;
   std::shared_ptr<ModelState> model;
   Napi::ObjectReference selfRef;
@@ -798,10 +809,10 @@ Napi::Value Lane::KvTruncate(const Napi::CallbackInfo &info) {
 
 // Runs a frame the lane left to JS with code 1 on a libuv thread (prima_lane_run); the promise settles
 // once its rows (or an ERROR frame) are queued for the successor.
-class LaneRunWorker : public Napi::AsyncWorker {
+class LaneRunWorker : public PromiseWorker {
  public:
   LaneRunWorker(Napi::Env env, Lane *lane, Napi::Object self, Napi::Buffer<uint8_t> frame)
-      : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), lane(lane), data(frame.Data()), len(frame.Length()) {
+      : PromiseWorker(env), lane(lane), data(frame.Data()), len(frame.Length()) {
     selfRef = Napi::Persistent(self);
     frameRef = Napi::Persistent(frame);
     lane->runs++;
@@ -810,24 +821,14 @@ class LaneRunWorker : public Napi::AsyncWorker {
     char err[kErrLen] = {0};
     if (prima_lane_run(lane->lane, data, len, err, sizeof err) != 0) SetError(err);
   }
-  void OnOK() override {
-    Done();
-    deferred.Resolve(Env().Undefined());
-  }
-  void OnError(const Napi::Error &e) override {
-    Done();
-    deferred.Reject(e.Value());
-  }
-  Napi::Promise Promise() { return deferred.Promise(); }
 
  private:
-  void Done() {
+  void Done() override {
     if (--lane->runs == 0 && lane->stopWanted) {
       lane->stopWanted = false;
       lane->Stop();
     }
   }
-  Napi::Promise::Deferred deferred;
   Lane *lane;
   Napi::ObjectReference selfRef;
   Napi::Reference<Napi::Buffer<uint8_t>> frameRef;
