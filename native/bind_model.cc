@@ -565,11 +565,6 @@ Napi::Function Lane::Define(Napi::Env env) {
                       InstanceMethod("runFrame", &Lane::RunFrame), InstanceMethod("stop", &Lane::StopJs)});
 }
 
-static uint64_t NumberOr(const Napi::Object &o, const char *key, uint64_t fallback) {
-  Napi::Value v = o.Get(key);
-  return v.IsNumber() ? (uint64_t)v.As<Napi::Number>().DoubleValue() : fallback;
-}
-
 Lane::Lane(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Lane>(info) {
   Napi::Env env = info.Env();
   if (info.Length() < 5 || !info[0].IsObject() || !info[1].IsArray() || !info[2].IsArray() || !info[3].IsObject() ||
@@ -607,21 +602,32 @@ Lane::Lane(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Lane>(info) {
   cfg.model = st->m;
   cfg.windows = lw.data();
   cfg.n_windows = (int)lw.size();
-  cfg.cycles = (int)NumberOr(o, "cycles", 1);
+  // Every option is required (native/lane.ts types them): a misspelt one is an error, not a default.
+  const struct { const char *key; int64_t lo, hi; } opts[] = {
+      {"cycles", 1, 65535}, {"maxTokensPerFrame", 1, 65535}, {"maxPayloadBytes", 1, UINT32_MAX},
+      {"maxMessageBytes", 1, INT64_C(1) << 40}, {"livenessTimeoutMs", 1, 1 << 30}, {"fragmentBytes", 1, UINT32_MAX},
+      {"weightBytes", 0, INT64_C(1) << 52}, {"quickPassMs", 1, 3600000},
+  };
+  int64_t v[sizeof opts / sizeof opts[0]];
+  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+    if (!IntArg(o.Get(opts[i].key), opts[i].lo, opts[i].hi, &v[i])) {
+      ThrowType(env, std::string("NativeLane: options.") + opts[i].key + " must be a whole number from " +
+                         std::to_string(opts[i].lo) + " to " + std::to_string(opts[i].hi));
+      return;
+    }
+  }
+  cfg.cycles = (int)v[0];
   cfg.hidden_size = (uint32_t)st->m->hp.n_embd;
-  cfg.max_tokens_per_frame = (uint32_t)NumberOr(o, "maxTokensPerFrame", 512);
-  cfg.max_payload_bytes = NumberOr(o, "maxPayloadBytes", 0);
-  cfg.max_message_bytes = NumberOr(o, "maxMessageBytes", 0);
-  cfg.liveness_timeout_ms = (int)NumberOr(o, "livenessTimeoutMs", 2000);
-  cfg.fragment_bytes = (uint32_t)NumberOr(o, "fragmentBytes", 256 * 1024);
+  cfg.max_tokens_per_frame = (uint32_t)v[1];
+  cfg.max_payload_bytes = (uint64_t)v[2];
+  cfg.max_message_bytes = (uint64_t)v[3];
+  cfg.liveness_timeout_ms = (int)v[4];
+  cfg.fragment_bytes = (uint32_t)v[5];
+  cfg.weight_bytes = (uint64_t)v[6];
+  cfg.quick_pass_ms = (double)v[7];
   cfg.prefetch = o.Get("prefetch").ToBoolean().Value();
-  cfg.weight_bytes = NumberOr(o, "weightBytes", 0);
   cfg.on_event = &Lane::OnEvent;
   cfg.ctx = this;
-  if (cfg.cycles < 1 || cfg.liveness_timeout_ms < 1) {
-    ThrowType(env, "NativeLane: cycles and livenessTimeoutMs must be positive");
-    return;
-  }
   tsfn = Napi::ThreadSafeFunction::New(env, info[4].As<Napi::Function>(), "prima-lane", 0, 1);
   tsfn.Unref(env);
   char err[kErrLen] = {0};
@@ -682,23 +688,15 @@ static int LinkArg(const Napi::Value &v) {
   return s == "in" ? PRIMA_LANE_IN : s == "out" ? PRIMA_LANE_OUT : -1;
 }
 
-// attach("in" | "out", fd, prefix?: Buffer)
+// attach("in" | "out", fd)
 Napi::Value Lane::Attach(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   if (!Running(env)) return env.Undefined();
   int64_t fd;
   int link = info.Length() > 0 ? LinkArg(info[0]) : -1;
-  if (link < 0 || info.Length() < 2 || !IntArg(info[1], 0, 1 << 30, &fd) || (info.Length() > 2 && !info[2].IsBuffer()))
-    return ThrowType(env, "attach(\"in\" | \"out\", fd, prefix?: Buffer) expected");
-  const uint8_t *pre = nullptr;
-  size_t n = 0;
-  if (info.Length() > 2) {
-    auto b = info[2].As<Napi::Buffer<uint8_t>>();
-    pre = b.Data();
-    n = b.Length();
-  }
+  if (link < 0 || info.Length() < 2 || !IntArg(info[1], 0, 1 << 30, &fd)) return ThrowType(env, "attach(\"in\" | \"out\", fd) expected");
   char err[kErrLen] = {0};
-  if (prima_lane_attach(lane, link, (int)fd, pre, n, err, sizeof err)) return ThrowErr(env, err);
+  if (prima_lane_attach(lane, link, (int)fd, err, sizeof err)) return ThrowErr(env, err);
   return env.Undefined();
 }
 

@@ -31,6 +31,9 @@ export interface NativeLaneOptions {
   /** Bytes of weights in the lane's windows: a pass runs on the lane thread only while they all fit
    * the weight room (setWeightRoom). */
   readonly weightBytes: number;
+  /** A one-token pass runs on the lane thread when the window's last one took less than this many ms
+   * (and no page fault); longer ones go to runFrame. */
+  readonly quickPassMs: number;
 }
 
 export interface NativeLaneWindowStats {
@@ -48,8 +51,8 @@ export interface NativeLaneStats {
 }
 
 export interface NativeLane {
-  /** Hands over a connected socket (the lane takes a dup of fd) with bytes already read from it. */
-  attach(link: LaneLinkName, fd: number, prefix?: Buffer): void;
+  /** Hands over a connected socket (the lane takes a dup of fd) from which nothing unparsed was read. */
+  attach(link: LaneLinkName, fd: number): void;
   /** A whole frame for the successor. */
   send(frame: Uint8Array): void;
   /** Runs a frame the lane left with code 1 on a libuv thread; settles once its rows (or an ERROR frame,

@@ -30,7 +30,6 @@
 #define FRAME_HEADER_BYTES 32
 #define FRAME_ACTIVATIONS 2
 #define FRAME_ERROR 3
-#define CONTROL_PAYLOAD_MAX 65536
 #define CLOSE_GRACE_MS 1000.0
 #define LOST 1006
 
@@ -74,6 +73,11 @@ typedef struct command {
   uint8_t data[];
 } command;
 
+typedef struct {
+  double one_token_ms; /* the last one-token pass (none yet: huge) */
+  uint64_t major_faults; /* during the last pass */
+} window_pass;
+
 struct prima_lane {
   prima_lane_config cfg;
   prima_lane_window *windows;
@@ -88,9 +92,7 @@ struct prima_lane {
   message *frames, *frames_tail; /* whole messages from the predecessor, waiting their turn */
   int paused, stopping;
   double last_done;
-  float *scratch;
-  size_t scratch_len;
-  double *last_one_token_ms; /* per window: the last one-token pass, for the quick-pass rule */
+  window_pass *last; /* per window: its last pass, for the quick-pass rule */
   _Atomic uint64_t room;
   _Atomic int release_after_use;
 };
@@ -110,8 +112,8 @@ static void emit(prima_lane *l, prima_lane_event_kind kind, int link, int code, 
 /* ---- writing ---------------------------------------------------------------------------------- */
 
 /* One WebSocket frame as a chunk: a client masks with a zero key (nothing to XOR). */
-static chunk *ws_frame(const conn *c, int fin, int op, const uint8_t *p1, size_t n1, const uint8_t *p2, size_t n2) {
-  size_t len = n1 + n2, hl = len < 126 ? 2 : len < 65536 ? 4 : 10;
+static chunk *ws_frame(const conn *c, int fin, int op, const uint8_t *payload, size_t len) {
+  size_t hl = len < 126 ? 2 : len < 65536 ? 4 : 10;
   size_t ml = c->server ? 0 : 4;
   chunk *k = malloc(sizeof(chunk) + hl + ml + len);
   if (!k) return NULL;
@@ -128,8 +130,7 @@ static chunk *ws_frame(const conn *c, int fin, int op, const uint8_t *p1, size_t
     for (int i = 0; i < 8; i++) h[2 + i] = (uint8_t)((uint64_t)len >> (56 - 8 * i));
   }
   memset(h + hl, 0, ml);
-  if (n1) memcpy(h + hl + ml, p1, n1);
-  if (n2) memcpy(h + hl + ml + n1, p2, n2);
+  if (len) memcpy(h + hl + ml, payload, len);
   k->next = NULL;
   k->len = hl + ml + len;
   k->off = 0;
@@ -155,7 +156,7 @@ static void end_conn(prima_lane *l, int link, int code, const char *reason);
 
 static void fail_conn(prima_lane *l, int link, const char *kind, const char *fmt, ...) {
   conn *c = &l->c[link];
-  if (c->ended || c->fd < 0) return;
+  if (c->fd < 0) return;
   char msg[512];
   va_list ap;
   va_start(ap, fmt);
@@ -201,7 +202,7 @@ static void send_close(prima_lane *l, int link, int code, const char *reason) {
   body[0] = (uint8_t)(code >> 8);
   body[1] = (uint8_t)code;
   memcpy(body + 2, reason, rl);
-  enqueue(c, ws_frame(c, 1, 8, body, 2 + rl, NULL, 0), 1);
+  enqueue(c, ws_frame(c, 1, 8, body, 2 + rl), 1);
   c->close_sent = 1;
   c->close_deadline = now_ms() + CLOSE_GRACE_MS;
   flush(l, link);
@@ -216,7 +217,7 @@ static void send_message(prima_lane *l, const uint8_t *p, size_t len) {
   size_t off = 0;
   do {
     size_t n = len - off < step ? len - off : step;
-    enqueue(c, ws_frame(c, off + n == len, off == 0 ? 2 : 0, p + off, n, NULL, 0), 0);
+    enqueue(c, ws_frame(c, off + n == len, off == 0 ? 2 : 0, p + off, n), 0);
     off += n;
   } while (off < len);
   if (c->buffered_since < 0) c->buffered_since = now_ms();
@@ -225,7 +226,7 @@ static void send_message(prima_lane *l, const uint8_t *p, size_t len) {
 
 static void end_conn(prima_lane *l, int link, int code, const char *reason) {
   conn *c = &l->c[link];
-  if (c->fd < 0 || c->ended) return;
+  if (c->fd < 0) return;
   shutdown(c->fd, SHUT_RDWR);
   close(c->fd);
   c->fd = -1;
@@ -296,23 +297,22 @@ static int next_window(const prima_lane *l, int i) {
   return best;
 }
 
-/* A pass runs on the lane thread only when it is quick (engine/quick-forward.ts's rule: one token,
- * the window's last one-token pass under 50 ms, its pages all in memory). Anything longer (a prompt
+/* A pass runs on the lane thread only when it is quick (RingNode's rule for running inline: one token,
+ * the window's last one-token pass under quick_pass_ms without a major fault, its pages all in memory). Anything longer (a prompt
  * batch, a window paged in from disk) runs off it (prima_lane_run on a libuv thread), so the lane
  * keeps answering pings and reading: a pass of seconds must not make this device look dead. */
-#define QUICK_PASS_MS 50.0
-
 static int quick(prima_lane *l, int wi, int n) {
-  return n == 1 && l->last_one_token_ms[wi] < QUICK_PASS_MS && !atomic_load(&l->release_after_use) &&
-         atomic_load(&l->room) >= l->cfg.weight_bytes;
+  return n == 1 && l->last[wi].one_token_ms < l->cfg.quick_pass_ms && l->last[wi].major_faults == 0 &&
+         !atomic_load(&l->release_after_use) && atomic_load(&l->room) >= l->cfg.weight_bytes;
 }
 
-/* Runs window wi over the frame's rows in place (f16 rows through scratch, which holds n x hidden
- * floats); counts it. 0, or -1 with err set (nothing sent). */
-static int compute(prima_lane *l, int wi, uint8_t *f, float *scratch, char *err, size_t err_len) {
+/* Runs window wi over the frame's rows in place (f16 rows as floats in a buffer of their own: not
+ * the wire's default, so not worth keeping one); counts it. 0, or -1 with err set (nothing sent). */
+static int compute(prima_lane *l, int wi, uint8_t *f, char *err, size_t err_len) {
   int n = rd16(f + 16), pos = (int)rd32(f + 12), f16 = rd16(f + 20) == 1;
   size_t nf = (size_t)n * l->cfg.hidden_size;
-  float *acts = f16 ? scratch : (float *)(f + FRAME_HEADER_BYTES);
+  float *acts = f16 ? malloc(nf * sizeof(float)) : (float *)(f + FRAME_HEADER_BYTES);
+  if (!acts) return snprintf(err, err_len, "out of memory for the rows"), -1;
   if (f16)
     for (size_t i = 0; i < nf; i++) acts[i] = prima_fp16_to_fp32(rd16(f + FRAME_HEADER_BYTES + 2 * i));
   prima_pool_prewake(l->cfg.model->pool);
@@ -331,16 +331,18 @@ static int compute(prima_lane *l, int wi, uint8_t *f, float *scratch, char *err,
   ws->tokens += (uint64_t)n;
   ws->major_faults += (uint64_t)(ru1.ru_majflt - ru0.ru_majflt);
   l->stats.frames++;
-  if (n == 1) l->last_one_token_ms[wi] = t1 - t0;
+  if (n == 1) l->last[wi].one_token_ms = t1 - t0;
+  l->last[wi].major_faults = (uint64_t)(ru1.ru_majflt - ru0.ru_majflt);
   pthread_mutex_unlock(&l->mu);
-  if (rc != 0) return -1;
-  if (f16)
-    for (size_t i = 0; i < nf; i++) {
+  if (f16) {
+    for (size_t i = 0; rc == 0 && i < nf; i++) {
       uint16_t v = prima_fp32_to_fp16(acts[i]);
       f[FRAME_HEADER_BYTES + 2 * i] = (uint8_t)v;
       f[FRAME_HEADER_BYTES + 2 * i + 1] = (uint8_t)(v >> 8);
     }
-  return 0;
+    free(acts);
+  }
+  return rc != 0 ? -1 : 0;
 }
 
 /* After passing rows on: page in the next window, and drop this one if memory is short
@@ -361,16 +363,8 @@ static void run_frame(prima_lane *l, message *m) {
     emit(l, PRIMA_LANE_EV_FRAME, PRIMA_LANE_IN, wi < 0 ? 0 : 1, NULL, NULL, f, m->len);
     return;
   }
-  size_t nf = (size_t)rd16(f + 16) * l->cfg.hidden_size;
-  if (rd16(f + 20) == 1 && l->scratch_len < nf) {
-    free(l->scratch);
-    l->scratch = malloc(nf * sizeof(float));
-    l->scratch_len = l->scratch ? nf : 0;
-  }
   char err[256] = "";
-  if (rd16(f + 20) == 1 && !l->scratch) snprintf(err, sizeof err, "out of memory for the rows");
-  double t1 = now_ms();
-  if (err[0] || compute(l, wi, f, l->scratch, err, sizeof err) != 0) {
+  if (compute(l, wi, f, err, sizeof err) != 0) {
     send_error_frame(l, f, err);
     emit(l, PRIMA_LANE_EV_ERROR, PRIMA_LANE_IN, 0, NULL, err, NULL, 0);
     return;
@@ -378,7 +372,7 @@ static void run_frame(prima_lane *l, message *m) {
   /* With no more input, this device has nothing to do until rows come round again: its threads stop
    * spinning now, since the successor starts as soon as the bytes arrive (RingNode.send). */
   if (!input_pending(l)) prima_pool_relax(l->cfg.model->pool);
-  t1 = now_ms();
+  double t1 = now_ms();
   send_message(l, f, m->len);
   double t2 = now_ms();
   pthread_mutex_lock(&l->mu);
@@ -426,8 +420,8 @@ static void on_message(prima_lane *l, int link, uint8_t *data, size_t len) {
 }
 
 static int grow(uint8_t **buf, size_t *cap, size_t need) {
-  if (need <= *cap) return 0;
-  size_t nc = *cap ? *cap : 65536;
+  if (need <= *cap && *buf) return 0;
+  size_t nc = *cap ? *cap : need ? need : 1;
   while (nc < need) nc *= 2;
   uint8_t *nb = realloc(*buf, nc);
   if (!nb) return -1;
@@ -481,7 +475,7 @@ static int parse_frame(prima_lane *l, int link) {
     memmove(c->rbuf, c->rbuf + used, c->rlen - used);
     c->rlen -= used;
     if (op == 9) {
-      if (!c->close_sent) enqueue(c, ws_frame(c, 1, 10, body, (size_t)len, NULL, 0), 1);
+      if (!c->close_sent) enqueue(c, ws_frame(c, 1, 10, body, (size_t)len), 1);
       flush(l, link);
     } else if (op == 10) {
       c->ping_outstanding = 0;
@@ -499,32 +493,21 @@ static int parse_frame(prima_lane *l, int link) {
     }
     return 1;
   }
-  if (!fin || c->in_msg) {
-    if (grow(&c->msg, &c->msg_cap, c->msg_len + (size_t)len))
-      return fail_conn(l, link, "closed", "out of memory for a %llu-byte message", (unsigned long long)(c->msg_len + len)), -1;
-    memcpy(c->msg + c->msg_len, p, (size_t)len);
-    c->msg_len += (size_t)len;
-    c->in_msg = !fin;
-  }
-  uint8_t *data = NULL;
-  size_t dlen = 0;
-  if (fin) {
-    if (c->msg_len > 0 || c->msg) {
-      data = c->msg;
-      dlen = c->msg_len;
-      c->msg = NULL;
-      c->msg_len = c->msg_cap = 0;
-    } else {
-      data = malloc(len ? (size_t)len : 1);
-      if (!data) return fail_conn(l, link, "closed", "out of memory for a %llu-byte message", (unsigned long long)len), -1;
-      memcpy(data, p, (size_t)len);
-      dlen = (size_t)len;
-    }
-    c->in_msg = 0;
-  }
+  /* A message's fragments gather in c->msg; the last one hands it over whole. */
+  if (grow(&c->msg, &c->msg_cap, c->msg_len + (size_t)len))
+    return fail_conn(l, link, "closed", "out of memory for a %llu-byte message", (unsigned long long)(c->msg_len + len)), -1;
+  memcpy(c->msg + c->msg_len, p, (size_t)len);
+  c->msg_len += (size_t)len;
+  c->in_msg = !fin;
   memmove(c->rbuf, c->rbuf + used, c->rlen - used);
   c->rlen -= used;
-  if (data) on_message(l, link, data, dlen);
+  if (fin) {
+    uint8_t *data = c->msg;
+    size_t dlen = c->msg_len;
+    c->msg = NULL;
+    c->msg_len = c->msg_cap = 0;
+    on_message(l, link, data, dlen);
+  }
   return 1;
 }
 
@@ -584,7 +567,7 @@ static void tick(prima_lane *l, int link, double now) {
   if (!c->ping_outstanding && !c->close_sent && now - c->last_heard >= tick_ms / 2) {
     c->ping_outstanding = 1;
     c->ping_flushed_at = -1;
-    chunk *k = ws_frame(c, 1, 9, NULL, 0, NULL, 0);
+    chunk *k = ws_frame(c, 1, 9, NULL, 0);
     if (k) k->ping = 1;
     enqueue(c, k, 1);
     flush(l, link);
@@ -605,12 +588,6 @@ static void attach(prima_lane *l, command *cmd) {
   c->last_heard = c->last_write = t;
   c->buffered_since = c->ping_flushed_at = -1;
   c->next_tick = t + l->cfg.liveness_timeout_ms / 8.0;
-  if (cmd->len && grow(&c->rbuf, &c->rcap, cmd->len) == 0) {
-    memcpy(c->rbuf, cmd->data, cmd->len);
-    c->rlen = cmd->len;
-    while (c->fd >= 0 && parse_frame(l, cmd->link) > 0) {
-    }
-  }
 }
 
 static void run_commands(prima_lane *l) {
@@ -704,17 +681,17 @@ prima_lane *prima_lane_start(const prima_lane_config *cfg, char *err, size_t err
   l->cfg = *cfg;
   l->windows = calloc((size_t)cfg->n_windows, sizeof *l->windows);
   l->wstats = calloc((size_t)cfg->n_windows, sizeof *l->wstats);
-  l->last_one_token_ms = calloc((size_t)cfg->n_windows, sizeof *l->last_one_token_ms);
-  if (!l->windows || !l->wstats || !l->last_one_token_ms || pipe(l->wake) != 0) {
+  l->last = calloc((size_t)cfg->n_windows, sizeof *l->last);
+  if (!l->windows || !l->wstats || !l->last || pipe(l->wake) != 0) {
     snprintf(err, err_len, "cannot set up the lane: %s", strerror(errno));
-    free(l->last_one_token_ms);
+    free(l->last);
     free(l->windows);
     free(l->wstats);
     free(l);
     return NULL;
   }
   memcpy(l->windows, cfg->windows, (size_t)cfg->n_windows * sizeof *l->windows);
-  for (int i = 0; i < cfg->n_windows; i++) l->last_one_token_ms[i] = 1e300; /* no timing yet: not quick */
+  for (int i = 0; i < cfg->n_windows; i++) l->last[i].one_token_ms = 1e300; /* no timing yet: not quick */
   l->cfg.windows = l->windows;
   for (int i = 0; i < 2; i++) {
     fcntl(l->wake[i], F_SETFL, fcntl(l->wake[i], F_GETFL) | O_NONBLOCK);
@@ -728,7 +705,7 @@ prima_lane *prima_lane_start(const prima_lane_config *cfg, char *err, size_t err
     snprintf(err, err_len, "cannot start the lane thread");
     close(l->wake[0]);
     close(l->wake[1]);
-    free(l->last_one_token_ms);
+    free(l->last);
     free(l->windows);
     free(l->wstats);
     free(l);
@@ -737,18 +714,17 @@ prima_lane *prima_lane_start(const prima_lane_config *cfg, char *err, size_t err
   return l;
 }
 
-int prima_lane_attach(prima_lane *l, int link, int fd, const uint8_t *prefix, size_t prefix_len, char *err, size_t err_len) {
+int prima_lane_attach(prima_lane *l, int link, int fd, char *err, size_t err_len) {
   if (link != PRIMA_LANE_IN && link != PRIMA_LANE_OUT) return snprintf(err, err_len, "no link %d", link), -1;
   int own = fcntl(fd, F_DUPFD_CLOEXEC, 3);
   if (own < 0) return snprintf(err, err_len, "cannot take the socket: %s", strerror(errno)), -1;
   fcntl(own, F_SETFL, fcntl(own, F_GETFL) | O_NONBLOCK);
-  command *cmd = new_command(CMD_ATTACH, link, prefix_len);
+  command *cmd = new_command(CMD_ATTACH, link, 0);
   if (!cmd) {
     close(own);
     return snprintf(err, err_len, "out of memory"), -1;
   }
   cmd->fd = own;
-  if (prefix_len) memcpy(cmd->data, prefix, prefix_len);
   push_command(l, cmd);
   return 0;
 }
@@ -762,14 +738,7 @@ void prima_lane_send(prima_lane *l, const uint8_t *frame, size_t len) {
 int prima_lane_run(prima_lane *l, uint8_t *frame, size_t len, char *err, size_t err_len) {
   int wi = runnable(l, frame, len);
   if (wi < 0) return snprintf(err, err_len, "not a frame this device runs"), -1;
-  float *scratch = NULL;
-  if (rd16(frame + 20) == 1) {
-    scratch = malloc((size_t)rd16(frame + 16) * l->cfg.hidden_size * sizeof(float));
-    if (!scratch) return snprintf(err, err_len, "out of memory for the rows"), -1;
-  }
-  int rc = compute(l, wi, frame, scratch, err, err_len);
-  free(scratch);
-  if (rc != 0) {
+  if (compute(l, wi, frame, err, err_len) != 0) {
     /* The error frame goes the same way the rows would have (CMD_SEND, ahead of the resume). */
     uint8_t buf[FRAME_HEADER_BYTES + 512];
     prima_lane_send(l, buf, error_frame(buf, frame, err));
@@ -845,8 +814,7 @@ void prima_lane_stop(prima_lane *l) {
   close(l->wake[1]);
   pthread_mutex_destroy(&l->mu);
   pthread_mutex_destroy(&l->proc);
-  free(l->scratch);
-  free(l->last_one_token_ms);
+  free(l->last);
   free(l->windows);
   free(l->wstats);
   free(l);

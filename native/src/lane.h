@@ -66,6 +66,9 @@ typedef struct {
   int prefetch;
   /* Bytes of weights in this device's windows: a pass is quick only while memory holds them all. */
   uint64_t weight_bytes;
+  /* A one-token pass runs on the lane thread when the window's last one took less than this
+   * (engine/quick-forward.ts's INLINE_MAX_MS) without a major page fault. */
+  double quick_pass_ms;
   /* Called on the lane thread; the event's pointers are valid only during the call. */
   void (*on_event)(void *ctx, const prima_lane_event *ev);
   void *ctx;
@@ -74,8 +77,8 @@ typedef struct {
 typedef struct prima_lane prima_lane;
 
 prima_lane *prima_lane_start(const prima_lane_config *cfg, char *err, size_t err_len);
-/* Gives the lane a connected socket (it takes a dup of fd) and the bytes JS had already read from it. */
-int prima_lane_attach(prima_lane *l, int link, int fd, const uint8_t *prefix, size_t prefix_len, char *err, size_t err_len);
+/* Gives the lane a connected socket (it takes a dup of fd) from which nothing unparsed was read. */
+int prima_lane_attach(prima_lane *l, int link, int fd, char *err, size_t err_len);
 /* Queues a whole frame (header + payload) for the successor. */
 void prima_lane_send(prima_lane *l, const uint8_t *frame, size_t len);
 /* Runs a frame the lane left to JS with code 1 (on any thread but the lane's: a libuv thread) and

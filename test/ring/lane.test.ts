@@ -6,6 +6,7 @@ import { afterAll, afterEach, describe, expect, it } from "vitest";
 import type { Socket } from "node:net";
 import type WebSocket from "ws";
 import { LocalModel } from "../../engine/index.js";
+import { startNativeLane } from "../../native/index.js";
 import { mulberry32 } from "../helpers/random.js";
 import {
   CloseCode, RingLane, RingListener, RingNode, dialSuccessor, encodeFrame, f16ToF32, f32ToF16, resolveLinkOptions,
@@ -55,7 +56,7 @@ async function laneDevice(deviceOptions: Partial<RingLinkOptions> = {}, successo
     releaseAfterUse: false, isHead: false, send: () => Promise.reject(new Error("the lane sends, not JS")), onError: (m) => errors.push(m),
   });
   const lane = RingLane.start({
-    model: model.native, node, cycles: 1, prefetch: false, releaseAfterUse: false, link: resolveLinkOptions(devOpts),
+    model: model.native, node, link: resolveLinkOptions(devOpts),
     predecessor: inLink, successor: out, onError: (m) => errors.push(m),
   });
   expect(lane).not.toBeNull();
@@ -225,6 +226,23 @@ describe("native lane", () => {
     expect(closed.error?.kind).toBe("dead");
     expect(closed.error?.message).toMatch(/no answer to a ping/);
     expect(performance.now() - t0).toBeLessThan(1000);
+  });
+
+  it("refuses a missing or out-of-range option by name instead of defaulting it", () => {
+    const w = model.window(0, nLayers, { ctx: 8 });
+    try {
+      const good = {
+        cycles: 1, maxTokensPerFrame: 8, maxPayloadBytes: 4096, maxMessageBytes: 8192, livenessTimeoutMs: 2000,
+        fragmentBytes: 1024, prefetch: false, weightBytes: 0, quickPassMs: 50,
+      };
+      const { livenessTimeoutMs: _, ...missing } = good;
+      expect(() => startNativeLane(model.native, [w], [0], missing as typeof good, () => {})).toThrow(/options\.livenessTimeoutMs must be a whole number/);
+      expect(() => startNativeLane(model.native, [w], [0], { ...good, cycles: 0 }, () => {})).toThrow(/options\.cycles must be a whole number from 1/);
+      const lane = startNativeLane(model.native, [w], [0], good, () => {});
+      lane.stop();
+    } finally {
+      w.close();
+    }
   });
 
   it("closes both links with a clean close handshake", async () => {
