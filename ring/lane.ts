@@ -4,24 +4,21 @@
 // device per token (BENCHMARKS.md). JS keeps what is rare: the frames the lane leaves to it (ERROR
 // frames to pass on, frames it cannot run or that fail its checks, which the codec then names), link
 // failures (reported through the RingLink objects, as before), KV commands and statistics.
+import { INLINE_MAX_MS } from "../engine/index.js";
 import { startNativeLane, type NativeLane, type NativeLaneEvent, type NativeModel } from "../native/index.js";
 import { encodeFrame, type Frame } from "./frame.js";
 import type { RingLink } from "./link.js";
-import type { NodeStats, RingNode } from "./node.js";
+import { noWindowMessage, type NodeStats, type RingNode } from "./node.js";
 import type { ResolvedLinkOptions } from "./options.js";
 
 export interface RingLaneOptions {
   readonly model: NativeModel;
+  /** The device's node: its windows, cycles, prefetch and memory settings (the lane runs its frames). */
   readonly node: RingNode;
-  readonly cycles: number;
-  readonly prefetch: boolean;
-  readonly releaseAfterUse: boolean;
   /** This device's link options (its HELLO limits, liveness timeout, fragment size). */
   readonly link: ResolvedLinkOptions;
   readonly predecessor: RingLink;
   readonly successor: RingLink;
-  /** Bytes of weights memory can hold now (renewed once a second; default unlimited). */
-  readonly weightRoomBytes?: () => number;
   /** A frame could not be processed (an ERROR frame went on to the successor). */
   readonly onError: (message: string) => void;
 }
@@ -30,45 +27,47 @@ const ROOM_RENEW_MS = 1000;
 
 export class RingLane {
   private stopped = false;
-  private readonly roomTimer: NodeJS.Timeout | undefined;
+  private readonly roomTimer: NodeJS.Timeout;
 
-  private constructor(private readonly lane: NativeLane, private readonly o: RingLaneOptions) {
+  private constructor(private readonly lane: NativeLane, private readonly o: RingLaneOptions, fds: { in: number; out: number }) {
     const side = (which: "in" | "out") => ({
       close: (code: number, reason: string) => {
         if (!this.stopped) lane.closeLink(which, code, reason);
       },
     });
     // Both descriptors are dup'ed (attach) before JS closes its own (handOverToLane), in one turn.
-    lane.attach("in", o.predecessor.socketForLane()!);
-    lane.attach("out", o.successor.socketForLane()!);
+    lane.attach("in", fds.in);
+    lane.attach("out", fds.out);
     o.predecessor.handOverToLane(side("in"));
     o.successor.handOverToLane(side("out"));
-    if (o.weightRoomBytes) {
-      const renew = () => lane.setWeightRoom(o.weightRoomBytes!());
-      renew();
-      this.roomTimer = setInterval(renew, ROOM_RENEW_MS);
-      this.roomTimer.unref();
-    }
+    // What memory can hold decides whether a pass may run on the lane thread (lane.c, quick()).
+    const renew = () => lane.setWeightRoom(o.node.weightRoomBytes());
+    renew();
+    this.roomTimer = setInterval(renew, ROOM_RENEW_MS);
+    this.roomTimer.unref();
   }
 
   /** Starts the lane over both links, or returns null (the links stay with JS) when either cannot be
    * handed over now (see RingLink.socketForLane). */
   static start(o: RingLaneOptions): RingLane | null {
-    if (o.predecessor.socketForLane() === null || o.successor.socketForLane() === null) return null;
-    const slots = o.node.slotWindows;
+    const fds = { in: o.predecessor.socketForLane(), out: o.successor.socketForLane() };
+    if (fds.in === null || fds.out === null) return null;
+    const { node } = o;
+    const slots = node.slotWindows;
     let self: RingLane | null = null;
     const lane = startNativeLane(o.model, slots.map((s) => s.window), slots.map((s) => s.spec.cycle), {
-      cycles: o.cycles,
+      cycles: node.cycles,
       maxTokensPerFrame: o.link.limits.maxTokensPerFrame,
       maxPayloadBytes: o.link.limits.maxPayloadBytes,
       maxMessageBytes: o.link.maxMessageBytes,
       livenessTimeoutMs: o.link.livenessTimeoutMs,
       fragmentBytes: o.link.fragmentBytes,
-      prefetch: o.prefetch,
-      weightBytes: o.node.weightBytes,
+      prefetch: node.prefetch,
+      weightBytes: node.weightBytes,
+      quickPassMs: INLINE_MAX_MS,
     }, (ev) => self?.onEvent(ev));
-    lane.setReleaseAfterUse(o.releaseAfterUse);
-    self = new RingLane(lane, o);
+    lane.setReleaseAfterUse(node.releaseAfterUse);
+    self = new RingLane(lane, o, { in: fds.in, out: fds.out });
     return self;
   }
 
@@ -78,7 +77,7 @@ export class RingLane {
     if (frame.type === "error") this.lane.send(encodeFrame(frame));
     else if (frame.type === "activations") {
       // Valid (the codec passed it) yet not run: no window of this device is in that cycle.
-      const message = `no window for cycle ${frame.cycle} on this device`;
+      const message = noWindowMessage(frame.cycle);
       this.o.onError(message);
       this.lane.send(encodeFrame({ type: "error", requestId: frame.requestId, firstTokenPosition: frame.firstTokenPosition, nTokens: frame.nTokens, cycle: frame.cycle, message }));
     }
@@ -134,7 +133,7 @@ export class RingLane {
   stop(): void {
     if (this.stopped) return;
     this.stopped = true;
-    if (this.roomTimer) clearInterval(this.roomTimer);
+    clearInterval(this.roomTimer);
     this.lane.stop();
     this.o.predecessor.laneStopped();
     this.o.successor.laneStopped();

@@ -6,6 +6,11 @@ import { QuickForward, type LocalModel } from "../engine/index.js";
 import type { NativeWindow } from "../native/index.js";
 import type { ActivationsFrame, ErrorFrame } from "./frame.js";
 
+/** Why a device cannot run a frame (it passes an ERROR frame on instead). */
+export function noWindowMessage(cycle: number): string {
+  return `no window for cycle ${cycle} on this device`;
+}
+
 export interface WindowSpec {
   readonly firstLayer: number;
   readonly endLayer: number;
@@ -106,7 +111,20 @@ export class RingNode {
   }
 
   private windowsFitInMemory(): boolean {
-    return (this.o.weightRoomBytes?.() ?? Infinity) >= this.weightBytes;
+    return this.weightRoomBytes() >= this.weightBytes;
+  }
+
+  /** Bytes of weights memory can hold now (RingNodeOptions.weightRoomBytes; unlimited without it). */
+  weightRoomBytes(): number {
+    return this.o.weightRoomBytes?.() ?? Infinity;
+  }
+
+  get cycles(): number {
+    return this.o.cycles;
+  }
+
+  get prefetch(): boolean {
+    return this.o.prefetch;
   }
 
   /** Bytes of this device's weights in memory now (mincore over its windows: not for every token). */
@@ -121,7 +139,7 @@ export class RingNode {
 
   /** Windows in cycle order. */
   get windows(): readonly NativeWindow[] {
-    return [...this.slots.values()].sort((a, b) => a.spec.cycle - b.spec.cycle).map((s) => s.window);
+    return this.slotWindows.map((s) => s.window);
   }
 
   anonBytes(): number {
@@ -218,7 +236,7 @@ export class RingNode {
       slot.stats.frames++;
       slot.stats.tokens += frame.nTokens;
     } else if (!this.o.isHead) {
-      throw new Error(`no window for cycle ${frame.cycle} on this device`);
+      throw new Error(noWindowMessage(frame.cycle));
     }
     if (this.o.isHead && last) this.o.deliver?.(frame, logits);
     else await this.send(this.o.isHead ? { ...frame, cycle: frame.cycle + 1 } : frame);

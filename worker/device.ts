@@ -98,9 +98,8 @@ export class WorkerDevice implements SessionHandler {
       if (this.o.nativeLane === false || this.lane || !this.predecessor || !this.successor || this.node !== node || node.weightBytes === 0) return;
       try {
         this.lane = RingLane.start({
-          model: model.native, node, cycles: a.cycles, prefetch: a.prefetch, releaseAfterUse: node.releaseAfterUse,
-          link: resolveLinkOptions(linkOptions(deviceId)), predecessor: this.predecessor, successor: this.successor,
-          weightRoomBytes: () => this.room.bytes(), onError: (message) => this.o.fail(new Error(message)),
+          model: model.native, node, link: resolveLinkOptions(linkOptions(deviceId)), predecessor: this.predecessor,
+          successor: this.successor, onError: (message) => this.o.fail(new Error(message)),
         }) ?? undefined;
         this.o.log(this.lane ? "ring frames run on the native lane" : "the ring links could not be handed to the native lane now: frames go through JS");
       } catch (e) {
@@ -133,9 +132,10 @@ export class WorkerDevice implements SessionHandler {
 
   kv(cmd: KvCommand): void {
     if (this.lane) {
-      if (cmd.op === "CLEAR") this.lane.kvClear();
-      else this.lane.kvTruncate(cmd.position);
-      if (cmd.op === "CLEAR") this.lane.resetStats();
+      if (cmd.op === "CLEAR") {
+        this.lane.kvClear();
+        this.lane.resetStats();
+      } else this.lane.kvTruncate(cmd.position);
       return;
     }
     for (const w of this.node?.windows ?? []) {
