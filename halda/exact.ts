@@ -2,6 +2,10 @@
 // a minimum over at most 2^M set assignments of one ILP each. The minimum over all of them, κ included,
 // is the global optimum of the latency model: no local-optimum trap, no calibration, no rollback.
 //
+// The objective is the latency itself (masterPriority 1); the head's priority is a secondary key
+// (HALDA.md §3): among the optima within TIE of each other, a second solve per tied assignment takes
+// the plan that gives the head the most layers.
+//
 // Speed: every k > 1 plan maps to a k = 1 plan of the same sets with the same cost minus (k−1)·Σξ
 // (HALDA.md §2.5), so the k = 1 optimum of an assignment bounds it from below at every k. Other k
 // are searched in order of that bound and stop as soon as the bound cannot beat the best found.
@@ -13,7 +17,10 @@ import type { DeviceSet } from "./types.js";
 /** Up to this many devices every assignment is enumerated; above, a local search over sets. */
 export const EXACT_ENUMERATION_MAX_DEVICES = 8;
 
-const better = (a: IlpSolution, b: IlpSolution | null | undefined) => !b || a.objectiveMs < b.objectiveMs - 1e-9 * Math.max(1, Math.abs(b.objectiveMs));
+/** Latencies this close (relative) are equal: the head's priority decides between them. */
+export const tieMs = (latencyMs: number) => 1e-9 * Math.max(1, Math.abs(latencyMs));
+
+const better = (a: IlpSolution, b: IlpSolution | null | undefined) => !b || a.latencyMs < b.latencyMs - tieMs(b.latencyMs);
 
 function* assignments(options: readonly DeviceSet[][]): Generator<DeviceSet[]> {
   const idx = options.map(() => 0);
@@ -34,19 +41,24 @@ export class ExactSolver {
   private base: { sets: DeviceSet[]; sol: IlpSolution }[] | null = null;
   private readonly cache = new Map<number, IlpSolution | null>();
   private readonly xiSum: number;
+  /** The options the ILPs see: no priority factor (it is the secondary key here). */
+  private readonly o: ResolvedOptions;
+  private readonly preferHead: boolean;
 
   constructor(
     private readonly terms: readonly DeviceTerms[],
     private readonly m: ModelTerms,
-    private readonly o: ResolvedOptions,
+    options: ResolvedOptions,
     private readonly searchKs: readonly number[],
     private readonly startSets?: readonly DeviceSet[],
   ) {
     this.xiSum = terms.reduce((s, t) => s + t.xiMs, 0);
+    this.o = { ...options, masterPriority: 1 };
+    this.preferHead = options.masterPriority > 1;
   }
 
-  private solve(sets: readonly DeviceSet[], k: number, guard: boolean): IlpSolution | null {
-    return solveIlp(this.terms, sets, k, this.m, guard === this.o.prefetchGuard ? this.o : { ...this.o, prefetchGuard: guard });
+  private solve(sets: readonly DeviceSet[], k: number, guard: boolean, maxLatencyMs?: number): IlpSolution | null {
+    return solveIlp(this.terms, sets, k, this.m, guard === this.o.prefetchGuard ? this.o : { ...this.o, prefetchGuard: guard }, maxLatencyMs);
   }
 
   private phase1(): { sets: DeviceSet[]; sol: IlpSolution }[] {
@@ -60,21 +72,33 @@ export class ExactSolver {
       const sol = this.solve(sets, 1, false);
       if (sol) base.push({ sets, sol });
     }
-    base.sort((a, b) => a.sol.objectiveMs - b.sol.objectiveMs);
+    base.sort((a, b) => a.sol.latencyMs - b.sol.latencyMs);
     this.base = base;
     return base;
   }
 
-  /** The best solution at k over all set assignments; null when none is feasible. */
+  /** The best solution at k over all set assignments (latency, then the head's window); null when none is feasible. */
   bestAt(k: number): IlpSolution | null {
     const hit = this.cache.get(k);
     if (hit !== undefined) return hit;
     let best: IlpSolution | null = null;
+    const found: IlpSolution[] = [];
     for (const { sets, sol } of this.phase1()) {
-      const lowerBound = sol.objectiveMs + (k - 1) * this.xiSum;
-      if (best && lowerBound >= best.objectiveMs - 1e-9 * Math.max(1, Math.abs(best.objectiveMs))) break;
+      const lowerBound = sol.latencyMs + (k - 1) * this.xiSum;
+      if (best && lowerBound > best.latencyMs + tieMs(best.latencyMs)) break; // ties are still collected
       const s = k === 1 && !this.o.prefetchGuard ? sol : this.solve(sets, k, this.o.prefetchGuard);
-      if (s && better(s, best)) best = s;
+      if (!s) continue;
+      found.push(s);
+      if (!best || s.latencyMs < best.latencyMs) best = s;
+    }
+    if (best && this.preferHead) {
+      const cap = best.latencyMs + tieMs(best.latencyMs);
+      const most = this.m.nLayers / k - (this.terms.length - 1); // every other device keeps a layer
+      for (const s of found) {
+        if (s.latencyMs > cap || best.w[0] >= most) continue;
+        const t = this.solve(s.sets, k, this.o.prefetchGuard, cap) ?? s;
+        if (t.w[0] > best.w[0] || (t.w[0] === best.w[0] && t.latencyMs < best.latencyMs)) best = t;
+      }
     }
     this.cache.set(k, best);
     return best;

@@ -11,7 +11,8 @@ export interface IlpSolution {
   readonly sets: readonly DeviceSet[];
   readonly w: readonly number[];
   readonly n: readonly number[];
-  /** What the solver minimised: the head's window coefficient divided by masterPriority, plus the constant. */
+  /** What the solver minimised: the head's window coefficient divided by masterPriority, plus the constant
+   *  (exact mode solves with masterPriority 1, so there it equals latencyMs). */
   readonly objectiveMs: number;
   /** The model's latency of this solution: k·Σ(a·w + b·n + ξ) + κ with unscaled coefficients. */
   readonly latencyMs: number;
@@ -61,8 +62,12 @@ function feasibleFor(rows: DeviceRows, w: number, n: number, L: number): boolean
   return true;
 }
 
-/** Solves the ILP for these sets and k; null when infeasible. */
-export function solveIlp(terms: readonly DeviceTerms[], sets: readonly DeviceSet[], k: number, m: ModelTerms, o: ResolvedOptions): IlpSolution | null {
+/**
+ * Solves the ILP for these sets and k; null when infeasible. With `maxLatencyMs` (the secondary key of
+ * HALDA.md §3) it instead maximises the head's window among the plans whose latency is at most that
+ * bound, so a second solve at the first solve's optimum picks the tie that gives the head most layers.
+ */
+export function solveIlp(terms: readonly DeviceTerms[], sets: readonly DeviceSet[], k: number, m: ModelTerms, o: ResolvedOptions, maxLatencyMs?: number): IlpSolution | null {
   const L = m.nLayers;
   if (L % k !== 0) return null;
   const W = L / k;
@@ -87,6 +92,10 @@ export function solveIlp(terms: readonly DeviceTerms[], sets: readonly DeviceSet
   if (wLo > W || wHi < W) return null;
 
   const constraints: LpModel["constraints"] = { sumW: { equal: W } };
+  // The latency's constant part (k·Σξ + Σκ), which the solver does not see.
+  const constantMs = terms.reduce((s, t, i) => s + k * t.xiMs + coefs[i].kappa, 0);
+  const capped = maxLatencyMs !== undefined;
+  if (capped) constraints.latencyCap = { max: maxLatencyMs - constantMs };
   const variables: LpModel["variables"] = {};
   const ints: Record<string, 1> = {};
   for (let i = 0; i < M; i++) {
@@ -99,6 +108,11 @@ export function solveIlp(terms: readonly DeviceTerms[], sets: readonly DeviceSet
     constraints[`vram${i}`] = { max: r.vramMax };
     const w: Record<string, number> = { latencyMs: k * coefs[i].a * headScale, sumW: 1, [`wMin${i}`]: 1, [`wMax${i}`]: 1, [`nLeW${i}`]: -1 };
     const n: Record<string, number> = { latencyMs: k * coefs[i].b, [`nMax${i}`]: 1, [`nLeW${i}`]: 1, [`vram${i}`]: 1 };
+    if (capped) {
+      w.latencyCap = k * coefs[i].a;
+      n.latencyCap = k * coefs[i].b;
+      if (i === 0) w.headLayers = 1;
+    }
     constraints[`ram${i}`] = r.ramMin !== undefined ? { min: r.ramMin } : { max: r.ramMax! };
     w[`ram${i}`] = 1;
     if (r.ramN !== 0) n[`ram${i}`] = r.ramN;
@@ -112,7 +126,9 @@ export function solveIlp(terms: readonly DeviceTerms[], sets: readonly DeviceSet
     ints[`w${i}`] = 1;
     ints[`n${i}`] = 1;
   }
-  const model: LpModel = { optimize: "latencyMs", opType: "min", constraints, variables, ints };
+  const model: LpModel = capped
+    ? { optimize: "headLayers", opType: "max", constraints, variables, ints }
+    : { optimize: "latencyMs", opType: "min", constraints, variables, ints };
   const res = solver.Solve(model) as { feasible: boolean; [v: string]: number | boolean | undefined };
   if (!res.feasible) return null;
 
@@ -131,7 +147,10 @@ export function solveIlp(terms: readonly DeviceTerms[], sets: readonly DeviceSet
   }
   if (wv.reduce((s, x) => s + x, 0) !== W) return null;
   for (let i = 0; i < M; i++) if (!feasibleFor(rows[i], wv[i], nv[i], L)) return null;
-  return finishSolution(terms, sets, k, wv, nv, coefs, o);
+  const sol = finishSolution(terms, sets, k, wv, nv, coefs, o);
+  // The solver's tolerance on the cap row is not ours.
+  if (capped && sol.latencyMs > maxLatencyMs) return null;
+  return sol;
 }
 
 /** Objective and latency of a given (w, n) under fixed sets. */

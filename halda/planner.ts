@@ -2,7 +2,7 @@
 // window of one layer or less and solve again (HALDA.md §4.4), then write the answer up as a Plan.
 
 import { resolveDevice, type ResolvedDevice } from "./devices.js";
-import { ExactSolver } from "./exact.js";
+import { ExactSolver, tieMs } from "./exact.js";
 import { solveFaithful } from "./faithful.js";
 import { deviceRows, type IlpSolution } from "./ilp.js";
 import { evaluateDevice, fmtGiB } from "./latency.js";
@@ -20,9 +20,14 @@ interface Solved {
   readonly notes: string[];
 }
 
-const pickBest = (sols: (IlpSolution | null)[]): IlpSolution | null => {
+/** Lowest latency; among ties (tieMs) the most head layers per token if the head has priority; then the smaller k. */
+const pickBest = (sols: (IlpSolution | null)[], preferHead: boolean): IlpSolution | null => {
   let best: IlpSolution | null = null;
-  for (const s of sols) if (s && (!best || s.objectiveMs < best.objectiveMs - 1e-9 * Math.max(1, Math.abs(best.objectiveMs)))) best = s;
+  for (const s of sols) {
+    if (!s) continue;
+    if (!best || s.latencyMs < best.latencyMs - tieMs(best.latencyMs)) best = s;
+    else if (preferHead && s.latencyMs <= best.latencyMs + tieMs(best.latencyMs) && s.k * s.w[0] > best.k * best.w[0]) best = s;
+  }
   return best;
 };
 
@@ -37,7 +42,7 @@ function solveExactly(devs: readonly ResolvedDevice[], ks: readonly number[], m:
   let startSets: IlpSolution["sets"] | undefined;
   if (devs.length > 8) startSets = solveFaithful(devs, ks, m, { ...o, mode: "prima" })?.solution.sets;
   const ex = new ExactSolver(terms, m, o, ks, startSets);
-  const solution = pickBest(decidingKs(ks, o).map((k) => ex.bestAt(k)));
+  const solution = pickBest(decidingKs(ks, o).map((k) => ex.bestAt(k)), o.masterPriority > 1);
   if (!solution) return null;
   return { solution, terms, atK: (k) => ex.bestAt(k), notes };
 }

@@ -64,7 +64,9 @@ export interface HaldaOptions {
   readonly mode?: "exact" | "prima";
   /** Number of ring cycles; 0 or undefined = choose. */
   readonly k?: number;
-  /** The head's window coefficient is divided by this (tie-break toward the head). Default 1.01. */
+  /** The head's priority (HALDA.md §3). Exact mode: above 1, among plans of equal predicted latency
+   *  (within 1e-9 relative) the one with most layers on the head; it never trades latency for that.
+   *  Faithful mode: the head's window coefficient is divided by it, as prima.cpp does. Default 1.01. */
   readonly masterPriority?: number;
   /** s_thr: a disk slower than this never overloads (M4 only). Default 1e8 B/s (0.1 GB/s). */
   readonly minDiskBytesPerS?: number;
@@ -137,8 +139,8 @@ export interface Plan {
   readonly dropped: readonly DroppedDevice[];
   /** Predicted token latency: the sum of every device's total. */
   readonly latencyMs: number;
-  /** What Halda minimised: latencyMs with the head's window cost divided by masterPriority (a tie-break).
-   *  Baselines optimise nothing; for them it equals latencyMs. */
+  /** What Halda minimised: in exact mode latencyMs itself; in faithful mode latencyMs with the head's window
+   *  cost divided by masterPriority, as prima.cpp scales it. Baselines optimise nothing; for them it equals latencyMs. */
   readonly objectiveMs: number;
   /** The best other k and its predicted latency, when one is feasible. */
   readonly runnerUp: { readonly k: number; readonly latencyMs: number } | null;

@@ -1,11 +1,12 @@
-// Exact mode against brute force: on seeded random small clusters, Halda's objective equals the
+// Exact mode against brute force: on seeded random small clusters, Halda's predicted latency equals the
 // minimum over every k, window and GPU-layer count of an independent evaluation of the model
-// (oracle.ts). Any mismatch fails.
+// (oracle.ts), and with the head's priority (masterPriority > 1, the default) the head holds as many
+// layers as the most any plan of that latency gives it (HALDA.md §3: a secondary key). Any mismatch fails.
 
 import { describe, expect, test } from "vitest";
 import { halda, HaldaError, type HaldaOptions, type Plan } from "../../halda/index.js";
 import { bruteForce, defaultOracleOptions, kCandidates, type OracleOptions } from "./oracle.js";
-import { mulberry32, randomInstance } from "./random-instances.js";
+import { mulberry32, randomInstance, type InstanceShape } from "./random-instances.js";
 
 const rel = (a: number, b: number) => Math.abs(a - b) / Math.max(1, Math.abs(b));
 
@@ -13,6 +14,7 @@ interface Variant {
   readonly name: string;
   readonly count: number;
   readonly layerChoices?: readonly number[];
+  readonly shape?: InstanceShape;
   readonly options: (rand: () => number, L: number, M: number) => { halda: HaldaOptions; oracle: OracleOptions };
 }
 
@@ -30,7 +32,12 @@ const variants: Variant[] = [
     },
   },
   {
-    name: "auto k, masterPriority 1.01 (the scaled objective)", count: 60,
+    name: "auto k, default masterPriority 1.01 (a secondary key)", count: 60,
+    options: () => ({ halda: { dropWindowLayers: 0 }, oracle: { ...defaultOracleOptions, masterPriority: 1.01 } }),
+  },
+  {
+    // Where the old factor on the head's whole coefficient discounted 1% of its disk reload.
+    name: "overloaded head, default masterPriority 1.01", count: 120, shape: { headOverloaded: true },
     options: () => ({ halda: { dropWindowLayers: 0 }, oracle: { ...defaultOracleOptions, masterPriority: 1.01 } }),
   },
   {
@@ -51,10 +58,10 @@ describe("exact mode equals brute force", () => {
   let seed = 1000;
   for (const v of variants) {
     test(`${v.name}: ${v.count} random instances`, () => {
-      let feasible = 0, infeasible = 0, kAbove1 = 0, overloaded = 0;
+      let feasible = 0, infeasible = 0, kAbove1 = 0, overloaded = 0, headOverloaded = 0;
       for (let i = 0; i < v.count; i++) {
         const rand = mulberry32(seed++);
-        const inst = randomInstance(rand, 4, 32, v.layerChoices);
+        const inst = randomInstance(rand, 4, 32, v.layerChoices, v.shape);
         const { halda: hOpt, oracle: oOpt } = v.options(rand, inst.model.nLayers, inst.devices.length);
         const hOptions: HaldaOptions = { ...hOpt, registerLoadTerms: inst.registerLoadTerms };
         const oOptions: OracleOptions = { ...oOpt, registerLoadTerms: inst.registerLoadTerms };
@@ -66,14 +73,16 @@ describe("exact mode equals brute force", () => {
           if (!(e instanceof HaldaError)) throw e;
           expect(e.reason, `seed ${seed - 1}: ${e.message}`).toBe("infeasible");
         }
-        const where = `seed ${seed - 1} (${v.name}): halda ${plan ? `${plan.objectiveMs} k=${plan.k} w=[${plan.devices.map((d) => d.windowLayers)}] n=[${plan.devices.map((d) => d.gpuLayers)}]` : "infeasible"}, brute force ${brute ? `${brute.objectiveMs} k=${brute.k} w=[${brute.w}] n=[${brute.n}]` : "infeasible"}`;
+        const where = `seed ${seed - 1} (${v.name}): halda ${plan ? `${plan.latencyMs} k=${plan.k} w=[${plan.devices.map((d) => d.windowLayers)}] n=[${plan.devices.map((d) => d.gpuLayers)}]` : "infeasible"}, brute force ${brute ? `${brute.latencyMs} k=${brute.k} w=[${brute.w}] n=[${brute.n}]` : "infeasible"}`;
         expect(plan === null, where).toBe(brute === null);
         if (!plan || !brute) { infeasible++; continue; }
         feasible++;
-        expect(rel(plan.objectiveMs, brute.objectiveMs), where).toBeLessThan(1e-9);
-        if (oOptions.masterPriority === 1) expect(rel(plan.latencyMs, brute.objectiveMs), where).toBeLessThan(1e-9);
+        expect(rel(plan.latencyMs, brute.latencyMs), where).toBeLessThan(1e-9);
+        expect(plan.objectiveMs, where).toBe(plan.latencyMs);
+        if (oOptions.masterPriority > 1) expect(plan.devices[0].layersPerToken, where).toBe(brute.headLayers);
         if (plan.k > 1) kAbove1++;
         if (plan.devices.some((d) => d.set !== "M4")) overloaded++;
+        if (plan.devices[0].set !== "M4") headOverloaded++;
       }
       // The instances must exercise both answers and the overload sets, or the check means little.
       expect(feasible).toBeGreaterThan(v.count * (v.name === "prefetch guard" ? 0.3 : 0.6));
@@ -81,7 +90,19 @@ describe("exact mode equals brute force", () => {
       expect(overloaded).toBeGreaterThan(v.count * (v.name === "prefetch guard" ? 0.04 : 0.1));
       if (v.name === "user k") expect(kAbove1).toBeGreaterThan(v.count * 0.3);
       if (v.name === "prefetch guard") expect(kAbove1).toBeGreaterThan(0);
-      console.log(`${v.name}: ${feasible} feasible (${overloaded} with an overloaded device, ${kAbove1} with k > 1), ${infeasible} infeasible`);
+      if (v.shape?.headOverloaded) expect(headOverloaded).toBeGreaterThan(v.count * 0.3);
+      console.log(`${v.name}: ${feasible} feasible (${overloaded} with an overloaded device, ${headOverloaded} with the head overloaded, ${kAbove1} with k > 1), ${infeasible} infeasible`);
     });
   }
+});
+
+test("ties go to the head: on identical devices every split costs the same, and the head takes all but one layer each", () => {
+  const model = randomInstance(mulberry32(7), 2, 32, [32]).model;
+  const device = (name: string) => ({ name, os: "linux" as const, cpuFlopsPerS: { "*": 1e11 }, ramAvailableBytes: 64 * 2 ** 30, diskSeqReadBytesPerS: 2e9 });
+  const devices = [device("head"), device("a"), device("b")];
+  const plan = halda(devices, model, { dropWindowLayers: 0 });
+  const brute = bruteForce(devices, model, { ...defaultOracleOptions, masterPriority: 1.01 })!;
+  expect(plan.devices.map((d) => d.windowLayers)).toEqual([30, 1, 1]);
+  expect(brute.headLayers).toBe(30);
+  expect(rel(plan.latencyMs, brute.latencyMs)).toBeLessThan(1e-9);
 });

@@ -104,47 +104,54 @@ export function kCandidates(L: number, M: number, userK: number): number[] {
 }
 
 export interface BruteForceResult {
-  readonly objectiveMs: number;
   readonly latencyMs: number;
   readonly k: number;
   readonly w: number[];
   readonly n: number[];
+  /** k·w of the head. */
+  readonly headLayers: number;
 }
 
+/** Latencies this close (relative) are equal, as HALDA.md §3 says. */
+export const tieMs = (latencyMs: number) => 1e-9 * Math.max(1, Math.abs(latencyMs));
+
 /**
- * The minimum over every k, every composition w of L/k into positive windows and every n (0..w) of
- * the objective (the latency with the head's window cost scaled by 1/masterPriority). The cost is a
- * sum of per-device terms and validity is per device, so for a given (k, w) the best n of each
- * device is found on its own: this is the exhaustive minimum over the product, without its size.
+ * The model's optimum by exhaustion (HALDA.md §3's order): the least latency over every k, every
+ * composition w of L/k into positive windows and every n (0..w); among plans within tieMs of it, the
+ * most layers per token on the head (when `opt.masterPriority` > 1), then the smaller k. The cost is a
+ * sum of per-device terms and validity is per device, so for a given (k, w) the best n of each device
+ * is found on its own: this is the exhaustive minimum over the product, without its size.
  */
 export function bruteForce(devices: readonly DeviceProfile[], model: ModelProfile, opt: OracleOptions): BruteForceResult | null {
   const L = model.nLayers, M = devices.length;
   const fns = devices.map((d, i) => deviceCostFn(d, i === 0, model, opt));
-  let best: BruteForceResult | null = null;
+  // The least latency for each (k, head window): the head's priority then picks among them.
+  const byHead: BruteForceResult[] = [];
   for (const k of kCandidates(L, M, opt.k)) {
     const W = L / k;
-    // table[m][w] = best (objective, latency, n) of device m with window w.
+    // table[m][w] = least latency of device m with window w, and its n.
     const table = fns.map((f) => {
-      const row: ({ obj: number; lat: number; n: number } | null)[] = [null];
+      const row: ({ lat: number; n: number } | null)[] = [null];
       for (let w = 1; w <= W; w++) {
-        let cell: { obj: number; lat: number; n: number } | null = null;
+        let cell: { lat: number; n: number } | null = null;
         for (let n = 0; n <= w; n++) {
           const c = f(k, w, n);
-          if (c.valid && (!cell || c.scaledMs < cell.obj)) cell = { obj: c.scaledMs, lat: c.latencyMs, n };
+          if (c.valid && (!cell || c.latencyMs < cell.lat)) cell = { lat: c.latencyMs, n };
         }
         row.push(cell);
       }
       return row;
     });
     const w = new Array<number>(M).fill(0);
-    const walk = (m: number, left: number, obj: number, lat: number) => {
+    const walk = (m: number, left: number, lat: number) => {
       if (m === M - 1) {
         const cell = table[m][left];
         if (left < 1 || !cell) return;
         w[m] = left;
-        const total = obj + cell.obj;
-        if (!best || total < best.objectiveMs) {
-          best = { objectiveMs: total, latencyMs: lat + cell.lat, k, w: [...w], n: w.map((x, i) => table[i][x]!.n) };
+        const total = lat + cell.lat;
+        const key = k * L + w[0];
+        if (!byHead[key] || total < byHead[key].latencyMs) {
+          byHead[key] = { latencyMs: total, k, w: [...w], n: w.map((x, i) => table[i][x]!.n), headLayers: k * w[0] };
         }
         return;
       }
@@ -152,12 +159,33 @@ export function bruteForce(devices: readonly DeviceProfile[], model: ModelProfil
         const cell = table[m][x];
         if (!cell) continue;
         w[m] = x;
-        walk(m + 1, left - x, obj + cell.obj, lat + cell.lat);
+        walk(m + 1, left - x, lat + cell.lat);
       }
     };
-    walk(0, W, 0, 0);
+    walk(0, W, 0);
+  }
+  const found = byHead.filter((x) => x !== undefined);
+  if (found.length === 0) return null;
+  const least = Math.min(...found.map((x) => x.latencyMs));
+  let best: BruteForceResult | null = null;
+  for (const x of found) {
+    if (opt.masterPriority > 1) {
+      if (x.latencyMs > least + tieMs(least)) continue;
+      if (!best || x.headLayers > best.headLayers || (x.headLayers === best.headLayers && x.k < best.k)) best = x;
+    } else if (!best || x.latencyMs < best.latencyMs) best = x;
   }
   return best;
+}
+
+/** The least latency over subsets of the devices that keep the head (device 0), by `bruteForce` on each. */
+export function bruteForceSubsets(devices: readonly DeviceProfile[], model: ModelProfile, opt: OracleOptions): { subset: number[]; result: BruteForceResult }[] {
+  const out: { subset: number[]; result: BruteForceResult }[] = [];
+  for (let mask = 0; mask < 2 ** (devices.length - 1); mask++) {
+    const subset = [0, ...devices.slice(1).map((_, j) => j + 1).filter((i) => (mask & (1 << (i - 1))) !== 0)];
+    const result = bruteForce(subset.map((i) => devices[i]), model, opt);
+    if (result) out.push({ subset, result });
+  }
+  return out;
 }
 
 /** The plan's cost under the oracle (for the sanity cases' expected plans). */

@@ -1,6 +1,7 @@
 // Seeded random clusters and models for the exactness and validity suites: 2–4 devices, up to 32
 // layers, every OS, with and without GPUs, memory from starved to ample, disks on both sides of the
-// overload threshold, measured or estimated compute buffers.
+// overload threshold, measured or estimated compute buffers; optionally a head that must overload (little
+// memory, a disk fast enough to stream: where the old priority factor chose plans up to 10x too slow).
 
 import type { DeviceProfile, ModelProfile } from "../../halda/index.js";
 
@@ -15,8 +16,13 @@ export interface Instance {
   readonly registerLoadTerms: boolean;
 }
 
+export interface InstanceShape {
+  /** The head gets memory for a small share of its fair part of the model, no GPU and a disk of 0.1-1 GB/s. */
+  readonly headOverloaded?: boolean;
+}
+
 /** `layerChoices`: draw L from these (divisor-rich counts exercise k > 1); default any of M..maxLayers. */
-export function randomInstance(rand: () => number, maxDevices = 4, maxLayers = 32, layerChoices?: readonly number[]): Instance {
+export function randomInstance(rand: () => number, maxDevices = 4, maxLayers = 32, layerChoices?: readonly number[], shape: InstanceShape = {}): Instance {
   const pick = <T,>(xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)];
   const between = (lo: number, hi: number) => lo + (hi - lo) * rand();
   const logBetween = (lo: number, hi: number) => Math.exp(between(Math.log(lo), Math.log(hi)));
@@ -72,6 +78,15 @@ export function randomInstance(rand: () => number, maxDevices = 4, maxLayers = 3
       cpuComputeBufferBytes: measuredBuffers ? between(0, 0.5) * GiB : undefined,
       gpuComputeBufferBytes: measuredBuffers && hasGpu ? between(0, 0.9) * GiB : undefined,
     });
+  }
+  if (shape.headOverloaded) {
+    // Drawn after the rest, so the other instances of a seed stay as they were.
+    const disk = logBetween(0.1e9, 1e9);
+    devices[0] = {
+      ...devices[0], gpuBackend: "none", gpuFlopsPerS: undefined, gpuFreeBytes: undefined, gpuMemCapBytes: undefined, gpuComputeBufferBytes: undefined,
+      kvCopyGpuMs: undefined, ramToVramMs: undefined, vramToRamMs: undefined, vramReadBytesPerS: undefined,
+      ramAvailableBytes: between(0.02, 0.4) * share, diskSeqReadBytesPerS: disk, diskRandReadBytesPerS: disk,
+    };
   }
   return { devices, model, registerLoadTerms };
 }
