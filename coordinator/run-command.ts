@@ -1,159 +1,65 @@
-// prima-coord run model.gguf -p "..." -n 128: generate text. With no workers the coordinator is a
-// single-device engine; with --min-workers it waits for prima-worker daemons and drives the ring.
-import { readFileSync } from "node:fs";
-import { parseArgs } from "node:util";
-import { LocalModel, LocalPipeline, Sampler, generate, type Pipeline } from "../engine/index.js";
+// prima-coord run model.gguf -p "..." -n 128: one request through the cluster, streamed to the
+// terminal. With no workers the coordinator is a single-device engine; with --min-workers it waits for
+// prima-worker daemons and drives the ring. The same cluster object as `serve`, with one request.
+import { LocalModel, Sampler } from "../engine/index.js";
 import { Tokenizer, StreamingDecoder } from "../model/tokenizer.js";
-import type { ChatTemplateOptions } from "../model/chat-template.js";
 import { peakAnonTracker } from "../profiler/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
+import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, UsageError, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
+import { Cluster, type GenerationOutcome } from "./cluster.js";
+import { formatPrediction, ringPosition, type RingPlan, type PredictionReport } from "./placement.js";
+import { chatTemplateChoice, PromptRenderer } from "./prompt.js";
 
 const HELP = `usage: prima-coord run model.gguf [options]
 
   -p, --prompt TEXT        the prompt (default "Once upon a time")
   -n, --n-predict N        tokens to generate (default 128)
-      --temp X             temperature, 0 = greedy (default 0.8)
-      --top-k N            (default 40)      --top-p X   (default 0.95)
-      --min-p X            (default 0.05)    --repeat-penalty X (default 1.0)
-      --seed N             sampling seed (default random)
-  -t, --threads N          compute threads (default: all cores)
-  -c, --ctx N              context size in tokens (default 2048, at most the model's)
-  -b, --batch N            prompt batch size (default 128)
+${SAMPLING_HELP}
+${ENGINE_HELP}
       --chat               wrap the prompt in the model's chat template
       --system TEXT        system message for --chat
-      --chat-template T    for a model without a template: chatml or llama2, or a Jinja file
       --json               print one JSON object instead of streaming text
       --no-special         do not parse special tokens in the prompt
+  -i, --interactive        a multi-turn chat in the terminal (as prima-coord chat)
 
 ring (with workers):
       --port N             gRPC port workers join on (default 7400)
-      --min-workers N      wait for N workers before running (default 0: run alone)
-      --layer-windows LIST layers per device per cycle, ring order: workers in join order, then the head
-                           (default: every device is profiled and Halda places the layers)
-  -k, --cycles N           ring cycles per token (with --layer-windows; default: layers / sum of windows)
-      --reprofile          measure this device again instead of using its cached profile
-      --no-prefetch        do not advise the OS to page in the next window
-      --join-timeout S     seconds to wait for workers (default 60)`;
+${RING_HELP}`;
 
-export interface RunArgs {
-  readonly model: string;
+export interface RunArgs extends ClusterArgs {
   readonly prompt: string;
   readonly nPredict: number;
-  readonly sampler: Sampler;
-  readonly threads?: number;
-  readonly ctx: number;
-  readonly batch: number;
   readonly chat: boolean;
   readonly system?: string;
-  readonly chatTemplate?: string;
   readonly json: boolean;
   readonly parseSpecial: boolean;
   readonly port: number;
-  readonly minWorkers: number;
-  readonly layerWindows?: number[];
-  readonly cycles?: number;
-  readonly prefetch: boolean;
-  readonly reprofile: boolean;
-  readonly joinTimeoutS: number;
 }
 
-export class UsageError extends Error {
-  override name = "UsageError";
-}
-
-function intArg(name: string, v: string | undefined, dflt: number, min = 0): number {
-  if (v === undefined) return dflt;
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < min) throw new UsageError(`--${name} must be a whole number >= ${min} (got "${v}")`);
-  return n;
-}
-
-function numArg(name: string, v: string | undefined): number | undefined {
-  if (v === undefined) return undefined;
-  const n = Number(v);
-  if (!Number.isFinite(n)) throw new UsageError(`--${name} must be a number (got "${v}")`);
-  return n;
-}
+export { UsageError };
 
 export function parseRunArgs(argv: string[]): RunArgs {
-  const { values, positionals } = parseArgs({
-    args: argv,
-    allowPositionals: true,
-    options: {
-      prompt: { type: "string", short: "p" },
-      "n-predict": { type: "string", short: "n" },
-      temp: { type: "string" },
-      "top-k": { type: "string" },
-      "top-p": { type: "string" },
-      "min-p": { type: "string" },
-      "repeat-penalty": { type: "string" },
-      seed: { type: "string" },
-      threads: { type: "string", short: "t" },
-      ctx: { type: "string", short: "c" },
-      batch: { type: "string", short: "b" },
-      chat: { type: "boolean" },
-      system: { type: "string" },
-      "chat-template": { type: "string" },
-      json: { type: "boolean" },
-      "no-special": { type: "boolean" },
-      port: { type: "string" },
-      "min-workers": { type: "string" },
-      "layer-windows": { type: "string" },
-      cycles: { type: "string", short: "k" },
-      "no-prefetch": { type: "boolean" },
-      reprofile: { type: "boolean" },
-      "join-timeout": { type: "string" },
-      help: { type: "boolean", short: "h" },
-    },
-  });
-  if (values.help) throw new UsageError(HELP);
-  if (positionals.length !== 1) throw new UsageError(`run needs exactly one model file\n${HELP}`);
-  const sampler = new Sampler({
-    temperature: numArg("temp", values.temp),
-    topK: values["top-k"] === undefined ? undefined : intArg("top-k", values["top-k"], 40),
-    topP: numArg("top-p", values["top-p"]),
-    minP: numArg("min-p", values["min-p"]),
-    repeatPenalty: numArg("repeat-penalty", values["repeat-penalty"]),
-    seed: values.seed === undefined ? undefined : intArg("seed", values.seed, 0),
-  });
-  let layerWindows: number[] | undefined;
-  if (values["layer-windows"] !== undefined) {
-    layerWindows = values["layer-windows"].split(",").map((s) => intArg("layer-windows", s.trim(), 0));
-    if (layerWindows.length === 0 || layerWindows.every((w) => w === 0)) throw new UsageError("--layer-windows needs at least one non-zero window");
-  }
+  const { cluster, values } = parseClusterArgs(argv, {
+    prompt: { type: "string", short: "p" },
+    "n-predict": { type: "string", short: "n" },
+    chat: { type: "boolean" },
+    system: { type: "string" },
+    json: { type: "boolean" },
+    "no-special": { type: "boolean" },
+    port: { type: "string" },
+    interactive: { type: "boolean", short: "i" },
+  }, HELP, "run");
+  const str = (k: string) => values[k] as string | undefined;
   return {
-    model: positionals[0],
-    prompt: values.prompt ?? "Once upon a time",
-    nPredict: intArg("n-predict", values["n-predict"], 128),
-    sampler,
-    threads: values.threads === undefined ? undefined : intArg("threads", values.threads, 1, 1),
-    ctx: intArg("ctx", values.ctx, 2048, 1),
-    batch: intArg("batch", values.batch, 128, 1),
-    chat: values.chat ?? false,
-    system: values.system,
-    chatTemplate: values["chat-template"],
-    json: values.json ?? false,
+    ...cluster,
+    prompt: str("prompt") ?? "Once upon a time",
+    nPredict: intArg("n-predict", str("n-predict"), 128),
+    chat: (values.chat as boolean | undefined) ?? false,
+    system: str("system"),
+    json: (values.json as boolean | undefined) ?? false,
     parseSpecial: !values["no-special"],
-    port: intArg("port", values.port, 7400, 0),
-    minWorkers: intArg("min-workers", values["min-workers"], 0),
-    layerWindows,
-    cycles: values.cycles === undefined ? undefined : intArg("cycles", values.cycles, 1, 1),
-    prefetch: !values["no-prefetch"],
-    reprofile: values.reprofile ?? false,
-    joinTimeoutS: intArg("join-timeout", values["join-timeout"], 60, 1),
+    port: intArg("port", str("port"), 7400, 0, 65535),
   };
-}
-
-/** The prompt as token ids: optionally through the chat template, BOS as the vocabulary asks. */
-export async function promptIds(tok: Tokenizer, a: RunArgs): Promise<Int32Array> {
-  if (!a.chat) return tok.encode(a.prompt, { addSpecial: true, parseSpecial: a.parseSpecial });
-  const { renderChat } = await import("../model/chat-template.js");
-  const messages = [...(a.system ? [{ role: "system", content: a.system }] : []), { role: "user", content: a.prompt }];
-  // The rendered text leaves out the BOS the tokenizer adds itself (as llama.cpp does).
-  const t = a.chatTemplate;
-  const choice: ChatTemplateOptions = t === undefined ? {} : t === "chatml" || t === "llama2" ? { fallback: t } : { template: readFileSync(t, "utf8") };
-  const text = renderChat(tok, messages, { addGenerationPrompt: true, ...choice });
-  return tok.encode(text, { addSpecial: true, parseSpecial: true });
 }
 
 export interface RunReport {
@@ -169,19 +75,123 @@ export interface RunReport {
   devices: number;
 }
 
-/** Generates on `pipeline` and streams text to stdout (unless --json); returns the report. */
-export async function runGeneration(a: RunArgs, model: LocalModel, tok: Tokenizer, pipeline: Pipeline, loadMs: number, devices: number): Promise<RunReport> {
+export function timingLine(r: RunReport): string {
+  const mib = (b: number) => (b / 2 ** 20).toFixed(1);
+  return `prompt ${r.prompt_ids.length} tokens ${r.prompt_tok_s.toFixed(1)} tok/s | decode ${r.generated_ids.length} tokens ` +
+    `${r.decode_tok_s.toFixed(1)} tok/s | load ${r.load_ms.toFixed(0)} ms | peak anon RSS ${mib(r.peak_anon_rss_bytes)} MiB | ` +
+    `${r.threads} threads, ${r.devices} device${r.devices === 1 ? "" : "s"}`;
+}
+
+/** Per-device timings per token (decode only when counters were read as decoding started, since a
+ * prompt's first pass pays for mapping the weights in and would blur the per-token figures). */
+export function summaryTable(rows: GenerationOutcome["perDevice"], tokens: number): string {
+  const ms = (v: number) => (tokens > 0 ? v.toFixed(2) : "-");
+  const lines = [
+    "device                      layers            compute ms/tok  wait ms/tok  send ms/tok  major faults  resident  anon RSS  mem pressure",
+  ];
+  for (const { label, status: s, cost: c } of rows) {
+    const layers = s.windows.map((w) => `${w.firstLayer}-${w.endLayer - 1}`).join(",") || "-";
+    const res = s.windows.reduce((a, w) => a + Number(w.residentBytes), 0), tot = s.windows.reduce((a, w) => a + Number(w.totalBytes), 0);
+    lines.push(
+      `${label.padEnd(27)} ${layers.padEnd(17)} ${ms(c.computeMs).padStart(14)} ${ms(c.waitMs).padStart(12)} ${ms(c.sendMs).padStart(12)} ` +
+      `${String(c.majorFaults).padStart(13)} ${(tot ? `${((100 * res) / tot).toFixed(0)}%` : "-").padStart(9)} ` +
+      `${`${(Number(s.anonRssBytes) / 2 ** 20).toFixed(0)} MiB`.padStart(9)} ${`${(100 * s.memPressure).toFixed(2)}%`.padStart(13)}`,
+    );
+  }
+  return lines.join("\n");
+}
+
+/** The plan and how its prediction held, as --json reports them. */
+function placementJson(placement: RingPlan, prediction: PredictionReport | undefined) {
+  const nWorkers = placement.labels.length - 1;
+  return {
+    plan: placement.plan, labels: placement.labels, devices: placement.devices, per_cycle: placement.perCycle,
+    release_after_use: placement.releaseAfterUse, links: placement.links, model: placement.model,
+    ring_positions: placement.labels.map((_, hi) => ringPosition(hi, nWorkers)), prediction,
+  };
+}
+
+/** The model opened for a cluster: as head of a ring, its threads wait for the rest of the ring
+ * between windows (RING_COMPUTE_OPTIONS). */
+export function openHeadModel(a: ClusterArgs): LocalModel {
+  const ring = a.minWorkers > 0 || a.layerWindows !== undefined;
+  return LocalModel.open(a.model, { threads: a.threads, ...(ring ? RING_COMPUTE_OPTIONS : {}) });
+}
+
+export function clusterFor(a: ClusterArgs, model: LocalModel, log: (line: string) => void, extra: { name?: string; plannedTokens?: number; maxQueue?: number } = {}): Cluster {
+  return new Cluster({
+    modelPath: a.model, model, name: extra.name ?? "prima", ctx: Math.min(a.ctx, model.desc.hparams.nCtxTrain), batch: a.batch,
+    prefetch: a.prefetch, reprofile: a.reprofile, layerWindows: a.layerWindows, cycles: a.cycles, keepAll: a.keepAll,
+    plannedTokens: extra.plannedTokens, maxQueue: extra.maxQueue, log,
+  });
+}
+
+export async function runCommand(argv: string[]): Promise<number> {
+  let a: RunArgs;
+  try {
+    a = parseRunArgs(argv);
+  } catch (e) {
+    return usageExit(e);
+  }
+  if (argv.includes("-i") || argv.includes("--interactive")) return (await import("./chat-command.js")).chatWith(a);
+  const log = (line: string) => console.error(`[prima-coord] ${line}`);
+  const t0 = performance.now();
+  const model = openHeadModel(a);
+  const tok = Tokenizer.fromGguf(model.gguf);
+  const prompts = new PromptRenderer(tok, chatTemplateChoice(a.chatTemplate));
+  let ids: Int32Array;
+  try {
+    ids = a.chat
+      ? prompts.chatIds([...(a.system ? [{ role: "system", content: a.system }] : []), { role: "user", content: a.prompt }])
+      : prompts.textIds(a.prompt, a.parseSpecial);
+  } catch (e) {
+    model.close();
+    console.error(`prima-coord: ${(e as Error).message}`);
+    return 1;
+  }
+  const ring = a.minWorkers > 0 || a.layerWindows !== undefined;
+  const cluster = clusterFor(a, model, log, { plannedTokens: ids.length + a.nPredict });
+  try {
+    if (ids.length >= cluster.o.ctx) throw new UsageError(`the prompt has ${ids.length} tokens, the context only ${cluster.o.ctx}: raise --ctx`);
+    let waitMs = 0;
+    if (ring) {
+      let port: number;
+      try {
+        port = await cluster.start(a.port);
+      } catch (e) {
+        if (a.layerWindows === undefined && !/cannot listen/.test((e as Error).message)) {
+          throw new Error(`profiling this device failed: ${(e as Error).message}; give --layer-windows to place layers by hand`);
+        }
+        throw e;
+      }
+      log(`listening for workers on port ${port}; waiting for ${a.minWorkers}`);
+      const w0 = performance.now();
+      await cluster.registry.waitFor(a.minWorkers, a.joinTimeoutS * 1000);
+      waitMs = performance.now() - w0;
+    }
+    await cluster.ensurePlaced();
+    // Load time: opening the model (and profiling) plus setting up the ring, not the wait for workers.
+    const loadMs = performance.now() - t0 - waitMs;
+    const report = await generateOnce(a, cluster, tok, ids, loadMs);
+    return report;
+  } catch (e) {
+    console.error(`prima-coord: ${e instanceof Error ? e.message : String(e)}`);
+    return 1;
+  } finally {
+    await cluster.close();
+    model.close();
+  }
+}
+
+async function generateOnce(a: RunArgs, cluster: Cluster, tok: Tokenizer, ids: Int32Array, loadMs: number): Promise<number> {
   const mem = peakAnonTracker();
-  const ids = await promptIds(tok, a);
-  if (ids.length >= pipeline.nCtx) throw new UsageError(`the prompt has ${ids.length} tokens, the context only ${pipeline.nCtx}: raise --ctx`);
   const stream = new StreamingDecoder(tok);
   let text = "";
   let count = 0;
   // A story continues the prompt, so show it; a chat reply stands alone.
   if (!a.json && !a.chat) process.stdout.write(a.prompt);
-  const res = await generate(model, pipeline, ids, {
-    maxTokens: a.nPredict,
-    sampler: a.sampler,
+  const out = await cluster.generate({
+    kind: a.chat ? "chat" : "completion", prompt: ids, maxTokens: a.nPredict, sampler: new Sampler(a.samplerOptions),
     isEnd: (id) => tok.isEog(id),
     onToken: (id) => {
       const piece = stream.push(id);
@@ -194,50 +204,32 @@ export async function runGeneration(a: RunArgs, model: LocalModel, tok: Tokenize
   text += tail;
   if (!a.json) process.stdout.write(tail + "\n");
   mem.sample();
-  return {
-    prompt_ids: Array.from(ids),
-    generated_ids: res.ids,
-    text,
-    stop_reason: res.stopReason,
-    prompt_tok_s: res.promptTokens / (res.promptMs / 1000),
-    decode_tok_s: res.decodeSteps > 0 ? res.decodeSteps / (res.decodeMs / 1000) : 0,
-    load_ms: loadMs,
-    peak_anon_rss_bytes: mem.peakBytes(),
-    threads: model.threads,
-    devices,
+  const res = out.result;
+  const report: RunReport = {
+    prompt_ids: Array.from(ids), generated_ids: res.ids, text, stop_reason: res.stopReason,
+    prompt_tok_s: res.promptTokens / (res.promptMs / 1000), decode_tok_s: res.decodeSteps > 0 ? res.decodeSteps / (res.decodeMs / 1000) : 0,
+    load_ms: loadMs, peak_anon_rss_bytes: mem.peakBytes(), threads: cluster.model.threads, devices: out.devices,
   };
-}
-
-export function timingLine(r: RunReport): string {
-  const mib = (b: number) => (b / 2 ** 20).toFixed(1);
-  return `prompt ${r.prompt_ids.length} tokens ${r.prompt_tok_s.toFixed(1)} tok/s | decode ${r.generated_ids.length} tokens ` +
-    `${r.decode_tok_s.toFixed(1)} tok/s | load ${r.load_ms.toFixed(0)} ms | peak anon RSS ${mib(r.peak_anon_rss_bytes)} MiB | ` +
-    `${r.threads} threads, ${r.devices} device${r.devices === 1 ? "" : "s"}`;
-}
-
-export async function runCommand(argv: string[]): Promise<number> {
-  let a: RunArgs;
-  try {
-    a = parseRunArgs(argv);
-  } catch (e) {
-    console.error((e as Error).message);
-    return 2;
+  const ring = out.devices > 1;
+  const decodeOnly = out.perDevice.some((r) => r.before);
+  const steps = decodeOnly ? res.decodeSteps : res.ids.length + res.promptTokens;
+  if (a.json) {
+    console.log(JSON.stringify({
+      ...report,
+      ...(ring || out.placement ? { cycles: out.cycles, layer_windows: out.layersPerCycle } : {}),
+      ...(ring ? { devices_status: out.perDevice.map((r) => ({ device: r.label, status: r.status })) } : {}),
+      ...(ring && decodeOnly ? {
+        devices_decode: out.perDevice.map((r) => ({ device: r.label, compute_ms: r.cost.computeMs, wait_ms: r.cost.waitMs, send_ms: r.cost.sendMs, major_faults: r.cost.majorFaults })),
+      } : {}),
+      ...(out.placement ? { placement: placementJson(out.placement, out.prediction) } : {}),
+    }));
+  } else {
+    console.error(timingLine(report));
+    if (ring) {
+      const what = decodeOnly ? `per decode step, ${steps} steps` : `per token of ${steps} through the ring`;
+      console.error(`per device (${what}):\n${summaryTable(out.perDevice, steps)}`);
+    }
   }
-  const t0 = performance.now();
-  const ring = a.minWorkers > 0 || a.layerWindows !== undefined;
-  // As head of a ring, its threads wait for the rest of the ring between windows (RING_COMPUTE_OPTIONS).
-  const model = LocalModel.open(a.model, { threads: a.threads, ...(ring ? RING_COMPUTE_OPTIONS : {}) });
-  const tok = Tokenizer.fromGguf(model.gguf);
-  const ctx = Math.min(a.ctx, model.desc.hparams.nCtxTrain);
-  if (ring) {
-    const { runRing } = await import("./ring-run.js");
-    return runRing(a, model, tok, ctx, t0);
-  }
-  const pipeline = new LocalPipeline(model, ctx, a.batch);
-  const report = await runGeneration(a, model, tok, pipeline, performance.now() - t0, 1);
-  if (a.json) console.log(JSON.stringify(report));
-  else console.error(timingLine(report));
-  pipeline.close();
-  model.close();
+  if (out.prediction) console.error(`[prima-coord] ${formatPrediction(out.prediction)}`);
   return 0;
 }

@@ -2,7 +2,7 @@
 // worker's report of its own link failure may arrive before the dead device's session loss (seen in
 // CI), so every such name is turned into the device the user knows.
 import { describe, expect, it } from "vitest";
-import { namePeerDevices } from "../../coordinator/ring-run.js";
+import { namePeerDevices } from "../../coordinator/ring-setup.js";
 
 const devices = [
   { id: "w1", label: 'w1 "alpha" (127.0.0.1)' },

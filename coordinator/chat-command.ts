@@ -1,0 +1,130 @@
+// prima-coord chat model.gguf (or run -i): a multi-turn chat in the terminal, alone or with workers.
+// Each turn renders the whole conversation with the chat template; the cluster's prompt cache keeps
+// the earlier turns' KV on every device, so a turn pays only for its new tokens.
+import { createInterface } from "node:readline";
+import { Sampler } from "../engine/index.js";
+import type { ChatMessage } from "../model/index.js";
+import { StreamingDecoder, Tokenizer } from "../model/tokenizer.js";
+import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
+import { CancelledError } from "./cluster.js";
+import { clusterFor, openHeadModel } from "./run-command.js";
+import { PromptRenderer, chatTemplateChoice } from "./prompt.js";
+
+const HELP = `usage: prima-coord chat model.gguf [options]
+
+A conversation in the terminal: type a message and press Enter. /reset starts over, /exit (or Ctrl-D)
+leaves; Ctrl-C stops a reply that is being written.
+
+      --system TEXT        system message
+  -n, --n-predict N        most tokens per reply (default 512)
+${SAMPLING_HELP}
+${ENGINE_HELP}
+      --port N             gRPC port workers join on (default 7400)
+${RING_HELP}`;
+
+interface ChatArgs extends ClusterArgs {
+  readonly system?: string;
+  readonly nPredict: number;
+  readonly port: number;
+}
+
+export async function chatCommand(argv: string[]): Promise<number> {
+  let a: ChatArgs;
+  try {
+    const { cluster, values } = parseClusterArgs(argv, {
+      system: { type: "string" }, "n-predict": { type: "string", short: "n" }, port: { type: "string" },
+    }, HELP, "chat");
+    a = {
+      ...cluster, system: values.system as string | undefined, nPredict: intArg("n-predict", values["n-predict"] as string | undefined, 512, 1),
+      port: intArg("port", values.port as string | undefined, 7400, 0, 65535),
+    };
+  } catch (e) {
+    return usageExit(e);
+  }
+  return chatWith(a);
+}
+
+/** Strips control characters other than newline and tab from model text before it reaches the terminal. */
+function printable(s: string): string {
+  return s.replace(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/g, "");
+}
+
+export async function chatWith(a: ClusterArgs & { system?: string; nPredict: number; port: number }): Promise<number> {
+  const log = (line: string) => console.error(`[prima-coord] ${line}`);
+  const model = openHeadModel(a);
+  const tok = Tokenizer.fromGguf(model.gguf);
+  const prompts = new PromptRenderer(tok, chatTemplateChoice(a.chatTemplate, "chatml"));
+  if (prompts.chat.isFallback) log(`the model has no chat template: using ${a.chatTemplate ?? "chatml"}`);
+  const cluster = clusterFor(a, model, log);
+  const rl = createInterface({ input: process.stdin, output: process.stdout, terminal: process.stdin.isTTY === true });
+  let current: AbortController | undefined;
+  rl.on("SIGINT", () => {
+    if (current) current.abort();
+    else rl.close();
+  });
+  try {
+    if (a.minWorkers > 0 || a.layerWindows !== undefined) {
+      const port = await cluster.start(a.port);
+      log(`listening for workers on port ${port}; waiting for ${a.minWorkers}`);
+      await cluster.registry.waitFor(a.minWorkers, a.joinTimeoutS * 1000);
+    }
+    await cluster.ensurePlaced();
+    const messages: ChatMessage[] = a.system ? [{ role: "system", content: a.system }] : [];
+    const lines = rl[Symbol.asyncIterator]();
+    for (;;) {
+      if (process.stdin.isTTY) process.stdout.write("> ");
+      const next = await lines.next();
+      if (next.done) break;
+      const line = next.value.trim();
+      if (line === "/exit" || line === "/quit") break;
+      if (line === "/reset") {
+        messages.splice(a.system ? 1 : 0);
+        console.log("(a new conversation)");
+        continue;
+      }
+      if (!line) continue;
+      messages.push({ role: "user", content: line });
+      const ids = prompts.chatIds(messages);
+      if (ids.length >= cluster.o.ctx) {
+        console.error(`prima-coord: the conversation has ${ids.length} tokens, the context only ${cluster.o.ctx}: /reset, or raise --ctx`);
+        messages.pop();
+        continue;
+      }
+      const stream = new StreamingDecoder(tok);
+      let reply = "";
+      current = new AbortController();
+      try {
+        const out = await cluster.generate({
+          kind: "chat", prompt: ids, maxTokens: a.nPredict, sampler: new Sampler(a.samplerOptions), isEnd: (id) => tok.isEog(id),
+          signal: current.signal,
+          onToken: (id) => {
+            const piece = stream.push(id);
+            reply += piece;
+            process.stdout.write(printable(piece));
+          },
+        });
+        const tail = stream.flush();
+        reply += tail;
+        process.stdout.write(`${printable(tail)}\n`);
+        const r = out.result;
+        log(`${r.ids.length} tokens, ${r.decodeSteps > 0 ? (r.decodeSteps / (r.decodeMs / 1000)).toFixed(1) : "-"} tok/s, ` +
+          `first token after ${(out.firstTokenMs ?? 0).toFixed(0)} ms (${out.cachedTokens} of ${ids.length} prompt tokens cached)`);
+        messages.push({ role: "assistant", content: reply });
+      } catch (e) {
+        if (e instanceof CancelledError) continue;
+        console.error(`\nprima-coord: ${(e as Error).message}`);
+        messages.pop();
+      } finally {
+        current = undefined;
+      }
+    }
+    return 0;
+  } catch (e) {
+    console.error(`prima-coord: ${e instanceof Error ? e.message : String(e)}`);
+    return 1;
+  } finally {
+    rl.close();
+    await cluster.close();
+    model.close();
+  }
+}

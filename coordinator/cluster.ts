@@ -1,0 +1,681 @@
+// The long-lived cluster that `serve`, `chat` and `run` share: the worker registry, the head's model,
+// placement (Halda or hand-made windows), the current ring (or the head alone), the request queue and
+// the prompt cache. Devices may join and leave at any time; the cluster re-places layers when the set
+// of devices changed, between requests, never in the middle of one.
+import { EventEmitter } from "node:events";
+import { basename, dirname, resolve } from "node:path";
+import type { Status } from "../control/index.js";
+import { LocalPipeline, generate, type GenerationResult, type LocalModel, type Pipeline, type Sampler } from "../engine/index.js";
+import { ggmlTypeName, metaString, modelFingerprint, rowBytes } from "../model/index.js";
+import { memoryPressureTracker, modelWorkload, profileDevice, type DeviceReport } from "../profiler/index.js";
+import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
+import {
+  DecodeMeter, costPerStep, formatPlan, planRing, predictionReport, type MeasuredDevice, type PredictionReport, type RingPlan, type StepCost,
+} from "./placement.js";
+import { WorkerRegistry, type WorkerHandle } from "./registry.js";
+import { HEAD_ID, Ring, headStatus } from "./ring-setup.js";
+import {
+  STATE_VERSION, type ClusterState, type DeviceState, type DeviceStateName, type EventState, type MeasuredMs, type PlanState,
+  type RequestState,
+} from "./state.js";
+
+/** --layer-windows: in ring order, or by device name (`laptop=8,phone=4,head=10`). */
+export type LayerWindowsArg = { readonly list: readonly number[] } | { readonly byName: ReadonlyMap<string, number> };
+
+export interface ClusterOptions {
+  readonly modelPath: string;
+  readonly model: LocalModel;
+  /** The cluster's name (mDNS, the dashboard). */
+  readonly name: string;
+  readonly ctx: number;
+  readonly batch: number;
+  readonly prefetch: boolean;
+  readonly reprofile: boolean;
+  readonly layerWindows?: LayerWindowsArg;
+  readonly cycles?: number;
+  /** Place layers on every device, even where Halda would leave one out. */
+  readonly keepAll?: boolean;
+  /** Tokens a request is expected to hold (prompt + generated), for Halda's attention term. */
+  readonly plannedTokens?: number;
+  /** Requests waiting beyond the running one; more are refused (QueueFullError). Default 16. */
+  readonly maxQueue?: number;
+  readonly log: (line: string) => void;
+}
+
+export class QueueFullError extends Error {
+  override name = "QueueFullError";
+}
+export class CancelledError extends Error {
+  override name = "CancelledError";
+}
+
+export interface GenerationRequest {
+  readonly kind: "chat" | "completion";
+  readonly prompt: Int32Array;
+  readonly maxTokens: number;
+  readonly sampler: Sampler;
+  /** Stop before sampling a token this says is the end (EOS/EOT). */
+  readonly isEnd: (id: number) => boolean;
+  /** Each generated token; return false to stop. */
+  readonly onToken: (id: number) => boolean | void;
+  /** Aborted: leaves the queue, or stops at the next token. */
+  readonly signal?: AbortSignal;
+  /** Called once the request leaves the queue and starts. */
+  readonly onStart?: () => void;
+}
+
+/** A device's counters per decode step, as run's report shows them. */
+export interface DeviceDecodeRow {
+  readonly id: string;
+  readonly label: string;
+  readonly status: Status;
+  readonly haldaIndex: number;
+  /** Counters when decoding started (undefined: no decode step was timed). */
+  readonly before?: Status;
+  readonly cost: StepCost;
+}
+
+export interface GenerationOutcome {
+  readonly result: GenerationResult;
+  /** Prompt tokens whose KV cache was reused from the previous request. */
+  readonly cachedTokens: number;
+  readonly queueMs: number;
+  readonly firstTokenMs: number | null;
+  readonly devices: number;
+  readonly cycles: number;
+  /** Layers per cycle in ring order of every worker (0: left out), then the head. */
+  readonly layersPerCycle: readonly number[];
+  readonly placement?: RingPlan;
+  readonly perDevice: readonly DeviceDecodeRow[];
+  readonly prediction?: PredictionReport;
+  readonly meanDecodeMs: number;
+}
+
+interface DeviceInfo {
+  state: DeviceStateName;
+  detail: string | null;
+  progress: number | null;
+  readonly joinedUnixMs: number;
+  measured: MeasuredMs | null;
+  lastStatus: Status | null;
+}
+
+type Current =
+  | { readonly kind: "local"; readonly pipeline: LocalPipeline; readonly devices: 1 }
+  | { readonly kind: "ring"; readonly ring: Ring; readonly devices: number };
+
+const MAX_EVENTS = 50;
+const MAX_LOST_SHOWN = 8;
+const HISTORY_POINTS = 120;
+const HISTORY_INTERVAL_MS = 5000;
+/** After a join or a loss, wait this long for more before re-placing an idle cluster. */
+const REPLAN_SETTLE_MS = 1000;
+
+/** Events: "change" (the state changed), "ready" (the ring can serve). */
+export class Cluster extends EventEmitter {
+  readonly registry: WorkerRegistry;
+  readonly fingerprint: string;
+  readonly startedUnixMs = Date.now();
+  private headReport: DeviceReport | undefined;
+  private current: Current | undefined;
+  private placement: RingPlan | undefined;
+  private planState: PlanState | null = null;
+  private perCycle: readonly number[] = [];
+  private generation = 0;
+  private dirty = true;
+  private clusterPort = 0;
+  private readonly devices = new Map<string, DeviceInfo>();
+  private readonly lost: { handle: WorkerHandle; info: DeviceInfo }[] = [];
+  private readonly events: EventState[] = [];
+  /** Tokens whose KV cache the current pipeline holds at positions 0..n-1. */
+  private cachedIds: number[] = [];
+  private tail: Promise<unknown> = Promise.resolve();
+  private waiting = 0;
+  private active: { state: RequestState; controller: { tokens: number; firstAt: number | null; startedAt: number } } | null = null;
+  private stats = { completed: 0, failed: 0, generatedTokens: 0, promptTokens: 0, cachedTokens: 0, ttftMsSum: 0, ttftCount: 0, rejected: 0 };
+  private readonly history: { unixMs: number; tokensPerS: number }[] = [];
+  private historyTokens = 0;
+  private readonly historyTimer: NodeJS.Timeout;
+  private settleTimer: NodeJS.Timeout | undefined;
+  private closed = false;
+  private headState: { state: DeviceStateName; detail: string | null } = { state: "profiling", detail: null };
+
+  constructor(readonly o: ClusterOptions) {
+    super();
+    this.fingerprint = modelFingerprint(o.model.gguf);
+    this.registry = new WorkerRegistry({ modelFingerprint: this.fingerprint, log: o.log });
+    this.registry.on("joined", (w: WorkerHandle) => this.onJoined(w));
+    this.registry.on("lost", (w: WorkerHandle, reason: string) => this.onLost(w, reason));
+    this.historyTimer = setInterval(() => this.sampleHistory(), HISTORY_INTERVAL_MS);
+    this.historyTimer.unref();
+  }
+
+  /** Measures this device (or reads its cached profile) unless the layers are placed by hand, then
+   * listens for workers. Resolves with the cluster port. Profiling comes first so that on one machine
+   * it never competes with a worker's. */
+  async start(port: number, host = "0.0.0.0"): Promise<number> {
+    if (this.o.layerWindows === undefined) {
+      this.headState = { state: "profiling", detail: "measuring this device" };
+      this.headReport = await profileDevice({
+        name: HEAD_ID, workload: modelWorkload(this.o.model.desc), threads: this.o.model.threads,
+        diskDirs: [dirname(resolve(this.o.modelPath))], nCtx: this.o.ctx, reprofile: this.o.reprofile,
+        progress: (l) => this.o.log(`profile: ${l}`),
+      });
+    }
+    this.headState = { state: "ready", detail: null };
+    this.clusterPort = await this.registry.listen(port, host);
+    this.changed();
+    return this.clusterPort;
+  }
+
+  get port(): number {
+    return this.clusterPort;
+  }
+
+  get model(): LocalModel {
+    return this.o.model;
+  }
+
+  /** Requests waiting for the ring (not counting the running one). */
+  get queueLength(): number {
+    return this.waiting;
+  }
+
+  get maxQueue(): number {
+    return this.o.maxQueue ?? 16;
+  }
+
+  /** Live workers in ring order: by device name, then by id, never by who joined first. */
+  workersInOrder(): WorkerHandle[] {
+    return this.registry.live().sort((a, b) => a.join.deviceName.localeCompare(b.join.deviceName) || a.id.localeCompare(b.id, undefined, { numeric: true }));
+  }
+
+  // ---- devices coming and going ----------------------------------------------------------------
+
+  private onJoined(w: WorkerHandle): void {
+    this.devices.set(w.id, { state: "joining", detail: "waiting to be placed", progress: null, joinedUnixMs: Date.now(), measured: null, lastStatus: null });
+    this.event("joined", `device ${w.label} joined`);
+    this.markDirty();
+  }
+
+  private onLost(w: WorkerHandle, reason: string): void {
+    const info = this.devices.get(w.id);
+    if (info) {
+      info.state = "lost";
+      info.detail = reason;
+      this.devices.delete(w.id);
+      this.lost.push({ handle: w, info });
+      if (this.lost.length > MAX_LOST_SHOWN) this.lost.shift();
+    }
+    this.event("lost", `device ${w.label} lost: ${reason}`);
+    if (this.current?.kind === "ring" && this.current.ring.spec.members.some((m) => m.worker === w)) this.cachedIds = [];
+    this.markDirty();
+  }
+
+  /** The set of devices changed: re-place before the next request, or soon if idle. */
+  private markDirty(): void {
+    this.dirty = true;
+    this.changed();
+    clearTimeout(this.settleTimer);
+    this.settleTimer = setTimeout(() => {
+      if (this.dirty && !this.active && this.waiting === 0 && !this.closed) {
+        this.exclusive(() => this.prepare()).catch((e: unknown) => this.o.log(`placing layers failed: ${(e as Error).message}`));
+      }
+    }, REPLAN_SETTLE_MS);
+    this.settleTimer.unref();
+  }
+
+  private event(kind: EventState["kind"], message: string): void {
+    this.events.push({ unixMs: Date.now(), kind, message });
+    if (this.events.length > MAX_EVENTS) this.events.shift();
+    this.changed();
+  }
+
+  private changed(): void {
+    this.emit("change");
+  }
+
+  // ---- the queue -------------------------------------------------------------------------------
+
+  /** Runs fn after everything queued before it; one task at a time owns the ring. */
+  private exclusive<T>(fn: () => Promise<T>): Promise<T> {
+    const run = this.tail.then(fn, fn);
+    this.tail = run.catch(() => {});
+    return run;
+  }
+
+  // ---- placing layers --------------------------------------------------------------------------
+
+  /** Makes sure the pipeline matches the devices there are now (inside exclusive()). */
+  async prepare(): Promise<void> {
+    if (this.closed) throw new Error("the cluster is shutting down");
+    const broken = this.current?.kind === "ring" && this.current.ring.failure !== undefined;
+    if (!this.dirty && this.current && !broken) return;
+    this.dirty = false;
+    await this.takeDown();
+    try {
+      await this.place();
+    } catch (e) {
+      this.dirty = true;
+      this.event("error", `placing layers failed: ${(e as Error).message}`);
+      throw e;
+    }
+  }
+
+  private async takeDown(): Promise<void> {
+    const c = this.current;
+    this.current = undefined;
+    this.cachedIds = [];
+    if (c?.kind === "local") c.pipeline.close();
+    if (c?.kind === "ring") await c.ring.close();
+  }
+
+  private windowsFor(workers: readonly WorkerHandle[]): { perCycle: number[]; cycles?: number } {
+    const lw = this.o.layerWindows;
+    const L = this.o.model.nLayers;
+    if (lw === undefined) return { perCycle: evenLayerWindows(L, workers.length + 1, this.o.cycles ?? 1), cycles: this.o.cycles };
+    if ("list" in lw) {
+      if (lw.list.length !== workers.length + 1) {
+        throw new PlanError(`--layer-windows lists ${lw.list.length} windows for ${workers.length} workers and the head (${workers.length + 1} expected)`);
+      }
+      return { perCycle: [...lw.list], cycles: this.o.cycles };
+    }
+    const names = [...workers.map((w) => w.join.deviceName), HEAD_ID];
+    for (const n of lw.byName.keys()) {
+      if (!names.includes(n) && !workers.some((w) => w.id === n)) {
+        throw new PlanError(`--layer-windows names device "${n}", which has not joined (devices: ${names.join(", ")})`);
+      }
+    }
+    const perCycle = [...workers.map((w) => lw.byName.get(w.join.deviceName) ?? lw.byName.get(w.id) ?? 0), lw.byName.get(HEAD_ID) ?? 0];
+    return { perCycle, cycles: this.o.cycles };
+  }
+
+  private async place(): Promise<void> {
+    const { model, log } = this.o;
+    const workers = this.workersInOrder();
+    const generation = ++this.generation;
+    this.placement = undefined;
+    if (workers.length === 0) {
+      this.useLocal([], "no workers: every layer runs on this device");
+      return;
+    }
+    let perCycle: number[];
+    let cycles: number | undefined;
+    let placement: RingPlan | undefined;
+    if (this.headReport && this.o.layerWindows === undefined) {
+      for (const w of workers) this.setDevice(w, "profiling", "reading memory and measuring the link");
+      placement = await planRing({
+        model, modelPath: this.o.modelPath, fingerprint: this.fingerprint, workers, head: this.headReport, ctx: this.o.ctx,
+        maxBatch: this.o.batch, tokens: this.o.plannedTokens ?? this.o.ctx, log,
+        options: { k: this.o.cycles, ...(this.o.keepAll ? { keepAll: true } : {}) },
+      });
+      log(formatPlan(placement, placement.labels));
+      perCycle = [...placement.perCycle];
+      cycles = placement.cycles;
+      this.placement = placement;
+    } else ({ perCycle, cycles } = this.windowsFor(workers));
+    const plan = ringWindows(model.nLayers, perCycle, cycles);
+    this.perCycle = perCycle;
+    const releaseAfterUse = (pos: number) => placement?.releaseAfterUse[pos] ?? false;
+    const leftOut = workers.filter((_, i) => plan.perDevice[i].length === 0);
+    const dropReason = (w: WorkerHandle) =>
+      placement?.plan.dropped.find((d) => d.index === workers.indexOf(w) + 1)?.reason ?? (placement ? "Halda gives it no layers" : "--layer-windows gives it no layers");
+    for (const w of leftOut) {
+      log(`device ${w.label} takes no layers and stays out of the ring`);
+      this.setDevice(w, "left-out", dropReason(w));
+    }
+    const members = workers.flatMap((w, i) => (plan.perDevice[i].length > 0 ? [{ worker: w, windows: plan.perDevice[i], releaseAfterUse: releaseAfterUse(i) }] : []));
+    if (members.length === 0) {
+      if (!placement) throw new PlanError("no worker takes a layer: give the workers some layers in --layer-windows");
+      for (const w of workers) log(`device ${w.label} takes no layers: Halda keeps every layer on this device`);
+      this.useLocal(leftOut.map((w) => ({ device: w.id, reason: dropReason(w) })), "Halda keeps every layer on this device", generation);
+      return;
+    }
+    const headWindows = plan.perDevice[workers.length];
+    log(`plan: ${plan.cycles} cycle${plan.cycles === 1 ? "" : "s"} of [${perCycle.join(", ")}] layers (ring order: ${[...members.map((m) => m.worker.id), HEAD_ID].join(" -> ")})`);
+    for (const m of members) this.setDevice(m.worker, "loading", "receiving its windows", 0);
+    const ring = await Ring.build({
+      members, headWindows, headReleaseAfterUse: releaseAfterUse(workers.length), cycles: plan.cycles, ctx: this.o.ctx,
+      maxBatch: this.o.batch, prefetch: this.o.prefetch,
+    }, {
+      model, fingerprint: this.fingerprint, registry: this.registry, log,
+      onProgress: (w, fraction, stage) => this.setDevice(w, "loading", stage, fraction),
+      onBroken: (e) => {
+        this.event("error", `the ring broke: ${e.message}`);
+        this.markDirty();
+      },
+    });
+    for (const m of members) this.setDevice(m.worker, "ready", null);
+    this.current = { kind: "ring", ring, devices: members.length + 1 };
+    const windows = [...members.map((m) => ({ id: m.worker.id, ws: m.windows })), { id: HEAD_ID, ws: headWindows }]
+      .flatMap(({ id, ws }) => ws.map((w) => ({ device: id, firstLayer: w.firstLayer, endLayer: w.endLayer, cycle: w.cycle })));
+    this.planState = {
+      generation, planner: placement ? `Halda (${placement.plan.planner})` : "--layer-windows", cycles: plan.cycles, ringOrder: ring.order,
+      layersPerCycle: [...members.map((m) => m.windows[0].endLayer - m.windows[0].firstLayer), headWindows.length ? headWindows[0].endLayer - headWindows[0].firstLayer : 0],
+      predictedMsPerToken: placement?.plan.latencyMs ?? null, windows,
+      leftOut: leftOut.map((w) => ({ device: w.id, reason: dropReason(w) })), notes: placement ? [...placement.plan.notes] : [], madeUnixMs: Date.now(),
+    };
+    this.event("replan", `placed ${model.nLayers} layers on ${members.length + 1} devices, ${plan.cycles} cycle${plan.cycles === 1 ? "" : "s"} [${perCycle.join(", ")}]`);
+    this.emit("ready");
+  }
+
+  private useLocal(leftOut: { device: string; reason: string }[], why: string, generation = this.generation): void {
+    const pipeline = new LocalPipeline(this.o.model, this.o.ctx, this.o.batch);
+    this.perCycle = this.placement ? this.placement.perCycle : [this.o.model.nLayers];
+    this.current = { kind: "local", pipeline, devices: 1 };
+    const L = this.o.model.nLayers;
+    this.planState = {
+      generation, planner: this.placement ? `Halda (${this.placement.plan.planner})` : "alone", cycles: 1, ringOrder: [HEAD_ID], layersPerCycle: [L],
+      predictedMsPerToken: this.placement?.plan.latencyMs ?? null, windows: [{ device: HEAD_ID, firstLayer: 0, endLayer: L, cycle: 0 }], leftOut,
+      notes: [why, ...(this.placement?.plan.notes ?? [])], madeUnixMs: Date.now(),
+    };
+    this.event("replan", why);
+    this.emit("ready");
+  }
+
+  private setDevice(w: WorkerHandle, state: DeviceStateName, detail: string | null, progress: number | null = null): void {
+    const info = this.devices.get(w.id);
+    if (!info) return;
+    info.state = state;
+    info.detail = detail;
+    info.progress = progress;
+    this.changed();
+  }
+
+  /** Places layers now if the devices changed (serve calls this when it starts and after joins). */
+  async ensurePlaced(): Promise<void> {
+    await this.exclusive(() => this.prepare());
+  }
+
+  // ---- requests --------------------------------------------------------------------------------
+
+  /** Queues a generation; it runs when the requests before it are done. */
+  generate(req: GenerationRequest): Promise<GenerationOutcome> {
+    if (this.closed) return Promise.reject(new Error("the server is shutting down"));
+    if (this.waiting >= this.maxQueue && (this.active || this.waiting > 0)) {
+      this.stats.rejected++;
+      return Promise.reject(new QueueFullError(`${this.waiting} requests are waiting (the limit is ${this.maxQueue}): try again shortly`));
+    }
+    this.waiting++;
+    this.changed();
+    const queuedAt = performance.now();
+    let left = false;
+    const leave = () => {
+      if (!left) {
+        left = true;
+        this.waiting--;
+        this.changed();
+      }
+    };
+    return this.exclusive(async () => {
+      leave();
+      if (req.signal?.aborted) throw new CancelledError("the client went away while the request was queued");
+      return this.run(req, performance.now() - queuedAt);
+    }).finally(leave);
+  }
+
+  private async run(req: GenerationRequest, queueMs: number): Promise<GenerationOutcome> {
+    await this.prepare();
+    const current = this.current!;
+    req.onStart?.();
+    const prompt = req.prompt;
+    // The longest prefix whose KV cache is already in place; at least one token must go through the
+    // layers to give logits.
+    let cached = 0;
+    while (cached < this.cachedIds.length && cached < prompt.length && this.cachedIds[cached] === prompt[cached]) cached++;
+    if (cached === prompt.length) cached--;
+    this.cachedIds = [];
+    const started = performance.now();
+    const ctrl = { tokens: 0, firstAt: null as number | null, startedAt: started };
+    this.active = {
+      controller: ctrl,
+      state: { id: "", kind: req.kind, promptTokens: prompt.length, cachedTokens: cached, generatedTokens: 0, tokensPerS: null, timeToFirstTokenMs: null, startedUnixMs: Date.now() },
+    };
+    for (const d of this.devices.values()) if (d.state === "ready") d.state = "busy";
+    this.headState = { state: "busy", detail: null };
+    this.changed();
+    const pressure = memoryPressureTracker();
+    const ring = current.kind === "ring" ? current.ring : undefined;
+    let before: Awaited<ReturnType<Ring["statuses"]>> | undefined;
+    const inner: Pipeline = current.kind === "ring" ? current.ring.pipeline : current.pipeline;
+    const meter = new DecodeMeter(inner, async () => {
+      if (ring) before = await ring.statuses(0);
+    });
+    let result: GenerationResult;
+    try {
+      result = await generate(this.o.model, meter, prompt.subarray(cached), {
+        startPos: cached, maxTokens: req.maxTokens, sampler: req.sampler, isEnd: req.isEnd,
+        onToken: (id) => {
+          if (ctrl.firstAt === null) ctrl.firstAt = performance.now();
+          ctrl.tokens++;
+          this.historyTokens++;
+          if (req.signal?.aborted) return false;
+          return req.onToken(id);
+        },
+      });
+    } catch (e) {
+      this.stats.failed++;
+      this.finishActive();
+      pressure.stop();
+      throw e;
+    }
+    pressure.stop();
+    pressure.sample();
+    // What went through the layers is in every device's KV cache: the next request may reuse it.
+    this.cachedIds = [...prompt, ...result.ids].slice(0, result.endPos);
+    const firstTokenMs = ctrl.firstAt === null ? null : ctrl.firstAt - started;
+    this.stats.completed++;
+    this.stats.generatedTokens += result.ids.length;
+    this.stats.promptTokens += prompt.length;
+    this.stats.cachedTokens += cached;
+    if (firstTokenMs !== null) {
+      this.stats.ttftMsSum += firstTokenMs;
+      this.stats.ttftCount++;
+    }
+    const perDevice = await this.measure(current, before, pressure.pressure(), meter, result);
+    this.finishActive();
+    let prediction: PredictionReport | undefined;
+    if (this.placement && meter.decodeSteps > 0) {
+      const measured = new Map<number, MeasuredDevice>();
+      for (const r of perDevice) {
+        if (r.before || !ring) measured.set(r.haldaIndex, { computeMs: ring ? r.cost.computeMs : meter.meanDecodeMs, sendMs: r.cost.sendMs, memPressure: r.status.memPressure });
+      }
+      prediction = predictionReport(this.placement, this.placement.labels, measured, meter.meanDecodeMs, meter.decodeSteps);
+    }
+    return {
+      result, cachedTokens: cached, queueMs, firstTokenMs, devices: current.devices, cycles: this.planState?.cycles ?? 1,
+      layersPerCycle: this.perCycle, placement: this.placement, perDevice, prediction,
+      meanDecodeMs: meter.meanDecodeMs,
+    };
+  }
+
+  /** Every device's counters after a request, per decode step when decoding was timed. */
+  private async measure(current: Current, before: Awaited<ReturnType<Ring["statuses"]>> | undefined, headPressure: number, meter: DecodeMeter, result: GenerationResult): Promise<DeviceDecodeRow[]> {
+    if (current.kind === "local") {
+      const status = this.localStatus(current.pipeline, headPressure);
+      const cost = { computeMs: meter.meanDecodeMs, waitMs: 0, sendMs: 0, majorFaults: 0 };
+      this.headMeasured = { computeMs: cost.computeMs, waitMs: 0, sendMs: 0, majorFaultsPerToken: 0, tokens: meter.decodeSteps };
+      this.headStatusSeen = status;
+      return [{ id: HEAD_ID, label: `${HEAD_ID} (this coordinator)`, status, haldaIndex: 0, cost }];
+    }
+    const after = await current.ring.statuses(headPressure).catch(() => undefined);
+    if (!after) return [];
+    const workers = this.workersInOrder();
+    const decodeOnly = meter.decodeSteps > 0 && before !== undefined;
+    const steps = decodeOnly ? meter.decodeSteps : result.ids.length + result.promptTokens;
+    return after.map((s) => {
+      const b = decodeOnly ? before!.find((x) => x.id === s.id)?.status : undefined;
+      const cost = costPerStep(b, s.status, steps);
+      const info = this.devices.get(s.id);
+      const measured: MeasuredMs = { computeMs: cost.computeMs, waitMs: cost.waitMs, sendMs: cost.sendMs, majorFaultsPerToken: cost.majorFaults / Math.max(1, steps), tokens: steps };
+      if (info) {
+        info.measured = measured;
+        info.lastStatus = s.status;
+      } else if (s.id === HEAD_ID) {
+        this.headMeasured = measured;
+        this.headStatusSeen = s.status;
+      }
+      const haldaIndex = s.id === HEAD_ID ? 0 : workers.findIndex((w) => w.id === s.id) + 1;
+      return { id: s.id, label: s.label, status: s.status, haldaIndex, before: b, cost };
+    });
+  }
+
+  /** The head alone: one window of every layer. */
+  private localStatus(pipeline: LocalPipeline, pressure: number): Status {
+    const r = pipeline.window.residency();
+    const base = headStatus(undefined, pressure);
+    const L = this.o.model.nLayers;
+    return { ...base, windows: [{ firstLayer: 0, endLayer: L, cycle: 0, residentBytes: r.residentBytes, totalBytes: r.totalBytes, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 }] };
+  }
+
+  private headMeasured: MeasuredMs | null = null;
+  private headStatusSeen: Status | null = null;
+
+  private finishActive(): void {
+    this.active = null;
+    for (const d of this.devices.values()) if (d.state === "busy") d.state = "ready";
+    this.headState = { state: "ready", detail: null };
+    this.changed();
+  }
+
+  // ---- what the service shows ------------------------------------------------------------------
+
+  /** Tokens/s, TTFT and the other counters /metrics exposes. */
+  get counters(): Readonly<typeof this.stats> {
+    return this.stats;
+  }
+
+  /** The ring can serve a request now (or will, once it re-places layers for the devices there are). */
+  get ready(): boolean {
+    return !this.closed && this.headState.state !== "profiling" && this.clusterPort > 0;
+  }
+
+  private sampleHistory(): void {
+    this.history.push({ unixMs: Date.now(), tokensPerS: this.historyTokens / (HISTORY_INTERVAL_MS / 1000) });
+    this.historyTokens = 0;
+    if (this.history.length > HISTORY_POINTS) this.history.shift();
+    if (this.active || this.history.at(-2)?.tokensPerS) this.changed();
+  }
+
+  private activeState(): RequestState | null {
+    if (!this.active) return null;
+    const c = this.active.controller;
+    const now = performance.now();
+    const decodeS = c.firstAt === null ? 0 : (now - c.firstAt) / 1000;
+    return {
+      ...this.active.state, generatedTokens: c.tokens, timeToFirstTokenMs: c.firstAt === null ? null : c.firstAt - c.startedAt,
+      tokensPerS: decodeS > 0 && c.tokens > 1 ? (c.tokens - 1) / decodeS : null,
+    };
+  }
+
+  private windowStates(deviceId: string, status: Status | null): DeviceState["windows"] {
+    const planned = this.planState?.windows.filter((w) => w.device === deviceId) ?? [];
+    return planned.map((w) => {
+      const s = status?.windows.find((x) => x.firstLayer === w.firstLayer && x.endLayer === w.endLayer);
+      return { firstLayer: w.firstLayer, endLayer: w.endLayer, cycle: w.cycle, residentBytes: s ? Number(s.residentBytes) : null, totalBytes: s ? Number(s.totalBytes) : null };
+    });
+  }
+
+  state(): ClusterState {
+    const { model } = this.o;
+    const workers = this.workersInOrder();
+    const ringOrder = this.planState?.ringOrder ?? [];
+    const predictedFor = (haldaIndex: number) => {
+      const d = this.placement?.plan.devices.find((x) => x.index === haldaIndex);
+      return d ? { ...d.latency } : null;
+    };
+    const setFor = (haldaIndex: number) => this.placement?.plan.devices.find((x) => x.index === haldaIndex)?.set ?? null;
+    const placedWorkers = this.placement ? this.placement.labels : [];
+    const haldaIndexOf = (w: WorkerHandle) => (this.placement ? placedWorkers.indexOf(w.label) : -1);
+    const fromProfile = (json: string) => {
+      try {
+        return JSON.parse(json) as Partial<DeviceReport>;
+      } catch {
+        return {};
+      }
+    };
+    const deviceState = (id: string, name: string, address: string, isHead: boolean, info: DeviceInfo | null, report: Partial<DeviceReport> | undefined, haldaIndex: number, status: Status | null): DeviceState => {
+      const d = report?.details, p = report?.profile;
+      const pos = ringOrder.indexOf(id);
+      return {
+        id, name, address, isHead,
+        state: isHead ? this.headState.state : info!.state,
+        detail: isHead ? this.headState.detail : info!.detail,
+        loadProgress: info?.progress ?? null,
+        os: d?.system ? `${d.system.os} ${d.system.kernelRelease} (${d.system.arch})` : p?.os ?? null,
+        cpu: d?.system?.cpuModel ?? null,
+        threads: d?.threads ?? null,
+        ramTotalBytes: status ? Number(status.memTotalBytes) : p?.ramTotalBytes ?? null,
+        ramAvailableBytes: status ? Number(status.memAvailableBytes) : p?.ramAvailableBytes ?? null,
+        anonRssBytes: status ? Number(status.anonRssBytes) : null,
+        memPressure: status ? status.memPressure : null,
+        diskReadBytesPerS: p?.diskSeqReadBytesPerS ?? null,
+        gpu: { present: (d?.gpus?.length ?? 0) > 0, used: false, name: d?.gpus?.[0]?.name ?? null },
+        ringPosition: pos >= 0 ? pos : null,
+        set: haldaIndex >= 0 ? setFor(haldaIndex) : null,
+        windows: this.windowStates(id, status),
+        predicted: haldaIndex >= 0 ? predictedFor(haldaIndex) : null,
+        measured: isHead ? this.headMeasured : info?.measured ?? null,
+        joinedUnixMs: info?.joinedUnixMs ?? this.startedUnixMs,
+      };
+    };
+    const pressureSeen = this.headStatusSeen?.memPressure ?? 0;
+    const headStatusNow = this.current?.kind === "local" ? this.localStatus(this.current.pipeline, pressureSeen) : headStatus(this.current?.ring.node, pressureSeen);
+    const devices: DeviceState[] = [
+      ...workers.map((w) => deviceState(w.id, w.join.deviceName, w.dataHost, false, this.devices.get(w.id)!, fromProfile(w.join.profileJson), haldaIndexOf(w), this.devices.get(w.id)?.lastStatus ?? null)),
+      deviceState(HEAD_ID, `${HEAD_ID} (this coordinator)`, "this machine", true, null, this.headReport, this.placement ? 0 : -1, headStatusNow),
+      ...this.lost.map(({ handle: w, info }) => deviceState(w.id, w.join.deviceName, w.dataHost, false, info, fromProfile(w.join.profileJson), -1, null)),
+    ];
+    const links = ringOrder.map((from, i) => {
+      const to = ringOrder[(i + 1) % ringOrder.length];
+      const w = workers.find((x) => x.id === to);
+      const hi = w ? haldaIndexOf(w) : -1;
+      const link = hi > 0 ? this.placement?.links[hi] : undefined;
+      return { from, to, hopMs: link ? link.linkLatencyMs : null };
+    }).filter((l) => ringOrder.length > 1 && l.from !== l.to);
+    return {
+      version: STATE_VERSION,
+      cluster: this.o.name,
+      model: {
+        name: metaString(model.gguf, "general.name") ?? basename(this.o.modelPath), path: this.o.modelPath,
+        architecture: metaString(model.gguf, "general.architecture") ?? "unknown", layers: model.nLayers, sizeBytes: model.desc.fileBytes,
+        quantization: quantizationOf(model), fingerprint: this.fingerprint, contextTokens: this.o.ctx,
+      },
+      server: {
+        startedUnixMs: this.startedUnixMs, nowUnixMs: Date.now(), ready: this.ready,
+        status: !this.ready ? (this.headState.detail ?? "starting") : this.active ? "generating" : this.dirty ? "re-placing layers" : "ready",
+        clusterPort: this.clusterPort,
+      },
+      plan: this.planState,
+      devices,
+      links,
+      requests: {
+        queueLength: this.waiting, active: this.activeState(), completed: this.stats.completed, failed: this.stats.failed,
+        generatedTokens: this.stats.generatedTokens, history: [...this.history],
+      },
+      events: [...this.events],
+    };
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    clearInterval(this.historyTimer);
+    clearTimeout(this.settleTimer);
+    for (const w of this.registry.live()) w.shutdown("the coordinator is stopping");
+    await this.takeDown();
+    await this.registry.close();
+  }
+}
+
+/** The weight type holding most of the layers' bytes ("Q4_K"), or the two largest of a mix ("Q4_K + Q6_K"). */
+function quantizationOf(model: LocalModel): string {
+  const bytes = new Map<string, number>();
+  for (const t of model.gguf.tensors) {
+    if (!t.name.startsWith("blk.") || t.dims.length < 2) continue;
+    const name = ggmlTypeName(t.type);
+    bytes.set(name, (bytes.get(name) ?? 0) + rowBytes(t.type, t.dims[0]) * t.dims.slice(1).reduce((a, b) => a * b, 1));
+  }
+  const sorted = [...bytes.entries()].sort((a, b) => b[1] - a[1]).map(([n]) => n);
+  return sorted.length === 0 ? "unknown" : sorted.slice(0, 2).join(" + ");
+}

@@ -1,0 +1,347 @@
+// serve's HTTP port: the OpenAI API (/v1/...), /health, /metrics, the cluster's state (/api/state and
+// its push stream /api/stream) and the dashboard's files. Every request is checked before it reaches
+// the ring; whatever a client sends, the answer is a status code with an OpenAI-style error object and
+// the server stays up.
+import { randomUUID, timingSafeEqual, createHash } from "node:crypto";
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import { Sampler } from "../engine/index.js";
+import { StreamingDecoder, type Tokenizer } from "../model/tokenizer.js";
+import { CancelledError, QueueFullError, type Cluster } from "./cluster.js";
+import { formatMetrics, newServiceCounters, type ServiceCounters } from "./metrics.js";
+import {
+  ApiError, ResponseShaper, StopMatcher, parseChatRequest, parseCompletionRequest, usage, type FinishReason, type ParsedRequest,
+} from "./openai.js";
+import type { PromptRenderer } from "./prompt.js";
+
+export interface ApiServerOptions {
+  readonly cluster: Cluster;
+  readonly tok: Tokenizer;
+  readonly prompts: PromptRenderer;
+  /** The id /v1/models lists; requests may name it, the file's name or the model's own name. */
+  readonly modelId: string;
+  readonly modelAliases: readonly string[];
+  readonly apiKey?: string;
+  /** Workers that must have joined before /health says the ring can serve. */
+  readonly minWorkers: number;
+  readonly maxBodyBytes?: number;
+  readonly log: (line: string) => void;
+  /** Serves the dashboard's files; returns false when the path is not one of them. */
+  readonly staticFiles?: (req: IncomingMessage, res: ServerResponse) => boolean;
+}
+
+const DEFAULT_MAX_BODY_BYTES = 4 << 20;
+const STREAM_STATE_EVERY_MS = 2000;
+const STREAM_STATE_MIN_GAP_MS = 250;
+const MAX_STATE_STREAMS = 32;
+
+function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
+  if (res.headersSent) {
+    res.end();
+    return;
+  }
+  const text = JSON.stringify(body);
+  res.writeHead(status, { "Content-Type": "application/json; charset=utf-8", "Content-Length": Buffer.byteLength(text), ...headers });
+  res.end(text);
+}
+
+function sendError(res: ServerResponse, e: ApiError, headers: Record<string, string> = {}): void {
+  sendJson(res, e.status, e.body(), headers);
+}
+
+/** The body as text, at most `limit` bytes (413 beyond), within a time limit set on the server. */
+function readBody(req: IncomingMessage, limit: number): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const declared = Number(req.headers["content-length"] ?? 0);
+    if (declared > limit) {
+      reject(new ApiError(413, `the request body is ${declared} bytes, more than the limit of ${limit}`, "invalid_request_error", "request_too_large"));
+      return;
+    }
+    const chunks: Buffer[] = [];
+    let size = 0;
+    req.on("data", (c: Buffer) => {
+      size += c.length;
+      if (size > limit) {
+        reject(new ApiError(413, `the request body is more than the limit of ${limit} bytes`, "invalid_request_error", "request_too_large"));
+        req.removeAllListeners("data");
+        req.resume();
+        return;
+      }
+      chunks.push(c);
+    });
+    req.on("end", () => resolve(Buffer.concat(chunks).toString("utf8")));
+    req.on("error", (e) => reject(new ApiError(400, `reading the request failed: ${e.message}`)));
+  });
+}
+
+export class ApiServer {
+  private readonly server: Server;
+  private readonly keyHash: Buffer | undefined;
+  private readonly streams = new Set<ServerResponse>();
+  readonly counters: ServiceCounters = newServiceCounters();
+
+  constructor(private readonly o: ApiServerOptions) {
+    this.keyHash = o.apiKey ? createHash("sha256").update(o.apiKey).digest() : undefined;
+    this.server = createServer((req, res) => {
+      this.handle(req, res).catch((e: unknown) => {
+        o.log(`internal error on ${req.method} ${safePath(req.url)}: ${(e as Error).message}`);
+        sendError(res, new ApiError(500, `internal error: ${(e as Error).message}`, "server_error"));
+      });
+    });
+    // Slow or half-open clients: the headers within 10 s, the whole request within 30 s; a stream's
+    // response may then take as long as generation does.
+    this.server.headersTimeout = 10_000;
+    this.server.requestTimeout = 30_000;
+    this.server.on("clientError", (err, socket) => {
+      if (socket.writable) socket.end("HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+      else socket.destroy();
+    });
+    o.cluster.on("change", this.onChange);
+  }
+
+  listen(port: number, host: string): Promise<number> {
+    return new Promise((resolve, reject) => {
+      const onError = (e: Error) => reject(new Error(`cannot listen on ${host}:${port}: ${e.message}`));
+      this.server.once("error", onError);
+      this.server.listen(port, host, () => {
+        this.server.off("error", onError);
+        this.server.on("error", (e) => this.o.log(`HTTP server error: ${e.message}`));
+        resolve((this.server.address() as AddressInfo).port);
+      });
+    });
+  }
+
+  async close(): Promise<void> {
+    this.o.cluster.off("change", this.onChange);
+    for (const s of this.streams) s.end();
+    this.streams.clear();
+    await new Promise<void>((resolve) => {
+      this.server.close(() => resolve());
+      this.server.closeAllConnections();
+    });
+  }
+
+  /** /health: the ring can serve (the model is loaded, this device measured, enough workers joined). */
+  private healthy(): { ok: boolean; status: string } {
+    const c = this.o.cluster;
+    if (!c.ready) return { ok: false, status: "loading" };
+    const live = c.registry.live().length;
+    if (live < this.o.minWorkers) return { ok: false, status: `waiting for workers (${live} of ${this.o.minWorkers} joined)` };
+    return { ok: true, status: "ok" };
+  }
+
+  private authorized(req: IncomingMessage): boolean {
+    if (!this.keyHash) return true;
+    const h = req.headers.authorization ?? "";
+    const m = /^Bearer\s+(.+)$/i.exec(h);
+    if (!m) return false;
+    return timingSafeEqual(createHash("sha256").update(m[1].trim()).digest(), this.keyHash);
+  }
+
+  private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
+    const url = new URL(req.url ?? "/", "http://localhost");
+    const path = url.pathname.replace(/\/+$/, "") || "/";
+    const method = req.method ?? "GET";
+    if (path === "/health" && (method === "GET" || method === "HEAD")) {
+      const h = this.healthy();
+      sendJson(res, h.ok ? 200 : 503, { status: h.status });
+      return;
+    }
+    if (method === "GET" && this.o.staticFiles?.(req, res)) return;
+    if (method === "OPTIONS") {
+      res.writeHead(204, { Allow: "GET, POST, OPTIONS" });
+      res.end();
+      return;
+    }
+    if (!this.authorized(req)) {
+      sendError(res, new ApiError(401, this.keyHash && req.headers.authorization ? "the API key is wrong" : "this server needs an API key: send Authorization: Bearer KEY",
+        "invalid_request_error", "invalid_api_key"), { "WWW-Authenticate": "Bearer" });
+      return;
+    }
+    const route = `${method} ${path}`;
+    switch (route) {
+      case "GET /v1/models":
+        sendJson(res, 200, { object: "list", data: [{ id: this.o.modelId, object: "model", created: Math.floor(this.o.cluster.startedUnixMs / 1000), owned_by: "prima" }] });
+        return;
+      case "GET /metrics":
+        res.writeHead(200, { "Content-Type": "text/plain; version=0.0.4; charset=utf-8" });
+        res.end(formatMetrics(this.o.cluster.state(), this.counters));
+        return;
+      case "GET /api/state":
+        sendJson(res, 200, this.o.cluster.state(), { "Cache-Control": "no-store" });
+        return;
+      case "GET /api/stream":
+        this.stateStream(req, res);
+        return;
+      case "POST /v1/chat/completions":
+      case "POST /v1/completions":
+        await this.completion(req, res, path.endsWith("chat/completions") ? "chat" : "completion");
+        return;
+    }
+    const known = ["/v1/models", "/metrics", "/api/state", "/api/stream", "/v1/chat/completions", "/v1/completions"];
+    if (known.includes(path)) sendError(res, new ApiError(405, `${method} is not allowed on ${path}`, "invalid_request_error", "method_not_allowed"), { Allow: path.startsWith("/v1/c") ? "POST" : "GET" });
+    else sendError(res, new ApiError(404, `no such endpoint: ${method} ${safePath(path)}`, "invalid_request_error", "not_found"));
+  }
+
+  // ---- the push stream of the state ------------------------------------------------------------
+
+  private lastPush = 0;
+  private pushTimer: NodeJS.Timeout | undefined;
+
+  private readonly onChange = () => {
+    if (this.streams.size === 0 || this.pushTimer) return;
+    const wait = Math.max(0, this.lastPush + STREAM_STATE_MIN_GAP_MS - Date.now());
+    this.pushTimer = setTimeout(() => {
+      this.pushTimer = undefined;
+      this.pushState();
+    }, wait);
+    this.pushTimer.unref();
+  };
+
+  private pushState(): void {
+    this.lastPush = Date.now();
+    const data = `event: state\ndata: ${JSON.stringify(this.o.cluster.state())}\n\n`;
+    for (const s of this.streams) s.write(data);
+  }
+
+  private stateStream(req: IncomingMessage, res: ServerResponse): void {
+    if (this.streams.size >= MAX_STATE_STREAMS) {
+      sendError(res, new ApiError(503, `too many state streams open (${MAX_STATE_STREAMS})`, "server_error", "too_many_streams"), { "Retry-After": "5" });
+      return;
+    }
+    res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store", Connection: "keep-alive" });
+    res.write(`event: state\ndata: ${JSON.stringify(this.o.cluster.state())}\n\n`);
+    this.streams.add(res);
+    const timer = setInterval(() => res.write(`event: state\ndata: ${JSON.stringify(this.o.cluster.state())}\n\n`), STREAM_STATE_EVERY_MS);
+    timer.unref();
+    const end = () => {
+      clearInterval(timer);
+      this.streams.delete(res);
+    };
+    req.on("close", end);
+    res.on("close", end);
+  }
+
+  // ---- completions -----------------------------------------------------------------------------
+
+  private async completion(req: IncomingMessage, res: ServerResponse, kind: "chat" | "completion"): Promise<void> {
+    let parsed: ParsedRequest;
+    let ids: Int32Array;
+    try {
+      const text = await readBody(req, this.o.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES);
+      let body: unknown;
+      try {
+        body = JSON.parse(text);
+      } catch (e) {
+        throw new ApiError(400, `the request body is not valid JSON: ${(e as Error).message}`, "invalid_request_error", "invalid_json");
+      }
+      parsed = kind === "chat" ? parseChatRequest(body) : parseCompletionRequest(body);
+      if (parsed.model !== undefined && parsed.model !== this.o.modelId && !this.o.modelAliases.includes(parsed.model)) {
+        throw new ApiError(404, `the model "${parsed.model}" does not exist here; this server runs "${this.o.modelId}" (GET /v1/models)`, "invalid_request_error", "model_not_found", "model");
+      }
+      try {
+        ids = kind === "chat" ? this.o.prompts.chatIds(parsed.messages!) : this.o.prompts.textIds(parsed.prompt!);
+      } catch (e) {
+        throw new ApiError(400, `the prompt could not be rendered: ${(e as Error).message}`, "invalid_request_error", "invalid_prompt");
+      }
+      const ctx = this.o.cluster.o.ctx;
+      if (ids.length === 0) throw new ApiError(400, "the prompt is empty", "invalid_request_error", "invalid_prompt", kind === "chat" ? "messages" : "prompt");
+      if (ids.length >= ctx) {
+        throw new ApiError(400, `the prompt has ${ids.length} tokens; the context holds ${ctx}, and at least one must be left to generate`, "invalid_request_error", "context_length_exceeded", kind === "chat" ? "messages" : "prompt");
+      }
+    } catch (e) {
+      this.counters.requests.invalid++;
+      if (e instanceof ApiError) {
+        sendError(res, e, e.status === 413 ? { Connection: "close" } : {});
+        return;
+      }
+      throw e;
+    }
+    await this.generate(req, res, parsed, ids);
+  }
+
+  private async generate(req: IncomingMessage, res: ServerResponse, p: ParsedRequest, ids: Int32Array): Promise<void> {
+    const { cluster, tok } = this.o;
+    const shaper = new ResponseShaper(p.kind, this.o.modelId, randomUUID().replace(/-/g, "").slice(0, 24));
+    const abort = new AbortController();
+    let done = false;
+    res.on("close", () => {
+      if (!done) abort.abort();
+    });
+    const decoder = new StreamingDecoder(tok);
+    const stops = new StopMatcher(p.stop);
+    let text = "";
+    let first = true;
+    const emit = (t: string) => {
+      if (!t) return;
+      text += t;
+      if (p.stream) {
+        res.write(`data: ${JSON.stringify(shaper.chunk(t, null, first))}\n\n`);
+        first = false;
+      }
+    };
+    const room = cluster.o.ctx - ids.length;
+    const maxTokens = Math.min(p.maxTokens ?? room, room);
+    try {
+      const out = await cluster.generate({
+        kind: p.kind, prompt: ids, maxTokens, sampler: new Sampler(p.sampler), isEnd: (id) => tok.isEog(id), signal: abort.signal,
+        onStart: () => {
+          if (p.stream) res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store", Connection: "keep-alive" });
+        },
+        onToken: (id) => {
+          emit(stops.push(decoder.push(id)));
+          return !stops.stopped;
+        },
+      });
+      emit(stops.push(decoder.flush()));
+      emit(stops.flush());
+      done = true;
+      const r = out.result;
+      if (abort.signal.aborted) {
+        this.counters.requests.cancelled++;
+        this.o.log(`request ${shaper.id} cancelled by the client after ${r.ids.length} tokens`);
+        res.end();
+        return;
+      }
+      const finish: FinishReason = r.stopReason === "end" || stops.stopped ? "stop" : "length";
+      const u = usage(ids.length, r.ids.length, out.cachedTokens);
+      this.counters.requests.ok++;
+      this.counters.promptTokens += ids.length;
+      this.counters.cachedPromptTokens += out.cachedTokens;
+      if (out.firstTokenMs !== null) {
+        this.counters.ttftMsSum += out.firstTokenMs;
+        this.counters.ttftCount++;
+      }
+      this.counters.decodeMsSum += r.decodeMs;
+      this.counters.decodeTokens += r.decodeSteps;
+      if (p.stream) {
+        if (first && p.kind === "chat") res.write(`data: ${JSON.stringify(shaper.chunk("", null, true))}\n\n`);
+        res.write(`data: ${JSON.stringify(shaper.chunk(null, finish))}\n\n`);
+        if (p.includeUsage) res.write(`data: ${JSON.stringify(shaper.usageChunk(u))}\n\n`);
+        res.end("data: [DONE]\n\n");
+      } else sendJson(res, 200, shaper.full(text, finish, u));
+    } catch (e) {
+      done = true;
+      if (e instanceof QueueFullError) {
+        this.counters.requests.rejected++;
+        sendError(res, new ApiError(503, e.message, "server_error", "queue_full"), { "Retry-After": "2" });
+        return;
+      }
+      if (e instanceof CancelledError) {
+        this.counters.requests.cancelled++;
+        res.end();
+        return;
+      }
+      this.counters.requests.error++;
+      const err = new ApiError(503, `generation failed: ${(e as Error).message}`, "server_error", "generation_failed");
+      this.o.log(`request ${shaper.id} failed: ${(e as Error).message}`);
+      if (res.headersSent) res.end(`data: ${JSON.stringify(err.body())}\n\n`);
+      else sendError(res, err, { "Retry-After": "2" });
+    }
+  }
+}
+
+/** A request path as it may appear in a log line or an error: printable ASCII only, bounded. */
+function safePath(p: string | undefined): string {
+  return (p ?? "").slice(0, 200).replace(/[^\x20-\x7e]/g, "?");
+}

@@ -1,0 +1,57 @@
+// GET /metrics: the cluster's counters in Prometheus' text format (version 0.0.4).
+import type { ClusterState } from "./state.js";
+
+/** Escapes a label value (backslash, double quote and newline, as the format requires). */
+function label(v: string): string {
+  return v.replace(/\\/g, "\\\\").replace(/"/g, '\\"').replace(/\n/g, "\\n");
+}
+
+/** What the HTTP API counts (the server adds to them as requests end). */
+export interface ServiceCounters {
+  requests: Record<"ok" | "error" | "rejected" | "cancelled" | "invalid", number>;
+  promptTokens: number;
+  cachedPromptTokens: number;
+  ttftMsSum: number;
+  ttftCount: number;
+  decodeMsSum: number;
+  decodeTokens: number;
+}
+
+export function newServiceCounters(): ServiceCounters {
+  return { requests: { ok: 0, error: 0, rejected: 0, cancelled: 0, invalid: 0 }, promptTokens: 0, cachedPromptTokens: 0, ttftMsSum: 0, ttftCount: 0, decodeMsSum: 0, decodeTokens: 0 };
+}
+
+export function formatMetrics(s: ClusterState, c: ServiceCounters): string {
+  const out: string[] = [];
+  const metric = (name: string, type: string, help: string, samples: [string, number][]) => {
+    out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
+    for (const [labels, v] of samples) out.push(`${name}${labels} ${Number.isFinite(v) ? v : 0}`);
+  };
+  metric("prima_requests_total", "counter", "Requests by outcome.", Object.entries(c.requests).map(([k, v]) => [`{outcome="${k}"}`, v]));
+  metric("prima_generated_tokens_total", "counter", "Tokens generated.", [["", s.requests.generatedTokens]]);
+  metric("prima_prompt_tokens_total", "counter", "Prompt tokens of completed requests.", [["", c.promptTokens]]);
+  metric("prima_prompt_tokens_cached_total", "counter", "Prompt tokens whose KV cache was reused from the previous request.", [["", c.cachedPromptTokens]]);
+  metric("prima_queue_length", "gauge", "Requests waiting for the ring.", [["", s.requests.queueLength]]);
+  metric("prima_request_active", "gauge", "1 while a request is generating.", [["", s.requests.active ? 1 : 0]]);
+  metric("prima_time_to_first_token_seconds", "summary", "Time from a request leaving the queue to its first token.", [
+    ["_sum", c.ttftMsSum / 1000], ["_count", c.ttftCount],
+  ]);
+  metric("prima_decode_seconds_per_token", "gauge", "Mean time per generated token since the server started.", [
+    ["", c.decodeTokens > 0 ? c.decodeMsSum / c.decodeTokens / 1000 : 0],
+  ]);
+  metric("prima_ready", "gauge", "1 when the cluster can serve requests.", [["", s.server.ready ? 1 : 0]]);
+  metric("prima_plan_generation", "counter", "Times the layers were placed.", [["", s.plan?.generation ?? 0]]);
+  const states = new Map<string, number>();
+  for (const d of s.devices) states.set(d.state, (states.get(d.state) ?? 0) + 1);
+  metric("prima_devices", "gauge", "Devices by state.", [...states].map(([k, v]) => [`{state="${label(k)}"}`, v]));
+  const perDevice: [string, number][] = [];
+  for (const d of s.devices) {
+    if (!d.measured) continue;
+    const l = (part: string) => `{device="${label(d.id)}",name="${label(d.name)}",part="${part}"}`;
+    perDevice.push([l("compute"), d.measured.computeMs], [l("wait"), d.measured.waitMs], [l("send"), d.measured.sendMs]);
+  }
+  metric("prima_device_ms_per_token", "gauge", "Each device's milliseconds per decode step in the last request, by part.", perDevice);
+  const predicted: [string, number][] = s.devices.filter((d) => d.predicted).map((d) => [`{device="${label(d.id)}",name="${label(d.name)}"}`, d.predicted!.totalMs]);
+  metric("prima_device_predicted_ms_per_token", "gauge", "Halda's predicted milliseconds per token of each device.", predicted);
+  return `${out.join("\n")}\n`;
+}

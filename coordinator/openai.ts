@@ -1,0 +1,262 @@
+// The OpenAI API's request and response shapes, as the `openai` client and llama-server's users expect
+// them: requests checked field by field (a wrong type or an unsupported feature is a 400 with an
+// OpenAI-style error object naming the field), responses and stream chunks built in one place, and
+// stop strings found across token boundaries.
+import type { ChatMessage } from "../model/index.js";
+import type { SamplerOptions } from "../engine/index.js";
+
+export class ApiError extends Error {
+  override name = "ApiError";
+  constructor(
+    readonly status: number,
+    message: string,
+    readonly type = "invalid_request_error",
+    readonly code: string | null = null,
+    readonly param: string | null = null,
+  ) {
+    super(message);
+  }
+
+  body(): { error: { message: string; type: string; param: string | null; code: string | null } } {
+    return { error: { message: this.message, type: this.type, param: this.param, code: this.code } };
+  }
+}
+
+export interface ParsedRequest {
+  readonly kind: "chat" | "completion";
+  readonly messages?: ChatMessage[];
+  readonly prompt?: string;
+  /** Undefined: until the context is full. */
+  readonly maxTokens?: number;
+  readonly sampler: SamplerOptions;
+  readonly stop: readonly string[];
+  readonly stream: boolean;
+  readonly includeUsage: boolean;
+  readonly model?: string;
+}
+
+const MAX_STOP = 16;
+const ROLES = new Set(["system", "developer", "user", "assistant", "tool"]);
+
+type Json = Record<string, unknown>;
+
+function bad(param: string, message: string): ApiError {
+  return new ApiError(400, `${param}: ${message}`, "invalid_request_error", "invalid_value", param);
+}
+
+function optNumber(b: Json, key: string, min: number, max: number): number | undefined {
+  const v = b[key];
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== "number" || !Number.isFinite(v)) throw bad(key, `must be a number (got ${typeof v})`);
+  if (v < min || v > max) throw bad(key, `must be from ${min} to ${max} (got ${v})`);
+  return v;
+}
+
+function optInt(b: Json, key: string, min: number, max: number): number | undefined {
+  const v = optNumber(b, key, min, max);
+  if (v !== undefined && !Number.isInteger(v)) throw bad(key, `must be a whole number (got ${v})`);
+  return v;
+}
+
+function optBool(b: Json, key: string): boolean | undefined {
+  const v = b[key];
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== "boolean") throw bad(key, `must be true or false (got ${typeof v})`);
+  return v;
+}
+
+/** Features this server does not have are refused by name rather than ignored. */
+function refuseUnsupported(b: Json): void {
+  const n = b.n;
+  if (n !== undefined && n !== null && n !== 1) throw new ApiError(400, "n: only one choice per request is supported (n = 1)", "invalid_request_error", "unsupported_value", "n");
+  for (const key of ["tools", "functions"]) {
+    const v = b[key];
+    if (v !== undefined && v !== null && !(Array.isArray(v) && v.length === 0)) {
+      throw new ApiError(400, `${key}: tool and function calling are not supported yet`, "invalid_request_error", "unsupported_parameter", key);
+    }
+  }
+  if (b.logprobs === true || (b.logprobs !== undefined && b.logprobs !== null && typeof b.logprobs === "number")) {
+    throw new ApiError(400, "logprobs: log probabilities are not supported yet", "invalid_request_error", "unsupported_parameter", "logprobs");
+  }
+  const rf = b.response_format as Json | undefined;
+  if (rf !== undefined && rf !== null && (typeof rf !== "object" || rf.type !== "text")) {
+    throw new ApiError(400, "response_format: only {\"type\": \"text\"} is supported (no JSON mode yet)", "invalid_request_error", "unsupported_parameter", "response_format");
+  }
+}
+
+function common(b: Json, kind: "chat" | "completion"): Omit<ParsedRequest, "messages" | "prompt"> {
+  refuseUnsupported(b);
+  if (b.model !== undefined && typeof b.model !== "string") throw bad("model", "must be a string");
+  const maxTokens = optInt(b, "max_completion_tokens", 0, 1e9) ?? optInt(b, "max_tokens", 0, 1e9);
+  const stopRaw = b.stop;
+  let stop: string[] = [];
+  if (typeof stopRaw === "string") stop = [stopRaw];
+  else if (Array.isArray(stopRaw)) {
+    if (stopRaw.length > MAX_STOP) throw bad("stop", `at most ${MAX_STOP} stop strings`);
+    if (!stopRaw.every((s) => typeof s === "string")) throw bad("stop", "must be a string or an array of strings");
+    stop = stopRaw as string[];
+  } else if (stopRaw !== undefined && stopRaw !== null) throw bad("stop", "must be a string or an array of strings");
+  stop = stop.filter((s) => s.length > 0);
+  const streamOptions = b.stream_options;
+  if (streamOptions !== undefined && streamOptions !== null && (typeof streamOptions !== "object" || Array.isArray(streamOptions))) {
+    throw bad("stream_options", "must be an object");
+  }
+  const repetition = optNumber(b, "repetition_penalty", 0.01, 10) ?? optNumber(b, "repeat_penalty", 0.01, 10);
+  const sampler: SamplerOptions = {
+    temperature: optNumber(b, "temperature", 0, 2),
+    topP: optNumber(b, "top_p", 0, 1),
+    topK: optInt(b, "top_k", 0, 1e6),
+    minP: optNumber(b, "min_p", 0, 1),
+    seed: optInt(b, "seed", -(2 ** 53), 2 ** 53),
+    frequencyPenalty: optNumber(b, "frequency_penalty", -2, 2),
+    presencePenalty: optNumber(b, "presence_penalty", -2, 2),
+    repeatPenalty: repetition,
+  };
+  // The seed reaches a 32-bit generator: fold it, keeping negative seeds distinct.
+  const s = sampler as { seed?: number };
+  if (s.seed !== undefined) s.seed = Number(BigInt.asUintN(32, BigInt(s.seed)));
+  for (const k of Object.keys(sampler) as (keyof SamplerOptions)[]) if (sampler[k] === undefined) delete (sampler as Record<string, unknown>)[k];
+  return {
+    kind, maxTokens, sampler, stop, stream: optBool(b, "stream") ?? false,
+    includeUsage: streamOptions ? optBool(streamOptions as Json, "include_usage") ?? false : false,
+    model: b.model as string | undefined,
+  };
+}
+
+function asObject(body: unknown): Json {
+  if (typeof body !== "object" || body === null || Array.isArray(body)) throw new ApiError(400, "the request body must be a JSON object");
+  return body as Json;
+}
+
+/** A message's content: a string, or text parts ({type: "text", text}); other parts are refused. */
+function contentText(c: unknown, i: number): string {
+  if (typeof c === "string") return c;
+  if (c === null || c === undefined) return "";
+  if (Array.isArray(c)) {
+    return c.map((p, j) => {
+      const part = p as Json;
+      if (typeof part !== "object" || part === null || part.type !== "text" || typeof part.text !== "string") {
+        throw new ApiError(400, `messages[${i}].content[${j}]: only text parts are supported`, "invalid_request_error", "unsupported_value", `messages[${i}].content`);
+      }
+      return part.text;
+    }).join("");
+  }
+  throw bad(`messages[${i}].content`, "must be a string or an array of text parts");
+}
+
+export function parseChatRequest(body: unknown): ParsedRequest {
+  const b = asObject(body);
+  const m = b.messages;
+  if (!Array.isArray(m) || m.length === 0) throw bad("messages", "must be a non-empty array of {role, content}");
+  const messages = m.map((raw, i) => {
+    const msg = raw as Json;
+    if (typeof msg !== "object" || msg === null) throw bad(`messages[${i}]`, "must be an object");
+    if (typeof msg.role !== "string" || !ROLES.has(msg.role)) throw bad(`messages[${i}].role`, `must be one of ${[...ROLES].join(", ")}`);
+    return { role: msg.role, content: contentText(msg.content, i) };
+  });
+  return { ...common(b, "chat"), messages };
+}
+
+export function parseCompletionRequest(body: unknown): ParsedRequest {
+  const b = asObject(body);
+  let prompt = b.prompt;
+  if (Array.isArray(prompt)) {
+    if (prompt.length !== 1 || typeof prompt[0] !== "string") throw new ApiError(400, "prompt: one prompt string per request is supported", "invalid_request_error", "unsupported_value", "prompt");
+    prompt = prompt[0];
+  }
+  if (typeof prompt !== "string") throw bad("prompt", "must be a string");
+  if (b.echo === true) throw new ApiError(400, "echo: not supported", "invalid_request_error", "unsupported_parameter", "echo");
+  if (b.suffix !== undefined && b.suffix !== null) throw new ApiError(400, "suffix: not supported", "invalid_request_error", "unsupported_parameter", "suffix");
+  return { ...common(b, "completion"), prompt };
+}
+
+export type FinishReason = "stop" | "length";
+
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  prompt_tokens_details: { cached_tokens: number };
+}
+
+export function usage(promptTokens: number, completionTokens: number, cachedTokens: number): Usage {
+  return { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens, prompt_tokens_details: { cached_tokens: cachedTokens } };
+}
+
+/** Builds the response objects of one request (ids and timestamps shared by its chunks). */
+export class ResponseShaper {
+  readonly id: string;
+  readonly created = Math.floor(Date.now() / 1000);
+
+  constructor(readonly kind: "chat" | "completion", readonly model: string, id: string) {
+    this.id = `${kind === "chat" ? "chatcmpl" : "cmpl"}-${id}`;
+  }
+
+  private base(object: string) {
+    return { id: this.id, object, created: this.created, model: this.model, system_fingerprint: "prima" };
+  }
+
+  full(text: string, finish: FinishReason, u: Usage) {
+    return this.kind === "chat"
+      ? { ...this.base("chat.completion"), choices: [{ index: 0, message: { role: "assistant", content: text }, logprobs: null, finish_reason: finish }], usage: u }
+      : { ...this.base("text_completion"), choices: [{ index: 0, text, logprobs: null, finish_reason: finish }], usage: u };
+  }
+
+  /** A stream chunk: text (the first chat chunk also carries the role), or the finish reason. */
+  chunk(text: string | null, finish: FinishReason | null, first = false) {
+    if (this.kind === "chat") {
+      const delta = text === null ? {} : first ? { role: "assistant", content: text } : { content: text };
+      return { ...this.base("chat.completion.chunk"), choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }] };
+    }
+    return { ...this.base("text_completion"), choices: [{ index: 0, text: text ?? "", logprobs: null, finish_reason: finish }] };
+  }
+
+  usageChunk(u: Usage) {
+    return { ...this.base(this.kind === "chat" ? "chat.completion.chunk" : "text_completion"), choices: [], usage: u };
+  }
+}
+
+/**
+ * Finds stop strings in generated text that arrives piece by piece: text that could still be the
+ * start of a stop string is held back until the next piece decides.
+ */
+export class StopMatcher {
+  private held = "";
+  stopped = false;
+
+  constructor(private readonly stops: readonly string[]) {}
+
+  /** Adds a piece; returns the text that is now safe to send. */
+  push(piece: string): string {
+    if (this.stopped) return "";
+    const buf = this.held + piece;
+    let at = -1;
+    for (const s of this.stops) {
+      const i = buf.indexOf(s);
+      if (i >= 0 && (at < 0 || i < at)) at = i;
+    }
+    if (at >= 0) {
+      this.stopped = true;
+      this.held = "";
+      return buf.slice(0, at);
+    }
+    let hold = 0;
+    for (const s of this.stops) {
+      for (let n = Math.min(s.length - 1, buf.length); n > hold; n--) {
+        if (buf.endsWith(s.slice(0, n))) {
+          hold = n;
+          break;
+        }
+      }
+    }
+    this.held = buf.slice(buf.length - hold);
+    return buf.slice(0, buf.length - hold);
+  }
+
+  /** The end of generation: whatever was held back is text after all. */
+  flush(): string {
+    const t = this.stopped ? "" : this.held;
+    this.held = "";
+    return t;
+  }
+}

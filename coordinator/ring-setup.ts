@@ -1,0 +1,198 @@
+// Wiring one ring: the head's node and pipeline, each member's assignment, the links between them,
+// and the naming of whatever fails. A Ring lives until the set of devices changes (serve) or the run
+// ends (run); placing layers is placement.ts's business, using the ring cluster.ts's.
+import { randomUUID } from "node:crypto";
+import type { Status } from "../control/index.js";
+import type { LocalModel } from "../engine/index.js";
+import { WeightRoom, anonRssBytes, deviceMemory } from "../profiler/index.js";
+import {
+  RingListener, RingNode, RingPipeline, dialSuccessor, type NodeStats, type RingLink, type WindowSpec,
+} from "../ring/index.js";
+import type { WorkerHandle, WorkerRegistry } from "./registry.js";
+
+/** How long to wait for the session loss that usually follows a neighbour's link failure. */
+const FAILURE_GRACE_MS = 300;
+export const HEAD_ID = "head";
+
+export interface RingMember {
+  readonly worker: WorkerHandle;
+  readonly windows: readonly WindowSpec[];
+  readonly releaseAfterUse: boolean;
+}
+
+export interface RingSpec {
+  /** Workers that hold layers, in ring order; the head closes the ring after them. */
+  readonly members: readonly RingMember[];
+  readonly headWindows: readonly WindowSpec[];
+  readonly headReleaseAfterUse: boolean;
+  readonly cycles: number;
+  readonly ctx: number;
+  readonly maxBatch: number;
+  readonly prefetch: boolean;
+}
+
+export interface RingOptions {
+  readonly model: LocalModel;
+  readonly fingerprint: string;
+  readonly registry: WorkerRegistry;
+  readonly log: (line: string) => void;
+  /** Assignment progress of a member (0..1 and what it is doing). */
+  readonly onProgress?: (worker: WorkerHandle, fraction: number, stage: string) => void;
+  /** The ring broke (a device or link failed); the error names the device. Called once. */
+  readonly onBroken?: (e: Error) => void;
+}
+
+/** Rewrites the ring links' names for their peers (`successor "w2" (ws://10.0.0.2:9000)`, by ring id)
+ * as the devices the user knows (`successor device w2 "bravo" (10.0.0.2)`), for the ring's members. */
+export function namePeerDevices(text: string, devices: readonly { id: string; label: string }[]): string {
+  return text.replace(/\b(successor|predecessor) "([^"]*)" \([^)]*\)/g, (whole, role: string, id: string) => {
+    const d = devices.find((x) => x.id === id);
+    return d ? `${role} device ${d.label}` : whole;
+  });
+}
+
+/** A device's Status for the head, in the workers' shape. */
+export function headStatus(node: RingNode | undefined, pressure: number): Status {
+  const s: NodeStats | undefined = node?.statsSnapshot();
+  const mem = deviceMemory();
+  return {
+    windows: (s?.windows ?? []).map((w, i) => {
+      const r = node!.windows[i].residency();
+      return { ...w, residentBytes: r.residentBytes, totalBytes: r.totalBytes };
+    }),
+    waitMs: s?.waitMs ?? 0, sendMs: s?.sendMs ?? 0, frames: s?.frames ?? 0, anonRssBytes: anonRssBytes(), memTotalBytes: mem.totalBytes,
+    memAvailableBytes: mem.availableBytes, memPressure: pressure,
+  };
+}
+
+export class Ring {
+  readonly ringId = randomUUID();
+  readonly pipeline: RingPipeline;
+  readonly node: RingNode;
+  private link: RingLink | undefined;
+  private listener: RingListener | undefined;
+  private failures: { error: Error; lost: boolean }[] = [];
+  private broken: Error | undefined;
+  private closed = false;
+  private readonly unsubscribe: () => void;
+
+  private constructor(readonly spec: RingSpec, private readonly o: RingOptions) {
+    const { model } = o;
+    // The head weighs its memory as workers do: how far to prefetch, and whether decode steps may run inline.
+    const room = new WeightRoom(() => this.node?.residentWeightBytes() ?? 0);
+    const pipelineRef: { p?: RingPipeline } = {};
+    this.node = new RingNode({
+      model, windows: spec.headWindows, cycles: spec.cycles, ctx: spec.ctx, maxBatch: spec.maxBatch, prefetch: spec.prefetch,
+      weightRoomBytes: () => room.bytes(), releaseAfterUse: spec.headReleaseAfterUse, isHead: true,
+      send: async (f) => {
+        if (!this.link) throw new Error("the ring is not connected");
+        await this.link.send(f);
+      },
+      deliver: (f, logits) => void pipelineRef.p?.deliver(f, logits),
+      logitsFor: (f) => pipelineRef.p?.logitsFor(f),
+      onError: (message) => this.fail(new Error(message)),
+    });
+    this.pipeline = new RingPipeline({ model, node: this.node, nCtx: spec.ctx, maxBatch: spec.maxBatch, wireDtype: "f32" });
+    pipelineRef.p = this.pipeline;
+    const inRing = (w: WorkerHandle) => spec.members.some((m) => m.worker === w);
+    const onLost = (w: WorkerHandle, reason: string) => {
+      if (inRing(w)) this.fail(new Error(`device ${w.label} failed: ${reason}`), true);
+    };
+    const onFailure = (w: WorkerHandle, message: string) => {
+      if (inRing(w)) this.fail(new Error(this.named(`device ${w.label}: ${message}`)));
+    };
+    o.registry.on("lost", onLost);
+    o.registry.on("failure", onFailure);
+    this.unsubscribe = () => {
+      o.registry.off("lost", onLost);
+      o.registry.off("failure", onFailure);
+    };
+  }
+
+  /** Assigns every member its windows, wires the links and resolves when the ring can carry tokens. */
+  static async build(spec: RingSpec, o: RingOptions): Promise<Ring> {
+    const ring = new Ring(spec, o);
+    try {
+      await ring.wire();
+      return ring;
+    } catch (e) {
+      await ring.close();
+      throw e;
+    }
+  }
+
+  /** Device ids in ring order, the head last. */
+  get order(): string[] {
+    return [...this.spec.members.map((m) => m.worker.id), HEAD_ID];
+  }
+
+  /** Why the ring cannot carry tokens any more, once a device or link failed. */
+  get failure(): Error | undefined {
+    return this.broken;
+  }
+
+  private named(text: string): string {
+    return namePeerDevices(text, this.spec.members.map((m) => m.worker));
+  }
+
+  private async wire(): Promise<void> {
+    const { spec, o } = this;
+    const identity = { deviceId: HEAD_ID, modelFingerprint: o.fingerprint, hiddenSize: o.model.nEmbd, ringId: this.ringId };
+    const linkOpts = { identity, maxTokensPerFrame: spec.maxBatch, log: o.log };
+    this.listener = await RingListener.listen({ port: 0, ...linkOpts });
+    // The plan names exactly one predecessor: the last member (a later one replaces it, as a worker's does).
+    this.listener.on("link", (l) => {
+      l.on("frame", (f) => {
+        if (f.type !== "hello") this.node.receive(f);
+      });
+      l.on("close", (c) => {
+        if (c.error) this.fail(new Error(this.named(`link from ${l.peerName} failed: ${c.error.message}`)));
+      });
+    });
+    const order = this.order;
+    await Promise.all(spec.members.map((m, i) => {
+      const successorUrl = i + 1 < spec.members.length ? spec.members[i + 1].worker.dataUrl : `ws://:${this.listener!.port}`;
+      return m.worker.assign({
+        ringId: this.ringId, windows: [...m.windows], successorUrl, ctx: spec.ctx, maxBatch: spec.maxBatch, cycles: spec.cycles,
+        prefetch: spec.prefetch, releaseAfterUse: m.releaseAfterUse, threads: 0, ringOrder: order, wireDtype: 0,
+      }, (fraction, stage) => o.onProgress?.(m.worker, fraction, stage))
+        .then((ready) => o.log(`device ${m.worker.label} ready (${(ready.anonBytes / 2 ** 20).toFixed(1)} MiB for KV and scratch)`));
+    }));
+    this.link = await dialSuccessor(spec.members[0].worker.dataUrl, linkOpts);
+    this.link.on("close", (c) => {
+      if (c.error) this.fail(new Error(this.named(`link to ${this.link!.peerName} failed: ${c.error.message}`)));
+    });
+  }
+
+  /** When a device dies, its neighbours' links fail too, often first. Collect what fails for a short
+   * moment and name the device whose session was lost, if one was: that is the device to look at. */
+  private fail(error: Error, lost = false): void {
+    if (this.closed) return;
+    this.failures.push({ error, lost });
+    if (this.failures.length > 1) return;
+    setTimeout(() => {
+      const chosen = (this.failures.find((f) => f.lost) ?? this.failures[0]).error;
+      this.broken = chosen;
+      this.pipeline.fail(chosen);
+      this.o.onBroken?.(chosen);
+    }, FAILURE_GRACE_MS).unref();
+  }
+
+  /** Every member's status, in ring order, then the head's. */
+  async statuses(headPressure: number): Promise<{ id: string; label: string; status: Status }[]> {
+    const st = await Promise.all(this.spec.members.map((m) => m.worker.status()));
+    return [
+      ...this.spec.members.map((m, i) => ({ id: m.worker.id, label: m.worker.label, status: st[i] })),
+      { id: HEAD_ID, label: `${HEAD_ID} (this coordinator)`, status: headStatus(this.node, headPressure) },
+    ];
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.unsubscribe();
+    this.pipeline.fail(new Error("the ring was taken down"));
+    await Promise.allSettled([this.link?.close("ring closed"), this.listener?.close()]);
+    this.node.close();
+  }
+}

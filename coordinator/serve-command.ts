@@ -1,0 +1,119 @@
+// prima-coord serve model.gguf: the cluster as a home service. It loads the model once, accepts workers
+// at any time (announced over mDNS unless --no-discovery), re-places layers when the devices change,
+// and answers the OpenAI API, /health, /metrics and the dashboard on one HTTP port.
+import { basename, extname } from "node:path";
+import { hostname } from "node:os";
+import { metaString } from "../model/index.js";
+import { Tokenizer } from "../model/tokenizer.js";
+import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
+import { ApiServer } from "./http-server.js";
+import { PromptRenderer, chatTemplateChoice } from "./prompt.js";
+import { clusterFor, openHeadModel } from "./run-command.js";
+
+const HELP = `usage: prima-coord serve model.gguf [options]
+
+  --host HOST              address of the HTTP API and dashboard (default 127.0.0.1; 0.0.0.0 for the network)
+  --port N                 HTTP port (default 8080)
+  --cluster-port N         gRPC port workers join on (default 7400)
+  --name NAME              the cluster's name, announced to workers (default: this host's name)
+  --api-key KEY            require Authorization: Bearer KEY (also from PRIMA_API_KEY)
+  --no-discovery           do not announce the cluster over mDNS (workers then need --join host:port)
+  --queue N                requests that may wait for the ring; more get 503 (default 16)
+${ENGINE_HELP}
+${RING_HELP}
+
+Sampling defaults for requests that leave them out:
+${SAMPLING_HELP}`;
+
+interface ServeArgs extends ClusterArgs {
+  readonly host: string;
+  readonly port: number;
+  readonly clusterPort: number;
+  readonly name: string;
+  readonly apiKey?: string;
+  readonly discovery: boolean;
+  readonly queue: number;
+}
+
+function parseServeArgs(argv: string[]): ServeArgs {
+  const { cluster, values } = parseClusterArgs(argv, {
+    host: { type: "string" }, port: { type: "string" }, "cluster-port": { type: "string" }, name: { type: "string" },
+    "api-key": { type: "string" }, "no-discovery": { type: "boolean" }, queue: { type: "string" },
+  }, HELP, "serve");
+  const str = (k: string) => values[k] as string | undefined;
+  return {
+    ...cluster,
+    host: str("host") ?? "127.0.0.1",
+    port: intArg("port", str("port"), 8080, 0, 65535),
+    clusterPort: intArg("cluster-port", str("cluster-port"), 7400, 0, 65535),
+    name: str("name") ?? hostname(),
+    apiKey: str("api-key") ?? (process.env.PRIMA_API_KEY || undefined),
+    discovery: !values["no-discovery"],
+    queue: intArg("queue", str("queue"), 16, 0, 10_000),
+  };
+}
+
+export async function serveCommand(argv: string[]): Promise<number> {
+  let a: ServeArgs;
+  try {
+    a = parseServeArgs(argv);
+  } catch (e) {
+    return usageExit(e);
+  }
+  const log = (line: string) => console.error(`[prima-coord] ${line}`);
+  const model = openHeadModel(a);
+  const tok = Tokenizer.fromGguf(model.gguf);
+  const prompts = new PromptRenderer(tok, chatTemplateChoice(a.chatTemplate, "chatml"));
+  try {
+    if (prompts.chat.isFallback) log(`the model has no chat template: chat requests use ${a.chatTemplate ?? "chatml"}`);
+  } catch (e) {
+    log(`chat requests will fail: ${(e as Error).message}`);
+  }
+  const file = basename(a.model);
+  const modelId = basename(file, extname(file));
+  const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue });
+  const api = new ApiServer({
+    cluster, tok, prompts, modelId, modelAliases: [file, metaString(model.gguf, "general.name") ?? modelId], apiKey: a.apiKey,
+    minWorkers: a.minWorkers, log, staticFiles: await dashboardFiles(log),
+  });
+  let stopping: Promise<void> | undefined;
+  const stop = (why: string) => {
+    stopping ??= (async () => {
+      log(`stopping (${why})`);
+      await api.close();
+      await cluster.close();
+      model.close();
+    })();
+    return stopping;
+  };
+  try {
+    // The HTTP port first: /health answers 503 while this device is measured.
+    const httpPort = await api.listen(a.port, a.host);
+    const shown = a.host.includes(":") ? `[${a.host}]` : a.host;
+    log(`listening on http://${shown}:${httpPort} (OpenAI API at /v1, dashboard at /)`);
+    const clusterPort = await cluster.start(a.clusterPort);
+    log(`listening for workers on port ${clusterPort}`);
+    log(`workers join with: prima-worker --join <this machine's address>:${clusterPort} --model <their copy of ${file}>`);
+    if (a.discovery) log("mDNS discovery is not available in this build: workers need --join host:port");
+    await cluster.ensurePlaced();
+    log(`ready: ${modelId} on ${cluster.state().plan?.ringOrder.length ?? 1} device(s)`);
+  } catch (e) {
+    console.error(`prima-coord: ${e instanceof Error ? e.message : String(e)}`);
+    await stop("setup failed");
+    return 1;
+  }
+  const signalled = await new Promise<string>((resolve) => {
+    process.once("SIGINT", () => resolve("SIGINT"));
+    process.once("SIGTERM", () => resolve("SIGTERM"));
+  });
+  await stop(signalled);
+  return 0;
+}
+
+/** The dashboard's file handler, when the dashboard ships in this build. */
+async function dashboardFiles(log: (line: string) => void): Promise<ApiServerOptionsStatic | undefined> {
+  void log;
+  return undefined;
+}
+
+type ApiServerOptionsStatic = NonNullable<ConstructorParameters<typeof ApiServer>[0]["staticFiles"]>;
