@@ -32,3 +32,9 @@ export function threadsArg(v: string | undefined): number | undefined | "bad" {
   }
   return n;
 }
+
+/** `--NAME` given without a value (last, or followed by another option) becomes `--NAME=`, so a
+ * string option can also stand alone (`--join` alone means: find the coordinator on the network). */
+export function allowBare(argv: readonly string[], name: string): string[] {
+  return argv.map((a, i) => (a === `--${name}` && (i === argv.length - 1 || argv[i + 1].startsWith("-")) ? `--${name}=` : a));
+}

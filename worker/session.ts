@@ -1,6 +1,7 @@
 // The worker's side of the control plane: dial the coordinator, join, keep heartbeats going, obey
 // assignments and commands. A daemon: when the coordinator goes away (or ends its run) the worker
-// drops its windows and dials again until it is stopped.
+// drops its windows and dials again until it is stopped. The address is fixed (--join host:port) or
+// looked up again before every attempt (mDNS discovery: the coordinator may come back elsewhere).
 import {
   PROTOCOL_VERSION, coordinatorClient, type Assignment, type ClientSessionStream, type CoordinatorMessage, type Join,
   type KvCommand, type Status, type WorkerMessage,
@@ -19,8 +20,12 @@ export interface SessionHandler {
   reset(reason: string): Promise<void>;
 }
 
+/** Finds the coordinator's host:port for one attempt (may wait); rejects to end run(). */
+export type CoordinatorLookup = (signal: AbortSignal) => Promise<string>;
+
 export interface SessionOptions {
-  readonly coordinator: string; // host:port
+  /** host:port, or a lookup called before every attempt. */
+  readonly coordinator: string | CoordinatorLookup;
   readonly join: Omit<Join, "protocolVersion">;
   readonly log: (line: string) => void;
   /** Stop after the first session instead of dialling again (tests, one-shot runs). */
@@ -32,21 +37,32 @@ export class WorkerSession {
   private stopped = false;
   private stream: ClientSessionStream | undefined;
   private deviceId = "";
+  /** The address of the current attempt. */
+  private address = "";
+  private readonly stopping = new AbortController();
 
   constructor(private readonly o: SessionOptions, private readonly handler: SessionHandler) {}
 
   /** Runs sessions until stop(); resolves when stopped (or after one session with `once`). */
   async run(): Promise<void> {
     let waitingLogged = false;
+    const lookup = this.o.coordinator;
     while (!this.stopped) {
+      try {
+        this.address = typeof lookup === "string" ? lookup : await lookup(this.stopping.signal);
+      } catch (e) {
+        if (this.stopped) return;
+        throw e;
+      }
       const outcome = await this.session();
       await this.handler.reset(outcome.reason);
       if (this.o.once || this.stopped) return;
+      const again = typeof lookup === "string" ? `dialling ${this.address} again` : "looking for the coordinator again";
       if (outcome.joined) {
-        this.o.log(`session ended: ${outcome.reason}; dialling ${this.o.coordinator} again`);
+        this.o.log(`session ended: ${outcome.reason}; ${again}`);
         waitingLogged = false;
       } else if (!waitingLogged) {
-        this.o.log(`waiting for the coordinator at ${this.o.coordinator} (${outcome.reason})`);
+        this.o.log(`waiting for the coordinator at ${this.address} (${outcome.reason})`);
         waitingLogged = true;
       }
       if (outcome.fatal) throw new Error(outcome.reason);
@@ -56,6 +72,7 @@ export class WorkerSession {
 
   stop(): void {
     this.stopped = true;
+    this.stopping.abort();
     this.stream?.cancel();
   }
 
@@ -66,7 +83,7 @@ export class WorkerSession {
   /** One session: resolves when it ends, with why. */
   private session(): Promise<{ joined: boolean; reason: string; fatal?: boolean }> {
     return new Promise((resolve) => {
-      const client = coordinatorClient(this.o.coordinator);
+      const client = coordinatorClient(this.address);
       const stream = client.session();
       this.stream = stream;
       let joined = false;
@@ -110,7 +127,7 @@ export class WorkerSession {
       case "welcome":
         this.deviceId = m.welcome.deviceId;
         onJoined();
-        this.o.log(`joined ${this.o.coordinator} as ${this.deviceId}`);
+        this.o.log(`joined ${this.address} as ${this.deviceId}`);
         return;
       case "assignment": {
         const a = m.assignment;
