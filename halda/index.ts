@@ -1,6 +1,6 @@
 // halda/: the layer-to-device scheduler (HALDA.md). Pure: no I/O; imports only types from model/.
-export { halda } from "./planner.js";
-export { selectDevices } from "./selection.js";
+export { halda, selectDevices } from "./planner.js";
+export { SELECTION_EXACT_MAX_DEVICES } from "./selection.js";
 export { baselinePlan, baselineNames, type BaselineName } from "./baselines.js";
 export { predictLatency, predictLatencyMs, type Assignment, type ComputeBufferChoice, type DeviceEvaluation, type LatencyPrediction } from "./latency.js";
 export { parseDeviceProfiles, resolveDevice, type ParsedDevices, type ResolvedDevice } from "./devices.js";

@@ -1,5 +1,5 @@
-// Halda's entry point: resolve the inputs, solve (exact or faithful), drop devices Halda leaves with a
-// window of one layer or less and solve again (HALDA.md §4.4), then write the answer up as a Plan.
+// Halda's entry point: resolve the inputs, choose the devices (HALDA.md §4.4, selection.ts) and solve
+// (exact or faithful) for them, then write the answer up as a Plan.
 
 import { resolveDevice, type ResolvedDevice } from "./devices.js";
 import { ExactSolver, tieMs } from "./exact.js";
@@ -10,15 +10,10 @@ import {
   allowedSets, conservativeFlags, deviceTerms, modelTerms, resolveOptions, validKs,
   type DeviceTerms, type ModelTerms, type ResolvedOptions,
 } from "./terms.js";
+import {
+  bestSubset, droppedDevice, localSelection, paperSelection, SELECTION_EXACT_MAX_DEVICES, subsetLowerBound, type Selection, type Solved,
+} from "./selection.js";
 import { HaldaError, type DevicePlan, type DeviceProfile, type DroppedDevice, type HaldaOptions, type ModelProfile, type Plan } from "./types.js";
-
-/** A solved device list: the solution at the chosen k and a way to get the other k. */
-interface Solved {
-  readonly solution: IlpSolution;
-  readonly terms: readonly DeviceTerms[];
-  readonly atK: (k: number) => IlpSolution | null;
-  readonly notes: string[];
-}
 
 /** Lowest latency; among ties (tieMs) the most head layers per token if the head has priority; then the smaller k. */
 const pickBest = (sols: (IlpSolution | null)[], preferHead: boolean): IlpSolution | null => {
@@ -125,66 +120,57 @@ function buildPlan(planner: Plan["planner"], devs: readonly ResolvedDevice[], ac
 }
 
 /**
- * Halda: the plan for these devices (ring order, the first is the head) and this model. Throws
- * HaldaError on invalid input or when no plan exists (the message says why).
+ * Halda: the plan for these devices (ring order, the first is the head) and this model, with device
+ * selection (options.selection; none with keepAll). Throws HaldaError on invalid input or when no plan
+ * exists (the message says why).
  */
 export function halda(devices: readonly DeviceProfile[], model: ModelProfile, options: HaldaOptions = {}): Plan {
   const o = resolveOptions(options);
   const m = modelTerms(model, o);
   if (devices.length === 0) throw new HaldaError("no devices to plan for", "invalid-input");
   const devs = devices.map((d, i) => resolveDevice(d, i));
+  const names = devs.map((d) => d.name);
   const L = m.nLayers;
   if (o.userK > 0 && L % o.userK !== 0) throw new HaldaError(explainInfeasible(devs, m, o), "invalid-input");
+  const selecting = !o.keepAll && o.dropWindowLayers > 0;
 
-  const notes: string[] = [];
-  const dropped: DroppedDevice[] = [];
-  let active = devs.map((_, i) => i);
-
-  // [EXT] A device that cannot hold one layer and may not overload makes every plan infeasible: with
-  // device selection on, drop it up front (the head cannot be dropped: that is an error).
+  // [EXT] A device that cannot hold one layer and may not overload makes every plan infeasible: drop it
+  // up front (the head cannot be dropped, and with keepAll nothing may be: that is an error).
   const headProblem = cannotHoldALayer(devs[0], true, m, o);
   if (headProblem) throw new HaldaError(`the head ${devs[0].name} ${headProblem}`, "infeasible");
-  if (o.dropWindowLayers > 0) {
-    active = active.filter((i) => {
-      if (i === 0) return true;
-      const why = cannotHoldALayer(devs[i], false, m, o);
-      if (why) dropped.push({ index: i, name: devs[i].name, reason: why });
-      return !why;
-    });
+  const cannot = new Map<number, string>();
+  for (let i = 1; i < devs.length; i++) {
+    const why = cannotHoldALayer(devs[i], false, m, o);
+    if (!why) continue;
+    if (!selecting) throw new HaldaError(`${devs[i].name} ${why}; every device must take part (keepAll), so there is no plan`, "infeasible");
+    cannot.set(i, why);
   }
+  const candidates = devs.map((_, i) => i).filter((i) => !cannot.has(i));
+  const noPlan = () => new HaldaError(explainInfeasible(candidates.map((i) => devs[i]), m, o), "infeasible");
 
-  if (o.userK > 0 && L / o.userK < active.length) throw new HaldaError(explainInfeasible(active.map((i) => devs[i]), m, o), "invalid-input");
-  const solveActive = (idx: readonly number[]) => solveOnce(idx.map((i) => devs[i]), m, o);
-  let solved = active.length <= L ? solveActive(active) : null;
-  if (!solved) throw new HaldaError(explainInfeasible(active.map((i) => devs[i]), m, o), "infeasible");
-
-  // Device selection (§4.4): drop non-head devices left with a window of at most dropWindowLayers.
-  for (;;) {
-    if (o.dropWindowLayers <= 0) break;
-    const drop = active.filter((_, j) => j > 0 && solved!.solution.w[j] <= o.dropWindowLayers);
-    if (drop.length === 0) break;
-    const rest = active.filter((di) => !drop.includes(di));
-    const next = solveActive(rest);
-    const withMs = solved.solution.latencyMs;
-    if (!next) {
-      notes.push(`selection: kept ${drop.map((i) => devs[i].name).join(", ")} (window of ${o.dropWindowLayers} layer or less): no feasible plan without them`);
-      break;
-    }
-    const withoutMs = next.solution.latencyMs;
-    if (o.dropOnlyIfFaster && withoutMs >= withMs) {
-      notes.push(`selection: kept ${drop.map((i) => devs[i].name).join(", ")}: the ring without them predicts ${withoutMs.toFixed(1)} ms, not faster than ${withMs.toFixed(1)} ms`);
-      break;
-    }
-    for (const di of drop) {
-      const j = active.indexOf(di);
-      dropped.push({
-        index: di, name: devs[di].name,
-        reason: `left with a window of ${solved.solution.w[j]} layer(s) (${solved.solution.n[j]} on GPU): predicted ${withMs.toFixed(1)} ms with it, ${withoutMs.toFixed(1)} ms without`,
-      });
-    }
-    active = rest;
-    solved = next;
+  if (o.userK > 0 && L / o.userK < candidates.length) throw new HaldaError(explainInfeasible(candidates.map((i) => devs[i]), m, o), "invalid-input");
+  const solve = (idx: readonly number[]) => (idx.length <= L ? solveOnce(idx.map((i) => devs[i]), m, o) : null);
+  let sel: Selection;
+  if (selecting && o.selection === "best" && candidates.length <= SELECTION_EXACT_MAX_DEVICES) {
+    // The bound must hold for every plan the mode may return: exact mode's buffers are the conservative
+    // ones; faithful mode's depend on the plan, so there the bound assumes none (the most room).
+    const boundDevs = o.mode === "exact" ? devs : devs.map((d) => ({ ...d, cpuComputeBufferBytes: 0, gpuComputeBufferBytes: 0 }));
+    const terms = boundDevs.map((d, i) => deviceTerms(d, i === 0, conservativeFlags(d), m, o));
+    sel = bestSubset(candidates, names, solve, subsetLowerBound(terms, m)) ?? (() => { throw noPlan(); })();
+  } else {
+    const all = solve(candidates);
+    if (!all) throw noPlan();
+    sel = !selecting ? { active: candidates, solved: all, dropped: [], notes: [] }
+      : o.selection === "best" ? localSelection(candidates, all, names, solve, o)
+      : paperSelection(candidates, all, names, solve, o);
   }
+  const withoutMs = sel.solved.solution.latencyMs;
+  const dropped: DroppedDevice[] = [...[...cannot].map(([i, why]) => droppedDevice(i, names[i], why, null, withoutMs, "can hold it")), ...sel.dropped];
   dropped.sort((a, b) => a.index - b.index);
-  return buildPlan(o.mode === "prima" ? "halda-prima" : "halda", devs, active, solved, m, o, dropped, notes);
+  return buildPlan(o.mode === "prima" ? "halda-prima" : "halda", devs, sel.active, sel.solved, m, o, dropped, sel.notes);
+}
+
+/** Halda with the best-subset device selection whatever the mode (HALDA.md §4.4). */
+export function selectDevices(devices: readonly DeviceProfile[], model: ModelProfile, options: HaldaOptions = {}): Plan {
+  return halda(devices, model, { ...options, selection: "best" });
 }

@@ -19,6 +19,8 @@ export interface ResolvedOptions {
   readonly headComputeTerm: "outputLayer" | "oneLayer";
   readonly dropWindowLayers: number;
   readonly dropOnlyIfFaster: boolean;
+  readonly selection: "best" | "paper";
+  readonly keepAll: boolean;
 }
 
 export function resolveOptions(o: HaldaOptions = {}): ResolvedOptions {
@@ -35,12 +37,16 @@ export function resolveOptions(o: HaldaOptions = {}): ResolvedOptions {
     headComputeTerm: o.headComputeTerm ?? "outputLayer",
     dropWindowLayers: o.dropWindowLayers ?? 1,
     dropOnlyIfFaster: o.dropOnlyIfFaster ?? false,
+    selection: o.selection ?? (o.mode === "prima" ? "paper" : "best"),
+    keepAll: o.keepAll ?? false,
   };
   if (r.mode !== "exact" && r.mode !== "prima") bad(`mode must be "exact" or "prima", got ${JSON.stringify(r.mode)}`);
   if (!Number.isInteger(r.userK) || r.userK < 0) bad(`k must be a non-negative integer, got ${r.userK}`);
   if (!(r.masterPriority > 0) || !Number.isFinite(r.masterPriority)) bad(`masterPriority must be > 0, got ${r.masterPriority}`);
   if (!(r.minDiskBytesPerS >= 0)) bad(`minDiskBytesPerS must be >= 0, got ${r.minDiskBytesPerS}`);
   if (!Number.isInteger(r.nUbatch) || r.nUbatch < 1) bad(`nUbatch must be a positive integer, got ${r.nUbatch}`);
+  if (r.selection !== "best" && r.selection !== "paper") bad(`selection must be "best" or "paper", got ${JSON.stringify(r.selection)}`);
+  if (typeof r.keepAll !== "boolean") bad(`keepAll must be true or false, got ${JSON.stringify(r.keepAll)}`);
   if (!Number.isInteger(r.dropWindowLayers) || r.dropWindowLayers < 0) bad(`dropWindowLayers must be a non-negative integer, got ${r.dropWindowLayers}`);
   return r;
 }

@@ -80,9 +80,18 @@ export interface HaldaOptions {
   readonly registerLoadTerms?: boolean;
   /** The head's output-layer compute: the paper's output layer (default) or the code's one-layer term. */
   readonly headComputeTerm?: "outputLayer" | "oneLayer";
-  /** Drop non-head devices left with a window of this many layers or fewer; 0 disables. Default 1. */
+  /** Device selection (HALDA.md §4.4). "best" (default in exact mode): the subset of devices, head kept,
+   *  with the least predicted latency, over every subset up to SELECTION_EXACT_MAX_DEVICES devices (beyond:
+   *  prima.cpp's rule, then single-device add/drop moves: a local optimum). "paper" (default in faithful
+   *  mode): prima.cpp's rule, drop every device left with a window of at most dropWindowLayers and plan again. */
+  readonly selection?: "best" | "paper";
+  /** Place layers on every device, even where device selection would drop some (no selection; a device
+   *  that cannot hold one layer is then an error). Default false. */
+  readonly keepAll?: boolean;
+  /** The "paper" rule's threshold: drop non-head devices left with this many layers or fewer. 0: no
+   *  device selection at all, as keepAll. Default 1. */
   readonly dropWindowLayers?: number;
-  /** Drop only when the smaller ring is predicted faster (HALDA.md §4.4 [EXT]). Default false: the paper's rule. */
+  /** "paper" rule: drop only when the smaller ring is predicted faster (HALDA.md §4.4 [EXT]). Default false. */
   readonly dropOnlyIfFaster?: boolean;
 }
 
@@ -124,7 +133,13 @@ export interface DevicePlan {
 export interface DroppedDevice {
   readonly index: number;
   readonly name: string;
+  /** Why, with this device's own figures (a sentence to show as is). */
   readonly reason: string;
+  /** Predicted ms per token of the best plan found with this device in the ring (best selection: over
+   *  every subset that has it; otherwise the chosen ring with it added back); null: no feasible plan has it. */
+  readonly latencyWithMs: number | null;
+  /** Predicted ms per token of the chosen plan, without it. */
+  readonly latencyWithoutMs: number;
 }
 
 export type PlannerName = "halda" | "halda-prima" | "even" | "memory" | "flops";

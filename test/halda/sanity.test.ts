@@ -218,8 +218,8 @@ describe("SC-4, §8: Llama 3-70B on D1..D4", () => {
 
 describe("SC-5, SC-6: weak devices on Llama 3-70B", () => {
   for (const c of variants) {
-    test(`SC-5 exact ${c}: D4 and D6 are dropped, D5 kept, only fast disks overload`, () => {
-      const p = halda(fixtureCluster(["D1", "D2", "D3", "D4", "D5", "D6"], c), F70);
+    test(`SC-5 exact ${c}, prima.cpp's selection rule: D4 and D6 are dropped, D5 kept, only fast disks overload`, () => {
+      const p = halda(fixtureCluster(["D1", "D2", "D3", "D4", "D5", "D6"], c), F70, { selection: "paper" });
       expect(p.dropped.map((d) => d.name)).toEqual(["D4", "D6"]);
       expect(p.dropped.every((d) => /window of 1 layer/.test(d.reason))).toBe(true);
       const d5 = p.devices.find((d) => d.name === "D5")!;
@@ -236,13 +236,37 @@ describe("SC-5, SC-6: weak devices on Llama 3-70B", () => {
       nearSpec(specObjective(fixtureCluster(["D3", "D2", "D5"], c), F70, three), c === "ref" ? 2079.0 : 2268.0);
     });
   }
-  test("SC-5 before selection predicts 651.7 ms, after 652.9 ms (spec head term, ref c)", () => {
+  for (const c of variants) {
+    test(`SC-5 exact ${c}, best subset (§4.4): the least latency of every subset that keeps the head`, () => {
+      const devices = fixtureCluster(["D1", "D2", "D3", "D4", "D5", "D6"], c);
+      const p = halda(devices, F70);
+      let least = Infinity;
+      const withDevice = new Map<number, number>();
+      for (let mask = 0; mask < 32; mask++) {
+        const subset = [0, 1, 2, 3, 4, 5].filter((i) => i === 0 || (mask & (1 << (i - 1))) !== 0);
+        const ms = halda(subset.map((i) => devices[i]), F70, { keepAll: true }).latencyMs;
+        least = Math.min(least, ms);
+        for (const i of subset) withDevice.set(i, Math.min(withDevice.get(i) ?? Infinity, ms));
+      }
+      expect(p.latencyMs).toBeCloseTo(least, 9);
+      // D6 (weak CPU, 0.39 GB/s disk) slows the ring; D4 no longer goes with it as prima.cpp's rule has it.
+      expect(p.dropped.map((d) => d.name)).toEqual(["D6"]);
+      for (const d of p.dropped) {
+        expect(d.latencyWithoutMs).toBeCloseTo(p.latencyMs, 9);
+        expect(d.latencyWithMs).toBeCloseTo(withDevice.get(d.index)!, 9);
+        expect(d.latencyWithMs!).toBeGreaterThan(p.latencyMs);
+        expect(d.reason).toMatch(/^the ring is faster without it; predicted [\d.]+ ms per token with it \(its best plan, window of \d+\), [\d.]+ ms without it$/);
+      }
+      expectWellFormed(p, F70);
+    });
+  }
+  test("SC-5 before selection predicts 651.7 ms, after prima.cpp's rule 652.9 ms (spec head term, ref c)", () => {
     const before = halda(fixtureCluster(["D1", "D2", "D3", "D4", "D5", "D6"]), F70, { ...SPEC, dropWindowLayers: 0 });
-    const after = halda(fixtureCluster(["D1", "D2", "D3", "D4", "D5", "D6"]), F70, SPEC);
+    const after = halda(fixtureCluster(["D1", "D2", "D3", "D4", "D5", "D6"]), F70, { ...SPEC, selection: "paper" });
     nearSpec(specObjective(fixtureCluster(["D1", "D2", "D3", "D4", "D5", "D6"]), F70, before), 651.7);
     nearSpec(specObjective(fixtureCluster(["D1", "D2", "D3", "D4", "D5", "D6"]), F70, after), 652.9);
     // dropOnlyIfFaster keeps them: the ring without them is not faster.
-    const kept = halda(fixtureCluster(["D1", "D2", "D3", "D4", "D5", "D6"]), F70, { ...SPEC, dropOnlyIfFaster: true });
+    const kept = halda(fixtureCluster(["D1", "D2", "D3", "D4", "D5", "D6"]), F70, { ...SPEC, selection: "paper", dropOnlyIfFaster: true });
     expect(kept.dropped).toEqual([]);
     expect(kept.notes.some((x) => x.startsWith("selection: kept"))).toBe(true);
   });

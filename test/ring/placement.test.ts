@@ -41,17 +41,25 @@ describe("placeRing: Halda's plan in ring order", () => {
     expect(p.releaseAfterUse.every((r) => r === false)).toBe(true); // k = 1: nothing to release
   });
 
-  it("drops only the devices that slow the ring, one at a time, where Halda's own rule would drop a needed one", () => {
+  it("drops only the devices that slow the ring, where prima.cpp's rule would drop a needed one", () => {
     // The head and w1 nearly hold the model; w2 and w3 are each left with one layer. Dropping both (the
     // paper's rule) forces an overload; dropping only the slow w3 leaves w2 to take two layers.
     const devices = [device("head", 1e11, 15, true), device("w1", 1e11, 15), device("w2", 1e11, 3), device("w3", 1e10, 40)];
-    const paperRule = halda(devices, model);
+    const paperRule = halda(devices, model, { selection: "paper" });
     expect(paperRule.dropped.map((d) => d.name)).toEqual(["w2", "w3"]);
     const chosen = selectDevices(devices, model);
+    expect(halda(devices, model).latencyMs).toBe(chosen.latencyMs); // the default selection
     expect(chosen.dropped.map((d) => d.name)).toEqual(["w3"]);
     expect(chosen.devices.find((d) => d.name === "w2")?.windowLayers).toBeGreaterThanOrEqual(2);
     expect(chosen.latencyMs).toBeLessThan(paperRule.latencyMs);
-    expect(chosen.dropped[0].reason).toMatch(/predicted [\d.]+ ms with it, [\d.]+ ms without/);
+    // Each device's own figures: w2 with it added back to the paper's ring is that ring's own plan with w2.
+    expect(chosen.dropped[0].name).toBe("w3");
+    expect(chosen.dropped[0].latencyWithoutMs).toBeCloseTo(chosen.latencyMs, 9);
+    expect(chosen.dropped[0].latencyWithMs!).toBeGreaterThan(chosen.latencyMs);
+    expect(chosen.dropped[0].reason).toMatch(/predicted [\d.]+ ms per token with it \(its best plan, window of 1\), [\d.]+ ms without it/);
+    const w2 = paperRule.dropped.find((d) => d.name === "w2")!;
+    expect(w2.latencyWithMs).toBeCloseTo(halda([devices[0], devices[1], devices[2]], model, { keepAll: true }).latencyMs, 9);
+    expect(w2.latencyWithMs!).toBeLessThan(w2.latencyWithoutMs);
     // Indices are those of the full list, whatever subset was solved last.
     expect(chosen.devices.map((d) => [d.index, d.name])).toEqual([[0, "head"], [1, "w1"], [2, "w2"]]);
   });
