@@ -38,7 +38,11 @@ function haldaIndexAt(pos: number, nWorkers: number): number {
   return pos === nWorkers ? 0 : pos + 1;
 }
 
-/** Halda's plan for the head and the workers (join order); throws HaldaError when there is none. */
+/**
+ * Halda's plan for the head and the workers (join order), with the best subset of devices (HALDA.md
+ * §4.4), or every device with `options.keepAll` (what `--keep-all` passes); throws HaldaError when there
+ * is none.
+ */
 export function placeRing(head: DeviceProfile, workers: readonly DeviceProfile[], model: ModelProfile, options: HaldaOptions = {}): Placement {
   const devices = [head, ...workers];
   const plan = selectDevices(devices, model, options);
@@ -64,12 +68,15 @@ export function formatPlan(p: Placement, labels: readonly string[]): string {
     `${"device".padEnd(32)} set  window  RAM-side cap    compute   memory     disk     comm   total ms`,
   ];
   const byIndex = new Map(p.plan.devices.map((d) => [d.index, d]));
+  const droppedByIndex = new Map(p.plan.dropped.map((d) => [d.index, d]));
   for (let pos = 0; pos <= n; pos++) {
     const hi = haldaIndexAt(pos, n);
     const d = byIndex.get(hi);
     const label = labels[hi];
     if (!d) {
-      lines.push(`${label.padEnd(32)} -    dropped`);
+      const x = droppedByIndex.get(hi);
+      const withIt = x ? (x.latencyWithMs === null ? "no feasible plan with it" : `${ms(x.latencyWithMs)} ms with it`) : "";
+      lines.push(`${label.padEnd(32)} -    dropped${x ? ` (${withIt}, ${ms(x.latencyWithoutMs)} ms without)` : ""}`);
       continue;
     }
     const l = d.latency;

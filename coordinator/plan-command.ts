@@ -3,7 +3,7 @@
 // read), or from a named shape when the file is not at hand (--shape llama3-70b --type Q4_K_M).
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
-import { baselineNames, baselinePlan, halda, selectDevices, HaldaError, parseDeviceProfiles, type DeviceProfile, type HaldaOptions, type Plan } from "../halda/index.js";
+import { baselineNames, baselinePlan, halda, HaldaError, parseDeviceProfiles, type DeviceProfile, type HaldaOptions, type Plan } from "../halda/index.js";
 import {
   describeModel, FILE_TYPE_NAMES, GgufError, modelProfile, modelShapeByName, modelShapes, parseFileType, readGguf,
   syntheticModelDescription, type ModelDescription, type ModelProfile,
@@ -19,9 +19,9 @@ const HELP = `usage: prima-coord plan model.gguf --devices devices.json [options
   -k, --k N           ring cycles per token (default: Halda chooses)
   --mode MODE         exact (default: the model's global optimum) or prima (prima.cpp's Algorithm 1)
   --prefetch-guard    one overloaded window must fit in RAM (makes k > 1 worth it when memory is short)
-  --keep-all          no device selection: keep devices Halda leaves with one layer
+  --keep-all          no device selection: place layers on every device, even those Halda would drop
   --paper-selection   prima.cpp's device selection (drop every device left with one layer, even when
-                      that is slower) instead of dropping only the devices that slow the ring
+                      that is slower) instead of the best subset of devices (as run does)
   --json              print one JSON object: the plan, the baselines and the model profile`;
 
 class UsageError extends Error {
@@ -35,7 +35,6 @@ interface PlanArgs {
   readonly devices: string;
   readonly ctx: number;
   readonly options: HaldaOptions;
-  readonly paperSelection: boolean;
   readonly json: boolean;
 }
 
@@ -82,12 +81,13 @@ export function parsePlanArgs(argv: string[]): PlanArgs | "help" {
     model, shape: v.shape, type: v.type, devices: v.devices,
     ctx: intArg("ctx", v.ctx, 1024, 1),
     json: v.json ?? false,
-    paperSelection: v["paper-selection"] ?? false,
     options: {
       mode,
       k: intArg("k", v.k, 0, 1),
       prefetchGuard: v["prefetch-guard"] ?? false,
-      dropWindowLayers: v["keep-all"] ? 0 : 1,
+      // The selection `prima-coord run` applies (the best subset, in either mode), unless asked otherwise.
+      selection: v["paper-selection"] ? "paper" : "best",
+      keepAll: v["keep-all"] ?? false,
     },
   };
 }
@@ -190,8 +190,7 @@ export async function planCommand(argv: string[]): Promise<number> {
     const profile = modelProfile(desc, { nCtx: a.ctx, name: label });
     let plan: Plan;
     try {
-      // The same selection `prima-coord run` applies, unless the paper's is asked for.
-      plan = a.paperSelection || a.options.dropWindowLayers === 0 ? halda(devices, profile, a.options) : selectDevices(devices, profile, a.options);
+      plan = halda(devices, profile, a.options);
     } catch (e) {
       if (e instanceof HaldaError && e.reason === "infeasible") {
         console.error(`prima-coord plan: no plan: ${e.message}`);

@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, test, vi } from "vitest";
 import { planCommand } from "../../coordinator/plan-command.js";
-import { halda, parseDeviceProfiles, selectDevices } from "../../halda/index.js";
+import { halda, parseDeviceProfiles, selectDevices, type DroppedDevice } from "../../halda/index.js";
 import { modelProfile, modelShapeByName, syntheticModelDescription } from "../../model/index.js";
 
 let out: string[] = [], err: string[] = [];
@@ -48,6 +48,61 @@ describe("prima-coord plan", () => {
     expect(j.plan.devices.map((d: { windowLayers: number }) => d.windowLayers)).toEqual(expected.devices.map((d) => d.windowLayers));
     expect(j.model.nCtx).toBe(2048);
     expect(Object.keys(j.baselines)).toEqual(["even", "memory", "flops"]);
+  });
+
+  describe("dropped devices on the paper's D1-D6 with Llama 3-70B", () => {
+    const args = ["--shape", "llama3-70b", "--type", "Q4_K_M", "--devices", "deploy/devices/paper-d1-d6.json"];
+    const devices = parseDeviceProfiles(JSON.parse(readFileSync("deploy/devices/paper-d1-d6.json", "utf8"))).devices;
+    const model = modelProfile(syntheticModelDescription(modelShapeByName("llama3-70b")!, "Q4_K_M"), { nCtx: 1024 });
+    const fmt = (x: number) => x.toFixed(x >= 100 ? 0 : 2);
+
+    test("each shows its own figures: the best plan with it (over every subset), the chosen plan without it", async () => {
+      expect(await planCommand([...args, "--json"])).toBe(0);
+      const plan = JSON.parse(out.join("\n")).plan as { latencyMs: number; dropped: DroppedDevice[] };
+      expect(plan.dropped.length).toBeGreaterThan(0);
+      // Independently: every subset that keeps the head, planned with all its devices.
+      const best = new Map<number, number>();
+      for (let mask = 0; mask < 2 ** (devices.length - 1); mask++) {
+        const subset = devices.map((_, i) => i).filter((i) => i === 0 || (mask & (1 << (i - 1))) !== 0);
+        const ms = halda(subset.map((i) => devices[i]), model, { keepAll: true }).latencyMs;
+        for (const i of subset) best.set(i, Math.min(best.get(i) ?? Infinity, ms));
+      }
+      expect(plan.latencyMs).toBeCloseTo(best.get(0)!, 9);
+      for (const d of plan.dropped) {
+        expect(d.latencyWithMs).toBeCloseTo(best.get(d.index)!, 9);
+        expect(d.latencyWithoutMs).toBeCloseTo(plan.latencyMs, 9);
+        expect(d.latencyWithMs!).toBeGreaterThan(d.latencyWithoutMs);
+      }
+      out = [];
+      expect(await planCommand(args)).toBe(0);
+      const text = out.join("\n");
+      for (const d of plan.dropped) {
+        expect(text).toContain(`dropped ${d.name}: the ring is faster without it; predicted ${fmt(d.latencyWithMs!)} ms per token with it (its best plan, window of 1), ${fmt(d.latencyWithoutMs)} ms without it`);
+      }
+    });
+
+    test("--paper-selection: prima.cpp's rule, still each device's own figures (the ring with it added back)", async () => {
+      expect(await planCommand([...args, "--json", "--paper-selection"])).toBe(0);
+      const plan = JSON.parse(out.join("\n")).plan as { latencyMs: number; devices: { index: number }[]; dropped: DroppedDevice[] };
+      expect(plan.dropped.map((d) => d.name)).toEqual(["D4-mate40pro-termux", "D6-macbook-air-intel"]);
+      const kept = plan.devices.map((d) => d.index);
+      for (const d of plan.dropped) {
+        const ring = [...kept, d.index].sort((a, b) => a - b);
+        expect(d.latencyWithMs).toBeCloseTo(halda(ring.map((i) => devices[i]), model, { keepAll: true }).latencyMs, 9);
+        expect(d.latencyWithoutMs).toBeCloseTo(plan.latencyMs, 9);
+      }
+      // The two differ: the group's figures would be the same on both lines.
+      expect(plan.dropped[0].latencyWithMs).not.toBeCloseTo(plan.dropped[1].latencyWithMs!, 3);
+    });
+
+    test("--keep-all places layers on every device", async () => {
+      expect(await planCommand([...args, "--json", "--keep-all"])).toBe(0);
+      const plan = JSON.parse(out.join("\n")).plan as { latencyMs: number; devices: { windowLayers: number }[]; dropped: DroppedDevice[] };
+      expect(plan.devices).toHaveLength(devices.length);
+      expect(plan.devices.every((d) => d.windowLayers >= 1)).toBe(true);
+      expect(plan.dropped).toEqual([]);
+      expect(plan.latencyMs).toBeGreaterThan(halda(devices, model).latencyMs);
+    });
   });
 
   test("a real GGUF file, forced k, faithful mode, no selection", async () => {

@@ -7,7 +7,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { afterAll, afterEach, describe, expect, it } from "vitest";
-import { DecodeMeter, placeRing, ringPosition } from "../../coordinator/placement.js";
+import { DecodeMeter, formatPlan, placeRing, ringPosition } from "../../coordinator/placement.js";
 import { LocalModel } from "../../engine/index.js";
 import { halda, selectDevices, type DeviceProfile, type Plan } from "../../halda/index.js";
 import { describeModel, modelProfile, modelShapeByName, readGguf, syntheticModelDescription } from "../../model/index.js";
@@ -62,6 +62,23 @@ describe("placeRing: Halda's plan in ring order", () => {
     expect(w2.latencyWithMs!).toBeLessThan(w2.latencyWithoutMs);
     // Indices are those of the full list, whatever subset was solved last.
     expect(chosen.devices.map((d) => [d.index, d.name])).toEqual([[0, "head"], [1, "w1"], [2, "w2"]]);
+  });
+
+  it("prints each dropped device's own figures; keepAll places layers on every device", () => {
+    const head = device("head", 1e11, 15, true);
+    const workers = [device("w1", 1e11, 15), device("w2", 1e11, 3), device("w3", 1e10, 40)];
+    const labels = ["head", "w1", "w2", "w3"];
+    const p = placeRing(head, workers, model);
+    const w3 = p.plan.dropped.find((d) => d.name === "w3")!;
+    const text = formatPlan(p, labels);
+    expect(text).toContain(`${"w3".padEnd(32)} -    dropped (${w3.latencyWithMs!.toFixed(2)} ms with it, ${w3.latencyWithoutMs.toFixed(2)} ms without)`);
+    expect(text).toContain(`dropped w3: ${w3.reason}`);
+    const all = placeRing(head, workers, model, { keepAll: true });
+    expect(all.plan.dropped).toEqual([]);
+    expect(all.perCycle.every((w) => w >= 1)).toBe(true);
+    expect(all.perCycle.reduce((a, b) => a + b, 0) * all.cycles).toBe(model.nLayers);
+    expect(all.plan.latencyMs).toBeGreaterThan(p.plan.latencyMs);
+    expect(formatPlan(all, labels)).not.toContain("dropped");
   });
 
   it("releases windows after use on overloaded devices that run several windows per token", () => {
