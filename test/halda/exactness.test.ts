@@ -5,7 +5,7 @@
 
 import { describe, expect, test } from "vitest";
 import { halda, HaldaError, type HaldaOptions, type Plan } from "../../halda/index.js";
-import { bruteForce, defaultOracleOptions, kCandidates, type OracleOptions } from "./oracle.js";
+import { bruteForce, bruteForceSubsets, defaultOracleOptions, kCandidates, tieMs, type OracleOptions } from "./oracle.js";
 import { mulberry32, randomInstance, type InstanceShape } from "./random-instances.js";
 
 const rel = (a: number, b: number) => Math.abs(a - b) / Math.max(1, Math.abs(b));
@@ -105,4 +105,48 @@ test("ties go to the head: on identical devices every split costs the same, and 
   expect(plan.devices.map((d) => d.windowLayers)).toEqual([30, 1, 1]);
   expect(brute.headLayers).toBe(30);
   expect(rel(plan.latencyMs, brute.latencyMs)).toBeLessThan(1e-9);
+});
+
+describe("device selection equals brute force over every subset", () => {
+  test("the best subset, and each dropped device's best plan with it: 100 random clusters of 2-5 devices, half with an overloaded head", () => {
+    let planned = 0, infeasible = 0, droppedSome = 0, beatsPaperRule = 0;
+    for (let seed = 9000; seed < 9100; seed++) {
+      const rand = mulberry32(seed);
+      const inst = randomInstance(rand, 5, 24, undefined, { headOverloaded: seed % 2 === 1 });
+      const oracle: OracleOptions = { ...defaultOracleOptions, masterPriority: 1.01, registerLoadTerms: inst.registerLoadTerms };
+      const subsets = bruteForceSubsets(inst.devices, inst.model, oracle);
+      let plan: Plan | null = null;
+      try {
+        plan = halda(inst.devices, inst.model, { registerLoadTerms: inst.registerLoadTerms });
+      } catch (e) {
+        if (!(e instanceof HaldaError)) throw e;
+        expect(e.reason, `seed ${seed}: ${e.message}`).toBe("infeasible");
+      }
+      expect(plan === null, `seed ${seed}: halda ${plan ? "has a plan" : "has none"}, ${subsets.length} feasible subsets`).toBe(subsets.length === 0);
+      if (!plan) { infeasible++; continue; }
+      planned++;
+      const least = Math.min(...subsets.map((x) => x.result.latencyMs));
+      const where = `seed ${seed}: halda ${plan.latencyMs} on [${plan.devices.map((d) => d.index)}], brute force ${least} on ${subsets.filter((x) => x.result.latencyMs <= least + tieMs(least)).map((x) => `[${x.subset}]`).join(" or ")}`;
+      expect(rel(plan.latencyMs, least), where).toBeLessThan(1e-9);
+      // Among equally fast subsets, the fewest devices.
+      const fewest = Math.min(...subsets.filter((x) => x.result.latencyMs <= least + tieMs(least)).map((x) => x.subset.length));
+      expect(plan.devices.length, where).toBe(fewest);
+      for (const d of plan.dropped) {
+        const having = subsets.filter((x) => x.subset.includes(d.index)).map((x) => x.result.latencyMs);
+        if (having.length === 0) expect(d.latencyWithMs, where).toBeNull();
+        else expect(rel(d.latencyWithMs!, Math.min(...having)), `${where}; dropped ${d.name}: with it ${d.latencyWithMs}`).toBeLessThan(1e-9);
+        expect(rel(d.latencyWithoutMs, least), where).toBeLessThan(1e-9);
+      }
+      if (plan.dropped.length > 0) droppedSome++;
+      const paper = halda(inst.devices, inst.model, { registerLoadTerms: inst.registerLoadTerms, selection: "paper" });
+      expect(paper.latencyMs, where).toBeGreaterThanOrEqual(plan.latencyMs - tieMs(plan.latencyMs));
+      if (paper.latencyMs > plan.latencyMs + tieMs(plan.latencyMs)) beatsPaperRule++;
+    }
+    // The instances must drop devices, and sometimes differently from prima.cpp's rule, or the check means little.
+    expect(planned).toBeGreaterThan(60);
+    expect(infeasible).toBeGreaterThan(0);
+    expect(droppedSome).toBeGreaterThan(20);
+    expect(beatsPaperRule).toBeGreaterThan(2);
+    console.log(`selection: ${planned} planned (${droppedSome} dropping a device, ${beatsPaperRule} faster than prima.cpp's rule), ${infeasible} infeasible`);
+  });
 });
