@@ -8,7 +8,7 @@ import { deviceRows, type IlpSolution } from "./ilp.js";
 import { evaluateDevice, fmtGiB } from "./latency.js";
 import {
   allowedSets, conservativeFlags, deviceTerms, modelTerms, resolveOptions, validKs,
-  type DeviceTerms, type ModelTerms, type ResolvedOptions,
+  type ModelTerms, type ResolvedOptions,
 } from "./terms.js";
 import {
   bestSubset, droppedDevice, localSelection, paperSelection, SELECTION_EXACT_MAX_DEVICES, subsetLowerBound, type Selection, type Solved,
