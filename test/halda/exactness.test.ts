@@ -150,3 +150,21 @@ describe("device selection equals brute force over every subset", () => {
     console.log(`selection: ${planned} planned (${droppedSome} dropping a device, ${beatsPaperRule} faster than prima.cpp's rule), ${infeasible} infeasible`);
   });
 });
+
+test("faithful mode's best subset is the best of its plans over every subset (the bound assumes no compute buffers there)", () => {
+  let checked = 0;
+  for (let seed = 9100; seed < 9140; seed++) {
+    const inst = randomInstance(mulberry32(seed), 4, 24, undefined, { headOverloaded: seed % 2 === 1 });
+    const o = { mode: "prima" as const, registerLoadTerms: inst.registerLoadTerms };
+    let least = Infinity;
+    for (let mask = 0; mask < 2 ** (inst.devices.length - 1); mask++) {
+      const subset = inst.devices.filter((_, i) => i === 0 || (mask & (1 << (i - 1))) !== 0);
+      try { least = Math.min(least, halda(subset, inst.model, { ...o, keepAll: true }).latencyMs); } catch (e) { if (!(e instanceof HaldaError)) throw e; }
+    }
+    if (least === Infinity) continue;
+    const plan = halda(inst.devices, inst.model, { ...o, selection: "best" });
+    expect(rel(plan.latencyMs, least), `seed ${seed}`).toBeLessThan(1e-9);
+    checked++;
+  }
+  expect(checked).toBeGreaterThan(25);
+});
