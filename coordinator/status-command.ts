@@ -11,7 +11,7 @@ const HELP = `usage: prima-coord status [host:port] [options]
   host:port        the server (prima-coord serve); default 127.0.0.1:8080
   --json           print the state as JSON, exactly as GET /api/state returns it
   --watch          redraw every 2 s until Ctrl-C (with --json: one JSON line every 2 s)
-  --api-key KEY    the server's API key (serve --api-key)`;
+  --api-key KEY    the server's API key (serve --api-key; also from PRIMA_API_KEY, as serve reads it)`;
 
 const DEFAULT_ADDRESS = "127.0.0.1:8080";
 const WATCH_MS = 2000;
@@ -244,7 +244,7 @@ export async function statusCommand(argv: string[], io: StatusIo = processIo): P
     io.err(`status: ${(e as Error).message}\n`);
     return 2;
   }
-  const key = values["api-key"];
+  const key = values["api-key"] ?? (process.env.PRIMA_API_KEY || undefined);
 
   if (!values.watch) {
     try {

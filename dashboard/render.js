@@ -60,7 +60,8 @@ export function renderHeader(els, state) {
   fill(els.cluster, state.cluster || "prima");
   document.title = `${state.cluster || "prima"} \u00b7 prima`;
   const srv = state.server;
-  fill(els.serverStatus, h("span", { class: ["pill", srv.ready ? "ok" : "warn"] }, srv.ready ? "ready" : "not ready"), " ", srv.status);
+  const word = srv.ready ? "ready" : "not ready";
+  fill(els.serverStatus, h("span", { class: ["pill", srv.ready ? "ok" : "warn"] }, word), srv.status && srv.status !== word ? ` ${srv.status}` : "");
   fill(els.uptime, `up ${fmtAgo(srv.nowUnixMs - srv.startedUnixMs)}`, ` \u00b7 cluster port ${srv.clusterPort}`);
 }
 
@@ -339,7 +340,9 @@ export function chart(history, nowMs) {
   for (const [t, label] of [[start, "\u22125 min"], [end - CHART_SPAN_MS / 2, "\u22122.5"], [end, "now"]]) {
     svg.appendChild(s("text", { x: x(t), y: H - 4, class: "xlabel" }, label));
   }
-  if (pts.length >= 2) {
+  if (pts.length === 1) {
+    svg.appendChild(s("circle", { cx: x(pts[0].unixMs).toFixed(1), cy: y(pts[0].tokensPerS).toFixed(1), r: 3, class: "point" }));
+  } else if (pts.length >= 2) {
     const line = pts.map((p) => `${x(p.unixMs).toFixed(1)},${y(p.tokensPerS).toFixed(1)}`).join(" ");
     svg.appendChild(s("polygon", { points: `${x(pts[0].unixMs).toFixed(1)},${y(0)} ${line} ${x(pts[pts.length - 1].unixMs).toFixed(1)},${y(0)}`, class: "area" }));
     svg.appendChild(s("polyline", { points: line, class: "line" }));

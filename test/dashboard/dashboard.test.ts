@@ -64,6 +64,9 @@ describe.skipIf(chromiumMissing !== null)(chromiumMissing ? `dashboard in chromi
     const d = await openDashboard(browser, s.url);
     await waitForState(d.page);
     await d.shot("a-cluster");
+    await d.page.emulateMediaFeatures([{ name: "prefers-color-scheme", value: "dark" }]);
+    await d.shot("a-cluster-dark");
+    await d.page.emulateMediaFeatures([{ name: "prefers-color-scheme", value: "light" }]);
 
     const devices = await shownDevices(d.page);
     expect(devices.map((x) => x.id).sort()).toEqual(state.devices.map((x) => x.id).sort());

@@ -1,7 +1,7 @@
 // prima-coord status against the fake server: --json is /api/state itself, the terminal view names
 // every device and escapes what devices wrote, errors are clear, and --watch survives a server that
 // goes away and comes back, then stops on Ctrl-C.
-import { afterEach, describe, expect, it } from "vitest";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { renderStatus, serverUrl, statusCommand, type StatusIo } from "../../coordinator/status-command.js";
 import { killAll, startNode } from "../helpers/process.js";
 import { until } from "./browser.js";
@@ -14,6 +14,10 @@ async function fake(opts: ConstructorParameters<typeof FakeServer>[0]): Promise<
   servers.push(s);
   return s;
 }
+// The key comes from --api-key or PRIMA_API_KEY; these tests say which, so none may leak in.
+const savedKey = process.env.PRIMA_API_KEY;
+beforeAll(() => { delete process.env.PRIMA_API_KEY; });
+afterAll(() => { if (savedKey !== undefined) process.env.PRIMA_API_KEY = savedKey; });
 afterEach(async () => {
   killAll();
   await Promise.all(servers.splice(0).map((s) => s.stop()));
@@ -102,7 +106,7 @@ describe("prima-coord status", () => {
     // The compiled module, in a process of its own: Ctrl-C is a real SIGINT.
     const p = startNode(["--input-type=module", "-e",
       `const m = await import("./dist/coordinator/status-command.js"); process.exitCode = await m.statusCommand(process.argv.slice(1));`,
-      "--", "--watch", `127.0.0.1:${port}`]);
+      "--", "--watch", `127.0.0.1:${port}`], { PRIMA_API_KEY: "" });
     const draws = () => (p.stdout.match(/prima cluster home/g) ?? []).length;
     await until("two redraws", () => draws() >= 2, 10_000);
     await s.stop();
