@@ -27,6 +27,10 @@ export interface GenerateOptions {
   readonly onToken?: (id: number) => boolean | void;
   /** Continue a conversation from this position (the KV cache up to it is kept). Default 0. */
   readonly startPos?: number;
+  /** Let the event loop run at least this often (ms). A quick decode step runs inline and resolves at
+   * once, so without this a whole generation is one chain of microtasks: a server would neither send
+   * its stream nor notice a client leaving until the end. Default: never. */
+  readonly yieldEveryMs?: number;
 }
 
 export type StopReason = "length" | "end" | "context" | "caller";
@@ -62,7 +66,12 @@ export async function generate(embedder: Embedder, pipeline: Pipeline, prompt: I
   const tok = new Int32Array(1);
   let steps = 0;
   let stopReason: StopReason = "length";
+  let yieldedAt = performance.now();
   while (ids.length < o.maxTokens) {
+    if (o.yieldEveryMs !== undefined && performance.now() - yieldedAt >= o.yieldEveryMs) {
+      await new Promise((resolve) => setImmediate(resolve));
+      yieldedAt = performance.now();
+    }
     const id = o.sampler.sample(logits, history);
     history.push(id);
     if (o.isEnd?.(id)) {
