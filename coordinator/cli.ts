@@ -8,6 +8,7 @@ const commands: Record<string, { summary: string; load: () => Promise<Command> }
   run: { summary: "run model.gguf -p PROMPT [-n N]   generate text (alone, or with joined workers)", load: async () => (await import("./run-command.js")).runCommand },
   serve: { summary: "serve model.gguf [--port 8080]   the cluster as a service: OpenAI API, dashboard, workers join any time", load: async () => (await import("./serve-command.js")).serveCommand },
   chat: { summary: "chat model.gguf   a conversation in the terminal (alone, or with joined workers)", load: async () => (await import("./chat-command.js")).chatCommand },
+  status: { summary: "status [host:port] [--watch] [--json]   the cluster's state in the terminal", load: async () => (await import("./status-command.js")).statusCommand },
   plan: { summary: "plan model.gguf --devices devices.json   print Halda's plan for a cluster", load: async () => (await import("./plan-command.js")).planCommand },
   "make-model": { summary: "make-model --shape NAME --type TYPE --out FILE   write a random-weight GGUF", load: async () => (await import("./make-model-command.js")).makeModelCommand },
 };

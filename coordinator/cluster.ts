@@ -37,6 +37,11 @@ export interface ClusterOptions {
   readonly keepAll?: boolean;
   /** Tokens a request is expected to hold (prompt + generated), for Halda's attention term. */
   readonly plannedTokens?: number;
+  /** Re-place layers soon after devices join or leave while idle (serve), instead of only before the
+   *  next request (run and chat, which place once all the workers they wait for have joined). */
+  readonly autoPlace?: boolean;
+  /** Workers to wait for before placing layers on its own (with autoPlace). */
+  readonly minWorkers?: number;
   /** Requests waiting beyond the running one; more are refused (QueueFullError). Default 16. */
   readonly maxQueue?: number;
   readonly log: (line: string) => void;
@@ -108,6 +113,8 @@ const MAX_EVENTS = 50;
 const MAX_LOST_SHOWN = 8;
 const HISTORY_POINTS = 120;
 const HISTORY_INTERVAL_MS = 5000;
+/** How often a generation lets the event loop run (streams flushed, clients and workers heard). */
+const YIELD_EVERY_MS = 4;
 /** After a join or a loss, wait this long for more before re-placing an idle cluster. */
 const REPLAN_SETTLE_MS = 1000;
 
@@ -217,8 +224,10 @@ export class Cluster extends EventEmitter {
     this.dirty = true;
     this.changed();
     clearTimeout(this.settleTimer);
+    if (!this.o.autoPlace) return;
     this.settleTimer = setTimeout(() => {
-      if (this.dirty && !this.active && this.waiting === 0 && !this.closed) {
+      const enough = this.registry.live().length >= (this.o.minWorkers ?? 0);
+      if (this.dirty && enough && !this.active && this.waiting === 0 && !this.closed) {
         this.exclusive(() => this.prepare()).catch((e: unknown) => this.o.log(`placing layers failed: ${(e as Error).message}`));
       }
     }, REPLAN_SETTLE_MS);
@@ -444,7 +453,7 @@ export class Cluster extends EventEmitter {
     let result: GenerationResult;
     try {
       result = await generate(this.o.model, meter, prompt.subarray(cached), {
-        startPos: cached, maxTokens: req.maxTokens, sampler: req.sampler, isEnd: req.isEnd,
+        startPos: cached, maxTokens: req.maxTokens, sampler: req.sampler, isEnd: req.isEnd, yieldEveryMs: YIELD_EVERY_MS,
         onToken: (id) => {
           if (ctrl.firstAt === null) ctrl.firstAt = performance.now();
           ctrl.tokens++;

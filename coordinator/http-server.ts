@@ -52,22 +52,24 @@ function sendError(res: ServerResponse, e: ApiError, headers: Record<string, str
 /** The body as text, at most `limit` bytes (413 beyond), within a time limit set on the server. */
 function readBody(req: IncomingMessage, limit: number): Promise<string> {
   return new Promise((resolve, reject) => {
+    // Past the limit the rest is read and dropped (within the server's request timeout), so the client
+    // gets its 413 instead of a broken pipe.
+    const tooLarge = (what: string) => {
+      req.removeAllListeners("data");
+      req.resume();
+      reject(new ApiError(413, `the request body is ${what} than the limit of ${limit} bytes`, "invalid_request_error", "request_too_large"));
+    };
     const declared = Number(req.headers["content-length"] ?? 0);
     if (declared > limit) {
-      reject(new ApiError(413, `the request body is ${declared} bytes, more than the limit of ${limit}`, "invalid_request_error", "request_too_large"));
+      tooLarge(`${declared} bytes, more`);
       return;
     }
     const chunks: Buffer[] = [];
     let size = 0;
     req.on("data", (c: Buffer) => {
       size += c.length;
-      if (size > limit) {
-        reject(new ApiError(413, `the request body is more than the limit of ${limit} bytes`, "invalid_request_error", "request_too_large"));
-        req.removeAllListeners("data");
-        req.resume();
-        return;
-      }
-      chunks.push(c);
+      if (size > limit) tooLarge("more");
+      else chunks.push(c);
     });
     req.on("end", () => resolve(Buffer.concat(chunks).toString("utf8")));
     req.on("error", (e) => reject(new ApiError(400, `reading the request failed: ${e.message}`)));
@@ -227,6 +229,13 @@ export class ApiServer {
   private async completion(req: IncomingMessage, res: ServerResponse, kind: "chat" | "completion"): Promise<void> {
     let parsed: ParsedRequest;
     let ids: Int32Array;
+    const health = this.healthy();
+    if (!health.ok) {
+      req.resume();
+      this.counters.requests.rejected++;
+      sendError(res, new ApiError(503, `the cluster cannot serve yet: ${health.status}`, "server_error", "not_ready"), { "Retry-After": "5" });
+      return;
+    }
     try {
       const text = await readBody(req, this.o.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES);
       let body: unknown;
@@ -252,7 +261,7 @@ export class ApiServer {
     } catch (e) {
       this.counters.requests.invalid++;
       if (e instanceof ApiError) {
-        sendError(res, e, e.status === 413 ? { Connection: "close" } : {});
+        sendError(res, e);
         return;
       }
       throw e;

@@ -3,6 +3,8 @@
 // and answers the OpenAI API, /health, /metrics and the dashboard on one HTTP port.
 import { basename, extname } from "node:path";
 import { hostname } from "node:os";
+import { PROTOCOL_VERSION } from "../control/index.js";
+import { publishCluster, type Publication } from "../discovery/index.js";
 import { metaString } from "../model/index.js";
 import { Tokenizer } from "../model/tokenizer.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
@@ -71,15 +73,17 @@ export async function serveCommand(argv: string[]): Promise<number> {
   }
   const file = basename(a.model);
   const modelId = basename(file, extname(file));
-  const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue });
+  const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, autoPlace: true });
   const api = new ApiServer({
     cluster, tok, prompts, modelId, modelAliases: [file, metaString(model.gguf, "general.name") ?? modelId], apiKey: a.apiKey,
     minWorkers: a.minWorkers, log, staticFiles: await dashboardFiles(log),
   });
   let stopping: Promise<void> | undefined;
+  let announced: Publication | undefined;
   const stop = (why: string) => {
     stopping ??= (async () => {
       log(`stopping (${why})`);
+      await announced?.stop();
       await api.close();
       await cluster.close();
       model.close();
@@ -94,7 +98,13 @@ export async function serveCommand(argv: string[]): Promise<number> {
     const clusterPort = await cluster.start(a.clusterPort);
     log(`listening for workers on port ${clusterPort}`);
     log(`workers join with: prima-worker --join <this machine's address>:${clusterPort} --model <their copy of ${file}>`);
-    if (a.discovery) log("mDNS discovery is not available in this build: workers need --join host:port");
+    if (a.discovery) {
+      announced = publishCluster({
+        name: a.name, port: clusterPort, model: metaString(model.gguf, "general.name") ?? modelId, fingerprint: cluster.fingerprint,
+        protocolVersion: PROTOCOL_VERSION, log,
+      });
+      log(`announced as "${a.name}" over mDNS: on the same network, \`prima-worker --join --model <their copy>\` finds it`);
+    }
     await cluster.ensurePlaced();
     log(`ready: ${modelId} on ${cluster.state().plan?.ringOrder.length ?? 1} device(s)`);
   } catch (e) {
@@ -110,10 +120,16 @@ export async function serveCommand(argv: string[]): Promise<number> {
   return 0;
 }
 
-/** The dashboard's file handler, when the dashboard ships in this build. */
-async function dashboardFiles(log: (line: string) => void): Promise<ApiServerOptionsStatic | undefined> {
-  void log;
-  return undefined;
+/** The dashboard's file handler; without its files (a broken install) the API still works. */
+async function dashboardFiles(log: (line: string) => void): Promise<StaticFiles | undefined> {
+  try {
+    const d = await import("../dashboard/index.js");
+    d.dashboardAssetsDir(); // throws when the page's files are missing
+    return d.serveDashboardAsset;
+  } catch (e) {
+    log(`no dashboard: ${(e as Error).message}`);
+    return undefined;
+  }
 }
 
-type ApiServerOptionsStatic = NonNullable<ConstructorParameters<typeof ApiServer>[0]["staticFiles"]>;
+type StaticFiles = NonNullable<ConstructorParameters<typeof ApiServer>[0]["staticFiles"]>;
