@@ -113,6 +113,10 @@ const MAX_EVENTS = 50;
 const MAX_LOST_SHOWN = 8;
 const HISTORY_POINTS = 120;
 const HISTORY_INTERVAL_MS = 5000;
+/** Re-placements one request may go through before it gives up. */
+const MAX_RECOVERIES = 3;
+/** After a failure, a worker that does not answer a status request this fast is left out. */
+const RESPONSIVE_WITHIN_MS = 1000;
 /** How often a generation lets the event loop run (streams flushed, clients and workers heard). */
 const YIELD_EVERY_MS = 4;
 /** After a join or a loss, wait this long for more before re-placing an idle cluster. */
@@ -128,6 +132,8 @@ export class Cluster extends EventEmitter {
   private placement: RingPlan | undefined;
   private planState: PlanState | null = null;
   private perCycle: readonly number[] = [];
+  /** The workers the current placement was made for, in ring order (Halda's devices 1..n). */
+  private placedWorkers: readonly WorkerHandle[] = [];
   private generation = 0;
   private dirty = true;
   private clusterPort = 0;
@@ -139,7 +145,10 @@ export class Cluster extends EventEmitter {
   private tail: Promise<unknown> = Promise.resolve();
   private waiting = 0;
   private active: { state: RequestState; controller: { tokens: number; firstAt: number | null; startedAt: number } } | null = null;
-  private stats = { completed: 0, failed: 0, generatedTokens: 0, promptTokens: 0, cachedTokens: 0, ttftMsSum: 0, ttftCount: 0, rejected: 0 };
+  private stats = {
+    completed: 0, failed: 0, generatedTokens: 0, promptTokens: 0, cachedTokens: 0, ttftMsSum: 0, ttftCount: 0, rejected: 0,
+    lost: 0, replans: 0, recoveries: 0, recoveryMsSum: 0, recoveryMsLast: 0,
+  };
   private readonly history: { unixMs: number; tokensPerS: number }[] = [];
   private historyTokens = 0;
   private readonly historyTimer: NodeJS.Timeout;
@@ -214,6 +223,7 @@ export class Cluster extends EventEmitter {
       this.lost.push({ handle: w, info });
       if (this.lost.length > MAX_LOST_SHOWN) this.lost.shift();
     }
+    this.stats.lost++;
     this.event("lost", `device ${w.label} lost: ${reason}`);
     if (this.current?.kind === "ring" && this.current.ring.spec.members.some((m) => m.worker === w)) this.cachedIds = [];
     this.markDirty();
@@ -257,13 +267,20 @@ export class Cluster extends EventEmitter {
 
   /** Makes sure the pipeline matches the devices there are now (inside exclusive()). */
   async prepare(): Promise<void> {
-    if (this.closed) throw new Error("the cluster is shutting down");
     const broken = this.current?.kind === "ring" && this.current.ring.failure !== undefined;
     if (!this.dirty && this.current && !broken) return;
+    await this.replace(false);
+  }
+
+  /** Takes the ring down and places the layers on the devices there are now. When recovering, layers
+   * placed by hand that name a device no longer there are spread evenly over the devices left. */
+  private async replace(recovering: boolean): Promise<void> {
+    if (this.closed) throw new Error("the cluster is shutting down");
     this.dirty = false;
     await this.takeDown();
     try {
-      await this.place();
+      await this.place(recovering);
+      this.stats.replans++;
     } catch (e) {
       this.dirty = true;
       this.event("error", `placing layers failed: ${(e as Error).message}`);
@@ -279,7 +296,19 @@ export class Cluster extends EventEmitter {
     if (c?.kind === "ring") await c.ring.close();
   }
 
-  private windowsFor(workers: readonly WorkerHandle[]): { perCycle: number[]; cycles?: number } {
+  private windowsFor(workers: readonly WorkerHandle[], recovering: boolean): { perCycle: number[]; cycles?: number } {
+    // A service (or a request recovering from a loss) goes on when devices it names are away.
+    if (!recovering && !this.o.autoPlace) return this.handMadeWindows(workers);
+    try {
+      return this.handMadeWindows(workers);
+    } catch (e) {
+      this.o.log(`${(e as Error).message}: spreading the layers evenly over the ${workers.length + 1} devices there are until the devices named return`);
+      return { perCycle: evenLayerWindows(this.o.model.nLayers, workers.length + 1, 1) };
+    }
+  }
+
+  /** --layer-windows for these workers (ring order), or an even split without it. */
+  private handMadeWindows(workers: readonly WorkerHandle[]): { perCycle: number[]; cycles?: number } {
     const lw = this.o.layerWindows;
     const L = this.o.model.nLayers;
     if (lw === undefined) return { perCycle: evenLayerWindows(L, workers.length + 1, this.o.cycles ?? 1), cycles: this.o.cycles };
@@ -299,9 +328,10 @@ export class Cluster extends EventEmitter {
     return { perCycle, cycles: this.o.cycles };
   }
 
-  private async place(): Promise<void> {
+  private async place(recovering = false): Promise<void> {
     const { model, log } = this.o;
-    const workers = this.workersInOrder();
+    const workers = recovering ? await this.responsive(this.workersInOrder()) : this.workersInOrder();
+    this.placedWorkers = workers;
     const generation = ++this.generation;
     this.placement = undefined;
     if (workers.length === 0) {
@@ -322,7 +352,7 @@ export class Cluster extends EventEmitter {
       perCycle = [...placement.perCycle];
       cycles = placement.cycles;
       this.placement = placement;
-    } else ({ perCycle, cycles } = this.windowsFor(workers));
+    } else ({ perCycle, cycles } = this.windowsFor(workers, recovering));
     const plan = ringWindows(model.nLayers, perCycle, cycles);
     this.perCycle = perCycle;
     const releaseAfterUse = (pos: number) => placement?.releaseAfterUse[pos] ?? false;
@@ -425,7 +455,7 @@ export class Cluster extends EventEmitter {
 
   private async run(req: GenerationRequest, queueMs: number): Promise<GenerationOutcome> {
     await this.prepare();
-    const current = this.current!;
+    let current = this.current!;
     req.onStart?.();
     const prompt = req.prompt;
     // The longest prefix whose KV cache is already in place; at least one token must go through the
@@ -444,34 +474,70 @@ export class Cluster extends EventEmitter {
     this.headState = { state: "busy", detail: null };
     this.changed();
     const pressure = memoryPressureTracker();
-    const ring = current.kind === "ring" ? current.ring : undefined;
+    // Every token handed to the caller, across recoveries: a replay feeds them back as prompt.
+    const emitted: number[] = [];
+    let lostAt: number | null = null;
+    let lastTokenAt = performance.now();
+    const parts: GenerationResult[] = [];
     let before: Awaited<ReturnType<Ring["statuses"]>> | undefined;
-    const inner: Pipeline = current.kind === "ring" ? current.ring.pipeline : current.pipeline;
-    const meter = new DecodeMeter(inner, async () => {
-      if (ring) before = await ring.statuses(0);
-    });
-    let result: GenerationResult;
+    let meter!: DecodeMeter;
+    let input = prompt.subarray(cached);
+    let startPos = cached;
     try {
-      result = await generate(this.o.model, meter, prompt.subarray(cached), {
-        startPos: cached, maxTokens: req.maxTokens, sampler: req.sampler, isEnd: req.isEnd, yieldEveryMs: YIELD_EVERY_MS,
-        onToken: (id) => {
-          if (ctrl.firstAt === null) ctrl.firstAt = performance.now();
-          ctrl.tokens++;
-          this.historyTokens++;
-          if (req.signal?.aborted) return false;
-          return req.onToken(id);
-        },
-      });
+      for (let recoveries = 0; ; recoveries++) {
+        const ring = current.kind === "ring" ? current.ring : undefined;
+        meter = new DecodeMeter(ring ? ring.pipeline : (current as Extract<Current, { kind: "local" }>).pipeline, async () => {
+          before = ring ? await ring.statuses(0).catch(() => undefined) : undefined;
+        });
+        try {
+          const left = req.maxTokens - emitted.length;
+          if (left <= 0) break;
+          parts.push(await generate(this.o.model, meter, input, {
+            startPos, maxTokens: left, sampler: req.sampler, isEnd: req.isEnd, yieldEveryMs: YIELD_EVERY_MS,
+            onToken: (id) => {
+              const now = performance.now();
+              if (ctrl.firstAt === null) ctrl.firstAt = now;
+              if (lostAt !== null) this.recovered(now - lostAt);
+              lostAt = null;
+              lastTokenAt = now;
+              ctrl.tokens++;
+              this.historyTokens++;
+              emitted.push(id);
+              if (req.signal?.aborted) return false;
+              return req.onToken(id);
+            },
+          }));
+          break;
+        } catch (e) {
+          const failure = await ring?.failureWithin();
+          if (!failure || req.signal?.aborted || recoveries >= MAX_RECOVERIES) throw e;
+          // A device or link of the ring failed mid-request: place the layers on the devices left,
+          // rebuild their KV caches by replaying the prompt and every token sent so far, and go on.
+          // The pause the client sees: from the last token before the loss to the next one.
+          lostAt ??= lastTokenAt;
+          this.event("info", `recovering the request: ${failure.message}; replaying ${prompt.length + emitted.length} tokens on the devices left`);
+          await this.recoverRing();
+          current = this.current!;
+          input = Int32Array.from([...prompt, ...emitted]);
+          startPos = 0;
+        }
+      }
     } catch (e) {
       this.stats.failed++;
       this.finishActive();
       pressure.stop();
+      this.markDirty();
       throw e;
     }
     pressure.stop();
     pressure.sample();
+    const last = parts.at(-1);
+    const result: GenerationResult = {
+      ids: emitted, stopReason: last?.stopReason ?? "length", promptTokens: prompt.length - cached, promptMs: parts[0]?.promptMs ?? 0,
+      decodeSteps: parts.reduce((a, r) => a + r.decodeSteps, 0), decodeMs: parts.reduce((a, r) => a + r.decodeMs, 0), endPos: last?.endPos ?? startPos,
+    };
     // What went through the layers is in every device's KV cache: the next request may reuse it.
-    this.cachedIds = [...prompt, ...result.ids].slice(0, result.endPos);
+    this.cachedIds = [...prompt, ...emitted].slice(0, result.endPos);
     const firstTokenMs = ctrl.firstAt === null ? null : ctrl.firstAt - started;
     this.stats.completed++;
     this.stats.generatedTokens += result.ids.length;
@@ -481,7 +547,8 @@ export class Cluster extends EventEmitter {
       this.stats.ttftMsSum += firstTokenMs;
       this.stats.ttftCount++;
     }
-    const perDevice = await this.measure(current, before, pressure.pressure(), meter, result);
+    const ring = current.kind === "ring" ? current.ring : undefined;
+    const perDevice = await this.measure(current, parts.length === 1 ? before : undefined, pressure.pressure(), meter, result);
     this.finishActive();
     let prediction: PredictionReport | undefined;
     if (this.placement && meter.decodeSteps > 0) {
@@ -498,6 +565,46 @@ export class Cluster extends EventEmitter {
     };
   }
 
+  /** Places the layers again after the ring failed mid-request. A device can fail to answer while
+   * that happens (a dead one not yet declared lost): then once more, without it. */
+  private async recoverRing(): Promise<void> {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await this.replace(true);
+        return;
+      } catch (e) {
+        if (attempt >= MAX_RECOVERIES || this.closed) throw e;
+        this.o.log(`re-placing the layers failed (${(e as Error).message}); trying again with the devices that answer`);
+      }
+    }
+  }
+
+  /** The workers that answer a status request within the limit (after a failure, a silent one is
+   * left out of the next placement rather than waited for). */
+  private async responsive(workers: readonly WorkerHandle[]): Promise<WorkerHandle[]> {
+    const answers = await Promise.all(workers.map((w) => {
+      let timer: NodeJS.Timeout | undefined;
+      const limit = new Promise<false>((resolve) => {
+        timer = setTimeout(() => resolve(false), RESPONSIVE_WITHIN_MS);
+      });
+      return Promise.race([w.status().then(() => true, () => false), limit]).finally(() => clearTimeout(timer));
+    }));
+    const silent = workers.filter((_, i) => !answers[i]);
+    for (const w of silent) {
+      this.o.log(`device ${w.label} did not answer within ${RESPONSIVE_WITHIN_MS} ms: leaving it out of this placement`);
+      this.setDevice(w, "left-out", "did not answer after the ring failed");
+    }
+    return workers.filter((_, i) => answers[i]);
+  }
+
+  /** A request went on after a loss: how long the stream paused. */
+  private recovered(pauseMs: number): void {
+    this.stats.recoveries++;
+    this.stats.recoveryMsSum += pauseMs;
+    this.stats.recoveryMsLast = pauseMs;
+    this.event("recovered", `the request went on after a ${(pauseMs / 1000).toFixed(2)} s pause`);
+  }
+
   /** Every device's counters after a request, per decode step when decoding was timed. */
   private async measure(current: Current, before: Awaited<ReturnType<Ring["statuses"]>> | undefined, headPressure: number, meter: DecodeMeter, result: GenerationResult): Promise<DeviceDecodeRow[]> {
     if (current.kind === "local") {
@@ -509,7 +616,7 @@ export class Cluster extends EventEmitter {
     }
     const after = await current.ring.statuses(headPressure).catch(() => undefined);
     if (!after) return [];
-    const workers = this.workersInOrder();
+    const workers = this.placedWorkers;
     const decodeOnly = meter.decodeSteps > 0 && before !== undefined;
     const steps = decodeOnly ? meter.decodeSteps : result.ids.length + result.promptTokens;
     return after.map((s) => {

@@ -80,6 +80,7 @@ export class ApiServer {
   private readonly server: Server;
   private readonly keyHash: Buffer | undefined;
   private readonly streams = new Set<ServerResponse>();
+  private formed = false;
   readonly counters: ServiceCounters = newServiceCounters();
 
   constructor(private readonly o: ApiServerOptions) {
@@ -127,8 +128,10 @@ export class ApiServer {
   private healthy(): { ok: boolean; status: string } {
     const c = this.o.cluster;
     if (!c.ready) return { ok: false, status: "loading" };
+    // --min-workers holds the service back until the ring first forms; a device lost later does not.
     const live = c.registry.live().length;
-    if (live < this.o.minWorkers) return { ok: false, status: `waiting for workers (${live} of ${this.o.minWorkers} joined)` };
+    if (live >= this.o.minWorkers) this.formed = true;
+    if (!this.formed) return { ok: false, status: `waiting for workers (${live} of ${this.o.minWorkers} joined)` };
     return { ok: true, status: "ok" };
   }
 
@@ -167,7 +170,7 @@ export class ApiServer {
         return;
       case "GET /metrics":
         res.writeHead(200, { "Content-Type": "text/plain; version=0.0.4; charset=utf-8" });
-        res.end(formatMetrics(this.o.cluster.state(), this.counters));
+        res.end(formatMetrics(this.o.cluster.state(), this.counters, this.o.cluster.counters));
         return;
       case "GET /api/state":
         sendJson(res, 200, this.o.cluster.state(), { "Cache-Control": "no-store" });

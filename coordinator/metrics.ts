@@ -21,7 +21,16 @@ export function newServiceCounters(): ServiceCounters {
   return { requests: { ok: 0, error: 0, rejected: 0, cancelled: 0, invalid: 0 }, promptTokens: 0, cachedPromptTokens: 0, ttftMsSum: 0, ttftCount: 0, decodeMsSum: 0, decodeTokens: 0 };
 }
 
-export function formatMetrics(s: ClusterState, c: ServiceCounters): string {
+/** What the cluster counts about its devices and recoveries. */
+export interface ClusterCounters {
+  readonly lost: number;
+  readonly replans: number;
+  readonly recoveries: number;
+  readonly recoveryMsSum: number;
+  readonly recoveryMsLast: number;
+}
+
+export function formatMetrics(s: ClusterState, c: ServiceCounters, k: ClusterCounters): string {
   const out: string[] = [];
   const metric = (name: string, type: string, help: string, samples: [string, number][]) => {
     out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
@@ -39,6 +48,12 @@ export function formatMetrics(s: ClusterState, c: ServiceCounters): string {
   metric("prima_decode_seconds_per_token", "gauge", "Mean time per generated token since the server started.", [
     ["", c.decodeTokens > 0 ? c.decodeMsSum / c.decodeTokens / 1000 : 0],
   ]);
+  metric("prima_devices_lost_total", "counter", "Devices lost (exit, crash, hang, network).", [["", k.lost]]);
+  metric("prima_replans_total", "counter", "Times layers were placed again (devices joined or left, or a request recovered).", [["", k.replans]]);
+  metric("prima_recovery_seconds", "summary", "Pause of a request's stream from a lost device to its next token.", [
+    ["_sum", k.recoveryMsSum / 1000], ["_count", k.recoveries],
+  ]);
+  metric("prima_last_recovery_seconds", "gauge", "The pause of the latest recovery.", [["", k.recoveryMsLast / 1000]]);
   metric("prima_ready", "gauge", "1 when the cluster can serve requests.", [["", s.server.ready ? 1 : 0]]);
   metric("prima_plan_generation", "counter", "Times the layers were placed.", [["", s.plan?.generation ?? 0]]);
   const states = new Map<string, number>();

@@ -131,6 +131,14 @@ export class Ring {
     return this.broken;
   }
 
+  /** The ring's failure, waiting for it a moment: a send that fails reaches the pipeline before the
+   * ring has named the device behind it. Undefined when the ring is fine (the error was not its). */
+  async failureWithin(ms = FAILURE_GRACE_MS + 200): Promise<Error | undefined> {
+    const deadline = performance.now() + ms;
+    while (!this.broken && !this.closed && performance.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    return this.broken;
+  }
+
   private named(text: string): string {
     return namePeerDevices(text, this.spec.members.map((m) => m.worker));
   }

@@ -43,26 +43,27 @@ describe("piped ring on stories260K (5 layers)", () => {
     });
   }, 60_000);
 
-  it("a worker killed mid-generation is reported by name within 2 s", async () => {
-    const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "2", "--layer-windows", "2,2,1", "-n", "100000", "--ctx", "2048", "--temp", "0"]);
+  it("a worker killed mid-generation is named within 2 s, and the run goes on without it to the same tokens", async () => {
+    const args = ["-n", "100000", "--ctx", "2048", "--temp", "0"];
+    const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "2", "--layer-windows", "2,2,1", "--json", ...args]);
     const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
     const a = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "alpha", "--once", "--threads", "1"]);
     await coord.waitFor(/"alpha" .*joined/);
     const b = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "bravo", "--once", "--threads", "1"]);
-    await coord.waitFor(/Once upon a time.{20}/s);
+    await coord.waitFor(/device w2 "bravo" .* ready/);
+    await new Promise((r) => setTimeout(r, 200)); // mid-generation
     const killedAt = Date.now();
     b.child.kill("SIGKILL");
-    const named = /device w2 "bravo" \(127\.0\.0\.1\)[^\n]*(failed|disconnected|lost)/;
+    const named = /device w2 "bravo" \(127\.0\.0\.1\)[^\n]*(failed|disconnected|lost|reset|closed)/;
     const reportedMs = await coord.waitFor(named, 10_000).then(() => Date.now() - killedAt, () => Infinity);
     const code = await coord.exited;
-    const elapsedMs = Date.now() - killedAt;
     a.child.kill("SIGKILL");
-    // When this fails, say where the time went: naming the device, or ending the run after it.
-    const why = `named after ${reportedMs} ms, exited after ${elapsedMs} ms; coordinator's last words:\n${coord.stderr.slice(-1500)}`;
-    expect(code, why).not.toBe(0);
-    expect(coord.stderr, why).toMatch(named);
+    const why = `named after ${reportedMs} ms; coordinator's last words:\n${coord.stderr.slice(-1500)}`;
+    expect(code, why).toBe(0);
+    expect(coord.stderr, why).toMatch(/recovering the request|spreading the layers evenly/);
     expect(reportedMs, why).toBeLessThan(2000);
-    expect(elapsedMs, why).toBeLessThan(2000);
+    const report = JSON.parse(coord.stdout.split("\n").find((l) => l.startsWith("{"))!) as { generated_ids: number[] };
+    expect(report.generated_ids).toEqual(singleDevice(model, args));
   }, 60_000);
 });
 

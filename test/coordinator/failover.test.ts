@@ -1,0 +1,103 @@
+// A device lost in the middle of a streamed request: the coordinator places the layers on the
+// devices left, replays the prompt and the tokens sent so far, and the stream goes on with exactly the
+// text of an uninterrupted run. The device, restarted, is used again from the next request on.
+import { afterEach, beforeAll, describe, expect, it } from "vitest";
+import { execFileSync } from "node:child_process";
+import { killAll, type Proc } from "../ring/cluster.js";
+import { PLACEMENT_SHAPE, testModel } from "../profiler/models.js";
+import { joinWorker, runOnce, startServe, until, type Served } from "./serve-harness.js";
+
+const PROMPT = "Once upon a time";
+const N = 200;
+
+interface PlanView { plan: { generation: number; ringOrder: string[] } | null; devices: { id: string; name: string; state: string }[] }
+
+describe("failover during a streamed request (12 layers of 1024, Q8_0, two workers)", () => {
+  let model: string;
+  let expected: string;
+  beforeAll(async () => {
+    model = await testModel(PLACEMENT_SHAPE, "Q8_0");
+    expected = runOnce(["-p", PROMPT, "-n", String(N), "--temp", "0", "--ctx", "512"], model).text;
+  }, 120_000);
+  afterEach(() => killAll());
+
+  async function cluster(): Promise<{ s: Served; alpha: Proc; bravo: Proc }> {
+    const s = await startServe(["--ctx", "512", "--min-workers", "2", "--layer-windows", "alpha=4,bravo=4,head=4"], { model, waitReady: false });
+    const alpha = joinWorker(s.clusterPort, "alpha", model);
+    const bravo = joinWorker(s.clusterPort, "bravo", model);
+    await until<PlanView>(`${s.url}/api/state`, (_, b) => (b.plan?.ringOrder.length ?? 0) === 3, 60_000);
+    return { s, alpha, bravo };
+  }
+
+  /** Streams the request, calls `fault` at the 10th chunk, and returns the text and the longest pause. */
+  async function streamWithFault(s: Served, fault: () => void): Promise<{ text: string; pauseMs: number; finish: string | null }> {
+    const stream = await s.client.completions.create({ prompt: PROMPT, max_tokens: N, stream: true, temperature: 0 });
+    let text = "", n = 0, pauseMs = 0, last = 0, finish: string | null = null;
+    for await (const c of stream) {
+      const now = Date.now();
+      if (n > 10) pauseMs = Math.max(pauseMs, now - last);
+      last = now;
+      text += c.choices[0]?.text ?? "";
+      finish = c.choices[0]?.finish_reason ?? finish;
+      if (++n === 10) fault();
+    }
+    return { text, pauseMs, finish };
+  }
+
+  for (const [how, signal] of [["killed (SIGKILL)", "SIGKILL"], ["frozen (SIGSTOP)", "SIGSTOP"]] as const) {
+    it(`a worker ${how} at the 10th token: the stream completes with the uninterrupted text`, async () => {
+      const { s, bravo } = await cluster();
+      const r = await streamWithFault(s, () => bravo.child.kill(signal)).catch((e: Error) => {
+        throw new Error(`${e.message}\ncoordinator:\n${s.proc.stderr.slice(-4000)}`);
+      });
+      // The device is declared lost (its session's heartbeats stop) even when the ring recovered first.
+      await s.proc.waitFor(/device w\d "bravo" .*lost/, 5000);
+      const metrics = await (await fetch(`${s.url}/metrics`)).text();
+      const pauseS = Number(/prima_last_recovery_seconds ([\d.e-]+)/.exec(metrics)?.[1]);
+      console.log(`failover (${how}): the stream paused ${(pauseS * 1000).toFixed(0)} ms (from the last token before the loss to the next)`);
+      expect(r.text, s.proc.stderr.slice(-3000)).toBe(expected);
+      expect(r.finish).toBe("length");
+      // Detection within 2 s, re-placing and the replay of a few tokens: under 3 s.
+      expect(pauseS).toBeGreaterThan(0);
+      expect(pauseS).toBeLessThan(3);
+      expect(metrics).toMatch(/prima_recovery_seconds_count 1\n/);
+      expect(metrics).toMatch(/prima_devices_lost_total 1\n/);
+      if (signal === "SIGSTOP") bravo.child.kill("SIGKILL");
+      // The server stays up and serves the next request on the devices left.
+      const next = await s.client.completions.create({ prompt: PROMPT, max_tokens: N, temperature: 0 });
+      expect(next.choices[0].text).toBe(expected);
+    }, 90_000);
+  }
+
+  it("a worker whose ring link is cut from outside: the ring is rebuilt and the text is the same", async () => {
+    const { s, bravo } = await cluster();
+    let cut = 0;
+    const r = await streamWithFault(s, () => {
+      // Destroy bravo's TCP connections on the data plane (not its control session to the cluster
+      // port): the kernel aborts them as a pulled cable or a NAT dropping them would, in effect.
+      const pid = bravo.child.pid!;
+      const lines = execFileSync("ss", ["-tpnH", "state", "established"], { encoding: "utf8" }).split("\n").filter((l) => l.includes(`pid=${pid},`));
+      for (const l of lines) {
+        const [, , local, peer] = l.trim().split(/\s+/);
+        if (!local || !peer || peer.endsWith(`:${s.clusterPort}`)) continue;
+        execFileSync("ss", ["-K", "-t", "src", local, "dst", peer], { stdio: "ignore" });
+        cut++;
+      }
+    });
+    expect(cut, "bravo's data-plane connections were cut").toBeGreaterThan(0);
+    expect(r.text).toBe(expected);
+  }, 90_000);
+
+  it("a worker restarted after a loss rejoins, and the next request uses it", async () => {
+    const { s, bravo } = await cluster();
+    const r = await streamWithFault(s, () => bravo.child.kill("SIGKILL"));
+    expect(r.text).toBe(expected);
+    const gen = (await until<PlanView>(`${s.url}/api/state`, (_, b) => b.plan !== null)).plan!.generation;
+    joinWorker(s.clusterPort, "bravo", model);
+    const st = await until<PlanView>(`${s.url}/api/state`, (_, b) => (b.plan?.generation ?? 0) > gen && (b.plan?.ringOrder.length ?? 0) === 3, 60_000);
+    const names = st.plan!.ringOrder.map((id) => st.devices.find((d) => d.id === id)?.name);
+    expect(names).toEqual(["alpha", "bravo", "head (this coordinator)"]);
+    const next = await s.client.completions.create({ prompt: PROMPT, max_tokens: N, temperature: 0 });
+    expect(next.choices[0].text).toBe(expected);
+  }, 90_000);
+});
