@@ -3,11 +3,12 @@
 import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import OpenAI from "openai";
-import { root } from "../helpers/process.js";
+import { root, startNode } from "../helpers/process.js";
 import { startCoordinator, startWorker, type Proc } from "../ring/cluster.js";
 
 export const MODEL = "models/stories260K.gguf";
 const coordCli = `${root}dist/coordinator/cli.js`;
+const workerCli = `${root}dist/worker/cli.js`;
 
 export interface Served {
   readonly proc: Proc;
@@ -16,9 +17,13 @@ export interface Served {
   readonly client: OpenAI;
 }
 
-/** Starts serve (no discovery, any free ports) and waits until it says it is ready. */
-export async function startServe(args: string[] = [], opts: { apiKey?: string; model?: string; waitReady?: boolean } = {}): Promise<Served> {
-  const proc = startCoordinator(["serve", opts.model ?? MODEL, "--no-discovery", "--port", "0", "--cluster-port", "0", "--threads", "1", ...args]);
+/**
+ * Starts serve (any free ports; no discovery unless `discovery`, with `env` to keep its multicast on
+ * loopback) and waits until it says it is ready.
+ */
+export async function startServe(args: string[] = [], opts: { apiKey?: string; model?: string; waitReady?: boolean; discovery?: boolean; env?: NodeJS.ProcessEnv } = {}): Promise<Served> {
+  const serveArgs = ["serve", opts.model ?? MODEL, ...(opts.discovery ? [] : ["--no-discovery"]), "--port", "0", "--cluster-port", "0", "--threads", "1", ...args];
+  const proc = opts.env ? startNode([coordCli, ...serveArgs], opts.env) : startCoordinator(serveArgs);
   const port = Number((await proc.waitFor(/listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]);
   const clusterPort = Number((await proc.waitFor(/listening for workers on port (\d+)/))[1]);
   if (opts.waitReady !== false) await proc.waitFor(/ready: /);
@@ -29,6 +34,11 @@ export async function startServe(args: string[] = [], opts: { apiKey?: string; m
 
 export function joinWorker(clusterPort: number, name: string, model = MODEL, extra: string[] = []): Proc {
   return startWorker(["--join", `127.0.0.1:${clusterPort}`, "--model", model, "--name", name, "--threads", "1", ...extra]);
+}
+
+/** A worker that finds the cluster by itself: `--join` with no address (mDNS settings from `env`). */
+export function discoverWorker(name: string, env: NodeJS.ProcessEnv, model = MODEL, extra: string[] = []): Proc {
+  return startNode([workerCli, "--join", "--model", model, "--name", name, "--threads", "1", ...extra], env);
 }
 
 /** Polls GET path until check(json) holds; rejects after timeoutMs with the last answer. */
