@@ -1,0 +1,136 @@
+// Chaos: streamed requests back to back on a served ring of two loopback workers, while a script kills
+// (SIGKILL, or SIGSTOP then SIGKILL) a random worker every ~20 s and restarts it a few seconds later.
+// It prints requests completed correctly (the uninterrupted greedy text), failed with a clear error,
+// wrong (must be 0), hung (must be 0), the median and worst pause from a loss to the next token, and
+// the server's memory and open files at the start and the end (no leak).
+//   node dist/bench/chaos.js model.gguf [seconds]
+import { readdirSync, readFileSync } from "node:fs";
+import { coordCli, median, start, stop, waitFor, workerCli, type Proc } from "./procs.js";
+
+const PROMPT = "Once upon a time";
+const TOKENS = 48;
+const REQUEST_LIMIT_MS = 60_000;
+
+function rssMiB(pid: number): number {
+  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
+  return m ? Number(m[1]) / 1024 : NaN;
+}
+
+const openFiles = (pid: number) => readdirSync(`/proc/${pid}/fd`).length;
+
+async function streamOnce(url: string, signal: AbortSignal): Promise<string> {
+  const r = await fetch(`${url}/v1/completions`, {
+    method: "POST", headers: { "Content-Type": "application/json" }, signal,
+    body: JSON.stringify({ prompt: PROMPT, max_tokens: TOKENS, temperature: 0, stream: true }),
+  });
+  if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}: ${(await r.text()).slice(0, 300)}`);
+  const reader = r.body.getReader();
+  const dec = new TextDecoder();
+  let buf = "", text = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return text;
+    buf += dec.decode(value, { stream: true });
+    let i;
+    while ((i = buf.indexOf("\n\n")) >= 0) {
+      const ev = buf.slice(0, i);
+      buf = buf.slice(i + 2);
+      if (!ev.startsWith("data: ") || ev === "data: [DONE]") continue;
+      const c = JSON.parse(ev.slice(6)) as { error?: { message: string }; choices?: { text?: string }[] };
+      if (c.error) throw new Error(c.error.message);
+      text += c.choices?.[0]?.text ?? "";
+    }
+  }
+}
+
+export async function main(model: string, seconds = 180): Promise<void> {
+  const ref = start(coordCli, ["run", model, "--json", "-p", PROMPT, "-n", String(TOKENS), "--temp", "0", "--ctx", "256", "--threads", "1"]);
+  await ref.exited;
+  const expected = (JSON.parse(ref.out.split("\n").find((l) => l.startsWith("{"))!) as { text: string }).text;
+  const serve = start(coordCli, ["serve", model, "--no-discovery", "--port", "0", "--cluster-port", "0", "--ctx", "256", "--threads", "1", "--min-workers", "2", "--keep-all"]);
+  const workers = new Map<string, Proc>();
+  const procs: Proc[] = [serve];
+  try {
+    const url = `http://127.0.0.1:${(await waitFor(serve, /listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]}`;
+    const clusterPort = (await waitFor(serve, /listening for workers on port (\d+)/, 120_000))[1];
+    const join = (name: string) => {
+      const w = start(workerCli, ["--join", `127.0.0.1:${clusterPort}`, "--model", model, "--name", name, "--threads", "1"]);
+      workers.set(name, w);
+      procs.push(w);
+    };
+    join("alpha");
+    join("bravo");
+    for (let t = 0; ; t += 250) {
+      const h = await fetch(`${url}/health`).catch(() => undefined);
+      if (h?.status === 200) break;
+      if (t > 120_000) throw new Error("the ring did not form within 120 s");
+      await new Promise((r) => setTimeout(r, 250));
+    }
+    await streamOnce(url, AbortSignal.timeout(REQUEST_LIMIT_MS)); // warm-up
+    const rss0 = rssMiB(serve.child.pid!), fds0 = openFiles(serve.child.pid!);
+    const counts = { correct: 0, failed: 0, wrong: 0, hung: 0, kills: 0 };
+    const errors = new Map<string, number>();
+    const deadline = Date.now() + seconds * 1000;
+    let stopKilling = false;
+    const killer = (async () => {
+      while (!stopKilling && Date.now() < deadline - 10_000) {
+        await new Promise((r) => setTimeout(r, 15_000 + Math.random() * 10_000));
+        if (stopKilling) break;
+        const name = Math.random() < 0.5 ? "alpha" : "bravo";
+        const w = workers.get(name)!;
+        const freeze = Math.random() < 0.3;
+        console.error(`chaos: ${freeze ? "freezing" : "killing"} ${name}`);
+        w.child.kill(freeze ? "SIGSTOP" : "SIGKILL");
+        counts.kills++;
+        await new Promise((r) => setTimeout(r, 3000));
+        w.child.kill("SIGKILL");
+        await w.exited;
+        join(name);
+      }
+    })();
+    while (Date.now() < deadline) {
+      const limit = AbortSignal.timeout(REQUEST_LIMIT_MS);
+      try {
+        const text = await streamOnce(url, limit);
+        if (text === expected) counts.correct++;
+        else {
+          counts.wrong++;
+          console.error(`chaos: WRONG text: ${JSON.stringify(text.slice(0, 120))}`);
+        }
+      } catch (e) {
+        if (limit.aborted) counts.hung++;
+        else {
+          counts.failed++;
+          const m = (e as Error).message.replace(/\d+/g, "N").slice(0, 160);
+          errors.set(m, (errors.get(m) ?? 0) + 1);
+          await new Promise((r) => setTimeout(r, 500));
+        }
+      }
+    }
+    stopKilling = true;
+    await killer;
+    const state = (await (await fetch(`${url}/api/state`)).json()) as { events: { kind: string; message: string }[] };
+    const pauses = state.events.filter((e) => e.kind === "recovered").map((e) => Number(/after a ([\d.]+) s pause/.exec(e.message)?.[1]) * 1000);
+    const rss1 = rssMiB(serve.child.pid!), fds1 = openFiles(serve.child.pid!);
+    console.log(`\n## chaos: ${seconds} s of streamed requests (${TOKENS} tokens each) on serve + 2 workers, a worker killed or frozen every ~20 s\n`);
+    console.log("| kills | correct | failed (clear error) | wrong (goal 0) | hung (goal 0) | recoveries | pause median ms | pause worst ms | server RSS MiB start -> end | open files start -> end |");
+    console.log("|---|---|---|---|---|---|---|---|---|---|");
+    console.log(`| ${counts.kills} | ${counts.correct} | ${counts.failed} | ${counts.wrong} | ${counts.hung} | ${pauses.length} | ${median(pauses).toFixed(0)} | ` +
+      `${pauses.length ? Math.max(...pauses).toFixed(0) : "-"} | ${rss0.toFixed(0)} -> ${rss1.toFixed(0)} | ${fds0} -> ${fds1} |`);
+    for (const [m, n] of errors) console.log(`- ${n} x failed: ${m}`);
+  } finally {
+    for (const p of procs) await stop(p);
+  }
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  const model = process.argv[2];
+  if (!model) {
+    console.error("usage: node dist/bench/chaos.js model.gguf [seconds]");
+    process.exit(2);
+  }
+  main(model, Number(process.argv[3] ?? 180)).catch((e: unknown) => {
+    console.error(`bench chaos: ${e instanceof Error ? e.message : String(e)}`);
+    process.exitCode = 1;
+  });
+}

@@ -1,0 +1,47 @@
+// Processes for benchmarks: the compiled CLIs started with their output collected, a wait for a
+// line with a limit, and a stop by PID.
+import { spawn, type ChildProcess } from "node:child_process";
+import { fileURLToPath } from "node:url";
+
+export const root = fileURLToPath(new URL("../..", import.meta.url));
+export const coordCli = `${root}dist/coordinator/cli.js`;
+export const workerCli = `${root}dist/worker/cli.js`;
+
+export interface Proc {
+  child: ChildProcess;
+  out: string;
+  err: string;
+  exited: Promise<number | null>;
+}
+
+export function start(cli: string, args: string[], env: NodeJS.ProcessEnv = {}): Proc {
+  const child = spawn(process.execPath, [cli, ...args], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...env } });
+  const p: Proc = { child, out: "", err: "", exited: new Promise((r) => child.on("exit", r)) };
+  child.stdout!.on("data", (d: Buffer) => (p.out += d.toString()));
+  child.stderr!.on("data", (d: Buffer) => (p.err += d.toString()));
+  return p;
+}
+
+export async function waitFor(p: Proc, re: RegExp, timeoutMs = 60_000): Promise<RegExpMatchArray> {
+  const t0 = Date.now();
+  for (;;) {
+    const m = p.err.match(re) ?? p.out.match(re);
+    if (m) return m;
+    if (Date.now() - t0 > timeoutMs) throw new Error(`timed out waiting for ${re}:\n${p.err.slice(-3000)}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+/** Stops a process by its PID (SIGTERM, then SIGKILL after a grace) and waits for it. */
+export async function stop(p: Proc, graceMs = 3000): Promise<void> {
+  if (p.child.exitCode !== null || p.child.signalCode !== null) return;
+  p.child.kill("SIGTERM");
+  const t = setTimeout(() => p.child.kill("SIGKILL"), graceMs);
+  await p.exited;
+  clearTimeout(t);
+}
+
+export const median = (xs: readonly number[]): number => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) >> 1] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};

@@ -1,0 +1,108 @@
+// The service's costs, against `prima-coord run` in the same run:
+//  1. API overhead per generated token: a streamed /v1/completions request's decode time per token
+//     (first token to last, at the client) over `run`'s decode time per token, same model, prompt and
+//     threads, in alternating rounds;
+//  2. a chat's second turn: time to first token with the first turn's KV cache reused, against the
+//     same request cold (after an unrelated request took the cache).
+//   node dist/bench/serve.js [model.gguf] [rounds]
+import { coordCli, median, start, stop, waitFor } from "./procs.js";
+
+const PROMPT = "Once upon a time";
+const TOKENS = 64;
+const THREADS = "2";
+
+async function runDecodeMsPerToken(model: string): Promise<number> {
+  const p = start(coordCli, ["run", model, "--json", "-p", PROMPT, "-n", String(TOKENS), "--temp", "0", "--ctx", "512", "--threads", THREADS]);
+  await p.exited;
+  const r = JSON.parse(p.out.split("\n").find((l) => l.startsWith("{"))!) as { decode_tok_s: number };
+  return 1000 / r.decode_tok_s;
+}
+
+/** One streamed request: decode ms per token at the client, and the time to its first token. */
+async function streamed(url: string, body: object): Promise<{ msPerToken: number; ttftMs: number; text: string }> {
+  const t0 = performance.now();
+  const r = await fetch(`${url}/v1/${"messages" in body ? "chat/completions" : "completions"}`, {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ ...body, stream: true }),
+  });
+  if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
+  const reader = r.body.getReader();
+  const dec = new TextDecoder();
+  let buf = "", text = "", first = 0, last = 0, n = 0;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += dec.decode(value, { stream: true });
+    let i;
+    while ((i = buf.indexOf("\n\n")) >= 0) {
+      const ev = buf.slice(0, i);
+      buf = buf.slice(i + 2);
+      if (!ev.startsWith("data: ") || ev === "data: [DONE]") continue;
+      const c = JSON.parse(ev.slice(6)) as { choices: { text?: string; delta?: { content?: string } }[] };
+      const piece = c.choices[0]?.text ?? c.choices[0]?.delta?.content ?? "";
+      if (!piece) continue;
+      const now = performance.now();
+      if (n === 0) first = now;
+      last = now;
+      n++;
+      text += piece;
+    }
+  }
+  return { msPerToken: n > 1 ? (last - first) / (n - 1) : NaN, ttftMs: first - t0, text };
+}
+
+export async function main(model: string, rounds = 5): Promise<void> {
+  const serve = start(coordCli, ["serve", model, "--no-discovery", "--port", "0", "--cluster-port", "0", "--ctx", "512", "--threads", THREADS]);
+  try {
+    const url = `http://127.0.0.1:${(await waitFor(serve, /listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]}`;
+    await waitFor(serve, /ready: /, 120_000);
+    // Warm both up: the weights in the page cache, the server's first request.
+    await runDecodeMsPerToken(model);
+    await streamed(url, { prompt: PROMPT, max_tokens: 8, temperature: 0 });
+    const api: number[] = [], cli: number[] = [];
+    for (let r = 0; r < rounds; r++) {
+      const order = r % 2 === 0 ? ["api", "cli"] : ["cli", "api"];
+      for (const which of order) {
+        if (which === "cli") cli.push(await runDecodeMsPerToken(model));
+        else api.push((await streamed(url, { prompt: PROMPT, max_tokens: TOKENS, temperature: 0 })).msPerToken);
+      }
+    }
+    const ratio = median(api) / median(cli);
+    console.log(`\n## serve: API overhead per generated token (${rounds} alternating rounds, ${TOKENS} tokens, ${THREADS} threads)\n`);
+    console.log("| prima-coord run ms/token (median) | streamed /v1/completions ms/token (median) | ratio (goal <= 1.02) |");
+    console.log("|---|---|---|");
+    console.log(`| ${median(cli).toFixed(2)} | ${median(api).toFixed(2)} | ${ratio.toFixed(3)} |`);
+
+    // A chat's second turn, warm (the first turn's cache reused) and cold (the cache taken by another request).
+    const system = "You are a storyteller who tells long stories about animals in a forest, with many details about each animal.";
+    const first = [{ role: "system", content: system }, { role: "user", content: "Tell me a story about a fox and a rabbit who become friends." }];
+    const warm: number[] = [], cold: number[] = [];
+    for (let r = 0; r < rounds; r++) {
+      const a1 = await streamed(url, { messages: first, max_tokens: 48, temperature: 0 });
+      const second = [...first, { role: "assistant", content: a1.text }, { role: "user", content: "What happened next?" }];
+      const w = await streamed(url, { messages: second, max_tokens: 4, temperature: 0 });
+      await streamed(url, { prompt: "Unrelated", max_tokens: 2, temperature: 0 });
+      const c = await streamed(url, { messages: second, max_tokens: 4, temperature: 0 });
+      if (w.text !== c.text) throw new Error(`the warm second turn answered ${JSON.stringify(w.text)}, the cold one ${JSON.stringify(c.text)}`);
+      warm.push(w.ttftMs);
+      cold.push(c.ttftMs);
+    }
+    console.log(`\n## serve: a chat's second turn, time to first token (${rounds} rounds)\n`);
+    console.log("| cold ms (median) | cached ms (median) | cached / cold |");
+    console.log("|---|---|---|");
+    console.log(`| ${median(cold).toFixed(1)} | ${median(warm).toFixed(1)} | ${(median(warm) / median(cold)).toFixed(3)} |`);
+  } finally {
+    await stop(serve);
+  }
+}
+
+if (import.meta.url === `file://${process.argv[1]}`) {
+  const model = process.argv[2];
+  if (!model) {
+    console.error("usage: node dist/bench/serve.js model.gguf [rounds]");
+    process.exit(2);
+  }
+  main(model, Number(process.argv[3] ?? 5)).catch((e: unknown) => {
+    console.error(`bench serve: ${e instanceof Error ? e.message : String(e)}`);
+    process.exitCode = 1;
+  });
+}
