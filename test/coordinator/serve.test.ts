@@ -277,3 +277,30 @@ describe("serve with two loopback workers", () => {
     expect(r.choices[0].text).toBe(ref.text);
   }, 90_000);
 });
+
+describe("a coordinator that restarts", () => {
+  afterEach(() => killAll());
+
+  it("finds its workers again without anyone touching them", async () => {
+    const { createServer } = await import("node:net");
+    const free = await new Promise<number>((resolve) => {
+      const srv = createServer().listen(0, "127.0.0.1", () => {
+        const p = (srv.address() as { port: number }).port;
+        srv.close(() => resolve(p));
+      });
+    });
+    const args = ["--min-workers", "1", "--layer-windows", "alpha=3,head=2"];
+    const first = await startServe([...args, "--cluster-port", String(free)], { waitReady: false });
+    const alpha = joinWorker(free, "alpha");
+    await until(`${first.url}/health`, (st) => st === 200);
+    first.proc.child.kill("SIGKILL");
+    await first.proc.exited;
+    const again = await startServe([...args, "--cluster-port", String(free)], { waitReady: false });
+    await until(`${again.url}/health`, (st) => st === 200, 20_000);
+    const ref = runOnce(["-p", STORY, "-n", "16", "--temp", "0"]);
+    const r = await again.client.completions.create({ prompt: STORY, max_tokens: 16, ...greedy });
+    expect(r.choices[0].text).toBe(ref.text);
+    expect(alpha.child.exitCode).toBeNull();
+    expect(alpha.stderr).toMatch(/joined .* as w1[\s\S]*joined .* as w1/);
+  }, 60_000);
+});
