@@ -3,6 +3,7 @@
 // NeoX RoPE, tied embeddings). Everything else is refused by name.
 
 import { GgufError, metaNumber, metaString, type GgufFile, type GgufTensorInfo } from "./gguf.js";
+import { printable } from "./escape.js";
 import { ggmlTypeInfo, ggmlTypeName } from "./ggml-types.js";
 
 export type Architecture = "llama" | "qwen2";
@@ -90,7 +91,7 @@ export function readHParams(f: GgufFile): HParams {
   const archName = metaString(f, "general.architecture");
   if (archName === undefined) throw new GgufError(`${f.path}: missing general.architecture`);
   if (!(supportedArchitectures as readonly string[]).includes(archName)) {
-    throw new GgufError(`${f.path}: architecture "${archName}" is not supported (supported: ${supportedArchitectures.join(", ")})`);
+    throw new GgufError(`${f.path}: architecture "${printable(archName, 80)}" is not supported (supported: ${supportedArchitectures.join(", ")})`);
   }
   const arch = archName as Architecture;
   const k = (s: string) => `${arch}.${s}`;
@@ -125,7 +126,7 @@ export function readHParams(f: GgufFile): HParams {
     ropeFreqScale = 1 / factor;
   } else if (scalingType !== "none") {
     // llama3-style scaling is carried by rope_freqs.weight with type "none"; yarn/longrope need more.
-    throw new GgufError(`${f.path}: RoPE scaling type "${scalingType}" is not supported`);
+    throw new GgufError(`${f.path}: RoPE scaling type "${printable(scalingType, 80)}" is not supported`);
   } else {
     const lin = metaNumber(f, k("rope.scale_linear"));
     if (lin !== undefined && lin > 0) ropeFreqScale = 1 / lin;
@@ -168,6 +169,7 @@ export function readModelTensors(f: GgufFile, hp: HParams): ModelTensors {
   const outputNorm = must("output_norm.weight", [E], true);
   const output = get("output.weight", [E, hp.nVocab], { optional: true }) ?? tokenEmbd;
   const ropeFreqs = get("rope_freqs.weight", [hp.ropeDims / 2], { optional: true, f32Only: true });
+  checkLayerCount(f, hp.nLayers);
   const layers: LayerTensors[] = [];
   for (let i = 0; i < hp.nLayers; i++) {
     const p = `blk.${i}.`;
@@ -188,6 +190,27 @@ export function readModelTensors(f: GgufFile, hp: HParams): ModelTensors {
     });
   }
   return { tokenEmbd, outputNorm, output, ropeFreqs, layers };
+}
+
+/** block_count must agree with the blk.N tensors: a file that says fewer layers than it holds would
+ * run part of the model silently, one that says more would fail later on a missing tensor. */
+function checkLayerCount(f: GgufFile, nLayers: number): void {
+  let top = -1;
+  let topName = "";
+  for (const t of f.tensors) {
+    const m = /^blk\.(\d+)\./.exec(t.name);
+    if (m && Number(m[1]) > top) {
+      top = Number(m[1]);
+      topName = t.name;
+    }
+  }
+  const key = `${f.metadata.get("general.architecture")?.value}.block_count`;
+  if (top >= nLayers) {
+    throw new GgufError(`${f.path}: ${key} says ${nLayers} layers, but the file has tensors of layer ${top} (${topName}); the header is wrong or hostile`);
+  }
+  if (top < nLayers - 1) {
+    throw new GgufError(`${f.path}: ${key} says ${nLayers} layers, but the file has tensors of ${top + 1} (no blk.${top + 1}.* tensor)`);
+  }
 }
 
 export function describeModel(f: GgufFile): ModelDescription {

@@ -3,8 +3,16 @@
 // eos_token (the texts of the model's BOS/EOS tokens), enable_thinking and today's date; a system
 // message is folded into the next message when the template ignores or refuses the system role;
 // then the BOS text is cut from the front when the tokenizer adds BOS itself (EOS likewise).
+//
+// A template comes from the model file, so it may be hostile: a loop over range(1e9), a string
+// doubled until V8 aborts the process. Rendering therefore happens in a worker thread with a heap of
+// its own (resourceLimits), a step count, a deadline and an output bound; the caller waits for it
+// synchronously (Atomics.wait), so render() stays a plain function call. A worker that runs out of
+// memory or time is terminated and the next render starts a fresh one; the process stays up.
 
 import { Template } from "@huggingface/jinja";
+import { createRequire } from "node:module";
+import { MessageChannel, receiveMessageOnPort, Worker, type MessagePort } from "node:worker_threads";
 import type { GgufFile } from "./gguf.js";
 import { Tokenizer } from "./tokenizer.js";
 
@@ -66,9 +74,186 @@ export const LLAMA2_TEMPLATE =
 
 const FALLBACKS: Readonly<Record<ChatFallback, string>> = { chatml: CHATML_TEMPLATE, llama2: LLAMA2_TEMPLATE };
 
+/** What one render may use. Real templates take well under 1% of each (a few thousand steps, ~1 ms). */
+export interface TemplateLimits {
+  /** Wall time of one render. */
+  readonly timeMs: number;
+  /** Interpreter steps (one per AST node evaluated): bounds loops of any shape. */
+  readonly steps: number;
+  /** Longest string (the output, so the prompt, included: 1M characters is ~250k tokens) and longest
+   * list the template may make. Keep a string's bytes well under 16 MB (see WORKER_SOURCE). */
+  readonly outputChars: number;
+  readonly listItems: number;
+  /** The worker's heap: anything a single builtin allocates at once ends here, not in the process. */
+  readonly heapMb: number;
+}
+
+export const DEFAULT_TEMPLATE_LIMITS: TemplateLimits = {
+  timeMs: 2000, steps: 5_000_000, outputChars: 1 << 20, listItems: 1 << 20, heapMb: 256,
+};
+
+// The worker (CommonJS, eval'd: it needs no file of its own next to the compiled one or the test's
+// source). It counts steps by wrapping Interpreter.evaluate: the worker's own copy of the library, so
+// the wrap touches nothing in the main thread.
+const WORKER_SOURCE = `
+const { workerData } = require("node:worker_threads");
+const { Template, Interpreter, Environment } = require(workerData.jinja);
+const { port, signal } = workerData;
+const flag = new Int32Array(signal);
+class LimitError extends Error {}
+let limits, steps = 0, deadline = 0;
+const evaluate = Interpreter.prototype.evaluate;
+Interpreter.prototype.evaluate = function (node, env) {
+  if (++steps > limits.steps) throw new LimitError("it took more than " + limits.steps + " steps (a loop that does not end?)");
+  if ((steps & 1023) === 0 && Date.now() > deadline) throw new LimitError("it ran longer than " + limits.timeMs + " ms");
+  const v = evaluate.call(this, node, env);
+  const x = v && v.value;
+  if (typeof x === "string" && x.length > limits.outputChars) throw new LimitError("it made a string of more than " + limits.outputChars + " characters");
+  if (Array.isArray(x) && x.length > limits.listItems) throw new LimitError("it made a list of more than " + limits.listItems + " items");
+  return v;
+};
+function range(start, stop, step = 1) {
+  if (stop === undefined) { stop = start; start = 0; }
+  const n = step === 0 ? 0 : Math.ceil((stop - start) / step);
+  if (!(n <= limits.listItems)) throw new LimitError("range() of " + n + " items is more than " + limits.listItems);
+  if (step === 0) throw new Error("range() step must not be zero");
+  const out = [];
+  for (let i = 0; i < n; i++) out.push(start + i * step);
+  return out;
+}
+// A worker that reaches its heap limit is stopped cleanly only when the failing allocation is small:
+// V8 gives it ~16 MB of leeway, and one larger allocation past the limit aborts the whole process.
+// So no single step may build a big value: every value is checked after each step (outputChars),
+// and the builtins that make a long string from short inputs in one call check their result first.
+const guard = (proto, name, length) => {
+  const f = proto[name];
+  proto[name] = function (...a) {
+    const n = length(this, a);
+    if (n > limits.outputChars) throw new LimitError(name + "() would make " + n + " characters, more than " + limits.outputChars);
+    return f.apply(this, a);
+  };
+};
+guard(String.prototype, "repeat", (s, [n]) => s.length * Number(n));
+guard(String.prototype, "padStart", (s, [n]) => Number(n));
+guard(String.prototype, "padEnd", (s, [n]) => Number(n));
+const grows = (s, [from, to]) => {
+  if (typeof from !== "string" || typeof to !== "string" || to.length <= from.length || s.length * (to.length + 1) <= limits.outputChars) return s.length;
+  let k = 0;
+  for (let i = s.indexOf(from); i >= 0 && from.length > 0; i = s.indexOf(from, i + from.length)) k++;
+  return s.length + k * (to.length - from.length) + (from.length === 0 ? (s.length + 1) * to.length : 0);
+};
+guard(String.prototype, "replace", grows);
+guard(String.prototype, "replaceAll", grows);
+guard(Array.prototype, "join", (xs, [sep]) => {
+  let n = (xs.length - 1) * (sep === undefined ? 1 : String(sep).length);
+  for (const x of xs) n += x === null || x === undefined ? 0 : String(x).length;
+  return n;
+});
+// The library's own range() builds its list in one step; the global is swapped for the bounded one.
+const set = Environment.prototype.set;
+Environment.prototype.set = function (name, value) {
+  return set.call(this, name, name === "range" && typeof value === "function" ? range : value);
+};
+const cache = new Map();
+port.on("message", (m) => {
+  let reply;
+  try {
+    limits = m.limits;
+    steps = 0;
+    deadline = Date.now() + limits.timeMs;
+    let t = cache.get(m.source);
+    if (!t) {
+      if (cache.size >= 8) cache.clear();
+      t = new Template(m.source);
+      cache.set(m.source, t);
+    }
+    const text = t.render(m.vars);
+    if (typeof text === "string" && text.length > limits.outputChars) throw new LimitError("its output is more than " + limits.outputChars + " characters");
+    reply = { ok: true, text };
+  } catch (e) {
+    reply = { ok: false, limit: e instanceof LimitError, error: String(e && e.message !== undefined ? e.message : e) };
+  }
+  port.postMessage(reply);
+  Atomics.store(flag, 0, 1);
+  Atomics.notify(flag, 0);
+});
+`;
+
+const jinjaPath = createRequire(import.meta.url).resolve("@huggingface/jinja");
+/** Past the template's own deadline, how long the caller waits before it gives the worker up. */
+const WORKER_GRACE_MS = 1000;
+const NAP = new Int32Array(new SharedArrayBuffer(4));
+
+/** One render worker per process, started when the first template is made, replaced when it fails. */
+class TemplateWorker {
+  private static current: TemplateWorker | null = null;
+  private readonly worker: Worker;
+  private readonly port: MessagePort;
+  private readonly flag = new Int32Array(new SharedArrayBuffer(4));
+  private dead: string | null = null;
+
+  private constructor(private readonly heapMb: number) {
+    const { port1, port2 } = new MessageChannel();
+    this.port = port1;
+    this.worker = new Worker(WORKER_SOURCE, {
+      eval: true,
+      workerData: { jinja: jinjaPath, port: port2, signal: this.flag.buffer },
+      transferList: [port2],
+      resourceLimits: { maxOldGenerationSizeMb: heapMb, maxYoungGenerationSizeMb: 16, stackSizeMb: 4 },
+      stdout: true, stderr: true,
+    });
+    // An 'error' event without a listener would throw in the main thread; an out-of-memory worker is
+    // just a failed render.
+    this.worker.on("error", (e) => { this.dead = e.message; });
+    this.worker.on("exit", () => { this.dead ??= "the worker exited"; });
+    this.worker.unref();
+    this.port.unref();
+  }
+
+  static get(heapMb: number): TemplateWorker {
+    const w = TemplateWorker.current;
+    if (w && w.dead === null && w.heapMb === heapMb) return w;
+    w?.stop();
+    return (TemplateWorker.current = new TemplateWorker(heapMb));
+  }
+
+  private stop(): void {
+    if (TemplateWorker.current === this) TemplateWorker.current = null;
+    void this.worker.terminate();
+    this.port.close();
+  }
+
+  render(source: string, vars: Record<string, unknown>, limits: TemplateLimits): string {
+    Atomics.store(this.flag, 0, 0);
+    try {
+      this.port.postMessage({ source, vars, limits });
+    } catch (e) {
+      throw new ChatTemplateError(`the chat template's variables cannot be passed to it: ${(e as Error).message}`);
+    }
+    // A worker that dies of its heap limit never signals: the wait then ends at the deadline.
+    const waited = Atomics.wait(this.flag, 0, 0, limits.timeMs + WORKER_GRACE_MS);
+    let reply = receiveMessageOnPort(this.port)?.message as { ok: boolean; text?: string; limit?: boolean; error?: string } | undefined;
+    // The message is queued before the signal; should it lag anyway, give it a few ms.
+    for (let i = 0; !reply && waited !== "timed-out" && i < 20; i++) {
+      Atomics.wait(NAP, 0, 0, 5);
+      reply = receiveMessageOnPort(this.port)?.message as typeof reply;
+    }
+    if (!reply) {
+      this.stop();
+      throw new ChatTemplateError(
+        `the chat template was stopped: it did not finish within ${limits.timeMs} ms or used more than ${limits.heapMb} MB`);
+    }
+    if (!reply.ok) {
+      throw new ChatTemplateError(reply.limit ? `the chat template was stopped: ${reply.error}` : `the chat template failed: ${reply.error}`);
+    }
+    return reply.text ?? "";
+  }
+}
+
 export class ChatTemplate {
-  private readonly compiled: Template;
   private systemRole: boolean | undefined;
+  /** Bounds of each render (the template comes from a file: see the top of this file). */
+  limits: TemplateLimits = DEFAULT_TEMPLATE_LIMITS;
 
   /**
    * @param source the Jinja template
@@ -85,10 +270,11 @@ export class ChatTemplate {
     readonly isFallback = false,
   ) {
     try {
-      this.compiled = new Template(source);
+      new Template(source); // parse errors now, with the model, rather than at the first request
     } catch (e) {
       throw new ChatTemplateError(`the chat template does not parse: ${(e as Error).message}`);
     }
+    TemplateWorker.get(this.limits.heapMb); // starts the worker while the caller does other things
   }
 
   /** The chat template of a model, with its BOS/EOS texts. */
@@ -120,8 +306,10 @@ export class ChatTemplate {
     if (this.systemRole === undefined) {
       try {
         const probe = [{ role: "system", content: SYSTEM_PROBE }, { role: "user", content: "user" }];
-        this.systemRole = this.compiled.render({ ...this.baseVariables(), messages: probe, add_generation_prompt: false }).includes(SYSTEM_PROBE);
-      } catch {
+        this.systemRole = this.run({ ...this.baseVariables(), messages: probe, add_generation_prompt: false }).includes(SYSTEM_PROBE);
+      } catch (e) {
+        // A template that refuses the system role is normal; one stopped for its limits is not.
+        if (e instanceof ChatTemplateError && e.message.includes("was stopped")) throw e;
         this.systemRole = false;
       }
     }
@@ -138,6 +326,10 @@ export class ChatTemplate {
       datetime: `${month} ${two(now.getDate())} ${now.getFullYear()}`,
       date_string: `${two(now.getDate())} ${month} ${now.getFullYear()}`,
     };
+  }
+
+  private run(vars: Record<string, unknown>): string {
+    return TemplateWorker.get(this.limits.heapMb).render(this.source, vars, this.limits);
   }
 
   /** The messages as llama.cpp hands them to the template (developer -> system, system folded in). */
@@ -169,12 +361,7 @@ export class ChatTemplate {
   /** The prompt text for `messages`; tokenize it with parseSpecial and addSpecial. */
   render(messages: readonly ChatMessage[], options: RenderOptions = {}): string {
     const vars = this.variables(messages, options);
-    let text: string;
-    try {
-      text = this.compiled.render(vars);
-    } catch (e) {
-      throw new ChatTemplateError(`the chat template failed: ${(e as Error).message}`);
-    }
+    let text = this.run(vars);
     if (options.stripAddedSpecial ?? true) {
       if (this.addBos && this.bosToken !== "" && text.startsWith(this.bosToken)) text = text.slice(this.bosToken.length);
       if (this.addEos && this.eosToken !== "" && text.endsWith(this.eosToken)) text = text.slice(0, -this.eosToken.length);

@@ -3,6 +3,7 @@
 // offset against the file before trusting it: a hostile file gets a GgufError naming the problem.
 
 import { closeSync, fstatSync, openSync, readSync, writeSync } from "node:fs";
+import { printable } from "./escape.js";
 import { ggmlTypeInfo, ggmlTypeName } from "./ggml-types.js";
 
 export class GgufError extends Error {
@@ -58,7 +59,22 @@ export interface GgufFile {
 
 const MAGIC = 0x46554747; // "GGUF" little-endian
 const MAX_DIMS = 4;
-const MAX_COUNT = 1 << 24; // tensors or keys: far beyond any real model
+// Bounds on what a header may make this process hold, each far beyond any real model (the largest
+// vocabularies, ~262k tokens and ~300k merges, make headers of ~20 MB): a hostile file gets a
+// GgufError instead of an out-of-memory abort.
+const MAX_TENSORS = 1 << 18;
+const MAX_KEYS = 1 << 16;
+/** Bytes of header (metadata and tensor table) read into memory. */
+export const GGUF_MAX_HEADER_BYTES = 256 << 20;
+/** One metadata string (the longest real ones are chat templates of tens of KB). */
+export const GGUF_MAX_STRING_BYTES = 16 << 20;
+const MAX_KEY_BYTES = 1024;
+/** llama.cpp's GGML_MAX_NAME: a tensor name is shorter than 64 bytes. */
+const MAX_TENSOR_NAME_BYTES = 63;
+/** Strings, bools and nested arrays in all metadata arrays together (each is a JS value). */
+export const GGUF_MAX_ARRAY_ITEMS = 1 << 23;
+/** A nested array weighs this many items (an object and a typed array of its own). */
+const NESTED_ARRAY_WEIGHT = 64;
 const MAX_NESTING = 4;
 
 /** Growable view over the start of a file; reads more on demand, never past the end. */
@@ -74,7 +90,10 @@ class Cursor {
     if (end > this.fileBytes) {
       throw new GgufError(`${this.path}: truncated header: needs ${end} bytes, file has ${this.fileBytes}`);
     }
-    const want = Math.min(this.fileBytes, Math.max(end, this.buf.length * 2));
+    if (end > GGUF_MAX_HEADER_BYTES) {
+      throw new GgufError(`${this.path}: the header (metadata and tensor table) is larger than ${GGUF_MAX_HEADER_BYTES} bytes`);
+    }
+    const want = Math.min(this.fileBytes, GGUF_MAX_HEADER_BYTES, Math.max(end, this.buf.length * 2));
     const next = Buffer.alloc(want);
     this.buf.copy(next);
     let off = this.buf.length;
@@ -113,9 +132,24 @@ class Cursor {
     if (v > BigInt(max)) throw new GgufError(`${this.path}: ${w} is ${v}, more than the limit ${max}`);
     return Number(v);
   }
-  string(w: string): string {
-    const n = this.count(`${w} length`, this.remaining());
+  string(w: string, maxBytes = GGUF_MAX_STRING_BYTES): string {
+    const n = this.count(`${w} length`, Math.min(this.remaining(), maxBytes));
     return this.take(n, w).toString("utf8");
+  }
+}
+
+/** A key or tensor name as it may appear in an error: escaped and bounded (it comes from the file). */
+const q = (name: string) => `"${printable(name, 80)}"`;
+
+/** What the metadata arrays have left to spend (GGUF_MAX_ARRAY_ITEMS). */
+interface ItemBudget {
+  left: number;
+}
+
+function spend(c: Cursor, budget: ItemBudget, n: number, key: string): void {
+  budget.left -= n;
+  if (budget.left < 0) {
+    throw new GgufError(`key ${key}: the metadata arrays hold more than ${GGUF_MAX_ARRAY_ITEMS} strings, bools and nested arrays in all`);
   }
 }
 
@@ -134,7 +168,8 @@ function intOrBig(v: bigint): number | bigint {
   return v >= BigInt(Number.MIN_SAFE_INTEGER) && v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v;
 }
 
-function readValue(c: Cursor, type: number, key: string, depth: number): GgufValue {
+/** `key` is already escaped (q()); it only names things in errors. */
+function readValue(c: Cursor, type: number, key: string, budget: ItemBudget): GgufValue {
   switch (type) {
     case GgufValueType.UINT8: return c.u8(key);
     case GgufValueType.INT8: return c.i8(key);
@@ -152,12 +187,12 @@ function readValue(c: Cursor, type: number, key: string, depth: number): GgufVal
       return b === 1;
     }
     case GgufValueType.STRING: return c.string(key);
-    case GgufValueType.ARRAY: return readArray(c, key, depth);
+    case GgufValueType.ARRAY: return readArray(c, key, 0, budget);
     default: throw new GgufError(`key ${key}: unknown value type ${type}`);
   }
 }
 
-function readArray(c: Cursor, key: string, depth: number): GgufArray {
+function readArray(c: Cursor, key: string, depth: number, budget: ItemBudget): GgufArray {
   if (depth >= MAX_NESTING) throw new GgufError(`key ${key}: arrays nested deeper than ${MAX_NESTING}`);
   const itemType = c.u32(`${key} array type`) as GgufValueTypeId;
   const size = scalarSize(itemType);
@@ -185,17 +220,21 @@ function readArray(c: Cursor, key: string, depth: number): GgufArray {
     return { itemType, items };
   }
   if (itemType === GgufValueType.BOOL) {
+    spend(c, budget, n, key);
     const raw = c.take(n, `${key} array`);
     return { itemType, items: Array.from(raw, (v) => v !== 0) };
   }
   if (itemType === GgufValueType.STRING) {
+    spend(c, budget, n, key);
     const items = new Array<string>(n);
     for (let i = 0; i < n; i++) items[i] = c.string(`${key}[${i}]`);
     return { itemType, items };
   }
   if (itemType === GgufValueType.ARRAY) {
+    // Checked before the loop: a nested array's header is only 12 bytes, so a small file could ask for millions.
+    spend(c, budget, n * NESTED_ARRAY_WEIGHT, key);
     const items = new Array<GgufArray>(n);
-    for (let i = 0; i < n; i++) items[i] = readArray(c, `${key}[${i}]`, depth + 1);
+    for (let i = 0; i < n; i++) items[i] = readArray(c, `${key}[${i}]`, depth + 1, budget);
     return { itemType, items };
   }
   throw new GgufError(`key ${key}: unknown array item type ${itemType}`);
@@ -229,15 +268,17 @@ function parse(c: Cursor, path: string, fileBytes: number): GgufFile {
     const hint = (version & 0xffffff) === 0 && [2, 3].includes(version >>> 24) ? " (big-endian files are not supported)" : "";
     throw new GgufError(`${path}: unsupported GGUF version ${version}${hint}`);
   }
-  const nTensors = c.count("tensor count", MAX_COUNT);
-  const nKV = c.count("metadata count", MAX_COUNT);
+  const nTensors = c.count("tensor count", MAX_TENSORS);
+  const nKV = c.count("metadata count", MAX_KEYS);
 
   const metadata = new Map<string, GgufKV>();
+  const budget: ItemBudget = { left: GGUF_MAX_ARRAY_ITEMS };
   for (let i = 0; i < nKV; i++) {
-    const key = c.string(`metadata key #${i}`);
-    if (metadata.has(key)) throw new GgufError(`${path}: metadata key ${key} appears twice`);
-    const type = c.u32(`type of ${key}`) as GgufValueTypeId;
-    const value = readValue(c, type, key, 0);
+    const key = c.string(`metadata key #${i}`, MAX_KEY_BYTES);
+    const name = q(key);
+    if (metadata.has(key)) throw new GgufError(`${path}: metadata key ${name} appears twice`);
+    const type = c.u32(`type of ${name}`) as GgufValueTypeId;
+    const value = readValue(c, type, name, budget);
     metadata.set(key, { key, type, value });
   }
 
@@ -255,7 +296,10 @@ function parse(c: Cursor, path: string, fileBytes: number): GgufFile {
   const raws: Raw[] = [];
   const names = new Set<string>();
   for (let i = 0; i < nTensors; i++) {
-    const name = c.string(`tensor #${i} name`);
+    const raw = c.string(`tensor #${i} name`, MAX_TENSOR_NAME_BYTES);
+    // A name is printed in errors, plans and logs: control characters in one mean a hostile file.
+    if (printable(raw, MAX_TENSOR_NAME_BYTES + 1) !== raw) throw new GgufError(`${path}: tensor #${i} name ${q(raw)} has control characters`);
+    const name = raw;
     if (names.has(name)) throw new GgufError(`${path}: tensor ${name} appears twice`);
     names.add(name);
     const nDims = c.u32(`tensor ${name} dimension count`);

@@ -10,9 +10,10 @@ export {
   type FileTypeName, type PlannedTensor, type TensorCategory, type TensorForTyping,
 } from "./quant-mix.js";
 export { modelFingerprint } from "./fingerprint.js";
+export { printable } from "./escape.js";
 export { Tokenizer, StreamingDecoder, TokenizerError, TokenAttr, TokenType, SUPPORTED_PRE_TOKENIZERS } from "./tokenizer.js";
 export type { EncodeOptions, DecodeOptions, DetokenizeOptions, TokenizerModel } from "./tokenizer.js";
 export { tokenizerMetadataFromGguf, tokenizerMetadataFromTokenizerJson, bundledVocab, padVocab, BUNDLED_VOCAB_NAMES, goldenTokenizerDir } from "./tokenizer-export.js";
 export type { BundledVocab, BundledVocabName, BundledVocabOptions, HfTokenizerJson, HfTokenizerConfig, TokenizerJsonOptions } from "./tokenizer-export.js";
-export { ChatTemplate, ChatTemplateError, renderChat, CHATML_TEMPLATE, LLAMA2_TEMPLATE } from "./chat-template.js";
-export type { ChatMessage, ChatFallback, ChatTemplateOptions, RenderOptions } from "./chat-template.js";
+export { ChatTemplate, ChatTemplateError, renderChat, CHATML_TEMPLATE, LLAMA2_TEMPLATE, DEFAULT_TEMPLATE_LIMITS } from "./chat-template.js";
+export type { ChatMessage, ChatFallback, ChatTemplateOptions, RenderOptions, TemplateLimits } from "./chat-template.js";

@@ -3,6 +3,7 @@
 // detection by text (EOT, EOM, FIM, end-of-generation), add_bos/add_eos, and the per-model quirks
 // that change tokenization (Phi-3's right-stripping special tokens).
 
+import { printable } from "./escape.js";
 import { GgufValueType, type GgufKV, type GgufValue, type NumericArray } from "./gguf.js";
 import type { SplitterName } from "./tokenizer-pretokenize.js";
 import { PairTable, TokenTable } from "./tokenizer-table.js";
@@ -197,10 +198,10 @@ export function loadVocab(meta: Meta): Vocab {
     throw new TokenizerError("no tokenizer in this GGUF: metadata tokenizer.ggml.model is missing");
   }
   if (modelName === "no_vocab" || modelName === "none") {
-    throw new TokenizerError(`this GGUF has no vocabulary (tokenizer.ggml.model = "${modelName}")`);
+    throw new TokenizerError(`this GGUF has no vocabulary (tokenizer.ggml.model = "${printable(modelName, 80)}")`);
   }
   if (modelName !== "llama" && modelName !== "gpt2") {
-    throw new TokenizerError(`tokenizer model "${modelName}" is not supported (supported: "llama" SentencePiece, "gpt2" byte-level BPE)`);
+    throw new TokenizerError(`tokenizer model "${printable(modelName, 80)}" is not supported (supported: "llama" SentencePiece, "gpt2" byte-level BPE)`);
   }
   const model: TokenizerModel = modelName;
   const preName = getString(meta, "tokenizer.ggml.pre") ?? "";
@@ -220,7 +221,7 @@ export function loadVocab(meta: Meta): Vocab {
   if (model === "gpt2") {
     const pre = PRE_TYPES[preName === "" ? "default" : preName];
     if (!pre) {
-      throw new TokenizerError(`BPE pre-tokenizer "${preName}" (tokenizer.ggml.pre) is not supported; supported: ${SUPPORTED_PRE_TOKENIZERS.join(", ")}`);
+      throw new TokenizerError(`BPE pre-tokenizer "${printable(preName, 80)}" (tokenizer.ggml.pre) is not supported; supported: ${SUPPORTED_PRE_TOKENIZERS.join(", ")}`);
     }
     splitter = pre.splitter;
     ignoreMerges = pre.ignoreMerges ?? false;
@@ -254,7 +255,7 @@ export function loadVocab(meta: Meta): Vocab {
     attrs[i] = rawTypes ? typeToAttr(Number(rawTypes[i])) : TokenAttr.NORMAL;
   }
   const tokenToId = new TokenTable(tokens, (id, earlier) => {
-    throw new TokenizerError(`tokenizer.ggml.tokens: token ${id} ${JSON.stringify(tokens[id])} duplicates token ${earlier}`);
+    throw new TokenizerError(`tokenizer.ggml.tokens: token ${id} "${printable(tokens[id], 80)}" duplicates token ${earlier}`);
   });
 
   // Merges: "left right", split at the first space after the first character. Both parts and the
@@ -277,10 +278,10 @@ export function loadVocab(meta: Meta): Vocab {
         const left = m.slice(0, pos);
         const right = m.slice(pos + 1);
         const why = pos < 0 ? "has no space between two parts"
-          : l < 0 ? `${JSON.stringify(left)} is not a token`
-          : r < 0 ? `${JSON.stringify(right)} is not a token`
-          : `the merged ${JSON.stringify(left + right)} is not a token`;
-        throw new TokenizerError(`tokenizer.ggml.merges[${i}] ${JSON.stringify(m)}: ${why}`);
+          : l < 0 ? `"${printable(left, 80)}" is not a token`
+          : r < 0 ? `"${printable(right, 80)}" is not a token`
+          : `the merged "${printable(left + right, 80)}" is not a token`;
+        throw new TokenizerError(`tokenizer.ggml.merges[${i}] "${printable(m, 80)}": ${why}`);
       }
       mergeRank.setIfAbsent(l, r, i);
       mergeResult[i] = result;
