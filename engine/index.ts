@@ -1,6 +1,6 @@
 // engine/: running a model on this device: open a GGUF, make windows, generate and sample.
 export { LocalModel, nativeTensorTable, nativeHParams, type OpenOptions, type WindowOptions } from "./local-model.js";
 export { LocalPipeline } from "./local-pipeline.js";
-export { INLINE_MAX_MS, QuickForward } from "./quick-forward.js";
+export { INLINE_MAX_MS, NonFiniteError, QuickForward, checkFinite } from "./quick-forward.js";
 export { generate, type Pipeline, type Embedder, type GenerateOptions, type GenerationResult, type StopReason } from "./generate.js";
 export { Sampler, SamplerError, Rng, argmax, type SamplerOptions } from "./sampler.js";
