@@ -605,9 +605,24 @@ Lane::Lane(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Lane>(info) {
   // Every option is required (native/lane.ts types them): a misspelt one is an error, not a default.
   const struct { const char *key; int64_t lo, hi; } opts[] = {
       {"cycles", 1, 65535}, {"maxTokensPerFrame", 1, 65535}, {"maxPayloadBytes", 1, UINT32_MAX},
-      {"maxMessageBytes", 1, INT64_C(1) << 40}, {"livenessTimeoutMs", 1, 1 << 30}, {"fragmentBytes", 1, UINT32_MAX},
+      {"maxMessageBytes", 1, INT64_C(1) << 40}, {"fragmentBytes", 1, UINT32_MAX},
       {"weightBytes", 0, INT64_C(1) << 52}, {"quickPassMs", 1, 3600000},
+      {"maxQueuedBytes", 1, INT64_C(1) << 40},
   };
+  // The liveness timings come from ring/liveness.ts's livenessRules() (fractions of the timeout).
+  const struct { const char *key; double lo; double *to; } timings[] = {
+      {"tickMs", 1, &cfg.tick_ms}, {"quietMs", 0, &cfg.quiet_ms}, {"deadAfterMs", 1, &cfg.dead_after_ms},
+      {"closeGraceMs", 1, &cfg.close_grace_ms},
+  };
+  for (const auto &t : timings) {
+    Napi::Value tv = o.Get(t.key);
+    double d = tv.IsNumber() ? tv.As<Napi::Number>().DoubleValue() : -1;
+    if (!(d >= t.lo && d <= 3.6e6)) {
+      ThrowType(env, std::string("NativeLane: options.") + t.key + " must be a number of ms from " + std::to_string((int)t.lo) + " to 3600000");
+      return;
+    }
+    *t.to = d;
+  }
   int64_t v[sizeof opts / sizeof opts[0]];
   for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
     if (!IntArg(o.Get(opts[i].key), opts[i].lo, opts[i].hi, &v[i])) {
@@ -621,10 +636,10 @@ Lane::Lane(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Lane>(info) {
   cfg.max_tokens_per_frame = (uint32_t)v[1];
   cfg.max_payload_bytes = (uint64_t)v[2];
   cfg.max_message_bytes = (uint64_t)v[3];
-  cfg.liveness_timeout_ms = (int)v[4];
-  cfg.fragment_bytes = (uint32_t)v[5];
-  cfg.weight_bytes = (uint64_t)v[6];
-  cfg.quick_pass_ms = (double)v[7];
+  cfg.fragment_bytes = (uint32_t)v[4];
+  cfg.weight_bytes = (uint64_t)v[5];
+  cfg.quick_pass_ms = (double)v[6];
+  cfg.max_queued_bytes = (uint64_t)v[7];
   cfg.prefetch = o.Get("prefetch").ToBoolean().Value();
   cfg.on_event = &Lane::OnEvent;
   cfg.ctx = this;
@@ -852,6 +867,19 @@ Napi::Value Lane::StopJs(const Napi::CallbackInfo &info) {
   return info.Env().Undefined();
 }
 
+// laneFrameCycle(frame, hiddenSize, maxTokensPerFrame, maxPayloadBytes): the cycle of an ACTIVATIONS
+// frame the lane would run, or -1 (see prima_lane_frame_cycle; for the test that fuzzes it).
+Napi::Value LaneFrameCycle(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int64_t hidden, tokens, payload;
+  if (info.Length() < 4 || !info[0].IsTypedArray() || !IntArg(info[1], 1, UINT32_MAX, &hidden) ||
+      !IntArg(info[2], 1, 65535, &tokens) || !IntArg(info[3], 1, UINT32_MAX, &payload))
+    return ThrowType(env, "laneFrameCycle(frame: Uint8Array, hiddenSize, maxTokensPerFrame, maxPayloadBytes) expected");
+  Napi::TypedArray t = info[0].As<Napi::TypedArray>();
+  const uint8_t *p = (const uint8_t *)t.ArrayBuffer().Data() + t.ByteOffset();
+  return Napi::Number::New(env, prima_lane_frame_cycle((uint32_t)hidden, (uint32_t)tokens, (uint64_t)payload, p, t.ByteLength()));
+}
+
 }  // namespace
 
 void RegisterModel(Napi::Env env, Napi::Object exports) {
@@ -860,4 +888,5 @@ void RegisterModel(Napi::Env env, Napi::Object exports) {
   exports.Set("NativeModel", Model::Define(env));
   exports.Set("NativeWindow", Model::windowCtor.Value());
   exports.Set("NativeLane", Lane::Define(env));
+  exports.Set("laneFrameCycle", Napi::Function::New(env, LaneFrameCycle, "laneFrameCycle"));
 }

@@ -25,7 +25,13 @@ export interface NativeLaneOptions {
   readonly maxTokensPerFrame: number;
   readonly maxPayloadBytes: number;
   readonly maxMessageBytes: number;
-  readonly livenessTimeoutMs: number;
+  /** Bytes of frames read and not yet run: past it the predecessor is dropped as a flood. */
+  readonly maxQueuedBytes: number;
+  /** ring/liveness.ts's livenessRules() and ring/link.ts's close grace: the lane keeps the same rules. */
+  readonly tickMs: number;
+  readonly quietMs: number;
+  readonly deadAfterMs: number;
+  readonly closeGraceMs: number;
   readonly fragmentBytes: number;
   readonly prefetch: boolean;
   /** Bytes of weights in the lane's windows: a pass runs on the lane thread only while they all fit
@@ -73,6 +79,12 @@ export interface NativeLane {
 
 type LaneCtor = new (model: NativeModel, windows: readonly NativeWindow[], cycles: readonly number[], options: NativeLaneOptions,
   onEvent: (ev: NativeLaneEvent) => void) => NativeLane;
+
+/** The cycle of an ACTIVATIONS frame the lane would run itself under these limits, or -1 (lane.c's
+ * prima_lane_frame_cycle): whatever it accepts, ring/validation.ts must accept too. */
+export function laneFrameCycle(frame: Uint8Array, hiddenSize: number, maxTokensPerFrame: number, maxPayloadBytes: number): number {
+  return (addon.laneFrameCycle as (f: Uint8Array, h: number, t: number, p: number) => number)(frame, hiddenSize, maxTokensPerFrame, maxPayloadBytes);
+}
 
 export function startNativeLane(model: NativeModel, windows: readonly NativeWindow[], cycles: readonly number[],
   options: NativeLaneOptions, onEvent: (ev: NativeLaneEvent) => void): NativeLane {

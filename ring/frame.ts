@@ -14,6 +14,7 @@ import {
   PayloadDtypeId, U16_MAX, U32_MAX, validateHeader, validateHello,
   type FrameHeader, type FrameLimits, type Hello, type PayloadDtype,
 } from "./validation.js";
+import { HeaderField as F } from "./wire.js";
 
 // Typed-array views below assume the host's byte order is the wire's.
 if (new Uint8Array(new Uint16Array([1]).buffer)[0] !== 1) {
@@ -67,16 +68,16 @@ function checkUint(field: string, value: number, max: number): void {
 function writeHeader(buf: Uint8Array, h: Omit<FrameHeader, "magic" | "headerVersion" | "reserved">): void {
   const v = new DataView(buf.buffer, buf.byteOffset, FRAME_HEADER_BYTES);
   buf.set(FRAME_MAGIC_BYTES, 0);
-  v.setUint16(4, FRAME_HEADER_VERSION, true);
-  v.setUint16(6, h.frameType, true);
-  v.setUint32(8, h.requestId, true);
-  v.setUint32(12, h.firstTokenPosition, true);
-  v.setUint16(16, h.nTokens, true);
-  v.setUint16(18, h.cycle, true);
-  v.setUint16(20, h.payloadDtype, true);
-  v.setUint16(22, 0, true);
-  v.setUint32(24, h.rowWidth, true);
-  v.setUint32(28, h.payloadBytes, true);
+  v.setUint16(F.headerVersion, FRAME_HEADER_VERSION, true);
+  v.setUint16(F.frameType, h.frameType, true);
+  v.setUint32(F.requestId, h.requestId, true);
+  v.setUint32(F.firstTokenPosition, h.firstTokenPosition, true);
+  v.setUint16(F.nTokens, h.nTokens, true);
+  v.setUint16(F.cycle, h.cycle, true);
+  v.setUint16(F.payloadDtype, h.payloadDtype, true);
+  v.setUint16(F.reserved, 0, true);
+  v.setUint32(F.rowWidth, h.rowWidth, true);
+  v.setUint32(F.payloadBytes, h.payloadBytes, true);
 }
 
 /** Reads the 32 header bytes as numbers (no checks; validateHeader does those). */
@@ -87,16 +88,16 @@ export function readFrameHeader(buf: Uint8Array): FrameHeader {
   const v = new DataView(buf.buffer, buf.byteOffset, FRAME_HEADER_BYTES);
   return {
     magic: buf.subarray(0, 4),
-    headerVersion: v.getUint16(4, true),
-    frameType: v.getUint16(6, true),
-    requestId: v.getUint32(8, true),
-    firstTokenPosition: v.getUint32(12, true),
-    nTokens: v.getUint16(16, true),
-    cycle: v.getUint16(18, true),
-    payloadDtype: v.getUint16(20, true),
-    reserved: v.getUint16(22, true),
-    rowWidth: v.getUint32(24, true),
-    payloadBytes: v.getUint32(28, true),
+    headerVersion: v.getUint16(F.headerVersion, true),
+    frameType: v.getUint16(F.frameType, true),
+    requestId: v.getUint32(F.requestId, true),
+    firstTokenPosition: v.getUint32(F.firstTokenPosition, true),
+    nTokens: v.getUint16(F.nTokens, true),
+    cycle: v.getUint16(F.cycle, true),
+    payloadDtype: v.getUint16(F.payloadDtype, true),
+    reserved: v.getUint16(F.reserved, true),
+    rowWidth: v.getUint32(F.rowWidth, true),
+    payloadBytes: v.getUint32(F.payloadBytes, true),
   };
 }
 

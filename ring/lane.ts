@@ -7,7 +7,9 @@
 import { INLINE_MAX_MS } from "../engine/index.js";
 import { startNativeLane, type NativeLane, type NativeLaneEvent, type NativeModel } from "../native/index.js";
 import { encodeFrame, type Frame } from "./frame.js";
-import type { RingLink } from "./link.js";
+import { FRAME_HEADER_BYTES } from "./wire.js";
+import { CLOSE_GRACE_MS, type RingLink } from "./link.js";
+import { livenessRules } from "./liveness.js";
 import { noWindowMessage, type NodeStats, type RingNode } from "./node.js";
 import type { ResolvedLinkOptions } from "./options.js";
 
@@ -24,6 +26,14 @@ export interface RingLaneOptions {
 }
 
 const ROOM_RENEW_MS = 1000;
+
+/** The most a predecessor can have sent and this device not yet run: the ring runs one request at a
+ * time, so every position of the context once (one-token frames, f32 rows: the most bytes), and a few
+ * whole messages besides (ERROR frames, the next request's first batch). Beyond it is a flood. */
+export function maxQueuedBytes(link: ResolvedLinkOptions, ctx: number): number {
+  const perToken = link.limits.hiddenSize * 4 + FRAME_HEADER_BYTES + 64;
+  return ctx * perToken + 4 * link.maxMessageBytes;
+}
 
 export class RingLane {
   private stopped = false;
@@ -60,7 +70,9 @@ export class RingLane {
       maxTokensPerFrame: o.link.limits.maxTokensPerFrame,
       maxPayloadBytes: o.link.limits.maxPayloadBytes,
       maxMessageBytes: o.link.maxMessageBytes,
-      livenessTimeoutMs: o.link.livenessTimeoutMs,
+      maxQueuedBytes: maxQueuedBytes(o.link, slots.length ? slots[0].window.info().ctx : 0),
+      ...livenessRules(o.link.livenessTimeoutMs),
+      closeGraceMs: CLOSE_GRACE_MS,
       fragmentBytes: o.link.fragmentBytes,
       prefetch: node.prefetch,
       weightBytes: node.weightBytes,

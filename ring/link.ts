@@ -57,7 +57,8 @@ interface RingLinkEvents {
 }
 
 const FRAGMENTS_IN_FLIGHT = 2;
-const CLOSE_GRACE_MS = 1000;
+/** How long a close handshake may take before the connection is ended (the native lane too). */
+export const CLOSE_GRACE_MS = 1000;
 
 /** Returns p, marked as handled: its caller still sees the rejection, but one that nobody awaits
  * (an ignored send, a fragment after an earlier failure) is not an unhandled rejection. */

@@ -12,14 +12,28 @@
 // a tick and a half until a ping leaves (none goes while the peer was heard within half a tick),
 // deadAfter, and a tick until the check runs: 13/16 of the timeout, which leaves the rest for timer
 // delays on a busy machine. native/src/lane.c applies the same rules to links a worker has handed to
-// its native lane: a change here goes there too.
+// its native lane, with the timings livenessRules() gives it (ring/lane.ts passes them at start).
 import type { Socket } from "node:net";
 import type WebSocket from "ws";
 
 export const DEFAULT_LIVENESS_TIMEOUT_MS = 2000;
 
+/** The timings of the rules above for a timeout: how often to check, how long a peer may be silent
+ * before it is pinged, and how long a ping (or a stalled write) may wait before the peer is dead. */
+export interface LivenessRules {
+  readonly tickMs: number;
+  readonly quietMs: number;
+  readonly deadAfterMs: number;
+}
+
+export function livenessRules(timeoutMs: number): LivenessRules {
+  const tickMs = Math.max(1, timeoutMs / 8);
+  return { tickMs, quietMs: tickMs / 2, deadAfterMs: timeoutMs / 2 };
+}
+
 export class LivenessWatch {
   private readonly tickMs: number;
+  private readonly quietMs: number;
   private readonly deadAfterMs: number;
   private timer: NodeJS.Timeout | null = null;
   private pingOutstanding = false;
@@ -46,8 +60,7 @@ export class LivenessWatch {
     timeoutMs: number,
     private readonly onDead: (reason: string) => void,
   ) {
-    this.tickMs = Math.max(1, timeoutMs / 8);
-    this.deadAfterMs = timeoutMs / 2;
+    ({ tickMs: this.tickMs, quietMs: this.quietMs, deadAfterMs: this.deadAfterMs } = livenessRules(timeoutMs));
   }
 
   start(): void {
@@ -98,7 +111,7 @@ export class LivenessWatch {
     }
     // A peer heard from within the last half tick (a predecessor streaming frames) needs no ping: each
     // ping and pong wakes both processes, which on a busy device lands in someone's compute.
-    if (!this.pingOutstanding && now - this.lastHeardAt >= this.tickMs / 2 && this.ws.readyState === this.ws.OPEN) {
+    if (!this.pingOutstanding && now - this.lastHeardAt >= this.quietMs && this.ws.readyState === this.ws.OPEN) {
       this.pingOutstanding = true;
       this.pingFlushedAt = null;
       const seq = ++this.pingSeq;

@@ -2,6 +2,10 @@
 // carried it and against the link's limits (before any payload byte is read), and a HELLO payload's
 // JSON. Each failure is a FrameError naming the field. Pure functions, no I/O.
 import { FrameError } from "./errors.js";
+import {
+  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, PAYLOAD_DTYPE_BYTES,
+  PayloadDtypeId, U16_MAX, U32_MAX,
+} from "./wire.js";
 
 /** Header fields as read from the wire (numbers, not yet trusted). */
 export interface FrameHeader {
@@ -43,25 +47,13 @@ export interface Hello {
   maxPayloadBytes: number;
 }
 
-export const FRAME_MAGIC = "PRMA";
+export {
+  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, PAYLOAD_DTYPE_BYTES,
+  PROTOCOL_VERSION, PayloadDtypeId, U16_MAX, U32_MAX,
+} from "./wire.js";
 export const FRAME_MAGIC_BYTES: Uint8Array = new TextEncoder().encode(FRAME_MAGIC);
-export const FRAME_HEADER_VERSION = 1;
-export const FRAME_HEADER_BYTES = 32;
-/** Version of the ring protocol (frame types and handshake), carried in HELLO. */
-export const PROTOCOL_VERSION = 1;
-/** Most payload bytes of a HELLO or ERROR frame (JSON, message text). */
-export const CONTROL_PAYLOAD_MAX_BYTES = 64 * 1024;
-export const U16_MAX = 0xffff;
-export const U32_MAX = 0xffffffff;
-
-/** Frame type ids on the wire. 0 is never a frame, so a zeroed buffer is refused. */
-export const FrameTypeId = { hello: 1, activations: 2, error: 3 } as const;
 export type FrameTypeName = keyof typeof FrameTypeId;
-
-/** Payload dtype ids on the wire and their sizes. */
-export const PayloadDtypeId = { f32: 0, f16: 1 } as const;
 export type PayloadDtype = keyof typeof PayloadDtypeId;
-export const PAYLOAD_DTYPE_BYTES: Readonly<Record<PayloadDtype, number>> = { f32: 4, f16: 2 };
 
 export function frameTypeName(id: number): FrameTypeName | undefined {
   return id === 1 ? "hello" : id === 2 ? "activations" : id === 3 ? "error" : undefined;

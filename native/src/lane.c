@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -22,16 +23,16 @@
 
 #include "kernels.h"
 #include "threadpool.h"
+#include "wire.h"
 
 #ifndef MSG_NOSIGNAL
 #define MSG_NOSIGNAL 0
 #endif
 
-#define FRAME_HEADER_BYTES 32
-#define FRAME_ACTIVATIONS 2
-#define FRAME_ERROR 3
-#define CLOSE_GRACE_MS 1000.0
+#define FRAME_HEADER_BYTES PRIMA_WIRE_HEADER_BYTES
 #define LOST 1006
+/* What a queued message costs beyond its bytes (the struct and malloc's own), for the queue bound. */
+#define MESSAGE_OVERHEAD 64
 
 typedef struct chunk {
   struct chunk *next;
@@ -90,6 +91,7 @@ struct prima_lane {
   command *cmds, *cmds_tail;
   conn c[2];
   message *frames, *frames_tail; /* whole messages from the predecessor, waiting their turn */
+  uint64_t frames_bytes;         /* what they hold (cfg.max_queued_bytes bounds it) */
   int paused, stopping;
   double last_done;
   window_pass *last; /* per window: its last pass, for the quick-pass rule */
@@ -204,7 +206,7 @@ static void send_close(prima_lane *l, int link, int code, const char *reason) {
   memcpy(body + 2, reason, rl);
   enqueue(c, ws_frame(c, 1, 8, body, 2 + rl), 1);
   c->close_sent = 1;
-  c->close_deadline = now_ms() + CLOSE_GRACE_MS;
+  c->close_deadline = now_ms() + l->cfg.close_grace_ms;
   flush(l, link);
 }
 
@@ -245,16 +247,29 @@ static void end_conn(prima_lane *l, int link, int code, const char *reason) {
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 static uint32_t rd32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 
+int prima_lane_frame_cycle(uint32_t hidden_size, uint32_t max_tokens_per_frame, uint64_t max_payload_bytes,
+                           const uint8_t *f, size_t len) {
+  if (len < FRAME_HEADER_BYTES || memcmp(f + PRIMA_WIRE_AT_MAGIC, PRIMA_WIRE_MAGIC, 4) != 0) return -1;
+  if (rd16(f + PRIMA_WIRE_AT_HEADER_VERSION) != PRIMA_WIRE_HEADER_VERSION || rd16(f + PRIMA_WIRE_AT_FRAME_TYPE) != PRIMA_WIRE_TYPE_ACTIVATIONS) return -1;
+  uint32_t n = rd16(f + PRIMA_WIRE_AT_N_TOKENS), dtype = rd16(f + PRIMA_WIRE_AT_PAYLOAD_DTYPE);
+  uint32_t row = rd32(f + PRIMA_WIRE_AT_ROW_WIDTH), payload = rd32(f + PRIMA_WIRE_AT_PAYLOAD_BYTES);
+  uint64_t pos = rd32(f + PRIMA_WIRE_AT_FIRST_TOKEN_POSITION);
+  if (dtype != PRIMA_WIRE_DTYPE_F32 && dtype != PRIMA_WIRE_DTYPE_F16) return -1;
+  if (rd16(f + PRIMA_WIRE_AT_RESERVED) != 0 || row != hidden_size || n < 1 || n > max_tokens_per_frame) return -1;
+  if (pos + n > PRIMA_WIRE_U32_MAX) return -1;
+  uint64_t width = dtype == PRIMA_WIRE_DTYPE_F16 ? PRIMA_WIRE_DTYPE_F16_BYTES : PRIMA_WIRE_DTYPE_F32_BYTES;
+  if ((uint64_t)payload != len - FRAME_HEADER_BYTES || (uint64_t)n * row * width != payload) return -1;
+  if (payload > max_payload_bytes) return -1;
+  return rd16(f + PRIMA_WIRE_AT_CYCLE);
+}
+
 /* The window for an ACTIVATIONS frame the lane may run, or -1: the frame goes to JS, whose decoder
  * (ring/validation.ts) names whatever is wrong with it. */
 static int runnable(const prima_lane *l, const uint8_t *f, size_t len) {
-  if (len < FRAME_HEADER_BYTES || memcmp(f, "PRMA", 4) != 0 || rd16(f + 4) != 1 || rd16(f + 6) != FRAME_ACTIVATIONS) return -1;
-  uint32_t n = rd16(f + 16), dtype = rd16(f + 20), row = rd32(f + 24), payload = rd32(f + 28);
-  if (dtype > 1 || rd16(f + 22) != 0 || row != l->cfg.hidden_size || n < 1 || n > l->cfg.max_tokens_per_frame) return -1;
-  if ((uint64_t)payload != len - FRAME_HEADER_BYTES || (uint64_t)n * row * (dtype ? 2 : 4) != payload) return -1;
-  if (payload > l->cfg.max_payload_bytes) return -1;
+  int cycle = prima_lane_frame_cycle(l->cfg.hidden_size, l->cfg.max_tokens_per_frame, l->cfg.max_payload_bytes, f, len);
+  if (cycle < 0) return -1;
   for (int i = 0; i < l->cfg.n_windows; i++)
-    if (l->windows[i].cycle == rd16(f + 18)) return i;
+    if (l->windows[i].cycle == cycle) return i;
   return -1;
 }
 
@@ -263,12 +278,12 @@ static int runnable(const prima_lane *l, const uint8_t *f, size_t len) {
 static size_t error_frame(uint8_t *buf, const uint8_t *f, const char *text) {
   size_t tl = strlen(text) < 512 ? strlen(text) : 512;
   memcpy(buf, f, FRAME_HEADER_BYTES);
-  buf[6] = FRAME_ERROR;
-  buf[7] = 0;
-  memset(buf + 20, 0, 8); /* dtype, reserved, row width */
-  buf[28] = (uint8_t)tl;
-  buf[29] = (uint8_t)(tl >> 8);
-  buf[30] = buf[31] = 0;
+  buf[PRIMA_WIRE_AT_FRAME_TYPE] = PRIMA_WIRE_TYPE_ERROR;
+  buf[PRIMA_WIRE_AT_FRAME_TYPE + 1] = 0;
+  memset(buf + PRIMA_WIRE_AT_PAYLOAD_DTYPE, 0, 8); /* dtype, reserved, row width */
+  buf[PRIMA_WIRE_AT_PAYLOAD_BYTES] = (uint8_t)tl;
+  buf[PRIMA_WIRE_AT_PAYLOAD_BYTES + 1] = (uint8_t)(tl >> 8);
+  buf[PRIMA_WIRE_AT_PAYLOAD_BYTES + 2] = buf[PRIMA_WIRE_AT_PAYLOAD_BYTES + 3] = 0;
   memcpy(buf + FRAME_HEADER_BYTES, text, tl);
   return FRAME_HEADER_BYTES + tl;
 }
@@ -309,7 +324,8 @@ static int quick(prima_lane *l, int wi, int n) {
 /* Runs window wi over the frame's rows in place (f16 rows as floats in a buffer of their own: not
  * the wire's default, so not worth keeping one); counts it. 0, or -1 with err set (nothing sent). */
 static int compute(prima_lane *l, int wi, uint8_t *f, char *err, size_t err_len) {
-  int n = rd16(f + 16), pos = (int)rd32(f + 12), f16 = rd16(f + 20) == 1;
+  int n = rd16(f + PRIMA_WIRE_AT_N_TOKENS), pos = (int)rd32(f + PRIMA_WIRE_AT_FIRST_TOKEN_POSITION);
+  int f16 = rd16(f + PRIMA_WIRE_AT_PAYLOAD_DTYPE) == PRIMA_WIRE_DTYPE_F16;
   size_t nf = (size_t)n * l->cfg.hidden_size;
   float *acts = f16 ? malloc(nf * sizeof(float)) : (float *)(f + FRAME_HEADER_BYTES);
   if (!acts) return snprintf(err, err_len, "out of memory for the rows"), -1;
@@ -320,7 +336,20 @@ static int compute(prima_lane *l, int wi, uint8_t *f, char *err, size_t err_len)
   pthread_mutex_lock(&l->proc);
   getrusage(RUSAGE_SELF, &ru0);
   double t0 = now_ms();
-  int rc = prima_window_forward(l->windows[wi].window, acts, pos, n, NULL, err, err_len);
+  prima_window *w = l->windows[wi].window;
+  int rc = prima_window_forward(w, acts, pos, n, NULL, err, err_len);
+  /* NaN or infinite rows would go round the ring as noise (engine/quick-forward.ts checkFinite, the
+   * same rule): a sum is finite exactly when every element is, and costs one pass over the rows. */
+  if (rc == 0) {
+    double sum = 0;
+    for (size_t i = 0; i < nf; i++) sum += acts[i];
+    if (!isfinite(sum)) {
+      if (w->end - w->first == 1) snprintf(err, err_len, "layer %d made NaN or infinite activations: the model's weights are broken, or its activations overflow", w->first);
+      else snprintf(err, err_len, "layers %d-%d made NaN or infinite activations: the model's weights are broken, or its activations overflow", w->first, w->end - 1);
+      if (w->n_filled > pos) w->n_filled = pos;
+      rc = -1;
+    }
+  }
   double t1 = now_ms();
   getrusage(RUSAGE_SELF, &ru1);
   pthread_mutex_unlock(&l->proc);
@@ -357,7 +386,7 @@ static void advise(prima_lane *l, int wi, int more_for_this_window) {
 static void run_frame(prima_lane *l, message *m) {
   uint8_t *f = m->data;
   int wi = runnable(l, f, m->len);
-  if (wi < 0 || !quick(l, wi, rd16(f + 16))) {
+  if (wi < 0 || !quick(l, wi, rd16(f + PRIMA_WIRE_AT_N_TOKENS))) {
     /* code 1: JS runs it off this thread (prima_lane_run); 0: JS decodes it and says what it is. */
     l->paused = 1;
     emit(l, PRIMA_LANE_EV_FRAME, PRIMA_LANE_IN, wi < 0 ? 0 : 1, NULL, NULL, f, m->len);
@@ -386,6 +415,7 @@ static void run_frames(prima_lane *l) {
     message *m = l->frames;
     l->frames = m->next;
     if (!l->frames) l->frames_tail = NULL;
+    l->frames_bytes -= m->len + MESSAGE_OVERHEAD;
     run_frame(l, m);
     free(m->data);
     free(m);
@@ -402,6 +432,14 @@ static void on_message(prima_lane *l, int link, uint8_t *data, size_t len) {
     free(data);
     return;
   }
+  /* A predecessor sends at most what one request's positions make (the head waits for each request),
+   * so a queue past the bound is a flood: refused by name before it can take this device's memory. */
+  if (l->frames_bytes + len + MESSAGE_OVERHEAD > l->cfg.max_queued_bytes) {
+    free(data);
+    fail_conn(l, link, "protocol", "sent frames faster than this device runs them: %llu bytes waiting would pass the queue's limit of %llu bytes",
+              (unsigned long long)(l->frames_bytes + len + MESSAGE_OVERHEAD), (unsigned long long)l->cfg.max_queued_bytes);
+    return;
+  }
   message *m = malloc(sizeof *m);
   if (!m) {
     free(data);
@@ -414,6 +452,7 @@ static void on_message(prima_lane *l, int link, uint8_t *data, size_t len) {
     pthread_mutex_unlock(&l->mu);
   }
   *m = (message){NULL, len, data};
+  l->frames_bytes += len + MESSAGE_OVERHEAD;
   if (l->frames_tail) l->frames_tail->next = m;
   else l->frames = m;
   l->frames_tail = m;
@@ -539,11 +578,12 @@ static void read_conn(prima_lane *l, int link) {
   }
 }
 
-/* ---- liveness: ring/liveness.ts's rules, for the links JS no longer sees (change both) ---------- */
+/* ---- liveness: ring/liveness.ts's rules (its livenessRules() gives the timings), for the links JS no
+ * longer sees ---------------------------------------------------------------------------------- */
 
 static void tick(prima_lane *l, int link, double now) {
   conn *c = &l->c[link];
-  double tick_ms = l->cfg.liveness_timeout_ms / 8.0, dead_after = l->cfg.liveness_timeout_ms / 2.0;
+  double dead_after = l->cfg.dead_after_ms;
   if (c->close_sent && now > c->close_deadline) {
     end_conn(l, link, LOST, "");
     return;
@@ -564,7 +604,7 @@ static void tick(prima_lane *l, int link, double now) {
       return;
     }
   }
-  if (!c->ping_outstanding && !c->close_sent && now - c->last_heard >= tick_ms / 2) {
+  if (!c->ping_outstanding && !c->close_sent && now - c->last_heard >= l->cfg.quiet_ms) {
     c->ping_outstanding = 1;
     c->ping_flushed_at = -1;
     chunk *k = ws_frame(c, 1, 9, NULL, 0);
@@ -587,7 +627,7 @@ static void attach(prima_lane *l, command *cmd) {
   c->server = cmd->link == PRIMA_LANE_IN;
   c->last_heard = c->last_write = t;
   c->buffered_since = c->ping_flushed_at = -1;
-  c->next_tick = t + l->cfg.liveness_timeout_ms / 8.0;
+  c->next_tick = t + l->cfg.tick_ms;
 }
 
 static void run_commands(prima_lane *l) {
@@ -629,7 +669,7 @@ static void *lane_main(void *arg) {
       if (c->fd < 0) continue;
       if (now >= c->next_tick) {
         tick(l, i, now);
-        c->next_tick = now + l->cfg.liveness_timeout_ms / 8.0;
+        c->next_tick = now + l->cfg.tick_ms;
       }
       if (c->fd < 0) continue;
       int wait = (int)(c->next_tick - now) + 1;
@@ -798,6 +838,7 @@ void prima_lane_stop(prima_lane *l) {
     free(c->rbuf);
     free(c->msg);
   }
+  l->frames_bytes = 0;
   while (l->frames) {
     message *m = l->frames;
     l->frames = m->next;

@@ -61,7 +61,12 @@ typedef struct {
   /* This device's receive limits (its HELLO): frames outside them go to JS, which names the field. */
   uint32_t hidden_size, max_tokens_per_frame;
   uint64_t max_payload_bytes, max_message_bytes;
-  int liveness_timeout_ms;
+  /* Bytes of frames read and not yet run: past it the predecessor is dropped (a flood). */
+  uint64_t max_queued_bytes;
+  /* ring/liveness.ts's livenessRules(): check every tick_ms, ping a peer silent for quiet_ms, report
+   * it dead after dead_after_ms without an answer or a completed write; a close handshake gets
+   * close_grace_ms. Passed in, so the rules have one home. */
+  double tick_ms, quiet_ms, dead_after_ms, close_grace_ms;
   uint32_t fragment_bytes;
   int prefetch;
   /* Bytes of weights in this device's windows: a pass is quick only while memory holds them all. */
@@ -77,6 +82,10 @@ typedef struct {
 typedef struct prima_lane prima_lane;
 
 prima_lane *prima_lane_start(const prima_lane_config *cfg, char *err, size_t err_len);
+/* The cycle of an ACTIVATIONS frame the lane would run under these limits, or -1 (it goes to JS, whose
+ * decoder names the fault). Exposed so a test can check it never accepts what ring/validation.ts refuses. */
+int prima_lane_frame_cycle(uint32_t hidden_size, uint32_t max_tokens_per_frame, uint64_t max_payload_bytes,
+                           const uint8_t *f, size_t len);
 /* Gives the lane a connected socket (it takes a dup of fd) from which nothing unparsed was read. */
 int prima_lane_attach(prima_lane *l, int link, int fd, char *err, size_t err_len);
 /* Queues a whole frame (header + payload) for the successor. */

@@ -5,6 +5,7 @@ import { describe, expect, it } from "vitest";
 import {
   decodeFrame, encodeFrame, f16ToF32, f32ToF16, FrameError, PROTOCOL_VERSION, type Frame, type FrameLimits,
 } from "../../ring/index.js";
+import { laneFrameCycle } from "../../native/index.js";
 
 const H = 32;
 const limits: FrameLimits = { hiddenSize: H, maxTokensPerFrame: 8, maxPayloadBytes: 8 * H * 4 };
@@ -149,5 +150,62 @@ describe("decoder fuzz", () => {
     for (const bad of [null, undefined, "PRMA", 42, {}, new ArrayBuffer(40)]) {
       expect(() => decodeFrame(bad as unknown as Uint8Array, limits)).toThrow(FrameError);
     }
+  });
+});
+
+// The native lane runs the frames its own check (lane.c, prima_lane_frame_cycle) accepts without
+// asking the decoder: anything it accepts, ring/validation.ts must accept too, as the same frame.
+describe("the native lane's frame check never accepts what the decoder refuses", () => {
+  const lane = (buf: Uint8Array) => laneFrameCycle(buf, limits.hiddenSize, limits.maxTokensPerFrame, limits.maxPayloadBytes);
+  const agree = (buf: Uint8Array): boolean => {
+    const cycle = lane(buf);
+    if (cycle < 0) return false;
+    const out = tryDecode(buf);
+    if (!out.ok) throw new Error(`the lane accepts what the decoder refuses (${out.error.message}): ${Buffer.from(buf.subarray(0, 32)).toString("hex")}`);
+    expect(out.frame.type).toBe("activations");
+    expect(out.frame.type === "activations" && out.frame.cycle).toBe(cycle);
+    return true;
+  };
+  const valid = sampleFrames().filter((f) => f.type === "activations").map((f) => new Uint8Array(encodeFrame(f)));
+
+  it("accepts the valid samples", () => {
+    for (const buf of valid) expect(agree(buf)).toBe(true);
+  });
+
+  it("a position past the u32 range is refused by both", () => {
+    const buf = new Uint8Array(valid[0]);
+    new DataView(buf.buffer).setUint32(12, 0xffffffff - 1, true); // 3 tokens from 2^32 - 2
+    expect(lane(buf)).toBe(-1);
+    expect(tryDecode(buf).ok).toBe(false);
+  });
+
+  it("over mutated valid frames and random headers", () => {
+    let accepted = 0;
+    const edges = [0, 1, 2, 3, 7, 8, 9, 31, 32, 33, 255, 256, 0xffff, 0x10000, 0x7fffffff, 0xfffffffe, 0xffffffff];
+    for (let i = 0; i < 20000; i++) {
+      const base = valid[randInt(valid.length)];
+      const buf = new Uint8Array(base);
+      const v = new DataView(buf.buffer);
+      const mode = randInt(4);
+      if (mode === 0) buf[randInt(32)] ^= 1 << randInt(8); // one bit of the header
+      else if (mode === 1) {
+        const at = [4, 6, 8, 12, 16, 18, 20, 22, 24, 28][randInt(10)];
+        const value = edges[randInt(edges.length)];
+        if (at === 8 || at === 12 || at >= 24) v.setUint32(at, value >>> 0, true);
+        else v.setUint16(at, value & 0xffff, true);
+      } else if (mode === 2) {
+        for (let k = 0; k < 32; k++) if (rand() < 0.2) buf[k] = randInt(256);
+      }
+      // mode 3: the frame as it is, with a random length cut or extension below
+      const len = rand() < 0.1 ? randInt(buf.length + 8) : buf.length;
+      const cut = len <= buf.length ? buf.subarray(0, len) : Uint8Array.from([...buf, ...new Uint8Array(len - buf.length)]);
+      if (agree(new Uint8Array(cut))) accepted++;
+    }
+    for (let i = 0; i < 20000; i++) {
+      const buf = Uint8Array.from({ length: 32 + randInt(3) * 64 * randInt(9) }, () => randInt(256));
+      buf.set([0x50, 0x52, 0x4d, 0x41, 1, 0, 2, 0]); // magic, version, activations: the rest random
+      if (agree(buf)) accepted++;
+    }
+    expect(accepted).toBeGreaterThan(1000);
   });
 });

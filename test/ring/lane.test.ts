@@ -232,17 +232,44 @@ describe("native lane", () => {
     const w = model.window(0, nLayers, { ctx: 8 });
     try {
       const good = {
-        cycles: 1, maxTokensPerFrame: 8, maxPayloadBytes: 4096, maxMessageBytes: 8192, livenessTimeoutMs: 2000,
+        cycles: 1, maxTokensPerFrame: 8, maxPayloadBytes: 4096, maxMessageBytes: 8192, maxQueuedBytes: 1 << 20,
+        tickMs: 250, quietMs: 125, deadAfterMs: 1000, closeGraceMs: 1000,
         fragmentBytes: 1024, prefetch: false, weightBytes: 0, quickPassMs: 50,
       };
-      const { livenessTimeoutMs: _, ...missing } = good;
-      expect(() => startNativeLane(model.native, [w], [0], missing as typeof good, () => {})).toThrow(/options\.livenessTimeoutMs must be a whole number/);
+      const { maxQueuedBytes: _, ...missing } = good;
+      expect(() => startNativeLane(model.native, [w], [0], missing as typeof good, () => {})).toThrow(/options\.maxQueuedBytes must be a whole number/);
+      const { deadAfterMs: __, ...noTiming } = good;
+      expect(() => startNativeLane(model.native, [w], [0], noTiming as typeof good, () => {})).toThrow(/options\.deadAfterMs must be a number of ms/);
       expect(() => startNativeLane(model.native, [w], [0], { ...good, cycles: 0 }, () => {})).toThrow(/options\.cycles must be a whole number from 1/);
       const lane = startNativeLane(model.native, [w], [0], good, () => {});
       lane.stop();
     } finally {
       w.close();
     }
+  });
+
+  it("a flood of frames is refused by name once its queue passes the bound; memory stays bounded", async () => {
+    const d = await laneDevice();
+    const ws = rawWs(d.predecessor);
+    // Prompt-sized frames run off the lane thread (one at a time, the lane paused meanwhile): the rest queue.
+    const frame = encodeFrame(rows(0, 8));
+    const rss0 = process.memoryUsage().rss;
+    let sentBytes = 0;
+    let open = true;
+    void d.inLink.closed.then(() => { open = false; });
+    while (open && sentBytes < 256 << 20) {
+      for (let i = 0; i < 64; i++) ws.send(frame);
+      sentBytes += 64 * frame.length;
+      while (open && ws.bufferedAmount > 1 << 20) await new Promise((r) => setTimeout(r, 1));
+      await new Promise((r) => setImmediate(r));
+    }
+    const closed = await d.inLink.closed;
+    expect(closed.error?.kind).toBe("protocol");
+    expect(closed.error?.message).toMatch(/predecessor "predecessor" .*sent frames faster than this device runs them: \d+ bytes waiting would pass the queue's limit of \d+ bytes/);
+    expect(sentBytes).toBeLessThan(64 << 20);
+    expect(process.memoryUsage().rss - rss0).toBeLessThan(128 << 20);
+    expect(d.out.isOpen).toBe(true);
+    await new Promise((r) => setTimeout(r, 200)); // the pass in flight ends before the windows close
   });
 
   it("closes both links with a clean close handshake", async () => {

@@ -1,0 +1,49 @@
+// The wire format's constants and limits, in one place: the TS codec (validation.ts, frame.ts) reads
+// them from here, and native/src/wire.h (the native lane's copy, for C) is generated from this file:
+// test/ring/wire.test.ts fails when the two differ and prints the command that regenerates it.
+
+/** Byte offsets of the 32-byte little-endian header's fields (DESIGN.md, "The two planes"). */
+export const HeaderField = {
+  magic: 0, headerVersion: 4, frameType: 6, requestId: 8, firstTokenPosition: 12, nTokens: 16, cycle: 18,
+  payloadDtype: 20, reserved: 22, rowWidth: 24, payloadBytes: 28,
+} as const;
+
+export const FRAME_MAGIC = "PRMA";
+export const FRAME_HEADER_VERSION = 1;
+export const FRAME_HEADER_BYTES = 32;
+/** Version of the ring protocol (frame types and handshake), carried in HELLO. */
+export const PROTOCOL_VERSION = 1;
+/** Most payload bytes of a HELLO or ERROR frame (JSON, message text). */
+export const CONTROL_PAYLOAD_MAX_BYTES = 64 * 1024;
+export const U16_MAX = 0xffff;
+export const U32_MAX = 0xffffffff;
+/** Frame type ids on the wire. 0 is never a frame, so a zeroed buffer is refused. */
+export const FrameTypeId = { hello: 1, activations: 2, error: 3 } as const;
+/** Payload dtype ids on the wire and their sizes. */
+export const PayloadDtypeId = { f32: 0, f16: 1 } as const;
+export const PAYLOAD_DTYPE_BYTES = { f32: 4, f16: 2 } as const;
+
+/** native/src/wire.h's text. */
+export function wireHeaderC(): string {
+  const d = (name: string, v: number | string) => `#define PRIMA_WIRE_${name} ${typeof v === "string" ? JSON.stringify(v) : v}`;
+  const snake = (s: string) => s.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase();
+  return [
+    "/* Generated from ring/wire.ts (the one home of the wire format); do not edit. Regenerate with",
+    " *   npx tsc -p tsconfig.json && node -e 'import(\"./dist/ring/wire.js\").then((m) => process.stdout.write(m.wireHeaderC()))' > native/src/wire.h */",
+    "#ifndef PRIMA_WIRE_H",
+    "#define PRIMA_WIRE_H",
+    "",
+    d("MAGIC", FRAME_MAGIC),
+    d("HEADER_VERSION", FRAME_HEADER_VERSION),
+    d("HEADER_BYTES", FRAME_HEADER_BYTES),
+    d("CONTROL_PAYLOAD_MAX_BYTES", CONTROL_PAYLOAD_MAX_BYTES),
+    d("U32_MAX", `${U32_MAX}u`).replace(/"/g, ""),
+    ...Object.entries(FrameTypeId).map(([k, v]) => d(`TYPE_${snake(k)}`, v)),
+    ...Object.entries(PayloadDtypeId).map(([k, v]) => d(`DTYPE_${snake(k)}`, v)),
+    ...Object.entries(PAYLOAD_DTYPE_BYTES).map(([k, v]) => d(`DTYPE_${snake(k)}_BYTES`, v)),
+    ...Object.entries(HeaderField).map(([k, v]) => d(`AT_${snake(k)}`, v)),
+    "",
+    "#endif",
+    "",
+  ].join("\n");
+}
