@@ -1,0 +1,115 @@
+// The coordinator's side: a model file served chunk by chunk. Each chunk is read when asked for (never
+// a whole window in memory) and its SHA-256 is computed once, then kept in memory and on disk, so a
+// device can verify what it received and a restarted coordinator answers the same hashes.
+import { mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { open, type FileHandle } from "node:fs/promises";
+import { join } from "node:path";
+import { CHUNK_BYTES, chunkCount, chunkRange, sha256, type ModelInfo } from "./chunks.js";
+
+export interface SourceOptions {
+  readonly path: string;
+  readonly fileBytes: number;
+  readonly dataOffset: number;
+  readonly fingerprint: string;
+  readonly name: string;
+  /** Where chunk hashes are kept between runs (none: memory only). */
+  readonly hashDir?: string;
+  readonly chunkBytes?: number;
+}
+
+/** PRIMA_TEST_CORRUPT_CHUNKS="3,7": the first send of those chunks carries a flipped byte (tests
+ * prove that a device notices and fetches again). */
+function corruptOnce(): Set<number> {
+  const v = process.env.PRIMA_TEST_CORRUPT_CHUNKS;
+  return new Set(v ? v.split(",").map(Number).filter(Number.isInteger) : []);
+}
+
+export class ModelSource {
+  readonly info: ModelInfo;
+  private readonly hashes: (string | undefined)[];
+  private fh: Promise<FileHandle> | undefined;
+  private readonly corrupt = corruptOnce();
+  private savedCount = 0;
+
+  constructor(private readonly o: SourceOptions) {
+    this.info = { fingerprint: o.fingerprint, fileBytes: o.fileBytes, dataOffset: o.dataOffset, chunkBytes: o.chunkBytes ?? CHUNK_BYTES, name: o.name };
+    this.hashes = new Array(chunkCount(this.info));
+    const saved = this.hashFile();
+    if (saved) {
+      try {
+        const j = JSON.parse(readFileSync(saved, "utf8")) as { chunkBytes: number; fileBytes: number; hashes: (string | null)[] };
+        if (j.chunkBytes === this.info.chunkBytes && j.fileBytes === this.info.fileBytes && j.hashes.length === this.hashes.length) {
+          j.hashes.forEach((h, i) => (this.hashes[i] = typeof h === "string" && /^[0-9a-f]{64}$/.test(h) ? h : undefined));
+        }
+      } catch {
+        // no saved hashes (or unreadable): they are computed again
+      }
+    }
+  }
+
+  private hashFile(): string | undefined {
+    return this.o.hashDir ? join(this.o.hashDir, `${this.o.fingerprint}.chunks.json`) : undefined;
+  }
+
+  /** Reads chunk i (a fresh buffer) with its hash. */
+  async read(i: number): Promise<{ data: Buffer; sha256: string }> {
+    if (!Number.isInteger(i) || i < 0 || i >= this.hashes.length) throw new RangeError(`chunk ${i} does not exist (the model has ${this.hashes.length})`);
+    this.fh ??= open(this.o.path, "r");
+    const fh = await this.fh;
+    const [s, e] = chunkRange(i, this.info);
+    const data = Buffer.allocUnsafe(e - s);
+    let got = 0;
+    while (got < data.length) {
+      const { bytesRead } = await fh.read(data, got, data.length - got, s + got);
+      if (bytesRead === 0) throw new Error(`${this.o.path}: the file ended at ${s + got} bytes, ${this.info.fileBytes} expected (was it changed?)`);
+      got += bytesRead;
+    }
+    let h = this.hashes[i];
+    if (h === undefined) {
+      h = this.hashes[i] = sha256(data);
+      this.saveSoon();
+    } else if (this.verifyEvery && sha256(data) !== h) {
+      throw new Error(`${this.o.path}: chunk ${i} changed since it was hashed (the model file was modified)`);
+    }
+    if (this.corrupt.delete(i)) data[data.length >> 1] ^= 0xff;
+    return { data, sha256: h };
+  }
+
+  /** Check each chunk read against its kept hash (a file changed under a running coordinator). */
+  verifyEvery = false;
+
+  private saveTimer: NodeJS.Timeout | undefined;
+
+  private saveSoon(): void {
+    if (!this.hashFile() || this.saveTimer) return;
+    this.saveTimer = setTimeout(() => {
+      this.saveTimer = undefined;
+      this.save();
+    }, 1000);
+    this.saveTimer.unref();
+  }
+
+  /** Writes the hashes known so far (atomically: a temporary file renamed). */
+  save(): void {
+    const f = this.hashFile();
+    const known = this.hashes.filter((h) => h !== undefined).length;
+    if (!f || known === this.savedCount) return;
+    try {
+      mkdirSync(this.o.hashDir!, { recursive: true });
+      writeFileSync(`${f}.tmp`, JSON.stringify({ chunkBytes: this.info.chunkBytes, fileBytes: this.info.fileBytes, hashes: this.hashes.map((h) => h ?? null) }));
+      renameSync(`${f}.tmp`, f);
+      this.savedCount = known;
+    } catch {
+      // a cache that cannot be written costs a recomputation next time, nothing else
+    }
+  }
+
+  async close(): Promise<void> {
+    clearTimeout(this.saveTimer);
+    this.saveTimer = undefined;
+    this.save();
+    const fh = this.fh;
+    this.fh = undefined;
+    await (await fh)?.close();
+  }
+}
