@@ -47,7 +47,9 @@ export function deviceRows(t: DeviceTerms, set: DeviceSet, k: number, m: ModelTe
   if (set === "M4") return { ramN, ramMax: Math.floor(perWindow + EPS), vramMax };
   return {
     ramN,
-    ramMin: Math.ceil(perWindow - EPS),
+    // "window" pricing is a cliff, not a slope: a device that exactly fits pays nothing, so overloaded
+    // means strictly more than fits (M4 covers the equality).
+    ramMin: o.overloadReload === "window" ? Math.floor(perWindow + EPS) + 1 : Math.ceil(perWindow - EPS),
     vramMax,
     guardMax: o.prefetchGuard ? Math.floor(t.capBytes / bp + EPS) : undefined,
   };
@@ -73,7 +75,7 @@ export function solveIlp(terms: readonly DeviceTerms[], sets: readonly DeviceSet
   const W = L / k;
   const M = terms.length;
   if (W < M) return null;
-  const coefs: SetCoefficients[] = terms.map((t, i) => setCoefficients(t, sets[i], m));
+  const coefs: SetCoefficients[] = terms.map((t, i) => setCoefficients(t, sets[i], m, o.overloadReload));
   const rows: DeviceRows[] = terms.map((t, i) => deviceRows(t, sets[i], k, m, o));
 
   // Cheap infeasibility check before calling the solver: the windows each device allows must be able

@@ -26,8 +26,10 @@ export function evaluateDevice(t: DeviceTerms, k: number, w: number, n: number, 
   const overloaded = ramLayers * bp > t.capBytes;
   let reload = 0;
   if (overloaded) {
-    // Metal drops the whole mapping once memory runs out; elsewhere only the excess is reloaded.
-    reload = d.isMetal ? l * m.layerBytes + (t.isHead ? m.outputBytes + m.inputRowBytes : 0) : ramLayers * bp - t.capBytes;
+    // Metal drops the whole mapping once memory runs out; elsewhere only the excess is reloaded, or
+    // ("window") every RAM-side weight of the device, as cyclic access under LRU does.
+    const headBytes = t.isHead ? m.outputBytes + m.inputRowBytes : 0;
+    reload = d.isMetal ? l * m.layerBytes + headBytes : o.overloadReload === "window" ? ramLayers * m.layerBytes + headBytes : ramLayers * bp - t.capBytes;
   } else if (t.isHead) {
     reload = m.inputRowBytes; // the one embedding row per token
   }

@@ -156,7 +156,7 @@ export function halda(devices: readonly DeviceProfile[], model: ModelProfile, op
     // ones; faithful mode's depend on the plan, so there the bound assumes none (the most room).
     const boundDevs = o.mode === "exact" ? devs : devs.map((d) => ({ ...d, cpuComputeBufferBytes: 0, gpuComputeBufferBytes: 0 }));
     const terms = boundDevs.map((d, i) => deviceTerms(d, i === 0, conservativeFlags(d), m, o));
-    sel = bestSubset(candidates, names, solve, subsetLowerBound(terms, m)) ?? (() => { throw noPlan(); })();
+    sel = bestSubset(candidates, names, solve, subsetLowerBound(terms, m, o.overloadReload)) ?? (() => { throw noPlan(); })();
   } else {
     const all = solve(candidates);
     if (!all) throw noPlan();

@@ -64,7 +64,7 @@ interface Slot {
  * their reload from disk. Any plan's cost on the device is at least its cheapest slots for the layers
  * it holds, plus the fixed costs; on Metal the reload cliff is left out (still a bound).
  */
-function slots(t: DeviceTerms, m: ModelTerms): Slot[] {
+function slots(t: DeviceTerms, m: ModelTerms, reload: "excess" | "window"): Slot[] {
   const bp = m.layerBytesWithKv;
   const alpha = t.alphaMs, gpu = t.alphaMs + t.betaMs;
   const vram = t.dev.hasGpu ? Math.max(0, t.capGpuBytes / bp) : 0;
@@ -78,7 +78,8 @@ function slots(t: DeviceTerms, m: ModelTerms): Slot[] {
   } else {
     if (t.gpuLayersLeaveRam) out.push({ costMs: gpu, layers: vram });
     out.push({ costMs: alpha, layers: ram });
-    if (t.mayOverload) out.push({ costMs: alpha + bp * t.deltaMsPerByte, layers: Infinity });
+    // "window": an overloaded device rereads all its l layers' weights, l·b ≥ (l − ram)·b: still a bound.
+    if (t.mayOverload) out.push({ costMs: alpha + (reload === "window" ? m.layerBytes : bp) * t.deltaMsPerByte, layers: Infinity });
   }
   return out.filter((s) => s.layers > 0).sort((a, b) => a.costMs - b.costMs);
 }
@@ -102,8 +103,8 @@ function take(sorted: readonly Slot[], layers: number): { costMs: number; rest: 
  * go to the cheapest slots, and each device pays its fixed costs (the head's output layer, one ξ).
  * Infinity when the subset cannot hold the model without overloading a slow disk or a GPU.
  */
-export function subsetLowerBound(terms: readonly DeviceTerms[], m: ModelTerms): (subset: readonly number[]) => number {
-  const perDevice = terms.map((t) => ({ slots: slots(t, m), fixedMs: t.xiMs + t.headComputeMs + t.headReadMs }));
+export function subsetLowerBound(terms: readonly DeviceTerms[], m: ModelTerms, reload: "excess" | "window" = "excess"): (subset: readonly number[]) => number {
+  const perDevice = terms.map((t) => ({ slots: slots(t, m, reload), fixedMs: t.xiMs + t.headComputeMs + t.headReadMs }));
   return (subset) => {
     let total = 0;
     const pool: Slot[] = [];

@@ -21,6 +21,7 @@ export interface ResolvedOptions {
   readonly dropOnlyIfFaster: boolean;
   readonly selection: "best" | "paper";
   readonly keepAll: boolean;
+  readonly overloadReload: "excess" | "window";
 }
 
 export function resolveOptions(o: HaldaOptions = {}): ResolvedOptions {
@@ -39,6 +40,7 @@ export function resolveOptions(o: HaldaOptions = {}): ResolvedOptions {
     dropOnlyIfFaster: o.dropOnlyIfFaster ?? false,
     selection: o.selection ?? (o.mode === "prima" ? "paper" : "best"),
     keepAll: o.keepAll ?? false,
+    overloadReload: o.overloadReload ?? "excess",
   };
   if (r.mode !== "exact" && r.mode !== "prima") bad(`mode must be "exact" or "prima", got ${JSON.stringify(r.mode)}`);
   if (!Number.isInteger(r.userK) || r.userK < 0) bad(`k must be a non-negative integer, got ${r.userK}`);
@@ -46,6 +48,7 @@ export function resolveOptions(o: HaldaOptions = {}): ResolvedOptions {
   if (!(r.minDiskBytesPerS >= 0)) bad(`minDiskBytesPerS must be >= 0, got ${r.minDiskBytesPerS}`);
   if (!Number.isInteger(r.nUbatch) || r.nUbatch < 1) bad(`nUbatch must be a positive integer, got ${r.nUbatch}`);
   if (r.selection !== "best" && r.selection !== "paper") bad(`selection must be "best" or "paper", got ${JSON.stringify(r.selection)}`);
+  if (r.overloadReload !== "excess" && r.overloadReload !== "window") bad(`overloadReload must be "excess" or "window", got ${JSON.stringify(r.overloadReload)}`);
   if (typeof r.keepAll !== "boolean") bad(`keepAll must be true or false, got ${JSON.stringify(r.keepAll)}`);
   if (!Number.isInteger(r.dropWindowLayers) || r.dropWindowLayers < 0) bad(`dropWindowLayers must be a non-negative integer, got ${r.dropWindowLayers}`);
   return r;
@@ -218,9 +221,16 @@ export interface SetCoefficients {
   readonly kappa: number;
 }
 
-export function setCoefficients(t: DeviceTerms, set: DeviceSet, m: ModelTerms): SetCoefficients {
+export function setCoefficients(t: DeviceTerms, set: DeviceSet, m: ModelTerms, reload: "excess" | "window" = "excess"): SetCoefficients {
   const bp = m.layerBytesWithKv, delta = t.deltaMsPerByte, gpu = t.dev.hasGpu;
   let kappa = t.headComputeMs + t.headReadMs;
+  if (reload === "window" && (set === "M1" || set === "M3")) {
+    // Every RAM-side layer's weights (not its KV cache, which is anonymous) come back each token, and on
+    // the head its output layer and embedding row: the M2 formula without Metal.
+    if (t.isHead) kappa += (m.outputBytes + m.inputRowBytes) * delta;
+    const a = t.alphaMs + m.layerBytes * delta;
+    return { a, b: set === "M3" && gpu && t.gpuLayersLeaveRam ? t.betaMs - m.layerBytes * delta : 0, kappa };
+  }
   if (t.isHead && (set === "M2" || set === "M4")) kappa += m.inputRowBytes * delta;
   if (t.isHead && set === "M2") kappa += m.outputBytes * delta;
   if (set === "M1" || set === "M3") kappa += (t.bcioBytes - t.ramCapacityBytes) * delta;

@@ -76,6 +76,13 @@ export interface HaldaOptions {
   readonly nUbatch?: number;
   /** One overloaded window must fit in RAM (prefetch-release guard, HALDA.md §4.6). Default false. */
   readonly prefetchGuard?: boolean;
+  /** What an overloaded device (M1, M3) reads back from disk per token. "excess" (default, the paper's
+   *  model): only what does not fit, r·b' + b_cio − D. "window": every RAM-side weight byte it runs, as
+   *  an mmap'd window read in the same order every token does under the kernel's LRU (each page is
+   *  evicted before its next use; a head also rereads its output layer and embedding row). Measured on
+   *  our engine: a head 3.3 layers short of room reread its 8 layers and the output layer every token
+   *  (BENCHMARKS.md, "Capped devices"). Metal (M2) always drops the whole mapping. */
+  readonly overloadReload?: "excess" | "window";
   /** Include the paper's RAM/VRAM read terms in α, β and κ (the code leaves them out). Default false. */
   readonly registerLoadTerms?: boolean;
   /** The head's output-layer compute: the paper's output layer (default) or the code's one-layer term. */

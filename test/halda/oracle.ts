@@ -14,11 +14,13 @@ export interface OracleOptions {
   readonly headComputeTerm: "outputLayer" | "oneLayer";
   /** 0 = every valid k. */
   readonly k: number;
+  /** What an overloaded non-Metal device rereads per token: the excess (paper) or all its RAM-side weights. */
+  readonly overloadReload: "excess" | "window";
 }
 
 export const defaultOracleOptions: OracleOptions = {
   masterPriority: 1, minDiskBytesPerS: 1e8, prefetchGuard: false, keepOutputInMetal: true,
-  nUbatch: 512, registerLoadTerms: false, headComputeTerm: "outputLayer", k: 0,
+  nUbatch: 512, registerLoadTerms: false, headComputeTerm: "outputLayer", k: 0, overloadReload: "excess",
 };
 
 export interface DeviceCost {
@@ -78,7 +80,7 @@ export function deviceCostFn(dev: DeviceProfile, isHead: boolean, model: ModelPr
       if (rw * bp + bcio + (metal ? cGpu : 0) > D * (1 + 1e-12)) valid = false;
     }
     let diskBytes = 0;
-    if (overloaded) diskBytes = metal ? l * b + (isHead ? bo + row : 0) : r * bp + bcio - D;
+    if (overloaded) diskBytes = metal || opt.overloadReload === "window" ? r * b + (isHead ? bo + row : 0) : r * bp + bcio - D;
     else if (isHead) diskBytes = row;
     const latencyMs =
       (l - g) * tCpu + g * tGpu + tOut +
@@ -87,7 +89,7 @@ export function deviceCostFn(dev: DeviceProfile, isHead: boolean, model: ModelPr
       k * link;
     let scaledMs = latencyMs;
     if (isHead) {
-      const a0 = !overloaded ? alpha : metal ? alpha + b * msPerByte : alpha + bp * msPerByte;
+      const a0 = !overloaded ? alpha : metal || opt.overloadReload === "window" ? alpha + b * msPerByte : alpha + bp * msPerByte;
       scaledMs -= (1 - 1 / opt.masterPriority) * k * a0 * w;
     }
     return { valid, latencyMs, scaledMs, overloaded };
