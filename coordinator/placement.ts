@@ -10,7 +10,7 @@ import type { LocalModel, Pipeline } from "../engine/index.js";
 import { selectDevices, type DeviceLatencyMs, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "../halda/index.js";
 import { modelProfile } from "../model/index.js";
 import {
-  RAM_AVAILABLE_FRACTION, measureLink, parseDeviceReport, refreshMemory, type DeviceReport, type LinkMeasurement,
+  layerRoomBytes, measureLink, parseDeviceReport, refreshMemory, type DeviceReport, type LinkMeasurement,
 } from "../profiler/index.js";
 import type { WorkerHandle } from "./registry.js";
 
@@ -274,9 +274,17 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     } catch (e) {
       throw new Error(`device ${w.label} has no usable profile: ${(e as Error).message}; give --layer-windows to place layers by hand`);
     }
-    // Memory now, not when it joined: the status carries the device's (cgroup-aware) MemAvailable.
+    // Memory now, not when it joined: the status carries the device's (cgroup-aware) MemAvailable,
+    // read while it holds no windows (the ring was taken down), so its anonymous memory is the runtime's.
     const s = await w.status();
-    reports.push({ ...r, profile: { ...r.profile, ramTotalBytes: s.memTotalBytes, ramAvailableBytes: Math.floor(s.memAvailableBytes * RAM_AVAILABLE_FRACTION) } });
+    // A cgroup limit shows as a total below the machine's (from its profile; a limit may be set after
+    // it joined); without the profile's memory details, as if no limit bound.
+    const joined = r.details?.memory as DeviceReport["details"]["memory"] | undefined;
+    const room = layerRoomBytes({
+      availableBytes: s.memAvailableBytes, physicalAvailableBytes: joined?.physicalAvailableBytes ?? Infinity,
+      cgroupLimited: joined !== undefined && s.memTotalBytes < joined.physicalTotalBytes,
+    });
+    reports.push({ ...r, profile: { ...r.profile, ramTotalBytes: s.memTotalBytes, ramAvailableBytes: room } });
     let link: LinkMeasurement | null = null;
     if (r.linkProbePort) {
       try {
@@ -306,7 +314,10 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   }
   let placement: Placement;
   try {
-    placement = placeRing(headProfile, workerProfiles, profileModel, i.options);
+    // Our engine's windows are read in the same order every token, so a window that does not fit is
+    // read back whole each token under the kernel's LRU, not only its excess (measured: BENCHMARKS.md,
+    // "Capped devices"): Halda prices overload that way unless told otherwise.
+    placement = placeRing(headProfile, workerProfiles, profileModel, { overloadReload: "window", ...i.options });
   } catch (e) {
     throw new Error(`no plan: ${(e as Error).message}`);
   }

@@ -2,7 +2,7 @@
 // honoured) and memory pressure, disk with the page cache bypassed, OS, GPU, and the hop to a peer.
 export * from "./memory.js";
 export { profileDevice, refreshMemory, hardwareId, type ProfileOptions } from "./profile.js";
-export { parseDeviceReport, formatReport, REPORT_VERSION, RAM_AVAILABLE_FRACTION, type DeviceReport, type DeviceDetails } from "./report.js";
+export { parseDeviceReport, formatReport, REPORT_VERSION, type DeviceReport, type DeviceDetails } from "./report.js";
 export {
   modelWorkload, genericWorkload, flopsPerType, timeStep, stepKey, describeStep, type ModelWorkload, type MatrixShape, type MatmulStep, type StepTiming,
 } from "./compute.js";

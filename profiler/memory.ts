@@ -6,6 +6,10 @@ import { freemem, totalmem } from "node:os";
 import { join } from "node:path";
 import { cgroupPaths, type CgroupPaths } from "./system.js";
 
+/** prima.cpp keeps a fifth of MemAvailable back on Linux (HALDA.md §1.1); we do so where no memory
+ * cgroup's hard limit is what binds (layerRoomBytes). */
+export const RAM_AVAILABLE_FRACTION = 0.8;
+
 /** Kernel files read again and again (a ring device reads memory a few times a second) stay open and
  * are re-read from offset 0, which makes the kernel generate them afresh: two syscalls instead of
  * four and no path lookup, ~15 us instead of ~50 for /proc/meminfo. Only /proc and cgroup files:
@@ -154,6 +158,20 @@ export function readMemory(isAndroid = false, paths?: CgroupPaths): MemoryReadin
     swapFreeBytes: info.get("SwapFree") ?? 0,
     swappableBytes: isAndroid ? Math.max(0, anon - (info.get("Mlocked") ?? 0)) : 0,
   };
+}
+
+/**
+ * Halda's d_avail: the room this device has for its layers (weights in the page cache, KV caches,
+ * scratch), from a reading taken while the process holds no windows. Under a memory cgroup whose room
+ * is the tighter one it is that room exactly: the limit is hard, and limit - usage + page cache already
+ * leaves out the anonymous memory the process holds (runtime, heap). Without one, MemAvailable keeps
+ * prima.cpp's fifth back (RAM_AVAILABLE_FRACTION): other programs share that memory and may grow.
+ * Measured on the benchmark model under 256 MiB caps: 228 MiB read, of which the 0.8 factor had hidden
+ * 46 MiB, nearly two layers (BENCHMARKS.md, "Capped devices").
+ */
+export function layerRoomBytes(m: { availableBytes: number; physicalAvailableBytes: number; cgroupLimited: boolean }): number {
+  const cgroupBound = m.cgroupLimited && m.availableBytes < m.physicalAvailableBytes;
+  return cgroupBound ? Math.floor(m.availableBytes) : Math.floor(m.availableBytes * RAM_AVAILABLE_FRACTION);
 }
 
 /** MemTotal and MemAvailable of the device (the memory cgroup's when it is tighter). */

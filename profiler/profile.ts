@@ -10,8 +10,8 @@ import {
 } from "./compute.js";
 import { diskKey, measureDisk, scratchDir } from "./disk.js";
 import { detectGpus } from "./gpu.js";
-import { readMemory, type MemoryReading } from "./memory.js";
-import { RAM_AVAILABLE_FRACTION, REPORT_VERSION, type DeviceReport } from "./report.js";
+import { layerRoomBytes, readMemory, type MemoryReading } from "./memory.js";
+import { REPORT_VERSION, type DeviceReport } from "./report.js";
 import { cgroupPaths, cpuQuota, systemInfo } from "./system.js";
 
 export interface ProfileOptions {
@@ -154,7 +154,7 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
 function memoryFields(memory: MemoryReading) {
   return {
     ramTotalBytes: memory.totalBytes,
-    ramAvailableBytes: Math.floor(memory.availableBytes * RAM_AVAILABLE_FRACTION),
+    ramAvailableBytes: layerRoomBytes({ ...memory, cgroupLimited: memory.cgroup !== undefined }),
     swappableBytes: memory.swappableBytes,
     swapTotalBytes: memory.swapTotalBytes,
     swapAvailableBytes: memory.swapFreeBytes,

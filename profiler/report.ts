@@ -10,8 +10,7 @@ import type { SystemInfo } from "./system.js";
 
 export const REPORT_VERSION = 1;
 
-/** prima.cpp keeps a fifth of MemAvailable back on Linux (HALDA.md §1.1); we do so everywhere. */
-export const RAM_AVAILABLE_FRACTION = 0.8;
+export { RAM_AVAILABLE_FRACTION } from "./memory.js";
 
 export interface DeviceDetails {
   readonly system: SystemInfo;
