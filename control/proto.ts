@@ -46,6 +46,9 @@ export interface Status {
   memAvailableBytes: number; memPressure: number; frames: number;
 }
 export interface Failure { message: string }
+export interface ModelDescription { fingerprint: string; fileBytes: number; dataOffset: number; chunkBytes: number; name: string }
+export interface FetchRequest { fingerprint: string; chunks: number[] }
+export interface ModelChunk { index: number; data: Buffer; sha256: string }
 export interface Shutdown { reason: string }
 
 interface WorkerFields { join: Join; heartbeat: Heartbeat; progress: LoadProgress; ready: Ready; status: Status; failure: Failure }
@@ -92,6 +95,14 @@ export function coordinatorService(): grpc.ServiceDefinition {
 
 export interface CoordinatorClient extends grpc.Client {
   session(options?: grpc.CallOptions): ClientSessionStream;
+  modelInfo(req: Record<string, never>, options: grpc.CallOptions, cb: (err: grpc.ServiceError | null, res?: ModelDescription) => void): grpc.ClientUnaryCall;
+  fetchChunks(req: FetchRequest, options?: grpc.CallOptions): grpc.ClientReadableStream<ModelChunk>;
+}
+
+/** The coordinator's handlers for a device that fetches its windows (transfer/). */
+export interface ModelStoreHandlers {
+  modelInfo: grpc.handleUnaryCall<Record<string, never>, ModelDescription>;
+  fetchChunks: grpc.handleServerStreamingCall<FetchRequest, ModelChunk>;
 }
 
 export function coordinatorClient(address: string): CoordinatorClient {
