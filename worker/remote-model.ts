@@ -1,0 +1,114 @@
+// A worker without `--model`: it asks the coordinator what the model is, keeps a sparse copy in its
+// model cache (transfer/), fetches the header to open it like any GGUF, and on each assignment fetches
+// the chunks of its windows it does not have yet.
+import { coordinatorClient, type CoordinatorClient, type ModelChunk, type ModelDescription } from "../control/index.js";
+import { LocalModel, type OpenOptions } from "../engine/index.js";
+import {
+  ModelCache, TransferError, chunksFor, describeProgress, fetchChunks, rangesForLayers, type CachedModel, type Chunk,
+} from "../transfer/index.js";
+
+/** A fetch that receives nothing for this long is given up (and tried again by the caller). */
+const STALL_MS = 30_000;
+const INFO_TIMEOUT_MS = 10_000;
+
+export interface RemoteModelOptions {
+  /** host:port of the coordinator. */
+  readonly coordinator: string;
+  readonly cacheDir?: string;
+  readonly cacheLimitBytes?: number;
+  readonly open: OpenOptions;
+  readonly log: (line: string) => void;
+}
+
+function modelInfo(client: CoordinatorClient): Promise<ModelDescription> {
+  return new Promise((resolve, reject) => {
+    client.modelInfo({}, { deadline: Date.now() + INFO_TIMEOUT_MS }, (err, res) => {
+      if (err || !res) reject(new TransferError(`the coordinator did not describe its model: ${err?.details || err?.message || "no answer"}`));
+      else resolve(res);
+    });
+  });
+}
+
+/** The chunks asked for, from the coordinator's FetchChunks stream (cancelled when it stalls). */
+function chunksFrom(client: CoordinatorClient, fingerprint: string): (chunks: number[]) => AsyncIterable<Chunk> {
+  return async function* (chunks) {
+    const call = client.fetchChunks({ fingerprint, chunks });
+    let timer: NodeJS.Timeout | undefined;
+    const arm = () => {
+      clearTimeout(timer);
+      timer = setTimeout(() => call.cancel(), STALL_MS);
+    };
+    arm();
+    try {
+      for await (const c of call as AsyncIterable<ModelChunk>) {
+        arm();
+        yield { index: c.index, data: c.data, sha256: c.sha256 };
+      }
+    } catch (e) {
+      const err = e as { details?: string; message: string; code?: number };
+      throw new TransferError(`fetching the model's chunks failed: ${err.code === 1 ? `nothing received for ${STALL_MS / 1000} s` : err.details || err.message}`);
+    } finally {
+      clearTimeout(timer);
+      call.cancel();
+    }
+  };
+}
+
+export class RemoteModel {
+  private constructor(
+    readonly model: LocalModel,
+    readonly cached: CachedModel,
+    private readonly client: CoordinatorClient,
+    private readonly log: (line: string) => void,
+  ) {}
+
+  /** Describes the coordinator's model, fetches its header into the cache and opens it. */
+  static async open(o: RemoteModelOptions): Promise<RemoteModel> {
+    const client = coordinatorClient(o.coordinator);
+    try {
+      const d = await modelInfo(client);
+      const info = { fingerprint: d.fingerprint, fileBytes: Number(d.fileBytes), dataOffset: Number(d.dataOffset), chunkBytes: d.chunkBytes, name: d.name };
+      const cache = new ModelCache(o.cacheDir, o.cacheLimitBytes);
+      const cached = cache.open(info);
+      const header = chunksFor([[0, info.dataOffset]], info);
+      cached.checkRoom(header, o.log);
+      await fetchChunks(cached, header, chunksFrom(client, info.fingerprint));
+      o.log(`model ${info.fingerprint.slice(0, 12)} from the coordinator: header in ${cached.path} (${cached.done.size} chunks of ${(info.chunkBytes / 2 ** 20).toFixed(0)} MiB held)`);
+      return new RemoteModel(LocalModel.open(cached.path, o.open), cached, client, o.log);
+    } catch (e) {
+      client.close();
+      throw e;
+    }
+  }
+
+  get path(): string {
+    return this.cached.path;
+  }
+
+  /** Fetches what the layers need and this device lacks; reports progress as a fraction and words. */
+  async fetchLayers(layers: Iterable<number>, progress: (fraction: number, stage: string) => void): Promise<void> {
+    const wanted = chunksFor(rangesForLayers(this.model.gguf, layers), this.cached.info);
+    const missing = this.cached.missing(wanted);
+    if (missing.length === 0) return;
+    this.cached.checkRoom(wanted, this.log);
+    const bytes = this.cached.bytesOf(missing);
+    this.log(`fetching ${missing.length} chunks (${(bytes / 2 ** 20).toFixed(1)} MiB) of this device's windows from the coordinator`);
+    let lastLog = 0;
+    const r = await fetchChunks(this.cached, wanted, chunksFrom(this.client, this.cached.info.fingerprint), (p) => {
+      const stage = `fetching layers: ${describeProgress(p)}`;
+      progress(p.totalBytes ? p.doneBytes / p.totalBytes : 1, stage);
+      if (performance.now() - lastLog > 2000) {
+        lastLog = performance.now();
+        this.log(stage);
+      }
+    });
+    this.log(`fetched ${(r.fetchedBytes / 2 ** 20).toFixed(1)} MiB in ${(r.ms / 1000).toFixed(1)} s` +
+      `${r.badChunks ? ` (${r.badChunks} chunk${r.badChunks === 1 ? "" : "s"} failed their hash and came again)` : ""}`);
+  }
+
+  close(): void {
+    this.cached.close();
+    this.client.close();
+    this.model.close();
+  }
+}
