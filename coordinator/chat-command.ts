@@ -7,7 +7,7 @@ import type { ChatMessage } from "../model/index.js";
 import { StreamingDecoder, Tokenizer } from "../model/tokenizer.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
 import { CancelledError } from "./cluster.js";
-import { clusterFor, openHeadModel } from "./run-command.js";
+import { clusterFor, openHeadModel } from "./head.js";
 import { PromptRenderer, chatTemplateChoice } from "./prompt.js";
 
 const HELP = `usage: prima-coord chat model.gguf [options]

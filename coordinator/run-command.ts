@@ -1,12 +1,12 @@
 // prima-coord run model.gguf -p "..." -n 128: one request through the cluster, streamed to the
 // terminal. With no workers the coordinator is a single-device engine; with --min-workers it waits for
 // prima-worker daemons and drives the ring. The same cluster object as `serve`, with one request.
-import { LocalModel, Sampler } from "../engine/index.js";
+import { Sampler } from "../engine/index.js";
 import { Tokenizer, StreamingDecoder } from "../model/tokenizer.js";
 import { peakAnonTracker } from "../profiler/index.js";
-import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, UsageError, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
-import { Cluster, type GenerationOutcome } from "./cluster.js";
+import type { Cluster, GenerationOutcome } from "./cluster.js";
+import { clusterFor, openHeadModel } from "./head.js";
 import { formatPrediction, ringPosition, type RingPlan, type PredictionReport } from "./placement.js";
 import { chatTemplateChoice, PromptRenderer } from "./prompt.js";
 
@@ -109,21 +109,6 @@ function placementJson(placement: RingPlan, prediction: PredictionReport | undef
     release_after_use: placement.releaseAfterUse, links: placement.links, model: placement.model,
     ring_positions: placement.labels.map((_, hi) => ringPosition(hi, nWorkers)), prediction,
   };
-}
-
-/** The model opened for a cluster: as head of a ring, its threads wait for the rest of the ring
- * between windows (RING_COMPUTE_OPTIONS). */
-export function openHeadModel(a: ClusterArgs): LocalModel {
-  const ring = a.minWorkers > 0 || a.layerWindows !== undefined;
-  return LocalModel.open(a.model, { threads: a.threads, ...(ring ? RING_COMPUTE_OPTIONS : {}) });
-}
-
-export function clusterFor(a: ClusterArgs, model: LocalModel, log: (line: string) => void, extra: { name?: string; plannedTokens?: number; maxQueue?: number; autoPlace?: boolean } = {}): Cluster {
-  return new Cluster({
-    modelPath: a.model, model, name: extra.name ?? "prima", ctx: Math.min(a.ctx, model.desc.hparams.nCtxTrain), batch: a.batch,
-    prefetch: a.prefetch, reprofile: a.reprofile, layerWindows: a.layerWindows, cycles: a.cycles, keepAll: a.keepAll,
-    plannedTokens: extra.plannedTokens, maxQueue: extra.maxQueue, autoPlace: extra.autoPlace, minWorkers: a.minWorkers, log,
-  });
 }
 
 export async function runCommand(argv: string[]): Promise<number> {

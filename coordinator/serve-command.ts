@@ -10,7 +10,7 @@ import { Tokenizer } from "../model/tokenizer.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
 import { ApiServer } from "./http-server.js";
 import { PromptRenderer, chatTemplateChoice } from "./prompt.js";
-import { clusterFor, openHeadModel } from "./run-command.js";
+import { clusterFor, openHeadModel } from "./head.js";
 
 const HELP = `usage: prima-coord serve model.gguf [options]
 
