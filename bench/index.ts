@@ -54,12 +54,13 @@ async function engineBench(): Promise<void> {
 async function main(): Promise<void> {
   console.log(`# npm run bench -- --only ${[...parts].join(",")} --threads ${threads} --reps ${reps}`);
   if (parts.has("engine")) await engineBench();
-  const model = ["memory", "ring", "serve", "chaos"].some((p) => parts.has(p)) ? await benchmarkModel() : "";
+  const model = ["memory", "ring", "serve", "chaos", "capped"].some((p) => parts.has(p)) ? await benchmarkModel() : "";
   // Each part prints its own table; they live in dist/bench/ and also run alone.
   if (parts.has("memory")) await (await import("./memory.js")).main();
   if (parts.has("ring")) await (await import("./ring.js")).main(model, Math.max(reps, 7));
   if (parts.has("halda")) await (await import("./halda.js")).main();
   if (parts.has("kernels")) await import("./kernels.js"); // runs on import
+  if (parts.has("capped")) await (await import("./capped.js")).main(model);
   if (parts.has("serve")) await (await import("./serve.js")).main(model, Math.max(reps, 5));
   if (parts.has("chaos")) await (await import("./chaos.js")).main(model, Number(values["chaos-seconds"]));
 }

@@ -1,0 +1,204 @@
+// npm run bench -- --only capped (root: it makes memory cgroups and drops the page cache)
+// Issue #14: the benchmark model on three loopback devices (two workers and the head), each in its own
+// memory cgroup (v1), at 3 x 256 MiB (the model fits in the sum) and 3 x 200 MiB (it does not). For
+// each cap: the automatic plan, a sweep of hand-made --layer-windows plans, prima alone in one such
+// cgroup and llama.cpp's llama-bench alone in one; predicted against measured ms per token per device.
+// The page cache is dropped before each run and the head starts first, so each device pays for the
+// pages it reads (a page is charged to the cgroup that first reads it).
+import { spawn, type ChildProcess } from "node:child_process";
+import { existsSync, mkdirSync, readFileSync, rmdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { llamaBenchPath } from "./llama-bench.js";
+
+const root = fileURLToPath(new URL("../..", import.meta.url));
+const coordCli = join(root, "dist/coordinator/cli.js");
+const workerCli = join(root, "dist/worker/cli.js");
+const cgBase = "/sys/fs/cgroup/memory";
+const MiB = 2 ** 20;
+const N_PREDICT = 48, CTX = 256;
+const gen = ["-p", "Once upon a time", "-n", String(N_PREDICT), "--temp", "0", "--ctx", String(CTX)];
+
+interface Proc { child: ChildProcess; out: string; err: string; exited: Promise<number | null>; signal: () => NodeJS.Signals | null }
+
+function start(group: string | null, args: readonly string[], cmd = process.execPath): Proc {
+  const enter = group ? `echo $$ > '${join(cgBase, group, "cgroup.procs")}' && ` : "";
+  const child = spawn("/bin/sh", ["-c", `${enter}exec "$0" "$@"`, cmd, ...args], { cwd: root, stdio: ["ignore", "pipe", "pipe"] });
+  const p: Proc = {
+    child, out: "", err: "",
+    exited: new Promise((r) => child.on("exit", (code) => r(code))),
+    signal: () => child.signalCode,
+  };
+  child.stdout!.on("data", (d: Buffer) => { p.out += d.toString(); });
+  child.stderr!.on("data", (d: Buffer) => { p.err += d.toString(); });
+  return p;
+}
+
+async function waitFor(p: Proc, re: RegExp, ms: number): Promise<RegExpMatchArray> {
+  const t0 = Date.now();
+  for (;;) {
+    const m = p.err.match(re);
+    if (m) return m;
+    if (Date.now() - t0 > ms || p.child.exitCode !== null) throw new Error(`timed out waiting for ${re}:\n${p.err.slice(-2000)}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+function makeGroup(name: string, capMiB: number): string {
+  const dir = join(cgBase, name);
+  if (!existsSync(dir)) mkdirSync(dir);
+  writeFileSync(join(dir, "memory.limit_in_bytes"), String(capMiB * MiB));
+  return name;
+}
+
+async function removeGroup(name: string): Promise<void> {
+  for (let i = 0; i < 50; i++) {
+    try {
+      if (existsSync(join(cgBase, name))) rmdirSync(join(cgBase, name));
+      return;
+    } catch {
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+}
+
+function dropCaches(): void {
+  spawn("sync").on("exit", () => undefined);
+  writeFileSync("/proc/sys/vm/drop_caches", "3");
+}
+
+interface Prediction { rows: { label: string; windowLayers: number; predicted: { totalMs: number; diskMs: number; computeMs: number }; measured: { computeMs: number; sendMs: number } }[]; predictedTokenMs: number; measuredTokenMs: number }
+interface RunJson {
+  decode_tok_s: number;
+  layer_windows: number[];
+  devices_decode: { device: string; compute_ms: number; major_faults: number }[];
+  placement?: { plan: { devices: { name: string; set: string; windowLayers: number; ramLayerCapacityBytes: number; reloadBytesPerToken: number }[] }; per_cycle: number[]; devices: { diskSeqReadBytesPerS?: number }[]; prediction: Prediction };
+}
+
+/** One ring run: head then two workers (dev-a, dev-b), each in a fresh cgroup of capMiB. */
+async function ringRun(model: string, capMiB: number, windows: readonly number[] | null, tag: string): Promise<RunJson> {
+  const groups = ["h", "a", "b"].map((n) => makeGroup(`prima-capped-${process.pid}-${tag}-${n}`, capMiB));
+  const procs: Proc[] = [];
+  try {
+    dropCaches();
+    await new Promise((r) => setTimeout(r, 500));
+    const head = start(groups[0], [coordCli, "run", model, "--json", ...gen, "--port", "0", "--min-workers", "2", ...(windows ? ["--layer-windows", windows.join(",")] : [])]);
+    procs.push(head);
+    const port = (await waitFor(head, /listening for workers on port (\d+)/, 120_000))[1];
+    for (const [i, name] of ["dev-a", "dev-b"].entries()) {
+      procs.push(start(groups[i + 1], [workerCli, "--join", `127.0.0.1:${port}`, "--model", model, "--name", name, "--once"]));
+      await waitFor(head, new RegExp(`"${name}" .*joined`), 120_000);
+    }
+    const code = await Promise.race([head.exited, new Promise((r) => setTimeout(() => r("timeout"), 600_000))]);
+    if (code !== 0) throw new Error(`head ${code === "timeout" ? "timed out" : `exited with ${code}`}:\n${head.err.slice(-3000)}`);
+    const line = head.out.split("\n").find((l) => l.startsWith("{"));
+    if (!line) throw new Error(`head printed no JSON:\n${head.err.slice(-3000)}`);
+    if (!windows) console.error(head.err.split("\n").filter((l) => /for layers|^\S.* M\d |plan:|token latency/.test(l)).join("\n"));
+    return JSON.parse(line) as RunJson;
+  } finally {
+    for (const p of procs) if (p.child.exitCode === null && p.child.signalCode === null) p.child.kill("SIGKILL");
+    await Promise.all(procs.map((p) => Promise.race([p.exited, new Promise((r) => setTimeout(r, 3000))])));
+    for (const g of groups) await removeGroup(g);
+  }
+}
+
+/** prima alone in one capped cgroup. */
+async function aloneRun(model: string, capMiB: number): Promise<number | string> {
+  const g = makeGroup(`prima-capped-${process.pid}-alone`, capMiB);
+  try {
+    dropCaches();
+    const p = start(g, [coordCli, "run", model, "--json", ...gen]);
+    const code = await p.exited;
+    if (code !== 0) return p.signal() === "SIGKILL" ? "killed (OOM)" : `failed (${code})`;
+    return (JSON.parse(p.out.split("\n").find((l) => l.startsWith("{"))!) as RunJson).decode_tok_s;
+  } finally {
+    await removeGroup(g);
+  }
+}
+
+/** llama-bench alone in one capped cgroup: decode tok/s, or how it ended. */
+async function llamaRun(model: string, capMiB: number): Promise<number | string> {
+  if (!existsSync(llamaBenchPath)) return "not built (npm run bench -- --only engine builds it)";
+  const g = makeGroup(`prima-capped-${process.pid}-llama`, capMiB);
+  try {
+    dropCaches();
+    const p = start(g, ["-m", model, "-t", "2", "-p", "0", "-n", "32", "-r", "1", "-o", "json"], llamaBenchPath);
+    const code = await p.exited;
+    const ooms = Number(/oom_kill (\d+)/.exec(readFileSync(join(cgBase, g, "memory.oom_control"), "utf8"))?.[1] ?? 0);
+    if (code !== 0) return ooms > 0 || p.signal() === "SIGKILL" ? "killed by the OOM killer" : `failed (${code ?? p.signal()})`;
+    const rows = JSON.parse(p.out) as { n_gen: number; avg_ts: number }[];
+    return rows.find((r) => r.n_gen > 0)?.avg_ts ?? "no result";
+  } finally {
+    await removeGroup(g);
+  }
+}
+
+const fmt = (v: number | string) => (typeof v === "number" ? v.toFixed(2) : v);
+
+export async function main(model: string): Promise<void> {
+  if (!existsSync(join(cgBase, "cgroup.procs"))) {
+    console.log(`\n## capped devices: skipped (no cgroup v1 memory controller at ${cgBase})`);
+    return;
+  }
+  const sweeps: Record<number, number[][]> = {
+    256: [[8, 8, 6], [9, 8, 5], [8, 9, 5], [7, 8, 7], [9, 9, 4]],
+    200: [[6, 12, 4], [12, 6, 4], [6, 6, 10], [7, 7, 8], [8, 8, 6]],
+  };
+  const summary: string[] = [];
+  for (const cap of [256, 200]) {
+    console.log(`\n## capped devices: 3 x ${cap} MiB (memory cgroups), benchmark model, decode ${N_PREDICT} tokens, ctx ${CTX}\n`);
+    const auto = await ringRun(model, cap, null, `auto${cap}`);
+    const best: { w: number[]; tokS: number } = { w: [], tokS: 0 };
+    const hand: string[] = [];
+    for (const w of sweeps[cap]) {
+      let tokS: number | string;
+      try {
+        tokS = (await ringRun(model, cap, w, `hand${cap}`)).decode_tok_s;
+      } catch (e) {
+        tokS = `failed: ${(e as Error).message.split("\n")[0]}`;
+      }
+      hand.push(`${w.join(",")}: ${fmt(tokS)}`);
+      if (typeof tokS === "number" && tokS > best.tokS) Object.assign(best, { w, tokS });
+    }
+    const alone = await aloneRun(model, cap);
+    const llama = await llamaRun(model, cap);
+    const pl = auto.placement!;
+    console.log("| setup | decode tok/s | ratio |");
+    console.log("|---|---|---|");
+    console.log(`| automatic (Halda) [${auto.layer_windows.join(",")}] | ${auto.decode_tok_s.toFixed(2)} | ${(auto.decode_tok_s / best.tokS).toFixed(2)}x the best hand-made (goal >= 0.95) |`);
+    console.log(`| best hand-made [${best.w.join(",")}] (of ${hand.join("; ")}) | ${best.tokS.toFixed(2)} | 1.00 |`);
+    console.log(`| prima alone in ${cap} MiB | ${fmt(alone)} | ${typeof alone === "number" ? `ring ${(auto.decode_tok_s / alone).toFixed(2)}x alone${cap === 256 ? " (goal >= 5)" : ""}` : "-"} |`);
+    console.log(`| llama-bench alone in ${cap} MiB (-n 32 -t 2) | ${fmt(llama)} | - |`);
+    console.log("\n| device (automatic plan) | set | window | predicted ms/token (disk) | measured ms/token (compute+send) | error | major faults in decode |");
+    console.log("|---|---|---|---|---|---|---|");
+    const pr = pl.prediction;
+    for (const row of pr.rows) {
+      const m = row.measured.computeMs + row.measured.sendMs;
+      const d = pl.plan.devices.find((x) => row.label.includes(x.name) || (row.label.startsWith("head") && x.name === "head"));
+      const faults = auto.devices_decode.find((x) => x.device === row.label)?.major_faults ?? "-";
+      console.log(`| ${row.label} | ${d?.set ?? "-"} | ${row.windowLayers} | ${row.predicted.totalMs.toFixed(2)} (${row.predicted.diskMs.toFixed(2)}) | ${m.toFixed(2)} | ${(100 * (m - row.predicted.totalMs) / row.predicted.totalMs).toFixed(0)}% | ${faults} |`);
+    }
+    console.log(`| token | | | ${pr.predictedTokenMs.toFixed(2)} | ${pr.measuredTokenMs.toFixed(2)} | ${(100 * (pr.measuredTokenMs - pr.predictedTokenMs) / pr.predictedTokenMs).toFixed(0)}% | |`);
+    // The disk-bound limit: what no plan can avoid rereading (the weights beyond every device's room
+    // together), at the measured disk speed, on top of the predicted compute.
+    const planReread = pl.plan.devices.reduce((s, d) => s + d.reloadBytesPerToken, 0);
+    const diskBps = pl.devices[0].diskSeqReadBytesPerS ?? 1e9;
+    const computeMs = pr.rows.reduce((s, r) => s + r.predicted.computeMs, 0);
+    const need = await modelWeightBytes(model);
+    const room = pl.plan.devices.reduce((s, d) => s + Math.max(0, d.ramLayerCapacityBytes), 0);
+    const minReread = Math.max(0, need.layers - room * (need.layerBytes / need.layerBytesWithKv));
+    const limitMs = computeMs + (1000 * minReread) / diskBps;
+    console.log(`\nreread per token: plan ${(planReread / MiB).toFixed(1)} MiB (predicted); the least any plan must reread ${(minReread / MiB).toFixed(1)} MiB ` +
+      `(${(need.layers / MiB).toFixed(1)} MiB of layers, room for ${(room / MiB).toFixed(1)} MiB of layers with their KV); disk ${(diskBps / 1e6).toFixed(0)} MB/s; ` +
+      `disk-bound limit ${limitMs.toFixed(1)} ms/token (${(1000 / limitMs).toFixed(2)} tok/s): measured ${pr.measuredTokenMs.toFixed(1)} ms, ${(pr.measuredTokenMs / limitMs).toFixed(2)}x the limit`);
+    summary.push(`${cap} MiB: automatic ${auto.decode_tok_s.toFixed(2)} tok/s, best hand-made ${best.tokS.toFixed(2)} [${best.w}], alone ${fmt(alone)}, llama-bench ${fmt(llama)}`);
+  }
+  console.log(`\n${summary.join("\n")}\nreproduce: npm run build && sudo node dist/bench/index.js --only capped`);
+}
+
+/** Layer bytes of the model (all layers), b and b' at CTX: from the model's own profile. */
+async function modelWeightBytes(path: string): Promise<{ layers: number; layerBytes: number; layerBytesWithKv: number }> {
+  const { describeModel, modelProfile, readGguf } = await import("../model/index.js");
+  const mp = modelProfile(describeModel(readGguf(path)), { nCtx: CTX });
+  return { layers: mp.layerBytes * mp.nLayers, layerBytes: mp.layerBytes, layerBytesWithKv: mp.layerBytes + mp.kvBytesPerTokenLayer * CTX };
+}
