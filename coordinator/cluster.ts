@@ -3,7 +3,7 @@
 // the prompt cache. Devices may join and leave at any time; the cluster re-places layers when the set
 // of devices changed, between requests, never in the middle of one.
 import { EventEmitter } from "node:events";
-import { basename, dirname, resolve } from "node:path";
+import { basename, dirname, extname, resolve } from "node:path";
 import type { Status } from "../control/index.js";
 import { LocalPipeline, generate, type GenerationResult, type LocalModel, type Pipeline, type Sampler } from "../engine/index.js";
 import { ggmlTypeName, metaString, modelFingerprint, rowBytes } from "../model/index.js";
@@ -236,7 +236,7 @@ export class Cluster extends EventEmitter {
     clearTimeout(this.settleTimer);
     if (!this.o.autoPlace) return;
     this.settleTimer = setTimeout(() => {
-      const enough = this.registry.live().length >= (this.o.minWorkers ?? 0);
+      const enough = this.readiness().ok;
       if (this.dirty && enough && !this.active && this.waiting === 0 && !this.closed) {
         this.exclusive(() => this.prepare()).catch((e: unknown) => this.o.log(`placing layers failed: ${(e as Error).message}`));
       }
@@ -661,10 +661,23 @@ export class Cluster extends EventEmitter {
     return this.stats;
   }
 
-  /** The ring can serve a request now (or will, once it re-places layers for the devices there are). */
+  /** The ring can serve a request now (or will, once it re-places layers for the devices there are):
+   * the model is loaded, this device measured, and --min-workers joined once (a device lost later does
+   * not hold the service back: the ring goes on without it). */
   get ready(): boolean {
-    return !this.closed && this.headState.state !== "profiling" && this.clusterPort > 0;
+    return this.readiness().ok;
   }
+
+  readiness(): { ok: boolean; status: string } {
+    if (this.closed) return { ok: false, status: "stopping" };
+    if (this.headState.state === "profiling" || this.clusterPort === 0) return { ok: false, status: this.headState.detail ?? "starting" };
+    const live = this.registry.live().length, min = this.o.minWorkers ?? 0;
+    if (live >= min) this.formed = true;
+    if (!this.formed) return { ok: false, status: `waiting for workers (${live} of ${min} joined)` };
+    return { ok: true, status: this.active ? "generating" : this.dirty && (this.o.autoPlace ?? false) ? "re-placing layers" : "ready" };
+  }
+
+  private formed = false;
 
   private sampleHistory(): void {
     this.history.push({ unixMs: Date.now(), tokensPerS: this.historyTokens / (HISTORY_INTERVAL_MS / 1000) });
@@ -735,6 +748,7 @@ export class Cluster extends EventEmitter {
         joinedUnixMs: info?.joinedUnixMs ?? this.startedUnixMs,
       };
     };
+    const readiness = this.readiness();
     const pressureSeen = this.headStatusSeen?.memPressure ?? 0;
     const headStatusNow = this.current?.kind === "local" ? this.localStatus(this.current.pipeline, pressureSeen) : headStatus(this.current?.ring.node, pressureSeen);
     const devices: DeviceState[] = [
@@ -753,13 +767,14 @@ export class Cluster extends EventEmitter {
       version: STATE_VERSION,
       cluster: this.o.name,
       model: {
-        name: metaString(model.gguf, "general.name") ?? basename(this.o.modelPath), path: this.o.modelPath,
+        // The name /v1/models lists (the file's), which the dashboard's chat sends back.
+        name: basename(this.o.modelPath, extname(this.o.modelPath)), path: this.o.modelPath,
         architecture: metaString(model.gguf, "general.architecture") ?? "unknown", layers: model.nLayers, sizeBytes: model.desc.fileBytes,
         quantization: quantizationOf(model), fingerprint: this.fingerprint, contextTokens: this.o.ctx,
       },
       server: {
-        startedUnixMs: this.startedUnixMs, nowUnixMs: Date.now(), ready: this.ready,
-        status: !this.ready ? (this.headState.detail ?? "starting") : this.active ? "generating" : this.dirty ? "re-placing layers" : "ready",
+        startedUnixMs: this.startedUnixMs, nowUnixMs: Date.now(), ready: readiness.ok,
+        status: readiness.status,
         clusterPort: this.clusterPort,
       },
       plan: this.planState,

@@ -22,8 +22,6 @@ export interface ApiServerOptions {
   readonly modelId: string;
   readonly modelAliases: readonly string[];
   readonly apiKey?: string;
-  /** Workers that must have joined before /health says the ring can serve. */
-  readonly minWorkers: number;
   readonly maxBodyBytes?: number;
   readonly log: (line: string) => void;
   /** Serves the dashboard's files; returns false when the path is not one of them. */
@@ -80,7 +78,6 @@ export class ApiServer {
   private readonly server: Server;
   private readonly keyHash: Buffer | undefined;
   private readonly streams = new Set<ServerResponse>();
-  private formed = false;
   readonly counters: ServiceCounters = newServiceCounters();
 
   constructor(private readonly o: ApiServerOptions) {
@@ -126,13 +123,8 @@ export class ApiServer {
 
   /** /health: the ring can serve (the model is loaded, this device measured, enough workers joined). */
   private healthy(): { ok: boolean; status: string } {
-    const c = this.o.cluster;
-    if (!c.ready) return { ok: false, status: "loading" };
-    // --min-workers holds the service back until the ring first forms; a device lost later does not.
-    const live = c.registry.live().length;
-    if (live >= this.o.minWorkers) this.formed = true;
-    if (!this.formed) return { ok: false, status: `waiting for workers (${live} of ${this.o.minWorkers} joined)` };
-    return { ok: true, status: "ok" };
+    const r = this.o.cluster.readiness();
+    return r.ok ? { ok: true, status: "ok" } : r;
   }
 
   private authorized(req: IncomingMessage): boolean {

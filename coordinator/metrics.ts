@@ -45,9 +45,8 @@ export function formatMetrics(s: ClusterState, c: ServiceCounters, k: ClusterCou
   metric("prima_time_to_first_token_seconds", "summary", "Time from a request leaving the queue to its first token.", [
     ["_sum", c.ttftMsSum / 1000], ["_count", c.ttftCount],
   ]);
-  metric("prima_decode_seconds_per_token", "gauge", "Mean time per generated token since the server started.", [
-    ["", c.decodeTokens > 0 ? c.decodeMsSum / c.decodeTokens / 1000 : 0],
-  ]);
+  metric("prima_decode_seconds_total", "counter", "Time spent in decode steps (one token each) at the server.", [["", c.decodeMsSum / 1000]]);
+  metric("prima_decode_steps_total", "counter", "Decode steps (one token each).", [["", c.decodeTokens]]);
   metric("prima_devices_lost_total", "counter", "Devices lost (exit, crash, hang, network).", [["", k.lost]]);
   metric("prima_replans_total", "counter", "Times layers were placed again (devices joined or left, or a request recovered).", [["", k.replans]]);
   metric("prima_recovery_seconds", "summary", "Pause of a request's stream from a lost device to its next token.", [

@@ -76,7 +76,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, autoPlace: true });
   const api = new ApiServer({
     cluster, tok, prompts, modelId, modelAliases: [file, metaString(model.gguf, "general.name") ?? modelId], apiKey: a.apiKey,
-    minWorkers: a.minWorkers, log, staticFiles: await dashboardFiles(log),
+    log, staticFiles: await dashboardFiles(log),
   });
   let stopping: Promise<void> | undefined;
   let announced: Publication | undefined;
