@@ -5,7 +5,7 @@
 // the server's memory and open files at the start and the end (no leak).
 //   node dist/bench/chaos.js model.gguf [seconds]
 import { readdirSync, readFileSync } from "node:fs";
-import { coordCli, median, start, stop, waitFor, workerCli, type Proc } from "./procs.js";
+import { coordCli, median, readSse, runAlone, start, stop, waitFor, workerCli, type Proc } from "./procs.js";
 
 const PROMPT = "Once upon a time";
 const TOKENS = 48;
@@ -23,24 +23,13 @@ async function streamOnce(url: string, signal: AbortSignal): Promise<string> {
     method: "POST", headers: { "Content-Type": "application/json" }, signal,
     body: JSON.stringify({ prompt: PROMPT, max_tokens: TOKENS, temperature: 0, stream: true }),
   });
-  if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}: ${(await r.text()).slice(0, 300)}`);
-  const reader = r.body.getReader();
-  const dec = new TextDecoder();
-  let buf = "", text = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return text;
-    buf += dec.decode(value, { stream: true });
-    let i;
-    while ((i = buf.indexOf("\n\n")) >= 0) {
-      const ev = buf.slice(0, i);
-      buf = buf.slice(i + 2);
-      if (!ev.startsWith("data: ") || ev === "data: [DONE]") continue;
-      const c = JSON.parse(ev.slice(6)) as { error?: { message: string }; choices?: { text?: string }[] };
-      if (c.error) throw new Error(c.error.message);
-      text += c.choices?.[0]?.text ?? "";
-    }
-  }
+  let text = "";
+  await readSse(r, (c) => {
+    const err = c.error as { message: string } | undefined;
+    if (err) throw new Error(err.message);
+    text += (c.choices as { text?: string }[] | undefined)?.[0]?.text ?? "";
+  });
+  return text;
 }
 
 export async function main(model: string, seconds = 180): Promise<void> {
@@ -123,14 +112,4 @@ export async function main(model: string, seconds = 180): Promise<void> {
   }
 }
 
-if (import.meta.url === `file://${process.argv[1]}`) {
-  const model = process.argv[2];
-  if (!model) {
-    console.error("usage: node dist/bench/chaos.js model.gguf [seconds]");
-    process.exit(2);
-  }
-  main(model, Number(process.argv[3] ?? 180)).catch((e: unknown) => {
-    console.error(`bench chaos: ${e instanceof Error ? e.message : String(e)}`);
-    process.exitCode = 1;
-  });
-}
+runAlone(import.meta, "chaos", "[seconds]", main, 180);

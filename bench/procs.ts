@@ -45,3 +45,36 @@ export const median = (xs: readonly number[]): number => {
   const s = [...xs].sort((a, b) => a - b);
   return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) >> 1] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 };
+
+/** Reads an SSE response of the OpenAI API, calling onData with each `data:` object (not [DONE]). */
+export async function readSse(r: Response, onData: (data: Record<string, unknown>) => void): Promise<void> {
+  if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}: ${(await r.text()).slice(0, 300)}`);
+  const reader = r.body.getReader();
+  const dec = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buf += dec.decode(value, { stream: true });
+    let i;
+    while ((i = buf.indexOf("\n\n")) >= 0) {
+      const ev = buf.slice(0, i);
+      buf = buf.slice(i + 2);
+      if (ev.startsWith("data: ") && ev !== "data: [DONE]") onData(JSON.parse(ev.slice(6)) as Record<string, unknown>);
+    }
+  }
+}
+
+/** Runs a benchmark file on its own: `node dist/bench/NAME.js model.gguf [n]`. */
+export function runAlone(meta: ImportMeta, name: string, usage: string, main: (model: string, n: number) => Promise<void>, dflt: number): void {
+  if (meta.url !== `file://${process.argv[1]}`) return;
+  const model = process.argv[2];
+  if (!model) {
+    console.error(`usage: node dist/bench/${name}.js model.gguf ${usage}`);
+    process.exit(2);
+  }
+  main(model, Number(process.argv[3] ?? dflt)).catch((e: unknown) => {
+    console.error(`bench ${name}: ${e instanceof Error ? e.message : String(e)}`);
+    process.exitCode = 1;
+  });
+}

@@ -5,7 +5,7 @@
 //  2. a chat's second turn: time to first token with the first turn's KV cache reused, against the
 //     same request cold (after an unrelated request took the cache).
 //   node dist/bench/serve.js [model.gguf] [rounds]
-import { coordCli, median, start, stop, waitFor } from "./procs.js";
+import { coordCli, median, readSse, runAlone, start, stop, waitFor } from "./procs.js";
 
 const PROMPT = "Once upon a time";
 const TOKENS = 64;
@@ -31,29 +31,17 @@ async function streamed(url: string, body: object): Promise<{ msPerToken: number
   const r = await fetch(`${url}/v1/${"messages" in body ? "chat/completions" : "completions"}`, {
     method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ ...body, stream: true }),
   });
-  if (!r.ok || !r.body) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
-  const reader = r.body.getReader();
-  const dec = new TextDecoder();
-  let buf = "", text = "", first = 0, last = 0, n = 0;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buf += dec.decode(value, { stream: true });
-    let i;
-    while ((i = buf.indexOf("\n\n")) >= 0) {
-      const ev = buf.slice(0, i);
-      buf = buf.slice(i + 2);
-      if (!ev.startsWith("data: ") || ev === "data: [DONE]") continue;
-      const c = JSON.parse(ev.slice(6)) as { choices: { text?: string; delta?: { content?: string } }[] };
-      const piece = c.choices[0]?.text ?? c.choices[0]?.delta?.content ?? "";
-      if (!piece) continue;
-      const now = performance.now();
-      if (n === 0) first = now;
-      last = now;
-      n++;
-      text += piece;
-    }
-  }
+  let text = "", first = 0, last = 0, n = 0;
+  await readSse(r, (c) => {
+    const choice = (c.choices as { text?: string; delta?: { content?: string } }[] | undefined)?.[0];
+    const piece = choice?.text ?? choice?.delta?.content ?? "";
+    if (!piece) return;
+    const now = performance.now();
+    if (n === 0) first = now;
+    last = now;
+    n++;
+    text += piece;
+  });
   return { msPerToken: n > 1 ? (last - first) / (n - 1) : NaN, ttftMs: first - t0, text };
 }
 
@@ -108,14 +96,4 @@ export async function main(model: string, rounds = 5): Promise<void> {
   }
 }
 
-if (import.meta.url === `file://${process.argv[1]}`) {
-  const model = process.argv[2];
-  if (!model) {
-    console.error("usage: node dist/bench/serve.js model.gguf [rounds]");
-    process.exit(2);
-  }
-  main(model, Number(process.argv[3] ?? 5)).catch((e: unknown) => {
-    console.error(`bench serve: ${e instanceof Error ? e.message : String(e)}`);
-    process.exitCode = 1;
-  });
-}
+runAlone(import.meta, "serve", "[rounds]", main, 5);
