@@ -79,6 +79,7 @@ class Model : public Napi::ObjectWrap<Model> {
   Napi::Value Relax(const Napi::CallbackInfo &info);
   Napi::Value Prewake(const Napi::CallbackInfo &info);
   Napi::Value Logits(const Napi::CallbackInfo &info);
+  Napi::Value FileProblem(const Napi::CallbackInfo &info);
   Napi::Value Close(const Napi::CallbackInfo &info);
 };
 
@@ -131,6 +132,7 @@ class ForwardWorker : public PromiseWorker {
       if (prima_window_forward(win->w, actsPtr, pos, n, logitsPtr, err, sizeof err) != 0) SetError(err);
     } else {
       prima_model_logits(model->m, actsPtr + (size_t)(n - 1) * model->m->hp.n_embd, logitsPtr);
+      if (prima_model_check_file(model->m, 0, err, sizeof err) != 0) SetError(err);
     }
   }
 
@@ -154,7 +156,7 @@ Napi::Function Model::Define(Napi::Env env) {
   return DefineClass(env, "NativeModel",
                      {InstanceMethod("window", &Model::MakeWindow), InstanceMethod("embed", &Model::Embed),
                       InstanceMethod("logits", &Model::Logits), InstanceMethod("relax", &Model::Relax),
-                      InstanceMethod("prewake", &Model::Prewake),
+                      InstanceMethod("prewake", &Model::Prewake), InstanceMethod("fileProblem", &Model::FileProblem),
                       InstanceMethod("close", &Model::Close)});
 }
 
@@ -257,7 +259,19 @@ Napi::Value Model::Embed(const Napi::CallbackInfo &info) {
       return ThrowErr(env, "embed: token id " + std::to_string(tokens[i]) + " is outside the vocabulary of " +
                                std::to_string(st->m->hp.n_vocab));
   prima_model_embed(st->m, tokens.Data(), (int)n, out.Data());
+  char err[kErrLen] = {0};
+  if (prima_model_check_file(st->m, 0, err, sizeof err) != 0) return ThrowErr(env, err);
   return env.Undefined();
+}
+
+// fileProblem(): null while the mapped file is the one opened and reads of it succeed; else why not,
+// naming the file (checked now: see prima_model_check_file).
+Napi::Value Model::FileProblem(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!st->m) return env.Null();
+  char err[kErrLen] = {0};
+  if (prima_model_check_file(st->m, 1, err, sizeof err) == 0) return env.Null();
+  return Napi::String::New(env, err);
 }
 
 // logits(acts: Float32Array (rows of nEmbd; the last is used), out: Float32Array(nVocab)): Promise<void>

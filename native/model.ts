@@ -72,6 +72,9 @@ export interface NativeModel {
   relax(): void;
   /** A pass is coming soon: sleeping compute threads wake and spin for it. */
   prewake(): void;
+  /** null while the mapped file is the one that was opened (size, inode, mtime) and every read of it
+   * succeeded; else why not, naming the file. Once the file changed, every pass fails with this. */
+  fileProblem(): string | null;
   close(): void;
 }
 

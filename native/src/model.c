@@ -3,12 +3,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kernels.h"
@@ -30,6 +33,159 @@ int prima_fail(char *err, size_t err_len, const char *fmt, ...) {
     va_end(ap);
   }
   return -1;
+}
+
+/* ---- the mapped file under a running device ---------------------------------------------- */
+
+/* The weights are read straight from the mapped file, so a file truncated under a running device makes
+ * the next read of a page past its new end raise SIGBUS, which would kill the process with no message.
+ * A process-wide SIGBUS handler looks the faulting address up among the open models' mappings; for one
+ * of ours it maps zero pages over the rest of that mapping and returns, so the faulting read (on any
+ * thread: a pool worker, the lane, the JS thread) goes on with zeros, and the model is marked: the pass
+ * that faulted and every later one return an error naming the file. Jumping out of the pass instead
+ * (siglongjmp) would strand the pool's other threads at their next barrier. A fault outside our
+ * mappings goes to the handler that was there before (by default: the process dies as it would have). */
+
+#define PRIMA_FILE_CHECK_MS 50 /* identity checks cost ~1 us (fstat + stat): at most this often */
+#define GUARD_SLOTS 256
+
+typedef struct {
+  uintptr_t lo, hi;
+  prima_model *m; /* NULL: a free slot */
+} guard_slot;
+
+static guard_slot guards[GUARD_SLOTS];
+static pthread_mutex_t guards_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t guard_once = PTHREAD_ONCE_INIT;
+static struct sigaction guard_prev;
+static int guard_installed;
+static uintptr_t guard_page = 4096;
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc) {
+  const uintptr_t a = (uintptr_t)si->si_addr;
+  if (si->si_code > 0) { /* raised by the kernel for a memory access, not sent by kill() */
+    for (int i = 0; i < GUARD_SLOTS; i++) {
+      prima_model *m = __atomic_load_n(&guards[i].m, __ATOMIC_ACQUIRE);
+      if (!m || a < guards[i].lo || a >= guards[i].hi) continue;
+      const uintptr_t page = a & ~(guard_page - 1);
+      /* mmap is a plain system call here; zero pages up to the mapping's end, so later reads of
+       * pages past the new end fault no more */
+      if (mmap((void *)page, guards[i].hi - page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
+        break;
+      __atomic_store_n(&m->file_state, PRIMA_FILE_FAULT, __ATOMIC_RELEASE);
+      return;
+    }
+  }
+  if ((guard_prev.sa_flags & SA_SIGINFO) && guard_prev.sa_sigaction) {
+    guard_prev.sa_sigaction(sig, si, uc);
+  } else if (guard_prev.sa_handler != SIG_DFL && guard_prev.sa_handler != SIG_IGN) {
+    guard_prev.sa_handler(sig);
+  } else {
+    /* the default action: returning re-runs the access, which faults again and ends the process */
+    signal(SIGBUS, SIG_DFL);
+  }
+}
+
+static void guard_install(void) {
+  const long page = sysconf(_SC_PAGESIZE);
+  if (page > 0) guard_page = (uintptr_t)page;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_sigbus;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  guard_installed = sigaction(SIGBUS, &sa, &guard_prev) == 0;
+}
+
+/* Watches m's mapping; without a free slot the model still works, only unguarded. */
+static void guard_add(prima_model *m) {
+  pthread_once(&guard_once, guard_install);
+  if (!guard_installed) return;
+  pthread_mutex_lock(&guards_lock);
+  for (int i = 0; i < GUARD_SLOTS; i++) {
+    if (guards[i].m) continue;
+    guards[i].lo = (uintptr_t)m->map;
+    guards[i].hi = (uintptr_t)m->map + m->map_bytes;
+    __atomic_store_n(&guards[i].m, m, __ATOMIC_RELEASE);
+    break;
+  }
+  pthread_mutex_unlock(&guards_lock);
+}
+
+static void guard_remove(prima_model *m) {
+  pthread_mutex_lock(&guards_lock);
+  for (int i = 0; i < GUARD_SLOTS; i++)
+    if (guards[i].m == m) __atomic_store_n(&guards[i].m, NULL, __ATOMIC_RELEASE);
+  pthread_mutex_unlock(&guards_lock);
+}
+
+static int64_t mono_ns(clockid_t clock) {
+  struct timespec ts;
+  clock_gettime(clock, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t mtime_ns(const struct stat *st) {
+#if defined(__APPLE__)
+  return (int64_t)st->st_mtimespec.tv_sec * 1000000000 + st->st_mtimespec.tv_nsec;
+#else
+  return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+#endif
+}
+
+#if defined(CLOCK_MONOTONIC_COARSE)
+#define CHECK_CLOCK CLOCK_MONOTONIC_COARSE /* a few ns through the vDSO */
+#else
+#define CHECK_CLOCK CLOCK_MONOTONIC
+#endif
+
+int prima_model_check_file(prima_model *m, int force, char *err, size_t err_len) {
+  int state = __atomic_load_n(&m->file_state, __ATOMIC_ACQUIRE);
+  if (state == PRIMA_FILE_OK && m->path) {
+    const int64_t now = mono_ns(CHECK_CLOCK);
+    const int64_t last = __atomic_load_n(&m->file_checked_ns, __ATOMIC_RELAXED);
+    if (force || now - last >= (int64_t)PRIMA_FILE_CHECK_MS * 1000000) {
+      __atomic_store_n(&m->file_checked_ns, now, __ATOMIC_RELAXED);
+      struct stat st, at;
+      int found = PRIMA_FILE_OK;
+      if (fstat(m->fd, &st) == 0) {
+        if ((uint64_t)st.st_size != m->file_size) {
+          found = PRIMA_FILE_RESIZED;
+          m->file_now_size = (uint64_t)st.st_size;
+        } else if (mtime_ns(&st) != m->file_mtime_ns) {
+          found = PRIMA_FILE_MODIFIED;
+        }
+      }
+      if (found == PRIMA_FILE_OK) {
+        if (stat(m->path, &at) != 0) {
+          if (errno == ENOENT) found = PRIMA_FILE_GONE;
+        } else if ((uint64_t)at.st_dev != m->file_dev || (uint64_t)at.st_ino != m->file_ino) {
+          found = PRIMA_FILE_REPLACED;
+        }
+      }
+      if (found != PRIMA_FILE_OK) {
+        int expected = PRIMA_FILE_OK; /* a fault seen meanwhile is the better explanation */
+        __atomic_compare_exchange_n(&m->file_state, &expected, found, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+      }
+      state = __atomic_load_n(&m->file_state, __ATOMIC_ACQUIRE);
+    }
+  }
+  const char *path = m->path ? m->path : "(unknown)";
+  switch (state) {
+    case PRIMA_FILE_OK:
+      return 0;
+    case PRIMA_FILE_FAULT:
+      return prima_fail(err, err_len, "model file %s could not be read while in use (truncated, or a disk error); this device stopped using it", path);
+    case PRIMA_FILE_RESIZED:
+      return prima_fail(err, err_len, "model file %s changed while in use: %llu bytes when opened, %llu now; this device stopped using it", path,
+                        (unsigned long long)m->file_size, (unsigned long long)m->file_now_size);
+    case PRIMA_FILE_MODIFIED:
+      return prima_fail(err, err_len, "model file %s was modified while in use; this device stopped using it", path);
+    case PRIMA_FILE_REPLACED:
+      return prima_fail(err, err_len, "model file %s was replaced by another file while in use; this device stopped using it", path);
+    default:
+      return prima_fail(err, err_len, "model file %s was removed or renamed while in use; this device stopped using it", path);
+  }
 }
 
 /* ---- opening ------------------------------------------------------------------------------ */
@@ -131,6 +287,13 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
     prima_fail(err, err_len, "cannot map %s: %s", path, strerror(errno));
     goto bad;
   }
+  m->path = strdup(path);
+  m->file_dev = (uint64_t)st.st_dev;
+  m->file_ino = (uint64_t)st.st_ino;
+  m->file_size = (uint64_t)st.st_size;
+  m->file_mtime_ns = mtime_ns(&st);
+  m->file_checked_ns = mono_ns(CHECK_CLOCK);
+  guard_add(m);
 
   const int E = hp->n_embd, D = hp->head_dim;
   const int64_t qdim = (int64_t)hp->n_head * D, kvdim = (int64_t)hp->n_head_kv * D;
@@ -184,6 +347,8 @@ void prima_model_close(prima_model *m) {
   free(m->layers);
   free(m->head_norm);
   free(m->head_act);
+  guard_remove(m);
+  free(m->path);
   if (m->map) munmap(m->map, m->map_bytes);
   if (m->fd >= 0) close(m->fd);
   free(m);
@@ -498,6 +663,7 @@ int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, fl
     return prima_fail(err, err_len, "position %d leaves a gap: the cache holds %d positions", pos, w->n_filled);
   if ((int64_t)pos + n_tokens > w->n_ctx)
     return prima_fail(err, err_len, "positions %d..%d exceed the context of %d tokens", pos, pos + n_tokens - 1, w->n_ctx);
+  if (prima_model_check_file(w->m, 0, err, err_len)) return -1;
   const int E = w->m->hp.n_embd;
   for (int done = 0; done < n_tokens;) {
     const int n = n_tokens - done < w->max_batch ? n_tokens - done : w->max_batch;
@@ -508,6 +674,8 @@ int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, fl
     else prima_pool_run(w->m->pool, forward_job, &j);
     done += n;
   }
+  /* a read that faulted during the pass left zeros in it: refuse its result */
+  if (__atomic_load_n(&w->m->file_state, __ATOMIC_ACQUIRE) != PRIMA_FILE_OK) return prima_model_check_file(w->m, 0, err, err_len);
   w->n_filled = pos + n_tokens;
   return 0;
 }

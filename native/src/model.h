@@ -48,7 +48,16 @@ typedef struct prima_model {
   /* scratch of the output head (one row) */
   float *head_norm;
   void *head_act;
+  /* The file as it was opened, to notice it changing under a running device (prima_model_check_file). */
+  char *path;
+  uint64_t file_dev, file_ino, file_size, file_now_size;
+  int64_t file_mtime_ns;
+  int file_state;          /* PRIMA_FILE_OK, or why the mapping can no longer be trusted (sticky) */
+  int64_t file_checked_ns; /* monotonic time of the last identity check */
 } prima_model;
+
+/* Why a model's file can no longer be trusted. */
+enum { PRIMA_FILE_OK, PRIMA_FILE_FAULT, PRIMA_FILE_RESIZED, PRIMA_FILE_MODIFIED, PRIMA_FILE_REPLACED, PRIMA_FILE_GONE };
 
 typedef struct prima_window {
   prima_model *m;
@@ -80,6 +89,12 @@ void prima_window_destroy(prima_window *w);
  * positions pos..pos+n_tokens-1. If logits is non-NULL, also applies the output norm and head to
  * the last row. Returns 0, or -1 with a message in err. */
 int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, float *logits, char *err, size_t err_len);
+
+/* 0 while the mapped file is the one that was opened and every read of it succeeded; else -1 with a
+ * message naming the file, and from then on always -1. A read that faults (the file was truncated, or
+ * a disk error: SIGBUS) is seen at once; the file's identity (size, inode, mtime) is compared at most
+ * every PRIMA_FILE_CHECK_MS unless force is set. Every window pass calls it before and after running. */
+int prima_model_check_file(prima_model *m, int force, char *err, size_t err_len);
 
 /* Output norm + head on one row, on the pool. */
 void prima_model_logits(prima_model *m, const float *row, float *logits);
