@@ -1,15 +1,21 @@
 // The coordinator's side of the control plane: a gRPC server that workers dial, one session per
 // worker, heartbeats both ways, and a clear "lost" event naming the device when a session dies.
+// Every wait has a limit (control/limits.ts): a stream that never joins is dropped, a status request
+// or an assignment left unanswered loses the worker, and close() cuts calls that do not end.
 import * as grpc from "@grpc/grpc-js";
 import { EventEmitter } from "node:events";
+import { createServer, type AddressInfo, type Server as NetServer, type Socket } from "node:net";
 import {
-  PROTOCOL_VERSION, coordinatorService, type Assignment, type CoordinatorMessage, type Join, type KvCommand,
-  type Ready, type SessionStream, type Status, type WorkerMessage,
+  ASSIGN_SILENCE_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, PROTOCOL_VERSION, SHUTDOWN_GRACE_MS,
+  STATUS_TIMEOUT_MS, coordinatorService, type Assignment, type CoordinatorMessage, type Join, type KvCommand, type Ready,
+  type SessionStream, type Status, type WorkerMessage,
 } from "../control/index.js";
+import { printable } from "../discovery/index.js";
 
-export const HEARTBEAT_INTERVAL_MS = 300;
-/** A worker silent this long is lost; with the check interval, detection stays under 2 s. */
-export const HEARTBEAT_TIMEOUT_MS = 1500;
+export { HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS };
+
+/** Longest text a worker's failure report keeps in logs and errors. */
+const MAX_REPORT_CHARS = 1000;
 
 export class WorkerLostError extends Error {
   override name = "WorkerLostError";
@@ -18,17 +24,31 @@ export class WorkerLostError extends Error {
   }
 }
 
+interface Waiter {
+  kind: "ready" | "status";
+  resolve: (v: never) => void;
+  reject: (e: Error) => void;
+  onProgress?: (f: number, stage: string) => void;
+  /** Starts (again) the time the worker has to answer. */
+  arm: () => void;
+  timer?: NodeJS.Timeout;
+}
+
 /** One joined worker, as the coordinator sees it. */
 export class WorkerHandle {
   lastSeenMs = Date.now();
   lost: string | null = null;
-  private waiters: { kind: "ready" | "status"; resolve: (v: never) => void; reject: (e: Error) => void; onProgress?: (f: number, stage: string) => void }[] = [];
+  /** The last failure the worker reported (escaped), so a worker that leaves after one is named with it. */
+  lastFailure: string | null = null;
+  /** Called when the worker leaves a request unanswered past its limit (the registry loses it). */
+  onUnresponsive: ((reason: string) => void) | undefined;
+  private waiters: Waiter[] = [];
 
   constructor(readonly id: string, readonly join: Join, readonly peerHost: string, private readonly stream: SessionStream) {}
 
-  /** "name (host)" for messages. */
+  /** `w1 "name" (host)` for messages; the worker's strings escaped (control characters, length). */
   get label(): string {
-    return `${this.id} "${this.join.deviceName}" (${this.dataHost})`;
+    return `${this.id} "${printable(this.join.deviceName, 64)}" (${printable(this.dataHost, 64)})`;
   }
 
   get dataHost(): string {
@@ -44,15 +64,17 @@ export class WorkerHandle {
     if (!this.lost) this.stream.write(m);
   }
 
-  /** Sends the assignment; resolves when the worker reports Ready. */
-  assign(a: Assignment, onProgress?: (fraction: number, stage: string) => void): Promise<Ready> {
-    const p = this.wait<Ready>("ready", onProgress);
+  /** Sends the assignment; resolves when the worker reports Ready. Every progress report gives the
+   * worker another ASSIGN_SILENCE_MS; silence for that long loses it. */
+  assign(a: Assignment, onProgress?: (fraction: number, stage: string) => void, silenceMs = ASSIGN_SILENCE_MS): Promise<Ready> {
+    const p = this.wait<Ready>("ready", silenceMs, `sent no progress on its assignment for ${seconds(silenceMs)}`, onProgress);
     this.send({ assignment: a });
     return p;
   }
 
-  status(): Promise<Status> {
-    const p = this.wait<Status>("status");
+  /** The worker's status; no answer within timeoutMs loses it. */
+  status(timeoutMs = STATUS_TIMEOUT_MS): Promise<Status> {
+    const p = this.wait<Status>("status", timeoutMs, `did not answer a status request within ${seconds(timeoutMs)}`);
     this.send({ statusRequest: {} });
     return p;
   }
@@ -66,9 +88,36 @@ export class WorkerHandle {
     if (!this.lost) this.stream.end();
   }
 
-  private wait<T>(kind: "ready" | "status", onProgress?: (f: number, stage: string) => void): Promise<T> {
+  private wait<T>(kind: "ready" | "status", limitMs: number, silence: string, onProgress?: (f: number, stage: string) => void): Promise<T> {
     if (this.lost) return Promise.reject(new WorkerLostError(this, this.lost));
-    return new Promise<T>((resolve, reject) => this.waiters.push({ kind, resolve: resolve as (v: never) => void, reject, onProgress }));
+    return new Promise<T>((resolve, reject) => {
+      const w: Waiter = {
+        kind, resolve: resolve as (v: never) => void, reject, onProgress,
+        arm: () => {
+          clearTimeout(w.timer);
+          w.timer = setTimeout(() => this.unanswered(w, silence), limitMs);
+        },
+      };
+      w.arm();
+      this.waiters.push(w);
+    });
+  }
+
+  private unanswered(w: Waiter, reason: string): void {
+    const i = this.waiters.indexOf(w);
+    if (i < 0) return;
+    if (this.onUnresponsive) {
+      this.onUnresponsive(reason); // loses the worker: every waiter rejects with the reason
+      if (!this.waiters.includes(w)) return;
+    }
+    this.waiters.splice(this.waiters.indexOf(w), 1);
+    w.reject(new WorkerLostError(this, reason));
+  }
+
+  private take(i: number): Waiter {
+    const w = this.waiters.splice(i, 1)[0];
+    clearTimeout(w.timer);
+    return w;
   }
 
   /** Routes a message from the worker; returns a failure text if the worker reported one. */
@@ -76,7 +125,11 @@ export class WorkerHandle {
     this.lastSeenMs = Date.now();
     switch (m.msg) {
       case "progress":
-        for (const w of this.waiters) if (w.kind === "ready") w.onProgress?.(m.progress.fraction, m.progress.stage);
+        for (const w of this.waiters) {
+          if (w.kind !== "ready") continue;
+          w.arm();
+          w.onProgress?.(m.progress.fraction, printable(m.progress.stage));
+        }
         return null;
       case "ready":
         this.settle("ready", m.ready);
@@ -86,9 +139,11 @@ export class WorkerHandle {
         return null;
       case "failure": {
         // A failure while the coordinator waits for an answer is that answer.
-        const err = new Error(`device ${this.label}: ${m.failure.message}`);
-        for (const w of this.waiters.splice(0)) w.reject(err);
-        return m.failure.message;
+        const message = printable(m.failure.message, MAX_REPORT_CHARS);
+        this.lastFailure = message;
+        const err = new Error(`device ${this.label}: ${message}`);
+        while (this.waiters.length) this.take(0).reject(err);
+        return message;
       }
       default:
         return null;
@@ -97,14 +152,14 @@ export class WorkerHandle {
 
   private settle(kind: "ready" | "status", value: Ready | Status): void {
     const i = this.waiters.findIndex((w) => w.kind === kind);
-    if (i >= 0) this.waiters.splice(i, 1)[0].resolve(value as never);
+    if (i >= 0) this.take(i).resolve(value as never);
   }
 
   markLost(reason: string): void {
     if (this.lost) return;
     this.lost = reason;
     const err = new WorkerLostError(this, reason);
-    for (const w of this.waiters.splice(0)) w.reject(err);
+    while (this.waiters.length) this.take(0).reject(err);
     try {
       this.stream.end();
     } catch {
@@ -124,26 +179,52 @@ export interface RegistryOptions {
  */
 export class WorkerRegistry extends EventEmitter {
   readonly workers: WorkerHandle[] = [];
-  private server = new grpc.Server({ "grpc.max_receive_message_length": 64 << 20 });
+  private server = new grpc.Server({
+    "grpc.max_receive_message_length": 64 << 20,
+    // Connections whose peer vanished without a word (a frozen or unplugged device) are closed.
+    "grpc.keepalive_time_ms": 10_000,
+    "grpc.keepalive_timeout_ms": 5_000,
+  });
   private nextId = 1;
   private timer: NodeJS.Timeout | undefined;
+  /** Every open session stream, joined or not: close() ends them. */
+  private readonly calls = new Set<SessionStream>();
+  /** Refusals already logged (host and reason): a refused worker retries, the log says it once. */
+  private readonly refusalsLogged = new Set<string>();
+  private closed = false;
+  private tcp: NetServer | undefined;
+  /** Every accepted connection, cut by close(). */
+  private readonly sockets = new Set<Socket>();
+  /** While close() waits: called when the last open call has ended. */
+  private drained: (() => void) | undefined;
 
   constructor(private readonly o: RegistryOptions) {
     super();
     this.server.addService(coordinatorService(), { session: (call: SessionStream) => this.session(call) });
   }
 
-  /** Listens on host:port (port 0 = any free port); resolves with the port. */
+  /** Listens on host:port (port 0 = any free port); resolves with the port. The registry accepts the
+   * TCP connections itself and hands them to gRPC, so that close() can cut every one of them: gRPC's
+   * own shutdown leaves the connection of a frozen peer open, and with it the process. */
   listen(port: number, host = "0.0.0.0"): Promise<number> {
+    const injector = this.server.createConnectionInjector(grpc.ServerCredentials.createInsecure());
+    const tcp = createServer((socket) => {
+      if (this.closed) {
+        socket.destroy();
+        return;
+      }
+      this.sockets.add(socket);
+      socket.once("close", () => this.sockets.delete(socket));
+      injector.injectConnection(socket);
+    });
     return new Promise((resolve, reject) => {
-      this.server.bindAsync(`${host}:${port}`, grpc.ServerCredentials.createInsecure(), (err, bound) => {
-        if (err) {
-          reject(new Error(`cannot listen on ${host}:${port}: ${err.message}`));
-          return;
-        }
+      tcp.once("error", (err) => reject(new Error(`cannot listen on ${host}:${port}: ${err.message}`)));
+      tcp.listen(port, host.replace(/^\[(.*)\]$/, "$1"), () => {
+        tcp.on("error", (err) => this.log(`control plane: ${err.message}`));
+        this.tcp = tcp;
         this.timer = setInterval(() => this.tick(), 250);
         this.timer.unref();
-        resolve(bound);
+        resolve((tcp.address() as AddressInfo).port);
       });
     });
   }
@@ -175,11 +256,32 @@ export class WorkerRegistry extends EventEmitter {
     });
   }
 
+  /** Ends every session and stops the server: calls that have not ended after SHUTDOWN_GRACE_MS (a
+   * frozen worker never answers the end of its stream) are cut. */
   async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
     clearInterval(this.timer);
     for (const w of this.workers) w.markLost("coordinator stopped");
-    await new Promise<void>((resolve) => this.server.tryShutdown(() => resolve()));
+    for (const call of this.calls) endQuietly(call);
+    // Peers that answer end their calls at once; a frozen one never does. Not tryShutdown: its graceful
+    // close of a frozen peer's connection keeps the socket (and so the process) alive for good, even
+    // after forceShutdown, which cuts a connection only if it was not closed gracefully first.
+    if (this.calls.size > 0) {
+      await new Promise<void>((resolve) => {
+        const grace = setTimeout(resolve, SHUTDOWN_GRACE_MS);
+        this.drained = () => {
+          clearTimeout(grace);
+          resolve();
+        };
+      });
+    }
+    this.drained = undefined;
     this.server.forceShutdown();
+    for (const socket of this.sockets) socket.destroy();
+    this.sockets.clear();
+    this.calls.clear();
+    await new Promise<void>((resolve) => (this.tcp ? this.tcp.close(() => resolve()) : resolve()));
   }
 
   private log(line: string): void {
@@ -202,26 +304,57 @@ export class WorkerRegistry extends EventEmitter {
   }
 
   private session(call: SessionStream): void {
+    if (this.closed) {
+      endQuietly(call);
+      return;
+    }
+    this.calls.add(call);
     let worker: WorkerHandle | undefined;
+    let refused = false;
+    const peer = call.getPeer();
     const refuse = (reason: string) => {
-      this.log(`refused a worker from ${call.getPeer()}: ${reason}`);
-      call.write({ shutdown: { reason } });
-      call.end();
+      if (refused) return;
+      refused = true;
+      clearTimeout(joinTimer);
+      const key = `${peerHost(peer)}\n${reason}`;
+      if (!this.refusalsLogged.has(key)) {
+        if (this.refusalsLogged.size >= 1000) this.refusalsLogged.clear();
+        this.refusalsLogged.add(key);
+        this.log(`refused a worker from ${peer}: ${reason} (said once: it may keep trying)`);
+      }
+      try {
+        call.write({ shutdown: { reason } });
+      } catch {
+        // the stream is already gone
+      }
+      endQuietly(call);
+    };
+    // A stream that never says who it is would hold the server open forever.
+    const joinTimer = setTimeout(() => refuse(`no join within ${seconds(JOIN_TIMEOUT_MS)}`), JOIN_TIMEOUT_MS);
+    const gone = (reason: string) => {
+      clearTimeout(joinTimer);
+      this.calls.delete(call);
+      if (this.calls.size === 0) this.drained?.();
+      if (worker) this.lose(worker, worker.lastFailure ? `${reason} after reporting: ${worker.lastFailure}` : reason);
     };
     call.on("data", (m: WorkerMessage) => {
+      if (refused) return;
       if (!worker) {
         if (m.msg !== "join") return refuse("the first message must be a join");
         const j = m.join;
         if (j.protocolVersion !== PROTOCOL_VERSION) return refuse(`protocol version ${j.protocolVersion}, coordinator speaks ${PROTOCOL_VERSION}`);
         if (j.modelFingerprint !== this.o.modelFingerprint) {
-          return refuse(`model mismatch: the worker's ${j.modelPath || "model"} (${j.modelFingerprint.slice(0, 12)}) is not the coordinator's (${this.o.modelFingerprint.slice(0, 12)})`);
+          return refuse(`model mismatch: the worker's ${printable(j.modelPath || "model")} (${printable(j.modelFingerprint.slice(0, 12))}) is not the coordinator's (${this.o.modelFingerprint.slice(0, 12)})`);
         }
         if (!Number.isInteger(j.dataPort) || j.dataPort < 1 || j.dataPort > 65535) return refuse(`data port ${j.dataPort} is invalid`);
-        worker = new WorkerHandle(`w${this.nextId++}`, j, peerHost(call.getPeer()), call);
-        this.workers.push(worker);
-        call.write({ welcome: { deviceId: worker.id } });
-        this.log(`device ${worker.label} joined (data plane ${worker.dataUrl})`);
-        this.emit("joined", worker);
+        clearTimeout(joinTimer);
+        const w = new WorkerHandle(`w${this.nextId++}`, j, peerHost(peer), call);
+        w.onUnresponsive = (reason) => this.lose(w, reason);
+        worker = w;
+        this.workers.push(w);
+        call.write({ welcome: { deviceId: w.id } });
+        this.log(`device ${w.label} joined (data plane ${printable(w.dataUrl)})`);
+        this.emit("joined", w);
         return;
       }
       const failure = worker.receive(m);
@@ -230,13 +363,25 @@ export class WorkerRegistry extends EventEmitter {
         this.emit("failure", worker, failure);
       }
     });
-    call.on("error", (e: Error) => {
-      if (worker) this.lose(worker, `connection error: ${e.message}`);
-    });
+    call.on("error", (e: Error) => gone(`connection error: ${printable(e.message)}`));
+    call.on("cancelled", () => gone("its session was cancelled"));
     call.on("end", () => {
-      if (worker) this.lose(worker, "disconnected");
-      call.end();
+      gone("it ended its session");
+      endQuietly(call);
     });
+  }
+}
+
+function seconds(ms: number): string {
+  return `${+(ms / 1000).toFixed(1)} s`;
+}
+
+/** Ends a server stream that may already be closed or broken. */
+function endQuietly(call: SessionStream): void {
+  try {
+    call.end();
+  } catch {
+    // already ended
   }
 }
 

@@ -1,0 +1,67 @@
+// The hangs of issue #17 on the coordinator's side, as real processes on loopback: `prima-coord run`
+// with a worker frozen mid-run (SIGSTOP), with a client that opens a control session and says nothing,
+// and with a joined peer that never answers its assignment. Each fault is named (the run ends, or goes
+// on without the device), and the coordinator process exits within 3 s of it.
+import { afterEach, describe, expect, it } from "vitest";
+import { modelFingerprint, readGguf } from "../../model/index.js";
+import { killAll, startCoordinator, startWorker } from "../ring/cluster.js";
+import { root } from "../helpers/process.js";
+import { fakeWorker, type FakeWorker } from "./fake-worker.js";
+
+const model = "models/stories260K.gguf";
+const fingerprint = modelFingerprint(readGguf(`${root}${model}`));
+const fakes: FakeWorker[] = [];
+afterEach(() => {
+  killAll();
+  for (const f of fakes.splice(0)) f.close();
+});
+
+async function exitedWithin(p: { exited: Promise<number | null> }, ms: number): Promise<number | null | "running"> {
+  return Promise.race([p.exited, new Promise<"running">((r) => setTimeout(() => r("running"), ms))]);
+}
+
+describe("prima-coord run never hangs on a worker", () => {
+  it("a worker frozen mid-run (SIGSTOP) is named, and the coordinator exits within 3 s of the loss", async () => {
+    const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "1", "--layer-windows", "3,2", "-n", "100000", "--ctx", "2048", "--temp", "0"]);
+    const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
+    const w = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "frosty", "--once", "--threads", "1"]);
+    await coord.waitFor(/Once upon a time.{20}/s);
+    w.child.kill("SIGSTOP");
+    const stoppedAt = Date.now();
+    const named = /device w1 "frosty" \(127\.0\.0\.1\)[^\n]*(failed|lost)/;
+    await coord.waitFor(named, 5000);
+    const namedAt = Date.now();
+    const code = await exitedWithin(coord, 3000);
+    const why = `named after ${namedAt - stoppedAt} ms; coordinator's last words:\n${coord.stderr.slice(-1500)}`;
+    // The run either ends with an error naming the device, or goes on without it (failover): both
+    // must leave a process that exits, whatever the frozen worker's connections do.
+    expect(code, why).not.toBe("running");
+    expect(namedAt - stoppedAt, why).toBeLessThan(2500);
+  }, 30_000);
+
+  it("a client that opens a control session and sends nothing does not keep the coordinator up after its run", async () => {
+    const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "1", "--layer-windows", "3,2", "-n", "8", "--temp", "0", "-p", "Once"]);
+    const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
+    const silent = fakeWorker({ address: `127.0.0.1:${port}`, name: "-", fingerprint, silent: true });
+    fakes.push(silent);
+    startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "real", "--once", "--threads", "1"]);
+    await coord.waitFor(/"real" .*joined/);
+    const code = await exitedWithin(coord, 8000);
+    expect(code, coord.stderr.slice(-1500)).toBe(0);
+  }, 30_000);
+
+  it("a joined peer that never answers its assignment ends the run naming it, and the coordinator exits", async () => {
+    const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "1", "--layer-windows", "3,2", "-n", "8", "--temp", "0"]);
+    const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
+    const mute = fakeWorker({ address: `127.0.0.1:${port}`, name: "mute", fingerprint });
+    fakes.push(mute);
+    await mute.next("assignment");
+    const assignedAt = Date.now();
+    const code = await exitedWithin(coord, 8000);
+    const why = coord.stderr.slice(-1500);
+    expect(code, why).not.toBe("running");
+    expect(code, why).not.toBe(0);
+    expect(coord.stderr).toMatch(/device w1 "mute" \(127\.0\.0\.1\)[^\n]*sent no progress on its assignment for 5 s/);
+    expect(Date.now() - assignedAt, why).toBeLessThan(5000 + 3000);
+  }, 30_000);
+});

@@ -1,0 +1,143 @@
+// Every wait of the coordinator's control plane has a limit, against fake workers (real gRPC sessions
+// that join and then answer nothing): a stream that never joins is dropped, a peer that never answers
+// a status request or an assignment is lost and named, one that goes silent is lost by the heartbeat
+// rule, close() does not wait for a frozen peer, and a worker's name is escaped before it is printed.
+import { afterEach, describe, expect, it } from "vitest";
+import {
+  ASSIGN_SILENCE_MS, HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, SHUTDOWN_GRACE_MS, STATUS_TIMEOUT_MS, type Assignment,
+} from "../../control/index.js";
+import { WorkerLostError, WorkerRegistry, type WorkerHandle } from "../../coordinator/registry.js";
+import { killAll, root, startNode } from "../helpers/process.js";
+import { fakeWorker, type FakeWorker } from "./fake-worker.js";
+
+const FP = "f".repeat(64);
+const cleanups: (() => unknown)[] = [];
+afterEach(async () => {
+  killAll();
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+async function registry(): Promise<{ reg: WorkerRegistry; address: string; lines: string[] }> {
+  const lines: string[] = [];
+  const reg = new WorkerRegistry({ modelFingerprint: FP, log: (l) => lines.push(l) });
+  const port = await reg.listen(0, "127.0.0.1");
+  cleanups.push(() => reg.close());
+  return { reg, address: `127.0.0.1:${port}`, lines };
+}
+
+function fake(address: string, name: string, o: { silent?: boolean; heartbeats?: boolean } = {}): FakeWorker {
+  const f = fakeWorker({ address, name, fingerprint: FP, ...o });
+  cleanups.push(() => f.close());
+  return f;
+}
+
+const assignment: Assignment = {
+  ringId: "r", windows: [{ firstLayer: 0, endLayer: 1, cycle: 0 }], successorUrl: "ws://127.0.0.1:9", ctx: 64, maxBatch: 8, cycles: 1,
+  prefetch: false, releaseAfterUse: false, threads: 0, ringOrder: ["w1"], wireDtype: 0,
+};
+
+function lostEvent(reg: WorkerRegistry): Promise<{ w: WorkerHandle; reason: string; at: number }> {
+  return new Promise((resolve) => reg.once("lost", (w: WorkerHandle, reason: string) => resolve({ w, reason, at: Date.now() })));
+}
+
+describe("control plane limits", () => {
+  it("drops a session stream that never sends a join", async () => {
+    const { address, lines } = await registry();
+    const start = Date.now();
+    const f = fake(address, "-", { silent: true });
+    const shutdown = await f.next("shutdown", JOIN_TIMEOUT_MS + 2000);
+    expect(shutdown.msg === "shutdown" && shutdown.shutdown.reason).toMatch(/no join within 3 s/);
+    await f.ended;
+    expect(Date.now() - start).toBeLessThan(JOIN_TIMEOUT_MS + 1000);
+    expect(lines.join("\n")).toMatch(/refused a worker from .*no join within 3 s/);
+  });
+
+  it("loses and names a joined peer that never answers a status request", async () => {
+    const { reg, address } = await registry();
+    fake(address, "mute");
+    const [w] = await reg.waitFor(1, 5000);
+    const lost = lostEvent(reg);
+    const start = Date.now();
+    const err = await w.status().then(() => null, (e: Error) => e);
+    const took = Date.now() - start;
+    expect(err).toBeInstanceOf(WorkerLostError);
+    expect(err!.message).toBe(`device w1 "mute" (127.0.0.1) failed: did not answer a status request within 3 s`);
+    expect(took).toBeGreaterThanOrEqual(STATUS_TIMEOUT_MS - 50);
+    expect(took).toBeLessThan(STATUS_TIMEOUT_MS + 1000);
+    expect((await lost).reason).toMatch(/status request/);
+    expect(reg.live()).toHaveLength(0);
+  });
+
+  it("gives an assignment more time with every progress report, and loses the peer after a silence", async () => {
+    const { reg, address } = await registry();
+    const f = fake(address, "slow");
+    const [w] = await reg.waitFor(1, 5000);
+    const fractions: number[] = [];
+    const start = Date.now();
+    const ready = w.assign(assignment, (fraction) => fractions.push(fraction), 800);
+    await f.next("assignment");
+    // Progress every 300 ms for 1.5 s: longer than the 800 ms silence limit in total, never silent that long.
+    for (let i = 1; i <= 5; i++) {
+      await new Promise((r) => setTimeout(r, 300));
+      f.send({ progress: { fraction: i / 10, stage: `step ${i}` } });
+    }
+    const err = await ready.then(() => null, (e: Error) => e);
+    const took = Date.now() - start;
+    expect(fractions).toEqual([0.1, 0.2, 0.3, 0.4, 0.5]);
+    expect(err?.message).toBe(`device w1 "slow" (127.0.0.1) failed: sent no progress on its assignment for 0.8 s`);
+    expect(took).toBeGreaterThan(1500 + 700);
+    expect(took).toBeLessThan(1500 + 800 + 700);
+    expect(ASSIGN_SILENCE_MS).toBeGreaterThanOrEqual(3000); // the default leaves room for a busy device
+  });
+
+  it("loses a joined peer that sends nothing by the heartbeat rule", async () => {
+    const { reg, address, lines } = await registry();
+    fake(address, "quiet", { heartbeats: false });
+    await reg.waitFor(1, 5000);
+    const joinedAt = Date.now();
+    const lost = await lostEvent(reg);
+    expect(lost.reason).toMatch(/no heartbeat for 1\.\d s/);
+    expect(lost.at - joinedAt).toBeGreaterThanOrEqual(HEARTBEAT_TIMEOUT_MS - 100);
+    expect(lost.at - joinedAt).toBeLessThan(2000);
+    expect(lines.join("\n")).toMatch(/device w1 "quiet" \(127\.0\.0\.1\) lost: no heartbeat/);
+  });
+
+  it("closes within its grace while a joined peer is frozen (SIGSTOP), and its process can exit", async () => {
+    // The registry in a process of its own: what must end is the process, not only close()'s promise.
+    const host = startNode(["--input-type=module", "-e", `
+      import { WorkerRegistry } from "${root}dist/coordinator/registry.js";
+      const reg = new WorkerRegistry({ modelFingerprint: "${FP}" });
+      console.log("port " + await reg.listen(0, "127.0.0.1"));
+      await reg.waitFor(1, 10000);
+      console.log("joined");
+      process.once("SIGTERM", async () => {
+        const start = Date.now();
+        await reg.close();
+        console.log("closed in " + (Date.now() - start) + " ms");
+      });`]);
+    const port = (await host.waitFor(/port (\d+)/))[1];
+    const peer = startNode([`${root}test/control/fake-worker-child.mjs`, `127.0.0.1:${port}`, "frozen", FP]);
+    await host.waitFor(/joined/, 10_000);
+    peer.child.kill("SIGSTOP");
+    const start = Date.now();
+    host.child.kill("SIGTERM");
+    const closed = Number((await host.waitFor(/closed in (\d+) ms/, 5000))[1]);
+    const exited = await Promise.race([host.exited, new Promise((r) => setTimeout(() => r("running"), 3000))]);
+    expect(closed).toBeLessThanOrEqual(SHUTDOWN_GRACE_MS + 200);
+    expect(exited, host.stderr).toBe(0);
+    expect(Date.now() - start).toBeLessThan(3000);
+  });
+
+  it("escapes a worker's name, address and reports before they reach a log", async () => {
+    const { reg, address, lines } = await registry();
+    const f = fake(address, "evil\u001b[31m\r\nname\u202e");
+    const [w] = await reg.waitFor(1, 5000);
+    expect(w.label).toBe(`w1 "evil\\x1b[31m\\x0d\\x0aname\\u{202e}" (127.0.0.1)`);
+    const failure = new Promise<string>((resolve) => reg.once("failure", (_w: WorkerHandle, m: string) => resolve(m)));
+    f.send({ failure: { message: "bad\u001b]0;title\u0007 thing" } });
+    expect(await failure).toBe("bad\\x1b]0;title\\x07 thing");
+    const all = lines.join("\n");
+    expect(all).toContain(`device w1 "evil\\x1b[31m\\x0d\\x0aname\\u{202e}" (127.0.0.1) joined`);
+    expect(all).not.toMatch(/[\u001b\u0007\r\u202e]/);
+  });
+});
