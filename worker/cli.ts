@@ -2,6 +2,8 @@
 // prima-worker: a device's daemon. `prima-worker --join host:port --model model.gguf` joins the
 // coordinator, runs the windows it is given, and rejoins when the run ends, until stopped. With
 // `--join` alone it finds the coordinator over mDNS, before the first join and after every loss.
+// It ends on the first SIGINT/SIGTERM, and on setup errors that cannot fix themselves, each with its
+// own exit code (exit.ts).
 import { hostname } from "node:os";
 import { clusterAddress, findCluster } from "../discovery/index.js";
 import { LocalModel } from "../engine/index.js";
@@ -9,6 +11,9 @@ import { modelFingerprint } from "../model/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 import { allowBare, parseWorkerArgs, threadsArg } from "./args.js";
 import { WorkerDevice, reserveDataPort } from "./device.js";
+import {
+  EXIT_CODES_HELP, EXIT_ERROR, EXIT_MODEL_CHANGED, EXIT_MODEL_UNUSABLE, EXIT_OK, EXIT_USAGE, WorkerExit,
+} from "./exit.js";
 import { joinProfile, profileCommand } from "./profile-command.js";
 import { WorkerSession } from "./session.js";
 
@@ -26,7 +31,14 @@ const HELP = `usage: prima-worker --join [host:port] --model model.gguf [options
   --threads N          compute threads (default: all cores)
   --once               exit when the first session ends instead of rejoining
   --no-native-lane     pass ring frames through JS instead of the native lane (a C thread; for comparison)
-  --reprofile          measure this device again instead of using its cached profile`;
+  --reprofile          measure this device again instead of using its cached profile
+
+${EXIT_CODES_HELP}`;
+
+/** After the first SIGINT/SIGTERM, what is still closing gets this long before the worker exits anyway. */
+const STOP_DEADLINE_MS = 2000;
+/** Once main() is done, handles that would keep the process up (a connection closing) get this long. */
+const EXIT_GRACE_MS = 1000;
 
 async function main(argv: string[]): Promise<number> {
   if (argv[0] === "profile") return profileCommand(argv.slice(1));
@@ -40,39 +52,69 @@ async function main(argv: string[]): Promise<number> {
   const discover = values.join === "";
   if (values.join === undefined || (!discover && !/^[^\s]+:\d+$/.test(values.join))) {
     console.error(`--join host:port (or --join alone, to find the coordinator on the network) is required\n${HELP}`);
-    return 2;
+    return EXIT_USAGE;
   }
   if (values.cluster !== undefined && !discover) {
     console.error("--cluster chooses among the clusters --join finds on the network: give --join without an address");
-    return 2;
+    return EXIT_USAGE;
   }
   if (!values.model) {
     console.error(`--model is required: every device maps its own copy of the model\n${HELP}`);
-    return 2;
+    return EXIT_USAGE;
   }
   const threads = threadsArg(values.threads);
-  if (threads === "bad") return 2;
+  if (threads === "bad") return EXIT_USAGE;
   const port = Number(values.port ?? 0);
   if (!Number.isInteger(port) || port < 0 || port > 65535) {
     console.error("--port must be a port number");
-    return 2;
+    return EXIT_USAGE;
   }
   const name = values.name ?? hostname();
   const log = (line: string) => console.error(`[prima-worker ${name}] ${line}`);
+  // The first SIGINT/SIGTERM stops the worker cleanly at any stage (a second one at once); whatever
+  // is still closing after STOP_DEADLINE_MS does not hold it.
+  let stopping = false;
+  let session: WorkerSession | undefined;
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (stopping) {
+      log(`${signal} again: exiting now`);
+      process.exit(EXIT_OK);
+    }
+    stopping = true;
+    log(`${signal}: stopping`);
+    session?.stop();
+    setTimeout(() => {
+      log(`still closing after ${STOP_DEADLINE_MS / 1000} s: exiting anyway`);
+      process.exit(EXIT_OK);
+    }, STOP_DEADLINE_MS).unref();
+  };
+  process.on("SIGINT", onSignal);
+  process.on("SIGTERM", onSignal);
+
   // A ring device's next frame comes only after the rest of the ring (RING_COMPUTE_OPTIONS).
-  const model = LocalModel.open(values.model, { threads, ...RING_COMPUTE_OPTIONS });
+  let model: LocalModel;
+  try {
+    model = LocalModel.open(values.model, { threads, ...RING_COMPUTE_OPTIONS });
+  } catch (e) {
+    throw new WorkerExit(EXIT_MODEL_UNUSABLE, `cannot use the model: ${(e as Error).message}`);
+  }
   const fingerprint = modelFingerprint(model.gguf);
+  // Before profiling: a port that is taken ends the worker at once.
+  const dataPort = await reserveDataPort(port, "0.0.0.0");
+  if (stopping) return EXIT_OK;
   // Measured (or read from the cache) before joining: the coordinator plans with it.
   const profile = await joinProfile(model, values.model, fingerprint, name, values.reprofile ?? false, log);
-  const dataPort = await reserveDataPort(port, "0.0.0.0");
+  if (stopping) {
+    await profile.close();
+    return EXIT_OK;
+  }
   let address = values.join; // where the current attempt dials (discovery changes it)
-  let session: WorkerSession;
   const device = new WorkerDevice({
     model, fingerprint, deviceName: name, dataPort, dataHost: values.advertise ?? "", log,
     get coordinatorHost() { return address.slice(0, address.lastIndexOf(":")).replace(/^\[(.*)\]$/, "$1"); },
-    fail: (e) => session.fail(e), nativeLane: !values["no-native-lane"],
+    fail: (e) => session?.fail(e), nativeLane: !values["no-native-lane"],
   });
-  session = new WorkerSession({
+  const worker = new WorkerSession({
     coordinator: discover ? discoveryLookup(values.cluster, log, (a) => { address = a; }) : address,
     join: {
       deviceName: name, hardwareId: profile.hardwareId, dataHost: values.advertise ?? "", dataPort, modelFingerprint: fingerprint, modelPath: values.model,
@@ -80,17 +122,22 @@ async function main(argv: string[]): Promise<number> {
     },
     log,
     once: values.once,
+    // A model file that changed under the worker (truncated, rewritten, replaced) ends it: a restart
+    // maps the file again. Checked before every join and after every failure it reports.
+    check: () => {
+      const problem = model.native.fileProblem();
+      return problem ? new WorkerExit(EXIT_MODEL_CHANGED, `${problem}; left the ring: restart the worker to map the file again`) : null;
+    },
   }, device);
-  const stop = () => session.stop();
-  process.once("SIGINT", stop);
-  process.once("SIGTERM", stop);
+  session = worker;
   log(`model ${values.model} (${model.nLayers} layers), data plane port ${dataPort}`);
   try {
-    await session.run();
+    await worker.run();
   } finally {
     await profile.close(); // also when discovery gives up (several clusters): it holds the process open
   }
-  return 0;
+  if (stopping) log("stopped");
+  return EXIT_OK;
 }
 
 /**
@@ -122,10 +169,19 @@ function discoveryLookup(cluster: string | undefined, log: (line: string) => voi
   };
 }
 
-main(process.argv.slice(2)).then(
-  (code) => { process.exitCode = code; },
-  (e: unknown) => {
+/** Sets the exit code; a handle still open after EXIT_GRACE_MS (a connection closing) does not keep
+ * the process alive: a daemon that ends must end. */
+function exit(code: number): void {
+  process.exitCode = code;
+  setTimeout(() => process.exit(code), EXIT_GRACE_MS).unref();
+}
+
+main(process.argv.slice(2)).then(exit, (e: unknown) => {
+  if (e instanceof WorkerExit) {
+    console.error(`prima-worker: ${e.message} (exit code ${e.code})`);
+    exit(e.code);
+  } else {
     console.error(`prima-worker: ${e instanceof Error ? e.message : String(e)}`);
-    process.exitCode = 1;
-  },
-);
+    exit(EXIT_ERROR);
+  }
+});

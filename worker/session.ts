@@ -2,13 +2,26 @@
 // assignments and commands. A daemon: when the coordinator goes away (or ends its run) the worker
 // drops its windows and dials again until it is stopped. The address is fixed (--join host:port) or
 // looked up again before every attempt (mDNS discovery: the coordinator may come back elsewhere).
+// Every wait has a limit: the answer to a join, the coordinator's heartbeats, and the end of a session
+// the worker leaves. Being refused (another model, another protocol) is not the end either: the
+// coordinator may be restarted with this worker's model, so the worker says so once and asks again.
 import {
-  PROTOCOL_VERSION, coordinatorClient, type Assignment, type ClientSessionStream, type CoordinatorMessage, type Join,
-  type KvCommand, type Status, type WorkerMessage,
+  ASSIGN_PROGRESS_INTERVAL_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOIN_REPLY_TIMEOUT_MS, PROTOCOL_VERSION,
+  coordinatorClient, type Assignment, type ClientSessionStream, type CoordinatorMessage, type Join, type KvCommand, type Status,
+  type WorkerMessage,
 } from "../control/index.js";
+import { printable } from "../discovery/index.js";
+import type { WorkerExit } from "./exit.js";
 
-export const HEARTBEAT_INTERVAL_MS = 300;
-export const HEARTBEAT_TIMEOUT_MS = 1500;
+export { HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS };
+
+/** A refused worker asks again this often. */
+export const REFUSED_RETRY_MS = 2000;
+/** A session this worker ends (stop, leave) is cut if the coordinator has not closed it by then. */
+const LEAVE_GRACE_MS = 500;
+/** Dropping windows and links after a session (closing handshakes with neighbours that may be gone)
+ * gets this long; the worker goes on (or ends) after it either way. */
+const RESET_LIMIT_MS = 2000;
 
 /** What the session asks of the device while it is joined. */
 export interface SessionHandler {
@@ -30,7 +43,18 @@ export interface SessionOptions {
   readonly log: (line: string) => void;
   /** Stop after the first session instead of dialling again (tests, one-shot runs). */
   readonly once?: boolean;
+  /** Between attempts while the coordinator is away (default 1 s). */
   readonly retryMs?: number;
+  /** Asked before every join and after every failure: a reason this worker must end (its model file
+   * changed), or null. The worker then leaves its session and run() rejects with it. */
+  readonly check?: () => WorkerExit | null;
+}
+
+interface Outcome {
+  joined: boolean;
+  reason: string;
+  /** The coordinator turned the join away (the reason says why). */
+  refused?: boolean;
 }
 
 export class WorkerSession {
@@ -40,40 +64,112 @@ export class WorkerSession {
   /** The address of the current attempt. */
   private address = "";
   private readonly stopping = new AbortController();
+  /** Set by leave(): run() rejects with it. */
+  private exit: WorkerExit | null = null;
 
   constructor(private readonly o: SessionOptions, private readonly handler: SessionHandler) {}
 
-  /** Runs sessions until stop(); resolves when stopped (or after one session with `once`). */
+  /** Runs sessions until stop(); resolves when stopped (or after one session with `once`); rejects
+   * with the WorkerExit given to leave() or found by `check`. */
   async run(): Promise<void> {
-    let waitingLogged = false;
+    // What the log last said about not being joined: said once, again only when it changes.
+    let notice = "";
     const lookup = this.o.coordinator;
     while (!this.stopped) {
+      const exit = this.o.check?.();
+      if (exit) throw exit;
       try {
         this.address = typeof lookup === "string" ? lookup : await lookup(this.stopping.signal);
       } catch (e) {
-        if (this.stopped) return;
+        if (this.stopped) break;
         throw e;
       }
+      if (this.stopped) break;
       const outcome = await this.session();
-      await this.handler.reset(outcome.reason);
-      if (this.o.once || this.stopped) return;
+      await this.reset(outcome.reason);
+      if (this.exit) throw this.exit;
+      if (this.stopped) break;
+      if (this.o.once) {
+        if (!outcome.joined) this.o.log(`could not join ${this.address}: ${outcome.reason}`);
+        return;
+      }
       const again = typeof lookup === "string" ? `dialling ${this.address} again` : "looking for the coordinator again";
+      let delayMs = this.o.retryMs ?? 1000;
       if (outcome.joined) {
         this.o.log(`session ended: ${outcome.reason}; ${again}`);
-        waitingLogged = false;
-      } else if (!waitingLogged) {
-        this.o.log(`waiting for the coordinator at ${this.address} (${outcome.reason})`);
-        waitingLogged = true;
+        notice = "";
+      } else if (outcome.refused) {
+        delayMs = Math.max(delayMs, REFUSED_RETRY_MS);
+        if (notice !== `refused ${outcome.reason}`) {
+          this.o.log(`the coordinator at ${this.address} refused this worker: ${outcome.reason}; asking again every ${delayMs / 1000} s (it may be restarted with this worker's model), without repeating this`);
+          notice = `refused ${outcome.reason}`;
+        }
+      } else if (notice !== "away") {
+        this.o.log(`waiting for the coordinator at ${this.address} (${outcome.reason}); trying again every ${delayMs / 1000} s`);
+        notice = "away";
       }
-      if (outcome.fatal) throw new Error(outcome.reason);
-      await new Promise((r) => setTimeout(r, this.o.retryMs ?? 1000));
+      await this.pause(delayMs);
     }
+    if (this.exit) throw this.exit;
   }
 
+  /** Ends the session (the coordinator hears it at once) and then run(). */
   stop(): void {
+    if (this.stopped) return;
     this.stopped = true;
     this.stopping.abort();
-    this.stream?.cancel();
+    this.endStream();
+  }
+
+  /** This worker cannot go on (exit says why): ends its session after what it has reported, and run()
+   * rejects with exit. */
+  leave(exit: WorkerExit): void {
+    if (this.exit) return;
+    this.exit = exit;
+    this.stop();
+  }
+
+  private endStream(): void {
+    const stream = this.stream;
+    if (!stream) return;
+    this.stream = undefined; // nothing more is written to it
+    try {
+      stream.end(); // after the messages already written: a failure report arrives before the end
+    } catch {
+      // already closed
+    }
+    setTimeout(() => {
+      try {
+        stream.cancel();
+      } catch {
+        // already closed
+      }
+    }, LEAVE_GRACE_MS).unref();
+  }
+
+  private async reset(reason: string): Promise<void> {
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<"late">((r) => { timer = setTimeout(() => r("late"), RESET_LIMIT_MS); });
+    const done = this.handler.reset(reason).then(() => "done" as const, (e: unknown) => {
+      this.o.log(`dropping the session's windows and links failed: ${e instanceof Error ? e.message : String(e)}`);
+      return "done" as const;
+    });
+    if ((await Promise.race([done, late])) === "late") this.o.log(`dropping the session's windows and links took over ${RESET_LIMIT_MS / 1000} s: going on without waiting`);
+    clearTimeout(timer);
+  }
+
+  /** Waits ms, or less if stopped meanwhile. */
+  private pause(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      if (this.stopping.signal.aborted) return resolve();
+      const done = () => {
+        clearTimeout(timer);
+        this.stopping.signal.removeEventListener("abort", done);
+        resolve();
+      };
+      const timer = setTimeout(done, ms);
+      this.stopping.signal.addEventListener("abort", done);
+    });
   }
 
   private send(m: WorkerMessage): void {
@@ -81,7 +177,7 @@ export class WorkerSession {
   }
 
   /** One session: resolves when it ends, with why. */
-  private session(): Promise<{ joined: boolean; reason: string; fatal?: boolean }> {
+  private session(): Promise<Outcome> {
     return new Promise((resolve) => {
       const client = coordinatorClient(this.address);
       const stream = client.session();
@@ -89,19 +185,24 @@ export class WorkerSession {
       let joined = false;
       let lastSeen = Date.now();
       let done = false;
-      const finish = (reason: string, fatal = false) => {
+      let keepAlive: NodeJS.Timeout | undefined;
+      const finish = (reason: string, refused = false) => {
         if (done) return;
         done = true;
         clearInterval(beat);
-        this.stream = undefined;
+        clearTimeout(joinTimer);
+        clearInterval(keepAlive);
+        if (this.stream === stream) this.stream = undefined;
         try {
           stream.cancel();
         } catch {
           // already closed
         }
         client.close();
-        resolve({ joined, reason, fatal });
+        resolve({ joined, reason, refused });
       };
+      // A coordinator that takes the connection but never answers (frozen) must not hold the worker.
+      const joinTimer = setTimeout(() => finish(`no answer to the join within ${JOIN_REPLY_TIMEOUT_MS / 1000} s`), JOIN_REPLY_TIMEOUT_MS);
       const beat = setInterval(() => {
         if (joined && Date.now() - lastSeen > HEARTBEAT_TIMEOUT_MS) {
           finish(`no heartbeat from the coordinator for ${((Date.now() - lastSeen) / 1000).toFixed(1)} s`);
@@ -110,58 +211,90 @@ export class WorkerSession {
         this.send({ heartbeat: { sentUnixMs: Date.now() } });
       }, HEARTBEAT_INTERVAL_MS);
 
+      const session: SessionControl = {
+        finish,
+        joined: () => {
+          joined = true;
+          clearTimeout(joinTimer);
+        },
+        isJoined: () => joined,
+        // The coordinator gives an assignment a few seconds of silence: while this device works on
+        // one, its latest progress goes out again at least every ASSIGN_PROGRESS_INTERVAL_MS.
+        assigning: (busy, last) => {
+          clearInterval(keepAlive);
+          if (busy) keepAlive = setInterval(() => this.send({ progress: last() }), ASSIGN_PROGRESS_INTERVAL_MS);
+        },
+      };
       stream.on("data", (m: CoordinatorMessage) => {
         lastSeen = Date.now();
-        this.handle(m, finish, () => {
-          joined = true;
-        });
+        try {
+          this.handle(m, session);
+        } catch (e) {
+          this.fail(e);
+        }
       });
-      stream.on("error", (e: Error & { code?: number }) => finish(e.code === 14 ? "coordinator unreachable" : `connection error: ${e.message}`));
+      stream.on("error", (e: Error & { code?: number }) => finish(e.code === 14 ? "coordinator unreachable" : `connection error: ${printable(e.message)}`));
       stream.on("end", () => finish("the coordinator closed the session"));
       this.send({ join: { ...this.o.join, protocolVersion: PROTOCOL_VERSION } });
     });
   }
 
-  private handle(m: CoordinatorMessage, finish: (reason: string, fatal?: boolean) => void, onJoined: () => void): void {
+  private handle(m: CoordinatorMessage, session: SessionControl): void {
     switch (m.msg) {
       case "welcome":
         this.deviceId = m.welcome.deviceId;
-        onJoined();
-        this.o.log(`joined ${this.address} as ${this.deviceId}`);
+        session.joined();
+        this.o.log(`joined ${this.address} as ${printable(this.deviceId)}`);
         return;
       case "assignment": {
         const a = m.assignment;
         const layers = a.windows.map((w) => `${w.firstLayer}-${w.endLayer - 1}`).join(", ");
-        this.o.log(`assigned layers ${layers} (${a.cycles} cycle${a.cycles === 1 ? "" : "s"}), successor ${a.successorUrl}`);
+        this.o.log(`assigned layers ${layers} (${a.cycles} cycle${a.cycles === 1 ? "" : "s"}), successor ${printable(a.successorUrl)}`);
+        let last = { fraction: 0, stage: "received the assignment" };
+        const progress = (fraction: number, stage: string) => {
+          last = { fraction, stage };
+          this.send({ progress: last });
+        };
+        progress(0, last.stage);
+        session.assigning(true, () => last);
         this.handler
-          .assign(a, (fraction, stage) => this.send({ progress: { fraction, stage } }), this.deviceId)
+          .assign(a, progress, this.deviceId)
           .then((anonBytes) => this.send({ ready: { anonBytes } }))
-          .catch((e: unknown) => this.fail(e));
+          .catch((e: unknown) => this.fail(e))
+          .finally(() => session.assigning(false, () => last));
         return;
       }
       case "kv":
-        try {
-          this.handler.kv(m.kv);
-        } catch (e) {
-          this.fail(e);
-        }
+        this.handler.kv(m.kv);
         return;
       case "statusRequest":
         this.send({ status: this.handler.status() });
         return;
       case "shutdown":
-        // A refused join (model mismatch, protocol) is fatal for a daemon that would only be refused again.
-        finish(m.shutdown.reason, !this.deviceId && /mismatch|protocol/.test(m.shutdown.reason));
+        // Before the welcome this is a refusal (another model, another protocol): not the end, since
+        // the coordinator may be restarted with this worker's model.
+        session.finish(printable(m.shutdown.reason, 500), !session.isJoined());
         return;
       case "heartbeat":
         return;
     }
   }
 
-  /** Reports a failure to the coordinator (it ends the run and names this device). */
+  /** Reports a failure to the coordinator (it ends the run and names this device); leaves when the
+   * failure means this worker cannot go on (`check`). */
   fail(e: unknown): void {
     const message = e instanceof Error ? e.message : String(e);
     this.o.log(`error: ${message}`);
     this.send({ failure: { message } });
+    const exit = this.o.check?.();
+    if (exit) this.leave(exit);
   }
+}
+
+/** What handle() may do to the session it belongs to. */
+interface SessionControl {
+  finish(reason: string, refused?: boolean): void;
+  joined(): void;
+  isJoined(): boolean;
+  assigning(busy: boolean, last: () => { fraction: number; stage: string }): void;
 }

@@ -1,0 +1,137 @@
+// prima-worker as a real process (issue #17): setup errors that cannot fix themselves end it with their
+// own exit code; a coordinator that refuses its model is asked again, said once; the first SIGINT or
+// SIGTERM stops it at once, waiting or mid-run; and a model file truncated under a running worker is
+// reported by name (the worker leaves the ring with exit code 5) instead of killing it with SIGBUS.
+import { copyFileSync, mkdtempSync, statSync, truncateSync, writeFileSync } from "node:fs";
+import { createServer, type Server } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterEach, describe, expect, it } from "vitest";
+import { WorkerRegistry } from "../../coordinator/registry.js";
+import { modelFingerprint, readGguf } from "../../model/index.js";
+import { root } from "../helpers/process.js";
+import { killAll, startCoordinator, startWorker, type Proc } from "../ring/cluster.js";
+
+const model = "models/stories260K.gguf";
+const fingerprint = modelFingerprint(readGguf(`${root}${model}`));
+const dir = mkdtempSync(join(tmpdir(), "prima-worker-exits-"));
+
+const cleanups: (() => unknown)[] = [];
+afterEach(async () => {
+  killAll();
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+/** The exit code, or "running" if the process has not exited within ms. */
+function exitWithin(p: Proc, ms: number): Promise<number | null | "running"> {
+  return Promise.race([p.exited, new Promise<"running">((r) => setTimeout(() => r("running"), ms))]);
+}
+
+async function freePort(): Promise<number> {
+  const s = createServer();
+  await new Promise<void>((r) => s.listen(0, "127.0.0.1", () => r()));
+  const port = (s.address() as { port: number }).port;
+  await new Promise((r) => s.close(r));
+  return port;
+}
+
+function count(text: string, re: RegExp): number {
+  return text.match(new RegExp(re.source, "g"))?.length ?? 0;
+}
+
+describe("prima-worker setup errors", () => {
+  it("exits with code 4 when its --port is taken", async () => {
+    const taken: Server = createServer();
+    await new Promise<void>((r) => taken.listen(0, "0.0.0.0", () => r()));
+    cleanups.push(() => new Promise((r) => taken.close(r)));
+    const port = (taken.address() as { port: number }).port;
+    const w = startWorker(["--join", "127.0.0.1:9", "--model", model, "--port", String(port), "--threads", "1"]);
+    expect(await exitWithin(w, 3000), w.stderr).toBe(4);
+    expect(w.stderr).toContain(`cannot listen on the data-plane port 0.0.0.0:${port}: it is taken by another program`);
+  });
+
+  it("exits with code 3 when the model file is not a model", async () => {
+    const bad = join(dir, "not-a-model.gguf");
+    writeFileSync(bad, "this is not a GGUF file\n");
+    const w = startWorker(["--join", "127.0.0.1:9", "--model", bad, "--threads", "1"]);
+    expect(await exitWithin(w, 3000), w.stderr).toBe(3);
+    expect(w.stderr).toMatch(/cannot use the model: .*not-a-model\.gguf: not a GGUF file/);
+  });
+
+  it("documents its exit codes in --help", async () => {
+    const w = startWorker(["--help"]);
+    expect(await exitWithin(w, 3000)).toBe(0);
+    for (const code of ["0", "1", "2", "3", "4", "5"]) expect(w.stdout).toMatch(new RegExp(`^  ${code}  `, "m"));
+  });
+});
+
+describe("prima-worker keeps trying what may fix itself, and stops on the first signal", () => {
+  it("refused for its model, asks again without repeating itself, joins once the coordinator has its model, and stops on SIGTERM", async () => {
+    const lines: string[] = [];
+    const wrong = new WorkerRegistry({ modelFingerprint: "0".repeat(64), log: (l) => lines.push(l) });
+    const port = await wrong.listen(0, "127.0.0.1");
+    cleanups.push(() => wrong.close());
+    const w = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "mismatch", "--threads", "1"]);
+    await w.waitFor(/refused this worker: model mismatch/, 15_000);
+    await new Promise((r) => setTimeout(r, 4500)); // two more refusals at 2 s each
+    expect(count(w.stderr, /refused this worker/), w.stderr).toBe(1);
+    expect(count(lines.join("\n"), /refused a worker/), lines.join("\n")).toBe(1);
+    expect(await exitWithin(w, 0)).toBe("running");
+
+    // The coordinator comes back with the worker's model, on the same port.
+    await wrong.close();
+    const right = new WorkerRegistry({ modelFingerprint: fingerprint });
+    await right.listen(port, "127.0.0.1");
+    cleanups.push(() => right.close());
+    await right.waitFor(1, 5000);
+    await w.waitFor(/joined 127\.0\.0\.1:\d+ as w1/, 3000);
+
+    const stopAt = Date.now();
+    w.child.kill("SIGTERM");
+    expect(await exitWithin(w, 3000), w.stderr).toBe(0);
+    expect(Date.now() - stopAt).toBeLessThan(3000);
+  }, 40_000);
+
+  it("stops on the first SIGINT while the coordinator is away", async () => {
+    const port = await freePort();
+    const w = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "lonely", "--threads", "1"]);
+    await w.waitFor(/waiting for the coordinator at 127\.0\.0\.1:\d+ \(coordinator unreachable\)/, 15_000);
+    w.child.kill("SIGINT");
+    expect(await exitWithin(w, 3000), w.stderr).toBe(0);
+    expect(w.stderr).toMatch(/SIGINT: stopping/);
+  }, 30_000);
+
+  it("stops on the first SIGTERM in the middle of a run, and the coordinator hears it at once", async () => {
+    const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "1", "--layer-windows", "3,2", "-n", "100000", "--ctx", "2048", "--temp", "0"]);
+    const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
+    const w = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "leaver", "--threads", "1"]);
+    await coord.waitFor(/Once upon a time.{20}/s);
+    const stopAt = Date.now();
+    w.child.kill("SIGTERM");
+    expect(await exitWithin(w, 3000), w.stderr).toBe(0);
+    await coord.waitFor(/device w1 "leaver" \(127\.0\.0\.1\)[^\n]*(lost|failed)/, 3000);
+    expect(Date.now() - stopAt).toBeLessThan(3000);
+  }, 30_000);
+});
+
+describe("a model file that changes under a running worker", () => {
+  it("truncated mid-run: the worker names the file, leaves the ring and exits with code 5 (no SIGBUS)", async () => {
+    const copy = join(dir, "worker-copy.gguf");
+    copyFileSync(`${root}${model}`, copy);
+    const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "1", "--layer-windows", "3,2", "-n", "100000", "--ctx", "2048", "--temp", "0"]);
+    const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
+    const w = startWorker(["--join", `127.0.0.1:${port}`, "--model", copy, "--name", "victim", "--threads", "1"]);
+    await coord.waitFor(/Once upon a time.{20}/s);
+    const cutAt = Date.now();
+    truncateSync(copy, Math.floor(statSync(copy).size / 3));
+    const code = await exitWithin(w, 3000);
+    const why = `worker:\n${w.stderr.slice(-1500)}\ncoordinator:\n${coord.stderr.slice(-1500)}`;
+    expect(w.child.signalCode, why).toBeNull();
+    expect(code, why).toBe(5);
+    expect(Date.now() - cutAt).toBeLessThan(3000);
+    expect(w.stderr).toMatch(new RegExp(`model file ${copy.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} (could not be read|changed)`));
+    expect(w.stderr).toMatch(/restart the worker to map the file again \(exit code 5\)/);
+    // The coordinator names the device and the file.
+    await coord.waitFor(new RegExp(`device w1 "victim" \\(127\\.0\\.0\\.1\\)[^\\n]*model file [^\\n]*worker-copy\\.gguf`), 3000);
+  }, 30_000);
+});

@@ -1,0 +1,34 @@
+// How prima-worker ends. A service manager restarts a daemon that fails: each setup error that cannot
+// fix itself has its own exit code, so the manager (or a person) can tell them apart. Errors that can
+// fix themselves (the coordinator is away, or refuses this worker's model) never end the worker.
+
+export const EXIT_OK = 0;
+/** An error nobody planned for (the message says what). */
+export const EXIT_ERROR = 1;
+/** Wrong command line. */
+export const EXIT_USAGE = 2;
+/** The model file is missing, unreadable, or not a model prima can run. */
+export const EXIT_MODEL_UNUSABLE = 3;
+/** The data-plane port (--port) cannot be listened on: taken by another program, or not allowed. */
+export const EXIT_PORT_UNAVAILABLE = 4;
+/** The model file changed (truncated, rewritten, replaced, removed) while the worker had it mapped:
+ * a restart maps it afresh. */
+export const EXIT_MODEL_CHANGED = 5;
+
+export const EXIT_CODES_HELP = `exit codes:
+  0  stopped (SIGINT/SIGTERM, or --once after its session)
+  1  an unexpected error (the message says what)
+  2  wrong command line
+  3  the model file is missing, unreadable, or not a model
+  4  the data-plane port (--port) cannot be listened on (taken, or not allowed)
+  5  the model file changed while in use (restart the worker to map it again)
+  The coordinator being away or refusing this worker's model does not end it: it says so once and
+  keeps trying.`;
+
+/** Ends the worker with `code` and a message that says why. */
+export class WorkerExit extends Error {
+  override name = "WorkerExit";
+  constructor(readonly code: number, message: string) {
+    super(message);
+  }
+}
