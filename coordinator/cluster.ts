@@ -7,7 +7,7 @@ import { basename, dirname, extname, resolve } from "node:path";
 import type { Status } from "../control/index.js";
 import { LocalPipeline, generate, type GenerationResult, type LocalModel, type Pipeline, type Sampler } from "../engine/index.js";
 import { ggmlTypeName, metaString, modelFingerprint, rowBytes } from "../model/index.js";
-import { memoryPressureTracker, modelWorkload, profileDevice, type DeviceReport } from "../profiler/index.js";
+import { memoryPressureTracker, modelWorkload, profileDevice, systemInfo, type DeviceReport, type SystemInfo } from "../profiler/index.js";
 import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
 import {
   DecodeMeter, costPerStep, formatPlan, planRing, predictionReport, type MeasuredDevice, type PredictionReport, type RingPlan, type StepCost,
@@ -645,6 +645,7 @@ export class Cluster extends EventEmitter {
   }
 
   private headMeasured: MeasuredMs | null = null;
+  private headSystem: SystemInfo | undefined;
   private headStatusSeen: Status | null = null;
 
   private finishActive(): void {
@@ -725,15 +726,17 @@ export class Cluster extends EventEmitter {
     };
     const deviceState = (id: string, name: string, address: string, isHead: boolean, info: DeviceInfo | null, report: Partial<DeviceReport> | undefined, haldaIndex: number, status: Status | null): DeviceState => {
       const d = report?.details, p = report?.profile;
+      // Without a profile (layers placed by hand) the head still knows its own machine.
+      const sys = d?.system ?? (isHead ? (this.headSystem ??= systemInfo()) : undefined);
       const pos = ringOrder.indexOf(id);
       return {
         id, name, address, isHead,
         state: isHead ? this.headState.state : info!.state,
         detail: isHead ? this.headState.detail : info!.detail,
         loadProgress: info?.progress ?? null,
-        os: d?.system ? `${d.system.os} ${d.system.kernelRelease} (${d.system.arch})` : p?.os ?? null,
-        cpu: d?.system?.cpuModel ?? null,
-        threads: d?.threads ?? null,
+        os: sys ? `${sys.os} ${sys.kernelRelease} (${sys.arch})` : p?.os ?? null,
+        cpu: sys?.cpuModel ?? null,
+        threads: d?.threads ?? (isHead ? this.o.model.threads : null),
         ramTotalBytes: status ? Number(status.memTotalBytes) : p?.ramTotalBytes ?? null,
         ramAvailableBytes: status ? Number(status.memAvailableBytes) : p?.ramAvailableBytes ?? null,
         anonRssBytes: status ? Number(status.anonRssBytes) : null,
