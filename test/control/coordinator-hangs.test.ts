@@ -26,17 +26,22 @@ describe("prima-coord run never hangs on a worker", () => {
     const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
     const w = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "frosty", "--once", "--threads", "1"]);
     await coord.waitFor(/Once upon a time.{20}/s);
+    let lastOutputAt = Date.now();
+    for (const out of [coord.child.stdout!, coord.child.stderr!]) out.on("data", () => { lastOutputAt = Date.now(); });
     w.child.kill("SIGSTOP");
     const stoppedAt = Date.now();
     const named = /device w1 "frosty" \(127\.0\.0\.1\)[^\n]*(failed|lost)/;
     await coord.waitFor(named, 5000);
     const namedAt = Date.now();
-    const code = await exitedWithin(coord, 3000);
-    const why = `named after ${namedAt - stoppedAt} ms; coordinator's last words:\n${coord.stderr.slice(-1500)}`;
-    // The run either ends with an error naming the device, or goes on without it (failover): both
-    // must leave a process that exits, whatever the frozen worker's connections do.
+    // The run either ends with an error naming the device, or goes on without it (failover, which
+    // takes as long as the rest of the generation): either way, once it has said its last word, the
+    // process exits within 3 s, whatever the frozen worker's connections do.
+    const code = await exitedWithin(coord, 15_000);
+    const exitAt = Date.now();
+    const why = `named after ${namedAt - stoppedAt} ms, exited ${exitAt - lastOutputAt} ms after its last output; coordinator's last words:\n${coord.stderr.slice(-1500)}`;
     expect(code, why).not.toBe("running");
     expect(namedAt - stoppedAt, why).toBeLessThan(2500);
+    expect(exitAt - lastOutputAt, why).toBeLessThan(3000);
   }, 30_000);
 
   it("a client that opens a control session and sends nothing does not keep the coordinator up after its run", async () => {
