@@ -20,6 +20,7 @@
         "native/src/ops.c",
         "native/src/model.c",
         "native/src/lane.c",
+        "native/src/seal.c",
         "native/src/profile.c"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],

@@ -32,6 +32,12 @@ export interface Assignment {
   threads: number;
   ringOrder: string[];
   wireDtype: number;
+  /** Keys of the links from the predecessor and to the successor (32 bytes each; empty on a message
+   * without them). A worker refuses an assignment without both unless plaintextLinks is set. */
+  predecessorLinkKey?: Uint8Array;
+  successorLinkKey?: Uint8Array;
+  /** Frames in clear, for benchmarks of the encryption's cost only. */
+  plaintextLinks?: boolean;
 }
 export interface LoadProgress { fraction: number; stage: string }
 export interface Ready { anonBytes: number }

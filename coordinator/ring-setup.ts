@@ -1,7 +1,7 @@
 // Wiring one ring: the head's node and pipeline, each member's assignment, the links between them,
 // and the naming of whatever fails. A Ring lives until the set of devices changes (serve) or the run
 // ends (run); placing layers is placement.ts's business, using the ring cluster.ts's.
-import { randomUUID } from "node:crypto";
+import { randomBytes, randomUUID } from "node:crypto";
 import type { Status } from "../control/index.js";
 import type { LocalModel } from "../engine/index.js";
 import { WeightRoom, anonRssBytes, deviceMemory } from "../profiler/index.js";
@@ -147,8 +147,17 @@ export class Ring {
     const { spec, o } = this;
     const identity = { deviceId: HEAD_ID, modelFingerprint: o.fingerprint, hiddenSize: o.model.nEmbd, ringId: this.ringId };
     const linkOpts = { identity, maxTokensPerFrame: spec.maxBatch, log: o.log };
-    this.listener = await RingListener.listen({ port: 0, ...linkOpts });
-    // The plan names exactly one predecessor: the last member (a later one replaces it, as a worker's does).
+    // A fresh key per link (keys[i]: the link into member i; the last: into the head), handed only to
+    // the link's two ends over the control plane (ring/seal.ts). Plaintext only when a benchmark asks.
+    const plaintextLinks = process.env.PRIMA_BENCH_PLAINTEXT_LINKS === "1";
+    if (plaintextLinks) o.log("ring links are NOT encrypted (PRIMA_BENCH_PLAINTEXT_LINKS=1, for measuring what encryption costs)");
+    const keys = spec.members.map(() => randomBytes(32)).concat(randomBytes(32));
+    const keyOf = (i: number) => (plaintextLinks ? {} : { linkKey: keys[i] });
+    const last = spec.members[spec.members.length - 1].worker.id;
+    this.listener = await RingListener.listen({
+      port: 0, ...linkOpts, ...keyOf(spec.members.length), expectedPeerDeviceId: last, singlePeer: true,
+    });
+    // The plan names exactly one predecessor, the last member: only it holds the key, and only once.
     this.listener.on("link", (l) => {
       l.on("frame", (f) => {
         if (f.type !== "hello") this.node.receive(f);
@@ -163,10 +172,11 @@ export class Ring {
       return m.worker.assign({
         ringId: this.ringId, windows: [...m.windows], successorUrl, ctx: spec.ctx, maxBatch: spec.maxBatch, cycles: spec.cycles,
         prefetch: spec.prefetch, releaseAfterUse: m.releaseAfterUse, threads: 0, ringOrder: order, wireDtype: 0,
+        ...(plaintextLinks ? { plaintextLinks } : { predecessorLinkKey: keys[i], successorLinkKey: keys[i + 1] }),
       }, (fraction, stage) => o.onProgress?.(m.worker, fraction, stage))
         .then((ready) => o.log(`device ${m.worker.label} ready (${(ready.anonBytes / 2 ** 20).toFixed(1)} MiB for KV and scratch)`));
     }));
-    this.link = await dialSuccessor(spec.members[0].worker.dataUrl, linkOpts);
+    this.link = await dialSuccessor(spec.members[0].worker.dataUrl, { ...linkOpts, ...keyOf(0), expectedPeerDeviceId: spec.members[0].worker.id });
     this.link.on("close", (c) => {
       if (c.error) this.fail(new Error(this.named(`link to ${this.link!.peerName} failed: ${c.error.message}`)));
     });

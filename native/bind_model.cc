@@ -717,15 +717,41 @@ static int LinkArg(const Napi::Value &v) {
   return s == "in" ? PRIMA_LANE_IN : s == "out" ? PRIMA_LANE_OUT : -1;
 }
 
-// attach("in" | "out", fd)
+// One direction of a keyed link: { key: Uint8Array(32), seq: whole number }.
+static bool SealArg(const Napi::Value &v, uint8_t *key, uint64_t *seq) {
+  if (!v.IsObject()) return false;
+  Napi::Object o = v.As<Napi::Object>();
+  Napi::Value k = o.Get("key");
+  int64_t s;
+  if (!k.IsTypedArray() || k.As<Napi::TypedArray>().TypedArrayType() != napi_uint8_array || !IntArg(o.Get("seq"), 0, INT64_C(1) << 53, &s))
+    return false;
+  auto bytes = k.As<Napi::Uint8Array>();
+  if (bytes.ByteLength() != PRIMA_WIRE_LINK_KEY_BYTES) return false;
+  memcpy(key, bytes.Data(), PRIMA_WIRE_LINK_KEY_BYTES);
+  *seq = (uint64_t)s;
+  return true;
+}
+
+// attach("in" | "out", fd, crypto?: { tx: { key, seq }, rx: { key, seq } }): without crypto, a plaintext link.
 Napi::Value Lane::Attach(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   if (!Running(env)) return env.Undefined();
   int64_t fd;
   int link = info.Length() > 0 ? LinkArg(info[0]) : -1;
-  if (link < 0 || info.Length() < 2 || !IntArg(info[1], 0, 1 << 30, &fd)) return ThrowType(env, "attach(\"in\" | \"out\", fd) expected");
+  if (link < 0 || info.Length() < 2 || !IntArg(info[1], 0, 1 << 30, &fd)) return ThrowType(env, "attach(\"in\" | \"out\", fd, crypto?) expected");
+  prima_lane_link_crypto crypto;
+  bool keyed = info.Length() > 2 && !info[2].IsUndefined();
+  if (keyed) {
+    Napi::Object c = info[2].IsObject() ? info[2].As<Napi::Object>() : Napi::Object::New(env);
+    if (!SealArg(c.Get("tx"), crypto.tx_key, &crypto.tx_seq) || !SealArg(c.Get("rx"), crypto.rx_key, &crypto.rx_seq)) {
+      prima_seal_wipe(&crypto, sizeof crypto);
+      return ThrowType(env, "attach: crypto must be { tx: { key: Uint8Array(32), seq }, rx: { key: Uint8Array(32), seq } }");
+    }
+  }
   char err[kErrLen] = {0};
-  if (prima_lane_attach(lane, link, (int)fd, err, sizeof err)) return ThrowErr(env, err);
+  int rc = prima_lane_attach(lane, link, (int)fd, keyed ? &crypto : nullptr, err, sizeof err);
+  prima_seal_wipe(&crypto, sizeof crypto);
+  if (rc) return ThrowErr(env, err);
   return env.Undefined();
 }
 

@@ -56,9 +56,16 @@ export interface NativeLaneStats {
   readonly windows: readonly NativeLaneWindowStats[];
 }
 
+/** A keyed link's state (ring/seal.ts): each direction's AES-256-GCM key and next sequence number. */
+export interface NativeLaneCrypto {
+  readonly tx: { readonly key: Uint8Array; readonly seq: number };
+  readonly rx: { readonly key: Uint8Array; readonly seq: number };
+}
+
 export interface NativeLane {
-  /** Hands over a connected socket (the lane takes a dup of fd) from which nothing unparsed was read. */
-  attach(link: LaneLinkName, fd: number): void;
+  /** Hands over a connected socket (the lane takes a dup of fd) from which nothing unparsed was read;
+   * with `crypto`, the lane seals what it sends on it and opens what it receives (a plaintext link without). */
+  attach(link: LaneLinkName, fd: number, crypto?: NativeLaneCrypto): void;
   /** A whole frame for the successor. */
   send(frame: Uint8Array): void;
   /** Runs a frame the lane left with code 1 on a libuv thread; settles once its rows (or an ERROR frame,

@@ -9,6 +9,13 @@ import { decodeHandshakeMessage, refuse } from "./handshake.js";
 import { helloMismatch } from "./hello.js";
 import { RingLink } from "./link.js";
 import { CloseCode, resolveLinkOptions, type RingLinkOptions } from "./options.js";
+import { DialerProof, RecordError, type LinkCipher } from "./seal.js";
+
+function toBuffer(data: WebSocket.RawData): Buffer {
+  if (Buffer.isBuffer(data)) return data;
+  if (Array.isArray(data)) return Buffer.concat(data);
+  return Buffer.from(data);
+}
 
 /** Client frames are masked unless the mask is zero; masking guards browsers' proxies, not a LAN ring,
  * and would cost a pass over every payload. */
@@ -58,6 +65,9 @@ export function dialSuccessor(url: string, options: RingLinkOptions): Promise<Ri
     let socket: Socket | null = null;
     let settled = false;
     let opened = false;
+    // Keyed link: the successor must prove it holds the key before this device says anything about itself.
+    const proof = opts.linkKey ? new DialerProof(opts.linkKey) : null;
+    let cipher: LinkCipher | null = null;
 
     const fail = (kind: RingLinkErrorKind, text: string) => {
       if (settled) return;
@@ -86,7 +96,7 @@ export function dialSuccessor(url: string, options: RingLinkOptions): Promise<Ri
     ws.on("open", () => {
       opened = true;
       try {
-        ws.send(encodeFrame({ type: "hello", hello: opts.hello }));
+        ws.send(proof ? proof.first() : encodeFrame({ type: "hello", hello: opts.hello }));
       } catch (e) {
         fail("protocol", `could not send HELLO: ${(e as Error).message}`);
       }
@@ -98,11 +108,24 @@ export function dialSuccessor(url: string, options: RingLinkOptions): Promise<Ri
     });
     ws.on("message", (data, isBinary) => {
       if (settled) return;
+      if (proof && !cipher) {
+        cipher = isBinary ? proof.answer(toBuffer(data)) : null;
+        if (!cipher) {
+          fail("refused", "the successor failed the link key proof: it does not hold this link's key (not this ring's device, or a stale one)");
+          return;
+        }
+        try {
+          ws.send(cipher.seal(encodeFrame({ type: "hello", hello: opts.hello })));
+        } catch (e) {
+          fail("protocol", `could not send HELLO: ${(e as Error).message}`);
+        }
+        return;
+      }
       let frame;
       try {
-        frame = decodeHandshakeMessage(data, isBinary, opts.limits);
+        frame = decodeHandshakeMessage(cipher && isBinary ? cipher.open(toBuffer(data)) : data, isBinary, opts.limits);
       } catch (e) {
-        fail("protocol", `the successor answered with ${e instanceof FrameError ? e.message : String(e)}`);
+        fail("protocol", `the successor answered with ${e instanceof FrameError || e instanceof RecordError ? e.message : String(e)}`);
         return;
       }
       if (frame.type === "error") {
@@ -114,7 +137,7 @@ export function dialSuccessor(url: string, options: RingLinkOptions): Promise<Ri
         settled = true;
         clearTimeout(timer);
         ws.removeAllListeners("message");
-        refuse(ws, mismatch, 1000);
+        refuse(ws, mismatch, 1000, cipher);
         reject(new RingLinkError("refused", `successor ${url}`, `refused the successor: ${mismatch}`));
         return;
       }
@@ -129,7 +152,7 @@ export function dialSuccessor(url: string, options: RingLinkOptions): Promise<Ri
       ws.removeAllListeners("open");
       ws.removeAllListeners("upgrade");
       // The handshake's 'error' listener stays: the link adds its own, and the old one is a no-op now.
-      resolve(new RingLink(ws, socket, frame.hello, "successor", url, opts));
+      resolve(new RingLink(ws, socket, frame.hello, "successor", url, opts, cipher));
     });
   });
 }

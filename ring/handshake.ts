@@ -1,12 +1,29 @@
 // The HELLO exchange, as both ends see it. The dialer (predecessor) speaks first; the listener
 // (successor) checks that HELLO and answers with its own, or with an ERROR frame saying why it
 // refuses and a close (code 4001). The dialer checks the answer the same way. Only then does either
-// side make a RingLink; until then nothing but HELLO or ERROR is a valid first message.
+// side make a RingLink; until then nothing but HELLO or ERROR is a valid first message. On a keyed
+// link (seal.ts) the key proof comes first and the HELLOs and ERRORs travel sealed; a peer that has
+// not proved the key hears nothing but a close saying "refused".
 import { FrameError } from "./errors.js";
 import { decodeFrame, encodeFrame, type ErrorFrame, type HelloFrame } from "./frame.js";
 import type WebSocket from "ws";
 import type { FrameLimits } from "./validation.js";
 import { CloseCode, closeReason } from "./options.js";
+import type { LinkCipher } from "./seal.js";
+
+/** All a peer that has not proved the link key is told, whatever went wrong. */
+export const GENERIC_REFUSAL = "refused";
+
+/** Closes a connection whose peer has not proved the link key: code 4001, "refused", nothing else. */
+export function refuseUnproved(ws: WebSocket, terminateAfterMs: number): void {
+  try {
+    ws.close(CloseCode.refused, GENERIC_REFUSAL);
+  } catch {
+    ws.terminate();
+    return;
+  }
+  setTimeout(() => ws.terminate(), terminateAfterMs).unref();
+}
 
 /** The first message of a connection: a binary HELLO or ERROR frame. Throws FrameError otherwise. */
 export function decodeHandshakeMessage(data: WebSocket.RawData, isBinary: boolean, limits: FrameLimits): HelloFrame | ErrorFrame {
@@ -17,11 +34,13 @@ export function decodeHandshakeMessage(data: WebSocket.RawData, isBinary: boolea
   return frame;
 }
 
-/** Tells the peer why it is refused (ERROR frame, full text), then closes with code 4001. */
-export function refuse(ws: WebSocket, reason: string, terminateAfterMs: number): void {
+/** Tells the peer why it is refused (ERROR frame, full text), then closes with code 4001. On a keyed
+ * link the ERROR frame is sealed and the close frame (which travels in clear) says only "refused". */
+export function refuse(ws: WebSocket, reason: string, terminateAfterMs: number, cipher: LinkCipher | null = null): void {
   try {
-    ws.send(encodeFrame({ type: "error", requestId: 0, firstTokenPosition: 0, nTokens: 0, cycle: 0, message: reason }));
-    ws.close(CloseCode.refused, closeReason(reason));
+    const frame = encodeFrame({ type: "error", requestId: 0, firstTokenPosition: 0, nTokens: 0, cycle: 0, message: reason });
+    ws.send(cipher ? cipher.seal(frame) : frame);
+    ws.close(CloseCode.refused, cipher ? GENERIC_REFUSAL : closeReason(reason));
   } catch {
     ws.terminate();
     return;

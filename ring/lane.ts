@@ -46,8 +46,9 @@ export class RingLane {
       },
     });
     // Both descriptors are dup'ed (attach) before JS closes its own (handOverToLane), in one turn.
-    lane.attach("in", fds.in);
-    lane.attach("out", fds.out);
+    // A keyed link's sequence numbers go on in C from where JS left them (nothing is in flight: socketForLane).
+    lane.attach("in", fds.in, o.predecessor.laneCrypto() ?? undefined);
+    lane.attach("out", fds.out, o.successor.laneCrypto() ?? undefined);
     o.predecessor.handOverToLane(side("in"));
     o.successor.handOverToLane(side("out"));
     // What memory can hold decides whether a pass may run on the lane thread (lane.c, quick()).

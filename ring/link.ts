@@ -2,7 +2,7 @@
 // link to the successor, listener.ts the one from the predecessor). It sends frames in order with
 // backpressure, decodes what arrives (any invalid frame drops the link), and watches the peer's
 // liveness. Every failure ends in one 'close' carrying the error; nothing escapes as an uncaught
-// exception or an unhandled rejection.
+// exception or an unhandled rejection. On a keyed link every frame travels sealed (seal.ts).
 import { EventEmitter } from "node:events";
 import type { Socket } from "node:net";
 import type WebSocket from "ws";
@@ -10,6 +10,7 @@ import { FrameError, RingLinkError, type RingLinkErrorKind } from "./errors.js";
 import { decodeFrame, encodeFrame, type Frame } from "./frame.js";
 import { LivenessWatch } from "./liveness.js";
 import { CloseCode, closeReason, type ResolvedLinkOptions } from "./options.js";
+import { RecordError, type LinkCipher, type SealDirection } from "./seal.js";
 import { PAYLOAD_DTYPE_BYTES, type Hello } from "./validation.js";
 
 /** How a link handed to the native lane is closed (code 0: at once, without a close frame). */
@@ -103,10 +104,14 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
   private readonly socket: Socket;
   /** Set once the native lane owns the connection (handOverToLane): it closes it, JS no longer does. */
   private lane: LaneSide | null = null;
+  /** Seals and opens this link's frames (a keyed link); null: plaintext. */
+  private readonly cipher: LinkCipher | null;
 
   /** @internal Made by dialSuccessor and RingListener once both HELLOs are accepted. */
-  constructor(ws: WebSocket, socket: Socket, peer: Hello, role: PeerRole, peerAddress: string, options: ResolvedLinkOptions) {
+  constructor(ws: WebSocket, socket: Socket, peer: Hello, role: PeerRole, peerAddress: string, options: ResolvedLinkOptions,
+    cipher: LinkCipher | null = null) {
     super();
+    this.cipher = cipher;
     this.ws = ws;
     this.socket = socket;
     this.peer = peer;
@@ -129,6 +134,11 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
     return `${this.role} "${this.peer.deviceId}" (${this.peerAddress})`;
   }
 
+  /** Whether frames on this link are encrypted and authenticated (it was made with a link key). */
+  get encrypted(): boolean {
+    return this.cipher !== null;
+  }
+
   get isOpen(): boolean {
     return this.closedInfo === null && !this.closingOnPurpose && this.failure === null;
   }
@@ -148,6 +158,7 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
       if (this.lane) throw new RingLinkError("closed", this.peerName, "cannot send from JS: the native lane writes this link's frames");
       this.checkPeerLimits(frame);
       buf = encodeFrame(frame);
+      if (this.cipher) buf = this.cipher.seal(buf);
     } catch (e) {
       return handled(Promise.reject(e));
     }
@@ -179,6 +190,12 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
     return fd;
   }
 
+  /** @internal A keyed link's keys and next sequence numbers (null: plaintext), for the native lane,
+   * which seals and opens the frames once it owns the connection. Read it just before handOverToLane. */
+  laneCrypto(): { tx: SealDirection; rx: SealDirection } | null {
+    return this.cipher?.state() ?? null;
+  }
+
   /**
    * @internal Once the lane holds a dup of socketForLane()'s descriptor (in the same event-loop turn,
    * so ws reads nothing more): JS lets go of the connection, which the lane now reads, pings, answers
@@ -201,7 +218,8 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
 
   /** @internal What the lane reports about this link. */
   laneEvent(ev: { kind: "frame" | "failed" | "closed"; code: number; failure: string; text: string; data?: Buffer }): void {
-    if (ev.kind === "frame") this.onMessage(ev.data ?? Buffer.alloc(0), true);
+    // The lane has opened the record already: what it hands over is the frame.
+    if (ev.kind === "frame") this.onFrameBytes(ev.data ?? Buffer.alloc(0));
     else if (ev.kind === "failed") this.fail(ev.failure as RingLinkErrorKind, ev.text, null);
     else this.onClose(ev.code, ev.text);
   }
@@ -361,7 +379,19 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
   private onMessage(data: WebSocket.RawData, isBinary: boolean): void {
     if (!this.isOpen) return;
     if (!isBinary) return this.fail("protocol", "sent a text message; the data plane carries binary frames only", CloseCode.protocol);
-    const buf = toBuffer(data);
+    let buf = toBuffer(data);
+    if (this.cipher) {
+      try {
+        buf = this.cipher.open(buf);
+      } catch (e) {
+        return this.fail("protocol", `sent ${e instanceof RecordError ? e.message : String(e)}`, CloseCode.protocol);
+      }
+    }
+    this.onFrameBytes(buf);
+  }
+
+  private onFrameBytes(buf: Buffer): void {
+    if (!this.isOpen) return;
     let frame: Frame;
     try {
       frame = decodeFrame(buf, this.options.limits);

@@ -1,23 +1,33 @@
 // Listening for the predecessor: a WebSocket server whose only job is to accept the device before
 // this one in the ring. Anything else that connects (a port scanner, a stale device of another
 // ring, a broken peer) is dropped with a logged reason, and the listener stays up for the real
-// predecessor.
+// predecessor. With a link key (seal.ts), a peer that does not prove it holds the key is told only
+// "refused": no HELLO, no ring id, no fingerprint, no name.
 import { EventEmitter } from "node:events";
 import { createServer, type IncomingMessage, type Server } from "node:http";
 import type { AddressInfo, Socket } from "node:net";
 import WebSocket, { WebSocketServer } from "ws";
 import { FrameError, RingLinkError } from "./errors.js";
 import { encodeFrame } from "./frame.js";
-import { decodeHandshakeMessage, refuse } from "./handshake.js";
+import { decodeHandshakeMessage, refuse, refuseUnproved } from "./handshake.js";
 import { helloMismatch } from "./hello.js";
 import { RingLink } from "./link.js";
 import { CloseCode, closeReason, resolveLinkOptions, type ResolvedLinkOptions, type RingLinkOptions } from "./options.js";
+import { RecordError, listenerAnswer, type LinkCipher } from "./seal.js";
+
+function toBuffer(data: WebSocket.RawData): Buffer {
+  if (Buffer.isBuffer(data)) return data;
+  if (Array.isArray(data)) return Buffer.concat(data);
+  return Buffer.from(data);
+}
 
 export interface RingListenerOptions extends RingLinkOptions {
   /** Interface to listen on. Default "0.0.0.0" (the ring's devices are other machines). */
   host?: string;
   /** TCP port; 0 picks a free one (read it back from `port`). */
   port: number;
+  /** Accept one predecessor in this listener's life (the one the plan names); refuse every later one. */
+  singlePeer?: boolean;
 }
 
 /** A connection the listener refused, and why. */
@@ -44,6 +54,8 @@ export class RingListener extends EventEmitter<RingListenerEvents> {
   private readonly server: Server;
   private readonly wss: WebSocketServer;
   private readonly options: ResolvedLinkOptions;
+  private readonly singlePeer: boolean;
+  private linksMade = 0;
   /** Links that passed the handshake and no accept() has taken yet. */
   private readonly unclaimed: RingLink[] = [];
   private readonly acceptWaiters: Array<{ resolve: (l: RingLink) => void; reject: (e: RingLinkError) => void }> = [];
@@ -64,13 +76,14 @@ export class RingListener extends EventEmitter<RingListenerEvents> {
       server.once("error", onError);
       server.listen(options.port, host, () => {
         server.off("error", onError);
-        resolve(new RingListener(server, host, (server.address() as AddressInfo).port, opts));
+        resolve(new RingListener(server, host, (server.address() as AddressInfo).port, opts, options.singlePeer ?? false));
       });
     });
   }
 
-  private constructor(server: Server, host: string, port: number, options: ResolvedLinkOptions) {
+  private constructor(server: Server, host: string, port: number, options: ResolvedLinkOptions, singlePeer: boolean) {
     super();
+    this.singlePeer = singlePeer;
     this.server = server;
     this.host = host;
     this.port = port;
@@ -176,6 +189,11 @@ export class RingListener extends EventEmitter<RingListenerEvents> {
       return;
     }
     this.handshaking.add(ws);
+    const linkKey = this.options.linkKey;
+    /** Set once the peer answered the key proof's first step (keyed links only). */
+    let cipher: LinkCipher | null = null;
+    /** Keyed: whether the peer has proved the key (its first record opened). Until then every refusal is generic. */
+    let proved = !linkKey;
     let done = false;
     const finish = () => {
       done = true;
@@ -189,6 +207,7 @@ export class RingListener extends EventEmitter<RingListenerEvents> {
       finish();
       this.dropped(remote, reason);
       if (closeCode === null) ws.terminate();
+      else if (!proved) refuseUnproved(ws, 1000);
       else {
         try {
           ws.close(closeCode, closeReason(reason));
@@ -210,33 +229,49 @@ export class RingListener extends EventEmitter<RingListenerEvents> {
     ws.on("close", (code) => drop(`closed the connection before its HELLO (code ${code})`, null));
     ws.on("message", (data, isBinary) => {
       if (done) return;
+      if (linkKey && !cipher) {
+        const answer = isBinary ? listenerAnswer(linkKey, toBuffer(data)) : null;
+        if (!answer) return drop("refused: did not start the link key proof (not a keyed ring device)", CloseCode.refused);
+        cipher = answer.cipher;
+        try {
+          ws.send(answer.reply);
+        } catch {
+          drop("could not answer the key proof", null);
+        }
+        return;
+      }
       let frame;
       try {
-        frame = decodeHandshakeMessage(data, isBinary, this.options.limits);
+        frame = decodeHandshakeMessage(cipher && isBinary ? cipher.open(toBuffer(data)) : data, isBinary, this.options.limits);
       } catch (e) {
+        if (e instanceof RecordError && !proved) return drop("refused: failed the link key proof (it does not hold this link's key)", CloseCode.refused);
         drop(e instanceof FrameError ? `sent garbage: ${e.message}` : String(e), CloseCode.protocol);
         return;
       }
+      proved = true;
       if (frame.type === "error") {
         drop(`sent an ERROR frame instead of HELLO: ${frame.message}`, CloseCode.protocol);
         return;
       }
-      const mismatch = helloMismatch(this.options.hello, frame.hello, this.options.expectedPeerDeviceId);
+      const mismatch = helloMismatch(this.options.hello, frame.hello, this.options.expectedPeerDeviceId) ??
+        (this.singlePeer && this.linksMade > 0 ? "this device already has its predecessor" : null);
       if (mismatch) {
         finish();
         this.dropped(remote, `refused: ${mismatch}`);
-        refuse(ws, mismatch, 1000);
+        refuse(ws, mismatch, 1000, cipher);
         return;
       }
       finish();
       try {
-        ws.send(encodeFrame({ type: "hello", hello: this.options.hello }));
+        const hello = encodeFrame({ type: "hello", hello: this.options.hello });
+        ws.send(cipher ? cipher.seal(hello) : hello);
       } catch (e) {
         this.dropped(remote, `could not answer HELLO: ${(e as Error).message}`);
         ws.terminate();
         return;
       }
-      const link = new RingLink(ws, socket, frame.hello, "predecessor", remote, this.options);
+      this.linksMade++;
+      const link = new RingLink(ws, socket, frame.hello, "predecessor", remote, this.options, cipher);
       this.links.add(link);
       void link.closed.then(() => {
         this.links.delete(link);

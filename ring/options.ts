@@ -3,6 +3,7 @@
 import { FrameError } from "./errors.js";
 import { makeHello, type RingIdentity } from "./hello.js";
 import { DEFAULT_LIVENESS_TIMEOUT_MS } from "./liveness.js";
+import { RECORD_OVERHEAD_BYTES, checkLinkKey } from "./seal.js";
 import {
   CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, validateHello, validateLimits, type FrameLimits, type Hello,
 } from "./validation.js";
@@ -25,6 +26,13 @@ export interface RingLinkOptions {
   fragmentBytes?: number;
   /** Refuse a peer whose HELLO names another device. */
   expectedPeerDeviceId?: string;
+  /**
+   * This link's secret (32 random bytes the coordinator hands both ends over the control plane; see
+   * seal.ts). With it, a peer must prove it holds the key before anything about this device is sent,
+   * and every frame is encrypted and authenticated. Without it the link is plaintext, for the link
+   * probe and benchmarks only: a keyed side and a plaintext side never link.
+   */
+  linkKey?: Uint8Array;
   /** Where dropped peers and link failures are reported. Default: console.warn. */
   log?: (message: string) => void;
 }
@@ -38,6 +46,8 @@ export interface ResolvedLinkOptions {
   handshakeTimeoutMs: number;
   fragmentBytes: number;
   expectedPeerDeviceId?: string;
+  /** null: a plaintext link. */
+  linkKey: Buffer | null;
   log: (message: string) => void;
 }
 
@@ -65,15 +75,17 @@ export function resolveLinkOptions(o: RingLinkOptions): ResolvedLinkOptions {
   } catch (e) {
     throw new RangeError(`ring: bad identity: ${e instanceof FrameError ? e.message.replace(/^frame: /, "") : String(e)}`);
   }
+  const linkKey = o.linkKey === undefined ? null : checkLinkKey(o.linkKey);
   return {
     hello,
     limits,
-    maxMessageBytes: FRAME_HEADER_BYTES + Math.max(limits.maxPayloadBytes, CONTROL_PAYLOAD_MAX_BYTES),
+    maxMessageBytes: FRAME_HEADER_BYTES + Math.max(limits.maxPayloadBytes, CONTROL_PAYLOAD_MAX_BYTES) + (linkKey ? RECORD_OVERHEAD_BYTES : 0),
     // Under ~100 ms the ping tick would be a few ms: too tight for any real network.
     livenessTimeoutMs: positiveInteger("liveness timeout (ms)", o.livenessTimeoutMs, DEFAULT_LIVENESS_TIMEOUT_MS, 100),
     handshakeTimeoutMs: positiveInteger("handshake timeout (ms)", o.handshakeTimeoutMs, DEFAULT_HANDSHAKE_TIMEOUT_MS),
     fragmentBytes: positiveInteger("fragment size (bytes)", o.fragmentBytes, DEFAULT_FRAGMENT_BYTES, 1024),
     expectedPeerDeviceId: o.expectedPeerDeviceId,
+    linkKey,
     log: o.log ?? ((m: string) => console.warn(m)),
   };
 }

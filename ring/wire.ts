@@ -11,8 +11,8 @@ export const HeaderField = {
 export const FRAME_MAGIC = "PRMA";
 export const FRAME_HEADER_VERSION = 1;
 export const FRAME_HEADER_BYTES = 32;
-/** Version of the ring protocol (frame types and handshake), carried in HELLO. */
-export const PROTOCOL_VERSION = 1;
+/** Version of the ring protocol (frame types and handshake), carried in HELLO. 2: keyed links (seal.ts). */
+export const PROTOCOL_VERSION = 2;
 /** Most payload bytes of a HELLO or ERROR frame (JSON, message text). */
 export const CONTROL_PAYLOAD_MAX_BYTES = 64 * 1024;
 export const U16_MAX = 0xffff;
@@ -22,6 +22,19 @@ export const FrameTypeId = { hello: 1, activations: 2, error: 3 } as const;
 /** Payload dtype ids on the wire and their sizes. */
 export const PayloadDtypeId = { f32: 0, f16: 1 } as const;
 export const PAYLOAD_DTYPE_BYTES = { f32: 4, f16: 2 } as const;
+
+/**
+ * Keyed links (ring/seal.ts). Before any frame, the key proof: the dialer sends PROOF_MAGIC, step 1 and
+ * a nonce; the listener answers PROOF_MAGIC, step 2, its nonce and a MAC. Then every message is a
+ * record: an 8-byte little-endian sequence number and the frame's header (in clear, authenticated),
+ * the payload encrypted with AES-256-GCM, and the 16-byte tag.
+ */
+export const LINK_KEY_BYTES = 32;
+export const PROOF_MAGIC = "PRMK";
+export const PROOF_NONCE_BYTES = 32;
+export const PROOF_MAC_BYTES = 32;
+export const RECORD_SEQ_BYTES = 8;
+export const RECORD_TAG_BYTES = 16;
 
 /** native/src/wire.h's text. */
 export function wireHeaderC(): string {
@@ -42,6 +55,9 @@ export function wireHeaderC(): string {
     ...Object.entries(PayloadDtypeId).map(([k, v]) => d(`DTYPE_${snake(k)}`, v)),
     ...Object.entries(PAYLOAD_DTYPE_BYTES).map(([k, v]) => d(`DTYPE_${snake(k)}_BYTES`, v)),
     ...Object.entries(HeaderField).map(([k, v]) => d(`AT_${snake(k)}`, v)),
+    d("LINK_KEY_BYTES", LINK_KEY_BYTES),
+    d("RECORD_SEQ_BYTES", RECORD_SEQ_BYTES),
+    d("RECORD_TAG_BYTES", RECORD_TAG_BYTES),
     "",
     "#endif",
     "",

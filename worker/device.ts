@@ -48,6 +48,20 @@ export async function reserveDataPort(port: number, host: string): Promise<numbe
   return bound;
 }
 
+/** This device's two link keys from the assignment (ring/seal.ts). An assignment without them is
+ * refused, never linked in the clear, unless it asks for plaintext links (benchmarks only). */
+function linkKeys(a: Assignment, log: (line: string) => void): { in?: Uint8Array; out?: Uint8Array } {
+  if (a.plaintextLinks) {
+    log("ring links are NOT encrypted: the coordinator asked for plaintext links (a benchmark)");
+    return {};
+  }
+  const ok = (k: Uint8Array | undefined) => k instanceof Uint8Array && k.length === 32;
+  if (!ok(a.predecessorLinkKey) || !ok(a.successorLinkKey)) {
+    throw new Error("the assignment carries no keys for this device's ring links (a coordinator of another version?): not linking in the clear");
+  }
+  return { in: a.predecessorLinkKey, out: a.successorLinkKey };
+}
+
 /** The successor may still be setting up its listener for the same assignment: retry refusals. */
 async function dialWithRetry(url: string, options: RingLinkOptions, withinMs: number): Promise<RingLink> {
   const deadline = Date.now() + withinMs;
@@ -78,6 +92,10 @@ export class WorkerDevice implements SessionHandler {
     await this.reset("new assignment");
     this.room.forget();
     const { model } = this.o;
+    const keys = linkKeys(a, this.o.log);
+    // The plan names this device's neighbours: only they may link, each only with its link's key.
+    const me = a.ringOrder.indexOf(deviceId);
+    const neighbour = (step: number) => (me >= 0 && a.ringOrder.length > 1 ? a.ringOrder[(me + step + a.ringOrder.length) % a.ringOrder.length] : undefined);
     // Not worth setting up windows over a file that changed since it was mapped.
     const problem = model.native.fileProblem();
     if (problem) throw new Error(problem);
@@ -102,11 +120,13 @@ export class WorkerDevice implements SessionHandler {
       },
       onError: (message) => this.o.fail(new Error(message)),
     });
-    this.listener = await RingListener.listen({ port: this.o.dataPort, host: "0.0.0.0", ...linkOptions(deviceId) });
+    this.listener = await RingListener.listen({
+      port: this.o.dataPort, host: "0.0.0.0", ...linkOptions(deviceId), linkKey: keys.in, expectedPeerDeviceId: neighbour(-1), singlePeer: true,
+    });
     this.listener.on("link", (link) => this.attachPredecessor(link));
     const url = a.successorUrl.replace(/^ws:\/\/:/, `ws://${this.o.coordinatorHost}:`);
     progress(0, "dialling the successor");
-    this.successor = await dialWithRetry(url, linkOptions(deviceId), 5000);
+    this.successor = await dialWithRetry(url, { ...linkOptions(deviceId), linkKey: keys.out, expectedPeerDeviceId: neighbour(1) }, 5000);
     this.successor.on("close", (c) => {
       if (c.error) this.o.fail(new Error(`link to ${this.successor?.peerName ?? url} failed: ${c.error.message}`));
     });
@@ -116,7 +136,7 @@ export class WorkerDevice implements SessionHandler {
       if (this.o.nativeLane === false || this.lane || !this.predecessor || !this.successor || this.node !== node || node.weightBytes === 0) return;
       try {
         this.lane = RingLane.start({
-          model: model.native, node, link: resolveLinkOptions(linkOptions(deviceId)), predecessor: this.predecessor,
+          model: model.native, node, link: resolveLinkOptions({ ...linkOptions(deviceId), linkKey: keys.in }), predecessor: this.predecessor,
           successor: this.successor, onError: (message) => this.o.fail(new Error(message)),
         }) ?? undefined;
         this.o.log(this.lane ? "ring frames run on the native lane" : "the ring links could not be handed to the native lane now: frames go through JS");

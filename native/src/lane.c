@@ -63,12 +63,16 @@ typedef struct {
   int close_sent, close_received, close_code;
   char close_reason[124];
   double close_deadline;
+  int sealed; /* a keyed link: data messages are records (seal.h) */
+  prima_seal tx, rx;
 } conn;
 
 enum { CMD_ATTACH, CMD_SEND, CMD_RESUME, CMD_CLOSE, CMD_STOP };
 typedef struct command {
   struct command *next;
   int type, link, fd, code;
+  int sealed; /* CMD_ATTACH of a keyed link: tx and rx are set up */
+  prima_seal tx, rx;
   char reason[124];
   size_t len;
   uint8_t data[];
@@ -215,6 +219,17 @@ static void send_close(prima_lane *l, int link, int code, const char *reason) {
 static void send_message(prima_lane *l, const uint8_t *p, size_t len) {
   conn *c = &l->c[PRIMA_LANE_OUT];
   if (c->fd < 0) return;
+  uint8_t *record = NULL;
+  if (c->sealed) {
+    record = malloc(len + PRIMA_SEAL_OVERHEAD);
+    if (!record || prima_seal_frame(&c->tx, p, len, record) != 0) {
+      free(record);
+      fail_conn(l, PRIMA_LANE_OUT, "closed", "could not seal a %zu-byte frame (out of memory, or OpenSSL failed)", len);
+      return;
+    }
+    p = record;
+    len += PRIMA_SEAL_OVERHEAD;
+  }
   size_t step = l->cfg.fragment_bytes ? l->cfg.fragment_bytes : len;
   size_t off = 0;
   do {
@@ -222,6 +237,7 @@ static void send_message(prima_lane *l, const uint8_t *p, size_t len) {
     enqueue(c, ws_frame(c, off + n == len, off == 0 ? 2 : 0, p + off, n), 0);
     off += n;
   } while (off < len);
+  free(record);
   if (c->buffered_since < 0) c->buffered_since = now_ms();
   flush(l, PRIMA_LANE_OUT);
 }
@@ -426,6 +442,25 @@ static void run_frames(prima_lane *l) {
 /* ---- reading ---------------------------------------------------------------------------------- */
 
 static void on_message(prima_lane *l, int link, uint8_t *data, size_t len) {
+  conn *c = &l->c[link];
+  if (c->sealed) {
+    /* The same rule and words as ring/seal.ts: exactly the next sequence number, and an intact tag. */
+    uint64_t seq;
+    int rc = prima_seal_open(&c->rx, data, len, &seq);
+    if (rc != PRIMA_OPEN_OK) {
+      free(data);
+      if (rc == PRIMA_OPEN_REPLAY)
+        fail_conn(l, link, "protocol", "sent a frame out of order or replayed (sequence %llu, expected %llu)", (unsigned long long)seq,
+                  (unsigned long long)c->rx.seq);
+      else if (rc == PRIMA_OPEN_SHORT)
+        fail_conn(l, link, "protocol", "sent a %zu-byte message, shorter than any sealed frame (%d bytes)", len,
+                  PRIMA_WIRE_RECORD_SEQ_BYTES + PRIMA_WIRE_HEADER_BYTES + PRIMA_WIRE_RECORD_TAG_BYTES);
+      else fail_conn(l, link, "protocol", "sent a frame that fails authentication (altered, or not sealed with this link's key)");
+      return;
+    }
+    len -= PRIMA_SEAL_OVERHEAD;
+    memmove(data, data + PRIMA_WIRE_RECORD_SEQ_BYTES, len);
+  }
   if (link == PRIMA_LANE_OUT) {
     /* A successor sends nothing back on the data plane: JS decodes it and reports what it is. */
     emit(l, PRIMA_LANE_EV_FRAME, link, 0, NULL, NULL, data, len);
@@ -620,9 +655,14 @@ static void attach(prima_lane *l, command *cmd) {
   conn *c = &l->c[cmd->link];
   if (c->fd >= 0 || c->ended) {
     close(cmd->fd);
+    prima_seal_free(&cmd->tx);
+    prima_seal_free(&cmd->rx);
     return;
   }
   double t = now_ms();
+  c->sealed = cmd->sealed;
+  c->tx = cmd->tx;
+  c->rx = cmd->rx;
   c->fd = cmd->fd;
   c->server = cmd->link == PRIMA_LANE_IN;
   c->last_heard = c->last_write = t;
@@ -754,16 +794,28 @@ prima_lane *prima_lane_start(const prima_lane_config *cfg, char *err, size_t err
   return l;
 }
 
-int prima_lane_attach(prima_lane *l, int link, int fd, char *err, size_t err_len) {
+int prima_lane_attach(prima_lane *l, int link, int fd, const prima_lane_link_crypto *crypto, char *err, size_t err_len) {
   if (link != PRIMA_LANE_IN && link != PRIMA_LANE_OUT) return snprintf(err, err_len, "no link %d", link), -1;
-  int own = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-  if (own < 0) return snprintf(err, err_len, "cannot take the socket: %s", strerror(errno)), -1;
-  fcntl(own, F_SETFL, fcntl(own, F_GETFL) | O_NONBLOCK);
   command *cmd = new_command(CMD_ATTACH, link, 0);
-  if (!cmd) {
-    close(own);
-    return snprintf(err, err_len, "out of memory"), -1;
+  if (!cmd) return snprintf(err, err_len, "out of memory"), -1;
+  /* The ciphers are set up here, so a failure is the caller's error at once, before the socket moves. */
+  if (crypto) {
+    if (prima_seal_init(&cmd->tx, crypto->tx_key, crypto->tx_seq, 1) != 0 || prima_seal_init(&cmd->rx, crypto->rx_key, crypto->rx_seq, 0) != 0) {
+      prima_seal_free(&cmd->tx);
+      prima_seal_free(&cmd->rx);
+      free(cmd);
+      return snprintf(err, err_len, "cannot set up AES-256-GCM for the link (OpenSSL)"), -1;
+    }
+    cmd->sealed = 1;
   }
+  int own = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  if (own < 0) {
+    prima_seal_free(&cmd->tx);
+    prima_seal_free(&cmd->rx);
+    free(cmd);
+    return snprintf(err, err_len, "cannot take the socket: %s", strerror(errno)), -1;
+  }
+  fcntl(own, F_SETFL, fcntl(own, F_GETFL) | O_NONBLOCK);
   cmd->fd = own;
   push_command(l, cmd);
   return 0;
@@ -837,6 +889,8 @@ void prima_lane_stop(prima_lane *l) {
     }
     free(c->rbuf);
     free(c->msg);
+    prima_seal_free(&c->tx);
+    prima_seal_free(&c->rx);
   }
   l->frames_bytes = 0;
   while (l->frames) {
@@ -849,6 +903,8 @@ void prima_lane_stop(prima_lane *l) {
     command *cmd = l->cmds;
     l->cmds = cmd->next;
     if (cmd->type == CMD_ATTACH && cmd->fd >= 0) close(cmd->fd);
+    prima_seal_free(&cmd->tx);
+    prima_seal_free(&cmd->rx);
     free(cmd);
   }
   close(l->wake[0]);

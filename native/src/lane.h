@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "model.h"
+#include "seal.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -81,13 +82,20 @@ typedef struct {
 
 typedef struct prima_lane prima_lane;
 
+/* A keyed link (ring/seal.ts): each direction's key and next sequence number, as JS left them. */
+typedef struct {
+  uint8_t tx_key[PRIMA_WIRE_LINK_KEY_BYTES], rx_key[PRIMA_WIRE_LINK_KEY_BYTES];
+  uint64_t tx_seq, rx_seq;
+} prima_lane_link_crypto;
+
 prima_lane *prima_lane_start(const prima_lane_config *cfg, char *err, size_t err_len);
 /* The cycle of an ACTIVATIONS frame the lane would run under these limits, or -1 (it goes to JS, whose
  * decoder names the fault). Exposed so a test can check it never accepts what ring/validation.ts refuses. */
 int prima_lane_frame_cycle(uint32_t hidden_size, uint32_t max_tokens_per_frame, uint64_t max_payload_bytes,
                            const uint8_t *f, size_t len);
-/* Gives the lane a connected socket (it takes a dup of fd) from which nothing unparsed was read. */
-int prima_lane_attach(prima_lane *l, int link, int fd, char *err, size_t err_len);
+/* Gives the lane a connected socket (it takes a dup of fd) from which nothing unparsed was read. With
+ * crypto, every data message on it is a sealed record (seal.h); NULL: a plaintext link. */
+int prima_lane_attach(prima_lane *l, int link, int fd, const prima_lane_link_crypto *crypto, char *err, size_t err_len);
 /* Queues a whole frame (header + payload) for the successor. */
 void prima_lane_send(prima_lane *l, const uint8_t *frame, size_t len);
 /* Runs a frame the lane left to JS with code 1 (on any thread but the lane's: a libuv thread) and
