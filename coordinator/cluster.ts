@@ -3,7 +3,7 @@
 // the prompt cache. Devices may join and leave at any time; the cluster re-places layers when the set
 // of devices changed, between requests, never in the middle of one.
 import { EventEmitter } from "node:events";
-import { basename, dirname, extname, resolve } from "node:path";
+import { basename, dirname, extname, join, resolve } from "node:path";
 import type { Status } from "../control/index.js";
 import { LocalPipeline, generate, type GenerationResult, type LocalModel, type Pipeline, type Sampler } from "../engine/index.js";
 import { ggmlTypeName, metaString, modelFingerprint, rowBytes } from "../model/index.js";
@@ -12,6 +12,8 @@ import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
 import {
   DecodeMeter, costPerStep, formatPlan, planRing, predictionReport, type MeasuredDevice, type PredictionReport, type RingPlan, type StepCost,
 } from "./placement.js";
+import { ModelSource, defaultModelCacheDir } from "../transfer/index.js";
+import { modelStoreHandlers } from "./model-store.js";
 import { WorkerRegistry, type WorkerHandle } from "./registry.js";
 import { HEAD_ID, Ring, headStatus } from "./ring-setup.js";
 import {
@@ -127,6 +129,7 @@ export class Cluster extends EventEmitter {
   readonly registry: WorkerRegistry;
   readonly fingerprint: string;
   readonly startedUnixMs = Date.now();
+  private readonly modelSource: ModelSource;
   private headReport: DeviceReport | undefined;
   private current: Current | undefined;
   private placement: RingPlan | undefined;
@@ -159,7 +162,12 @@ export class Cluster extends EventEmitter {
   constructor(readonly o: ClusterOptions) {
     super();
     this.fingerprint = modelFingerprint(o.model.gguf);
-    this.registry = new WorkerRegistry({ modelFingerprint: this.fingerprint, log: o.log });
+    // Workers without their own copy fetch their windows' chunks from this file (transfer/).
+    this.modelSource = new ModelSource({
+      path: o.modelPath, fileBytes: o.model.gguf.fileBytes, dataOffset: o.model.gguf.dataOffset, fingerprint: this.fingerprint,
+      name: basename(o.modelPath), hashDir: join(dirname(defaultModelCacheDir()), "chunk-hashes"),
+    });
+    this.registry = new WorkerRegistry({ modelFingerprint: this.fingerprint, log: o.log, modelStore: modelStoreHandlers(this.modelSource, o.log) });
     this.registry.on("joined", (w: WorkerHandle) => this.onJoined(w));
     this.registry.on("lost", (w: WorkerHandle, reason: string) => this.onLost(w, reason));
     this.historyTimer = setInterval(() => this.sampleHistory(), HISTORY_INTERVAL_MS);
@@ -799,6 +807,7 @@ export class Cluster extends EventEmitter {
     for (const w of this.registry.live()) w.shutdown("the coordinator is stopping");
     await this.takeDown();
     await this.registry.close();
+    await this.modelSource.close();
   }
 }
 

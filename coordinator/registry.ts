@@ -9,6 +9,7 @@ import {
   ASSIGN_SILENCE_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, PROTOCOL_VERSION, SHUTDOWN_GRACE_MS,
   STATUS_TIMEOUT_MS, coordinatorService, type Assignment, type CoordinatorMessage, type Join, type KvCommand, type Ready,
   type SessionStream, type Status, type WorkerMessage,
+  type ModelStoreHandlers,
 } from "../control/index.js";
 import { printable } from "../discovery/index.js";
 
@@ -172,6 +173,8 @@ export interface RegistryOptions {
   /** The fingerprint of the coordinator's model: workers with another model are turned away. */
   readonly modelFingerprint: string;
   readonly log?: (line: string) => void;
+  /** Serves the model's chunks to workers without their own copy (transfer/); unimplemented without. */
+  readonly modelStore?: ModelStoreHandlers;
 }
 
 /**
@@ -200,7 +203,7 @@ export class WorkerRegistry extends EventEmitter {
 
   constructor(private readonly o: RegistryOptions) {
     super();
-    this.server.addService(coordinatorService(), { session: (call: SessionStream) => this.session(call) });
+    this.server.addService(coordinatorService(), { session: (call: SessionStream) => this.session(call), ...o.modelStore });
   }
 
   /** Listens on host:port (port 0 = any free port); resolves with the port. The registry accepts the

@@ -17,6 +17,9 @@ export interface SourceOptions {
   readonly chunkBytes?: number;
 }
 
+/** PRIMA_TEST_CHUNK_DELAY_MS: each chunk read waits this long (tests cut a transfer halfway). */
+const testDelayMs = Number(process.env.PRIMA_TEST_CHUNK_DELAY_MS ?? 0) || 0;
+
 /** PRIMA_TEST_CORRUPT_CHUNKS="3,7": the first send of those chunks carries a flipped byte (tests
  * prove that a device notices and fetches again). */
 function corruptOnce(): Set<number> {
@@ -54,6 +57,7 @@ export class ModelSource {
   /** Reads chunk i (a fresh buffer) with its hash. */
   async read(i: number): Promise<{ data: Buffer; sha256: string }> {
     if (!Number.isInteger(i) || i < 0 || i >= this.hashes.length) throw new RangeError(`chunk ${i} does not exist (the model has ${this.hashes.length})`);
+    if (testDelayMs > 0) await new Promise((r) => setTimeout(r, testDelayMs));
     this.fh ??= open(this.o.path, "r");
     const fh = await this.fh;
     const [s, e] = chunkRange(i, this.info);

@@ -15,16 +15,21 @@ import {
   EXIT_CODES_HELP, EXIT_ERROR, EXIT_MODEL_CHANGED, EXIT_MODEL_UNUSABLE, EXIT_OK, EXIT_USAGE, WorkerExit,
 } from "./exit.js";
 import { joinProfile, profileCommand } from "./profile-command.js";
-import { WorkerSession } from "./session.js";
+import { RemoteModel, type RemoteModelOptions } from "./remote-model.js";
+import { WorkerSession, type SessionHandler } from "./session.js";
+import { TransferError } from "../transfer/index.js";
 
-const HELP = `usage: prima-worker --join [host:port] --model model.gguf [options]
+const HELP = `usage: prima-worker --join [host:port] [--model model.gguf] [options]
        prima-worker profile [--model model.gguf] [--json] [--reprofile]   (measure this device)
 
   --join HOST:PORT     the coordinator to join (prima-coord run ... --min-workers N)
   --join               without an address: find the coordinator on the local network (mDNS), and
                        again whenever it goes away; PRIMA_MDNS_INTERFACE=lo|ADDRESS limits multicast
   --cluster NAME       with --join alone: the cluster to join when several answer (serve --name)
-  --model PATH         this device's copy of the model (the same file as the coordinator's)
+  --model PATH         this device's copy of the model (the same file as the coordinator's); without
+                       it, the worker fetches only its windows from the coordinator into its model cache
+  --model-cache DIR    where fetched models are kept (default ~/.cache/prima/models)
+  --cache-limit GIB    most disk the model cache may use; least recently used models go first
   --port N             data-plane port the predecessor connects to (default: any free port)
   --advertise HOST     address the predecessor should use (default: what the coordinator sees)
   --name NAME          device name in plans and logs (default: the host name)
@@ -45,7 +50,7 @@ async function main(argv: string[]): Promise<number> {
   const values = parseWorkerArgs(allowBare(argv, "join"), {
     join: { type: "string" }, cluster: { type: "string" }, model: { type: "string" }, port: { type: "string" }, advertise: { type: "string" },
     name: { type: "string" }, threads: { type: "string", short: "t" }, once: { type: "boolean" }, reprofile: { type: "boolean" },
-    "no-native-lane": { type: "boolean" },
+    "no-native-lane": { type: "boolean" }, "model-cache": { type: "string" }, "cache-limit": { type: "string" },
     help: { type: "boolean", short: "h" },
   }, HELP);
   if (typeof values === "number") return values;
@@ -58,8 +63,9 @@ async function main(argv: string[]): Promise<number> {
     console.error("--cluster chooses among the clusters --join finds on the network: give --join without an address");
     return EXIT_USAGE;
   }
-  if (!values.model) {
-    console.error(`--model is required: every device maps its own copy of the model\n${HELP}`);
+  const cacheLimitGiB = values["cache-limit"] === undefined ? Infinity : Number(values["cache-limit"]);
+  if (!(cacheLimitGiB > 0)) {
+    console.error("--cache-limit must be a positive number of GiB");
     return EXIT_USAGE;
   }
   const threads = threadsArg(values.threads);
@@ -92,32 +98,44 @@ async function main(argv: string[]): Promise<number> {
   process.on("SIGTERM", onSignal);
 
   // A ring device's next frame comes only after the rest of the ring (RING_COMPUTE_OPTIONS).
-  let model: LocalModel;
-  try {
-    model = LocalModel.open(values.model, { threads, ...RING_COMPUTE_OPTIONS });
-  } catch (e) {
-    throw new WorkerExit(EXIT_MODEL_UNUSABLE, `cannot use the model: ${(e as Error).message}`);
+  const openOptions = { threads, ...RING_COMPUTE_OPTIONS };
+  let address = values.join; // where the current attempt dials (discovery changes it)
+  const lookup = discover ? discoveryLookup(values.cluster, log, (a) => { address = a; }) : undefined;
+  let own: LocalModel | undefined;
+  let remote: RemoteModel | undefined;
+  if (values.model) {
+    try {
+      own = LocalModel.open(values.model, openOptions);
+    } catch (e) {
+      throw new WorkerExit(EXIT_MODEL_UNUSABLE, `cannot use the model: ${(e as Error).message}`);
+    }
+  } else {
+    remote = await fetchHeader(() => lookup?.(new AbortController().signal) ?? Promise.resolve(address), {
+      cacheDir: values["model-cache"], cacheLimitBytes: cacheLimitGiB * 2 ** 30, open: openOptions, log,
+    }, () => stopping);
+    if (!remote) return EXIT_OK;
   }
-  const fingerprint = modelFingerprint(model.gguf);
+  const model = (): LocalModel => remote?.model ?? own!;
+  const modelPath = remote?.path ?? values.model!;
+  const fingerprint = modelFingerprint(model().gguf);
   // Before profiling: a port that is taken ends the worker at once.
   const dataPort = await reserveDataPort(port, "0.0.0.0");
   if (stopping) return EXIT_OK;
   // Measured (or read from the cache) before joining: the coordinator plans with it.
-  const profile = await joinProfile(model, values.model, fingerprint, name, values.reprofile ?? false, log);
+  const profile = await joinProfile(model(), modelPath, fingerprint, name, values.reprofile ?? false, log);
   if (stopping) {
     await profile.close();
     return EXIT_OK;
   }
-  let address = values.join; // where the current attempt dials (discovery changes it)
   const device = new WorkerDevice({
-    model, fingerprint, deviceName: name, dataPort, dataHost: values.advertise ?? "", log,
+    get model() { return model(); }, fingerprint, deviceName: name, dataPort, dataHost: values.advertise ?? "", log,
     get coordinatorHost() { return address.slice(0, address.lastIndexOf(":")).replace(/^\[(.*)\]$/, "$1"); },
     fail: (e) => session?.fail(e), nativeLane: !values["no-native-lane"],
   });
   const worker = new WorkerSession({
-    coordinator: discover ? discoveryLookup(values.cluster, log, (a) => { address = a; }) : address,
+    coordinator: lookup ?? address,
     join: {
-      deviceName: name, hardwareId: profile.hardwareId, dataHost: values.advertise ?? "", dataPort, modelFingerprint: fingerprint, modelPath: values.model,
+      deviceName: name, hardwareId: profile.hardwareId, dataHost: values.advertise ?? "", dataPort, modelFingerprint: fingerprint, modelPath,
       get profileJson() { return profile.json(); }, // memory read afresh at every join
     },
     log,
@@ -125,16 +143,17 @@ async function main(argv: string[]): Promise<number> {
     // A model file that changed under the worker (truncated, rewritten, replaced) ends it: a restart
     // maps the file again. Checked before every join and after every failure it reports.
     check: () => {
-      const problem = model.native.fileProblem();
+      const problem = model().native.fileProblem();
       return problem ? new WorkerExit(EXIT_MODEL_CHANGED, `${problem}; left the ring: restart the worker to map the file again`) : null;
     },
-  }, device);
+  }, remote ? fetchingFirst(device, remote) : device);
   session = worker;
-  log(`model ${values.model} (${model.nLayers} layers), data plane port ${dataPort}`);
+  log(`model ${modelPath} (${model().nLayers} layers), data plane port ${dataPort}`);
   try {
     await worker.run();
   } finally {
     await profile.close(); // also when discovery gives up (several clusters): it holds the process open
+    remote?.close();
   }
   if (stopping) log("stopped");
   return EXIT_OK;
@@ -166,6 +185,41 @@ function discoveryLookup(cluster: string | undefined, log: (line: string) => voi
     }
     use(address);
     return address;
+  };
+}
+
+/** Without --model: the coordinator's model header into the cache, retried (saying so once) while
+ * the coordinator is away; undefined when stopped first. */
+async function fetchHeader(
+  where: () => Promise<string>, o: Omit<RemoteModelOptions, "coordinator">, stopped: () => boolean,
+): Promise<RemoteModel | undefined> {
+  let said = "";
+  while (!stopped()) {
+    try {
+      return await RemoteModel.open({ ...o, coordinator: await where() });
+    } catch (e) {
+      if (e instanceof TransferError && /disk space|cache limit|not plausible|fingerprint/.test(e.message)) throw new WorkerExit(EXIT_MODEL_UNUSABLE, e.message);
+      const why = (e as Error).message;
+      if (why !== said) o.log(`${why}; trying again`);
+      said = why;
+      await new Promise((r) => setTimeout(r, 2000));
+    }
+  }
+  return undefined;
+}
+
+/** A device that fetches the chunks of its windows before it sets them up. */
+function fetchingFirst(device: WorkerDevice, remote: RemoteModel): SessionHandler {
+  return {
+    assign: async (a, progress, deviceId) => {
+      await device.reset("fetching this device's windows"); // the old mapping goes before the file changes
+      const layers = a.windows.flatMap((w) => Array.from({ length: w.endLayer - w.firstLayer }, (_, i) => w.firstLayer + i));
+      await remote.fetchLayers(layers, progress);
+      return device.assign(a, progress, deviceId);
+    },
+    kv: (cmd) => device.kv(cmd),
+    status: () => device.status(),
+    reset: (reason) => device.reset(reason),
   };
 }
 

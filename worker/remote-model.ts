@@ -56,11 +56,18 @@ function chunksFrom(client: CoordinatorClient, fingerprint: string): (chunks: nu
 
 export class RemoteModel {
   private constructor(
-    readonly model: LocalModel,
+    private current: LocalModel,
     readonly cached: CachedModel,
     private readonly client: CoordinatorClient,
+    private readonly openOptions: OpenOptions,
     private readonly log: (line: string) => void,
   ) {}
+
+  /** The model as mapped now: opened again after each fetch, since the engine refuses a file that
+   * changed under it (and writing chunks changes it). */
+  get model(): LocalModel {
+    return this.current;
+  }
 
   /** Describes the coordinator's model, fetches its header into the cache and opens it. */
   static async open(o: RemoteModelOptions): Promise<RemoteModel> {
@@ -74,7 +81,7 @@ export class RemoteModel {
       cached.checkRoom(header, o.log);
       await fetchChunks(cached, header, chunksFrom(client, info.fingerprint));
       o.log(`model ${info.fingerprint.slice(0, 12)} from the coordinator: header in ${cached.path} (${cached.done.size} chunks of ${(info.chunkBytes / 2 ** 20).toFixed(0)} MiB held)`);
-      return new RemoteModel(LocalModel.open(cached.path, o.open), cached, client, o.log);
+      return new RemoteModel(LocalModel.open(cached.path, o.open), cached, client, o.open, o.log);
     } catch (e) {
       client.close();
       throw e;
@@ -85,7 +92,8 @@ export class RemoteModel {
     return this.cached.path;
   }
 
-  /** Fetches what the layers need and this device lacks; reports progress as a fraction and words. */
+  /** Fetches what the layers need and this device lacks, then maps the file again (call it with no
+   * window of the old mapping in use); reports progress as a fraction and words. */
   async fetchLayers(layers: Iterable<number>, progress: (fraction: number, stage: string) => void): Promise<void> {
     const wanted = chunksFor(rangesForLayers(this.model.gguf, layers), this.cached.info);
     const missing = this.cached.missing(wanted);
@@ -103,12 +111,14 @@ export class RemoteModel {
       }
     });
     this.log(`fetched ${(r.fetchedBytes / 2 ** 20).toFixed(1)} MiB in ${(r.ms / 1000).toFixed(1)} s` +
-      `${r.badChunks ? ` (${r.badChunks} chunk${r.badChunks === 1 ? "" : "s"} failed their hash and came again)` : ""}`);
+      `${r.badChunks ? ` (${r.badChunks === 1 ? "1 chunk failed its hash" : `${r.badChunks} chunks failed their hashes`} and came again)` : ""}`);
+    this.current.close();
+    this.current = LocalModel.open(this.cached.path, this.openOptions);
   }
 
   close(): void {
     this.cached.close();
     this.client.close();
-    this.model.close();
+    this.current.close();
   }
 }
