@@ -71,7 +71,7 @@ export class RemoteModel {
 
   /** Describes the coordinator's model, fetches its header into the cache and opens it. */
   static async open(o: RemoteModelOptions): Promise<RemoteModel> {
-    const client = coordinatorClient(o.coordinator);
+    const client = coordinatorClient(o.coordinator, { bulk: true });
     try {
       const d = await modelInfo(client);
       const info = { fingerprint: d.fingerprint, fileBytes: Number(d.fileBytes), dataOffset: Number(d.dataOffset), chunkBytes: d.chunkBytes, name: d.name };
