@@ -61,6 +61,7 @@ async function main(): Promise<void> {
   if (parts.has("halda")) await (await import("./halda.js")).main();
   if (parts.has("kernels")) await import("./kernels.js"); // runs on import
   if (parts.has("capped")) await (await import("./capped.js")).main(model);
+  if (parts.has("crypto")) await (await import("./crypto.js")).main(await benchmarkModel());
   if (parts.has("serve")) await (await import("./serve.js")).main(model, Math.max(reps, 5));
   if (parts.has("chaos")) await (await import("./chaos.js")).main(model, Number(values["chaos-seconds"]));
 }
