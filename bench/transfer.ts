@@ -1,5 +1,5 @@
 // Shipping a device its window (transfer/): the chunks of half the benchmark model's layers fetched
-// over the control plane on loopback into a fresh sparse cache, against a plain copy of the same bytes
+// on the cluster port's chunk stream on loopback into a fresh sparse cache, against a plain copy of the same bytes
 // over a TCP socket (read from the file, written to the socket, read and dropped), in alternating
 // rounds; and SHA-256's cost per GB on this CPU.
 //   node dist/bench/transfer.js model.gguf [rounds]
@@ -7,38 +7,40 @@ import { mkdtempSync, openSync, readSync, rmSync, closeSync } from "node:fs";
 import { createServer, connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { WorkerRegistry } from "../coordinator/registry.js";
-import { modelStoreHandlers } from "../coordinator/model-store.js";
-import { modelFingerprint, readGguf } from "../model/index.js";
-import { ModelSource, chunkRange, chunksFor, rangesForLayers, sha256 } from "../transfer/index.js";
+import { fileURLToPath } from "node:url";
+import { readGguf } from "../model/index.js";
+import { CHUNK_BYTES, chunkRange, chunksFor, rangesForLayers, sha256 } from "../transfer/index.js";
 import { RemoteModel } from "../worker/remote-model.js";
-import { median, runAlone } from "./procs.js";
+import { coordCli, median, runAlone, start, stop, waitFor } from "./procs.js";
 
-/** The bytes of `chunks`, read from the file and sent over a loopback socket; resolves with MB/s. */
-async function plainCopy(path: string, ranges: [number, number][]): Promise<number> {
-  const total = ranges.reduce((a, [s, e]) => a + e - s, 0);
+/** The plain peer, in a process of its own as a coordinator would be: sends the byte ranges of the
+ * file to whoever connects (read into one buffer, written with the socket's backpressure). */
+function plainServer(path: string, ranges: [number, number][]): Promise<number> {
   const server = createServer((sock) => {
     const fd = openSync(path, "r");
-    const buf = Buffer.allocUnsafe(4 << 20);
     let i = 0, off = ranges[0]?.[0] ?? 0;
     const pump = () => {
       while (i < ranges.length) {
         const [, e] = ranges[i];
-        const n = readSync(fd, buf, 0, Math.min(buf.length, e - off), off);
+        const buf = Buffer.allocUnsafe(Math.min(4 << 20, e - off));
+        const n = readSync(fd, buf, 0, buf.length, off);
         off += n;
         if (off >= e) {
           i++;
           off = ranges[i]?.[0] ?? 0;
         }
-        if (!sock.write(Buffer.from(buf.subarray(0, n)))) return void sock.once("drain", pump);
+        if (!sock.write(buf.subarray(0, n))) return void sock.once("drain", pump);
       }
       closeSync(fd);
       sock.end();
     };
     pump();
   });
-  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
-  const port = (server.address() as { port: number }).port;
+  return new Promise((r) => server.listen(0, "127.0.0.1", () => r((server.address() as { port: number }).port)));
+}
+
+/** Receives everything the plain peer sends; resolves with MB/s. */
+async function plainCopy(port: number, total: number): Promise<number> {
   const t0 = performance.now();
   let got = 0;
   await new Promise<void>((resolve, reject) => {
@@ -47,40 +49,45 @@ async function plainCopy(path: string, ranges: [number, number][]): Promise<numb
     c.on("end", resolve);
     c.on("error", reject);
   });
-  const s = (performance.now() - t0) / 1000;
-  server.close();
   if (got !== total) throw new Error(`plain copy: ${got} bytes of ${total}`);
-  return total / s / 1e6;
+  return total / ((performance.now() - t0) / 1000) / 1e6;
+}
+
+/** The chunks of the first half of the layers, and their byte ranges. */
+function windowOf(model: string) {
+  const f = readGguf(model);
+  const info = { fileBytes: f.fileBytes, chunkBytes: CHUNK_BYTES };
+  const nLayers = new Set(f.tensors.map((t) => /^blk\.(\d+)\./.exec(t.name)?.[1]).filter((x) => x !== undefined)).size;
+  const layers = Array.from({ length: Math.ceil(nLayers / 2) }, (_, i) => i);
+  const chunks = chunksFor(rangesForLayers(f, layers), info);
+  const ranges = chunks.map((c) => chunkRange(c, info));
+  return { layers, nLayers, chunks, ranges, bytes: ranges.reduce((a, [s, e]) => a + e - s, 0) };
 }
 
 export async function main(model: string, rounds = 3): Promise<void> {
-  const f = readGguf(model);
-  const fingerprint = modelFingerprint(f);
-  const source = new ModelSource({ path: model, fileBytes: f.fileBytes, dataOffset: f.dataOffset, fingerprint, name: "bench" });
-  const nLayers = new Set(f.tensors.map((t) => /^blk\.(\d+)\./.exec(t.name)?.[1]).filter((x) => x !== undefined)).size;
-  const layers = Array.from({ length: Math.ceil(nLayers / 2) }, (_, i) => i);
-  const chunks = chunksFor(rangesForLayers(f, layers), source.info);
-  const ranges = chunks.map((c) => chunkRange(c, source.info));
-  const bytes = ranges.reduce((a, [s, e]) => a + e - s, 0);
-  const registry = new WorkerRegistry({ modelFingerprint: fingerprint, modelStore: modelStoreHandlers(source, () => {}) });
-  const port = await registry.listen(0, "127.0.0.1");
-  const ours: number[] = [], plain: number[] = [];
+  const w = windowOf(model);
+  // Both peers run in processes of their own, as on two machines: serve (its chunk stream) and a plain sender.
+  const serve = start(coordCli, ["serve", model, "--no-discovery", "--port", "0", "--cluster-port", "0", "--layer-windows", "head=1"]);
+  const plain = start(fileURLToPath(import.meta.url), ["--plain-server", model]);
+  const ours: number[] = [], copies: number[] = [];
   try {
-    // The coordinator hashes each chunk on its first read and keeps the hash: warm it (and the page cache).
-    for (const c of chunks) await source.read(c);
-    for (let r = 0; r < rounds; r++) {
+    const clusterPort = (await waitFor(serve, /listening for workers on port (\d+)/, 120_000))[1];
+    const plainPort = Number((await waitFor(plain, /plain server on (\d+)/))[1]);
+    for (let r = 0; r <= rounds; r++) {
       const order = r % 2 === 0 ? ["ours", "plain"] : ["plain", "ours"];
       for (const which of order) {
         if (which === "plain") {
-          plain.push(await plainCopy(model, ranges));
+          const mbs = await plainCopy(plainPort, w.bytes);
+          if (r > 0) copies.push(mbs); // round 0 warms the page cache and the coordinator's hashes
           continue;
         }
         const dir = mkdtempSync(join(tmpdir(), "prima-bench-transfer-"));
         try {
-          const remote = await RemoteModel.open({ coordinator: `127.0.0.1:${port}`, cacheDir: dir, open: { threads: 1 }, log: () => {} });
+          const remote = await RemoteModel.open({ coordinator: `127.0.0.1:${clusterPort}`, cacheDir: dir, open: { threads: 1 }, log: () => {} });
           const t0 = performance.now();
-          await remote.fetchLayers(layers, () => {});
-          ours.push(remote.cached.bytesOf(chunks.filter((c) => c !== 0)) / ((performance.now() - t0) / 1000) / 1e6);
+          await remote.fetchLayers(w.layers, () => {});
+          const mbs = remote.cached.bytesOf(w.chunks.filter((c) => c !== 0)) / ((performance.now() - t0) / 1000) / 1e6;
+          if (r > 0) ours.push(mbs);
           remote.close();
         } finally {
           rmSync(dir, { recursive: true, force: true });
@@ -88,17 +95,20 @@ export async function main(model: string, rounds = 3): Promise<void> {
       }
     }
   } finally {
-    await registry.close();
-    await source.close();
+    await stop(serve);
+    await stop(plain);
   }
   const buf = Buffer.alloc(256 << 20, 7);
   const t0 = performance.now();
   sha256(buf);
   const hashSPerGB = (performance.now() - t0) / 1000 / (buf.length / 1e9);
-  console.log(`\n## transfer: ${layers.length} of ${nLayers} layers' chunks (${(bytes / 2 ** 20).toFixed(0)} MiB), loopback, ${rounds} alternating rounds\n`);
+  console.log(`\n## transfer: ${w.layers.length} of ${w.nLayers} layers' chunks (${(w.bytes / 2 ** 20).toFixed(0)} MiB), loopback, two processes, ${rounds} alternating rounds\n`);
   console.log("| fetched into a sparse cache, verified (MB/s, median) | plain socket copy of the same bytes (MB/s, median) | ratio (goal >= 0.8) | SHA-256 s per GB |");
   console.log("|---|---|---|---|");
-  console.log(`| ${median(ours).toFixed(0)} | ${median(plain).toFixed(0)} | ${(median(ours) / median(plain)).toFixed(2)} | ${hashSPerGB.toFixed(2)} |`);
+  console.log(`| ${median(ours).toFixed(0)} | ${median(copies).toFixed(0)} | ${(median(ours) / median(copies)).toFixed(2)} | ${hashSPerGB.toFixed(2)} |`);
 }
 
-runAlone(import.meta, "transfer", "[rounds]", main, 3);
+if (process.argv[2] === "--plain-server") {
+  const w = windowOf(process.argv[3]);
+  void plainServer(process.argv[3], w.ranges).then((port) => console.error(`plain server on ${port}`));
+} else runAlone(import.meta, "transfer", "[rounds]", main, 3);

@@ -53,8 +53,6 @@ export interface Status {
 }
 export interface Failure { message: string }
 export interface ModelDescription { fingerprint: string; fileBytes: number; dataOffset: number; chunkBytes: number; name: string }
-export interface FetchRequest { fingerprint: string; chunks: number[] }
-export interface ModelChunk { index: number; data: Buffer; sha256: string }
 export interface Shutdown { reason: string }
 
 interface WorkerFields { join: Join; heartbeat: Heartbeat; progress: LoadProgress; ready: Ready; status: Status; failure: Failure }
@@ -102,22 +100,17 @@ export function coordinatorService(): grpc.ServiceDefinition {
 export interface CoordinatorClient extends grpc.Client {
   session(options?: grpc.CallOptions): ClientSessionStream;
   modelInfo(req: Record<string, never>, options: grpc.CallOptions, cb: (err: grpc.ServiceError | null, res?: ModelDescription) => void): grpc.ClientUnaryCall;
-  fetchChunks(req: FetchRequest, options?: grpc.CallOptions): grpc.ClientReadableStream<ModelChunk>;
 }
 
-/** The coordinator's handlers for a device that fetches its windows (transfer/). */
+/** The coordinator's handler for a device that fetches its windows (transfer/). */
 export interface ModelStoreHandlers {
   modelInfo: grpc.handleUnaryCall<Record<string, never>, ModelDescription>;
-  fetchChunks: grpc.handleServerStreamingCall<FetchRequest, ModelChunk>;
 }
 
-/** `bulk`: a client that receives model chunks, with an HTTP/2 window that keeps several 4 MiB chunks in
- * flight (with the default 64 KiB, a loopback fetch ran at a sixth of a plain socket's speed). */
-export function coordinatorClient(address: string, o: { bulk?: boolean } = {}): CoordinatorClient {
+export function coordinatorClient(address: string): CoordinatorClient {
   const Ctor = pkg().Coordinator;
   return new Ctor(address, grpc.credentials.createInsecure(), {
     "grpc.keepalive_time_ms": 10_000,
     "grpc.max_receive_message_length": 64 << 20,
-    ...(o.bulk ? { "grpc-node.flow_control_window": 32 << 20 } : {}),
   }) as unknown as CoordinatorClient;
 }

@@ -13,7 +13,7 @@ import {
   DecodeMeter, costPerStep, formatPlan, planRing, predictionReport, type MeasuredDevice, type PredictionReport, type RingPlan, type StepCost,
 } from "./placement.js";
 import { ModelSource, defaultModelCacheDir } from "../transfer/index.js";
-import { modelStoreHandlers } from "./model-store.js";
+import { modelStoreHandlers, serveChunks } from "./model-store.js";
 import { WorkerRegistry, type WorkerHandle } from "./registry.js";
 import { HEAD_ID, Ring, headStatus } from "./ring-setup.js";
 import {
@@ -167,7 +167,9 @@ export class Cluster extends EventEmitter {
       path: o.modelPath, fileBytes: o.model.gguf.fileBytes, dataOffset: o.model.gguf.dataOffset, fingerprint: this.fingerprint,
       name: basename(o.modelPath), hashDir: join(dirname(defaultModelCacheDir()), "chunk-hashes"),
     });
-    this.registry = new WorkerRegistry({ modelFingerprint: this.fingerprint, log: o.log, modelStore: modelStoreHandlers(this.modelSource, o.log) });
+    this.registry = new WorkerRegistry({
+      modelFingerprint: this.fingerprint, log: o.log, modelStore: modelStoreHandlers(this.modelSource), chunks: serveChunks(this.modelSource, o.log),
+    });
     this.registry.on("joined", (w: WorkerHandle) => this.onJoined(w));
     this.registry.on("lost", (w: WorkerHandle, reason: string) => this.onLost(w, reason));
     this.historyTimer = setInterval(() => this.sampleHistory(), HISTORY_INTERVAL_MS);

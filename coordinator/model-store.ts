@@ -1,60 +1,77 @@
-// The coordinator's model store on the control plane: a device without its own copy of the model asks
-// what the model is (ModelInfo) and fetches the chunks of its windows (FetchChunks). Chunks are read one
-// at a time and written with the stream's backpressure, so several devices can fetch at once without
-// the coordinator holding whole windows in memory.
-import * as grpc from "@grpc/grpc-js";
-import type { FetchRequest, ModelChunk, ModelDescription, ModelStoreHandlers } from "../control/index.js";
+// The coordinator's model store: a device without its own copy of the model asks what the model is
+// (ModelInfo, on gRPC) and fetches the chunks of its windows on a chunk stream of the cluster port.
+// Chunks are read one at a time and written with the socket's backpressure, so several devices can
+// fetch at once without the coordinator holding whole windows in memory.
+import type { ModelDescription, ModelStoreHandlers } from "../control/index.js";
 import { printable } from "../model/index.js";
-import { chunkCount, type ModelSource } from "../transfer/index.js";
+import type { Socket } from "node:net";
+import { chunkCount, encodeChunkHeader, encodeEnd, encodeError, readRequest, type ModelSource } from "../transfer/index.js";
 
-/** A request may name every chunk of a large model, no more. */
-const MAX_CHUNKS_PER_REQUEST = 1 << 16;
-
-export function modelStoreHandlers(source: ModelSource, log: (line: string) => void): ModelStoreHandlers {
-  const refuse = (call: grpc.ServerWritableStream<FetchRequest, ModelChunk>, code: grpc.status, details: string) => {
-    call.emit("error", { code, details });
-  };
+export function modelStoreHandlers(source: ModelSource): ModelStoreHandlers {
   return {
     modelInfo: (_call, callback) => {
       const i = source.info;
       const d: ModelDescription = { fingerprint: i.fingerprint, fileBytes: i.fileBytes, dataOffset: i.dataOffset, chunkBytes: i.chunkBytes, name: i.name };
       callback(null, d);
     },
-    fetchChunks: (call) => {
-      const req = call.request;
-      const n = chunkCount(source.info);
-      if (req.fingerprint !== source.info.fingerprint) {
-        refuse(call, grpc.status.NOT_FOUND, `this coordinator serves model ${source.info.fingerprint.slice(0, 12)}, not ${printable(req.fingerprint, 20)}`);
-        return;
-      }
-      const chunks = req.chunks ?? [];
-      if (chunks.length > MAX_CHUNKS_PER_REQUEST || chunks.some((c) => !Number.isInteger(c) || c < 0 || c >= n)) {
-        refuse(call, grpc.status.INVALID_ARGUMENT, `chunks must be ${MAX_CHUNKS_PER_REQUEST} or fewer indexes below ${n}`);
-        return;
-      }
-      void (async () => {
-        try {
-          for (const index of chunks) {
-            if (call.cancelled) return;
-            const { data, sha256 } = await source.read(index);
-            if (!call.write({ index, data, sha256 })) {
-              await new Promise<void>((resolve) => {
-                const done = () => {
-                  call.off("drain", done);
-                  call.off("cancelled", done);
-                  resolve();
-                };
-                call.on("drain", done);
-                call.on("cancelled", done);
-              });
-            }
-          }
-          call.end();
-        } catch (e) {
-          log(`serving model chunks failed: ${(e as Error).message}`);
-          refuse(call, grpc.status.INTERNAL, `reading the model failed: ${(e as Error).message}`);
-        }
-      })();
-    },
   };
+}
+
+/** A request can wait this long for its first bytes, and a device this long for the next chunk. */
+const CHUNK_IO_TIMEOUT_MS = 30_000;
+
+/** Answers a chunk stream on the cluster port (transfer/wire.ts): each chunk read from the file
+ * when its turn comes and written with the socket's backpressure. */
+export function serveChunks(source: ModelSource, log: (line: string) => void): (socket: Socket) => void {
+  return (socket) => {
+    socket.resume();
+    void (async () => {
+      try {
+        const req = await readRequest(socket, CHUNK_IO_TIMEOUT_MS);
+        const n = chunkCount(source.info);
+        if (req.fingerprint !== source.info.fingerprint) {
+          socket.end(encodeError(`this coordinator serves model ${source.info.fingerprint.slice(0, 12)}, not ${printable(req.fingerprint, 20)}`));
+          return;
+        }
+        const bad = req.chunks.find((c) => c >= n);
+        if (bad !== undefined) {
+          socket.end(encodeError(`chunk ${bad} does not exist (the model has ${n})`));
+          return;
+        }
+        socket.pause(); // nothing more to read: only the close
+        // The next chunk is read from the file while this one is on the wire.
+        let next = req.chunks.length > 0 ? source.read(req.chunks[0]) : undefined;
+        for (let i = 0; i < req.chunks.length; i++) {
+          const { data, sha256 } = await next!;
+          next = i + 1 < req.chunks.length ? source.read(req.chunks[i + 1]) : undefined;
+          next?.catch(() => {}); // its failure is met when its turn comes
+          if (socket.destroyed) return;
+          socket.write(encodeChunkHeader(req.chunks[i], data.length, sha256));
+          if (!socket.write(data)) await once(socket, "drain", CHUNK_IO_TIMEOUT_MS);
+        }
+        socket.end(encodeEnd());
+      } catch (e) {
+        log(`a chunk stream ended: ${printable((e as Error).message, 200)}`);
+        if (!socket.destroyed) socket.end(encodeError((e as Error).message));
+      }
+    })();
+  };
+}
+
+/** Resolves on the event, rejects when the socket closes first or the time is up. */
+function once(socket: Socket, event: string, timeoutMs: number): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const done = (e?: Error) => {
+      clearTimeout(timer);
+      socket.off(event, ok);
+      socket.off("close", closed);
+      if (e) reject(e);
+      else resolve();
+    };
+    const ok = () => done();
+    const closed = () => done(new Error("the device closed the connection"));
+    const timer = setTimeout(() => done(new Error(`the device read nothing for ${timeoutMs / 1000} s`)), timeoutMs);
+    socket.once(event, ok);
+    socket.once("close", closed);
+  });
 }

@@ -12,6 +12,7 @@ import {
   type ModelStoreHandlers,
 } from "../control/index.js";
 import { printable } from "../discovery/index.js";
+import { CHUNK_MAGIC } from "../transfer/index.js";
 
 export { HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS };
 
@@ -173,8 +174,10 @@ export interface RegistryOptions {
   /** The fingerprint of the coordinator's model: workers with another model are turned away. */
   readonly modelFingerprint: string;
   readonly log?: (line: string) => void;
-  /** Serves the model's chunks to workers without their own copy (transfer/); unimplemented without. */
+  /** Describes the model to workers without their own copy (transfer/); unimplemented without. */
   readonly modelStore?: ModelStoreHandlers;
+  /** Serves a chunk stream (a connection that opened with CHUNK_MAGIC); closed at once without. */
+  readonly chunks?: (socket: Socket) => void;
 }
 
 /**
@@ -218,7 +221,17 @@ export class WorkerRegistry extends EventEmitter {
       }
       this.sockets.add(socket);
       socket.once("close", () => this.sockets.delete(socket));
-      injector.injectConnection(socket);
+      // The first bytes tell a chunk stream (transfer/) from gRPC (the HTTP/2 preface).
+      sniff(socket, CHUNK_MAGIC.length, JOIN_TIMEOUT_MS).then((first) => {
+        if (first.subarray(0, CHUNK_MAGIC.length).equals(CHUNK_MAGIC)) {
+          socket.unshift(first.subarray(CHUNK_MAGIC.length));
+          if (this.o.chunks) this.o.chunks(socket);
+          else socket.destroy();
+        } else {
+          socket.unshift(first);
+          injector.injectConnection(socket);
+        }
+      }, () => socket.destroy());
     });
     return new Promise((resolve, reject) => {
       tcp.once("error", (err) => reject(new Error(`cannot listen on ${host}:${port}: ${err.message}`)));
@@ -395,4 +408,29 @@ export function peerHost(peer: string): string {
   if (v6) return v6[1];
   const i = p.lastIndexOf(":");
   return i > 0 ? p.slice(0, i) : p;
+}
+
+/** The first n bytes a socket sends (within timeoutMs), taken off it: the caller puts them back. */
+function sniff(socket: Socket, n: number, timeoutMs: number): Promise<Buffer> {
+  return new Promise((resolve, reject) => {
+    const parts: Buffer[] = [];
+    let have = 0;
+    const done = (e?: Error) => {
+      clearTimeout(timer);
+      socket.off("data", onData);
+      socket.off("close", onClose);
+      socket.pause();
+      if (e) reject(e);
+      else resolve(Buffer.concat(parts));
+    };
+    const onData = (d: Buffer) => {
+      parts.push(d);
+      have += d.length;
+      if (have >= n) done();
+    };
+    const onClose = () => done(new Error("closed before it said anything"));
+    const timer = setTimeout(() => done(new Error("silent")), timeoutMs);
+    socket.on("data", onData);
+    socket.once("close", onClose);
+  });
 }

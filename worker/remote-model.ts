@@ -1,10 +1,11 @@
 // A worker without `--model`: it asks the coordinator what the model is, keeps a sparse copy in its
 // model cache (transfer/), fetches the header to open it like any GGUF, and on each assignment fetches
 // the chunks of its windows it does not have yet.
-import { coordinatorClient, type CoordinatorClient, type ModelChunk, type ModelDescription } from "../control/index.js";
+import { connect } from "node:net";
+import { coordinatorClient, type CoordinatorClient, type ModelDescription } from "../control/index.js";
 import { LocalModel, type OpenOptions } from "../engine/index.js";
 import {
-  ModelCache, TransferError, chunksFor, describeProgress, fetchChunks, rangesForLayers, type CachedModel, type Chunk,
+  ModelCache, TransferError, chunksFor, describeProgress, encodeRequest, fetchChunks, rangesForLayers, readChunks, type CachedModel, type Chunk,
 } from "../transfer/index.js";
 
 /** A fetch that receives nothing for this long is given up (and tried again by the caller). */
@@ -29,27 +30,20 @@ function modelInfo(client: CoordinatorClient): Promise<ModelDescription> {
   });
 }
 
-/** The chunks asked for, from the coordinator's FetchChunks stream (cancelled when it stalls). */
-function chunksFrom(client: CoordinatorClient, fingerprint: string): (chunks: number[]) => AsyncIterable<Chunk> {
+/** The chunks asked for, on a chunk stream of the coordinator's cluster port (transfer/wire.ts). */
+function chunksFrom(address: string, info: { fingerprint: string; chunkBytes: number }): (chunks: number[]) => AsyncIterable<Chunk> {
+  const i = address.lastIndexOf(":");
+  const host = address.slice(0, i).replace(/^\[(.*)\]$/, "$1"), port = Number(address.slice(i + 1));
   return async function* (chunks) {
-    const call = client.fetchChunks({ fingerprint, chunks });
-    let timer: NodeJS.Timeout | undefined;
-    const arm = () => {
-      clearTimeout(timer);
-      timer = setTimeout(() => call.cancel(), STALL_MS);
-    };
-    arm();
+    const socket = connect({ host, port });
+    socket.setNoDelay(true);
     try {
-      for await (const c of call as AsyncIterable<ModelChunk>) {
-        arm();
-        yield { index: c.index, data: c.data, sha256: c.sha256 };
-      }
+      socket.write(encodeRequest({ fingerprint: info.fingerprint, chunks }));
+      yield* readChunks(socket, info.chunkBytes, STALL_MS);
     } catch (e) {
-      const err = e as { details?: string; message: string; code?: number };
-      throw new TransferError(`fetching the model's chunks failed: ${err.code === 1 ? `nothing received for ${STALL_MS / 1000} s` : err.details || err.message}`);
+      throw new TransferError(`fetching the model's chunks from ${address} failed: ${(e as Error).message}`);
     } finally {
-      clearTimeout(timer);
-      call.cancel();
+      socket.destroy();
     }
   };
 }
@@ -58,7 +52,7 @@ export class RemoteModel {
   private constructor(
     private current: LocalModel,
     readonly cached: CachedModel,
-    private readonly client: CoordinatorClient,
+    private readonly address: string,
     private readonly openOptions: OpenOptions,
     private readonly log: (line: string) => void,
   ) {}
@@ -71,7 +65,7 @@ export class RemoteModel {
 
   /** Describes the coordinator's model, fetches its header into the cache and opens it. */
   static async open(o: RemoteModelOptions): Promise<RemoteModel> {
-    const client = coordinatorClient(o.coordinator, { bulk: true });
+    const client = coordinatorClient(o.coordinator);
     try {
       const d = await modelInfo(client);
       const info = { fingerprint: d.fingerprint, fileBytes: Number(d.fileBytes), dataOffset: Number(d.dataOffset), chunkBytes: d.chunkBytes, name: d.name };
@@ -79,12 +73,11 @@ export class RemoteModel {
       const cached = cache.open(info);
       const header = chunksFor([[0, info.dataOffset]], info);
       cached.checkRoom(header, o.log);
-      await fetchChunks(cached, header, chunksFrom(client, info.fingerprint));
+      await fetchChunks(cached, header, chunksFrom(o.coordinator, info));
       o.log(`model ${info.fingerprint.slice(0, 12)} from the coordinator: header in ${cached.path} (${cached.done.size} chunks of ${(info.chunkBytes / 2 ** 20).toFixed(0)} MiB held)`);
-      return new RemoteModel(LocalModel.open(cached.path, o.open), cached, client, o.open, o.log);
-    } catch (e) {
+      return new RemoteModel(LocalModel.open(cached.path, o.open), cached, o.coordinator, o.open, o.log);
+    } finally {
       client.close();
-      throw e;
     }
   }
 
@@ -102,7 +95,7 @@ export class RemoteModel {
     const bytes = this.cached.bytesOf(missing);
     this.log(`fetching ${missing.length} chunks (${(bytes / 2 ** 20).toFixed(1)} MiB) of this device's windows from the coordinator`);
     let lastLog = 0;
-    const r = await fetchChunks(this.cached, wanted, chunksFrom(this.client, this.cached.info.fingerprint), (p) => {
+    const r = await fetchChunks(this.cached, wanted, chunksFrom(this.address, this.cached.info), (p) => {
       const stage = `fetching layers: ${describeProgress(p)}`;
       progress(p.totalBytes ? p.doneBytes / p.totalBytes : 1, stage);
       if (performance.now() - lastLog > 2000) {
@@ -118,7 +111,6 @@ export class RemoteModel {
 
   close(): void {
     this.cached.close();
-    this.client.close();
     this.current.close();
   }
 }
