@@ -1,4 +1,4 @@
-// npm run bench [-- --only engine,memory,ring,halda,kernels,serve,chaos] [--threads N] [--reps N] [--chaos-seconds S]
+// npm run bench [-- --only engine,memory,ring,halda,kernels,capped,crypto,serve,transfer,chaos] [--threads N] [--reps N] [--chaos-seconds S]
 // Every part measures us and a peer in the same run and prints ratios (absolute numbers on a shared
 // machine mean little). Results and the command go in BENCHMARKS.md.
 import { existsSync } from "node:fs";
@@ -17,7 +17,7 @@ const { values } = parseArgs({
     "chaos-seconds": { type: "string", default: "180" },
   },
 });
-const parts = new Set((values.only ?? "engine,memory,ring,halda,kernels,serve,chaos").split(","));
+const parts = new Set((values.only ?? "engine,memory,ring,halda,kernels,capped,crypto,serve,transfer,chaos").split(","));
 const threads = Number(values.threads);
 const reps = Number(values.reps);
 const log = (s: string) => console.error(s);
@@ -54,15 +54,16 @@ async function engineBench(): Promise<void> {
 async function main(): Promise<void> {
   console.log(`# npm run bench -- --only ${[...parts].join(",")} --threads ${threads} --reps ${reps}`);
   if (parts.has("engine")) await engineBench();
-  const model = ["memory", "ring", "serve", "chaos", "capped"].some((p) => parts.has(p)) ? await benchmarkModel() : "";
+  const model = ["memory", "ring", "serve", "transfer", "chaos", "capped", "crypto"].some((p) => parts.has(p)) ? await benchmarkModel() : "";
   // Each part prints its own table; they live in dist/bench/ and also run alone.
   if (parts.has("memory")) await (await import("./memory.js")).main();
   if (parts.has("ring")) await (await import("./ring.js")).main(model, Math.max(reps, 7));
   if (parts.has("halda")) await (await import("./halda.js")).main();
   if (parts.has("kernels")) await import("./kernels.js"); // runs on import
   if (parts.has("capped")) await (await import("./capped.js")).main(model);
-  if (parts.has("crypto")) await (await import("./crypto.js")).main(await benchmarkModel());
+  if (parts.has("crypto")) await (await import("./crypto.js")).main(model);
   if (parts.has("serve")) await (await import("./serve.js")).main(model, Math.max(reps, 5));
+  if (parts.has("transfer")) await (await import("./transfer.js")).main(model, reps);
   if (parts.has("chaos")) await (await import("./chaos.js")).main(model, Number(values["chaos-seconds"]));
 }
 
