@@ -289,7 +289,7 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     if (r.linkProbePort) {
       try {
         const host = w.dataHost.includes(":") ? `[${w.dataHost}]` : w.dataHost;
-        link = await measureLink(`ws://${host}:${r.linkProbePort}`, linkOptions);
+        link = await measureLink(`ws://${host}:${r.linkProbePort}`, { ...linkOptions, ...(r.linkProbeKey ? { linkKey: Buffer.from(r.linkProbeKey, "hex") } : {}) });
       } catch (e) {
         i.log(`device ${w.label}: link probe failed (${(e as Error).message}); planning without its hop cost`);
       }

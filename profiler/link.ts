@@ -25,10 +25,12 @@ export class LinkProbeServer {
     return this.listener.port;
   }
 
-  static async listen(identity: ProbeIdentity, o: { port?: number; host?: string; maxTokens?: number; log?: (line: string) => void } = {}): Promise<LinkProbeServer> {
+  /** With `linkKey` (sent to the coordinator over the control plane in the device's profile) the probe
+   * speaks only to whoever holds it, as ring links do: anyone else learns nothing, not even its id. */
+  static async listen(identity: ProbeIdentity, o: { port?: number; host?: string; maxTokens?: number; log?: (line: string) => void; linkKey?: Uint8Array } = {}): Promise<LinkProbeServer> {
     const listener = await RingListener.listen({
       port: o.port ?? 0, host: o.host, identity: { ...identity, ringId: PROBE_RING }, maxTokensPerFrame: o.maxTokens ?? 512,
-      log: o.log ?? (() => {}),
+      log: o.log ?? (() => {}), ...(o.linkKey ? { linkKey: o.linkKey } : {}),
     });
     listener.on("link", (link: RingLink) => {
       link.on("frame", (f) => {
@@ -61,6 +63,8 @@ export interface LinkOptions {
   readonly bulkTokens: number;
   readonly rounds?: number;
   readonly timeoutMs?: number;
+  /** The probe's key, from the device's profile. */
+  readonly linkKey?: Uint8Array;
 }
 
 /** Measures the hop to a LinkProbeServer at url (ws://host:port). Rejects with a clear message on failure. */
@@ -70,6 +74,7 @@ export async function measureLink(url: string, o: LinkOptions): Promise<LinkMeas
   if (!Number.isInteger(o.bulkTokens) || o.bulkTokens < 1 || o.bulkTokens > 512) throw new Error(`link probe: bulk of ${o.bulkTokens} tokens must be 1..512`);
   const options: RingLinkOptions = {
     identity: { ...o.identity, ringId: PROBE_RING }, maxTokensPerFrame: Math.max(1, o.bulkTokens), handshakeTimeoutMs: o.timeoutMs ?? 5000, log: () => {},
+    ...(o.linkKey ? { linkKey: o.linkKey } : {}),
   };
   let link: RingLink;
   try {

@@ -41,6 +41,8 @@ export interface DeviceReport {
   readonly details: DeviceDetails;
   /** Port of the device's link probe (profiler/link.ts), for the coordinator to measure the hop. */
   readonly linkProbePort?: number;
+  /** The probe's link key (64 hex digits): it answers only whoever holds it. */
+  readonly linkProbeKey?: string;
 }
 
 /** Parses and checks a report from Join.profile_json; throws an Error saying what is wrong. */
@@ -59,6 +61,9 @@ export function parseDeviceReport(json: string): DeviceReport {
   resolveDevice(r.profile, 1); // throws HaldaError naming the field
   if (r.linkProbePort !== undefined && !(Number.isInteger(r.linkProbePort) && r.linkProbePort > 0 && r.linkProbePort < 65536)) {
     throw new Error(`link probe port ${r.linkProbePort} is invalid`);
+  }
+  if (r.linkProbeKey !== undefined && !(typeof r.linkProbeKey === "string" && /^[0-9a-f]{64}$/.test(r.linkProbeKey))) {
+    throw new Error("the link probe's key is not 64 hex digits");
   }
   return r;
 }

@@ -1,5 +1,6 @@
 // `prima-worker profile`: measure this device (or read its cached profile) and print it as a table
 // or JSON. Also the profile a worker daemon announces when it joins, with its link probe.
+import { randomBytes } from "node:crypto";
 import { availableParallelism, hostname } from "node:os";
 import { dirname, resolve } from "node:path";
 import type { LocalModel } from "../engine/index.js";
@@ -76,10 +77,11 @@ export async function joinProfile(model: LocalModel, modelPath: string, fingerpr
     error = (e as Error).message;
     log(`profile failed: ${error}`);
   }
-  const probe = await LinkProbeServer.listen({ deviceId: `${name} link probe`, modelFingerprint: fingerprint, hiddenSize: model.nEmbd });
+  const probeKey = randomBytes(32);
+  const probe = await LinkProbeServer.listen({ deviceId: `${name} link probe`, modelFingerprint: fingerprint, hiddenSize: model.nEmbd }, { linkKey: probeKey });
   return {
     hardwareId: report?.profile.id ?? "",
-    json: () => JSON.stringify(report ? { ...refreshMemory(report), linkProbePort: probe.port } : { version: 1, error }),
+    json: () => JSON.stringify(report ? { ...refreshMemory(report), linkProbePort: probe.port, linkProbeKey: probeKey.toString("hex") } : { version: 1, error }),
     close: () => probe.close(),
   };
 }
