@@ -115,12 +115,22 @@ ALWAYS_INLINE float load1_f32(const void *p, int i) { return ((const float *)p)[
 ALWAYS_INLINE float load1_f16(const void *p, int i) { return h2f(((const uint16_t *)p)[i]); }
 ALWAYS_INLINE float load1_bf16(const void *p, int i) { return prima_bf16_to_fp32(((const uint16_t *)p)[i]); }
 
-/* U x VW elements per step with U accumulators per row (4 for nc <= 2 to hide FMA latency, else 2 to
- * keep every accumulator in a register). */
+/* U = 4 accumulators per row, VW elements each per step: enough to hide FMA latency on one row
+ * (decode). Which accumulator and lane a product lands in, and how they are summed, must not depend on
+ * nc: a token alone and the same token inside a prompt batch get the same bits (the prompt cache and
+ * failover replay rely on it). 4 x nc accumulators do not fit in registers past a few rows, so a call
+ * goes through its rows FLOAT_G at a time (the weight row is re-read from L1; ~12-20% slower at nc = 8
+ * than 2 accumulators per row for all 8 rows, which had nc = 1 and nc = 8 disagree). */
+#define FLOAT_U 4
+#ifdef __AVX512F__
+#define FLOAT_G 4 /* 16 of the 32 zmm */
+#else
+#define FLOAT_G 2 /* 8 of the 16 ymm (3 measured slower: spills) */
+#endif
 #define FLOAT_DOT(NAME, ESIZE, LOADV, LOAD1)                                                          \
-  ALWAYS_INLINE void NAME##_nc(int n, const void *w, const void *a, size_t as, const int NC, float *out, const int PF) { \
-    const int U = NC <= 2 ? 4 : 2;                                                                    \
-    vfloat acc[4][PRIMA_MAX_NC];                                                                      \
+  ALWAYS_INLINE void NAME##_cols(int n, const void *w, const void *a, size_t as, const int NC, float *out, const int PF) { \
+    const int U = FLOAT_U;                                                                            \
+    vfloat acc[FLOAT_U][FLOAT_G];                                                                     \
     for (int u = 0; u < U; u++)                                                                       \
       for (int c = 0; c < NC; c++) acc[u][c] = vf_zero();                                             \
     const uint8_t *wb = w;                                                                            \
@@ -144,6 +154,9 @@ ALWAYS_INLINE float load1_bf16(const void *p, int i) { return prima_bf16_to_fp32
       for (int j = i; j < n; j++) s += LOAD1(w, j) * LOAD1(ACT_ROW(c), j);                            \
       out[c] = s;                                                                                     \
     }                                                                                                 \
+  }                                                                                                   \
+  ALWAYS_INLINE void NAME##_nc(int n, const void *w, const void *a, size_t as, const int NC, float *out, const int PF) { \
+    for (int c = 0; c < NC; c += FLOAT_G) NAME##_cols(n, w, ACT_ROW(c), as, NC - c < FLOAT_G ? NC - c : FLOAT_G, out + c, PF); \
   }                                                                                                   \
   DISPATCH_NC(NAME)
 
@@ -390,12 +403,14 @@ ALWAYS_INLINE vint q3_high_bits(const uint8_t *hmask, int h, int s) {
 #endif
 
 /* Q4_K and Q5_K: 8 groups of 32; group 2j = low nibbles of qs chunk j, 2j+1 = high nibbles. QH(b) is
- * the block's fifth bits, or NULL. */
+ * the block's fifth bits, or NULL. Per block and row, two multiply-adds into the row's accumulator:
+ * the levels' sum, then the mins against the bsums. Every nc does the same (decode must equal a prompt
+ * batch bit for bit; a separate min accumulator at nc = 1 only did not, and measured no faster on EPYC:
+ * 1-2% slower at both levels). */
 #define K4_DOT(NAME, BLOCK, QH)                                                                       \
   ALWAYS_INLINE void NAME##_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) { \
     const BLOCK *w = vw;                                                                              \
-    vfloat acc[PRIMA_MAX_NC];                                                                           \
-    __m128 acc1m = _mm_setzero_ps(); /* nc = 1: the min term accumulates apart (measured faster) */  \
+    vfloat acc[PRIMA_MAX_NC];                                                                         \
     for (int c = 0; c < NC; c++) acc[c] = vf_zero();                                                  \
     for (int i = 0; i < n / QK_K; i++) {                                                              \
       const BLOCK *b = &w[i];                                                                         \
@@ -403,17 +418,10 @@ ALWAYS_INLINE vint q3_high_bits(const uint8_t *hmask, int h, int s) {
       const __m128i scm = k4_scales_mins(b->scales);                                                  \
       /* min g in int16 lanes 2g and 2g+1, against the two bsums of group g */                        \
       const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));                         \
-      const __m128i mins8 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm));                          \
       const vint scales = scales16(_mm_cvtepu8_epi16(scm));                                           \
       const float d = h2f(b->d), dmin = h2f(b->dmin);                                                 \
       vint sumi[PRIMA_MAX_NC];                                                                        \
       for (int c = 0; c < NC; c++) sumi[c] = vi_zero();                                               \
-      if (NC == 1) {                                                                                  \
-        const block_q8_K *x = act_k(a, as, 0, i);                                                     \
-        const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)x->bsums),                \
-                                          _mm_loadu_si128((const __m128i *)x->bsums + 1));            \
-        acc1m = _mm_fmadd_ps(_mm_set1_ps(x->d * dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins8, bs)), acc1m); \
-      }                                                                                               \
       for (int j = 0; j < 4; j++)                                                                     \
         for (int v = 0; v < 64 / VB; v++) {                                                           \
           const vint q = k4_levels(b->qs, QH(b), j, v), s = k4_scale(scales, j, v);                   \
@@ -423,13 +431,11 @@ ALWAYS_INLINE vint q3_high_bits(const uint8_t *hmask, int h, int s) {
       for (int c = 0; c < NC; c++) {                                                                  \
         const block_q8_K *x = act_k(a, as, c, i);                                                     \
         acc[c] = vf_fmadd(vf_set1(x->d * d), vi_to_ps(sumi[c]), acc[c]);                              \
-        if (NC > 1) {                                                                                 \
-          const __m256i mp = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x->bsums));  \
-          acc[c] = vf_fnmadd(vf_set1(x->d * dmin), vi_to_ps(vi_from256(mp)), acc[c]);                 \
-        }                                                                                             \
+        const __m256i mp = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x->bsums));    \
+        acc[c] = vf_fnmadd(vf_set1(x->d * dmin), vi_to_ps(vi_from256(mp)), acc[c]);                   \
       }                                                                                               \
     }                                                                                                 \
-    for (int c = 0; c < NC; c++) out[c] = vf_hsum(acc[c]) - (NC == 1 ? hsum128(acc1m) : 0.0f);     \
+    for (int c = 0; c < NC; c++) out[c] = vf_hsum(acc[c]);                                            \
   }                                                                                                   \
   DISPATCH_NC(NAME)
 

@@ -439,6 +439,31 @@ describe("dots", () => {
     }
   });
 
+  it("each row of an nc-row dot equals the nc = 1 dot on that row bit for bit, at model widths, every type and level", () => {
+    // A prompt batch runs the dot with nc rows and decode one row at a time (the rows kernel, equal to
+    // nc = 1 above): the prompt cache and failover replay need the same hidden state either way. Widths of
+    // several super-blocks (2048 = 8 of 256, 64 of 32) and a float width with a tail past the vectors.
+    for (const l of levels) {
+      for (const t of WEIGHT_TYPES) {
+        const info = typeInfo(t, l)!;
+        for (const n of blockElemsOf(t) === 1 ? [2048, 2048 + 37] : [2048, 5632]) {
+          const w = quantizeRef(t, normals(n, 700 + n, 0.02));
+          const actRow = rowBytes(info.actType, n), stride = actRow + 64;
+          const rows = Array.from({ length: MAX_NC }, (_, c) => quantizeAct(info.actType, normals(n, 710 + c, 1 + c)));
+          const acts = stackRows(rows, stride);
+          const alone = Float32Array.from(rows, (r) => dot(t, n, w, r, r.length, 1, new Float32Array(1), l)[0]);
+          for (let nc = 2; nc <= MAX_NC; nc++) {
+            for (const first of nc < MAX_NC ? [0, MAX_NC - nc] : [0]) { // any rows, not only the first ones
+              const got = dot(t, n, w, acts.subarray(first * stride), stride, nc, new Float32Array(nc), l);
+              expect(sameBits(got, alone.subarray(first, first + nc)), `${t} at ${l} n=${n} nc=${nc} rows ${first}..: ${got} vs ${alone.subarray(first, first + nc)}`)
+                .toBe(true);
+            }
+          }
+        }
+      }
+    }
+  });
+
   it("SIMD dequantizers and activation quantizers equal the scalar ones on every level", () => {
     for (const l of simdOnly) {
       for (const t of WEIGHT_TYPES) {
