@@ -11,6 +11,7 @@ import { fileURLToPath } from "node:url";
 import { readGguf } from "../model/index.js";
 import { CHUNK_BYTES, chunkRange, chunksFor, rangesForLayers, sha256 } from "../transfer/index.js";
 import { RemoteModel } from "../worker/remote-model.js";
+import { workerToken } from "../trust/index.js";
 import { coordCli, median, runAlone, start, stop, waitFor } from "./procs.js";
 
 /** The plain peer, in a process of its own as a coordinator would be: sends the byte ranges of the
@@ -72,6 +73,7 @@ export async function main(model: string, rounds = 3): Promise<void> {
   const ours: number[] = [], copies: number[] = [];
   try {
     const clusterPort = (await waitFor(serve, /listening for workers on port (\d+)/, 120_000))[1];
+    const token = workerToken({ tokenFile: (await waitFor(serve, /--token-file (\S+)/))[1] })!;
     const plainPort = Number((await waitFor(plain, /plain server on (\d+)/))[1]);
     for (let r = 0; r <= rounds; r++) {
       const order = r % 2 === 0 ? ["ours", "plain"] : ["plain", "ours"];
@@ -83,7 +85,7 @@ export async function main(model: string, rounds = 3): Promise<void> {
         }
         const dir = mkdtempSync(join(tmpdir(), "prima-bench-transfer-"));
         try {
-          const remote = await RemoteModel.open({ coordinator: `127.0.0.1:${clusterPort}`, cacheDir: dir, open: { threads: 1 }, log: () => {} });
+          const remote = await RemoteModel.open({ coordinator: `127.0.0.1:${clusterPort}`, token, cacheDir: dir, open: { threads: 1 }, log: () => {} });
           const t0 = performance.now();
           await remote.fetchLayers(w.layers, () => {});
           const mbs = remote.cached.bytesOf(w.chunks.filter((c) => c !== 0)) / ((performance.now() - t0) / 1000) / 1e6;

@@ -17,3 +17,21 @@ export const ASSIGN_PROGRESS_INTERVAL_MS = 1000;
 /** The coordinator's gRPC server lets open calls finish this long when it closes, then cuts them
  * (a frozen worker never acknowledges the end of its stream). */
 export const SHUTDOWN_GRACE_MS = 500;
+
+// Bounds on what a peer may make the coordinator hold (issue #18: a flood of Joins must not grow it).
+/** Largest message either side accepts on the control plane. */
+export const MAX_MESSAGE_BYTES = 1 << 20;
+/** Largest device profile in a Join (a real one is a few KiB). */
+export const MAX_PROFILE_BYTES = 256 << 10;
+/** Open connections on the cluster port, in all and from one address. */
+export const MAX_CONNECTIONS = 128;
+export const MAX_CONNECTIONS_PER_HOST = 32;
+/** Session streams one connection may hold open at once (a worker uses one). */
+export const MAX_STREAMS_PER_CONNECTION = 4;
+/** Sessions open without a Join yet (each waits at most JOIN_TIMEOUT_MS). */
+export const MAX_PENDING_SESSIONS = 64;
+/** Joined workers at once. */
+export const MAX_WORKERS = 64;
+/** Joins from one address: a burst of this many, then this many per second. */
+export const JOIN_BURST = 20;
+export const JOINS_PER_S = 5;

@@ -6,7 +6,8 @@ import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
-export const PROTOCOL_VERSION = 1;
+/** 2: TLS pinned by the join token, a Challenge before the Join, weights checked per chunk. */
+export const PROTOCOL_VERSION = 2;
 
 export interface Join {
   protocolVersion: number;
@@ -17,7 +18,11 @@ export interface Join {
   modelFingerprint: string;
   modelPath: string;
   profileJson: string;
+  /** trust/token.ts joinProof over the session's Challenge. */
+  proof?: Uint8Array;
 }
+export interface Challenge { nonce: Uint8Array }
+export interface ChunkHash { index: number; sha256: Uint8Array }
 export interface Welcome { deviceId: string }
 export interface WindowMsg { firstLayer: number; endLayer: number; cycle: number }
 export interface Assignment {
@@ -38,6 +43,10 @@ export interface Assignment {
   successorLinkKey?: Uint8Array;
   /** Frames in clear, for benchmarks of the encryption's cost only. */
   plaintextLinks?: boolean;
+  /** The coordinator's SHA-256 of every chunk (of chunkBytes) holding this device's windows; the
+   * device refuses to run them on other bytes. */
+  windowChunks?: ChunkHash[];
+  chunkBytes?: number;
 }
 export interface LoadProgress { fraction: number; stage: string }
 export interface Ready { anonBytes: number }
@@ -57,7 +66,7 @@ export interface Shutdown { reason: string }
 
 interface WorkerFields { join: Join; heartbeat: Heartbeat; progress: LoadProgress; ready: Ready; status: Status; failure: Failure }
 interface CoordinatorFields {
-  welcome: Welcome; assignment: Assignment; kv: KvCommand; statusRequest: Record<string, never>; shutdown: Shutdown; heartbeat: Heartbeat;
+  challenge: Challenge; welcome: Welcome; assignment: Assignment; kv: KvCommand; statusRequest: Record<string, never>; shutdown: Shutdown; heartbeat: Heartbeat;
 }
 /** A oneof message: exactly one field set; `msg` names it on received messages (proto-loader's oneofs). */
 type OneOf<F> = { [K in keyof F]: { msg?: K } & Pick<F, K> }[keyof F];
@@ -99,18 +108,14 @@ export function coordinatorService(): grpc.ServiceDefinition {
 
 export interface CoordinatorClient extends grpc.Client {
   session(options?: grpc.CallOptions): ClientSessionStream;
-  modelInfo(req: Record<string, never>, options: grpc.CallOptions, cb: (err: grpc.ServiceError | null, res?: ModelDescription) => void): grpc.ClientUnaryCall;
 }
 
-/** The coordinator's handler for a device that fetches its windows (transfer/). */
-export interface ModelStoreHandlers {
-  modelInfo: grpc.handleUnaryCall<Record<string, never>, ModelDescription>;
-}
-
-export function coordinatorClient(address: string): CoordinatorClient {
+/** A client of the coordinator at address; `secure` from trust/'s clusterCredentials (pinned TLS). */
+export function coordinatorClient(address: string, secure: { credentials: grpc.ChannelCredentials; options: grpc.ChannelOptions }): CoordinatorClient {
   const Ctor = pkg().Coordinator;
-  return new Ctor(address, grpc.credentials.createInsecure(), {
+  return new Ctor(address, secure.credentials, {
+    ...secure.options,
     "grpc.keepalive_time_ms": 10_000,
-    "grpc.max_receive_message_length": 64 << 20,
+    "grpc.max_receive_message_length": 16 << 20,
   }) as unknown as CoordinatorClient;
 }

@@ -13,8 +13,9 @@ import {
   DecodeMeter, costPerStep, formatPlan, planRing, predictionReport, type MeasuredDevice, type PredictionReport, type RingPlan, type StepCost,
 } from "./placement.js";
 import { ModelSource, defaultModelCacheDir } from "../transfer/index.js";
-import { modelStoreHandlers, serveChunks } from "./model-store.js";
+import { serveChunks, windowChunkHashes } from "./model-store.js";
 import { WorkerRegistry, type WorkerHandle } from "./registry.js";
+import { TrustStore } from "../trust/index.js";
 import { HEAD_ID, Ring, headStatus } from "./ring-setup.js";
 import {
   STATE_VERSION, type ClusterState, type DeviceState, type DeviceStateName, type EventState, type MeasuredMs, type PlanState,
@@ -46,6 +47,10 @@ export interface ClusterOptions {
   readonly minWorkers?: number;
   /** Requests waiting beyond the running one; more are refused (QueueFullError). Default 16. */
   readonly maxQueue?: number;
+  /** A new join token (and certificate) before listening: workers need the new one. */
+  readonly rotateToken?: boolean;
+  /** Workers may name a data host other than the address they connect from (registry.ts). */
+  readonly allowAdvertise?: boolean;
   readonly log: (line: string) => void;
 }
 
@@ -130,6 +135,8 @@ export class Cluster extends EventEmitter {
   readonly fingerprint: string;
   readonly startedUnixMs = Date.now();
   private readonly modelSource: ModelSource;
+  /** The cluster's key, certificate and join token (trust/), opened by start(). */
+  private trustStore: TrustStore | undefined;
   private headReport: DeviceReport | undefined;
   private current: Current | undefined;
   private placement: RingPlan | undefined;
@@ -167,8 +174,13 @@ export class Cluster extends EventEmitter {
       path: o.modelPath, fileBytes: o.model.gguf.fileBytes, dataOffset: o.model.gguf.dataOffset, fingerprint: this.fingerprint,
       name: basename(o.modelPath), hashDir: join(dirname(defaultModelCacheDir()), "chunk-hashes"),
     });
+    const trust = () => {
+      if (!this.trustStore) throw new Error("the cluster's identity is opened by start()");
+      return this.trustStore;
+    };
     this.registry = new WorkerRegistry({
-      modelFingerprint: this.fingerprint, log: o.log, modelStore: modelStoreHandlers(this.modelSource), chunks: serveChunks(this.modelSource, o.log),
+      modelFingerprint: this.fingerprint, log: o.log, chunks: serveChunks(this.modelSource, o.log), allowAdvertise: o.allowAdvertise,
+      trust: { get identity() { return trust().identity; }, refresh: () => trust().refresh() },
     });
     this.registry.on("joined", (w: WorkerHandle) => this.onJoined(w));
     this.registry.on("lost", (w: WorkerHandle, reason: string) => this.onLost(w, reason));
@@ -189,13 +201,25 @@ export class Cluster extends EventEmitter {
       });
     }
     this.headState = { state: "ready", detail: null };
+    this.trustStore = await TrustStore.open(this.o.name, { rotate: this.o.rotateToken });
     this.clusterPort = await this.registry.listen(port, host);
+    this.sayJoinCommand();
     this.changed();
     return this.clusterPort;
   }
 
   get port(): number {
     return this.clusterPort;
+  }
+
+  /** How workers join: the token file always; the token itself only when it is new or a person
+   * watches (logs are kept and shared, and the token lets a device into the ring). */
+  private sayJoinCommand(): void {
+    const t = this.trustStore!;
+    const model = `--model <their copy of ${basename(this.o.modelPath)}> (or none: they fetch their layers)`;
+    if (t.created) this.o.log(`made a new join token for cluster "${this.o.name}" (${t.tokenFile}); workers with an older one are refused`);
+    this.o.log(`workers join with: prima-worker --join HOST:${this.clusterPort} --token-file ${t.tokenFile} ${model}; HOST is this machine's address`);
+    if (t.created || process.stderr.isTTY) this.o.log(`or: prima-worker --join HOST:${this.clusterPort} --token ${t.identity.tokenText}`);
   }
 
   get model(): LocalModel {
@@ -388,6 +412,7 @@ export class Cluster extends EventEmitter {
       maxBatch: this.o.batch, prefetch: this.o.prefetch,
     }, {
       model, fingerprint: this.fingerprint, registry: this.registry, log,
+      weights: async (layers) => ({ chunkBytes: this.modelSource.info.chunkBytes, chunks: await windowChunkHashes(this.modelSource, model.gguf, layers) }),
       onProgress: (w, fraction, stage) => this.setDevice(w, "loading", stage, fraction),
       onBroken: (e) => {
         this.event("error", `the ring broke: ${e.message}`);

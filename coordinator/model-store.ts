@@ -1,33 +1,44 @@
 // The coordinator's model store: a device without its own copy of the model asks what the model is
-// (ModelInfo, on gRPC) and fetches the chunks of its windows on a chunk stream of the cluster port.
-// Chunks are read one at a time and written with the socket's backpressure, so several devices can
-// fetch at once without the coordinator holding whole windows in memory.
-import type { ModelDescription, ModelStoreHandlers } from "../control/index.js";
-import { printable } from "../model/index.js";
-import type { Socket } from "node:net";
-import { chunkCount, encodeChunkHeader, encodeEnd, encodeError, readRequest, type ModelSource } from "../transfer/index.js";
+// and fetches the chunks of its windows on a chunk stream of the cluster port (inside its TLS). Every
+// request proves the join token first (bound to its TLS connection); one that does not is told only
+// that. Chunks are read one at a time and written with the socket's backpressure, so several devices
+// can fetch at once without the coordinator holding whole windows in memory.
+import type { TLSSocket } from "node:tls";
+import type { ChunkHash, ModelDescription } from "../control/index.js";
+import { printable, type GgufFile } from "../model/index.js";
+import { chunkBinding, chunkProof, proofMatches, type JoinToken } from "../trust/index.js";
+import { chunkCount, chunksFor, rangesForLayers, encodeChunkHeader, encodeEnd, encodeError, encodeInfo, readRequest, type ModelSource } from "../transfer/index.js";
 
-export function modelStoreHandlers(source: ModelSource): ModelStoreHandlers {
-  return {
-    modelInfo: (_call, callback) => {
-      const i = source.info;
-      const d: ModelDescription = { fingerprint: i.fingerprint, fileBytes: i.fileBytes, dataOffset: i.dataOffset, chunkBytes: i.chunkBytes, name: i.name };
-      callback(null, d);
-    },
-  };
-}
+/** What a chunk stream without a valid proof hears: nothing about the cluster or its model. */
+export const CHUNK_REFUSAL = "refused: this is not the cluster's join token";
 
 /** A request can wait this long for its first bytes, and a device this long for the next chunk. */
 const CHUNK_IO_TIMEOUT_MS = 30_000;
 
 /** Answers a chunk stream on the cluster port (transfer/wire.ts): each chunk read from the file
  * when its turn comes and written with the socket's backpressure. */
-export function serveChunks(source: ModelSource, log: (line: string) => void): (socket: Socket) => void {
-  return (socket) => {
+export function serveChunks(source: ModelSource, log: (line: string) => void): (socket: TLSSocket, token: JoinToken) => void {
+  return (socket, token) => {
     socket.resume();
     void (async () => {
       try {
-        const req = await readRequest(socket, CHUNK_IO_TIMEOUT_MS);
+        // A worker that only fetched the certificate closes before it asks anything: not worth a line.
+        const req = await readRequest(socket, CHUNK_IO_TIMEOUT_MS).catch((e: Error) => {
+          if (/connection (ended|closed)/.test(e.message)) return undefined;
+          throw e;
+        });
+        if (!req) return socket.destroy();
+        if (!proofMatches(Buffer.from(req.proof, "hex"), chunkProof(token, chunkBinding(socket)))) {
+          log(`refused a chunk stream from ${printable(socket.remoteAddress ?? "?")}: wrong join token`);
+          socket.end(encodeError(CHUNK_REFUSAL));
+          return;
+        }
+        if (req.info) {
+          const i = source.info;
+          const d: ModelDescription = { fingerprint: i.fingerprint, fileBytes: i.fileBytes, dataOffset: i.dataOffset, chunkBytes: i.chunkBytes, name: i.name };
+          socket.end(encodeInfo(d));
+          return;
+        }
         const n = chunkCount(source.info);
         if (req.fingerprint !== source.info.fingerprint) {
           socket.end(encodeError(`this coordinator serves model ${source.info.fingerprint.slice(0, 12)}, not ${printable(req.fingerprint, 20)}`));
@@ -59,7 +70,7 @@ export function serveChunks(source: ModelSource, log: (line: string) => void): (
 }
 
 /** Resolves on the event, rejects when the socket closes first or the time is up. */
-function once(socket: Socket, event: string, timeoutMs: number): Promise<void> {
+function once(socket: TLSSocket, event: string, timeoutMs: number): Promise<void> {
   return new Promise((resolve, reject) => {
     const done = (e?: Error) => {
       clearTimeout(timer);
@@ -74,4 +85,12 @@ function once(socket: Socket, event: string, timeoutMs: number): Promise<void> {
     socket.once(event, ok);
     socket.once("close", closed);
   });
+}
+
+/** The coordinator's hashes of the chunks holding these layers (and the header), for an Assignment:
+ * the device checks its own copy against them (worker/weights.ts). */
+export async function windowChunkHashes(source: ModelSource, file: GgufFile, layers: Iterable<number>): Promise<ChunkHash[]> {
+  const out: ChunkHash[] = [];
+  for (const i of chunksFor(rangesForLayers(file, layers), source.info)) out.push({ index: i, sha256: Buffer.from(await source.hashOf(i), "hex") });
+  return out;
 }

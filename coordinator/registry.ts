@@ -2,17 +2,25 @@
 // worker, heartbeats both ways, and a clear "lost" event naming the device when a session dies.
 // Every wait has a limit (control/limits.ts): a stream that never joins is dropped, a status request
 // or an assignment left unanswered loses the worker, and close() cuts calls that do not end.
+// Who may join (issue #18): the cluster port speaks only TLS with the cluster's certificate (trust/);
+// every session opens with a Challenge, and a Join without the token's proof over it is refused with
+// words that say nothing about the cluster. Everything a peer can make the coordinator hold is bounded:
+// connections (in all, per address), streams per connection, message and profile sizes, sessions
+// waiting for a Join, joins per second per address, joined workers; lost workers are forgotten.
 import * as grpc from "@grpc/grpc-js";
+import { randomBytes } from "node:crypto";
 import { EventEmitter } from "node:events";
-import { createServer, type AddressInfo, type Server as NetServer, type Socket } from "node:net";
+import { createServer, isIP, type AddressInfo, type Server as NetServer, type Socket } from "node:net";
+import type { TLSSocket } from "node:tls";
 import {
-  ASSIGN_SILENCE_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, PROTOCOL_VERSION, SHUTDOWN_GRACE_MS,
-  STATUS_TIMEOUT_MS, coordinatorService, type Assignment, type CoordinatorMessage, type Join, type KvCommand, type Ready,
-  type SessionStream, type Status, type WorkerMessage,
-  type ModelStoreHandlers,
+  ASSIGN_SILENCE_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOINS_PER_S, JOIN_BURST, JOIN_TIMEOUT_MS, MAX_CONNECTIONS,
+  MAX_CONNECTIONS_PER_HOST, MAX_MESSAGE_BYTES, MAX_PENDING_SESSIONS, MAX_PROFILE_BYTES, MAX_STREAMS_PER_CONNECTION, MAX_WORKERS,
+  PROTOCOL_VERSION, SHUTDOWN_GRACE_MS, STATUS_TIMEOUT_MS, coordinatorService, type Assignment, type CoordinatorMessage, type Join,
+  type KvCommand, type Ready, type SessionStream, type Status, type WorkerMessage,
 } from "../control/index.js";
 import { printable } from "../discovery/index.js";
-import { CHUNK_MAGIC } from "../transfer/index.js";
+import { PLAUSIBLE, parseDeviceReport } from "../profiler/report.js";
+import { ALPN_CHUNKS, ALPN_GRPC, TlsGate, joinProof, proofMatches, type ClusterKeys, type JoinToken } from "../trust/index.js";
 
 export { HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS };
 
@@ -46,15 +54,17 @@ export class WorkerHandle {
   onUnresponsive: ((reason: string) => void) | undefined;
   private waiters: Waiter[] = [];
 
-  constructor(readonly id: string, readonly join: Join, readonly peerHost: string, private readonly stream: SessionStream) {}
+  constructor(readonly id: string, readonly join: Join, readonly peerHost: string, private readonly stream: SessionStream, readonly trustGeneration = 0) {}
 
   /** `w1 "name" (host)` for messages; the worker's strings escaped (control characters, length). */
   get label(): string {
     return `${this.id} "${printable(this.join.deviceName, 64)}" (${printable(this.dataHost, 64)})`;
   }
 
+  /** Where the ring dials this worker: the address it connected from (registry.joinProblem allows
+   * another only when the operator said so). */
   get dataHost(): string {
-    return this.join.dataHost || this.peerHost;
+    return this.join.dataHost ? normalHost(this.join.dataHost) : this.peerHost;
   }
 
   get dataUrl(): string {
@@ -136,9 +146,16 @@ export class WorkerHandle {
       case "ready":
         this.settle("ready", m.ready);
         return null;
-      case "status":
+      case "status": {
+        // Placement plans with the memory a status reports: a device that claims more than it has is let go.
+        const bad = statusProblem(m.status);
+        if (bad) {
+          this.onUnresponsive?.(`its status is not plausible: ${bad}`);
+          return null;
+        }
         this.settle("status", m.status);
         return null;
+      }
       case "failure": {
         // A failure while the coordinator waits for an answer is that answer.
         const message = printable(m.failure.message, MAX_REPORT_CHARS);
@@ -170,14 +187,33 @@ export class WorkerHandle {
   }
 }
 
+/** The cluster's key, certificate and token (trust/'s TrustStore, or a fixed identity in tests). */
+export interface RegistryTrust {
+  readonly identity: ClusterKeys & { readonly token: JoinToken };
+  /** Counts rotations; a change of identity (refresh() true) ends the sessions of older ones. */
+  readonly generation?: number;
+  refresh?(): boolean;
+}
+
 export interface RegistryOptions {
   /** The fingerprint of the coordinator's model: workers with another model are turned away. */
   readonly modelFingerprint: string;
+  readonly trust: RegistryTrust;
   readonly log?: (line: string) => void;
-  /** Describes the model to workers without their own copy (transfer/); unimplemented without. */
-  readonly modelStore?: ModelStoreHandlers;
-  /** Serves a chunk stream (a connection that opened with CHUNK_MAGIC); closed at once without. */
-  readonly chunks?: (socket: Socket) => void;
+  /** Serves a chunk stream (a TLS connection that chose ALPN_CHUNKS); closed at once without. */
+  readonly chunks?: (socket: TLSSocket, token: JoinToken) => void;
+  /** Accept a worker's data host (--advertise) other than the address it connects from. Off: the
+   * coordinator never dials an address a joiner merely names. */
+  readonly allowAdvertise?: boolean;
+}
+
+/** What a joiner without the token hears: nothing about the cluster, its model or its ring. */
+export const TOKEN_REFUSAL = "the join token is not this cluster's (on the coordinator, `prima-coord token` prints the right one)";
+
+/** The address as the coordinator compares it (an IPv4-mapped IPv6 address is the IPv4 one). */
+export function normalHost(host: string): string {
+  const h = host.replace(/^\[(.*)\]$/, "$1").toLowerCase();
+  return h.startsWith("::ffff:") && isIP(h.slice(7)) === 4 ? h.slice(7) : h;
 }
 
 /**
@@ -186,7 +222,8 @@ export interface RegistryOptions {
 export class WorkerRegistry extends EventEmitter {
   readonly workers: WorkerHandle[] = [];
   private server = new grpc.Server({
-    "grpc.max_receive_message_length": 64 << 20,
+    "grpc.max_receive_message_length": MAX_MESSAGE_BYTES,
+    "grpc.max_concurrent_streams": MAX_STREAMS_PER_CONNECTION,
     // Connections whose peer vanished without a word (a frozen or unplugged device) are closed.
     "grpc.keepalive_time_ms": 10_000,
     "grpc.keepalive_timeout_ms": 5_000,
@@ -203,35 +240,50 @@ export class WorkerRegistry extends EventEmitter {
   private readonly sockets = new Set<Socket>();
   /** While close() waits: called when the last open call has ended. */
   private drained: (() => void) | undefined;
+  private gate: TlsGate | undefined;
+  /** Sessions open without a Join yet. */
+  private pending = 0;
+  /** Per address: join allowance left (a token bucket) and when it was last topped up. */
+  private readonly joinBudget = new Map<string, { left: number; atMs: number }>();
+  private lastTrustCheckMs = 0;
+  private trustGeneration = 0;
 
   constructor(private readonly o: RegistryOptions) {
     super();
-    this.server.addService(coordinatorService(), { session: (call: SessionStream) => this.session(call), ...o.modelStore });
+    this.server.addService(coordinatorService(), { session: (call: SessionStream) => this.session(call) });
   }
 
   /** Listens on host:port (port 0 = any free port); resolves with the port. The registry accepts the
    * TCP connections itself and hands them to gRPC, so that close() can cut every one of them: gRPC's
    * own shutdown leaves the connection of a frozen peer open, and with it the process. */
   listen(port: number, host = "0.0.0.0"): Promise<number> {
+    // TLS ends here, on each accepted socket; gRPC gets the decrypted connection (hence its insecure
+    // credentials), and ALPN tells gRPC from a chunk stream, so both share the one port.
     const injector = this.server.createConnectionInjector(grpc.ServerCredentials.createInsecure());
+    this.gate = new TlsGate(this.o.trust.identity, JOIN_TIMEOUT_MS, (tls, alpn) => {
+      if (this.closed) tls.destroy();
+      else if (alpn === ALPN_GRPC) injector.injectConnection(tls);
+      else if (alpn === ALPN_CHUNKS && this.o.chunks) this.o.chunks(tls, this.o.trust.identity.token);
+      else tls.destroy();
+    });
+    const perHost = new Map<string, number>();
     const tcp = createServer((socket) => {
-      if (this.closed) {
+      const from = normalHost(socket.remoteAddress ?? "");
+      if (this.closed || this.sockets.size >= MAX_CONNECTIONS || (perHost.get(from) ?? 0) >= MAX_CONNECTIONS_PER_HOST) {
+        if (!this.closed) this.refusedOnce(from, "too many connections");
         socket.destroy();
         return;
       }
       this.sockets.add(socket);
-      socket.once("close", () => this.sockets.delete(socket));
-      // The first bytes tell a chunk stream (transfer/) from gRPC (the HTTP/2 preface).
-      sniff(socket, CHUNK_MAGIC.length, JOIN_TIMEOUT_MS).then((first) => {
-        if (first.subarray(0, CHUNK_MAGIC.length).equals(CHUNK_MAGIC)) {
-          socket.unshift(first.subarray(CHUNK_MAGIC.length));
-          if (this.o.chunks) this.o.chunks(socket);
-          else socket.destroy();
-        } else {
-          socket.unshift(first);
-          injector.injectConnection(socket);
-        }
-      }, () => socket.destroy());
+      perHost.set(from, (perHost.get(from) ?? 0) + 1);
+      socket.once("close", () => {
+        this.sockets.delete(socket);
+        const n = (perHost.get(from) ?? 1) - 1;
+        if (n > 0) perHost.set(from, n);
+        else perHost.delete(from);
+      });
+      socket.on("error", () => socket.destroy());
+      this.gate!.accept(socket);
     });
     return new Promise((resolve, reject) => {
       tcp.once("error", (err) => reject(new Error(`cannot listen on ${host}:${port}: ${err.message}`)));
@@ -306,6 +358,17 @@ export class WorkerRegistry extends EventEmitter {
 
   private tick(): void {
     const now = Date.now();
+    // A rotated token (prima-coord token --rotate): new handshakes use the new certificate, and every
+    // session that proved the old token ends (those workers need the new one).
+    if (this.o.trust.refresh && now - this.lastTrustCheckMs > 2000) {
+      this.lastTrustCheckMs = now;
+      if (this.o.trust.refresh()) {
+        this.trustGeneration++;
+        this.gate?.setKeys(this.o.trust.identity);
+        this.log("the cluster's join token was rotated: workers that joined with the old one are let go");
+        for (const w of this.live()) if (w.trustGeneration < this.trustGeneration) this.lose(w, "the cluster's join token was rotated");
+      }
+    }
     for (const w of this.live()) {
       if (now - w.lastSeenMs > HEARTBEAT_TIMEOUT_MS) this.lose(w, `no heartbeat for ${((now - w.lastSeenMs) / 1000).toFixed(1)} s`);
       else w.send({ heartbeat: { sentUnixMs: now } });
@@ -315,6 +378,9 @@ export class WorkerRegistry extends EventEmitter {
   private lose(w: WorkerHandle, reason: string): void {
     if (w.lost) return;
     w.markLost(reason);
+    // Forgotten here (its Join, profile included, goes with it); the cluster keeps what it shows.
+    const i = this.workers.indexOf(w);
+    if (i >= 0) this.workers.splice(i, 1);
     this.log(`device ${w.label} lost: ${reason}`);
     this.emit("lost", w, reason);
   }
@@ -327,10 +393,18 @@ export class WorkerRegistry extends EventEmitter {
     this.calls.add(call);
     let worker: WorkerHandle | undefined;
     let refused = false;
+    let waiting = true; // counted in this.pending until it joins or ends
+    const settle = () => {
+      if (waiting) this.pending--;
+      waiting = false;
+    };
+    this.pending++;
     const peer = call.getPeer();
+    const from = normalHost(peerHost(peer));
     const refuse = (reason: string) => {
       if (refused) return;
       refused = true;
+      settle();
       clearTimeout(joinTimer);
       const key = `${peerHost(peer)}\n${reason}`;
       if (!this.refusalsLogged.has(key)) {
@@ -348,23 +422,27 @@ export class WorkerRegistry extends EventEmitter {
     // A stream that never says who it is would hold the server open forever.
     const joinTimer = setTimeout(() => refuse(`no join within ${seconds(JOIN_TIMEOUT_MS)}`), JOIN_TIMEOUT_MS);
     const gone = (reason: string) => {
+      settle();
       clearTimeout(joinTimer);
       this.calls.delete(call);
       if (this.calls.size === 0) this.drained?.();
       if (worker) this.lose(worker, worker.lastFailure ? `${reason} after reporting: ${worker.lastFailure}` : reason);
     };
+    const nonce = randomBytes(32);
+    const generation = this.trustGeneration;
+    const token = this.o.trust.identity.token;
     call.on("data", (m: WorkerMessage) => {
       if (refused) return;
       if (!worker) {
         if (m.msg !== "join") return refuse("the first message must be a join");
         const j = m.join;
-        if (j.protocolVersion !== PROTOCOL_VERSION) return refuse(`protocol version ${j.protocolVersion}, coordinator speaks ${PROTOCOL_VERSION}`);
-        if (j.modelFingerprint !== this.o.modelFingerprint) {
-          return refuse(`model mismatch: the worker's ${printable(j.modelPath || "model")} (${printable(j.modelFingerprint.slice(0, 12))}) is not the coordinator's (${this.o.modelFingerprint.slice(0, 12)})`);
-        }
-        if (!Number.isInteger(j.dataPort) || j.dataPort < 1 || j.dataPort > 65535) return refuse(`data port ${j.dataPort} is invalid`);
+        // The proof first: whoever lacks the token learns nothing else (no version, model or ring).
+        if (!proofMatches(j.proof, joinProof(token, nonce))) return refuse(TOKEN_REFUSAL);
+        const why = this.joinProblem(j, from);
+        if (why) return refuse(why);
         clearTimeout(joinTimer);
-        const w = new WorkerHandle(`w${this.nextId++}`, j, peerHost(peer), call);
+        settle();
+        const w = new WorkerHandle(`w${this.nextId++}`, { ...j, proof: undefined }, from, call, generation);
         w.onUnresponsive = (reason) => this.lose(w, reason);
         worker = w;
         this.workers.push(w);
@@ -385,7 +463,71 @@ export class WorkerRegistry extends EventEmitter {
       gone("it ended its session");
       endQuietly(call);
     });
+    // Before anything else: how many sessions may wait, and how often one address may try.
+    if (this.pending > MAX_PENDING_SESSIONS) return refuse("the coordinator has too many joins under way: try again in a few seconds");
+    if (!this.takeJoinBudget(from)) return refuse("too many joins from this address: try again in a few seconds");
+    call.write({ challenge: { nonce } });
   }
+
+  /** Why a Join that proved the token is still refused (null: accepted). Named, since the worker
+   * holds the token: version, model, data address, profile size and plausibility, room. */
+  private joinProblem(j: Join, from: string): string | null {
+    if (j.protocolVersion !== PROTOCOL_VERSION) return `protocol version ${j.protocolVersion}, coordinator speaks ${PROTOCOL_VERSION}`;
+    if (j.modelFingerprint !== this.o.modelFingerprint) {
+      return `model mismatch: the worker's ${printable(j.modelPath || "model")} (${printable(j.modelFingerprint.slice(0, 12))}) is not the coordinator's (${this.o.modelFingerprint.slice(0, 12)})`;
+    }
+    if (!Number.isInteger(j.dataPort) || j.dataPort < 1 || j.dataPort > 65535) return `data port ${j.dataPort} is invalid`;
+    // The coordinator (and the ring) dial only the address the worker connects from, unless the
+    // operator allows otherwise: a joiner must not make it dial a third party.
+    if (j.dataHost && normalHost(j.dataHost) !== from && !this.o.allowAdvertise) {
+      return `its data host ${printable(j.dataHost, 64)} is not the address it connects from (${from}); leave out --advertise, or start the coordinator with --allow-advertise`;
+    }
+    const name = `device "${printable(j.deviceName, 64)}"`;
+    if (j.profileJson.length > MAX_PROFILE_BYTES) return `${name}: its profile is ${j.profileJson.length} bytes, over the limit of ${MAX_PROFILE_BYTES}`;
+    if (j.profileJson) {
+      try {
+        parseDeviceReport(j.profileJson);
+      } catch (e) {
+        return `${name}: its profile is refused: ${printable((e as Error).message, 300)}`;
+      }
+    }
+    if (this.live().length >= MAX_WORKERS) return `the cluster already has ${MAX_WORKERS} devices`;
+    return null;
+  }
+
+  /** Takes one join from the address's allowance: JOIN_BURST at once, JOINS_PER_S after that. */
+  private takeJoinBudget(from: string): boolean {
+    const now = Date.now();
+    const b = this.joinBudget.get(from) ?? { left: JOIN_BURST, atMs: now };
+    b.left = Math.min(JOIN_BURST, b.left + ((now - b.atMs) / 1000) * JOINS_PER_S);
+    b.atMs = now;
+    if (this.joinBudget.size > 4096) this.joinBudget.clear(); // many addresses: forget the old ones
+    this.joinBudget.set(from, b);
+    if (b.left < 1) return false;
+    b.left--;
+    return true;
+  }
+
+  /** Logs a refusal before any session (connection limits) once per address and reason. */
+  private refusedOnce(from: string, reason: string): void {
+    const key = `${from}\n${reason}`;
+    if (this.refusalsLogged.has(key)) return;
+    if (this.refusalsLogged.size >= 1000) this.refusalsLogged.clear();
+    this.refusalsLogged.add(key);
+    this.log(`refused a connection from ${printable(from, 64)}: ${reason} (said once)`);
+  }
+}
+
+/** What no real device's Status says (null: plausible). */
+export function statusProblem(st: Status): string | null {
+  const nums: [string, number][] = [
+    ["memTotalBytes", Number(st.memTotalBytes)], ["memAvailableBytes", Number(st.memAvailableBytes)], ["anonRssBytes", Number(st.anonRssBytes)],
+    ["waitMs", st.waitMs], ["sendMs", st.sendMs], ["memPressure", st.memPressure],
+  ];
+  for (const [k, v] of nums) if (!Number.isFinite(v) || v < 0) return `${k} = ${v}`;
+  if (Number(st.memTotalBytes) > PLAUSIBLE.ramBytes) return `memTotalBytes = ${st.memTotalBytes} is more than any device has`;
+  if (Number(st.memAvailableBytes) > Number(st.memTotalBytes)) return `memAvailableBytes (${st.memAvailableBytes}) is more than memTotalBytes (${st.memTotalBytes})`;
+  return null;
 }
 
 function seconds(ms: number): string {
@@ -408,29 +550,4 @@ export function peerHost(peer: string): string {
   if (v6) return v6[1];
   const i = p.lastIndexOf(":");
   return i > 0 ? p.slice(0, i) : p;
-}
-
-/** The first n bytes a socket sends (within timeoutMs), taken off it: the caller puts them back. */
-function sniff(socket: Socket, n: number, timeoutMs: number): Promise<Buffer> {
-  return new Promise((resolve, reject) => {
-    const parts: Buffer[] = [];
-    let have = 0;
-    const done = (e?: Error) => {
-      clearTimeout(timer);
-      socket.off("data", onData);
-      socket.off("close", onClose);
-      socket.pause();
-      if (e) reject(e);
-      else resolve(Buffer.concat(parts));
-    };
-    const onData = (d: Buffer) => {
-      parts.push(d);
-      have += d.length;
-      if (have >= n) done();
-    };
-    const onClose = () => done(new Error("closed before it said anything"));
-    const timer = setTimeout(() => done(new Error("silent")), timeoutMs);
-    socket.on("data", onData);
-    socket.once("close", onClose);
-  });
 }

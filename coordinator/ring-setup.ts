@@ -2,7 +2,7 @@
 // and the naming of whatever fails. A Ring lives until the set of devices changes (serve) or the run
 // ends (run); placing layers is placement.ts's business, using the ring cluster.ts's.
 import { randomBytes, randomUUID } from "node:crypto";
-import type { Status } from "../control/index.js";
+import type { ChunkHash, Status } from "../control/index.js";
 import type { LocalModel } from "../engine/index.js";
 import { WeightRoom, anonRssBytes, deviceMemory } from "../profiler/index.js";
 import {
@@ -36,6 +36,9 @@ export interface RingOptions {
   readonly fingerprint: string;
   readonly registry: WorkerRegistry;
   readonly log: (line: string) => void;
+  /** The coordinator's hashes of the chunks holding these layers: each member checks its copy of
+   * the weights against them before it reports Ready (worker/weights.ts). */
+  readonly weights?: (layers: number[]) => Promise<{ chunkBytes: number; chunks: ChunkHash[] }>;
   /** Assignment progress of a member (0..1 and what it is doing). */
   readonly onProgress?: (worker: WorkerHandle, fraction: number, stage: string) => void;
   /** The ring broke (a device or link failed); the error names the device. Called once. */
@@ -167,12 +170,15 @@ export class Ring {
       });
     });
     const order = this.order;
-    await Promise.all(spec.members.map((m, i) => {
+    await Promise.all(spec.members.map(async (m, i) => {
       const successorUrl = i + 1 < spec.members.length ? spec.members[i + 1].worker.dataUrl : `ws://:${this.listener!.port}`;
+      const layers = m.windows.flatMap((w) => Array.from({ length: w.endLayer - w.firstLayer }, (_, j) => w.firstLayer + j));
+      const weights = o.weights ? await o.weights(layers) : undefined;
       return m.worker.assign({
         ringId: this.ringId, windows: [...m.windows], successorUrl, ctx: spec.ctx, maxBatch: spec.maxBatch, cycles: spec.cycles,
         prefetch: spec.prefetch, releaseAfterUse: m.releaseAfterUse, threads: 0, ringOrder: order, wireDtype: 0,
         ...(plaintextLinks ? { plaintextLinks } : { predecessorLinkKey: keys[i], successorLinkKey: keys[i + 1] }),
+        ...(weights ? { windowChunks: weights.chunks, chunkBytes: weights.chunkBytes } : {}),
       }, (fraction, stage) => o.onProgress?.(m.worker, fraction, stage))
         .then((ready) => o.log(`device ${m.worker.label} ready (${(ready.anonBytes / 2 ** 20).toFixed(1)} MiB for KV and scratch)`));
     }));

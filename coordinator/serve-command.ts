@@ -20,6 +20,9 @@ const HELP = `usage: prima-coord serve model.gguf [options]
   --name NAME              the cluster's name, announced to workers (default: this host's name)
   --api-key KEY            require Authorization: Bearer KEY (also from PRIMA_API_KEY)
   --no-discovery           do not announce the cluster over mDNS (workers then need --join host:port)
+  --rotate-token           make a new join token (and certificate) first: workers need the new one
+                           (prima-coord token --rotate does it for a running serve)
+  --allow-advertise        accept a worker's --advertise address other than the one it connects from
   --queue N                requests that may wait for the ring; more get 503 (default 16)
 ${ENGINE_HELP}
 ${RING_HELP}
@@ -35,12 +38,15 @@ interface ServeArgs extends ClusterArgs {
   readonly apiKey?: string;
   readonly discovery: boolean;
   readonly queue: number;
+  readonly rotateToken: boolean;
+  readonly allowAdvertise: boolean;
 }
 
 function parseServeArgs(argv: string[]): ServeArgs {
   const { cluster, values } = parseClusterArgs(argv, {
     host: { type: "string" }, port: { type: "string" }, "cluster-port": { type: "string" }, name: { type: "string" },
     "api-key": { type: "string" }, "no-discovery": { type: "boolean" }, queue: { type: "string" },
+    "rotate-token": { type: "boolean" }, "allow-advertise": { type: "boolean" },
   }, HELP, "serve");
   const str = (k: string) => values[k] as string | undefined;
   return {
@@ -52,6 +58,8 @@ function parseServeArgs(argv: string[]): ServeArgs {
     apiKey: str("api-key") ?? (process.env.PRIMA_API_KEY || undefined),
     discovery: !values["no-discovery"],
     queue: intArg("queue", str("queue"), 16, 0, 10_000),
+    rotateToken: values["rotate-token"] === true,
+    allowAdvertise: values["allow-advertise"] === true,
   };
 }
 
@@ -73,7 +81,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   }
   const file = basename(a.model);
   const modelId = basename(file, extname(file));
-  const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, autoPlace: true });
+  const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, autoPlace: true, rotateToken: a.rotateToken, allowAdvertise: a.allowAdvertise });
   const api = new ApiServer({
     cluster, tok, prompts, modelId, modelAliases: [file, metaString(model.gguf, "general.name") ?? modelId], apiKey: a.apiKey,
     log, staticFiles: await dashboardFiles(log),
@@ -97,7 +105,6 @@ export async function serveCommand(argv: string[]): Promise<number> {
     log(`listening on http://${shown}:${httpPort} (OpenAI API at /v1, dashboard at /)`);
     const clusterPort = await cluster.start(a.clusterPort);
     log(`listening for workers on port ${clusterPort}`);
-    log(`workers join with: prima-worker --join <this machine's address>:${clusterPort} --model <their copy of ${file}>`);
     if (a.discovery) {
       announced = publishCluster({
         name: a.name, port: clusterPort, model: metaString(model.gguf, "general.name") ?? modelId, fingerprint: cluster.fingerprint,

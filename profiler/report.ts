@@ -59,6 +59,7 @@ export function parseDeviceReport(json: string): DeviceReport {
   if (typeof r !== "object" || r === null || r.version !== REPORT_VERSION) throw new Error(`profile version ${(r as { version?: unknown })?.version} is not ${REPORT_VERSION}`);
   if (typeof r.profile !== "object" || r.profile === null) throw new Error("the profile has no device profile");
   resolveDevice(r.profile, 1); // throws HaldaError naming the field
+  checkPlausible(r);
   if (r.linkProbePort !== undefined && !(Number.isInteger(r.linkProbePort) && r.linkProbePort > 0 && r.linkProbePort < 65536)) {
     throw new Error(`link probe port ${r.linkProbePort} is invalid`);
   }
@@ -66,6 +67,47 @@ export function parseDeviceReport(json: string): DeviceReport {
     throw new Error("the link probe's key is not 64 hex digits");
   }
   return r;
+}
+
+/** Beyond any device a profile may describe: a claim past these is a lie or a broken measurement, and
+ * Halda would hand that device most of the model (issue #18: 1e18 FLOP/s took 4 of 5 layers). */
+export const PLAUSIBLE = {
+  /** FLOP/s of one weight type (a top GPU's dense FP16 is ~1e15; our CPU kernels are far below). */
+  flopsPerS: 1e15,
+  /** RAM of one device (16 TiB). */
+  ramBytes: 2 ** 44,
+  /** Disk read speed (100 GB/s). */
+  diskBytesPerS: 1e11,
+  /** Memory read speed (10 TB/s). */
+  memReadBytesPerS: 1e13,
+} as const;
+
+/** Throws an Error naming the first field of the report that no real device could have. Halda's own
+ * check (resolveDevice) already refuses negative and non-numeric fields. */
+export function checkPlausible(r: DeviceReport): void {
+  const p = r.profile;
+  const over = (field: string, v: number | undefined, limit: number, unit: string) => {
+    if (v === undefined || v === null) return;
+    if (typeof v !== "number" || !Number.isFinite(v) || v < 0) throw new Error(`${field} = ${String(v)} is not a number >= 0`);
+    if (v > limit) throw new Error(`${field} = ${v.toExponential(2)} ${unit} is more than any device has (limit ${limit.toExponential(0)})`);
+  };
+  for (const [table, t] of [["cpuFlopsPerS", p.cpuFlopsPerS], ["gpuFlopsPerS", p.gpuFlopsPerS]] as const) {
+    for (const [type, f] of Object.entries(t ?? {})) over(`${table}.${type}`, f, PLAUSIBLE.flopsPerS, "FLOP/s");
+  }
+  for (const f of ["ramTotalBytes", "ramAvailableBytes", "swapTotalBytes", "swappableBytes", "gpuFreeBytes"] as const) over(f, p[f], PLAUSIBLE.ramBytes, "bytes");
+  for (const f of ["diskSeqReadBytesPerS", "diskRandReadBytesPerS"] as const) over(f, p[f], PLAUSIBLE.diskBytesPerS, "B/s");
+  for (const f of ["ramReadBytesPerS", "vramReadBytesPerS"] as const) over(f, p[f], PLAUSIBLE.memReadBytesPerS, "B/s");
+  if (p.ramTotalBytes !== undefined && p.ramAvailableBytes > p.ramTotalBytes) {
+    throw new Error(`ramAvailableBytes (${p.ramAvailableBytes}) is more than ramTotalBytes (${p.ramTotalBytes})`);
+  }
+  const m = (r.details as Partial<DeviceDetails> | undefined)?.memory as Partial<MemoryReading> | undefined;
+  if (m && typeof m === "object") {
+    for (const f of ["totalBytes", "availableBytes", "physicalTotalBytes", "physicalAvailableBytes"] as const) over(`details.memory.${f}`, m[f], PLAUSIBLE.ramBytes, "bytes");
+    if (m.availableBytes !== undefined && m.totalBytes !== undefined && m.availableBytes > m.totalBytes) {
+      throw new Error(`details.memory.availableBytes (${m.availableBytes}) is more than details.memory.totalBytes (${m.totalBytes})`);
+    }
+  }
+  over("details.memReadBytesPerS", (r.details as Partial<DeviceDetails> | undefined)?.memReadBytesPerS, PLAUSIBLE.memReadBytesPerS, "B/s");
 }
 
 const gib = (b: number | undefined) => (b === undefined ? "-" : `${(b / 2 ** 30).toFixed(2)} GiB`);

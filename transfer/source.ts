@@ -79,6 +79,26 @@ export class ModelSource {
     return { data, sha256: h };
   }
 
+  /** Chunk i's SHA-256: the kept one, or read and hashed now (and kept); no test delay or corruption. */
+  async hashOf(i: number): Promise<string> {
+    if (!Number.isInteger(i) || i < 0 || i >= this.hashes.length) throw new RangeError(`chunk ${i} does not exist (the model has ${this.hashes.length})`);
+    const kept = this.hashes[i];
+    if (kept !== undefined) return kept;
+    this.fh ??= open(this.o.path, "r");
+    const fh = await this.fh;
+    const [s, e] = chunkRange(i, this.info);
+    const data = Buffer.allocUnsafe(e - s);
+    let got = 0;
+    while (got < data.length) {
+      const { bytesRead } = await fh.read(data, got, data.length - got, s + got);
+      if (bytesRead === 0) throw new Error(`${this.o.path}: the file ended at ${s + got} bytes, ${this.info.fileBytes} expected (was it changed?)`);
+      got += bytesRead;
+    }
+    const h = (this.hashes[i] = sha256(data));
+    this.saveSoon();
+    return h;
+  }
+
   /** Check each chunk read against its kept hash (a file changed under a running coordinator). */
   verifyEvery = false;
 

@@ -1,9 +1,12 @@
 // The chunk stream on the cluster port: gRPC's framing held a loopback fetch to a sixth of a plain
-// socket's speed, so chunks travel as raw bytes on a connection of their own. The coordinator tells it
-// from gRPC by its first bytes (CHUNK_MAGIC; gRPC opens with the HTTP/2 preface).
+// socket's speed, so chunks travel as raw bytes on a connection of their own, inside the cluster's
+// TLS (the coordinator tells it from gRPC by its ALPN name, trust/tls.ts). Every request carries the
+// join token's proof bound to that TLS connection (trust/token.ts chunkProof), checked before anything
+// about the model is said.
 //
-//   request:  CHUNK_MAGIC, u32 length, JSON { fingerprint, chunks: number[] }
-//   answer:   per chunk: u32 index, u32 length, 32 bytes SHA-256, the data
+//   request:  CHUNK_MAGIC, u32 length, JSON { proof, info?: true, fingerprint, chunks: number[] }
+//   answer:   to info: u32 INFO, u32 length, JSON ModelDescription; then END
+//             per chunk: u32 index, u32 length, 32 bytes SHA-256, the data
 //             end: u32 END; error: u32 ERROR, u32 length, UTF-8 message
 // All integers little-endian.
 import type { Socket } from "node:net";
@@ -12,12 +15,18 @@ import type { Chunk } from "./fetch.js";
 export const CHUNK_MAGIC = Buffer.from("PRIMACHK");
 export const END = 0xffffffff;
 export const ERROR = 0xfffffffe;
+export const INFO = 0xfffffffd;
+const MAX_INFO_BYTES = 64 << 10;
 /** A request names at most this many chunks (a 1 TB model in 4 MiB chunks), in at most this many bytes. */
 export const MAX_REQUEST_CHUNKS = 1 << 18;
 const MAX_REQUEST_BYTES = 8 << 20;
 const MAX_ERROR_BYTES = 4096;
 
 export interface ChunkRequest {
+  /** chunkProof as hex. */
+  readonly proof: string;
+  /** Asks what the model is (ModelDescription) instead of chunks. */
+  readonly info?: boolean;
   readonly fingerprint: string;
   readonly chunks: readonly number[];
 }
@@ -42,6 +51,14 @@ export function encodeEnd(): Buffer {
   const b = Buffer.alloc(4);
   b.writeUInt32LE(END);
   return b;
+}
+
+export function encodeInfo(info: object): Buffer {
+  const m = Buffer.from(JSON.stringify(info));
+  const b = Buffer.alloc(8);
+  b.writeUInt32LE(INFO, 0);
+  b.writeUInt32LE(m.length, 4);
+  return Buffer.concat([b, m, encodeEnd()]);
 }
 
 export function encodeError(message: string): Buffer {
@@ -109,9 +126,10 @@ class Reader {
   }
 }
 
-/** The coordinator's side: the request that follows CHUNK_MAGIC (already read), checked. */
+/** The coordinator's side: the request (CHUNK_MAGIC first), checked. */
 export async function readRequest(socket: Socket, timeoutMs: number): Promise<ChunkRequest> {
   const r = new Reader(socket, timeoutMs);
+  if (!(await r.take(CHUNK_MAGIC.length)).equals(CHUNK_MAGIC)) throw new Error("not a chunk request");
   const len = (await r.take(4)).readUInt32LE(0);
   if (len > MAX_REQUEST_BYTES) throw new Error(`a chunk request of ${len} bytes is over the limit`);
   let j: unknown;
@@ -120,11 +138,31 @@ export async function readRequest(socket: Socket, timeoutMs: number): Promise<Ch
   } catch {
     throw new Error("the chunk request is not valid JSON");
   }
-  const q = j as { fingerprint?: unknown; chunks?: unknown };
+  const q = j as { proof?: unknown; info?: unknown; fingerprint?: unknown; chunks?: unknown };
+  if (typeof q.proof !== "string" || !/^[0-9a-f]{64}$/.test(q.proof)) throw new Error("the chunk request has no proof of the join token");
+  if (q.info === true) return { proof: q.proof, info: true, fingerprint: "", chunks: [] };
   if (typeof q.fingerprint !== "string" || !Array.isArray(q.chunks) || q.chunks.length > MAX_REQUEST_CHUNKS || !q.chunks.every((c) => Number.isInteger(c) && c >= 0)) {
     throw new Error("the chunk request needs a fingerprint and a list of chunk numbers");
   }
-  return { fingerprint: q.fingerprint, chunks: q.chunks as number[] };
+  return { proof: q.proof, fingerprint: q.fingerprint, chunks: q.chunks as number[] };
+}
+
+/** The device's side: the answer to an info request. */
+export async function readInfo(socket: Socket, timeoutMs: number): Promise<unknown> {
+  const r = new Reader(socket, timeoutMs);
+  const head = (await r.take(4)).readUInt32LE(0);
+  if (head === ERROR) {
+    const n = Math.min((await r.take(4)).readUInt32LE(0), MAX_ERROR_BYTES);
+    throw new Error((await r.take(n)).toString("utf8"));
+  }
+  if (head !== INFO) throw new Error("the coordinator did not describe its model");
+  const n = (await r.take(4)).readUInt32LE(0);
+  if (n > MAX_INFO_BYTES) throw new Error(`a model description of ${n} bytes is over the limit`);
+  try {
+    return JSON.parse((await r.take(n)).toString("utf8"));
+  } catch {
+    throw new Error("the model description is not valid JSON");
+  }
 }
 
 /** The device's side: the chunks as they arrive on a socket the request was written to. */

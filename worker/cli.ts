@@ -12,12 +12,15 @@ import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 import { allowBare, parseWorkerArgs, threadsArg } from "./args.js";
 import { WorkerDevice, reserveDataPort } from "./device.js";
 import {
-  EXIT_CODES_HELP, EXIT_ERROR, EXIT_MODEL_CHANGED, EXIT_MODEL_UNUSABLE, EXIT_OK, EXIT_USAGE, WorkerExit,
+  EXIT_CODES_HELP, EXIT_ERROR, EXIT_MODEL_CHANGED, EXIT_MODEL_UNUSABLE, EXIT_OK, EXIT_USAGE, EXIT_WEIGHTS_DIFFER, WorkerExit,
 } from "./exit.js";
+import { ChunkHasher, WeightsMismatchError } from "./weights.js";
+import type { GgufFile } from "../model/index.js";
 import { joinProfile, profileCommand } from "./profile-command.js";
 import { RemoteModel, type RemoteModelOptions } from "./remote-model.js";
 import { WorkerSession, type SessionHandler } from "./session.js";
 import { TransferError } from "../transfer/index.js";
+import { TrustError, workerToken, type JoinToken } from "../trust/index.js";
 
 const HELP = `usage: prima-worker --join [host:port] [--model model.gguf] [options]
        prima-worker profile [--model model.gguf] [--json] [--reprofile]   (measure this device)
@@ -26,6 +29,10 @@ const HELP = `usage: prima-worker --join [host:port] [--model model.gguf] [optio
   --join               without an address: find the coordinator on the local network (mDNS), and
                        again whenever it goes away; PRIMA_MDNS_INTERFACE=lo|ADDRESS limits multicast
   --cluster NAME       with --join alone: the cluster to join when several answer (serve --name)
+  --token TOKEN        the cluster's join token (serve prints it; \`prima-coord token\` shows it again)
+  --token-file FILE    the same, read from a file (the coordinator keeps it in ~/.config/prima/NAME.token);
+                       without either, PRIMA_TOKEN. It pins the coordinator's certificate (any other
+                       is refused) and proves this worker to it; the token itself never travels
   --model PATH         this device's copy of the model (the same file as the coordinator's); without
                        it, the worker fetches only its windows from the coordinator into its model cache
   --model-cache DIR    where fetched models are kept (default ~/.cache/prima/models)
@@ -48,7 +55,7 @@ const EXIT_GRACE_MS = 1000;
 async function main(argv: string[]): Promise<number> {
   if (argv[0] === "profile") return profileCommand(argv.slice(1));
   const values = parseWorkerArgs(allowBare(argv, "join"), {
-    join: { type: "string" }, cluster: { type: "string" }, model: { type: "string" }, port: { type: "string" }, advertise: { type: "string" },
+    join: { type: "string" }, cluster: { type: "string" }, token: { type: "string" }, "token-file": { type: "string" }, model: { type: "string" }, port: { type: "string" }, advertise: { type: "string" },
     name: { type: "string" }, threads: { type: "string", short: "t" }, once: { type: "boolean" }, reprofile: { type: "boolean" },
     "no-native-lane": { type: "boolean" }, "model-cache": { type: "string" }, "cache-limit": { type: "string" },
     help: { type: "boolean", short: "h" },
@@ -66,6 +73,17 @@ async function main(argv: string[]): Promise<number> {
   const cacheLimitGiB = values["cache-limit"] === undefined ? Infinity : Number(values["cache-limit"]);
   if (!(cacheLimitGiB > 0)) {
     console.error("--cache-limit must be a positive number of GiB");
+    return EXIT_USAGE;
+  }
+  let token: JoinToken | undefined;
+  try {
+    token = workerToken({ token: values.token, tokenFile: values["token-file"] });
+  } catch (e) {
+    console.error(`prima-worker: ${(e as TrustError).message}`);
+    return EXIT_USAGE;
+  }
+  if (!token) {
+    console.error("prima-worker: the cluster's join token is needed: --token TOKEN, --token-file FILE or PRIMA_TOKEN (the coordinator prints it when it starts; `prima-coord token` on its machine shows it again)");
     return EXIT_USAGE;
   }
   const threads = threadsArg(values.threads);
@@ -111,7 +129,7 @@ async function main(argv: string[]): Promise<number> {
     }
   } else {
     remote = await fetchHeader(() => lookup?.(new AbortController().signal) ?? Promise.resolve(address), {
-      cacheDir: values["model-cache"], cacheLimitBytes: cacheLimitGiB * 2 ** 30, open: openOptions, log,
+      token, cacheDir: values["model-cache"], cacheLimitBytes: cacheLimitGiB * 2 ** 30, open: openOptions, log,
     }, () => stopping);
     if (!remote) return EXIT_OK;
   }
@@ -134,6 +152,7 @@ async function main(argv: string[]): Promise<number> {
   });
   const worker = new WorkerSession({
     coordinator: lookup ?? address,
+    token,
     join: {
       deviceName: name, hardwareId: profile.hardwareId, dataHost: values.advertise ?? "", dataPort, modelFingerprint: fingerprint, modelPath,
       get profileJson() { return profile.json(); }, // memory read afresh at every join
@@ -146,7 +165,7 @@ async function main(argv: string[]): Promise<number> {
       const problem = model().native.fileProblem();
       return problem ? new WorkerExit(EXIT_MODEL_CHANGED, `${problem}; left the ring: restart the worker to map the file again`) : null;
     },
-  }, remote ? fetchingFirst(device, remote) : device);
+  }, handlerFor(device, remote, modelPath, () => model().gguf));
   session = worker;
   log(`model ${modelPath} (${model().nLayers} layers), data plane port ${dataPort}`);
   try {
@@ -208,14 +227,39 @@ async function fetchHeader(
   return undefined;
 }
 
+/** What runs an assignment: the windows' chunks fetched first (without --model), then checked
+ * against the coordinator's hashes, then set up. */
+function handlerFor(device: WorkerDevice, remote: RemoteModel | undefined, path: string, gguf: () => GgufFile): SessionHandler {
+  const hasher = new ChunkHasher(path, !remote);
+  const checked: SessionHandler = {
+    assign: async (a, progress, deviceId) => {
+      try {
+        await hasher.verify(a.windowChunks ?? [], a.chunkBytes ?? 0, gguf(), progress);
+      } catch (e) {
+        if (!(e instanceof WeightsMismatchError)) throw e;
+        // A fetched copy is made right by fetching again; a copy of one's own needs another file.
+        if (!remote) throw new WorkerExit(EXIT_WEIGHTS_DIFFER, e.message);
+        remote.forgetChunks(e.chunks);
+        hasher.forget(e.chunks);
+        throw new Error(`${e.message}; they will be fetched again`);
+      }
+      return device.assign(a, progress, deviceId);
+    },
+    kv: (cmd) => device.kv(cmd),
+    status: () => device.status(),
+    reset: (reason) => device.reset(reason),
+  };
+  return remote ? fetchingFirst(device, checked, remote, hasher) : checked;
+}
+
 /** A device that fetches the chunks of its windows before it sets them up. */
-function fetchingFirst(device: WorkerDevice, remote: RemoteModel): SessionHandler {
+function fetchingFirst(device: WorkerDevice, next: SessionHandler, remote: RemoteModel, hasher: ChunkHasher): SessionHandler {
   return {
     assign: async (a, progress, deviceId) => {
       await device.reset("fetching this device's windows"); // the old mapping goes before the file changes
       const layers = a.windows.flatMap((w) => Array.from({ length: w.endLayer - w.firstLayer }, (_, i) => w.firstLayer + i));
-      await remote.fetchLayers(layers, progress);
-      return device.assign(a, progress, deviceId);
+      hasher.forget(await remote.fetchLayers(layers, progress));
+      return next.assign(a, progress, deviceId);
     },
     kv: (cmd) => device.kv(cmd),
     status: () => device.status(),

@@ -14,6 +14,9 @@ export const EXIT_PORT_UNAVAILABLE = 4;
 /** The model file changed (truncated, rewritten, replaced, removed) while the worker had it mapped:
  * a restart maps it afresh. */
 export const EXIT_MODEL_CHANGED = 5;
+/** The model file's weights differ from the coordinator's (same header, other tensor bytes): it would
+ * compute wrong text; another copy of the model is needed. */
+export const EXIT_WEIGHTS_DIFFER = 6;
 
 export const EXIT_CODES_HELP = `exit codes:
   0  stopped (SIGINT/SIGTERM, or --once after its session)
@@ -22,6 +25,7 @@ export const EXIT_CODES_HELP = `exit codes:
   3  the model file is missing, unreadable, or not a model
   4  the data-plane port (--port) cannot be listened on (taken, or not allowed)
   5  the model file changed while in use (restart the worker to map it again)
+  6  the model file's weights differ from the coordinator's (same header, other tensor bytes)
   The coordinator being away or refusing this worker's model does not end it: it says so once and
   keeps trying.`;
 

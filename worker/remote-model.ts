@@ -1,11 +1,12 @@
 // A worker without `--model`: it asks the coordinator what the model is, keeps a sparse copy in its
 // model cache (transfer/), fetches the header to open it like any GGUF, and on each assignment fetches
-// the chunks of its windows it does not have yet.
-import { connect } from "node:net";
-import { coordinatorClient, type CoordinatorClient, type ModelDescription } from "../control/index.js";
+// the chunks of its windows it does not have yet. Both on chunk streams of the cluster port: TLS
+// pinned to the coordinator's certificate, and each request proves the join token (trust/).
+import type { ModelDescription } from "../control/index.js";
 import { LocalModel, type OpenOptions } from "../engine/index.js";
+import { ALPN_CHUNKS, PinMismatchError, chunkBinding, chunkProof, connectPinned, type JoinToken } from "../trust/index.js";
 import {
-  ModelCache, TransferError, chunksFor, describeProgress, encodeRequest, fetchChunks, rangesForLayers, readChunks, type CachedModel, type Chunk,
+  ModelCache, TransferError, chunksFor, describeProgress, encodeRequest, fetchChunks, rangesForLayers, readChunks, readInfo, type CachedModel, type Chunk,
 } from "../transfer/index.js";
 
 /** A fetch that receives nothing for this long is given up (and tried again by the caller). */
@@ -15,35 +16,44 @@ const INFO_TIMEOUT_MS = 10_000;
 export interface RemoteModelOptions {
   /** host:port of the coordinator. */
   readonly coordinator: string;
+  readonly token: JoinToken;
   readonly cacheDir?: string;
   readonly cacheLimitBytes?: number;
   readonly open: OpenOptions;
   readonly log: (line: string) => void;
 }
 
-function modelInfo(client: CoordinatorClient): Promise<ModelDescription> {
-  return new Promise((resolve, reject) => {
-    client.modelInfo({}, { deadline: Date.now() + INFO_TIMEOUT_MS }, (err, res) => {
-      if (err || !res) reject(new TransferError(`the coordinator did not describe its model: ${err?.details || err?.message || "no answer"}`));
-      else resolve(res);
-    });
-  });
+/** What the coordinator's model is (a chunk stream's info request). */
+async function modelInfo(address: string, token: JoinToken): Promise<ModelDescription> {
+  const socket = await connectPinned(address, token, ALPN_CHUNKS, INFO_TIMEOUT_MS);
+  try {
+    socket.write(encodeRequest({ proof: chunkProof(token, chunkBinding(socket)).toString("hex"), info: true, fingerprint: "", chunks: [] }));
+    const d = (await readInfo(socket, INFO_TIMEOUT_MS)) as Partial<ModelDescription>;
+    if (typeof d?.fingerprint !== "string" || !Number.isSafeInteger(d.fileBytes) || !Number.isSafeInteger(d.dataOffset) || !Number.isInteger(d.chunkBytes) || typeof d.name !== "string") {
+      throw new Error("its model description is incomplete");
+    }
+    return d as ModelDescription;
+  } catch (e) {
+    throw new TransferError(`the coordinator did not describe its model: ${(e as Error).message}`);
+  } finally {
+    socket.destroy();
+  }
 }
 
 /** The chunks asked for, on a chunk stream of the coordinator's cluster port (transfer/wire.ts). */
-function chunksFrom(address: string, info: { fingerprint: string; chunkBytes: number }): (chunks: number[]) => AsyncIterable<Chunk> {
-  const i = address.lastIndexOf(":");
-  const host = address.slice(0, i).replace(/^\[(.*)\]$/, "$1"), port = Number(address.slice(i + 1));
+function chunksFrom(address: string, token: JoinToken, info: { fingerprint: string; chunkBytes: number }): (chunks: number[]) => AsyncIterable<Chunk> {
   return async function* (chunks) {
-    const socket = connect({ host, port });
-    socket.setNoDelay(true);
+    let socket;
     try {
-      socket.write(encodeRequest({ fingerprint: info.fingerprint, chunks }));
+      socket = await connectPinned(address, token, ALPN_CHUNKS, STALL_MS);
+      socket.setNoDelay(true);
+      socket.write(encodeRequest({ proof: chunkProof(token, chunkBinding(socket)).toString("hex"), fingerprint: info.fingerprint, chunks }));
       yield* readChunks(socket, info.chunkBytes, STALL_MS);
     } catch (e) {
+      if (e instanceof PinMismatchError) throw e;
       throw new TransferError(`fetching the model's chunks from ${address} failed: ${(e as Error).message}`);
     } finally {
-      socket.destroy();
+      socket?.destroy();
     }
   };
 }
@@ -53,6 +63,7 @@ export class RemoteModel {
     private current: LocalModel,
     readonly cached: CachedModel,
     private readonly address: string,
+    private readonly token: JoinToken,
     private readonly openOptions: OpenOptions,
     private readonly log: (line: string) => void,
   ) {}
@@ -65,20 +76,15 @@ export class RemoteModel {
 
   /** Describes the coordinator's model, fetches its header into the cache and opens it. */
   static async open(o: RemoteModelOptions): Promise<RemoteModel> {
-    const client = coordinatorClient(o.coordinator);
-    try {
-      const d = await modelInfo(client);
-      const info = { fingerprint: d.fingerprint, fileBytes: Number(d.fileBytes), dataOffset: Number(d.dataOffset), chunkBytes: d.chunkBytes, name: d.name };
-      const cache = new ModelCache(o.cacheDir, o.cacheLimitBytes);
-      const cached = cache.open(info);
-      const header = chunksFor([[0, info.dataOffset]], info);
-      cached.checkRoom(header, o.log);
-      await fetchChunks(cached, header, chunksFrom(o.coordinator, info));
-      o.log(`model ${info.fingerprint.slice(0, 12)} from the coordinator: header in ${cached.path} (${cached.done.size} chunks of ${(info.chunkBytes / 2 ** 20).toFixed(0)} MiB held)`);
-      return new RemoteModel(LocalModel.open(cached.path, o.open), cached, o.coordinator, o.open, o.log);
-    } finally {
-      client.close();
-    }
+    const d = await modelInfo(o.coordinator, o.token);
+    const info = { fingerprint: d.fingerprint, fileBytes: Number(d.fileBytes), dataOffset: Number(d.dataOffset), chunkBytes: d.chunkBytes, name: d.name };
+    const cache = new ModelCache(o.cacheDir, o.cacheLimitBytes);
+    const cached = cache.open(info);
+    const header = chunksFor([[0, info.dataOffset]], info);
+    cached.checkRoom(header, o.log);
+    await fetchChunks(cached, header, chunksFrom(o.coordinator, o.token, info));
+    o.log(`model ${info.fingerprint.slice(0, 12)} from the coordinator: header in ${cached.path} (${cached.done.size} chunks of ${(info.chunkBytes / 2 ** 20).toFixed(0)} MiB held)`);
+    return new RemoteModel(LocalModel.open(cached.path, o.open), cached, o.coordinator, o.token, o.open, o.log);
   }
 
   get path(): string {
@@ -86,16 +92,17 @@ export class RemoteModel {
   }
 
   /** Fetches what the layers need and this device lacks, then maps the file again (call it with no
-   * window of the old mapping in use); reports progress as a fraction and words. */
-  async fetchLayers(layers: Iterable<number>, progress: (fraction: number, stage: string) => void): Promise<void> {
+   * window of the old mapping in use); reports progress as a fraction and words. Resolves with the
+   * chunks it wrote. */
+  async fetchLayers(layers: Iterable<number>, progress: (fraction: number, stage: string) => void): Promise<number[]> {
     const wanted = chunksFor(rangesForLayers(this.model.gguf, layers), this.cached.info);
     const missing = this.cached.missing(wanted);
-    if (missing.length === 0) return;
+    if (missing.length === 0) return [];
     this.cached.checkRoom(wanted, this.log);
     const bytes = this.cached.bytesOf(missing);
     this.log(`fetching ${missing.length} chunks (${(bytes / 2 ** 20).toFixed(1)} MiB) of this device's windows from the coordinator`);
     let lastLog = 0;
-    const r = await fetchChunks(this.cached, wanted, chunksFrom(this.address, this.cached.info), (p) => {
+    const r = await fetchChunks(this.cached, wanted, chunksFrom(this.address, this.token, this.cached.info), (p) => {
       const stage = `fetching layers: ${describeProgress(p)}`;
       progress(p.totalBytes ? p.doneBytes / p.totalBytes : 1, stage);
       if (performance.now() - lastLog > 2000) {
@@ -107,6 +114,14 @@ export class RemoteModel {
       `${r.badChunks ? ` (${r.badChunks === 1 ? "1 chunk failed its hash" : `${r.badChunks} chunks failed their hashes`} and came again)` : ""}`);
     this.current.close();
     this.current = LocalModel.open(this.cached.path, this.openOptions);
+    return missing;
+  }
+
+  /** Chunks whose bytes turned out not to be the coordinator's (its file changed since they were
+   * fetched): no longer held, so the next assignment fetches them again. */
+  forgetChunks(chunks: Iterable<number>): void {
+    for (const c of chunks) this.cached.done.delete(c);
+    this.cached.persist();
   }
 
   close(): void {

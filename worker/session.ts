@@ -5,12 +5,15 @@
 // Every wait has a limit: the answer to a join, the coordinator's heartbeats, and the end of a session
 // the worker leaves. Being refused (another model, another protocol) is not the end either: the
 // coordinator may be restarted with this worker's model, so the worker says so once and asks again.
+// The connection is TLS pinned to the certificate the join token names (an impostor is refused before
+// a byte is sent), and the Join proves the token over the coordinator's Challenge (trust/).
 import {
   ASSIGN_PROGRESS_INTERVAL_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOIN_REPLY_TIMEOUT_MS, PROTOCOL_VERSION,
   coordinatorClient, type Assignment, type ClientSessionStream, type CoordinatorMessage, type Join, type KvCommand, type Status,
   type WorkerMessage,
 } from "../control/index.js";
 import { printable } from "../discovery/index.js";
+import { PinMismatchError, clusterCredentials, joinProof, type JoinToken } from "../trust/index.js";
 import type { WorkerExit } from "./exit.js";
 
 export { HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS };
@@ -39,7 +42,9 @@ export type CoordinatorLookup = (signal: AbortSignal) => Promise<string>;
 export interface SessionOptions {
   /** host:port, or a lookup called before every attempt. */
   readonly coordinator: string | CoordinatorLookup;
-  readonly join: Omit<Join, "protocolVersion">;
+  readonly join: Omit<Join, "protocolVersion" | "proof">;
+  /** The cluster's join token (trust/): pins the coordinator's certificate, proves this worker. */
+  readonly token: JoinToken;
   readonly log: (line: string) => void;
   /** Stop after the first session instead of dialling again (tests, one-shot runs). */
   readonly once?: boolean;
@@ -177,9 +182,23 @@ export class WorkerSession {
   }
 
   /** One session: resolves when it ends, with why. */
-  private session(): Promise<Outcome> {
+  private async session(): Promise<Outcome> {
+    let secure: Awaited<ReturnType<typeof clusterCredentials>>;
+    try {
+      secure = await clusterCredentials(this.address, this.o.token, JOIN_REPLY_TIMEOUT_MS);
+    } catch (e) {
+      // Another certificate: an impostor, or a rotated token. Refused like a refusal: said once, asked again.
+      if (e instanceof PinMismatchError) return { joined: false, reason: e.message, refused: true };
+      const code = (e as NodeJS.ErrnoException).code;
+      return { joined: false, reason: code === "ECONNREFUSED" || code === "EHOSTUNREACH" || code === "ENETUNREACH" ? "coordinator unreachable" : printable((e as Error).message) };
+    }
+    if (this.stopped) return { joined: false, reason: "stopped" };
+    return this.sessionOn(secure);
+  }
+
+  private sessionOn(secure: Awaited<ReturnType<typeof clusterCredentials>>): Promise<Outcome> {
     return new Promise((resolve) => {
-      const client = coordinatorClient(this.address);
+      const client = coordinatorClient(this.address, secure);
       const stream = client.session();
       this.stream = stream;
       let joined = false;
@@ -235,12 +254,16 @@ export class WorkerSession {
       });
       stream.on("error", (e: Error & { code?: number }) => finish(e.code === 14 ? "coordinator unreachable" : `connection error: ${printable(e.message)}`));
       stream.on("end", () => finish("the coordinator closed the session"));
-      this.send({ join: { ...this.o.join, protocolVersion: PROTOCOL_VERSION } });
+      // The Join goes out in answer to the coordinator's Challenge (handle()).
     });
   }
 
   private handle(m: CoordinatorMessage, session: SessionControl): void {
     switch (m.msg) {
+      case "challenge":
+        if (session.isJoined()) return;
+        this.send({ join: { ...this.o.join, protocolVersion: PROTOCOL_VERSION, proof: joinProof(this.o.token, m.challenge.nonce) } });
+        return;
       case "welcome":
         this.deviceId = m.welcome.deviceId;
         session.joined();
@@ -286,7 +309,7 @@ export class WorkerSession {
     const message = e instanceof Error ? e.message : String(e);
     this.o.log(`error: ${message}`);
     this.send({ failure: { message } });
-    const exit = this.o.check?.();
+    const exit = e instanceof Error && e.name === "WorkerExit" ? (e as WorkerExit) : this.o.check?.();
     if (exit) this.leave(exit);
   }
 }

@@ -5,8 +5,12 @@
 import { afterEach, describe, expect, it } from "vitest";
 import { modelFingerprint, readGguf } from "../../model/index.js";
 import { killAll, startCoordinator, startWorker } from "../ring/cluster.js";
-import { root } from "../helpers/process.js";
+import { root, tokenFileFor } from "../helpers/process.js";
+import { workerToken } from "../../trust/index.js";
 import { fakeWorker, type FakeWorker } from "./fake-worker.js";
+
+/** The join token of the coordinator this harness started on port. */
+const tokenOf = (port: string) => workerToken({ tokenFile: tokenFileFor(Number(port)) })!;
 
 const model = "models/stories260K.gguf";
 const fingerprint = modelFingerprint(readGguf(`${root}${model}`));
@@ -47,7 +51,7 @@ describe("prima-coord run never hangs on a worker", () => {
   it("a client that opens a control session and sends nothing does not keep the coordinator up after its run", async () => {
     const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "1", "--layer-windows", "3,2", "-n", "8", "--temp", "0", "-p", "Once"]);
     const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
-    const silent = fakeWorker({ address: `127.0.0.1:${port}`, name: "-", fingerprint, silent: true });
+    const silent = fakeWorker({ address: `127.0.0.1:${port}`, name: "-", fingerprint, token: tokenOf(port), silent: true });
     fakes.push(silent);
     startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "real", "--once", "--threads", "1"]);
     await coord.waitFor(/"real" .*joined/);
@@ -58,7 +62,7 @@ describe("prima-coord run never hangs on a worker", () => {
   it("a joined peer that never answers its assignment ends the run naming it, and the coordinator exits", async () => {
     const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "1", "--layer-windows", "3,2", "-n", "8", "--temp", "0"]);
     const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
-    const mute = fakeWorker({ address: `127.0.0.1:${port}`, name: "mute", fingerprint });
+    const mute = fakeWorker({ address: `127.0.0.1:${port}`, name: "mute", fingerprint, token: tokenOf(port) });
     fakes.push(mute);
     await mute.next("assignment");
     const assignedAt = Date.now();

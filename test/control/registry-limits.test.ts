@@ -9,6 +9,7 @@ import {
 import { WorkerLostError, WorkerRegistry, type WorkerHandle } from "../../coordinator/registry.js";
 import { killAll, root, startNode } from "../helpers/process.js";
 import { fakeWorker, type FakeWorker } from "./fake-worker.js";
+import { testIdentity, testTrust } from "../helpers/trust.js";
 
 const FP = "f".repeat(64);
 const cleanups: (() => unknown)[] = [];
@@ -19,14 +20,14 @@ afterEach(async () => {
 
 async function registry(): Promise<{ reg: WorkerRegistry; address: string; lines: string[] }> {
   const lines: string[] = [];
-  const reg = new WorkerRegistry({ modelFingerprint: FP, log: (l) => lines.push(l) });
+  const reg = new WorkerRegistry({ modelFingerprint: FP, trust: await testTrust(), log: (l) => lines.push(l) });
   const port = await reg.listen(0, "127.0.0.1");
   cleanups.push(() => reg.close());
   return { reg, address: `127.0.0.1:${port}`, lines };
 }
 
-function fake(address: string, name: string, o: { silent?: boolean; heartbeats?: boolean } = {}): FakeWorker {
-  const f = fakeWorker({ address, name, fingerprint: FP, ...o });
+async function fake(address: string, name: string, o: { silent?: boolean; heartbeats?: boolean } = {}): Promise<FakeWorker> {
+  const f = fakeWorker({ address, name, fingerprint: FP, token: (await testIdentity()).token, ...o });
   cleanups.push(() => f.close());
   return f;
 }
@@ -44,7 +45,7 @@ describe("control plane limits", () => {
   it("drops a session stream that never sends a join", async () => {
     const { address, lines } = await registry();
     const start = Date.now();
-    const f = fake(address, "-", { silent: true });
+    const f = await fake(address, "-", { silent: true });
     const shutdown = await f.next("shutdown", JOIN_TIMEOUT_MS + 2000);
     expect(shutdown.msg === "shutdown" && shutdown.shutdown.reason).toMatch(/no join within 3 s/);
     await f.ended;
@@ -54,7 +55,7 @@ describe("control plane limits", () => {
 
   it("loses and names a joined peer that never answers a status request", async () => {
     const { reg, address } = await registry();
-    fake(address, "mute");
+    await fake(address, "mute");
     const [w] = await reg.waitFor(1, 5000);
     const lost = lostEvent(reg);
     const start = Date.now();
@@ -70,7 +71,7 @@ describe("control plane limits", () => {
 
   it("gives an assignment more time with every progress report, and loses the peer after a silence", async () => {
     const { reg, address } = await registry();
-    const f = fake(address, "slow");
+    const f = await fake(address, "slow");
     const [w] = await reg.waitFor(1, 5000);
     const fractions: number[] = [];
     const start = Date.now();
@@ -92,7 +93,7 @@ describe("control plane limits", () => {
 
   it("loses a joined peer that sends nothing by the heartbeat rule", async () => {
     const { reg, address, lines } = await registry();
-    fake(address, "quiet", { heartbeats: false });
+    await fake(address, "quiet", { heartbeats: false });
     await reg.waitFor(1, 5000);
     const joinedAt = Date.now();
     const lost = await lostEvent(reg);
@@ -106,8 +107,10 @@ describe("control plane limits", () => {
     // The registry in a process of its own: what must end is the process, not only close()'s promise.
     const host = startNode(["--input-type=module", "-e", `
       import { WorkerRegistry } from "${root}dist/coordinator/registry.js";
-      const reg = new WorkerRegistry({ modelFingerprint: "${FP}" });
-      console.log("port " + await reg.listen(0, "127.0.0.1"));
+      import { createIdentity } from "${root}dist/trust/index.js";
+      const identity = await createIdentity();
+      const reg = new WorkerRegistry({ modelFingerprint: "${FP}", trust: { identity } });
+      console.log("port " + await reg.listen(0, "127.0.0.1") + " token " + identity.tokenText);
       await reg.waitFor(1, 10000);
       console.log("joined");
       process.once("SIGTERM", async () => {
@@ -115,8 +118,8 @@ describe("control plane limits", () => {
         await reg.close();
         console.log("closed in " + (Date.now() - start) + " ms");
       });`]);
-    const port = (await host.waitFor(/port (\d+)/))[1];
-    const peer = startNode([`${root}test/control/fake-worker-child.mjs`, `127.0.0.1:${port}`, "frozen", FP]);
+    const [, port, token] = await host.waitFor(/port (\d+) token (\S+)/);
+    const peer = startNode([`${root}test/control/fake-worker-child.mjs`, `127.0.0.1:${port}`, "frozen", FP, token]);
     await host.waitFor(/joined/, 10_000);
     peer.child.kill("SIGSTOP");
     const start = Date.now();
@@ -130,7 +133,7 @@ describe("control plane limits", () => {
 
   it("escapes a worker's name, address and reports before they reach a log", async () => {
     const { reg, address, lines } = await registry();
-    const f = fake(address, "evil\u001b[31m\r\nname\u202e");
+    const f = await fake(address, "evil\u001b[31m\r\nname\u202e");
     const [w] = await reg.waitFor(1, 5000);
     expect(w.label).toBe(`w1 "evil\\x1b[31m\\x0d\\x0aname\\u{202e}" (127.0.0.1)`);
     const failure = new Promise<string>((resolve) => reg.once("failure", (_w: WorkerHandle, m: string) => resolve(m)));

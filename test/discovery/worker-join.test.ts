@@ -9,6 +9,7 @@ import { publishCluster, type Publication } from "../../discovery/index.js";
 import { modelFingerprint, readGguf } from "../../model/index.js";
 import { killAll, root, startNode } from "../helpers/process.js";
 import { LOOPBACK, freeUdpPort, loopbackMulticastWorks } from "./mdns-helpers.js";
+import { testIdentity, testTrust } from "../helpers/trust.js";
 
 const model = "models/stories260K.gguf";
 const workerCli = `${root}dist/worker/cli.js`;
@@ -27,7 +28,7 @@ beforeAll(async () => {
 });
 
 async function coordinator(name: string, mdnsPort: number): Promise<{ registry: WorkerRegistry; port: number; pub: Publication; stop(): Promise<void> }> {
-  const registry = new WorkerRegistry({ modelFingerprint: fingerprint });
+  const registry = new WorkerRegistry({ modelFingerprint: fingerprint, trust: await testTrust() });
   const port = await registry.listen(0, LOOPBACK);
   const pub = publishCluster({ name, port, model: "stories260K", fingerprint, protocolVersion: PROTOCOL_VERSION, interface: LOOPBACK, mdnsPort });
   let stopped = false;
@@ -41,9 +42,9 @@ async function coordinator(name: string, mdnsPort: number): Promise<{ registry: 
   return { registry, port, pub, stop };
 }
 
-function worker(args: string[], mdnsPort: number, env: NodeJS.ProcessEnv = {}) {
+async function worker(args: string[], mdnsPort: number, env: NodeJS.ProcessEnv = {}) {
   return startNode([workerCli, "--model", model, "--threads", "1", ...args],
-    { PRIMA_MDNS_INTERFACE: LOOPBACK, PRIMA_MDNS_PORT: String(mdnsPort), ...env });
+    { PRIMA_MDNS_INTERFACE: LOOPBACK, PRIMA_MDNS_PORT: String(mdnsPort), PRIMA_TOKEN: (await testIdentity()).tokenText, ...env });
 }
 
 describe("prima-worker --join (no address)", () => {
@@ -51,7 +52,7 @@ describe("prima-worker --join (no address)", () => {
     if (!loopback) ctx.skip("multicast on loopback does not work here");
     const mdnsPort = await freeUdpPort();
     const first = await coordinator("home", mdnsPort);
-    const w = worker(["--join", "--name", "disc1"], mdnsPort);
+    const w = await worker(["--join", "--name", "disc1"], mdnsPort);
     await w.waitFor(new RegExp(`found cluster "home" at 127\\.0\\.0\\.1:${first.port} \\(model stories260K\\)`));
     await first.registry.waitFor(1, 30_000);
     await w.waitFor(new RegExp(`joined 127\\.0\\.0\\.1:${first.port} as w1`));
@@ -73,7 +74,7 @@ describe("prima-worker --join (no address)", () => {
   it("nothing answers: it says so once, shows the --join HOST:PORT form, keeps looking, and stops on SIGTERM", async (ctx) => {
     if (!loopback) ctx.skip("multicast on loopback does not work here");
     const mdnsPort = await freeUdpPort();
-    const w = worker(["--join", "--name", "lonely"], mdnsPort);
+    const w = await worker(["--join", "--name", "lonely"], mdnsPort);
     await w.waitFor(/no prima cluster answered on mDNS within 3 s\. Multicast may not reach this device \(Docker bridge networks, WSL2, Wi-Fi client isolation, Termux\); join by address instead: prima-worker --join HOST:PORT.*Still looking on the network\./, 30_000);
     await new Promise((r) => setTimeout(r, 4000));
     expect(w.stderr.match(/no prima cluster answered/g)).toHaveLength(1);
@@ -87,26 +88,26 @@ describe("prima-worker --join (no address)", () => {
     const mdnsPort = await freeUdpPort();
     const a = await coordinator("alpha", mdnsPort);
     const b = await coordinator("beta", mdnsPort);
-    const w = worker(["--join", "--name", "torn"], mdnsPort);
+    const w = await worker(["--join", "--name", "torn"], mdnsPort);
     expect(await Promise.race([w.exited, new Promise((r) => setTimeout(() => r("hung"), 30_000))])).toBe(1);
     expect(w.stderr).toMatch(/2 prima clusters answered on mDNS; choose one with --cluster NAME or --join HOST:PORT:/);
     expect(w.stderr).toContain(`alpha  at 127.0.0.1:${a.port}`);
     expect(w.stderr).toContain(`beta  at 127.0.0.1:${b.port}`);
-    const picked = worker(["--join", "--cluster", "beta", "--name", "picky"], mdnsPort);
+    const picked = await worker(["--join", "--cluster", "beta", "--name", "picky"], mdnsPort);
     await b.registry.waitFor(1, 30_000);
     await picked.waitFor(new RegExp(`joined 127\\.0\\.0\\.1:${b.port} as w1`));
     expect(a.registry.live()).toHaveLength(0);
   });
 
   it("--join HOST:PORT never browses (an unusable mDNS interface does not matter); --cluster needs --join alone", async () => {
-    const c = new WorkerRegistry({ modelFingerprint: fingerprint });
+    const c = new WorkerRegistry({ modelFingerprint: fingerprint, trust: await testTrust() });
     const port = await c.listen(0, LOOPBACK);
     cleanups.push(() => c.close());
-    const w = worker(["--join", `127.0.0.1:${port}`, "--name", "direct"], 1, { PRIMA_MDNS_INTERFACE: "no-such-if0" });
+    const w = await worker(["--join", `127.0.0.1:${port}`, "--name", "direct"], 1, { PRIMA_MDNS_INTERFACE: "no-such-if0" });
     await c.waitFor(1, 30_000);
     await w.waitFor(new RegExp(`joined 127\\.0\\.0\\.1:${port} as w1`));
     expect(w.stderr).not.toMatch(/mDNS|found cluster/);
-    const bad = worker(["--join", "127.0.0.1:1", "--cluster", "x"], 1);
+    const bad = await worker(["--join", "127.0.0.1:1", "--cluster", "x"], 1);
     expect(await bad.exited).toBe(2);
     expect(bad.stderr).toMatch(/--cluster chooses among the clusters --join finds on the network/);
   });

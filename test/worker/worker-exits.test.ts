@@ -11,6 +11,10 @@ import { WorkerRegistry } from "../../coordinator/registry.js";
 import { modelFingerprint, readGguf } from "../../model/index.js";
 import { root } from "../helpers/process.js";
 import { killAll, startCoordinator, startWorker, type Proc } from "../ring/cluster.js";
+import { testIdentity, testTrust } from "../helpers/trust.js";
+
+/** A token for the workers that dial a test registry (or nothing at all). */
+const TOKEN = ["--token", (await testIdentity()).tokenText];
 
 const model = "models/stories260K.gguf";
 const fingerprint = modelFingerprint(readGguf(`${root}${model}`));
@@ -45,7 +49,7 @@ describe("prima-worker setup errors", () => {
     await new Promise<void>((r) => taken.listen(0, "0.0.0.0", () => r()));
     cleanups.push(() => new Promise((r) => taken.close(r)));
     const port = (taken.address() as { port: number }).port;
-    const w = startWorker(["--join", "127.0.0.1:9", "--model", model, "--port", String(port), "--threads", "1"]);
+    const w = startWorker(["--join", "127.0.0.1:9", "--model", model, "--port", String(port), "--threads", "1", ...TOKEN]);
     expect(await exitWithin(w, 3000), w.stderr).toBe(4);
     expect(w.stderr).toContain(`cannot listen on the data-plane port 0.0.0.0:${port}: it is taken by another program`);
   });
@@ -53,7 +57,7 @@ describe("prima-worker setup errors", () => {
   it("exits with code 3 when the model file is not a model", async () => {
     const bad = join(dir, "not-a-model.gguf");
     writeFileSync(bad, "this is not a GGUF file\n");
-    const w = startWorker(["--join", "127.0.0.1:9", "--model", bad, "--threads", "1"]);
+    const w = startWorker(["--join", "127.0.0.1:9", "--model", bad, "--threads", "1", ...TOKEN]);
     expect(await exitWithin(w, 3000), w.stderr).toBe(3);
     expect(w.stderr).toMatch(/cannot use the model: .*not-a-model\.gguf: not a GGUF file/);
   });
@@ -68,10 +72,10 @@ describe("prima-worker setup errors", () => {
 describe("prima-worker keeps trying what may fix itself, and stops on the first signal", () => {
   it("refused for its model, asks again without repeating itself, joins once the coordinator has its model, and stops on SIGTERM", async () => {
     const lines: string[] = [];
-    const wrong = new WorkerRegistry({ modelFingerprint: "0".repeat(64), log: (l) => lines.push(l) });
+    const wrong = new WorkerRegistry({ modelFingerprint: "0".repeat(64), trust: await testTrust(), log: (l) => lines.push(l) });
     const port = await wrong.listen(0, "127.0.0.1");
     cleanups.push(() => wrong.close());
-    const w = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "mismatch", "--threads", "1"]);
+    const w = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "mismatch", "--threads", "1", ...TOKEN]);
     await w.waitFor(/refused this worker: model mismatch/, 15_000);
     await new Promise((r) => setTimeout(r, 4500)); // two more refusals at 2 s each
     expect(count(w.stderr, /refused this worker/), w.stderr).toBe(1);
@@ -80,7 +84,7 @@ describe("prima-worker keeps trying what may fix itself, and stops on the first 
 
     // The coordinator comes back with the worker's model, on the same port.
     await wrong.close();
-    const right = new WorkerRegistry({ modelFingerprint: fingerprint });
+    const right = new WorkerRegistry({ modelFingerprint: fingerprint, trust: await testTrust() });
     await right.listen(port, "127.0.0.1");
     cleanups.push(() => right.close());
     await right.waitFor(1, 5000);
@@ -94,7 +98,7 @@ describe("prima-worker keeps trying what may fix itself, and stops on the first 
 
   it("stops on the first SIGINT while the coordinator is away", async () => {
     const port = await freePort();
-    const w = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "lonely", "--threads", "1"]);
+    const w = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "lonely", "--threads", "1", ...TOKEN]);
     await w.waitFor(/waiting for the coordinator at 127\.0\.0\.1:\d+ \(coordinator unreachable\)/, 15_000);
     w.child.kill("SIGINT");
     expect(await exitWithin(w, 3000), w.stderr).toBe(0);

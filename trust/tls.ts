@@ -1,0 +1,119 @@
+// TLS on the cluster port. The coordinator terminates TLS on each accepted socket itself (one port for
+// gRPC and chunk streams, told apart by ALPN); a worker accepts only the certificate its token pins.
+import * as grpc from "@grpc/grpc-js";
+import type { Socket } from "node:net";
+import { connect, createServer, type Server, type TLSSocket } from "node:tls";
+import { CHUNK_EXPORTER_LABEL, TrustError, sha256, type JoinToken } from "./token.js";
+
+/** gRPC (HTTP/2). */
+export const ALPN_GRPC = "h2";
+/** A chunk stream (transfer/wire.ts). */
+export const ALPN_CHUNKS = "prima-chunks/1";
+/** The name a worker asks for (SNI): the certificate is pinned by hash, never checked by name, and an
+ * IP address is not a valid SNI name. */
+const SERVER_NAME = "prima-cluster";
+
+export interface ClusterKeys {
+  readonly keyPem: string;
+  readonly certPem: string;
+}
+
+/**
+ * The coordinator's TLS: takes accepted TCP sockets and hands each, once its handshake is done, to
+ * onSecure with the protocol it chose. A handshake that fails or takes over handshakeMs is dropped.
+ */
+export class TlsGate {
+  private readonly server: Server;
+
+  constructor(keys: ClusterKeys, handshakeMs: number, onSecure: (socket: TLSSocket, alpn: string) => void) {
+    // A tls.Server that never listens: it only runs handshakes on the sockets given to it.
+    this.server = createServer({ key: keys.keyPem, cert: keys.certPem, ALPNProtocols: [ALPN_GRPC, ALPN_CHUNKS], handshakeTimeout: handshakeMs, minVersion: "TLSv1.3" }, (s) => {
+      const alpn = s.alpnProtocol;
+      if (typeof alpn === "string") onSecure(s, alpn);
+      else s.destroy(); // a client that names no protocol is not ours
+    });
+    this.server.on("tlsClientError", (_e, s) => s.destroy());
+  }
+
+  accept(socket: Socket): void {
+    this.server.emit("connection", socket);
+  }
+
+  /** A rotated identity: new handshakes use it. */
+  setKeys(keys: ClusterKeys): void {
+    this.server.setSecureContext({ key: keys.keyPem, cert: keys.certPem });
+  }
+}
+
+/** Keying material of this TLS connection (RFC 5705) that a chunk stream's proof covers: the same at
+ * both ends, unknown to anyone else, different on every connection. */
+export function chunkBinding(s: TLSSocket): Buffer {
+  return s.exportKeyingMaterial(32, CHUNK_EXPORTER_LABEL, Buffer.from("prima"));
+}
+
+/** host and port of "host:port" or "[v6]:port". */
+export function splitAddress(address: string): { host: string; port: number } {
+  const i = address.lastIndexOf(":");
+  return { host: address.slice(0, i).replace(/^\[(.*)\]$/, "$1"), port: Number(address.slice(i + 1)) };
+}
+
+export class PinMismatchError extends TrustError {
+  override name = "PinMismatchError";
+}
+
+function pinMatches(raw: Buffer | undefined, pin: Buffer): boolean {
+  return raw !== undefined && raw.length > 0 && sha256(raw).equals(pin);
+}
+
+/** A TLS connection to the coordinator, refused unless it presents the pinned certificate; resolves
+ * once the handshake is done and the certificate checked, before anything is written. */
+export function connectPinned(address: string, token: JoinToken, alpn: string, timeoutMs: number): Promise<TLSSocket> {
+  const { host, port } = splitAddress(address);
+  return new Promise((resolve, reject) => {
+    // The chain is not verified (self-signed): the pin below is the whole check.
+    const s = connect({ host, port, servername: SERVER_NAME, ALPNProtocols: [alpn], rejectUnauthorized: false, minVersion: "TLSv1.3" });
+    const timer = setTimeout(() => fail(new Error(`no TLS handshake with ${address} within ${timeoutMs / 1000} s`)), timeoutMs);
+    const fail = (e: Error) => {
+      clearTimeout(timer);
+      s.destroy();
+      reject(e);
+    };
+    s.once("error", fail);
+    s.once("secureConnect", () => {
+      clearTimeout(timer);
+      s.off("error", fail);
+      if (!pinMatches(s.getPeerCertificate(true)?.raw, token.pin)) {
+        s.destroy();
+        reject(new PinMismatchError(`${address} is not the coordinator this token names: its certificate differs (an impostor, or the token was rotated)`));
+        return;
+      }
+      if (s.alpnProtocol !== alpn) {
+        s.destroy();
+        reject(new TrustError(`${address} does not speak ${alpn}`));
+        return;
+      }
+      resolve(s);
+    });
+  });
+}
+
+const certificates = new Map<string, string>();
+
+/** gRPC credentials that accept only the pinned certificate. gRPC verifies a chain against root
+ * certificates, so the coordinator's own certificate (fetched once over a pinned connection, and
+ * kept) is the root; checkServerIdentity checks the pin again on every connection. */
+export async function clusterCredentials(address: string, token: JoinToken, timeoutMs: number): Promise<{ credentials: grpc.ChannelCredentials; options: grpc.ChannelOptions }> {
+  const key = token.pin.toString("hex");
+  let pem = certificates.get(key);
+  if (!pem) {
+    const s = await connectPinned(address, token, ALPN_CHUNKS, timeoutMs);
+    const raw = s.getPeerCertificate(true).raw;
+    s.destroy();
+    pem = `-----BEGIN CERTIFICATE-----\n${raw.toString("base64").replace(/.{64}/g, "$&\n")}\n-----END CERTIFICATE-----\n`.replace("\n\n", "\n");
+    certificates.set(key, pem);
+  }
+  const credentials = grpc.credentials.createSsl(Buffer.from(pem), null, null, {
+    checkServerIdentity: (_host, cert) => (pinMatches(cert.raw, token.pin) ? undefined : new PinMismatchError(`${address} presented another certificate than the token names`)),
+  });
+  return { credentials, options: { "grpc.ssl_target_name_override": SERVER_NAME } };
+}
