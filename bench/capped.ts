@@ -85,8 +85,9 @@ async function ringRun(model: string, capMiB: number, windows: readonly number[]
     const head = start(groups[0], [coordCli, "run", model, "--json", ...gen, "--port", "0", "--min-workers", "2", ...(windows ? ["--layer-windows", windows.join(",")] : [])]);
     procs.push(head);
     const port = (await waitFor(head, /listening for workers on port (\d+)/, 120_000))[1];
+    const tokenFile = (await waitFor(head, /--token-file (\S+)/, 5000))[1]; // the join token (trust/)
     for (const [i, name] of ["dev-a", "dev-b"].entries()) {
-      procs.push(start(groups[i + 1], [workerCli, "--join", `127.0.0.1:${port}`, "--model", model, "--name", name, "--once"]));
+      procs.push(start(groups[i + 1], [workerCli, "--join", `127.0.0.1:${port}`, "--model", model, "--name", name, "--once", "--token-file", tokenFile]));
       await waitFor(head, new RegExp(`"${name}" .*joined`), 120_000);
     }
     const code = await Promise.race([head.exited, new Promise((r) => setTimeout(() => r("timeout"), 600_000))]);

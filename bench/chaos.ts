@@ -42,8 +42,9 @@ export async function main(model: string, seconds = 180): Promise<void> {
   try {
     const url = `http://127.0.0.1:${(await waitFor(serve, /listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]}`;
     const clusterPort = (await waitFor(serve, /listening for workers on port (\d+)/, 120_000))[1];
+    const tokenFile = (await waitFor(serve, /--token-file (\S+)/))[1]; // the join token (trust/)
     const join = (name: string) => {
-      const w = start(workerCli, ["--join", `127.0.0.1:${clusterPort}`, "--model", model, "--name", name, "--threads", "1"]);
+      const w = start(workerCli, ["--join", `127.0.0.1:${clusterPort}`, "--model", model, "--name", name, "--threads", "1", "--token-file", tokenFile]);
       workers.set(name, w);
       procs.push(w);
     };

@@ -43,8 +43,9 @@ async function ring(model: string, plaintext: boolean): Promise<Report> {
   const workers: ReturnType<typeof run>[] = [];
   try {
     const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
+    const tokenFile = (await coord.waitFor(/--token-file (\S+)/))[1]; // the join token (trust/)
     for (const name of ["crypto1", "crypto2"]) {
-      workers.push(run("worker/cli.js", ["--join", `127.0.0.1:${port}`, "--model", model, "--name", name, "--once"]));
+      workers.push(run("worker/cli.js", ["--join", `127.0.0.1:${port}`, "--model", model, "--name", name, "--once", "--token-file", tokenFile]));
       await coord.waitFor(new RegExp(`"${name}" .*joined`));
     }
     const code = await coord.exited;

@@ -61,10 +61,11 @@ async function ring(model: string, windows: string, k: number, nWorkers: number,
   workerArgs: string[] = []): Promise<Report> {
   const coord = start(coordCli, ["run", model, "--json", "--port", "0", "--min-workers", String(nWorkers), "--layer-windows", windows, "-k", String(k), ...args, ...extra]);
   const port = (await waitFor(coord, /listening for workers on port (\d+)/))[1];
+  const tokenFile = (await waitFor(coord, /--token-file (\S+)/))[1]; // the join token (trust/)
   const workers: Proc[] = [];
   try {
     for (let i = 0; i < nWorkers; i++) {
-      const w = start(workerCli, ["--join", `127.0.0.1:${port}`, "--model", model, "--name", `bench${i + 1}`, "--once", ...workerArgs]);
+      const w = start(workerCli, ["--join", `127.0.0.1:${port}`, "--model", model, "--name", `bench${i + 1}`, "--once", "--token-file", tokenFile, ...workerArgs]);
       const cg = cgroups[i];
       if (cg) writeFileSync(`${cg}/cgroup.procs`, String(w.child.pid));
       workers.push(w);
