@@ -11,7 +11,7 @@ import { DecodeMeter, formatPlan, placeRing, ringPosition } from "../../coordina
 import { LocalModel } from "../../engine/index.js";
 import { halda, selectDevices, type DeviceProfile, type Plan } from "../../halda/index.js";
 import { describeModel, modelProfile, modelShapeByName, readGguf, syntheticModelDescription } from "../../model/index.js";
-import { dropFileCache } from "../../profiler/index.js";
+import { dropFileCache, RAM_AVAILABLE_FRACTION } from "../../profiler/index.js";
 import { Cgroup, blkioProblem, controllerProblem, diskDeviceOf, killAll, root, startIn } from "../profiler/cgroup.js";
 import { PLACEMENT_SHAPE, testModel } from "../profiler/models.js";
 
@@ -175,10 +175,10 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
     dropFileCache(modelPath);
 
     // Capacities in layers, set through memory limits: b' (a layer with its KV cache) plus the scratch
-    // of a window, on top of what the process already uses (a cgroup's room is read exactly).
+    // of a window, over prima.cpp's 0.8 margin, on top of what the process already uses.
     const limitFor = (g: Cgroup, layers: number) => {
       const usage = Number(g.read("memory", "memory.usage_in_bytes"));
-      g.set("memory", "memory.limit_in_bytes", Math.ceil(usage + layers * bPrime + scratch));
+      g.set("memory", "memory.limit_in_bytes", Math.ceil(usage + (layers * bPrime + scratch) / RAM_AVAILABLE_FRACTION));
     };
     const coord = startIn([head], [coordCli, "run", modelPath, "--port", "0", "--min-workers", "3", "--threads", "1", "--json", ...gen], env);
     const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
