@@ -97,21 +97,15 @@ export function connectPinned(address: string, token: JoinToken, alpn: string, t
   });
 }
 
-const certificates = new Map<string, string>();
-
 /** gRPC credentials that accept only the pinned certificate. gRPC verifies a chain against root
- * certificates, so the coordinator's own certificate (fetched once over a pinned connection, and
- * kept) is the root; checkServerIdentity checks the pin again on every connection. */
+ * certificates, so the coordinator's own certificate, fetched over a pinned connection first, is the
+ * root, and checkServerIdentity checks the pin again. Fetched for every session (a handshake costs
+ * milliseconds): an impostor or a rotated certificate is then named as such, not as a TLS error. */
 export async function clusterCredentials(address: string, token: JoinToken, timeoutMs: number): Promise<{ credentials: grpc.ChannelCredentials; options: grpc.ChannelOptions }> {
-  const key = token.pin.toString("hex");
-  let pem = certificates.get(key);
-  if (!pem) {
-    const s = await connectPinned(address, token, ALPN_CHUNKS, timeoutMs);
-    const raw = s.getPeerCertificate(true).raw;
-    s.destroy();
-    pem = `-----BEGIN CERTIFICATE-----\n${raw.toString("base64").replace(/.{64}/g, "$&\n")}\n-----END CERTIFICATE-----\n`.replace("\n\n", "\n");
-    certificates.set(key, pem);
-  }
+  const s = await connectPinned(address, token, ALPN_CHUNKS, timeoutMs);
+  const raw = s.getPeerCertificate(true).raw;
+  s.destroy();
+  const pem = `-----BEGIN CERTIFICATE-----\n${raw.toString("base64").match(/.{1,64}/g)!.join("\n")}\n-----END CERTIFICATE-----\n`;
   const credentials = grpc.credentials.createSsl(Buffer.from(pem), null, null, {
     checkServerIdentity: (_host, cert) => (pinMatches(cert.raw, token.pin) ? undefined : new PinMismatchError(`${address} presented another certificate than the token names`)),
   });

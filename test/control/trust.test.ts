@@ -233,6 +233,32 @@ describe("model identity covers the weights", () => {
   }, 40_000);
 });
 
+describe("rotating the token", () => {
+  it("a running coordinator picks up a rotated token: workers of the old one are let go and cannot come back", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "prima-rotate-"));
+    const store = await TrustStore.open("rotating", { dir });
+    const lines: string[] = [];
+    const reg = new WorkerRegistry({ modelFingerprint: FP, trust: store, log: (l) => lines.push(l) });
+    const port = await reg.listen(0, "127.0.0.1");
+    cleanups.push(() => reg.close());
+    const old = store.identity.token;
+    const f = fakeWorker({ address: `127.0.0.1:${port}`, name: "before", fingerprint: FP, token: old });
+    cleanups.push(() => f.close());
+    const [w] = await reg.waitFor(1, 5000);
+    const lost = new Promise<string>((resolve) => reg.once("lost", (_w: unknown, reason: string) => resolve(reason)));
+    const rotated = await TrustStore.open("rotating", { dir, rotate: true }); // prima-coord token --rotate
+    expect(await Promise.race([lost, new Promise((r) => setTimeout(() => r("not lost"), 4000))])).toBe("the cluster's join token was rotated");
+    expect(w.lost).toBeTruthy();
+    // The old token names the old certificate: the coordinator's new one is refused by the worker.
+    const again = fakeWorker({ address: `127.0.0.1:${port}`, name: "again", fingerprint: FP, token: { pin: old.pin, secret: old.secret } });
+    cleanups.push(() => again.close());
+    expect(await again.ended).toMatch(/is not the coordinator this token names/);
+    const fresh = fakeWorker({ address: `127.0.0.1:${port}`, name: "after", fingerprint: FP, token: rotated.identity.token });
+    cleanups.push(() => fresh.close());
+    expect((await reg.waitFor(1, 5000))[0].join.deviceName).toBe("after");
+  }, 20_000);
+});
+
 describe("the join token's store", () => {
   it("creates a token once per cluster name with 0600 files, reads it back, and rotates it", async () => {
     const dir = mkdtempSync(join(tmpdir(), "prima-trust-"));
