@@ -111,13 +111,14 @@ describe("control plane limits", () => {
       const identity = await createIdentity();
       const reg = new WorkerRegistry({ modelFingerprint: "${FP}", trust: { identity } });
       console.log("port " + await reg.listen(0, "127.0.0.1") + " token " + identity.tokenText);
-      await reg.waitFor(1, 10000);
-      console.log("joined");
+      // The handler before "joined": the test sends SIGTERM as soon as it reads that line.
       process.once("SIGTERM", async () => {
         const start = Date.now();
         await reg.close();
         console.log("closed in " + (Date.now() - start) + " ms");
-      });`]);
+      });
+      await reg.waitFor(1, 10000);
+      console.log("joined");`]);
     const [, port, token] = await host.waitFor(/port (\d+) token (\S+)/);
     const peer = startNode([`${root}test/control/fake-worker-child.mjs`, `127.0.0.1:${port}`, "frozen", FP, token]);
     await host.waitFor(/joined/, 10_000);
