@@ -66,11 +66,18 @@ export async function generate(embedder: Embedder, pipeline: Pipeline, prompt: I
   const tok = new Int32Array(1);
   let steps = 0;
   let stopReason: StopReason = "length";
+  // A yield costs a decode step ~5% (measured on the benchmark model): only when the loop has not
+  // turned by itself since the last one (a forward on a thread resolves from a real I/O completion).
   let yieldedAt = performance.now();
+  let turned = false;
+  const watchTurn = () => setImmediate(() => (turned = true));
+  if (o.yieldEveryMs !== undefined) watchTurn();
   while (ids.length < o.maxTokens) {
     if (o.yieldEveryMs !== undefined && performance.now() - yieldedAt >= o.yieldEveryMs) {
-      await new Promise((resolve) => setImmediate(resolve));
+      if (!turned) await new Promise((resolve) => setImmediate(resolve));
       yieldedAt = performance.now();
+      turned = false;
+      watchTurn();
     }
     const id = o.sampler.sample(logits, history);
     history.push(id);
