@@ -54,10 +54,9 @@ export class ModelSource {
     return this.o.hashDir ? join(this.o.hashDir, `${this.o.fingerprint}.chunks.json`) : undefined;
   }
 
-  /** Reads chunk i (a fresh buffer) with its hash. */
-  async read(i: number): Promise<{ data: Buffer; sha256: string }> {
+  /** Chunk i's bytes from the file (a fresh buffer). */
+  private async bytesOf(i: number): Promise<Buffer> {
     if (!Number.isInteger(i) || i < 0 || i >= this.hashes.length) throw new RangeError(`chunk ${i} does not exist (the model has ${this.hashes.length})`);
-    if (testDelayMs > 0) await new Promise((r) => setTimeout(r, testDelayMs));
     this.fh ??= open(this.o.path, "r");
     const fh = await this.fh;
     const [s, e] = chunkRange(i, this.info);
@@ -68,6 +67,11 @@ export class ModelSource {
       if (bytesRead === 0) throw new Error(`${this.o.path}: the file ended at ${s + got} bytes, ${this.info.fileBytes} expected (was it changed?)`);
       got += bytesRead;
     }
+    return data;
+  }
+
+  /** The kept hash of chunk i, or data's (then kept). */
+  private hashFor(i: number, data: Buffer): string {
     let h = this.hashes[i];
     if (h === undefined) {
       h = this.hashes[i] = sha256(data);
@@ -75,28 +79,21 @@ export class ModelSource {
     } else if (this.verifyEvery && sha256(data) !== h) {
       throw new Error(`${this.o.path}: chunk ${i} changed since it was hashed (the model file was modified)`);
     }
+    return h;
+  }
+
+  /** Reads chunk i (a fresh buffer) with its hash. */
+  async read(i: number): Promise<{ data: Buffer; sha256: string }> {
+    if (testDelayMs > 0) await new Promise((r) => setTimeout(r, testDelayMs));
+    const data = await this.bytesOf(i);
+    const h = this.hashFor(i, data);
     if (this.corrupt.delete(i)) data[data.length >> 1] ^= 0xff;
     return { data, sha256: h };
   }
 
   /** Chunk i's SHA-256: the kept one, or read and hashed now (and kept); no test delay or corruption. */
   async hashOf(i: number): Promise<string> {
-    if (!Number.isInteger(i) || i < 0 || i >= this.hashes.length) throw new RangeError(`chunk ${i} does not exist (the model has ${this.hashes.length})`);
-    const kept = this.hashes[i];
-    if (kept !== undefined) return kept;
-    this.fh ??= open(this.o.path, "r");
-    const fh = await this.fh;
-    const [s, e] = chunkRange(i, this.info);
-    const data = Buffer.allocUnsafe(e - s);
-    let got = 0;
-    while (got < data.length) {
-      const { bytesRead } = await fh.read(data, got, data.length - got, s + got);
-      if (bytesRead === 0) throw new Error(`${this.o.path}: the file ended at ${s + got} bytes, ${this.info.fileBytes} expected (was it changed?)`);
-      got += bytesRead;
-    }
-    const h = (this.hashes[i] = sha256(data));
-    this.saveSoon();
-    return h;
+    return this.hashes[i] ?? this.hashFor(i, await this.bytesOf(i));
   }
 
   /** Check each chunk read against its kept hash (a file changed under a running coordinator). */
