@@ -2,8 +2,9 @@
 import { existsSync, mkdirSync, renameSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { LocalModel } from "../../engine/index.js";
 import { generateModel } from "../../modelgen/index.js";
-import type { ModelShape } from "../../model/index.js";
+import { describeModel, modelProfile, readGguf, type ModelShape } from "../../model/index.js";
 
 /** 12 llama layers of 1024 wide, Q8_0 (145 MB): enough work per token that latency is not overhead. */
 export const PLACEMENT_SHAPE: ModelShape = {
@@ -21,4 +22,17 @@ export async function testModel(shape: ModelShape, type: string): Promise<string
   await generateModel({ shape, type, out: tmp, seed: 7, pure: true });
   renameSync(tmp, path);
   return path;
+}
+
+/** What a layer costs a device at this context (b': weights with their KV cache), the window scratch
+ * as planRing measures it (a one-layer window at the CLI's prompt batch of 128), and the model profile. */
+export function layerCosts(modelPath: string, ctx: number) {
+  const mp = modelProfile(describeModel(readGguf(modelPath)), { nCtx: ctx });
+  const bPrime = mp.layerBytes + mp.kvBytesPerTokenLayer * ctx;
+  const lm = LocalModel.open(modelPath, { threads: 1 });
+  const w = lm.window(0, 1, { ctx, maxBatch: 128 });
+  const scratch = w.info().anonBytes - mp.kvBytesPerTokenLayer * ctx;
+  w.close();
+  lm.close();
+  return { mp, bPrime, scratch };
 }

@@ -11,11 +11,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, afterEach, describe, expect, it } from "vitest";
 import type { Plan } from "../../halda/index.js";
-import { LocalModel } from "../../engine/index.js";
-import { describeModel, modelProfile, readGguf } from "../../model/index.js";
 import { RAM_AVAILABLE_FRACTION, dropFileCache } from "../../profiler/index.js";
 import { Cgroup, controllerProblem, killAll, root, startIn } from "../profiler/cgroup.js";
-import { PLACEMENT_SHAPE, testModel } from "../profiler/models.js";
+import { PLACEMENT_SHAPE, layerCosts, testModel } from "../profiler/models.js";
 
 const coordCli = join(root, "dist/coordinator/cli.js");
 const workerCli = join(root, "dist/worker/cli.js");
@@ -44,14 +42,7 @@ describe.skipIf(problem !== null)(`capped devices${problem ? ` (skipped: ${probl
     const gen = ["-p", "Once upon a time", "-n", "24", "--temp", "0", "--ctx", String(ctx), "--threads", "1"];
     const modelPath = await testModel(PLACEMENT_SHAPE, "Q8_0");
     const alone = JSON.parse(execFileSync(process.execPath, [coordCli, "run", modelPath, "--json", ...gen], { encoding: "utf8", cwd: root })) as RunJson;
-    const mp = modelProfile(describeModel(readGguf(modelPath)), { nCtx: ctx });
-    const bPrime = mp.layerBytes + mp.kvBytesPerTokenLayer * ctx;
-    // The window scratch as planRing measures it (the ring's prompt batch is the CLI default, 128).
-    const lm = LocalModel.open(modelPath, { threads: 1 });
-    const w = lm.window(0, 1, { ctx, maxBatch: 128 });
-    const scratch = w.info().anonBytes - mp.kvBytesPerTokenLayer * ctx;
-    w.close();
-    lm.close();
+    const { mp, bPrime, scratch } = layerCosts(modelPath, ctx);
 
     const tag = `prima-capped-${process.pid}`;
     const make = (name: string) => {

@@ -8,12 +8,11 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { afterAll, afterEach, describe, expect, it } from "vitest";
 import { DecodeMeter, formatPlan, placeRing, ringPosition } from "../../coordinator/placement.js";
-import { LocalModel } from "../../engine/index.js";
 import { halda, selectDevices, type DeviceProfile, type Plan } from "../../halda/index.js";
-import { describeModel, modelProfile, modelShapeByName, readGguf, syntheticModelDescription } from "../../model/index.js";
+import { modelProfile, modelShapeByName, syntheticModelDescription } from "../../model/index.js";
 import { dropFileCache, RAM_AVAILABLE_FRACTION } from "../../profiler/index.js";
 import { Cgroup, blkioProblem, controllerProblem, diskDeviceOf, killAll, root, startIn } from "../profiler/cgroup.js";
-import { PLACEMENT_SHAPE, testModel } from "../profiler/models.js";
+import { PLACEMENT_SHAPE, layerCosts, testModel } from "../profiler/models.js";
 
 describe("placeRing: Halda's plan in ring order", () => {
   const model = modelProfile(syntheticModelDescription(modelShapeByName("llama3-8b")!, "Q4_K_M"), { nCtx: 1024 });
@@ -203,13 +202,7 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
     const modelPath = await testModel(PLACEMENT_SHAPE, "Q8_0");
     // What one device generates, for the ring to match token for token.
     const alone = JSON.parse(execFileSync(process.execPath, [coordCli, "run", modelPath, "--json", ...gen], { encoding: "utf8", cwd: root })) as RunJson;
-    const mp = modelProfile(describeModel(readGguf(modelPath)), { nCtx: ctx });
-    const bPrime = mp.layerBytes + mp.kvBytesPerTokenLayer * ctx;
-    const lm = LocalModel.open(modelPath, { threads: 1 });
-    const w = lm.window(0, 1, { ctx, maxBatch: 128 });
-    const scratch = w.info().anonBytes - mp.kvBytesPerTokenLayer * ctx;
-    w.close();
-    lm.close();
+    const { mp, bPrime, scratch } = layerCosts(modelPath, ctx);
 
     // This machine is shared: other programs can halve its speed between a profile and a run seconds
     // later, and other test files run beside this one. What follows from memory limits and the plan
