@@ -100,12 +100,15 @@ export async function main(model: string, seconds = 180): Promise<void> {
     stopKilling = true;
     await killer;
     const state = (await (await fetch(`${url}/api/state`)).json()) as { events: { kind: string; message: string }[] };
+    // Pauses from the latest events (the state keeps 50), the count from /metrics.
     const pauses = state.events.filter((e) => e.kind === "recovered").map((e) => Number(/after a ([\d.]+) s pause/.exec(e.message)?.[1]) * 1000);
+    const metrics = await (await fetch(`${url}/metrics`)).text();
+    const recoveries = Number(/^prima_recovery_seconds_count (\d+)/m.exec(metrics)?.[1] ?? pauses.length);
     const rss1 = rssMiB(serve.child.pid!), fds1 = openFiles(serve.child.pid!);
     console.log(`\n## chaos: ${seconds} s of streamed requests (${TOKENS} tokens each) on serve + 2 workers, a worker killed or frozen every ~20 s\n`);
-    console.log("| kills | correct | failed (clear error) | wrong (goal 0) | hung (goal 0) | recoveries | pause median ms | pause worst ms | server RSS MiB start -> end | open files start -> end |");
+    console.log("| kills | correct | failed (clear error) | wrong (goal 0) | hung (goal 0) | recoveries | pause median ms (latest) | pause worst ms (latest) | server RSS MiB start -> end | open files start -> end |");
     console.log("|---|---|---|---|---|---|---|---|---|---|");
-    console.log(`| ${counts.kills} | ${counts.correct} | ${counts.failed} | ${counts.wrong} | ${counts.hung} | ${pauses.length} | ${median(pauses).toFixed(0)} | ` +
+    console.log(`| ${counts.kills} | ${counts.correct} | ${counts.failed} | ${counts.wrong} | ${counts.hung} | ${recoveries} | ${median(pauses).toFixed(0)} of ${pauses.length} | ` +
       `${pauses.length ? Math.max(...pauses).toFixed(0) : "-"} | ${rss0.toFixed(0)} -> ${rss1.toFixed(0)} | ${fds0} -> ${fds1} |`);
     for (const [m, n] of errors) console.log(`- ${n} x failed: ${m}`);
   } finally {

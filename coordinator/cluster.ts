@@ -489,7 +489,14 @@ export class Cluster extends EventEmitter {
   }
 
   private async run(req: GenerationRequest, queueMs: number): Promise<GenerationOutcome> {
-    await this.prepare();
+    try {
+      await this.prepare();
+    } catch (e) {
+      // A device lost while the ring was being wired (its loss not yet declared): once more, without it.
+      if (this.closed) throw e;
+      this.o.log(`placing the layers failed (${(e as Error).message}); trying again with the devices that answer`);
+      await this.recoverRing();
+    }
     let current = this.current!;
     req.onStart?.();
     const prompt = req.prompt;
