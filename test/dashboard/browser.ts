@@ -1,6 +1,7 @@
 // Browser helpers for the dashboard's tests (this suite and the real-cluster one): Debian's chromium
 // through puppeteer-core (never a downloaded browser), a page that records its errors and CSP
 // violations, screenshots into test-artifacts/, and readers for what the page shows.
+import { expect } from "vitest";
 import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import puppeteer, { type Browser, type Page } from "puppeteer-core";
@@ -146,4 +147,28 @@ export async function until(what: string, fn: () => Promise<boolean> | boolean, 
     if (Date.now() > end) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
     await new Promise((r) => setTimeout(r, everyMs));
   }
+}
+
+/** The plan's bands as the page draws them: one per cycle, each holding its cycle's layers exactly once
+ * in ring order with widths proportional to layers, the plan's windows as drawn, and over all cycles
+ * every layer of the model exactly once. */
+export async function expectBandsMatch(page: Page, layers: number, plan: {
+  ringOrder: readonly string[]; windows: readonly { device: string; firstLayer: number; endLayer: number; cycle: number }[];
+}): Promise<ShownBand[]> {
+  const bands = await shownBands(page);
+  const overall = new Array<number>(layers).fill(0);
+  for (const band of bands) {
+    const held = new Array<number>(layers).fill(0);
+    for (const seg of band.segments) {
+      expect(seg.device, "no gap segments").not.toBe("");
+      for (let l = seg.first; l < seg.end; l++) { held[l]++; overall[l]++; }
+      expect(Math.abs(seg.widthPx - ((seg.end - seg.first) / (band.end - band.first)) * band.widthPx)).toBeLessThan(1.5);
+    }
+    expect(held.slice(band.first, band.end)).toEqual(new Array<number>(band.end - band.first).fill(1));
+    expect(band.segments.map((x) => x.device)).toEqual(plan.ringOrder);
+    expect(band.segments.map((x) => [x.device, x.first, x.end])).toEqual(
+      plan.windows.filter((w) => w.cycle === band.cycle).map((w) => [w.device, w.firstLayer, w.endLayer]));
+  }
+  expect(overall).toEqual(new Array<number>(layers).fill(1));
+  return bands;
 }

@@ -11,7 +11,7 @@ import type { ClusterState } from "../../coordinator/state.js";
 import { killAll, type Proc } from "../ring/cluster.js";
 import { joinWorker, startServe, until as untilHttp, type Served } from "../coordinator/serve-harness.js";
 import {
-  bannerVisible, chromiumMissing, closeBrowsers, launchBrowser, openDashboard, shownBands, shownDevices, until,
+  bannerVisible, chromiumMissing, closeBrowsers, expectBandsMatch, launchBrowser, openDashboard, shownDevices, until,
   waitForState, type DashboardPage,
 } from "./browser.js";
 
@@ -109,23 +109,8 @@ describe.skipIf(chromiumMissing !== null)(chromiumMissing ? `dashboard on a real
     // The bands, by the page's rules: each cycle's band spans its layers, each held exactly once, in
     // ring order, as the plan's windows; over all cycles every layer of the model exactly once; and the
     // page reports no coverage problem.
-    const L = state.model.layers;
-    const bands = await shownBands(d.page);
+    const bands = await expectBandsMatch(d.page, state.model.layers, plan);
     expect(bands.map((b) => b.cycle)).toEqual(Array.from({ length: plan.cycles }, (_, c) => c));
-    const overall = new Array<number>(L).fill(0);
-    for (const band of bands) {
-      const held = new Array<number>(L).fill(0);
-      for (const seg of band.segments) {
-        expect(seg.device, "no gap segments").not.toBe("");
-        for (let l = seg.first; l < seg.end; l++) { held[l]++; overall[l]++; }
-        expect(Math.abs(seg.widthPx - ((seg.end - seg.first) / (band.end - band.first)) * band.widthPx)).toBeLessThan(1.5);
-      }
-      expect(held.slice(band.first, band.end)).toEqual(new Array<number>(band.end - band.first).fill(1));
-      expect(band.segments.map((x) => x.device)).toEqual(plan.ringOrder);
-      expect(band.segments.map((x) => [x.device, x.first, x.end])).toEqual(
-        plan.windows.filter((w) => w.cycle === band.cycle).map((w) => [w.device, w.firstLayer, w.endLayer]));
-    }
-    expect(overall).toEqual(new Array<number>(L).fill(1));
     expect(await d.page.$$(".problems li")).toHaveLength(0);
     const main = await d.page.$eval("main", (m) => (m as HTMLElement).innerText);
     expect(main).toContain(state.model.name);
