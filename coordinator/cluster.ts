@@ -104,6 +104,8 @@ export interface GenerationOutcome {
 }
 
 interface DeviceInfo {
+  /** The worker's profile as it joined with it (parsed once, for the state). */
+  readonly report: Partial<DeviceReport>;
   state: DeviceStateName;
   detail: string | null;
   progress: number | null;
@@ -129,7 +131,7 @@ const YIELD_EVERY_MS = 4;
 /** After a join or a loss, wait this long for more before re-placing an idle cluster. */
 const REPLAN_SETTLE_MS = 1000;
 
-/** Events: "change" (the state changed), "ready" (the ring can serve). */
+/** Events: "change" (the state changed). */
 export class Cluster extends EventEmitter {
   readonly registry: WorkerRegistry;
   readonly fingerprint: string;
@@ -156,7 +158,7 @@ export class Cluster extends EventEmitter {
   private waiting = 0;
   private active: { state: RequestState; controller: { tokens: number; firstAt: number | null; startedAt: number } } | null = null;
   private stats = {
-    completed: 0, failed: 0, generatedTokens: 0, promptTokens: 0, cachedTokens: 0, ttftMsSum: 0, ttftCount: 0, rejected: 0,
+    completed: 0, failed: 0, generatedTokens: 0, promptTokens: 0, cachedTokens: 0, ttftMsSum: 0, ttftCount: 0, decodeMsSum: 0, decodeSteps: 0,
     lost: 0, replans: 0, recoveries: 0, recoveryMsSum: 0, recoveryMsLast: 0,
   };
   private readonly history: { unixMs: number; tokensPerS: number }[] = [];
@@ -243,7 +245,13 @@ export class Cluster extends EventEmitter {
   // ---- devices coming and going ----------------------------------------------------------------
 
   private onJoined(w: WorkerHandle): void {
-    this.devices.set(w.id, { state: "joining", detail: "waiting to be placed", progress: null, joinedUnixMs: Date.now(), measured: null, lastStatus: null });
+    let report: Partial<DeviceReport> = {};
+    try {
+      report = JSON.parse(w.join.profileJson) as Partial<DeviceReport>;
+    } catch {
+      // the registry checked it already; a state without the profile's details is still a state
+    }
+    this.devices.set(w.id, { report, state: "joining", detail: "waiting to be placed", progress: null, joinedUnixMs: Date.now(), measured: null, lastStatus: null });
     this.event("joined", `device ${w.label} joined`);
     this.markDirty();
   }
@@ -430,7 +438,6 @@ export class Cluster extends EventEmitter {
       leftOut: leftOut.map((w) => ({ device: w.id, reason: dropReason(w) })), notes: placement ? [...placement.plan.notes] : [], madeUnixMs: Date.now(),
     };
     this.event("replan", `placed ${model.nLayers} layers on ${members.length + 1} devices, ${plan.cycles} cycle${plan.cycles === 1 ? "" : "s"} [${perCycle.join(", ")}]`);
-    this.emit("ready");
   }
 
   private useLocal(leftOut: { device: string; reason: string }[], why: string, generation = this.generation): void {
@@ -444,7 +451,6 @@ export class Cluster extends EventEmitter {
       notes: [why, ...(this.placement?.plan.notes ?? [])], madeUnixMs: Date.now(),
     };
     this.event("replan", why);
-    this.emit("ready");
   }
 
   private setDevice(w: WorkerHandle, state: DeviceStateName, detail: string | null, progress: number | null = null): void {
@@ -467,7 +473,6 @@ export class Cluster extends EventEmitter {
   generate(req: GenerationRequest): Promise<GenerationOutcome> {
     if (this.closed) return Promise.reject(new Error("the server is shutting down"));
     if (this.waiting >= this.maxQueue && (this.active || this.waiting > 0)) {
-      this.stats.rejected++;
       return Promise.reject(new QueueFullError(`${this.waiting} requests are waiting (the limit is ${this.maxQueue}): try again shortly`));
     }
     this.waiting++;
@@ -589,6 +594,8 @@ export class Cluster extends EventEmitter {
       this.stats.ttftMsSum += firstTokenMs;
       this.stats.ttftCount++;
     }
+    this.stats.decodeMsSum += result.decodeMs;
+    this.stats.decodeSteps += result.decodeSteps;
     const ring = current.kind === "ring" ? current.ring : undefined;
     const perDevice = await this.measure(current, parts.length === 1 ? before : undefined, pressure.pressure(), meter, result);
     this.finishActive();
@@ -621,20 +628,13 @@ export class Cluster extends EventEmitter {
     }
   }
 
-  /** The workers that answer a status request within the limit (after a failure, a silent one is
-   * left out of the next placement rather than waited for). */
+  /** The workers that answer a status request within the limit: after a failure a silent one is not
+   * waited for (the registry declares it lost, as its status limit does). */
   private async responsive(workers: readonly WorkerHandle[]): Promise<WorkerHandle[]> {
-    const answers = await Promise.all(workers.map((w) => {
-      let timer: NodeJS.Timeout | undefined;
-      const limit = new Promise<false>((resolve) => {
-        timer = setTimeout(() => resolve(false), RESPONSIVE_WITHIN_MS);
-      });
-      return Promise.race([w.status().then(() => true, () => false), limit]).finally(() => clearTimeout(timer));
-    }));
+    const answers = await Promise.all(workers.map((w) => w.status(RESPONSIVE_WITHIN_MS).then(() => true, () => false)));
     const silent = workers.filter((_, i) => !answers[i]);
     for (const w of silent) {
       this.o.log(`device ${w.label} did not answer within ${RESPONSIVE_WITHIN_MS} ms: leaving it out of this placement`);
-      this.setDevice(w, "left-out", "did not answer after the ring failed");
     }
     return workers.filter((_, i) => answers[i]);
   }
@@ -673,7 +673,7 @@ export class Cluster extends EventEmitter {
         this.headMeasured = measured;
         this.headStatusSeen = s.status;
       }
-      const haldaIndex = s.id === HEAD_ID ? 0 : workers.findIndex((w) => w.id === s.id) + 1;
+      const haldaIndex = s.id === HEAD_ID ? 0 : workers.findIndex((w) => w.id === s.id) + 1; // placedWorkers: Halda's 1..n
       return { id: s.id, label: s.label, status: s.status, haldaIndex, before: b, cost };
     });
   }
@@ -688,6 +688,8 @@ export class Cluster extends EventEmitter {
 
   private headMeasured: MeasuredMs | null = null;
   private headSystem: SystemInfo | undefined;
+  /** The state's model part: it never changes. */
+  private modelState: ClusterState["model"] | undefined;
   private headStatusSeen: Status | null = null;
 
   private finishActive(): void {
@@ -757,15 +759,8 @@ export class Cluster extends EventEmitter {
       return d ? { ...d.latency } : null;
     };
     const setFor = (haldaIndex: number) => this.placement?.plan.devices.find((x) => x.index === haldaIndex)?.set ?? null;
-    const placedWorkers = this.placement ? this.placement.labels : [];
-    const haldaIndexOf = (w: WorkerHandle) => (this.placement ? placedWorkers.indexOf(w.label) : -1);
-    const fromProfile = (json: string) => {
-      try {
-        return JSON.parse(json) as Partial<DeviceReport>;
-      } catch {
-        return {};
-      }
-    };
+    // Halda's device i is the placement's worker i - 1 (0 is the head).
+    const haldaIndexOf = (w: WorkerHandle) => (this.placement && this.placedWorkers.includes(w) ? this.placedWorkers.indexOf(w) + 1 : -1);
     const deviceState = (id: string, name: string, address: string, isHead: boolean, info: DeviceInfo | null, report: Partial<DeviceReport> | undefined, haldaIndex: number, status: Status | null): DeviceState => {
       const d = report?.details, p = report?.profile;
       // Without a profile (layers placed by hand) the head still knows its own machine.
@@ -797,9 +792,12 @@ export class Cluster extends EventEmitter {
     const pressureSeen = this.headStatusSeen?.memPressure ?? 0;
     const headStatusNow = this.current?.kind === "local" ? this.localStatus(this.current.pipeline, pressureSeen) : headStatus(this.current?.ring.node, pressureSeen);
     const devices: DeviceState[] = [
-      ...workers.map((w) => deviceState(w.id, w.join.deviceName, w.dataHost, false, this.devices.get(w.id)!, fromProfile(w.join.profileJson), haldaIndexOf(w), this.devices.get(w.id)?.lastStatus ?? null)),
+      ...workers.flatMap((w) => {
+        const info = this.devices.get(w.id);
+        return info ? [deviceState(w.id, w.join.deviceName, w.dataHost, false, info, info.report, haldaIndexOf(w), info.lastStatus)] : [];
+      }),
       deviceState(HEAD_ID, `${HEAD_ID} (this coordinator)`, "this machine", true, null, this.headReport, this.placement ? 0 : -1, headStatusNow),
-      ...this.lost.map(({ handle: w, info }) => deviceState(w.id, w.join.deviceName, w.dataHost, false, info, fromProfile(w.join.profileJson), -1, null)),
+      ...this.lost.map(({ handle: w, info }) => deviceState(w.id, w.join.deviceName, w.dataHost, false, info, info.report, -1, null)),
     ];
     const links = ringOrder.map((from, i) => {
       const to = ringOrder[(i + 1) % ringOrder.length];
@@ -811,12 +809,12 @@ export class Cluster extends EventEmitter {
     return {
       version: STATE_VERSION,
       cluster: this.o.name,
-      model: {
+      model: (this.modelState ??= {
         // The name /v1/models lists (the file's), which the dashboard's chat sends back.
         name: basename(this.o.modelPath, extname(this.o.modelPath)), path: this.o.modelPath,
         architecture: metaString(model.gguf, "general.architecture") ?? "unknown", layers: model.nLayers, sizeBytes: model.desc.fileBytes,
         quantization: quantizationOf(model), fingerprint: this.fingerprint, contextTokens: this.o.ctx,
-      },
+      }),
       server: {
         startedUnixMs: this.startedUnixMs, nowUnixMs: Date.now(), ready: readiness.ok,
         status: readiness.status,

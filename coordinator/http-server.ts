@@ -8,7 +8,7 @@ import type { AddressInfo } from "node:net";
 import { Sampler } from "../engine/index.js";
 import { StreamingDecoder, type Tokenizer } from "../model/tokenizer.js";
 import { CancelledError, QueueFullError, type Cluster } from "./cluster.js";
-import { formatMetrics, newServiceCounters, type ServiceCounters } from "./metrics.js";
+import { formatMetrics, newRequestOutcomes, type RequestOutcomes } from "./metrics.js";
 import {
   ApiError, ResponseShaper, StopMatcher, parseChatRequest, parseCompletionRequest, usage, type FinishReason, type ParsedRequest,
 } from "./openai.js";
@@ -78,7 +78,7 @@ export class ApiServer {
   private readonly server: Server;
   private readonly keyHash: Buffer | undefined;
   private readonly streams = new Set<ServerResponse>();
-  readonly counters: ServiceCounters = newServiceCounters();
+  readonly outcomes: RequestOutcomes = newRequestOutcomes();
 
   constructor(private readonly o: ApiServerOptions) {
     this.keyHash = o.apiKey ? createHash("sha256").update(o.apiKey).digest() : undefined;
@@ -162,7 +162,7 @@ export class ApiServer {
         return;
       case "GET /metrics":
         res.writeHead(200, { "Content-Type": "text/plain; version=0.0.4; charset=utf-8" });
-        res.end(formatMetrics(this.o.cluster.state(), this.counters, this.o.cluster.counters));
+        res.end(formatMetrics(this.o.cluster.state(), this.outcomes, this.o.cluster.counters));
         return;
       case "GET /api/state":
         sendJson(res, 200, this.o.cluster.state(), { "Cache-Control": "no-store" });
@@ -227,7 +227,7 @@ export class ApiServer {
     const health = this.healthy();
     if (!health.ok) {
       req.resume();
-      this.counters.requests.rejected++;
+      this.outcomes.rejected++;
       sendError(res, new ApiError(503, `the cluster cannot serve yet: ${health.status}`, "server_error", "not_ready"), { "Retry-After": "5" });
       return;
     }
@@ -254,7 +254,7 @@ export class ApiServer {
         throw new ApiError(400, `the prompt has ${ids.length} tokens; the context holds ${ctx}, and at least one must be left to generate`, "invalid_request_error", "context_length_exceeded", kind === "chat" ? "messages" : "prompt");
       }
     } catch (e) {
-      this.counters.requests.invalid++;
+      this.outcomes.invalid++;
       if (e instanceof ApiError) {
         sendError(res, e);
         return;
@@ -302,22 +302,14 @@ export class ApiServer {
       done = true;
       const r = out.result;
       if (abort.signal.aborted) {
-        this.counters.requests.cancelled++;
+        this.outcomes.cancelled++;
         this.o.log(`request ${shaper.id} cancelled by the client after ${r.ids.length} tokens`);
         res.end();
         return;
       }
       const finish: FinishReason = r.stopReason === "end" || stops.stopped ? "stop" : "length";
       const u = usage(ids.length, r.ids.length, out.cachedTokens);
-      this.counters.requests.ok++;
-      this.counters.promptTokens += ids.length;
-      this.counters.cachedPromptTokens += out.cachedTokens;
-      if (out.firstTokenMs !== null) {
-        this.counters.ttftMsSum += out.firstTokenMs;
-        this.counters.ttftCount++;
-      }
-      this.counters.decodeMsSum += r.decodeMs;
-      this.counters.decodeTokens += r.decodeSteps;
+      this.outcomes.ok++;
       if (p.stream) {
         if (first && p.kind === "chat") res.write(`data: ${JSON.stringify(shaper.chunk("", null, true))}\n\n`);
         res.write(`data: ${JSON.stringify(shaper.chunk(null, finish))}\n\n`);
@@ -327,16 +319,16 @@ export class ApiServer {
     } catch (e) {
       done = true;
       if (e instanceof QueueFullError) {
-        this.counters.requests.rejected++;
+        this.outcomes.rejected++;
         sendError(res, new ApiError(503, e.message, "server_error", "queue_full"), { "Retry-After": "2" });
         return;
       }
       if (e instanceof CancelledError) {
-        this.counters.requests.cancelled++;
+        this.outcomes.cancelled++;
         res.end();
         return;
       }
-      this.counters.requests.error++;
+      this.outcomes.error++;
       const err = new ApiError(503, `generation failed: ${(e as Error).message}`, "server_error", "generation_failed");
       this.o.log(`request ${shaper.id} failed: ${(e as Error).message}`);
       if (res.headersSent) res.end(`data: ${JSON.stringify(err.body())}\n\n`);

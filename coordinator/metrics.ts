@@ -6,23 +6,21 @@ function label(v: string): string {
   return v.replace(/\\/g, "\\\\").replace(/"/g, '\\"').replace(/\n/g, "\\n");
 }
 
-/** What the HTTP API counts (the server adds to them as requests end). */
-export interface ServiceCounters {
-  requests: Record<"ok" | "error" | "rejected" | "cancelled" | "invalid", number>;
-  promptTokens: number;
-  cachedPromptTokens: number;
-  ttftMsSum: number;
-  ttftCount: number;
-  decodeMsSum: number;
-  decodeTokens: number;
+/** What the HTTP API counts: how each request ended. */
+export type RequestOutcomes = Record<"ok" | "error" | "rejected" | "cancelled" | "invalid", number>;
+
+export function newRequestOutcomes(): RequestOutcomes {
+  return { ok: 0, error: 0, rejected: 0, cancelled: 0, invalid: 0 };
 }
 
-export function newServiceCounters(): ServiceCounters {
-  return { requests: { ok: 0, error: 0, rejected: 0, cancelled: 0, invalid: 0 }, promptTokens: 0, cachedPromptTokens: 0, ttftMsSum: 0, ttftCount: 0, decodeMsSum: 0, decodeTokens: 0 };
-}
-
-/** What the cluster counts about its devices and recoveries. */
+/** What the cluster counts, for every front door (coordinator/cluster.ts). */
 export interface ClusterCounters {
+  readonly promptTokens: number;
+  readonly cachedTokens: number;
+  readonly ttftMsSum: number;
+  readonly ttftCount: number;
+  readonly decodeMsSum: number;
+  readonly decodeSteps: number;
   readonly lost: number;
   readonly replans: number;
   readonly recoveries: number;
@@ -30,23 +28,23 @@ export interface ClusterCounters {
   readonly recoveryMsLast: number;
 }
 
-export function formatMetrics(s: ClusterState, c: ServiceCounters, k: ClusterCounters): string {
+export function formatMetrics(s: ClusterState, outcomes: RequestOutcomes, k: ClusterCounters): string {
   const out: string[] = [];
   const metric = (name: string, type: string, help: string, samples: [string, number][]) => {
     out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
     for (const [labels, v] of samples) out.push(`${name}${labels} ${Number.isFinite(v) ? v : 0}`);
   };
-  metric("prima_requests_total", "counter", "Requests by outcome.", Object.entries(c.requests).map(([k, v]) => [`{outcome="${k}"}`, v]));
+  metric("prima_requests_total", "counter", "Requests by outcome.", Object.entries(outcomes).map(([k, v]) => [`{outcome="${k}"}`, v]));
   metric("prima_generated_tokens_total", "counter", "Tokens generated.", [["", s.requests.generatedTokens]]);
-  metric("prima_prompt_tokens_total", "counter", "Prompt tokens of completed requests.", [["", c.promptTokens]]);
-  metric("prima_prompt_tokens_cached_total", "counter", "Prompt tokens whose KV cache was reused from the previous request.", [["", c.cachedPromptTokens]]);
+  metric("prima_prompt_tokens_total", "counter", "Prompt tokens of the requests that ran.", [["", k.promptTokens]]);
+  metric("prima_prompt_tokens_cached_total", "counter", "Prompt tokens whose KV cache was reused from the previous request.", [["", k.cachedTokens]]);
   metric("prima_queue_length", "gauge", "Requests waiting for the ring.", [["", s.requests.queueLength]]);
   metric("prima_request_active", "gauge", "1 while a request is generating.", [["", s.requests.active ? 1 : 0]]);
   metric("prima_time_to_first_token_seconds", "summary", "Time from a request leaving the queue to its first token.", [
-    ["_sum", c.ttftMsSum / 1000], ["_count", c.ttftCount],
+    ["_sum", k.ttftMsSum / 1000], ["_count", k.ttftCount],
   ]);
-  metric("prima_decode_seconds_total", "counter", "Time spent in decode steps (one token each) at the server.", [["", c.decodeMsSum / 1000]]);
-  metric("prima_decode_steps_total", "counter", "Decode steps (one token each).", [["", c.decodeTokens]]);
+  metric("prima_decode_seconds_total", "counter", "Time spent in decode steps (one token each) at the server.", [["", k.decodeMsSum / 1000]]);
+  metric("prima_decode_steps_total", "counter", "Decode steps (one token each).", [["", k.decodeSteps]]);
   metric("prima_devices_lost_total", "counter", "Devices lost (exit, crash, hang, network).", [["", k.lost]]);
   metric("prima_replans_total", "counter", "Times layers were placed again (devices joined or left, or a request recovered).", [["", k.replans]]);
   metric("prima_recovery_seconds", "summary", "Pause of a request's stream from a lost device to its next token.", [
