@@ -4,11 +4,10 @@
 import { createInterface } from "node:readline";
 import { Sampler } from "../engine/index.js";
 import type { ChatMessage } from "../model/index.js";
-import { StreamingDecoder, Tokenizer } from "../model/tokenizer.js";
+import { StreamingDecoder } from "../model/tokenizer.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
 import { CancelledError } from "./cluster.js";
-import { clusterFor, openHeadModel } from "./head.js";
-import { PromptRenderer, chatTemplateChoice } from "./prompt.js";
+import { clusterFor, log, openHead } from "./head.js";
 
 const HELP = `usage: prima-coord chat model.gguf [options]
 
@@ -50,10 +49,7 @@ function printable(s: string): string {
 }
 
 export async function chatWith(a: ClusterArgs & { system?: string; nPredict: number; port: number }): Promise<number> {
-  const log = (line: string) => console.error(`[prima-coord] ${line}`);
-  const model = openHeadModel(a);
-  const tok = Tokenizer.fromGguf(model.gguf);
-  const prompts = new PromptRenderer(tok, chatTemplateChoice(a.chatTemplate, "chatml"));
+  const { model, tok, prompts } = openHead(a, "chatml");
   if (prompts.chat.isFallback) log(`the model has no chat template: using ${a.chatTemplate ?? "chatml"}`);
   const cluster = clusterFor(a, model, log);
   const rl = createInterface({ input: process.stdin, output: process.stdout, terminal: process.stdin.isTTY === true });

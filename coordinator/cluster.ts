@@ -5,7 +5,7 @@
 import { EventEmitter } from "node:events";
 import { basename, dirname, extname, join, resolve } from "node:path";
 import type { Status } from "../control/index.js";
-import { LocalPipeline, generate, type GenerationResult, type LocalModel, type Pipeline, type Sampler } from "../engine/index.js";
+import { LocalPipeline, generate, type GenerationResult, type LocalModel, type Sampler } from "../engine/index.js";
 import { ggmlTypeName, metaString, modelFingerprint, rowBytes } from "../model/index.js";
 import { memoryPressureTracker, modelWorkload, profileDevice, systemInfo, type DeviceReport, type SystemInfo } from "../profiler/index.js";
 import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";

@@ -1,8 +1,21 @@
 // The head's model and the cluster around it, from the options run, chat and serve share.
 import { LocalModel } from "../engine/index.js";
+import { Tokenizer } from "../model/tokenizer.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 import type { ClusterArgs } from "./args.js";
 import { Cluster } from "./cluster.js";
+import { PromptRenderer, chatTemplateChoice } from "./prompt.js";
+
+/** The coordinator's log lines go to stderr, marked. */
+export const log = (line: string): void => console.error(`[prima-coord] ${line}`);
+
+/** The head's model with its tokenizer and prompt renderer (chat: the model's template, else
+ * `defaultChat` where the command has one). */
+export function openHead(a: ClusterArgs, defaultChat?: "chatml"): { model: LocalModel; tok: Tokenizer; prompts: PromptRenderer } {
+  const model = openHeadModel(a);
+  const tok = Tokenizer.fromGguf(model.gguf);
+  return { model, tok, prompts: new PromptRenderer(tok, chatTemplateChoice(a.chatTemplate, defaultChat)) };
+}
 
 /** The model opened for a cluster: as head of a ring, its threads wait for the rest of the ring
  * between windows (RING_COMPUTE_OPTIONS). */

@@ -6,9 +6,8 @@ import { Tokenizer, StreamingDecoder } from "../model/tokenizer.js";
 import { peakAnonTracker } from "../profiler/index.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, UsageError, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
 import type { Cluster, GenerationOutcome } from "./cluster.js";
-import { clusterFor, openHeadModel } from "./head.js";
+import { clusterFor, log, openHead } from "./head.js";
 import { formatPrediction, ringPosition, type RingPlan, type PredictionReport } from "./placement.js";
-import { chatTemplateChoice, PromptRenderer } from "./prompt.js";
 
 const HELP = `usage: prima-coord run model.gguf [options]
 
@@ -34,6 +33,8 @@ export interface RunArgs extends ClusterArgs {
   readonly json: boolean;
   readonly parseSpecial: boolean;
   readonly port: number;
+  /** -i: a multi-turn chat instead of one prompt. */
+  readonly interactive: boolean;
 }
 
 export { UsageError };
@@ -59,6 +60,7 @@ export function parseRunArgs(argv: string[]): RunArgs {
     json: (values.json as boolean | undefined) ?? false,
     parseSpecial: !values["no-special"],
     port: intArg("port", str("port"), 7400, 0, 65535),
+    interactive: (values.interactive as boolean | undefined) ?? false,
   };
 }
 
@@ -118,12 +120,9 @@ export async function runCommand(argv: string[]): Promise<number> {
   } catch (e) {
     return usageExit(e);
   }
-  if (argv.includes("-i") || argv.includes("--interactive")) return (await import("./chat-command.js")).chatWith(a);
-  const log = (line: string) => console.error(`[prima-coord] ${line}`);
+  if (a.interactive) return (await import("./chat-command.js")).chatWith(a);
   const t0 = performance.now();
-  const model = openHeadModel(a);
-  const tok = Tokenizer.fromGguf(model.gguf);
-  const prompts = new PromptRenderer(tok, chatTemplateChoice(a.chatTemplate));
+  const { model, tok, prompts } = openHead(a);
   let ids: Int32Array;
   try {
     ids = a.chat

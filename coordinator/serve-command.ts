@@ -6,11 +6,9 @@ import { hostname } from "node:os";
 import { PROTOCOL_VERSION } from "../control/index.js";
 import { publishCluster, type Publication } from "../discovery/index.js";
 import { metaString } from "../model/index.js";
-import { Tokenizer } from "../model/tokenizer.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
 import { ApiServer } from "./http-server.js";
-import { PromptRenderer, chatTemplateChoice } from "./prompt.js";
-import { clusterFor, openHeadModel } from "./head.js";
+import { clusterFor, log, openHead } from "./head.js";
 
 const HELP = `usage: prima-coord serve model.gguf [options]
 
@@ -70,10 +68,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   } catch (e) {
     return usageExit(e);
   }
-  const log = (line: string) => console.error(`[prima-coord] ${line}`);
-  const model = openHeadModel(a);
-  const tok = Tokenizer.fromGguf(model.gguf);
-  const prompts = new PromptRenderer(tok, chatTemplateChoice(a.chatTemplate, "chatml"));
+  const { model, tok, prompts } = openHead(a, "chatml");
   try {
     if (prompts.chat.isFallback) log(`the model has no chat template: chat requests use ${a.chatTemplate ?? "chatml"}`);
   } catch (e) {

@@ -76,7 +76,7 @@ class Reader {
   private waiter: (() => void) | undefined;
   private ended: Error | undefined;
 
-  constructor(private readonly socket: Socket, private readonly timeoutMs: number) {
+  constructor(socket: Socket, private readonly timeoutMs: number) {
     socket.on("data", (d: Buffer) => {
       this.bufs.push(d);
       this.have += d.length;
