@@ -74,6 +74,10 @@ export interface GenerationRequest {
   readonly signal?: AbortSignal;
   /** Called once the request leaves the queue and starts. */
   readonly onStart?: () => void;
+  /** Wait for every device's counters (as decoding starts and at the end) and return them with the
+   * prediction: run's report. Without it they are read beside the generation for the state, and the
+   * caller never waits for them (default false). */
+  readonly report?: boolean;
 }
 
 /** A device's counters per decode step, as run's report shows them. */
@@ -526,7 +530,7 @@ export class Cluster extends EventEmitter {
     let lostAt: number | null = null;
     let lastTokenAt = performance.now();
     const parts: GenerationResult[] = [];
-    let before: Awaited<ReturnType<Ring["statuses"]>> | undefined;
+    let before: Promise<Awaited<ReturnType<Ring["statuses"]>> | undefined> | undefined;
     let meter!: DecodeMeter;
     let input = prompt.subarray(cached);
     let startPos = cached;
@@ -534,7 +538,9 @@ export class Cluster extends EventEmitter {
       for (let recoveries = 0; ; recoveries++) {
         const ring = current.kind === "ring" ? current.ring : undefined;
         meter = new DecodeMeter(ring ? ring.pipeline : (current as Extract<Current, { kind: "local" }>).pipeline, async () => {
-          before = ring ? await ring.statuses(0).catch(() => undefined) : undefined;
+          const read = ring ? ring.statuses(0).catch(() => undefined) : Promise.resolve(undefined);
+          before = read;
+          if (req.report) await read;
         });
         try {
           const left = req.maxTokens - emitted.length;
@@ -597,7 +603,9 @@ export class Cluster extends EventEmitter {
     this.stats.decodeMsSum += result.decodeMs;
     this.stats.decodeSteps += result.decodeSteps;
     const ring = current.kind === "ring" ? current.ring : undefined;
-    const perDevice = await this.measure(current, parts.length === 1 ? before : undefined, pressure.pressure(), meter, result);
+    const measuring = (async () => this.measure(current, parts.length === 1 ? await before : undefined, pressure.pressure(), meter, result))();
+    const perDevice = req.report ? await measuring : [];
+    if (!req.report) measuring.catch((e: unknown) => this.o.log(`reading the devices' counters failed: ${(e as Error).message}`));
     this.finishActive();
     let prediction: PredictionReport | undefined;
     if (this.placement && meter.decodeSteps > 0) {

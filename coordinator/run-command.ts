@@ -175,7 +175,7 @@ async function generateOnce(a: RunArgs, cluster: Cluster, tok: Tokenizer, ids: I
   // A story continues the prompt, so show it; a chat reply stands alone.
   if (!a.json && !a.chat) process.stdout.write(a.prompt);
   const out = await cluster.generate({
-    kind: a.chat ? "chat" : "completion", prompt: ids, maxTokens: a.nPredict, sampler: new Sampler(a.samplerOptions),
+    kind: a.chat ? "chat" : "completion", report: true, prompt: ids, maxTokens: a.nPredict, sampler: new Sampler(a.samplerOptions),
     isEnd: (id) => tok.isEog(id),
     onToken: (id) => {
       const piece = stream.push(id);
