@@ -113,6 +113,8 @@ export class ApiServer {
 
   async close(): Promise<void> {
     this.o.cluster.off("change", this.onChange);
+    clearInterval(this.everyTimer);
+    clearTimeout(this.pushTimer);
     for (const s of this.streams) s.end();
     this.streams.clear();
     await new Promise<void>((resolve) => {
@@ -183,6 +185,7 @@ export class ApiServer {
   // ---- the push stream of the state ------------------------------------------------------------
 
   private lastPush = 0;
+  private everyTimer: NodeJS.Timeout | undefined;
   private pushTimer: NodeJS.Timeout | undefined;
 
   private readonly onChange = () => {
@@ -209,11 +212,17 @@ export class ApiServer {
     res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store", Connection: "keep-alive" });
     res.write(`event: state\ndata: ${JSON.stringify(this.o.cluster.state())}\n\n`);
     this.streams.add(res);
-    const timer = setInterval(() => res.write(`event: state\ndata: ${JSON.stringify(this.o.cluster.state())}\n\n`), STREAM_STATE_EVERY_MS);
-    timer.unref();
+    // One timer for every stream: each tick builds the state once and sends it to all.
+    if (!this.everyTimer) {
+      this.everyTimer = setInterval(() => this.pushState(), STREAM_STATE_EVERY_MS);
+      this.everyTimer.unref();
+    }
     const end = () => {
-      clearInterval(timer);
       this.streams.delete(res);
+      if (this.streams.size === 0) {
+        clearInterval(this.everyTimer);
+        this.everyTimer = undefined;
+      }
     };
     req.on("close", end);
     res.on("close", end);
