@@ -6,6 +6,7 @@
 import { closeSync, existsSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, statfsSync, statSync, unlinkSync, utimesSync, writeFileSync, writeSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
+import { Worker } from "node:worker_threads";
 import { chunkCount, chunkRange, sha256, type ModelInfo } from "./chunks.js";
 
 export class TransferError extends Error {
@@ -113,6 +114,25 @@ export class CachedModel {
     this.cache.makeRoom(need, this.path, log);
   }
 
+  private sink: ChunkSink | undefined;
+
+  /**
+   * As write(), on a thread of its own: SHA-256 and the write take as much CPU as receiving the
+   * chunk does, so they run beside the next chunk's arrival. `data` must stay unchanged until the
+   * promise settles (shared memory is read in place; other memory is copied to the thread). The
+   * chunk counts as done only once its hash matched and its bytes are in the file.
+   */
+  async writeVerified(index: number, data: Uint8Array, expectedSha256: string): Promise<boolean> {
+    if (!Number.isInteger(index) || index < 0 || index >= chunkCount(this.info)) throw new TransferError(`chunk ${index} is outside the model`);
+    const [s, e] = chunkRange(index, this.info);
+    if (data.length !== e - s) return false;
+    this.sink ??= new ChunkSink(this.path);
+    if (!(await this.sink.write(data, s, expectedSha256))) return false;
+    this.done.add(index);
+    this.persistSoon();
+    return true;
+  }
+
   /** Writes a chunk if it matches its hash; false (nothing written) when it does not. */
   write(index: number, data: Uint8Array, expectedSha256: string): boolean {
     if (!Number.isInteger(index) || index < 0 || index >= chunkCount(this.info)) throw new TransferError(`chunk ${index} is outside the model`);
@@ -149,5 +169,67 @@ export class CachedModel {
     this.persist();
     if (this.fd !== undefined) closeSync(this.fd);
     this.fd = undefined;
+    this.sink?.close();
+    this.sink = undefined;
+  }
+}
+
+// The thread's code (CommonJS, eval'd: no file of its own beside the compiled one or a test's
+// source). Per message: hash, compare, and only a match is written, at its offset.
+const SINK_SOURCE = `
+const { parentPort, workerData } = require("node:worker_threads");
+const { createHash } = require("node:crypto");
+const { openSync, writeSync } = require("node:fs");
+const fd = openSync(workerData.path, "r+");
+parentPort.on("message", ({ id, data, position, sha256 }) => {
+  try {
+    const ok = createHash("sha256").update(data).digest("hex") === sha256;
+    if (ok) for (let off = 0; off < data.length; ) off += writeSync(fd, data, off, data.length - off, position + off);
+    parentPort.postMessage({ id, ok });
+  } catch (e) {
+    parentPort.postMessage({ id, error: e.message });
+  }
+});
+`;
+
+/** A thread that verifies chunks and writes them into one cached model file. */
+class ChunkSink {
+  private readonly worker: Worker;
+  private readonly waiting = new Map<number, { resolve: (ok: boolean) => void; reject: (e: Error) => void }>();
+  private nextId = 0;
+  private dead: Error | undefined;
+
+  constructor(path: string) {
+    this.worker = new Worker(SINK_SOURCE, { eval: true, workerData: { path } });
+    this.worker.on("message", (m: { id: number; ok?: boolean; error?: string }) => {
+      const w = this.waiting.get(m.id);
+      this.waiting.delete(m.id);
+      if (this.waiting.size === 0) this.worker.unref();
+      if (m.error !== undefined) w?.reject(new TransferError(`writing ${path}: ${m.error}`));
+      else w?.resolve(m.ok === true);
+    });
+    const die = (e: Error) => {
+      this.dead ??= e;
+      for (const w of this.waiting.values()) w.reject(this.dead);
+      this.waiting.clear();
+    };
+    this.worker.on("error", (e) => die(new TransferError(`writing ${path}: ${e.message}`)));
+    this.worker.on("exit", () => die(new TransferError(`writing ${path}: the writing thread exited`)));
+    this.worker.unref();
+  }
+
+  write(data: Uint8Array, position: number, sha256: string): Promise<boolean> {
+    if (this.dead) return Promise.reject(this.dead);
+    const id = this.nextId++;
+    // Held while a write is pending (a process waiting only for it must not exit), idle otherwise.
+    if (this.waiting.size === 0) this.worker.ref();
+    return new Promise((resolve, reject) => {
+      this.waiting.set(id, { resolve, reject });
+      this.worker.postMessage({ id, data, position, sha256 });
+    });
+  }
+
+  close(): void {
+    void this.worker.terminate();
   }
 }

@@ -8,6 +8,8 @@ export interface Chunk {
   readonly index: number;
   readonly data: Uint8Array;
   readonly sha256: string;
+  /** Gives `data`'s memory back to the source (called once the chunk is written or refused). */
+  readonly release?: () => void;
 }
 
 export interface FetchProgress {
@@ -44,22 +46,55 @@ export async function fetchChunks(
   const t0 = performance.now();
   const totalBytes = model.bytesOf(model.missing(wanted));
   let doneBytes = 0, fetchedBytes = 0, badChunks = 0, lastReport = 0;
+  const report = () => {
+    const now = performance.now();
+    if (onProgress && now - lastReport > 500) {
+      lastReport = now;
+      const rate = doneBytes / Math.max(1e-3, (now - t0) / 1000);
+      onProgress({ doneBytes, totalBytes, bytesPerS: rate, secondsLeft: rate > 0 ? (totalBytes - doneBytes) / rate : null });
+    }
+  };
   for (let round = 0; round < ROUNDS; round++) {
     const missing = model.missing(wanted);
     if (missing.length === 0) break;
     const asked = new Set(missing);
-    for await (const c of source(missing)) {
-      if (!asked.delete(c.index)) throw new TransferError(`the coordinator sent chunk ${c.index}, which was not asked for`);
-      fetchedBytes += c.data.length;
-      if (model.write(c.index, c.data, c.sha256)) doneBytes += c.data.length;
-      else badChunks++;
-      const now = performance.now();
-      if (onProgress && (now - lastReport > 500 || asked.size === 0)) {
-        lastReport = now;
-        const rate = doneBytes / Math.max(1e-3, (now - t0) / 1000);
-        onProgress({ doneBytes, totalBytes, bytesPerS: rate, secondsLeft: rate > 0 ? (totalBytes - doneBytes) / rate : null });
+    // Receiving the next chunk overlaps hashing and writing the ones before (off this thread); the
+    // source bounds how many are in flight by the buffers it lends.
+    const inFlight = new Set<Promise<void>>();
+    let writeFailed: Error | undefined;
+    try {
+      for await (const c of source(missing)) {
+        if (!asked.delete(c.index)) {
+          c.release?.();
+          throw new TransferError(`the coordinator sent chunk ${c.index}, which was not asked for`);
+        }
+        if (writeFailed) {
+          c.release?.();
+          throw writeFailed;
+        }
+        fetchedBytes += c.data.length;
+        const p = model.writeVerified(c.index, c.data, c.sha256).then(
+          (ok) => {
+            if (ok) doneBytes += c.data.length;
+            else badChunks++;
+            report();
+          },
+          (e: Error) => void (writeFailed ??= e),
+        ).finally(() => {
+          c.release?.();
+          inFlight.delete(p);
+        });
+        inFlight.add(p);
       }
+    } finally {
+      // Whatever was received before a failure still counts once it is written and verified.
+      await Promise.all(inFlight);
     }
+    if (writeFailed) throw writeFailed;
+  }
+  if (onProgress) {
+    const rate = doneBytes / Math.max(1e-3, (performance.now() - t0) / 1000);
+    onProgress({ doneBytes, totalBytes, bytesPerS: rate, secondsLeft: rate > 0 ? (totalBytes - doneBytes) / rate : null });
   }
   model.persist();
   const left = model.missing(wanted);
