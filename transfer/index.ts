@@ -6,4 +6,4 @@ export { CHUNK_BYTES, chunkCount, chunkRange, chunksFor, rangesForLayers, sha256
 export { ModelSource, type SourceOptions } from "./source.js";
 export { CachedModel, ModelCache, TransferError, defaultModelCacheDir } from "./cache.js";
 export { describeProgress, fetchChunks, type Chunk, type FetchProgress, type FetchResult } from "./fetch.js";
-export { CHUNK_MAGIC, encodeChunkHeader, encodeEnd, encodeError, encodeInfo, encodeRequest, readChunks, readInfo, readRequest, type ChunkRequest } from "./wire.js";
+export { CHUNK_MAGIC, encodeChunkHeader, encodeEnd, encodeError, encodeInfo, encodeRequest, ChunkReceiver, readInfo, readRequest, type ChunkRequest } from "./wire.js";

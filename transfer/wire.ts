@@ -165,21 +165,210 @@ export async function readInfo(socket: Socket, timeoutMs: number): Promise<unkno
   }
 }
 
-/** The device's side: the chunks as they arrive on a socket the request was written to. */
-export async function* readChunks(socket: Socket, maxChunkBytes: number, timeoutMs: number): AsyncGenerator<Chunk> {
-  const r = new Reader(socket, timeoutMs);
-  for (;;) {
-    const head = await r.take(4);
-    const index = head.readUInt32LE(0);
-    if (index === END) return;
-    if (index === ERROR) {
-      const n = Math.min((await r.take(4)).readUInt32LE(0), MAX_ERROR_BYTES);
-      throw new Error((await r.take(n)).toString("utf8"));
+/** Chunks a receiver holds at once: one being received while the others are hashed and written
+ * (CachedModel.writeVerified). */
+const RECEIVE_SLOTS = 4;
+/** Where records go while every chunk buffer is taken (the socket is paused, but TLS still hands
+ * over what it had already decrypted). */
+const SPILL_BYTES = 16 << 10;
+
+/**
+ * The device's side: the chunks as they arrive on a chunk stream. The socket must be created with
+ * `onread` (net's user-buffer reads): TLS then decrypts each record straight into the buffer this
+ * names next, which is the current chunk's buffer at its fill point (or the header's). Each record
+ * costs no allocation, no stream event and no copy of ours; chunk buffers are shared memory, so the
+ * hashing thread reads them in place. A chunk's `release` gives its buffer back; with every buffer
+ * taken the socket is paused, so memory stays bounded however slow the disk.
+ */
+export class ChunkReceiver {
+  /** For the socket's options (tls.connect's `onread`). */
+  readonly onread = { buffer: () => this.nextBuffer(), callback: (n: number) => this.received(n) };
+  private readonly free: Buffer[] = [];
+  private readonly ready: Chunk[] = [];
+  private failed: Error | undefined;
+  private finished = false;
+  private wake: (() => void) | undefined;
+  // Header bytes (index, length, hash; or END; or ERROR and its message) gathered across records.
+  private readonly head = Buffer.alloc(8 + MAX_ERROR_BYTES);
+  private headHave = 0;
+  private headNeed = 4;
+  private cur: { index: number; sha256: string; buf: Buffer; length: number; got: number } | undefined;
+  /** The socket's current read buffer, and whether it is where the next bytes belong. */
+  private target: Buffer | undefined;
+  private direct = false;
+  /** Records that came while no chunk buffer was free, kept until one is. */
+  private held: Buffer[] = [];
+  private waitingForBuffer = false;
+  private lastData = performance.now();
+  private socket: Socket | undefined;
+  private stall: NodeJS.Timeout | undefined;
+  private readonly onEnd = () => this.fail(new Error("the connection ended"));
+  private readonly onClose = () => this.fail(new Error("the connection closed"));
+  private readonly onError = (e: Error) => this.fail(e);
+
+  constructor(private readonly maxChunkBytes: number, private readonly timeoutMs: number) {
+    for (let i = 0; i < RECEIVE_SLOTS; i++) this.free.push(Buffer.from(new SharedArrayBuffer(maxChunkBytes)));
+  }
+
+  /** Starts watching the socket (created with this.onread) for its end and for silence. */
+  attach(socket: Socket): void {
+    this.socket = socket;
+    socket.on("end", this.onEnd).on("close", this.onClose).on("error", this.onError);
+    // One timer for the stream, not one per wait: records arrive every few microseconds. Time spent
+    // waiting for our own disk (the socket paused) is not the coordinator's silence.
+    this.stall = setInterval(() => {
+      if (!this.waitingForBuffer && !this.finished && performance.now() - this.lastData > this.timeoutMs) this.fail(new Error(`nothing received for ${this.timeoutMs / 1000} s`));
+    }, Math.min(1000, this.timeoutMs));
+  }
+
+  /** The chunks, in the order they came; ends after the coordinator's END, throws its ERROR. */
+  async *chunks(): AsyncGenerator<Chunk> {
+    try {
+      for (;;) {
+        while (this.ready.length === 0) {
+          if (this.failed) throw this.failed;
+          if (this.finished) return;
+          await new Promise<void>((resolve) => (this.wake = resolve));
+          this.wake = undefined;
+        }
+        yield this.ready.shift()!;
+      }
+    } finally {
+      clearInterval(this.stall);
+      this.socket?.off("end", this.onEnd).off("close", this.onClose).off("error", this.onError);
     }
-    const rest = await r.take(36);
-    const length = rest.readUInt32LE(0);
-    if (length > maxChunkBytes) throw new Error(`the coordinator announced a chunk of ${length} bytes (chunks are ${maxChunkBytes})`);
-    const sha256 = rest.subarray(4, 36).toString("hex");
-    yield { index, sha256, data: await r.take(length) };
+  }
+
+  private fail(e: Error): void {
+    if (!this.finished) this.failed ??= e;
+    this.wake?.();
+  }
+
+  /** Where the next bytes belong: exactly what the header or the chunk still lacks, so a record
+   * that spans the two is split by TLS itself. */
+  private place(): Buffer {
+    return this.cur ? this.cur.buf.subarray(this.cur.got, this.cur.length) : this.head.subarray(this.headHave, this.headNeed);
+  }
+
+  /** The socket's next read buffer (net calls this after every read). While no chunk buffer is
+   * free, a spare one whose bytes are kept for later. */
+  private nextBuffer(): Buffer {
+    this.direct = !this.waitingForBuffer && !this.finished && !this.failed;
+    this.target = this.direct ? this.place() : Buffer.allocUnsafe(SPILL_BYTES);
+    return this.target;
+  }
+
+  /** n bytes were read into this.target; false pauses the socket. */
+  private received(n: number): boolean {
+    this.lastData = performance.now();
+    const bytes = this.target!.subarray(0, n);
+    if (this.finished || this.failed) return true; // nothing more is read from this stream
+    if (this.direct) this.advance(n);
+    else if (this.waitingForBuffer) this.held.push(bytes);
+    else this.feed(bytes); // read into a spare before a buffer came back
+    return !this.waitingForBuffer;
+  }
+
+  /** Places bytes that were read elsewhere (held while every buffer was taken); what does not fit
+   * once the buffers are all taken again is held again. */
+  private feed(d: Buffer): void {
+    while (d.length > 0 && !this.finished && !this.failed) {
+      if (this.waitingForBuffer) {
+        this.held.push(d);
+        return;
+      }
+      const t = this.place();
+      const k = Math.min(t.length, d.length);
+      d.copy(t, 0, 0, k);
+      d = d.subarray(k);
+      this.advance(k);
+    }
+  }
+
+  /** Accounts for n bytes placed where nextBuffer() said. */
+  private advance(n: number): void {
+    const c = this.cur;
+    if (c) {
+      c.got += n;
+      if (c.got === c.length) this.complete(c);
+      return;
+    }
+    this.headHave += n;
+    if (this.headHave < this.headNeed) return;
+    let data: boolean;
+    try {
+      data = this.header();
+    } catch (e) {
+      return this.fail(e as Error);
+    }
+    if (!data) return;
+    if (this.free.length > 0) this.startChunk();
+    else this.waitingForBuffer = true; // every buffer is being hashed or written
+  }
+
+  /** Reads the header gathered so far: true when a chunk's data follows, false when more header
+   * bytes are needed (or the stream ended). */
+  private header(): boolean {
+    const tag = this.head.readUInt32LE(0);
+    if (tag === END) {
+      this.finished = true;
+      this.wake?.();
+      return false;
+    }
+    if (tag === ERROR) {
+      if (this.headNeed === 4) {
+        this.headNeed = 8;
+        return false;
+      }
+      const n = Math.min(this.head.readUInt32LE(4), MAX_ERROR_BYTES);
+      if (this.headNeed < 8 + n) {
+        this.headNeed = 8 + n;
+        return false;
+      }
+      throw new Error(this.head.subarray(8, 8 + n).toString("utf8"));
+    }
+    if (this.headNeed === 4) {
+      this.headNeed = 40;
+      return false;
+    }
+    const length = this.head.readUInt32LE(4);
+    if (length > this.maxChunkBytes) throw new Error(`the coordinator announced a chunk of ${length} bytes (chunks are ${this.maxChunkBytes})`);
+    return true;
+  }
+
+  private startChunk(): void {
+    const buf = this.free.pop()!;
+    this.cur = { index: this.head.readUInt32LE(0), sha256: this.head.subarray(8, 40).toString("hex"), buf, length: this.head.readUInt32LE(4), got: 0 };
+    this.headHave = 0;
+    this.headNeed = 4;
+    if (this.cur.length === 0) this.complete(this.cur);
+  }
+
+  private complete(c: NonNullable<ChunkReceiver["cur"]>): void {
+    this.cur = undefined;
+    let released = false;
+    this.ready.push({
+      index: c.index, sha256: c.sha256, data: c.buf.subarray(0, c.length),
+      release: () => {
+        if (released) return;
+        released = true;
+        this.free.push(c.buf);
+        if (this.waitingForBuffer) this.unblock();
+      },
+    });
+    this.wake?.();
+  }
+
+  /** A buffer came back: the waiting chunk starts, the records kept meanwhile are placed, and the
+   * socket reads again (unless they filled every buffer once more). */
+  private unblock(): void {
+    this.waitingForBuffer = false;
+    this.direct = false; // the socket's current read buffer is a spare, not the chunk's
+    this.lastData = performance.now();
+    this.startChunk();
+    const held = this.held;
+    this.held = [];
+    for (const d of held) this.feed(d);
+    if (!this.waitingForBuffer) this.socket?.resume();
   }
 }

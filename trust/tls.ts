@@ -1,8 +1,8 @@
 // TLS on the cluster port. The coordinator terminates TLS on each accepted socket itself (one port for
 // gRPC and chunk streams, told apart by ALPN); a worker accepts only the certificate its token pins.
 import * as grpc from "@grpc/grpc-js";
-import type { Socket } from "node:net";
-import { connect, createServer, type Server, type TLSSocket } from "node:tls";
+import type { OnReadOpts, Socket } from "node:net";
+import { connect, createServer, type ConnectionOptions, type Server, type TLSSocket } from "node:tls";
 import { CHUNK_EXPORTER_LABEL, TrustError, sha256, type JoinToken } from "./token.js";
 
 /** gRPC (HTTP/2). */
@@ -66,12 +66,13 @@ function pinMatches(raw: Buffer | undefined, pin: Buffer): boolean {
 }
 
 /** A TLS connection to the coordinator, refused unless it presents the pinned certificate; resolves
- * once the handshake is done and the certificate checked, before anything is written. */
-export function connectPinned(address: string, token: JoinToken, alpn: string, timeoutMs: number): Promise<TLSSocket> {
+ * once the handshake is done and the certificate checked, before anything is written. `onread`:
+ * net's user-buffer reads (a chunk stream has TLS decrypt straight into its chunks). */
+export function connectPinned(address: string, token: JoinToken, alpn: string, timeoutMs: number, onread?: OnReadOpts): Promise<TLSSocket> {
   const { host, port } = splitAddress(address);
   return new Promise((resolve, reject) => {
     // The chain is not verified (self-signed): the pin below is the whole check.
-    const s = connect({ host, port, servername: SERVER_NAME, ALPNProtocols: [alpn], rejectUnauthorized: false, minVersion: "TLSv1.3" });
+    const s = connect({ host, port, servername: SERVER_NAME, ALPNProtocols: [alpn], rejectUnauthorized: false, minVersion: "TLSv1.3", ...(onread ? { onread } : {}) } as ConnectionOptions);
     const timer = setTimeout(() => fail(new Error(`no TLS handshake with ${address} within ${timeoutMs / 1000} s`)), timeoutMs);
     const fail = (e: Error) => {
       clearTimeout(timer);

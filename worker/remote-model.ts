@@ -6,7 +6,7 @@ import type { ModelDescription } from "../control/index.js";
 import { LocalModel, type OpenOptions } from "../engine/index.js";
 import { ALPN_CHUNKS, PinMismatchError, chunkBinding, chunkProof, connectPinned, type JoinToken } from "../trust/index.js";
 import {
-  ModelCache, TransferError, chunksFor, describeProgress, encodeRequest, fetchChunks, rangesForLayers, readChunks, readInfo, type CachedModel, type Chunk,
+  ModelCache, TransferError, chunksFor, describeProgress, encodeRequest, fetchChunks, rangesForLayers, ChunkReceiver, readInfo, type CachedModel, type Chunk,
 } from "../transfer/index.js";
 
 /** A fetch that receives nothing for this long is given up (and tried again by the caller). */
@@ -45,10 +45,13 @@ function chunksFrom(address: string, token: JoinToken, info: { fingerprint: stri
   return async function* (chunks) {
     let socket;
     try {
-      socket = await connectPinned(address, token, ALPN_CHUNKS, STALL_MS);
+      // TLS decrypts each record straight into the chunk's buffer (transfer/wire.ts).
+      const rx = new ChunkReceiver(info.chunkBytes, STALL_MS);
+      socket = await connectPinned(address, token, ALPN_CHUNKS, STALL_MS, rx.onread);
       socket.setNoDelay(true);
+      rx.attach(socket);
       socket.write(encodeRequest({ proof: chunkProof(token, chunkBinding(socket)).toString("hex"), fingerprint: info.fingerprint, chunks }));
-      yield* readChunks(socket, info.chunkBytes, STALL_MS);
+      yield* rx.chunks();
     } catch (e) {
       if (e instanceof PinMismatchError) throw e;
       throw new TransferError(`fetching the model's chunks from ${address} failed: ${(e as Error).message}`);
