@@ -50,15 +50,24 @@ export function serveChunks(source: ModelSource, log: (line: string) => void): (
           return;
         }
         socket.pause(); // nothing more to read: only the close
-        // The next chunk is read from the file while this one is on the wire.
-        let next = req.chunks.length > 0 ? source.read(req.chunks[0]) : undefined;
+        // The next chunk is read from the file while this one is on the wire, into buffers used
+        // again once the socket is done with them (its write callback).
+        const spare: Buffer[] = [];
+        const read = (c: number) => {
+          const p = source.read(c, spare.pop());
+          p.catch(() => {}); // its failure is met when its turn comes
+          return p;
+        };
+        let next = req.chunks.length > 0 ? read(req.chunks[0]) : undefined;
         for (let i = 0; i < req.chunks.length; i++) {
           const { data, sha256 } = await next!;
-          next = i + 1 < req.chunks.length ? source.read(req.chunks[i + 1]) : undefined;
-          next?.catch(() => {}); // its failure is met when its turn comes
+          next = i + 1 < req.chunks.length ? read(req.chunks[i + 1]) : undefined;
           if (socket.destroyed) return;
           socket.write(encodeChunkHeader(req.chunks[i], data.length, sha256));
-          if (!socket.write(data)) await once(socket, "drain", CHUNK_IO_TIMEOUT_MS);
+          const more = socket.write(data, (e) => {
+            if (!e && data.length === source.info.chunkBytes && spare.length < 2) spare.push(data);
+          });
+          if (!more) await once(socket, "drain", CHUNK_IO_TIMEOUT_MS);
         }
         socket.end(encodeEnd());
       } catch (e) {
