@@ -168,6 +168,28 @@ export async function readInfo(socket: Socket, timeoutMs: number): Promise<unkno
 /** Chunks a receiver holds at once: one being received while the others are hashed and written
  * (CachedModel.writeVerified). */
 const RECEIVE_SLOTS = 4;
+/** Chunk buffers between streams: the header's fetch and then the windows', or one assignment and the
+ * next, use the same memory rather than fault in fresh pages each time (on this project's VMs a
+ * fresh page costs as much as the bytes' hashing). Dropped after a few idle seconds: a capped device
+ * needs its memory for its layers. */
+const idleBuffers = new Map<number, Buffer[]>();
+let dropIdle: NodeJS.Timeout | undefined;
+
+function takeBuffer(bytes: number): Buffer {
+  return idleBuffers.get(bytes)?.pop() ?? Buffer.from(new SharedArrayBuffer(bytes));
+}
+
+function giveBuffer(b: Buffer): void {
+  const list = idleBuffers.get(b.length) ?? [];
+  list.push(b);
+  idleBuffers.set(b.length, list);
+  dropIdle ??= setTimeout(() => {
+    dropIdle = undefined;
+    idleBuffers.clear();
+  }, 5000).unref();
+  dropIdle.refresh();
+}
+
 /** Where records go while every chunk buffer is taken (the socket is paused, but TLS still hands
  * over what it had already decrypted). */
 const SPILL_BYTES = 16 << 10;
@@ -183,7 +205,10 @@ const SPILL_BYTES = 16 << 10;
 export class ChunkReceiver {
   /** For the socket's options (tls.connect's `onread`). */
   readonly onread = { buffer: () => this.nextBuffer(), callback: (n: number) => this.received(n) };
+  /** Chunk buffers this stream holds and is not filling, and how many it has in all. */
   private readonly free: Buffer[] = [];
+  private holding = 0;
+  private closed = false;
   private readonly ready: Chunk[] = [];
   private failed: Error | undefined;
   private finished = false;
@@ -207,7 +232,6 @@ export class ChunkReceiver {
   private readonly onError = (e: Error) => this.fail(e);
 
   constructor(private readonly maxChunkBytes: number, private readonly timeoutMs: number) {
-    for (let i = 0; i < RECEIVE_SLOTS; i++) this.free.push(Buffer.from(new SharedArrayBuffer(maxChunkBytes)));
   }
 
   /** Starts watching the socket (created with this.onread) for its end and for silence. */
@@ -234,6 +258,8 @@ export class ChunkReceiver {
         yield this.ready.shift()!;
       }
     } finally {
+      this.closed = true;
+      for (const b of this.free.splice(0)) giveBuffer(b);
       clearInterval(this.stall);
       this.socket?.off("end", this.onEnd).off("close", this.onClose).off("error", this.onError);
     }
@@ -302,6 +328,10 @@ export class ChunkReceiver {
       return this.fail(e as Error);
     }
     if (!data) return;
+    if (this.free.length === 0 && this.holding < RECEIVE_SLOTS) {
+      this.free.push(takeBuffer(this.maxChunkBytes));
+      this.holding++;
+    }
     if (this.free.length > 0) this.startChunk();
     else this.waitingForBuffer = true; // every buffer is being hashed or written
   }
@@ -352,6 +382,7 @@ export class ChunkReceiver {
       release: () => {
         if (released) return;
         released = true;
+        if (this.closed) return giveBuffer(c.buf);
         this.free.push(c.buf);
         if (this.waitingForBuffer) this.unblock();
       },
