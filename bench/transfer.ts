@@ -85,7 +85,12 @@ export async function main(model: string, rounds = 3): Promise<void> {
         }
         const dir = mkdtempSync(join(tmpdir(), "prima-bench-transfer-"));
         try {
-          const remote = await RemoteModel.open({ coordinator: `127.0.0.1:${clusterPort}`, token, cacheDir: dir, open: { threads: 1 }, log: () => {} });
+          // On loopback nothing corrupts a chunk: one that failed its hash is a bug in the transfer
+          // (its refetch would otherwise hide in the rate).
+          const log = (line: string) => {
+            if (/failed (its|their) hash/.test(line)) throw new Error(`transfer: ${line}`);
+          };
+          const remote = await RemoteModel.open({ coordinator: `127.0.0.1:${clusterPort}`, token, cacheDir: dir, open: { threads: 1 }, log });
           const t0 = performance.now();
           await remote.fetchLayers(w.layers, () => {});
           const mbs = remote.cached.bytesOf(w.chunks.filter((c) => c !== 0)) / ((performance.now() - t0) / 1000) / 1e6;
