@@ -52,6 +52,7 @@ class Window : public Napi::ObjectWrap<Window> {
   bool ForwardArgs(const Napi::CallbackInfo &info, int64_t *pos, int64_t *n, Napi::Value *logits);
   Napi::Value Prefetch(const Napi::CallbackInfo &info);
   Napi::Value Release(const Napi::CallbackInfo &info);
+  Napi::Value ReleaseBeyond(const Napi::CallbackInfo &info);
   Napi::Value Residency(const Napi::CallbackInfo &info);
   Napi::Value KvClear(const Napi::CallbackInfo &info);
   Napi::Value KvTruncate(const Napi::CallbackInfo &info);
@@ -320,7 +321,8 @@ Napi::Function Window::Define(Napi::Env env) {
   return DefineClass(env, "NativeWindow",
                      {InstanceMethod("forward", &Window::Forward), InstanceMethod("forwardNow", &Window::ForwardNow),
                       InstanceMethod("prefetch", &Window::Prefetch),
-                      InstanceMethod("release", &Window::Release), InstanceMethod("residency", &Window::Residency),
+                      InstanceMethod("release", &Window::Release),
+                      InstanceMethod("releaseBeyond", &Window::ReleaseBeyond), InstanceMethod("residency", &Window::Residency),
                       InstanceMethod("kvClear", &Window::KvClear), InstanceMethod("kvTruncate", &Window::KvTruncate),
                       InstanceMethod("kvSave", &Window::KvSave), InstanceMethod("kvLoad", &Window::KvLoad),
                       InstanceMethod("info", &Window::Info), InstanceMethod("close", &Window::Close)});
@@ -450,6 +452,15 @@ Napi::Value Window::Prefetch(const Napi::CallbackInfo &info) {
 Napi::Value Window::Release(const Napi::CallbackInfo &info) {
   if (!Alive(info.Env())) return info.Env().Undefined();
   const int rc = prima_window_release(w);
+  if (rc) return ThrowErr(info.Env(), std::string("release failed: ") + strerror(rc));
+  return info.Env().Undefined();
+}
+
+Napi::Value Window::ReleaseBeyond(const Napi::CallbackInfo &info) {
+  if (!Alive(info.Env())) return info.Env().Undefined();
+  int64_t keep;
+  if (!IntArg(info[0], 0, INT64_C(1) << 52, &keep)) return ThrowType(info.Env(), "releaseBeyond(keepBytes) needs a byte count >= 0");
+  const int rc = prima_window_release_beyond(w, (uint64_t)keep);
   if (rc) return ThrowErr(info.Env(), std::string("release failed: ") + strerror(rc));
   return info.Env().Undefined();
 }

@@ -54,6 +54,9 @@ export interface NativeWindow {
   prefetch(maxBytes?: number): void;
   /** Drops the window's weight pages (MADV_DONTNEED + POSIX_FADV_DONTNEED). */
   release(): void;
+  /** Drops the weight pages past the window's first keepBytes (layer order): a window larger than its
+   * device's memory rereads only that tail each pass instead of all of it. */
+  releaseBeyond(keepBytes: number): void;
   residency(): Residency;
   kvClear(): void;
   kvTruncate(pos: number): void;

@@ -256,11 +256,18 @@ export class RingNode {
   private advise(slot: Slot, frame: ActivationsFrame): void {
     const next = this.queue[0];
     if (next && next.cycle === frame.cycle) return;
-    // With one window, the next window is this one again: releasing it would only thrash, and advice
-    // could only page its first layers back in at the cost of its last (measured slower, and the
-    // advice itself costs a walk over every page on each token).
+    // With one window, the next window is this one again: releasing all of it would only thrash, and
+    // advice could only page its first layers back in at the cost of its last (measured slower, and
+    // the advice itself costs a walk over every page on each token).
     const following = this.nextSlot(frame.cycle);
-    if (!following || following === slot) return;
+    if (!following || following === slot) {
+      // One window, larger than the memory it has: keep its first layers and drop the rest after the
+      // pass, so that each pass rereads only that tail; left to the kernel's LRU, a window read in the
+      // same order every pass loses each page just before its turn and is reread whole.
+      const room = this.weightRoomBytes();
+      if (room < this.weightBytes) slot.window.releaseBeyond(room);
+      return;
+    }
     if (this.releaseAfterUse) slot.window.release();
     if (this.o.prefetch) following.window.prefetch(this.o.weightRoomBytes?.());
   }

@@ -394,7 +394,14 @@ static int compute(prima_lane *l, int wi, uint8_t *f, char *err, size_t err_len)
  * (RingNode.advise; not while more rows for this window wait). */
 static void advise(prima_lane *l, int wi, int more_for_this_window) {
   int next = next_window(l, wi);
-  if (more_for_this_window || next < 0 || next == wi) return;
+  if (more_for_this_window) return;
+  if (next < 0 || next == wi) {
+    /* One window: it comes again next. If it does not fit, keep its first layers and drop the rest,
+     * which is read again anyway (RingNode.advise). */
+    const uint64_t room = atomic_load(&l->room);
+    if (room < l->cfg.weight_bytes) prima_window_release_beyond(l->windows[wi].window, room);
+    return;
+  }
   if (atomic_load(&l->release_after_use)) prima_window_release(l->windows[wi].window);
   if (l->cfg.prefetch) prima_window_prefetch(l->windows[next].window, atomic_load(&l->room));
 }

@@ -772,6 +772,20 @@ static int advise_release(prima_window *w, uint8_t *p, size_t len, void *arg) {
   return 0;
 }
 
+/* arg: bytes still to keep. The window's ranges come in file order, which is layer order: the first
+ * layers stay, the rest is dropped. */
+static int advise_release_beyond(prima_window *w, uint8_t *p, size_t len, void *arg) {
+  uint64_t *keep = arg;
+  if (*keep >= len) {
+    *keep -= len;
+    return 0;
+  }
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  const size_t skip = ((size_t)*keep + page - 1) & ~(page - 1);
+  *keep = 0;
+  return skip >= len ? 0 : advise_release(w, p + skip, len - skip, NULL);
+}
+
 typedef struct {
   uint64_t resident, total;
 } residency_acc;
@@ -797,6 +811,7 @@ static int count_resident(prima_window *w, uint8_t *p, size_t len, void *arg) {
 
 int prima_window_prefetch(prima_window *w, uint64_t max_bytes) { return for_each_range(w, advise_willneed, &max_bytes); }
 int prima_window_release(prima_window *w) { return for_each_range(w, advise_release, NULL); }
+int prima_window_release_beyond(prima_window *w, uint64_t keep_bytes) { return for_each_range(w, advise_release_beyond, &keep_bytes); }
 
 int prima_window_residency(prima_window *w, uint64_t *resident, uint64_t *total) {
   residency_acc acc = { 0, 0 };

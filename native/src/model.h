@@ -105,6 +105,10 @@ void prima_model_embed(prima_model *m, const int32_t *tokens, int n, float *out)
  * the window's first layer on (the order the forward pass reads them). */
 int prima_window_prefetch(prima_window *w, uint64_t max_bytes);
 int prima_window_release(prima_window *w);
+/* Drops the window's weight pages past its first keep_bytes (in layer order): a window larger than the
+ * memory it has then rereads only its tail each pass, where the kernel's LRU, meeting the same pages in
+ * the same order every pass, would evict each page just before its turn and reread all of it. */
+int prima_window_release_beyond(prima_window *w, uint64_t keep_bytes);
 /* Bytes of the window's weights resident in memory, and the total. */
 int prima_window_residency(prima_window *w, uint64_t *resident, uint64_t *total);
 

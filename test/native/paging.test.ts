@@ -34,3 +34,38 @@ it("release evicts a window's pages; prefetch brings them back before the window
   w.close();
   model.close();
 });
+
+it("releaseBeyond keeps a window's first bytes and drops the rest (a window larger than its memory rereads only its tail)", async () => {
+  const path = join(mkdtempSync(join(tmpdir(), "prima-paging-")), "model.gguf");
+  copyFileSync("models/stories260K.gguf", path);
+  const fd = openSync(path, "r+");
+  fsyncSync(fd);
+  closeSync(fd);
+  const model = LocalModel.open(path, { threads: 1 });
+  const w = model.window(0, model.nLayers, { ctx: 8 });
+  try {
+    const acts = model.embed(Int32Array.of(1));
+    await w.forward(acts, 0, 1);
+    const total = w.residency().totalBytes;
+    expect(w.residency().residentBytes).toBe(total);
+    w.releaseBeyond(total); // all of it fits: nothing dropped
+    expect(w.residency().residentBytes).toBe(total);
+    const keep = Math.floor(total / 2);
+    w.releaseBeyond(keep);
+    // What is kept stays; the tail goes, but for the part of a large page-cache folio (ext4 keeps files
+    // in folios of up to 2 MiB) that straddles the boundary.
+    const kept = w.residency().residentBytes;
+    expect(kept).toBeGreaterThanOrEqual(keep - 4096);
+    expect(kept).toBeLessThan(total);
+    // the next pass reads the tail back and computes as before
+    const again = model.embed(Int32Array.of(1));
+    w.kvClear();
+    await w.forward(again, 0, 1);
+    expect(Array.from(again)).toEqual(Array.from(acts));
+    expect(w.residency().residentBytes).toBe(total);
+    expect(() => w.releaseBeyond(-1)).toThrow(/byte count/);
+  } finally {
+    w.close();
+    model.close();
+  }
+});
