@@ -90,7 +90,8 @@ async function ringRun(model: string, capMiB: number, windows: readonly number[]
       procs.push(start(groups[i + 1], [workerCli, "--join", `127.0.0.1:${port}`, "--model", model, "--name", name, "--once", "--token-file", tokenFile]));
       await waitFor(head, new RegExp(`"${name}" .*joined`), 120_000);
     }
-    const code = await Promise.race([head.exited, new Promise((r) => setTimeout(() => r("timeout"), 600_000))]);
+    // unref'd: a pending limit must not keep the bench alive after its last run
+    const code = await Promise.race([head.exited, new Promise((r) => setTimeout(() => r("timeout"), 600_000).unref())]);
     if (code !== 0) throw new Error(`head ${code === "timeout" ? "timed out" : `exited with ${code}`}:\n${head.err.slice(-3000)}`);
     const line = head.out.split("\n").find((l) => l.startsWith("{"));
     if (!line) throw new Error(`head printed no JSON:\n${head.err.slice(-3000)}`);
@@ -98,7 +99,7 @@ async function ringRun(model: string, capMiB: number, windows: readonly number[]
     return JSON.parse(line) as RunJson;
   } finally {
     for (const p of procs) if (p.child.exitCode === null && p.child.signalCode === null) p.child.kill("SIGKILL");
-    await Promise.all(procs.map((p) => Promise.race([p.exited, new Promise((r) => setTimeout(r, 3000))])));
+    await Promise.all(procs.map((p) => Promise.race([p.exited, new Promise((r) => setTimeout(r, 3000).unref())])));
     for (const g of groups) await removeGroup(g);
   }
 }

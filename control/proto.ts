@@ -59,6 +59,8 @@ export interface WindowStatus {
 export interface Status {
   windows: WindowStatus[]; waitMs: number; sendMs: number; anonRssBytes: number; memTotalBytes: number;
   memAvailableBytes: number; memPressure: number; frames: number;
+  /** Room for layer windows as the device reads it while it holds none (0 while it holds some). */
+  layerRoomBytes: number;
 }
 export interface Failure { message: string }
 export interface ModelDescription { fingerprint: string; fileBytes: number; dataOffset: number; chunkBytes: number; name: string }

@@ -7,7 +7,7 @@ import { basename, dirname, extname, join, resolve } from "node:path";
 import type { Status } from "../control/index.js";
 import { LocalPipeline, generate, type GenerationResult, type LocalModel, type Sampler } from "../engine/index.js";
 import { ggmlTypeName, metaString, modelFingerprint, rowBytes } from "../model/index.js";
-import { memoryPressureTracker, modelWorkload, profileDevice, systemInfo, type DeviceReport, type SystemInfo } from "../profiler/index.js";
+import { memoryPressureTracker, modelWorkload, settleMemory, profileDevice, systemInfo, type DeviceReport, type SystemInfo } from "../profiler/index.js";
 import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
 import {
   DecodeMeter, costPerStep, formatPlan, planRing, predictionReport, type MeasuredDevice, type PredictionReport, type RingPlan, type StepCost,
@@ -257,6 +257,8 @@ export class Cluster extends EventEmitter {
     }
     this.devices.set(w.id, { report, state: "joining", detail: "waiting to be placed", progress: null, joinedUnixMs: Date.now(), measured: null, lastStatus: null });
     this.event("joined", `device ${w.label} joined`);
+    // The handshakes' garbage is freed now, while no window runs (memory readings show the live set).
+    if (!this.active) setImmediate(settleMemory);
     this.markDirty();
   }
 
@@ -494,7 +496,13 @@ export class Cluster extends EventEmitter {
       leave();
       if (req.signal?.aborted) throw new CancelledError("the client went away while the request was queued");
       return this.run(req, performance.now() - queuedAt);
-    }).finally(leave);
+    }).finally(() => {
+      leave();
+      // Nothing waiting: hand back what the request's traffic grew (V8's young generation can reach
+      // tens of MiB), memory the plan gave the windows (profiler's settleMemory, ~15 ms).
+      const idle = () => !this.active && this.waiting === 0 && !this.closed;
+      if (idle()) setImmediate(() => idle() && settleMemory());
+    });
   }
 
   private async run(req: GenerationRequest, queueMs: number): Promise<GenerationOutcome> {

@@ -10,7 +10,7 @@ import type { LocalModel, Pipeline } from "../engine/index.js";
 import { selectDevices, type DeviceLatencyMs, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "../halda/index.js";
 import { modelProfile } from "../model/index.js";
 import {
-  layerRoomBytes, measureLink, parseDeviceReport, refreshMemory, type DeviceReport, type LinkMeasurement,
+  RAM_AVAILABLE_FRACTION, measureLink, settleMemory, parseDeviceReport, refreshMemory, type DeviceReport, type LinkMeasurement,
 } from "../profiler/index.js";
 import type { WorkerHandle } from "./registry.js";
 
@@ -258,8 +258,6 @@ function windowScratchBytes(model: LocalModel, ctx: number, maxBatch: number, kv
  * each worker, and runs Halda. Throws an Error naming the device or the reason when no plan exists.
  */
 export async function planRing(i: RingPlanInput): Promise<RingPlan> {
-  // The head's memory first: what planning itself allocates for a moment is not the head's to lose.
-  const head = refreshMemory(i.head);
   const profileModel = modelProfile(i.model.desc, { nCtx: i.ctx, nPredict: Math.max(1, Math.min(i.ctx, i.tokens)), name: i.modelPath });
   const scratch = windowScratchBytes(i.model, i.ctx, i.maxBatch, profileModel.kvBytesPerTokenLayer);
   const linkOptions = {
@@ -274,16 +272,11 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     } catch (e) {
       throw new Error(`device ${w.label} has no usable profile: ${(e as Error).message}; give --layer-windows to place layers by hand`);
     }
-    // Memory now, not when it joined: the status carries the device's (cgroup-aware) MemAvailable,
-    // read while it holds no windows (the ring was taken down), so its anonymous memory is the runtime's.
+    // Memory now, not when it joined: the status carries the device's own reading of its room for
+    // layers (profiler's layerRoomBytes), taken while it holds no windows (the ring was taken down);
+    // a device that still holds some reports none, and its MemAvailable with the fifth kept back counts.
     const s = await w.status();
-    // A cgroup limit shows as a total below the machine's (from its profile; a limit may be set after
-    // it joined); without the profile's memory details, as if no limit bound.
-    const joined = r.details?.memory as DeviceReport["details"]["memory"] | undefined;
-    const room = layerRoomBytes({
-      availableBytes: s.memAvailableBytes, physicalAvailableBytes: joined?.physicalAvailableBytes ?? Infinity,
-      cgroupLimited: joined !== undefined && s.memTotalBytes < joined.physicalTotalBytes,
-    });
+    const room = Number(s.layerRoomBytes ?? 0) > 0 ? Number(s.layerRoomBytes) : Math.floor(Number(s.memAvailableBytes) * RAM_AVAILABLE_FRACTION);
     reports.push({ ...r, profile: { ...r.profile, ramTotalBytes: s.memTotalBytes, ramAvailableBytes: room } });
     let link: LinkMeasurement | null = null;
     if (r.linkProbePort) {
@@ -296,6 +289,10 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     }
     links.push(link);
   }
+  // The head's memory last, with the garbage of planning (a window made to measure its scratch, the
+  // link probes' frames) collected: what it holds is what it will hold besides the plan's windows.
+  settleMemory();
+  const head = refreshMemory(i.head, i.modelPath);
   // The head's hop goes to the first worker of the ring.
   links[0] = links[1] ?? null;
   // ξ, what a window costs besides its layers: the hop to the successor and waking the compute threads.
@@ -314,10 +311,11 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   }
   let placement: Placement;
   try {
-    // Our engine's windows are read in the same order every token, so a window that does not fit is
-    // read back whole each token under the kernel's LRU, not only its excess (measured: BENCHMARKS.md,
-    // "Capped devices"): Halda prices overload that way unless told otherwise.
-    placement = placeRing(headProfile, workerProfiles, profileModel, { overloadReload: "window", ...i.options });
+    // A device whose one window does not fit keeps its first layers and drops the rest after each pass
+    // (RingNode.advise, the native lane's advise), so it rereads only its excess each token, as Halda's
+    // default pricing says; left to the kernel's LRU it reread the whole window (BENCHMARKS.md, "Capped
+    // devices").
+    placement = placeRing(headProfile, workerProfiles, profileModel, i.options);
   } catch (e) {
     throw new Error(`no plan: ${(e as Error).message}`);
   }

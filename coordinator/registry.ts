@@ -522,11 +522,13 @@ export class WorkerRegistry extends EventEmitter {
 export function statusProblem(st: Status): string | null {
   const nums: [string, number][] = [
     ["memTotalBytes", Number(st.memTotalBytes)], ["memAvailableBytes", Number(st.memAvailableBytes)], ["anonRssBytes", Number(st.anonRssBytes)],
+    ["layerRoomBytes", Number(st.layerRoomBytes ?? 0)],
     ["waitMs", st.waitMs], ["sendMs", st.sendMs], ["memPressure", st.memPressure],
   ];
   for (const [k, v] of nums) if (!Number.isFinite(v) || v < 0) return `${k} = ${v}`;
   if (Number(st.memTotalBytes) > PLAUSIBLE.ramBytes) return `memTotalBytes = ${st.memTotalBytes} is more than any device has`;
   if (Number(st.memAvailableBytes) > Number(st.memTotalBytes)) return `memAvailableBytes (${st.memAvailableBytes}) is more than memTotalBytes (${st.memTotalBytes})`;
+  if (Number(st.layerRoomBytes ?? 0) > Number(st.memTotalBytes)) return `layerRoomBytes (${st.layerRoomBytes}) is more than memTotalBytes (${st.memTotalBytes})`;
   return null;
 }
 

@@ -64,7 +64,7 @@ export function headStatus(node: RingNode | undefined, pressure: number): Status
       return { ...w, residentBytes: r.residentBytes, totalBytes: r.totalBytes };
     }),
     waitMs: s?.waitMs ?? 0, sendMs: s?.sendMs ?? 0, frames: s?.frames ?? 0, anonRssBytes: anonRssBytes(), memTotalBytes: mem.totalBytes,
-    memAvailableBytes: mem.availableBytes, memPressure: pressure,
+    memAvailableBytes: mem.availableBytes, memPressure: pressure, layerRoomBytes: 0,
   };
 }
 

@@ -22,6 +22,8 @@ export interface WindowOptions {
 
 export class LocalModel {
   private constructor(
+    /** The file mapped. */
+    readonly path: string,
     readonly gguf: GgufFile,
     readonly desc: ModelDescription,
     readonly native: NativeModel,
@@ -33,7 +35,7 @@ export class LocalModel {
     const desc = describeModel(gguf);
     const threads = options.threads ?? availableParallelism();
     const native = openNativeModel(path, nativeTensorTable(desc), nativeHParams(desc), { threads, idleSpinUs: options.idleSpinUs, spreadThreads: options.spreadThreads });
-    return new LocalModel(gguf, desc, native, threads);
+    return new LocalModel(path, gguf, desc, native, threads);
   }
 
   get nEmbd(): number {

@@ -27,6 +27,7 @@ interface ProfileAddon {
   createPool(threads: number): PoolHandle;
   wakePool(pool: PoolHandle): Promise<void>;
   closePool(pool: PoolHandle): void;
+  releaseFreeMemory(): void;
 }
 
 /** An opaque thread pool handle (native). */
@@ -62,6 +63,12 @@ export function benchKvCopy(kvFloats: number, nCtx: number, minSeconds: number):
  *  `buffered`: drop the file's cached pages and read through the cache, as where O_DIRECT is refused. */
 export function benchDisk(path: string, o: { fileBytes: number; seqBlock: number; randBlock: number; seqSeconds: number; randSeconds: number; buffered?: boolean }): DiskBench {
   return p.disk(path, o.fileBytes, o.seqBlock, o.randBlock, o.seqSeconds, o.randSeconds, !o.buffered);
+}
+
+/** Frees garbage (V8's low-memory collection, which also shrinks the young generation) and returns the
+ * C heap's free pages to the system (glibc's malloc_trim). */
+export function releaseFreeMemory(): void {
+  p.releaseFreeMemory();
 }
 
 /** Writes back and drops a file's pages from the page cache. */

@@ -5,6 +5,7 @@
 // listener announced in its profile); the coordinator measures its hop to every worker before
 // planning. In a home network every hop crosses the same router, so the coordinator's hop to a
 // device stands for that device's hop to its ring successor.
+import { settleMemory } from "./memory.js";
 import { RingListener, dialSuccessor, type ActivationsFrame, type RingLink, type RingLinkOptions } from "../ring/index.js";
 
 /** The probe's ring: links to it are refused by real rings and vice versa. */
@@ -36,6 +37,8 @@ export class LinkProbeServer {
       link.on("frame", (f) => {
         if (f.type === "activations") link.send(f).catch(() => link.close("probe echo failed"));
       });
+      // The probe's prompt-sized frames are garbage now; the planner reads this device's room next.
+      link.on("close", () => setImmediate(settleMemory));
     });
     return new LinkProbeServer(listener);
   }

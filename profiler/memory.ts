@@ -1,9 +1,10 @@
 // Memory readings of this process and this device, from /proc (Linux and Android) and the memory
 // cgroup the process runs in (v1 and v2): a container or a cgroup-limited service sees its limit as
 // its memory. Other systems get what Node itself reports.
-import { closeSync, openSync, readFileSync, readSync } from "node:fs";
+import { closeSync, openSync, readFileSync, readSync, realpathSync } from "node:fs";
 import { freemem, totalmem } from "node:os";
 import { join } from "node:path";
+import { releaseFreeMemory } from "../native/profile.js";
 import { cgroupPaths, type CgroupPaths } from "./system.js";
 
 /** prima.cpp keeps a fifth of MemAvailable back on Linux (HALDA.md §1.1); we do so where no memory
@@ -84,6 +85,9 @@ export interface CgroupMemory {
   readonly usageBytes: number;
   /** File pages (active + inactive): the kernel drops these before it runs out. */
   readonly fileBytes: number;
+  /** The file pages among them that processes have mapped (program text, libraries, models): in use,
+   *  dropped only to be read back at once. */
+  readonly mappedFileBytes: number;
 }
 
 /** This process's memory cgroup, or undefined when it has no limit (or no cgroups at all). */
@@ -97,7 +101,7 @@ export function cgroupMemory(paths: CgroupPaths = cgroupPaths()): CgroupMemory |
     // The kernel reports "no limit" as a page-rounded 2^63: anything beyond 2^60 is unlimited.
     if (usage === undefined || !(limit < 2 ** 60)) return undefined;
     const file = (stat.total_active_file ?? stat.active_file ?? 0) + (stat.total_inactive_file ?? stat.inactive_file ?? 0);
-    return { version: 1, dir: g.dir, limitBytes: limit, usageBytes: usage, fileBytes: file };
+    return { version: 1, dir: g.dir, limitBytes: limit, usageBytes: usage, fileBytes: file, mappedFileBytes: stat.total_mapped_file ?? stat.mapped_file ?? 0 };
   }
   // v2: memory.max of this group and of every ancestor (the root group has no memory.max).
   let limit = Infinity;
@@ -109,7 +113,10 @@ export function cgroupMemory(paths: CgroupPaths = cgroupPaths()): CgroupMemory |
   const usage = readNumber(join(g.dir, "memory.current"));
   if (usage === undefined || !(limit < 2 ** 60)) return undefined;
   const stat = statFields(join(g.dir, "memory.stat"));
-  return { version: 2, dir: g.dir, limitBytes: limit, usageBytes: usage, fileBytes: (stat.active_file ?? 0) + (stat.inactive_file ?? 0) };
+  return {
+    version: 2, dir: g.dir, limitBytes: limit, usageBytes: usage, fileBytes: (stat.active_file ?? 0) + (stat.inactive_file ?? 0),
+    mappedFileBytes: stat.file_mapped ?? 0,
+  };
 }
 
 export interface MemoryReading {
@@ -160,23 +167,92 @@ export function readMemory(isAndroid = false, paths?: CgroupPaths): MemoryReadin
   };
 }
 
+/** What a ring device's memory grows by between planning and decoding, beyond the KV cache and the
+ * window scratch the plan counts itself (V8's young generation growing with the traffic, sockets,
+ * the addon's pages). Measured on the benchmark model with 8,8,6 (BENCHMARKS.md, "Capped devices"):
+ * +1 to +4 MiB of anonymous memory and up to +5 MiB of newly mapped program pages. */
+export const RUNTIME_RESERVE_BYTES = 8 * 2 ** 20;
+
+/** What a memory cgroup holds. */
+export type CgroupHeld = Pick<CgroupMemory, "usageBytes" | "fileBytes" | "mappedFileBytes">;
+
+/** Whether a memory cgroup's limit binds before the machine's memory does. */
+function cgroupBinds(m: MemoryReading): m is MemoryReading & { cgroup: CgroupMemory } {
+  return m.cgroup !== undefined && m.cgroup.limitBytes < m.physicalTotalBytes;
+}
+
+/** Page cache a cgroup can give up without rereading it at once: its file pages less the mapped ones
+ * that are not this device's weights (`ownWeightBytes`: resident pages of its own model mapping,
+ * which the next plan decides about). */
+function reclaimableFileBytes(cg: CgroupHeld, ownWeightBytes: number): number {
+  return Math.max(0, cg.fileBytes - Math.max(0, cg.mappedFileBytes - ownWeightBytes));
+}
+
 /**
  * Halda's d_avail: the room this device has for its layers (weights in the page cache, KV caches,
- * scratch), from a reading taken while the process holds no windows. Under a memory cgroup whose room
- * is the tighter one it is that room exactly: the limit is hard, and limit - usage + page cache already
- * leaves out the anonymous memory the process holds (runtime, heap). Without one, MemAvailable keeps
- * prima.cpp's fifth back (RAM_AVAILABLE_FRACTION): other programs share that memory and may grow.
- * Measured on the benchmark model under 256 MiB caps: 228 MiB read, of which the 0.8 factor had hidden
- * 46 MiB, nearly two layers (BENCHMARKS.md, "Capped devices").
+ * scratch), from a reading taken while the process holds no windows. Under a binding memory cgroup it
+ * is the room the engine really gets: the limit less what the group holds (anonymous memory, mapped
+ * program pages), its other page cache being reclaimable, less RUNTIME_RESERVE_BYTES; prima.cpp's
+ * fifth (RAM_AVAILABLE_FRACTION) stays back from the machine's MemAvailable, which other programs
+ * share and may take. (Read with the fifth under a cgroup too, 3 x 256 MiB devices lost two layers
+ * each and the ring overloaded one device: 0.18x the best hand-made plan. Read without subtracting
+ * mapped pages, devices were placed over their limit and thrashed: BENCHMARKS.md, "Capped devices".)
  */
-export function layerRoomBytes(m: { availableBytes: number; physicalAvailableBytes: number; cgroupLimited: boolean }): number {
-  // The cgroup's room read exactly (limit - usage + page cache, no margin) placed devices at their
-  // limit and they thrashed (test/ring/placement.test.ts: the head 228 major faults a token at
-  // [6,2,0,4]): part of the page cache is the processes' own hot pages, and the head's memory grows
-  // after planning. Until that is measured, prima.cpp's fifth stays back everywhere.
-  void m.cgroupLimited;
-  void m.physicalAvailableBytes;
-  return Math.floor(m.availableBytes * RAM_AVAILABLE_FRACTION);
+export function layerRoomBytes(m: MemoryReading, ownWeightBytes = 0): number {
+  const shared = Math.floor(m.physicalAvailableBytes * RAM_AVAILABLE_FRACTION);
+  if (!cgroupBinds(m)) return Math.min(shared, Math.floor(m.availableBytes * RAM_AVAILABLE_FRACTION));
+  const cg = m.cgroup;
+  const room = cg.limitBytes - cg.usageBytes + reclaimableFileBytes(cg, ownWeightBytes) - RUNTIME_RESERVE_BYTES;
+  return Math.max(0, Math.min(shared, Math.floor(room)));
+}
+
+/** The cgroup limit under which layerRoomBytes reads `roomBytes` for a group in this state (tests set
+ * devices' memory this way). */
+export function cgroupLimitForRoom(cg: CgroupHeld, roomBytes: number): number {
+  return Math.ceil(cg.usageBytes - reclaimableFileBytes(cg, 0) + roomBytes + RUNTIME_RESERVE_BYTES);
+}
+
+/**
+ * Frees what earlier work left behind: garbage and the young generation a burst of allocation grew
+ * (a link probe's frames, a profile's matrices), and the C heap's free pages (native releaseFreeMemory).
+ * Nothing runs a collection on an idle device otherwise, and a room reading taken before it would count
+ * that garbage as held, or, taken before the garbage is made, leave it to crowd the windows out (a
+ * worker after the link probe: +12 MiB of anonymous memory; the head: its young generation +23 MiB).
+ * It takes a few ms: only where no window is running.
+ */
+export function settleMemory(): void {
+  releaseFreeMemory();
+}
+
+/** A device's room for layers while it holds no windows (worker status): its model's resident pages
+ * (`modelPath`, when it has one yet) count as room. */
+export function idleLayerRoomBytes(modelPath: () => string | undefined): number {
+  let own = 0;
+  try {
+    const p = modelPath();
+    if (p) own = mappedResidentBytes(p);
+  } catch {
+    // no model yet (a worker still fetching its windows): nothing of it mapped
+  }
+  settleMemory();
+  return layerRoomBytes(readMemory(), own);
+}
+
+/** Resident bytes of this process's mappings of `path` (/proc/self/smaps; 0 where there is none). */
+export function mappedResidentBytes(path: string): number {
+  let text: string;
+  try {
+    path = realpathSync(path); // smaps names files by their real path
+    text = readFileSync("/proc/self/smaps", "utf8");
+  } catch {
+    return 0;
+  }
+  let total = 0, inFile = false;
+  for (const line of text.split("\n")) {
+    if (/^[0-9a-f]+-[0-9a-f]+ /.test(line)) inFile = line.endsWith(` ${path}`);
+    else if (inFile && line.startsWith("Rss:")) total += Number(/(\d+) kB/.exec(line)?.[1] ?? 0) * 1024;
+  }
+  return total;
 }
 
 /** MemTotal and MemAvailable of the device (the memory cgroup's when it is tighter). */

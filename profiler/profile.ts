@@ -10,7 +10,7 @@ import {
 } from "./compute.js";
 import { diskKey, measureDisk, scratchDir } from "./disk.js";
 import { detectGpus } from "./gpu.js";
-import { layerRoomBytes, readMemory, type MemoryReading } from "./memory.js";
+import { layerRoomBytes, mappedResidentBytes, readMemory, settleMemory, type MemoryReading } from "./memory.js";
 import { REPORT_VERSION, type DeviceReport } from "./report.js";
 import { cgroupPaths, cpuQuota, systemInfo } from "./system.js";
 
@@ -138,6 +138,9 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
     diskRandReadBytesPerS: disk.randReadBytesPerS,
   };
   const profileMs = performance.now() - t0;
+  // The measurements' matrices and buffers are garbage now: freed, so that the memory readings the
+  // planner takes later see what this process holds, not what profiling left.
+  settleMemory();
   say(`profile done in ${(profileMs / 1000).toFixed(1)} s${measured.length ? "" : " (from the cache)"}`);
   return {
     version: REPORT_VERSION,
@@ -150,19 +153,21 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
   };
 }
 
-/** The profile's memory fields from a reading. */
-function memoryFields(memory: MemoryReading) {
+/** The profile's memory fields from a reading (ownWeightBytes: see layerRoomBytes). */
+function memoryFields(memory: MemoryReading, ownWeightBytes = 0) {
   return {
     ramTotalBytes: memory.totalBytes,
-    ramAvailableBytes: layerRoomBytes({ ...memory, cgroupLimited: memory.cgroup !== undefined }),
+    ramAvailableBytes: layerRoomBytes(memory, ownWeightBytes),
     swappableBytes: memory.swappableBytes,
     swapTotalBytes: memory.swapTotalBytes,
     swapAvailableBytes: memory.swapFreeBytes,
   };
 }
 
-/** The same report with memory read again (it changes all the time; speeds do not). */
-export function refreshMemory(r: DeviceReport): DeviceReport {
+/** The same report with memory read again (it changes all the time; speeds do not); `modelPath`: the
+ * model this process maps, whose resident pages are the next plan's to place. */
+export function refreshMemory(r: DeviceReport, modelPath?: string): DeviceReport {
   const memory = readMemory(r.profile.os === "android");
-  return { ...r, profile: { ...r.profile, ...memoryFields(memory) }, details: { ...r.details, memory } };
+  const own = modelPath ? mappedResidentBytes(modelPath) : 0;
+  return { ...r, profile: { ...r.profile, ...memoryFields(memory, own) }, details: { ...r.details, memory } };
 }

@@ -4,7 +4,7 @@
 import { createServer, type AddressInfo } from "node:net";
 import type { Assignment, KvCommand, Status } from "../control/index.js";
 import type { LocalModel } from "../engine/index.js";
-import { WeightRoom, anonRssBytes, deviceMemory, memoryPressureTracker } from "../profiler/index.js";
+import { WeightRoom, anonRssBytes, deviceMemory, idleLayerRoomBytes, memoryPressureTracker } from "../profiler/index.js";
 import {
   RingLane, RingLinkError, RingListener, RingNode, dialSuccessor, resolveLinkOptions, type RingLink, type RingLinkOptions,
 } from "../ring/index.js";
@@ -198,6 +198,7 @@ export class WorkerDevice implements SessionHandler {
       anonRssBytes: anonRssBytes(),
       memTotalBytes: mem.totalBytes,
       memAvailableBytes: mem.availableBytes,
+      layerRoomBytes: this.node?.windows.length ? 0 : idleLayerRoomBytes(() => this.o.model.path),
       memPressure: this.pressure?.pressure() ?? 0,
     };
   }

@@ -13,6 +13,7 @@ import {
   type WorkerMessage,
 } from "../control/index.js";
 import { printable } from "../discovery/index.js";
+import { settleMemory } from "../profiler/index.js";
 import { PinMismatchError, clusterCredentials, joinProof, type JoinToken } from "../trust/index.js";
 import type { WorkerExit } from "./exit.js";
 
@@ -268,6 +269,8 @@ export class WorkerSession {
         this.deviceId = m.welcome.deviceId;
         session.joined();
         this.o.log(`joined ${this.address} as ${printable(this.deviceId)}`);
+        // The join's handshakes are garbage now; the coordinator reads this device's memory next.
+        setImmediate(settleMemory);
         return;
       case "assignment": {
         const a = m.assignment;

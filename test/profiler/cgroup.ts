@@ -57,6 +57,17 @@ export class Cgroup {
     return readFileSync(join(base, controller, this.name, file), "utf8").trim();
   }
 
+  /** What the memory group holds (v1), as the profiler's room reading sees it. */
+  memoryHeld(): { usageBytes: number; fileBytes: number; mappedFileBytes: number } {
+    const stat = this.read("memory", "memory.stat");
+    const field = (k: string) => Number(new RegExp(`^${k} (\\d+)$`, "m").exec(stat)?.[1] ?? 0);
+    return {
+      usageBytes: Number(this.read("memory", "memory.usage_in_bytes")),
+      fileBytes: field("total_active_file") + field("total_inactive_file"),
+      mappedFileBytes: field("total_mapped_file"),
+    };
+  }
+
   /** Removes the groups (their processes must have exited; retried briefly). */
   async remove(): Promise<void> {
     for (const dir of this.dirs) {

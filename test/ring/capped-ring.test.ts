@@ -1,8 +1,7 @@
 // Issue #14: on memory-capped devices the automatic plan must use the memory they really have. Two
 // loopback workers and the head, each in a memory cgroup with room for 4.5 layers on top of what its
-// process already holds (as the profiler reads room: prima.cpp's fifth kept back): the 12-layer model
-// fits (4 + 4 + 4) when a device's room is read as the engine uses it (cgroup limit less its anonymous
-// memory, measured scratch).
+// process already holds (as the profiler reads room): the 12-layer model fits (4 + 4 + 4) when a
+// device's room is read as the engine uses it (with prima.cpp's fifth kept back each had room for 3).
 // The plan must keep every window resident: every device in M4, windows whole in memory after the run,
 // no page faults in the decode steps, and the ring's tokens those of one process.
 import { execFileSync } from "node:child_process";
@@ -11,7 +10,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, afterEach, describe, expect, it } from "vitest";
 import type { Plan } from "../../halda/index.js";
-import { RAM_AVAILABLE_FRACTION, dropFileCache } from "../../profiler/index.js";
+import { cgroupLimitForRoom, dropFileCache } from "../../profiler/index.js";
 import { Cgroup, controllerProblem, killAll, root, startIn } from "../profiler/cgroup.js";
 import { PLACEMENT_SHAPE, layerCosts, testModel } from "../profiler/models.js";
 
@@ -56,15 +55,9 @@ describe.skipIf(problem !== null)(`capped devices${problem ? ` (skipped: ${probl
     const env = { PRIMA_PROFILE_DIR: cacheDir };
     // Each device pages its own windows in, charged to its own cgroup.
     dropFileCache(modelPath);
-    // What the room reading subtracts: the group's usage less its page cache (anonymous memory, kernel).
-    const held = (g: Cgroup) => {
-      const stat = g.read("memory", "memory.stat");
-      const field = (k: string) => Number(new RegExp(`^${k} (\\d+)$`, "m").exec(stat)![1]);
-      return Number(g.read("memory", "memory.usage_in_bytes")) - field("total_active_file") - field("total_inactive_file");
-    };
-    // Room for 4.5 layers as the profiler reads it: prima.cpp keeps a fifth back.
-    const room = (layers: number, isHead: boolean) => (layers * bPrime + scratch + (isHead ? mp.outputBytes + Math.floor(mp.inputBytes / mp.nVocab) : 0)) / RAM_AVAILABLE_FRACTION;
-    const limit = (g: Cgroup, bytes: number) => g.set("memory", "memory.limit_in_bytes", Math.ceil(bytes));
+    // Room for 4.5 layers as the profiler reads it (layerRoomBytes), on top of what the group holds.
+    const room = (layers: number, isHead: boolean) => layers * bPrime + scratch + (isHead ? mp.outputBytes + Math.floor(mp.inputBytes / mp.nVocab) : 0);
+    const limit = (g: Cgroup, held: Cgroup, bytes: number) => g.set("memory", "memory.limit_in_bytes", cgroupLimitForRoom(held.memoryHeld(), bytes));
 
     const coord = startIn([head], [coordCli, "run", modelPath, "--port", "0", "--min-workers", "2", "--json", ...gen], env);
     const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
@@ -74,11 +67,11 @@ describe.skipIf(problem !== null)(`capped devices${problem ? ` (skipped: ${probl
     await coord.waitFor(/"alpha" .*joined/, 30_000);
     // A worker's memory settles within half a second of joining (24 -> 31 MiB here).
     await new Promise((r) => setTimeout(r, 1500));
-    limit(g1, held(g1) + room(4.5, false));
-    limit(head, held(head) + room(4.5, true));
+    limit(g1, g1, room(4.5, false));
+    limit(head, head, room(4.5, true));
     // The head plans as soon as the second worker joins: its limit is set before it starts, from the
     // first worker's at the same point (the same program, a MiB or two apart).
-    limit(g2, held(g1) + room(4.5, false));
+    limit(g2, g1, room(4.5, false));
     const w2 = start(g2, "bravo");
     const code = await Promise.race([coord.exited, new Promise((r) => setTimeout(() => r("timeout"), 30_000))]);
     expect(code, coord.stderr).toBe(0);

@@ -10,7 +10,7 @@ import { afterAll, afterEach, describe, expect, it } from "vitest";
 import { DecodeMeter, formatPlan, placeRing, ringPosition } from "../../coordinator/placement.js";
 import { halda, selectDevices, type DeviceProfile, type Plan } from "../../halda/index.js";
 import { modelProfile, modelShapeByName, syntheticModelDescription } from "../../model/index.js";
-import { dropFileCache, RAM_AVAILABLE_FRACTION } from "../../profiler/index.js";
+import { cgroupLimitForRoom, dropFileCache } from "../../profiler/index.js";
 import { Cgroup, blkioProblem, controllerProblem, diskDeviceOf, killAll, root, startIn } from "../profiler/cgroup.js";
 import { PLACEMENT_SHAPE, layerCosts, testModel } from "../profiler/models.js";
 
@@ -174,10 +174,9 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
     dropFileCache(modelPath);
 
     // Capacities in layers, set through memory limits: b' (a layer with its KV cache) plus the scratch
-    // of a window, over prima.cpp's 0.8 margin, on top of what the process already uses.
+    // of a window, as the profiler reads room, on top of what the process already holds.
     const limitFor = (g: Cgroup, layers: number) => {
-      const usage = Number(g.read("memory", "memory.usage_in_bytes"));
-      g.set("memory", "memory.limit_in_bytes", Math.ceil(usage + (layers * bPrime + scratch) / RAM_AVAILABLE_FRACTION));
+      g.set("memory", "memory.limit_in_bytes", cgroupLimitForRoom(g.memoryHeld(), layers * bPrime + scratch));
     };
     const coord = startIn([head], [coordCli, "run", modelPath, "--port", "0", "--min-workers", "3", "--threads", "1", "--json", ...gen], env);
     const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
@@ -202,7 +201,7 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
     const modelPath = await testModel(PLACEMENT_SHAPE, "Q8_0");
     // What one device generates, for the ring to match token for token.
     const alone = JSON.parse(execFileSync(process.execPath, [coordCli, "run", modelPath, "--json", ...gen], { encoding: "utf8", cwd: root })) as RunJson;
-    const { mp, bPrime, scratch } = layerCosts(modelPath, ctx);
+    const { bPrime, scratch } = layerCosts(modelPath, ctx);
 
     // This machine is shared: other programs can halve its speed between a profile and a run seconds
     // later, and other test files run beside this one. What follows from memory limits and the plan
@@ -226,14 +225,13 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
       expect(windowOf(0), planText).toBeGreaterThan(0);
       expect(windowOf(2), planText).toBeGreaterThan(0);
       expect(windowOf(1), planText).toBeGreaterThan(windowOf(2));
-      // Each window fits its device's memory, or the plan counts the weights it must read again: all of
-      // its window's (and on the head its output layer), as a window read in order under LRU does.
+      // Each window fits its device's memory, or the plan counts the weights it must read again: its
+      // excess, as a device that keeps its window's first layers and drops the rest after each pass does.
       for (const d of pl.plan.devices) {
         if (d.set === "M4") expect(d.windowLayers * bPrime, d.name).toBeLessThanOrEqual(d.ramLayerCapacityBytes);
         else {
           expect(d.set, d.name).toBe("M3");
-          const headBytes = d.index === 0 ? mp.outputBytes + Math.floor(mp.inputBytes / mp.nVocab) : 0;
-          expect(d.reloadBytesPerToken, d.name).toBeCloseTo(d.windowLayers * mp.layerBytes + headBytes, -3);
+          expect(d.reloadBytesPerToken, d.name).toBeCloseTo(d.windowLayers * bPrime - d.ramLayerCapacityBytes, -3);
         }
       }
       // Devices Halda drops take no part: no assignment, and the ring runs through the others only.
