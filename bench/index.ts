@@ -60,7 +60,7 @@ async function main(): Promise<void> {
   if (parts.has("ring")) await (await import("./ring.js")).main(model, Math.max(reps, 7));
   if (parts.has("halda")) await (await import("./halda.js")).main();
   if (parts.has("kernels")) await import("./kernels.js"); // runs on import
-  if (parts.has("capped")) await (await import("./capped.js")).main(model);
+  if (parts.has("capped")) await (await import("./capped.js")).main(model, reps);
   if (parts.has("crypto")) await (await import("./crypto.js")).main(model);
   if (parts.has("serve")) await (await import("./serve.js")).main(model, Math.max(reps, 5));
   if (parts.has("transfer")) await (await import("./transfer.js")).main(model, reps);
