@@ -52,7 +52,7 @@ class Window : public Napi::ObjectWrap<Window> {
   bool ForwardArgs(const Napi::CallbackInfo &info, int64_t *pos, int64_t *n, Napi::Value *logits);
   Napi::Value Prefetch(const Napi::CallbackInfo &info);
   Napi::Value Release(const Napi::CallbackInfo &info);
-  Napi::Value ReleaseBeyond(const Napi::CallbackInfo &info);
+  Napi::Value StreamBeyond(const Napi::CallbackInfo &info);
   Napi::Value Residency(const Napi::CallbackInfo &info);
   Napi::Value KvClear(const Napi::CallbackInfo &info);
   Napi::Value KvTruncate(const Napi::CallbackInfo &info);
@@ -322,7 +322,7 @@ Napi::Function Window::Define(Napi::Env env) {
                      {InstanceMethod("forward", &Window::Forward), InstanceMethod("forwardNow", &Window::ForwardNow),
                       InstanceMethod("prefetch", &Window::Prefetch),
                       InstanceMethod("release", &Window::Release),
-                      InstanceMethod("releaseBeyond", &Window::ReleaseBeyond), InstanceMethod("residency", &Window::Residency),
+                      InstanceMethod("streamBeyond", &Window::StreamBeyond), InstanceMethod("residency", &Window::Residency),
                       InstanceMethod("kvClear", &Window::KvClear), InstanceMethod("kvTruncate", &Window::KvTruncate),
                       InstanceMethod("kvSave", &Window::KvSave), InstanceMethod("kvLoad", &Window::KvLoad),
                       InstanceMethod("info", &Window::Info), InstanceMethod("close", &Window::Close)});
@@ -456,12 +456,11 @@ Napi::Value Window::Release(const Napi::CallbackInfo &info) {
   return info.Env().Undefined();
 }
 
-Napi::Value Window::ReleaseBeyond(const Napi::CallbackInfo &info) {
+Napi::Value Window::StreamBeyond(const Napi::CallbackInfo &info) {
   if (!Alive(info.Env())) return info.Env().Undefined();
   int64_t keep;
-  if (!IntArg(info[0], 0, INT64_C(1) << 52, &keep)) return ThrowType(info.Env(), "releaseBeyond(keepBytes) needs a byte count >= 0");
-  const int rc = prima_window_release_beyond(w, (uint64_t)keep);
-  if (rc) return ThrowErr(info.Env(), std::string("release failed: ") + strerror(rc));
+  if (!IntArg(info[0], 0, INT64_C(1) << 52, &keep)) return ThrowType(info.Env(), "streamBeyond(keepBytes) needs a byte count >= 0");
+  prima_window_stream_beyond(w, (uint64_t)keep);
   return info.Env().Undefined();
 }
 

@@ -54,9 +54,10 @@ export interface NativeWindow {
   prefetch(maxBytes?: number): void;
   /** Drops the window's weight pages (MADV_DONTNEED + POSIX_FADV_DONTNEED). */
   release(): void;
-  /** Drops the weight pages past the window's first keepBytes (layer order): a window larger than its
-   * device's memory rereads only that tail each pass instead of all of it. */
-  releaseBeyond(keepBytes: number): void;
+  /** From the next pass on, drops each layer past the window's first keepBytes (whole layers, in order)
+   * right after computing it: a window larger than its device's memory rereads only that tail each
+   * pass. keepBytes >= the window's weights: nothing is dropped. */
+  streamBeyond(keepBytes: number): void;
   residency(): Residency;
   kvClear(): void;
   kvTruncate(pos: number): void;

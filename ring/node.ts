@@ -261,11 +261,11 @@ export class RingNode {
     // the advice itself costs a walk over every page on each token).
     const following = this.nextSlot(frame.cycle);
     if (!following || following === slot) {
-      // One window, larger than the memory it has: keep its first layers and drop the rest after the
-      // pass, so that each pass rereads only that tail; left to the kernel's LRU, a window read in the
-      // same order every pass loses each page just before its turn and is reread whole.
+      // One window, larger than the memory it has: keep its first layers and drop each of the rest
+      // right after computing it, so that each pass rereads only that tail; left to the kernel, a
+      // window read in the same order every pass lost kept pages too and reread about twice its excess.
       const room = this.weightRoomBytes();
-      if (room < this.weightBytes) slot.window.releaseBeyond(room);
+      slot.window.streamBeyond(room < this.weightBytes ? room : 2 ** 52);
       return;
     }
     if (this.releaseAfterUse) slot.window.release();

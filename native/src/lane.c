@@ -396,10 +396,10 @@ static void advise(prima_lane *l, int wi, int more_for_this_window) {
   int next = next_window(l, wi);
   if (more_for_this_window) return;
   if (next < 0 || next == wi) {
-    /* One window: it comes again next. If it does not fit, keep its first layers and drop the rest,
+    /* One window: it comes again next. If it does not fit, keep its first layers and stream the rest,
      * which is read again anyway (RingNode.advise). */
     const uint64_t room = atomic_load(&l->room);
-    if (room < l->cfg.weight_bytes) prima_window_release_beyond(l->windows[wi].window, room);
+    prima_window_stream_beyond(l->windows[wi].window, room < l->cfg.weight_bytes ? room : UINT64_MAX);
     return;
   }
   if (atomic_load(&l->release_after_use)) prima_window_release(l->windows[wi].window);

@@ -7,7 +7,7 @@ import { expect, it } from "vitest";
 import { LocalModel } from "../../engine/index.js";
 import type { ModelShape } from "../../model/index.js";
 import { dropFileCache, mappedResidentBytes } from "../../profiler/index.js";
-import { testModel } from "../profiler/models.js";
+import { PLACEMENT_SHAPE, testModel } from "../profiler/models.js";
 
 it("release evicts a window's pages; prefetch brings them back before the window runs", async () => {
   const path = join(mkdtempSync(join(tmpdir(), "prima-paging-")), "model.gguf");
@@ -38,35 +38,41 @@ it("release evicts a window's pages; prefetch brings them back before the window
   model.close();
 });
 
-it("releaseBeyond keeps a window's first bytes and drops the rest (a window larger than its memory rereads only its tail)", async () => {
+it("streamBeyond keeps a window's first layers and drops each later one once a pass has computed it", async () => {
+  // Layers of 11 MiB (PLACEMENT_SHAPE, Q8_0), a private copy: no other test holds its pages.
   const path = join(mkdtempSync(join(tmpdir(), "prima-paging-")), "model.gguf");
-  copyFileSync("models/stories260K.gguf", path);
+  copyFileSync(await testModel(PLACEMENT_SHAPE, "Q8_0"), path);
   const fd = openSync(path, "r+");
   fsyncSync(fd);
   closeSync(fd);
   const model = LocalModel.open(path, { threads: 1 });
-  const w = model.window(0, model.nLayers, { ctx: 8 });
+  const w = model.window(0, 4, { ctx: 8 });
   try {
-    const acts = model.embed(Int32Array.of(1));
-    await w.forward(acts, 0, 1);
+    const pass = async () => {
+      w.kvClear();
+      const acts = model.embed(Int32Array.of(1));
+      await w.forward(acts, 0, 1);
+      return Array.from(acts);
+    };
+    const first = await pass();
     const total = w.residency().totalBytes;
     expect(w.residency().residentBytes).toBe(total);
-    w.releaseBeyond(total); // all of it fits: nothing dropped
+    w.streamBeyond(total); // all of it fits: nothing dropped
+    expect(await pass()).toEqual(first);
     expect(w.residency().residentBytes).toBe(total);
-    const keep = Math.floor(total / 2);
-    w.releaseBeyond(keep);
-    // What is kept stays; the tail goes, but for the part of a large page-cache folio (ext4 keeps files
-    // in folios of up to 2 MiB) that straddles the boundary.
+    // Room for two and a half layers: two are kept, the other two go once computed.
+    const layer = total / 4;
+    w.streamBeyond(Math.floor(2.5 * layer));
+    expect(await pass()).toEqual(first);
     const kept = w.residency().residentBytes;
-    expect(kept).toBeGreaterThanOrEqual(keep - 4096);
-    expect(kept).toBeLessThan(total);
-    // the next pass reads the tail back and computes as before
-    const again = model.embed(Int32Array.of(1));
-    w.kvClear();
-    await w.forward(again, 0, 1);
-    expect(Array.from(again)).toEqual(Array.from(acts));
+    expect(kept).toBeLessThanOrEqual(2 * layer + 4096);
+    // the first streamed layer's drop takes the 2 MiB block around its start with it
+    expect(kept).toBeGreaterThanOrEqual(2 * layer - 2 * 2 ** 20 - 4096);
+    // Streaming off: the next pass reads the rest back and memory keeps it.
+    w.streamBeyond(2 ** 52);
+    expect(await pass()).toEqual(first);
     expect(w.residency().residentBytes).toBe(total);
-    expect(() => w.releaseBeyond(-1)).toThrow(/byte count/);
+    expect(() => w.streamBeyond(-1)).toThrow(/byte count/);
   } finally {
     w.close();
     model.close();
