@@ -104,13 +104,33 @@ async function ringRun(model: string, capMiB: number, windows: readonly number[]
   }
 }
 
+/** A process run alone in a capped cgroup may thrash for as long as it likes (llama-bench in 256 MiB
+ * once ran 20 minutes where it is usually killed by the OOM killer): it gets this long. */
+const ALONE_LIMIT_MS = 240_000;
+
+/** The exit code, or "timeout" after ALONE_LIMIT_MS (the process is then killed). */
+async function exitWithin(p: Proc): Promise<number | null | "timeout"> {
+  let timer: NodeJS.Timeout | undefined;
+  const limit = new Promise<"timeout">((r) => { timer = setTimeout(() => r("timeout"), ALONE_LIMIT_MS); });
+  const code = await Promise.race([p.exited, limit]);
+  clearTimeout(timer);
+  if (code === "timeout") {
+    p.child.kill("SIGKILL");
+    await p.exited;
+  }
+  return code;
+}
+
+const thrashed = `did not finish within ${ALONE_LIMIT_MS / 1000} s (thrashing)`;
+
 /** prima alone in one capped cgroup. */
 async function aloneRun(model: string, capMiB: number): Promise<number | string> {
   const g = makeGroup(`prima-capped-${process.pid}-alone`, capMiB);
   try {
     dropCaches();
     const p = start(g, [coordCli, "run", model, "--json", ...gen]);
-    const code = await p.exited;
+    const code = await exitWithin(p);
+    if (code === "timeout") return thrashed;
     if (code !== 0) return p.signal() === "SIGKILL" ? "killed (OOM)" : `failed (${code})`;
     return (JSON.parse(p.out.split("\n").find((l) => l.startsWith("{"))!) as RunJson).decode_tok_s;
   } finally {
@@ -125,7 +145,8 @@ async function llamaRun(model: string, capMiB: number): Promise<number | string>
   try {
     dropCaches();
     const p = start(g, ["-m", model, "-t", "2", "-p", "0", "-n", "32", "-r", "1", "-o", "json"], llamaBenchPath);
-    const code = await p.exited;
+    const code = await exitWithin(p);
+    if (code === "timeout") return thrashed;
     const ooms = Number(/oom_kill (\d+)/.exec(readFileSync(join(cgBase, g, "memory.oom_control"), "utf8"))?.[1] ?? 0);
     if (code !== 0) return ooms > 0 || p.signal() === "SIGKILL" ? "killed by the OOM killer" : `failed (${code ?? p.signal()})`;
     const rows = JSON.parse(p.out) as { n_gen: number; avg_ts: number }[];
