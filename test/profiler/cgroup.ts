@@ -1,7 +1,9 @@
 // Test harness: cgroup v1 groups (memory, cpu, blkio) to give processes less memory, CPU or disk, and
 // processes started inside them. Each helper says why it cannot run, so a test skips with a reason.
-import { existsSync, mkdirSync, readFileSync, rmdirSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, rmdirSync, statSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { afterAll, afterEach } from "vitest";
 import { killAll, root, startProcess, type Proc } from "../helpers/process.js";
 
 export { killAll, root, type Proc };
@@ -81,6 +83,31 @@ export class Cgroup {
       }
     }
   }
+}
+
+/** For a describe block that starts processes in cgroups: every process is stopped after each test, and
+ * the groups and temporary directories it made are removed after the block. */
+export function cgroupScope(): { group(name: string): Cgroup; tempDir(prefix: string): string } {
+  const groups: Cgroup[] = [];
+  const dirs: string[] = [];
+  afterEach(killAll);
+  afterAll(async () => {
+    killAll();
+    for (const g of groups) await g.remove();
+    for (const d of dirs) rmSync(d, { recursive: true, force: true });
+  });
+  return {
+    group(name) {
+      const g = new Cgroup(name);
+      groups.push(g);
+      return g;
+    },
+    tempDir(prefix) {
+      const d = mkdtempSync(join(tmpdir(), prefix));
+      dirs.push(d);
+      return d;
+    },
+  };
 }
 
 /** Starts `node args...` inside the cgroups (the shell joins them before exec, so node starts inside). */

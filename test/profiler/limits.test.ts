@@ -1,29 +1,19 @@
 // A device with less reports less: processes in memory, CPU and blkio cgroups measure their limits,
 // memory pressure follows the paper's definition inside a limit, and a file in the page cache is not
 // taken for the disk. The parts that need a cgroup controller skip, saying why, where it is missing.
-import { writeFileSync, readFileSync, rmSync, mkdtempSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { writeFileSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { afterAll, afterEach, describe, expect, it } from "vitest";
-import { Cgroup, blkioProblem, controllerProblem, diskDeviceOf, distUrl, killAll, runScriptIn } from "./cgroup.js";
+import { describe, expect, it } from "vitest";
+import { blkioProblem, cgroupScope, controllerProblem, diskDeviceOf, distUrl, runScriptIn } from "./cgroup.js";
 
 const tag = `prima-test-${process.pid}`;
-const groups: Cgroup[] = [];
-const group = (name: string) => {
-  const g = new Cgroup(`${tag}-${name}`);
-  groups.push(g);
-  return g;
-};
-afterEach(killAll);
-afterAll(async () => {
-  for (const g of groups) await g.remove();
-});
+const scope = cgroupScope();
+const group = (name: string) => scope.group(`${tag}-${name}`);
 
 const profiler = distUrl("profiler/index.js");
 const memProblem = controllerProblem("memory");
 const cpuProblem = controllerProblem("cpu");
-const scratch = mkdtempSync(join(tmpdir(), "prima-limits-"));
-afterAll(() => rmSync(scratch, { recursive: true, force: true }));
+const scratch = scope.tempDir("prima-limits-");
 const diskProblem = blkioProblem(diskDeviceOf(scratch));
 
 if (memProblem) console.warn(`limits.test: memory cgroup parts skipped: ${memProblem}`);

@@ -5,13 +5,11 @@
 // The plan must keep every window resident: every device in M4, windows whole in memory after the run,
 // no page faults in the decode steps, and the ring's tokens those of one process.
 import { execFileSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterAll, afterEach, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import type { Plan } from "../../halda/index.js";
 import { cgroupLimitForRoom, dropFileCache } from "../../profiler/index.js";
-import { Cgroup, controllerProblem, killAll, root, startIn } from "../profiler/cgroup.js";
+import { cgroupScope, controllerProblem, root, startIn, type Cgroup } from "../profiler/cgroup.js";
 import { PLACEMENT_SHAPE, layerCosts, testModel } from "../profiler/models.js";
 
 const coordCli = join(root, "dist/coordinator/cli.js");
@@ -27,14 +25,7 @@ interface RunJson {
 }
 
 describe.skipIf(problem !== null)(`capped devices${problem ? ` (skipped: ${problem})` : ""}`, () => {
-  const groups: Cgroup[] = [];
-  const dirs: string[] = [];
-  afterEach(killAll);
-  afterAll(async () => {
-    killAll();
-    for (const g of groups) await g.remove();
-    for (const d of dirs) rmSync(d, { recursive: true, force: true });
-  });
+  const scope = cgroupScope();
 
   it("the automatic plan fits the model in three capped devices and keeps every window resident", async () => {
     const ctx = 256;
@@ -44,14 +35,9 @@ describe.skipIf(problem !== null)(`capped devices${problem ? ` (skipped: ${probl
     const { mp, bPrime, scratch } = layerCosts(modelPath, ctx);
 
     const tag = `prima-capped-${process.pid}`;
-    const make = (name: string) => {
-      const g = new Cgroup(`${tag}-${name}`).add("memory");
-      groups.push(g);
-      return g;
-    };
+    const make = (name: string) => scope.group(`${tag}-${name}`).add("memory");
     const head = make("head"), g1 = make("w1"), g2 = make("w2");
-    const cacheDir = mkdtempSync(join(tmpdir(), "prima-capped-profiles-"));
-    dirs.push(cacheDir);
+    const cacheDir = scope.tempDir("prima-capped-profiles-");
     const env = { PRIMA_PROFILE_DIR: cacheDir };
     // Each device pages its own windows in, charged to its own cgroup.
     dropFileCache(modelPath);

@@ -3,15 +3,13 @@
 // End to end on loopback with real processes, given different memory (memory cgroups), CPU (a CPU
 // quota) and disk (blkio throttling) so that Halda has something to choose between.
 import { execFileSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
-import { afterAll, afterEach, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { DecodeMeter, formatPlan, placeRing, ringPosition } from "../../coordinator/placement.js";
 import { halda, selectDevices, type DeviceProfile, type Plan } from "../../halda/index.js";
 import { modelProfile, modelShapeByName, syntheticModelDescription } from "../../model/index.js";
 import { cgroupLimitForRoom, dropFileCache } from "../../profiler/index.js";
-import { Cgroup, blkioProblem, controllerProblem, diskDeviceOf, killAll, root, startIn } from "../profiler/cgroup.js";
+import { blkioProblem, cgroupScope, controllerProblem, diskDeviceOf, root, startIn, type Cgroup } from "../profiler/cgroup.js";
 import { PLACEMENT_SHAPE, layerCosts, testModel } from "../profiler/models.js";
 
 describe("placeRing: Halda's plan in ring order", () => {
@@ -126,14 +124,7 @@ interface RunJson {
 
 describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (skipped: ${e2eProblem})` : ""}`, () => {
   const tag = `prima-place-${process.pid}`;
-  const groups: Cgroup[] = [];
-  const dirs: string[] = [];
-  afterEach(killAll);
-  afterAll(async () => {
-    killAll();
-    for (const g of groups) await g.remove();
-    for (const d of dirs) rmSync(d, { recursive: true, force: true });
-  });
+  const scope = cgroupScope();
 
   const ctx = 256, nPredict = 48;
   // One compute thread per device: four devices share this machine's cores, and a device whose two
@@ -142,19 +133,13 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
 
   /** One placed run: fresh profiles (measured just before it), cgroup limits, three workers. */
   // The slow worker's profile is measured once (under its limits) and kept; the others' afresh each time.
-  const slowCache = mkdtempSync(join(tmpdir(), "prima-place-slow-"));
-  dirs.push(slowCache);
+  const slowCache = scope.tempDir("prima-place-slow-");
 
   async function attempt(modelPath: string, n: number, bPrime: number, scratch: number) {
-    const cacheDir = mkdtempSync(join(tmpdir(), "prima-place-profiles-"));
-    dirs.push(cacheDir);
+    const cacheDir = scope.tempDir("prima-place-profiles-");
     const env = { PRIMA_PROFILE_DIR: cacheDir };
     const slowEnv = { PRIMA_PROFILE_DIR: slowCache };
-    const make = (name: string) => {
-      const g = new Cgroup(`${tag}-${n}-${name}`).add("memory");
-      groups.push(g);
-      return g;
-    };
+    const make = (name: string) => scope.group(`${tag}-${n}-${name}`).add("memory");
     const head = make("head"), g1 = make("w1"), g2 = make("w2"), g3 = make("w3");
     // The fourth device: a quarter of a CPU, and where the disk allows, reads throttled to 20 MB/s.
     g3.add("cpu", { "cpu.cfs_period_us": 20000, "cpu.cfs_quota_us": 5000 });
