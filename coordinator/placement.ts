@@ -10,7 +10,7 @@ import type { LocalModel, Pipeline } from "../engine/index.js";
 import { selectDevices, type DeviceLatencyMs, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "../halda/index.js";
 import { modelProfile } from "../model/index.js";
 import {
-  RAM_AVAILABLE_FRACTION, measureLink, settleMemory, parseDeviceReport, refreshMemory, type DeviceReport, type LinkMeasurement,
+  measureLink, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, type DeviceReport, type LinkMeasurement,
 } from "../profiler/index.js";
 import type { WorkerHandle } from "./registry.js";
 
@@ -276,7 +276,7 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     // layers (profiler's layerRoomBytes), taken while it holds no windows (the ring was taken down);
     // a device that still holds some reports none, and its MemAvailable with the fifth kept back counts.
     const s = await w.status();
-    const room = Number(s.layerRoomBytes ?? 0) > 0 ? Number(s.layerRoomBytes) : Math.floor(Number(s.memAvailableBytes) * RAM_AVAILABLE_FRACTION);
+    const room = Number(s.layerRoomBytes ?? 0) > 0 ? Number(s.layerRoomBytes) : sharedRoomBytes(Number(s.memAvailableBytes));
     reports.push({ ...r, profile: { ...r.profile, ramTotalBytes: s.memTotalBytes, ramAvailableBytes: room } });
     let link: LinkMeasurement | null = null;
     if (r.linkProbePort) {

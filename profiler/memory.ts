@@ -169,12 +169,18 @@ export function readMemory(isAndroid = false, paths?: CgroupPaths): MemoryReadin
 
 /** What a ring device's memory grows by between planning and decoding, beyond the KV cache and the
  * window scratch the plan counts itself (V8's young generation growing with the traffic, sockets,
- * the addon's pages). Measured on the benchmark model with 8,8,6 (BENCHMARKS.md, "Capped devices"):
- * +1 to +4 MiB of anonymous memory and up to +5 MiB of newly mapped program pages. */
+ * the addon's pages). Sampled once from the cgroups' memory.stat on the benchmark model with 8,8,6:
+ * +1 to +4 MiB of anonymous memory and up to +5 MiB of newly mapped program pages; the capped tests
+ * (test/ring/capped-ring.test.ts, placement.test.ts) are what hold it. */
 export const RUNTIME_RESERVE_BYTES = 8 * 2 ** 20;
 
 /** What a memory cgroup holds. */
 export type CgroupHeld = Pick<CgroupMemory, "usageBytes" | "fileBytes" | "mappedFileBytes">;
+
+/** Room in memory other programs share (MemAvailable): prima.cpp's fifth stays back for them. */
+export function sharedRoomBytes(availableBytes: number): number {
+  return Math.floor(availableBytes * RAM_AVAILABLE_FRACTION);
+}
 
 /** Whether a memory cgroup's limit binds before the machine's memory does. */
 function cgroupBinds(m: MemoryReading): m is MemoryReading & { cgroup: CgroupMemory } {
@@ -199,8 +205,8 @@ function reclaimableFileBytes(cg: CgroupHeld, ownWeightBytes: number): number {
  * mapped pages, devices were placed over their limit and thrashed: BENCHMARKS.md, "Capped devices".)
  */
 export function layerRoomBytes(m: MemoryReading, ownWeightBytes = 0): number {
-  const shared = Math.floor(m.physicalAvailableBytes * RAM_AVAILABLE_FRACTION);
-  if (!cgroupBinds(m)) return Math.min(shared, Math.floor(m.availableBytes * RAM_AVAILABLE_FRACTION));
+  const shared = sharedRoomBytes(m.physicalAvailableBytes);
+  if (!cgroupBinds(m)) return Math.min(shared, sharedRoomBytes(m.availableBytes));
   const cg = m.cgroup;
   const room = cg.limitBytes - cg.usageBytes + reclaimableFileBytes(cg, ownWeightBytes) - RUNTIME_RESERVE_BYTES;
   return Math.max(0, Math.min(shared, Math.floor(room)));
