@@ -8,8 +8,9 @@ import type WebSocket from "ws";
 import { LocalModel } from "../../engine/index.js";
 import { startNativeLane } from "../../native/index.js";
 import { mulberry32 } from "../helpers/random.js";
+import { laneNode, startLane, until } from "./lane-device.js";
 import {
-  CloseCode, RingLane, RingListener, RingNode, dialSuccessor, encodeFrame, f16ToF32, f32ToF16, resolveLinkOptions,
+  CloseCode, RingListener, dialSuccessor, encodeFrame, f16ToF32, f32ToF16, resolveLinkOptions,
   type ActivationsFrame, type Frame, type RingLink, type RingLinkOptions,
 } from "../../ring/index.js";
 
@@ -51,32 +52,9 @@ async function laneDevice(deviceOptions: Partial<RingLinkOptions> = {}, successo
   const predecessor = await dialSuccessor(deviceListener.url, options("predecessor", predecessorOptions));
   const inLink = await incoming;
   const errors: string[] = [];
-  const node = new RingNode({
-    model, windows: [{ firstLayer: 0, endLayer: nLayers, cycle: 0 }], cycles: 1, ctx: 32, maxBatch: 8, prefetch: false,
-    releaseAfterUse: false, isHead: false, send: () => Promise.reject(new Error("the lane sends, not JS")), onError: (m) => errors.push(m),
-  });
-  const lane = RingLane.start({
-    model: model.native, node, link: resolveLinkOptions(devOpts),
-    predecessor: inLink, successor: out, onError: (m) => errors.push(m),
-  });
-  expect(lane).not.toBeNull();
-  inLink.on("frame", (f) => lane!.takeFrame(f));
-  cleanups.push(async () => {
-    lane!.stop();
-    node.close();
-    await Promise.allSettled([predecessor.close(), successor.close()]);
-  });
-  const received: Frame[] = [];
-  successor.on("frame", (f) => received.push(f));
-  return { lane: lane!, node, predecessor, successor, inLink, out, errors, received };
-}
-
-async function until(cond: () => boolean, what: string, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
+  const node = laneNode(model, errors);
+  const { lane, received } = startLane({ model, node, link: resolveLinkOptions(devOpts), inLink, out, predecessor, successor, errors, cleanups });
+  return { lane, node, predecessor, successor, inLink, out, errors, received };
 }
 
 /** The test's own end of a link, below RingLink: to write what a well-behaved peer never would. */

@@ -8,9 +8,10 @@ import { afterAll, afterEach, describe, expect, it } from "vitest";
 import WebSocket from "ws";
 import { LocalModel } from "../../engine/index.js";
 import {
-  RingLane, RingListener, RingNode, dialSuccessor, encodeFrame, resolveLinkOptions,
+  RingListener, dialSuccessor, encodeFrame, resolveLinkOptions,
   type ActivationsFrame, type Frame, type RingIdentity, type RingLink, type RingLinkOptions, type RingListenerOptions,
 } from "../../ring/index.js";
+import { laneNode, startLane, until } from "./lane-device.js";
 import { holdsAnyRun, startTap, type Tap } from "./tap.js";
 
 const H = 64;
@@ -50,14 +51,6 @@ function rowsFrame(pos: number, nTokens: number, width = H): ActivationsFrame {
   const activations = new Float32Array(nTokens * width);
   for (let i = 0; i < activations.length; i++) activations[i] = Math.sin(pos * 977 + i * 0.37) * 3.25 + i * 1e-3;
   return { type: "activations", requestId: 9, firstTokenPosition: pos, nTokens, cycle: 0, rowWidth: width, dtype: "f32", activations };
-}
-
-async function until(cond: () => boolean, what: string, ms = 5000): Promise<void> {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 5));
-  }
 }
 
 /** Asserts that none of the ring's secrets is anywhere in these bytes. */
@@ -236,26 +229,14 @@ describe("keyed links on the native lane", () => {
     const predecessor = await dialSuccessor(tap.url, options("predecessor", inKey));
     const inLink = await incoming;
     const errors: string[] = [];
-    const node = new RingNode({
-      model, windows: [{ firstLayer: 0, endLayer: nLayers, cycle: 0 }], cycles: 1, ctx: 32, maxBatch: 8, prefetch: false,
-      releaseAfterUse: false, isHead: false, send: () => Promise.reject(new Error("the lane sends, not JS")), onError: (m) => errors.push(m),
-    });
+    const node = laneNode(model, errors);
     // Frames before the lane takes over move the sequence numbers: the lane must carry on from them.
     await predecessor.send({ type: "error", requestId: 1, firstTokenPosition: 0, nTokens: 0, cycle: 0, message: "before the lane" });
     await until(() => inLink.counters.framesReceived === 1, "the frame before the lane");
-    const lane = RingLane.start({
-      model: model.native, node, link: resolveLinkOptions(options("device", inKey)), predecessor: inLink, successor: out, onError: (m) => errors.push(m),
+    const { lane, received } = startLane({
+      model, node, link: resolveLinkOptions(options("device", inKey)), inLink, out, predecessor, successor, errors, cleanups,
     });
-    expect(lane).not.toBeNull();
-    inLink.on("frame", (f) => lane!.takeFrame(f));
-    cleanups.push(async () => {
-      lane!.stop();
-      node.close();
-      await Promise.allSettled([predecessor.close(), successor.close()]);
-    });
-    const received: Frame[] = [];
-    successor.on("frame", (f) => received.push(f));
-    return { lane: lane!, predecessor, successor, inLink, errors, received, tap };
+    return { lane, predecessor, successor, inLink, errors, received, tap };
   }
 
   it("runs sealed frames in C with the rows of a JS pass, passes ERROR frames on, and the tap sees no row", async () => {
