@@ -3,11 +3,12 @@
 // model and never touches the holes; beside it, the list of chunks already verified, so a transfer
 // cut off halfway resumes where it stopped. The cache has a size limit and drops the least recently
 // used models first.
-import { closeSync, existsSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, statfsSync, statSync, unlinkSync, utimesSync, writeFileSync, writeSync } from "node:fs";
+import { closeSync, existsSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, statfsSync, statSync, unlinkSync, utimesSync, writeSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
 import { Worker } from "node:worker_threads";
 import { chunkCount, chunkRange, sha256, type ModelInfo } from "./chunks.js";
+import { Debounced, writeFileAtomic } from "./persist.js";
 
 export class TransferError extends Error {
   override name = "TransferError";
@@ -146,23 +147,16 @@ export class CachedModel {
     return true;
   }
 
-  private persistTimer: NodeJS.Timeout | undefined;
+  private readonly persistLater = new Debounced(200, () => this.persist());
 
   private persistSoon(): void {
-    if (this.persistTimer) return;
-    this.persistTimer = setTimeout(() => {
-      this.persistTimer = undefined;
-      this.persist();
-    }, 200);
-    this.persistTimer.unref();
+    this.persistLater.soon();
   }
 
   /** Records the verified chunks (atomically), so a restart resumes after them. */
   persist(): void {
-    clearTimeout(this.persistTimer);
-    this.persistTimer = undefined;
-    writeFileSync(`${this.path}.chunks.tmp`, JSON.stringify([...this.done].sort((a, b) => a - b)));
-    renameSync(`${this.path}.chunks.tmp`, `${this.path}.chunks`);
+    this.persistLater.cancel();
+    writeFileAtomic(`${this.path}.chunks`, JSON.stringify([...this.done].sort((a, b) => a - b)));
   }
 
   close(): void {

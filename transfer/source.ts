@@ -1,10 +1,11 @@
 // The coordinator's side: a model file served chunk by chunk. Each chunk is read when asked for (never
 // a whole window in memory) and its SHA-256 is computed once, then kept in memory and on disk, so a
 // device can verify what it received and a restarted coordinator answers the same hashes.
-import { mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync } from "node:fs";
 import { open, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
 import { CHUNK_BYTES, chunkCount, chunkRange, sha256, type ModelInfo } from "./chunks.js";
+import { Debounced, writeFileAtomic } from "./persist.js";
 
 export interface SourceOptions {
   readonly path: string;
@@ -100,15 +101,10 @@ export class ModelSource {
   /** Check each chunk read against its kept hash (a file changed under a running coordinator). */
   verifyEvery = false;
 
-  private saveTimer: NodeJS.Timeout | undefined;
+  private readonly saveLater = new Debounced(1000, () => this.save());
 
   private saveSoon(): void {
-    if (!this.hashFile() || this.saveTimer) return;
-    this.saveTimer = setTimeout(() => {
-      this.saveTimer = undefined;
-      this.save();
-    }, 1000);
-    this.saveTimer.unref();
+    if (this.hashFile()) this.saveLater.soon();
   }
 
   /** Writes the hashes known so far (atomically: a temporary file renamed). */
@@ -118,8 +114,7 @@ export class ModelSource {
     if (!f || known === this.savedCount) return;
     try {
       mkdirSync(this.o.hashDir!, { recursive: true });
-      writeFileSync(`${f}.tmp`, JSON.stringify({ chunkBytes: this.info.chunkBytes, fileBytes: this.info.fileBytes, hashes: this.hashes.map((h) => h ?? null) }));
-      renameSync(`${f}.tmp`, f);
+      writeFileAtomic(f, JSON.stringify({ chunkBytes: this.info.chunkBytes, fileBytes: this.info.fileBytes, hashes: this.hashes.map((h) => h ?? null) }));
       this.savedCount = known;
     } catch {
       // a cache that cannot be written costs a recomputation next time, nothing else
@@ -127,8 +122,7 @@ export class ModelSource {
   }
 
   async close(): Promise<void> {
-    clearTimeout(this.saveTimer);
-    this.saveTimer = undefined;
+    this.saveLater.cancel();
     this.save();
     const fh = this.fh;
     this.fh = undefined;
