@@ -80,6 +80,8 @@ interface Slot {
   readonly stats: WindowStats;
   /** Major page faults during this window's last call. */
   lastFaults: number;
+  /** What the window was last told to keep (streamBeyond); told again only when the room changes. */
+  streamKeep?: number;
 }
 
 export class RingNode {
@@ -265,7 +267,8 @@ export class RingNode {
       // right after computing it, so that each pass rereads only that tail; left to the kernel, a
       // window read in the same order every pass lost kept pages too and reread about twice its excess.
       const room = this.weightRoomBytes();
-      slot.window.streamBeyond(room < this.weightBytes ? room : 2 ** 52);
+      const keep = room < this.weightBytes ? room : 2 ** 52;
+      if (keep !== slot.streamKeep) slot.window.streamBeyond((slot.streamKeep = keep));
       return;
     }
     if (this.releaseAfterUse) slot.window.release();
