@@ -13,6 +13,7 @@
         "native/bind_kernels.cc",
         "native/bind_model.cc",
         "native/bind_profile.cc",
+        "native/bind_io.cc",
         "native/src/kernels.c",
         "native/src/quants.c",
         "native/src/threadpool.c",

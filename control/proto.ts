@@ -6,8 +6,9 @@ import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
-/** 2: TLS pinned by the join token, a Challenge before the Join, weights checked per chunk. */
-export const PROTOCOL_VERSION = 2;
+/** 2: TLS pinned by the join token, a Challenge before the Join, weights checked per chunk. 3: chunk
+ * digests are BLAKE3, not SHA-256. */
+export const PROTOCOL_VERSION = 3;
 
 export interface Join {
   protocolVersion: number;
@@ -22,7 +23,7 @@ export interface Join {
   proof?: Uint8Array;
 }
 export interface Challenge { nonce: Uint8Array }
-export interface ChunkHash { index: number; sha256: Uint8Array }
+export interface ChunkHash { index: number; digest: Uint8Array }
 export interface Welcome { deviceId: string }
 export interface WindowMsg { firstLayer: number; endLayer: number; cycle: number }
 export interface Assignment {
@@ -43,7 +44,7 @@ export interface Assignment {
   successorLinkKey?: Uint8Array;
   /** Frames in clear, for benchmarks of the encryption's cost only. */
   plaintextLinks?: boolean;
-  /** The coordinator's SHA-256 of every chunk (of chunkBytes) holding this device's windows; the
+  /** The coordinator's digest (transfer's chunkDigest) of every chunk (of chunkBytes) holding this device's windows; the
    * device refuses to run them on other bytes. */
   windowChunks?: ChunkHash[];
   chunkBytes?: number;

@@ -60,10 +60,10 @@ export function serveChunks(source: ModelSource, log: (line: string) => void): (
         };
         let next = req.chunks.length > 0 ? read(req.chunks[0]) : undefined;
         for (let i = 0; i < req.chunks.length; i++) {
-          const { data, sha256 } = await next!;
+          const { data, digest } = await next!;
           next = i + 1 < req.chunks.length ? read(req.chunks[i + 1]) : undefined;
           if (socket.destroyed) return;
-          socket.write(encodeChunkHeader(req.chunks[i], data.length, sha256));
+          socket.write(encodeChunkHeader(req.chunks[i], data.length, digest));
           const more = socket.write(data, (e) => {
             if (!e && data.length === source.info.chunkBytes && spare.length < 2) spare.push(data);
           });
@@ -100,6 +100,6 @@ function once(socket: TLSSocket, event: string, timeoutMs: number): Promise<void
  * the device checks its own copy against them (worker/weights.ts). */
 export async function windowChunkHashes(source: ModelSource, file: GgufFile, layers: Iterable<number>): Promise<ChunkHash[]> {
   const out: ChunkHash[] = [];
-  for (const i of chunksFor(rangesForLayers(file, layers), source.info)) out.push({ index: i, sha256: Buffer.from(await source.hashOf(i), "hex") });
+  for (const i of chunksFor(rangesForLayers(file, layers), source.info)) out.push({ index: i, digest: Buffer.from(await source.hashOf(i), "hex") });
   return out;
 }

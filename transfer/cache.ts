@@ -6,8 +6,10 @@
 import { closeSync, existsSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, statfsSync, statSync, unlinkSync, utimesSync, writeSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
+import { createRequire } from "node:module";
 import { Worker } from "node:worker_threads";
-import { chunkCount, chunkRange, sha256, type ModelInfo } from "./chunks.js";
+import { alignGap } from "../native/index.js";
+import { chunkCount, chunkDigest, chunkRange, type ModelInfo } from "./chunks.js";
 import { Debounced, writeFileAtomic } from "./persist.js";
 
 export class TransferError extends Error {
@@ -118,27 +120,27 @@ export class CachedModel {
   private sink: ChunkSink | undefined;
 
   /**
-   * As write(), on a thread of its own: SHA-256 and the write take as much CPU as receiving the
+   * As write(), on a thread of its own: the digest and the write take as much CPU as receiving the
    * chunk does, so they run beside the next chunk's arrival. `data` must stay unchanged until the
    * promise settles (shared memory is read in place; other memory is copied to the thread). The
    * chunk counts as done only once its hash matched and its bytes are in the file.
    */
-  async writeVerified(index: number, data: Uint8Array, expectedSha256: string): Promise<boolean> {
+  async writeVerified(index: number, data: Uint8Array, expectedDigest: string): Promise<boolean> {
     if (!Number.isInteger(index) || index < 0 || index >= chunkCount(this.info)) throw new TransferError(`chunk ${index} is outside the model`);
     const [s, e] = chunkRange(index, this.info);
     if (data.length !== e - s) return false;
     this.sink ??= new ChunkSink(this.path);
-    if (!(await this.sink.write(data, s, expectedSha256))) return false;
+    if (!(await this.sink.write(data, s, expectedDigest))) return false;
     this.done.add(index);
     this.persistSoon();
     return true;
   }
 
   /** Writes a chunk if it matches its hash; false (nothing written) when it does not. */
-  write(index: number, data: Uint8Array, expectedSha256: string): boolean {
+  write(index: number, data: Uint8Array, expectedDigest: string): boolean {
     if (!Number.isInteger(index) || index < 0 || index >= chunkCount(this.info)) throw new TransferError(`chunk ${index} is outside the model`);
     const [s, e] = chunkRange(index, this.info);
-    if (data.length !== e - s || sha256(data) !== expectedSha256) return false;
+    if (data.length !== e - s || chunkDigest(data) !== expectedDigest) return false;
     this.fd ??= openSync(this.path, "r+");
     let off = 0;
     while (off < data.length) off += writeSync(this.fd, data, off, data.length - off, s + off);
@@ -168,17 +170,57 @@ export class CachedModel {
   }
 }
 
+/** Alignment of a direct write's memory, file offset and length (a page: the most any disk asks). */
+export const DIRECT_WRITE_ALIGN = 4096;
+
+/**
+ * Shared memory for a received chunk that the sink can write directly (its start aligned for
+ * O_DIRECT): JS does not align what it allocates, so a page more is taken and the aligned part used.
+ */
+export function chunkBuffer(bytes: number): Buffer {
+  const b = Buffer.from(new SharedArrayBuffer(bytes + DIRECT_WRITE_ALIGN));
+  const gap = alignGap(b, DIRECT_WRITE_ALIGN);
+  return b.subarray(gap, gap + bytes);
+}
+
 // The thread's code (CommonJS, eval'd: no file of its own beside the compiled one or a test's
 // source). Per message: hash, compare, and only a match is written, at its offset.
+//
+// Written directly (O_DIRECT) where the file system allows it: a fetched window is written once and
+// read later through the engine's mapping, so a copy into the page cache gains nothing, and on a
+// device short of memory it would push out what the device is using. It also costs a fifth of the
+// CPU: 0.09 s per GB against 0.2-1.3 for fresh page-cache pages on this project's VMs, while the
+// fetch is CPU-bound. A chunk's unaligned tail (the file's last bytes), and everything on a file
+// system that refuses direct writes, goes through the page cache as before.
 const SINK_SOURCE = `
 const { parentPort, workerData } = require("node:worker_threads");
-const { createHash } = require("node:crypto");
-const { openSync, writeSync } = require("node:fs");
+const { blake3 } = require(workerData.blake3);
+const { constants, openSync, writeSync } = require("node:fs");
+const ALIGN = workerData.align;
 const fd = openSync(workerData.path, "r+");
-parentPort.on("message", ({ id, data, position, sha256 }) => {
+let direct = -1;
+try { direct = openSync(workerData.path, constants.O_WRONLY | constants.O_DIRECT); } catch {}
+function writeAll(f, data, from, to, position) {
+  for (let off = from; off < to; ) off += writeSync(f, data, off, to - off, position + off);
+}
+function write(data, position, aligned) {
+  let done = 0;
+  if (direct >= 0 && aligned && position % ALIGN === 0) {
+    const aligned = data.length - (data.length % ALIGN);
+    try {
+      writeAll(direct, data, 0, aligned, position);
+      done = aligned;
+    } catch (e) {
+      if (e.code !== "EINVAL") throw e;
+      direct = -1; // the file system refuses direct writes after all
+    }
+  }
+  writeAll(fd, data, done, data.length, position);
+}
+parentPort.on("message", ({ id, data, position, digest, aligned }) => {
   try {
-    const ok = createHash("sha256").update(data).digest("hex") === sha256;
-    if (ok) for (let off = 0; off < data.length; ) off += writeSync(fd, data, off, data.length - off, position + off);
+    const ok = blake3(data).toString("hex") === digest;
+    if (ok) write(data, position, aligned);
     parentPort.postMessage({ id, ok });
   } catch (e) {
     parentPort.postMessage({ id, error: e.message });
@@ -194,7 +236,7 @@ class ChunkSink {
   private dead: Error | undefined;
 
   constructor(path: string) {
-    this.worker = new Worker(SINK_SOURCE, { eval: true, workerData: { path } });
+    this.worker = new Worker(SINK_SOURCE, { eval: true, workerData: { path, align: DIRECT_WRITE_ALIGN, blake3: createRequire(import.meta.url).resolve("@napi-rs/blake-hash") } });
     this.worker.on("message", (m: { id: number; ok?: boolean; error?: string }) => {
       const w = this.waiting.get(m.id);
       this.waiting.delete(m.id);
@@ -212,14 +254,15 @@ class ChunkSink {
     this.worker.unref();
   }
 
-  write(data: Uint8Array, position: number, sha256: string): Promise<boolean> {
+  write(data: Uint8Array, position: number, digest: string): Promise<boolean> {
     if (this.dead) return Promise.reject(this.dead);
     const id = this.nextId++;
     // Held while a write is pending (a process waiting only for it must not exit), idle otherwise.
     if (this.waiting.size === 0) this.worker.ref();
     return new Promise((resolve, reject) => {
       this.waiting.set(id, { resolve, reject });
-      this.worker.postMessage({ id, data, position, sha256 });
+      // Only the caller's thread can see where the memory lies (a view's offset says nothing of it).
+      this.worker.postMessage({ id, data, position, digest, aligned: alignGap(data, DIRECT_WRITE_ALIGN) === 0 });
     });
   }
 

@@ -7,7 +7,8 @@ import { TransferError } from "./cache.js";
 export interface Chunk {
   readonly index: number;
   readonly data: Uint8Array;
-  readonly sha256: string;
+  /** chunkDigest of the coordinator's bytes. */
+  readonly digest: string;
   /** Gives `data`'s memory back to the source (called once the chunk is written or refused). */
   readonly release?: () => void;
 }
@@ -73,7 +74,7 @@ export async function fetchChunks(
           throw writeFailed;
         }
         fetchedBytes += c.data.length;
-        const p = model.writeVerified(c.index, c.data, c.sha256).then(
+        const p = model.writeVerified(c.index, c.data, c.digest).then(
           (ok) => {
             if (ok) doneBytes += c.data.length;
             else badChunks++;

@@ -1,9 +1,9 @@
 // transfer/: shipping a device only the bytes of its windows. The coordinator serves its model file
-// chunk by chunk with SHA-256 hashes (source.ts); a device keeps a sparse copy laid out like the GGUF
+// chunk by chunk with BLAKE3 digests (source.ts); a device keeps a sparse copy laid out like the GGUF
 // in a local cache keyed by the model's fingerprint (cache.ts), fetches the chunks it lacks and
 // verifies each (fetch.ts). The transport (the control plane) is the caller's.
-export { CHUNK_BYTES, chunkCount, chunkRange, chunksFor, rangesForLayers, sha256, type ModelInfo } from "./chunks.js";
+export { CHUNK_BYTES, chunkCount, chunkRange, chunksFor, rangesForLayers, chunkDigest, CHUNK_DIGEST, type ModelInfo } from "./chunks.js";
 export { ModelSource, type SourceOptions } from "./source.js";
-export { CachedModel, ModelCache, TransferError, defaultModelCacheDir } from "./cache.js";
+export { CachedModel, DIRECT_WRITE_ALIGN, ModelCache, TransferError, chunkBuffer, defaultModelCacheDir } from "./cache.js";
 export { describeProgress, fetchChunks, type Chunk, type FetchProgress, type FetchResult } from "./fetch.js";
 export { CHUNK_MAGIC, encodeChunkHeader, encodeEnd, encodeError, encodeInfo, encodeRequest, ChunkReceiver, readInfo, readRequest, type ChunkRequest } from "./wire.js";

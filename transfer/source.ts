@@ -1,10 +1,10 @@
 // The coordinator's side: a model file served chunk by chunk. Each chunk is read when asked for (never
-// a whole window in memory) and its SHA-256 is computed once, then kept in memory and on disk, so a
+// a whole window in memory) and its digest is computed once, then kept in memory and on disk, so a
 // device can verify what it received and a restarted coordinator answers the same hashes.
 import { mkdirSync, readFileSync } from "node:fs";
 import { open, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
-import { CHUNK_BYTES, chunkCount, chunkRange, sha256, type ModelInfo } from "./chunks.js";
+import { CHUNK_BYTES, chunkCount, chunkRange, chunkDigest, CHUNK_DIGEST, type ModelInfo } from "./chunks.js";
 import { Debounced, writeFileAtomic } from "./persist.js";
 
 export interface SourceOptions {
@@ -41,8 +41,8 @@ export class ModelSource {
     const saved = this.hashFile();
     if (saved) {
       try {
-        const j = JSON.parse(readFileSync(saved, "utf8")) as { chunkBytes: number; fileBytes: number; hashes: (string | null)[] };
-        if (j.chunkBytes === this.info.chunkBytes && j.fileBytes === this.info.fileBytes && j.hashes.length === this.hashes.length) {
+        const j = JSON.parse(readFileSync(saved, "utf8")) as { digest?: string; chunkBytes: number; fileBytes: number; hashes: (string | null)[] };
+        if (j.digest === CHUNK_DIGEST && j.chunkBytes === this.info.chunkBytes && j.fileBytes === this.info.fileBytes && j.hashes.length === this.hashes.length) {
           j.hashes.forEach((h, i) => (this.hashes[i] = typeof h === "string" && /^[0-9a-f]{64}$/.test(h) ? h : undefined));
         }
       } catch {
@@ -75,9 +75,9 @@ export class ModelSource {
   private hashFor(i: number, data: Buffer): string {
     let h = this.hashes[i];
     if (h === undefined) {
-      h = this.hashes[i] = sha256(data);
+      h = this.hashes[i] = chunkDigest(data);
       this.saveSoon();
-    } else if (this.verifyEvery && sha256(data) !== h) {
+    } else if (this.verifyEvery && chunkDigest(data) !== h) {
       throw new Error(`${this.o.path}: chunk ${i} changed since it was hashed (the model file was modified)`);
     }
     return h;
@@ -85,15 +85,15 @@ export class ModelSource {
 
   /** Reads chunk i with its hash, into `into` when given (a buffer the caller reuses: a fresh 4 MiB
    * per chunk costs page faults and garbage collection), else into a fresh buffer. */
-  async read(i: number, into?: Buffer): Promise<{ data: Buffer; sha256: string }> {
+  async read(i: number, into?: Buffer): Promise<{ data: Buffer; digest: string }> {
     if (testDelayMs > 0) await new Promise((r) => setTimeout(r, testDelayMs));
     const data = await this.bytesOf(i, into);
     const h = this.hashFor(i, data);
     if (this.corrupt.delete(i)) data[data.length >> 1] ^= 0xff;
-    return { data, sha256: h };
+    return { data, digest: h };
   }
 
-  /** Chunk i's SHA-256: the kept one, or read and hashed now (and kept); no test delay or corruption. */
+  /** Chunk i's digest: the kept one, or read and hashed now (and kept); no test delay or corruption. */
   async hashOf(i: number): Promise<string> {
     return this.hashes[i] ?? this.hashFor(i, await this.bytesOf(i));
   }
@@ -114,7 +114,7 @@ export class ModelSource {
     if (!f || known === this.savedCount) return;
     try {
       mkdirSync(this.o.hashDir!, { recursive: true });
-      writeFileAtomic(f, JSON.stringify({ chunkBytes: this.info.chunkBytes, fileBytes: this.info.fileBytes, hashes: this.hashes.map((h) => h ?? null) }));
+      writeFileAtomic(f, JSON.stringify({ digest: CHUNK_DIGEST, chunkBytes: this.info.chunkBytes, fileBytes: this.info.fileBytes, hashes: this.hashes.map((h) => h ?? null) }));
       this.savedCount = known;
     } catch {
       // a cache that cannot be written costs a recomputation next time, nothing else

@@ -6,10 +6,11 @@
 //
 //   request:  CHUNK_MAGIC, u32 length, JSON { proof, info?: true, fingerprint, chunks: number[] }
 //   answer:   to info: u32 INFO, u32 length, JSON ModelDescription; then END
-//             per chunk: u32 index, u32 length, 32 bytes SHA-256, the data
+//             per chunk: u32 index, u32 length, 32 bytes BLAKE3 digest, the data
 //             end: u32 END; error: u32 ERROR, u32 length, UTF-8 message
 // All integers little-endian.
 import type { Socket } from "node:net";
+import { chunkBuffer } from "./cache.js";
 import type { Chunk } from "./fetch.js";
 
 export const CHUNK_MAGIC = Buffer.from("PRIMACHK");
@@ -39,11 +40,11 @@ export function encodeRequest(r: ChunkRequest): Buffer {
 }
 
 /** A chunk's header (index, length, hash), ready to be written before its data. */
-export function encodeChunkHeader(index: number, length: number, sha256Hex: string): Buffer {
+export function encodeChunkHeader(index: number, length: number, digestHex: string): Buffer {
   const h = Buffer.alloc(40);
   h.writeUInt32LE(index, 0);
   h.writeUInt32LE(length, 4);
-  h.write(sha256Hex, 8, "hex");
+  h.write(digestHex, 8, "hex");
   return h;
 }
 
@@ -176,7 +177,7 @@ const idleBuffers = new Map<number, Buffer[]>();
 let dropIdle: NodeJS.Timeout | undefined;
 
 function takeBuffer(bytes: number): Buffer {
-  return idleBuffers.get(bytes)?.pop() ?? Buffer.from(new SharedArrayBuffer(bytes));
+  return idleBuffers.get(bytes)?.pop() ?? chunkBuffer(bytes);
 }
 
 function giveBuffer(b: Buffer): void {
@@ -217,7 +218,7 @@ export class ChunkReceiver {
   private readonly head = Buffer.alloc(8 + MAX_ERROR_BYTES);
   private headHave = 0;
   private headNeed = 4;
-  private cur: { index: number; sha256: string; buf: Buffer; length: number; got: number } | undefined;
+  private cur: { index: number; digest: string; buf: Buffer; length: number; got: number } | undefined;
   /** The socket's current read buffer, and whether it is where the next bytes belong. */
   private target: Buffer | undefined;
   private direct = false;
@@ -368,7 +369,7 @@ export class ChunkReceiver {
 
   private startChunk(): void {
     const buf = this.free.pop()!;
-    this.cur = { index: this.head.readUInt32LE(0), sha256: this.head.subarray(8, 40).toString("hex"), buf, length: this.head.readUInt32LE(4), got: 0 };
+    this.cur = { index: this.head.readUInt32LE(0), digest: this.head.subarray(8, 40).toString("hex"), buf, length: this.head.readUInt32LE(4), got: 0 };
     this.headHave = 0;
     this.headNeed = 4;
     if (this.cur.length === 0) this.complete(this.cur);
@@ -378,7 +379,7 @@ export class ChunkReceiver {
     this.cur = undefined;
     let released = false;
     this.ready.push({
-      index: c.index, sha256: c.sha256, data: c.buf.subarray(0, c.length),
+      index: c.index, digest: c.digest, data: c.buf.subarray(0, c.length),
       release: () => {
         if (released) return;
         released = true;

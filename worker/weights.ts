@@ -1,6 +1,6 @@
 // Model identity covers the weights: the fingerprint hashes only the header, so a copy with the same
 // header and other tensor bytes (a different fine-tune, a corrupted download) would join and compute
-// wrong text silently. The coordinator sends, with each assignment, the SHA-256 of every chunk holding
+// wrong text silently. The coordinator sends, with each assignment, the digest of every chunk holding
 // the device's windows; the device hashes the same chunks of its own file (once per file identity,
 // kept on disk) and refuses to run them on other bytes, naming the chunk and the layers in it.
 import { createHash } from "node:crypto";
@@ -9,7 +9,7 @@ import { open } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import type { ChunkHash } from "../control/index.js";
 import type { GgufFile } from "../model/index.js";
-import { defaultModelCacheDir } from "../transfer/index.js";
+import { CHUNK_DIGEST, chunkDigest, defaultModelCacheDir } from "../transfer/index.js";
 
 export class WeightsMismatchError extends Error {
   override name = "WeightsMismatchError";
@@ -48,7 +48,7 @@ export class ChunkHasher {
   /** Starts over when the file or the chunk size is not what the kept hashes were made for. */
   private sync(chunkBytes: number): void {
     const st = statSync(this.path);
-    const identity = this.persist ? `${realpathSync(this.path)}|${st.dev}|${st.ino}|${st.size}|${st.mtimeMs}|${chunkBytes}` : `${this.path}|${chunkBytes}`;
+    const identity = this.persist ? `${realpathSync(this.path)}|${st.dev}|${st.ino}|${st.size}|${st.mtimeMs}|${chunkBytes}|${CHUNK_DIGEST}` : `${this.path}|${chunkBytes}`;
     if (identity === this.identity) return;
     this.identity = identity;
     this.chunkBytes = chunkBytes;
@@ -103,7 +103,7 @@ export class ChunkHasher {
             got += bytesRead;
             if (got === chunkBytes) break;
           }
-          this.hashes.set(c.index, createHash("sha256").update(buf.subarray(0, got)).digest("hex"));
+          this.hashes.set(c.index, chunkDigest(buf.subarray(0, got)));
           this.dirty = true;
           if (++done % 16 === 0) progress?.(done / todo.length, `checking this device's weights: ${done} of ${todo.length} chunks hashed`);
         }
@@ -112,7 +112,7 @@ export class ChunkHasher {
       }
       this.save();
     }
-    const bad = expected.filter((c) => this.hashes.get(c.index) !== Buffer.from(c.sha256).toString("hex"));
+    const bad = expected.filter((c) => this.hashes.get(c.index) !== Buffer.from(c.digest).toString("hex"));
     if (bad.length === 0) return;
     const first = bad[0].index;
     const layers = layersIn(file, first * chunkBytes, (first + 1) * chunkBytes);

@@ -1,17 +1,16 @@
 // transfer/wire.ts's receiver: TLS decrypts each record straight into the chunk's buffer. The bytes
 // must come out exactly as sent however the records fall across headers and chunks, and also when
 // every buffer is taken (the socket paused, records already decrypted kept aside and placed later).
-import { createHash, randomBytes } from "node:crypto";
+import { randomBytes } from "node:crypto";
 import type { AddressInfo } from "node:net";
 import { connect, createServer, type Server, type TLSSocket } from "node:tls";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ChunkReceiver, encodeChunkHeader, encodeEnd, encodeError } from "../../transfer/index.js";
+import { ChunkReceiver, chunkDigest, encodeChunkHeader, encodeEnd, encodeError } from "../../transfer/index.js";
 import { createIdentity } from "../../trust/index.js";
 
 const CHUNK = 1 << 20;
 /** Chunk i: pseudo-random bytes (a misplaced record shows), the last one shorter. */
 const chunks = Array.from({ length: 12 }, (_, i) => randomBytes(i === 11 ? 300_001 : CHUNK));
-const sha = (b: Uint8Array) => createHash("sha256").update(b).digest("hex");
 
 let server: Server;
 let port: number;
@@ -23,7 +22,7 @@ beforeAll(async () => {
     s.once("data", async (d: Buffer) => {
       const n = d[0] === 2 ? 3 : chunks.length;
       for (let i = 0; i < n; i++) {
-        s.write(encodeChunkHeader(i, chunks[i].length, sha(chunks[i])));
+        s.write(encodeChunkHeader(i, chunks[i].length, chunkDigest(chunks[i])));
         if (!s.write(chunks[i])) await new Promise((r) => s.once("drain", r));
       }
       s.end(d[0] === 2 ? encodeError("the model file changed") : encodeEnd());
@@ -44,7 +43,7 @@ async function receive(what: number, releaseAfterMs: number): Promise<{ got: Map
   try {
     for await (const c of rx.chunks()) {
       got.set(c.index, Buffer.from(c.data)); // a copy: the buffer goes back to the receiver
-      expect(c.sha256).toBe(sha(chunks[c.index]));
+      expect(c.digest).toBe(chunkDigest(chunks[c.index]));
       // Held buffers: the receiver runs out of them and must pause and keep what TLS still delivers.
       if (releaseAfterMs > 0) setTimeout(() => c.release!(), releaseAfterMs);
       else c.release!();
