@@ -1,5 +1,6 @@
 // Shipping a device its window (transfer/): the chunks of half the benchmark model's layers fetched
-// on the cluster port's chunk stream on loopback into a fresh sparse cache, against a plain copy of the same bytes
+// on loopback (asked for on the cluster port's TLS, received on the keyed stream that opens) into a
+// fresh sparse cache, against a plain copy of the same bytes
 // over a TCP socket (read from the file, written to the socket, read and dropped), in alternating
 // rounds; and the chunk digest's cost per GB on this CPU (SHA-256's beside it, the digest it replaced).
 //   node dist/bench/transfer.js model.gguf [rounds]
@@ -123,4 +124,4 @@ export async function main(model: string, rounds = 3): Promise<void> {
 if (process.argv[2] === "--plain-server") {
   const w = windowOf(process.argv[3]);
   void plainServer(process.argv[3], w.ranges).then((port) => console.error(`plain server on ${port}`));
-} else runAlone(import.meta, "transfer", "[rounds]", main, 3);
+} else runAlone(import.meta, "transfer", "[rounds]", main, 9);

@@ -20,6 +20,7 @@ import {
 } from "../control/index.js";
 import { printable } from "../discovery/index.js";
 import { PLAUSIBLE, parseDeviceReport } from "../profiler/report.js";
+import { STREAM_MAGIC, TICKET_BYTES } from "../transfer/index.js";
 import { ALPN_CHUNKS, ALPN_GRPC, TlsGate, joinProof, proofMatches, type ClusterKeys, type JoinToken } from "../trust/index.js";
 
 export { HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS };
@@ -195,13 +196,22 @@ export interface RegistryTrust {
   refresh?(): boolean;
 }
 
+/** The model store on the cluster port (coordinator/model-store.ts). */
+export interface ChunkService {
+  /** A chunk request: a TLS connection that chose ALPN_CHUNKS. */
+  request(socket: TLSSocket, token: JoinToken): void;
+  /** A keyed stream that a request opened, named by its ticket. */
+  stream(socket: Socket, ticket: Buffer): void;
+}
+
 export interface RegistryOptions {
   /** The fingerprint of the coordinator's model: workers with another model are turned away. */
   readonly modelFingerprint: string;
   readonly trust: RegistryTrust;
   readonly log?: (line: string) => void;
-  /** Serves a chunk stream (a TLS connection that chose ALPN_CHUNKS); closed at once without. */
-  readonly chunks?: (socket: TLSSocket, token: JoinToken) => void;
+  /** Serves chunk requests (a TLS connection that chose ALPN_CHUNKS) and the keyed streams they open
+   * (transfer/wire.ts); both closed at once without. */
+  readonly chunks?: ChunkService;
   /** Accept a worker's data host (--advertise) other than the address it connects from. Off: the
    * coordinator never dials an address a joiner merely names. */
   readonly allowAdvertise?: boolean;
@@ -260,12 +270,13 @@ export class WorkerRegistry extends EventEmitter {
     // TLS ends here, on each accepted socket; gRPC gets the decrypted connection (hence its insecure
     // credentials), and ALPN tells gRPC from a chunk stream, so both share the one port.
     const injector = this.server.createConnectionInjector(grpc.ServerCredentials.createInsecure());
+    const chunks = this.o.chunks;
     this.gate = new TlsGate(this.o.trust.identity, JOIN_TIMEOUT_MS, (tls, alpn) => {
       if (this.closed) tls.destroy();
       else if (alpn === ALPN_GRPC) injector.injectConnection(tls);
-      else if (alpn === ALPN_CHUNKS && this.o.chunks) this.o.chunks(tls, this.o.trust.identity.token);
+      else if (alpn === ALPN_CHUNKS && chunks) chunks.request(tls, this.o.trust.identity.token);
       else tls.destroy();
-    });
+    }, chunks && { magic: STREAM_MAGIC, headBytes: STREAM_MAGIC.length + TICKET_BYTES, onStream: (socket, head) => (this.closed ? socket.destroy() : chunks.stream(socket, head.subarray(STREAM_MAGIC.length))) });
     const perHost = new Map<string, number>();
     const tcp = createServer((socket) => {
       const from = normalHost(socket.remoteAddress ?? "");

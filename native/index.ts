@@ -5,4 +5,4 @@ export {
   GgmlTypeId, MAX_NC, WEIGHT_TYPES, benchDot, dequantize, dot, dotRows, fp32ToHalf, halfToFp32, quantizeAct, quantizeRef, rowBytes,
   simdLevel, simdLevels, typeInfo, type GgmlTypeName, type KernelTypeInfo, type SimdLevel,
 } from "./kernels.js";
-export { alignGap } from "./io.js";
+export { alignGap, streamSeal, type StreamSeal } from "./io.js";

@@ -195,36 +195,48 @@ export function chunkBuffer(bytes: number): Buffer {
 const SINK_SOURCE = `
 const { parentPort, workerData } = require("node:worker_threads");
 const { blake3 } = require(workerData.blake3);
-const { constants, openSync, writeSync } = require("node:fs");
+const { constants, openSync, write } = require("node:fs");
 const ALIGN = workerData.align;
 const fd = openSync(workerData.path, "r+");
 let direct = -1;
 try { direct = openSync(workerData.path, constants.O_WRONLY | constants.O_DIRECT); } catch {}
+// Written on libuv's threads, so the next chunk is hashed while this one goes to the disk (a direct
+// write waits for the device).
 function writeAll(f, data, from, to, position) {
-  for (let off = from; off < to; ) off += writeSync(f, data, off, to - off, position + off);
+  return new Promise((resolve, reject) => {
+    const more = (off) => {
+      if (off >= to) return resolve();
+      write(f, data, off, to - off, position + off, (e, n) => (e ? reject(e) : more(off + n)));
+    };
+    more(from);
+  });
 }
-function write(data, position, aligned) {
+async function save(data, position, aligned) {
   let done = 0;
   if (direct >= 0 && aligned && position % ALIGN === 0) {
-    const aligned = data.length - (data.length % ALIGN);
+    const whole = data.length - (data.length % ALIGN);
     try {
-      writeAll(direct, data, 0, aligned, position);
-      done = aligned;
+      await writeAll(direct, data, 0, whole, position);
+      done = whole;
     } catch (e) {
       if (e.code !== "EINVAL") throw e;
       direct = -1; // the file system refuses direct writes after all
     }
   }
-  writeAll(fd, data, done, data.length, position);
+  await writeAll(fd, data, done, data.length, position);
 }
 parentPort.on("message", ({ id, data, position, digest, aligned }) => {
+  let ok;
   try {
-    const ok = blake3(data).toString("hex") === digest;
-    if (ok) write(data, position, aligned);
-    parentPort.postMessage({ id, ok });
+    ok = blake3(data).toString("hex") === digest;
   } catch (e) {
-    parentPort.postMessage({ id, error: e.message });
+    return parentPort.postMessage({ id, error: e.message });
   }
+  if (!ok) return parentPort.postMessage({ id, ok });
+  save(data, position, aligned).then(
+    () => parentPort.postMessage({ id, ok }),
+    (e) => parentPort.postMessage({ id, error: e.message }),
+  );
 });
 `;
 

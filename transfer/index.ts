@@ -6,4 +6,7 @@ export { CHUNK_BYTES, chunkCount, chunkRange, chunksFor, rangesForLayers, chunkD
 export { ModelSource, type SourceOptions } from "./source.js";
 export { CachedModel, DIRECT_WRITE_ALIGN, ModelCache, TransferError, chunkBuffer, defaultModelCacheDir } from "./cache.js";
 export { describeProgress, fetchChunks, type Chunk, type FetchProgress, type FetchResult } from "./fetch.js";
-export { CHUNK_MAGIC, encodeChunkHeader, encodeEnd, encodeError, encodeInfo, encodeRequest, ChunkReceiver, readInfo, readRequest, type ChunkRequest } from "./wire.js";
+export {
+  CHUNK_MAGIC, END, ERROR, STREAM_MAGIC, TICKET_BYTES, ChunkReceiver, encodeEnd, encodeError, encodeInfo, encodeRecordHeader, encodeRequest, encodeStreamTicket,
+  readInfo, readRequest, readTicket, sealRecord, type ChunkRequest,
+} from "./wire.js";

@@ -1,22 +1,40 @@
-// The chunk stream on the cluster port: gRPC's framing held a loopback fetch to a sixth of a plain
-// socket's speed, so chunks travel as raw bytes on a connection of their own, inside the cluster's
-// TLS (the coordinator tells it from gRPC by its ALPN name, trust/tls.ts). Every request carries the
-// join token's proof bound to that TLS connection (trust/token.ts chunkProof), checked before anything
-// about the model is said.
+// Chunk streams on the cluster port. gRPC's framing held a loopback fetch to a sixth of a plain
+// socket's speed, and Node's TLS (16 KiB records, a copy into OpenSSL and a JS call for each) to
+// about half: so a request is made inside the cluster's TLS (the coordinator tells it from gRPC by
+// its ALPN name, trust/tls.ts), proving the join token bound to that connection (trust/token.ts
+// chunkProof), and the chunks themselves come on a keyed stream: a second TCP connection to the same
+// port, named by a one-time ticket the TLS connection carried, whose records are AES-256-GCM sealed
+// under a key both ends export from that TLS session (trust/tls.ts chunkStreamKey). Only the two
+// ends of the TLS connection know the key, so only the pinned coordinator can seal what the device
+// opens, and nobody else can read it. A record is sealed and opened in place (native StreamSeal):
+// the device reads each chunk's bytes straight into the buffer they are verified and written from.
 //
-//   request:  CHUNK_MAGIC, u32 length, JSON { proof, info?: true, fingerprint, chunks: number[] }
-//   answer:   to info: u32 INFO, u32 length, JSON ModelDescription; then END
-//             per chunk: u32 index, u32 length, 32 bytes BLAKE3 digest, the data
-//             end: u32 END; error: u32 ERROR, u32 length, UTF-8 message
+//   on TLS, request:  CHUNK_MAGIC, u32 length, JSON { proof, info?: true, fingerprint, chunks: number[] }
+//   on TLS, answer:   to info: u32 INFO, u32 length, JSON ModelDescription; then END
+//                     to chunks: u32 STREAM, 16-byte ticket (then the TLS connection stays open, idle)
+//                     refused: u32 ERROR, u32 length, UTF-8 message
+//   keyed stream:     device: STREAM_MAGIC, the ticket
+//                     coordinator: records, each a 40-byte header (authenticated, in clear: u32 tag,
+//                     u32 body length, 32-byte BLAKE3 digest), the body (sealed), a 16-byte GCM tag.
+//                     tag = the chunk's index; END (no body; authenticated, so a cut stream shows);
+//                     ERROR (body: UTF-8 message). Each record's nonce is its place in the stream.
 // All integers little-endian.
 import type { Socket } from "node:net";
+import type { StreamSeal } from "../native/index.js";
 import { chunkBuffer } from "./cache.js";
 import type { Chunk } from "./fetch.js";
 
 export const CHUNK_MAGIC = Buffer.from("PRIMACHK");
+/** The first bytes of a keyed stream (the cluster port tells it from TLS by them), then the ticket. */
+export const STREAM_MAGIC = Buffer.from("PRIMASTR");
+export const TICKET_BYTES = 16;
 export const END = 0xffffffff;
 export const ERROR = 0xfffffffe;
 export const INFO = 0xfffffffd;
+export const STREAM = 0xfffffffc;
+/** A keyed stream record's header and GCM tag. */
+export const RECORD_HEADER_BYTES = 40;
+export const RECORD_TAG_BYTES = 16;
 const MAX_INFO_BYTES = 64 << 10;
 /** A request names at most this many chunks (a 1 TB model in 4 MiB chunks), in at most this many bytes. */
 export const MAX_REQUEST_CHUNKS = 1 << 18;
@@ -39,13 +57,32 @@ export function encodeRequest(r: ChunkRequest): Buffer {
   return Buffer.concat([CHUNK_MAGIC, len, body]);
 }
 
-/** A chunk's header (index, length, hash), ready to be written before its data. */
-export function encodeChunkHeader(index: number, length: number, digestHex: string): Buffer {
-  const h = Buffer.alloc(40);
-  h.writeUInt32LE(index, 0);
-  h.writeUInt32LE(length, 4);
-  h.write(digestHex, 8, "hex");
+/** A keyed stream record's header (authenticated, not encrypted): what follows and how long it is. */
+export function encodeRecordHeader(tag: number, bodyBytes: number, digestHex = ""): Buffer {
+  const h = Buffer.alloc(RECORD_HEADER_BYTES);
+  h.writeUInt32LE(tag, 0);
+  h.writeUInt32LE(bodyBytes, 4);
+  if (digestHex) h.write(digestHex, 8, "hex");
   return h;
+}
+
+/**
+ * Seals one record in place and returns its parts to write in order (header, body, tag). The body is
+ * encrypted where it lies: the caller must not use its bytes afterwards.
+ */
+export function sealRecord(seal: StreamSeal, tag: number, body: Buffer, digestHex = ""): [Buffer, Buffer, Buffer] {
+  const header = encodeRecordHeader(tag, body.length, digestHex);
+  const mac = Buffer.alloc(RECORD_TAG_BYTES);
+  seal.seal(header, body, mac);
+  return [header, body, mac];
+}
+
+/** The TLS answer to a chunk request: go to the keyed stream with this ticket. */
+export function encodeStreamTicket(ticket: Buffer): Buffer {
+  const b = Buffer.alloc(4 + TICKET_BYTES);
+  b.writeUInt32LE(STREAM, 0);
+  ticket.copy(b, 4);
+  return b;
 }
 
 export function encodeEnd(): Buffer {
@@ -148,14 +185,26 @@ export async function readRequest(socket: Socket, timeoutMs: number): Promise<Ch
   return { proof: q.proof, fingerprint: q.fingerprint, chunks: q.chunks as number[] };
 }
 
+/** The first word of the coordinator's answer on TLS; its ERROR thrown with the message. */
+async function answerTag(r: Reader): Promise<number> {
+  const tag = (await r.take(4)).readUInt32LE(0);
+  if (tag !== ERROR) return tag;
+  const n = Math.min((await r.take(4)).readUInt32LE(0), MAX_ERROR_BYTES);
+  throw new Error((await r.take(n)).toString("utf8"));
+}
+
+/** The device's side: the ticket of its keyed stream (or the coordinator's refusal, thrown). */
+export async function readTicket(socket: Socket, timeoutMs: number): Promise<Buffer> {
+  const r = new Reader(socket, timeoutMs);
+  const head = await answerTag(r);
+  if (head !== STREAM) throw new Error("the coordinator did not answer the chunk request");
+  return Buffer.from(await r.take(TICKET_BYTES));
+}
+
 /** The device's side: the answer to an info request. */
 export async function readInfo(socket: Socket, timeoutMs: number): Promise<unknown> {
   const r = new Reader(socket, timeoutMs);
-  const head = (await r.take(4)).readUInt32LE(0);
-  if (head === ERROR) {
-    const n = Math.min((await r.take(4)).readUInt32LE(0), MAX_ERROR_BYTES);
-    throw new Error((await r.take(n)).toString("utf8"));
-  }
+  const head = await answerTag(r);
   if (head !== INFO) throw new Error("the coordinator did not describe its model");
   const n = (await r.take(4)).readUInt32LE(0);
   if (n > MAX_INFO_BYTES) throw new Error(`a model description of ${n} bytes is over the limit`);
@@ -191,20 +240,22 @@ function giveBuffer(b: Buffer): void {
   dropIdle.refresh();
 }
 
-/** Where records go while every chunk buffer is taken (the socket is paused, but TLS still hands
- * over what it had already decrypted). */
-const SPILL_BYTES = 16 << 10;
+/** Where bytes go while every chunk buffer is taken (the socket is paused, but what it had already
+ * read is handed over). */
+const SPILL_BYTES = 64 << 10;
+
+type Phase = "head" | "body" | "mac";
 
 /**
- * The device's side: the chunks as they arrive on a chunk stream. The socket must be created with
- * `onread` (net's user-buffer reads): TLS then decrypts each record straight into the buffer this
- * names next, which is the current chunk's buffer at its fill point (or the header's). Each record
- * costs no allocation, no stream event and no copy of ours; chunk buffers are shared memory, so the
- * hashing thread reads them in place. A chunk's `release` gives its buffer back; with every buffer
- * taken the socket is paused, so memory stays bounded however slow the disk.
+ * The device's side of a keyed stream: the chunks as they arrive. The socket must be created with
+ * `onread` (net's user-buffer reads): the kernel copies each read straight into the buffer this names
+ * next, which is the current chunk's buffer at its fill point (or the header's, or the tag's), and
+ * each record is opened (decrypted and authenticated) in place once its tag is in. Chunk buffers are
+ * shared memory, so the hashing thread reads them in place. A chunk's `release` gives its buffer
+ * back; with every buffer taken the socket is paused, so memory stays bounded however slow the disk.
  */
 export class ChunkReceiver {
-  /** For the socket's options (tls.connect's `onread`). */
+  /** For the socket's options (net.connect's `onread`). */
   readonly onread = { buffer: () => this.nextBuffer(), callback: (n: number) => this.received(n) };
   /** Chunk buffers this stream holds and is not filling, and how many it has in all. */
   private readonly free: Buffer[] = [];
@@ -214,15 +265,17 @@ export class ChunkReceiver {
   private failed: Error | undefined;
   private finished = false;
   private wake: (() => void) | undefined;
-  // Header bytes (index, length, hash; or END; or ERROR and its message) gathered across records.
-  private readonly head = Buffer.alloc(8 + MAX_ERROR_BYTES);
-  private headHave = 0;
-  private headNeed = 4;
-  private cur: { index: number; digest: string; buf: Buffer; length: number; got: number } | undefined;
+  // The record being read: its header (and an ERROR's message after it), its body, its GCM tag.
+  private readonly head = Buffer.alloc(RECORD_HEADER_BYTES + MAX_ERROR_BYTES);
+  private readonly mac = Buffer.alloc(RECORD_TAG_BYTES);
+  private phase: Phase = "head";
+  private have = 0;
+  private body: Buffer = this.head.subarray(RECORD_HEADER_BYTES, RECORD_HEADER_BYTES);
+  private cur: { index: number; digest: string; buf: Buffer; length: number } | undefined;
   /** The socket's current read buffer, and whether it is where the next bytes belong. */
   private target: Buffer | undefined;
   private direct = false;
-  /** Records that came while no chunk buffer was free, kept until one is. */
+  /** Reads that came while no chunk buffer was free, kept until one is. */
   private held: Buffer[] = [];
   private waitingForBuffer = false;
   private lastData = performance.now();
@@ -232,14 +285,13 @@ export class ChunkReceiver {
   private readonly onClose = () => this.fail(new Error("the connection closed"));
   private readonly onError = (e: Error) => this.fail(e);
 
-  constructor(private readonly maxChunkBytes: number, private readonly timeoutMs: number) {
-  }
+  constructor(private readonly maxChunkBytes: number, private readonly timeoutMs: number, private readonly opener: StreamSeal) {}
 
   /** Starts watching the socket (created with this.onread) for its end and for silence. */
   attach(socket: Socket): void {
     this.socket = socket;
     socket.on("end", this.onEnd).on("close", this.onClose).on("error", this.onError);
-    // One timer for the stream, not one per wait: records arrive every few microseconds. Time spent
+    // One timer for the stream, not one per wait: reads arrive every few microseconds. Time spent
     // waiting for our own disk (the socket paused) is not the coordinator's silence.
     this.stall = setInterval(() => {
       if (!this.waitingForBuffer && !this.finished && performance.now() - this.lastData > this.timeoutMs) this.fail(new Error(`nothing received for ${this.timeoutMs / 1000} s`));
@@ -261,7 +313,10 @@ export class ChunkReceiver {
     } finally {
       this.closed = true;
       for (const b of this.free.splice(0)) giveBuffer(b);
+      if (this.cur) giveBuffer(this.cur.buf);
+      this.cur = undefined;
       clearInterval(this.stall);
+      this.opener.close();
       this.socket?.off("end", this.onEnd).off("close", this.onClose).off("error", this.onError);
     }
   }
@@ -271,10 +326,12 @@ export class ChunkReceiver {
     this.wake?.();
   }
 
-  /** Where the next bytes belong: exactly what the header or the chunk still lacks, so a record
-   * that spans the two is split by TLS itself. */
+  /** Where the next bytes belong: exactly what the header, the body or the tag still lacks, so a
+   * read never spans two of them. */
   private place(): Buffer {
-    return this.cur ? this.cur.buf.subarray(this.cur.got, this.cur.length) : this.head.subarray(this.headHave, this.headNeed);
+    if (this.phase === "head") return this.head.subarray(this.have, RECORD_HEADER_BYTES);
+    if (this.phase === "body") return this.body.subarray(this.have);
+    return this.mac.subarray(this.have);
   }
 
   /** The socket's next read buffer (net calls this after every read). While no chunk buffer is
@@ -312,23 +369,31 @@ export class ChunkReceiver {
     }
   }
 
-  /** Accounts for n bytes placed where nextBuffer() said. */
+  /** Accounts for n bytes placed where nextBuffer() said, and moves on when a part is complete. */
   private advance(n: number): void {
-    const c = this.cur;
-    if (c) {
-      c.got += n;
-      if (c.got === c.length) this.complete(c);
+    this.have += n;
+    if (this.place().length > 0) return;
+    this.have = 0;
+    try {
+      if (this.phase === "head") this.header();
+      else if (this.phase === "body") this.phase = "mac";
+      else this.record();
+    } catch (e) {
+      this.fail(e as Error);
+    }
+  }
+
+  /** A record's header is in: where its body goes. */
+  private header(): void {
+    const tag = this.head.readUInt32LE(0), length = this.head.readUInt32LE(4);
+    this.phase = "body";
+    if (tag === END || tag === ERROR) {
+      if (tag === END ? length !== 0 : length > MAX_ERROR_BYTES) throw new Error(`the coordinator sent a malformed ${tag === END ? "END" : "ERROR"} record`);
+      this.body = this.head.subarray(RECORD_HEADER_BYTES, RECORD_HEADER_BYTES + length);
+      if (length === 0) this.phase = "mac";
       return;
     }
-    this.headHave += n;
-    if (this.headHave < this.headNeed) return;
-    let data: boolean;
-    try {
-      data = this.header();
-    } catch (e) {
-      return this.fail(e as Error);
-    }
-    if (!data) return;
+    if (length > this.maxChunkBytes) throw new Error(`the coordinator announced a chunk of ${length} bytes (chunks are ${this.maxChunkBytes})`);
     if (this.free.length === 0 && this.holding < RECEIVE_SLOTS) {
       this.free.push(takeBuffer(this.maxChunkBytes));
       this.holding++;
@@ -337,42 +402,29 @@ export class ChunkReceiver {
     else this.waitingForBuffer = true; // every buffer is being hashed or written
   }
 
-  /** Reads the header gathered so far: true when a chunk's data follows, false when more header
-   * bytes are needed (or the stream ended). */
-  private header(): boolean {
+  private startChunk(): void {
+    const buf = this.free.pop()!;
+    const length = this.head.readUInt32LE(4);
+    this.cur = { index: this.head.readUInt32LE(0), digest: this.head.subarray(8, 40).toString("hex"), buf, length };
+    this.body = buf.subarray(0, length);
+    if (length === 0) this.phase = "mac";
+  }
+
+  /** A whole record is in: opened in place, then a chunk, the end, or the coordinator's error. */
+  private record(): void {
+    this.phase = "head";
+    if (!this.opener.open(this.head.subarray(0, RECORD_HEADER_BYTES), this.body, this.mac)) {
+      throw new Error("a record of the chunk stream failed authentication (corrupted or forged in transit)");
+    }
     const tag = this.head.readUInt32LE(0);
     if (tag === END) {
       this.finished = true;
       this.wake?.();
-      return false;
+    } else if (tag === ERROR) {
+      throw new Error(this.body.toString("utf8"));
+    } else {
+      this.complete(this.cur!);
     }
-    if (tag === ERROR) {
-      if (this.headNeed === 4) {
-        this.headNeed = 8;
-        return false;
-      }
-      const n = Math.min(this.head.readUInt32LE(4), MAX_ERROR_BYTES);
-      if (this.headNeed < 8 + n) {
-        this.headNeed = 8 + n;
-        return false;
-      }
-      throw new Error(this.head.subarray(8, 8 + n).toString("utf8"));
-    }
-    if (this.headNeed === 4) {
-      this.headNeed = 40;
-      return false;
-    }
-    const length = this.head.readUInt32LE(4);
-    if (length > this.maxChunkBytes) throw new Error(`the coordinator announced a chunk of ${length} bytes (chunks are ${this.maxChunkBytes})`);
-    return true;
-  }
-
-  private startChunk(): void {
-    const buf = this.free.pop()!;
-    this.cur = { index: this.head.readUInt32LE(0), digest: this.head.subarray(8, 40).toString("hex"), buf, length: this.head.readUInt32LE(4), got: 0 };
-    this.headHave = 0;
-    this.headNeed = 4;
-    if (this.cur.length === 0) this.complete(this.cur);
   }
 
   private complete(c: NonNullable<ChunkReceiver["cur"]>): void {
@@ -391,7 +443,7 @@ export class ChunkReceiver {
     this.wake?.();
   }
 
-  /** A buffer came back: the waiting chunk starts, the records kept meanwhile are placed, and the
+  /** A buffer came back: the waiting chunk starts, the reads kept meanwhile are placed, and the
    * socket reads again (unless they filled every buffer once more). */
   private unblock(): void {
     this.waitingForBuffer = false;

@@ -1,9 +1,10 @@
 // TLS on the cluster port. The coordinator terminates TLS on each accepted socket itself (one port for
-// gRPC and chunk streams, told apart by ALPN); a worker accepts only the certificate its token pins.
+// gRPC and chunk requests, told apart by ALPN, and the keyed chunk streams those requests open, told
+// apart from TLS by their first bytes); a worker accepts only the certificate its token pins.
 import * as grpc from "@grpc/grpc-js";
 import type { OnReadOpts, Socket } from "node:net";
 import { connect, createServer, type ConnectionOptions, type Server, type TLSSocket } from "node:tls";
-import { CHUNK_EXPORTER_LABEL, TrustError, sha256, type JoinToken } from "./token.js";
+import { CHUNK_EXPORTER_LABEL, CHUNK_STREAM_LABEL, TrustError, sha256, type JoinToken } from "./token.js";
 
 /** gRPC (HTTP/2). */
 export const ALPN_GRPC = "h2";
@@ -18,14 +19,22 @@ export interface ClusterKeys {
   readonly certPem: string;
 }
 
+/** A TLS record of the handshake type: how every TLS connection starts (its ClientHello). */
+const TLS_HANDSHAKE_RECORD = 0x16;
+
 /**
  * The coordinator's TLS: takes accepted TCP sockets and hands each, once its handshake is done, to
- * onSecure with the protocol it chose. A handshake that fails or takes over handshakeMs is dropped.
+ * onSecure with the protocol it chose. A handshake that fails or takes over handshakeMs is dropped. A
+ * socket that starts with `streamMagic` instead is a keyed stream: once its `streamHeadBytes` (the
+ * magic and what follows) are in, it goes to onStream with them; anything else is dropped.
  */
 export class TlsGate {
   private readonly server: Server;
 
-  constructor(keys: ClusterKeys, handshakeMs: number, onSecure: (socket: TLSSocket, alpn: string) => void) {
+  constructor(
+    keys: ClusterKeys, private readonly handshakeMs: number, onSecure: (socket: TLSSocket, alpn: string) => void,
+    private readonly stream?: { readonly magic: Buffer; readonly headBytes: number; readonly onStream: (socket: Socket, head: Buffer) => void },
+  ) {
     // A tls.Server that never listens: it only runs handshakes on the sockets given to it.
     this.server = createServer({ key: keys.keyPem, cert: keys.certPem, ALPNProtocols: [ALPN_GRPC, ALPN_CHUNKS], handshakeTimeout: handshakeMs, minVersion: "TLSv1.3" }, (s) => {
       const alpn = s.alpnProtocol;
@@ -36,7 +45,34 @@ export class TlsGate {
   }
 
   accept(socket: Socket): void {
-    this.server.emit("connection", socket);
+    if (!this.stream) return void this.server.emit("connection", socket);
+    // Its first bytes say what it is; TLS gets them back (unshift) and runs the handshake as usual.
+    const stream = this.stream;
+    let got = Buffer.alloc(0);
+    const timer = setTimeout(() => socket.destroy(), this.handshakeMs);
+    const onData = (d: Buffer) => {
+      got = Buffer.concat([got, d]);
+      if (got[0] === TLS_HANDSHAKE_RECORD) {
+        done();
+        socket.unshift(got);
+        this.server.emit("connection", socket);
+      } else if (!stream.magic.subarray(0, Math.min(got.length, stream.magic.length)).equals(got.subarray(0, stream.magic.length))) {
+        done();
+        socket.destroy(); // neither TLS nor a keyed stream
+      } else if (got.length >= stream.headBytes) {
+        done();
+        if (got.length > stream.headBytes) socket.unshift(got.subarray(stream.headBytes));
+        stream.onStream(socket, got.subarray(0, stream.headBytes));
+      }
+    };
+    const done = () => {
+      clearTimeout(timer);
+      socket.off("data", onData);
+      socket.off("close", done);
+      socket.pause();
+    };
+    socket.on("data", onData);
+    socket.once("close", done);
   }
 
   /** A rotated identity: new handshakes use it. */
@@ -49,6 +85,12 @@ export class TlsGate {
  * both ends, unknown to anyone else, different on every connection. */
 export function chunkBinding(s: TLSSocket): Buffer {
   return s.exportKeyingMaterial(32, CHUNK_EXPORTER_LABEL, Buffer.from("prima"));
+}
+
+/** The key of the keyed stream a chunk request on this TLS connection opens (transfer/wire.ts): the
+ * same at both ends, unknown to anyone else, different on every connection. */
+export function chunkStreamKey(s: TLSSocket): Buffer {
+  return s.exportKeyingMaterial(32, CHUNK_STREAM_LABEL, Buffer.from("prima"));
 }
 
 /** host and port of "host:port" or "[v6]:port". */

@@ -53,3 +53,5 @@ export function proofMatches(received: Uint8Array | undefined, expected: Buffer)
 
 /** What both ends of a chunk stream export from their TLS session for chunkProof. */
 export const CHUNK_EXPORTER_LABEL = "EXPORTER-prima-chunks";
+/** What both ends of a chunk request's TLS session export as the key of its keyed stream. */
+export const CHUNK_STREAM_LABEL = "EXPORTER-prima-chunk-stream";

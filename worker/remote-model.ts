@@ -1,12 +1,16 @@
 // A worker without `--model`: it asks the coordinator what the model is, keeps a sparse copy in its
 // model cache (transfer/), fetches the header to open it like any GGUF, and on each assignment fetches
-// the chunks of its windows it does not have yet. Both on chunk streams of the cluster port: TLS
-// pinned to the coordinator's certificate, and each request proves the join token (trust/).
+// the chunks of its windows it does not have yet. Both asked for on the cluster port: TLS pinned to the
+// coordinator's certificate, and each request proves the join token (trust/); the chunks come on the
+// keyed stream the request opens (transfer/wire.ts).
 import type { ModelDescription } from "../control/index.js";
 import { LocalModel, type OpenOptions } from "../engine/index.js";
-import { ALPN_CHUNKS, PinMismatchError, chunkBinding, chunkProof, connectPinned, type JoinToken } from "../trust/index.js";
+import { connect } from "node:net";
+import { streamSeal } from "../native/index.js";
+import { ALPN_CHUNKS, PinMismatchError, chunkBinding, chunkProof, chunkStreamKey, connectPinned, splitAddress, type JoinToken } from "../trust/index.js";
 import {
-  ModelCache, TransferError, chunksFor, describeProgress, encodeRequest, fetchChunks, rangesForLayers, ChunkReceiver, readInfo, type CachedModel, type Chunk,
+  ModelCache, STREAM_MAGIC, TransferError, chunksFor, describeProgress, encodeRequest, fetchChunks, rangesForLayers, ChunkReceiver, readInfo, readTicket,
+  type CachedModel, type Chunk,
 } from "../transfer/index.js";
 
 /** A fetch that receives nothing for this long is given up (and tried again by the caller). */
@@ -40,23 +44,30 @@ async function modelInfo(address: string, token: JoinToken): Promise<ModelDescri
   }
 }
 
-/** The chunks asked for, on a chunk stream of the coordinator's cluster port (transfer/wire.ts). */
+/** The chunks asked for: requested on the cluster port's TLS, received on the keyed stream that
+ * opens (transfer/wire.ts), each record read straight into its chunk's buffer and opened there. */
 function chunksFrom(address: string, token: JoinToken, info: { fingerprint: string; chunkBytes: number }): (chunks: number[]) => AsyncIterable<Chunk> {
   return async function* (chunks) {
-    let socket;
+    let request, stream;
     try {
-      // TLS decrypts each record straight into the chunk's buffer (transfer/wire.ts).
-      const rx = new ChunkReceiver(info.chunkBytes, STALL_MS);
-      socket = await connectPinned(address, token, ALPN_CHUNKS, STALL_MS, rx.onread);
-      socket.setNoDelay(true);
-      rx.attach(socket);
-      socket.write(encodeRequest({ proof: chunkProof(token, chunkBinding(socket)).toString("hex"), fingerprint: info.fingerprint, chunks }));
+      request = await connectPinned(address, token, ALPN_CHUNKS, STALL_MS);
+      request.write(encodeRequest({ proof: chunkProof(token, chunkBinding(request)).toString("hex"), fingerprint: info.fingerprint, chunks }));
+      const ticket = await readTicket(request, STALL_MS);
+      const key = chunkStreamKey(request);
+      const rx = new ChunkReceiver(info.chunkBytes, STALL_MS, streamSeal(key, false));
+      key.fill(0);
+      const { host, port } = splitAddress(address);
+      stream = connect({ host, port, onread: rx.onread });
+      stream.setNoDelay(true);
+      rx.attach(stream);
+      stream.write(Buffer.concat([STREAM_MAGIC, ticket]));
       yield* rx.chunks();
     } catch (e) {
       if (e instanceof PinMismatchError) throw e;
       throw new TransferError(`fetching the model's chunks from ${address} failed: ${(e as Error).message}`);
     } finally {
-      socket?.destroy();
+      stream?.destroy();
+      request?.destroy();
     }
   };
 }

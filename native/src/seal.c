@@ -55,41 +55,49 @@ static int update(EVP_CIPHER_CTX *c, uint8_t *out, const uint8_t *in, size_t len
   return 0;
 }
 
-int prima_seal_frame(prima_seal *s, const uint8_t *frame, size_t len, uint8_t *out) {
+int prima_seal_parts(prima_seal *s, const uint8_t *aad, size_t aad_len, const uint8_t *in, uint8_t *out, size_t len, uint8_t tag[PRIMA_WIRE_RECORD_TAG_BYTES]) {
   EVP_CIPHER_CTX *c = s->ctx;
   uint8_t iv[12];
   int outl = 0;
-  if (!c || len < PRIMA_WIRE_HEADER_BYTES) return -1;
-  uint64_t seq = s->seq;
-  for (int i = 0; i < 8; i++) out[i] = (uint8_t)(seq >> (8 * i));
-  memcpy(out + SEQ, frame, PRIMA_WIRE_HEADER_BYTES);
-  nonce_of(seq, iv);
+  if (!c || aad_len > INT_MAX) return -1;
+  nonce_of(s->seq, iv);
   if (EVP_CipherInit_ex(c, NULL, NULL, NULL, iv, 1) != 1) return -1;
-  if (EVP_CipherUpdate(c, NULL, &outl, out, AAD) != 1) return -1;
-  if (update(c, out + AAD, frame + PRIMA_WIRE_HEADER_BYTES, len - PRIMA_WIRE_HEADER_BYTES) != 0) return -1;
-  if (EVP_CipherFinal_ex(c, out + SEQ + len, &outl) != 1) return -1;
-  if (EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, TAG, out + SEQ + len) != 1) return -1;
-  s->seq = seq + 1;
+  if (aad_len > 0 && EVP_CipherUpdate(c, NULL, &outl, aad, (int)aad_len) != 1) return -1;
+  if (update(c, out, in, len) != 0) return -1;
+  if (EVP_CipherFinal_ex(c, out + len, &outl) != 1) return -1;
+  if (EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, TAG, tag) != 1) return -1;
+  s->seq++;
   return 0;
 }
 
-int prima_seal_open(prima_seal *s, uint8_t *rec, size_t len, uint64_t *seq) {
+int prima_open_parts(prima_seal *s, const uint8_t *aad, size_t aad_len, uint8_t *body, size_t len, const uint8_t tag[PRIMA_WIRE_RECORD_TAG_BYTES]) {
   EVP_CIPHER_CTX *c = s->ctx;
   uint8_t iv[12];
   int outl = 0;
-  *seq = 0;
-  if (!c || len < AAD + TAG) return PRIMA_OPEN_SHORT;
-  *seq = rd64(rec);
-  if (*seq != s->seq) return PRIMA_OPEN_REPLAY;
+  if (!c || aad_len > INT_MAX) return PRIMA_OPEN_FORGED;
   nonce_of(s->seq, iv);
-  uint8_t *body = rec + AAD;
-  size_t body_len = len - AAD - TAG;
   if (EVP_CipherInit_ex(c, NULL, NULL, NULL, iv, 0) != 1) return PRIMA_OPEN_FORGED;
-  if (EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, TAG, rec + len - TAG) != 1) return PRIMA_OPEN_FORGED;
-  if (EVP_CipherUpdate(c, NULL, &outl, rec, AAD) != 1) return PRIMA_OPEN_FORGED;
+  if (EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, TAG, (void *)tag) != 1) return PRIMA_OPEN_FORGED;
+  if (aad_len > 0 && EVP_CipherUpdate(c, NULL, &outl, aad, (int)aad_len) != 1) return PRIMA_OPEN_FORGED;
   /* Decrypted in place; a forged record's bytes are garbage afterwards, and the caller drops them. */
-  if (update(c, body, body, body_len) != 0) return PRIMA_OPEN_FORGED;
-  if (EVP_CipherFinal_ex(c, body + body_len, &outl) != 1) return PRIMA_OPEN_FORGED;
+  if (update(c, body, body, len) != 0) return PRIMA_OPEN_FORGED;
+  if (EVP_CipherFinal_ex(c, body + len, &outl) != 1) return PRIMA_OPEN_FORGED;
   s->seq++;
   return PRIMA_OPEN_OK;
+}
+
+int prima_seal_frame(prima_seal *s, const uint8_t *frame, size_t len, uint8_t *out) {
+  if (!s->ctx || len < PRIMA_WIRE_HEADER_BYTES) return -1;
+  uint64_t seq = s->seq;
+  for (int i = 0; i < 8; i++) out[i] = (uint8_t)(seq >> (8 * i));
+  memcpy(out + SEQ, frame, PRIMA_WIRE_HEADER_BYTES);
+  return prima_seal_parts(s, out, AAD, frame + PRIMA_WIRE_HEADER_BYTES, out + AAD, len - PRIMA_WIRE_HEADER_BYTES, out + SEQ + len);
+}
+
+int prima_seal_open(prima_seal *s, uint8_t *rec, size_t len, uint64_t *seq) {
+  *seq = 0;
+  if (!s->ctx || len < AAD + TAG) return PRIMA_OPEN_SHORT;
+  *seq = rd64(rec);
+  if (*seq != s->seq) return PRIMA_OPEN_REPLAY;
+  return prima_open_parts(s, rec, AAD, rec + AAD, len - AAD - TAG, rec + len - TAG);
 }

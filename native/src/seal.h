@@ -36,6 +36,13 @@ enum { PRIMA_OPEN_OK = 0, PRIMA_OPEN_SHORT = -1, PRIMA_OPEN_REPLAY = -2, PRIMA_O
  * PRIMA_SEAL_OVERHEAD bytes. *seq gets the record's sequence number (for PRIMA_OPEN_REPLAY's message). */
 int prima_seal_open(prima_seal *s, uint8_t *rec, size_t len, uint64_t *seq);
 
+/* The same AES-256-GCM under the next sequence number, on a record in parts (a chunk stream's header,
+ * its body in the buffer it is received into, its tag): aad is authenticated, len bytes of body are
+ * sealed from in to out (which may be the same) or opened in place. 0 / PRIMA_OPEN_OK, or -1 /
+ * PRIMA_OPEN_FORGED. */
+int prima_seal_parts(prima_seal *s, const uint8_t *aad, size_t aad_len, const uint8_t *in, uint8_t *out, size_t len, uint8_t tag[PRIMA_WIRE_RECORD_TAG_BYTES]);
+int prima_open_parts(prima_seal *s, const uint8_t *aad, size_t aad_len, uint8_t *body, size_t len, const uint8_t tag[PRIMA_WIRE_RECORD_TAG_BYTES]);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,7 +2,8 @@
 // learns nothing (gRPC and chunk streams); a forged profile or status is refused by name; a worker
 // that reaches a coordinator with another certificate refuses it; a joiner naming another address is
 // refused (nothing is dialled); a flood of Joins with big profiles leaves the coordinator's memory
-// flat; a worker with the same header and other weights is refused by name. Plus the token's store.
+// flat; a worker with the same header and other weights is refused by name; a keyed chunk stream
+// opens only with its one-time ticket and carries no plaintext. Plus the token's store.
 import { copyFileSync, mkdtempSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { X509Certificate } from "node:crypto";
 import { hostname, tmpdir } from "node:os";
@@ -12,7 +13,8 @@ import { MAX_PROFILE_BYTES, type CoordinatorMessage } from "../../control/index.
 import { CHUNK_REFUSAL, serveChunks } from "../../coordinator/model-store.js";
 import { TOKEN_REFUSAL, WorkerRegistry } from "../../coordinator/registry.js";
 import { modelFingerprint, readGguf } from "../../model/index.js";
-import { ModelSource, encodeRequest, readInfo } from "../../transfer/index.js";
+import { connect } from "node:net";
+import { ModelSource, STREAM_MAGIC, chunkRange, encodeRequest, readInfo, readTicket } from "../../transfer/index.js";
 import { ALPN_CHUNKS, TrustStore, chunkBinding, chunkProof, connectPinned, createIdentity, type JoinToken } from "../../trust/index.js";
 import { killAll, root, startNode } from "../helpers/process.js";
 import { testIdentity, testTrust } from "../helpers/trust.js";
@@ -101,6 +103,38 @@ describe("who may join", () => {
     a.destroy();
     b.destroy();
     expect(lines.join("\n")).toMatch(/refused a chunk stream from 127\.0\.0\.1: wrong join token/);
+  });
+
+  it("a keyed chunk stream opens once, only with its ticket, and no weight byte travels in clear", async () => {
+    const { address, port } = await registry();
+    const id = await testIdentity();
+    /** Everything the coordinator sends on a raw connection that starts with `first`, until it closes. */
+    const raw = (first: Buffer) => new Promise<Buffer>((resolve, reject) => {
+      const got: Buffer[] = [];
+      const c = connect(port, "127.0.0.1", () => c.write(first));
+      const timer = setTimeout(() => reject(new Error("the coordinator kept the connection open")), 10_000);
+      c.on("data", (d: Buffer) => got.push(d));
+      c.on("error", () => {});
+      c.on("close", () => {
+        clearTimeout(timer);
+        resolve(Buffer.concat(got));
+      });
+    });
+    const tls = await connectPinned(address, id.token, ALPN_CHUNKS, 5000);
+    tls.write(encodeRequest({ proof: chunkProof(id.token, chunkBinding(tls)).toString("hex"), fingerprint: FP, chunks: [0] }));
+    const ticket = await readTicket(tls, 5000);
+    // Not TLS and not a keyed stream; a stream with a made-up ticket: both closed without a byte.
+    expect((await raw(Buffer.from("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))).length).toBe(0);
+    expect((await raw(Buffer.concat([STREAM_MAGIC, Buffer.alloc(ticket.length, 1)]))).length).toBe(0);
+    const stream = await raw(Buffer.concat([STREAM_MAGIC, ticket]));
+    const [s0, e0] = chunkRange(0, { fileBytes: gguf.fileBytes, chunkBytes: 4 << 20 });
+    expect(stream.length).toBeGreaterThan(e0 - s0); // the whole chunk, sealed, came
+    // No 32 bytes of the file in a row appear on the wire (its tensor data is far from constant).
+    const file = readFileSync(`${root}${model}`);
+    for (let off = gguf.dataOffset; off + 32 <= e0; off += 4099) expect(stream.includes(file.subarray(off, off + 32)), `file bytes at ${off}`).toBe(false);
+    // Used once: the same ticket again opens nothing.
+    expect((await raw(Buffer.concat([STREAM_MAGIC, ticket]))).length).toBe(0);
+    tls.destroy();
   });
 
   it("a worker that reaches a coordinator with another certificate refuses it before it says anything", async () => {

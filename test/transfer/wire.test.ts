@@ -1,31 +1,43 @@
-// transfer/wire.ts's receiver: TLS decrypts each record straight into the chunk's buffer. The bytes
-// must come out exactly as sent however the records fall across headers and chunks, and also when
-// every buffer is taken (the socket paused, records already decrypted kept aside and placed later).
+// transfer/wire.ts's keyed stream receiver: each read lands straight in the chunk's buffer and each
+// record is opened in place. The bytes must come out exactly as sent however the reads fall across
+// headers, bodies and tags, also when every buffer is taken (the socket paused, reads already made
+// kept aside and placed later); a record changed in transit, or a stream cut before its END, fails.
 import { randomBytes } from "node:crypto";
-import type { AddressInfo } from "node:net";
-import { connect, createServer, type Server, type TLSSocket } from "node:tls";
+import { connect, createServer, type AddressInfo, type Server, type Socket } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ChunkReceiver, chunkDigest, encodeChunkHeader, encodeEnd, encodeError } from "../../transfer/index.js";
-import { createIdentity } from "../../trust/index.js";
+import { streamSeal } from "../../native/index.js";
+import { ChunkReceiver, END, ERROR, chunkDigest, sealRecord } from "../../transfer/index.js";
 
 const CHUNK = 1 << 20;
-/** Chunk i: pseudo-random bytes (a misplaced record shows), the last one shorter. */
+/** Chunk i: pseudo-random bytes (a misplaced read shows), the last one shorter. */
 const chunks = Array.from({ length: 12 }, (_, i) => randomBytes(i === 11 ? 300_001 : CHUNK));
+const key = randomBytes(32);
 
 let server: Server;
 let port: number;
 
+/** What the test server sends, by the first byte the client writes. */
+const ALL = 1, THEN_ERROR = 2, TAMPERED = 3, CUT = 4;
+
 beforeAll(async () => {
-  const id = await createIdentity();
-  server = createServer({ key: id.keyPem, cert: id.certPem, minVersion: "TLSv1.3" }, (s) => {
-    // The first byte says what to send: 1 = every chunk then END, 2 = three chunks then an ERROR.
+  server = createServer((s: Socket) => {
+    s.on("error", () => s.destroy()); // the client hangs up on the failing cases
     s.once("data", async (d: Buffer) => {
-      const n = d[0] === 2 ? 3 : chunks.length;
+      const what = d[0];
+      const seal = streamSeal(key, true);
+      const send = async (parts: Buffer[]) => {
+        for (const p of parts) if (!s.write(p)) await new Promise((r) => s.once("drain", r));
+      };
+      const n = what === ALL || what === TAMPERED ? chunks.length : 3;
       for (let i = 0; i < n; i++) {
-        s.write(encodeChunkHeader(i, chunks[i].length, chunkDigest(chunks[i])));
-        if (!s.write(chunks[i])) await new Promise((r) => s.once("drain", r));
+        const parts = sealRecord(seal, i, Buffer.from(chunks[i]), chunkDigest(chunks[i]));
+        if (what === TAMPERED && i === 5) parts[1][1000] ^= 1; // one bit of the sealed body
+        await send(parts);
       }
-      s.end(d[0] === 2 ? encodeError("the model file changed") : encodeEnd());
+      if (what === THEN_ERROR) await send(sealRecord(seal, ERROR, Buffer.from("the model file changed")));
+      if (what !== CUT) await send(sealRecord(seal, END, Buffer.alloc(0)));
+      s.end();
+      seal.close();
     });
   });
   await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
@@ -34,9 +46,8 @@ beforeAll(async () => {
 afterAll(() => server.close());
 
 async function receive(what: number, releaseAfterMs: number): Promise<{ got: Map<number, Buffer>; error?: string }> {
-  const rx = new ChunkReceiver(CHUNK, 10_000);
-  const socket: TLSSocket = connect({ port, host: "127.0.0.1", rejectUnauthorized: false, onread: rx.onread } as Parameters<typeof connect>[0]);
-  await new Promise((r) => socket.once("secureConnect", r));
+  const rx = new ChunkReceiver(CHUNK, 10_000, streamSeal(key, false));
+  const socket = connect({ port, host: "127.0.0.1", onread: rx.onread });
   rx.attach(socket);
   socket.write(Buffer.from([what]));
   const got = new Map<number, Buffer>();
@@ -44,7 +55,7 @@ async function receive(what: number, releaseAfterMs: number): Promise<{ got: Map
     for await (const c of rx.chunks()) {
       got.set(c.index, Buffer.from(c.data)); // a copy: the buffer goes back to the receiver
       expect(c.digest).toBe(chunkDigest(chunks[c.index]));
-      // Held buffers: the receiver runs out of them and must pause and keep what TLS still delivers.
+      // Held buffers: the receiver runs out of them and must pause and keep what was still read.
       if (releaseAfterMs > 0) setTimeout(() => c.release!(), releaseAfterMs);
       else c.release!();
     }
@@ -56,10 +67,10 @@ async function receive(what: number, releaseAfterMs: number): Promise<{ got: Map
   }
 }
 
-describe("chunk stream receiver", () => {
+describe("keyed chunk stream receiver", () => {
   it("delivers every chunk byte for byte, released at once or late (every buffer taken)", async () => {
     for (const delay of [0, 20]) {
-      const { got, error } = await receive(1, delay);
+      const { got, error } = await receive(ALL, delay);
       expect(error).toBeUndefined();
       expect(got.size).toBe(chunks.length);
       for (const [i, d] of got) expect(d.equals(chunks[i]), `chunk ${i}, release after ${delay} ms`).toBe(true);
@@ -67,8 +78,20 @@ describe("chunk stream receiver", () => {
   });
 
   it("an ERROR from the coordinator ends the stream with its message, after the chunks before it", async () => {
-    const { got, error } = await receive(2, 5);
+    const { got, error } = await receive(THEN_ERROR, 5);
     expect(error).toBe("the model file changed");
     expect([...got.keys()]).toEqual([0, 1, 2]);
+  });
+
+  it("a record changed in transit fails authentication, after the chunks before it", async () => {
+    const { got, error } = await receive(TAMPERED, 0);
+    expect(error).toMatch(/failed authentication/);
+    expect([...got.keys()]).toEqual([0, 1, 2, 3, 4]);
+  });
+
+  it("a stream cut before its END is an error, not a short success", async () => {
+    const { got, error } = await receive(CUT, 0);
+    expect(error).toMatch(/connection (ended|closed)/);
+    expect(got.size).toBe(3);
   });
 });
