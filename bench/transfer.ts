@@ -5,7 +5,7 @@
 // rounds; and the chunk digest's cost per GB on this CPU (SHA-256's beside it, the digest it replaced).
 //   node dist/bench/transfer.js model.gguf [rounds]
 import { createHash } from "node:crypto";
-import { mkdtempSync, openSync, readSync, rmSync, closeSync } from "node:fs";
+import { closeSync, mkdtempSync, openSync, readFileSync, readSync, rmSync } from "node:fs";
 import { createServer, connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -56,6 +56,13 @@ async function plainCopy(port: number, total: number): Promise<number> {
   return total / ((performance.now() - t0) / 1000) / 1e6;
 }
 
+/** CPU seconds (user + system, all threads, ended ones too) a process has used so far. */
+function cpuSeconds(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+  const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+  return (Number(f[11]) + Number(f[12])) / 100; // utime, stime in clock ticks (USER_HZ = 100 on Linux)
+}
+
 /** The chunks of the first half of the layers, and their byte ranges. */
 function windowOf(model: string) {
   const f = readGguf(model);
@@ -73,6 +80,8 @@ export async function main(model: string, rounds = 3): Promise<void> {
   const serve = start(coordCli, ["serve", model, "--no-discovery", "--port", "0", "--cluster-port", "0", "--layer-windows", "head=1"]);
   const plain = start(fileURLToPath(import.meta.url), ["--plain-server", model]);
   const ours: number[] = [], copies: number[] = [];
+  // CPU per GB fetched, in the device's process (this one) and the coordinator's, over the timed fetches.
+  let deviceCpu = 0, coordCpu = 0, fetchedGB = 0;
   try {
     const clusterPort = (await waitFor(serve, /listening for workers on port (\d+)/, 120_000))[1];
     const token = workerToken({ tokenFile: (await waitFor(serve, /--token-file (\S+)/))[1] })!;
@@ -93,10 +102,17 @@ export async function main(model: string, rounds = 3): Promise<void> {
             if (/failed (its|their) hash/.test(line)) throw new Error(`transfer: ${line}`);
           };
           const remote = await RemoteModel.open({ coordinator: `127.0.0.1:${clusterPort}`, token, cacheDir: dir, open: { threads: 1 }, log });
+          const c0 = [cpuSeconds(process.pid), cpuSeconds(serve.child.pid!)];
           const t0 = performance.now();
           await remote.fetchLayers(w.layers, () => {});
-          const mbs = remote.cached.bytesOf(w.chunks.filter((c) => c !== 0)) / ((performance.now() - t0) / 1000) / 1e6;
-          if (r > 0) ours.push(mbs);
+          const bytes = remote.cached.bytesOf(w.chunks.filter((c) => c !== 0));
+          const mbs = bytes / ((performance.now() - t0) / 1000) / 1e6;
+          if (r > 0) {
+            ours.push(mbs);
+            deviceCpu += cpuSeconds(process.pid) - c0[0];
+            coordCpu += cpuSeconds(serve.child.pid!) - c0[1];
+            fetchedGB += bytes / 1e9;
+          }
           remote.close();
         } finally {
           rmSync(dir, { recursive: true, force: true });
@@ -116,9 +132,9 @@ export async function main(model: string, rounds = 3): Promise<void> {
   const digestSPerGB = sPerGB(chunkDigest);
   const sha256SPerGB = sPerGB((b) => createHash("sha256").update(b).digest());
   console.log(`\n## transfer: ${w.layers.length} of ${w.nLayers} layers' chunks (${(w.bytes / 2 ** 20).toFixed(0)} MiB), loopback, two processes, ${rounds} alternating rounds\n`);
-  console.log("| fetched into a sparse cache, verified (MB/s, median) | plain socket copy of the same bytes (MB/s, median) | ratio (goal >= 0.8) | BLAKE3 (chunk digest) s per GB | SHA-256 s per GB |");
-  console.log("|---|---|---|---|---|");
-  console.log(`| ${median(ours).toFixed(0)} | ${median(copies).toFixed(0)} | ${(median(ours) / median(copies)).toFixed(2)} | ${digestSPerGB.toFixed(2)} | ${sha256SPerGB.toFixed(2)} |`);
+  console.log("| fetched into a sparse cache, verified (MB/s, median) | plain socket copy of the same bytes (MB/s, median) | ratio (goal >= 0.8) | CPU s per GB: device / coordinator | BLAKE3 (chunk digest) s per GB | SHA-256 s per GB |");
+  console.log("|---|---|---|---|---|---|");
+  console.log(`| ${median(ours).toFixed(0)} | ${median(copies).toFixed(0)} | ${(median(ours) / median(copies)).toFixed(2)} | ${(deviceCpu / fetchedGB).toFixed(2)} / ${(coordCpu / fetchedGB).toFixed(2)} | ${digestSPerGB.toFixed(2)} | ${sha256SPerGB.toFixed(2)} |`);
 }
 
 if (process.argv[2] === "--plain-server") {
