@@ -45,7 +45,9 @@ function haldaIndexAt(pos: number, nWorkers: number): number {
  */
 export function placeRing(head: DeviceProfile, workers: readonly DeviceProfile[], model: ModelProfile, options: HaldaOptions = {}): Placement {
   const devices = [head, ...workers];
-  const plan = selectDevices(devices, model, options);
+  // Priced as the engine pages: a device whose one window does not fit streams the layers past its
+  // room (native streamBeyond), rereading its excess and one layer more each token ("stream").
+  const plan = selectDevices(devices, model, { overloadReload: "stream", ...options });
   const n = workers.length;
   const perCycle = new Array<number>(n + 1).fill(0);
   const releaseAfterUse = new Array<boolean>(n + 1).fill(false);
@@ -311,10 +313,6 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   }
   let placement: Placement;
   try {
-    // A device whose one window does not fit keeps its first layers and drops the rest after each pass
-    // (RingNode.advise, the native lane's advise), so it rereads only its excess each token, as Halda's
-    // default pricing says; left to the kernel's LRU it reread the whole window (BENCHMARKS.md, "Capped
-    // devices").
     placement = placeRing(headProfile, workerProfiles, profileModel, i.options);
   } catch (e) {
     throw new Error(`no plan: ${(e as Error).message}`);

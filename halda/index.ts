@@ -8,5 +8,5 @@ export { validKs } from "./terms.js";
 export {
   HaldaError,
   type DeviceLatencyMs, type DeviceOs, type DevicePlan, type DeviceProfile, type DeviceSet, type DroppedDevice,
-  type GpuBackend, type HaldaOptions, type ModelProfile, type PerWeightType, type Plan, type PlannerName,
+  type GpuBackend, type HaldaOptions, type ModelProfile, type OverloadReload, type PerWeightType, type Plan, type PlannerName,
 } from "./types.js";

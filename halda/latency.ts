@@ -29,7 +29,9 @@ export function evaluateDevice(t: DeviceTerms, k: number, w: number, n: number, 
     // Metal drops the whole mapping once memory runs out; elsewhere only the excess is reloaded, or
     // ("window") every RAM-side weight of the device, as cyclic access under LRU does.
     const headBytes = t.isHead ? m.outputBytes + m.inputRowBytes : 0;
-    reload = d.isMetal ? l * m.layerBytes + headBytes : o.overloadReload === "window" ? ramLayers * m.layerBytes + headBytes : ramLayers * bp - t.capBytes;
+    reload = d.isMetal ? l * m.layerBytes + headBytes
+      : o.overloadReload === "window" ? ramLayers * m.layerBytes + headBytes
+      : ramLayers * bp - t.capBytes + (o.overloadReload === "stream" ? m.layerBytes : 0);
   } else if (t.isHead) {
     reload = m.inputRowBytes; // the one embedding row per token
   }

@@ -8,7 +8,7 @@
 import { tieMs } from "./exact.js";
 import type { IlpSolution } from "./ilp.js";
 import type { DeviceTerms, ModelTerms, ResolvedOptions } from "./terms.js";
-import type { DroppedDevice } from "./types.js";
+import type { DroppedDevice, OverloadReload } from "./types.js";
 
 /** Up to this many devices (head included) every subset is considered: 2^(M−1) subsets. */
 export const SELECTION_EXACT_MAX_DEVICES = 10;
@@ -64,7 +64,7 @@ interface Slot {
  * their reload from disk. Any plan's cost on the device is at least its cheapest slots for the layers
  * it holds, plus the fixed costs; on Metal the reload cliff is left out (still a bound).
  */
-function slots(t: DeviceTerms, m: ModelTerms, reload: "excess" | "window"): Slot[] {
+function slots(t: DeviceTerms, m: ModelTerms, reload: OverloadReload): Slot[] {
   const bp = m.layerBytesWithKv;
   const alpha = t.alphaMs, gpu = t.alphaMs + t.betaMs;
   const vram = t.dev.hasGpu ? Math.max(0, t.capGpuBytes / bp) : 0;
@@ -79,6 +79,7 @@ function slots(t: DeviceTerms, m: ModelTerms, reload: "excess" | "window"): Slot
     if (t.gpuLayersLeaveRam) out.push({ costMs: gpu, layers: vram });
     out.push({ costMs: alpha, layers: ram });
     // "window": an overloaded device rereads all its l layers' weights, l·b ≥ (l − ram)·b: still a bound.
+    // "stream" rereads a layer more than "excess" once overloaded: leaving that out is still a bound.
     if (t.mayOverload) out.push({ costMs: alpha + (reload === "window" ? m.layerBytes : bp) * t.deltaMsPerByte, layers: Infinity });
   }
   return out.filter((s) => s.layers > 0).sort((a, b) => a.costMs - b.costMs);
@@ -103,7 +104,7 @@ function take(sorted: readonly Slot[], layers: number): { costMs: number; rest: 
  * go to the cheapest slots, and each device pays its fixed costs (the head's output layer, one ξ).
  * Infinity when the subset cannot hold the model without overloading a slow disk or a GPU.
  */
-export function subsetLowerBound(terms: readonly DeviceTerms[], m: ModelTerms, reload: "excess" | "window" = "excess"): (subset: readonly number[]) => number {
+export function subsetLowerBound(terms: readonly DeviceTerms[], m: ModelTerms, reload: OverloadReload = "excess"): (subset: readonly number[]) => number {
   const perDevice = terms.map((t) => ({ slots: slots(t, m, reload), fixedMs: t.xiMs + t.headComputeMs + t.headReadMs }));
   return (subset) => {
     let total = 0;

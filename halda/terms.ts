@@ -3,7 +3,7 @@
 // α, β, ξ, δ, then the objective coefficients a, b and the constant κ of each set.
 
 import type { ResolvedDevice } from "./devices.js";
-import { HaldaError, type DeviceSet, type HaldaOptions, type ModelProfile, type PerWeightType } from "./types.js";
+import { HaldaError, type DeviceSet, type HaldaOptions, type ModelProfile, type OverloadReload, type PerWeightType } from "./types.js";
 
 const MiB = 1024 * 1024;
 
@@ -21,7 +21,7 @@ export interface ResolvedOptions {
   readonly dropOnlyIfFaster: boolean;
   readonly selection: "best" | "paper";
   readonly keepAll: boolean;
-  readonly overloadReload: "excess" | "window";
+  readonly overloadReload: OverloadReload;
 }
 
 export function resolveOptions(o: HaldaOptions = {}): ResolvedOptions {
@@ -48,7 +48,7 @@ export function resolveOptions(o: HaldaOptions = {}): ResolvedOptions {
   if (!(r.minDiskBytesPerS >= 0)) bad(`minDiskBytesPerS must be >= 0, got ${r.minDiskBytesPerS}`);
   if (!Number.isInteger(r.nUbatch) || r.nUbatch < 1) bad(`nUbatch must be a positive integer, got ${r.nUbatch}`);
   if (r.selection !== "best" && r.selection !== "paper") bad(`selection must be "best" or "paper", got ${JSON.stringify(r.selection)}`);
-  if (r.overloadReload !== "excess" && r.overloadReload !== "window") bad(`overloadReload must be "excess" or "window", got ${JSON.stringify(r.overloadReload)}`);
+  if (!["excess", "window", "stream"].includes(r.overloadReload)) bad(`overloadReload must be "excess", "window" or "stream", got ${JSON.stringify(r.overloadReload)}`);
   if (typeof r.keepAll !== "boolean") bad(`keepAll must be true or false, got ${JSON.stringify(r.keepAll)}`);
   if (!Number.isInteger(r.dropWindowLayers) || r.dropWindowLayers < 0) bad(`dropWindowLayers must be a non-negative integer, got ${r.dropWindowLayers}`);
   return r;
@@ -221,7 +221,7 @@ export interface SetCoefficients {
   readonly kappa: number;
 }
 
-export function setCoefficients(t: DeviceTerms, set: DeviceSet, m: ModelTerms, reload: "excess" | "window" = "excess"): SetCoefficients {
+export function setCoefficients(t: DeviceTerms, set: DeviceSet, m: ModelTerms, reload: OverloadReload = "excess"): SetCoefficients {
   const bp = m.layerBytesWithKv, delta = t.deltaMsPerByte, gpu = t.dev.hasGpu;
   let kappa = t.headComputeMs + t.headReadMs;
   if (reload === "window" && (set === "M1" || set === "M3")) {
@@ -233,7 +233,7 @@ export function setCoefficients(t: DeviceTerms, set: DeviceSet, m: ModelTerms, r
   }
   if (t.isHead && (set === "M2" || set === "M4")) kappa += m.inputRowBytes * delta;
   if (t.isHead && set === "M2") kappa += m.outputBytes * delta;
-  if (set === "M1" || set === "M3") kappa += (t.bcioBytes - t.ramCapacityBytes) * delta;
+  if (set === "M1" || set === "M3") kappa += (t.bcioBytes - t.ramCapacityBytes + (reload === "stream" ? m.layerBytes : 0)) * delta;
   switch (set) {
     case "M1": return { a: t.alphaMs + bp * delta, b: 0, kappa };
     case "M2": return { a: t.alphaMs + m.layerBytes * delta, b: t.betaMs, kappa };

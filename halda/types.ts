@@ -59,6 +59,9 @@ export interface DeviceProfile {
 
 export type DeviceSet = "M1" | "M2" | "M3" | "M4";
 
+/** What an overloaded device rereads per token (HaldaOptions.overloadReload). */
+export type OverloadReload = "excess" | "window" | "stream";
+
 export interface HaldaOptions {
   /** "exact" (default): enumerate set assignments, global optimum of the model. "prima": Algorithm 1 as prima.cpp runs it. */
   readonly mode?: "exact" | "prima";
@@ -81,8 +84,12 @@ export interface HaldaOptions {
    *  an mmap'd window read in the same order every token does under the kernel's LRU (each page is
    *  evicted before its next use; a head also rereads its output layer and embedding row). Measured on
    *  our engine: a head 3.3 layers short of room reread its 8 layers and the output layer every token
-   *  (BENCHMARKS.md, "Capped devices"). Metal (M2) always drops the whole mapping. */
-  readonly overloadReload?: "excess" | "window";
+   *  (BENCHMARKS.md, "Capped devices"). "stream" [EXT]: the excess and one layer more, as prima's
+   *  engine streams a window larger than its room (native streamBeyond): it keeps the window's first
+   *  layers and reads the rest in each pass, dropping each right after use, and the layer being read
+   *  shares the room with the kept ones, so they get the room less a layer. Metal (M2) always drops
+   *  the whole mapping. */
+  readonly overloadReload?: OverloadReload;
   /** Include the paper's RAM/VRAM read terms in α, β and κ (the code leaves them out). Default false. */
   readonly registerLoadTerms?: boolean;
   /** The head's output-layer compute: the paper's output layer (default) or the code's one-layer term. */

@@ -841,14 +841,29 @@ static int count_resident(prima_window *w, uint8_t *p, size_t len, void *arg) {
 int prima_window_prefetch(prima_window *w, uint64_t max_bytes) { return for_each_range(w, advise_willneed, &max_bytes); }
 int prima_window_release(prima_window *w) { return for_each_range(w, advise_release, NULL); }
 void prima_window_stream_beyond(prima_window *w, uint64_t keep_bytes) {
-  int from = w->end;
-  uint64_t sum = 0;
+  /* The layer being read in shares the room with the kept ones while it is computed: the kept layers
+   * get the room less the largest layer (and the 2 MiB block a release takes on each side of it), or
+   * reading each streamed layer makes reclaim take kept pages, which the next pass reads again. Halda
+   * prices the same: an overloaded device rereads its excess and one layer ("stream" in
+   * halda/types.ts). A window that fits whole keeps everything. */
+  const uint64_t block = (uint64_t)2 << 20;
+  uint64_t total = 0, largest = 0;
   for (int l = w->first; l < w->end; l++) {
     const prima_tensor *ts = layer_tensors(&w->m->layers[l]);
-    for (int i = 0; i < LAYER_N_TENSORS; i++) sum += ts[i].n_bytes;
-    if (sum > keep_bytes) {
-      from = l;
-      break;
+    uint64_t bytes = 0;
+    for (int i = 0; i < LAYER_N_TENSORS; i++) bytes += ts[i].n_bytes;
+    total += bytes;
+    if (bytes > largest) largest = bytes;
+  }
+  int from = w->end;
+  if (total > keep_bytes) {
+    const uint64_t margin = largest + 2 * block;
+    const uint64_t budget = keep_bytes > margin ? keep_bytes - margin : 0;
+    uint64_t sum = 0;
+    for (from = w->first; from < w->end; from++) {
+      const prima_tensor *ts = layer_tensors(&w->m->layers[from]);
+      for (int i = 0; i < LAYER_N_TENSORS; i++) sum += ts[i].n_bytes;
+      if (sum > budget) break;
     }
   }
   /* layers that stop being streamed stay as they are: what the next pass reads in, memory keeps */

@@ -58,6 +58,14 @@ const variants: Variant[] = [
     },
   },
   {
+    // prima's engine streams what does not fit (native streamBeyond): the excess and one layer more.
+    name: "streamed overflow", count: 120, shape: { headOverloaded: true },
+    options: (rand) => {
+      const masterPriority = rand() < 0.5 ? 1 : 1.01;
+      return { halda: { masterPriority, dropWindowLayers: 0, overloadReload: "stream" }, oracle: { ...defaultOracleOptions, masterPriority, overloadReload: "stream" } };
+    },
+  },
+  {
     name: "prefetch guard", count: 150, layerChoices: [8, 12, 16, 20, 24, 30, 32],
     options: () => ({ halda: { masterPriority: 1, dropWindowLayers: 0, prefetchGuard: true }, oracle: { ...defaultOracleOptions, prefetchGuard: true } }),
   },

@@ -14,8 +14,9 @@ export interface OracleOptions {
   readonly headComputeTerm: "outputLayer" | "oneLayer";
   /** 0 = every valid k. */
   readonly k: number;
-  /** What an overloaded non-Metal device rereads per token: the excess (paper) or all its RAM-side weights. */
-  readonly overloadReload: "excess" | "window";
+  /** What an overloaded non-Metal device rereads per token: the excess (paper), all its RAM-side
+   * weights, or the excess and one layer's weights (prima's engine streaming the rest of its window). */
+  readonly overloadReload: "excess" | "window" | "stream";
 }
 
 export const defaultOracleOptions: OracleOptions = {
@@ -80,7 +81,7 @@ export function deviceCostFn(dev: DeviceProfile, isHead: boolean, model: ModelPr
       if (rw * bp + bcio + (metal ? cGpu : 0) > D * (1 + 1e-12)) valid = false;
     }
     let diskBytes = 0;
-    if (overloaded) diskBytes = metal || opt.overloadReload === "window" ? r * b + (isHead ? bo + row : 0) : r * bp + bcio - D;
+    if (overloaded) diskBytes = metal || opt.overloadReload === "window" ? r * b + (isHead ? bo + row : 0) : r * bp + bcio - D + (opt.overloadReload === "stream" ? b : 0);
     else if (isHead) diskBytes = row;
     const latencyMs =
       (l - g) * tCpu + g * tGpu + tOut +
