@@ -11,7 +11,7 @@ import { fileURLToPath } from "node:url";
 import type { StepTiming } from "./compute.js";
 import type { DiskMeasurement } from "./disk.js";
 
-export const CACHE_VERSION = 2;
+export const CACHE_VERSION = 3; // 3: the disk is read through the page cache (its pages dropped), not O_DIRECT
 
 export interface CachedSpeeds {
   readonly version: number;
