@@ -164,7 +164,7 @@ function medianRun(runs: readonly RunJson[]): RunJson | undefined {
   return sorted[Math.floor((sorted.length - 1) / 2)];
 }
 
-export async function main(model: string, reps = 3): Promise<void> {
+export async function main(model: string, reps = 3, caps: readonly number[] = [256, 200]): Promise<void> {
   if (!existsSync(join(cgBase, "cgroup.procs"))) {
     console.log(`\n## capped devices: skipped (no cgroup v1 memory controller at ${cgBase})`);
     return;
@@ -174,7 +174,8 @@ export async function main(model: string, reps = 3): Promise<void> {
     200: [[6, 12, 4], [12, 6, 4], [6, 6, 10], [7, 7, 8], [8, 8, 6]],
   };
   const summary: string[] = [];
-  for (const cap of [256, 200]) {
+  for (const cap of caps) {
+    if (!sweeps[cap]) throw new Error(`capped: no sweep of hand-made plans for ${cap} MiB (caps: ${Object.keys(sweeps).join(", ")})`);
     console.log(`\n## capped devices: 3 x ${cap} MiB (memory cgroups), benchmark model, decode ${N_PREDICT} tokens, ctx ${CTX}, median of ${reps} rounds\n`);
     // Rounds: the automatic plan and every hand-made one once each per round, so that a slow spell of
     // this shared machine falls on all of them; each setup's median over the rounds counts.

@@ -1,4 +1,4 @@
-// npm run bench [-- --only engine,memory,ring,halda,kernels,capped,crypto,serve,transfer,chaos] [--threads N] [--reps N] [--chaos-seconds S]
+// npm run bench [-- --only engine,memory,ring,halda,kernels,capped,crypto,serve,transfer,chaos] [--threads N] [--reps N] [--chaos-seconds S] [--caps 256,200]
 // Every part measures us and a peer in the same run and prints ratios (absolute numbers on a shared
 // machine mean little). Results and the command go in BENCHMARKS.md.
 import { existsSync } from "node:fs";
@@ -15,6 +15,8 @@ const { values } = parseArgs({
     threads: { type: "string", default: "2" },
     reps: { type: "string", default: "3" },
     "chaos-seconds": { type: "string", default: "180" },
+    // capped: the memory cap of each device in MiB, one setup per cap
+    caps: { type: "string", default: "256,200" },
   },
 });
 const parts = new Set((values.only ?? "engine,memory,ring,halda,kernels,capped,crypto,serve,transfer,chaos").split(","));
@@ -52,7 +54,7 @@ async function engineBench(): Promise<void> {
 }
 
 async function main(): Promise<void> {
-  console.log(`# npm run bench -- --only ${[...parts].join(",")} --threads ${threads} --reps ${reps}`);
+  console.log(`# npm run bench -- --only ${[...parts].join(",")} --threads ${threads} --reps ${reps}${parts.has("capped") ? ` --caps ${values.caps}` : ""}`);
   if (parts.has("engine")) await engineBench();
   const model = ["memory", "ring", "serve", "transfer", "chaos", "capped", "crypto"].some((p) => parts.has(p)) ? await benchmarkModel() : "";
   // Each part prints its own table; they live in dist/bench/ and also run alone.
@@ -60,7 +62,7 @@ async function main(): Promise<void> {
   if (parts.has("ring")) await (await import("./ring.js")).main(model, Math.max(reps, 7));
   if (parts.has("halda")) await (await import("./halda.js")).main();
   if (parts.has("kernels")) await import("./kernels.js"); // runs on import
-  if (parts.has("capped")) await (await import("./capped.js")).main(model, reps);
+  if (parts.has("capped")) await (await import("./capped.js")).main(model, reps, values.caps.split(",").map(Number));
   if (parts.has("crypto")) await (await import("./crypto.js")).main(model);
   if (parts.has("serve")) await (await import("./serve.js")).main(model, Math.max(reps, 5));
   // A round takes a fraction of a second and the plain copy swings from round to round: 9 at least.

@@ -99,6 +99,8 @@ export function serveChunks(source: ModelSource, log: (line: string) => void): C
       const p = forget(ticket.toString("hex"));
       if (!p) return void socket.destroy(); // unknown, used or expired: nothing said
       socket.on("error", () => socket.destroy());
+      // The device says nothing after its ticket: anything more ends the stream.
+      socket.on("data", () => socket.destroy()).resume();
       socket.once("close", () => p.request.destroy());
       void sendChunks(source, socket, p.key, p.chunks).catch((e: Error) => log(`a chunk stream ended: ${printable(e.message, 200)}`));
     },
