@@ -10,7 +10,7 @@ import { streamSeal } from "../native/index.js";
 import { ALPN_CHUNKS, PinMismatchError, chunkBinding, chunkProof, chunkStreamKey, connectPinned, splitAddress, type JoinToken } from "../trust/index.js";
 import {
   ModelCache, STREAM_MAGIC, TransferError, chunksFor, describeProgress, encodeRequest, fetchChunks, rangesForLayers, ChunkReceiver, readInfo, readTicket,
-  type CachedModel, type Chunk,
+  type CachedModel, type Chunk, type FetchResult,
 } from "../transfer/index.js";
 
 /** A fetch that receives nothing for this long is given up (and tried again by the caller). */
@@ -105,6 +105,10 @@ export class RemoteModel {
     return this.cached.path;
   }
 
+  /** The last fetch of fetchLayers: bytes, chunks that came again, and its time (from the request to
+   * the last chunk verified, written and recorded; the model's reopening after it is not in it). */
+  lastFetch: FetchResult | undefined;
+
   /** Fetches what the layers need and this device lacks, then maps the file again (call it with no
    * window of the old mapping in use); reports progress as a fraction and words. Resolves with the
    * chunks it wrote. */
@@ -124,6 +128,7 @@ export class RemoteModel {
         this.log(stage);
       }
     });
+    this.lastFetch = r;
     this.log(`fetched ${(r.fetchedBytes / 2 ** 20).toFixed(1)} MiB in ${(r.ms / 1000).toFixed(1)} s` +
       `${r.badChunks ? ` (${r.badChunks === 1 ? "1 chunk failed its hash" : `${r.badChunks} chunks failed their hashes`} and came again)` : ""}`);
     this.current.close();
