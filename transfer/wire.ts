@@ -337,7 +337,8 @@ export class ChunkReceiver {
   /** The socket's next read buffer (net calls this after every read). While no chunk buffer is
    * free, a spare one whose bytes are kept for later. */
   private nextBuffer(): Buffer {
-    this.direct = !this.waitingForBuffer && !this.finished && !this.failed;
+    // Once the consumer is gone its buffers may serve another stream: nothing lands in them then.
+    this.direct = !this.closed && !this.waitingForBuffer && !this.finished && !this.failed;
     this.target = this.direct ? this.place() : Buffer.allocUnsafe(SPILL_BYTES);
     return this.target;
   }
@@ -346,7 +347,7 @@ export class ChunkReceiver {
   private received(n: number): boolean {
     this.lastData = performance.now();
     const bytes = this.target!.subarray(0, n);
-    if (this.finished || this.failed) return true; // nothing more is read from this stream
+    if (this.closed || this.finished || this.failed) return true; // nothing more is read from this stream
     if (this.direct) this.advance(n);
     else if (this.waitingForBuffer) this.held.push(bytes);
     else this.feed(bytes); // read into a spare before a buffer came back
