@@ -6,7 +6,7 @@ import { randomBytes } from "node:crypto";
 import { connect, createServer, type AddressInfo, type Server, type Socket } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { streamSeal } from "../../native/index.js";
-import { ChunkReceiver, END, ERROR, chunkDigest, sealRecord } from "../../transfer/index.js";
+import { ChunkReceiver, END, ERROR, chunkDigest, encodeRecordHeader, sealRecord } from "../../transfer/index.js";
 
 const CHUNK = 1 << 20;
 /** Chunk i: pseudo-random bytes (a misplaced read shows), the last one shorter. */
@@ -17,7 +17,7 @@ let server: Server;
 let port: number;
 
 /** What the test server sends, by the first byte the client writes. */
-const ALL = 1, THEN_ERROR = 2, TAMPERED = 3, CUT = 4;
+const ALL = 1, THEN_ERROR = 2, TAMPERED = 3, CUT = 4, OVERSIZED = 5;
 
 beforeAll(async () => {
   server = createServer((s: Socket) => {
@@ -28,6 +28,12 @@ beforeAll(async () => {
       const send = async (parts: Buffer[]) => {
         for (const p of parts) if (!s.write(p)) await new Promise((r) => s.once("drain", r));
       };
+      if (what === OVERSIZED) {
+        // A header announcing more than a chunk (not even sealed): refused before any byte lands.
+        await send([encodeRecordHeader(0, CHUNK + 1), Buffer.alloc(64 << 10)]);
+        s.end();
+        return seal.close();
+      }
       const n = what === ALL || what === TAMPERED ? chunks.length : 3;
       for (let i = 0; i < n; i++) {
         const parts = sealRecord(seal, i, Buffer.from(chunks[i]), chunkDigest(chunks[i]));
@@ -87,6 +93,12 @@ describe("keyed chunk stream receiver", () => {
     const { got, error } = await receive(TAMPERED, 0);
     expect(error).toMatch(/failed authentication/);
     expect([...got.keys()]).toEqual([0, 1, 2, 3, 4]);
+  });
+
+  it("a header announcing more than a chunk is refused by name", async () => {
+    const { got, error } = await receive(OVERSIZED, 0);
+    expect(error).toMatch(/announced a chunk of 1048577 bytes \(chunks are 1048576\)/);
+    expect(got.size).toBe(0);
   });
 
   it("a stream cut before its END is an error, not a short success", async () => {
