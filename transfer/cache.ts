@@ -6,10 +6,9 @@
 import { closeSync, existsSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, statfsSync, statSync, unlinkSync, utimesSync, writeSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
-import { createRequire } from "node:module";
 import { Worker } from "node:worker_threads";
 import { alignGap } from "../native/index.js";
-import { chunkCount, chunkDigest, chunkRange, type ModelInfo } from "./chunks.js";
+import { DIGEST_MODULE, chunkCount, chunkDigest, chunkRange, type ModelInfo } from "./chunks.js";
 import { Debounced, writeFileAtomic } from "./persist.js";
 
 export class TransferError extends Error {
@@ -194,7 +193,7 @@ export function chunkBuffer(bytes: number): Buffer {
 // system that refuses direct writes, goes through the page cache as before.
 const SINK_SOURCE = `
 const { parentPort, workerData } = require("node:worker_threads");
-const { blake3 } = require(workerData.blake3);
+const digest = require(workerData.digest);
 const { constants, openSync, write } = require("node:fs");
 const ALIGN = workerData.align;
 const fd = openSync(workerData.path, "r+");
@@ -225,10 +224,12 @@ async function save(data, position, aligned) {
   }
   await writeAll(fd, data, done, data.length, position);
 }
-parentPort.on("message", ({ id, data, position, digest, aligned }) => {
+// Messages wait for the digest (compiled first where only its WebAssembly build runs), in order.
+parentPort.on("message", (m) => void digest.ready.then(() => take(m)));
+function take({ id, data, position, digest: expected, aligned }) {
   let ok;
   try {
-    ok = blake3(data).toString("hex") === digest;
+    ok = digest.blake3Hex(data) === expected;
   } catch (e) {
     return parentPort.postMessage({ id, error: e.message });
   }
@@ -237,7 +238,7 @@ parentPort.on("message", ({ id, data, position, digest, aligned }) => {
     () => parentPort.postMessage({ id, ok }),
     (e) => parentPort.postMessage({ id, error: e.message }),
   );
-});
+}
 `;
 
 /** A thread that verifies chunks and writes them into one cached model file. */
@@ -248,7 +249,7 @@ class ChunkSink {
   private dead: Error | undefined;
 
   constructor(path: string) {
-    this.worker = new Worker(SINK_SOURCE, { eval: true, workerData: { path, align: DIRECT_WRITE_ALIGN, blake3: createRequire(import.meta.url).resolve("@napi-rs/blake-hash") } });
+    this.worker = new Worker(SINK_SOURCE, { eval: true, workerData: { path, align: DIRECT_WRITE_ALIGN, digest: DIGEST_MODULE } });
     this.worker.on("message", (m: { id: number; ok?: boolean; error?: string }) => {
       const w = this.waiting.get(m.id);
       this.waiting.delete(m.id);

@@ -1,7 +1,10 @@
 // A model file as fixed-size chunks, each with a BLAKE3 digest: the unit a device fetches, verifies and
 // records as done. Which chunks a device needs follows from its windows: the GGUF header (the engine
 // reads the tensor table and tokenizer from it) and every tensor of its layers.
-import { blake3 } from "@napi-rs/blake-hash";
+import { existsSync } from "node:fs";
+import { createRequire } from "node:module";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
 import type { GgufFile } from "../model/index.js";
 
 /** 4 MiB: large enough that per-chunk overhead is small, small enough that a retry costs little. */
@@ -21,13 +24,32 @@ export const chunkCount = (info: Pick<ModelInfo, "fileBytes" | "chunkBytes">): n
 /** The chunk digest's name, kept beside saved digests: digests of another kind are computed again. */
 export const CHUNK_DIGEST = "blake3";
 
+/** transfer/digest.cjs (plain CommonJS, so that the sink's worker thread loads the same file), found
+ * from here whether this runs compiled (dist/transfer/) or from source. */
+export const DIGEST_MODULE = ((): string => {
+  let dir = dirname(fileURLToPath(import.meta.url));
+  for (;;) {
+    for (const p of [join(dir, "digest.cjs"), join(dir, "transfer", "digest.cjs")]) if (existsSync(p)) return p;
+    const up = dirname(dir);
+    if (up === dir) throw new Error("prima: transfer/digest.cjs not found");
+    dir = up;
+  }
+})();
+
+const digest = createRequire(import.meta.url)(DIGEST_MODULE) as { ready: Promise<void>; blake3Hex(data: Uint8Array): string; native: boolean };
+// Without a native binary for this platform, the WebAssembly build is compiled first (milliseconds).
+await digest.ready;
+
+/** Whether chunk digests use the native BLAKE3 (else WebAssembly). */
+export const NATIVE_DIGEST = digest.native;
+
 /**
  * A chunk's digest (hex). BLAKE3 rather than SHA-256: a receiver hashes every byte it fetches, and
  * BLAKE3 costs a fifth of SHA-NI's SHA-256 per GB on one core (0.1 against 0.46 s/GB on this
  * project's AVX-512 host), with the same 256-bit strength.
  */
 export function chunkDigest(data: Uint8Array): string {
-  return blake3(data).toString("hex");
+  return digest.blake3Hex(data);
 }
 
 /** Byte ranges [start, end) a device with these layers reads: the header and its layers' tensors. */

@@ -2,7 +2,7 @@
 // chunk by chunk with BLAKE3 digests (source.ts); a device keeps a sparse copy laid out like the GGUF
 // in a local cache keyed by the model's fingerprint (cache.ts), fetches the chunks it lacks and
 // verifies each (fetch.ts). The transport (the control plane) is the caller's.
-export { CHUNK_BYTES, chunkCount, chunkRange, chunksFor, rangesForLayers, chunkDigest, CHUNK_DIGEST, type ModelInfo } from "./chunks.js";
+export { CHUNK_BYTES, CHUNK_DIGEST, DIGEST_MODULE, NATIVE_DIGEST, chunkCount, chunkDigest, chunkRange, chunksFor, rangesForLayers, type ModelInfo } from "./chunks.js";
 export { ModelSource, type SourceOptions } from "./source.js";
 export { CachedModel, DIRECT_WRITE_ALIGN, ModelCache, TransferError, chunkBuffer, defaultModelCacheDir } from "./cache.js";
 export { describeProgress, fetchChunks, type Chunk, type FetchProgress, type FetchResult } from "./fetch.js";

@@ -10,7 +10,8 @@ import { alignGap } from "../../native/index.js";
 import { modelFingerprint, modelShapeByName, readGguf, type GgufFile } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
 import {
-  DIRECT_WRITE_ALIGN, ModelCache, ModelSource, TransferError, chunkBuffer, chunkDigest, chunkRange, chunksFor, fetchChunks, rangesForLayers, type Chunk,
+  DIGEST_MODULE, DIRECT_WRITE_ALIGN, ModelCache, ModelSource, NATIVE_DIGEST, TransferError, chunkBuffer, chunkDigest, chunkRange, chunksFor, fetchChunks, rangesForLayers,
+  type Chunk,
   type ModelInfo,
 } from "../../transfer/index.js";
 
@@ -129,6 +130,18 @@ describe("transfer", () => {
       const [s, e] = chunkRange(i, src.info);
       expect(written.subarray(s, e).equals(whole.subarray(s, e))).toBe(true);
     }
+  });
+
+  it("BLAKE3's WebAssembly fallback (platforms without the native binary) gives the native digests", () => {
+    expect(NATIVE_DIGEST).toBe(true); // this machine has the binary: the comparison below is against it
+    const samples = [Buffer.alloc(0), Buffer.from("abc"), Buffer.alloc(CHUNK + 7, 0x5a), readFileSync(modelPath).subarray(0, 3 * CHUNK)];
+    const script = `const d = require(${JSON.stringify(DIGEST_MODULE)}); const fs = require("node:fs");
+      d.ready.then(() => console.log(JSON.stringify({ native: d.native, digests: JSON.parse(fs.readFileSync(0, "utf8")).map((h) => d.blake3Hex(Buffer.from(h, "hex"))) })));`;
+    const out = JSON.parse(execFileSync(process.execPath, ["-e", script], { input: JSON.stringify(samples.map((b) => b.toString("hex"))), env: { ...process.env, PRIMA_BLAKE3: "wasm" }, encoding: "utf8" }));
+    expect(out.native).toBe(false);
+    expect(out.digests).toEqual(samples.map((b) => chunkDigest(b)));
+    // BLAKE3's published test vector for the empty input.
+    expect(chunkDigest(Buffer.alloc(0))).toBe("af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262");
   });
 
   it("a chunk corrupted in transit is detected and fetched again", async () => {
