@@ -1,9 +1,9 @@
 // The coordinator's model store: a device without its own copy of the model asks what the model is
 // and asks for the chunks of its windows on the cluster port, inside its TLS; the chunks come on the
 // keyed stream that request opens (transfer/wire.ts). Every request proves the join token first
-// (bound to its TLS connection); one that does not is told only that. Chunks are read one at a time
-// and written with the socket's backpressure, so several devices can fetch at once without the
-// coordinator holding whole windows in memory.
+// (bound to its TLS connection); one that does not is told only that. Chunks are read a few at a time
+// (READ_AHEAD) and written with the socket's backpressure, so several devices can fetch at once
+// without the coordinator holding whole windows in memory.
 import { randomBytes } from "node:crypto";
 import type { Socket } from "node:net";
 import type { TLSSocket } from "node:tls";
