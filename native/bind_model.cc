@@ -458,9 +458,9 @@ Napi::Value Window::Release(const Napi::CallbackInfo &info) {
 
 Napi::Value Window::StreamBeyond(const Napi::CallbackInfo &info) {
   if (!Alive(info.Env())) return info.Env().Undefined();
-  int64_t keep;
-  if (!IntArg(info[0], 0, INT64_C(1) << 52, &keep)) return ThrowType(info.Env(), "streamBeyond(keepBytes) needs a byte count >= 0");
-  prima_window_stream_beyond(w, (uint64_t)keep);
+  int64_t room;
+  if (!IntArg(info[0], 0, INT64_C(1) << 52, &room)) return ThrowType(info.Env(), "streamBeyond(roomBytes) needs a byte count >= 0");
+  prima_window_stream_beyond(w, (uint64_t)room);
   return info.Env().Undefined();
 }
 

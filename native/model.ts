@@ -54,10 +54,10 @@ export interface NativeWindow {
   prefetch(maxBytes?: number): void;
   /** Drops the window's weight pages (MADV_DONTNEED + POSIX_FADV_DONTNEED). */
   release(): void;
-  /** From the next pass on, drops each layer past the window's first keepBytes (whole layers, in order)
-   * right after computing it: a window larger than its device's memory rereads only that tail each
-   * pass. keepBytes >= the window's weights: nothing is dropped. */
-  streamBeyond(keepBytes: number): void;
+  /** From the next pass on, a window whose weights are more than roomBytes keeps its first layers (as
+   * many as fit beside its largest one) and drops each later one right after computing it: it rereads
+   * only that tail each pass (native/src/model.h). roomBytes >= its weights: nothing is dropped. */
+  streamBeyond(roomBytes: number): void;
   residency(): Residency;
   kvClear(): void;
   kvTruncate(pos: number): void;

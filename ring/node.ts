@@ -80,8 +80,8 @@ interface Slot {
   readonly stats: WindowStats;
   /** Major page faults during this window's last call. */
   lastFaults: number;
-  /** What the window was last told to keep (streamBeyond); told again only when the room changes. */
-  streamKeep?: number;
+  /** The room the window was last given (streamBeyond); given again only when it changes. */
+  streamRoom?: number;
 }
 
 export class RingNode {
@@ -266,9 +266,9 @@ export class RingNode {
       // One window, larger than the memory it has: keep its first layers and drop each of the rest
       // right after computing it, so that each pass rereads only that tail; left to the kernel, a
       // window read in the same order every pass lost kept pages too and reread about twice its excess.
-      const room = this.weightRoomBytes();
-      const keep = room < this.weightBytes ? room : 2 ** 52;
-      if (keep !== slot.streamKeep) slot.window.streamBeyond((slot.streamKeep = keep));
+      // (While the window fits, every room reads as "all of it": no native call on each token.)
+      const room = Math.min(this.weightRoomBytes(), this.weightBytes);
+      if (room !== slot.streamRoom) slot.window.streamBeyond((slot.streamRoom = room));
       return;
     }
     if (this.releaseAfterUse) slot.window.release();

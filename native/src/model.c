@@ -25,6 +25,14 @@
 #define LAYER_N_TENSORS ((int)(sizeof(prima_layer) / sizeof(prima_tensor)))
 static const prima_tensor *layer_tensors(const prima_layer *L) { return &L->attn_norm; }
 
+/* Bytes of a layer's weights in the file. */
+static uint64_t layer_weight_bytes(const prima_layer *L) {
+  const prima_tensor *ts = layer_tensors(L);
+  uint64_t bytes = 0;
+  for (int i = 0; i < LAYER_N_TENSORS; i++) bytes += ts[i].n_bytes;
+  return bytes;
+}
+
 int prima_fail(char *err, size_t err_len, const char *fmt, ...) {
   if (err && err_len) {
     va_list ap;
@@ -416,10 +424,11 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
     }
   }
   act_row = (act_row + 63) & ~(size_t)63;
-  size_t weights = 0;
+  uint64_t weights = 0, largest = 0;
   for (int l = first; l < end; l++) {
-    const prima_tensor *ts = layer_tensors(&m->layers[l]);
-    for (int i = 0; i < LAYER_N_TENSORS; i++) weights += ts[i].n_bytes;
+    const uint64_t b = layer_weight_bytes(&m->layers[l]);
+    weights += b;
+    if (b > largest) largest = b;
   }
   w->act_row_bytes = act_row;
 
@@ -446,6 +455,8 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   prima_rope_table(w->rope_cos, w->rope_sin, n_ctx, hp->rope_dims, hp->rope_base, hp->rope_freq_scale,
                    m->rope_freqs.data ? (const float *)m->rope_freqs.data : NULL);
   w->layer_bytes = weights / nl;
+  w->weight_bytes = weights;
+  w->largest_layer_bytes = largest;
   w->stream_from = end;
   w->anon_bytes = kv_bytes + sizeof(float) * ((size_t)n_ctx * half * 2 + B * (E + 2 * qdim + 2 * kvdim + 2 * (size_t)hp->n_ff)) +
                   act_row * B * MAX_ACT_FORMATS;
@@ -840,29 +851,19 @@ static int count_resident(prima_window *w, uint8_t *p, size_t len, void *arg) {
 
 int prima_window_prefetch(prima_window *w, uint64_t max_bytes) { return for_each_range(w, advise_willneed, &max_bytes); }
 int prima_window_release(prima_window *w) { return for_each_range(w, advise_release, NULL); }
-void prima_window_stream_beyond(prima_window *w, uint64_t keep_bytes) {
+void prima_window_stream_beyond(prima_window *w, uint64_t room_bytes) {
   /* The layer being read in shares the room with the kept ones while it is computed: the kept layers
    * get the room less the largest layer (and the 2 MiB block a release takes on each side of it), or
    * reading each streamed layer makes reclaim take kept pages, which the next pass reads again. Halda
    * prices the same: an overloaded device rereads its excess and one layer ("stream" in
    * halda/types.ts). A window that fits whole keeps everything. */
-  const uint64_t block = (uint64_t)2 << 20;
-  uint64_t total = 0, largest = 0;
-  for (int l = w->first; l < w->end; l++) {
-    const prima_tensor *ts = layer_tensors(&w->m->layers[l]);
-    uint64_t bytes = 0;
-    for (int i = 0; i < LAYER_N_TENSORS; i++) bytes += ts[i].n_bytes;
-    total += bytes;
-    if (bytes > largest) largest = bytes;
-  }
   int from = w->end;
-  if (total > keep_bytes) {
-    const uint64_t margin = largest + 2 * block;
-    const uint64_t budget = keep_bytes > margin ? keep_bytes - margin : 0;
+  if (w->weight_bytes > room_bytes) {
+    const uint64_t margin = w->largest_layer_bytes + 2 * ((uint64_t)2 << 20);
+    const uint64_t budget = room_bytes > margin ? room_bytes - margin : 0;
     uint64_t sum = 0;
     for (from = w->first; from < w->end; from++) {
-      const prima_tensor *ts = layer_tensors(&w->m->layers[from]);
-      for (int i = 0; i < LAYER_N_TENSORS; i++) sum += ts[i].n_bytes;
+      sum += layer_weight_bytes(&w->m->layers[from]);
       if (sum > budget) break;
     }
   }

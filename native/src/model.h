@@ -74,6 +74,8 @@ typedef struct prima_window {
   float *att_acc;              /* per thread: query, accumulators and scores of a group of heads */
   size_t anon_bytes;           /* KV + scratch: what the window costs in anonymous memory */
   size_t layer_bytes;          /* mean weight bytes of one of its layers */
+  uint64_t weight_bytes;       /* weight bytes of all its layers, and of its largest */
+  uint64_t largest_layer_bytes;
   int stream_from;             /* layers from here on are dropped right after each pass computes them
                                   (prima_window_stream_beyond); end: none */
 } prima_window;
@@ -107,13 +109,14 @@ void prima_model_embed(prima_model *m, const int32_t *tokens, int n, float *out)
  * the window's first layer on (the order the forward pass reads them). */
 int prima_window_prefetch(prima_window *w, uint64_t max_bytes);
 int prima_window_release(prima_window *w);
-/* From the next pass on, the layers past the window's first keep_bytes (whole layers, in order) are
- * dropped right after the pass computes each of them: a window larger than its memory then rereads only
- * that tail each pass and never holds more than its kept layers and the one being read. Left to the
- * kernel, memory fills, reclaim demotes the kept layers too (it keeps active and inactive file pages in
- * balance), and a window reread about twice its excess a pass (measured with /proc/<pid>/io). Callable
- * while a pass runs: it takes effect at the next layer boundary. */
-void prima_window_stream_beyond(prima_window *w, uint64_t keep_bytes);
+/* From the next pass on, a window whose weights are more than room_bytes keeps its first layers (as
+ * many as fit in the room with the largest layer beside them) and drops each later one right after the
+ * pass computes it: it then rereads only that tail each pass and never holds more than its kept layers
+ * and the one being read. Left to the kernel, memory fills, reclaim demotes the kept layers too (it
+ * keeps active and inactive file pages in balance), and a window reread about twice its excess a pass
+ * (measured with /proc/<pid>/io). room_bytes >= its weights: nothing is dropped. Callable while a pass
+ * runs: it takes effect at the next layer boundary. */
+void prima_window_stream_beyond(prima_window *w, uint64_t room_bytes);
 /* Bytes of the window's weights resident in memory, and the total. */
 int prima_window_residency(prima_window *w, uint64_t *resident, uint64_t *total);
 
