@@ -12,7 +12,7 @@ import { printable, type GgufFile } from "../model/index.js";
 import { streamSeal } from "../native/index.js";
 import { chunkBinding, chunkProof, chunkStreamKey, proofMatches, type JoinToken } from "../trust/index.js";
 import {
-  END, ERROR, chunkCount, chunksFor, encodeError, encodeInfo, encodeStreamTicket, rangesForLayers, readRequest, sealRecord, TICKET_BYTES, type ModelSource,
+  TICKET_BYTES, chunkCount, chunksFor, encodeError, encodeInfo, encodeStreamTicket, rangesForLayers, readRequest, sealEnd, sealError, sealRecord, type ModelSource,
 } from "../transfer/index.js";
 import type { ChunkService } from "./registry.js";
 
@@ -138,11 +138,11 @@ async function sendChunks(source: ModelSource, socket: Socket, key: Buffer, chun
       });
       if (!more) await once(socket, "drain", CHUNK_IO_TIMEOUT_MS);
     }
-    write(sealRecord(seal, END, Buffer.alloc(0)));
+    write(sealEnd(seal));
     socket.end();
   } catch (e) {
     if (!socket.destroyed) {
-      write(sealRecord(seal, ERROR, Buffer.from((e as Error).message).subarray(0, 4096)));
+      write(sealError(seal, (e as Error).message));
       socket.end();
     }
     throw e;

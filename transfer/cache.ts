@@ -3,12 +3,12 @@
 // model and never touches the holes; beside it, the list of chunks already verified, so a transfer
 // cut off halfway resumes where it stopped. The cache has a size limit and drops the least recently
 // used models first.
-import { closeSync, existsSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, statfsSync, statSync, unlinkSync, utimesSync, writeSync } from "node:fs";
+import { closeSync, existsSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, statfsSync, statSync, unlinkSync, utimesSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
 import { Worker } from "node:worker_threads";
 import { alignGap } from "../native/index.js";
-import { DIGEST_MODULE, chunkCount, chunkDigest, chunkRange, type ModelInfo } from "./chunks.js";
+import { DIGEST_MODULE, chunkCount, chunkRange, type ModelInfo } from "./chunks.js";
 import { Debounced, writeFileAtomic } from "./persist.js";
 
 export class TransferError extends Error {
@@ -81,7 +81,6 @@ export class ModelCache {
 export class CachedModel {
   /** Chunks written and verified. */
   readonly done: Set<number>;
-  private fd: number | undefined;
 
   constructor(readonly path: string, readonly info: ModelInfo, private readonly cache: ModelCache) {
     this.done = new Set();
@@ -119,10 +118,11 @@ export class CachedModel {
   private sink: ChunkSink | undefined;
 
   /**
-   * As write(), on a thread of its own: the digest and the write take as much CPU as receiving the
-   * chunk does, so they run beside the next chunk's arrival. `data` must stay unchanged until the
-   * promise settles (shared memory is read in place; other memory is copied to the thread). The
-   * chunk counts as done only once its hash matched and its bytes are in the file.
+   * Writes a chunk if it matches its digest, on a thread of its own: the digest and the write take as
+   * much CPU as receiving the chunk does, so they run beside the next chunk's arrival. `data` must stay
+   * unchanged until the promise settles (shared memory is read in place; other memory is copied to the
+   * thread). False (nothing written) when it does not match; the chunk counts as done only once its
+   * digest matched and its bytes are in the file.
    */
   async writeVerified(index: number, data: Uint8Array, expectedDigest: string): Promise<boolean> {
     if (!Number.isInteger(index) || index < 0 || index >= chunkCount(this.info)) throw new TransferError(`chunk ${index} is outside the model`);
@@ -130,19 +130,6 @@ export class CachedModel {
     if (data.length !== e - s) return false;
     this.sink ??= new ChunkSink(this.path);
     if (!(await this.sink.write(data, s, expectedDigest))) return false;
-    this.done.add(index);
-    this.persistSoon();
-    return true;
-  }
-
-  /** Writes a chunk if it matches its hash; false (nothing written) when it does not. */
-  write(index: number, data: Uint8Array, expectedDigest: string): boolean {
-    if (!Number.isInteger(index) || index < 0 || index >= chunkCount(this.info)) throw new TransferError(`chunk ${index} is outside the model`);
-    const [s, e] = chunkRange(index, this.info);
-    if (data.length !== e - s || chunkDigest(data) !== expectedDigest) return false;
-    this.fd ??= openSync(this.path, "r+");
-    let off = 0;
-    while (off < data.length) off += writeSync(this.fd, data, off, data.length - off, s + off);
     this.done.add(index);
     this.persistSoon();
     return true;
@@ -162,8 +149,6 @@ export class CachedModel {
 
   close(): void {
     this.persist();
-    if (this.fd !== undefined) closeSync(this.fd);
-    this.fd = undefined;
     this.sink?.close();
     this.sink = undefined;
   }

@@ -47,9 +47,10 @@ export async function fetchChunks(
   const t0 = performance.now();
   const totalBytes = model.bytesOf(model.missing(wanted));
   let doneBytes = 0, fetchedBytes = 0, badChunks = 0, lastReport = 0;
-  const report = () => {
+  /** Progress at most every 500 ms, and at the end (`last`). */
+  const report = (last = false) => {
     const now = performance.now();
-    if (onProgress && now - lastReport > 500) {
+    if (onProgress && (last || now - lastReport > 500)) {
       lastReport = now;
       const rate = doneBytes / Math.max(1e-3, (now - t0) / 1000);
       onProgress({ doneBytes, totalBytes, bytesPerS: rate, secondsLeft: rate > 0 ? (totalBytes - doneBytes) / rate : null });
@@ -93,10 +94,7 @@ export async function fetchChunks(
     }
     if (writeFailed) throw writeFailed;
   }
-  if (onProgress) {
-    const rate = doneBytes / Math.max(1e-3, (performance.now() - t0) / 1000);
-    onProgress({ doneBytes, totalBytes, bytesPerS: rate, secondsLeft: rate > 0 ? (totalBytes - doneBytes) / rate : null });
-  }
+  report(true);
   model.persist();
   const left = model.missing(wanted);
   if (left.length > 0) {

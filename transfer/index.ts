@@ -7,6 +7,6 @@ export { ModelSource, type SourceOptions } from "./source.js";
 export { CachedModel, DIRECT_WRITE_ALIGN, ModelCache, TransferError, chunkBuffer, defaultModelCacheDir } from "./cache.js";
 export { describeProgress, fetchChunks, type Chunk, type FetchProgress, type FetchResult } from "./fetch.js";
 export {
-  CHUNK_MAGIC, END, ERROR, STREAM_MAGIC, TICKET_BYTES, ChunkReceiver, encodeEnd, encodeError, encodeInfo, encodeRecordHeader, encodeRequest, encodeStreamTicket,
-  readInfo, readRequest, readTicket, sealRecord, type ChunkRequest,
+  CHUNK_MAGIC, STREAM_MAGIC, TICKET_BYTES, ChunkReceiver, encodeError, encodeInfo, encodeRecordHeader, encodeRequest, encodeStreamTicket,
+  readInfo, readRequest, readTicket, sealEnd, sealError, sealRecord, type ChunkRequest,
 } from "./wire.js";

@@ -77,6 +77,16 @@ export function sealRecord(seal: StreamSeal, tag: number, body: Buffer, digestHe
   return [header, body, mac];
 }
 
+/** A sealed ERROR record (the coordinator's reason for ending the stream), parts as sealRecord's. */
+export function sealError(seal: StreamSeal, message: string): [Buffer, Buffer, Buffer] {
+  return sealRecord(seal, ERROR, errorBytes(message));
+}
+
+/** A sealed END record: the stream is complete (authenticated, so a cut stream shows). */
+export function sealEnd(seal: StreamSeal): [Buffer, Buffer, Buffer] {
+  return sealRecord(seal, END, Buffer.alloc(0));
+}
+
 /** The TLS answer to a chunk request: go to the keyed stream with this ticket. */
 export function encodeStreamTicket(ticket: Buffer): Buffer {
   const b = Buffer.alloc(4 + TICKET_BYTES);
@@ -85,7 +95,7 @@ export function encodeStreamTicket(ticket: Buffer): Buffer {
   return b;
 }
 
-export function encodeEnd(): Buffer {
+function encodeEnd(): Buffer {
   const b = Buffer.alloc(4);
   b.writeUInt32LE(END);
   return b;
@@ -99,8 +109,13 @@ export function encodeInfo(info: object): Buffer {
   return Buffer.concat([b, m, encodeEnd()]);
 }
 
+/** An error message as sent (on TLS or in a sealed ERROR record): UTF-8, at most MAX_ERROR_BYTES. */
+function errorBytes(message: string): Buffer {
+  return Buffer.from(message).subarray(0, MAX_ERROR_BYTES);
+}
+
 export function encodeError(message: string): Buffer {
-  const m = Buffer.from(message.slice(0, MAX_ERROR_BYTES));
+  const m = errorBytes(message);
   const b = Buffer.alloc(8);
   b.writeUInt32LE(ERROR, 0);
   b.writeUInt32LE(m.length, 4);

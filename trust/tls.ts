@@ -2,8 +2,8 @@
 // gRPC and chunk requests, told apart by ALPN, and the keyed chunk streams those requests open, told
 // apart from TLS by their first bytes); a worker accepts only the certificate its token pins.
 import * as grpc from "@grpc/grpc-js";
-import type { OnReadOpts, Socket } from "node:net";
-import { connect, createServer, type ConnectionOptions, type Server, type TLSSocket } from "node:tls";
+import type { Socket } from "node:net";
+import { connect, createServer, type Server, type TLSSocket } from "node:tls";
 import { CHUNK_EXPORTER_LABEL, CHUNK_STREAM_LABEL, TrustError, sha256, type JoinToken } from "./token.js";
 
 /** gRPC (HTTP/2). */
@@ -56,7 +56,7 @@ export class TlsGate {
         done();
         socket.unshift(got);
         this.server.emit("connection", socket);
-      } else if (!stream.magic.subarray(0, Math.min(got.length, stream.magic.length)).equals(got.subarray(0, stream.magic.length))) {
+      } else if (!got.subarray(0, stream.magic.length).equals(stream.magic.subarray(0, got.length))) {
         done();
         socket.destroy(); // neither TLS nor a keyed stream
       } else if (got.length >= stream.headBytes) {
@@ -84,13 +84,18 @@ export class TlsGate {
 /** Keying material of this TLS connection (RFC 5705) that a chunk stream's proof covers: the same at
  * both ends, unknown to anyone else, different on every connection. */
 export function chunkBinding(s: TLSSocket): Buffer {
-  return s.exportKeyingMaterial(32, CHUNK_EXPORTER_LABEL, Buffer.from("prima"));
+  return exported(s, CHUNK_EXPORTER_LABEL);
+}
+
+/** 32 bytes of this TLS session's keying material under a label (RFC 5705). */
+function exported(s: TLSSocket, label: string): Buffer {
+  return s.exportKeyingMaterial(32, label, Buffer.from("prima"));
 }
 
 /** The key of the keyed stream a chunk request on this TLS connection opens (transfer/wire.ts): the
  * same at both ends, unknown to anyone else, different on every connection. */
 export function chunkStreamKey(s: TLSSocket): Buffer {
-  return s.exportKeyingMaterial(32, CHUNK_STREAM_LABEL, Buffer.from("prima"));
+  return exported(s, CHUNK_STREAM_LABEL);
 }
 
 /** host and port of "host:port" or "[v6]:port". */
@@ -108,13 +113,12 @@ function pinMatches(raw: Buffer | undefined, pin: Buffer): boolean {
 }
 
 /** A TLS connection to the coordinator, refused unless it presents the pinned certificate; resolves
- * once the handshake is done and the certificate checked, before anything is written. `onread`:
- * net's user-buffer reads (a chunk stream has TLS decrypt straight into its chunks). */
-export function connectPinned(address: string, token: JoinToken, alpn: string, timeoutMs: number, onread?: OnReadOpts): Promise<TLSSocket> {
+ * once the handshake is done and the certificate checked, before anything is written. */
+export function connectPinned(address: string, token: JoinToken, alpn: string, timeoutMs: number): Promise<TLSSocket> {
   const { host, port } = splitAddress(address);
   return new Promise((resolve, reject) => {
     // The chain is not verified (self-signed): the pin below is the whole check.
-    const s = connect({ host, port, servername: SERVER_NAME, ALPNProtocols: [alpn], rejectUnauthorized: false, minVersion: "TLSv1.3", ...(onread ? { onread } : {}) } as ConnectionOptions);
+    const s = connect({ host, port, servername: SERVER_NAME, ALPNProtocols: [alpn], rejectUnauthorized: false, minVersion: "TLSv1.3" });
     const timer = setTimeout(() => fail(new Error(`no TLS handshake with ${address} within ${timeoutMs / 1000} s`)), timeoutMs);
     const fail = (e: Error) => {
       clearTimeout(timer);

@@ -35,7 +35,6 @@ function layersIn(file: GgufFile, s: number, e: number): number[] {
  * without (a sparse copy that fetching rewrites), in memory, and forget() drops rewritten chunks. */
 export class ChunkHasher {
   private readonly hashes = new Map<number, string>();
-  private chunkBytes = 0;
   private identity = "";
   private dirty = false;
 
@@ -51,7 +50,6 @@ export class ChunkHasher {
     const identity = this.persist ? `${realpathSync(this.path)}|${st.dev}|${st.ino}|${st.size}|${st.mtimeMs}|${chunkBytes}|${CHUNK_DIGEST}` : `${this.path}|${chunkBytes}`;
     if (identity === this.identity) return;
     this.identity = identity;
-    this.chunkBytes = chunkBytes;
     this.hashes.clear();
     if (!this.persist) return;
     try {

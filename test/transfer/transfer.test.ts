@@ -189,12 +189,12 @@ describe("transfer", () => {
     }
   });
 
-  it("the cache keeps under its limit by dropping the least recently used model", () => {
+  it("the cache keeps under its limit by dropping the least recently used model", async () => {
     const cacheDir = join(dir, "cache-d");
     const info = (fp: string): ModelInfo => ({ fingerprint: fp, fileBytes: 1 << 20, dataOffset: 4096, chunkBytes: CHUNK, name: fp });
     const cache = new ModelCache(cacheDir, 1.5 * (1 << 20));
     const old = cache.open(info("a".repeat(64)));
-    for (let i = 0; i < 16; i++) old.write(i, Buffer.alloc(CHUNK, 1), chunkDigest(Buffer.alloc(CHUNK, 1)));
+    for (let i = 0; i < 16; i++) expect(await old.writeVerified(i, Buffer.alloc(CHUNK, 1), chunkDigest(Buffer.alloc(CHUNK, 1)))).toBe(true);
     old.close();
     const next = cache.open(info("b".repeat(64)));
     next.checkRoom([...Array(16).keys()]);

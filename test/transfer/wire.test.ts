@@ -6,7 +6,7 @@ import { randomBytes } from "node:crypto";
 import { connect, createServer, type AddressInfo, type Server, type Socket } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { streamSeal } from "../../native/index.js";
-import { ChunkReceiver, END, ERROR, chunkDigest, encodeRecordHeader, sealRecord } from "../../transfer/index.js";
+import { ChunkReceiver, chunkDigest, encodeRecordHeader, sealEnd, sealError, sealRecord } from "../../transfer/index.js";
 
 const CHUNK = 1 << 20;
 /** Chunk i: pseudo-random bytes (a misplaced read shows), the last one shorter. */
@@ -40,8 +40,8 @@ beforeAll(async () => {
         if (what === TAMPERED && i === 5) parts[1][1000] ^= 1; // one bit of the sealed body
         await send(parts);
       }
-      if (what === THEN_ERROR) await send(sealRecord(seal, ERROR, Buffer.from("the model file changed")));
-      if (what !== CUT) await send(sealRecord(seal, END, Buffer.alloc(0)));
+      if (what === THEN_ERROR) await send(sealError(seal, "the model file changed"));
+      if (what !== CUT) await send(sealEnd(seal));
       s.end();
       seal.close();
     });
