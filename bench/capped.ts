@@ -10,10 +10,8 @@ import { existsSync, mkdirSync, readFileSync, rmdirSync, writeFileSync } from "n
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { llamaBenchPath } from "./llama-bench.js";
+import { coordCli, median, root, workerCli } from "./procs.js";
 
-const root = fileURLToPath(new URL("../..", import.meta.url));
-const coordCli = join(root, "dist/coordinator/cli.js");
-const workerCli = join(root, "dist/worker/cli.js");
 const cgBase = "/sys/fs/cgroup/memory";
 const MiB = 2 ** 20;
 const N_PREDICT = 48, CTX = 256;
@@ -285,8 +283,7 @@ async function overflowingWindow(model: string): Promise<string> {
       const code = await exitWithin(p);
       if (code !== 0) throw new Error(`window passes ${code === "timeout" ? "timed out" : `exited with ${code}`}:\n${p.err.slice(-2000)}`);
       const late = (JSON.parse(p.out) as { ms: number; readMiB: number }[]).slice(WINDOW.passes / 2);
-      const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
-      rows.push({ label: streamed ? "streamed" : "left to the kernel", readMiB: med(late.map((x) => x.readMiB)), ms: med(late.map((x) => x.ms)) });
+      rows.push({ label: streamed ? "streamed" : "left to the kernel", readMiB: median(late.map((x) => x.readMiB)), ms: median(late.map((x) => x.ms)) });
     } finally {
       await removeGroup(g);
     }

@@ -93,13 +93,19 @@ export interface CgroupMemory {
 /** This process's memory cgroup, or undefined when it has no limit (or no cgroups at all). */
 export function cgroupMemory(paths: CgroupPaths = cgroupPaths()): CgroupMemory | undefined {
   const g = paths.memory;
-  if (!g) return undefined;
+  const m = g && memoryGroupState(g);
+  // The kernel reports "no limit" as a page-rounded 2^63: anything beyond 2^60 is unlimited.
+  return m && m.limitBytes < 2 ** 60 ? m : undefined;
+}
+
+/** A memory cgroup's limit (Infinity: none) and what it holds, read from its directory (undefined when
+ * it cannot be read); tests read the groups they make with it. */
+export function memoryGroupState(g: { version: 1 | 2; dir: string }): CgroupMemory | undefined {
   if (g.version === 1) {
     const stat = statFields(join(g.dir, "memory.stat"));
     const limit = Math.min(readNumber(join(g.dir, "memory.limit_in_bytes")) ?? Infinity, stat.hierarchical_memory_limit ?? Infinity);
     const usage = readNumber(join(g.dir, "memory.usage_in_bytes"));
-    // The kernel reports "no limit" as a page-rounded 2^63: anything beyond 2^60 is unlimited.
-    if (usage === undefined || !(limit < 2 ** 60)) return undefined;
+    if (usage === undefined) return undefined;
     const file = (stat.total_active_file ?? stat.active_file ?? 0) + (stat.total_inactive_file ?? stat.inactive_file ?? 0);
     return { version: 1, dir: g.dir, limitBytes: limit, usageBytes: usage, fileBytes: file, mappedFileBytes: stat.total_mapped_file ?? stat.mapped_file ?? 0 };
   }
@@ -111,7 +117,7 @@ export function cgroupMemory(paths: CgroupPaths = cgroupPaths()): CgroupMemory |
     limit = Math.min(limit, v);
   }
   const usage = readNumber(join(g.dir, "memory.current"));
-  if (usage === undefined || !(limit < 2 ** 60)) return undefined;
+  if (usage === undefined) return undefined;
   const stat = statFields(join(g.dir, "memory.stat"));
   return {
     version: 2, dir: g.dir, limitBytes: limit, usageBytes: usage, fileBytes: (stat.active_file ?? 0) + (stat.inactive_file ?? 0),

@@ -1,20 +1,34 @@
 // A window's weights can be dropped from memory and paged back in ahead of use (MADV_WILLNEED), and
 // mincore residency shows both. The model is copied first so no other test holds its pages.
-import { closeSync, copyFileSync, fsyncSync, mkdtempSync, openSync } from "node:fs";
+import { closeSync, copyFileSync, fsyncSync, mkdtempSync, openSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { expect, it } from "vitest";
+import { afterAll, expect, it } from "vitest";
 import { LocalModel } from "../../engine/index.js";
 import type { ModelShape } from "../../model/index.js";
 import { dropFileCache, mappedResidentBytes } from "../../profiler/index.js";
 import { PLACEMENT_SHAPE, testModel } from "../profiler/models.js";
 
-it("release evicts a window's pages; prefetch brings them back before the window runs", async () => {
-  const path = join(mkdtempSync(join(tmpdir(), "prima-paging-")), "model.gguf");
-  copyFileSync("models/stories260K.gguf", path);
+const dirs: string[] = [];
+afterAll(() => {
+  for (const d of dirs) rmSync(d, { recursive: true, force: true });
+});
+
+/** A copy of the model no other test holds pages of, synced (dirty pages cannot be dropped from the
+ * page cache); removed after the file's tests. */
+function privateCopy(model: string): string {
+  const dir = mkdtempSync(join(tmpdir(), "prima-paging-"));
+  dirs.push(dir);
+  const path = join(dir, "model.gguf");
+  copyFileSync(model, path);
   const fd = openSync(path, "r+");
-  fsyncSync(fd); // dirty pages cannot be dropped from the page cache
+  fsyncSync(fd);
   closeSync(fd);
+  return path;
+}
+
+it("release evicts a window's pages; prefetch brings them back before the window runs", async () => {
+  const path = privateCopy("models/stories260K.gguf");
   const model = LocalModel.open(path, { threads: 1 });
   const w = model.window(1, 4, { ctx: 8 });
   const total = w.residency().totalBytes;
@@ -40,11 +54,7 @@ it("release evicts a window's pages; prefetch brings them back before the window
 
 it("streamBeyond keeps a window's first layers and drops each later one once a pass has computed it", async () => {
   // Layers of 11 MiB (PLACEMENT_SHAPE, Q8_0), a private copy: no other test holds its pages.
-  const path = join(mkdtempSync(join(tmpdir(), "prima-paging-")), "model.gguf");
-  copyFileSync(await testModel(PLACEMENT_SHAPE, "Q8_0"), path);
-  const fd = openSync(path, "r+");
-  fsyncSync(fd);
-  closeSync(fd);
+  const path = privateCopy(await testModel(PLACEMENT_SHAPE, "Q8_0"));
   const model = LocalModel.open(path, { threads: 1 });
   const w = model.window(0, 4, { ctx: 8 });
   try {
@@ -86,11 +96,7 @@ it("an untied embedding table costs the head the pages of the rows it reads, not
     name: "embed-rows", arch: "llama", nEmbd: 256, nLayers: 1, nHead: 4, nHeadKv: 4, nFf: 512, nVocab: 32000,
     tiedEmbeddings: false, qkvBias: false, contextLength: 256, ropeFreqBase: 10000, normEps: 1e-5, defaultVocab: "stories260K",
   };
-  const path = join(mkdtempSync(join(tmpdir(), "prima-paging-")), "model.gguf");
-  copyFileSync(await testModel(shape, "Q8_0"), path);
-  const fd = openSync(path, "r+");
-  fsyncSync(fd);
-  closeSync(fd);
+  const path = privateCopy(await testModel(shape, "Q8_0"));
   dropFileCache(path);
   const model = LocalModel.open(path, { threads: 1 });
   try {

@@ -4,6 +4,7 @@ import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, rmdirSync, st
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, afterEach } from "vitest";
+import { memoryGroupState, type CgroupHeld } from "../../profiler/index.js";
 import { killAll, root, startProcess, type Proc } from "../helpers/process.js";
 
 export { killAll, root, type Proc };
@@ -59,15 +60,11 @@ export class Cgroup {
     return readFileSync(join(base, controller, this.name, file), "utf8").trim();
   }
 
-  /** What the memory group holds (v1), as the profiler's room reading sees it. */
-  memoryHeld(): { usageBytes: number; fileBytes: number; mappedFileBytes: number } {
-    const stat = this.read("memory", "memory.stat");
-    const field = (k: string) => Number(new RegExp(`^${k} (\\d+)$`, "m").exec(stat)?.[1] ?? 0);
-    return {
-      usageBytes: Number(this.read("memory", "memory.usage_in_bytes")),
-      fileBytes: field("total_active_file") + field("total_inactive_file"),
-      mappedFileBytes: field("total_mapped_file"),
-    };
+  /** What the memory group holds (v1), read as the profiler's room reading reads it. */
+  memoryHeld(): CgroupHeld {
+    const m = memoryGroupState({ version: 1, dir: join(base, "memory", this.name) });
+    if (!m) throw new Error(`cgroup ${this.name}: no memory group to read`);
+    return m;
   }
 
   /** Removes the groups (their processes must have exited; retried briefly). */
