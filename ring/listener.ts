@@ -156,14 +156,15 @@ export class RingListener extends EventEmitter<RingListenerEvents> {
       w.reject(new RingLinkError("closed", "predecessor", `listener on port ${this.port} closed`));
     }
     for (const ws of this.handshaking) ws.terminate();
+    // The port is given up first: a link's close handshake with a dead peer can take its grace, and
+    // the next assignment may want to listen on the same port meanwhile.
+    const stopped = new Promise<void>((resolve) => this.server.close(() => resolve()));
     const linksClosed = [...this.links].map((l) => l.close("listener closing"));
     this.closing = (async () => {
       await Promise.all(linksClosed);
       await new Promise<void>((resolve) => this.wss.close(() => resolve()));
-      await new Promise<void>((resolve) => {
-        this.server.close(() => resolve());
-        this.server.closeAllConnections();
-      });
+      this.server.closeAllConnections();
+      await stopped;
     })();
     return this.closing;
   }

@@ -85,6 +85,7 @@ export class WorkerDevice implements SessionHandler {
   private laneSetup: (() => void) | undefined;
   private pressure: ReturnType<typeof memoryPressureTracker> | undefined;
   private readonly room = new WeightRoom(() => this.node?.residentWeightBytes() ?? 0);
+  private resetting: Promise<void> = Promise.resolve();
 
   constructor(private readonly o: DeviceOptions) {}
 
@@ -203,7 +204,15 @@ export class WorkerDevice implements SessionHandler {
     };
   }
 
-  async reset(_reason: string): Promise<void> {
+  /** Resets run one after another: the session may give up waiting for one (a dead peer's close
+   * grace) and rejoin, and the next assignment's reset must not find the old listener half-closed. */
+  reset(reason: string): Promise<void> {
+    const next = this.resetting.then(() => this.resetNow(reason));
+    this.resetting = next.catch(() => undefined);
+    return next;
+  }
+
+  private async resetNow(_reason: string): Promise<void> {
     this.pressure?.stop();
     // The lane runs the windows: it ends (after its close handshakes) before they are closed.
     const lane = this.lane;

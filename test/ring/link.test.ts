@@ -317,6 +317,21 @@ describe("liveness", () => {
     expect(closed.error?.message).toMatch(/predecessor "pred-child"/);
   });
 
+  it("a closing listener gives its port up at once, while a frozen predecessor's close handshake waits", async () => {
+    const listener = await listen();
+    const { child, lines } = await childPeer(["dial", listener.url, JSON.stringify(helloOf(identity("pred-child")))]);
+    await listener.accept({ timeoutMs: 5000 });
+    expect(await nextLine(lines)).toBe("linked");
+    child.kill("SIGSTOP");
+    let closed = false;
+    const closing = listener.close().then(() => { closed = true; });
+    // The next assignment listens on the same port while the old link still waits for its peer.
+    const again = await listen({ port: listener.port });
+    expect(again.port).toBe(listener.port);
+    expect(closed).toBe(false);
+    await closing;
+  });
+
   it("reports a killed peer at once, and a custom timeout is honoured", async () => {
     const { child, lines } = await childPeer(["listen", JSON.stringify(helloOf(identity("victim")))]);
     const port = Number((await nextLine(lines)).split(" ")[1]);
