@@ -408,8 +408,9 @@ export interface GgufTensorToWrite {
   readonly name: string;
   readonly dims: readonly number[];
   readonly type: number;
-  /** The tensor's bytes, produced when it is written so large models never sit in memory whole. */
-  readonly data: Uint8Array | (() => Uint8Array);
+  /** The tensor's bytes, produced when it is written so large models never sit in memory whole; null
+   * leaves a hole (reads as zeros, takes no disk: a stand-in model's weights, profiler/forward.ts). */
+  readonly data: Uint8Array | (() => Uint8Array) | null;
 }
 
 export const kv = {
@@ -506,6 +507,7 @@ export function writeGguf(path: string, metadata: readonly GgufKV[], tensors: re
     tensors.forEach((t, i) => {
       const info = ggmlTypeInfo(t.type)!;
       const expect = (t.dims.reduce((a, b) => a * b, 1) / info.blockElems) * info.blockBytes;
+      if (t.data === null) return;
       const data = typeof t.data === "function" ? t.data() : t.data;
       if (data.length !== expect) throw new GgufError(`tensor ${t.name}: ${data.length} bytes given, ${expect} expected`);
       writeSync(fd, data, 0, data.length, dataOffset + offsets[i]);

@@ -1,8 +1,9 @@
 // Measured speeds are cached per device, so a restart does not measure again. The key is what the
 // speeds depend on: the hardware, the OS and its kernel build, our native build, the thread count and
 // the CPU limits of the cgroup. Inside one device's entry, kernel timings are keyed by weight type and
-// shape, KV-write costs by width, and disk speeds by block device and read throttle, so a second model
-// or a second disk only adds entries. Memory, GPU memory and links change all the time: never cached.
+// shape, KV-write costs by width, disk speeds by block device and read throttle, and forward passes by
+// the layers' shapes, so a second model or a second disk only adds entries. Memory, GPU memory and
+// links change all the time: never cached.
 import { createHash } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
 import { homedir } from "node:os";
@@ -10,6 +11,7 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { StepTiming } from "./compute.js";
 import type { DiskMeasurement } from "./disk.js";
+import type { ForwardTiming } from "./forward.js";
 
 export const CACHE_VERSION = 3; // 3: the disk is read through the page cache (its pages dropped), not O_DIRECT
 
@@ -25,6 +27,8 @@ export interface CachedSpeeds {
   kvCopyMs: Record<string, number>;
   /** By diskKey(). */
   disks: Record<string, DiskMeasurement>;
+  /** By forwardKey(): the engine's pass over a stand-in of a model's first layers. */
+  forward: Record<string, ForwardTiming>;
 }
 
 /** $PRIMA_PROFILE_DIR, else $XDG_CACHE_HOME/prima/profiles, else ~/.cache/prima/profiles. */
@@ -68,11 +72,11 @@ function fileOf(dir: string, key: string): string {
 
 /** The cached speeds for this key, or an empty entry (an unreadable or foreign file counts as empty). */
 export function loadSpeeds(dir: string, key: string, identity: Readonly<Record<string, string | number>>): CachedSpeeds {
-  const empty: CachedSpeeds = { version: CACHE_VERSION, key, identity, kernels: {}, kvCopyMs: {}, disks: {} };
+  const empty: CachedSpeeds = { version: CACHE_VERSION, key, identity, kernels: {}, kvCopyMs: {}, disks: {}, forward: {} };
   try {
     const j = JSON.parse(readFileSync(fileOf(dir, key), "utf8")) as CachedSpeeds;
     if (j.version !== CACHE_VERSION || j.key !== key || typeof j.kernels !== "object" || typeof j.disks !== "object" || typeof j.kvCopyMs !== "object") return empty;
-    return { ...empty, ...j, identity };
+    return { ...empty, ...j, forward: typeof j.forward === "object" && j.forward !== null ? j.forward : {}, identity };
   } catch {
     return empty;
   }
@@ -89,6 +93,7 @@ export function saveSpeeds(dir: string, s: CachedSpeeds): string {
     kernels: { ...onDisk.kernels, ...s.kernels },
     kvCopyMs: { ...onDisk.kvCopyMs, ...s.kvCopyMs },
     disks: { ...onDisk.disks, ...s.disks },
+    forward: { ...onDisk.forward, ...s.forward },
   };
   const file = fileOf(dir, s.key);
   const tmp = `${file}.${process.pid}.tmp`;

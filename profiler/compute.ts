@@ -4,7 +4,7 @@
 // groups them) for one token on all threads, over enough copies of the weights that they stream from
 // memory as the real layers do, and weight the result by how often each step occurs, so that
 // Sum_q F_q / cpuFlopsPerS[q] is the time of a layer's matmuls.
-import type { ModelDescription, TensorRef } from "../model/index.js";
+import type { LayerTensors, ModelDescription, TensorRef } from "../model/index.js";
 import { ggmlTypeName, rowBytes } from "../model/index.js";
 import { benchDispatchMs, benchKvCopy, benchMatmul, benchMemRead } from "../native/profile.js";
 
@@ -37,6 +37,14 @@ export interface ModelWorkload {
 
 const shape = (t: TensorRef): MatrixShape => ({ type: ggmlTypeName(t.type), typeId: t.type, ne0: t.dims[0], ne1: t.dims[1] });
 
+/** A layer's matmul steps as the forward pass groups them: q/k/v, o, gate/up, down. */
+export function layerSteps(l: LayerTensors): MatmulStep[] {
+  return [[l.wq, l.wk, l.wv], [l.wo], [l.wGate, l.wUp], [l.wDown]].map((group) => ({ matrices: group.map(shape), perLayer: 1 }));
+}
+
+/** FLOPs of a step's matrices for one token (2 per weight). */
+export const stepFlops = (ms: readonly { ne0: number; ne1: number }[]) => ms.reduce((s, m) => s + 2 * m.ne0 * m.ne1, 0);
+
 /** "Q8_0 1024->1024 + Q8_0 1024->256 x2" for progress lines and tables. */
 export function describeStep(s: { readonly matrices: readonly MatrixShape[] }): string {
   const parts: { text: string; n: number }[] = [];
@@ -56,10 +64,9 @@ export function stepKey(s: { readonly matrices: readonly MatrixShape[] }): strin
 
 export function modelWorkload(desc: ModelDescription): ModelWorkload {
   const hp = desc.hparams, t = desc.tensors;
-  const byKey = new Map<string, { matrices: MatrixShape[]; count: number }>();
+  const byKey = new Map<string, { matrices: readonly MatrixShape[]; count: number }>();
   for (const l of t.layers) {
-    for (const group of [[l.wq, l.wk, l.wv], [l.wo], [l.wGate, l.wUp], [l.wDown]]) {
-      const matrices = group.map(shape);
+    for (const { matrices } of layerSteps(l)) {
       const key = stepKey({ matrices });
       const e = byKey.get(key);
       if (e) e.count++;
@@ -112,8 +119,6 @@ export interface ComputeBenchOptions {
   readonly workingSetBytes: number;
   readonly minSeconds: number;
 }
-
-const stepFlops = (ms: readonly { ne0: number; ne1: number }[]) => ms.reduce((s, m) => s + 2 * m.ne0 * m.ne1, 0);
 
 /** Times one step on this device. */
 export function timeStep(step: MatmulStep, o: ComputeBenchOptions): StepTiming {

@@ -3,12 +3,14 @@
 import { createHash } from "node:crypto";
 import { tmpdir } from "node:os";
 import type { DeviceProfile } from "../halda/index.js";
+import type { GgufFile, ModelDescription } from "../model/index.js";
 import { simdLevel } from "../native/index.js";
 import { cacheKey, defaultCacheDir, loadSpeeds, nativeBuildId, saveSpeeds } from "./cache.js";
 import {
   describeStep, flopsPerType, measureKvCopyMs, measureMemoryBandwidth, measureWindowCallMs, stepKey, timeStep, type ModelWorkload, type StepTiming,
 } from "./compute.js";
 import { diskKey, measureDisk, scratchDir } from "./disk.js";
+import { forwardKey, kernelWindowMs, standInLayers, timeForward, type ForwardCalibration } from "./forward.js";
 import { detectGpus } from "./gpu.js";
 import { layerRoomBytes, mappedResidentBytes, readMemory, settleMemory, type MemoryReading } from "./memory.js";
 import { REPORT_VERSION, type DeviceReport } from "./report.js";
@@ -19,6 +21,9 @@ export interface ProfileOptions {
   readonly name: string;
   /** The model whose shapes the kernels are timed on (profiler/compute.ts modelWorkload). */
   readonly workload: ModelWorkload;
+  /** The model's header, when there is one: the engine's own forward pass is timed on a stand-in of
+   * its first layers (profiler/forward.ts) and the kernels' FLOP/s scaled to it. */
+  readonly model?: { readonly gguf: GgufFile; readonly desc: ModelDescription };
   /** Compute threads, as the engine will use them. */
   readonly threads: number;
   /** Directories to put the disk's scratch file in, best first (the model's own directory). */
@@ -41,6 +46,10 @@ export function hardwareId(): string {
 }
 
 const fmtFlops = (f: number) => `${(f / 1e9).toFixed(2)} GFLOP/s`;
+
+/** A forward pass this far from the kernels' prediction is a broken measurement, not overhead. */
+const MIN_FORWARD_SCALE = 0.25, MAX_FORWARD_SCALE = 8;
+
 
 export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
   const t0 = performance.now();
@@ -69,6 +78,9 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
   const budget = Math.max(4 << 20, Math.floor(memory.availableBytes / 4));
   const workingSetBytes = Math.max(1 << 20, Math.min(o.workload.weightBytes, 64 << 20, budget));
 
+  const diskDir = scratchDir([...(o.diskDirs ?? []), dir, tmpdir()]);
+  if (!diskDir) throw new Error(`no writable directory for the disk's scratch file (tried ${[...(o.diskDirs ?? []), dir, tmpdir()].join(", ")})`);
+
   const kernels: StepTiming[] = [];
   const steps = o.workload.steps;
   steps.forEach((st, i) => {
@@ -84,7 +96,8 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
     }
     kernels.push(t);
   });
-  const cpuFlopsPerS = flopsPerType(o.workload, new Map(kernels.map((t) => [t.key, t])));
+  const timings = new Map(kernels.map((t) => [t.key, t]));
+  const kernelFlopsPerS = flopsPerType(o.workload, timings);
 
   /** A cached speed, or measured now (and noted for the cache); either way said. */
   const cachedOr = async <T>(what: string, cached: T | undefined, measure: () => T | Promise<T>, describe: (v: T) => string): Promise<T> => {
@@ -109,8 +122,29 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
     () => measureWindowCallMs(o.threads, quick ? 10 : 30),
     (v) => `${(v * 1000).toFixed(0)} us to wake ${o.threads} sleeping thread${o.threads === 1 ? "" : "s"}`);
 
-  const diskDir = scratchDir([...(o.diskDirs ?? []), dir, tmpdir()]);
-  if (!diskDir) throw new Error(`no writable directory for the disk's scratch file (tried ${[...(o.diskDirs ?? []), dir, tmpdir()].join(", ")})`);
+  // The engine's pass over the model's first layers: what Halda's layer time should be. The kernels'
+  // FLOP/s are scaled by one factor so that their layer time (with the KV write) is that pass's, less
+  // the window call Halda adds per window; the types keep the kernels' proportions.
+  let forward: ForwardCalibration | undefined;
+  // Past the last-level cache as a real window is (64 MiB, as the kernels' working set where memory
+  // allows), within half of what is free: the stand-in's zero pages are page cache, given back when
+  // it is deleted. Fewer layers would fit the cache and time too fast on a small device.
+  const layers = o.model ? standInLayers(o.model.desc, 64 << 20, Math.floor(memory.availableBytes / 2)) : 0;
+  if (o.model && layers > 0) {
+    const { gguf, desc } = o.model;
+    const fk = forwardKey(desc, layers);
+    const timing = speeds.forward[fk] = await cachedOr("forward pass", speeds.forward[fk],
+      () => timeForward(gguf, desc, layers, { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10 }),
+      (t) => `${t.windowMs.toFixed(2)} ms for ${t.layers} layer${t.layers === 1 ? "" : "s"} (the engine's one-token pass on a stand-in of the model)`);
+    const kernelMs = kernelWindowMs(desc, layers, timings);
+    const scale = (timing.windowMs - windowCallMs - layers * kvCopyMs) / kernelMs;
+    const plausible = scale > MIN_FORWARD_SCALE && scale < MAX_FORWARD_SCALE;
+    forward = { ...timing, kernelMs, scale, applied: plausible };
+    say(plausible ? `compute: the kernels' FLOP/s scaled by 1/${scale.toFixed(2)} to the engine's pass (${kernelMs.toFixed(2)} ms of kernels)`
+      : `compute: the forward pass (${timing.windowMs.toFixed(2)} ms) is implausible against the kernels (${kernelMs.toFixed(2)} ms): kernel FLOP/s used as timed`);
+  } else if (o.model) say("compute: not one layer fits in half of free memory: kernel FLOP/s used as timed");
+  const cpuFlopsPerS = forward?.applied ? Object.fromEntries(Object.entries(kernelFlopsPerS).map(([t, f]) => [t, f / forward!.scale])) : kernelFlopsPerS;
+
   const dk = diskKey(diskDir);
   const disk = speeds.disks[dk] = await cachedOr("disk", speeds.disks[dk], () => {
     say(`disk: reading a scratch file under ${diskDir} from the disk, as the engine reads weights (its cached pages dropped first)`);
@@ -149,7 +183,7 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
     profile,
     details: {
       system: sys, threads: o.threads, simd, ...(quota ? { cpuQuota: quota } : {}), memory, gpus,
-      workload: o.workload.name, kernels, memReadBytesPerS: memRead, kvCopyMs, windowCallMs, disk,
+      workload: o.workload.name, kernels, memReadBytesPerS: memRead, kvCopyMs, windowCallMs, ...(forward ? { forward } : {}), disk,
       cacheKey: key, ...(cacheFile ? { cacheFile } : {}), measured, profileMs,
     },
   };

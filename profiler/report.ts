@@ -4,6 +4,7 @@
 import { resolveDevice, type DeviceProfile } from "../halda/index.js";
 import type { StepTiming } from "./compute.js";
 import type { DiskMeasurement } from "./disk.js";
+import type { ForwardCalibration } from "./forward.js";
 import type { GpuInfo } from "./gpu.js";
 import type { MemoryReading } from "./memory.js";
 import type { SystemInfo } from "./system.js";
@@ -27,6 +28,8 @@ export interface DeviceDetails {
   readonly kvCopyMs: number;
   /** ms to dispatch one window's forward to sleeping compute threads and get it back (per window). */
   readonly windowCallMs: number;
+  /** The engine's pass over a stand-in of the model's first layers, which the CPU FLOP/s are scaled to. */
+  readonly forward?: ForwardCalibration;
   readonly disk: DiskMeasurement;
   readonly cacheKey: string;
   readonly cacheFile?: string;
@@ -129,6 +132,8 @@ export function formatReport(r: DeviceReport): string {
     ["memory read", `${(d.memReadBytesPerS / 1e9).toFixed(2)} GB/s`],
     ["kv copy", `${(d.kvCopyMs * 1000).toFixed(2)} us per token and layer`],
     ["window call", `${(d.windowCallMs * 1000).toFixed(0)} us per window (waking the compute threads)`],
+    ["forward pass", d.forward ? `${d.forward.windowMs.toFixed(2)} ms for the model's first ${d.forward.layers} layers (kernels alone ${d.forward.kernelMs.toFixed(2)} ms): ` +
+      (d.forward.applied ? `cpu FLOP/s above are the kernels' / ${d.forward.scale.toFixed(2)}` : "implausible, not applied") : "not timed (no model given)"],
     ["ram total", `${gib(m.totalBytes)}${m.cgroup ? ` (cgroup v${m.cgroup.version} limit; machine ${gib(m.physicalTotalBytes)})` : ""}`],
     ["ram available", `${gib(m.availableBytes)} (Halda plans with ${gib(p.ramAvailableBytes)})`],
     ["swap", `${gib(m.swapTotalBytes)} total, ${gib(m.swapFreeBytes)} free, ${gib(m.swappableBytes)} swappable`],

@@ -7,7 +7,7 @@ import type { LocalModel } from "../engine/index.js";
 import { describeModel, readGguf } from "../model/index.js";
 import { parseWorkerArgs, threadsArg } from "./args.js";
 import {
-  LinkProbeServer, formatReport, genericWorkload, modelWorkload, profileDevice, refreshMemory, type DeviceReport,
+  LinkProbeServer, formatReport, genericWorkload, modelWorkload, profileDevice, refreshMemory, type DeviceReport, type ProfileOptions,
 } from "../profiler/index.js";
 
 const HELP = `usage: prima-worker profile [--model model.gguf] [options]
@@ -34,10 +34,13 @@ export async function profileCommand(argv: string[]): Promise<number> {
   const threads = threadsGiven ?? availableParallelism();
   const name = values.name ?? hostname();
   let workload = genericWorkload();
+  let model: ProfileOptions["model"];
   let diskDirs: string[] = [];
   if (values.model) {
     try {
-      workload = modelWorkload(describeModel(readGguf(values.model))); // the header is enough: nothing mapped
+      const gguf = readGguf(values.model); // the header is enough: nothing mapped
+      model = { gguf, desc: describeModel(gguf) };
+      workload = modelWorkload(model.desc);
     } catch (e) {
       console.error(`prima-worker profile: ${(e as Error).message}`);
       return 1;
@@ -46,7 +49,7 @@ export async function profileCommand(argv: string[]): Promise<number> {
   }
   try {
     const report = await profileDevice({
-      name, workload, threads, diskDirs, reprofile: values.reprofile, quick: values.quick,
+      name, workload, model, threads, diskDirs, reprofile: values.reprofile, quick: values.quick,
       progress: (line) => console.error(`[profile] ${line}`),
     });
     console.log(values.json ? JSON.stringify(report, null, 1) : formatReport(report));
@@ -71,7 +74,7 @@ export async function joinProfile(model: LocalModel, modelPath: string, fingerpr
   let error = "";
   try {
     report = await profileDevice({
-      name, workload: modelWorkload(model.desc), threads: model.threads, diskDirs: [dirname(resolve(modelPath))], reprofile, progress: (l) => log(`profile: ${l}`),
+      name, workload: modelWorkload(model.desc), model, threads: model.threads, diskDirs: [dirname(resolve(modelPath))], reprofile, progress: (l) => log(`profile: ${l}`),
     });
   } catch (e) {
     error = (e as Error).message;

@@ -45,7 +45,8 @@ describe("profileDevice on a generated model", async () => {
   const model = LocalModel.open(modelPath, { threads: 2 });
   const workload = modelWorkload(model.desc);
   const lines: string[] = [];
-  const first = await profileDevice({ name: "unit", workload, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, progress: (l) => lines.push(l) });
+  const standIn = { gguf: model.gguf, desc: model.desc };
+  const first = await profileDevice({ name: "unit", workload, model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, progress: (l) => lines.push(l) });
   afterAll(() => model.close());
 
   it("measures every type the model's FLOPs need, in FLOP/s that match the engine's own forward pass", async () => {
@@ -103,17 +104,36 @@ describe("profileDevice on a generated model", async () => {
   });
 
   it("reads speeds from the cache on the next start, and measures again when asked", async () => {
-    const again = await profileDevice({ name: "unit", workload, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true });
+    const again = await profileDevice({ name: "unit", workload, model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true });
     expect(again.details.measured).toEqual([]);
     expect(again.profile.cpuFlopsPerS).toEqual(first.profile.cpuFlopsPerS);
     expect(again.profile.diskSeqReadBytesPerS).toBe(first.profile.diskSeqReadBytesPerS);
-    const fresh = await profileDevice({ name: "unit", workload, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, reprofile: true });
+    expect(again.details.forward).toEqual(first.details.forward);
+    const fresh = await profileDevice({ name: "unit", workload, model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, reprofile: true });
     expect(fresh.details.measured).toContain("disk");
-    expect(fresh.details.measured.length).toBe(workload.steps.length + 4);
+    expect(fresh.details.measured).toContain("forward pass");
+    expect(fresh.details.measured.length).toBe(workload.steps.length + 5);
     // Another thread count is another device configuration: measured anew.
     const one = await profileDevice({ name: "unit", workload, threads: 1, diskDirs: [dirname(modelPath)], cacheDir, quick: true });
     expect(one.details.cacheKey).not.toBe(first.details.cacheKey);
     expect(one.details.measured.length).toBeGreaterThan(0);
+  });
+
+  it("scales the kernels' FLOP/s so that a layer costs what the engine's own pass over a stand-in took", () => {
+    const f = first.details.forward!;
+    expect(f.layers).toBe(6); // 12 MB layers until past 64 MiB
+    expect(f.applied).toBe(true);
+    expect(f.scale).toBeGreaterThan(0.5); // the pass does more than its matmuls, but not 8 times more
+    expect(f.scale).toBeLessThan(4);
+    const raw = flopsPerType(workload, new Map(first.details.kernels.map((k) => [k.key, k])));
+    for (const [t, v] of Object.entries(raw)) expect(first.profile.cpuFlopsPerS[t], t).toBeCloseTo(v / f.scale, -3);
+    // What Halda makes of the profile: the stand-in's layers, one KV write each, and one window call
+    // add up to the pass timed (the attention at a 16-token context is a rounding error).
+    const mp = modelProfile(model.desc, { nCtx: 16, nPredict: 1 });
+    const layerMs = Object.entries(mp.layerFlops).reduce((a, [t, fl]) => a + (1000 * fl) / first.profile.cpuFlopsPerS[t], 0) + first.profile.kvCopyCpuMs!;
+    expect(f.layers * layerMs + first.details.windowCallMs).toBeGreaterThan(f.windowMs * 0.97);
+    expect(f.layers * layerMs + first.details.windowCallMs).toBeLessThan(f.windowMs * 1.03);
+    expect(formatReport(first)).toMatch(/forward pass\s+[\d.]+ ms for the model's first 6 layers .*kernels' \/ [\d.]+/);
   });
 
   it("round-trips through the join message and refuses broken profiles by name", () => {

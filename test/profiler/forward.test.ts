@@ -1,0 +1,77 @@
+// The profiler's stand-in model (profiler/forward.ts): a sparse GGUF of the model's first layers whose
+// weights are holes, timed through the engine as a ring device runs a window. It must cost no disk,
+// open as a model of those layers, and take as long as the real layers do.
+import { mkdtempSync, readdirSync, rmSync, statSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, describe, expect, it } from "vitest";
+import { LocalModel } from "../../engine/index.js";
+import { readGguf } from "../../model/index.js";
+import { standInLayers, timeForward, writeStandIn } from "../../profiler/index.js";
+import { RING_COMPUTE_OPTIONS } from "../../ring/index.js";
+import { PLACEMENT_SHAPE, testModel } from "./models.js";
+
+const dir = mkdtempSync(join(tmpdir(), "prima-forward-test-"));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+describe("the stand-in of a model's first layers", async () => {
+  const modelPath = await testModel({ ...PLACEMENT_SHAPE, name: "standin-test", nLayers: 6 }, "Q4_K_M");
+  const model = LocalModel.open(modelPath, { threads: 2, ...RING_COMPUTE_OPTIONS });
+  afterAll(() => model.close());
+
+  it("holds the first layers' tensors, types and shapes, as holes: no disk, and no tokenizer", () => {
+    const path = join(dir, "stand-in.gguf");
+    writeStandIn(model.gguf, model.desc, 3, path);
+    const g = readGguf(path);
+    expect(g.metadata.get("llama.block_count")?.value).toBe(3);
+    expect([...g.metadata.keys()].some((k) => k.startsWith("tokenizer."))).toBe(false);
+    const layerTensors = (ts: readonly { name: string; type: number; dims: readonly number[] }[]) =>
+      ts.filter((t) => /^blk\.[012]\./.test(t.name)).map((t) => ({ name: t.name, type: t.type, dims: t.dims }));
+    expect(layerTensors(g.tensors)).toEqual(layerTensors(model.gguf.tensors));
+    expect(g.tensors.some((t) => t.name.startsWith("blk.3."))).toBe(false);
+    expect(g.tensors.find((t) => t.name === "token_embd.weight")!.dims).toEqual([PLACEMENT_SHAPE.nEmbd, 32]);
+    const st = statSync(path);
+    const layerBytes = g.tensors.filter((t) => t.name.startsWith("blk.")).reduce((s, t) => s + t.nBytes, 0);
+    expect(st.size).toBeGreaterThan(layerBytes);
+    expect(st.blocks * 512).toBeLessThan(layerBytes / 20); // the header and the norms' ones: the weights are holes
+    const standIn = LocalModel.open(path, { threads: 2 });
+    try {
+      expect(standIn.nLayers).toBe(3);
+      const w = standIn.window(0, 3, { ctx: 8 });
+      const acts = Float32Array.from({ length: standIn.nEmbd }, (_, i) => Math.cos(i));
+      const input = acts.slice();
+      w.forwardNow(acts, 0, 1);
+      w.close();
+      // Zero weights add nothing to the residual stream: the rows come out as they went in.
+      expect(Array.from(acts)).toEqual(Array.from(input));
+    } finally {
+      standIn.close();
+    }
+  });
+
+  it("takes as long as the model's own layers, and leaves no file behind", async () => {
+    const layers = standInLayers(model.desc, 32 << 20, 1 << 30);
+    expect(layers).toBeGreaterThan(1);
+    // The same one-token passes through the real layers, interleaved with the stand-in's (other
+    // programs on this machine slow either at random): best of three medians each.
+    const real: number[] = [], stand: number[] = [];
+    for (let round = 0; round < 3; round++) {
+      const w = model.window(0, layers, { ctx: 32, maxBatch: 1 });
+      const acts = new Float32Array(model.nEmbd);
+      const ms: number[] = [];
+      for (let pos = 0; pos < 14; pos++) {
+        acts.fill(0.01);
+        await new Promise((r) => setTimeout(r, 4));
+        const t0 = performance.now();
+        w.forwardNow(acts, pos, 1);
+        if (pos >= 3) ms.push(performance.now() - t0);
+      }
+      w.close();
+      real.push(ms.sort((a, b) => a - b)[ms.length >> 1]);
+      stand.push((await timeForward(model.gguf, model.desc, layers, { dir, threads: 2, passes: 11, gapMs: 4 })).windowMs);
+    }
+    expect(Math.min(...stand)).toBeGreaterThan(Math.min(...real) * 0.75);
+    expect(Math.min(...stand)).toBeLessThan(Math.min(...real) * 1.25);
+    expect(readdirSync(dir).filter((f) => f.startsWith("prima-forward-"))).toEqual([]);
+  });
+});
