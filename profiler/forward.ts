@@ -7,6 +7,7 @@
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { LocalModel } from "../engine/index.js";
+import { dropFileCache } from "../native/profile.js";
 import { GgufValueType, writeGguf, type GgufFile, type GgufKV, type GgufTensorToWrite, type ModelDescription } from "../model/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 import { layerSteps, stepFlops, stepKey, type StepTiming } from "./compute.js";
@@ -17,6 +18,10 @@ export interface ForwardTiming {
   readonly layers: number;
   /** Median ms of a one-token pass through them after an idle gap. */
   readonly windowMs: number;
+  /** Median ms of a pass that reads every layer from the disk and drops it once computed (streamed). */
+  readonly streamedMs?: number;
+  /** Weight bytes such a pass reads. */
+  readonly streamedBytes?: number;
 }
 
 /** The forward timing and what it did to the kernels' FLOP/s (DeviceDetails.forward). */
@@ -27,6 +32,8 @@ export interface ForwardCalibration extends ForwardTiming {
   readonly scale: number;
   /** False when the scale was implausible and the kernels' FLOP/s were used as timed. */
   readonly applied: boolean;
+  /** streamedBytes over the time streaming added to a pass: the profile's diskSeqReadBytesPerS. */
+  readonly streamedBytesPerS?: number;
 }
 
 /** Rows the stand-in's embedding and output keep: they are never run, only described. */
@@ -50,9 +57,10 @@ export function forwardKey(desc: ModelDescription, layers: number): string {
 }
 
 /** Writes the stand-in of the model's first `layers` layers to `path`: its header's metadata (less the
- * tokenizer) and tensors; norms and RoPE factors are ones (zeros would make them divide by zero),
- * everything else a hole. */
-export function writeStandIn(gguf: GgufFile, desc: ModelDescription, layers: number, path: string): void {
+ * tokenizer) and tensors; norms and RoPE factors are ones (zeros would make them divide by zero), the
+ * layers' weights zeros, as holes (no disk) or written out (`onDisk`: to be read back from the disk),
+ * the embedding and output holes. */
+export function writeStandIn(gguf: GgufFile, desc: ModelDescription, layers: number, path: string, onDisk = false): void {
   const arch = desc.hparams.arch;
   const metadata: GgufKV[] = [];
   for (const m of gguf.metadata.values()) {
@@ -67,36 +75,56 @@ export function writeStandIn(gguf: GgufFile, desc: ModelDescription, layers: num
     const vocabRows = t.name === "token_embd.weight" || t.name === "output.weight";
     const dims = vocabRows ? [t.dims[0], STAND_IN_VOCAB] : t.dims;
     const scale = /_norm\.weight$/.test(t.name) || t.name === "rope_freqs.weight";
-    tensors.push({ name: t.name, dims, type: t.type, data: scale ? ones(t.nElements) : null });
+    tensors.push({ name: t.name, dims, type: t.type, data: scale ? ones(t.nElements) : layer && onDisk ? () => new Uint8Array(t.nBytes) : null });
   }
   writeGguf(path, metadata, tensors, gguf.alignment);
 }
 
+export interface ForwardOptions {
+  /** Where the stand-in is written: the model's own disk, when its speed is wanted. */
+  readonly dir: string;
+  readonly threads: number;
+  readonly passes: number;
+  readonly gapMs: number;
+  /** Also time passes that read every layer back from the disk, as a window streamed past its room
+   * does (ForwardTiming.streamedMs): the layers are written out rather than left as holes. */
+  readonly streamed?: boolean;
+}
+
 /** Times the engine's one-token pass through the stand-in's `layers` layers, each pass after the idle gap
- * a ring device has between its passes; the median of `passes`. */
-export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers: number, o: { dir: string; threads: number; passes: number; gapMs: number }): Promise<ForwardTiming> {
+ * a ring device has between its passes: the median of `passes` with the layers in memory, and (with
+ * `streamed`) of passes that drop each layer once computed, so that the next pass reads it again. */
+export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers: number, o: ForwardOptions): Promise<ForwardTiming> {
   const path = join(o.dir, `prima-forward-${process.pid}.gguf`);
   try {
-    writeStandIn(gguf, desc, layers, path);
+    writeStandIn(gguf, desc, layers, path, o.streamed);
+    if (o.streamed) dropFileCache(path); // written back, and its pages dropped: the first pass reads the disk
     const model = LocalModel.open(path, { threads: o.threads, ...RING_COMPUTE_OPTIONS });
     try {
-      const warmup = 3, n = warmup + o.passes;
-      const w = model.window(0, layers, { ctx: n + 1, maxBatch: 1 });
+      const warmup = 3, n = warmup + o.passes, nStreamed = o.streamed ? 1 + Math.ceil(o.passes / 3) : 0;
+      const w = model.window(0, layers, { ctx: n + nStreamed + 1, maxBatch: 1 });
       try {
         // Activations of a real model's scale: the first norm makes them the next layers' input.
         const input = Float32Array.from({ length: model.nEmbd }, (_, i) => Math.sin(i * 0.7) * 0.5);
         const acts = new Float32Array(model.nEmbd);
-        const ms: number[] = [];
-        for (let pos = 0; pos < n; pos++) {
-          acts.set(input);
-          await new Promise((r) => setTimeout(r, o.gapMs));
-          const t0 = performance.now();
-          w.forwardNow(acts, pos, 1);
-          if (pos >= warmup) ms.push(performance.now() - t0);
-        }
-        ms.sort((a, b) => a - b);
-        const mid = ms.length >> 1;
-        return { layers, windowMs: ms.length % 2 ? ms[mid] : (ms[mid - 1] + ms[mid]) / 2 };
+        let pos = 0;
+        const medianOf = async (count: number, skip: number) => {
+          const ms: number[] = [];
+          for (let i = 0; i < count; i++, pos++) {
+            acts.set(input);
+            await new Promise((r) => setTimeout(r, o.gapMs));
+            const t0 = performance.now();
+            w.forwardNow(acts, pos, 1);
+            if (i >= skip) ms.push(performance.now() - t0);
+          }
+          return median(ms);
+        };
+        const windowMs = await medianOf(n, warmup);
+        if (!o.streamed) return { layers, windowMs };
+        const bytes = w.residency().totalBytes;
+        w.streamBeyond(0); // no room: every layer goes once computed (the first such pass still finds them)
+        const streamedMs = await medianOf(nStreamed, 1);
+        return { layers, windowMs, streamedMs, streamedBytes: bytes };
       } finally {
         w.close();
       }
@@ -106,6 +134,11 @@ export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers
   } finally {
     rmSync(path, { force: true });
   }
+}
+
+function median(xs: readonly number[]): number {
+  const s = [...xs].sort((a, b) => a - b), mid = s.length >> 1;
+  return s.length % 2 ? s[mid] : (s[mid - 1] + s[mid]) / 2;
 }
 
 /** ms the kernel timings give the matmuls of the model's first `layers` layers. */

@@ -122,29 +122,6 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
     () => measureWindowCallMs(o.threads, quick ? 10 : 30),
     (v) => `${(v * 1000).toFixed(0)} us to wake ${o.threads} sleeping thread${o.threads === 1 ? "" : "s"}`);
 
-  // The engine's pass over the model's first layers: what Halda's layer time should be. The kernels'
-  // FLOP/s are scaled by one factor so that their layer time (with the KV write) is that pass's, less
-  // the window call Halda adds per window; the types keep the kernels' proportions.
-  let forward: ForwardCalibration | undefined;
-  // Past the last-level cache as a real window is (64 MiB, as the kernels' working set where memory
-  // allows), within half of what is free: the stand-in's zero pages are page cache, given back when
-  // it is deleted. Fewer layers would fit the cache and time too fast on a small device.
-  const layers = o.model ? standInLayers(o.model.desc, 64 << 20, Math.floor(memory.availableBytes / 2)) : 0;
-  if (o.model && layers > 0) {
-    const { gguf, desc } = o.model;
-    const fk = forwardKey(desc, layers);
-    const timing = speeds.forward[fk] = await cachedOr("forward pass", speeds.forward[fk],
-      () => timeForward(gguf, desc, layers, { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10 }),
-      (t) => `${t.windowMs.toFixed(2)} ms for ${t.layers} layer${t.layers === 1 ? "" : "s"} (the engine's one-token pass on a stand-in of the model)`);
-    const kernelMs = kernelWindowMs(desc, layers, timings);
-    const scale = (timing.windowMs - windowCallMs - layers * kvCopyMs) / kernelMs;
-    const plausible = scale > MIN_FORWARD_SCALE && scale < MAX_FORWARD_SCALE;
-    forward = { ...timing, kernelMs, scale, applied: plausible };
-    say(plausible ? `compute: the kernels' FLOP/s scaled by 1/${scale.toFixed(2)} to the engine's pass (${kernelMs.toFixed(2)} ms of kernels)`
-      : `compute: the forward pass (${timing.windowMs.toFixed(2)} ms) is implausible against the kernels (${kernelMs.toFixed(2)} ms): kernel FLOP/s used as timed`);
-  } else if (o.model) say("compute: not one layer fits in half of free memory: kernel FLOP/s used as timed");
-  const cpuFlopsPerS = forward?.applied ? Object.fromEntries(Object.entries(kernelFlopsPerS).map(([t, f]) => [t, f / forward!.scale])) : kernelFlopsPerS;
-
   const dk = diskKey(diskDir);
   const disk = speeds.disks[dk] = await cachedOr("disk", speeds.disks[dk], () => {
     say(`disk: reading a scratch file under ${diskDir} from the disk, as the engine reads weights (its cached pages dropped first)`);
@@ -152,6 +129,35 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
     // had ramped up (1.3-1.5 GB/s on this project's VM against 2.0 with 256 MiB, O_DIRECT).
     return measureDisk(diskDir, quick ? { seqSeconds: 0.15, randSeconds: 0.1, fileBytes: 32 << 20, buffered: true } : { seqSeconds: 0.4, randSeconds: 0.3, fileBytes: 128 << 20, buffered: true });
   }, (d) => `${(d.seqReadBytesPerS / 1e6).toFixed(0)} MB/s sequential, ${(d.randReadBytesPerS / 1e6).toFixed(1)} MB/s random`);
+
+  // The engine's pass over the model's first layers: what Halda's layer time should be. The kernels'
+  // FLOP/s are scaled by one factor so that their layer time (with the KV write) is that pass's, less
+  // the window call Halda adds per window; the types keep the kernels' proportions. The same layers
+  // streamed from the model's disk (each dropped once computed, read again by the next pass) give the
+  // speed Halda prices rereads at: reads interleaved with compute, as an overloaded device's are.
+  let forward: ForwardCalibration | undefined;
+  // Past the last-level cache as a real window is (64 MiB), within half of what is free: the
+  // stand-in's pages are page cache, given back when it is deleted. Fewer layers would fit the cache
+  // and time too fast.
+  const layers = o.model ? standInLayers(o.model.desc, 64 << 20, Math.floor(memory.availableBytes / 2)) : 0;
+  if (o.model && layers > 0) {
+    const { gguf, desc } = o.model;
+    const fk = `${forwardKey(desc, layers)}|${dk}`;
+    const timing = speeds.forward[fk] = await cachedOr("forward pass", speeds.forward[fk],
+      () => timeForward(gguf, desc, layers, { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, streamed: true }),
+      (t) => `${t.windowMs.toFixed(2)} ms for ${t.layers} layer${t.layers === 1 ? "" : "s"} (the engine's one-token pass on a stand-in of the model)` +
+        (t.streamedMs !== undefined ? `, ${t.streamedMs.toFixed(2)} ms read from the disk` : ""));
+    const kernelMs = kernelWindowMs(desc, layers, timings);
+    const scale = (timing.windowMs - windowCallMs - layers * kvCopyMs) / kernelMs;
+    const plausible = scale > MIN_FORWARD_SCALE && scale < MAX_FORWARD_SCALE;
+    const readMs = (timing.streamedMs ?? 0) - timing.windowMs;
+    const streamed = timing.streamedBytes && readMs > 0 ? (1000 * timing.streamedBytes) / readMs : undefined;
+    forward = { ...timing, kernelMs, scale, applied: plausible, ...(streamed ? { streamedBytesPerS: streamed } : {}) };
+    say(plausible ? `compute: the kernels' FLOP/s scaled by 1/${scale.toFixed(2)} to the engine's pass (${kernelMs.toFixed(2)} ms of kernels)`
+      : `compute: the forward pass (${timing.windowMs.toFixed(2)} ms) is implausible against the kernels (${kernelMs.toFixed(2)} ms): kernel FLOP/s used as timed`);
+    if (streamed) say(`disk: ${(streamed / 1e6).toFixed(0)} MB/s as the engine rereads streamed layers (what Halda prices rereads at)`);
+  } else if (o.model) say("compute: not one layer fits in half of free memory: kernel FLOP/s used as timed");
+  const cpuFlopsPerS = forward?.applied ? Object.fromEntries(Object.entries(kernelFlopsPerS).map(([t, f]) => [t, f / forward!.scale])) : kernelFlopsPerS;
 
   let cacheFile: string | undefined;
   if (measured.length) {
@@ -170,7 +176,7 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
     kvCopyCpuMs: kvCopyMs,
     ramReadBytesPerS: memRead,
     ...memoryFields(memory),
-    diskSeqReadBytesPerS: disk.seqReadBytesPerS,
+    diskSeqReadBytesPerS: forward?.streamedBytesPerS ?? disk.seqReadBytesPerS,
     diskRandReadBytesPerS: disk.randReadBytesPerS,
   };
   const profileMs = performance.now() - t0;

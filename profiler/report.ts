@@ -137,7 +137,8 @@ export function formatReport(r: DeviceReport): string {
     ["ram total", `${gib(m.totalBytes)}${m.cgroup ? ` (cgroup v${m.cgroup.version} limit; machine ${gib(m.physicalTotalBytes)})` : ""}`],
     ["ram available", `${gib(m.availableBytes)} (Halda plans with ${gib(p.ramAvailableBytes)})`],
     ["swap", `${gib(m.swapTotalBytes)} total, ${gib(m.swapFreeBytes)} free, ${gib(m.swappableBytes)} swappable`],
-    ["disk sequential", `${mbps(p.diskSeqReadBytesPerS)} (${d.disk.seqBlockBytes >> 10} KiB reads)`],
+    ["disk sequential", d.forward?.streamedBytesPerS ? `${mbps(p.diskSeqReadBytesPerS)} (streamed layers reread by the forward pass; ${mbps(d.disk.seqReadBytesPerS)} in ${d.disk.seqBlockBytes >> 10} KiB reads)`
+      : `${mbps(p.diskSeqReadBytesPerS)} (${d.disk.seqBlockBytes >> 10} KiB reads)`],
     ["disk random", `${mbps(p.diskRandReadBytesPerS)} (${d.disk.randBlockBytes >> 10} KiB reads)`],
     ["disk", `${d.disk.device || "?"} under ${d.disk.dir}, ${d.disk.direct ? "O_DIRECT" : "page cache dropped"}${d.disk.throttle.readBytesPerS ? `, cgroup throttle ${mbps(d.disk.throttle.readBytesPerS)}` : ""}`],
     ["measured now", d.measured.length ? d.measured.join(", ") : "nothing (all from the cache)"],

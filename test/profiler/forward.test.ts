@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { LocalModel } from "../../engine/index.js";
 import { readGguf } from "../../model/index.js";
-import { standInLayers, timeForward, writeStandIn } from "../../profiler/index.js";
+import { measureDisk, standInLayers, timeForward, writeStandIn } from "../../profiler/index.js";
 import { RING_COMPUTE_OPTIONS } from "../../ring/index.js";
 import { PLACEMENT_SHAPE, testModel } from "./models.js";
 
@@ -47,6 +47,21 @@ describe("the stand-in of a model's first layers", async () => {
     } finally {
       standIn.close();
     }
+  });
+
+  it("streamed, reads every layer back from the disk at a disk's speed", async () => {
+    const layers = standInLayers(model.desc, 32 << 20, 1 << 30);
+    const t = await timeForward(model.gguf, model.desc, layers, { dir, threads: 2, passes: 8, gapMs: 4, streamed: true });
+    const weightBytes = model.desc.tensors.layers.slice(0, layers).reduce((s, l) => s + Object.values(l).reduce((a, x) => a + (x?.nBytes ?? 0), 0), 0);
+    expect(t.streamedBytes).toBeGreaterThanOrEqual(weightBytes);
+    expect(t.streamedBytes).toBeLessThan(weightBytes * 1.05);
+    expect(t.streamedMs).toBeGreaterThan(t.windowMs);
+    // A disk's speed, not memory's: within a few times what plain reads of a scratch file get.
+    const rate = t.streamedBytes! / ((t.streamedMs! - t.windowMs) / 1000);
+    const disk = measureDisk(dir, { seqSeconds: 0.2, randSeconds: 0.02, fileBytes: 32 << 20, buffered: true }).seqReadBytesPerS;
+    expect(rate).toBeGreaterThan(disk / 4);
+    expect(rate).toBeLessThan(disk * 4);
+    expect(readdirSync(dir).filter((f) => f.startsWith("prima-forward-"))).toEqual([]);
   });
 
   it("takes as long as the model's own layers, and leaves no file behind", async () => {

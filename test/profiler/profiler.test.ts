@@ -134,6 +134,10 @@ describe("profileDevice on a generated model", async () => {
     expect(f.layers * layerMs + first.details.windowCallMs).toBeGreaterThan(f.windowMs * 0.97);
     expect(f.layers * layerMs + first.details.windowCallMs).toBeLessThan(f.windowMs * 1.03);
     expect(formatReport(first)).toMatch(/forward pass\s+[\d.]+ ms for the model's first 6 layers .*kernels' \/ [\d.]+/);
+    // Rereads are priced at the speed the same layers streamed from the disk at.
+    expect(f.streamedBytesPerS).toBeGreaterThan(1e6);
+    expect(first.profile.diskSeqReadBytesPerS).toBe(f.streamedBytesPerS);
+    expect(formatReport(first)).toMatch(/disk sequential\s+\d+ MB\/s \(streamed layers reread by the forward pass/);
   });
 
   it("round-trips through the join message and refuses broken profiles by name", () => {
