@@ -1,5 +1,6 @@
-// profiler/: what a device is and how fast: our kernels on the model's shapes, memory (cgroup limits
-// honoured) and memory pressure, disk as the engine reads it, OS, GPU, and the hop to a peer.
+// profiler/: what a device is and how fast: our kernels on the model's shapes and the engine's own pass
+// over a stand-in of its layers, memory (cgroup limits honoured) and memory pressure, disk as the engine
+// rereads it, OS, GPU, and the hop to a peer.
 export * from "./memory.js";
 export { profileDevice, refreshMemory, hardwareId, type ProfileOptions } from "./profile.js";
 export { parseDeviceReport, formatReport, REPORT_VERSION, type DeviceReport, type DeviceDetails } from "./report.js";
