@@ -3,7 +3,10 @@
 // download: a worker that fetches only its window has no layers yet). A window's one-token pass costs
 // more than its matmuls (norms, RoPE, attention, quantizing activations, the threads' barriers): the
 // kernel timings alone predicted 0.50 ms a layer of the benchmark model where the ring's devices ran
-// 0.66. The profile scales its FLOP/s so that Halda's layer time is this pass's (profile.ts).
+// 0.66. The profile scales its FLOP/s so that Halda's layer time is this pass's (profile.ts). Written
+// out instead and dropped layer by layer, the same layers give the speed an overloaded device rereads
+// its streamed layers at: faults through the weights' mapping between the matmuls (3.1-3.3 GB/s on
+// this project's VM, where 8 MiB reads of a scratch file got 2.6-2.9).
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { LocalModel } from "../engine/index.js";
@@ -152,4 +155,18 @@ export function kernelWindowMs(desc: ModelDescription, layers: number, timings: 
     }
   }
   return ms;
+}
+
+/** A forward pass this far from the kernels' prediction is a broken measurement, not overhead. */
+const MIN_FORWARD_SCALE = 0.25, MAX_FORWARD_SCALE = 8;
+
+/** What a timing makes of the kernels' figures: one factor on their FLOP/s so that a layer's time in
+ * Halda (its matmuls at the kernels' FLOP/s, and its KV write) plus the window call Halda adds per
+ * window is the pass's; the types keep the kernels' proportions. And the disk speed of rereads: the
+ * weight bytes over what streaming added to a pass. */
+export function calibrateForward(t: ForwardTiming, kernelMs: number, windowCallMs: number, kvCopyMs: number): ForwardCalibration {
+  const scale = (t.windowMs - windowCallMs - t.layers * kvCopyMs) / kernelMs;
+  const readMs = (t.streamedMs ?? 0) - t.windowMs;
+  const streamedBytesPerS = t.streamedBytes && readMs > 0 ? (1000 * t.streamedBytes) / readMs : undefined;
+  return { ...t, kernelMs, scale, applied: scale > MIN_FORWARD_SCALE && scale < MAX_FORWARD_SCALE, ...(streamedBytesPerS ? { streamedBytesPerS } : {}) };
 }

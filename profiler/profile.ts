@@ -10,7 +10,7 @@ import {
   describeStep, flopsPerType, measureKvCopyMs, measureMemoryBandwidth, measureWindowCallMs, stepKey, timeStep, type ModelWorkload, type StepTiming,
 } from "./compute.js";
 import { diskKey, measureDisk, scratchDir } from "./disk.js";
-import { forwardKey, kernelWindowMs, standInLayers, timeForward, type ForwardCalibration } from "./forward.js";
+import { calibrateForward, forwardKey, kernelWindowMs, standInLayers, timeForward, type ForwardCalibration } from "./forward.js";
 import { detectGpus } from "./gpu.js";
 import { layerRoomBytes, mappedResidentBytes, readMemory, settleMemory, type MemoryReading } from "./memory.js";
 import { REPORT_VERSION, type DeviceReport } from "./report.js";
@@ -46,10 +46,6 @@ export function hardwareId(): string {
 }
 
 const fmtFlops = (f: number) => `${(f / 1e9).toFixed(2)} GFLOP/s`;
-
-/** A forward pass this far from the kernels' prediction is a broken measurement, not overhead. */
-const MIN_FORWARD_SCALE = 0.25, MAX_FORWARD_SCALE = 8;
-
 
 export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
   const t0 = performance.now();
@@ -130,11 +126,8 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
     return measureDisk(diskDir, quick ? { seqSeconds: 0.15, randSeconds: 0.1, fileBytes: 32 << 20, buffered: true } : { seqSeconds: 0.4, randSeconds: 0.3, fileBytes: 128 << 20, buffered: true });
   }, (d) => `${(d.seqReadBytesPerS / 1e6).toFixed(0)} MB/s sequential, ${(d.randReadBytesPerS / 1e6).toFixed(1)} MB/s random`);
 
-  // The engine's pass over the model's first layers: what Halda's layer time should be. The kernels'
-  // FLOP/s are scaled by one factor so that their layer time (with the KV write) is that pass's, less
-  // the window call Halda adds per window; the types keep the kernels' proportions. The same layers
-  // streamed from the model's disk (each dropped once computed, read again by the next pass) give the
-  // speed Halda prices rereads at: reads interleaved with compute, as an overloaded device's are.
+  // The engine's pass over the model's first layers: what Halda's layer time should be, and the same
+  // layers streamed from the model's disk: what Halda prices rereads at (profiler/forward.ts).
   let forward: ForwardCalibration | undefined;
   // Past the last-level cache as a real window is (64 MiB), within half of what is free: the
   // stand-in's pages are page cache, given back when it is deleted. Fewer layers would fit the cache
@@ -143,19 +136,23 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
   if (o.model && layers > 0) {
     const { gguf, desc } = o.model;
     const fk = `${forwardKey(desc, layers)}|${dk}`;
-    const timing = speeds.forward[fk] = await cachedOr("forward pass", speeds.forward[fk],
-      () => timeForward(gguf, desc, layers, { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, streamed: true }),
-      (t) => `${t.windowMs.toFixed(2)} ms for ${t.layers} layer${t.layers === 1 ? "" : "s"} (the engine's one-token pass on a stand-in of the model)` +
-        (t.streamedMs !== undefined ? `, ${t.streamedMs.toFixed(2)} ms read from the disk` : ""));
-    const kernelMs = kernelWindowMs(desc, layers, timings);
-    const scale = (timing.windowMs - windowCallMs - layers * kvCopyMs) / kernelMs;
-    const plausible = scale > MIN_FORWARD_SCALE && scale < MAX_FORWARD_SCALE;
-    const readMs = (timing.streamedMs ?? 0) - timing.windowMs;
-    const streamed = timing.streamedBytes && readMs > 0 ? (1000 * timing.streamedBytes) / readMs : undefined;
-    forward = { ...timing, kernelMs, scale, applied: plausible, ...(streamed ? { streamedBytesPerS: streamed } : {}) };
-    say(plausible ? `compute: the kernels' FLOP/s scaled by 1/${scale.toFixed(2)} to the engine's pass (${kernelMs.toFixed(2)} ms of kernels)`
-      : `compute: the forward pass (${timing.windowMs.toFixed(2)} ms) is implausible against the kernels (${kernelMs.toFixed(2)} ms): kernel FLOP/s used as timed`);
-    if (streamed) say(`disk: ${(streamed / 1e6).toFixed(0)} MB/s as the engine rereads streamed layers (what Halda prices rereads at)`);
+    const time = (streamed: boolean) => timeForward(gguf, desc, layers, { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, streamed });
+    try {
+      const timing = speeds.forward[fk] = await cachedOr("forward pass", speeds.forward[fk],
+        // Streaming writes the stand-in's layers out: where that fails (a full disk), the pass alone.
+        () => time(true).catch((e: unknown) => {
+          say(`forward pass: the layers could not be streamed from the disk (${e instanceof Error ? e.message : String(e)}): timed in memory only`);
+          return time(false);
+        }),
+        (t) => `${t.windowMs.toFixed(2)} ms for ${t.layers} layer${t.layers === 1 ? "" : "s"} (the engine's one-token pass on a stand-in of the model)` +
+          (t.streamedMs !== undefined ? `, ${t.streamedMs.toFixed(2)} ms read from the disk` : ""));
+      forward = calibrateForward(timing, kernelWindowMs(desc, layers, timings), windowCallMs, kvCopyMs);
+      say(forward.applied ? `compute: the kernels' FLOP/s scaled by 1/${forward.scale.toFixed(2)} to the engine's pass (${forward.kernelMs.toFixed(2)} ms of kernels)`
+        : `compute: the forward pass (${timing.windowMs.toFixed(2)} ms) is implausible against the kernels (${forward.kernelMs.toFixed(2)} ms): kernel FLOP/s used as timed`);
+      if (forward.streamedBytesPerS) say(`disk: ${(forward.streamedBytesPerS / 1e6).toFixed(0)} MB/s as the engine rereads streamed layers (what Halda prices rereads at)`);
+    } catch (e) {
+      say(`compute: the forward pass could not be timed (${e instanceof Error ? e.message : String(e)}): kernel FLOP/s used as timed`);
+    }
   } else if (o.model) say("compute: not one layer fits in half of free memory: kernel FLOP/s used as timed");
   const cpuFlopsPerS = forward?.applied ? Object.fromEntries(Object.entries(kernelFlopsPerS).map(([t, f]) => [t, f / forward!.scale])) : kernelFlopsPerS;
 

@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { LocalModel } from "../../engine/index.js";
 import { readGguf } from "../../model/index.js";
-import { measureDisk, standInLayers, timeForward, writeStandIn } from "../../profiler/index.js";
+import { calibrateForward, measureDisk, standInLayers, timeForward, writeStandIn } from "../../profiler/index.js";
 import { RING_COMPUTE_OPTIONS } from "../../ring/index.js";
 import { PLACEMENT_SHAPE, testModel } from "./models.js";
 
@@ -88,5 +88,18 @@ describe("the stand-in of a model's first layers", async () => {
     expect(Math.min(...stand)).toBeGreaterThan(Math.min(...real) * 0.75);
     expect(Math.min(...stand)).toBeLessThan(Math.min(...real) * 1.25);
     expect(readdirSync(dir).filter((f) => f.startsWith("prima-forward-"))).toEqual([]);
+  });
+});
+
+describe("calibrateForward", () => {
+  it("scales the kernels to the pass less the window call and KV writes, and turns streaming's extra time into a disk speed", () => {
+    const c = calibrateForward({ layers: 4, windowMs: 5.1, streamedMs: 45.1, streamedBytes: 100e6 }, 3, 0.1, 0.25);
+    expect(c.scale).toBeCloseTo((5.1 - 0.1 - 4 * 0.25) / 3, 12);
+    expect(c.applied).toBe(true);
+    expect(c.streamedBytesPerS).toBeCloseTo(100e6 / 0.04, 0);
+    // A pass 20 times the kernels' time is a broken measurement: the kernels are used as timed.
+    expect(calibrateForward({ layers: 1, windowMs: 60 }, 3, 0, 0).applied).toBe(false);
+    // Streaming that added nothing measured no disk.
+    expect(calibrateForward({ layers: 1, windowMs: 5, streamedMs: 4, streamedBytes: 1e6 }, 3, 0, 0).streamedBytesPerS).toBeUndefined();
   });
 });
