@@ -69,7 +69,7 @@ interface Prediction { rows: { label: string; windowLayers: number; predicted: {
 interface RunJson {
   decode_tok_s: number;
   layer_windows: number[];
-  devices_decode: { device: string; compute_ms: number; major_faults: number }[];
+  devices_decode: { device: string; compute_ms: number; send_ms: number; wait_ms: number; major_faults: number }[];
   placement?: { plan: { devices: { name: string; set: string; windowLayers: number; ramLayerCapacityBytes: number; reloadBytesPerToken: number }[] }; per_cycle: number[]; devices: { diskSeqReadBytesPerS?: number }[]; prediction: Prediction };
 }
 
@@ -181,7 +181,11 @@ export async function main(model: string, reps = 3, caps: readonly number[] = [2
     const handRuns = sweeps[cap].map(() => [] as RunJson[]);
     const failures = sweeps[cap].map(() => "");
     for (let r = 0; r < reps; r++) {
-      autoRuns.push(await ringRun(model, cap, null, `auto${cap}`));
+      const auto = await ringRun(model, cap, null, `auto${cap}`);
+      autoRuns.push(auto);
+      // Every round's per-device counters (the table shows the median round's): ms per decode step.
+      console.error(`automatic round ${r + 1}: ${(1000 / auto.decode_tok_s).toFixed(2)} ms a token; ` +
+        auto.devices_decode.map((d) => `${d.device}: compute ${d.compute_ms.toFixed(2)}, send ${d.send_ms.toFixed(2)}, wait ${d.wait_ms.toFixed(2)}`).join("; "));
       for (const [i, w] of sweeps[cap].entries()) {
         try {
           handRuns[i].push(await ringRun(model, cap, w, `hand${cap}`));
