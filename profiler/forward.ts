@@ -10,6 +10,7 @@
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { LocalModel } from "../engine/index.js";
+import type { NativeWindow } from "../native/index.js";
 import { dropFileCache } from "../native/profile.js";
 import { GgufValueType, writeGguf, type GgufFile, type GgufKV, type GgufTensorToWrite, type ModelDescription } from "../model/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
@@ -21,9 +22,13 @@ export interface ForwardTiming {
   readonly layers: number;
   /** Median ms of a one-token pass through them after an idle gap. */
   readonly windowMs: number;
-  /** Median ms of a pass that reads every layer from the disk and drops it once computed (streamed). */
+  /** Layers of the streamed passes (the first ones; all, where the disk is fast enough). */
+  readonly streamedLayers?: number;
+  /** Median ms of a pass through them that reads every layer from the disk and drops it once computed. */
   readonly streamedMs?: number;
-  /** Weight bytes such a pass reads. */
+  /** Median ms of a pass through the same layers in memory. */
+  readonly inMemoryMs?: number;
+  /** Weight bytes a streamed pass reads. */
   readonly streamedBytes?: number;
 }
 
@@ -46,10 +51,18 @@ const STAND_IN_VOCAB = 32;
  * so that the weights stream from memory as a real window's do), within `budgetBytes` of page cache; 0
  * if not one layer fits. */
 export function standInLayers(desc: ModelDescription, minBytes: number, budgetBytes: number): number {
-  const layerBytes = (i: number) => Object.values(desc.tensors.layers[i]).reduce((s, t) => s + (t?.nBytes ?? 0), 0);
   let n = 0, bytes = 0;
-  while (n < desc.tensors.layers.length && bytes < minBytes && bytes + layerBytes(n) <= budgetBytes) bytes += layerBytes(n++);
+  while (n < desc.tensors.layers.length && bytes < minBytes && bytes + layerBytes(desc, n) <= budgetBytes) bytes += layerBytes(desc, n++);
   return n;
+}
+
+const layerBytes = (desc: ModelDescription, i: number) => Object.values(desc.tensors.layers[i]).reduce((s, t) => s + (t?.nBytes ?? 0), 0);
+
+/** Weight bytes of the model's first `layers` layers. */
+export function standInBytes(desc: ModelDescription, layers: number): number {
+  let bytes = 0;
+  for (let i = 0; i < layers; i++) bytes += layerBytes(desc, i);
+  return bytes;
 }
 
 /** Cache key of a forward timing: the layers' matmul steps (types and shapes) and the attention's shape. */
@@ -61,9 +74,9 @@ export function forwardKey(desc: ModelDescription, layers: number): string {
 
 /** Writes the stand-in of the model's first `layers` layers to `path`: its header's metadata (less the
  * tokenizer) and tensors; norms and RoPE factors are ones (zeros would make them divide by zero), the
- * layers' weights zeros, as holes (no disk) or written out (`onDisk`: to be read back from the disk),
- * the embedding and output holes. */
-export function writeStandIn(gguf: GgufFile, desc: ModelDescription, layers: number, path: string, onDisk = false): void {
+ * layers' weights zeros, as holes (no disk) except the first `onDisk` layers' (written out, to be read
+ * back from the disk), the embedding and output holes. */
+export function writeStandIn(gguf: GgufFile, desc: ModelDescription, layers: number, path: string, onDisk = 0): void {
   const arch = desc.hparams.arch;
   const metadata: GgufKV[] = [];
   for (const m of gguf.metadata.values()) {
@@ -78,7 +91,7 @@ export function writeStandIn(gguf: GgufFile, desc: ModelDescription, layers: num
     const vocabRows = t.name === "token_embd.weight" || t.name === "output.weight";
     const dims = vocabRows ? [t.dims[0], STAND_IN_VOCAB] : t.dims;
     const scale = /_norm\.weight$/.test(t.name) || t.name === "rope_freqs.weight";
-    tensors.push({ name: t.name, dims, type: t.type, data: scale ? ones(t.nElements) : layer && onDisk ? () => new Uint8Array(t.nBytes) : null });
+    tensors.push({ name: t.name, dims, type: t.type, data: scale ? ones(t.nElements) : layer && Number(layer[1]) < onDisk ? () => new Uint8Array(t.nBytes) : null });
   }
   writeGguf(path, metadata, tensors, gguf.alignment);
 }
@@ -89,48 +102,65 @@ export interface ForwardOptions {
   readonly threads: number;
   readonly passes: number;
   readonly gapMs: number;
-  /** Also time passes that read every layer back from the disk, as a window streamed past its room
-   * does (ForwardTiming.streamedMs): the layers are written out rather than left as holes. */
-  readonly streamed?: boolean;
+  /** Also time passes over the first `streamedLayers` layers that read every one back from the disk,
+   * as a window streamed past its room does (ForwardTiming.streamedMs): those layers are written out
+   * rather than left as holes. Passes stop after STREAM_SECONDS (at least one is timed). */
+  readonly streamedLayers?: number;
+  /** Under a CPU quota: the in-memory passes back to back for SUSTAINED_SECONDS, and their mean. A
+   * quota throttles sustained work, which a pass after an idle gap never meets, and the kernels are
+   * timed sustained: the scale would credit the device with the quota's time back. */
+  readonly sustained?: boolean;
 }
 
+/** What the streamed passes may take in all, after their first (a slow disk gets one or two). */
+const STREAM_SECONDS = 1;
+/** Several periods of a cgroup's CPU quota (100 ms by default). */
+const SUSTAINED_SECONDS = 0.5;
+
 /** Times the engine's one-token pass through the stand-in's `layers` layers, each pass after the idle gap
- * a ring device has between its passes: the median of `passes` with the layers in memory, and (with
- * `streamed`) of passes that drop each layer once computed, so that the next pass reads it again. */
+ * a ring device has between its passes (or back to back, `sustained`): the median of `passes` with the
+ * layers in memory, and (with `streamedLayers`) of passes that drop each layer once computed, so that
+ * the next pass reads it again. */
 export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers: number, o: ForwardOptions): Promise<ForwardTiming> {
   const path = join(o.dir, `prima-forward-${process.pid}.gguf`);
+  const streamedLayers = Math.min(layers, o.streamedLayers ?? 0);
   try {
-    writeStandIn(gguf, desc, layers, path, o.streamed);
-    if (o.streamed) dropFileCache(path); // written back, and its pages dropped: the first pass reads the disk
+    writeStandIn(gguf, desc, layers, path, streamedLayers);
+    if (streamedLayers) dropFileCache(path); // written back, and its pages dropped: the first pass reads the disk
     const model = LocalModel.open(path, { threads: o.threads, ...RING_COMPUTE_OPTIONS });
     try {
-      const warmup = 3, n = warmup + o.passes, nStreamed = o.streamed ? 1 + Math.ceil(o.passes / 3) : 0;
-      const w = model.window(0, layers, { ctx: n + nStreamed + 1, maxBatch: 1 });
-      try {
-        // Activations of a real model's scale: the first norm makes them the next layers' input.
-        const input = Float32Array.from({ length: model.nEmbd }, (_, i) => Math.sin(i * 0.7) * 0.5);
-        const acts = new Float32Array(model.nEmbd);
-        let pos = 0;
-        const medianOf = async (count: number, skip: number) => {
+      // Activations of a real model's scale: the first norm makes them the next layers' input.
+      const input = Float32Array.from({ length: model.nEmbd }, (_, i) => Math.sin(i * 0.7) * 0.5);
+      const acts = new Float32Array(model.nEmbd);
+      /** One-token passes through layers [0, n), the first `skip` untimed, after `gapMs` each, until
+       * `count` or until `seconds` have gone on timed passes (at least one): their times. */
+      const passes = async (n: number, count: number, skip: number, seconds: number, gapMs: number, before?: (w: NativeWindow) => void) => {
+        const w = model.window(0, n, { ctx: count + 1, maxBatch: 1 });
+        try {
+          before?.(w);
           const ms: number[] = [];
-          for (let i = 0; i < count; i++, pos++) {
+          for (let pos = 0; pos < count && (ms.length === 0 || sum(ms) < seconds * 1000); pos++) {
             acts.set(input);
-            await new Promise((r) => setTimeout(r, o.gapMs));
+            if (gapMs > 0) await new Promise((r) => setTimeout(r, gapMs));
             const t0 = performance.now();
             w.forwardNow(acts, pos, 1);
-            if (i >= skip) ms.push(performance.now() - t0);
+            if (pos >= skip) ms.push(performance.now() - t0);
           }
-          return median(ms);
-        };
-        const windowMs = await medianOf(n, warmup);
-        if (!o.streamed) return { layers, windowMs };
-        const bytes = w.residency().totalBytes;
-        w.streamBeyond(0); // no room: every layer goes once computed (the first such pass still finds them)
-        const streamedMs = await medianOf(nStreamed, 1);
-        return { layers, windowMs, streamedMs, streamedBytes: bytes };
-      } finally {
-        w.close();
-      }
+          return { ms, bytes: w.residency().totalBytes };
+        } finally {
+          w.close();
+        }
+      };
+      const inMemory = async (n: number) => o.sustained
+        ? mean((await passes(n, 3 + SUSTAINED_PASSES, 3, SUSTAINED_SECONDS, 0)).ms)
+        : median((await passes(n, 3 + o.passes, 3, Infinity, o.gapMs)).ms);
+      const windowMs = await inMemory(layers);
+      if (!streamedLayers) return { layers, windowMs };
+      // The first streamed layers alone, with no room: each goes once computed (the first pass still
+      // finds them in memory), and the next pass reads it again. Their pass in memory, to subtract.
+      const inMemoryMs = streamedLayers === layers ? windowMs : await inMemory(streamedLayers);
+      const streamed = await passes(streamedLayers, 1 + Math.ceil(o.passes / 3), 1, STREAM_SECONDS, o.gapMs, (w) => w.streamBeyond(0));
+      return { layers, windowMs, streamedLayers, streamedMs: median(streamed.ms), inMemoryMs, streamedBytes: streamed.bytes };
     } finally {
       model.close();
     }
@@ -138,6 +168,11 @@ export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers
     rmSync(path, { force: true });
   }
 }
+
+const sum = (xs: readonly number[]) => xs.reduce((a, b) => a + b, 0);
+const mean = (xs: readonly number[]) => sum(xs) / xs.length;
+/** At most this many sustained passes (their KV cache is sized for them). */
+const SUSTAINED_PASSES = 1000;
 
 function median(xs: readonly number[]): number {
   const s = [...xs].sort((a, b) => a - b), mid = s.length >> 1;
@@ -166,7 +201,7 @@ const MIN_FORWARD_SCALE = 0.25, MAX_FORWARD_SCALE = 8;
  * weight bytes over what streaming added to a pass. */
 export function calibrateForward(t: ForwardTiming, kernelMs: number, windowCallMs: number, kvCopyMs: number): ForwardCalibration {
   const scale = (t.windowMs - windowCallMs - t.layers * kvCopyMs) / kernelMs;
-  const readMs = (t.streamedMs ?? 0) - t.windowMs;
+  const readMs = (t.streamedMs ?? 0) - (t.inMemoryMs ?? t.windowMs);
   const streamedBytesPerS = t.streamedBytes && readMs > 0 ? (1000 * t.streamedBytes) / readMs : undefined;
   return { ...t, kernelMs, scale, applied: scale > MIN_FORWARD_SCALE && scale < MAX_FORWARD_SCALE, ...(streamedBytesPerS ? { streamedBytesPerS } : {}) };
 }

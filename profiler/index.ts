@@ -7,7 +7,7 @@ export { parseDeviceReport, formatReport, REPORT_VERSION, type DeviceReport, typ
 export {
   modelWorkload, genericWorkload, flopsPerType, timeStep, stepKey, describeStep, type ModelWorkload, type MatrixShape, type MatmulStep, type StepTiming,
 } from "./compute.js";
-export { standInLayers, writeStandIn, timeForward, forwardKey, kernelWindowMs, calibrateForward, type ForwardTiming, type ForwardCalibration } from "./forward.js";
+export { standInLayers, standInBytes, writeStandIn, timeForward, forwardKey, kernelWindowMs, calibrateForward, type ForwardTiming, type ForwardCalibration } from "./forward.js";
 export { measureDisk, blockDeviceOf, readAheadBytes, diskKey, type DiskMeasurement } from "./disk.js";
 export { LinkProbeServer, measureLink, type LinkMeasurement, type LinkOptions } from "./link.js";
 export { detectGpus, parseNvidiaSmi, type GpuInfo } from "./gpu.js";

@@ -10,7 +10,7 @@ import {
   describeStep, flopsPerType, measureKvCopyMs, measureMemoryBandwidth, measureWindowCallMs, stepKey, timeStep, type ModelWorkload, type StepTiming,
 } from "./compute.js";
 import { diskKey, measureDisk, scratchDir } from "./disk.js";
-import { calibrateForward, forwardKey, kernelWindowMs, standInLayers, timeForward, type ForwardCalibration } from "./forward.js";
+import { calibrateForward, forwardKey, kernelWindowMs, standInBytes, standInLayers, timeForward, type ForwardCalibration } from "./forward.js";
 import { detectGpus } from "./gpu.js";
 import { layerRoomBytes, mappedResidentBytes, readMemory, settleMemory, type MemoryReading } from "./memory.js";
 import { REPORT_VERSION, type DeviceReport } from "./report.js";
@@ -136,7 +136,11 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
   if (o.model && layers > 0) {
     const { gguf, desc } = o.model;
     const fk = `${forwardKey(desc, layers)}|${dk}`;
-    const time = (streamed: boolean) => timeForward(gguf, desc, layers, { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, streamed });
+    // Streamed passes over as many layers as the disk reads in ~0.2 s (one at least: a slow disk's
+    // profile must not take minutes).
+    const meanLayerBytes = standInBytes(desc, layers) / layers;
+    const streamedLayers = Math.max(1, Math.min(layers, Math.floor((0.2 * disk.seqReadBytesPerS) / meanLayerBytes)));
+    const time = (streamed: boolean) => timeForward(gguf, desc, layers, { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, streamedLayers: streamed ? streamedLayers : 0, sustained: quota !== undefined && quota < o.threads });
     try {
       const timing = speeds.forward[fk] = await cachedOr("forward pass", speeds.forward[fk],
         // Streaming writes the stand-in's layers out: where that fails (a full disk), the pass alone.

@@ -122,17 +122,14 @@ describe("profileDevice on a generated model", async () => {
   it("scales the kernels' FLOP/s so that a layer costs what the engine's own pass over a stand-in took", () => {
     const f = first.details.forward!;
     expect(f.layers).toBe(6); // 12 MB layers until past 64 MiB
-    expect(f.applied).toBe(true);
-    expect(f.scale).toBeGreaterThan(0.5); // the pass does more than its matmuls, but not 8 times more
-    expect(f.scale).toBeLessThan(4);
+    expect(f.applied).toBe(true); // a plausible pass: more than a quarter of the matmuls' time, less than 8 times
     const raw = flopsPerType(workload, new Map(first.details.kernels.map((k) => [k.key, k])));
     for (const [t, v] of Object.entries(raw)) expect(first.profile.cpuFlopsPerS[t], t).toBeCloseTo(v / f.scale, -3);
-    // What Halda makes of the profile: the stand-in's layers, one KV write each, and one window call
-    // add up to the pass timed (the attention at a 16-token context is a rounding error).
+    // What Halda makes of the profile: the stand-in's layers' matmuls (all Q8_0 here), one KV write
+    // each, and one window call add up to the pass timed.
     const mp = modelProfile(model.desc, { nCtx: 16, nPredict: 1 });
-    const layerMs = Object.entries(mp.layerFlops).reduce((a, [t, fl]) => a + (1000 * fl) / first.profile.cpuFlopsPerS[t], 0) + first.profile.kvCopyCpuMs!;
-    expect(f.layers * layerMs + first.details.windowCallMs).toBeGreaterThan(f.windowMs * 0.97);
-    expect(f.layers * layerMs + first.details.windowCallMs).toBeLessThan(f.windowMs * 1.03);
+    const layerMs = (1000 * mp.layerFlops.Q8_0) / first.profile.cpuFlopsPerS.Q8_0 + first.profile.kvCopyCpuMs!;
+    expect(f.layers * layerMs + first.details.windowCallMs).toBeCloseTo(f.windowMs, 6);
     expect(formatReport(first)).toMatch(/forward pass\s+[\d.]+ ms for the model's first 6 layers .*kernels' \/ [\d.]+/);
     // Rereads are priced at the speed the same layers streamed from the disk at.
     expect(f.streamedBytesPerS).toBeGreaterThan(1e6);
