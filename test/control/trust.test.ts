@@ -4,9 +4,9 @@
 // refused (nothing is dialled); a flood of Joins with big profiles leaves the coordinator's memory
 // flat; a worker with the same header and other weights is refused by name; a keyed chunk stream
 // opens only with its one-time ticket and carries no plaintext. Plus the token's store.
-import { copyFileSync, mkdtempSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { copyFileSync, readFileSync, statSync, writeFileSync } from "node:fs";
 import { X509Certificate } from "node:crypto";
-import { hostname, tmpdir } from "node:os";
+import { hostname } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { MAX_PROFILE_BYTES, type CoordinatorMessage } from "../../control/index.js";
@@ -20,6 +20,7 @@ import { killAll, root, startNode } from "../helpers/process.js";
 import { testIdentity, testTrust } from "../helpers/trust.js";
 import { startCoordinator, startWorker } from "../ring/cluster.js";
 import { fakeWorker, type FakeWorker } from "./fake-worker.js";
+import { tempDir } from "../helpers/temp.js";
 
 const model = "models/stories260K.gguf";
 const gguf = readGguf(`${root}${model}`);
@@ -247,7 +248,7 @@ describe("what a joiner may claim", () => {
 
 describe("model identity covers the weights", () => {
   it("a worker with the same header and other weights is refused by name (exit 6), instead of computing wrong text", async () => {
-    const dir = mkdtempSync(join(tmpdir(), "prima-weights-"));
+    const dir = tempDir("prima-weights-");
     const copy = join(dir, "other-weights.gguf");
     copyFileSync(`${root}${model}`, copy);
     // One byte of layer 1's attention weights changed: the header (the fingerprint) is the same.
@@ -269,7 +270,7 @@ describe("model identity covers the weights", () => {
 
 describe("rotating the token", () => {
   it("a running coordinator picks up a rotated token: workers of the old one are let go and cannot come back", async () => {
-    const dir = mkdtempSync(join(tmpdir(), "prima-rotate-"));
+    const dir = tempDir("prima-rotate-");
     const store = await TrustStore.open("rotating", { dir });
     const lines: string[] = [];
     const reg = new WorkerRegistry({ modelFingerprint: FP, trust: store, log: (l) => lines.push(l) });
@@ -295,7 +296,7 @@ describe("rotating the token", () => {
 
 describe("the join token's store", () => {
   it("creates a token once per cluster name with 0600 files, reads it back, and rotates it", async () => {
-    const dir = mkdtempSync(join(tmpdir(), "prima-trust-"));
+    const dir = tempDir("prima-trust-");
     const a = await TrustStore.open("home", { dir });
     expect(a.created).toBe(true);
     expect(statSync(a.keyFile).mode & 0o777).toBe(0o600);

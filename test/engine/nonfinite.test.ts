@@ -1,15 +1,15 @@
 // A model whose weights make NaN stops generation with an error naming its layers (issue #18),
 // instead of sampling noise from NaN logits and printing empty text.
-import { copyFileSync, mkdtempSync, openSync, closeSync, writeSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { copyFileSync, openSync, closeSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { LocalModel, LocalPipeline, NonFiniteError, Sampler, generate } from "../../engine/index.js";
 import { readGguf } from "../../model/index.js";
+import { tempDir } from "../helpers/temp.js";
 
 describe("NaN or infinite activations", () => {
   it("stop generation with an error naming the window's layers", async () => {
-    const path = join(mkdtempSync(join(tmpdir(), "prima-nan-")), "nan.gguf");
+    const path = join(tempDir("prima-nan-"), "nan.gguf");
     copyFileSync("models/stories260K.gguf", path);
     const t = readGguf(path).tensors.find((x) => x.name === "blk.2.ffn_norm.weight")!;
     const nan = Buffer.alloc(t.nBytes);

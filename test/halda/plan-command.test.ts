@@ -1,13 +1,13 @@
 // prima-coord plan: the table, the JSON, and clear messages with exit code 2 for bad arguments and
 // bad device files (never a stack trace), 1 when no plan exists.
 
-import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterEach, beforeEach, describe, expect, test, vi } from "vitest";
 import { planCommand } from "../../coordinator/plan-command.js";
 import { halda, parseDeviceProfiles, selectDevices, type DroppedDevice } from "../../halda/index.js";
 import { modelProfile, modelShapeByName, syntheticModelDescription } from "../../model/index.js";
+import { tempDir } from "../helpers/temp.js";
 
 let out: string[] = [], err: string[] = [];
 beforeEach(() => {
@@ -17,7 +17,7 @@ beforeEach(() => {
 });
 afterEach(() => vi.restoreAllMocks());
 
-const dir = mkdtempSync(join(tmpdir(), "prima-plan-"));
+const dir = tempDir("prima-plan-");
 function file(name: string, text: string): string {
   const p = join(dir, name);
   writeFileSync(p, text);

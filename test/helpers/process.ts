@@ -1,18 +1,17 @@
 // Test harness: child processes (the compiled CLIs in dist/, scripts) with their output collected,
 // a way to wait for a line, and one kill switch for every process a test started.
 import { spawn, type ChildProcess } from "node:child_process";
-import { mkdirSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { ownedDir } from "./temp.js";
 
 /** The package root (tests run the compiled CLIs in dist/, built by `npm test`'s pretest step). */
 export const root = fileURLToPath(new URL("../..", import.meta.url));
 
 /** Coordinators started here keep their join tokens (trust/) in this config directory, never in the
  * user's; one per test process. */
-export const testConfigDir = join(tmpdir(), `prima-test-config-${process.pid}`);
-mkdirSync(testConfigDir, { recursive: true, mode: 0o700 });
+export const testConfigDir = ownedDir(join(tmpdir(), `prima-test-config-${process.pid}`));
 
 /** Token files by cluster port, as coordinators started here print them ("--join HOST:PORT
  * --token-file FILE"); the last one for a worker that finds its cluster by mDNS. */

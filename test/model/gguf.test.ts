@@ -1,14 +1,14 @@
 // The GGUF reader against hostile input: every malformed file is a GgufError naming the problem.
-import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import {
   GgufError, GgufValueType, describeModel, kv, metaNumber, metaString, metaStrings, readGguf, writeGguf,
   type GgufKV,
 } from "../../model/index.js";
+import { tempDir } from "../helpers/temp.js";
 
-const dir = mkdtempSync(join(tmpdir(), "prima-gguf-"));
+const dir = tempDir("prima-gguf-");
 let n = 0;
 const tmp = (bytes?: Uint8Array) => {
   const p = join(dir, `f${n++}.gguf`);

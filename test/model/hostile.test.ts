@@ -1,14 +1,14 @@
 // Hostile model files (issue #18): each gives a clear error, escaped for a terminal, and the process
 // stays up. Bounds: nested arrays, huge strings, names; block_count against the tensors; chat templates.
-import { closeSync, mkdtempSync, openSync, readFileSync, writeSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { closeSync, openSync, readFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import {
   ChatTemplate, DEFAULT_TEMPLATE_LIMITS, GgufError, GgufValueType, describeModel, kv, readGguf, writeGguf, type GgufKV,
 } from "../../model/index.js";
+import { tempDir } from "../helpers/temp.js";
 
-const dir = mkdtempSync(join(tmpdir(), "prima-hostile-"));
+const dir = tempDir("prima-hostile-");
 let n = 0;
 
 /** A GGUF v3 header by hand: parts are u32 (number), u64 (bigint) or raw bytes/strings. */

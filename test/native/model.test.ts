@@ -3,6 +3,7 @@ import { describe, expect, it } from "vitest";
 import { describeModel, readGguf } from "../../model/index.js";
 import { nativeHParams, nativeTensorTable, LocalModel } from "../../engine/index.js";
 import { openNativeModel } from "../../native/index.js";
+import { tempDir } from "../helpers/temp.js";
 
 const path = "models/stories260K.gguf";
 const desc = describeModel(readGguf(path));
@@ -67,7 +68,7 @@ describe("native model surface", () => {
 
   it("saves and restores a KV cache; refuses a cache of another window", async () => {
     const { mkdtempSync, writeFileSync } = await import("node:fs");
-    const dir = mkdtempSync("/tmp/prima-kv-");
+    const dir = tempDir("prima-kv-");
     const m = LocalModel.open(path, { threads: 2 });
     const logitsA = new Float32Array(m.nVocab), logitsB = new Float32Array(m.nVocab);
     const w = m.window(0, 5, { ctx: 32 });

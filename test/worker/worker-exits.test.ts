@@ -2,9 +2,8 @@
 // own exit code; a coordinator that refuses its model is asked again, said once; the first SIGINT or
 // SIGTERM stops it at once, waiting or mid-run; and a model file truncated under a running worker is
 // reported by name (the worker leaves the ring with exit code 5) instead of killing it with SIGBUS.
-import { copyFileSync, mkdtempSync, statSync, truncateSync, writeFileSync } from "node:fs";
+import { copyFileSync, statSync, truncateSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:net";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { WorkerRegistry } from "../../coordinator/registry.js";
@@ -12,13 +11,14 @@ import { modelFingerprint, readGguf } from "../../model/index.js";
 import { root } from "../helpers/process.js";
 import { killAll, startCoordinator, startWorker, type Proc } from "../ring/cluster.js";
 import { testIdentity, testTrust } from "../helpers/trust.js";
+import { tempDir } from "../helpers/temp.js";
 
 /** A token for the workers that dial a test registry (or nothing at all). */
 const TOKEN = ["--token", (await testIdentity()).tokenText];
 
 const model = "models/stories260K.gguf";
 const fingerprint = modelFingerprint(readGguf(`${root}${model}`));
-const dir = mkdtempSync(join(tmpdir(), "prima-worker-exits-"));
+const dir = tempDir("prima-worker-exits-");
 
 const cleanups: (() => unknown)[] = [];
 afterEach(async () => {
