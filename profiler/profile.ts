@@ -152,7 +152,7 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
           (t.streamedMs !== undefined ? `, ${t.streamedMs.toFixed(2)} ms read from the disk` : ""));
       forward = calibrateForward(timing, kernelWindowMs(desc, layers, timings), windowCallMs, kvCopyMs);
       say(forward.applied ? `compute: the kernels' FLOP/s scaled by 1/${forward.scale.toFixed(2)} to the engine's pass (${forward.kernelMs.toFixed(2)} ms of kernels)`
-        : `compute: the forward pass (${timing.windowMs.toFixed(2)} ms) is implausible against the kernels (${forward.kernelMs.toFixed(2)} ms): kernel FLOP/s used as timed`);
+        : `compute: the forward pass (${timing.windowMs.toFixed(2)} ms, with a window call of ${windowCallMs.toFixed(2)}) is implausible against the kernels (${forward.kernelMs.toFixed(2)} ms; a model this small is mostly the call): kernel FLOP/s used as timed`);
       if (forward.streamedBytesPerS) say(`disk: ${(forward.streamedBytesPerS / 1e6).toFixed(0)} MB/s as the engine rereads streamed layers (what Halda prices rereads at)`);
     } catch (e) {
       say(`compute: the forward pass could not be timed (${e instanceof Error ? e.message : String(e)}): kernel FLOP/s used as timed`);
