@@ -47,6 +47,9 @@ export function hardwareId(): string {
 
 const fmtFlops = (f: number) => `${(f / 1e9).toFixed(2)} GFLOP/s`;
 
+/** Most bytes of stand-in layers the profile writes to the disk to time rereads. */
+const MAX_STREAMED_BYTES = 256 << 20;
+
 export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
   const t0 = performance.now();
   const say = o.progress ?? (() => {});
@@ -137,9 +140,11 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
     const { gguf, desc } = o.model;
     const fk = `${forwardKey(desc, layers)}|${dk}`;
     // Streamed passes over as many layers as the disk reads in ~0.2 s (one at least: a slow disk's
-    // profile must not take minutes).
+    // profile must not take minutes), written out for it; none where one layer is more than
+    // MAX_STREAMED_BYTES to write (a 70B model's), and the scratch file's reads stand.
     const meanLayerBytes = standInBytes(desc, layers) / layers;
-    const streamedLayers = Math.max(1, Math.min(layers, Math.floor((0.2 * disk.seqReadBytesPerS) / meanLayerBytes)));
+    const streamedLayers = standInBytes(desc, 1) > MAX_STREAMED_BYTES ? 0
+      : Math.max(1, Math.min(layers, Math.floor((0.2 * disk.seqReadBytesPerS) / meanLayerBytes)));
     const time = (streamed: boolean) => timeForward(gguf, desc, layers, { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, streamedLayers: streamed ? streamedLayers : 0, sustained: quota !== undefined && quota < o.threads });
     try {
       const timing = speeds.forward[fk] = await cachedOr("forward pass", speeds.forward[fk],
