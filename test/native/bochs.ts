@@ -90,7 +90,17 @@ export function bootImage(dir: string, init: string): string {
 
 /** Boots the image on an emulated CPU model (bochs --help cpu lists them) and returns what the machine
  * wrote to its serial port, once `done` matches it, the machine powers off, or the time runs out. */
+/** Bochs's RFB display binds the first free port from 5900. Two instances started together can both
+ * bind 5900 (SO_REUSEADDR); the one whose listen() then fails retries with the same socket, which
+ * cannot be bound again, and panics ("RFB could not bind any port between 5900 and 5949"): the check
+ * failed so in 3 of 4 runs one afternoon. Each instance starts once the one before it listens. */
+let displayTurn: Promise<void> = Promise.resolve();
+
 export async function runUnderBochs(image: string, cpu: string, dir: string, done: RegExp, timeoutMs: number): Promise<string> {
+  const turn = displayTurn;
+  let displayUp!: () => void;
+  displayTurn = new Promise<void>((resolve) => { displayUp = resolve; });
+  await turn;
   const work = join(dir, cpu);
   mkdirSync(work, { recursive: true });
   const serial = join(work, "serial.out");
@@ -114,6 +124,16 @@ export async function runUnderBochs(image: string, cpu: string, dir: string, don
     { cwd: work, stdio: ["ignore", "ignore", "ignore"] });
   const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
   const started = Date.now();
+  void (async () => {
+    let gone = false;
+    void exited.then(() => { gone = true; });
+    const log = join(work, "bochs.log");
+    while (!gone && Date.now() - started < 20_000) {
+      if (existsSync(log) && /RFB.*(listening for connections|PANIC)/.test(readFileSync(log, "utf8"))) break;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    displayUp();
+  })();
   let out = "";
   for (;;) {
     const ended = await Promise.race([exited.then(() => true), new Promise<boolean>((r) => setTimeout(() => r(false), 1000))]);
