@@ -27,6 +27,9 @@ export interface DeviceOptions {
   readonly nativeLane?: boolean;
 }
 
+/** The longest a reset waits for the one before it (WorkerDevice.reset). */
+const RESET_WAIT_MS = 5000;
+
 /** Binds the data-plane port early (port 0 = any) so the worker can announce it when joining; a
  * port that cannot be bound ends the worker (WorkerExit with EXIT_PORT_UNAVAILABLE). */
 export async function reserveDataPort(port: number, host: string): Promise<number> {
@@ -205,9 +208,12 @@ export class WorkerDevice implements SessionHandler {
   }
 
   /** Resets run one after another: the session may give up waiting for one (a dead peer's close
-   * grace) and rejoin, and the next assignment's reset must not find the old listener half-closed. */
+   * grace) and rejoin, and the next assignment's reset must not find the old listener half-closed, nor
+   * the old reset's tail close the new assignment's node and links. A reset still running after
+   * RESET_WAIT_MS is not waited for longer (every close has its own limit; this one bounds them all). */
   reset(reason: string): Promise<void> {
-    const next = this.resetting.then(() => this.resetNow(reason));
+    const previous = this.resetting;
+    const next = Promise.race([previous, new Promise<void>((r) => setTimeout(r, RESET_WAIT_MS).unref())]).then(() => this.resetNow(reason));
     this.resetting = next.catch(() => undefined);
     return next;
   }

@@ -83,6 +83,8 @@ describe("failover during a streamed request (12 layers of 1024, Q8_0, two worke
         execFileSync("ss", ["-K", "-t", "src", local, "dst", peer], { stdio: "ignore" });
         cut++;
       }
+    }).catch((e: Error) => {
+      throw new Error(`${e.message}\ncoordinator:\n${s.proc.stderr.slice(-4000)}`);
     });
     expect(cut, "bravo's data-plane connections were cut").toBeGreaterThan(0);
     expect(r.text).toBe(expected);
