@@ -8,6 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { LocalModel, Sampler } from "../engine/index.js";
+import { layerWeightBytes } from "../model/index.js";
 import { anonRssBytes, peakAnonTracker } from "../profiler/index.js";
 
 export interface MemoryReport {
@@ -59,7 +60,7 @@ export async function measureMemory(path: string, ctx = 2048): Promise<MemoryRep
   const h = model.desc.hparams;
   const kvDim = h.nHeadKv * h.headDimK;
   const kvBytes = 2 * h.nLayers * ctx * kvDim * 2;
-  const weightBytes = model.desc.tensors.layers.reduce((a, l) => a + Object.values(l).reduce((b, t) => b + (t?.nBytes ?? 0), 0), 0);
+  const weightBytes = model.desc.tensors.layers.reduce((a, l) => a + layerWeightBytes(l), 0);
   const w = model.window(0, h.nLayers, { ctx });
   const dir = mkdtempSync(join(tmpdir(), "prima-mem-"));
   try {

@@ -73,6 +73,11 @@ function layerTensorList(l: LayerTensors): TensorRef[] {
   return list;
 }
 
+/** Bytes of one layer's tensors in the file. */
+export function layerWeightBytes(l: LayerTensors): number {
+  return layerTensorList(l).reduce((s, x) => s + x.nBytes, 0);
+}
+
 /** FLOPs of one layer for one token, by operand type (HALDA.md §1.2, llama_model_n_flops's terms). */
 function layerFlopsOf(l: LayerTensors, hp: HParams, nKv: number): Record<string, number> {
   const acc: Record<string, number> = {};
@@ -102,7 +107,7 @@ export function modelProfile(desc: ModelDescription, opts: ModelProfileOptions):
   const nKv = Math.min(opts.nCtx, Math.max(pad, Math.ceil(nPredict / pad) * pad));
   if (t.layers.length !== hp.nLayers) throw new Error(`model has ${t.layers.length} layer tensor sets for ${hp.nLayers} layers`);
 
-  const layerBytesEach = t.layers.map((l) => layerTensorList(l).reduce((s, x) => s + x.nBytes, 0));
+  const layerBytesEach = t.layers.map(layerWeightBytes);
   const ropeBytes = t.ropeFreqs?.nBytes ?? 0;
   const layerBytes = (layerBytesEach.reduce((s, x) => s + x, 0) + ropeBytes) / hp.nLayers;
 

@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { LocalModel } from "../engine/index.js";
 import type { NativeWindow } from "../native/index.js";
 import { dropFileCache } from "../native/profile.js";
-import { GgufValueType, writeGguf, type GgufFile, type GgufKV, type GgufTensorToWrite, type ModelDescription } from "../model/index.js";
+import { GgufValueType, layerWeightBytes, writeGguf, type GgufFile, type GgufKV, type GgufTensorToWrite, type ModelDescription } from "../model/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 import { layerSteps, stepFlops, stepKey, type StepTiming } from "./compute.js";
 
@@ -51,18 +51,15 @@ const STAND_IN_VOCAB = 32;
  * so that the weights stream from memory as a real window's do), within `budgetBytes` of page cache; 0
  * if not one layer fits. */
 export function standInLayers(desc: ModelDescription, minBytes: number, budgetBytes: number): number {
+  const ls = desc.tensors.layers;
   let n = 0, bytes = 0;
-  while (n < desc.tensors.layers.length && bytes < minBytes && bytes + layerBytes(desc, n) <= budgetBytes) bytes += layerBytes(desc, n++);
+  while (n < ls.length && bytes < minBytes && bytes + layerWeightBytes(ls[n]) <= budgetBytes) bytes += layerWeightBytes(ls[n++]);
   return n;
 }
 
-const layerBytes = (desc: ModelDescription, i: number) => Object.values(desc.tensors.layers[i]).reduce((s, t) => s + (t?.nBytes ?? 0), 0);
-
 /** Weight bytes of the model's first `layers` layers. */
 export function standInBytes(desc: ModelDescription, layers: number): number {
-  let bytes = 0;
-  for (let i = 0; i < layers; i++) bytes += layerBytes(desc, i);
-  return bytes;
+  return desc.tensors.layers.slice(0, layers).reduce((s, l) => s + layerWeightBytes(l), 0);
 }
 
 /** Cache key of a forward timing: the layers' matmul steps (types and shapes) and the attention's shape. */
