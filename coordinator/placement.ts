@@ -10,7 +10,7 @@ import type { LocalModel, Pipeline } from "../engine/index.js";
 import { selectDevices, type DeviceLatencyMs, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "../halda/index.js";
 import { modelProfile } from "../model/index.js";
 import {
-  measureLink, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, type DeviceReport, type LinkMeasurement,
+  measureLink, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, windowOverheadMs, type DeviceReport, type LinkMeasurement,
 } from "../profiler/index.js";
 import type { WorkerHandle } from "./registry.js";
 
@@ -297,9 +297,10 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   const head = refreshMemory(i.head, i.modelPath);
   // The head's hop goes to the first worker of the ring.
   links[0] = links[1] ?? null;
-  // ξ, what a window costs besides its layers: the hop to the successor and waking the compute threads.
+  // ξ, what a window costs besides its layers: the hop to the successor and, where the forward pass did
+  // not price it, waking the compute threads.
   const withLink = (r: DeviceReport, name: string, link: LinkMeasurement | null): DeviceProfile => ({
-    ...r.profile, name, cpuComputeBufferBytes: scratch, linkLatencyMs: (link?.linkLatencyMs ?? 0) + (r.details.windowCallMs ?? 0),
+    ...r.profile, name, cpuComputeBufferBytes: scratch, linkLatencyMs: (link?.linkLatencyMs ?? 0) + windowOverheadMs(r.details),
   });
   const headProfile = withLink(head, "head", links[0]);
   const workerProfiles = reports.map((r, j) => withLink(r, i.workers[j].id, links[j + 1]));

@@ -36,7 +36,7 @@ export interface ForwardTiming {
 export interface ForwardCalibration extends ForwardTiming {
   /** ms the kernel timings give the same layers' matmuls. */
   readonly kernelMs: number;
-  /** (windowMs - window call - KV writes) / kernelMs: the kernels' FLOP/s were divided by it. */
+  /** (windowMs - KV writes) / kernelMs: the kernels' FLOP/s were divided by it. */
   readonly scale: number;
   /** False when the scale was implausible and the kernels' FLOP/s were used as timed. */
   readonly applied: boolean;
@@ -193,11 +193,12 @@ export function kernelWindowMs(desc: ModelDescription, layers: number, timings: 
 const MIN_FORWARD_SCALE = 0.25, MAX_FORWARD_SCALE = 8;
 
 /** What a timing makes of the kernels' figures: one factor on their FLOP/s so that a layer's time in
- * Halda (its matmuls at the kernels' FLOP/s, and its KV write) plus the window call Halda adds per
- * window is the pass's; the types keep the kernels' proportions. And the disk speed of rereads: the
- * weight bytes over what streaming added to a pass. */
-export function calibrateForward(t: ForwardTiming, kernelMs: number, windowCallMs: number, kvCopyMs: number): ForwardCalibration {
-  const scale = (t.windowMs - windowCallMs - t.layers * kvCopyMs) / kernelMs;
+ * Halda (its matmuls at the kernels' FLOP/s, and its KV write) is the pass's share; the types keep the
+ * kernels' proportions. The pass wakes the threads as a ring device's does (inline, after an idle gap),
+ * so that cost is in the layers, and Halda adds no window call for it (windowOverheadMs). And the
+ * disk speed of rereads: the weight bytes over what streaming added to a pass. */
+export function calibrateForward(t: ForwardTiming, kernelMs: number, kvCopyMs: number): ForwardCalibration {
+  const scale = (t.windowMs - t.layers * kvCopyMs) / kernelMs;
   const readMs = (t.streamedMs ?? 0) - (t.inMemoryMs ?? t.windowMs);
   const streamedBytesPerS = t.streamedBytes && readMs > 0 ? (1000 * t.streamedBytes) / readMs : undefined;
   return { ...t, kernelMs, scale, applied: scale > MIN_FORWARD_SCALE && scale < MAX_FORWARD_SCALE, ...(streamedBytesPerS ? { streamedBytesPerS } : {}) };

@@ -3,7 +3,7 @@
 // rereads it, OS, GPU, and the hop to a peer.
 export * from "./memory.js";
 export { profileDevice, refreshMemory, hardwareId, type ProfileOptions } from "./profile.js";
-export { parseDeviceReport, formatReport, REPORT_VERSION, type DeviceReport, type DeviceDetails } from "./report.js";
+export { parseDeviceReport, formatReport, windowOverheadMs, REPORT_VERSION, type DeviceReport, type DeviceDetails } from "./report.js";
 export {
   modelWorkload, genericWorkload, flopsPerType, timeStep, stepKey, describeStep, type ModelWorkload, type MatrixShape, type MatmulStep, type StepTiming,
 } from "./compute.js";

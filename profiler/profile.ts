@@ -10,7 +10,7 @@ import {
   describeStep, flopsPerType, measureKvCopyMs, measureMemoryBandwidth, measureWindowCallMs, stepKey, timeStep, type ModelWorkload, type StepTiming,
 } from "./compute.js";
 import { diskKey, measureDisk, scratchDir } from "./disk.js";
-import { calibrateForward, forwardKey, kernelWindowMs, standInBytes, standInLayers, timeForward, type ForwardCalibration } from "./forward.js";
+import { calibrateForward, forwardKey, kernelWindowMs, standInBytes, standInLayers, timeForward, type ForwardCalibration, type ForwardTiming } from "./forward.js";
 import { detectGpus } from "./gpu.js";
 import { layerRoomBytes, mappedResidentBytes, readMemory, settleMemory, type MemoryReading } from "./memory.js";
 import { REPORT_VERSION, type DeviceReport } from "./report.js";
@@ -146,18 +146,32 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
     const streamedLayers = standInBytes(desc, 1) > MAX_STREAMED_BYTES ? 0
       : Math.max(1, Math.min(layers, Math.floor((0.2 * disk.seqReadBytesPerS) / meanLayerBytes)));
     const time = (streamed: boolean) => timeForward(gguf, desc, layers, { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, streamedLayers: streamed ? streamedLayers : 0, sustained: quota !== undefined && quota < o.threads });
+    const describe = (t: ForwardTiming) => `${t.windowMs.toFixed(2)} ms for ${t.layers} layer${t.layers === 1 ? "" : "s"} (the engine's one-token pass on a stand-in of the model)` +
+      (t.streamedMs !== undefined ? `, ${t.streamedMs.toFixed(2)} ms read from the disk` : "");
     try {
-      const timing = speeds.forward[fk] = await cachedOr("forward pass", speeds.forward[fk],
-        // Streaming writes the stand-in's layers out: where that fails (a full disk), the pass alone.
-        () => time(true).catch((e: unknown) => {
-          say(`forward pass: the layers could not be streamed from the disk (${e instanceof Error ? e.message : String(e)}): timed in memory only`);
-          return time(false);
-        }),
-        (t) => `${t.windowMs.toFixed(2)} ms for ${t.layers} layer${t.layers === 1 ? "" : "s"} (the engine's one-token pass on a stand-in of the model)` +
-          (t.streamedMs !== undefined ? `, ${t.streamedMs.toFixed(2)} ms read from the disk` : ""));
-      forward = calibrateForward(timing, kernelWindowMs(desc, layers, timings), windowCallMs, kvCopyMs);
+      const cached = o.reprofile ? undefined : speeds.forward[fk];
+      let timing: ForwardTiming;
+      if (cached) {
+        // The pass is timed again on every profile (a quarter of a second): a device's speed moves
+        // with its load and its heat, and a pass cached an hour before predicted a ring 9% fast on
+        // this project's VM. The streamed passes, which write layers out, stay cached.
+        const windowMs = await time(false).then((t) => t.windowMs, (e: unknown) => {
+          say(`forward pass: could not be timed now (${e instanceof Error ? e.message : String(e)}): the cached pass used`);
+          return cached.windowMs;
+        });
+        timing = { ...cached, windowMs };
+        say(`forward pass: ${describe(timing)} (timed now; the streamed passes cached)`);
+      } else {
+        timing = speeds.forward[fk] = await cachedOr("forward pass", undefined,
+          // Streaming writes the stand-in's layers out: where that fails (a full disk), the pass alone.
+          () => time(true).catch((e: unknown) => {
+            say(`forward pass: the layers could not be streamed from the disk (${e instanceof Error ? e.message : String(e)}): timed in memory only`);
+            return time(false);
+          }), describe);
+      }
+      forward = calibrateForward(timing, kernelWindowMs(desc, layers, timings), kvCopyMs);
       say(forward.applied ? `compute: the kernels' FLOP/s scaled by 1/${forward.scale.toFixed(2)} to the engine's pass (${forward.kernelMs.toFixed(2)} ms of kernels)`
-        : `compute: the forward pass (${timing.windowMs.toFixed(2)} ms, with a window call of ${windowCallMs.toFixed(2)}) is implausible against the kernels (${forward.kernelMs.toFixed(2)} ms; a model this small is mostly the call): kernel FLOP/s used as timed`);
+        : `compute: the forward pass (${timing.windowMs.toFixed(2)} ms) is implausible against the kernels (${forward.kernelMs.toFixed(2)} ms; a model this small is mostly waking the threads): kernel FLOP/s used as timed, and the window call priced per window`);
       if (forward.streamedBytesPerS) say(`disk: ${(forward.streamedBytesPerS / 1e6).toFixed(0)} MB/s as the engine rereads streamed layers (what Halda prices rereads at)`);
     } catch (e) {
       say(`compute: the forward pass could not be timed (${e instanceof Error ? e.message : String(e)}): kernel FLOP/s used as timed`);

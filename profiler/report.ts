@@ -38,6 +38,13 @@ export interface DeviceDetails {
   readonly profileMs: number;
 }
 
+/** What a window costs Halda besides its layers and its hop: waking the compute threads. Where the
+ * forward pass was applied that wake is in the layer time already (calibrateForward), and a ring device
+ * runs one-token passes inline on its lane, with no call to wait for. */
+export function windowOverheadMs(d: Pick<DeviceDetails, "windowCallMs" | "forward">): number {
+  return d.forward?.applied ? 0 : d.windowCallMs ?? 0; // a peer's report may lack it
+}
+
 export interface DeviceReport {
   readonly version: number;
   readonly profile: DeviceProfile;
@@ -131,7 +138,7 @@ export function formatReport(r: DeviceReport): string {
   rows.push(
     ["memory read", `${(d.memReadBytesPerS / 1e9).toFixed(2)} GB/s`],
     ["kv copy", `${(d.kvCopyMs * 1000).toFixed(2)} us per token and layer`],
-    ["window call", `${(d.windowCallMs * 1000).toFixed(0)} us per window (waking the compute threads)`],
+    ["window call", `${(d.windowCallMs * 1000).toFixed(0)} us per window (waking the compute threads)${d.forward?.applied ? "; in the forward pass below, not added" : ""}`],
     ["forward pass", d.forward ? `${d.forward.windowMs.toFixed(2)} ms for the model's first ${d.forward.layers} layers (kernels alone ${d.forward.kernelMs.toFixed(2)} ms): ` +
       (d.forward.applied ? `cpu FLOP/s above are the kernels' / ${d.forward.scale.toFixed(2)}` : "implausible, not applied") : "not timed (no model given)"],
     ["ram total", `${gib(m.totalBytes)}${m.cgroup ? ` (cgroup v${m.cgroup.version} limit; machine ${gib(m.physicalTotalBytes)})` : ""}`],

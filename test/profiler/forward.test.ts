@@ -95,14 +95,14 @@ describe("the stand-in of a model's first layers", async () => {
 });
 
 describe("calibrateForward", () => {
-  it("scales the kernels to the pass less the window call and KV writes, and turns streaming's extra time into a disk speed", () => {
-    const c = calibrateForward({ layers: 4, windowMs: 5.1, streamedLayers: 2, streamedMs: 42.6, inMemoryMs: 2.6, streamedBytes: 100e6 }, 3, 0.1, 0.25);
-    expect(c.scale).toBeCloseTo((5.1 - 0.1 - 4 * 0.25) / 3, 12);
+  it("scales the kernels to the pass less the KV writes, and turns streaming's extra time into a disk speed", () => {
+    const c = calibrateForward({ layers: 4, windowMs: 5.1, streamedLayers: 2, streamedMs: 42.6, inMemoryMs: 2.6, streamedBytes: 100e6 }, 3, 0.25);
+    expect(c.scale).toBeCloseTo((5.1 - 4 * 0.25) / 3, 12);
     expect(c.applied).toBe(true);
     expect(c.streamedBytesPerS).toBeCloseTo(100e6 / 0.04, 0); // the streamed layers' pass less the same layers' in memory
     // A pass 20 times the kernels' time is a broken measurement: the kernels are used as timed.
-    expect(calibrateForward({ layers: 1, windowMs: 60 }, 3, 0, 0).applied).toBe(false);
+    expect(calibrateForward({ layers: 1, windowMs: 60 }, 3, 0).applied).toBe(false);
     // Streaming that added nothing measured no disk.
-    expect(calibrateForward({ layers: 1, windowMs: 5, streamedMs: 4, streamedBytes: 1e6 }, 3, 0, 0).streamedBytesPerS).toBeUndefined();
+    expect(calibrateForward({ layers: 1, windowMs: 5, streamedMs: 4, streamedBytes: 1e6 }, 3, 0).streamedBytesPerS).toBeUndefined();
   });
 });
