@@ -59,6 +59,8 @@ export interface WindowStatus {
 }
 export interface Status {
   windows: WindowStatus[]; waitMs: number; sendMs: number; anonRssBytes: number; memTotalBytes: number;
+  /** Of the windows' computeMs and of sendMs: the thread preempted (0 from a worker that predates it). */
+  descheduledMs?: number;
   memAvailableBytes: number; memPressure: number; frames: number;
   /** Room for layer windows as the device reads it while it holds none (0 while it holds some). */
   layerRoomBytes: number;

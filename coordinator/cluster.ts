@@ -619,7 +619,7 @@ export class Cluster extends EventEmitter {
     if (this.placement && meter.decodeSteps > 0) {
       const measured = new Map<number, MeasuredDevice>();
       for (const r of perDevice) {
-        if (r.before || !ring) measured.set(r.haldaIndex, { computeMs: ring ? r.cost.computeMs : meter.meanDecodeMs, sendMs: r.cost.sendMs, memPressure: r.status.memPressure });
+        if (r.before || !ring) measured.set(r.haldaIndex, { computeMs: ring ? r.cost.computeMs : meter.meanDecodeMs, sendMs: r.cost.sendMs, descheduledMs: ring ? r.cost.descheduledMs : 0, memPressure: r.status.memPressure });
       }
       prediction = predictionReport(this.placement, this.placement.labels, measured, meter.meanDecodeMs, meter.decodeSteps);
     }
@@ -667,7 +667,7 @@ export class Cluster extends EventEmitter {
   private async measure(current: Current, before: Awaited<ReturnType<Ring["statuses"]>> | undefined, headPressure: number, meter: DecodeMeter, result: GenerationResult): Promise<DeviceDecodeRow[]> {
     if (current.kind === "local") {
       const status = this.localStatus(current.pipeline, headPressure);
-      const cost = { computeMs: meter.meanDecodeMs, waitMs: 0, sendMs: 0, majorFaults: 0 };
+      const cost = { computeMs: meter.meanDecodeMs, waitMs: 0, sendMs: 0, descheduledMs: 0, majorFaults: 0 };
       this.headMeasured = { computeMs: cost.computeMs, waitMs: 0, sendMs: 0, majorFaultsPerToken: 0, tokens: meter.decodeSteps };
       this.headStatusSeen = status;
       return [{ id: HEAD_ID, label: `${HEAD_ID} (this coordinator)`, status, haldaIndex: 0, cost }];
@@ -681,7 +681,7 @@ export class Cluster extends EventEmitter {
       const b = decodeOnly ? before!.find((x) => x.id === s.id)?.status : undefined;
       const cost = costPerStep(b, s.status, steps);
       const info = this.devices.get(s.id);
-      const measured: MeasuredMs = { computeMs: cost.computeMs, waitMs: cost.waitMs, sendMs: cost.sendMs, majorFaultsPerToken: cost.majorFaults / Math.max(1, steps), tokens: steps };
+      const measured: MeasuredMs = { computeMs: cost.computeMs, waitMs: cost.waitMs, sendMs: cost.sendMs, descheduledMs: cost.descheduledMs, majorFaultsPerToken: cost.majorFaults / Math.max(1, steps), tokens: steps };
       if (info) {
         info.measured = measured;
         info.lastStatus = s.status;

@@ -63,6 +63,8 @@ export function formatMetrics(s: ClusterState, outcomes: RequestOutcomes, k: Clu
     perDevice.push([l("compute"), d.measured.computeMs], [l("wait"), d.measured.waitMs], [l("send"), d.measured.sendMs]);
   }
   metric("prima_device_ms_per_token", "gauge", "Each device's milliseconds per decode step in the last request, by part.", perDevice);
+  const preempted: [string, number][] = s.devices.filter((d) => d.measured).map((d) => [`{device="${label(d.id)}",name="${label(d.name)}"}`, d.measured!.descheduledMs ?? 0]);
+  metric("prima_device_preempted_ms_per_token", "gauge", "Of each device's compute and send: milliseconds per decode step another process had its CPU.", preempted);
   const predicted: [string, number][] = s.devices.filter((d) => d.predicted).map((d) => [`{device="${label(d.id)}",name="${label(d.name)}"}`, d.predicted!.totalMs]);
   metric("prima_device_predicted_ms_per_token", "gauge", "Halda's predicted milliseconds per token of each device.", predicted);
   return `${out.join("\n")}\n`;

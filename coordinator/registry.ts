@@ -534,7 +534,7 @@ export function statusProblem(st: Status): string | null {
   const nums: [string, number][] = [
     ["memTotalBytes", Number(st.memTotalBytes)], ["memAvailableBytes", Number(st.memAvailableBytes)], ["anonRssBytes", Number(st.anonRssBytes)],
     ["layerRoomBytes", Number(st.layerRoomBytes ?? 0)],
-    ["waitMs", st.waitMs], ["sendMs", st.sendMs], ["memPressure", st.memPressure],
+    ["waitMs", st.waitMs], ["sendMs", st.sendMs], ["descheduledMs", st.descheduledMs ?? 0], ["memPressure", st.memPressure],
   ];
   for (const [k, v] of nums) if (!Number.isFinite(v) || v < 0) return `${k} = ${v}`;
   if (Number(st.memTotalBytes) > PLAUSIBLE.ramBytes) return `memTotalBytes = ${st.memTotalBytes} is more than any device has`;

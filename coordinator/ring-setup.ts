@@ -63,7 +63,7 @@ export function headStatus(node: RingNode | undefined, pressure: number): Status
       const r = node!.windows[i].residency();
       return { ...w, residentBytes: r.residentBytes, totalBytes: r.totalBytes };
     }),
-    waitMs: s?.waitMs ?? 0, sendMs: s?.sendMs ?? 0, frames: s?.frames ?? 0, anonRssBytes: anonRssBytes(), memTotalBytes: mem.totalBytes,
+    waitMs: s?.waitMs ?? 0, sendMs: s?.sendMs ?? 0, descheduledMs: s?.descheduledMs ?? 0, frames: s?.frames ?? 0, anonRssBytes: anonRssBytes(), memTotalBytes: mem.totalBytes,
     memAvailableBytes: mem.availableBytes, memPressure: pressure, layerRoomBytes: 0,
   };
 }

@@ -89,13 +89,13 @@ export function timingLine(r: RunReport): string {
 export function summaryTable(rows: GenerationOutcome["perDevice"], tokens: number): string {
   const ms = (v: number) => (tokens > 0 ? v.toFixed(2) : "-");
   const lines = [
-    "device                      layers            compute ms/tok  wait ms/tok  send ms/tok  major faults  resident  anon RSS  mem pressure",
+    "device                      layers            compute ms/tok  wait ms/tok  send ms/tok  preempted ms/tok  major faults  resident  anon RSS  mem pressure",
   ];
   for (const { label, status: s, cost: c } of rows) {
     const layers = s.windows.map((w) => `${w.firstLayer}-${w.endLayer - 1}`).join(",") || "-";
     const res = s.windows.reduce((a, w) => a + Number(w.residentBytes), 0), tot = s.windows.reduce((a, w) => a + Number(w.totalBytes), 0);
     lines.push(
-      `${label.padEnd(27)} ${layers.padEnd(17)} ${ms(c.computeMs).padStart(14)} ${ms(c.waitMs).padStart(12)} ${ms(c.sendMs).padStart(12)} ` +
+      `${label.padEnd(27)} ${layers.padEnd(17)} ${ms(c.computeMs).padStart(14)} ${ms(c.waitMs).padStart(12)} ${ms(c.sendMs).padStart(12)} ${ms(c.descheduledMs).padStart(17)} ` +
       `${String(c.majorFaults).padStart(13)} ${(tot ? `${((100 * res) / tot).toFixed(0)}%` : "-").padStart(9)} ` +
       `${`${(Number(s.anonRssBytes) / 2 ** 20).toFixed(0)} MiB`.padStart(9)} ${`${(100 * s.memPressure).toFixed(2)}%`.padStart(13)}`,
     );
@@ -203,7 +203,7 @@ async function generateOnce(a: RunArgs, cluster: Cluster, tok: Tokenizer, ids: I
       ...(ring || out.placement ? { cycles: out.cycles, layer_windows: out.layersPerCycle } : {}),
       ...(ring ? { devices_status: out.perDevice.map((r) => ({ device: r.label, status: r.status })) } : {}),
       ...(ring && decodeOnly ? {
-        devices_decode: out.perDevice.map((r) => ({ device: r.label, compute_ms: r.cost.computeMs, wait_ms: r.cost.waitMs, send_ms: r.cost.sendMs, major_faults: r.cost.majorFaults })),
+        devices_decode: out.perDevice.map((r) => ({ device: r.label, compute_ms: r.cost.computeMs, wait_ms: r.cost.waitMs, send_ms: r.cost.sendMs, descheduled_ms: r.cost.descheduledMs, major_faults: r.cost.majorFaults })),
       } : {}),
       ...(out.placement ? { placement: placementJson(out.placement, out.prediction) } : {}),
     }));

@@ -30,6 +30,8 @@ export interface MeasuredMs {
   readonly computeMs: number;
   readonly waitMs: number;
   readonly sendMs: number;
+  /** Of computeMs and sendMs: the device's thread preempted (Status.descheduledMs). */
+  readonly descheduledMs?: number;
   /** Major page faults per token (weights read from disk). */
   readonly majorFaultsPerToken: number;
   /** Over how many decode steps. */

@@ -162,7 +162,7 @@ function deviceLines(s: ClusterState, d: DeviceState, st: Style): string[] {
   const m = d.measured;
   if (p || m) {
     const pred = p ? `predicted ${ms(p.totalMs)} (compute ${ms(p.computeMs)}, memory ${ms(p.memoryMs)}, disk ${ms(p.diskMs)}, sending ${ms(p.commMs)})` : "predicted -";
-    const meas = m ? `measured ${ms(m.computeMs + m.waitMs + m.sendMs)} (compute ${ms(m.computeMs)}, waiting ${ms(m.waitMs)}, sending ${ms(m.sendMs)}, ${m.majorFaultsPerToken.toFixed(1)} page faults/token; ${m.tokens} tokens)` : "measured -";
+    const meas = m ? `measured ${ms(m.computeMs + m.waitMs + m.sendMs)} (compute ${ms(m.computeMs)}, waiting ${ms(m.waitMs)}, sending ${ms(m.sendMs)}${m.descheduledMs ? `, of which ${ms(m.descheduledMs)} waiting for a CPU` : ""}, ${m.majorFaultsPerToken.toFixed(1)} page faults/token; ${m.tokens} tokens)` : "measured -";
     out.push(`    ms/token ${pred}`, `             ${meas}`);
   }
   return out;

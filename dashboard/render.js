@@ -245,6 +245,8 @@ function timingBlock(d) {
           m ? `${fmtNum(m.majorFaultsPerToken)} faults/token` : DASH),
         row(h("span", null, h("i", { class: "key p-wait" }), "waiting for its predecessor"), DASH, m ? fmtMs(m.waitMs) : DASH),
         row(h("span", null, h("i", { class: "key p-send" }), "sending"), p ? fmtMs(p.commMs) : DASH, m ? fmtMs(m.sendMs) : DASH),
+        // Part of compute and sending: another process (another device, on a shared machine) had the CPU.
+        m && isNum(m.descheduledMs) ? row(h("span", { class: "muted" }, "of which waiting for a CPU"), DASH, fmtMs(m.descheduledMs)) : null,
         h("tr", { class: "total" }, h("th", null, "total"), h("td", null, p ? fmtMs(p.totalMs) : DASH), h("td", null, m ? fmtMs(mTotal) : DASH)),
       )),
     p ? h("div", { class: "stack-row" }, h("span", { class: "muted" }, "predicted"), stacked([p.computeMs, p.memoryMs, p.diskMs, 0, p.commMs], scale)) : null,

@@ -808,7 +808,7 @@ Napi::Value Lane::SetReleaseAfterUse(const Napi::CallbackInfo &info) {
   return info.Env().Undefined();
 }
 
-// stats(): { waitMs, sendMs, frames, windows: [{ computeMs, frames, tokens, majorFaults }] } (windows in
+// stats(): { waitMs, sendMs, descheduledMs, frames, windows: [{ computeMs, frames, tokens, majorFaults }] } (windows in
 // the constructor's order)
 Napi::Value Lane::Stats(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
@@ -819,6 +819,7 @@ Napi::Value Lane::Stats(const Napi::CallbackInfo &info) {
   Napi::Object o = Napi::Object::New(env);
   o.Set("waitMs", s.wait_ms);
   o.Set("sendMs", s.send_ms);
+  o.Set("descheduledMs", s.descheduled_ms);
   o.Set("frames", (double)s.frames);
   Napi::Array a = Napi::Array::New(env, ws.size());
   for (size_t i = 0; i < ws.size(); i++) {

@@ -263,6 +263,29 @@ Napi::Value ReleaseFreeMemory(const Napi::CallbackInfo &info) {
   return info.Env().Undefined();
 }
 
+// threadClock(): [cpuMs, involuntary switches, voluntary switches] of the calling thread.
+Napi::Value ThreadClock(const Napi::CallbackInfo &info) {
+  prima_thread_clock c;
+  prima_thread_clock_read(&c);
+  Napi::Array a = Napi::Array::New(info.Env(), 3);
+  a.Set(0u, c.cpu_ms);
+  a.Set(1u, (double)c.involuntary);
+  a.Set(2u, (double)c.voluntary);
+  return a;
+}
+
+static prima_thread_clock ClockArg(const Napi::Value &v) {
+  Napi::Array a = v.As<Napi::Array>();
+  return prima_thread_clock{a.Get(0u).As<Napi::Number>().DoubleValue(), (long)a.Get(1u).As<Napi::Number>().Int64Value(),
+                            (long)a.Get(2u).As<Napi::Number>().Int64Value()};
+}
+
+// descheduledMs(before, after, wallMs): prima_descheduled_ms over two threadClock() readings.
+Napi::Value DescheduledMs(const Napi::CallbackInfo &info) {
+  prima_thread_clock a = ClockArg(info[0]), b = ClockArg(info[1]);
+  return Napi::Number::New(info.Env(), prima_descheduled_ms(&a, &b, info[2].As<Napi::Number>().DoubleValue()));
+}
+
 }  // namespace
 
 void RegisterProfile(Napi::Env env, Napi::Object exports) {
@@ -276,5 +299,7 @@ void RegisterProfile(Napi::Env env, Napi::Object exports) {
   p.Set("wakePool", Napi::Function::New(env, WakePool, "wakePool"));
   p.Set("closePool", Napi::Function::New(env, ClosePool, "closePool"));
   p.Set("releaseFreeMemory", Napi::Function::New(env, ReleaseFreeMemory, "releaseFreeMemory"));
+  p.Set("threadClock", Napi::Function::New(env, ThreadClock, "threadClock"));
+  p.Set("descheduledMs", Napi::Function::New(env, DescheduledMs, "descheduledMs"));
   exports.Set("profile", p);
 }

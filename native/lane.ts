@@ -52,6 +52,8 @@ export interface NativeLaneWindowStats {
 export interface NativeLaneStats {
   readonly waitMs: number;
   readonly sendMs: number;
+  /** Of the windows' computeMs and of sendMs: the lane thread preempted (threadpool.h). */
+  readonly descheduledMs: number;
   readonly frames: number;
   readonly windows: readonly NativeLaneWindowStats[];
 }

@@ -28,6 +28,8 @@ interface ProfileAddon {
   wakePool(pool: PoolHandle): Promise<void>;
   closePool(pool: PoolHandle): void;
   releaseFreeMemory(): void;
+  threadClock(): ThreadClock;
+  descheduledMs(before: ThreadClock, after: ThreadClock, wallMs: number): number;
 }
 
 /** An opaque thread pool handle (native). */
@@ -69,6 +71,19 @@ export function benchDisk(path: string, o: { fileBytes: number; seqBlock: number
  * C heap's free pages to the system (glibc's malloc_trim). */
 export function releaseFreeMemory(): void {
   p.releaseFreeMemory();
+}
+
+/** The calling thread's CPU ms and its involuntary and voluntary context switches. */
+export type ThreadClock = readonly [cpuMs: number, involuntary: number, voluntary: number];
+
+export function threadClock(): ThreadClock {
+  return p.threadClock();
+}
+
+/** ms of `wallMs` between two readings the thread spent preempted (native threadpool.h's rule, the
+ * lane's too): wall less CPU time where it was only switched out involuntarily; else 0. */
+export function descheduledMs(before: ThreadClock, after: ThreadClock, wallMs: number): number {
+  return p.descheduledMs(before, after, wallMs);
 }
 
 /** Writes back and drops a file's pages from the page cache. */

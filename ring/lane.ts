@@ -126,7 +126,7 @@ export class RingLane {
     const s = this.lane.stats();
     const slots = this.o.node.slotWindows;
     return {
-      waitMs: s.waitMs, sendMs: s.sendMs, frames: s.frames,
+      waitMs: s.waitMs, sendMs: s.sendMs, descheduledMs: s.descheduledMs, frames: s.frames,
       windows: slots.map((slot, i) => ({ ...slot.spec, ...s.windows[i] })),
     };
   }

@@ -3,7 +3,7 @@
 // then advise the OS about the next window (prefetch) and, if memory is short, drop the one it used.
 // The head (last in ring order) also closes each cycle: it starts the next one or delivers the result.
 import { QuickForward, type LocalModel } from "../engine/index.js";
-import type { NativeWindow } from "../native/index.js";
+import { descheduledMs, threadClock, type NativeWindow } from "../native/index.js";
 import type { ActivationsFrame, ErrorFrame } from "./frame.js";
 
 /** Why a device cannot run a frame (it passes an ERROR frame on instead). */
@@ -33,6 +33,9 @@ export interface NodeStats {
   waitMs: number;
   /** Time spent handing frames to the successor (encode + write until buffered/drained). */
   sendMs: number;
+  /** Of the windows' computeMs and of sendMs: the thread that ran them preempted, as by another
+   * device's threads on a shared host (native threadClock): time this device did not cost. */
+  descheduledMs: number;
   frames: number;
 }
 
@@ -89,7 +92,7 @@ export class RingNode {
   private queue: (ActivationsFrame | ErrorFrame)[] = [];
   private busy = false;
   private lastDoneMs = 0;
-  private stats: Omit<NodeStats, "windows"> = { waitMs: 0, sendMs: 0, frames: 0 };
+  private stats: Omit<NodeStats, "windows"> = { waitMs: 0, sendMs: 0, descheduledMs: 0, frames: 0 };
   private closed = false;
   /** Drop a window's pages after running it (a device short of memory with several windows). */
   releaseAfterUse: boolean;
@@ -166,7 +169,7 @@ export class RingNode {
   }
 
   resetStats(): void {
-    this.stats = { waitMs: 0, sendMs: 0, frames: 0 };
+    this.stats = { waitMs: 0, sendMs: 0, descheduledMs: 0, frames: 0 };
     this.lastDoneMs = 0;
     for (const s of this.slots.values()) Object.assign(s.stats, { frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 });
   }
@@ -176,10 +179,12 @@ export class RingNode {
    * milliseconds), since the successor starts as soon as the bytes arrive and on a loopback ring
    * needs the same cores. */
   async send(frame: ActivationsFrame | ErrorFrame): Promise<void> {
-    const t0 = performance.now();
+    const c0 = threadClock(), t0 = performance.now();
     if (this.queue.length === 0) this.o.model.relax();
     await this.o.send(frame);
-    this.stats.sendMs += performance.now() - t0;
+    const ms = performance.now() - t0;
+    this.stats.sendMs += ms;
+    this.stats.descheduledMs += descheduledMs(c0, threadClock(), ms);
   }
 
   close(): void {
@@ -226,13 +231,15 @@ export class RingNode {
     const logits = this.o.isHead && last && slot ? this.o.logitsFor?.(frame) : undefined;
     if (slot) {
       const faults0 = process.resourceUsage().majorPageFault;
-      const t0 = performance.now();
+      const c0 = threadClock(), t0 = performance.now();
       // Inline, the rows go on to the successor in this same turn, without an await in between.
       const { activations, firstTokenPosition, nTokens } = frame;
       if (!slot.runner.forwardInline(activations, firstTokenPosition, nTokens, logits)) {
         await slot.runner.forward(activations, firstTokenPosition, nTokens, logits);
       }
-      slot.stats.computeMs += performance.now() - t0;
+      const ms = performance.now() - t0;
+      slot.stats.computeMs += ms;
+      this.stats.descheduledMs += descheduledMs(c0, threadClock(), ms);
       slot.lastFaults = process.resourceUsage().majorPageFault - faults0;
       slot.stats.majorFaults += slot.lastFaults;
       slot.stats.frames++;

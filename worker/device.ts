@@ -198,6 +198,7 @@ export class WorkerDevice implements SessionHandler {
       }),
       waitMs: s?.waitMs ?? 0,
       sendMs: s?.sendMs ?? 0,
+      descheduledMs: s?.descheduledMs ?? 0,
       frames: s?.frames ?? 0,
       anonRssBytes: anonRssBytes(),
       memTotalBytes: mem.totalBytes,

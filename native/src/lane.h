@@ -51,6 +51,8 @@ typedef struct {
 
 typedef struct {
   double wait_ms, send_ms;
+  /* Of the windows' compute_ms and of send_ms: the lane thread preempted (prima_descheduled_ms). */
+  double descheduled_ms;
   uint64_t frames;
 } prima_lane_stats;
 

@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
+#include <sys/resource.h>
 #ifdef __linux__
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -290,4 +291,24 @@ void prima_pool_barrier(const prima_task *t) {
 
 int prima_pool_next_chunk(const prima_task *t) {
   return atomic_fetch_add_explicit(&t->pool->chunk, 1, memory_order_relaxed);
+}
+
+void prima_thread_clock_read(prima_thread_clock *c) {
+  struct timespec ts = {0, 0};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  c->cpu_ms = (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+  c->involuntary = c->voluntary = 0;
+#ifdef RUSAGE_THREAD
+  struct rusage ru;
+  if (getrusage(RUSAGE_THREAD, &ru) == 0) {
+    c->involuntary = ru.ru_nivcsw;
+    c->voluntary = ru.ru_nvcsw;
+  }
+#endif
+}
+
+double prima_descheduled_ms(const prima_thread_clock *before, const prima_thread_clock *after, double wall_ms) {
+  if (after->involuntary <= before->involuntary || after->voluntary != before->voluntary) return 0;
+  double d = wall_ms - (after->cpu_ms - before->cpu_ms);
+  return d > 0 ? d : 0;
 }

@@ -58,4 +58,16 @@ void prima_pool_barrier(const prima_task *t);
  * each step between two barriers has its own sequence. */
 int prima_pool_next_chunk(const prima_task *t);
 
+/* The calling thread's CPU time and context switches. Between two readings, a thread that was only
+ * switched out involuntarily (preempted: on a shared host, by another device's threads) and never
+ * blocked spent its wall time less its CPU time waiting for a CPU: prima_descheduled_ms. A thread that
+ * also blocked may have waited on purpose (a barrier, a full socket, a page from disk), so that
+ * interval counts none. */
+typedef struct {
+  double cpu_ms;
+  long involuntary, voluntary;
+} prima_thread_clock;
+void prima_thread_clock_read(prima_thread_clock *c);
+double prima_descheduled_ms(const prima_thread_clock *before, const prima_thread_clock *after, double wall_ms);
+
 #endif

@@ -89,6 +89,9 @@ describe("native lane", () => {
     expect(d.received[3]).toMatchObject({ type: "error", message: "upstream failed", firstTokenPosition: 5 });
     const stats = d.lane.stats();
     expect([stats.frames, stats.windows[0].frames, stats.windows[0].tokens]).toEqual([3, 3, 5]);
+    // Time preempted is part of what the lane timed: never more than its compute and sends.
+    expect(stats.descheduledMs).toBeGreaterThanOrEqual(0);
+    expect(stats.descheduledMs).toBeLessThanOrEqual(stats.windows[0].computeMs + stats.sendMs);
     expect(d.errors).toEqual([]);
 
     // KV commands run between frames: after a truncate to 3, position 3 again gives the same rows.

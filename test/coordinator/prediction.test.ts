@@ -1,0 +1,41 @@
+// The prediction report's measured side: a device's own work per token (compute and send, less the time
+// another process held its CPU), set beside Halda's figure for it; and the counters it comes from.
+import { describe, expect, it } from "vitest";
+import { costPerStep, formatPrediction, predictionReport, type MeasuredDevice, type Placement } from "../../coordinator/placement.js";
+import type { Status } from "../../control/proto.js";
+
+const latency = (computeMs: number, commMs: number) => ({ computeMs, memoryMs: 0, diskMs: 0, commMs, totalMs: computeMs + commMs });
+
+describe("prediction report", () => {
+  it("compares Halda's figure with each device's compute and send less the time it was preempted", () => {
+    // Halda's device 0 is the head, 1 the worker (ring order: the worker, then the head).
+    const placement = {
+      devices: [{}, {}],
+      plan: { latencyMs: 10.5, devices: [{ index: 0, set: "M4", windowLayers: 2, latency: latency(4, 0.2) }, { index: 1, set: "M4", windowLayers: 6, latency: latency(5.8, 0.2) }] },
+    } as unknown as Placement;
+    const measured = new Map<number, MeasuredDevice>([
+      [0, { computeMs: 4.4, sendMs: 0.3, descheduledMs: 0.1, memPressure: 0 }],
+      [1, { computeMs: 6.5, sendMs: 1.2, descheduledMs: 1.5, memPressure: 0.01 }],
+    ]);
+    const r = predictionReport(placement, ["head (this coordinator)", "w1 \"a\""], measured, 11.9, 40);
+    expect(r.rows.map((x) => x.label)).toEqual(["w1 \"a\"", "head (this coordinator)"]);
+    expect(r.rows[0].measuredMs).toBeCloseTo(6.5 + 1.2 - 1.5, 12);
+    expect(r.rows[1].measuredMs).toBeCloseTo(4.4 + 0.3 - 0.1, 12);
+    expect(r.error).toBeCloseTo((11.9 - 10.5) / 10.5, 12); // the token stays wall-clock time
+    const text = formatPrediction(r);
+    expect(text).toMatch(/measured \(compute\+send-preempted\)/);
+    expect(text).toMatch(/w1 "a" .* 6\.20 \(6\.50\+1\.20-1\.50\)/);
+    // What no device's own time holds: hops, the output layer, sampling, the waits for a CPU.
+    expect(text).toMatch(new RegExp(`hops, output layer, sampling\\s+${(11.9 - 6.2 - 4.6).toFixed(2)}`));
+  });
+
+  it("takes the preempted time per step from two status snapshots, as zero from a worker that predates it", () => {
+    const status = (computeMs: number, sendMs: number, descheduledMs?: number): Status => ({
+      windows: [{ firstLayer: 0, endLayer: 4, cycle: 0, residentBytes: 1, totalBytes: 1, frames: 0, tokens: 0, computeMs, majorFaults: 0 }],
+      waitMs: 0, sendMs, anonRssBytes: 1, memTotalBytes: 2, memAvailableBytes: 1, memPressure: 0, frames: 0, layerRoomBytes: 0,
+      ...(descheduledMs === undefined ? {} : { descheduledMs }),
+    });
+    expect(costPerStep(status(10, 2, 1), status(30, 6, 5), 4)).toMatchObject({ computeMs: 5, sendMs: 1, descheduledMs: 1 });
+    expect(costPerStep(undefined, status(30, 6), 3).descheduledMs).toBe(0);
+  });
+});
