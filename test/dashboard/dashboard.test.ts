@@ -82,6 +82,9 @@ describe.skipIf(chromiumMissing !== null)(chromiumMissing ? `dashboard in chromi
     expect(devices.find((x) => x.id === "w4")!.text).toContain("no heartbeat for 2.1 s");
     expect(devices.find((x) => x.id === "w3")!.text).toContain("it would add 310 ms per token");
     expect(devices.find((x) => x.id === "w2")!.text).toContain("62%");
+    // The part of compute and sending another process had the CPU for, where the device reports it.
+    expect(devices.find((x) => x.id === "w1")!.text).toMatch(/of which waiting for a CPU\s*[\s\S]{0,3}0\.65 ms/);
+    expect(devices.find((x) => x.id === "head")!.text).not.toContain("waiting for a CPU");
 
     // Each cycle's band spans that cycle's layers (k = 2: 0-10, 11-21), every one held exactly once;
     // over the cycles every layer of the model runs exactly once.

@@ -86,7 +86,7 @@ export function sampleState(now = Date.now()): ClusterState {
         diskReadBytesPerS: 480e6, ringPosition: 0, set: "M3",
         windows: win("w1").map((w, i) => ({ firstLayer: w.firstLayer, endLayer: w.endLayer, cycle: w.cycle, residentBytes: i === 0 ? 96 * MiB : 41 * MiB, totalBytes: 140 * MiB })),
         predicted: { computeMs: 14.0, memoryMs: 2.5, diskMs: 9.8, commMs: 0.9, totalMs: 27.2 },
-        measured: { computeMs: 15.1, waitMs: 18.0, sendMs: 0.8, majorFaultsPerToken: 212.4, tokens: 412 },
+        measured: { computeMs: 15.1, waitMs: 18.0, sendMs: 0.8, descheduledMs: 0.65, majorFaultsPerToken: 212.4, tokens: 412 },
       }),
       device({
         id: "w2", name: "phone", address: "192.168.1.31:40100", state: "loading", loadProgress: 0.62, detail: "paging in window 2 of 2",

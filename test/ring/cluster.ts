@@ -22,7 +22,7 @@ export interface RingRun {
   /** The coordinator's --json report, when it printed one. */
   report?: {
     generated_ids: number[]; prompt_ids: number[]; devices: number; cycles: number;
-    devices_decode?: { device: string; compute_ms: number; wait_ms: number; send_ms: number; major_faults: number }[];
+    devices_decode?: { device: string; compute_ms: number; wait_ms: number; send_ms: number; descheduled_ms: number; major_faults: number }[];
   };
 }
 

@@ -39,6 +39,9 @@ describe("piped ring on stories260K (5 layers)", () => {
       if (withLayers[i]! > 0) expect(d.compute_ms, d.device).toBeGreaterThan(0);
       expect(d.wait_ms, d.device).toBeGreaterThanOrEqual(0);
       expect(d.send_ms, d.device).toBeGreaterThanOrEqual(0);
+      // Carried from every device (Status.descheduled_ms): part of its compute and sends, never more.
+      expect(d.descheduled_ms, d.device).toBeGreaterThanOrEqual(0);
+      expect(d.descheduled_ms, d.device).toBeLessThanOrEqual(d.compute_ms + d.send_ms + 1e-9);
     });
   }, 60_000);
 
