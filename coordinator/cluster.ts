@@ -201,7 +201,7 @@ export class Cluster extends EventEmitter {
     if (this.o.layerWindows === undefined) {
       this.headState = { state: "profiling", detail: "measuring this device" };
       this.headReport = await profileDevice({
-        name: HEAD_ID, workload: modelWorkload(this.o.model.desc), model: this.o.model, threads: this.o.model.threads,
+        name: HEAD_ID, workload: modelWorkload(this.o.model.desc), model: this.o.model, outputLayer: true, threads: this.o.model.threads,
         diskDirs: [dirname(resolve(this.o.modelPath))], nCtx: this.o.ctx, reprofile: this.o.reprofile,
         progress: (l) => this.o.log(`profile: ${l}`),
       });

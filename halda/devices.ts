@@ -26,6 +26,7 @@ export interface ResolvedDevice {
   /** s: sequential read on Linux (mmap advised sequential), random read on macOS and Android. */
   readonly diskBytesPerS: number;
   readonly linkLatencyMs: number;
+  readonly outputLayerMs: number | undefined;
   readonly cpuComputeBufferBytes: number | undefined;
   readonly gpuComputeBufferBytes: number | undefined;
 }
@@ -36,7 +37,7 @@ const KNOWN_FIELDS = new Set([
   "name", "id", "os", "gpuBackend", "uma", "cpuFlopsPerS", "gpuFlopsPerS", "kvCopyCpuMs", "kvCopyGpuMs",
   "ramReadBytesPerS", "vramReadBytesPerS", "ramToVramMs", "vramToRamMs", "ramTotalBytes", "ramAvailableBytes",
   "swappableBytes", "swapTotalBytes", "swapAvailableBytes", "gpuFreeBytes", "gpuMemCapBytes",
-  "diskSeqReadBytesPerS", "diskRandReadBytesPerS", "linkLatencyMs", "cpuComputeBufferBytes", "gpuComputeBufferBytes",
+  "diskSeqReadBytesPerS", "diskRandReadBytesPerS", "linkLatencyMs", "outputLayerMs", "cpuComputeBufferBytes", "gpuComputeBufferBytes",
 ]);
 
 function fail(where: string, msg: string): never {
@@ -105,6 +106,7 @@ export function resolveDevice(p: DeviceProfile, index: number): ResolvedDevice {
     gpuFreeBytes: hasGpu ? (cap === undefined ? gpuFree : Math.min(gpuFree, cap)) : 0,
     diskBytesPerS,
     linkLatencyMs: num("linkLatencyMs") ?? 0,
+    outputLayerMs: num("outputLayerMs"),
     cpuComputeBufferBytes: num("cpuComputeBufferBytes"),
     gpuComputeBufferBytes: num("gpuComputeBufferBytes"),
   };

@@ -180,7 +180,7 @@ export function deviceTerms(d: ResolvedDevice, isHead: boolean, flags: BufferFla
   let gpuLayerMemMs = d.kvCopyGpuMs;
   let headReadMs = 0;
   let headComputeMs = 0;
-  if (isHead) headComputeMs = o.headComputeTerm === "outputLayer" ? timeMs(m.outputFlops, d.cpuFlopsPerS, d, "cpuFlopsPerS") : tCpuMs;
+  if (isHead) headComputeMs = o.headComputeTerm === "outputLayer" ? d.outputLayerMs ?? timeMs(m.outputFlops, d.cpuFlopsPerS, d, "cpuFlopsPerS") : tCpuMs;
   if (o.registerLoadTerms) {
     const need = (v: number | undefined, field: string) => {
       if (!v) throw new HaldaError(`device #${d.index} (${d.name}): registerLoadTerms needs ${field} > 0`, "invalid-input");

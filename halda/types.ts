@@ -52,6 +52,10 @@ export interface DeviceProfile {
   readonly diskRandReadBytesPerS?: number;
   /** ms to send one token's activations to the successor (ξ). Default 0. */
   readonly linkLatencyMs?: number;
+  /** ms of the head's output layer (its norm, the vocabulary's matmul, the logits out) as measured on
+   * this device's CPU. Default: the output's FLOPs at cpuFlopsPerS. A layer's kernels and the output's
+   * one long matmul do not run at one rate (on this project's VM the output took ~1.3x its FLOPs' time). */
+  readonly outputLayerMs?: number;
   /** Measured scratch memory of the forward pass (c_cpu, c_gpu). Default: prima.cpp's estimate (HALDA.md §1.4). */
   readonly cpuComputeBufferBytes?: number;
   readonly gpuComputeBufferBytes?: number;

@@ -30,6 +30,9 @@ export interface ForwardTiming {
   readonly inMemoryMs?: number;
   /** Weight bytes a streamed pass reads. */
   readonly streamedBytes?: number;
+  /** With `output`: the median pass that also runs the output layer (the head's last window), less
+   * windowMs: what the output layer costs. */
+  readonly outputMs?: number;
 }
 
 /** The forward timing and what it did to the kernels' FLOP/s (DeviceDetails.forward). */
@@ -72,8 +75,9 @@ export function forwardKey(desc: ModelDescription, layers: number): string {
 /** Writes the stand-in of the model's first `layers` layers to `path`: its header's metadata (less the
  * tokenizer) and tensors; norms and RoPE factors are ones (zeros would make them divide by zero), the
  * layers' weights zeros, as holes (no disk) except the first `onDisk` layers' (written out, to be read
- * back from the disk), the embedding and output holes. */
-export function writeStandIn(gguf: GgufFile, desc: ModelDescription, layers: number, path: string, onDisk = 0): void {
+ * back from the disk), the embedding and output holes: of STAND_IN_VOCAB rows, or all the model's with
+ * `fullVocab` (the output layer is timed). */
+export function writeStandIn(gguf: GgufFile, desc: ModelDescription, layers: number, path: string, onDisk = 0, fullVocab = false): void {
   const arch = desc.hparams.arch;
   const metadata: GgufKV[] = [];
   for (const m of gguf.metadata.values()) {
@@ -85,7 +89,7 @@ export function writeStandIn(gguf: GgufFile, desc: ModelDescription, layers: num
   for (const t of gguf.tensors) {
     const layer = /^blk\.(\d+)\./.exec(t.name);
     if (layer && Number(layer[1]) >= layers) continue;
-    const vocabRows = t.name === "token_embd.weight" || t.name === "output.weight";
+    const vocabRows = !fullVocab && (t.name === "token_embd.weight" || t.name === "output.weight");
     const dims = vocabRows ? [t.dims[0], STAND_IN_VOCAB] : t.dims;
     const scale = /_norm\.weight$/.test(t.name) || t.name === "rope_freqs.weight";
     tensors.push({ name: t.name, dims, type: t.type, data: scale ? ones(t.nElements) : layer && Number(layer[1]) < onDisk ? () => new Uint8Array(t.nBytes) : null });
@@ -103,6 +107,9 @@ export interface ForwardOptions {
    * as a window streamed past its room does (ForwardTiming.streamedMs): those layers are written out
    * rather than left as holes. Passes stop after STREAM_SECONDS (at least one is timed). */
   readonly streamedLayers?: number;
+  /** Also time the passes with the output layer (the stand-in then keeps the whole vocabulary's
+   * output, as holes): ForwardTiming.outputMs. */
+  readonly output?: boolean;
   /** Under a CPU quota: the in-memory passes back to back for SUSTAINED_SECONDS, and their mean. A
    * quota throttles sustained work, which a pass after an idle gap never meets, and the kernels are
    * timed sustained: the scale would credit the device with the quota's time back. */
@@ -122,7 +129,7 @@ export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers
   const path = join(o.dir, `prima-forward-${process.pid}.gguf`);
   const streamedLayers = Math.min(layers, o.streamedLayers ?? 0);
   try {
-    writeStandIn(gguf, desc, layers, path, streamedLayers);
+    writeStandIn(gguf, desc, layers, path, streamedLayers, o.output);
     if (streamedLayers) dropFileCache(path); // written back, and its pages dropped: the first pass reads the disk
     const model = LocalModel.open(path, { threads: o.threads, ...RING_COMPUTE_OPTIONS });
     try {
@@ -131,7 +138,8 @@ export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers
       const acts = new Float32Array(model.nEmbd);
       /** One-token passes through layers [0, n), the first `skip` untimed, after `gapMs` each, until
        * `count` or until `seconds` have gone on timed passes (at least one): their times. */
-      const passes = async (n: number, count: number, skip: number, seconds: number, gapMs: number, before?: (w: NativeWindow) => void) => {
+      const logits = new Float32Array(o.output ? desc.hparams.nVocab : 0);
+      const passes = async (n: number, count: number, skip: number, seconds: number, gapMs: number, before?: (w: NativeWindow) => void, withOutput = false) => {
         const w = model.window(0, n, { ctx: count + 1, maxBatch: 1 });
         try {
           before?.(w);
@@ -140,7 +148,7 @@ export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers
             acts.set(input);
             if (gapMs > 0) await new Promise((r) => setTimeout(r, gapMs));
             const t0 = performance.now();
-            w.forwardNow(acts, pos, 1);
+            w.forwardNow(acts, pos, 1, withOutput ? logits : undefined);
             if (pos >= skip) ms.push(performance.now() - t0);
           }
           return { ms, bytes: w.residency().totalBytes };
@@ -148,16 +156,17 @@ export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers
           w.close();
         }
       };
-      const inMemory = async (n: number) => o.sustained
-        ? mean((await passes(n, 3 + SUSTAINED_PASSES, 3, SUSTAINED_SECONDS, 0)).ms)
-        : median((await passes(n, 3 + o.passes, 3, Infinity, o.gapMs)).ms);
+      const inMemory = async (n: number, withOutput = false) => o.sustained
+        ? mean((await passes(n, 3 + SUSTAINED_PASSES, 3, SUSTAINED_SECONDS, 0, undefined, withOutput)).ms)
+        : median((await passes(n, 3 + o.passes, 3, Infinity, o.gapMs, undefined, withOutput)).ms);
       const windowMs = await inMemory(layers);
-      if (!streamedLayers) return { layers, windowMs };
+      const output = o.output ? { outputMs: Math.max(0, (await inMemory(layers, true)) - windowMs) } : {};
+      if (!streamedLayers) return { layers, windowMs, ...output };
       // The first streamed layers alone, with no room: each goes once computed (the first pass still
       // finds them in memory), and the next pass reads it again. Their pass in memory, to subtract.
       const inMemoryMs = streamedLayers === layers ? windowMs : await inMemory(streamedLayers);
       const streamed = await passes(streamedLayers, 1 + Math.ceil(o.passes / 3), 1, STREAM_SECONDS, o.gapMs, (w) => w.streamBeyond(0));
-      return { layers, windowMs, streamedLayers, streamedMs: median(streamed.ms), inMemoryMs, streamedBytes: streamed.bytes };
+      return { layers, windowMs, streamedLayers, streamedMs: median(streamed.ms), inMemoryMs, streamedBytes: streamed.bytes, ...output };
     } finally {
       model.close();
     }

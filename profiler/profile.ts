@@ -24,6 +24,9 @@ export interface ProfileOptions {
   /** The model's header, when there is one: the engine's own forward pass is timed on a stand-in of
    * its first layers (profiler/forward.ts) and the kernels' FLOP/s scaled to it. */
   readonly model?: { readonly gguf: GgufFile; readonly desc: ModelDescription };
+  /** Time the model's output layer too (the head's, which only the coordinator runs): the profile's
+   * outputLayerMs. */
+  readonly outputLayer?: boolean;
   /** Compute threads, as the engine will use them. */
   readonly threads: number;
   /** Directories to put the disk's scratch file in, best first (the model's own directory). */
@@ -145,9 +148,9 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
     const meanLayerBytes = standInBytes(desc, layers) / layers;
     const streamedLayers = standInBytes(desc, 1) > MAX_STREAMED_BYTES ? 0
       : Math.max(1, Math.min(layers, Math.floor((0.2 * disk.seqReadBytesPerS) / meanLayerBytes)));
-    const time = (streamed: boolean) => timeForward(gguf, desc, layers, { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, streamedLayers: streamed ? streamedLayers : 0, sustained: quota !== undefined && quota < o.threads });
+    const time = (streamed: boolean) => timeForward(gguf, desc, layers, { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, streamedLayers: streamed ? streamedLayers : 0, sustained: quota !== undefined && quota < o.threads, output: o.outputLayer });
     const describe = (t: ForwardTiming) => `${t.windowMs.toFixed(2)} ms for ${t.layers} layer${t.layers === 1 ? "" : "s"} (the engine's one-token pass on a stand-in of the model)` +
-      (t.streamedMs !== undefined ? `, ${t.streamedMs.toFixed(2)} ms read from the disk` : "");
+      (t.streamedMs !== undefined ? `, ${t.streamedMs.toFixed(2)} ms read from the disk` : "") + (t.outputMs !== undefined ? `, ${t.outputMs.toFixed(2)} ms more with the output layer` : "");
     try {
       const cached = o.reprofile ? undefined : speeds.forward[fk];
       let timing: ForwardTiming;
@@ -155,19 +158,24 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
         // The pass is timed again on every profile (a quarter of a second): a device's speed moves
         // with its load and its heat, and a pass cached an hour before predicted a ring 9% fast on
         // this project's VM. The streamed passes, which write layers out, stay cached.
-        const windowMs = await time(false).then((t) => t.windowMs, (e: unknown) => {
+        const now = await time(false).then((t) => ({ windowMs: t.windowMs, ...(t.outputMs !== undefined ? { outputMs: t.outputMs } : {}) }), (e: unknown) => {
           say(`forward pass: could not be timed now (${e instanceof Error ? e.message : String(e)}): the cached pass used`);
-          return cached.windowMs;
+          return {};
         });
-        timing = { ...cached, windowMs };
+        // The output layer's time only as timed now (the cache never holds one: a worker's profile
+        // must not carry a head's figure from another run).
+        const { outputMs: _notCached, ...kept } = cached;
+        timing = { ...kept, ...now };
         say(`forward pass: ${describe(timing)} (timed now; the streamed passes cached)`);
       } else {
-        timing = speeds.forward[fk] = await cachedOr("forward pass", undefined,
+        timing = await cachedOr("forward pass", undefined,
           // Streaming writes the stand-in's layers out: where that fails (a full disk), the pass alone.
           () => time(true).catch((e: unknown) => {
             say(`forward pass: the layers could not be streamed from the disk (${e instanceof Error ? e.message : String(e)}): timed in memory only`);
             return time(false);
           }), describe);
+        const { outputMs: _output, ...kept } = timing;
+        speeds.forward[fk] = kept;
       }
       forward = calibrateForward(timing, kernelWindowMs(desc, layers, timings), kvCopyMs);
       say(forward.applied ? `compute: the kernels' FLOP/s scaled by 1/${forward.scale.toFixed(2)} to the engine's pass (${forward.kernelMs.toFixed(2)} ms of kernels)`
@@ -198,6 +206,8 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
     ...memoryFields(memory),
     diskSeqReadBytesPerS: forward?.streamedBytesPerS ?? disk.seqReadBytesPerS,
     diskRandReadBytesPerS: disk.randReadBytesPerS,
+    // Only a plausible pass's: a broken one's output would be as broken.
+    ...(forward?.applied && forward.outputMs !== undefined ? { outputLayerMs: forward.outputMs } : {}),
   };
   const profileMs = performance.now() - t0;
   // The measurements' matrices and buffers are garbage now: freed, so that the memory readings the

@@ -46,7 +46,7 @@ export function deviceCostFn(dev: DeviceProfile, isHead: boolean, model: ModelPr
     Object.entries(flops).reduce((acc, [q, f]) => acc + (f === 0 ? 0 : (1000 * f) / (tput[q] ?? tput["*"])), 0);
   const tCpu = time(model.layerFlops, dev.cpuFlopsPerS);
   const tGpu = hasGpu ? time(model.layerFlops, dev.gpuFlopsPerS!) : 0;
-  const tOut = isHead ? (opt.headComputeTerm === "outputLayer" ? time(model.outputFlops, dev.cpuFlopsPerS) : tCpu) : 0;
+  const tOut = isHead ? (opt.headComputeTerm === "outputLayer" ? dev.outputLayerMs ?? time(model.outputFlops, dev.cpuFlopsPerS) : tCpu) : 0;
   const b = model.layerBytes;
   const bp = b + model.kvBytesPerTokenLayer * model.nCtx;
   const row = Math.floor(model.inputBytes / model.nVocab);

@@ -77,6 +77,7 @@ export function randomInstance(rand: () => number, maxDevices = 4, maxLayers = 3
       linkLatencyMs: rand() < 0.5 ? 0 : between(0, 3),
       cpuComputeBufferBytes: measuredBuffers ? between(0, 0.5) * GiB : undefined,
       gpuComputeBufferBytes: measuredBuffers && hasGpu ? between(0, 0.9) * GiB : undefined,
+      outputLayerMs: rand() < 0.3 ? between(0, 20) : undefined, // the head's output layer as measured
     });
   }
   if (shape.headOverloaded) {

@@ -47,6 +47,18 @@ describe("the stand-in of a model's first layers", async () => {
     } finally {
       standIn.close();
     }
+    // For timing the head's output layer: the whole vocabulary's output, still a hole.
+    writeStandIn(model.gguf, model.desc, 3, path, 0, true);
+    const full = readGguf(path);
+    expect(full.tensors.find((t) => t.name === "output.weight")!.dims).toEqual([PLACEMENT_SHAPE.nEmbd, PLACEMENT_SHAPE.nVocab]);
+    expect(statSync(path).blocks * 512).toBeLessThan(layerBytes / 20);
+  });
+
+  it("times the output layer on top of the pass when asked, and only then", async () => {
+    const t = await timeForward(model.gguf, model.desc, 2, { dir, threads: 2, passes: 8, gapMs: 4, output: true });
+    expect(t.outputMs).toBeGreaterThanOrEqual(0);
+    expect(t.outputMs).toBeLessThan(t.windowMs * 5); // a 512-token vocabulary's matmul: a fraction of two layers
+    expect((await timeForward(model.gguf, model.desc, 2, { dir, threads: 2, passes: 4, gapMs: 4 })).outputMs).toBeUndefined();
   });
 
   it("streamed, reads its first layers back from the disk at a disk's speed", async () => {

@@ -105,13 +105,21 @@ describe("profileDevice on a generated model", async () => {
 
   it("reads speeds from the cache on the next start, and measures again when asked", async () => {
     const againLines: string[] = [];
-    const again = await profileDevice({ name: "unit", workload, model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, progress: (l) => againLines.push(l) });
+    // Asked as the head is: the output layer timed too.
+    const again = await profileDevice({ name: "unit", workload, model: standIn, outputLayer: true, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, progress: (l) => againLines.push(l) });
     expect(again.details.measured).toEqual([]);
     expect(again.details.kernels).toEqual(first.details.kernels);
     expect(again.profile.diskSeqReadBytesPerS).toBe(first.profile.diskSeqReadBytesPerS);
     // The pass is timed again (a device's speed moves with its load); the streamed passes are cached.
     const f0 = first.details.forward!, f1 = again.details.forward!;
-    expect({ ...f1, windowMs: 0, scale: 0 }).toEqual({ ...f0, windowMs: 0, scale: 0 });
+    expect({ ...f1, windowMs: 0, scale: 0, outputMs: 0 }).toEqual({ ...f0, windowMs: 0, scale: 0, outputMs: 0 });
+    // The output layer's time (the head's), measured now and never taken from the cache.
+    expect(first.profile.outputLayerMs).toBeUndefined();
+    expect(again.profile.outputLayerMs).toBe(f1.outputMs);
+    expect(again.profile.outputLayerMs).toBeGreaterThan(0);
+    expect(formatReport(again)).toMatch(/output layer\s+[\d.]+ ms/);
+    const worker = await profileDevice({ name: "unit", workload, model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true });
+    expect(worker.profile.outputLayerMs).toBeUndefined();
     expect(againLines.some((l) => /^forward pass: [\d.]+ ms .*\(timed now; the streamed passes cached\)/.test(l))).toBe(true);
     expect(f1.scale * f1.kernelMs + f1.layers * again.details.kvCopyMs).toBeCloseTo(f1.windowMs, 6); // the kernels scaled to the new pass
     const fresh = await profileDevice({ name: "unit", workload, model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, reprofile: true });
