@@ -135,6 +135,7 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
   // The engine's pass over the model's first layers: what Halda's layer time should be, and the same
   // layers streamed from the model's disk: what Halda prices rereads at (profiler/forward.ts).
   let forward: ForwardCalibration | undefined;
+  let outputLayerMs: number | undefined;
   // Past the last-level cache as a real window is (64 MiB), within half of what is free: the
   // stand-in's pages are page cache, given back when it is deleted. Fewer layers would fit the cache
   // and time too fast.
@@ -148,9 +149,9 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
     const meanLayerBytes = standInBytes(desc, layers) / layers;
     const streamedLayers = standInBytes(desc, 1) > MAX_STREAMED_BYTES ? 0
       : Math.max(1, Math.min(layers, Math.floor((0.2 * disk.seqReadBytesPerS) / meanLayerBytes)));
-    const time = (streamed: boolean) => timeForward(gguf, desc, layers, { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, streamedLayers: streamed ? streamedLayers : 0, sustained: quota !== undefined && quota < o.threads, output: o.outputLayer });
+    const time = (streamed: boolean) => timeForward(gguf, desc, layers, { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, streamedLayers: streamed ? streamedLayers : 0, sustained: quota !== undefined && quota < o.threads });
     const describe = (t: ForwardTiming) => `${t.windowMs.toFixed(2)} ms for ${t.layers} layer${t.layers === 1 ? "" : "s"} (the engine's one-token pass on a stand-in of the model)` +
-      (t.streamedMs !== undefined ? `, ${t.streamedMs.toFixed(2)} ms read from the disk` : "") + (t.outputMs !== undefined ? `, ${t.outputMs.toFixed(2)} ms more with the output layer` : "");
+      (t.streamedMs !== undefined ? `, ${t.streamedMs.toFixed(2)} ms read from the disk` : "");
     try {
       const cached = o.reprofile ? undefined : speeds.forward[fk];
       let timing: ForwardTiming;
@@ -158,14 +159,11 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
         // The pass is timed again on every profile (a quarter of a second): a device's speed moves
         // with its load and its heat, and a pass cached an hour before predicted a ring 9% fast on
         // this project's VM. The streamed passes, which write layers out, stay cached.
-        const now = await time(false).then((t) => ({ windowMs: t.windowMs, ...(t.outputMs !== undefined ? { outputMs: t.outputMs } : {}) }), (e: unknown) => {
+        const windowMs = await time(false).then((t) => t.windowMs, (e: unknown) => {
           say(`forward pass: could not be timed now (${e instanceof Error ? e.message : String(e)}): the cached pass used`);
-          return {};
+          return cached.windowMs;
         });
-        // The output layer's time only as timed now (the cache never holds one: a worker's profile
-        // must not carry a head's figure from another run).
-        const { outputMs: _notCached, ...kept } = cached;
-        timing = { ...kept, ...now };
+        timing = { ...cached, windowMs };
         say(`forward pass: ${describe(timing)} (timed now; the streamed passes cached)`);
       } else {
         timing = await cachedOr("forward pass", undefined,
@@ -174,13 +172,28 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
             say(`forward pass: the layers could not be streamed from the disk (${e instanceof Error ? e.message : String(e)}): timed in memory only`);
             return time(false);
           }), describe);
-        const { outputMs: _output, ...kept } = timing;
-        speeds.forward[fk] = kept;
+        speeds.forward[fk] = timing;
       }
       forward = calibrateForward(timing, kernelWindowMs(desc, layers, timings), kvCopyMs);
       say(forward.applied ? `compute: the kernels' FLOP/s scaled by 1/${forward.scale.toFixed(2)} to the engine's pass (${forward.kernelMs.toFixed(2)} ms of kernels)`
         : `compute: the forward pass (${timing.windowMs.toFixed(2)} ms) is implausible against the kernels (${forward.kernelMs.toFixed(2)} ms; a model this small is mostly waking the threads): kernel FLOP/s used as timed, and the window call priced per window`);
       if (forward.streamedBytesPerS) say(`disk: ${(forward.streamedBytesPerS / 1e6).toFixed(0)} MB/s as the engine rereads streamed layers (what Halda prices rereads at)`);
+      // The head's output layer: one layer's stand-in with the whole vocabulary's output, timed with
+      // and without it, once the layers' stand-in is gone (both at once did not fit beside a 256 MiB
+      // head's own memory, and the output's pages were refaulted every pass). Timed every time, never
+      // cached: a worker's profile must not carry a head's figure.
+      if (o.outputLayer && forward.applied) {
+        const need = standInBytes(desc, 1) + desc.tensors.output.nBytes;
+        if (need > memory.availableBytes / 2) say(`output layer: not timed (it and one layer need ${(need / 2 ** 20).toFixed(0)} MiB, over half of what is free): its FLOPs at the layers' rate`);
+        else {
+          const t = await timeForward(gguf, desc, 1, { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, sustained: quota !== undefined && quota < o.threads, output: true })
+            .catch((e: unknown) => say(`output layer: could not be timed (${e instanceof Error ? e.message : String(e)}): its FLOPs at the layers' rate`));
+          if (t?.outputMs !== undefined) {
+            outputLayerMs = t.outputMs;
+            say(`output layer: ${t.outputMs.toFixed(2)} ms (the engine's pass with it, less the pass without)`);
+          }
+        }
+      }
     } catch (e) {
       say(`compute: the forward pass could not be timed (${e instanceof Error ? e.message : String(e)}): kernel FLOP/s used as timed`);
     }
@@ -206,8 +219,7 @@ export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
     ...memoryFields(memory),
     diskSeqReadBytesPerS: forward?.streamedBytesPerS ?? disk.seqReadBytesPerS,
     diskRandReadBytesPerS: disk.randReadBytesPerS,
-    // Only a plausible pass's: a broken one's output would be as broken.
-    ...(forward?.applied && forward.outputMs !== undefined ? { outputLayerMs: forward.outputMs } : {}),
+    ...(outputLayerMs !== undefined ? { outputLayerMs } : {}),
   };
   const profileMs = performance.now() - t0;
   // The measurements' matrices and buffers are garbage now: freed, so that the memory readings the

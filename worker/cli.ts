@@ -161,6 +161,7 @@ async function main(argv: string[]): Promise<number> {
     once: values.once,
     // A model file that changed under the worker (truncated, rewritten, replaced) ends it: a restart
     // maps the file again. Checked before every join and after every failure it reports.
+    beforeJoin: () => profile.refresh(),
     check: () => {
       const problem = model().native.fileProblem();
       return problem ? new WorkerExit(EXIT_MODEL_CHANGED, `${problem}; left the ring: restart the worker to map the file again`) : null;

@@ -64,27 +64,44 @@ export interface JoinProfile {
   readonly hardwareId: string;
   /** The profile as JSON with memory read now: read each time the worker joins. */
   json(): string;
+  /** Before a join: a profile older than PROFILE_REFRESH_MS is taken again (from the cache but for the
+   * one-token pass, timed anew: a daemon's speed moves with its load and heat over hours). */
+  refresh(): Promise<void>;
   close(): Promise<void>;
 }
+
+/** How old a worker's profile may be when it joins (again). */
+export const PROFILE_REFRESH_MS = 10 * 60_000;
 
 /** Profiles the daemon's device (cached after the first time) and starts its link probe. A device that
  *  cannot profile itself still joins: it says why, and only --layer-windows plans can use it. */
 export async function joinProfile(model: LocalModel, modelPath: string, fingerprint: string, name: string, reprofile: boolean, log: (line: string) => void): Promise<JoinProfile> {
   let report: DeviceReport | undefined;
   let error = "";
-  try {
-    report = await profileDevice({
-      name, workload: modelWorkload(model.desc), model, threads: model.threads, diskDirs: [dirname(resolve(modelPath))], reprofile, progress: (l) => log(`profile: ${l}`),
-    });
-  } catch (e) {
-    error = (e as Error).message;
-    log(`profile failed: ${error}`);
-  }
+  let takenAt = 0;
+  const take = async (again: boolean) => {
+    try {
+      report = await profileDevice({
+        name, workload: modelWorkload(model.desc), model, threads: model.threads, diskDirs: [dirname(resolve(modelPath))], reprofile: reprofile && !again,
+        // Taken again, it says only what it timed anew.
+        progress: (l) => (!again || /^forward pass|^profile done/.test(l) ? log(`profile: ${l}`) : undefined),
+      });
+      error = "";
+    } catch (e) {
+      error = (e as Error).message;
+      log(`profile failed: ${error}`);
+    }
+    takenAt = Date.now();
+  };
+  await take(false);
   const probeKey = randomBytes(32);
   const probe = await LinkProbeServer.listen({ deviceId: `${name} link probe`, modelFingerprint: fingerprint, hiddenSize: model.nEmbd }, { linkKey: probeKey });
   return {
     hardwareId: report?.profile.id ?? "",
     json: () => JSON.stringify(report ? { ...refreshMemory(report), linkProbePort: probe.port, linkProbeKey: probeKey.toString("hex") } : { version: 1, error }),
+    refresh: async () => {
+      if (Date.now() - takenAt >= PROFILE_REFRESH_MS) await take(true);
+    },
     close: () => probe.close(),
   };
 }

@@ -54,6 +54,8 @@ export interface SessionOptions {
   /** Asked before every join and after every failure: a reason this worker must end (its model file
    * changed), or null. The worker then leaves its session and run() rejects with it. */
   readonly check?: () => WorkerExit | null;
+  /** Awaited before every attempt (after `check`): what the join says brought up to date. */
+  readonly beforeJoin?: () => Promise<void>;
 }
 
 interface Outcome {
@@ -84,6 +86,7 @@ export class WorkerSession {
     while (!this.stopped) {
       const exit = this.o.check?.();
       if (exit) throw exit;
+      await this.o.beforeJoin?.();
       try {
         this.address = typeof lookup === "string" ? lookup : await lookup(this.stopping.signal);
       } catch (e) {

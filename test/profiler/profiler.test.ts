@@ -112,11 +112,11 @@ describe("profileDevice on a generated model", async () => {
     expect(again.profile.diskSeqReadBytesPerS).toBe(first.profile.diskSeqReadBytesPerS);
     // The pass is timed again (a device's speed moves with its load); the streamed passes are cached.
     const f0 = first.details.forward!, f1 = again.details.forward!;
-    expect({ ...f1, windowMs: 0, scale: 0, outputMs: 0 }).toEqual({ ...f0, windowMs: 0, scale: 0, outputMs: 0 });
+    expect({ ...f1, windowMs: 0, scale: 0 }).toEqual({ ...f0, windowMs: 0, scale: 0 });
     // The output layer's time (the head's), measured now and never taken from the cache.
     expect(first.profile.outputLayerMs).toBeUndefined();
-    expect(again.profile.outputLayerMs).toBe(f1.outputMs);
-    expect(again.profile.outputLayerMs).toBeGreaterThan(0);
+    expect(again.profile.outputLayerMs).toBeGreaterThanOrEqual(0); // a 512-token vocabulary's: next to nothing
+    expect(againLines.some((l) => /^output layer: [\d.]+ ms/.test(l))).toBe(true);
     expect(formatReport(again)).toMatch(/output layer\s+[\d.]+ ms/);
     const worker = await profileDevice({ name: "unit", workload, model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true });
     expect(worker.profile.outputLayerMs).toBeUndefined();
