@@ -76,12 +76,6 @@ export interface ModelDescription {
 
 const MAX_DIM = 1 << 20; // hidden sizes, heads and layers above this are not real models
 
-function need(f: GgufFile, key: string): number {
-  const v = metaNumber(f, key);
-  if (v === undefined) throw new GgufError(`${f.path}: missing metadata ${key}`);
-  return v;
-}
-
 function positiveInt(f: GgufFile, key: string, v: number, max = MAX_DIM): number {
   if (!Number.isInteger(v) || v < 1 || v > max) throw new GgufError(`${f.path}: ${key} = ${v} is out of range (1..${max})`);
   return v;

@@ -4,7 +4,7 @@
 // can be profiled from a synthetic tensor table typed the way llama-quantize would type it.
 
 import type { HParams, LayerTensors, ModelDescription, ModelTensors, TensorRef } from "./architecture.js";
-import { GgmlType, ggmlTypeInfo, ggmlTypeName } from "./ggml-types.js";
+import { ggmlTypeInfo, ggmlTypeName } from "./ggml-types.js";
 import { planTensors, type FileTypeName } from "./quant-mix.js";
 import type { ModelShape } from "./shapes.js";
 
