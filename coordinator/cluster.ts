@@ -7,7 +7,7 @@ import { basename, dirname, extname, join, resolve } from "node:path";
 import type { Status } from "../control/index.js";
 import { LocalPipeline, generate, type GenerationResult, type LocalModel, type Sampler } from "../engine/index.js";
 import { ggmlTypeName, metaString, modelFingerprint, rowBytes } from "../model/index.js";
-import { memoryPressureTracker, modelWorkload, settleMemory, profileDevice, systemInfo, type DeviceReport, type SystemInfo } from "../profiler/index.js";
+import { memoryPressureTracker, settleMemory, profileDevice, systemInfo, type DeviceReport, type SystemInfo } from "../profiler/index.js";
 import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
 import {
   DecodeMeter, costPerStep, formatPlan, planRing, predictionReport, type MeasuredDevice, type PredictionReport, type RingPlan, type StepCost,
@@ -201,7 +201,7 @@ export class Cluster extends EventEmitter {
     if (this.o.layerWindows === undefined) {
       this.headState = { state: "profiling", detail: "measuring this device" };
       this.headReport = await profileDevice({
-        name: HEAD_ID, workload: modelWorkload(this.o.model.desc), model: this.o.model, outputLayer: true, threads: this.o.model.threads,
+        name: HEAD_ID, model: this.o.model, outputLayer: true, threads: this.o.model.threads,
         diskDirs: [dirname(resolve(this.o.modelPath))], nCtx: this.o.ctx, reprofile: this.o.reprofile,
         progress: (l) => this.o.log(`profile: ${l}`),
       });

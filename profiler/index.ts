@@ -2,7 +2,7 @@
 // over a stand-in of its layers, memory (cgroup limits honoured) and memory pressure, disk as the engine
 // rereads it, OS, GPU, and the hop to a peer.
 export * from "./memory.js";
-export { profileDevice, refreshMemory, hardwareId, type ProfileOptions } from "./profile.js";
+export { profileDevice, refreshMemory, hardwareId, type ProfileOptions, type ProfileTarget } from "./profile.js";
 export { parseDeviceReport, formatReport, windowOverheadMs, REPORT_VERSION, type DeviceReport, type DeviceDetails } from "./report.js";
 export {
   modelWorkload, genericWorkload, flopsPerType, timeStep, stepKey, describeStep, type ModelWorkload, type MatrixShape, type MatmulStep, type StepTiming,

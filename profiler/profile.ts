@@ -7,7 +7,7 @@ import type { GgufFile, ModelDescription } from "../model/index.js";
 import { simdLevel } from "../native/index.js";
 import { cacheKey, defaultCacheDir, loadSpeeds, nativeBuildId, saveSpeeds } from "./cache.js";
 import {
-  describeStep, flopsPerType, measureKvCopyMs, measureMemoryBandwidth, measureWindowCallMs, stepKey, timeStep, type ModelWorkload, type StepTiming,
+  describeStep, flopsPerType, measureKvCopyMs, measureMemoryBandwidth, measureWindowCallMs, modelWorkload, stepKey, timeStep, type ModelWorkload, type StepTiming,
 } from "./compute.js";
 import { diskKey, measureDisk, scratchDir } from "./disk.js";
 import { calibrateForward, forwardKey, kernelWindowMs, standInBytes, standInLayers, timeForward, type ForwardCalibration, type ForwardTiming } from "./forward.js";
@@ -16,14 +16,16 @@ import { layerRoomBytes, mappedResidentBytes, readMemory, settleMemory, type Mem
 import { REPORT_VERSION, type DeviceReport } from "./report.js";
 import { cgroupPaths, cpuQuota, systemInfo } from "./system.js";
 
-export interface ProfileOptions {
+/** What the profile times: a model (its header: the kernels on its shapes, and the engine's own
+ * forward pass on a stand-in of its first layers, profiler/forward.ts, which the kernels' FLOP/s are
+ * scaled to), or, with no model at hand, a workload's shapes alone (profiler/compute.ts). */
+export type ProfileTarget =
+  | { readonly model: { readonly gguf: GgufFile; readonly desc: ModelDescription }; readonly workload?: undefined }
+  | { readonly workload: ModelWorkload; readonly model?: undefined };
+
+export type ProfileOptions = ProfileTarget & {
   /** Device name in plans and logs. */
   readonly name: string;
-  /** The model whose shapes the kernels are timed on (profiler/compute.ts modelWorkload). */
-  readonly workload: ModelWorkload;
-  /** The model's header, when there is one: the engine's own forward pass is timed on a stand-in of
-   * its first layers (profiler/forward.ts) and the kernels' FLOP/s scaled to it. */
-  readonly model?: { readonly gguf: GgufFile; readonly desc: ModelDescription };
   /** Time the model's output layer too (the head's, which only the coordinator runs): the profile's
    * outputLayerMs. */
   readonly outputLayer?: boolean;
@@ -40,7 +42,7 @@ export interface ProfileOptions {
   /** Default: defaultCacheDir(). */
   readonly cacheDir?: string;
   readonly progress?: (line: string) => void;
-}
+};
 
 /** Stable identity of the hardware: machine id, CPU model and count. */
 export function hardwareId(): string {
@@ -53,7 +55,8 @@ const fmtFlops = (f: number) => `${(f / 1e9).toFixed(2)} GFLOP/s`;
 /** Most bytes of stand-in layers the profile writes to the disk to time rereads. */
 const MAX_STREAMED_BYTES = 256 << 20;
 
-export async function profileDevice(o: ProfileOptions): Promise<DeviceReport> {
+export async function profileDevice(options: ProfileOptions): Promise<DeviceReport> {
+  const o = { ...options, workload: options.workload ?? modelWorkload(options.model!.desc) };
   const t0 = performance.now();
   const say = o.progress ?? (() => {});
   const sys = systemInfo();

@@ -7,7 +7,7 @@ import type { LocalModel } from "../engine/index.js";
 import { describeModel, readGguf } from "../model/index.js";
 import { parseWorkerArgs, threadsArg } from "./args.js";
 import {
-  LinkProbeServer, formatReport, genericWorkload, modelWorkload, profileDevice, refreshMemory, type DeviceReport, type ProfileOptions,
+  LinkProbeServer, formatReport, genericWorkload, profileDevice, refreshMemory, type DeviceReport, type ProfileTarget,
 } from "../profiler/index.js";
 
 const HELP = `usage: prima-worker profile [--model model.gguf] [options]
@@ -33,14 +33,13 @@ export async function profileCommand(argv: string[]): Promise<number> {
   if (threadsGiven === "bad") return 2;
   const threads = threadsGiven ?? availableParallelism();
   const name = values.name ?? hostname();
-  let workload = genericWorkload();
-  let model: ProfileOptions["model"];
+  // Without a model, generic shapes: the kernels alone.
+  let target: ProfileTarget = { workload: genericWorkload() };
   let diskDirs: string[] = [];
   if (values.model) {
     try {
       const gguf = readGguf(values.model); // the header is enough: nothing mapped
-      model = { gguf, desc: describeModel(gguf) };
-      workload = modelWorkload(model.desc);
+      target = { model: { gguf, desc: describeModel(gguf) } };
     } catch (e) {
       console.error(`prima-worker profile: ${(e as Error).message}`);
       return 1;
@@ -49,7 +48,7 @@ export async function profileCommand(argv: string[]): Promise<number> {
   }
   try {
     const report = await profileDevice({
-      name, workload, model, threads, diskDirs, reprofile: values.reprofile, quick: values.quick,
+      ...target, name, threads, diskDirs, reprofile: values.reprofile, quick: values.quick,
       progress: (line) => console.error(`[profile] ${line}`),
     });
     console.log(values.json ? JSON.stringify(report, null, 1) : formatReport(report));
@@ -82,7 +81,7 @@ export async function joinProfile(model: LocalModel, modelPath: string, fingerpr
   const take = async (again: boolean) => {
     try {
       report = await profileDevice({
-        name, workload: modelWorkload(model.desc), model, threads: model.threads, diskDirs: [dirname(resolve(modelPath))], reprofile: reprofile && !again,
+        name, model, threads: model.threads, diskDirs: [dirname(resolve(modelPath))], reprofile: reprofile && !again,
         // Taken again, it says only what it timed anew.
         progress: (l) => (!again || /^forward pass|^profile done/.test(l) ? log(`profile: ${l}`) : undefined),
       });

@@ -46,7 +46,7 @@ describe("profileDevice on a generated model", async () => {
   const workload = modelWorkload(model.desc);
   const lines: string[] = [];
   const standIn = { gguf: model.gguf, desc: model.desc };
-  const first = await profileDevice({ name: "unit", workload, model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, progress: (l) => lines.push(l) });
+  const first = await profileDevice({ name: "unit", model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, progress: (l) => lines.push(l) });
   afterAll(() => model.close());
 
   it("measures every type the model's FLOPs need, in FLOP/s that match the engine's own forward pass", async () => {
@@ -106,7 +106,7 @@ describe("profileDevice on a generated model", async () => {
   it("reads speeds from the cache on the next start, and measures again when asked", async () => {
     const againLines: string[] = [];
     // Asked as the head is: the output layer timed too.
-    const again = await profileDevice({ name: "unit", workload, model: standIn, outputLayer: true, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, progress: (l) => againLines.push(l) });
+    const again = await profileDevice({ name: "unit", model: standIn, outputLayer: true, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, progress: (l) => againLines.push(l) });
     expect(again.details.measured).toEqual([]);
     expect(again.details.kernels).toEqual(first.details.kernels);
     expect(again.profile.diskSeqReadBytesPerS).toBe(first.profile.diskSeqReadBytesPerS);
@@ -118,11 +118,11 @@ describe("profileDevice on a generated model", async () => {
     expect(again.profile.outputLayerMs).toBeGreaterThanOrEqual(0); // a 512-token vocabulary's: next to nothing
     expect(againLines.some((l) => /^output layer: [\d.]+ ms/.test(l))).toBe(true);
     expect(formatReport(again)).toMatch(/output layer\s+[\d.]+ ms/);
-    const worker = await profileDevice({ name: "unit", workload, model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true });
+    const worker = await profileDevice({ name: "unit", model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true });
     expect(worker.profile.outputLayerMs).toBeUndefined();
     expect(againLines.some((l) => /^forward pass: [\d.]+ ms .*\(timed now; the streamed passes cached\)/.test(l))).toBe(true);
     expect(f1.scale * f1.kernelMs + f1.layers * again.details.kvCopyMs).toBeCloseTo(f1.windowMs, 6); // the kernels scaled to the new pass
-    const fresh = await profileDevice({ name: "unit", workload, model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, reprofile: true });
+    const fresh = await profileDevice({ name: "unit", model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, reprofile: true });
     expect(fresh.details.measured).toContain("disk");
     expect(fresh.details.measured).toContain("forward pass");
     expect(fresh.details.measured.length).toBe(workload.steps.length + 5);
