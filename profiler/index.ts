@@ -7,10 +7,10 @@ export { parseDeviceReport, formatReport, windowOverheadMs, REPORT_VERSION, type
 export {
   modelWorkload, genericWorkload, flopsPerType, timeStep, stepKey, describeStep, type ModelWorkload, type MatrixShape, type MatmulStep, type StepTiming,
 } from "./compute.js";
-export { standInLayers, standInBytes, writeStandIn, timeForward, forwardKey, kernelWindowMs, calibrateForward, type ForwardTiming, type ForwardCalibration } from "./forward.js";
+export { standInLayers, standInBytes, standInMinBytes, writeStandIn, timeForward, forwardKey, kernelWindowMs, calibrateForward, type ForwardTiming, type ForwardCalibration } from "./forward.js";
 export { measureDisk, blockDeviceOf, readAheadBytes, diskKey, type DiskMeasurement } from "./disk.js";
 export { LinkProbeServer, measureLink, type LinkMeasurement, type LinkOptions } from "./link.js";
 export { detectGpus, parseNvidiaSmi, type GpuInfo } from "./gpu.js";
-export { detectOs, systemInfo, cgroupPaths, cpuQuota, diskThrottle, type SystemInfo, type CgroupPaths, type DiskThrottle } from "./system.js";
+export { detectOs, systemInfo, cgroupPaths, cpuQuota, diskThrottle, lastLevelCacheBytes, parseCacheSize, type SystemInfo, type CgroupPaths, type DiskThrottle } from "./system.js";
 export { defaultCacheDir } from "./cache.js";
 export { dropFileCache } from "../native/profile.js";

@@ -10,11 +10,11 @@ import {
   describeStep, flopsPerType, measureKvCopyMs, measureMemoryBandwidth, measureWindowCallMs, modelWorkload, stepKey, timeStep, type ModelWorkload, type StepTiming,
 } from "./compute.js";
 import { diskKey, measureDisk, scratchDir } from "./disk.js";
-import { calibrateForward, forwardKey, kernelWindowMs, standInBytes, standInLayers, timeForward, type ForwardCalibration, type ForwardTiming } from "./forward.js";
+import { calibrateForward, forwardKey, kernelWindowMs, standInBytes, standInLayers, standInMinBytes, timeForward, type ForwardCalibration, type ForwardTiming } from "./forward.js";
 import { detectGpus } from "./gpu.js";
 import { layerRoomBytes, mappedResidentBytes, readMemory, settleMemory, type MemoryReading } from "./memory.js";
 import { REPORT_VERSION, type DeviceReport } from "./report.js";
-import { cgroupPaths, cpuQuota, systemInfo } from "./system.js";
+import { cgroupPaths, cpuQuota, lastLevelCacheBytes, systemInfo } from "./system.js";
 
 /** What the profile times: a model (its header: the kernels on its shapes, and the engine's own
  * forward pass on a stand-in of its first layers, profiler/forward.ts, which the kernels' FLOP/s are
@@ -139,10 +139,9 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
   // layers streamed from the model's disk: what Halda prices rereads at (profiler/forward.ts).
   let forward: ForwardCalibration | undefined;
   let outputLayerMs: number | undefined;
-  // Past the last-level cache as a real window is (64 MiB), within half of what is free: the
-  // stand-in's pages are page cache, given back when it is deleted. Fewer layers would fit the cache
-  // and time too fast.
-  const layers = o.model ? standInLayers(o.model.desc, 64 << 20, Math.floor(memory.availableBytes / 2)) : 0;
+  // Layers until past the last-level cache's reach, as a ring's windows are, within half of what is
+  // free: the stand-in's pages are page cache, given back when it is deleted.
+  const layers = o.model ? standInLayers(o.model.desc, standInMinBytes(lastLevelCacheBytes()), Math.floor(memory.availableBytes / 2)) : 0;
   if (o.model && layers > 0) {
     const { gguf, desc } = o.model;
     const fk = `${forwardKey(desc, layers)}|${dk}`;

@@ -150,3 +150,25 @@ export function diskThrottle(device: string, paths: CgroupPaths = cgroupPaths())
   }
   return {};
 }
+
+/** A cache size as sysfs writes it ("32768K", "1M"), in bytes; undefined when unreadable. */
+export function parseCacheSize(text: string | undefined): number | undefined {
+  const m = /^\s*(\d+)\s*([KMG]?)/i.exec(text ?? "");
+  if (!m) return undefined;
+  const unit = { "": 1, K: 1 << 10, M: 1 << 20, G: 1 << 30 }[m[2].toUpperCase() as "" | "K" | "M" | "G"];
+  return Number(m[1]) * unit || undefined;
+}
+
+/** The largest data or unified cache CPU 0 reports (Linux and Android sysfs), in bytes; undefined
+ * where there is none to read (macOS, some phones). */
+export function lastLevelCacheBytes(dir = "/sys/devices/system/cpu/cpu0/cache"): number | undefined {
+  let best: number | undefined;
+  for (let i = 0; i < 8; i++) {
+    const type = read(join(dir, `index${i}`, "type"))?.trim();
+    if (type === undefined) break;
+    if (type === "Instruction") continue;
+    const size = parseCacheSize(read(join(dir, `index${i}`, "size")));
+    if (size && (!best || size > best)) best = size;
+  }
+  return best;
+}

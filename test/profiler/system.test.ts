@@ -6,7 +6,8 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import {
-  LinkProbeServer, WeightRoom, anonRssBytes, cgroupMemory, cgroupPaths, detectGpus, detectOs, measureLink, parseNvidiaSmi, readMemory,
+  LinkProbeServer, WeightRoom, anonRssBytes, cgroupMemory, cgroupPaths, detectGpus, detectOs, lastLevelCacheBytes, measureLink, parseCacheSize, parseNvidiaSmi, readMemory,
+  standInMinBytes,
 } from "../../profiler/index.js";
 
 describe("operating system", () => {
@@ -17,6 +18,30 @@ describe("operating system", () => {
     expect(detectOs({}, (p) => p === "/system/build.prop", "linux")).toBe("android");
     expect(detectOs({}, none, "android")).toBe("android");
     expect(detectOs({}, none, "darwin")).toBe("macos");
+  });
+});
+
+describe("last-level cache", () => {
+  it("is the largest data or unified cache sysfs lists, and sizes the stand-in five times over", () => {
+    const dir = mkdtempSync(join(tmpdir(), "prima-cache-sysfs-"));
+    try {
+      const level = (i: number, type: string, size: string) => {
+        mkdirSync(join(dir, `index${i}`));
+        writeFileSync(join(dir, `index${i}`, "type"), `${type}\n`);
+        writeFileSync(join(dir, `index${i}`, "size"), `${size}\n`);
+      };
+      level(0, "Data", "48K");
+      level(1, "Instruction", "64M"); // an instruction cache holds no weights, however large
+      level(2, "Unified", "1024K");
+      level(3, "Unified", "32768K");
+      expect(lastLevelCacheBytes(dir)).toBe(32 << 20);
+      expect(standInMinBytes(lastLevelCacheBytes(dir))).toBe(160 << 20);
+      expect(lastLevelCacheBytes(join(dir, "none"))).toBeUndefined();
+      expect(standInMinBytes(undefined)).toBe(160 << 20); // 32 MiB assumed where none can be read
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+    expect([parseCacheSize("96M"), parseCacheSize("512K"), parseCacheSize("junk"), parseCacheSize(undefined)]).toEqual([96 << 20, 512 << 10, undefined, undefined]);
   });
 });
 
