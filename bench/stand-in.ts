@@ -1,0 +1,85 @@
+// The profile's stand-in against the model's own layers (profiler/forward.ts), after the ring's idle
+// gap: ms per layer over windows of 1, 3, 5 and 8 layers, real and stand-in, interleaved rounds; what
+// the profile times here (five times the last-level cache); the stand-in timed ten times back to back;
+// and the head's output layer, on the model's last six layers with and without it, against the
+// profile's one-layer stand-in. Figures in BENCHMARKS.md, "Capped devices", come from here.
+//   node dist/bench/stand-in.js [model.gguf]
+import { fileURLToPath } from "node:url";
+import { LocalModel } from "../engine/index.js";
+import { lastLevelCacheBytes, standInLayers, standInMinBytes, timeForward } from "../profiler/index.js";
+import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
+import { median, root } from "./procs.js";
+
+const GAP_MS = 10, PASSES = 21, ROUNDS = 3;
+
+/** Median ms of one-token passes through layers [first, first + n) after the idle gap, with the
+ * output layer when `logits` is given. */
+async function realMs(model: LocalModel, first: number, n: number, logits?: Float32Array): Promise<number> {
+  const w = model.window(first, first + n, { ctx: PASSES + 4, maxBatch: 1 });
+  const input = Float32Array.from({ length: model.nEmbd }, (_, i) => Math.sin(i * 0.7) * 0.5);
+  const acts = new Float32Array(model.nEmbd);
+  const ms: number[] = [];
+  try {
+    for (let pos = 0; pos < PASSES + 3; pos++) {
+      acts.set(input);
+      await new Promise((r) => setTimeout(r, GAP_MS));
+      const t0 = performance.now();
+      w.forwardNow(acts, pos, 1, logits);
+      if (pos >= 3) ms.push(performance.now() - t0);
+    }
+  } finally {
+    w.close();
+  }
+  return median(ms);
+}
+
+export async function main(modelArg?: string): Promise<void> {
+  const path = modelArg ?? `${root}.cache/bench-llama-Q4_K_M.gguf`;
+  const model = LocalModel.open(path, { threads: 2, ...RING_COMPUTE_OPTIONS });
+  const dir = `${root}.cache`;
+  const standIn = async (n: number) => (await timeForward(model.gguf, model.desc, n, { dir, threads: 2, passes: PASSES, gapMs: GAP_MS })).windowMs;
+  try {
+    const llc = lastLevelCacheBytes();
+    const profiled = standInLayers(model.desc, standInMinBytes(llc), Infinity);
+    console.log(`\n## the profile's stand-in against the model's own layers, after a ${GAP_MS} ms idle gap (ms per layer, ${ROUNDS} interleaved rounds)\n`);
+    console.log(`last-level cache ${llc === undefined ? "unknown (32 MiB assumed)" : `${llc >> 20} MiB`}: the profile times ${profiled} layers where memory allows\n`);
+    console.log("| layers | real (per round) | stand-in (per round) |");
+    console.log("|---|---|---|");
+    const lengths = [1, 3, 5, 8];
+    const real = lengths.map(() => [] as number[]), stand = lengths.map(() => [] as number[]);
+    for (let r = 0; r < ROUNDS; r++) {
+      for (const [i, n] of lengths.entries()) {
+        real[i].push((await realMs(model, 0, n)) / n);
+        stand[i].push((await standIn(n)) / n);
+      }
+    }
+    const fmt = (xs: number[]) => xs.map((x) => x.toFixed(3)).join(", ");
+    for (const [i, n] of lengths.entries()) console.log(`| ${n} | ${fmt(real[i])} | ${fmt(stand[i])} |`);
+
+    const again: number[] = [];
+    for (let i = 0; i < 10; i++) again.push(await standIn(3));
+    console.log(`\nthe 3-layer stand-in timed ten times back to back: ${Math.min(...again).toFixed(2)}-${Math.max(...again).toFixed(2)} ms`);
+
+    // The head's output layer: its last six layers (as the capped ring's head holds them), with and
+    // without the output, against the profile's figure (profiler/profile.ts: one layer's stand-in).
+    const last = model.nLayers - 6, logits = new Float32Array(model.desc.hparams.nVocab);
+    const outReal: number[] = [], outProfile: number[] = [], lastPerLayer: number[] = [];
+    for (let r = 0; r < ROUNDS; r++) {
+      const without = await realMs(model, last, 6);
+      outReal.push((await realMs(model, last, 6, logits)) - without);
+      lastPerLayer.push(without / 6);
+      outProfile.push((await timeForward(model.gguf, model.desc, 1, { dir, threads: 2, passes: PASSES, gapMs: GAP_MS, output: true })).outputMs!);
+    }
+    console.log(`\nthe output layer: ${fmt(outReal)} ms over the model's last 6 layers (${fmt(lastPerLayer)} ms a layer without it); ` +
+      `the profile's one-layer stand-in: ${fmt(outProfile)} ms`);
+  } finally {
+    model.close();
+  }
+}
+
+if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
+  main(process.argv[2]).catch((e: unknown) => {
+    console.error(e instanceof Error ? e.message : String(e));
+    process.exitCode = 1;
+  });
+}
