@@ -619,7 +619,7 @@ export class Cluster extends EventEmitter {
     if (this.placement && meter.decodeSteps > 0) {
       const measured = new Map<number, MeasuredDevice>();
       for (const r of perDevice) {
-        if (r.before || !ring) measured.set(r.haldaIndex, { computeMs: ring ? r.cost.computeMs : meter.meanDecodeMs, sendMs: r.cost.sendMs, descheduledMs: ring ? r.cost.descheduledMs : 0, memPressure: r.status.memPressure });
+        if (r.before || !ring) measured.set(r.haldaIndex, { computeMs: ring ? r.cost.computeMs : meter.meanDecodeMs, sendMs: r.cost.sendMs, descheduledMs: r.cost.descheduledMs, memPressure: r.status.memPressure });
       }
       prediction = predictionReport(this.placement, this.placement.labels, measured, meter.meanDecodeMs, meter.decodeSteps);
     }

@@ -151,7 +151,9 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
     const meanLayerBytes = standInBytes(desc, layers) / layers;
     const streamedLayers = standInBytes(desc, 1) > MAX_STREAMED_BYTES ? 0
       : Math.max(1, Math.min(layers, Math.floor((0.2 * disk.seqReadBytesPerS) / meanLayerBytes)));
-    const time = (streamed: boolean) => timeForward(gguf, desc, layers, { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, streamedLayers: streamed ? streamedLayers : 0, sustained: quota !== undefined && quota < o.threads });
+    // As a ring device runs its passes: after its idle gap, or back to back under a CPU quota.
+    const passOptions = { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, sustained: quota !== undefined && quota < o.threads };
+    const time = (streamed: boolean) => timeForward(gguf, desc, layers, { ...passOptions, streamedLayers: streamed ? streamedLayers : 0 });
     const describe = (t: ForwardTiming) => `${t.windowMs.toFixed(2)} ms for ${t.layers} layer${t.layers === 1 ? "" : "s"} (the engine's one-token pass on a stand-in of the model)` +
       (t.streamedMs !== undefined ? `, ${t.streamedMs.toFixed(2)} ms read from the disk` : "");
     try {
@@ -168,13 +170,13 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
         timing = { ...cached, windowMs };
         say(`forward pass: ${describe(timing)} (timed now; the streamed passes cached)`);
       } else {
-        timing = await cachedOr("forward pass", undefined,
-          // Streaming writes the stand-in's layers out: where that fails (a full disk), the pass alone.
-          () => time(true).catch((e: unknown) => {
-            say(`forward pass: the layers could not be streamed from the disk (${e instanceof Error ? e.message : String(e)}): timed in memory only`);
-            return time(false);
-          }), describe);
-        speeds.forward[fk] = timing;
+        // Streaming writes the stand-in's layers out: where that fails (a full disk), the pass alone.
+        timing = speeds.forward[fk] = await time(true).catch((e: unknown) => {
+          say(`forward pass: the layers could not be streamed from the disk (${e instanceof Error ? e.message : String(e)}): timed in memory only`);
+          return time(false);
+        });
+        measured.push("forward pass");
+        say(`forward pass: ${describe(timing)}`);
       }
       forward = calibrateForward(timing, kernelWindowMs(desc, layers, timings), kvCopyMs);
       say(forward.applied ? `compute: the kernels' FLOP/s scaled by 1/${forward.scale.toFixed(2)} to the engine's pass (${forward.kernelMs.toFixed(2)} ms of kernels)`
@@ -188,7 +190,7 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
         const need = standInBytes(desc, 1) + desc.tensors.output.nBytes;
         if (need > memory.availableBytes / 2) say(`output layer: not timed (it and one layer need ${(need / 2 ** 20).toFixed(0)} MiB, over half of what is free): its FLOPs at the layers' rate`);
         else {
-          const t = await timeForward(gguf, desc, 1, { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, sustained: quota !== undefined && quota < o.threads, output: true })
+          const t = await timeForward(gguf, desc, 1, { ...passOptions, output: true })
             .catch((e: unknown) => say(`output layer: could not be timed (${e instanceof Error ? e.message : String(e)}): its FLOPs at the layers' rate`));
           if (t?.outputMs !== undefined) {
             outputLayerMs = t.outputMs;
