@@ -2,11 +2,9 @@
 // back vs after the 25 ms a ring device sleeps while the others compute, with the compute threads left
 // to the scheduler and spread over distinct CPUs during each pass (RING_COMPUTE_OPTIONS.spreadThreads).
 //   node dist/bench/idle-gap.js [model.gguf]
-import { fileURLToPath } from "node:url";
 import { LocalModel } from "../engine/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
-
-const root = fileURLToPath(new URL("../..", import.meta.url));
+import { root, runWhenMain } from "./procs.js";
 
 async function medianForwardMs(model: LocalModel, gapMs: number, n = 100): Promise<number> {
   const w = model.window(0, 7, { ctx: n + 1 });
@@ -44,9 +42,4 @@ export async function main(modelArg?: string): Promise<void> {
   }
 }
 
-if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
-  main(process.argv[2]).catch((e: unknown) => {
-    console.error(e instanceof Error ? e.message : String(e));
-    process.exitCode = 1;
-  });
-}
+runWhenMain(import.meta.url, main);

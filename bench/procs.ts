@@ -78,3 +78,13 @@ export function runAlone(meta: ImportMeta, name: string, usage: string, main: (m
     process.exitCode = 1;
   });
 }
+
+/** Runs a bench part's `main(model?)` when its file is the program itself (`node dist/bench/x.js
+ * [model.gguf]`), and reports a failure by message and exit code 1. */
+export function runWhenMain(moduleUrl: string, main: (model?: string) => Promise<void>): void {
+  if (!process.argv[1] || fileURLToPath(moduleUrl) !== process.argv[1]) return;
+  main(process.argv[2]).catch((e: unknown) => {
+    console.error(e instanceof Error ? e.message : String(e));
+    process.exitCode = 1;
+  });
+}

@@ -6,11 +6,7 @@
 //   node dist/bench/ring.js [model.gguf]
 import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync, mkdirSync, rmdirSync, writeFileSync } from "node:fs";
-import { fileURLToPath } from "node:url";
-
-const root = fileURLToPath(new URL("../..", import.meta.url));
-const coordCli = `${root}dist/coordinator/cli.js`;
-const workerCli = `${root}dist/worker/cli.js`;
+import { coordCli, root, runWhenMain, workerCli } from "./procs.js";
 
 interface Report {
   generated_ids: number[];
@@ -183,9 +179,4 @@ export async function main(modelArg?: string, reps = 7): Promise<void> {
   }
 }
 
-if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
-  main(process.argv[2]).catch((e: unknown) => {
-    console.error(e instanceof Error ? e.message : String(e));
-    process.exitCode = 1;
-  });
-}
+runWhenMain(import.meta.url, main);

@@ -4,11 +4,10 @@
 // and the head's output layer, on the model's last six layers with and without it, against the
 // profile's one-layer stand-in. Figures in BENCHMARKS.md, "Capped devices", come from here.
 //   node dist/bench/stand-in.js [model.gguf]
-import { fileURLToPath } from "node:url";
 import { LocalModel } from "../engine/index.js";
 import { lastLevelCacheBytes, standInLayers, standInMinBytes, timeForward } from "../profiler/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
-import { median, root } from "./procs.js";
+import { median, root, runWhenMain } from "./procs.js";
 
 const GAP_MS = 10, PASSES = 21, ROUNDS = 3;
 
@@ -77,9 +76,4 @@ export async function main(modelArg?: string): Promise<void> {
   }
 }
 
-if (process.argv[1] && fileURLToPath(import.meta.url) === process.argv[1]) {
-  main(process.argv[2]).catch((e: unknown) => {
-    console.error(e instanceof Error ? e.message : String(e));
-    process.exitCode = 1;
-  });
-}
+runWhenMain(import.meta.url, main);
