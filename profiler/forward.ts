@@ -52,9 +52,10 @@ const STAND_IN_VOCAB = 32;
 
 /** Weight bytes a stand-in should hold to time a pass as a ring's windows run: five times the
  * last-level cache (32 MiB where it cannot be read). A cache that resists thrashing keeps part of a
- * cyclic working set a few times its size: on this project's VM (32 MiB L3) the benchmark model's
- * layers ran 8% faster per layer over a 3-layer stand-in (75 MB) and 3% over 5 layers (127 MB) than
- * over 8 (200 MB), in passes after the ring's idle gap; a ring's windows there are 6-12 layers. */
+ * cyclic working set a few times its size: on this project's VM (32 MiB L3), in passes after the
+ * ring's idle gap, the benchmark model's layers ran up to 8% faster per layer over 3 layers (75 MB)
+ * than over the 8 (200 MB) a ring's window there holds, and 3% over 5; at another hour, within 1%
+ * (`npm run bench -- --only standin`). */
 export function standInMinBytes(llcBytes: number | undefined): number {
   return 5 * (llcBytes ?? 32 << 20);
 }
