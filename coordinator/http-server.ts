@@ -79,6 +79,8 @@ export class ApiServer {
   private readonly keyHash: Buffer | undefined;
   private readonly streams = new Set<ServerResponse>();
   readonly outcomes: RequestOutcomes = newRequestOutcomes();
+  /** Generation requests that reached the queue, numbering them in their order there (FIFO). */
+  private received = 0;
 
   constructor(private readonly o: ApiServerOptions) {
     this.keyHash = o.apiKey ? createHash("sha256").update(o.apiKey).digest() : undefined;
@@ -295,6 +297,9 @@ export class ApiServer {
     };
     const room = cluster.o.ctx - ids.length;
     const maxTokens = Math.min(p.maxTokens ?? room, room);
+    // Numbered as it is queued (cluster.generate queues synchronously), so the log shows the order.
+    const tag = `request ${++this.received} (${shaper.id})`;
+    const startedAt = performance.now();
     try {
       const out = await cluster.generate({
         kind: p.kind, prompt: ids, maxTokens, sampler: new Sampler(p.sampler), isEnd: (id) => tok.isEog(id), signal: abort.signal,
@@ -312,13 +317,15 @@ export class ApiServer {
       const r = out.result;
       if (abort.signal.aborted) {
         this.outcomes.cancelled++;
-        this.o.log(`request ${shaper.id} cancelled by the client after ${r.ids.length} tokens`);
+        this.o.log(`${tag} cancelled by the client after ${r.ids.length} tokens`);
         res.end();
         return;
       }
       const finish: FinishReason = r.stopReason === "end" || stops.stopped ? "stop" : "length";
       const u = usage(ids.length, r.ids.length, out.cachedTokens);
       this.outcomes.ok++;
+      const speed = out.meanDecodeMs > 0 ? `, ${(1000 / out.meanDecodeMs).toFixed(1)} tok/s` : "";
+      this.o.log(`${tag}: ${ids.length} prompt tokens (${out.cachedTokens} cached) + ${r.ids.length} generated (${finish}) in ${Math.round(performance.now() - startedAt)} ms, ${Math.round(out.queueMs)} of them queued${speed}`);
       if (p.stream) {
         if (first && p.kind === "chat") res.write(`data: ${JSON.stringify(shaper.chunk("", null, true))}\n\n`);
         res.write(`data: ${JSON.stringify(shaper.chunk(null, finish))}\n\n`);
@@ -339,7 +346,7 @@ export class ApiServer {
       }
       this.outcomes.error++;
       const err = new ApiError(503, `generation failed: ${(e as Error).message}`, "server_error", "generation_failed");
-      this.o.log(`request ${shaper.id} failed: ${(e as Error).message}`);
+      this.o.log(`${tag} failed: ${(e as Error).message}`);
       if (res.headersSent) res.end(`data: ${JSON.stringify(err.body())}\n\n`);
       else sendError(res, err, { "Retry-After": "2" });
     }

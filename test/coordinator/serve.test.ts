@@ -174,13 +174,15 @@ describe("serve on a model slow enough to watch (12 layers of 1024, Q8_0)", () =
     const prompts = ["Once upon a time", "The little dog", "One day", "Tim and Sue", "The sun was"];
     const refs = new Map(prompts.map((p) => [p, run(["-p", p, "-n", "8", "--temp", "0", "--ctx", "512"]).text]));
     const rss0 = rssBytes(s.proc.child.pid!);
-    const finished: number[] = [];
-    // 10 ms apart, so they reach the server in the order they were made.
+    const logFrom = s.proc.stderr.length;
+    const finished: string[] = [];
+    // 10 ms apart; the client may still send two of them out of order, so the order they were
+    // queued in is the server's own (the number in its log line).
     const results = await Promise.allSettled(Array.from({ length: 50 }, async (_, i) => {
       await new Promise((r) => setTimeout(r, 10 * i));
       const p = prompts[i % prompts.length];
       const r = await s.client.completions.create({ prompt: p, max_tokens: 8, ...greedy });
-      finished.push(i);
+      finished.push(r.id);
       return { i, p, text: r.choices[0].text };
     }));
     let ok = 0, busy = 0;
@@ -198,8 +200,12 @@ describe("serve on a model slow enough to watch (12 layers of 1024, Q8_0)", () =
     expect(ok + busy).toBe(50);
     expect(busy, "the queue (8) overflowed").toBeGreaterThan(0);
     expect(ok).toBeGreaterThanOrEqual(9); // the running one plus the queue
-    // Requests ran in the order they arrived.
-    expect(finished).toEqual([...finished].sort((a, b) => a - b));
+    // Requests ran in the order they were queued: the server logs each as it finishes, with its
+    // place in the queue, and the client got them back in that order.
+    const logged = [...s.proc.stderr.slice(logFrom).matchAll(/request (\d+) \((cmpl-\w+)\): \d+ prompt tokens .* generated \(length\)/g)];
+    expect(logged.map((m) => m[2])).toEqual(finished);
+    const queued = logged.map((m) => Number(m[1]));
+    expect(queued).toEqual([...queued].sort((a, b) => a - b));
     expect(rssBytes(s.proc.child.pid!) - rss0).toBeLessThan(64 << 20);
     expect((await fetch(`${s.url}/health`)).status).toBe(200);
     const metrics = await (await fetch(`${s.url}/metrics`)).text();
