@@ -7,13 +7,10 @@ import { readFileSync } from "node:fs";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import { halda, parseDeviceProfiles, type HaldaOptions } from "../halda/index.js";
 import { modelProfile, modelShapeByName, syntheticModelDescription } from "../model/index.js";
+import { median } from "./procs.js";
 
 const GOAL_MS = 100;
 
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)];
-}
 
 function timeMs(reps: number, f: () => void): number {
   f(); // warm-up: JIT and the solver's first allocations

@@ -41,10 +41,7 @@ export async function stop(p: Proc, graceMs = 3000): Promise<void> {
   clearTimeout(t);
 }
 
-export const median = (xs: readonly number[]): number => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0 ? NaN : s.length % 2 ? s[(s.length - 1) >> 1] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-};
+export { median } from "../profiler/index.js";
 
 /** Reads an SSE response of the OpenAI API, calling onData with each `data:` object (not [DONE]). */
 export async function readSse(r: Response, onData: (data: Record<string, unknown>) => void): Promise<void> {

@@ -190,9 +190,10 @@ const mean = (xs: readonly number[]) => sum(xs) / xs.length;
 /** At most this many sustained passes (their KV cache is sized for them). */
 const SUSTAINED_PASSES = 1000;
 
-function median(xs: readonly number[]): number {
+/** The middle value (the mean of the two middle ones for an even count; NaN for none). */
+export function median(xs: readonly number[]): number {
   const s = [...xs].sort((a, b) => a - b), mid = s.length >> 1;
-  return s.length % 2 ? s[mid] : (s[mid - 1] + s[mid]) / 2;
+  return s.length === 0 ? NaN : s.length % 2 ? s[mid] : (s[mid - 1] + s[mid]) / 2;
 }
 
 /** ms the kernel timings give the matmuls of the model's first `layers` layers. */
