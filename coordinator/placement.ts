@@ -46,7 +46,7 @@ function haldaIndexAt(pos: number, nWorkers: number): number {
 export function placeRing(head: DeviceProfile, workers: readonly DeviceProfile[], model: ModelProfile, options: HaldaOptions = {}): Placement {
   const devices = [head, ...workers];
   // Priced as the engine pages: a device whose one window does not fit streams the layers past its
-  // room (native streamBeyond), rereading its excess and one layer more each token ("stream").
+  // room (native streamBeyond), rereading its excess, one layer and a margin more each token ("stream").
   const plan = selectDevices(devices, model, { overloadReload: "stream", ...options });
   const n = workers.length;
   const perCycle = new Array<number>(n + 1).fill(0);

@@ -4,7 +4,7 @@
 
 import { resolveDevice, type ResolvedDevice } from "./devices.js";
 import {
-  conservativeFlags, deviceTerms, flagsFromPlan, modelTerms, resolveOptions,
+  conservativeFlags, deviceTerms, flagsFromPlan, modelTerms, resolveOptions, streamExtraBytes,
   type BufferFlags, type DeviceTerms, type ModelTerms, type ResolvedOptions,
 } from "./terms.js";
 import { HaldaError, type DeviceLatencyMs, type DeviceProfile, type DeviceSet, type HaldaOptions, type ModelProfile } from "./types.js";
@@ -31,7 +31,7 @@ export function evaluateDevice(t: DeviceTerms, k: number, w: number, n: number, 
     const headBytes = t.isHead ? m.outputBytes + m.inputRowBytes : 0;
     reload = d.isMetal ? l * m.layerBytes + headBytes
       : o.overloadReload === "window" ? ramLayers * m.layerBytes + headBytes
-      : ramLayers * bp - t.capBytes + (o.overloadReload === "stream" ? m.layerBytes : 0);
+      : ramLayers * bp - t.capBytes + (o.overloadReload === "stream" ? streamExtraBytes(m) : 0);
   } else if (t.isHead) {
     reload = m.inputRowBytes; // the one embedding row per token
   }

@@ -79,7 +79,7 @@ function slots(t: DeviceTerms, m: ModelTerms, reload: OverloadReload): Slot[] {
     if (t.gpuLayersLeaveRam) out.push({ costMs: gpu, layers: vram });
     out.push({ costMs: alpha, layers: ram });
     // "window": an overloaded device rereads all its l layers' weights, l·b ≥ (l − ram)·b: still a bound.
-    // "stream" rereads a layer more than "excess" once overloaded: leaving that out is still a bound.
+    // "stream" rereads a layer and a margin more than "excess" once overloaded: leaving that out is still a bound.
     if (t.mayOverload) out.push({ costMs: alpha + (reload === "window" ? m.layerBytes : bp) * t.deltaMsPerByte, layers: Infinity });
   }
   return out.filter((s) => s.layers > 0).sort((a, b) => a.costMs - b.costMs);

@@ -55,6 +55,17 @@ export function resolveOptions(o: HaldaOptions = {}): ResolvedOptions {
 }
 
 /** Model quantities Halda uses (HALDA.md §1.2, §1.4). */
+/** Room the engine's streamed window leaves unused beyond the layer being read (native/src/model.h
+ * PRIMA_STREAM_MARGIN_BYTES: release blocks, and slack for the room's reading; test/native/paging.test.ts
+ * holds the two equal). */
+export const STREAM_MARGIN_BYTES = 12 * 2 ** 20;
+
+/** What an overloaded device rereads per token beyond its excess under "stream": a layer (the engine
+ * leaves room for its largest; Halda knows the mean) and the margin. */
+export function streamExtraBytes(m: ModelTerms): number {
+  return m.layerBytes + STREAM_MARGIN_BYTES;
+}
+
 export interface ModelTerms {
   readonly nLayers: number;
   /** KV capacity in tokens that b' includes. */
@@ -233,7 +244,7 @@ export function setCoefficients(t: DeviceTerms, set: DeviceSet, m: ModelTerms, r
   }
   if (t.isHead && (set === "M2" || set === "M4")) kappa += m.inputRowBytes * delta;
   if (t.isHead && set === "M2") kappa += m.outputBytes * delta;
-  if (set === "M1" || set === "M3") kappa += (t.bcioBytes - t.ramCapacityBytes + (reload === "stream" ? m.layerBytes : 0)) * delta;
+  if (set === "M1" || set === "M3") kappa += (t.bcioBytes - t.ramCapacityBytes + (reload === "stream" ? streamExtraBytes(m) : 0)) * delta;
   switch (set) {
     case "M1": return { a: t.alphaMs + bp * delta, b: 0, kappa };
     case "M2": return { a: t.alphaMs + m.layerBytes * delta, b: t.betaMs, kappa };

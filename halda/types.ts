@@ -88,11 +88,11 @@ export interface HaldaOptions {
    *  an mmap'd window read in the same order every token does under the kernel's LRU (each page is
    *  evicted before its next use; a head also rereads its output layer and embedding row). Measured on
    *  our engine: a head 3.3 layers short of room reread its 8 layers and the output layer every token
-   *  (BENCHMARKS.md, "Capped devices"). "stream" [EXT]: the excess and one layer more, as prima's
-   *  engine streams a window larger than its room (native streamBeyond): it keeps the window's first
-   *  layers and reads the rest in each pass, dropping each right after use, and the layer being read
-   *  shares the room with the kept ones, so they get the room less a layer. Metal (M2) always drops
-   *  the whole mapping. */
+   *  (BENCHMARKS.md, "Capped devices"). "stream" [EXT]: the excess, one layer and STREAM_MARGIN_BYTES
+   *  more, as prima's engine streams a window larger than its room (native streamBeyond): it keeps the
+   *  window's first bytes and reads the rest in each pass, dropping each layer's share right after
+   *  use, and the layer being read shares the room with the kept bytes, so they get the room less a
+   *  layer and the margin. Metal (M2) always drops the whole mapping. */
   readonly overloadReload?: OverloadReload;
   /** Include the paper's RAM/VRAM read terms in α, β and κ (the code leaves them out). Default false. */
   readonly registerLoadTerms?: boolean;

@@ -940,4 +940,5 @@ void RegisterModel(Napi::Env env, Napi::Object exports) {
   exports.Set("NativeWindow", Model::windowCtor.Value());
   exports.Set("NativeLane", Lane::Define(env));
   exports.Set("laneFrameCycle", Napi::Function::New(env, LaneFrameCycle, "laneFrameCycle"));
+  exports.Set("streamMarginBytes", Napi::Number::New(env, (double)PRIMA_STREAM_MARGIN_BYTES));
 }

@@ -54,9 +54,10 @@ export interface NativeWindow {
   prefetch(maxBytes?: number): void;
   /** Drops the window's weight pages (MADV_DONTNEED + POSIX_FADV_DONTNEED). */
   release(): void;
-  /** From the next pass on, a window whose weights are more than roomBytes keeps its first layers (as
-   * many as fit beside its largest one) and drops each later one right after computing it: it rereads
-   * only that tail each pass (native/src/model.h). roomBytes >= its weights: nothing is dropped. */
+  /** From the next pass on, a window whose weights are more than roomBytes keeps its first bytes (the
+   * room less its largest layer and STREAM_MARGIN_BYTES) and drops the rest of each layer right after
+   * computing it: it rereads only that tail each pass (native/src/model.h). roomBytes >= its weights:
+   * nothing is dropped. */
   streamBeyond(roomBytes: number): void;
   residency(): Residency;
   kvClear(): void;
@@ -91,6 +92,10 @@ export interface NativeModelOptions {
    * sleep between passes, as a ring device's do (see prima_pool_spread). */
   readonly spreadThreads?: boolean;
 }
+
+/** Room a streamed window leaves unused beyond its largest layer (native/src/model.h
+ * PRIMA_STREAM_MARGIN_BYTES), which Halda prices as its own STREAM_MARGIN_BYTES. */
+export const NATIVE_STREAM_MARGIN_BYTES = addon.streamMarginBytes as number;
 
 type ModelCtor = new (path: string, tensors: readonly NativeTensorDesc[], hparams: NativeHParams, options: NativeModelOptions) => NativeModel;
 

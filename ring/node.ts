@@ -270,8 +270,8 @@ export class RingNode {
     // the advice itself costs a walk over every page on each token).
     const following = this.nextSlot(frame.cycle);
     if (!following || following === slot) {
-      // One window, larger than the memory it has: keep its first layers and drop each of the rest
-      // right after computing it, so that each pass rereads only that tail; left to the kernel, a
+      // One window, larger than the memory it has: keep its first bytes and drop the rest of each
+      // layer right after computing it, so that each pass rereads only that tail; left to the kernel, a
       // window read in the same order every pass lost kept pages too and reread about twice its excess.
       // (While the window fits, every room reads as "all of it": no native call on each token.)
       const room = Math.min(this.weightRoomBytes(), this.weightBytes);

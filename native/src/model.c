@@ -458,6 +458,7 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   w->weight_bytes = weights;
   w->largest_layer_bytes = largest;
   w->stream_from = end;
+  w->stream_keep = 0;
   w->anon_bytes = kv_bytes + sizeof(float) * ((size_t)n_ctx * half * 2 + B * (E + 2 * qdim + 2 * kvdim + 2 * (size_t)hp->n_ff)) +
                   act_row * B * MAX_ACT_FORMATS;
   return w;
@@ -584,7 +585,7 @@ static int advise_release(prima_window *w, uint8_t *p, size_t len, void *arg);
  * one that straddles the range is neither unmapped nor dropped (measured: ~110 MiB of a 296 MiB window
  * stayed after its layers were released one by one, crowding out the kept ones). A neighbour's block
  * edge goes with it: at most 2 MiB read again on each side. */
-static void release_layer(prima_window *w, int l) {
+static void release_layer(prima_window *w, int l, uint64_t keep) {
   const uint64_t block = (uint64_t)2 << 20;
   const prima_tensor *ts = layer_tensors(&w->m->layers[l]);
   uint64_t lo = UINT64_MAX, hi = 0;
@@ -594,8 +595,10 @@ static void release_layer(prima_window *w, int l) {
     if (ts[i].offset + ts[i].n_bytes > hi) hi = ts[i].offset + ts[i].n_bytes;
   }
   if (hi <= lo) return;
-  lo &= ~(block - 1);
+  /* its first `keep` bytes (in file order) stay, with the rest of the block they end in */
+  lo = keep ? (lo + keep + block - 1) & ~(block - 1) : lo & ~(block - 1);
   hi = (hi + block - 1) & ~(block - 1);
+  if (hi <= lo) return;
   if (hi > (uint64_t)w->m->map_bytes) hi = (uint64_t)w->m->map_bytes; /* the last partial page is still whole */
   advise_release(w, w->m->map + lo, (size_t)(hi - lo), NULL);
 }
@@ -695,7 +698,10 @@ static void forward_job(const prima_task *t, void *ctx) {
     prima_pool_barrier(t);
     /* every thread is past this layer: a streamed one goes now, so that the window never holds more
      * than its kept layers and the one being read (the others go on to the next layer meanwhile) */
-    if (t->ith == 0 && l >= __atomic_load_n(&w->stream_from, __ATOMIC_RELAXED)) release_layer(w, l);
+    if (t->ith == 0) {
+      const int from = __atomic_load_n(&w->stream_from, __ATOMIC_RELAXED);
+      if (l >= from) release_layer(w, l, l == from ? __atomic_load_n(&w->stream_keep, __ATOMIC_RELAXED) : 0);
+    }
   }
 
   if (j->logits) {
@@ -852,22 +858,28 @@ static int count_resident(prima_window *w, uint8_t *p, size_t len, void *arg) {
 int prima_window_prefetch(prima_window *w, uint64_t max_bytes) { return for_each_range(w, advise_willneed, &max_bytes); }
 int prima_window_release(prima_window *w) { return for_each_range(w, advise_release, NULL); }
 void prima_window_stream_beyond(prima_window *w, uint64_t room_bytes) {
-  /* The layer being read in shares the room with the kept ones while it is computed: the kept layers
-   * get the room less the largest layer (and the 2 MiB block a release takes on each side of it), or
-   * reading each streamed layer makes reclaim take kept pages, which the next pass reads again. Halda
-   * prices the same: an overloaded device rereads its excess and one layer ("stream" in
-   * halda/types.ts). A window that fits whole keeps everything. */
+  /* The layer being read in shares the room with the kept bytes while it is computed: they get the
+   * room less the largest layer and the margin, or reading each streamed layer makes reclaim take kept
+   * pages, which the next pass reads again. The first streamed layer keeps what is left of that budget
+   * (kept whole layers only, a pass reread up to a layer more: 106 MiB a pass where this reads 80, in
+   * a 10-layer window of the benchmark model under 256 MiB). Halda prices the same: an overloaded
+   * device rereads its excess, a layer and the margin ("stream" in halda/types.ts). A window that fits
+   * whole keeps everything. */
   int from = w->end;
+  uint64_t keep = 0;
   if (w->weight_bytes > room_bytes) {
-    const uint64_t margin = w->largest_layer_bytes + 2 * ((uint64_t)2 << 20);
+    const uint64_t margin = w->largest_layer_bytes + PRIMA_STREAM_MARGIN_BYTES;
     const uint64_t budget = room_bytes > margin ? room_bytes - margin : 0;
     uint64_t sum = 0;
     for (from = w->first; from < w->end; from++) {
-      sum += layer_weight_bytes(&w->m->layers[from]);
-      if (sum > budget) break;
+      const uint64_t b = layer_weight_bytes(&w->m->layers[from]);
+      if (sum + b > budget) break;
+      sum += b;
     }
+    if (from < w->end) keep = budget - sum;
   }
-  /* layers that stop being streamed stay as they are: what the next pass reads in, memory keeps */
+  /* what stops being streamed stays as it is: what the next pass reads in, memory keeps */
+  __atomic_store_n(&w->stream_keep, keep, __ATOMIC_RELAXED);
   __atomic_store_n(&w->stream_from, from, __ATOMIC_RELAXED);
 }
 

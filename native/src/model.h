@@ -78,6 +78,7 @@ typedef struct prima_window {
   uint64_t largest_layer_bytes;
   int stream_from;             /* layers from here on are dropped right after each pass computes them
                                   (prima_window_stream_beyond); end: none */
+  uint64_t stream_keep;        /* bytes at the start of layer stream_from kept all the same */
 } prima_window;
 
 /* Opens and maps the file; validates the table against the file and hyper-parameters.
@@ -109,13 +110,22 @@ void prima_model_embed(prima_model *m, const int32_t *tokens, int n, float *out)
  * the window's first layer on (the order the forward pass reads them). */
 int prima_window_prefetch(prima_window *w, uint64_t max_bytes);
 int prima_window_release(prima_window *w);
-/* From the next pass on, a window whose weights are more than room_bytes keeps its first layers (as
- * many as fit in the room with the largest layer beside them) and drops each later one right after the
- * pass computes it: it then rereads only that tail each pass and never holds more than its kept layers
- * and the one being read. Left to the kernel, memory fills, reclaim demotes the kept layers too (it
+/* Room a streamed window leaves unused beyond its largest layer (which the layer being read needs):
+ * the 2 MiB block a release takes on each side of a layer, and 8 MiB for the room's reading moving
+ * between passes (kept exactly to the room, reclaim took kept pages and a pass now and then reread the
+ * whole window). Halda prices the same (halda STREAM_MARGIN_BYTES; test/native/paging.test.ts holds
+ * the two together). */
+#define PRIMA_STREAM_MARGIN_BYTES ((uint64_t)12 << 20)
+
+/* From the next pass on, a window whose weights are more than room_bytes keeps its first bytes (whole
+ * layers, then the start of the next, up to the room less its largest layer and
+ * PRIMA_STREAM_MARGIN_BYTES) and drops the rest of each later layer right after the pass computes it:
+ * it then rereads only that tail each pass and never holds more than what it keeps and the layer being
+ * read. Left to the kernel, memory fills, reclaim demotes the kept layers too (it
  * keeps active and inactive file pages in balance), and a window reread about twice its excess a pass
  * (measured with /proc/<pid>/io). room_bytes >= its weights: nothing is dropped. Callable while a pass
- * runs: it takes effect at the next layer boundary. */
+ * runs: it takes effect at the next layer boundary (a layer released as the two fields change may keep
+ * the other layer's share, once). */
 void prima_window_stream_beyond(prima_window *w, uint64_t room_bytes);
 /* Bytes of the window's weights resident in memory, and the total. */
 int prima_window_residency(prima_window *w, uint64_t *resident, uint64_t *total);

@@ -58,7 +58,7 @@ const variants: Variant[] = [
     },
   },
   {
-    // prima's engine streams what does not fit (native streamBeyond): the excess and one layer more.
+    // prima's engine streams what does not fit (native streamBeyond): the excess, one layer and a margin more.
     name: "streamed overflow", count: 120, shape: { headOverloaded: true },
     options: (rand) => {
       const masterPriority = rand() < 0.5 ? 1 : 1.01;

@@ -2,7 +2,7 @@
 // terms) without halda/'s code, and a brute-force search over every k, window and GPU-layer count.
 // The tests hold Halda's ILP answers against it.
 
-import type { DeviceProfile, ModelProfile } from "../../halda/index.js";
+import { STREAM_MARGIN_BYTES, type DeviceProfile, type ModelProfile } from "../../halda/index.js";
 
 export interface OracleOptions {
   readonly masterPriority: number;
@@ -15,7 +15,8 @@ export interface OracleOptions {
   /** 0 = every valid k. */
   readonly k: number;
   /** What an overloaded non-Metal device rereads per token: the excess (paper), all its RAM-side
-   * weights, or the excess and one layer's weights (prima's engine streaming the rest of its window). */
+   * weights, or the excess, one layer's weights and STREAM_MARGIN_BYTES (prima's engine streaming the
+   * rest of its window). */
   readonly overloadReload: "excess" | "window" | "stream";
 }
 
@@ -81,7 +82,7 @@ export function deviceCostFn(dev: DeviceProfile, isHead: boolean, model: ModelPr
       if (rw * bp + bcio + (metal ? cGpu : 0) > D * (1 + 1e-12)) valid = false;
     }
     let diskBytes = 0;
-    if (overloaded) diskBytes = metal || opt.overloadReload === "window" ? r * b + (isHead ? bo + row : 0) : r * bp + bcio - D + (opt.overloadReload === "stream" ? b : 0);
+    if (overloaded) diskBytes = metal || opt.overloadReload === "window" ? r * b + (isHead ? bo + row : 0) : r * bp + bcio - D + (opt.overloadReload === "stream" ? b + STREAM_MARGIN_BYTES : 0);
     else if (isHead) diskBytes = row;
     const latencyMs =
       (l - g) * tCpu + g * tGpu + tOut +
