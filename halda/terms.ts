@@ -54,7 +54,6 @@ export function resolveOptions(o: HaldaOptions = {}): ResolvedOptions {
   return r;
 }
 
-/** Model quantities Halda uses (HALDA.md §1.2, §1.4). */
 /** Room the engine's streamed window leaves unused beyond the layer being read (native/src/model.h
  * PRIMA_STREAM_MARGIN_BYTES: release blocks, and slack for the room's reading; test/native/paging.test.ts
  * holds the two equal). */
@@ -66,6 +65,7 @@ export function streamExtraBytes(m: ModelTerms): number {
   return m.layerBytes + STREAM_MARGIN_BYTES;
 }
 
+/** Model quantities Halda uses (HALDA.md §1.2, §1.4). */
 export interface ModelTerms {
   readonly nLayers: number;
   /** KV capacity in tokens that b' includes. */
