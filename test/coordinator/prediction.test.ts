@@ -7,7 +7,7 @@ import type { Status } from "../../control/proto.js";
 const latency = (computeMs: number, commMs: number) => ({ computeMs, memoryMs: 0, diskMs: 0, commMs, totalMs: computeMs + commMs });
 
 describe("prediction report", () => {
-  it("compares Halda's figure with each device's compute and send less the time it was preempted", () => {
+  it("compares Halda's figure for each device's own work with its compute and send less the time it was preempted, and the hops with the rest", () => {
     // Halda's device 0 is the head, 1 the worker (ring order: the worker, then the head).
     const placement = {
       devices: [{}, {}],
@@ -21,12 +21,15 @@ describe("prediction report", () => {
     expect(r.rows.map((x) => x.label)).toEqual(["w1 \"a\"", "head (this coordinator)"]);
     expect(r.rows[0].measuredMs).toBeCloseTo(6.5 + 1.2 - 1.5, 12);
     expect(r.rows[1].measuredMs).toBeCloseTo(4.4 + 0.3 - 0.1, 12);
+    // Halda's figure for the same work leaves the hop out: the link's latency is in no device's counters.
+    expect(r.rows.map((x) => x.predictedMs)).toEqual([5.8, 4]);
     expect(r.error).toBeCloseTo((11.9 - 10.5) / 10.5, 12); // the token stays wall-clock time
     const text = formatPrediction(r);
-    expect(text).toMatch(/measured \(compute\+send-preempted\)/);
-    expect(text).toMatch(/w1 "a" .* 6\.20 \(6\.50\+1\.20-1\.50\)/);
-    // What no device's own time holds: hops, the output layer, sampling, the waits for a CPU.
-    expect(text).toMatch(new RegExp(`hops, output layer, sampling\\s+${(11.9 - 6.2 - 4.6).toFixed(2)}`));
+    expect(text).toMatch(/predicted \(compute\+memory\+disk\) +measured \(compute\+send-preempted\)/);
+    expect(text).toMatch(/w1 "a" +6 +5\.80 \(5\.80\+0\.00\+0\.00\) +6\.20 \(6\.50\+1\.20-1\.50\)/);
+    // What no device's own time holds: hops, the output layer, sampling, the waits for a CPU; beside
+    // it Halda's hops.
+    expect(text).toMatch(new RegExp(`hops, output layer, sampling +0\\.40 \\(the hops\\) +${(11.9 - 6.2 - 4.6).toFixed(2)}`));
   });
 
   it("takes the preempted time per step from two status snapshots, as zero from a worker that predates it", () => {
