@@ -249,7 +249,7 @@ export async function main(model: string, reps = 3, caps: readonly number[] = [2
       `disk-bound limit ${limitMs.toFixed(1)} ms/token (${(1000 / limitMs).toFixed(2)} tok/s): measured ${pr.measuredTokenMs.toFixed(1)} ms, ${(pr.measuredTokenMs / limitMs).toFixed(2)}x the limit`);
     summary.push(`${cap} MiB: automatic ${auto.decode_tok_s.toFixed(2)} tok/s, best hand-made ${best.tokS.toFixed(2)} [${best.w}], alone ${fmt(alone)}, llama-bench ${fmt(llama)}`);
   }
-  summary.push(await overflowingWindow(model));
+  for (const win of WINDOWS) summary.push(await overflowingWindow(model, win));
   console.log(`\n${summary.join("\n")}\nreproduce: npm run build && sudo node dist/bench/index.js --only capped`);
 }
 
@@ -262,20 +262,24 @@ async function modelWeightBytes(path: string): Promise<{ layers: number; layerBy
 
 // ---- one window larger than its memory -----------------------------------------------------------
 
-const WINDOW = { first: 6, end: 18, capMiB: 200, passes: 20 };
+interface WindowSetup { readonly first: number; readonly end: number; readonly capMiB: number }
+/** 12 layers (300 MiB) in 200 MiB: a long streamed tail; 10 layers (248 MiB) in 256 MiB: a short one,
+ * where keeping part of a layer (native streamBeyond) saves most. */
+const WINDOWS: readonly WindowSetup[] = [{ first: 6, end: 18, capMiB: 200 }, { first: 0, end: 10, capMiB: 256 }];
+const WINDOW_PASSES = 20;
 
 /** In this process (started in a capped cgroup): one-token passes over one window, the layers past
  * its room streamed or left to the kernel; per pass, ms and MiB read from the file (/proc/self/io).
  * Prints JSON. */
-async function windowPasses(model: string, streamed: boolean): Promise<void> {
+async function windowPasses(model: string, win: WindowSetup, streamed: boolean): Promise<void> {
   const { LocalModel } = await import("../engine/index.js");
   const { layerRoomBytes, readMemory } = await import("../profiler/index.js");
   const readBytes = () => Number(/read_bytes: (\d+)/.exec(readFileSync("/proc/self/io", "utf8"))![1]);
   const m = LocalModel.open(model, { threads: 2 });
-  const w = m.window(WINDOW.first, WINDOW.end, { ctx: CTX, maxBatch: 128 });
+  const w = m.window(win.first, win.end, { ctx: CTX, maxBatch: 128 });
   const acts = new Float32Array(m.nEmbd).fill(0.01);
   const passes: { ms: number; readMiB: number }[] = [];
-  for (let p = 0; p < WINDOW.passes; p++) {
+  for (let p = 0; p < WINDOW_PASSES; p++) {
     const read0 = readBytes(), t0 = performance.now();
     await w.forward(acts.slice(), p, 1);
     passes.push({ ms: performance.now() - t0, readMiB: (readBytes() - read0) / MiB });
@@ -290,29 +294,35 @@ async function windowPasses(model: string, streamed: boolean): Promise<void> {
 
 /** The same window in a capped cgroup, left to the kernel and streamed: the medians of the last half
  * of the passes. */
-async function overflowingWindow(model: string): Promise<string> {
+async function overflowingWindow(model: string, win: WindowSetup): Promise<string> {
   const rows: { label: string; readMiB: number; ms: number }[] = [];
   for (const streamed of [false, true]) {
-    const g = makeGroup(`prima-capped-${process.pid}-window`, WINDOW.capMiB);
+    const g = makeGroup(`prima-capped-${process.pid}-window`, win.capMiB);
     try {
       dropCaches();
-      const p = start(g, [fileURLToPath(import.meta.url), "--window-passes", model, streamed ? "streamed" : "kernel"]);
+      const p = start(g, [fileURLToPath(import.meta.url), "--window-passes", model, streamed ? "streamed" : "kernel", JSON.stringify(win)]);
       const code = await exitWithin(p);
       if (code !== 0) throw new Error(`window passes ${code === "timeout" ? "timed out" : `exited with ${code}`}:\n${p.err.slice(-2000)}`);
-      const late = (JSON.parse(p.out) as { ms: number; readMiB: number }[]).slice(WINDOW.passes / 2);
+      const late = (JSON.parse(p.out) as { ms: number; readMiB: number }[]).slice(WINDOW_PASSES / 2);
       rows.push({ label: streamed ? "streamed" : "left to the kernel", readMiB: median(late.map((x) => x.readMiB)), ms: median(late.map((x) => x.ms)) });
     } finally {
       await removeGroup(g);
     }
   }
-  console.log(`\n## one window larger than its memory: layers ${WINDOW.first}-${WINDOW.end - 1} of the benchmark model in ${WINDOW.capMiB} MiB, one-token passes, medians of the last ${WINDOW.passes / 2} of ${WINDOW.passes}\n`);
+  console.log(`\n## one window larger than its memory: layers ${win.first}-${win.end - 1} of the benchmark model in ${win.capMiB} MiB, one-token passes, medians of the last ${WINDOW_PASSES / 2} of ${WINDOW_PASSES}\n`);
   console.log("| pages | MiB read a pass | ms a pass |");
   console.log("|---|---|---|");
   for (const r of rows) console.log(`| ${r.label} | ${r.readMiB.toFixed(0)} | ${r.ms.toFixed(0)} |`);
-  return `one window in ${WINDOW.capMiB} MiB: ${rows.map((r) => `${r.label} ${r.readMiB.toFixed(0)} MiB read, ${r.ms.toFixed(0)} ms a pass`).join("; ")}`;
+  return `layers ${win.first}-${win.end - 1} in ${win.capMiB} MiB: ${rows.map((r) => `${r.label} ${r.readMiB.toFixed(0)} MiB read, ${r.ms.toFixed(0)} ms a pass`).join("; ")}`;
 }
 
-// node dist/bench/capped.js --window model.gguf: only the overflowing window (root); --window-passes:
+// node dist/bench/capped.js --window model.gguf: only the overflowing windows (root); --window-passes:
 // the child it starts in the capped cgroup.
-if (process.argv[2] === "--window-passes") void windowPasses(process.argv[3], process.argv[4] === "streamed");
-else if (process.argv[2] === "--window") void overflowingWindow(process.argv[3]).then((line) => console.log(`\n${line}`));
+if (process.argv[2] === "--window-passes") void windowPasses(process.argv[3], JSON.parse(process.argv[5]) as WindowSetup, process.argv[4] === "streamed");
+else if (process.argv[2] === "--window") {
+  void (async () => {
+    const lines: string[] = [];
+    for (const win of WINDOWS) lines.push(await overflowingWindow(process.argv[3], win));
+    console.log(`\n${lines.join("\n")}`);
+  })();
+}

@@ -861,8 +861,8 @@ void prima_window_stream_beyond(prima_window *w, uint64_t room_bytes) {
   /* The layer being read in shares the room with the kept bytes while it is computed: they get the
    * room less the largest layer and the margin, or reading each streamed layer makes reclaim take kept
    * pages, which the next pass reads again. The first streamed layer keeps what is left of that budget
-   * (kept whole layers only, a pass reread up to a layer more: 106 MiB a pass where this reads 80, in
-   * a 10-layer window of the benchmark model under 256 MiB). Halda prices the same: an overloaded
+   * (kept whole layers only, a pass reread up to a layer more: 80 MiB a pass where this reads 68, in
+   * a 10-layer window of the benchmark model under 256 MiB, `bench/capped.ts --window`). Halda prices the same: an overloaded
    * device rereads its excess, a layer and the margin ("stream" in halda/types.ts). A window that fits
    * whole keeps everything. */
   int from = w->end;
