@@ -862,9 +862,9 @@ void prima_window_stream_beyond(prima_window *w, uint64_t room_bytes) {
    * room less the largest layer and the margin, or reading each streamed layer makes reclaim take kept
    * pages, which the next pass reads again. The first streamed layer keeps what is left of that budget
    * (kept whole layers only, a pass reread up to a layer more: 80 MiB a pass where this reads 68, in
-   * a 10-layer window of the benchmark model under 256 MiB, `bench/capped.ts --window`). Halda prices the same: an overloaded
-   * device rereads its excess, a layer and the margin ("stream" in halda/types.ts). A window that fits
-   * whole keeps everything. */
+   * a 10-layer window of the benchmark model under 256 MiB, `bench/capped.ts --window`). Halda prices
+   * the same: an overloaded device rereads its excess, a layer and the margin ("stream" in
+   * halda/types.ts). A window that fits whole keeps everything. */
   int from = w->end;
   uint64_t keep = 0;
   if (w->weight_bytes > room_bytes) {
