@@ -150,6 +150,10 @@ export interface PredictionReport {
   readonly rows: readonly PredictionRow[];
   readonly predictedTokenMs: number;
   readonly measuredTokenMs: number;
+  /** Halda's hops (its comm terms), and what the token holds beyond every device's own work: the hops
+   * themselves, the head's sampling, and on a shared host the devices' waits for a CPU. */
+  readonly predictedHopsMs: number;
+  readonly measuredRestMs: number;
   /** (measured - predicted) / predicted. */
   readonly error: number;
   readonly decodeTokens: number;
@@ -171,7 +175,10 @@ export function predictionReport(p: Placement, labels: readonly string[], measur
     }
   }
   const predictedTokenMs = p.plan.latencyMs;
-  return { rows, predictedTokenMs, measuredTokenMs, error: (measuredTokenMs - predictedTokenMs) / predictedTokenMs, decodeTokens };
+  return {
+    rows, predictedTokenMs, measuredTokenMs, error: (measuredTokenMs - predictedTokenMs) / predictedTokenMs, decodeTokens,
+    predictedHopsMs: rows.reduce((s, r) => s + r.predicted.commMs, 0), measuredRestMs: measuredTokenMs - rows.reduce((s, r) => s + r.measuredMs, 0),
+  };
 }
 
 export function formatPrediction(r: PredictionReport): string {
@@ -180,19 +187,15 @@ export function formatPrediction(r: PredictionReport): string {
     `predicted vs measured, ms per token (decode, ${r.decodeTokens} tokens):`,
     `${"device".padEnd(32)} window  predicted (compute+memory+disk)        measured (compute+send-preempted)   mem pressure`,
   ];
-  let sum = 0, hops = 0;
   for (const row of r.rows) {
     const p = row.predicted, m = row.measured;
-    sum += row.measuredMs;
-    hops += p.commMs;
     lines.push(
       `${row.label.padEnd(32)} ${String(row.windowLayers).padStart(6)}  ${ms(row.predictedMs).padStart(8)} (${ms(p.computeMs)}+${ms(p.memoryMs)}+${ms(p.diskMs)})`.padEnd(80) +
       `${ms(row.measuredMs).padStart(8)} (${ms(m.computeMs)}+${ms(m.sendMs)}-${ms(m.descheduledMs)})`.padEnd(36) + `${(100 * m.memPressure).toFixed(2)}%`.padStart(8),
     );
   }
-  // In a ring, what no device's counters hold: the hops themselves (Halda's comm terms), the head's
-  // output layer and sampling, and on a shared host the devices' waits for a CPU.
-  if (r.rows.length > 1) lines.push(`${"hops, output layer, sampling".padEnd(32)}        ${ms(hops).padStart(8)} (the hops)`.padEnd(80) + `${ms(Math.max(0, r.measuredTokenMs - sum)).padStart(8)}`);
+  // In a ring, what no device's counters hold, beside Halda's hops.
+  if (r.rows.length > 1) lines.push(`${"hops, output layer, sampling".padEnd(32)}        ${ms(r.predictedHopsMs).padStart(8)} (the hops)`.padEnd(80) + `${ms(Math.max(0, r.measuredRestMs)).padStart(8)}`);
   lines.push(`token latency: predicted ${ms(r.predictedTokenMs)} ms, measured ${ms(r.measuredTokenMs)} ms (${pct(r.error)})`);
   return lines.join("\n");
 }

@@ -141,7 +141,7 @@ export function formatReport(r: DeviceReport): string {
     ["window call", `${(d.windowCallMs * 1000).toFixed(0)} us per window (waking the compute threads)${d.forward?.applied ? "; in the forward pass below, not added" : ""}`],
     ["forward pass", d.forward ? `${d.forward.windowMs.toFixed(2)} ms for the model's first ${d.forward.layers} layers (kernels alone ${d.forward.kernelMs.toFixed(2)} ms): ` +
       (d.forward.applied ? `cpu FLOP/s above are the kernels' / ${d.forward.scale.toFixed(2)}` : "implausible, not applied") : "not timed (no model given)"],
-    ...(p.outputLayerMs !== undefined ? [["output layer", `${p.outputLayerMs.toFixed(2)} ms (timed with the pass above: what the head's output costs)`] as [string, string]] : []),
+    ...(p.outputLayerMs !== undefined ? [["output layer", `${p.outputLayerMs.toFixed(2)} ms (a one-layer pass with the whole vocabulary's output, less the same pass without: what the head's output costs)`] as [string, string]] : []),
     ["ram total", `${gib(m.totalBytes)}${m.cgroup ? ` (cgroup v${m.cgroup.version} limit; machine ${gib(m.physicalTotalBytes)})` : ""}`],
     ["ram available", `${gib(m.availableBytes)} (Halda plans with ${gib(p.ramAvailableBytes)})`],
     ["swap", `${gib(m.swapTotalBytes)} total, ${gib(m.swapFreeBytes)} free, ${gib(m.swappableBytes)} swappable`],

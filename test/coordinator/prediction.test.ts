@@ -23,6 +23,8 @@ describe("prediction report", () => {
     expect(r.rows[1].measuredMs).toBeCloseTo(4.4 + 0.3 - 0.1, 12);
     // Halda's figure for the same work leaves the hop out: the link's latency is in no device's counters.
     expect(r.rows.map((x) => x.predictedMs)).toEqual([5.8, 4]);
+    expect(r.predictedHopsMs).toBeCloseTo(0.4, 12);
+    expect(r.measuredRestMs).toBeCloseTo(11.9 - 6.2 - 4.6, 12);
     expect(r.error).toBeCloseTo((11.9 - 10.5) / 10.5, 12); // the token stays wall-clock time
     const text = formatPrediction(r);
     expect(text).toMatch(/predicted \(compute\+memory\+disk\) +measured \(compute\+send-preempted\)/);
