@@ -5,31 +5,21 @@
 // profile's one-layer stand-in. Figures in BENCHMARKS.md, "Capped devices", come from here.
 //   node dist/bench/stand-in.js [model.gguf]
 import { LocalModel } from "../engine/index.js";
-import { lastLevelCacheBytes, standInLayers, standInMinBytes, timeForward } from "../profiler/index.js";
+import { lastLevelCacheBytes, standInLayers, standInMinBytes, timeForward, timePasses } from "../profiler/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 import { median, root, runWhenMain } from "./procs.js";
 
 const GAP_MS = 10, PASSES = 21, ROUNDS = 3;
 
-/** Median ms of one-token passes through layers [first, first + n) after the idle gap, with the
- * output layer when `logits` is given. */
+/** Median ms of one-token passes through layers [first, first + n) after the idle gap, as the profile
+ * times its stand-in (timePasses), with the output layer when `logits` is given. */
 async function realMs(model: LocalModel, first: number, n: number, logits?: Float32Array): Promise<number> {
   const w = model.window(first, first + n, { ctx: PASSES + 4, maxBatch: 1 });
-  const input = Float32Array.from({ length: model.nEmbd }, (_, i) => Math.sin(i * 0.7) * 0.5);
-  const acts = new Float32Array(model.nEmbd);
-  const ms: number[] = [];
   try {
-    for (let pos = 0; pos < PASSES + 3; pos++) {
-      acts.set(input);
-      await new Promise((r) => setTimeout(r, GAP_MS));
-      const t0 = performance.now();
-      w.forwardNow(acts, pos, 1, logits);
-      if (pos >= 3) ms.push(performance.now() - t0);
-    }
+    return median(await timePasses(w, model.nEmbd, { count: PASSES + 3, skip: 3, gapMs: GAP_MS, logits }));
   } finally {
     w.close();
   }
-  return median(ms);
 }
 
 export async function main(modelArg?: string): Promise<void> {

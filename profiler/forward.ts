@@ -131,6 +131,34 @@ const STREAM_SECONDS = 1;
 /** Several periods of a cgroup's CPU quota (100 ms by default). */
 const SUSTAINED_SECONDS = 0.5;
 
+/** How timePasses runs: `count` passes at most, the first `skip` untimed, each after `gapMs`, until
+ * `seconds` have gone on timed passes (at least one is timed); with `logits`, through the output layer. */
+export interface PassOptions {
+  readonly count: number;
+  readonly skip: number;
+  readonly seconds?: number;
+  readonly gapMs: number;
+  readonly logits?: Float32Array;
+}
+
+/** One-token passes through a window (its KV cache holding `count` tokens), from activations of a real
+ * model's scale each time (the first norm makes them the next layers' input): their times in ms. The
+ * profile's stand-in and the bench's real layers are timed by this one loop, so they compare. */
+export async function timePasses(w: NativeWindow, nEmbd: number, o: PassOptions): Promise<number[]> {
+  const input = Float32Array.from({ length: nEmbd }, (_, i) => Math.sin(i * 0.7) * 0.5);
+  const acts = new Float32Array(nEmbd);
+  const ms: number[] = [];
+  const seconds = o.seconds ?? Infinity;
+  for (let pos = 0; pos < o.count && (ms.length === 0 || sum(ms) < seconds * 1000); pos++) {
+    acts.set(input);
+    if (o.gapMs > 0) await new Promise((r) => setTimeout(r, o.gapMs));
+    const t0 = performance.now();
+    w.forwardNow(acts, pos, 1, o.logits);
+    if (pos >= o.skip) ms.push(performance.now() - t0);
+  }
+  return ms;
+}
+
 /** Times the engine's one-token pass through the stand-in's `layers` layers, each pass after the idle gap
  * a ring device has between its passes (or back to back, `sustained`): the median of `passes` with the
  * layers in memory, and (with `streamedLayers`) of passes that drop each layer once computed, so that
@@ -143,25 +171,12 @@ export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers
     if (streamedLayers) dropFileCache(path); // written back, and its pages dropped: the first pass reads the disk
     const model = LocalModel.open(path, { threads: o.threads, ...RING_COMPUTE_OPTIONS });
     try {
-      // Activations of a real model's scale: the first norm makes them the next layers' input.
-      const input = Float32Array.from({ length: model.nEmbd }, (_, i) => Math.sin(i * 0.7) * 0.5);
-      const acts = new Float32Array(model.nEmbd);
-      /** One-token passes through layers [0, n), the first `skip` untimed, after `gapMs` each, until
-       * `count` or until `seconds` have gone on timed passes (at least one): their times. */
       const logits = new Float32Array(o.output ? desc.hparams.nVocab : 0);
       const passes = async (n: number, count: number, skip: number, seconds: number, gapMs: number, before?: (w: NativeWindow) => void, withOutput = false) => {
         const w = model.window(0, n, { ctx: count + 1, maxBatch: 1 });
         try {
           before?.(w);
-          const ms: number[] = [];
-          for (let pos = 0; pos < count && (ms.length === 0 || sum(ms) < seconds * 1000); pos++) {
-            acts.set(input);
-            if (gapMs > 0) await new Promise((r) => setTimeout(r, gapMs));
-            const t0 = performance.now();
-            w.forwardNow(acts, pos, 1, withOutput ? logits : undefined);
-            if (pos >= skip) ms.push(performance.now() - t0);
-          }
-          return { ms, bytes: w.residency().totalBytes };
+          return { ms: await timePasses(w, model.nEmbd, { count, skip, seconds, gapMs, logits: withOutput ? logits : undefined }), bytes: w.residency().totalBytes };
         } finally {
           w.close();
         }
