@@ -194,8 +194,9 @@ export function formatPrediction(r: PredictionReport): string {
       `${ms(row.measuredMs).padStart(8)} (${ms(m.computeMs)}+${ms(m.sendMs)}-${ms(m.descheduledMs)})`.padEnd(36) + `${(100 * m.memPressure).toFixed(2)}%`.padStart(8),
     );
   }
-  // In a ring, what no device's counters hold, beside Halda's hops.
-  if (r.rows.length > 1) lines.push(`${"hops, output layer, sampling".padEnd(32)}        ${ms(r.predictedHopsMs).padStart(8)} (the hops)`.padEnd(80) + `${ms(Math.max(0, r.measuredRestMs)).padStart(8)}`);
+  // In a ring, what no device's counters hold, beside Halda's hops (the head's output layer is in its
+  // compute: its window computes the logits in the same native call).
+  if (r.rows.length > 1) lines.push(`${"hops, sampling, CPU waits".padEnd(32)}        ${ms(r.predictedHopsMs).padStart(8)} (the hops)`.padEnd(80) + `${ms(Math.max(0, r.measuredRestMs)).padStart(8)}`);
   lines.push(`token latency: predicted ${ms(r.predictedTokenMs)} ms, measured ${ms(r.measuredTokenMs)} ms (${pct(r.error)})`);
   return lines.join("\n");
 }
