@@ -10,6 +10,9 @@ export const JOIN_TIMEOUT_MS = 3000;
 export const JOIN_REPLY_TIMEOUT_MS = 5000;
 /** A status request unanswered this long loses the worker (it answers from memory, at once). */
 export const STATUS_TIMEOUT_MS = 3000;
+/** A status request that asks the device to time its pass first (StatusRequest.timePass): a profile
+ * read from the cache but for the pass, a second or two on a slow device. */
+export const TIMED_STATUS_TIMEOUT_MS = 20_000;
 /** An assignment with no progress report for this long loses the worker: setting up and paging in a
  * window may take long, but a worker reports progress at least every ASSIGN_PROGRESS_INTERVAL_MS. */
 export const ASSIGN_SILENCE_MS = 5000;

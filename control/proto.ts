@@ -64,14 +64,17 @@ export interface Status {
   memAvailableBytes: number; memPressure: number; frames: number;
   /** Room for layer windows as the device reads it while it holds none (0 while it holds some). */
   layerRoomBytes: number;
+  /** Asked for with StatusRequest.timePass: the profile with the pass timed just now ("" if not). */
+  profileJson?: string;
 }
+export interface StatusRequest { timePass?: boolean }
 export interface Failure { message: string }
 export interface ModelDescription { fingerprint: string; fileBytes: number; dataOffset: number; chunkBytes: number; name: string }
 export interface Shutdown { reason: string }
 
 interface WorkerFields { join: Join; heartbeat: Heartbeat; progress: LoadProgress; ready: Ready; status: Status; failure: Failure }
 interface CoordinatorFields {
-  challenge: Challenge; welcome: Welcome; assignment: Assignment; kv: KvCommand; statusRequest: Record<string, never>; shutdown: Shutdown; heartbeat: Heartbeat;
+  challenge: Challenge; welcome: Welcome; assignment: Assignment; kv: KvCommand; statusRequest: StatusRequest; shutdown: Shutdown; heartbeat: Heartbeat;
 }
 /** A oneof message: exactly one field set; `msg` names it on received messages (proto-loader's oneofs). */
 type OneOf<F> = { [K in keyof F]: { msg?: K } & Pick<F, K> }[keyof F];

@@ -200,11 +200,7 @@ export class Cluster extends EventEmitter {
   async start(port: number, host = "0.0.0.0"): Promise<number> {
     if (this.o.layerWindows === undefined) {
       this.headState = { state: "profiling", detail: "measuring this device" };
-      this.headReport = await profileDevice({
-        name: HEAD_ID, model: this.o.model, outputLayer: true, threads: this.o.model.threads,
-        diskDirs: [dirname(resolve(this.o.modelPath))], nCtx: this.o.ctx, reprofile: this.o.reprofile,
-        progress: (l) => this.o.log(`profile: ${l}`),
-      });
+      this.headReport = await this.profileHead(false);
     }
     this.headState = { state: "ready", detail: null };
     this.trustStore = await TrustStore.open(this.o.name, { rotate: this.o.rotateToken });
@@ -216,6 +212,16 @@ export class Cluster extends EventEmitter {
 
   get port(): number {
     return this.clusterPort;
+  }
+
+  /** This device's profile: measured (or read from the cache) at start; `again` before each plan, from
+   * the cache but for the pass and the output layer, timed anew, and saying only those. */
+  private profileHead(again: boolean): Promise<DeviceReport> {
+    return profileDevice({
+      name: HEAD_ID, model: this.o.model, outputLayer: true, threads: this.o.model.threads,
+      diskDirs: [dirname(resolve(this.o.modelPath))], nCtx: this.o.ctx, reprofile: this.o.reprofile && !again,
+      progress: (l) => (!again || /^forward pass|^output layer/.test(l) ? this.o.log(`profile: ${l}`) : undefined),
+    });
   }
 
   /** How workers join: the token file always; the token itself only when it is new or a person
@@ -393,6 +399,7 @@ export class Cluster extends EventEmitter {
       for (const w of workers) this.setDevice(w, "profiling", "reading memory and measuring the link");
       placement = await planRing({
         model, modelPath: this.o.modelPath, fingerprint: this.fingerprint, workers, head: this.headReport, ctx: this.o.ctx,
+        retimeHead: async () => (this.headReport = await this.profileHead(true)),
         maxBatch: this.o.batch, tokens: this.o.plannedTokens ?? this.o.ctx, log,
         options: { k: this.o.cycles, ...(this.o.keepAll ? { keepAll: true } : {}) },
       });

@@ -5,7 +5,7 @@
 // Order: Halda's device 0 is the head; our ring runs workers in join order and then the head (which
 // holds the last window of each cycle). Halda's latency is a sum over devices, so the rotation does
 // not change the plan: worker j (join order) is Halda device j + 1.
-import type { Status } from "../control/index.js";
+import { MAX_PROFILE_BYTES, TIMED_STATUS_TIMEOUT_MS, type Status } from "../control/index.js";
 import type { LocalModel, Pipeline } from "../engine/index.js";
 import { selectDevices, type DeviceLatencyMs, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "../halda/index.js";
 import { modelProfile } from "../model/index.js";
@@ -253,6 +253,8 @@ export interface RingPlanInput {
   readonly workers: readonly WorkerHandle[];
   /** The head's own profile (measured before it listened). */
   readonly head: DeviceReport;
+  /** The head's profile taken again, with its pass timed now (after the workers'). */
+  readonly retimeHead?: () => Promise<DeviceReport>;
   readonly ctx: number;
   readonly maxBatch: number;
   /** Tokens the run will hold: prompt + generated (sets the attention FLOPs). */
@@ -278,6 +280,19 @@ function windowScratchBytes(model: LocalModel, ctx: number, maxBatch: number, kv
   }
 }
 
+/** A worker's profile with the pass just timed (Status.profileJson), or undefined where it sent none
+ * or one that does not parse (said; its join's profile stands). */
+function timedProfile(json: string | undefined, label: string, log: (line: string) => void): DeviceReport | undefined {
+  if (!json) return undefined;
+  try {
+    if (json.length > MAX_PROFILE_BYTES) throw new Error(`${json.length} bytes, over the limit of ${MAX_PROFILE_BYTES}`);
+    return parseDeviceReport(json);
+  } catch (e) {
+    log(`device ${label}: the profile it timed now is not usable (${(e as Error).message}); its profile from the join is used`);
+    return undefined;
+  }
+}
+
 /**
  * Gathers the workers' profiles (memory read afresh through a status request), measures the hop to
  * each worker, and runs Halda. Throws an Error naming the device or the reason when no plan exists.
@@ -300,7 +315,11 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     // Memory now, not when it joined: the status carries the device's own reading of its room for
     // layers (profiler's layerRoomBytes), taken while it holds no windows (the ring was taken down);
     // a device that still holds some reports none, and its MemAvailable with the fifth kept back counts.
-    const s = await w.status();
+    // And its pass timed now, each device in turn: a device's speed moves with its load and, on a
+    // shared host, from second to second (a pass timed at a worker's join once read 12% slower than
+    // its twin's, which then computed alike in the ring).
+    const s = await w.status(TIMED_STATUS_TIMEOUT_MS, true);
+    r = timedProfile(s.profileJson, w.label, i.log) ?? r;
     const room = Number(s.layerRoomBytes ?? 0) > 0 ? Number(s.layerRoomBytes) : sharedRoomBytes(Number(s.memAvailableBytes));
     reports.push({ ...r, profile: { ...r.profile, ramTotalBytes: s.memTotalBytes, ramAvailableBytes: room } });
     let link: LinkMeasurement | null = null;
@@ -316,8 +335,10 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   }
   // The head's memory last, with the garbage of planning (a window made to measure its scratch, the
   // link probes' frames) collected: what it holds is what it will hold besides the plan's windows.
+  // Its pass timed last, after the workers' (timing a window's pass leaves garbage too).
+  const headReport = i.retimeHead ? await i.retimeHead() : i.head;
   settleMemory();
-  const head = refreshMemory(i.head, i.modelPath);
+  const head = refreshMemory(headReport, i.modelPath);
   // The head's hop goes to the first worker of the ring.
   links[0] = links[1] ?? null;
   // ξ, what a window costs besides its layers: the hop to the successor and, where the forward pass did

@@ -85,10 +85,11 @@ export class WorkerHandle {
     return p;
   }
 
-  /** The worker's status; no answer within timeoutMs loses it. */
-  status(timeoutMs = STATUS_TIMEOUT_MS): Promise<Status> {
+  /** The worker's status; no answer within timeoutMs loses it. With `timePass`, the worker times its
+   * one-token pass first and answers with that profile too (Status.profileJson). */
+  status(timeoutMs = STATUS_TIMEOUT_MS, timePass = false): Promise<Status> {
     const p = this.wait<Status>("status", timeoutMs, `did not answer a status request within ${seconds(timeoutMs)}`);
-    this.send({ statusRequest: {} });
+    this.send({ statusRequest: { timePass } });
     return p;
   }
 

@@ -5,6 +5,7 @@
 // It ends on the first SIGINT/SIGTERM, and on setup errors that cannot fix themselves, each with its
 // own exit code (exit.ts).
 import { hostname } from "node:os";
+import type { Status, StatusRequest } from "../control/index.js";
 import { clusterAddress, findCluster } from "../discovery/index.js";
 import { LocalModel } from "../engine/index.js";
 import { modelFingerprint } from "../model/index.js";
@@ -16,7 +17,7 @@ import {
 } from "./exit.js";
 import { ChunkHasher, WeightsMismatchError } from "./weights.js";
 import type { GgufFile } from "../model/index.js";
-import { joinProfile, profileCommand } from "./profile-command.js";
+import { joinProfile, profileCommand, type JoinProfile } from "./profile-command.js";
 import { RemoteModel, type RemoteModelOptions } from "./remote-model.js";
 import { WorkerSession, type SessionHandler } from "./session.js";
 import { TransferError } from "../transfer/index.js";
@@ -166,7 +167,7 @@ async function main(argv: string[]): Promise<number> {
       const problem = model().native.fileProblem();
       return problem ? new WorkerExit(EXIT_MODEL_CHANGED, `${problem}; left the ring: restart the worker to map the file again`) : null;
     },
-  }, handlerFor(device, remote, modelPath, () => model().gguf));
+  }, handlerFor(device, remote, modelPath, () => model().gguf, profile));
   session = worker;
   log(`model ${modelPath} (${model().nLayers} layers), data plane port ${dataPort}`);
   try {
@@ -230,8 +231,14 @@ async function fetchHeader(
 
 /** What runs an assignment: the windows' chunks fetched first (without --model), then checked
  * against the coordinator's hashes, then set up. */
-function handlerFor(device: WorkerDevice, remote: RemoteModel | undefined, path: string, gguf: () => GgufFile): SessionHandler {
+function handlerFor(device: WorkerDevice, remote: RemoteModel | undefined, path: string, gguf: () => GgufFile, profile: JoinProfile): SessionHandler {
   const hasher = new ChunkHasher(path, !remote);
+  // Asked before a plan: the pass timed now, while the device holds no windows (the coordinator times
+  // each device in turn, so that on a shared host one's timing never competes with another's).
+  const status = async (request?: StatusRequest): Promise<Status> => {
+    const timed = request?.timePass && device.idle ? await profile.retime() : false;
+    return { ...device.status(), ...(timed ? { profileJson: profile.json() } : {}) };
+  };
   const checked: SessionHandler = {
     assign: async (a, progress, deviceId) => {
       try {
@@ -247,7 +254,7 @@ function handlerFor(device: WorkerDevice, remote: RemoteModel | undefined, path:
       return device.assign(a, progress, deviceId);
     },
     kv: (cmd) => device.kv(cmd),
-    status: () => device.status(),
+    status,
     reset: (reason) => device.reset(reason),
   };
   return remote ? fetchingFirst(device, checked, remote, hasher) : checked;
@@ -255,6 +262,7 @@ function handlerFor(device: WorkerDevice, remote: RemoteModel | undefined, path:
 
 /** A device that fetches the chunks of its windows before it sets them up. */
 function fetchingFirst(device: WorkerDevice, next: SessionHandler, remote: RemoteModel, hasher: ChunkHasher): SessionHandler {
+  const { status } = next;
   return {
     assign: async (a, progress, deviceId) => {
       await device.reset("fetching this device's windows"); // the old mapping goes before the file changes
@@ -263,7 +271,7 @@ function fetchingFirst(device: WorkerDevice, next: SessionHandler, remote: Remot
       return next.assign(a, progress, deviceId);
     },
     kv: (cmd) => device.kv(cmd),
-    status: () => device.status(),
+    status,
     reset: (reason) => device.reset(reason),
   };
 }

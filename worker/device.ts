@@ -187,6 +187,12 @@ export class WorkerDevice implements SessionHandler {
     if (cmd.op === "CLEAR") this.node?.resetStats();
   }
 
+  /** Holds no windows and sets none up: its memory and CPU are its own, and a pass timed now is
+   * what the next plan should price. */
+  get idle(): boolean {
+    return !this.node && !this.lane && !this.laneSetup;
+  }
+
   status(): Status {
     const s = this.lane?.stats() ?? this.node?.statsSnapshot();
     const mem = deviceMemory();

@@ -66,6 +66,8 @@ export interface JoinProfile {
   /** Before a join: a profile older than PROFILE_REFRESH_MS is taken again (from the cache but for the
    * one-token pass, timed anew: a daemon's speed moves with its load and heat over hours). */
   refresh(): Promise<void>;
+  /** Takes the profile again now (from the cache but for the pass, timed anew): true when it was. */
+  retime(): Promise<boolean>;
   close(): Promise<void>;
 }
 
@@ -100,6 +102,10 @@ export async function joinProfile(model: LocalModel, modelPath: string, fingerpr
     json: () => JSON.stringify(report ? { ...refreshMemory(report), linkProbePort: probe.port, linkProbeKey: probeKey.toString("hex") } : { version: 1, error }),
     refresh: async () => {
       if (Date.now() - takenAt >= PROFILE_REFRESH_MS) await take(true);
+    },
+    retime: async () => {
+      await take(true);
+      return report !== undefined && error === "";
     },
     close: () => probe.close(),
   };

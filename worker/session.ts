@@ -10,7 +10,7 @@
 import {
   ASSIGN_PROGRESS_INTERVAL_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOIN_REPLY_TIMEOUT_MS, PROTOCOL_VERSION,
   coordinatorClient, type Assignment, type ClientSessionStream, type CoordinatorMessage, type Join, type KvCommand, type Status,
-  type WorkerMessage,
+  type StatusRequest, type WorkerMessage,
 } from "../control/index.js";
 import { printable } from "../discovery/index.js";
 import { settleMemory } from "../profiler/index.js";
@@ -32,7 +32,8 @@ export interface SessionHandler {
   /** Sets up the assigned windows and links; reports load progress; resolves with anonymous bytes. */
   assign(a: Assignment, progress: (fraction: number, stage: string) => void, deviceId: string): Promise<number>;
   kv(cmd: KvCommand): void;
-  status(): Status;
+  /** With request.timePass: times the one-token pass first, where the device holds no windows. */
+  status(request?: StatusRequest): Status | Promise<Status>;
   /** Drops windows and links (the run ended or the coordinator is gone). */
   reset(reason: string): Promise<void>;
 }
@@ -69,6 +70,8 @@ export class WorkerSession {
   private stopped = false;
   private stream: ClientSessionStream | undefined;
   private deviceId = "";
+  /** The last status answer on its way (see handle's statusRequest). */
+  private statusAnswers: Promise<unknown> = Promise.resolve();
   /** The address of the current attempt. */
   private address = "";
   private readonly stopping = new AbortController();
@@ -296,9 +299,16 @@ export class WorkerSession {
       case "kv":
         this.handler.kv(m.kv);
         return;
-      case "statusRequest":
-        this.send({ status: this.handler.status() });
+      case "statusRequest": {
+        // Answered in the order asked (the coordinator matches answers to requests by order), though
+        // one that times the pass first takes a while; the answer goes to the stream that asked.
+        const stream = this.stream;
+        const request = m.statusRequest;
+        this.statusAnswers = this.statusAnswers
+          .then(() => this.handler.status(request))
+          .then((status) => stream?.write({ status }), (e: unknown) => this.fail(e));
         return;
+      }
       case "shutdown":
         // Before the welcome this is a refusal (another model, another protocol): not the end, since
         // the coordinator may be restarted with this worker's model.

@@ -17,7 +17,7 @@ describe("a worker's join profile", async () => {
     vi.unstubAllEnvs();
   });
 
-  it("is taken again before a join only once it is old, from the cache but for the pass", async () => {
+  it("is taken again before a join only once it is old, and before every plan, from the cache but for the pass", async () => {
     const lines: string[] = [];
     const p = await joinProfile(model, modelPath, "fp", "unit", false, (l) => lines.push(l));
     try {
@@ -40,6 +40,11 @@ describe("a worker's join profile", async () => {
       expect(again.details.measured).toEqual([]);
       expect(again.details.kernels).toEqual(first.details.kernels);
       expect(again.details.forward!.windowMs).not.toBe(first.details.forward!.windowMs); // timed again (to the microsecond)
+      // Before a plan (the coordinator's timed status) it is taken again however young.
+      lines.length = 0;
+      expect(await p.retime()).toBe(true);
+      expect(lines.some((l) => /^profile: forward pass: .*\(timed now; the streamed passes cached\)/.test(l))).toBe(true);
+      expect(parseDeviceReport(p.json()).details.forward!.windowMs).not.toBe(again.details.forward!.windowMs);
     } finally {
       await p.close();
     }

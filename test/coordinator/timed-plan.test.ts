@@ -1,0 +1,118 @@
+// Before a plan every device times its one-token pass again, in turn (workers first, then the head):
+// the coordinator's status request asks for it (StatusRequest.timePass) and plans with the profile the
+// answer carries, not the one from the join. And the worker side: a status that times the pass first
+// is answered in the order asked, with the profile; a plain one after it is not overtaken.
+import { afterEach, describe, expect, it } from "vitest";
+import type { CoordinatorMessage, Status } from "../../control/index.js";
+import { planRing } from "../../coordinator/placement.js";
+import { WorkerRegistry } from "../../coordinator/registry.js";
+import { LocalModel } from "../../engine/index.js";
+import { modelFingerprint, readGguf } from "../../model/index.js";
+import { parseDeviceReport } from "../../profiler/index.js";
+import { WorkerSession, type SessionHandler } from "../../worker/session.js";
+import { root } from "../helpers/process.js";
+import { testIdentity, testTrust } from "../helpers/trust.js";
+import { fakeWorker } from "../control/fake-worker.js";
+
+const modelPath = `${root}models/stories260K.gguf`;
+const gguf = readGguf(modelPath);
+const FP = modelFingerprint(gguf);
+const cleanups: (() => unknown)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+/** A profile Halda accepts, at `gflops` for every weight type. */
+function profileJson(name: string, gflops: number): string {
+  return JSON.stringify({
+    version: 1,
+    profile: {
+      name, os: "linux", cpuFlopsPerS: { "*": gflops * 1e9 },
+      ramTotalBytes: 8e9, ramAvailableBytes: 4e9, diskSeqReadBytesPerS: 1e9,
+    },
+    details: { memory: { totalBytes: 8e9, availableBytes: 5e9, physicalTotalBytes: 8e9, physicalAvailableBytes: 5e9 } },
+  });
+}
+
+const idleStatus = (extra: Partial<Status> = {}): Status => ({
+  windows: [], waitMs: 0, sendMs: 0, anonRssBytes: 1, memTotalBytes: 8e9, memAvailableBytes: 5e9, memPressure: 0, frames: 0, layerRoomBytes: 4e9, ...extra,
+});
+
+async function registry() {
+  const lines: string[] = [];
+  const reg = new WorkerRegistry({ modelFingerprint: FP, trust: await testTrust(), log: (l) => lines.push(l) });
+  const port = await reg.listen(0, "127.0.0.1");
+  cleanups.push(() => reg.close());
+  return { reg, address: `127.0.0.1:${port}`, lines };
+}
+
+describe("a plan times every device's pass first", () => {
+  it("plans with the profile each worker timed just now, then times the head's; a broken one is said and the join's stands", async () => {
+    const { reg, address } = await registry();
+    const token = (await testIdentity()).token;
+    const model = LocalModel.open(modelPath, { threads: 1 });
+    cleanups.push(() => model.close());
+    // Two workers joined at 30 GFLOP/s; now one times 12, the other answers with a profile that does
+    // not parse.
+    const answers: Record<string, string> = { slowed: profileJson("slowed", 12), broken: "{not json" };
+    const order: string[] = [];
+    for (const name of ["broken", "slowed"]) {
+      const f = fakeWorker({ address, name, fingerprint: FP, token, join: { profileJson: profileJson(name, 30) } });
+      cleanups.push(() => f.close());
+      void f.next("statusRequest", 20_000).then((m: CoordinatorMessage) => {
+        order.push(name);
+        expect(m.msg === "statusRequest" && m.statusRequest.timePass).toBe(true);
+        f.send({ status: idleStatus({ profileJson: answers[name] }) });
+      });
+    }
+    const workers = (await reg.waitFor(2, 5000)).sort((a, b) => a.join.deviceName.localeCompare(b.join.deviceName));
+    const log: string[] = [];
+    const head = parseDeviceReport(profileJson("head", 30));
+    const plan = await planRing({
+      model, modelPath, fingerprint: FP, workers, head, ctx: 64, maxBatch: 8, tokens: 64, log: (l) => log.push(l), options: { keepAll: true },
+      retimeHead: async () => {
+        order.push("head");
+        return parseDeviceReport(profileJson("head", 40));
+      },
+    });
+    expect(order).toEqual(["broken", "slowed", "head"]);
+    const said = log.join("\n");
+    expect(said).toMatch(/device w\d "broken" \(127\.0\.0\.1\): the profile it timed now is not usable \(.*JSON.*\); its profile from the join is used/);
+    const gflops = (label: string) => Number(new RegExp(`profile ${label}[^:]*: \\S+ ([\\d.]+) GFLOP/s`).exec(said)?.[1]);
+    expect(gflops("head")).toBe(40);
+    expect(gflops(`w\\d "slowed"`)).toBe(12);
+    expect(gflops(`w\\d "broken"`)).toBe(30);
+    expect(plan.labels).toHaveLength(3);
+  });
+});
+
+describe("a worker asked to time its pass", () => {
+  it("answers in the order asked: the timed status with its profile, a plain one after it not first", async () => {
+    const { reg, address } = await registry();
+    const asked: (boolean | undefined)[] = [];
+    const handler: SessionHandler = {
+      assign: () => Promise.reject(new Error("not in this test")),
+      kv: () => {},
+      // The timed answer takes a while, as timing a pass does; the plain one is at once.
+      status: (r) => {
+        asked.push(r?.timePass);
+        return r?.timePass ? new Promise((res) => setTimeout(() => res(idleStatus({ profileJson: profileJson("timer", 7) })), 300)) : idleStatus();
+      },
+      reset: async () => {},
+    };
+    const session = new WorkerSession({
+      coordinator: address, token: (await testIdentity()).token, log: () => {}, once: true,
+      join: { deviceName: "timer", hardwareId: "t", dataHost: "", dataPort: 9, modelFingerprint: FP, modelPath: "m.gguf", profileJson: profileJson("timer", 30) },
+    }, handler);
+    const running = session.run();
+    cleanups.push(async () => {
+      session.stop();
+      await running.catch(() => {});
+    });
+    const [w] = await reg.waitFor(1, 5000);
+    const [timed, plain] = await Promise.all([w.status(5000, true), w.status(5000)]);
+    expect(asked).toEqual([true, false]);
+    expect(parseDeviceReport(timed.profileJson!).profile.cpuFlopsPerS).toMatchObject({ "*": 7e9 });
+    expect(plain.profileJson ?? "").toBe("");
+  });
+});
