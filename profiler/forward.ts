@@ -22,11 +22,13 @@ export interface ForwardTiming {
   readonly layers: number;
   /** Median ms of a one-token pass through them after an idle gap. */
   readonly windowMs: number;
-  /** Layers of the streamed passes (the first ones; all, where the disk is fast enough). */
+  /** Layers of the streamed passes (the model's first ones): they need no room, so they may be more
+   * than `layers`. */
   readonly streamedLayers?: number;
   /** Median ms of a pass through them that reads every layer from the disk and drops it once computed. */
   readonly streamedMs?: number;
-  /** Median ms of a pass through the same layers in memory. */
+  /** Median ms of a pass through the same layers in memory; where they are more than `layers` (they
+   * would not fit), windowMs scaled by their bytes. */
   readonly inMemoryMs?: number;
   /** Weight bytes a streamed pass reads. */
   readonly streamedBytes?: number;
@@ -115,7 +117,8 @@ export interface ForwardOptions {
   readonly gapMs: number;
   /** Also time passes over the first `streamedLayers` layers that read every one back from the disk,
    * as a window streamed past its room does (ForwardTiming.streamedMs): those layers are written out
-   * rather than left as holes. Passes stop after STREAM_SECONDS (at least one is timed). */
+   * rather than left as holes. Each is dropped once computed, so they need no room and may be more than
+   * `layers`. Passes stop after STREAM_SECONDS (at least one is timed). */
   readonly streamedLayers?: number;
   /** Also time the passes with the output layer (the stand-in then keeps the whole vocabulary's
    * output, as holes): ForwardTiming.outputMs. */
@@ -165,9 +168,9 @@ export async function timePasses(w: NativeWindow, nEmbd: number, o: PassOptions)
  * the next pass reads it again. */
 export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers: number, o: ForwardOptions): Promise<ForwardTiming> {
   const path = join(o.dir, `prima-forward-${process.pid}.gguf`);
-  const streamedLayers = Math.min(layers, o.streamedLayers ?? 0);
+  const streamedLayers = Math.min(desc.tensors.layers.length, o.streamedLayers ?? 0);
   try {
-    writeStandIn(gguf, desc, layers, path, streamedLayers, o.output);
+    writeStandIn(gguf, desc, Math.max(layers, streamedLayers), path, streamedLayers, o.output);
     if (streamedLayers) dropFileCache(path); // written back, and its pages dropped: the first pass reads the disk
     const model = LocalModel.open(path, { threads: o.threads, ...RING_COMPUTE_OPTIONS });
     try {
@@ -189,7 +192,9 @@ export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers
       if (!streamedLayers) return { layers, windowMs, ...output };
       // The first streamed layers alone, with no room: each goes once computed (the first pass still
       // finds them in memory), and the next pass reads it again. Their pass in memory, to subtract.
-      const inMemoryMs = streamedLayers === layers ? windowMs : await inMemory(streamedLayers);
+      const inMemoryMs = streamedLayers === layers ? windowMs
+        : streamedLayers < layers ? await inMemory(streamedLayers)
+        : (windowMs * standInBytes(desc, streamedLayers)) / standInBytes(desc, layers);
       const streamed = await passes(streamedLayers, 1 + Math.ceil(o.passes / 3), 1, STREAM_SECONDS, o.gapMs, (w) => w.streamBeyond(0));
       return { layers, windowMs, streamedLayers, streamedMs: median(streamed.ms), inMemoryMs, streamedBytes: streamed.bytes, ...output };
     } finally {

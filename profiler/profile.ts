@@ -144,13 +144,17 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
   const layers = o.model ? standInLayers(o.model.desc, standInMinBytes(lastLevelCacheBytes()), Math.floor(memory.availableBytes / 2)) : 0;
   if (o.model && layers > 0) {
     const { gguf, desc } = o.model;
-    const fk = `${forwardKey(desc, layers)}|${dk}`;
-    // Streamed passes over as many layers as the disk reads in ~0.2 s (one at least: a slow disk's
-    // profile must not take minutes), written out for it; none where one layer is more than
-    // MAX_STREAMED_BYTES to write (a 70B model's), and the scratch file's reads stand.
+    // Streamed passes over as many layers as the stand-in would hold with room to spare (they need
+    // none: each goes once computed), but no more than the disk reads in ~0.2 s (one at least: a slow
+    // disk's profile must not take minutes), written out for it; none where one layer is more than
+    // MAX_STREAMED_BYTES to write (a 70B model's), and the scratch file's reads stand. A pass that
+    // streams pays a few ms before the reads run at full speed: over the 3 layers a 200 MiB device's
+    // stand-in holds, the benchmark model's rereads ran at 2.8-2.9 GB/s, over 7 at 3.1, where an
+    // overloaded window's 190 MiB a pass ran at 3.1-3.3.
     const meanLayerBytes = standInBytes(desc, layers) / layers;
     const streamedLayers = standInBytes(desc, 1) > MAX_STREAMED_BYTES ? 0
-      : Math.max(1, Math.min(layers, Math.floor((0.2 * disk.seqReadBytesPerS) / meanLayerBytes)));
+      : Math.max(1, Math.min(standInLayers(desc, standInMinBytes(lastLevelCacheBytes()), Infinity), Math.floor((0.2 * disk.seqReadBytesPerS) / meanLayerBytes)));
+    const fk = `${forwardKey(desc, layers)}|${dk}|streamed ${streamedLayers}`;
     // As a ring device runs its passes: after its idle gap, or back to back under a CPU quota.
     const passOptions = { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, sustained: quota !== undefined && quota < o.threads };
     const time = (streamed: boolean) => timeForward(gguf, desc, layers, { ...passOptions, streamedLayers: streamed ? streamedLayers : 0 });

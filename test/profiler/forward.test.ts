@@ -61,6 +61,15 @@ describe("the stand-in of a model's first layers", async () => {
     expect((await timeForward(model.gguf, model.desc, 2, { dir, threads: 2, passes: 4, gapMs: 4 })).outputMs).toBeUndefined();
   });
 
+  it("streams more layers than it holds in memory, each dropped once computed, their pass in memory scaled by bytes", async () => {
+    const t = await timeForward(model.gguf, model.desc, 1, { dir, threads: 2, passes: 4, gapMs: 4, streamedLayers: 3 });
+    expect(t.layers).toBe(1);
+    expect(t.streamedLayers).toBe(3);
+    expect(t.streamedBytes).toBeGreaterThanOrEqual(standInBytes(model.desc, 3));
+    expect(t.inMemoryMs).toBeCloseTo((t.windowMs * standInBytes(model.desc, 3)) / standInBytes(model.desc, 1), 9);
+    expect(readdirSync(dir).filter((f) => f.startsWith("prima-forward-"))).toEqual([]);
+  });
+
   it("streamed, reads its first layers back from the disk at a disk's speed", async () => {
     const layers = standInLayers(model.desc, 32 << 20, 1 << 30);
     const t = await timeForward(model.gguf, model.desc, layers, { dir, threads: 2, passes: 8, gapMs: 4, streamedLayers: layers - 1 });
