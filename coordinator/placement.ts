@@ -354,7 +354,7 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     const l = links[j];
     i.log(`profile ${labels[j]}: ${Object.entries(p.cpuFlopsPerS).map(([t, f]) => `${t} ${(f / 1e9).toFixed(1)}`).join(", ")} GFLOP/s; ` +
       `${(p.ramAvailableBytes / 2 ** 20).toFixed(0)} MiB for layers; disk ${((p.diskSeqReadBytesPerS ?? 0) / 1e6).toFixed(0)} MB/s` +
-      (l ? `; hop ${l.rttMs.toFixed(3)} ms round trip (${l.idleRttMs.toFixed(3)} to an idle device), ${(l.bytesPerS / 1e6).toFixed(0)} MB/s` : ""));
+      (l ? `; hop ${l.rttMs.toFixed(3)} ms round trip, ${(l.bytesPerS / 1e6).toFixed(0)} MB/s` : ""));
   }
   let placement: Placement;
   try {

@@ -5,7 +5,6 @@
 // listener announced in its profile); the coordinator measures its hop to every worker before
 // planning. In a home network every hop crosses the same router, so the coordinator's hop to a
 // device stands for that device's hop to its ring successor.
-import { median } from "./forward.js";
 import { settleMemory } from "./memory.js";
 import { RingListener, dialSuccessor, type ActivationsFrame, type RingLink, type RingLinkOptions } from "../ring/index.js";
 
@@ -50,17 +49,13 @@ export class LinkProbeServer {
 }
 
 export interface LinkMeasurement {
-  /** Median round trip of one token's activations (ms), back to back. */
+  /** Median round trip of one token's activations (ms). */
   readonly rttMs: number;
-  /** The same after LinkOptions.idleGapMs of silence: the far end wakes from idle, as a ring device
-   * does for every token (it waited while the others computed). */
-  readonly idleRttMs: number;
   readonly messageBytes: number;
   /** Throughput of a prompt batch, one way (B/s). */
   readonly bytesPerS: number;
   readonly bulkBytes: number;
-  /** One way time of one token's activations to a device that was idle: Halda's linkLatencyMs (ξ),
-   * idleRttMs less the half of rttMs the way back takes (this end was awake, waiting for it). */
+  /** One way time of one token's activations: Halda's linkLatencyMs (ξ). */
   readonly linkLatencyMs: number;
 }
 
@@ -73,14 +68,7 @@ export interface LinkOptions {
   readonly timeoutMs?: number;
   /** The probe's key, from the device's profile. */
   readonly linkKey?: Uint8Array;
-  /** Silence before each idle round trip (default LINK_IDLE_GAP_MS). */
-  readonly idleGapMs?: number;
 }
-
-/** A ring device idles for the rest of the token between its passes; 10 ms, as the profile's pass is
- * timed after. On this project's VM a loopback hop that found its device idle took 0.3 ms where back
- * to back it took 0.2: a ring of three read 0.4 ms a token slower than rttMs/2 a hop predicted. */
-export const LINK_IDLE_GAP_MS = 10;
 
 /** Measures the hop to a LinkProbeServer at url (ws://host:port). Rejects with a clear message on failure. */
 export async function measureLink(url: string, o: LinkOptions): Promise<LinkMeasurement> {
@@ -126,20 +114,15 @@ export async function measureLink(url: string, o: LinkOptions): Promise<LinkMeas
     for (let i = 0; i < 3; i++) await echo(1, id++); // warm-up: JIT, buffers, TCP windows
     const small: number[] = [];
     for (let i = 0; i < rounds; i++) small.push(await echo(1, id++));
-    const idle: number[] = [];
-    for (let i = 0; i < rounds; i++) {
-      await new Promise((r) => setTimeout(r, o.idleGapMs ?? LINK_IDLE_GAP_MS));
-      idle.push(await echo(1, id++));
-    }
     const bulk: number[] = [];
     for (let i = 0; i < 3; i++) bulk.push(await echo(o.bulkTokens, id++));
-    const rttMs = median(small), idleRttMs = median(idle);
+    small.sort((a, b) => a - b);
+    const rttMs = small[Math.floor(small.length / 2)];
     const bulkRtt = Math.min(...bulk);
     // The bulk round trip carries the bytes twice; what the small message costs is latency.
-    const oneWayS = Math.max(bulkRtt - Math.min(...small), bulkRtt / 4) / 2 / 1000;
+    const oneWayS = Math.max(bulkRtt - small[0], bulkRtt / 4) / 2 / 1000;
     const bulkBytes = o.bulkTokens * E * 4;
-    const linkLatencyMs = Math.max(rttMs / 2, idleRttMs - rttMs / 2);
-    return { rttMs, idleRttMs, messageBytes: E * 4, bytesPerS: bulkBytes / oneWayS, bulkBytes, linkLatencyMs };
+    return { rttMs, messageBytes: E * 4, bytesPerS: bulkBytes / oneWayS, bulkBytes, linkLatencyMs: rttMs / 2 };
   } finally {
     await link.close("probe done");
   }
