@@ -31,7 +31,9 @@ export interface NodeStats {
   windows: WindowStats[];
   /** Time between finishing one frame and the next one arriving. */
   waitMs: number;
-  /** Time spent handing frames to the successor (encode + write until buffered/drained). */
+  /** Time spent handing frames to the successor: encoding and the socket write; the wait for the
+   * write to complete only while frames queued behind it (otherwise the successor computes, and this
+   * device has nothing to do but wait for its next input). */
   sendMs: number;
   /** Of the windows' computeMs and of sendMs: the thread that ran them preempted, as by another
    * device's threads on a shared host (native threadClock): time this device did not cost. */
@@ -181,10 +183,16 @@ export class RingNode {
   async send(frame: ActivationsFrame | ErrorFrame): Promise<void> {
     const c0 = threadClock(), t0 = performance.now();
     if (this.queue.length === 0) this.o.model.relax();
-    await this.o.send(frame);
-    const ms = performance.now() - t0;
+    // A link with nothing queued encodes the frame and writes it to the socket before it returns.
+    const sent = this.o.send(frame);
+    const c1 = threadClock(), handedMs = performance.now() - t0;
+    await sent;
+    // The wait for the write's completion came after the bytes went out: this device's work only if
+    // frames waited for it (on a shared host the head's read 0.3-0.5 ms a token of event-loop waits).
+    const waited = this.queue.length > 0;
+    const ms = waited ? performance.now() - t0 : handedMs;
     this.stats.sendMs += ms;
-    this.stats.descheduledMs += descheduledMs(c0, threadClock(), ms);
+    this.stats.descheduledMs += descheduledMs(c0, waited ? threadClock() : c1, ms);
   }
 
   close(): void {
