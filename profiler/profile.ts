@@ -154,7 +154,10 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
     const meanLayerBytes = standInBytes(desc, layers) / layers;
     const streamedLayers = standInBytes(desc, 1) > MAX_STREAMED_BYTES ? 0
       : Math.max(1, Math.min(standInLayers(desc, standInMinBytes(lastLevelCacheBytes()), Infinity), Math.floor((0.2 * disk.seqReadBytesPerS) / meanLayerBytes)));
-    const fk = `${forwardKey(desc, layers)}|${dk}|streamed ${streamedLayers}`;
+    // Keyed by the streamed layers, not by the layers timed in memory: those follow the free memory,
+    // which moves between a worker's join and a plan, and the streamed figures do not (re-measuring
+    // them writes the layers out again).
+    const fk = `${forwardKey(desc, streamedLayers)}|${dk}|streamed ${streamedLayers}`;
     // As a ring device runs its passes: after its idle gap, or back to back under a CPU quota.
     const passOptions = { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, sustained: quota !== undefined && quota < o.threads };
     const time = (streamed: boolean) => timeForward(gguf, desc, layers, { ...passOptions, streamedLayers: streamed ? streamedLayers : 0 });
@@ -168,10 +171,11 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
         // with its load and its heat, and a pass cached an hour before predicted a ring 9% fast on
         // this project's VM. The streamed passes, which write layers out, stay cached.
         const windowMs = await time(false).then((t) => t.windowMs, (e: unknown) => {
+          if (cached.layers !== layers) throw e; // the cached pass is of other layers
           say(`forward pass: could not be timed now (${e instanceof Error ? e.message : String(e)}): the cached pass used`);
           return cached.windowMs;
         });
-        timing = { ...cached, windowMs };
+        timing = { ...cached, layers, windowMs };
         say(`forward pass: ${describe(timing)} (timed now; the streamed passes cached)`);
       } else {
         // Streaming writes the stand-in's layers out: where that fails (a full disk), the pass alone.

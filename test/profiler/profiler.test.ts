@@ -1,6 +1,6 @@
 // The device profiler: units and sanity of what it measures, the cache, and the step timings against
 // the engine's own forward pass on a generated model.
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
@@ -131,6 +131,23 @@ describe("profileDevice on a generated model", async () => {
     const one = await profileDevice({ name: "unit", workload, threads: 1, diskDirs: [dirname(modelPath)], cacheDir, quick: true });
     expect(one.details.cacheKey).not.toBe(first.details.cacheKey);
     expect(one.details.measured.length).toBeGreaterThan(0);
+  });
+
+  it("keeps its streamed passes when the layers it times in memory change with free memory", async () => {
+    // A cached pass taken when less memory was free: fewer layers in memory, the same streamed ones.
+    const file = first.details.cacheFile!;
+    const cache = JSON.parse(readFileSync(file, "utf8")) as { forward: Record<string, { layers: number; windowMs: number; streamedMs?: number }> };
+    const [key, entry] = Object.entries(cache.forward).find(([, v]) => v.streamedMs !== undefined)!;
+    cache.forward[key] = { ...entry, layers: entry.layers - 1, windowMs: 999 };
+    writeFileSync(file, JSON.stringify(cache));
+    const lines: string[] = [];
+    const again = await profileDevice({ name: "unit", model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, progress: (l) => lines.push(l) });
+    expect(again.details.measured).toEqual([]); // the streamed passes (which write layers out) came from the cache
+    const f = again.details.forward!;
+    expect(f.layers).toBe(first.details.forward!.layers); // the layers it timed now, not the cached pass's
+    expect(f.windowMs).toBeLessThan(999);
+    expect(f.streamedMs).toBe(entry.streamedMs);
+    expect(lines.some((l) => /^forward pass: .*\(timed now; the streamed passes cached\)/.test(l))).toBe(true);
   });
 
   it("scales the kernels' FLOP/s so that a layer costs what the engine's own pass over a stand-in took", () => {

@@ -228,7 +228,7 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
       expect(r.devices).toBe(pl.plan.devices.length);
       expect(r.generated_ids).toEqual(alone.generated_ids);
       // Every worker timed its pass again when the plan asked, after it had joined.
-      for (const w of workers) expect(w.stderr.slice(w.stderr.indexOf("joined "))).toMatch(/profile: forward pass: [\d.]+ ms for \d+ layers? /);
+      for (const w of workers) expect(w.stderr.slice(w.stderr.indexOf("joined ")), w.stderr).toMatch(/profile: forward pass: [\d.]+ ms for \d+ layers? /);
 
       // The plan and the comparison were printed.
       expect(coord.stderr).toMatch(/plan: Halda .* predicted [\d.]+ ms per token/);
