@@ -141,7 +141,8 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
   let outputLayerMs: number | undefined;
   // Layers until past the last-level cache's reach, as a ring's windows are, within half of what is
   // free: the stand-in's pages are page cache, given back when it is deleted.
-  const layers = o.model ? standInLayers(o.model.desc, standInMinBytes(lastLevelCacheBytes()), Math.floor(memory.availableBytes / 2)) : 0;
+  const standInBytesWanted = standInMinBytes(lastLevelCacheBytes());
+  const layers = o.model ? standInLayers(o.model.desc, standInBytesWanted, Math.floor(memory.availableBytes / 2)) : 0;
   if (o.model && layers > 0) {
     const { gguf, desc } = o.model;
     // Streamed passes over as many layers as the stand-in would hold with room to spare (they need
@@ -151,9 +152,10 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
     // streams pays a few ms before the reads run at full speed: over the 3 layers a 200 MiB device's
     // stand-in holds, the benchmark model's rereads ran at 2.8-2.9 GB/s, over 7 at 3.1, where an
     // overloaded window's 190 MiB a pass ran at 3.1-3.3.
-    const meanLayerBytes = standInBytes(desc, layers) / layers;
+    const wanted = standInLayers(desc, standInBytesWanted, Infinity);
+    const meanLayerBytes = standInBytes(desc, wanted) / wanted;
     const streamedLayers = standInBytes(desc, 1) > MAX_STREAMED_BYTES ? 0
-      : Math.max(1, Math.min(standInLayers(desc, standInMinBytes(lastLevelCacheBytes()), Infinity), Math.floor((0.2 * disk.seqReadBytesPerS) / meanLayerBytes)));
+      : Math.max(1, Math.min(wanted, Math.floor((0.2 * disk.seqReadBytesPerS) / meanLayerBytes)));
     // Keyed by the streamed layers, not by the layers timed in memory: those follow the free memory,
     // which moves between a worker's join and a plan, and the streamed figures do not (re-measuring
     // them writes the layers out again).
