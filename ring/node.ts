@@ -187,8 +187,8 @@ export class RingNode {
     const sent = this.o.send(frame);
     const c1 = threadClock(), handedMs = performance.now() - t0;
     await sent;
-    // The wait for the write's completion came after the bytes went out: this device's work only if
-    // frames waited for it (on a shared host the head's read 0.3-0.5 ms a token of event-loop waits).
+    // The wait for the write's completion comes after the bytes went out, while the successor
+    // computes: this device's work only if frames waited for it.
     const waited = this.queue.length > 0;
     const ms = waited ? performance.now() - t0 : handedMs;
     this.stats.sendMs += ms;
