@@ -5,14 +5,14 @@
 // Order: Halda's device 0 is the head; our ring runs workers in join order and then the head (which
 // holds the last window of each cycle). Halda's latency is a sum over devices, so the rotation does
 // not change the plan: worker j (join order) is Halda device j + 1.
-import { MAX_PROFILE_BYTES, TIMED_STATUS_TIMEOUT_MS, type Status } from "../control/index.js";
+import { TIMED_STATUS_TIMEOUT_MS, type Status } from "../control/index.js";
 import type { LocalModel, Pipeline } from "../engine/index.js";
 import { selectDevices, type DeviceLatencyMs, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "../halda/index.js";
 import { modelProfile } from "../model/index.js";
 import {
   measureLink, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, windowOverheadMs, type DeviceReport, type LinkMeasurement,
 } from "../profiler/index.js";
-import type { WorkerHandle } from "./registry.js";
+import { checkedProfile, type WorkerHandle } from "./registry.js";
 
 export interface Placement {
   readonly plan: Plan;
@@ -285,8 +285,7 @@ function windowScratchBytes(model: LocalModel, ctx: number, maxBatch: number, kv
 function timedProfile(json: string | undefined, label: string, log: (line: string) => void): DeviceReport | undefined {
   if (!json) return undefined;
   try {
-    if (json.length > MAX_PROFILE_BYTES) throw new Error(`${json.length} bytes, over the limit of ${MAX_PROFILE_BYTES}`);
-    return parseDeviceReport(json);
+    return checkedProfile(json);
   } catch (e) {
     log(`device ${label}: the profile it timed now is not usable (${(e as Error).message}); its profile from the join is used`);
     return undefined;

@@ -19,7 +19,7 @@ import {
   type KvCommand, type Ready, type SessionStream, type Status, type WorkerMessage,
 } from "../control/index.js";
 import { printable } from "../discovery/index.js";
-import { PLAUSIBLE, parseDeviceReport } from "../profiler/report.js";
+import { PLAUSIBLE, parseDeviceReport, type DeviceReport } from "../profiler/report.js";
 import { STREAM_MAGIC, TICKET_BYTES } from "../transfer/index.js";
 import { ALPN_CHUNKS, ALPN_GRPC, TlsGate, joinProof, proofMatches, type ClusterKeys, type JoinToken } from "../trust/index.js";
 
@@ -494,13 +494,11 @@ export class WorkerRegistry extends EventEmitter {
     if (j.dataHost && normalHost(j.dataHost) !== from && !this.o.allowAdvertise) {
       return `its data host ${printable(j.dataHost, 64)} is not the address it connects from (${from}); leave out --advertise, or start the coordinator with --allow-advertise`;
     }
-    const name = `device "${printable(j.deviceName, 64)}"`;
-    if (j.profileJson.length > MAX_PROFILE_BYTES) return `${name}: its profile is ${j.profileJson.length} bytes, over the limit of ${MAX_PROFILE_BYTES}`;
     if (j.profileJson) {
       try {
-        parseDeviceReport(j.profileJson);
+        checkedProfile(j.profileJson);
       } catch (e) {
-        return `${name}: its profile is refused: ${printable((e as Error).message, 300)}`;
+        return `device "${printable(j.deviceName, 64)}": ${(e as Error).message}`;
       }
     }
     if (this.live().length >= MAX_WORKERS) return `the cluster already has ${MAX_WORKERS} devices`;
@@ -527,6 +525,17 @@ export class WorkerRegistry extends EventEmitter {
     if (this.refusalsLogged.size >= 1000) this.refusalsLogged.clear();
     this.refusalsLogged.add(key);
     this.log(`refused a connection from ${printable(from, 64)}: ${reason} (said once)`);
+  }
+}
+
+/** A device's profile as it sent it (in its Join, or in a Status that timed its pass): at most
+ * MAX_PROFILE_BYTES and plausible, or an Error saying what is wrong with it. */
+export function checkedProfile(json: string): DeviceReport {
+  if (json.length > MAX_PROFILE_BYTES) throw new Error(`its profile is ${json.length} bytes, over the limit of ${MAX_PROFILE_BYTES}`);
+  try {
+    return parseDeviceReport(json);
+  } catch (e) {
+    throw new Error(`its profile is refused: ${printable((e as Error).message, 300)}`);
   }
 }
 
