@@ -247,7 +247,7 @@ export async function main(model: string, reps = 3, caps: readonly number[] = [2
       `disk-bound limit ${limitMs.toFixed(1)} ms/token (${(1000 / limitMs).toFixed(2)} tok/s): measured ${pr.measuredTokenMs.toFixed(1)} ms, ${(pr.measuredTokenMs / limitMs).toFixed(2)}x the limit`);
     summary.push(`${cap} MiB: automatic ${auto.decode_tok_s.toFixed(2)} tok/s, best hand-made ${best.tokS.toFixed(2)} [${best.w}], alone ${fmt(alone)}, llama-bench ${fmt(llama)}`);
   }
-  for (const win of WINDOWS) summary.push(await overflowingWindow(model, win));
+  summary.push(...(await overflowingWindows(model)));
   console.log(`\n${summary.join("\n")}\nreproduce: npm run build && sudo node dist/bench/index.js --only capped`);
 }
 
@@ -314,13 +314,14 @@ async function overflowingWindow(model: string, win: WindowSetup): Promise<strin
   return `layers ${win.first}-${win.end - 1} in ${win.capMiB} MiB: ${rows.map((r) => `${r.label} ${r.readMiB.toFixed(0)} MiB read, ${r.ms.toFixed(0)} ms a pass`).join("; ")}`;
 }
 
+/** Every window of WINDOWS in turn: their summary lines. */
+async function overflowingWindows(model: string): Promise<string[]> {
+  const lines: string[] = [];
+  for (const win of WINDOWS) lines.push(await overflowingWindow(model, win));
+  return lines;
+}
+
 // node dist/bench/capped.js --window model.gguf: only the overflowing windows (root); --window-passes:
 // the child it starts in the capped cgroup.
 if (process.argv[2] === "--window-passes") void windowPasses(process.argv[3], JSON.parse(process.argv[5]) as WindowSetup, process.argv[4] === "streamed");
-else if (process.argv[2] === "--window") {
-  void (async () => {
-    const lines: string[] = [];
-    for (const win of WINDOWS) lines.push(await overflowingWindow(process.argv[3], win));
-    console.log(`\n${lines.join("\n")}`);
-  })();
-}
+else if (process.argv[2] === "--window") void overflowingWindows(process.argv[3]).then((lines) => console.log(`\n${lines.join("\n")}`));
