@@ -2,7 +2,9 @@
 // gap: ms per layer over windows of 1, 3, 5 and 8 layers, real and stand-in, interleaved rounds; what
 // the profile times here (five times the last-level cache); the stand-in timed ten times back to back;
 // and the head's output layer, on the model's last six layers with and without it, against the
-// profile's one-layer stand-in. Figures in BENCHMARKS.md, "Capped devices", come from here.
+// profile's one-layer stand-in; and the rate streamed layers are reread at (each dropped once computed),
+// the stand-in's over 3 layers (what a 200 MiB device holds) and over the layers the profile streams,
+// against the model's own layers. Figures in BENCHMARKS.md, "Capped devices", come from here.
 //   node dist/bench/stand-in.js [model.gguf]
 import { LocalModel } from "../engine/index.js";
 import { lastLevelCacheBytes, standInLayers, standInMinBytes, timeForward, timePasses } from "../profiler/index.js";
@@ -10,6 +12,20 @@ import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 import { median, root, runWhenMain } from "./procs.js";
 
 const GAP_MS = 10, PASSES = 21, ROUNDS = 3;
+
+/** MB/s the model's own layers [first, first + n) are reread at when each is dropped once computed:
+ * their bytes over what streaming adds to the pass in memory (as profiler/forward.ts times its stand-in). */
+async function realStreamedRate(model: LocalModel, first: number, n: number): Promise<number> {
+  const w = model.window(first, first + n, { ctx: PASSES + 12, maxBatch: 1 });
+  try {
+    const inMemory = median(await timePasses(w, model.nEmbd, { count: PASSES + 3, skip: 3, gapMs: GAP_MS }));
+    w.streamBeyond(0);
+    const streamed = median(await timePasses(w, model.nEmbd, { count: 1 + Math.ceil(PASSES / 3), skip: 1, gapMs: GAP_MS }));
+    return w.residency().totalBytes / (streamed - inMemory) / 1e3;
+  } finally {
+    w.close();
+  }
+}
 
 /** Median ms of one-token passes through layers [first, first + n) after the idle gap, as the profile
  * times its stand-in (timePasses), with the output layer when `logits` is given. */
@@ -61,6 +77,22 @@ export async function main(modelArg?: string): Promise<void> {
     }
     console.log(`\nthe output layer: ${fmt(outReal)} ms over the model's last 6 layers (${fmt(lastPerLayer)} ms a layer without it); ` +
       `the profile's one-layer stand-in: ${fmt(outProfile)} ms`);
+
+    // Rereads: a short stream pays a few ms before the disk reads at full speed, so the profile streams
+    // `profiled` layers whatever the device's memory (profiler/profile.ts).
+    const standInRate = async (n: number) => {
+      const t = await timeForward(model.gguf, model.desc, n, { dir, threads: 2, passes: PASSES, gapMs: GAP_MS, streamedLayers: n });
+      return t.streamedBytes! / (t.streamedMs! - t.inMemoryMs!) / 1e3;
+    };
+    const short: number[] = [], long: number[] = [], own: number[] = [];
+    for (let r = 0; r < ROUNDS; r++) {
+      short.push(await standInRate(3));
+      long.push(await standInRate(profiled));
+      own.push(await realStreamedRate(model, 6, profiled));
+    }
+    const rates = (xs: number[]) => xs.map((x) => x.toFixed(0)).join(", ");
+    console.log(`\nrereads (MB/s, each layer dropped once computed): the stand-in over 3 layers ${rates(short)}; over ${profiled} ${rates(long)}; ` +
+      `the model's layers 6-${5 + profiled} ${rates(own)}`);
   } finally {
     model.close();
   }

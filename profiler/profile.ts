@@ -150,8 +150,8 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
     // disk's profile must not take minutes), written out for it; none where one layer is more than
     // MAX_STREAMED_BYTES to write (a 70B model's), and the scratch file's reads stand. A pass that
     // streams pays a few ms before the reads run at full speed: over the 3 layers a 200 MiB device's
-    // stand-in holds, the benchmark model's rereads ran at 2.8-2.9 GB/s, over 7 at 3.1, where an
-    // overloaded window's 190 MiB a pass ran at 3.1-3.3.
+    // stand-in holds, the benchmark model's rereads ran at 2.8-3.0 GB/s, over 7 at 3.1-3.25, and the
+    // model's own 7 layers at 3.3-3.4 (`npm run bench -- --only standin`).
     const wanted = standInLayers(desc, standInBytesWanted, Infinity);
     const meanLayerBytes = standInBytes(desc, wanted) / wanted;
     const streamedLayers = standInBytes(desc, 1) > MAX_STREAMED_BYTES ? 0
