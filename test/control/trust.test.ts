@@ -216,14 +216,15 @@ describe("what a joiner may claim", () => {
       const rss = () => Number(/VmRSS:\\s+(\\d+)/.exec(readFileSync("/proc/self/status", "utf8"))[1]) * 1024;
       console.log("port " + await reg.listen(0, "127.0.0.1") + " token " + identity.tokenText);
       // Collected first: what is measured is what the coordinator keeps, not garbage not yet collected.
-      setInterval(() => { globalThis.gc(); console.log("rss " + rss() + " live " + reg.live().length); }, 200);`]);
+      setInterval(() => { globalThis.gc(); const m = process.memoryUsage();
+        console.log("rss " + rss() + " kept " + (m.heapUsed + m.external) + " live " + reg.live().length); }, 200);`]);
     const [, port, tokenText] = await host.waitFor(/port (\d+) token (\S+)/);
     const token = (await import("../../trust/index.js")).parseToken(tokenText);
     const rssNow = async () => {
       const mark = host.stdout.length;
       await new Promise((r) => setTimeout(r, 450));
-      const m = [...host.stdout.slice(mark).matchAll(/rss (\d+) live (\d+)/g)].at(-1)!;
-      return { rss: Number(m[1]), live: Number(m[2]) };
+      const m = [...host.stdout.slice(mark).matchAll(/rss (\d+) kept (\d+) live (\d+)/g)].at(-1)!;
+      return { rss: Number(m[1]), kept: Number(m[2]), live: Number(m[3]) };
     };
     await new Promise((r) => setTimeout(r, 300));
     const before = await rssNow();
@@ -239,8 +240,13 @@ describe("what a joiner may claim", () => {
     }
     const after = await rssNow();
     expect(after.live).toBe(0);
-    // 60 Joins of 0.9 to 8 MB (135 MB of profiles): the coordinator keeps none of them.
-    expect(after.rss - before.rss, host.stderr.slice(-2000)).toBeLessThan(48 << 20);
+    // 60 Joins of 0.9 to 8 MB (135 MB of profiles; the first 16 under the message limit reach the profile
+    // check, 14 MB): the coordinator keeps none of them. What it keeps is its collected heap and external
+    // buffers (they grow about 1 MB here). Its RSS also holds pages the
+    // allocator keeps after the flood's buffers are freed (25-55 MB here), so RSS bounds only the
+    // gross case: all the profiles kept.
+    expect(after.kept - before.kept, host.stderr.slice(-2000)).toBeLessThan(8 << 20);
+    expect(after.rss - before.rss, host.stderr.slice(-2000)).toBeLessThan(112 << 20);
     expect(Date.now() - t0).toBeLessThan(30_000);
     expect(host.stderr).toMatch(/its profile is \d+ bytes, over the limit|too many joins from this address/);
   }, 60_000);
