@@ -127,24 +127,35 @@ export interface ForwardOptions {
    * quota throttles sustained work, which a pass after an idle gap never meets, and the kernels are
    * timed sustained: the scale would credit the device with the quota's time back. */
   readonly sustained?: boolean;
+  /** The in-memory passes (after their idle gaps) in this many slices, SLICE_GAP_MS apart: a quarter
+   * second of passes can fall in a slow spell of a shared machine. */
+  readonly slices?: number;
 }
 
 /** What the streamed passes may take in all, after their first (a slow disk gets one or two). */
 const STREAM_SECONDS = 1;
 /** Several periods of a cgroup's CPU quota (100 ms by default). */
 const SUSTAINED_SECONDS = 0.5;
+/** Between slices of the in-memory passes: three slices span about a second. A minute of 0.36 s blocks
+ * on this project's VM (`npm run bench -- --only passnoise`) puts a lone block further from the
+ * minute's median than three blocks spread over a second. */
+const SLICE_GAP_MS = 300;
 
 /** How timePasses runs: `count` passes at most, the first `skip` untimed, each after `gapMs`, until
- * `seconds` have gone on timed passes (at least one is timed); with `logits`, through the output layer. */
+ * `seconds` have gone on timed passes (at least one is timed); with `logits`, through the output layer.
+ * With `slices`, the timed passes come in that many runs `sliceGapMs` apart, each after one untimed pass
+ * (the threads wake again after the pause). */
 export interface PassOptions {
   readonly count: number;
   readonly skip: number;
   readonly seconds?: number;
   readonly gapMs: number;
   readonly logits?: Float32Array;
+  readonly slices?: number;
+  readonly sliceGapMs?: number;
 }
 
-/** One-token passes through a window (its KV cache holding `count` tokens), from activations of a real
+/** One-token passes through a window (its KV cache holding `count + slices - 1` tokens), from activations of a real
  * model's scale each time (the first norm makes them the next layers' input): their times in ms. The
  * profile's stand-in and the bench's real layers are timed by this one loop, so they compare. */
 export async function timePasses(w: NativeWindow, nEmbd: number, o: PassOptions): Promise<number[]> {
@@ -152,12 +163,25 @@ export async function timePasses(w: NativeWindow, nEmbd: number, o: PassOptions)
   const acts = new Float32Array(nEmbd);
   const ms: number[] = [];
   const seconds = o.seconds ?? Infinity;
-  for (let pos = 0; pos < o.count && (ms.length === 0 || sum(ms) < seconds * 1000); pos++) {
+  const slices = Math.max(1, o.slices ?? 1);
+  const perSlice = Math.ceil((o.count - o.skip) / slices);
+  let untimed = o.skip;
+  for (let pos = 0; pos < o.count + slices - 1 && (ms.length === 0 || sum(ms) < seconds * 1000); pos++) {
     acts.set(input);
-    if (o.gapMs > 0) await new Promise((r) => setTimeout(r, o.gapMs));
+    if (o.gapMs > 0) await sleep(o.gapMs);
     const t0 = performance.now();
     w.forwardNow(acts, pos, 1, o.logits);
-    if (pos >= o.skip) ms.push(performance.now() - t0);
+    const t = performance.now() - t0;
+    if (untimed > 0) {
+      untimed--;
+      continue;
+    }
+    ms.push(t);
+    // A slice done, not the last: the pause, then one untimed pass.
+    if (ms.length % perSlice === 0 && ms.length < perSlice * slices) {
+      await sleep(o.sliceGapMs ?? 0);
+      untimed = 1;
+    }
   }
   return ms;
 }
@@ -175,18 +199,18 @@ export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers
     const model = LocalModel.open(path, { threads: o.threads, ...RING_COMPUTE_OPTIONS });
     try {
       const logits = new Float32Array(o.output ? desc.hparams.nVocab : 0);
-      const passes = async (n: number, count: number, skip: number, seconds: number, gapMs: number, before?: (w: NativeWindow) => void, withOutput = false) => {
-        const w = model.window(0, n, { ctx: count + 1, maxBatch: 1 });
+      const passes = async (n: number, count: number, skip: number, seconds: number, gapMs: number, before?: (w: NativeWindow) => void, withOutput = false, slices = 1) => {
+        const w = model.window(0, n, { ctx: count + slices, maxBatch: 1 });
         try {
           before?.(w);
-          return { ms: await timePasses(w, model.nEmbd, { count, skip, seconds, gapMs, logits: withOutput ? logits : undefined }), bytes: w.residency().totalBytes };
+          return { ms: await timePasses(w, model.nEmbd, { count, skip, seconds, gapMs, logits: withOutput ? logits : undefined, slices, sliceGapMs: SLICE_GAP_MS }), bytes: w.residency().totalBytes };
         } finally {
           w.close();
         }
       };
       const inMemory = async (n: number, withOutput = false) => o.sustained
         ? mean((await passes(n, 3 + SUSTAINED_PASSES, 3, SUSTAINED_SECONDS, 0, undefined, withOutput)).ms)
-        : median((await passes(n, 3 + o.passes, 3, Infinity, o.gapMs, undefined, withOutput)).ms);
+        : median((await passes(n, 3 + o.passes, 3, Infinity, o.gapMs, undefined, withOutput, o.slices)).ms);
       const windowMs = await inMemory(layers);
       const output = o.output ? { outputMs: Math.max(0, (await inMemory(layers, true)) - windowMs) } : {};
       if (!streamedLayers) return { layers, windowMs, ...output };
@@ -206,6 +230,7 @@ export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers
 }
 
 const sum = (xs: readonly number[]) => xs.reduce((a, b) => a + b, 0);
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const mean = (xs: readonly number[]) => sum(xs) / xs.length;
 /** At most this many sustained passes (their KV cache is sized for them). */
 const SUSTAINED_PASSES = 1000;

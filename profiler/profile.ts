@@ -161,7 +161,7 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
     // them writes the layers out again).
     const fk = `${forwardKey(desc, streamedLayers)}|${dk}|streamed ${streamedLayers}`;
     // As a ring device runs its passes: after its idle gap, or back to back under a CPU quota.
-    const passOptions = { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, sustained: quota !== undefined && quota < o.threads };
+    const passOptions = { dir: diskDir, threads: o.threads, passes: quick ? 8 : 21, gapMs: quick ? 4 : 10, slices: quick ? 1 : 3, sustained: quota !== undefined && quota < o.threads };
     const time = (streamed: boolean) => timeForward(gguf, desc, layers, { ...passOptions, streamedLayers: streamed ? streamedLayers : 0 });
     const describe = (t: ForwardTiming) => `${t.windowMs.toFixed(2)} ms for ${t.layers} layer${t.layers === 1 ? "" : "s"} (the engine's one-token pass on a stand-in of the model)` +
       (t.streamedMs !== undefined ? `, ${t.streamedMs.toFixed(2)} ms read from the disk` : "");

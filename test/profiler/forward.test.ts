@@ -7,7 +7,8 @@ import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { LocalModel } from "../../engine/index.js";
 import { readGguf } from "../../model/index.js";
-import { calibrateForward, measureDisk, standInBytes, standInLayers, timeForward, writeStandIn } from "../../profiler/index.js";
+import { calibrateForward, measureDisk, standInBytes, standInLayers, timeForward, timePasses, writeStandIn } from "../../profiler/index.js";
+import type { NativeWindow } from "../../engine/index.js";
 import { RING_COMPUTE_OPTIONS } from "../../ring/index.js";
 import { PLACEMENT_SHAPE, testModel } from "./models.js";
 
@@ -112,6 +113,39 @@ describe("the stand-in of a model's first layers", async () => {
     expect(Math.min(...stand)).toBeGreaterThan(Math.min(...real) * 0.7);
     expect(Math.min(...stand)).toBeLessThan(Math.min(...real) * 1.3);
     expect(readdirSync(dir).filter((f) => f.startsWith("prima-forward-"))).toEqual([]);
+  });
+});
+
+describe("timePasses", () => {
+  /** A window that only records when, and at which position, each pass ran. */
+  const recorder = () => {
+    const calls: { pos: number; atMs: number }[] = [];
+    const w = { forwardNow: (_acts: Float32Array, pos: number) => void calls.push({ pos, atMs: performance.now() }) } as unknown as NativeWindow;
+    return { w, calls };
+  };
+
+  it("in slices: every pass timed but the skipped ones and one after each pause, positions in order", async () => {
+    const { w, calls } = recorder();
+    const ms = await timePasses(w, 8, { count: 3 + 21, skip: 3, gapMs: 0, slices: 3, sliceGapMs: 60 });
+    expect(ms).toHaveLength(21);
+    expect(calls.map((c) => c.pos)).toEqual(Array.from({ length: 26 }, (_, i) => i)); // 3 skipped, 7, 1, 7, 1, 7
+    const gaps = calls.slice(1).map((c, i) => c.atMs - calls[i].atMs);
+    // The pauses fall after the 3 skipped and 7 timed passes, and after 7 more and the untimed one.
+    expect(gaps.flatMap((g, i) => (g >= 55 ? [i + 1] : []))).toEqual([10, 18]);
+  });
+
+  it("in one slice (the default): no pause, count passes", async () => {
+    const { w, calls } = recorder();
+    const ms = await timePasses(w, 8, { count: 10, skip: 2, gapMs: 0, sliceGapMs: 60 });
+    expect(ms).toHaveLength(8);
+    expect(calls).toHaveLength(10);
+    expect(calls.at(-1)!.atMs - calls[0].atMs).toBeLessThan(55);
+  });
+
+  it("in slices that do not divide the passes: the last slice is shorter, none is lost", async () => {
+    const { w, calls } = recorder();
+    expect(await timePasses(w, 8, { count: 2 + 8, skip: 2, gapMs: 0, slices: 3, sliceGapMs: 1 })).toHaveLength(8);
+    expect(calls).toHaveLength(12); // 2 skipped, 3, 1, 3, 1, 2
   });
 });
 
