@@ -224,7 +224,9 @@ export async function main(model: string, reps = 3, caps: readonly number[] = [2
     console.log("\n| device (automatic plan) | set | window | predicted ms/token: own work (disk) | measured ms/token (compute+send-preempted) | error | major faults in decode |");
     console.log("|---|---|---|---|---|---|---|");
     const pr = pl.prediction;
-    const pct = (measured: number, predicted: number) => `${(100 * (measured - predicted) / predicted).toFixed(0)}%`;
+    const rel = (measured: number, predicted: number) => (measured - predicted) / predicted;
+    const signed = (e: number | undefined) => (e === undefined ? "-" : `${e >= 0 ? "+" : ""}${(100 * e).toFixed(0)}%`);
+    const pct = (measured: number, predicted: number) => signed(rel(measured, predicted));
     for (const row of pr.rows) {
       const mm = row.measured, m = row.measuredMs;
       const d = pl.plan.devices.find((x) => row.label.includes(x.name) || (row.label.startsWith("head") && x.name === "head"));
@@ -233,6 +235,13 @@ export async function main(model: string, reps = 3, caps: readonly number[] = [2
     }
     console.log(`| hops (measured: the token less every device's own work) | | | ${pr.predictedHopsMs.toFixed(2)} | ${pr.measuredRestMs.toFixed(2)} | ${pct(pr.measuredRestMs, pr.predictedHopsMs)} | |`);
     console.log(`| token | | | ${pr.predictedTokenMs.toFixed(2)} | ${pr.measuredTokenMs.toFixed(2)} | ${pct(pr.measuredTokenMs, pr.predictedTokenMs)} | |`);
+    // Every round planned and timed its devices anew: each round's errors, and each row's median of them.
+    const roundErrors = autoRuns.map((run) => run.placement!.prediction).map((p) => new Map([
+      ...p.rows.map((r) => [r.label, rel(r.measuredMs, r.predictedMs)] as const), ["token", rel(p.measuredTokenMs, p.predictedTokenMs)] as const]));
+    const labels = [...pr.rows.map((r) => r.label), "token"];
+    const short = (label: string) => label.split(" (")[0];
+    console.log(`\nerror by round (${labels.map(short).join(", ")}): ${roundErrors.map((es, r) => `round ${r + 1} ${labels.map((l) => signed(es.get(l))).join(", ")}`).join("; ")}; ` +
+      `each row's median over the rounds: ${labels.map((l) => `${short(l)} ${signed(median(roundErrors.flatMap((es) => es.get(l) ?? [])))}`).join(", ")}`);
     // The disk-bound limit: what no plan can avoid rereading (the weights beyond every device's room
     // together), at the measured disk speed, on top of the predicted compute.
     const planReread = pl.plan.devices.reduce((s, d) => s + d.reloadBytesPerToken, 0);
