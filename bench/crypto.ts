@@ -7,10 +7,9 @@
 //   node dist/bench/crypto.js [model.gguf] [rounds]
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { fileURLToPath } from "node:url";
 import { DialerProof, listenerAnswer } from "../ring/seal.js";
+import { root } from "./procs.js";
 
-const root = fileURLToPath(new URL("../..", import.meta.url));
 const TOKENS = 64;
 const GEN = ["-p", "Once upon a time", "-n", String(TOKENS), "--temp", "0", "--ctx", "256"];
 

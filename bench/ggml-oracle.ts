@@ -5,18 +5,8 @@ import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, readFileSync, mkdirSync, renameSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
-
-function packageRoot(): string {
-  let dir = dirname(fileURLToPath(import.meta.url));
-  while (!existsSync(join(dir, "package.json")) || !existsSync(join(dir, "binding.gyp"))) {
-    const up = dirname(dir);
-    if (up === dir) throw new Error("cannot find the package root (binding.gyp)");
-    dir = up;
-  }
-  return dir;
-}
+import { join } from "node:path";
+import { packageRoot } from "../native/index.js";
 
 const root = packageRoot();
 const libDir = join(root, "node_modules", "@node-llama-cpp", "linux-x64", "bins", "linux-x64");

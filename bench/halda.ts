@@ -4,10 +4,10 @@
 //
 //   npm run build && node dist/bench/halda.js [--reps N]
 import { readFileSync } from "node:fs";
-import { fileURLToPath, pathToFileURL } from "node:url";
+import { pathToFileURL } from "node:url";
 import { halda, parseDeviceProfiles, type HaldaOptions } from "../halda/index.js";
 import { modelProfile, modelShapeByName, syntheticModelDescription } from "../model/index.js";
-import { median } from "./procs.js";
+import { median, root } from "./procs.js";
 
 const GOAL_MS = 100;
 
@@ -26,7 +26,6 @@ function timeMs(reps: number, f: () => void): number {
 export async function main(argv: string[] = []): Promise<void> {
   const repsAt = argv.indexOf("--reps");
   const reps = repsAt >= 0 ? Number(argv[repsAt + 1]) : 15;
-  const root = fileURLToPath(new URL("../..", import.meta.url));
   const devices = parseDeviceProfiles(JSON.parse(readFileSync(`${root}deploy/devices/paper-d1-d6.json`, "utf8"))).devices;
   const model = modelProfile(syntheticModelDescription(modelShapeByName("llama3-70b")!, "Q4_K_M"), { nCtx: 1024 });
   const cases: [string, HaldaOptions][] = [

@@ -3,26 +3,19 @@
 // to the scheduler and spread over distinct CPUs during each pass (RING_COMPUTE_OPTIONS.spreadThreads).
 //   node dist/bench/idle-gap.js [model.gguf]
 import { LocalModel } from "../engine/index.js";
+import { timePasses } from "../profiler/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
-import { root, runWhenMain } from "./procs.js";
+import { median, root, runWhenMain } from "./procs.js";
 
+/** Median ms of one-token passes through the first 7 layers (inline, as a ring device runs a
+ * one-token window), each after `gapMs`: the profile's own loop (timePasses). */
 async function medianForwardMs(model: LocalModel, gapMs: number, n = 100): Promise<number> {
   const w = model.window(0, 7, { ctx: n + 1 });
-  const emb = model.embed(new Int32Array([1]));
-  const acts = new Float32Array(model.nEmbd);
-  const ms: number[] = [];
   try {
-    for (let i = 0; i < n; i++) {
-      acts.set(emb);
-      const t0 = performance.now();
-      w.forwardNow(acts, i, 1); // inline, as a ring device runs a one-token window
-      ms.push(performance.now() - t0);
-      if (gapMs > 0) await new Promise((r) => setTimeout(r, gapMs));
-    }
+    return median(await timePasses(w, model.nEmbd, { count: n, skip: 0, gapMs }));
   } finally {
     w.close();
   }
-  return ms.sort((a, b) => a - b)[n >> 1]!;
 }
 
 export async function main(modelArg?: string): Promise<void> {

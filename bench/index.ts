@@ -3,11 +3,10 @@
 // machine mean little). Results and the command go in BENCHMARKS.md.
 import { existsSync } from "node:fs";
 import { parseArgs } from "node:util";
-import { fileURLToPath } from "node:url";
 import { benchEngine } from "./engine.js";
 import { ensureLlamaBench, runLlamaBench } from "./llama-bench.js";
+import { root } from "./procs.js";
 
-const root = fileURLToPath(new URL("../..", import.meta.url));
 
 const { values } = parseArgs({
   options: {

@@ -3,7 +3,7 @@
 import { execFileSync, spawnSync } from "node:child_process";
 import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { root } from "./procs.js";
 
 export interface PeerResult {
   /** tokens per second, mean over repetitions */
@@ -12,8 +12,6 @@ export interface PeerResult {
   readonly build: string;
 }
 
-// compiled to dist/bench/: the package root is two levels up
-const root = fileURLToPath(new URL("../..", import.meta.url));
 const srcDir = join(root, "node_modules/node-llama-cpp/llama/llama.cpp");
 const buildDir = join(root, ".cache/llama-build");
 export const llamaBenchPath = join(buildDir, "bin/llama-bench");

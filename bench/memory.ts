@@ -10,6 +10,7 @@ import { fileURLToPath } from "node:url";
 import { LocalModel, Sampler } from "../engine/index.js";
 import { layerWeightBytes } from "../model/index.js";
 import { anonRssBytes, peakAnonTracker } from "../profiler/index.js";
+import { root } from "./procs.js";
 
 export interface MemoryReport {
   readonly model: string;
@@ -85,7 +86,6 @@ export async function measureMemory(path: string, ctx = 2048): Promise<MemoryRep
 }
 
 export async function main(): Promise<void> {
-  const root = fileURLToPath(new URL("../..", import.meta.url));
   const r = await measureMemory(`${root}.cache/bench-llama-Q4_K_M.gguf`, 2048);
   const mib = (b: number) => (b / 2 ** 20).toFixed(1);
   console.log(`\n## memory at full context (${r.ctx} tokens), benchmark model\n`);

@@ -3,8 +3,8 @@
 // sources or from dist/) and answers GET / and the asset paths with strict headers.
 import { existsSync, readdirSync, readFileSync } from "node:fs";
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { dirname, extname, join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { extname, join } from "node:path";
+import { packageRoot } from "../native/index.js";
 
 const CONTENT_TYPES: Readonly<Record<string, string>> = {
   ".html": "text/html; charset=utf-8",
@@ -25,23 +25,12 @@ export const DASHBOARD_SECURITY_HEADERS: Readonly<Record<string, string>> = {
   "Cache-Control": "no-cache",
 };
 
-let assetsDir: string | undefined;
-
-/**
- * The folder holding index.html and its assets. This file runs as dashboard/index.ts (tests) or as
- * dist/dashboard/index.js (installed), so walk up to the package root instead of assuming a depth.
- */
+/** The folder holding index.html and its assets, in the package root whether this runs from the
+ * sources (tests) or from dist/ (installed). */
 export function dashboardAssetsDir(): string {
-  if (assetsDir) return assetsDir;
-  let dir = dirname(fileURLToPath(import.meta.url));
-  for (;;) {
-    if (existsSync(join(dir, "package.json")) && existsSync(join(dir, "dashboard", "index.html"))) {
-      return (assetsDir = join(dir, "dashboard"));
-    }
-    const up = dirname(dir);
-    if (up === dir) throw new Error(`dashboard: no dashboard/index.html above ${fileURLToPath(import.meta.url)}`);
-    dir = up;
-  }
+  const dir = join(packageRoot(), "dashboard");
+  if (!existsSync(join(dir, "index.html"))) throw new Error(`dashboard: no index.html in ${dir}`);
+  return dir;
 }
 
 interface Asset { readonly body: Buffer; readonly type: string }

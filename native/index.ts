@@ -7,3 +7,4 @@ export {
 } from "./kernels.js";
 export { alignGap, streamSeal, type StreamSeal } from "./io.js";
 export { threadClock, descheduledMs, type ThreadClock } from "./profile.js";
+export { packageRoot } from "./package-root.js";
