@@ -8,7 +8,7 @@ import { createHash } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { dirname, join } from "node:path";
-import { fileURLToPath } from "node:url";
+import { packageRoot } from "../native/index.js";
 import type { StepTiming } from "./compute.js";
 import type { DiskMeasurement } from "./disk.js";
 import type { ForwardTiming } from "./forward.js";
@@ -29,6 +29,30 @@ export interface CachedSpeeds {
   disks: Record<string, DiskMeasurement>;
   /** By forwardKey(): the engine's pass over a stand-in of a model's first layers. */
   forward: Record<string, ForwardTiming>;
+  /** By forwardKey(): the recent timings of that pass, as scales of the kernels' figures (profile.ts
+   * takes their median). */
+  passScales?: Record<string, PassScale[]>;
+}
+
+/** One timing of the pass in memory: ForwardCalibration.scale, and when (Unix ms). */
+export interface PassScale {
+  readonly scale: number;
+  readonly atMs: number;
+}
+
+/** How long a pass's timing counts, and how many count: a device's figure is the median of its last
+ * RECENT_PASSES timings within RECENT_PASS_MS. A timing that catches a slow second of a shared machine
+ * is outvoted; a device that stays slower (a user's own program) shows at its second timing. */
+export const RECENT_PASS_MS = 5 * 60_000, RECENT_PASSES = 3;
+
+/** The timings of `before` and `added` (either may come from a file: only well-formed ones) that
+ * still count at `nowMs`, oldest first. */
+export function recentPassScales(before: unknown, added: readonly PassScale[], nowMs: number): PassScale[] {
+  const valid = (p: unknown): p is PassScale => typeof p === "object" && p !== null && Number.isFinite((p as PassScale).scale) &&
+    (p as PassScale).scale > 0 && Number.isFinite((p as PassScale).atMs) && (p as PassScale).atMs <= nowMs && nowMs - (p as PassScale).atMs < RECENT_PASS_MS;
+  // Keyed by time and value: the file's copy and ours hold the same timings after a save.
+  const unique = new Map([...(Array.isArray(before) ? before : []), ...added].filter(valid).map((p) => [`${p.atMs} ${p.scale}`, { scale: p.scale, atMs: p.atMs }]));
+  return [...unique.values()].sort((a, b) => a.atMs - b.atMs).slice(-RECENT_PASSES);
 }
 
 /** $PRIMA_PROFILE_DIR, else $XDG_CACHE_HOME/prima/profiles, else ~/.cache/prima/profiles. */
@@ -39,17 +63,10 @@ export function defaultCacheDir(env: NodeJS.ProcessEnv = process.env): string {
 
 /** Size and time of our compiled addon: a rebuilt kernel may be faster or slower. */
 export function nativeBuildId(): string {
-  let dir = dirname(fileURLToPath(import.meta.url));
-  for (;;) {
-    const addon = join(dir, "build", "Release", "prima.node");
-    if (existsSync(join(dir, "binding.gyp")) && existsSync(addon)) {
-      const s = statSync(addon);
-      return `${s.size}-${Math.floor(s.mtimeMs)}`;
-    }
-    const up = dirname(dir);
-    if (up === dir) return "unknown";
-    dir = up;
-  }
+  const addon = join(packageRoot(), "build", "Release", "prima.node");
+  if (!existsSync(addon)) return "unknown";
+  const s = statSync(addon);
+  return `${s.size}-${Math.floor(s.mtimeMs)}`;
 }
 
 export function cacheKey(identity: Readonly<Record<string, string | number>>): string {
@@ -82,6 +99,16 @@ export function loadSpeeds(dir: string, key: string, identity: Readonly<Record<s
   }
 }
 
+function mergedPassScales(onDisk: unknown, ours: CachedSpeeds["passScales"]): Record<string, PassScale[]> {
+  const now = Date.now(), disk = typeof onDisk === "object" && onDisk !== null ? (onDisk as Record<string, unknown>) : {};
+  const merged: Record<string, PassScale[]> = {};
+  for (const k of new Set([...Object.keys(disk), ...Object.keys(ours ?? {})])) {
+    const kept = recentPassScales(disk[k], ours?.[k] ?? [], now);
+    if (kept.length) merged[k] = kept;
+  }
+  return merged;
+}
+
 /** Merges into what is on disk (another process may have added entries) and writes atomically. */
 export function saveSpeeds(dir: string, s: CachedSpeeds): string {
   makeDirs(dir);
@@ -94,6 +121,7 @@ export function saveSpeeds(dir: string, s: CachedSpeeds): string {
     kvCopyMs: { ...onDisk.kvCopyMs, ...s.kvCopyMs },
     disks: { ...onDisk.disks, ...s.disks },
     forward: { ...onDisk.forward, ...s.forward },
+    passScales: mergedPassScales(onDisk.passScales, s.passScales),
   };
   const file = fileOf(dir, s.key);
   const tmp = `${file}.${process.pid}.tmp`;

@@ -5,12 +5,12 @@ import { tmpdir } from "node:os";
 import type { DeviceProfile } from "../halda/index.js";
 import type { GgufFile, ModelDescription } from "../model/index.js";
 import { simdLevel } from "../native/index.js";
-import { cacheKey, defaultCacheDir, loadSpeeds, nativeBuildId, saveSpeeds } from "./cache.js";
+import { cacheKey, defaultCacheDir, loadSpeeds, nativeBuildId, recentPassScales, RECENT_PASS_MS, saveSpeeds } from "./cache.js";
 import {
   describeStep, flopsPerType, measureKvCopyMs, measureMemoryBandwidth, measureWindowCallMs, modelWorkload, stepKey, timeStep, type ModelWorkload, type StepTiming,
 } from "./compute.js";
 import { diskKey, measureDisk, scratchDir } from "./disk.js";
-import { calibrateForward, forwardKey, kernelWindowMs, standInBytes, standInLayers, standInMinBytes, timeForward, type ForwardCalibration, type ForwardTiming } from "./forward.js";
+import { calibrateForward, forwardKey, kernelWindowMs, median, standInBytes, standInLayers, standInMinBytes, timeForward, type ForwardCalibration, type ForwardTiming } from "./forward.js";
 import { detectGpus } from "./gpu.js";
 import { layerRoomBytes, mappedResidentBytes, readMemory, settleMemory, type MemoryReading } from "./memory.js";
 import { REPORT_VERSION, type DeviceReport } from "./report.js";
@@ -138,6 +138,7 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
   // The engine's pass over the model's first layers: what Halda's layer time should be, and the same
   // layers streamed from the model's disk: what Halda prices rereads at (profiler/forward.ts).
   let forward: ForwardCalibration | undefined;
+  let scalesAdded = false;
   let outputLayerMs: number | undefined;
   // Layers until past the last-level cache's reach, as a ring's windows are, within half of what is
   // free: the stand-in's pages are page cache, given back when it is deleted.
@@ -189,6 +190,20 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
         say(`forward pass: ${describe(timing)}`);
       }
       forward = calibrateForward(timing, kernelWindowMs(desc, layers, timings), kvCopyMs);
+      if (forward.applied) {
+        // The figure is the median of this device's recent timings (this one among them), as scales of
+        // the kernels: they hold across the layers timed, which follow free memory.
+        const now = Date.now();
+        const recent = recentPassScales(o.reprofile ? [] : speeds.passScales?.[fk], [{ scale: forward.scale, atMs: now }], now);
+        (speeds.passScales ??= {})[fk] = recent;
+        scalesAdded = true;
+        const scale = median(recent.map((p) => p.scale));
+        if (recent.length > 1 && scale !== forward.scale) {
+          timing = { ...timing, windowMs: scale * forward.kernelMs + layers * kvCopyMs };
+          forward = calibrateForward(timing, forward.kernelMs, kvCopyMs);
+          say(`forward pass: ${timing.windowMs.toFixed(2)} ms, the median of this device's last ${recent.length} timings within ${RECENT_PASS_MS / 60_000} minutes`);
+        }
+      }
       say(forward.applied ? `compute: the kernels' FLOP/s scaled by 1/${forward.scale.toFixed(2)} to the engine's pass (${forward.kernelMs.toFixed(2)} ms of kernels)`
         : `compute: the forward pass (${timing.windowMs.toFixed(2)} ms) is implausible against the kernels (${forward.kernelMs.toFixed(2)} ms; a model this small is mostly waking the threads): kernel FLOP/s used as timed, and the window call priced per window`);
       if (forward.streamedBytesPerS) say(`disk: ${(forward.streamedBytesPerS / 1e6).toFixed(0)} MB/s as the engine rereads streamed layers (what Halda prices rereads at)`);
@@ -215,7 +230,7 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
   const cpuFlopsPerS = forward?.applied ? Object.fromEntries(Object.entries(kernelFlopsPerS).map(([t, f]) => [t, f / forward!.scale])) : kernelFlopsPerS;
 
   let cacheFile: string | undefined;
-  if (measured.length) {
+  if (measured.length || scalesAdded) {
     try {
       cacheFile = saveSpeeds(dir, speeds);
     } catch (e) {

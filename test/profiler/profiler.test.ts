@@ -150,6 +150,39 @@ describe("profileDevice on a generated model", async () => {
     expect(lines.some((l) => /^forward pass: .*\(timed now; the streamed passes cached\)/.test(l))).toBe(true);
   });
 
+  it("takes the pass as the median of the device's last three timings within five minutes, ignoring old and malformed ones", async () => {
+    const file = first.details.cacheFile!;
+    const planted = (scales: unknown[]) => {
+      const cache = JSON.parse(readFileSync(file, "utf8")) as { passScales: Record<string, unknown[]> };
+      const [key] = Object.keys(cache.passScales); // one model, one disk: one pass
+      cache.passScales = { [key]: scales };
+      writeFileSync(file, JSON.stringify(cache));
+    };
+    const profile = async (reprofile = false) => {
+      const lines: string[] = [];
+      const p = await profileDevice({ name: "unit", model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, reprofile, progress: (l) => lines.push(l) });
+      return { f: p.details.forward!, kvCopyMs: p.details.kvCopyMs, lines };
+    };
+    // Two recent timings far slower than this machine's (its scale is 1-2 here; past 8 a pass is
+    // implausible): they outvote the one timed now.
+    const now = Date.now(), slow = 6;
+    planted([{ scale: slow, atMs: now - 60_000 }, { scale: slow, atMs: now - 1000 }]);
+    const outvoted = await profile();
+    expect(outvoted.f.scale).toBeCloseTo(slow, 9);
+    expect(outvoted.f.scale * outvoted.f.kernelMs + outvoted.f.layers * outvoted.kvCopyMs).toBeCloseTo(outvoted.f.windowMs, 6);
+    expect(outvoted.lines.some((l) => /^forward pass: [\d.]+ ms, the median of this device's last 3 timings within 5 minutes/.test(l))).toBe(true);
+    // Older than five minutes, from the future, or malformed: not counted, and no crash.
+    planted([{ scale: slow, atMs: now - 6 * 60_000 }, { scale: slow, atMs: now + 60_000 }, { scale: "x", atMs: now }, { scale: -1, atMs: now }, null, 7]);
+    const alone = await profile();
+    expect(alone.f.scale).toBeLessThan(slow - 1);
+    expect(alone.lines.some((l) => /the median of this device's last/.test(l))).toBe(false);
+    // --reprofile: the timing made now, whatever the history.
+    planted([{ scale: slow, atMs: now - 60_000 }, { scale: slow, atMs: now - 1000 }]);
+    const fresh = await profile(true);
+    expect(fresh.f.scale).toBeLessThan(slow - 1);
+    expect(fresh.lines.some((l) => /the median of this device's last/.test(l))).toBe(false);
+  });
+
   it("scales the kernels' FLOP/s so that a layer costs what the engine's own pass over a stand-in took", () => {
     const f = first.details.forward!;
     // 12 MB layers until past five times the last-level cache (all 12 where that is 160 MiB)
