@@ -156,3 +156,22 @@ export function dialSuccessor(url: string, options: RingLinkOptions): Promise<Ri
     });
   });
 }
+
+/** The kinds of dial failure that a successor between two assignments gives: its new listener not
+ * open yet (refused connection), or its previous assignment's listener still open, which takes the
+ * connection and then refuses the new ring's key or id, or resets it as it closes. */
+const BETWEEN_ASSIGNMENTS: ReadonlySet<RingLinkErrorKind> = new Set(["unreachable", "refused", "closed"]);
+
+/** dialSuccessor, tried again every 100 ms for `withinMs` while the successor may be between two
+ * assignments (each device takes its assignment in its own time); the last failure otherwise. */
+export async function dialSuccessorWithin(url: string, options: RingLinkOptions, withinMs: number): Promise<RingLink> {
+  const deadline = Date.now() + withinMs;
+  for (;;) {
+    try {
+      return await dialSuccessor(url, options);
+    } catch (e) {
+      if (!(e instanceof RingLinkError) || !BETWEEN_ASSIGNMENTS.has(e.kind) || Date.now() > deadline) throw e;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+}

@@ -22,7 +22,7 @@ export {
 } from "./options.js";
 export { DEFAULT_LIVENESS_TIMEOUT_MS } from "./liveness.js";
 export { RingLink, type FrameSendStats, type PeerRole, type RingLinkClosed, type RingLinkCounters } from "./link.js";
-export { dialSuccessor } from "./dial.js";
+export { dialSuccessor, dialSuccessorWithin } from "./dial.js";
 export { RingListener, type DroppedPeer, type RingListenerOptions } from "./listener.js";
 // The piped-ring driver (the lead's): a device's node, the head's pipeline, windows per cycle.
 export { RingLane, type RingLaneOptions } from "./lane.js";

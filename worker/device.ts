@@ -6,7 +6,7 @@ import type { Assignment, KvCommand, Status } from "../control/index.js";
 import type { LocalModel } from "../engine/index.js";
 import { WeightRoom, anonRssBytes, deviceMemory, idleLayerRoomBytes, memoryPressureTracker } from "../profiler/index.js";
 import {
-  RingLane, RingLinkError, RingListener, RingNode, dialSuccessor, resolveLinkOptions, type RingLink, type RingLinkOptions,
+  RingLane, RingListener, RingNode, dialSuccessorWithin, resolveLinkOptions, type RingLink, type RingLinkOptions,
 } from "../ring/index.js";
 import { EXIT_PORT_UNAVAILABLE, WorkerExit } from "./exit.js";
 import type { SessionHandler } from "./session.js";
@@ -65,19 +65,6 @@ function linkKeys(a: Assignment, log: (line: string) => void): { in?: Uint8Array
   return { in: a.predecessorLinkKey, out: a.successorLinkKey };
 }
 
-/** The successor may still be setting up its listener for the same assignment: retry refusals. */
-async function dialWithRetry(url: string, options: RingLinkOptions, withinMs: number): Promise<RingLink> {
-  const deadline = Date.now() + withinMs;
-  for (;;) {
-    try {
-      return await dialSuccessor(url, options);
-    } catch (e) {
-      if (!(e instanceof RingLinkError) || e.kind !== "unreachable" || Date.now() > deadline) throw e;
-      await new Promise((r) => setTimeout(r, 100));
-    }
-  }
-}
-
 export class WorkerDevice implements SessionHandler {
   private node: RingNode | undefined;
   private listener: RingListener | undefined;
@@ -130,7 +117,7 @@ export class WorkerDevice implements SessionHandler {
     this.listener.on("link", (link) => this.attachPredecessor(link));
     const url = a.successorUrl.replace(/^ws:\/\/:/, `ws://${this.o.coordinatorHost}:`);
     progress(0, "dialling the successor");
-    this.successor = await dialWithRetry(url, { ...linkOptions(deviceId), linkKey: keys.out, expectedPeerDeviceId: neighbour(1) }, 5000);
+    this.successor = await dialSuccessorWithin(url, { ...linkOptions(deviceId), linkKey: keys.out, expectedPeerDeviceId: neighbour(1) }, 5000);
     this.successor.on("close", (c) => {
       if (c.error) this.o.fail(new Error(`link to ${this.successor?.peerName ?? url} failed: ${c.error.message}`));
     });

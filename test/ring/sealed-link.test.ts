@@ -8,7 +8,7 @@ import { afterAll, afterEach, describe, expect, it } from "vitest";
 import WebSocket from "ws";
 import { LocalModel } from "../../engine/index.js";
 import {
-  RingListener, dialSuccessor, encodeFrame, resolveLinkOptions,
+  RingListener, dialSuccessor, dialSuccessorWithin, encodeFrame, resolveLinkOptions,
   type ActivationsFrame, type Frame, type RingIdentity, type RingLink, type RingLinkOptions, type RingListenerOptions,
 } from "../../ring/index.js";
 import { laneNode, startLane, until } from "./lane-device.js";
@@ -197,6 +197,32 @@ describe("keyed ring links", () => {
     await accepted;
     await expect(dial(listener.url, { linkKey: key })).rejects.toThrow(/already has its predecessor/);
     await expect(dial(listener.url, { linkKey: key, identity: identity("someone-else") })).rejects.toThrow(/expected device "pred-device-bravo"/);
+  });
+
+  it("a successor between two assignments (its previous listener still on the port): the dial waits for the new one", async () => {
+    const oldKey = randomBytes(32), newKey = randomBytes(32);
+    const old = await RingListener.listen({ host: "127.0.0.1", port: 0, identity: identity(SUCC, { ringId: "ring-before" }), log, linkKey: oldKey });
+    const port = old.port;
+    const newDial = { identity: identity(PRED, { ringId: "ring-after" }), log, linkKey: newKey };
+    // One try finds the old listener, which refuses the new ring's key: what failed a rebuilt ring.
+    await expect(dialSuccessor(old.url, newDial)).rejects.toMatchObject({ kind: "refused" });
+    // Tried again: the successor closes its old listener and opens the new one on the same port.
+    const dialled = dialSuccessorWithin(old.url, newDial, 5000);
+    await new Promise((r) => setTimeout(r, 300));
+    await old.close();
+    const next = await listen({ port, identity: identity(SUCC, { ringId: "ring-after" }), linkKey: newKey });
+    const accepted = next.accept();
+    const link = await dialled;
+    cleanups.push(() => link.close());
+    expect([link.encrypted, link.peer.deviceId, (await accepted).peer.deviceId]).toEqual([true, SUCC, PRED]);
+  });
+
+  it("a successor that keeps refusing: the dial gives up after its time with the refusal", async () => {
+    const listener = await listen({ linkKey: randomBytes(32) });
+    const t0 = Date.now();
+    await expect(dialSuccessorWithin(listener.url, { identity: identity(PRED), log, linkKey: randomBytes(32) }, 600)).rejects.toMatchObject({ kind: "refused" });
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(600);
+    expect(Date.now() - t0).toBeLessThan(5000);
   });
 });
 
