@@ -210,12 +210,13 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
       // The head's output layer: one layer's stand-in with the whole vocabulary's output, timed with
       // and without it, once the layers' stand-in is gone (both at once did not fit beside a 256 MiB
       // head's own memory, and the output's pages were refaulted every pass). Timed every time, never
-      // cached: a worker's profile must not carry a head's figure.
+      // cached: a worker's profile must not carry a head's figure. In one slice each: the two timings
+      // are a difference taken back to back, and slicing them cost every plan 1.2 s more.
       if (o.outputLayer && forward.applied) {
         const need = standInBytes(desc, 1) + desc.tensors.output.nBytes;
         if (need > memory.availableBytes / 2) say(`output layer: not timed (it and one layer need ${(need / 2 ** 20).toFixed(0)} MiB, over half of what is free): its FLOPs at the layers' rate`);
         else {
-          const t = await timeForward(gguf, desc, 1, { ...passOptions, output: true })
+          const t = await timeForward(gguf, desc, 1, { ...passOptions, output: true, slices: 1 })
             .catch((e: unknown) => say(`output layer: could not be timed (${e instanceof Error ? e.message : String(e)}): its FLOPs at the layers' rate`));
           if (t?.outputMs !== undefined) {
             outputLayerMs = t.outputMs;
