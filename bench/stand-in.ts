@@ -7,7 +7,7 @@
 // against the model's own layers. Figures in BENCHMARKS.md, "Capped devices", come from here.
 //   node dist/bench/stand-in.js [model.gguf]
 import { LocalModel } from "../engine/index.js";
-import { lastLevelCacheBytes, standInLayers, standInMinBytes, timeForward, timePasses } from "../profiler/index.js";
+import { lastLevelCacheBytes, rereadBytesPerS, standInLayers, standInMinBytes, timeForward, timePasses } from "../profiler/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 import { median, root, runWhenMain } from "./procs.js";
 
@@ -21,7 +21,7 @@ async function realStreamedRate(model: LocalModel, first: number, n: number): Pr
     const inMemory = median(await timePasses(w, model.nEmbd, { count: PASSES + 3, skip: 3, gapMs: GAP_MS }));
     w.streamBeyond(0);
     const streamed = median(await timePasses(w, model.nEmbd, { count: 1 + Math.ceil(PASSES / 3), skip: 1, gapMs: GAP_MS }));
-    return w.residency().totalBytes / (streamed - inMemory) / 1e3;
+    return rereadBytesPerS(w.residency().totalBytes, streamed, inMemory)! / 1e6;
   } finally {
     w.close();
   }
@@ -82,7 +82,7 @@ export async function main(modelArg?: string): Promise<void> {
     // `profiled` layers whatever the device's memory (profiler/profile.ts).
     const standInRate = async (n: number) => {
       const t = await timeForward(model.gguf, model.desc, n, { dir, threads: 2, passes: PASSES, gapMs: GAP_MS, streamedLayers: n });
-      return t.streamedBytes! / (t.streamedMs! - t.inMemoryMs!) / 1e3;
+      return rereadBytesPerS(t.streamedBytes, t.streamedMs!, t.inMemoryMs!)! / 1e6;
     };
     const short: number[] = [], long: number[] = [], own: number[] = [];
     for (let r = 0; r < ROUNDS; r++) {

@@ -139,7 +139,7 @@ const SUSTAINED_SECONDS = 0.5;
 /** Between slices of the in-memory passes: three slices span about a second. A minute of 0.36 s blocks
  * on this project's VM (`npm run bench -- --only passnoise`) puts a lone block further from the
  * minute's median than three blocks spread over a second. */
-const SLICE_GAP_MS = 300;
+export const SLICE_GAP_MS = 300;
 
 /** How timePasses runs: `count` passes at most, the first `skip` untimed, each after `gapMs`, until
  * `seconds` have gone on timed passes (at least one is timed); with `logits`, through the output layer.
@@ -264,7 +264,13 @@ const MIN_FORWARD_SCALE = 0.25, MAX_FORWARD_SCALE = 8;
  * disk speed of rereads: the weight bytes over what streaming added to a pass. */
 export function calibrateForward(t: ForwardTiming, kernelMs: number, kvCopyMs: number): ForwardCalibration {
   const scale = (t.windowMs - t.layers * kvCopyMs) / kernelMs;
-  const readMs = (t.streamedMs ?? 0) - (t.inMemoryMs ?? t.windowMs);
-  const streamedBytesPerS = t.streamedBytes && readMs > 0 ? (1000 * t.streamedBytes) / readMs : undefined;
+  const streamedBytesPerS = rereadBytesPerS(t.streamedBytes, t.streamedMs ?? 0, t.inMemoryMs ?? t.windowMs);
   return { ...t, kernelMs, scale, applied: scale > MIN_FORWARD_SCALE && scale < MAX_FORWARD_SCALE, ...(streamedBytesPerS ? { streamedBytesPerS } : {}) };
+}
+
+/** The disk speed of rereads: `bytes` streamed over what streaming added to a pass (undefined where it
+ * added nothing). */
+export function rereadBytesPerS(bytes: number | undefined, streamedMs: number, inMemoryMs: number): number | undefined {
+  const readMs = streamedMs - inMemoryMs;
+  return bytes && readMs > 0 ? (1000 * bytes) / readMs : undefined;
 }

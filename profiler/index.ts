@@ -7,7 +7,7 @@ export { parseDeviceReport, formatReport, windowOverheadMs, REPORT_VERSION, type
 export {
   modelWorkload, genericWorkload, flopsPerType, timeStep, stepKey, describeStep, type ModelWorkload, type MatrixShape, type MatmulStep, type StepTiming,
 } from "./compute.js";
-export { standInLayers, standInBytes, standInMinBytes, writeStandIn, timeForward, timePasses, forwardKey, kernelWindowMs, calibrateForward, median, type ForwardTiming, type ForwardCalibration, type PassOptions } from "./forward.js";
+export { standInLayers, standInBytes, standInMinBytes, writeStandIn, timeForward, timePasses, forwardKey, kernelWindowMs, calibrateForward, rereadBytesPerS, median, SLICE_GAP_MS, type ForwardTiming, type ForwardCalibration, type PassOptions } from "./forward.js";
 export { measureDisk, blockDeviceOf, readAheadBytes, diskKey, type DiskMeasurement } from "./disk.js";
 export { LinkProbeServer, measureLink, type LinkMeasurement, type LinkOptions } from "./link.js";
 export { detectGpus, parseNvidiaSmi, type GpuInfo } from "./gpu.js";
