@@ -48,8 +48,10 @@ export const RECENT_PASS_MS = 5 * 60_000, RECENT_PASSES = 3;
 /** The timings of `before` and `added` (either may come from a file: only well-formed ones) that
  * still count at `nowMs`, oldest first. */
 export function recentPassScales(before: unknown, added: readonly PassScale[], nowMs: number): PassScale[] {
-  const valid = (p: unknown): p is PassScale => typeof p === "object" && p !== null && Number.isFinite((p as PassScale).scale) &&
-    (p as PassScale).scale > 0 && Number.isFinite((p as PassScale).atMs) && (p as PassScale).atMs <= nowMs && nowMs - (p as PassScale).atMs < RECENT_PASS_MS;
+  const valid = (p: unknown): p is PassScale => {
+    const { scale, atMs } = (p ?? {}) as Partial<PassScale>;
+    return typeof scale === "number" && Number.isFinite(scale) && scale > 0 && typeof atMs === "number" && atMs <= nowMs && nowMs - atMs < RECENT_PASS_MS;
+  };
   // Keyed by time and value: the file's copy and ours hold the same timings after a save.
   const unique = new Map([...(Array.isArray(before) ? before : []), ...added].filter(valid).map((p) => [`${p.atMs} ${p.scale}`, { scale: p.scale, atMs: p.atMs }]));
   return [...unique.values()].sort((a, b) => a.atMs - b.atMs).slice(-RECENT_PASSES);
@@ -99,14 +101,11 @@ export function loadSpeeds(dir: string, key: string, identity: Readonly<Record<s
   }
 }
 
+/** The file's recent timings and ours, per pass; a key from the file is only ever a key (fromEntries). */
 function mergedPassScales(onDisk: unknown, ours: CachedSpeeds["passScales"]): Record<string, PassScale[]> {
-  const now = Date.now(), disk = typeof onDisk === "object" && onDisk !== null ? (onDisk as Record<string, unknown>) : {};
-  const merged: Record<string, PassScale[]> = {};
-  for (const k of new Set([...Object.keys(disk), ...Object.keys(ours ?? {})])) {
-    const kept = recentPassScales(disk[k], ours?.[k] ?? [], now);
-    if (kept.length) merged[k] = kept;
-  }
-  return merged;
+  const now = Date.now(), disk = new Map(Object.entries(typeof onDisk === "object" && onDisk !== null ? onDisk : {}));
+  const keys = new Set([...disk.keys(), ...Object.keys(ours ?? {})]);
+  return Object.fromEntries([...keys].map((k) => [k, recentPassScales(disk.get(k), ours?.[k] ?? [], now)] as const).filter(([, kept]) => kept.length > 0));
 }
 
 /** Merges into what is on disk (another process may have added entries) and writes atomically. */

@@ -136,9 +136,9 @@ export interface ForwardOptions {
 const STREAM_SECONDS = 1;
 /** Several periods of a cgroup's CPU quota (100 ms by default). */
 const SUSTAINED_SECONDS = 0.5;
-/** Between slices of the in-memory passes: three slices span about a second. A minute of 0.36 s blocks
- * on this project's VM (`npm run bench -- --only passnoise`) puts a lone block further from the
- * minute's median than three blocks spread over a second. */
+/** Between slices of the in-memory passes: three slices span about a second. On this project's VM a
+ * sliced timing was off the minute's median by over 8% half as often as one in one go (`npm run bench
+ * -- --only passnoise`). */
 export const SLICE_GAP_MS = 300;
 
 /** How timePasses runs: `count` passes at most, the first `skip` untimed, each after `gapMs`, until
