@@ -1,6 +1,7 @@
 // What a worker does while joined: on an assignment it makes its windows, listens for its
 // predecessor, dials its successor, pages its windows in (reporting progress), and then runs every
 // activation frame that arrives through its ring node.
+import { readFileSync } from "node:fs";
 import { createServer, type AddressInfo } from "node:net";
 import type { Assignment, KvCommand, Status } from "../control/index.js";
 import type { LocalModel } from "../engine/index.js";
@@ -30,9 +31,30 @@ export interface DeviceOptions {
 /** The longest a reset waits for the one before it (WorkerDevice.reset). */
 const RESET_WAIT_MS = 5000;
 
-/** Binds the data-plane port early (port 0 = any) so the worker can announce it when joining; a
- * port that cannot be bound ends the worker (WorkerExit with EXIT_PORT_UNAVAILABLE). */
+/** Binds the data-plane port early (port 0 = any free one) so the worker can announce it when joining;
+ * a port that cannot be bound ends the worker (WorkerExit with EXIT_PORT_UNAVAILABLE). The port is let
+ * go until an assignment listens on it, seconds later: "any" is taken below the kernel's range for
+ * outgoing connections' local ports, where a connection of any program could take it meanwhile (a
+ * full test run failed so: EADDRINUSE at the assignment). */
 export async function reserveDataPort(port: number, host: string): Promise<number> {
+  if (port === 0) {
+    const range = ephemeralPorts();
+    for (let tries = 0; range && tries < 32; tries++) {
+      const below = range[0] - 1, from = Math.max(1024, below - 16383);
+      const bound = await tryBind(from + Math.floor(Math.random() * (below - from + 1)), host);
+      if (typeof bound === "number") return bound;
+    }
+  }
+  const bound = await tryBind(port, host);
+  if (typeof bound === "number") return bound;
+  const why = bound.code === "EADDRINUSE" ? "it is taken by another program"
+    : bound.code === "EACCES" ? "not allowed (ports below 1024 need privileges)"
+    : bound.message;
+  throw new WorkerExit(EXIT_PORT_UNAVAILABLE, `cannot listen on the data-plane port ${host}:${port}: ${why}; choose another --port, or leave it out for any free port`);
+}
+
+/** The port bound and let go again, or why it could not be bound. */
+async function tryBind(port: number, host: string): Promise<number | NodeJS.ErrnoException> {
   const server = createServer();
   try {
     await new Promise<void>((resolve, reject) => {
@@ -40,15 +62,22 @@ export async function reserveDataPort(port: number, host: string): Promise<numbe
       server.listen(port, host, () => resolve());
     });
   } catch (e) {
-    const code = (e as NodeJS.ErrnoException).code;
-    const why = code === "EADDRINUSE" ? "it is taken by another program"
-      : code === "EACCES" ? "not allowed (ports below 1024 need privileges)"
-      : (e as Error).message;
-    throw new WorkerExit(EXIT_PORT_UNAVAILABLE, `cannot listen on the data-plane port ${host}:${port}: ${why}; choose another --port, or leave it out for any free port`);
+    return e as NodeJS.ErrnoException;
   }
   const bound = (server.address() as AddressInfo).port;
   await new Promise<void>((resolve) => server.close(() => resolve()));
   return bound;
+}
+
+/** Linux's range of local ports for outgoing connections (undefined elsewhere, or when unreadable or
+ * leaving no room below it). */
+export function ephemeralPorts(): [number, number] | undefined {
+  try {
+    const [low, high] = readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/).map(Number);
+    return Number.isInteger(low) && Number.isInteger(high) && low > 1025 && high >= low ? [low, high] : undefined;
+  } catch {
+    return undefined;
+  }
 }
 
 /** This device's two link keys from the assignment (ring/seal.ts). An assignment without them is
