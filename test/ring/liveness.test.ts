@@ -26,20 +26,20 @@ describe("liveness watch", () => {
     const ws = fakeWs(() => answering);
     const socket = new EventEmitter();
     const deaths: string[] = [];
-    const watch = new LivenessWatch(ws as unknown as WebSocket, socket as unknown as Socket, 160, (r) => deaths.push(r)); // tick 20 ms
+    const watch = new LivenessWatch(ws as unknown as WebSocket, socket as unknown as Socket, 1600, (r) => deaths.push(r)); // tick 200 ms, quiet after 100 ms: a loaded machine's timers stall for tens of ms
     watch.start();
     try {
       const streaming = setInterval(() => socket.emit("data", Buffer.alloc(8)), 4);
-      await sleep(200);
+      await sleep(1000);
       clearInterval(streaming);
       expect(ws.pings).toBe(0);
 
-      await sleep(100); // quiet but answering: pinged about once a tick, alive
+      await sleep(600); // quiet but answering: pinged about once a tick, alive
       expect(ws.pings).toBeGreaterThanOrEqual(2);
       expect(deaths).toEqual([]);
 
       answering = false;
-      await sleep(250); // deadAfter is 80 ms
+      await sleep(1800); // deadAfter is 800 ms: reported within 1.5 ticks + 800 ms + a tick
       expect(deaths).toHaveLength(1);
       expect(deaths[0]).toMatch(/no answer to a ping/);
     } finally {
