@@ -55,7 +55,9 @@ describe("the stand-in of a model's first layers", async () => {
     expect(statSync(path).blocks * 512).toBeLessThan(layerBytes / 20);
   });
 
-  it("times the output layer on top of the pass when asked, and only then", async () => {
+  // Tried up to three times: its bound is on a difference of two medians of 8 passes, which a loaded
+  // machine can skew past it (a fresh clone's CI failed so: 2.1 ms against 5 x 0.33).
+  it("times the output layer on top of the pass when asked, and only then", { retry: 2 }, async () => {
     const t = await timeForward(model.gguf, model.desc, 2, { dir, threads: 2, passes: 8, gapMs: 4, output: true });
     expect(t.outputMs).toBeGreaterThanOrEqual(0);
     expect(t.outputMs).toBeLessThan(t.windowMs * 5); // a 512-token vocabulary's matmul: a fraction of two layers
