@@ -215,12 +215,13 @@ export class Cluster extends EventEmitter {
   }
 
   /** This device's profile: measured (or read from the cache) at start; `again` before each plan, from
-   * the cache but for the pass and the output layer, timed anew, and saying only those. */
+   * the cache but for the pass and the output layer, timed anew, and the hand-off to a successor (only
+   * a ring has one), saying only those. */
   private profileHead(again: boolean): Promise<DeviceReport> {
     return profileDevice({
-      name: HEAD_ID, model: this.o.model, outputLayer: true, threads: this.o.model.threads,
+      name: HEAD_ID, model: this.o.model, outputLayer: true, handOff: again, threads: this.o.model.threads,
       diskDirs: [dirname(resolve(this.o.modelPath))], nCtx: this.o.ctx, reprofile: this.o.reprofile && !again,
-      progress: (l) => (!again || /^forward pass|^output layer/.test(l) ? this.o.log(`profile: ${l}`) : undefined),
+      progress: (l) => (!again || /^forward pass|^output layer|^hand-off/.test(l) ? this.o.log(`profile: ${l}`) : undefined),
     });
   }
 

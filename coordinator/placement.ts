@@ -26,6 +26,10 @@ export interface Placement {
   readonly releaseAfterUse: readonly boolean[];
   /** b': bytes of one layer with its KV cache, the unit of the devices' capacities. */
   readonly layerBytesWithKv: number;
+  /** Per Halda device: of its hop (linkLatencyMs), ms of its own work handing a token on, timed (the
+   * head's: DeviceDetails.handOffMs); its counters hold it as send time, so the report counts it in
+   * the device's row rather than in the hops. */
+  readonly handOffMs?: readonly number[];
 }
 
 /** Ring position (workers 0..n-1, head n) of Halda device i. */
@@ -136,10 +140,13 @@ export interface PredictionRow {
   readonly set: string;
   readonly windowLayers: number;
   readonly predicted: DeviceLatencyMs;
-  /** Halda's figure for the device's own work: compute, memory and disk. Its hop (commMs) is the
-   * link's latency, which the device's counters do not hold (the bytes are in flight, then the next
-   * device wakes): the report sets the hops beside what no device's counters hold. */
+  /** Halda's figure for the device's own work: compute, memory and disk, and its hand-off (handOffMs).
+   * The rest of its hop (commMs) is the link's latency, which the device's counters do not hold (the
+   * bytes are in flight, then the next device wakes): the report sets the hops beside what no device's
+   * counters hold. */
   readonly predictedMs: number;
+  /** Of predictedMs: handing its tokens on (Placement.handOffMs, k a token). */
+  readonly handOffMs: number;
   readonly measured: MeasuredDevice;
   /** The device's own work: its compute and send less the time it was preempted (on separate machines
    * no device takes another's CPU). */
@@ -162,6 +169,8 @@ export interface PredictionReport {
 export function predictionReport(p: Placement, labels: readonly string[], measured: ReadonlyMap<number, MeasuredDevice>, measuredTokenMs: number, decodeTokens: number): PredictionReport {
   const rows: PredictionRow[] = [];
   const n = p.devices.length - 1;
+  // k hand-offs a token: one a cycle, as its hop (halda/latency.ts: commMs = k ξ).
+  const handOff = (hi: number) => (p.handOffMs ? p.cycles * p.handOffMs[hi] : 0);
   const byIndex = new Map(p.plan.devices.map((d) => [d.index, d]));
   for (let pos = 0; pos <= n; pos++) {
     const hi = haldaIndexAt(pos, n);
@@ -169,7 +178,8 @@ export function predictionReport(p: Placement, labels: readonly string[], measur
     if (d && m) {
       const l = d.latency;
       rows.push({
-        label: labels[hi], haldaIndex: hi, set: d.set, windowLayers: d.windowLayers, predicted: l, predictedMs: l.computeMs + l.memoryMs + l.diskMs,
+        label: labels[hi], haldaIndex: hi, set: d.set, windowLayers: d.windowLayers, predicted: l,
+        predictedMs: l.computeMs + l.memoryMs + l.diskMs + handOff(hi), handOffMs: handOff(hi),
         measured: m, measuredMs: m.computeMs + m.sendMs - m.descheduledMs,
       });
     }
@@ -177,7 +187,7 @@ export function predictionReport(p: Placement, labels: readonly string[], measur
   const predictedTokenMs = p.plan.latencyMs;
   return {
     rows, predictedTokenMs, measuredTokenMs, error: (measuredTokenMs - predictedTokenMs) / predictedTokenMs, decodeTokens,
-    predictedHopsMs: rows.reduce((s, r) => s + r.predicted.commMs, 0), measuredRestMs: measuredTokenMs - rows.reduce((s, r) => s + r.measuredMs, 0),
+    predictedHopsMs: rows.reduce((s, r) => s + r.predicted.commMs - r.handOffMs, 0), measuredRestMs: measuredTokenMs - rows.reduce((s, r) => s + r.measuredMs, 0),
   };
 }
 
@@ -185,18 +195,18 @@ export function formatPrediction(r: PredictionReport): string {
   const pct = (x: number) => `${x >= 0 ? "+" : ""}${(100 * x).toFixed(0)}%`;
   const lines = [
     `predicted vs measured, ms per token (decode, ${r.decodeTokens} tokens):`,
-    `${"device".padEnd(32)} window  predicted (compute+memory+disk)        measured (compute+send-preempted)   mem pressure`,
+    `${"device".padEnd(32)} window  predicted (compute+memory+disk+hand-off) measured (compute+send-preempted)   mem pressure`,
   ];
   for (const row of r.rows) {
     const p = row.predicted, m = row.measured;
     lines.push(
-      `${row.label.padEnd(32)} ${String(row.windowLayers).padStart(6)}  ${ms(row.predictedMs).padStart(8)} (${ms(p.computeMs)}+${ms(p.memoryMs)}+${ms(p.diskMs)})`.padEnd(80) +
+      `${row.label.padEnd(32)} ${String(row.windowLayers).padStart(6)}  ${ms(row.predictedMs).padStart(8)} (${ms(p.computeMs)}+${ms(p.memoryMs)}+${ms(p.diskMs)}+${ms(row.handOffMs)})`.padEnd(82) +
       `${ms(row.measuredMs).padStart(8)} (${ms(m.computeMs)}+${ms(m.sendMs)}-${ms(m.descheduledMs)})`.padEnd(36) + `${(100 * m.memPressure).toFixed(2)}%`.padStart(8),
     );
   }
   // In a ring, what no device's counters hold, beside Halda's hops (the head's output layer is in its
   // compute: its window computes the logits in the same native call).
-  if (r.rows.length > 1) lines.push(`${"hops, sampling, CPU waits".padEnd(32)}        ${ms(r.predictedHopsMs).padStart(8)} (the hops)`.padEnd(80) + `${ms(Math.max(0, r.measuredRestMs)).padStart(8)}`);
+  if (r.rows.length > 1) lines.push(`${"hops, sampling, CPU waits".padEnd(32)}        ${ms(r.predictedHopsMs).padStart(8)} (the hops)`.padEnd(82) + `${ms(Math.max(0, r.measuredRestMs)).padStart(8)}`);
   lines.push(`token latency: predicted ${ms(r.predictedTokenMs)} ms, measured ${ms(r.measuredTokenMs)} ms (${pct(r.error)})`);
   return lines.join("\n");
 }
@@ -342,10 +352,12 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   links[0] = links[1] ?? null;
   // ξ, what a window costs besides its layers: the hop to the successor and, where the forward pass did
   // not price it, waking the compute threads.
-  const withLink = (r: DeviceReport, name: string, link: LinkMeasurement | null): DeviceProfile => ({
-    ...r.profile, name, cpuComputeBufferBytes: scratch, linkLatencyMs: (link?.linkLatencyMs ?? 0) + windowOverheadMs(r.details),
+  const withLink = (r: DeviceReport, name: string, link: LinkMeasurement | null, handOffMs = 0): DeviceProfile => ({
+    ...r.profile, name, cpuComputeBufferBytes: scratch, linkLatencyMs: (link?.linkLatencyMs ?? 0) + windowOverheadMs(r.details) + handOffMs,
   });
-  const headProfile = withLink(head, "head", links[0]);
+  // The head hands its tokens on in JS, timed by its profile; workers hand off in C on their lane.
+  const handOffMs = [Math.max(0, head.details.handOffMs ?? 0), ...reports.map(() => 0)];
+  const headProfile = withLink(head, "head", links[0], handOffMs[0]);
   const workerProfiles = reports.map((r, j) => withLink(r, i.workers[j].id, links[j + 1]));
   const labels = ["head (this coordinator)", ...i.workers.map((w) => w.label)];
   for (let j = 0; j < labels.length; j++) {
@@ -353,7 +365,8 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     const l = links[j];
     i.log(`profile ${labels[j]}: ${Object.entries(p.cpuFlopsPerS).map(([t, f]) => `${t} ${(f / 1e9).toFixed(1)}`).join(", ")} GFLOP/s; ` +
       `${(p.ramAvailableBytes / 2 ** 20).toFixed(0)} MiB for layers; disk ${((p.diskSeqReadBytesPerS ?? 0) / 1e6).toFixed(0)} MB/s` +
-      (l ? `; hop ${l.rttMs.toFixed(3)} ms round trip, ${(l.bytesPerS / 1e6).toFixed(0)} MB/s` : ""));
+      (l ? `; hop ${l.rttMs.toFixed(3)} ms round trip, ${(l.bytesPerS / 1e6).toFixed(0)} MB/s` : "") +
+      (handOffMs[j] ? `; hand-off ${handOffMs[j].toFixed(2)} ms` : ""));
   }
   let placement: Placement;
   try {
@@ -361,5 +374,5 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   } catch (e) {
     throw new Error(`no plan: ${(e as Error).message}`);
   }
-  return { ...placement, labels, model: profileModel, links };
+  return { ...placement, handOffMs, labels, model: profileModel, links };
 }

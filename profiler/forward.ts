@@ -15,6 +15,7 @@ import { dropFileCache } from "../native/profile.js";
 import { GgufValueType, layerWeightBytes, writeGguf, type GgufFile, type GgufKV, type GgufTensorToWrite, type ModelDescription } from "../model/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 import { layerSteps, stepFlops, stepKey, type StepTiming } from "./compute.js";
+import { timeHandOff } from "./link.js";
 
 /** A window's one-token pass over the stand-in's layers, as a ring device runs it. */
 export interface ForwardTiming {
@@ -35,6 +36,11 @@ export interface ForwardTiming {
   /** With `output`: the median pass that also runs the output layer (the head's last window), less
    * windowMs: what the output layer costs. */
   readonly outputMs?: number;
+  /** With `handOff`: ms the head's hand-off of one token's activations takes after such a pass
+   * (timeHandOff). */
+  readonly handOffMs?: number;
+  /** Why the hand-off could not be timed (the output layer's timing stands). */
+  readonly handOffFailure?: string;
 }
 
 /** The forward timing and what it did to the kernels' FLOP/s (DeviceDetails.forward). */
@@ -123,6 +129,8 @@ export interface ForwardOptions {
   /** Also time the passes with the output layer (the stand-in then keeps the whole vocabulary's
    * output, as holes): ForwardTiming.outputMs. */
   readonly output?: boolean;
+  /** With `output`: also time the head's hand-off after passes with the output layer (timeHandOff). */
+  readonly handOff?: boolean;
   /** Under a CPU quota: the in-memory passes back to back for SUSTAINED_SECONDS, and their mean. A
    * quota throttles sustained work, which a pass after an idle gap never meets, and the kernels are
    * timed sustained: the scale would credit the device with the quota's time back. */
@@ -212,7 +220,10 @@ export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers
         ? mean((await passes(n, 3 + SUSTAINED_PASSES, 3, SUSTAINED_SECONDS, 0, undefined, withOutput)).ms)
         : median((await passes(n, 3 + o.passes, 3, Infinity, o.gapMs, undefined, withOutput, o.slices)).ms);
       const windowMs = await inMemory(layers);
-      const output = o.output ? { outputMs: Math.max(0, (await inMemory(layers, true)) - windowMs) } : {};
+      const output = o.output ? {
+        outputMs: Math.max(0, (await inMemory(layers, true)) - windowMs),
+        ...(o.handOff ? await handOffAfterPasses(model, layers, logits, o.gapMs).then((handOffMs) => ({ handOffMs }), (e: unknown) => ({ handOffFailure: e instanceof Error ? e.message : String(e) })) : {}),
+      } : {};
       if (!streamedLayers) return { layers, windowMs, ...output };
       // The first streamed layers alone, with no room: each goes once computed (the first pass still
       // finds them in memory), and the next pass reads it again. Their pass in memory, to subtract.
@@ -226,6 +237,26 @@ export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers
     }
   } finally {
     rmSync(path, { force: true });
+  }
+}
+
+/** Hand-offs timed after passes through the stand-in's layers and the output layer. */
+const HAND_OFF_ROUNDS = 15;
+
+async function handOffAfterPasses(model: LocalModel, layers: number, logits: Float32Array, gapMs: number): Promise<number> {
+  const w = model.window(0, layers, { ctx: HAND_OFF_ROUNDS + 4, maxBatch: 1 });
+  try {
+    const input = Float32Array.from({ length: model.nEmbd }, (_, i) => Math.sin(i * 0.7) * 0.5);
+    const acts = new Float32Array(model.nEmbd);
+    return await timeHandOff({
+      hiddenSize: model.nEmbd, rounds: HAND_OFF_ROUNDS, gapMs, relax: () => model.relax(),
+      pass: (pos) => {
+        acts.set(input);
+        w.forwardNow(acts, pos, 1, logits);
+      },
+    });
+  } finally {
+    w.close();
   }
 }
 

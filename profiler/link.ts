@@ -5,7 +5,9 @@
 // listener announced in its profile); the coordinator measures its hop to every worker before
 // planning. In a home network every hop crosses the same router, so the coordinator's hop to a
 // device stands for that device's hop to its ring successor.
+import { randomBytes } from "node:crypto";
 import { settleMemory } from "./memory.js";
+import { descheduledMs, threadClock } from "../native/index.js";
 import { RingListener, dialSuccessor, type ActivationsFrame, type RingLink, type RingLinkOptions } from "../ring/index.js";
 
 /** The probe's ring: links to it are refused by real rings and vice versa. */
@@ -125,5 +127,54 @@ export async function measureLink(url: string, o: LinkOptions): Promise<LinkMeas
     return { rttMs, messageBytes: E * 4, bytesPerS: bulkBytes / oneWayS, bulkBytes, linkLatencyMs: rttMs / 2 };
   } finally {
     await link.close("probe done");
+  }
+}
+
+export interface HandOffOptions {
+  /** One token's activations are this many floats. */
+  readonly hiddenSize: number;
+  /** Runs a one-token pass at position `pos` (through the output layer, as the head's last window does). */
+  readonly pass: (pos: number) => void;
+  /** Stops the compute threads' spinning, as a ring device does before it sends (RingNode.send). */
+  readonly relax: () => void;
+  readonly rounds: number;
+  /** Idle time before each pass, as a ring device waits for its next input. */
+  readonly gapMs: number;
+}
+
+/**
+ * The head's hand-off, as its ring node makes it (RingNode.send, whose time its counters report): right
+ * after a pass, the compute threads relaxed and one token's activations encoded, sealed and written to a
+ * keyed link (here one over loopback, to a sink in this process). Timed up to the socket write, less the
+ * time the thread was preempted, as the ring's counter is; the median of the rounds after the first
+ * three. After a pass the send's code and data are out of the caches, and it costs several times what
+ * the link probe's back-to-back sends do (BENCHMARKS.md): the probe's round trip holds little of it.
+ * Workers hand off in C on their native lane, which is not timed here.
+ */
+export async function timeHandOff(o: HandOffOptions): Promise<number> {
+  const identity = { deviceId: "hand-off", modelFingerprint: "hand-off", hiddenSize: o.hiddenSize, ringId: PROBE_RING };
+  const linkKey = randomBytes(32);
+  const listener = await RingListener.listen({ port: 0, host: "127.0.0.1", identity, maxTokensPerFrame: 1, log: () => {}, linkKey });
+  listener.on("link", (l: RingLink) => l.on("frame", () => {}));
+  let link: RingLink | undefined;
+  try {
+    link = await dialSuccessor(`ws://127.0.0.1:${listener.port}`, { identity, maxTokensPerFrame: 1, handshakeTimeoutMs: 5000, log: () => {}, linkKey });
+    const acts = new Float32Array(o.hiddenSize);
+    const ms: number[] = [];
+    for (let pos = 0; pos < o.rounds + 3; pos++) {
+      await new Promise((r) => setTimeout(r, o.gapMs));
+      o.pass(pos);
+      const c0 = threadClock(), t0 = performance.now();
+      o.relax();
+      const sent = link.send({ type: "activations", requestId: 1, firstTokenPosition: pos, nTokens: 1, cycle: 0, rowWidth: o.hiddenSize, dtype: "f32", activations: acts });
+      const c1 = threadClock(), t = performance.now() - t0;
+      await sent;
+      if (pos >= 3) ms.push(t - descheduledMs(c0, c1, t));
+    }
+    ms.sort((a, b) => a - b);
+    return ms[ms.length >> 1];
+  } finally {
+    await link?.close("hand-off timed");
+    await listener.close();
   }
 }

@@ -29,6 +29,9 @@ export type ProfileOptions = ProfileTarget & {
   /** Time the model's output layer too (the head's, which only the coordinator runs): the profile's
    * outputLayerMs. */
   readonly outputLayer?: boolean;
+  /** With `outputLayer`: also time the head's hand-off of a token to its ring successor after such a
+   * pass (DeviceDetails.handOffMs): before a ring plan, not for a device running alone. */
+  readonly handOff?: boolean;
   /** Compute threads, as the engine will use them. */
   readonly threads: number;
   /** Directories to put the disk's scratch file in, best first (the model's own directory). */
@@ -140,6 +143,7 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
   let forward: ForwardCalibration | undefined;
   let scalesAdded = false;
   let outputLayerMs: number | undefined;
+  let handOffMs: number | undefined;
   // Layers until past the last-level cache's reach, as a ring's windows are, within half of what is
   // free: the stand-in's pages are page cache, given back when it is deleted.
   const standInBytesWanted = standInMinBytes(lastLevelCacheBytes());
@@ -216,12 +220,17 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
         const need = standInBytes(desc, 1) + desc.tensors.output.nBytes;
         if (need > memory.availableBytes / 2) say(`output layer: not timed (it and one layer need ${(need / 2 ** 20).toFixed(0)} MiB, over half of what is free): its FLOPs at the layers' rate`);
         else {
-          const t = await timeForward(gguf, desc, 1, { ...passOptions, output: true, slices: 1 })
+          const t = await timeForward(gguf, desc, 1, { ...passOptions, output: true, handOff: o.handOff, slices: 1 })
             .catch((e: unknown) => say(`output layer: could not be timed (${e instanceof Error ? e.message : String(e)}): its FLOPs at the layers' rate`));
           if (t?.outputMs !== undefined) {
             outputLayerMs = t.outputMs;
             say(`output layer: ${t.outputMs.toFixed(2)} ms (the engine's pass with it, less the pass without)`);
           }
+          if (t?.handOffMs !== undefined) {
+            handOffMs = t.handOffMs;
+            say(`hand-off: ${t.handOffMs.toFixed(2)} ms to send a token's activations on after such a pass`);
+          }
+          if (t?.handOffFailure !== undefined) say(`hand-off: could not be timed (${t.handOffFailure}): the hop priced without it`);
         }
       }
     } catch (e) {
@@ -261,7 +270,8 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
     profile,
     details: {
       system: sys, threads: o.threads, simd, ...(quota ? { cpuQuota: quota } : {}), memory, gpus,
-      workload: o.workload.name, kernels, memReadBytesPerS: memRead, kvCopyMs, windowCallMs, ...(forward ? { forward } : {}), disk,
+      workload: o.workload.name, kernels, memReadBytesPerS: memRead, kvCopyMs, windowCallMs, ...(forward ? { forward } : {}),
+      ...(handOffMs !== undefined ? { handOffMs } : {}), disk,
       cacheKey: key, ...(cacheFile ? { cacheFile } : {}), measured, profileMs,
     },
   };

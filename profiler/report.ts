@@ -30,6 +30,9 @@ export interface DeviceDetails {
   readonly windowCallMs: number;
   /** The engine's pass over a stand-in of the model's first layers, which the CPU FLOP/s are scaled to. */
   readonly forward?: ForwardCalibration;
+  /** The head's: ms to hand a token's activations to its ring successor after a pass (profiler/link.ts
+   * timeHandOff), which Halda adds to its hop. A worker's report carries none (it hands off in C). */
+  readonly handOffMs?: number;
   readonly disk: DiskMeasurement;
   readonly cacheKey: string;
   readonly cacheFile?: string;

@@ -106,8 +106,8 @@ describe("profileDevice on a generated model", async () => {
 
   it("reads speeds from the cache on the next start, and measures again when asked", async () => {
     const againLines: string[] = [];
-    // Asked as the head is: the output layer timed too.
-    const again = await profileDevice({ name: "unit", model: standIn, outputLayer: true, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, progress: (l) => againLines.push(l) });
+    // Asked as the head is before a ring's plan: the output layer timed too, and its hand-off.
+    const again = await profileDevice({ name: "unit", model: standIn, outputLayer: true, handOff: true, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, progress: (l) => againLines.push(l) });
     expect(again.details.measured).toEqual([]);
     expect(again.details.kernels).toEqual(first.details.kernels);
     expect(again.profile.diskSeqReadBytesPerS).toBe(first.profile.diskSeqReadBytesPerS);
@@ -121,6 +121,11 @@ describe("profileDevice on a generated model", async () => {
     expect(formatReport(again)).toMatch(/output layer\s+[\d.]+ ms/);
     const worker = await profileDevice({ name: "unit", model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true });
     expect(worker.profile.outputLayerMs).toBeUndefined();
+    // The hand-off to a successor, timed only for a ring's head.
+    expect(again.details.handOffMs).toBeGreaterThan(0);
+    expect(againLines.some((l) => /^hand-off: [\d.]+ ms/.test(l))).toBe(true);
+    expect(first.details.handOffMs).toBeUndefined();
+    expect(worker.details.handOffMs).toBeUndefined();
     expect(againLines.some((l) => /^forward pass: [\d.]+ ms .*\(timed now; the streamed passes cached\)/.test(l))).toBe(true);
     expect(f1.scale * f1.kernelMs + f1.layers * again.details.kvCopyMs).toBeCloseTo(f1.windowMs, 6); // the kernels scaled to the new pass
     const fresh = await profileDevice({ name: "unit", model: standIn, threads: 2, diskDirs: [dirname(modelPath)], cacheDir, quick: true, reprofile: true });

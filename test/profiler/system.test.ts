@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import {
-  LinkProbeServer, WeightRoom, anonRssBytes, cgroupMemory, cgroupPaths, detectGpus, detectOs, lastLevelCacheBytes, measureLink, parseCacheSize, parseNvidiaSmi, readMemory,
+  LinkProbeServer, WeightRoom, anonRssBytes, cgroupMemory, cgroupPaths, detectGpus, detectOs, lastLevelCacheBytes, measureLink, parseCacheSize, timeHandOff, parseNvidiaSmi, readMemory,
   standInMinBytes,
 } from "../../profiler/index.js";
 
@@ -147,6 +147,18 @@ describe("link probe over the ring's data plane", () => {
       .rejects.toThrow(/link probe to ws:\/\/127\.0\.0\.1:\d+: .*fingerprint/);
     const ok = await measureLink(`ws://127.0.0.1:${probe.port}`, { identity: client, bulkTokens: 4, rounds: 3 });
     expect(ok.rttMs).toBeGreaterThan(0);
+  });
+
+  it("times the head's hand-off after each pass, without the pass: relax, encode, seal and write to a keyed loopback link", async () => {
+    const passes: number[] = [];
+    let relaxed = 0;
+    const busy = (ms: number) => { const t = performance.now(); while (performance.now() - t < ms); };
+    const ms = await timeHandOff({ hiddenSize: 1024, rounds: 3, gapMs: 1, relax: () => relaxed++, pass: (pos) => { passes.push(pos); busy(20); } });
+    // Three untimed rounds first, each pass at the next position, relaxed once before each send.
+    expect(passes).toEqual([0, 1, 2, 3, 4, 5]);
+    expect(relaxed).toBe(6);
+    expect(ms).toBeGreaterThan(0);
+    expect(ms).toBeLessThan(20); // a 20 ms pass would be in it
   });
 
   it("says which peer it could not reach", async () => {
