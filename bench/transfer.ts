@@ -12,7 +12,7 @@ import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { readGguf } from "../model/index.js";
 import { CHUNK_BYTES, chunkRange, chunksFor, chunkDigest, rangesForLayers } from "../transfer/index.js";
-import { RemoteModel } from "../worker/remote-model.js";
+import { RemoteModel } from "../worker/index.js";
 import { workerToken } from "../trust/index.js";
 import { coordCli, median, runAlone, start, stop, waitFor } from "./procs.js";
 
