@@ -36,6 +36,10 @@ function describeConnectError(err: Error & { code?: string }): { kind: RingLinkE
     case "ECONNRESET":
       return { kind: "closed", text: "the connection was reset" };
   }
+  // A device's port between two of its listeners (RingPort): not listening for this ring yet.
+  if (/Unexpected server response: 503\b/.test(err.message)) {
+    return { kind: "unreachable", text: "the device is between two assignments (its port has no listener yet)" };
+  }
   if (/Unexpected server response/.test(err.message)) {
     return { kind: "protocol", text: `not a prima ring listener (${err.message})` };
   }
@@ -157,9 +161,10 @@ export function dialSuccessor(url: string, options: RingLinkOptions): Promise<Ri
   });
 }
 
-/** The kinds of dial failure that a successor between two assignments gives: its new listener not
- * open yet (refused connection), or its previous assignment's listener still open, which takes the
- * connection and then refuses the new ring's key or id, or resets it as it closes. */
+/** The kinds of dial failure that a successor between two assignments gives: its port with no
+ * listener yet (a 503, or a refused connection where the port is not held), or its previous
+ * assignment's listener still open, which takes the connection and then refuses the new ring's key or
+ * id, or resets it as it closes. */
 const BETWEEN_ASSIGNMENTS: ReadonlySet<RingLinkErrorKind> = new Set(["unreachable", "refused", "closed"]);
 
 /** dialSuccessor, tried again every 100 ms for `withinMs` while the successor may be between two

@@ -23,7 +23,7 @@ export {
 export { DEFAULT_LIVENESS_TIMEOUT_MS } from "./liveness.js";
 export { RingLink, type FrameSendStats, type PeerRole, type RingLinkClosed, type RingLinkCounters } from "./link.js";
 export { dialSuccessor, dialSuccessorWithin } from "./dial.js";
-export { RingListener, type DroppedPeer, type RingListenerOptions } from "./listener.js";
+export { RingListener, RingPort, type DroppedPeer, type RingListenerOptions } from "./listener.js";
 // The piped-ring driver (the lead's): a device's node, the head's pipeline, windows per cycle.
 export { RingLane, type RingLaneOptions } from "./lane.js";
 export { RING_COMPUTE_OPTIONS, RingNode, type NodeStats, type RingNodeOptions, type WindowSpec, type WindowStats } from "./node.js";

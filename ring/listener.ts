@@ -47,11 +47,92 @@ function remoteOf(socket: Socket): string {
   return `${socket.remoteAddress ?? "?"}:${socket.remotePort ?? "?"}`;
 }
 
+/** Refuses connections while no listener is attached: a dialer reads it as "between assignments" and
+ * retries (ring/dial.ts). */
+const NO_LISTENER_STATUS = 503;
+
+/**
+ * A data-plane port held for a device's whole life (a worker's): each assignment's RingListener
+ * attaches to it and detaches when it closes. The port is never let go between assignments, where
+ * another program's connection could take it (a full test run once failed so), and no listener of an
+ * earlier assignment can take a connection meant for the next one: between two listeners the port
+ * answers every upgrade with 503, which dialers retry.
+ */
+export class RingPort {
+  private current: RingListener | null = null;
+  private closing: Promise<void> | null = null;
+
+  private constructor(private readonly server: Server, readonly host: string, readonly port: number, private readonly log: (line: string) => void) {
+    server.on("error", (err) => log(`prima ring: port ${host}:${port}: ${err.message}`));
+    // Plain HTTP and non-HTTP bytes never reach ws: answer or cut them here, with a log line.
+    server.on("request", (req: IncomingMessage, res) => {
+      this.dropped(remoteOf(req.socket), `sent a plain HTTP ${req.method} request, not a WebSocket upgrade`);
+      res.writeHead(426, { "content-type": "text/plain", connection: "close" });
+      res.end("prima ring data plane: WebSocket connections only\n");
+    });
+    server.on("clientError", (err: Error & { code?: string }, socket) => {
+      this.dropped(remoteOf(socket as Socket), `sent bytes that are not HTTP (${err.code ?? err.message})`);
+      socket.destroy();
+    });
+    server.on("upgrade", (req: IncomingMessage, socket: Socket, head: Buffer) => {
+      const l = this.current;
+      if (l && !this.closing) return l.upgrade(req, socket, head);
+      this.dropped(remoteOf(socket), "connected between two assignments (no listener on the port)");
+      socket.on("error", () => {});
+      socket.end(`HTTP/1.1 ${NO_LISTENER_STATUS} Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n`);
+      setTimeout(() => socket.destroy(), 1000).unref();
+    });
+  }
+
+  /** Binds host:port (0: any free port); rejects with the system's error (its `code` says why). */
+  static bind(port: number, host: string, log: (line: string) => void = () => {}): Promise<RingPort> {
+    const server = createServer();
+    return new Promise<RingPort>((resolve, reject) => {
+      server.once("error", (err) => {
+        server.close();
+        reject(err);
+      });
+      server.listen(port, host, () => {
+        server.removeAllListeners("error");
+        resolve(new RingPort(server, host, (server.address() as AddressInfo).port, log));
+      });
+    });
+  }
+
+  /** @internal RingListener.attach: the port's listener from now on. One still attached (a reset that
+   * has not reached it yet) keeps its links but gets no more connections. */
+  attach(l: RingListener): void {
+    if (this.closing) throw new Error(`ring: port ${this.port} is closed`);
+    this.current = l;
+  }
+
+  /** @internal The listener closed. */
+  detach(l: RingListener): void {
+    if (this.current === l) this.current = null;
+  }
+
+  /** Stops listening at once, and cuts every connection still open on the port (a listener's links
+   * included) once `grace` has settled; resolves when they are gone. */
+  close(grace: Promise<unknown> = Promise.resolve()): Promise<void> {
+    this.closing ??= (async () => {
+      const stopped = new Promise<void>((resolve) => this.server.close(() => resolve()));
+      await grace.catch(() => {});
+      this.server.closeAllConnections();
+      await stopped;
+    })();
+    return this.closing;
+  }
+
+  private dropped(remoteAddress: string, reason: string): void {
+    if (this.current) this.current.dropped(remoteAddress, reason);
+    else this.log(`prima ring: port ${this.port} dropped ${remoteAddress}: ${reason}`);
+  }
+}
+
 export class RingListener extends EventEmitter<RingListenerEvents> {
   readonly host: string;
   /** The bound TCP port. */
   readonly port: number;
-  private readonly server: Server;
   private readonly wss: WebSocketServer;
   private readonly options: ResolvedLinkOptions;
   private readonly singlePeer: boolean;
@@ -63,54 +144,50 @@ export class RingListener extends EventEmitter<RingListenerEvents> {
   private readonly handshaking = new Set<WebSocket>();
   private closing: Promise<void> | null = null;
 
-  /** Starts listening; rejects with a clear Error when the address cannot be bound. */
-  static listen(options: RingListenerOptions): Promise<RingListener> {
-    const opts = resolveLinkOptions(options);
+  /** Starts listening on a port of its own, given up when it closes; rejects with a clear Error when
+   * the address cannot be bound. */
+  static async listen(options: RingListenerOptions): Promise<RingListener> {
     const host = options.host ?? "0.0.0.0";
-    const server = createServer();
-    return new Promise<RingListener>((resolve, reject) => {
-      const onError = (err: Error & { code?: string }) => {
-        server.close();
-        reject(new Error(`ring: cannot listen on ${host}:${options.port}: ${err.message}`));
-      };
-      server.once("error", onError);
-      server.listen(options.port, host, () => {
-        server.off("error", onError);
-        resolve(new RingListener(server, host, (server.address() as AddressInfo).port, opts, options.singlePeer ?? false));
-      });
-    });
+    const opts = resolveLinkOptions(options);
+    let port: RingPort;
+    try {
+      port = await RingPort.bind(options.port, host, opts.log);
+    } catch (err) {
+      throw new Error(`ring: cannot listen on ${host}:${options.port}: ${(err as Error).message}`);
+    }
+    return new RingListener(port, true, opts, options.singlePeer ?? false);
   }
 
-  private constructor(server: Server, host: string, port: number, options: ResolvedLinkOptions, singlePeer: boolean) {
+  /** Listens on a port held elsewhere (a worker's, for its life), in place of any listener it had:
+   * detached again when it closes. Throws when the port is closed. */
+  static attach(port: RingPort, options: Omit<RingListenerOptions, "port" | "host">): RingListener {
+    return new RingListener(port, false, resolveLinkOptions(options), options.singlePeer ?? false);
+  }
+
+  private constructor(private readonly ringPort: RingPort, private readonly ownsPort: boolean, options: ResolvedLinkOptions, singlePeer: boolean) {
     super();
     this.singlePeer = singlePeer;
-    this.server = server;
-    this.host = host;
-    this.port = port;
+    this.host = ringPort.host;
+    this.port = ringPort.port;
     this.options = options;
-    server.on("error", (err) => options.log(`prima ring: listener on ${host}:${port}: ${err.message}`));
-    // Plain HTTP and non-HTTP bytes never reach ws: answer or cut them here, with a log line.
-    server.on("request", (req: IncomingMessage, res) => {
-      this.dropped(remoteOf(req.socket), `sent a plain HTTP ${req.method} request, not a WebSocket upgrade`);
-      res.writeHead(426, { "content-type": "text/plain", connection: "close" });
-      res.end("prima ring data plane: WebSocket connections only\n");
-    });
-    server.on("clientError", (err: Error & { code?: string }, socket) => {
-      this.dropped(remoteOf(socket as Socket), `sent bytes that are not HTTP (${err.code ?? err.message})`);
-      socket.destroy();
-    });
     this.wss = new WebSocketServer({
-      server,
+      noServer: true,
       maxPayload: options.maxMessageBytes,
       perMessageDeflate: false,
       clientTracking: false,
     });
-    this.wss.on("error", (err) => options.log(`prima ring: listener on ${host}:${port}: ${err.message}`));
+    this.wss.on("error", (err) => options.log(`prima ring: listener on ${this.host}:${this.port}: ${err.message}`));
     this.wss.on("wsClientError", (err, socket, req) => {
       this.dropped(remoteOf(req.socket), `sent an invalid WebSocket upgrade (${err.message})`);
       socket.destroy();
     });
     this.wss.on("connection", (ws, req) => this.handshake(ws, req.socket));
+    ringPort.attach(this);
+  }
+
+  /** @internal RingPort: a WebSocket upgrade on the port. */
+  upgrade(req: IncomingMessage, socket: Socket, head: Buffer): void {
+    this.wss.handleUpgrade(req, socket, head, (ws) => this.wss.emit("connection", ws, req));
   }
 
   /** ws://host:port to give the predecessor (with the wildcard host replaced by loopback). */
@@ -156,20 +233,17 @@ export class RingListener extends EventEmitter<RingListenerEvents> {
       w.reject(new RingLinkError("closed", "predecessor", `listener on port ${this.port} closed`));
     }
     for (const ws of this.handshaking) ws.terminate();
-    // The port is given up first: a link's close handshake with a dead peer can take its grace, and
-    // the next assignment may want to listen on the same port meanwhile.
-    const stopped = new Promise<void>((resolve) => this.server.close(() => resolve()));
-    const linksClosed = [...this.links].map((l) => l.close("listener closing"));
-    this.closing = (async () => {
-      await Promise.all(linksClosed);
-      await new Promise<void>((resolve) => this.wss.close(() => resolve()));
-      this.server.closeAllConnections();
-      await stopped;
-    })();
+    // The port is let go first (or left to the next listener): a link's close handshake with a dead
+    // peer can take its grace, and the next assignment may want to listen on the port meanwhile.
+    this.ringPort.detach(this);
+    const linksClosed = Promise.all([...this.links].map((l) => l.close("listener closing")))
+      .then(() => new Promise<void>((resolve) => this.wss.close(() => resolve())));
+    this.closing = this.ownsPort ? this.ringPort.close(linksClosed) : linksClosed;
     return this.closing;
   }
 
-  private dropped(remoteAddress: string, reason: string): void {
+  /** @internal Also the port's, for what it refuses while this listener is attached. */
+  dropped(remoteAddress: string, reason: string): void {
     this.options.log(`prima ring: listener on port ${this.port} dropped ${remoteAddress}: ${reason}`);
     this.safeEmit("dropped", { remoteAddress, reason });
   }

@@ -138,46 +138,51 @@ async function main(argv: string[]): Promise<number> {
   const modelPath = remote?.path ?? values.model!;
   const fingerprint = modelFingerprint(model().gguf);
   // Before profiling: a port that is taken ends the worker at once.
-  const dataPort = await reserveDataPort(port, "0.0.0.0");
-  if (stopping) return EXIT_OK;
-  // Measured (or read from the cache) before joining: the coordinator plans with it.
-  const profile = await joinProfile(model(), modelPath, fingerprint, name, values.reprofile ?? false, log);
-  if (stopping) {
-    await profile.close();
-    return EXIT_OK;
-  }
-  const device = new WorkerDevice({
-    get model() { return model(); }, fingerprint, deviceName: name, dataPort, dataHost: values.advertise ?? "", log,
-    get coordinatorHost() { return address.slice(0, address.lastIndexOf(":")).replace(/^\[(.*)\]$/, "$1"); },
-    fail: (e) => session?.fail(e), nativeLane: !values["no-native-lane"],
-  });
-  const worker = new WorkerSession({
-    coordinator: lookup ?? address,
-    token,
-    join: {
-      deviceName: name, hardwareId: profile.hardwareId, dataHost: values.advertise ?? "", dataPort, modelFingerprint: fingerprint, modelPath,
-      get profileJson() { return profile.json(); }, // memory read afresh at every join
-    },
-    log,
-    once: values.once,
-    // A model file that changed under the worker (truncated, rewritten, replaced) ends it: a restart
-    // maps the file again. Checked before every join and after every failure it reports.
-    beforeJoin: () => profile.refresh(),
-    check: () => {
-      const problem = model().native.fileProblem();
-      return problem ? new WorkerExit(EXIT_MODEL_CHANGED, `${problem}; left the ring: restart the worker to map the file again`) : null;
-    },
-  }, handlerFor(device, remote, modelPath, () => model().gguf, profile));
-  session = worker;
-  log(`model ${modelPath} (${model().nLayers} layers), data plane port ${dataPort}`);
+  const dataPort = await reserveDataPort(port, "0.0.0.0", log);
+  // Held to the end: each assignment's listener attaches to it (ring/listener.ts RingPort).
   try {
-    await worker.run();
+    if (stopping) return EXIT_OK;
+    // Measured (or read from the cache) before joining: the coordinator plans with it.
+    const profile = await joinProfile(model(), modelPath, fingerprint, name, values.reprofile ?? false, log);
+    if (stopping) {
+      await profile.close();
+      return EXIT_OK;
+    }
+    const device = new WorkerDevice({
+      get model() { return model(); }, fingerprint, deviceName: name, dataPort, dataHost: values.advertise ?? "", log,
+      get coordinatorHost() { return address.slice(0, address.lastIndexOf(":")).replace(/^\[(.*)\]$/, "$1"); },
+      fail: (e) => session?.fail(e), nativeLane: !values["no-native-lane"],
+    });
+    const worker = new WorkerSession({
+      coordinator: lookup ?? address,
+      token,
+      join: {
+        deviceName: name, hardwareId: profile.hardwareId, dataHost: values.advertise ?? "", dataPort: dataPort.port, modelFingerprint: fingerprint, modelPath,
+        get profileJson() { return profile.json(); }, // memory read afresh at every join
+      },
+      log,
+      once: values.once,
+      // A model file that changed under the worker (truncated, rewritten, replaced) ends it: a restart
+      // maps the file again. Checked before every join and after every failure it reports.
+      beforeJoin: () => profile.refresh(),
+      check: () => {
+        const problem = model().native.fileProblem();
+        return problem ? new WorkerExit(EXIT_MODEL_CHANGED, `${problem}; left the ring: restart the worker to map the file again`) : null;
+      },
+    }, handlerFor(device, remote, modelPath, () => model().gguf, profile));
+    session = worker;
+    log(`model ${modelPath} (${model().nLayers} layers), data plane port ${dataPort.port}`);
+    try {
+      await worker.run();
+    } finally {
+      await profile.close(); // also when discovery gives up (several clusters): it holds the process open
+      remote?.close();
+    }
+    if (stopping) log("stopped");
+    return EXIT_OK;
   } finally {
-    await profile.close(); // also when discovery gives up (several clusters): it holds the process open
-    remote?.close();
+    await dataPort.close();
   }
-  if (stopping) log("stopped");
-  return EXIT_OK;
 }
 
 /**

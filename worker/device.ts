@@ -2,12 +2,11 @@
 // predecessor, dials its successor, pages its windows in (reporting progress), and then runs every
 // activation frame that arrives through its ring node.
 import { readFileSync } from "node:fs";
-import { createServer, type AddressInfo } from "node:net";
 import type { Assignment, KvCommand, Status } from "../control/index.js";
 import type { LocalModel } from "../engine/index.js";
 import { WeightRoom, anonRssBytes, deviceMemory, idleLayerRoomBytes, memoryPressureTracker } from "../profiler/index.js";
 import {
-  RingLane, RingListener, RingNode, dialSuccessorWithin, resolveLinkOptions, type RingLink, type RingLinkOptions,
+  RingLane, RingListener, RingNode, RingPort, dialSuccessorWithin, resolveLinkOptions, type RingLink, type RingLinkOptions,
 } from "../ring/index.js";
 import { EXIT_PORT_UNAVAILABLE, WorkerExit } from "./exit.js";
 import type { SessionHandler } from "./session.js";
@@ -16,8 +15,9 @@ export interface DeviceOptions {
   readonly model: LocalModel;
   readonly fingerprint: string;
   readonly deviceName: string;
-  /** Data-plane port (the listener is bound before joining so the port can be announced). */
-  readonly dataPort: number;
+  /** Data-plane port, held from before the join (so it can be announced) to the worker's end: each
+   * assignment's listener attaches to it. */
+  readonly dataPort: RingPort;
   readonly dataHost: string;
   /** Host the worker dialled the coordinator on: a successor URL with an empty host means it. */
   readonly coordinatorHost: string;
@@ -31,42 +31,30 @@ export interface DeviceOptions {
 /** The longest a reset waits for the one before it (WorkerDevice.reset). */
 const RESET_WAIT_MS = 5000;
 
-/** Binds the data-plane port early (port 0 = any free one) so the worker can announce it when joining;
- * a port that cannot be bound ends the worker (WorkerExit with EXIT_PORT_UNAVAILABLE). The port is let
- * go until an assignment listens on it, seconds later: "any" is taken below the kernel's range for
- * outgoing connections' local ports, where a connection of any program could take it meanwhile (a
- * full test run failed so: EADDRINUSE at the assignment). */
-export async function reserveDataPort(port: number, host: string): Promise<number> {
+/** Binds the data-plane port for the worker's life (port 0 = any free one) so the worker can announce it
+ * when joining; a port that cannot be bound ends the worker (WorkerExit with EXIT_PORT_UNAVAILABLE).
+ * "Any" is taken below the kernel's range for outgoing connections' local ports, so that a fixed
+ * choice is never one an outgoing connection holds for a moment. */
+export async function reserveDataPort(port: number, host: string, log: (line: string) => void = () => {}): Promise<RingPort> {
   if (port === 0) {
     const range = ephemeralPorts();
     for (let tries = 0; range && tries < 32; tries++) {
       const below = range[0] - 1, from = Math.max(1024, below - 16383);
-      const bound = await tryBind(from + Math.floor(Math.random() * (below - from + 1)), host);
-      if (typeof bound === "number") return bound;
+      const bound = await tryBind(from + Math.floor(Math.random() * (below - from + 1)), host, log);
+      if (bound instanceof RingPort) return bound;
     }
   }
-  const bound = await tryBind(port, host);
-  if (typeof bound === "number") return bound;
+  const bound = await tryBind(port, host, log);
+  if (bound instanceof RingPort) return bound;
   const why = bound.code === "EADDRINUSE" ? "it is taken by another program"
     : bound.code === "EACCES" ? "not allowed (ports below 1024 need privileges)"
     : bound.message;
   throw new WorkerExit(EXIT_PORT_UNAVAILABLE, `cannot listen on the data-plane port ${host}:${port}: ${why}; choose another --port, or leave it out for any free port`);
 }
 
-/** The port bound and let go again, or why it could not be bound. */
-async function tryBind(port: number, host: string): Promise<number | NodeJS.ErrnoException> {
-  const server = createServer();
-  try {
-    await new Promise<void>((resolve, reject) => {
-      server.once("error", reject);
-      server.listen(port, host, () => resolve());
-    });
-  } catch (e) {
-    return e as NodeJS.ErrnoException;
-  }
-  const bound = (server.address() as AddressInfo).port;
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  return bound;
+/** The port bound, or why it could not be bound. */
+function tryBind(port: number, host: string, log: (line: string) => void): Promise<RingPort | NodeJS.ErrnoException> {
+  return RingPort.bind(port, host, log).catch((e: unknown) => e as NodeJS.ErrnoException);
 }
 
 /** Linux's range of local ports for outgoing connections (undefined elsewhere, or when unreadable or
@@ -140,8 +128,8 @@ export class WorkerDevice implements SessionHandler {
       },
       onError: (message) => this.o.fail(new Error(message)),
     });
-    this.listener = await RingListener.listen({
-      port: this.o.dataPort, host: "0.0.0.0", ...linkOptions(deviceId), linkKey: keys.in, expectedPeerDeviceId: neighbour(-1), singlePeer: true,
+    this.listener = RingListener.attach(this.o.dataPort, {
+      ...linkOptions(deviceId), linkKey: keys.in, expectedPeerDeviceId: neighbour(-1), singlePeer: true,
     });
     this.listener.on("link", (link) => this.attachPredecessor(link));
     const url = a.successorUrl.replace(/^ws:\/\/:/, `ws://${this.o.coordinatorHost}:`);

@@ -4,11 +4,12 @@
 // activation row in clear; a replayed frame is refused and named; a listener for one predecessor
 // takes exactly one.
 import { randomBytes } from "node:crypto";
+import { createServer } from "node:net";
 import { afterAll, afterEach, describe, expect, it } from "vitest";
 import WebSocket from "ws";
 import { LocalModel } from "../../engine/index.js";
 import {
-  RingListener, dialSuccessor, dialSuccessorWithin, encodeFrame, resolveLinkOptions,
+  RingListener, RingPort, dialSuccessor, dialSuccessorWithin, encodeFrame, resolveLinkOptions,
   type ActivationsFrame, type Frame, type RingIdentity, type RingLink, type RingLinkOptions, type RingListenerOptions,
 } from "../../ring/index.js";
 import { laneNode, startLane, until } from "./lane-device.js";
@@ -215,6 +216,42 @@ describe("keyed ring links", () => {
     const link = await dialled;
     cleanups.push(() => link.close());
     expect([link.encrypted, link.peer.deviceId, (await accepted).peer.deviceId]).toEqual([true, SUCC, PRED]);
+  });
+
+  it("a port held across assignments (a worker's): never let go, refuses dials between listeners as retryable, and each listener takes its own ring", async () => {
+    const port = await RingPort.bind(0, "127.0.0.1", log);
+    cleanups.push(() => port.close());
+    const url = `ws://127.0.0.1:${port.port}`;
+    const ring = (n: number) => ({ identity: identity(SUCC, { ringId: `ring-${n}` }), log, linkKey: keys[n] });
+    const dialFor = (n: number) => ({ identity: identity(PRED, { ringId: `ring-${n}` }), log, linkKey: keys[n] });
+    const keys = [randomBytes(32), randomBytes(32)];
+    // No listener yet: the dial is told "between two assignments", a kind the retrying dial waits out.
+    await expect(dialSuccessor(url, dialFor(0))).rejects.toMatchObject({ kind: "unreachable", message: expect.stringMatching(/between two assignments/) });
+    const first = RingListener.attach(port, ring(0));
+    const link0 = await dial(url, dialFor(0));
+    expect((await first.accept()).peer.deviceId).toBe(PRED);
+    // The port stays bound while no listener is attached: no other program can take it.
+    await first.close();
+    await link0.closed; // the listener's close took its links with it
+    expect(link0.isOpen).toBe(false);
+    const squatter = createServer();
+    const bindError = await new Promise<NodeJS.ErrnoException | null>((resolve) => {
+      squatter.once("error", resolve);
+      squatter.listen(port.port, "127.0.0.1", () => resolve(null));
+    });
+    squatter.close();
+    expect(bindError?.code).toBe("EADDRINUSE");
+    // The next assignment's dial starts before its listener attaches, and waits for it.
+    const dialled = dialSuccessorWithin(url, dialFor(1), 5000);
+    await new Promise((r) => setTimeout(r, 300));
+    const second = RingListener.attach(port, ring(1));
+    cleanups.push(() => second.close());
+    const link1 = await dialled;
+    cleanups.push(() => link1.close());
+    expect([link1.encrypted, link1.peer.deviceId]).toEqual([true, SUCC]);
+    // The first ring's key opens nothing on the second listener.
+    await expect(dialSuccessor(url, dialFor(0))).rejects.toMatchObject({ kind: "refused" });
+    expect(logs.some((l) => l.includes(`port ${port.port} dropped`) && l.includes("between two assignments"))).toBe(true);
   });
 
   it("a successor that keeps refusing: the dial gives up after its time with the refusal", async () => {

@@ -1,20 +1,24 @@
-// The worker's data-plane port, chosen before it joins and listened on seconds later (worker/device.ts):
-// "any free port" is taken where no outgoing connection's local port can land meanwhile.
+// The worker's data-plane port, bound before it joins and held for its life (worker/device.ts): "any
+// free port" is taken below the range outgoing connections' local ports come from.
 import { createServer, type AddressInfo } from "node:net";
 import { describe, expect, it } from "vitest";
 import { ephemeralPorts, reserveDataPort } from "../../worker/device.js";
 import { WorkerExit } from "../../worker/exit.js";
 
 describe("reserveDataPort", () => {
-  it.skipIf(ephemeralPorts() === undefined)("any free port: below the kernel's range for outgoing connections, and free again to listen on", async () => {
+  it.skipIf(ephemeralPorts() === undefined)("any free port: below the kernel's range for outgoing connections, held until closed, then free", async () => {
     const [low] = ephemeralPorts()!;
-    for (let i = 0; i < 5; i++) {
-      const port = await reserveDataPort(0, "127.0.0.1");
-      expect(port).toBeGreaterThanOrEqual(1024);
-      expect(port).toBeLessThan(low);
+    const bind = (port: number) => new Promise<NodeJS.ErrnoException | null>((resolve) => {
       const s = createServer();
-      await new Promise<void>((resolve, reject) => s.once("error", reject).listen(port, "127.0.0.1", () => resolve()));
-      await new Promise((r) => s.close(r));
+      s.once("error", resolve).listen(port, "127.0.0.1", () => s.close(() => resolve(null)));
+    });
+    for (let i = 0; i < 5; i++) {
+      const held = await reserveDataPort(0, "127.0.0.1");
+      expect(held.port).toBeGreaterThanOrEqual(1024);
+      expect(held.port).toBeLessThan(low);
+      expect((await bind(held.port))?.code).toBe("EADDRINUSE");
+      await held.close();
+      expect(await bind(held.port)).toBeNull();
     }
   });
 
