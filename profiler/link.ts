@@ -130,6 +130,9 @@ export async function measureLink(url: string, o: LinkOptions): Promise<LinkMeas
   }
 }
 
+/** The longest one of timeHandOff's loopback writes may take to complete. */
+const HAND_OFF_WRITE_LIMIT_MS = 5000;
+
 export interface HandOffOptions {
   /** One token's activations are this many floats. */
   readonly hiddenSize: number;
@@ -168,7 +171,10 @@ export async function timeHandOff(o: HandOffOptions): Promise<number> {
       o.relax();
       const sent = link.send({ type: "activations", requestId: 1, firstTokenPosition: pos, nTokens: 1, cycle: 0, rowWidth: o.hiddenSize, dtype: "f32", activations: acts });
       const c1 = threadClock(), t = performance.now() - t0;
-      await sent;
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([sent, new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`a loopback send did not complete within ${HAND_OFF_WRITE_LIMIT_MS} ms`)), HAND_OFF_WRITE_LIMIT_MS);
+      })]).finally(() => clearTimeout(timer));
       if (pos >= 3) ms.push(t - descheduledMs(c0, c1, t));
     }
     ms.sort((a, b) => a - b);
