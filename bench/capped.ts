@@ -97,7 +97,12 @@ async function ringRun(model: string, capMiB: number, windows: readonly number[]
     if (code !== 0) throw new Error(`head ${code === "timeout" ? "timed out" : `exited with ${code}`}:\n${head.err.slice(-3000)}`);
     const line = head.out.split("\n").find((l) => l.startsWith("{"));
     if (!line) throw new Error(`head printed no JSON:\n${head.err.slice(-3000)}`);
-    if (!windows) console.error(head.err.split("\n").filter((l) => /for layers|^\S.* M\d |plan:|token latency/.test(l)).join("\n"));
+    if (!windows) {
+      console.error(head.err.split("\n").filter((l) => /for layers|^\S.* M\d |plan:|token latency/.test(l)).join("\n"));
+      // Each worker's pass as it timed it for the plan (the last such lines): a device whose timing fell
+      // in a slow moment shows here, with the median of its recent timings if that was used.
+      for (const w of procs.slice(1)) console.error(w.err.split("\n").filter((l) => /profile: forward pass/.test(l)).slice(-2).join("\n"));
+    }
     return JSON.parse(line) as RunJson;
   } finally {
     for (const p of procs) if (p.child.exitCode === null && p.child.signalCode === null) p.child.kill("SIGKILL");
