@@ -3,7 +3,7 @@
 // the ring id, the fingerprint and the device names) and changes nothing; a tap on a link sees no
 // activation row in clear; a replayed frame is refused and named; a listener for one predecessor
 // takes exactly one.
-import { randomBytes } from "node:crypto";
+import { createCipheriv, createDecipheriv, randomBytes } from "node:crypto";
 import { createServer } from "node:net";
 import { afterAll, afterEach, describe, expect, it } from "vitest";
 import WebSocket from "ws";
@@ -12,6 +12,7 @@ import {
   RingListener, RingPort, dialSuccessor, dialSuccessorWithin, encodeFrame, resolveLinkOptions,
   type ActivationsFrame, type Frame, type RingIdentity, type RingLink, type RingLinkOptions, type RingListenerOptions,
 } from "../../ring/index.js";
+import { LinkCipher } from "../../ring/seal.js";
 import { laneNode, startLane, until } from "./lane-device.js";
 import { holdsAnyRun, startTap, type Tap } from "./tap.js";
 
@@ -72,6 +73,49 @@ async function intrude(url: string, act: (ws: WebSocket) => void): Promise<{ cod
   ws.on("open", () => act(ws));
   return new Promise((resolve) => ws.on("close", (code, reason) => resolve({ code, reason: reason.toString(), messages })));
 }
+
+describe("a link's records", () => {
+  // Sealed and opened by the addon's AES-GCM (as the lane's); checked here against Node's own, so the
+  // record is the documented one: AES-256-GCM, nonce = the sequence number (u64 LE) and four zero
+  // bytes, the sequence number and frame header authenticated, the tag last.
+  const nonce = (seq: number) => Buffer.concat([Buffer.from(new BigUint64Array([BigInt(seq)]).buffer), Buffer.alloc(4)]);
+  const frame = (n: number) => encodeFrame(rowsFrame(n, 2));
+
+  it("are AES-256-GCM as documented: Node's crypto opens what a link seals, and a link opens what Node's seals", () => {
+    const ab = randomBytes(32), ba = randomBytes(32);
+    const a = LinkCipher.of(ab, ba), b = LinkCipher.of(ba, ab);
+    for (let seq = 0; seq < 3; seq++) {
+      const f = frame(seq), record = a.seal(f);
+      expect(record.readBigUInt64LE(0)).toBe(BigInt(seq));
+      const d = createDecipheriv("aes-256-gcm", ab, nonce(seq), { authTagLength: 16 });
+      d.setAAD(record.subarray(0, 8 + 32));
+      d.setAuthTag(record.subarray(record.length - 16));
+      const body = Buffer.concat([d.update(record.subarray(8 + 32, record.length - 16)), d.final()]);
+      expect(Buffer.concat([record.subarray(8, 8 + 32), body]).equals(f)).toBe(true);
+      expect(b.open(record).equals(f)).toBe(true);
+      // The other way: a record Node seals opens on the link.
+      const back = frame(seq + 10), c = createCipheriv("aes-256-gcm", ba, nonce(seq), { authTagLength: 16 });
+      const head = Buffer.concat([Buffer.from(new BigUint64Array([BigInt(seq)]).buffer), back.subarray(0, 32)]);
+      c.setAAD(head);
+      const sealed = Buffer.concat([head, c.update(back.subarray(32)), c.final(), c.getAuthTag()]);
+      expect(a.open(sealed).equals(back)).toBe(true);
+    }
+  });
+
+  it("refuse a flipped bit, a wrong key and a replay by name, and keep counting from the last good one", () => {
+    const k = randomBytes(32);
+    const tx = LinkCipher.of(k, randomBytes(32)), rx = LinkCipher.of(randomBytes(32), k);
+    const r0 = tx.seal(frame(0));
+    const flipped = Buffer.from(r0);
+    flipped[8 + 32 + 5] ^= 1;
+    expect(() => rx.open(flipped)).toThrow(/fails authentication/);
+    expect(() => LinkCipher.of(randomBytes(32), randomBytes(32)).open(r0)).toThrow(/fails authentication/);
+    expect(rx.open(r0).equals(frame(0))).toBe(true);
+    expect(() => rx.open(r0)).toThrow(/replayed \(sequence 0, expected 1\)/);
+    expect(rx.open(tx.seal(frame(1))).equals(frame(1))).toBe(true);
+    expect(rx.state().rx.seq).toBe(2);
+  });
+});
 
 describe("keyed ring links", () => {
   it("carry frames both ways, sealed, with the right key", async () => {
