@@ -1,6 +1,6 @@
 // What sealing the ring's frames costs (ring/seal.ts, native/src/seal.c):
-//  1. one token's frame (the benchmark model's 2048 f32 = 8 KiB of rows) sealed and opened in JS (node's
-//     crypto; the lane's C path keeps its key schedule and costs less), against the ring's time per token;
+//  1. one token's frame (the benchmark model's 2048 f32 = 8 KiB of rows) sealed and opened by a JS link
+//     (ring/seal.ts, through the addon's AES-GCM as the lane's), against the ring's time per token;
 //  2. the ring's decode latency, 3 processes on loopback (2 workers on the native lane + the head),
 //     with keyed links against plaintext links (PRIMA_BENCH_PLAINTEXT_LINKS=1), in interleaved pairs
 //     whose order alternates; the ratio is the median of the pairs' ratios (goal <= 1.03).
@@ -57,7 +57,7 @@ async function ring(model: string, plaintext: boolean): Promise<Report> {
   }
 }
 
-/** Microseconds to seal and open one frame of `rowBytes` in JS. */
+/** Microseconds to seal and open one frame of `rowBytes` by a JS link's cipher. */
 function sealOpenUs(rowBytes: number): number {
   const key = randomBytes(32);
   const dialer = new DialerProof(key);
@@ -101,7 +101,7 @@ export async function main(modelArg?: string, rounds = 5): Promise<void> {
   console.log("|---|---|---|---|");
   console.log(`| plaintext | ${median(off).toFixed(2)} | | |`);
   console.log(`| sealed | ${median(on).toFixed(2)} | ${r.toFixed(3)} (pairs ${ratios.map((x) => x.toFixed(3)).join(", ")}) | <= 1.03 |`);
-  console.log(`\none token's frame (8 KiB of f32 rows) sealed and opened in JS: ${us.toFixed(1)} us; a token crosses 3 links: ` +
+  console.log(`\none token's frame (8 KiB of f32 rows) sealed and opened by a JS link: ${us.toFixed(1)} us; a token crosses 3 links: ` +
     `${((3 * us) / 1000 / median(off) * 100).toFixed(3)}% of a plaintext token`);
   console.log(`\nnode dist/bench/crypto.js ${modelArg || "[model.gguf]"} ${rounds} (or npm run bench -- --only crypto): 2 workers (native lane) + the head, --layer-windows 8,8,6`);
 }
