@@ -205,8 +205,10 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
         if (recent.length > 1 && scale !== forward.scale) {
           timing = { ...timing, windowMs: scale * forward.kernelMs + layers * kvCopyMs };
           forward = calibrateForward(timing, forward.kernelMs, kvCopyMs);
-          say(`forward pass: ${timing.windowMs.toFixed(2)} ms, the median of this device's last ${recent.length} timings within ${RECENT_PASS_MS / 60_000} minutes`);
         }
+        // Said whenever there were others, also when this timing is their median: a reader of the log
+        // can tell a lone timing from an outvoted or confirmed one.
+        if (recent.length > 1) say(`forward pass: ${timing.windowMs.toFixed(2)} ms, the median of this device's last ${recent.length} timings within ${RECENT_PASS_MS / 60_000} minutes`);
       }
       say(forward.applied ? `compute: the kernels' FLOP/s scaled by 1/${forward.scale.toFixed(2)} to the engine's pass (${forward.kernelMs.toFixed(2)} ms of kernels)`
         : `compute: the forward pass (${timing.windowMs.toFixed(2)} ms) is implausible against the kernels (${forward.kernelMs.toFixed(2)} ms; a model this small is mostly waking the threads): kernel FLOP/s used as timed, and the window call priced per window`);

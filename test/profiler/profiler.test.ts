@@ -176,6 +176,12 @@ describe("profileDevice on a generated model", async () => {
     expect(outvoted.f.scale).toBeCloseTo(slow, 9);
     expect(outvoted.f.scale * outvoted.f.kernelMs + outvoted.f.layers * outvoted.kvCopyMs).toBeCloseTo(outvoted.f.windowMs, 6);
     expect(outvoted.lines.some((l) => /^forward pass: [\d.]+ ms, the median of this device's last 3 timings within 5 minutes/.test(l))).toBe(true);
+    // One slower and one faster than this one: this timing is the median, and the log says so too.
+    planted([{ scale: slow, atMs: now - 60_000 }, { scale: 0.01, atMs: now - 1000 }]);
+    const confirmed = await profile();
+    expect(confirmed.f.scale).toBeLessThan(slow - 1);
+    expect(confirmed.f.scale).toBeGreaterThan(0.01);
+    expect(confirmed.lines.some((l) => /^forward pass: [\d.]+ ms, the median of this device's last 3 timings within 5 minutes/.test(l))).toBe(true);
     // Older than five minutes, from the future, or malformed: not counted, and no crash.
     planted([{ scale: slow, atMs: now - 6 * 60_000 }, { scale: slow, atMs: now + 60_000 }, { scale: "x", atMs: now }, { scale: -1, atMs: now }, null, 7]);
     const alone = await profile();
