@@ -24,8 +24,8 @@ export async function main(modelArg?: string): Promise<void> {
       const relax = () => model.relax();
       // In turn, so that a slow spell of the machine falls on both.
       for (let r = 0; r < REPS; r++) {
-        afterPass.push(await timeHandOff({ hiddenSize: model.nEmbd, rounds: ROUNDS, gapMs: GAP_MS, relax, pass }));
-        backToBack.push(await timeHandOff({ hiddenSize: model.nEmbd, rounds: ROUNDS, gapMs: 0, relax, pass: () => {} }));
+        afterPass.push(median(await timeHandOff({ hiddenSize: model.nEmbd, rounds: ROUNDS, gapMs: GAP_MS, relax, pass })));
+        backToBack.push(median(await timeHandOff({ hiddenSize: model.nEmbd, rounds: ROUNDS, gapMs: 0, relax, pass: () => {} })));
       }
     } finally {
       w.close();

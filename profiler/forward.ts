@@ -163,22 +163,31 @@ export interface PassOptions {
   readonly sliceGapMs?: number;
 }
 
+/** One token's pass through a window at position `pos`, from activations of a real model's scale each
+ * time (the first norm makes them the next layers' input); with `logits`, through the output layer. */
+function onePass(w: NativeWindow, nEmbd: number, logits?: Float32Array): (pos: number) => void {
+  const input = Float32Array.from({ length: nEmbd }, (_, i) => Math.sin(i * 0.7) * 0.5);
+  const acts = new Float32Array(nEmbd);
+  return (pos) => {
+    acts.set(input);
+    w.forwardNow(acts, pos, 1, logits);
+  };
+}
+
 /** One-token passes through a window (its KV cache holding `count + slices - 1` tokens), from activations of a real
  * model's scale each time (the first norm makes them the next layers' input): their times in ms. The
  * profile's stand-in and the bench's real layers are timed by this one loop, so they compare. */
 export async function timePasses(w: NativeWindow, nEmbd: number, o: PassOptions): Promise<number[]> {
-  const input = Float32Array.from({ length: nEmbd }, (_, i) => Math.sin(i * 0.7) * 0.5);
-  const acts = new Float32Array(nEmbd);
+  const pass = onePass(w, nEmbd, o.logits);
   const ms: number[] = [];
   const seconds = o.seconds ?? Infinity;
   const slices = Math.max(1, o.slices ?? 1);
   const perSlice = Math.ceil((o.count - o.skip) / slices);
   let untimed = o.skip;
   for (let pos = 0; pos < o.count + slices - 1 && (ms.length === 0 || sum(ms) < seconds * 1000); pos++) {
-    acts.set(input);
     if (o.gapMs > 0) await sleep(o.gapMs);
     const t0 = performance.now();
-    w.forwardNow(acts, pos, 1, o.logits);
+    pass(pos);
     const t = performance.now() - t0;
     if (untimed > 0) {
       untimed--;
@@ -222,7 +231,7 @@ export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers
       const windowMs = await inMemory(layers);
       const output = o.output ? {
         outputMs: Math.max(0, (await inMemory(layers, true)) - windowMs),
-        ...(o.handOff ? await handOffAfterPasses(model, layers, logits, o.gapMs).then((handOffMs) => ({ handOffMs }), (e: unknown) => ({ handOffFailure: e instanceof Error ? e.message : String(e) })) : {}),
+        ...(o.handOff ? await handOffAfterPasses(model, layers, logits, o.gapMs) : {}),
       } : {};
       if (!streamedLayers) return { layers, windowMs, ...output };
       // The first streamed layers alone, with no room: each goes once computed (the first pass still
@@ -240,21 +249,17 @@ export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers
   }
 }
 
-/** Hand-offs timed after passes through the stand-in's layers and the output layer. */
+/** Hand-offs timed after passes through the stand-in's layers and the output layer: their median, or
+ * why they could not be timed (the output layer's timing stands either way). */
 const HAND_OFF_ROUNDS = 15;
 
-async function handOffAfterPasses(model: LocalModel, layers: number, logits: Float32Array, gapMs: number): Promise<number> {
+async function handOffAfterPasses(model: LocalModel, layers: number, logits: Float32Array, gapMs: number): Promise<Pick<ForwardTiming, "handOffMs" | "handOffFailure">> {
   const w = model.window(0, layers, { ctx: HAND_OFF_ROUNDS + 4, maxBatch: 1 });
   try {
-    const input = Float32Array.from({ length: model.nEmbd }, (_, i) => Math.sin(i * 0.7) * 0.5);
-    const acts = new Float32Array(model.nEmbd);
-    return await timeHandOff({
-      hiddenSize: model.nEmbd, rounds: HAND_OFF_ROUNDS, gapMs, relax: () => model.relax(),
-      pass: (pos) => {
-        acts.set(input);
-        w.forwardNow(acts, pos, 1, logits);
-      },
-    });
+    const ms = await timeHandOff({ hiddenSize: model.nEmbd, rounds: HAND_OFF_ROUNDS, gapMs, relax: () => model.relax(), pass: onePass(w, model.nEmbd, logits) });
+    return { handOffMs: median(ms) };
+  } catch (e) {
+    return { handOffFailure: e instanceof Error ? e.message : String(e) };
   } finally {
     w.close();
   }

@@ -149,12 +149,12 @@ export interface HandOffOptions {
  * The head's hand-off, as its ring node makes it (RingNode.send, whose time its counters report): right
  * after a pass, the compute threads relaxed and one token's activations encoded, sealed and written to a
  * keyed link (here one over loopback, to a sink in this process). Timed up to the socket write, less the
- * time the thread was preempted, as the ring's counter is; the median of the rounds after the first
- * three. After a pass the send's code and data are out of the caches, and it costs several times what
+ * time the thread was preempted, as the ring's counter is: the times of the rounds after the first
+ * three, in ms. After a pass the send's code and data are out of the caches, and it costs several times what
  * the link probe's back-to-back sends do (BENCHMARKS.md): the probe's round trip holds little of it.
  * Workers hand off in C on their native lane, which is not timed here.
  */
-export async function timeHandOff(o: HandOffOptions): Promise<number> {
+export async function timeHandOff(o: HandOffOptions): Promise<number[]> {
   const identity = { deviceId: "hand-off", modelFingerprint: "hand-off", hiddenSize: o.hiddenSize, ringId: PROBE_RING };
   const linkKey = randomBytes(32);
   const listener = await RingListener.listen({ port: 0, host: "127.0.0.1", identity, maxTokensPerFrame: 1, log: () => {}, linkKey });
@@ -177,8 +177,7 @@ export async function timeHandOff(o: HandOffOptions): Promise<number> {
       })]).finally(() => clearTimeout(timer));
       if (pos >= 3) ms.push(t - descheduledMs(c0, c1, t));
     }
-    ms.sort((a, b) => a - b);
-    return ms[ms.length >> 1];
+    return ms;
   } finally {
     await link?.close("hand-off timed");
     await listener.close();
