@@ -1,7 +1,6 @@
 // What a worker does while joined: on an assignment it makes its windows, listens for its
 // predecessor, dials its successor, pages its windows in (reporting progress), and then runs every
 // activation frame that arrives through its ring node.
-import { readFileSync } from "node:fs";
 import type { Assignment, KvCommand, Status } from "../control/index.js";
 import type { LocalModel } from "../engine/index.js";
 import { WeightRoom, anonRssBytes, deviceMemory, idleLayerRoomBytes, memoryPressureTracker } from "../profiler/index.js";
@@ -33,38 +32,16 @@ const RESET_WAIT_MS = 5000;
 
 /** Binds the data-plane port for the worker's life (port 0 = any free one) so the worker can announce it
  * when joining; a port that cannot be bound ends the worker (WorkerExit with EXIT_PORT_UNAVAILABLE).
- * "Any" is taken below the kernel's range for outgoing connections' local ports, so that a fixed
- * choice is never one an outgoing connection holds for a moment. */
+ * Held from here on, no other program's socket can take it between assignments. */
 export async function reserveDataPort(port: number, host: string, log: (line: string) => void = () => {}): Promise<RingPort> {
-  if (port === 0) {
-    const range = ephemeralPorts();
-    for (let tries = 0; range && tries < 32; tries++) {
-      const below = range[0] - 1, from = Math.max(1024, below - 16383);
-      const bound = await tryBind(from + Math.floor(Math.random() * (below - from + 1)), host, log);
-      if (bound instanceof RingPort) return bound;
-    }
-  }
-  const bound = await tryBind(port, host, log);
-  if (bound instanceof RingPort) return bound;
-  const why = bound.code === "EADDRINUSE" ? "it is taken by another program"
-    : bound.code === "EACCES" ? "not allowed (ports below 1024 need privileges)"
-    : bound.message;
-  throw new WorkerExit(EXIT_PORT_UNAVAILABLE, `cannot listen on the data-plane port ${host}:${port}: ${why}; choose another --port, or leave it out for any free port`);
-}
-
-/** The port bound, or why it could not be bound. */
-function tryBind(port: number, host: string, log: (line: string) => void): Promise<RingPort | NodeJS.ErrnoException> {
-  return RingPort.bind(port, host, log).catch((e: unknown) => e as NodeJS.ErrnoException);
-}
-
-/** Linux's range of local ports for outgoing connections (undefined elsewhere, or when unreadable or
- * leaving no room below it). */
-export function ephemeralPorts(): [number, number] | undefined {
   try {
-    const [low, high] = readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/).map(Number);
-    return Number.isInteger(low) && Number.isInteger(high) && low > 1025 && high >= low ? [low, high] : undefined;
-  } catch {
-    return undefined;
+    return await RingPort.bind(port, host, log);
+  } catch (e) {
+    const { code, message } = e as NodeJS.ErrnoException;
+    const why = code === "EADDRINUSE" ? "it is taken by another program"
+      : code === "EACCES" ? "not allowed (ports below 1024 need privileges)"
+      : message;
+    throw new WorkerExit(EXIT_PORT_UNAVAILABLE, `cannot listen on the data-plane port ${host}:${port}: ${why}; choose another --port, or leave it out for any free port`);
   }
 }
 
