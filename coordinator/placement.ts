@@ -10,7 +10,7 @@ import type { LocalModel, Pipeline } from "../engine/index.js";
 import { selectDevices, type DeviceLatencyMs, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "../halda/index.js";
 import { modelProfile } from "../model/index.js";
 import {
-  measureLink, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, windowOverheadMs, type DeviceReport, type LinkMeasurement,
+  measureLink, reclaimIdlePages, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, windowOverheadMs, type DeviceReport, type LinkMeasurement,
 } from "../profiler/index.js";
 import { checkedProfile, type WorkerHandle } from "./registry.js";
 
@@ -343,10 +343,12 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     links.push(link);
   }
   // The head's memory last, with the garbage of planning (a window made to measure its scratch, the
-  // link probes' frames) collected: what it holds is what it will hold besides the plan's windows.
+  // link probes' frames) collected (settleMemory) and its group's idle pages reclaimed (reclaimIdlePages):
+  // what it holds is what it will hold besides the plan's windows.
   // Its pass timed last, after the workers' (timing a window's pass leaves garbage too).
   const headReport = i.retimeHead ? await i.retimeHead() : i.head;
   settleMemory();
+  await reclaimIdlePages();
   const head = refreshMemory(headReport, i.modelPath);
   // The head's hop goes to the first worker of the ring.
   links[0] = links[1] ?? null;

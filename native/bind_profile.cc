@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <sys/mman.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -250,6 +251,44 @@ Napi::Value ClosePool(const Napi::CallbackInfo &info) {
   return info.Env().Undefined();
 }
 
+/* Makes the process hold `bytes` more of anonymous memory for a moment, off the JS thread (a device's
+ * heartbeats go on): pages mapped, populated by the kernel (zeroed, no user code runs meanwhile) and
+ * unmapped again. Under a memory cgroup this makes reclaim take the group's idle file pages, as a
+ * ring's windows do once they fill it (profiler's reclaimIdlePages). Resolves with whether the pages
+ * could be had. */
+class PressWorker : public Napi::AsyncWorker {
+ public:
+  PressWorker(Napi::Env env, size_t bytes) : Napi::AsyncWorker(env), deferred(Napi::Promise::Deferred::New(env)), bytes(bytes) {}
+  void Execute() override {
+#if defined(MAP_POPULATE)
+    void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+#else
+    void *p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED)
+      for (size_t i = 0; i < bytes; i += 4096) ((volatile char *)p)[i] = 1;
+#endif
+    held = p != MAP_FAILED;
+    if (held) munmap(p, bytes);
+  }
+  void OnOK() override { deferred.Resolve(Napi::Boolean::New(Env(), held)); }
+  void OnError(const Napi::Error &e) override { deferred.Reject(e.Value()); }
+  Napi::Promise Promise() { return deferred.Promise(); }
+
+ private:
+  Napi::Promise::Deferred deferred;
+  size_t bytes;
+  bool held = false;
+};
+
+Napi::Value PressMemory(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  double bytes;
+  if (!Int(info, 0, "bytes", 1, 1e15, bytes)) return env.Undefined();
+  auto *w = new PressWorker(env, (size_t)bytes);
+  w->Queue();
+  return w->Promise();
+}
+
 /* Frees what earlier work left behind, so that a reading of resident memory taken next is the live set:
  * V8's low-memory collection (full collections that also shrink the young generation, which a burst of
  * allocation had grown by tens of MiB, and free the buffers garbage held), then the C heap's free pages
@@ -298,6 +337,7 @@ void RegisterProfile(Napi::Env env, Napi::Object exports) {
   p.Set("createPool", Napi::Function::New(env, CreatePool, "createPool"));
   p.Set("wakePool", Napi::Function::New(env, WakePool, "wakePool"));
   p.Set("closePool", Napi::Function::New(env, ClosePool, "closePool"));
+  p.Set("pressMemory", Napi::Function::New(env, PressMemory, "pressMemory"));
   p.Set("releaseFreeMemory", Napi::Function::New(env, ReleaseFreeMemory, "releaseFreeMemory"));
   p.Set("threadClock", Napi::Function::New(env, ThreadClock, "threadClock"));
   p.Set("descheduledMs", Napi::Function::New(env, DescheduledMs, "descheduledMs"));

@@ -28,6 +28,7 @@ interface ProfileAddon {
   wakePool(pool: PoolHandle): Promise<void>;
   closePool(pool: PoolHandle): void;
   releaseFreeMemory(): void;
+  pressMemory(bytes: number): Promise<boolean>;
   threadClock(): ThreadClock;
   descheduledMs(before: ThreadClock, after: ThreadClock, wallMs: number): number;
 }
@@ -65,6 +66,12 @@ export function benchKvCopy(kvFloats: number, nCtx: number, minSeconds: number):
  *  `buffered`: drop the file's cached pages and read through the cache, as where O_DIRECT is refused. */
 export function benchDisk(path: string, o: { fileBytes: number; seqBlock: number; randBlock: number; seqSeconds: number; randSeconds: number; buffered?: boolean }): DiskBench {
   return p.disk(path, o.fileBytes, o.seqBlock, o.randBlock, o.seqSeconds, o.randSeconds, !o.buffered);
+}
+
+/** Holds `bytes` (>= 1) more of anonymous memory for a moment, off the JS thread (mapped, populated,
+ * unmapped); false where the system would not give them. */
+export function pressMemory(bytes: number): Promise<boolean> {
+  return p.pressMemory(bytes);
 }
 
 /** Frees garbage (V8's low-memory collection, which also shrinks the young generation) and returns the

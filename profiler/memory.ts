@@ -4,7 +4,7 @@
 import { closeSync, openSync, readFileSync, readSync, realpathSync } from "node:fs";
 import { freemem, totalmem } from "node:os";
 import { join } from "node:path";
-import { releaseFreeMemory } from "../native/profile.js";
+import { pressMemory, releaseFreeMemory } from "../native/profile.js";
 import { cgroupPaths, type CgroupPaths } from "./system.js";
 
 /** prima.cpp keeps a fifth of MemAvailable back on Linux (HALDA.md §1.1); we do so where no memory
@@ -235,6 +235,33 @@ export function cgroupLimitForRoom(cg: CgroupHeld, roomBytes: number): number {
 export function settleMemory(): void {
   releaseFreeMemory();
 }
+
+/**
+ * Under a binding memory cgroup, makes reclaim take the pages the group was charged for long ago and
+ * no longer uses (program start-up code, libraries' cold parts, files read once), as a ring's windows do
+ * once they fill the group: a room read at rest counts the mapped ones as held. Read at rest, the head
+ * of a loopback ring under 256 MiB held 9-13 MiB of mapped pages and read 207-213 MiB of room, less than
+ * its 6 layers need; running, it held 3-5 MiB and had room to spare for them (BENCHMARKS.md, tenth
+ * session). It holds, for a moment, anonymous memory of all the group has free and all its page cache
+ * but a margin (native pressMemory: the kernel populates it, no code of ours runs meanwhile, and every
+ * file page is clean, so reclaim can always give it); the process's own hot pages come back as it runs
+ * on. No file is read: on one machine the devices share the page cache, and pages one reads are
+ * charged to it and promoted in its group when another reads them. Returns the bytes it held (0 where
+ * no cgroup binds or they could not be had). ~0.1 s per 100 MiB, off the JS thread; only while no
+ * window runs. The head runs it before it reads its room for a plan; workers do not: the process's own
+ * hot pages go too and are read back from its disk, and the placement test's worker on a quarter of a
+ * CPU and a 20 MB/s disk then missed its heartbeats.
+ */
+export async function reclaimIdlePages(): Promise<number> {
+  const m = readMemory();
+  if (!cgroupBinds(m)) return 0;
+  const cg = m.cgroup;
+  const bytes = Math.floor(cg.limitBytes - cg.usageBytes + cg.fileBytes - RECLAIM_MARGIN_BYTES);
+  return bytes > 0 && (await pressMemory(bytes)) ? bytes : 0;
+}
+
+/** Page cache reclaimIdlePages leaves the group. */
+const RECLAIM_MARGIN_BYTES = 4 * 2 ** 20;
 
 /** A device's room for layers while it holds no windows (worker status): its model's resident pages
  * (`modelPath`, when it has one yet) count as room. */

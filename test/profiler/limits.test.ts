@@ -4,6 +4,8 @@
 import { writeFileSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
+import { reclaimIdlePages } from "../../profiler/index.js";
+import { PLACEMENT_SHAPE, testModel } from "./models.js";
 import { blkioProblem, cgroupScope, controllerProblem, diskDeviceOf, distUrl, runScriptIn } from "./cgroup.js";
 
 const tag = `prima-test-${process.pid}`;
@@ -61,6 +63,43 @@ describe.skipIf(memProblem !== null)(`memory cgroup limits${memProblem ? ` (skip
       console.log(JSON.stringify({ file: t.pressure() }));`;
     const f = await runScriptIn<{ file: number }>([limited], fileOnly);
     expect(f.file).toBeLessThan(0.02); // 64 MiB read through the page cache: reclaimable, not pressure
+  });
+});
+
+describe.skipIf(memProblem !== null)(`idle pages reclaimed before a room reading${memProblem ? ` (skipped: ${memProblem})` : ""}`, () => {
+  it("outside a binding cgroup nothing is held", async () => {
+    expect(await reclaimIdlePages()).toBe(0);
+  });
+
+  it("mapped pages the process touched once and left count as room once reclaimIdlePages has run; nothing is killed, nothing kept", async () => {
+    const model = await testModel(PLACEMENT_SHAPE, "Q8_0");
+    const limited = group("idle").add("memory", { "memory.limit_in_bytes": 200 * 2 ** 20 });
+    // A window mapped and read once, then left mapped (as program start-up code is): pages the room
+    // reading counts as held (it is not told they are this device's weights).
+    const src = `
+      import { dropFileCache, reclaimIdlePages, readMemory, layerRoomBytes, anonRssBytes } from ${JSON.stringify(profiler)};
+      import { LocalModel } from ${JSON.stringify(distUrl("engine/index.js"))};
+      dropFileCache(${JSON.stringify(model)}); // so that this group pays for the pages it reads
+      const m = LocalModel.open(${JSON.stringify(model)}, { threads: 1 });
+      const w = m.window(0, 6, { ctx: 16 });
+      w.forwardNow(new Float32Array(m.nEmbd).fill(0.01), 0, 1);
+      const state = () => { const r = readMemory(); return { room: layerRoomBytes(r), mapped: r.cgroup.mappedFileBytes, anon: anonRssBytes() }; };
+      const before = state();
+      const held = await reclaimIdlePages();
+      const after = state();
+      console.log(JSON.stringify({ before, held, after, window: w.residency().totalBytes, resident: w.residency().residentBytes }));
+      w.close(); m.close();
+    `;
+    const r = await runScriptIn<{ before: { room: number; mapped: number; anon: number }; after: { room: number; mapped: number; anon: number }; held: number; window: number; resident: number }>([limited], src);
+    expect(r.before.mapped).toBeGreaterThan(0.8 * r.window); // the window was counted as held
+    expect(r.held).toBeGreaterThan(100 * 2 ** 20); // the group's free memory and page cache, for a moment
+    // most of the window was reclaimed, and its bytes are room now
+    expect(r.after.mapped).toBeLessThan(r.before.mapped - 0.5 * r.window);
+    expect(r.after.room - r.before.room).toBeGreaterThan(0.5 * r.window);
+    expect(r.resident).toBeLessThan(0.5 * r.window);
+    // the memory it held is given back
+    expect(Math.abs(r.after.anon - r.before.anon)).toBeLessThan(4 * 2 ** 20);
+    expect(limited.read("memory", "memory.oom_control")).toMatch(/oom_kill 0/);
   });
 });
 
