@@ -229,8 +229,13 @@ export class WorkerSession {
       };
       // A coordinator that takes the connection but never answers (frozen) must not hold the worker.
       const joinTimer = setTimeout(() => finish(`no answer to the join within ${JOIN_REPLY_TIMEOUT_MS / 1000} s`), JOIN_REPLY_TIMEOUT_MS);
+      let lastBeat = Date.now();
       const beat = setInterval(() => {
-        if (joined && Date.now() - lastSeen > HEARTBEAT_TIMEOUT_MS) {
+        // After a stall of this process (timing its pass on a slow device), the coordinator's heartbeats
+        // wait unread: the silence is ours, and they are read before the next beat.
+        const stalled = Date.now() - lastBeat > HEARTBEAT_TIMEOUT_MS;
+        lastBeat = Date.now();
+        if (joined && !stalled && Date.now() - lastSeen > HEARTBEAT_TIMEOUT_MS) {
           finish(`no heartbeat from the coordinator for ${((Date.now() - lastSeen) / 1000).toFixed(1)} s`);
           return;
         }

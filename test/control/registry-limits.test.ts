@@ -91,6 +91,26 @@ describe("control plane limits", () => {
     expect(ASSIGN_SILENCE_MS).toBeGreaterThanOrEqual(3000); // the default leaves room for a busy device
   });
 
+  it("a peer timing its pass at the coordinator's request may be silent until it answers; then the heartbeat rule holds again", async () => {
+    const { reg, address } = await registry();
+    const f = await fake(address, "slow-timer", { heartbeats: false });
+    const [w] = await reg.waitFor(1, 5000);
+    const lost = lostEvent(reg);
+    const timed = w.status(10_000, true);
+    await f.next("statusRequest");
+    // Silent for twice the heartbeat limit, as a quarter-CPU device timing its pass in JS is.
+    await new Promise((r) => setTimeout(r, 2 * HEARTBEAT_TIMEOUT_MS));
+    expect(reg.live()).toHaveLength(1);
+    f.send({ status: { windows: [], waitMs: 0, sendMs: 0, descheduledMs: 0, frames: 0, anonRssBytes: 1, memTotalBytes: 2, memAvailableBytes: 1, layerRoomBytes: 0, memPressure: 0 } });
+    const answeredAt = Date.now();
+    expect((await timed).memTotalBytes).toBe(2);
+    // Still silent after its answer: lost by the usual rule, counted from the answer.
+    const l = await lost;
+    expect(l.reason).toMatch(/no heartbeat for 1\.\d s/);
+    expect(l.at - answeredAt).toBeGreaterThanOrEqual(HEARTBEAT_TIMEOUT_MS - 100);
+    expect(l.at - answeredAt).toBeLessThan(2000);
+  });
+
   it("loses a joined peer that sends nothing by the heartbeat rule", async () => {
     const { reg, address, lines } = await registry();
     await fake(address, "quiet", { heartbeats: false });
