@@ -88,6 +88,8 @@ export interface CgroupMemory {
   /** The file pages among them that processes have mapped (program text, libraries, models): in use,
    *  dropped only to be read back at once. */
   readonly mappedFileBytes: number;
+  /** The file pages among them that are dirty or being written back: reclaim must wait for the disk. */
+  readonly dirtyFileBytes?: number;
 }
 
 /** This process's memory cgroup, or undefined when it has no limit (or no cgroups at all). */
@@ -107,7 +109,10 @@ export function memoryGroupState(g: { version: 1 | 2; dir: string }): CgroupMemo
     const usage = readNumber(join(g.dir, "memory.usage_in_bytes"));
     if (usage === undefined) return undefined;
     const file = (stat.total_active_file ?? stat.active_file ?? 0) + (stat.total_inactive_file ?? stat.inactive_file ?? 0);
-    return { version: 1, dir: g.dir, limitBytes: limit, usageBytes: usage, fileBytes: file, mappedFileBytes: stat.total_mapped_file ?? stat.mapped_file ?? 0 };
+    return {
+      version: 1, dir: g.dir, limitBytes: limit, usageBytes: usage, fileBytes: file, mappedFileBytes: stat.total_mapped_file ?? stat.mapped_file ?? 0,
+      dirtyFileBytes: (stat.total_dirty ?? stat.dirty ?? 0) + (stat.total_writeback ?? stat.writeback ?? 0),
+    };
   }
   // v2: memory.max of this group and of every ancestor (the root group has no memory.max).
   let limit = Infinity;
@@ -121,7 +126,7 @@ export function memoryGroupState(g: { version: 1 | 2; dir: string }): CgroupMemo
   const stat = statFields(join(g.dir, "memory.stat"));
   return {
     version: 2, dir: g.dir, limitBytes: limit, usageBytes: usage, fileBytes: (stat.active_file ?? 0) + (stat.inactive_file ?? 0),
-    mappedFileBytes: stat.file_mapped ?? 0,
+    mappedFileBytes: stat.file_mapped ?? 0, dirtyFileBytes: (stat.file_dirty ?? 0) + (stat.file_writeback ?? 0),
   };
 }
 
@@ -243,9 +248,9 @@ export function settleMemory(): void {
  * of a loopback ring under 256 MiB held 9-13 MiB of mapped pages and read 207-213 MiB of room, less than
  * its 6 layers need; running, it held 3-5 MiB and had room to spare for them (BENCHMARKS.md, tenth
  * session). It holds, for a moment, anonymous memory of all the group has free and all its page cache
- * but a margin (native pressMemory: the kernel populates it, no code of ours runs meanwhile, and every
- * file page is clean, so reclaim can always give it); the process's own hot pages come back as it runs
- * on. No file is read: on one machine the devices share the page cache, and pages one reads are
+ * but its dirty pages and a margin (native pressMemory: the kernel populates it, no code of ours runs
+ * meanwhile, and reclaim can always give it clean file pages; a group pressed past what it can give
+ * would kill its largest process, the head); the process's own hot pages come back as it runs on. No file is read: on one machine the devices share the page cache, and pages one reads are
  * charged to it and promoted in its group when another reads them. Returns the bytes it held (0 where
  * no cgroup binds or they could not be had). ~0.1 s per 100 MiB, off the JS thread; only while no
  * window runs. The head runs it before it reads its room for a plan; workers do not: the process's own
@@ -256,7 +261,7 @@ export async function reclaimIdlePages(): Promise<number> {
   const m = readMemory();
   if (!cgroupBinds(m)) return 0;
   const cg = m.cgroup;
-  const bytes = Math.floor(cg.limitBytes - cg.usageBytes + cg.fileBytes - RECLAIM_MARGIN_BYTES);
+  const bytes = Math.floor(cg.limitBytes - cg.usageBytes + cg.fileBytes - (cg.dirtyFileBytes ?? 0) - RECLAIM_MARGIN_BYTES);
   return bytes > 0 && (await pressMemory(bytes)) ? bytes : 0;
 }
 

@@ -191,10 +191,10 @@ describe("cgroup memory files", () => {
       "parent/memory.max": `${500 * 2 ** 20}\n`,
       "parent/child/memory.max": "max\n",
       "parent/child/memory.current": `${200 * 2 ** 20}\n`,
-      "parent/child/memory.stat": `anon ${150 * 2 ** 20}\nactive_file ${30 * 2 ** 20}\ninactive_file ${20 * 2 ** 20}\nfile_mapped ${12 * 2 ** 20}\n`,
+      "parent/child/memory.stat": `anon ${150 * 2 ** 20}\nactive_file ${30 * 2 ** 20}\ninactive_file ${20 * 2 ** 20}\nfile_mapped ${12 * 2 ** 20}\nfile_dirty ${2 * 2 ** 20}\nfile_writeback ${2 ** 20}\n`,
     });
     const m = cgroupMemory({ memory: { version: 2, dir: join(root, "parent/child") } });
-    expect(m).toEqual({ version: 2, dir: join(root, "parent/child"), limitBytes: 500 * 2 ** 20, usageBytes: 200 * 2 ** 20, fileBytes: 50 * 2 ** 20, mappedFileBytes: 12 * 2 ** 20 });
+    expect(m).toEqual({ version: 2, dir: join(root, "parent/child"), limitBytes: 500 * 2 ** 20, usageBytes: 200 * 2 ** 20, fileBytes: 50 * 2 ** 20, mappedFileBytes: 12 * 2 ** 20, dirtyFileBytes: 3 * 2 ** 20 });
     const r = readMemory(false, { memory: { version: 2, dir: join(root, "parent/child") } });
     expect(r.totalBytes).toBe(500 * 2 ** 20);
     expect(r.availableBytes).toBe(Math.min(r.physicalAvailableBytes, (500 - 200 + 50) * 2 ** 20));
@@ -204,9 +204,11 @@ describe("cgroup memory files", () => {
     const limited = tree({
       "memory.limit_in_bytes": "9223372036854771712\n",
       "memory.usage_in_bytes": `${64 * 2 ** 20}\n`,
-      "memory.stat": `hierarchical_memory_limit ${256 * 2 ** 20}\ntotal_active_file ${8 * 2 ** 20}\ntotal_inactive_file ${8 * 2 ** 20}\ntotal_mapped_file ${3 * 2 ** 20}\n`,
+      "memory.stat": `hierarchical_memory_limit ${256 * 2 ** 20}\ntotal_active_file ${8 * 2 ** 20}\ntotal_inactive_file ${8 * 2 ** 20}\ntotal_mapped_file ${3 * 2 ** 20}\ntotal_dirty ${2 ** 20}\ntotal_writeback ${2 ** 20}\n`,
     });
-    expect(cgroupMemory({ memory: { version: 1, dir: limited } })).toMatchObject({ limitBytes: 256 * 2 ** 20, usageBytes: 64 * 2 ** 20, fileBytes: 16 * 2 ** 20, mappedFileBytes: 3 * 2 ** 20 });
+    expect(cgroupMemory({ memory: { version: 1, dir: limited } })).toMatchObject({
+      limitBytes: 256 * 2 ** 20, usageBytes: 64 * 2 ** 20, fileBytes: 16 * 2 ** 20, mappedFileBytes: 3 * 2 ** 20, dirtyFileBytes: 2 * 2 ** 20,
+    });
     const free = tree({
       "memory.limit_in_bytes": "9223372036854771712\n",
       "memory.usage_in_bytes": `${64 * 2 ** 20}\n`,
