@@ -4,6 +4,12 @@
 export const HEARTBEAT_INTERVAL_MS = 300;
 /** A side silent this long is gone (with a 250 ms check, detection stays under 2 s). */
 export const HEARTBEAT_TIMEOUT_MS = 1500;
+/** Whether a heartbeat check runs after a stall of this process (its timer came more than the limit
+ * late: a long plan, a pass timed in JS on a slow device). The peer's heartbeats then wait unread, and
+ * its silence is not judged on that check; both sides keep this rule. */
+export function checkAfterStall(lastCheckMs: number, nowMs: number): boolean {
+  return nowMs - lastCheckMs > HEARTBEAT_TIMEOUT_MS;
+}
 /** A session stream that sends no Join this long after it opened is dropped by the coordinator. */
 export const JOIN_TIMEOUT_MS = 3000;
 /** A worker waits this long for the coordinator's answer to its Join (welcome or refusal). */

@@ -13,7 +13,7 @@ import { EventEmitter } from "node:events";
 import { createServer, isIP, type AddressInfo, type Server as NetServer, type Socket } from "node:net";
 import type { TLSSocket } from "node:tls";
 import {
-  ASSIGN_SILENCE_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOINS_PER_S, JOIN_BURST, JOIN_TIMEOUT_MS, MAX_CONNECTIONS,
+  ASSIGN_SILENCE_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOINS_PER_S, checkAfterStall, JOIN_BURST, JOIN_TIMEOUT_MS, MAX_CONNECTIONS,
   MAX_CONNECTIONS_PER_HOST, MAX_MESSAGE_BYTES, MAX_PENDING_SESSIONS, MAX_PROFILE_BYTES, MAX_STREAMS_PER_CONNECTION, MAX_WORKERS,
   PROTOCOL_VERSION, SHUTDOWN_GRACE_MS, STATUS_TIMEOUT_MS, coordinatorService, type Assignment, type CoordinatorMessage, type Join,
   type KvCommand, type Ready, type SessionStream, type Status, type WorkerMessage,
@@ -396,9 +396,7 @@ export class WorkerRegistry extends EventEmitter {
         for (const w of this.live()) if (w.trustGeneration < this.trustGeneration) this.lose(w, "the cluster's join token was rotated");
       }
     }
-    // After a stall of this process (a long plan, a busy host), the workers' heartbeats wait unread:
-    // the silence is ours, and they are read before the next tick.
-    const stalled = now - this.lastTickMs > HEARTBEAT_TIMEOUT_MS;
+    const stalled = checkAfterStall(this.lastTickMs, now);
     this.lastTickMs = now;
     for (const w of this.live()) {
       if (!stalled && !w.measuring && now - w.lastSeenMs > HEARTBEAT_TIMEOUT_MS) this.lose(w, `no heartbeat for ${((now - w.lastSeenMs) / 1000).toFixed(1)} s`);

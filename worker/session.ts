@@ -8,7 +8,7 @@
 // The connection is TLS pinned to the certificate the join token names (an impostor is refused before
 // a byte is sent), and the Join proves the token over the coordinator's Challenge (trust/).
 import {
-  ASSIGN_PROGRESS_INTERVAL_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOIN_REPLY_TIMEOUT_MS, PROTOCOL_VERSION,
+  ASSIGN_PROGRESS_INTERVAL_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOIN_REPLY_TIMEOUT_MS, PROTOCOL_VERSION, checkAfterStall,
   coordinatorClient, type Assignment, type ClientSessionStream, type CoordinatorMessage, type Join, type KvCommand, type Status,
   type StatusRequest, type WorkerMessage,
 } from "../control/index.js";
@@ -231,9 +231,7 @@ export class WorkerSession {
       const joinTimer = setTimeout(() => finish(`no answer to the join within ${JOIN_REPLY_TIMEOUT_MS / 1000} s`), JOIN_REPLY_TIMEOUT_MS);
       let lastBeat = Date.now();
       const beat = setInterval(() => {
-        // After a stall of this process (timing its pass on a slow device), the coordinator's heartbeats
-        // wait unread: the silence is ours, and they are read before the next beat.
-        const stalled = Date.now() - lastBeat > HEARTBEAT_TIMEOUT_MS;
+        const stalled = checkAfterStall(lastBeat, Date.now());
         lastBeat = Date.now();
         if (joined && !stalled && Date.now() - lastSeen > HEARTBEAT_TIMEOUT_MS) {
           finish(`no heartbeat from the coordinator for ${((Date.now() - lastSeen) / 1000).toFixed(1)} s`);

@@ -111,6 +111,20 @@ describe("control plane limits", () => {
     expect(l.at - answeredAt).toBeLessThan(2000);
   });
 
+  it("a stall of the coordinator's own (a long plan) does not lose a peer whose heartbeats wait unread", async () => {
+    const { reg, address } = await registry();
+    await fake(address, "patient");
+    await reg.waitFor(1, 5000);
+    let lost = "";
+    reg.once("lost", (_w: WorkerHandle, reason: string) => { lost = reason; });
+    // The event loop held for longer than the heartbeat limit, as a long synchronous plan holds it.
+    const until = Date.now() + HEARTBEAT_TIMEOUT_MS + 700;
+    while (Date.now() < until) { /* busy */ }
+    await new Promise((r) => setTimeout(r, 1000));
+    expect(lost).toBe("");
+    expect(reg.live()).toHaveLength(1);
+  });
+
   it("loses a joined peer that sends nothing by the heartbeat rule", async () => {
     const { reg, address, lines } = await registry();
     await fake(address, "quiet", { heartbeats: false });
