@@ -250,12 +250,13 @@ export function settleMemory(): void {
  * session). It holds, for a moment, anonymous memory of all the group has free and all its page cache
  * but its dirty pages and a margin (native pressMemory: the kernel populates it, no code of ours runs
  * meanwhile, and reclaim can always give it clean file pages; a group pressed past what it can give
- * would kill its largest process, the head); the process's own hot pages come back as it runs on. No file is read: on one machine the devices share the page cache, and pages one reads are
- * charged to it and promoted in its group when another reads them. Returns the bytes it held (0 where
- * no cgroup binds or they could not be had). ~0.1 s per 100 MiB, off the JS thread; only while no
- * window runs. The head runs it before it reads its room for a plan; workers do not: the process's own
- * hot pages go too and are read back from its disk, and the placement test's worker on a quarter of a
- * CPU and a 20 MB/s disk then missed its heartbeats.
+ * would kill its largest process, the head); the process's own hot pages come back as it runs on.
+ * No file is read: on one machine the devices share the page cache, and pages one reads are charged to
+ * it and promoted in its group when another reads them. Returns the bytes it held (0 where no cgroup
+ * binds or they could not be had). ~0.1 s per 100 MiB, off the JS thread; only while no window runs.
+ * The head runs it before it reads its room for a plan. Workers do not yet: the process's own hot pages
+ * go too and are read back from its disk, which on a slow device's disk is seconds, and it has not
+ * been measured on separate devices.
  */
 export async function reclaimIdlePages(): Promise<number> {
   const m = readMemory();
