@@ -238,7 +238,13 @@ describe("what a joiner may claim", () => {
       await Promise.all(flood.map((f) => Promise.race([f.ended, new Promise((r) => setTimeout(r, 8000))])));
       for (const f of flood) f.close();
     }
-    const after = await rssNow();
+    // A connection still being torn down may hold its last message (8 MB) for a moment on a loaded
+    // machine: what counts is what is kept once they are gone, so the samples of up to 5 s, the least.
+    let after = await rssNow();
+    for (const t1 = Date.now(); after.kept - before.kept >= 8 << 20 && Date.now() - t1 < 5000;) {
+      const next = await rssNow();
+      after = next.kept < after.kept ? next : after;
+    }
     expect(after.live).toBe(0);
     // 60 Joins of 0.9 to 8 MB (135 MB of profiles; the first 16 under the message limit reach the profile
     // check, 14 MB): the coordinator keeps none of them. What it keeps is its collected heap and external

@@ -1,5 +1,5 @@
 // Generated test models, made once per machine in the temp directory (a few seconds) and reused.
-import { existsSync, mkdirSync, renameSync, statSync } from "node:fs";
+import { existsSync, linkSync, mkdirSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { LocalModel } from "../../engine/index.js";
@@ -20,7 +20,15 @@ export async function testModel(shape: ModelShape, type: string): Promise<string
   if (existsSync(path) && statSync(path).size > 0) return path;
   const tmp = `${path}.${process.pid}.tmp`;
   await generateModel({ shape, type, out: tmp, seed: 7, pure: true });
-  renameSync(tmp, path);
+  // Linked, never renamed over: test files run side by side, and another may have made the same model
+  // meanwhile and be running it; replacing its file under it ends its run ("replaced by another file").
+  try {
+    linkSync(tmp, path);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
+  } finally {
+    rmSync(tmp, { force: true });
+  }
   return path;
 }
 
