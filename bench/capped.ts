@@ -73,7 +73,7 @@ interface Prediction {
 interface RunJson {
   decode_tok_s: number;
   layer_windows: number[];
-  devices_decode: { device: string; compute_ms: number; send_ms: number; wait_ms: number; descheduled_ms: number; major_faults: number }[];
+  devices_decode: { device: string; compute_ms: number; send_ms: number; wait_ms: number; descheduled_ms: number; major_faults: number; read_bytes?: number }[];
   placement?: { plan: { devices: { name: string; set: string; windowLayers: number; ramLayerCapacityBytes: number; reloadBytesPerToken: number }[] }; per_cycle: number[]; devices: { diskSeqReadBytesPerS?: number }[]; prediction: Prediction };
 }
 
@@ -98,7 +98,7 @@ async function ringRun(model: string, capMiB: number, windows: readonly number[]
     const line = head.out.split("\n").find((l) => l.startsWith("{"));
     if (!line) throw new Error(`head printed no JSON:\n${head.err.slice(-3000)}`);
     if (!windows) {
-      console.error(head.err.split("\n").filter((l) => /for layers|^\S.* M\d |plan:|token latency/.test(l)).join("\n"));
+      console.error(head.err.split("\n").filter((l) => /for layers|^\S.* M\d |plan:|token latency|reread/.test(l)).join("\n"));
       // Each worker's pass as it timed it for the plan (the last such lines): a device whose timing fell
       // in a slow moment shows here, with the median of its recent timings if that was used.
       for (const w of procs.slice(1)) console.error(w.err.split("\n").filter((l) => /profile: forward pass/.test(l)).slice(-2).join("\n"));
@@ -226,8 +226,8 @@ export async function main(model: string, reps = 3, caps: readonly number[] = [2
     // Each device's own work, as Halda prices it (compute, memory, disk) and as measured (compute and
     // send, less the time another device's threads had its CPU: these three share one machine's 2
     // vCPUs); the hops, Halda's comm terms, beside what no device's counters hold (coordinator/placement.ts).
-    console.log("\n| device (automatic plan) | set | window | predicted ms/token: own work (disk) | measured ms/token (compute+send-preempted) | error | major faults in decode |");
-    console.log("|---|---|---|---|---|---|---|");
+    console.log("\n| device (automatic plan) | set | window | predicted ms/token: own work (disk) | measured ms/token (compute+send-preempted) | error | major faults in decode | MiB read a token |");
+    console.log("|---|---|---|---|---|---|---|---|");
     const pr = pl.prediction;
     const rel = (measured: number, predicted: number) => (measured - predicted) / predicted;
     const signed = (e: number | undefined) => (e === undefined ? "-" : `${e >= 0 ? "+" : ""}${(100 * e).toFixed(0)}%`);
@@ -235,11 +235,12 @@ export async function main(model: string, reps = 3, caps: readonly number[] = [2
     for (const row of pr.rows) {
       const mm = row.measured, m = row.measuredMs;
       const d = pl.plan.devices.find((x) => row.label.includes(x.name) || (row.label.startsWith("head") && x.name === "head"));
-      const faults = auto.devices_decode.find((x) => x.device === row.label)?.major_faults ?? "-";
-      console.log(`| ${row.label} | ${d?.set ?? "-"} | ${row.windowLayers} | ${row.predictedMs.toFixed(2)} (${row.predicted.diskMs.toFixed(2)}) | ${m.toFixed(2)} (${mm.computeMs.toFixed(2)}+${mm.sendMs.toFixed(2)}-${mm.descheduledMs.toFixed(2)}) | ${pct(m, row.predictedMs)} | ${faults} |`);
+      const dd = auto.devices_decode.find((x) => x.device === row.label);
+      const readMiB = dd?.read_bytes === undefined ? "-" : (dd.read_bytes / MiB).toFixed(1);
+      console.log(`| ${row.label} | ${d?.set ?? "-"} | ${row.windowLayers} | ${row.predictedMs.toFixed(2)} (${row.predicted.diskMs.toFixed(2)}) | ${m.toFixed(2)} (${mm.computeMs.toFixed(2)}+${mm.sendMs.toFixed(2)}-${mm.descheduledMs.toFixed(2)}) | ${pct(m, row.predictedMs)} | ${dd?.major_faults ?? "-"} | ${readMiB} |`);
     }
-    console.log(`| hops (measured: the token less every device's own work) | | | ${pr.predictedHopsMs.toFixed(2)} | ${pr.measuredRestMs.toFixed(2)} | ${pct(pr.measuredRestMs, pr.predictedHopsMs)} | |`);
-    console.log(`| token | | | ${pr.predictedTokenMs.toFixed(2)} | ${pr.measuredTokenMs.toFixed(2)} | ${pct(pr.measuredTokenMs, pr.predictedTokenMs)} | |`);
+    console.log(`| hops (measured: the token less every device's own work) | | | ${pr.predictedHopsMs.toFixed(2)} | ${pr.measuredRestMs.toFixed(2)} | ${pct(pr.measuredRestMs, pr.predictedHopsMs)} | | |`);
+    console.log(`| token | | | ${pr.predictedTokenMs.toFixed(2)} | ${pr.measuredTokenMs.toFixed(2)} | ${pct(pr.measuredTokenMs, pr.predictedTokenMs)} | | |`);
     // Every round planned and timed its devices anew: each round's errors, and each row's median of them.
     const roundErrors = autoRuns.map((run) => run.placement!.prediction).map((p) => new Map([
       ...p.rows.map((r) => [r.label, rel(r.measuredMs, r.predictedMs)] as const), ["token", rel(p.measuredTokenMs, p.predictedTokenMs)] as const]));

@@ -66,6 +66,9 @@ export interface Status {
   layerRoomBytes: number;
   /** Asked for with StatusRequest.timePass: the profile with the pass timed just now ("" if not). */
   profileJson?: string;
+  /** Bytes the process has read from storage since it started (0 where unknown, and from a worker
+   * that predates it). */
+  readBytes?: number;
 }
 export interface StatusRequest { timePass?: boolean }
 export interface Failure { message: string }

@@ -7,10 +7,10 @@ import { basename, dirname, extname, join, resolve } from "node:path";
 import type { Status } from "../control/index.js";
 import { LocalPipeline, generate, type GenerationResult, type LocalModel, type Sampler } from "../engine/index.js";
 import { ggmlTypeName, metaString, modelFingerprint, rowBytes } from "../model/index.js";
-import { memoryPressureTracker, settleMemory, profileDevice, systemInfo, type DeviceReport, type SystemInfo } from "../profiler/index.js";
+import { defaultCacheDir, memoryPressureTracker, settleMemory, profileDevice, systemInfo, RereadStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
 import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
 import {
-  DecodeMeter, costPerStep, formatPlan, planRing, predictionReport, type MeasuredDevice, type PredictionReport, type RingPlan, type StepCost,
+  DecodeMeter, costPerStep, formatPlan, planRing, predictionReport, recordRereads, type MeasuredDevice, type PredictionReport, type RingPlan, type StepCost,
 } from "./placement.js";
 import { ModelSource, defaultModelCacheDir } from "../transfer/index.js";
 import { serveChunks, windowChunkHashes } from "./model-store.js";
@@ -402,7 +402,7 @@ export class Cluster extends EventEmitter {
         model, modelPath: this.o.modelPath, fingerprint: this.fingerprint, workers, head: this.headReport, ctx: this.o.ctx,
         retimeHead: async () => (this.headReport = await this.profileHead(true)),
         maxBatch: this.o.batch, tokens: this.o.plannedTokens ?? this.o.ctx, log,
-        options: { k: this.o.cycles, ...(this.o.keepAll ? { keepAll: true } : {}) },
+        options: { k: this.o.cycles, ...(this.o.keepAll ? { keepAll: true } : {}) }, rereads: this.rereads,
       });
       log(formatPlan(placement, placement.labels));
       perCycle = [...placement.perCycle];
@@ -619,7 +619,19 @@ export class Cluster extends EventEmitter {
     this.stats.decodeMsSum += result.decodeMs;
     this.stats.decodeSteps += result.decodeSteps;
     const ring = current.kind === "ring" ? current.ring : undefined;
-    const measuring = (async () => this.measure(current, parts.length === 1 ? await before : undefined, pressure.pressure(), meter, result))();
+    const placement = this.placement;
+    const measuring = (async () => {
+      const rows = await this.measure(current, parts.length === 1 ? await before : undefined, pressure.pressure(), meter, result);
+      // What streaming devices really reread at: the next plans price their rereads by it.
+      if (placement && current.kind === "ring" && meter.decodeSteps > 0) {
+        try {
+          for (const line of recordRereads(placement, rows, this.rereads)) this.o.log(line);
+        } catch (e) {
+          this.o.log(`could not keep the devices' reread speeds: ${(e as Error).message}`);
+        }
+      }
+      return rows;
+    })();
     const perDevice = req.report ? await measuring : [];
     if (!req.report) measuring.catch((e: unknown) => this.o.log(`reading the devices' counters failed: ${(e as Error).message}`));
     this.finishActive();
@@ -675,7 +687,7 @@ export class Cluster extends EventEmitter {
   private async measure(current: Current, before: Awaited<ReturnType<Ring["statuses"]>> | undefined, headPressure: number, meter: DecodeMeter, result: GenerationResult): Promise<DeviceDecodeRow[]> {
     if (current.kind === "local") {
       const status = this.localStatus(current.pipeline, headPressure);
-      const cost = { computeMs: meter.meanDecodeMs, waitMs: 0, sendMs: 0, descheduledMs: 0, majorFaults: 0 };
+      const cost = { computeMs: meter.meanDecodeMs, waitMs: 0, sendMs: 0, descheduledMs: 0, majorFaults: 0, readBytes: 0 };
       this.headMeasured = { computeMs: cost.computeMs, waitMs: 0, sendMs: 0, majorFaultsPerToken: 0, tokens: meter.decodeSteps };
       this.headStatusSeen = status;
       return [{ id: HEAD_ID, label: `${HEAD_ID} (this coordinator)`, status, haldaIndex: 0, cost }];
@@ -711,6 +723,8 @@ export class Cluster extends EventEmitter {
   }
 
   private headMeasured: MeasuredMs | null = null;
+  /** Devices' reread speeds seen in this cluster's rings, kept beside this device's profile. */
+  private readonly rereads = new RereadStore(defaultCacheDir());
   private headSystem: SystemInfo | undefined;
   /** The state's model part: it never changes. */
   private modelState: ClusterState["model"] | undefined;

@@ -10,7 +10,8 @@ import type { LocalModel, Pipeline } from "../engine/index.js";
 import { selectDevices, type DeviceLatencyMs, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "../halda/index.js";
 import { modelProfile } from "../model/index.js";
 import {
-  measureLink, reclaimIdlePages, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, windowOverheadMs, type DeviceReport, type LinkMeasurement,
+  measureLink, reclaimIdlePages, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, windowOverheadMs, observedRereadBytesPerS, rereadKey, rereadFigure,
+  RECENT_REREAD_MS, type DeviceReport, type LinkMeasurement, type RereadStore,
 } from "../profiler/index.js";
 import { checkedProfile, type WorkerHandle } from "./registry.js";
 
@@ -120,6 +121,8 @@ export interface StepCost {
   /** Of computeMs and sendMs: preempted (Status.descheduledMs). */
   readonly descheduledMs: number;
   readonly majorFaults: number;
+  /** Bytes the device read from storage (its windows' weights read again), per step. */
+  readonly readBytes: number;
 }
 
 export function costPerStep(before: Status | undefined, after: Status, steps: number): StepCost {
@@ -131,6 +134,7 @@ export function costPerStep(before: Status | undefined, after: Status, steps: nu
     sendMs: (after.sendMs - (before?.sendMs ?? 0)) / t,
     descheduledMs: ((after.descheduledMs ?? 0) - (before?.descheduledMs ?? 0)) / t,
     majorFaults: sum(after, (w) => w.majorFaults) - sum(before, (w) => w.majorFaults),
+    readBytes: Math.max(0, Number(after.readBytes ?? 0) - Number(before?.readBytes ?? 0)) / t,
   };
 }
 
@@ -271,6 +275,8 @@ export interface RingPlanInput {
   readonly tokens: number;
   readonly options: HaldaOptions;
   readonly log: (line: string) => void;
+  /** Devices' reread speeds seen in earlier rings: where a device has some, they price its rereads. */
+  readonly rereads?: RereadStore;
 }
 
 export interface RingPlan extends Placement {
@@ -278,6 +284,37 @@ export interface RingPlan extends Placement {
   readonly labels: readonly string[];
   readonly model: ModelProfile;
   readonly links: readonly (LinkMeasurement | null)[];
+  /** By Halda index: the key of the device's disk among reread observations (rereadKey). */
+  readonly rereadKeys: readonly string[];
+}
+
+/** The report with its disk priced at the median of the device's recent rereads in a ring, where it
+ * has some (said, beside its profile's figure); both disk fields, as Halda reads one or the other by OS. */
+function withObservedRereads(r: DeviceReport, label: string, store: RereadStore | undefined, log: (line: string) => void): DeviceReport {
+  const seen = store?.recent(rereadKey(r)) ?? [];
+  const rate = rereadFigure(seen);
+  if (rate === undefined) return r;
+  const profiled = r.profile.diskSeqReadBytesPerS ?? r.profile.diskRandReadBytesPerS ?? 0;
+  log(`device ${label}: rereads priced at ${(rate / 1e6).toFixed(0)} MB/s, the median of its last ${seen.length} in a ring within ${RECENT_REREAD_MS / 60_000} minutes (its profile: ${(profiled / 1e6).toFixed(0)} MB/s)`);
+  return { ...r, profile: { ...r.profile, diskSeqReadBytesPerS: rate, diskRandReadBytesPerS: rate } };
+}
+
+/** Each placed device's reread speed in this decode, where it streamed (observedRereadBytesPerS), added
+ * to the store: what the next plans price its rereads at. Returns what was seen, to be said. */
+export function recordRereads(p: RingPlan, rows: readonly { haldaIndex: number; cost: StepCost; before?: unknown }[], store: RereadStore): string[] {
+  const said: string[] = [];
+  const handOff = (hi: number) => (p.handOffMs ? p.cycles * p.handOffMs[hi] : 0);
+  for (const r of rows) {
+    const d = p.plan.devices.find((x) => x.index === r.haldaIndex);
+    if (!d || !r.before) continue; // only a decode's own counters
+    const c = r.cost, l = d.latency;
+    const profiled = p.devices[r.haldaIndex].diskSeqReadBytesPerS ?? p.devices[r.haldaIndex].diskRandReadBytesPerS ?? 0;
+    const rate = observedRereadBytesPerS(c.readBytes, c.computeMs + c.sendMs - c.descheduledMs, l.computeMs + l.memoryMs + handOff(r.haldaIndex), profiled);
+    if (rate === undefined) continue;
+    store.add(p.rereadKeys[r.haldaIndex], rate);
+    said.push(`device ${p.labels[r.haldaIndex]} reread ${(c.readBytes / 2 ** 20).toFixed(0)} MiB a token at ${(rate / 1e6).toFixed(0)} MB/s (priced at ${(profiled / 1e6).toFixed(0)})`);
+  }
+  return said;
 }
 
 /** Scratch of one window (activations, RoPE tables): the engine's compute buffer, measured. */
@@ -328,7 +365,7 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     // shared host, from second to second (a pass timed at a worker's join once read 12% slower than
     // its twin's, which then computed alike in the ring).
     const s = await w.status(TIMED_STATUS_TIMEOUT_MS, true);
-    r = timedProfile(s.profileJson, w.label, i.log) ?? r;
+    r = withObservedRereads(timedProfile(s.profileJson, w.label, i.log) ?? r, w.label, i.rereads, i.log);
     const room = Number(s.layerRoomBytes ?? 0) > 0 ? Number(s.layerRoomBytes) : sharedRoomBytes(Number(s.memAvailableBytes));
     reports.push({ ...r, profile: { ...r.profile, ramTotalBytes: s.memTotalBytes, ramAvailableBytes: room } });
     let link: LinkMeasurement | null = null;
@@ -346,7 +383,7 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   // link probes' frames) collected (settleMemory) and its group's idle pages reclaimed (reclaimIdlePages):
   // what it holds is what it will hold besides the plan's windows.
   // Its pass timed last, after the workers' (timing a window's pass leaves garbage too).
-  const headReport = i.retimeHead ? await i.retimeHead() : i.head;
+  const headReport = withObservedRereads(i.retimeHead ? await i.retimeHead() : i.head, "head (this coordinator)", i.rereads, i.log);
   settleMemory();
   await reclaimIdlePages();
   const head = refreshMemory(headReport, i.modelPath);
@@ -376,5 +413,5 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   } catch (e) {
     throw new Error(`no plan: ${(e as Error).message}`);
   }
-  return { ...placement, handOffMs, labels, model: profileModel, links };
+  return { ...placement, handOffMs, labels, model: profileModel, links, rereadKeys: [head, ...reports].map(rereadKey) };
 }

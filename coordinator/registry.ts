@@ -560,7 +560,7 @@ export function checkedProfile(json: string): DeviceReport {
 export function statusProblem(st: Status): string | null {
   const nums: [string, number][] = [
     ["memTotalBytes", Number(st.memTotalBytes)], ["memAvailableBytes", Number(st.memAvailableBytes)], ["anonRssBytes", Number(st.anonRssBytes)],
-    ["layerRoomBytes", Number(st.layerRoomBytes ?? 0)],
+    ["layerRoomBytes", Number(st.layerRoomBytes ?? 0)], ["readBytes", Number(st.readBytes ?? 0)],
     ["waitMs", st.waitMs], ["sendMs", st.sendMs], ["descheduledMs", st.descheduledMs ?? 0], ["memPressure", st.memPressure],
   ];
   for (const [k, v] of nums) if (!Number.isFinite(v) || v < 0) return `${k} = ${v}`;

@@ -4,7 +4,7 @@
 import { randomBytes, randomUUID } from "node:crypto";
 import type { ChunkHash, Status } from "../control/index.js";
 import type { LocalModel } from "../engine/index.js";
-import { WeightRoom, anonRssBytes, deviceMemory } from "../profiler/index.js";
+import { WeightRoom, anonRssBytes, deviceMemory, storageReadBytes } from "../profiler/index.js";
 import {
   RingListener, RingNode, RingPipeline, dialSuccessor, type NodeStats, type RingLink, type WindowSpec,
 } from "../ring/index.js";
@@ -63,7 +63,7 @@ export function headStatus(node: RingNode | undefined, pressure: number): Status
       const r = node!.windows[i].residency();
       return { ...w, residentBytes: r.residentBytes, totalBytes: r.totalBytes };
     }),
-    waitMs: s?.waitMs ?? 0, sendMs: s?.sendMs ?? 0, descheduledMs: s?.descheduledMs ?? 0, frames: s?.frames ?? 0, anonRssBytes: anonRssBytes(), memTotalBytes: mem.totalBytes,
+    waitMs: s?.waitMs ?? 0, sendMs: s?.sendMs ?? 0, descheduledMs: s?.descheduledMs ?? 0, frames: s?.frames ?? 0, anonRssBytes: anonRssBytes(), readBytes: storageReadBytes(), memTotalBytes: mem.totalBytes,
     memAvailableBytes: mem.availableBytes, memPressure: pressure, layerRoomBytes: 0,
   };
 }

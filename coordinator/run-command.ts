@@ -203,7 +203,7 @@ async function generateOnce(a: RunArgs, cluster: Cluster, tok: Tokenizer, ids: I
       ...(ring || out.placement ? { cycles: out.cycles, layer_windows: out.layersPerCycle } : {}),
       ...(ring ? { devices_status: out.perDevice.map((r) => ({ device: r.label, status: r.status })) } : {}),
       ...(ring && decodeOnly ? {
-        devices_decode: out.perDevice.map((r) => ({ device: r.label, compute_ms: r.cost.computeMs, wait_ms: r.cost.waitMs, send_ms: r.cost.sendMs, descheduled_ms: r.cost.descheduledMs, major_faults: r.cost.majorFaults })),
+        devices_decode: out.perDevice.map((r) => ({ device: r.label, compute_ms: r.cost.computeMs, wait_ms: r.cost.waitMs, send_ms: r.cost.sendMs, descheduled_ms: r.cost.descheduledMs, major_faults: r.cost.majorFaults, read_bytes: r.cost.readBytes })),
       } : {}),
       ...(out.placement ? { placement: placementJson(out.placement, out.prediction) } : {}),
     }));

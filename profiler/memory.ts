@@ -76,6 +76,16 @@ export function anonRssBytes(): number {
   return procKiBFields("/proc/self/status").get("RssAnon") ?? process.memoryUsage().rss;
 }
 
+/** Bytes this process has caused to be read from storage since it started (/proc/self/io read_bytes:
+ * page faults and read-ahead included), 0 where the kernel does not say. */
+export function storageReadBytes(): number {
+  try {
+    return Number(/^read_bytes: (\d+)$/m.exec(readText("/proc/self/io"))?.[1] ?? 0);
+  } catch {
+    return 0;
+  }
+}
+
 /** A memory cgroup's limit and what in it is in use and reclaimable (page cache). */
 export interface CgroupMemory {
   readonly version: 1 | 2;

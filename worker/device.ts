@@ -3,7 +3,7 @@
 // activation frame that arrives through its ring node.
 import type { Assignment, KvCommand, Status } from "../control/index.js";
 import type { LocalModel } from "../engine/index.js";
-import { WeightRoom, anonRssBytes, deviceMemory, idleLayerRoomBytes, memoryPressureTracker } from "../profiler/index.js";
+import { WeightRoom, anonRssBytes, deviceMemory, storageReadBytes, idleLayerRoomBytes, memoryPressureTracker } from "../profiler/index.js";
 import {
   RingLane, RingListener, RingNode, RingPort, dialSuccessorWithin, resolveLinkOptions, type RingLink, type RingLinkOptions,
 } from "../ring/index.js";
@@ -188,6 +188,7 @@ export class WorkerDevice implements SessionHandler {
       descheduledMs: s?.descheduledMs ?? 0,
       frames: s?.frames ?? 0,
       anonRssBytes: anonRssBytes(),
+      readBytes: storageReadBytes(),
       memTotalBytes: mem.totalBytes,
       memAvailableBytes: mem.availableBytes,
       layerRoomBytes: this.node?.windows.length ? 0 : idleLayerRoomBytes(() => this.o.model.path),

@@ -8,7 +8,8 @@ import { planRing } from "../../coordinator/placement.js";
 import { WorkerRegistry } from "../../coordinator/registry.js";
 import { LocalModel } from "../../engine/index.js";
 import { modelFingerprint, readGguf } from "../../model/index.js";
-import { parseDeviceReport } from "../../profiler/index.js";
+import { RereadStore, parseDeviceReport, rereadKey } from "../../profiler/index.js";
+import { tempDir } from "../helpers/temp.js";
 import { WorkerSession, type SessionHandler } from "../../worker/session.js";
 import { root } from "../helpers/process.js";
 import { testIdentity, testTrust } from "../helpers/trust.js";
@@ -22,15 +23,18 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-/** A profile Halda accepts, at `gflops` for every weight type. */
-function profileJson(name: string, gflops: number): string {
+/** A profile Halda accepts, at `gflops` for every weight type, on hardware `id`'s disk 8:0. */
+function profileJson(name: string, gflops: number, id = name): string {
   return JSON.stringify({
     version: 1,
     profile: {
-      name, os: "linux", cpuFlopsPerS: { "*": gflops * 1e9 },
+      name, id, os: "linux", cpuFlopsPerS: { "*": gflops * 1e9 },
       ramTotalBytes: 8e9, ramAvailableBytes: 4e9, diskSeqReadBytesPerS: 1e9,
     },
-    details: { memory: { totalBytes: 8e9, availableBytes: 5e9, physicalTotalBytes: 8e9, physicalAvailableBytes: 5e9 } },
+    details: {
+      memory: { totalBytes: 8e9, availableBytes: 5e9, physicalTotalBytes: 8e9, physicalAvailableBytes: 5e9 },
+      disk: { dir: "/m", device: "8:0", throttle: {} },
+    },
   });
 }
 
@@ -83,6 +87,35 @@ describe("a plan times every device's pass first", () => {
     expect(gflops(`w\\d "slowed"`)).toBe(12);
     expect(gflops(`w\\d "broken"`)).toBe(30);
     expect(plan.labels).toHaveLength(3);
+  });
+});
+
+describe("a plan prices rereads as the devices' rings saw them", () => {
+  it("uses the median of a device's recent observations where it has some, its profile's figure where not, and says so", async () => {
+    const { reg, address } = await registry();
+    const token = (await testIdentity()).token;
+    const model = LocalModel.open(modelPath, { threads: 1 });
+    cleanups.push(() => model.close());
+    for (const name of ["seen", "unseen"]) {
+      const f = fakeWorker({ address, name, fingerprint: FP, token, join: { profileJson: profileJson(name, 30) } });
+      cleanups.push(() => f.close());
+      void f.next("statusRequest", 20_000).then(() => f.send({ status: idleStatus() }));
+    }
+    const workers = (await reg.waitFor(2, 5000)).sort((a, b) => a.join.deviceName.localeCompare(b.join.deviceName));
+    const head = parseDeviceReport(profileJson("head", 30));
+    const rereads = new RereadStore(tempDir("prima-rereads-"));
+    for (const [i, r] of [3e9, 2e9, 2.5e9].entries()) rereads.add(rereadKey(parseDeviceReport(profileJson("seen", 30))), r, Date.now() - 1000 + i);
+    rereads.add(rereadKey(head), 4e9);
+    const log: string[] = [];
+    const plan = await planRing({ model, modelPath, fingerprint: FP, workers, head, ctx: 64, maxBatch: 8, tokens: 64, log: (l) => log.push(l), options: { keepAll: true }, rereads });
+    const byName = new Map(plan.devices.map((d) => [d.name, d]));
+    expect(byName.get(workers[0].id)!.diskSeqReadBytesPerS).toBe(2.5e9);
+    expect(byName.get(workers[1].id)!.diskSeqReadBytesPerS).toBe(1e9);
+    expect(byName.get("head")!.diskSeqReadBytesPerS).toBe(4e9);
+    expect(log.join("\n")).toMatch(/device w\d "seen" \(127\.0\.0\.1\): rereads priced at 2500 MB\/s, the median of its last 3 in a ring within 60 minutes \(its profile: 1000 MB\/s\)/);
+    expect(log.join("\n")).not.toMatch(/"unseen".*rereads priced/);
+    // The keys the next decode's observations are kept under, by Halda index (0: the head).
+    expect(plan.rereadKeys).toEqual([rereadKey(head), ...workers.map((w) => rereadKey(parseDeviceReport(w.join.profileJson)))]);
   });
 });
 

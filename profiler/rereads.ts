@@ -1,0 +1,95 @@
+// The speed at which a device really rereads streamed weights, seen in its ring's decode: the bytes it
+// read from storage per token over the time its own work took beyond what Halda priced as compute.
+// A profile times rereads once, on a stand-in written for it, and on a virtual disk that figure moved
+// between 3.6 and 7.2 GB/s from one profile to the next, while the ring's head reread its 189 MiB a
+// token at 7.0-7.3 GB/s in every round of two benchmark runs (BENCHMARKS.md, eleventh session). Plans
+// price rereads at the median of a device's recent observations where it has some, else its profile's.
+import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import type { DeviceReport } from "./report.js";
+
+/** One observation: bytes per second, and when (Unix ms). */
+export interface RereadObservation {
+  readonly bytesPerS: number;
+  readonly atMs: number;
+}
+
+/** A device rereading less than this a token is not streaming: its own work's noise would be the rate. */
+export const MIN_OBSERVED_REREAD_BYTES = 16 * 2 ** 20;
+/** An observation this far from the profile's figure (either way) is a broken measurement. */
+const MAX_REREAD_RATIO = 8;
+/** How long an observation counts, and how many count: a disk's speed moves with its other work. */
+export const RECENT_REREAD_MS = 60 * 60_000, RECENT_REREADS = 3;
+
+/**
+ * The reread speed a decode shows (undefined where it shows none): `readBytesPerToken` read from
+ * storage, in the time the device's own work (`measuredMs`: compute and send, less preemption) took
+ * beyond Halda's figure for it without the disk (`inMemoryMs`: compute, memory, hand-off). `profiled`:
+ * the figure the plan used, to refuse an implausible one.
+ */
+export function observedRereadBytesPerS(readBytesPerToken: number, measuredMs: number, inMemoryMs: number, profiled: number): number | undefined {
+  const diskMs = measuredMs - inMemoryMs;
+  if (!(readBytesPerToken >= MIN_OBSERVED_REREAD_BYTES) || !(diskMs > 0)) return undefined;
+  const rate = (1000 * readBytesPerToken) / diskMs;
+  return rate * MAX_REREAD_RATIO >= profiled && rate <= profiled * MAX_REREAD_RATIO ? rate : undefined;
+}
+
+/** What identifies a device's disk as its rereads see it: its hardware, block device and read throttle
+ * (devices of one machine on one disk share their observations). */
+export function rereadKey(r: DeviceReport): string {
+  // A worker's report comes from the worker: only its fields' text is used, bounded.
+  const d = (r.details as Partial<DeviceReport["details"]> | undefined)?.disk;
+  return `${String(r.profile.id ?? "-")}|${String(d?.device || d?.dir || "-")}|bps=${String(d?.throttle?.readBytesPerS ?? "-")}|iops=${String(d?.throttle?.readIops ?? "-")}`.slice(0, 300);
+}
+
+/** The observations that still count at `nowMs` (well-formed ones only: they come from a file), oldest first. */
+export function recentRereads(list: unknown, nowMs: number): RereadObservation[] {
+  const valid = (o: unknown): o is RereadObservation => {
+    const { bytesPerS, atMs } = (o ?? {}) as Partial<RereadObservation>;
+    return typeof bytesPerS === "number" && Number.isFinite(bytesPerS) && bytesPerS > 0 && typeof atMs === "number" && atMs <= nowMs && nowMs - atMs < RECENT_REREAD_MS;
+  };
+  return (Array.isArray(list) ? list : []).filter(valid).sort((a, b) => a.atMs - b.atMs).slice(-RECENT_REREADS);
+}
+
+/** The middle of the recent observations (the upper middle of two: a slow moment is the likelier
+ * outlier on a shared disk), or undefined. */
+export function rereadFigure(list: readonly RereadObservation[]): number | undefined {
+  if (list.length === 0) return undefined;
+  const s = list.map((o) => o.bytesPerS).sort((a, b) => a - b);
+  return s[s.length >> 1];
+}
+
+/** Observations kept in a file beside the profiles (the coordinator's), by rereadKey. */
+export class RereadStore {
+  private readonly file: string;
+
+  constructor(dir: string) {
+    this.file = join(dir, "rereads.json");
+  }
+
+  private load(nowMs: number): Map<string, RereadObservation[]> {
+    try {
+      const j = JSON.parse(readFileSync(this.file, "utf8")) as unknown;
+      const entries = typeof j === "object" && j !== null && !Array.isArray(j) ? Object.entries(j) : [];
+      return new Map(entries.map(([k, v]) => [k, recentRereads(v, nowMs)] as const).filter(([, v]) => v.length > 0));
+    } catch {
+      return new Map(); // none yet, or unreadable: no observations
+    }
+  }
+
+  /** The recent observations of a device's disk. */
+  recent(key: string, nowMs = Date.now()): RereadObservation[] {
+    return this.load(nowMs).get(key) ?? [];
+  }
+
+  /** Adds an observation and writes the file atomically (errors are the caller's to say). */
+  add(key: string, bytesPerS: number, nowMs = Date.now()): void {
+    const all = this.load(nowMs);
+    all.set(key, recentRereads([...(all.get(key) ?? []), { bytesPerS, atMs: nowMs }], nowMs));
+    const dir = join(this.file, "..");
+    if (!existsSync(dir)) mkdirSync(dir, { recursive: true });
+    const tmp = `${this.file}.${process.pid}.tmp`;
+    writeFileSync(tmp, JSON.stringify(Object.fromEntries(all), null, 1));
+    renameSync(tmp, this.file);
+  }
+}
