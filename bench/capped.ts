@@ -4,6 +4,8 @@
 // with --caps 232 at 3 x 232 MiB (a layer or two short: a small overflow). For
 // each cap: the automatic plan, a sweep of hand-made --layer-windows plans, prima alone in one such
 // cgroup and llama.cpp's llama-bench alone in one; predicted against measured ms per token per device.
+// Then what a streaming device does to its neighbours' compute on one host (streamingNeighbour), and
+// one window larger than its memory, streamed or left to the kernel.
 // The page cache is dropped before each run and the head starts first, so each device pays for the
 // pages it reads (a page is charged to the cgroup that first reads it).
 import { spawn, type ChildProcess } from "node:child_process";
@@ -77,9 +79,11 @@ interface RunJson {
   placement?: { plan: { devices: { name: string; set: string; windowLayers: number; ramLayerCapacityBytes: number; reloadBytesPerToken: number }[] }; per_cycle: number[]; devices: { diskSeqReadBytesPerS?: number }[]; prediction: Prediction };
 }
 
-/** One ring run: head then two workers (dev-a, dev-b), each in a fresh cgroup of capMiB. */
-async function ringRun(model: string, capMiB: number, windows: readonly number[] | null, tag: string): Promise<RunJson> {
-  const groups = ["h", "a", "b"].map((n) => makeGroup(`prima-capped-${process.pid}-${tag}-${n}`, capMiB));
+/** One ring run: head then two workers (dev-a, dev-b), each in a fresh cgroup of capMiB (or of its own
+ * cap, head first). */
+async function ringRun(model: string, capMiB: number | readonly number[], windows: readonly number[] | null, tag: string): Promise<RunJson> {
+  const caps = typeof capMiB === "number" ? [capMiB, capMiB, capMiB] : capMiB;
+  const groups = ["h", "a", "b"].map((n, i) => makeGroup(`prima-capped-${process.pid}-${tag}-${n}`, caps[i]));
   const procs: Proc[] = [];
   try {
     dropCaches();
@@ -262,8 +266,34 @@ export async function main(model: string, reps = 3, caps: readonly number[] = [2
       `disk-bound limit ${limitMs.toFixed(1)} ms/token (${(1000 / limitMs).toFixed(2)} tok/s): measured ${pr.measuredTokenMs.toFixed(1)} ms, ${(pr.measuredTokenMs / limitMs).toFixed(2)}x the limit`);
     summary.push(`${cap} MiB: automatic ${auto.decode_tok_s.toFixed(2)} tok/s, best hand-made ${best.tokS.toFixed(2)} [${best.w}], alone ${fmt(alone)}, llama-bench ${fmt(llama)}`);
   }
+  summary.push(await streamingNeighbour(model, reps));
   summary.push(...(await overflowingWindows(model)));
   console.log(`\n${summary.join("\n")}\nreproduce: npm run build && sudo node dist/bench/index.js --only capped`);
+}
+
+/** The plan [6,12,4] with the head in 1024 MiB and w1 in 200, w2 in 200 MiB (it streams most of its
+ * 12 layers) or in 1024 (it holds them), alternating for `reps` rounds: what a streaming device does to
+ * the others' own work when they share one host's CPUs, which no preemption counter of theirs holds
+ * (on separate devices there is nothing to share). Their median compute ms a token either way. */
+async function streamingNeighbour(model: string, reps: number): Promise<string> {
+  const plan = [6, 12, 4];
+  const runs: Record<"streams" | "holds", RunJson[]> = { streams: [], holds: [] };
+  for (let r = 0; r < reps; r++) {
+    runs.streams.push(await ringRun(model, [1024, 200, 200], plan, "nbr"));
+    runs.holds.push(await ringRun(model, [1024, 200, 1024], plan, "nbr"));
+  }
+  const cost = (rs: RunJson[], i: number, f: (d: RunJson["devices_decode"][number]) => number) => median(rs.map((x) => f(x.devices_decode[i])));
+  const devices = runs.holds[0].devices_decode.map((d) => d.device);
+  console.log(`\n## a streaming device's neighbours on one host: [${plan}], head 1024 MiB, w1 200 MiB, w2 200 MiB (streams) or 1024 MiB (holds its window), median of ${reps} rounds\n`);
+  console.log("| w2 | decode tok/s | w2 MiB read a token | " + devices.map((d) => `${d.split(" (")[0]} compute ms a token (preempted)`).join(" | ") + " |");
+  console.log("|---|---|---|" + devices.map(() => "---|").join(""));
+  for (const k of ["streams", "holds"] as const) {
+    const rs = runs[k];
+    console.log(`| ${k} | ${median(rs.map((x) => x.decode_tok_s)).toFixed(2)} | ${(cost(rs, 1, (d) => d.read_bytes ?? 0) / MiB).toFixed(0)} | ` +
+      devices.map((_, i) => `${cost(rs, i, (d) => d.compute_ms).toFixed(2)} (${cost(rs, i, (d) => d.descheduled_ms).toFixed(2)})`).join(" | ") + " |");
+  }
+  const ratio = (i: number) => (cost(runs.streams, i, (d) => d.compute_ms) / cost(runs.holds, i, (d) => d.compute_ms)).toFixed(2);
+  return `a streaming w2 beside its neighbours: head compute ${ratio(2)}x, w1 ${ratio(0)}x what they take beside a w2 holding its window`;
 }
 
 /** Layer bytes of the model (all layers), b and b' at CTX: from the model's own profile. */
