@@ -1,7 +1,7 @@
 // The speed at which a device really rereads streamed weights, seen in its ring's decode: the bytes it
 // read from storage per token over the time its own work took beyond what Halda priced as compute.
 // A profile times rereads once, on a stand-in written for it, and keeps that figure, but a disk's speed
-// moves: on this project's VM the ring's rereads ran at 4.7 to 7.6 GB/s within one hour (up to 20%
+// moves: on this project's VM the ring's rereads ran at 4.7 to 7.8 GB/s within one hour (up to 20%
 // apart a minute apart), four first profiles read 3.6 to 7.2, and the tenth session's host reread 20%
 // slower than its cached figure for hours (BENCHMARKS.md, eleventh session). Plans price a disk's
 // rereads at the median of its recent observations where it has some, else at the profile's figure.
