@@ -50,12 +50,18 @@ async function registry() {
   return { reg, address: `127.0.0.1:${port}`, lines };
 }
 
+/** A registry to join, the cluster's token, and the model a plan is made for (closed after the test). */
+async function planningSetup() {
+  const { reg, address } = await registry();
+  const token = (await testIdentity()).token;
+  const model = LocalModel.open(modelPath, { threads: 1 });
+  cleanups.push(() => model.close());
+  return { reg, address, token, model };
+}
+
 describe("a plan times every device's pass first", () => {
   it("plans with the profile each worker timed just now, then times the head's; a broken one is said and the join's stands", async () => {
-    const { reg, address } = await registry();
-    const token = (await testIdentity()).token;
-    const model = LocalModel.open(modelPath, { threads: 1 });
-    cleanups.push(() => model.close());
+    const { reg, address, token, model } = await planningSetup();
     // Two workers joined at 30 GFLOP/s; now one times 12, the other answers with a profile that does
     // not parse.
     const answers: Record<string, string> = { slowed: profileJson("slowed", 12), broken: "{not json" };
@@ -92,10 +98,7 @@ describe("a plan times every device's pass first", () => {
 
 describe("a plan prices rereads as the devices' rings saw them", () => {
   it("uses the median of a device's recent observations where it has some, its profile's figure where not, and says so", async () => {
-    const { reg, address } = await registry();
-    const token = (await testIdentity()).token;
-    const model = LocalModel.open(modelPath, { threads: 1 });
-    cleanups.push(() => model.close());
+    const { reg, address, token, model } = await planningSetup();
     for (const name of ["seen", "unseen"]) {
       const f = fakeWorker({ address, name, fingerprint: FP, token, join: { profileJson: profileJson(name, 30) } });
       cleanups.push(() => f.close());
