@@ -7,7 +7,7 @@
 // not change the plan: worker j (join order) is Halda device j + 1.
 import { TIMED_STATUS_TIMEOUT_MS, type Status } from "../control/index.js";
 import type { LocalModel, Pipeline } from "../engine/index.js";
-import { selectDevices, type DeviceLatencyMs, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "../halda/index.js";
+import { effectiveDiskBytesPerS, selectDevices, type DeviceLatencyMs, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "../halda/index.js";
 import { modelProfile } from "../model/index.js";
 import {
   measureLink, reclaimIdlePages, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, windowOverheadMs, observedRereadBytesPerS, rereadKey, rereadFigure,
@@ -294,7 +294,7 @@ function withObservedRereads(r: DeviceReport, label: string, store: RereadStore 
   const seen = store?.recent(rereadKey(r)) ?? [];
   const rate = rereadFigure(seen);
   if (rate === undefined) return r;
-  const profiled = r.profile.diskSeqReadBytesPerS ?? r.profile.diskRandReadBytesPerS ?? 0;
+  const profiled = effectiveDiskBytesPerS(r.profile) ?? 0;
   log(`device ${label}: rereads priced at ${(rate / 1e6).toFixed(0)} MB/s, the median of its last ${seen.length} in a ring within ${RECENT_REREAD_MS / 60_000} minutes (its profile: ${(profiled / 1e6).toFixed(0)} MB/s)`);
   return { ...r, profile: { ...r.profile, diskSeqReadBytesPerS: rate, diskRandReadBytesPerS: rate } };
 }
@@ -308,7 +308,7 @@ export function recordRereads(p: RingPlan, rows: readonly { haldaIndex: number; 
     const d = p.plan.devices.find((x) => x.index === r.haldaIndex);
     if (!d || !r.before) continue; // only a decode's own counters
     const c = r.cost, l = d.latency;
-    const profiled = p.devices[r.haldaIndex].diskSeqReadBytesPerS ?? p.devices[r.haldaIndex].diskRandReadBytesPerS ?? 0;
+    const profiled = effectiveDiskBytesPerS(p.devices[r.haldaIndex]) ?? 0;
     const rate = observedRereadBytesPerS(c.readBytes, c.computeMs + c.sendMs - c.descheduledMs, l.computeMs + l.memoryMs + handOff(r.haldaIndex), profiled);
     if (rate === undefined) continue;
     store.add(p.rereadKeys[r.haldaIndex], rate);

@@ -68,6 +68,13 @@ function flopsTable(where: string, field: string, v: unknown, required: boolean)
   return out;
 }
 
+/** s_m (HALDA.md §1.1): the disk speed a device's reloads are priced at: sequential on Linux (the mmap
+ * is advised sequential), random elsewhere, either where only one is given (undefined: neither). */
+export function effectiveDiskBytesPerS(p: Pick<DeviceProfile, "os" | "diskSeqReadBytesPerS" | "diskRandReadBytesPerS">): number | undefined {
+  const seq = p.diskSeqReadBytesPerS, rand = p.diskRandReadBytesPerS;
+  return p.os === "linux" ? (seq ?? rand) : (rand ?? seq);
+}
+
 /** Checks one profile and fills the defaults. `index` is its position in the ring (0 = head). */
 export function resolveDevice(p: DeviceProfile, index: number): ResolvedDevice {
   if (typeof p !== "object" || p === null || Array.isArray(p)) fail(`device #${index}`, "must be an object");
@@ -84,7 +91,7 @@ export function resolveDevice(p: DeviceProfile, index: number): ResolvedDevice {
   const seq = num("diskSeqReadBytesPerS");
   const rand = num("diskRandReadBytesPerS");
   if (seq === undefined && rand === undefined) fail(where, "missing disk speed: give diskSeqReadBytesPerS and/or diskRandReadBytesPerS (B/s)");
-  const diskBytesPerS = p.os === "linux" ? (seq ?? rand)! : (rand ?? seq)!;
+  const diskBytesPerS = effectiveDiskBytesPerS({ os: p.os, diskSeqReadBytesPerS: seq, diskRandReadBytesPerS: rand })!;
   if (!(diskBytesPerS > 0)) fail(where, "disk read speed must be > 0 B/s");
   const gpuFree = num("gpuFreeBytes", hasGpu) ?? 0;
   const cap = num("gpuMemCapBytes");

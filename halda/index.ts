@@ -3,7 +3,7 @@ export { halda, selectDevices } from "./planner.js";
 export { SELECTION_EXACT_MAX_DEVICES } from "./selection.js";
 export { baselinePlan, baselineNames, type BaselineName } from "./baselines.js";
 export { predictLatency, predictLatencyMs, type Assignment, type ComputeBufferChoice, type DeviceEvaluation, type LatencyPrediction } from "./latency.js";
-export { parseDeviceProfiles, resolveDevice, type ParsedDevices, type ResolvedDevice } from "./devices.js";
+export { effectiveDiskBytesPerS, parseDeviceProfiles, resolveDevice, type ParsedDevices, type ResolvedDevice } from "./devices.js";
 export { validKs, STREAM_MARGIN_BYTES } from "./terms.js";
 export {
   HaldaError,

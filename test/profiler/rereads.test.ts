@@ -96,6 +96,15 @@ describe("a decode's rereads recorded for the next plan", () => {
     expect(said[0]).toMatch(/^device head \(this coordinator\) reread 190 MiB a token at \d+ MB\/s \(priced at 5000\)$/);
   });
 
+  it("says what the plan priced the disk at by Halda's rule: sequential on Linux, random elsewhere", () => {
+    const priced = (os: string) => {
+      const p = { ...plan, devices: [{ os, diskSeqReadBytesPerS: 5e9, diskRandReadBytesPerS: 4e9 }, plan.devices[1]] } as unknown as RingPlan;
+      return recordRereads(p, [{ haldaIndex: 0, before: {}, cost: cost({ computeMs: 35, readBytes: 190 * MiB }) }], new RereadStore(tempDir("prima-rereads-")))[0];
+    };
+    expect(priced("linux")).toMatch(/\(priced at 5000\)$/);
+    expect(priced("macos")).toMatch(/\(priced at 4000\)$/);
+  });
+
   it("keeps nothing from counters that do not cover the decode alone", () => {
     const store = new RereadStore(tempDir("prima-rereads-"));
     expect(recordRereads(plan, [{ haldaIndex: 0, cost: cost({ computeMs: 35, readBytes: 190 * MiB }) }], store)).toEqual([]);
