@@ -45,16 +45,23 @@ export interface PassScale {
  * is outvoted; a device that stays slower (a user's own program) shows at its second timing. */
 export const RECENT_PASS_MS = 5 * 60_000, RECENT_PASSES = 3;
 
+/** Of `list` (it may come from a file: only objects whose `field` is a positive finite number and whose
+ * atMs is a time not after `nowMs` count), the last `count` within `withinMs` of `nowMs`, oldest first,
+ * each once (a file's copy and ours hold the same ones after a save), with only those two fields. */
+export function recentTimed<K extends string>(list: unknown, field: K, nowMs: number, withinMs: number, count: number): ({ readonly atMs: number } & Record<K, number>)[] {
+  const unique = new Map<string, { readonly atMs: number } & Record<K, number>>();
+  for (const o of Array.isArray(list) ? list : []) {
+    const v = (o as Record<string, unknown> | null)?.[field], atMs = (o as { atMs?: unknown } | null)?.atMs;
+    if (typeof v !== "number" || !Number.isFinite(v) || v <= 0 || typeof atMs !== "number" || atMs > nowMs || nowMs - atMs >= withinMs) continue;
+    unique.set(`${atMs} ${v}`, { atMs, [field]: v } as { readonly atMs: number } & Record<K, number>);
+  }
+  return [...unique.values()].sort((a, b) => a.atMs - b.atMs).slice(-count);
+}
+
 /** The timings of `before` and `added` (either may come from a file: only well-formed ones) that
  * still count at `nowMs`, oldest first. */
 export function recentPassScales(before: unknown, added: readonly PassScale[], nowMs: number): PassScale[] {
-  const valid = (p: unknown): p is PassScale => {
-    const { scale, atMs } = (p ?? {}) as Partial<PassScale>;
-    return typeof scale === "number" && Number.isFinite(scale) && scale > 0 && typeof atMs === "number" && atMs <= nowMs && nowMs - atMs < RECENT_PASS_MS;
-  };
-  // Keyed by time and value: the file's copy and ours hold the same timings after a save.
-  const unique = new Map([...(Array.isArray(before) ? before : []), ...added].filter(valid).map((p) => [`${p.atMs} ${p.scale}`, { scale: p.scale, atMs: p.atMs }]));
-  return [...unique.values()].sort((a, b) => a.atMs - b.atMs).slice(-RECENT_PASSES);
+  return recentTimed([...(Array.isArray(before) ? before : []), ...added], "scale", nowMs, RECENT_PASS_MS, RECENT_PASSES);
 }
 
 /** $PRIMA_PROFILE_DIR, else $XDG_CACHE_HOME/prima/profiles, else ~/.cache/prima/profiles. */
@@ -76,7 +83,7 @@ export function cacheKey(identity: Readonly<Record<string, string | number>>): s
 }
 
 /** mkdir -p, one level at a time (Node's recursive mkdir never returns under /proc). */
-function makeDirs(dir: string): void {
+export function makeDirs(dir: string): void {
   const missing: string[] = [];
   for (let d = dir; !existsSync(d); d = dirname(d)) {
     missing.unshift(d);
@@ -123,8 +130,14 @@ export function saveSpeeds(dir: string, s: CachedSpeeds): string {
     passScales: mergedPassScales(onDisk.passScales, s.passScales),
   };
   const file = fileOf(dir, s.key);
-  const tmp = `${file}.${process.pid}.tmp`;
-  writeFileSync(tmp, JSON.stringify(merged, null, 1));
-  renameSync(tmp, file);
+  writeJsonAtomically(file, merged);
   return file;
+}
+
+/** Writes `value` as JSON to `file` through a temporary file and a rename: a reader (another process)
+ * sees the old file or the new one, never half of one. */
+export function writeJsonAtomically(file: string, value: unknown): void {
+  const tmp = `${file}.${process.pid}.tmp`;
+  writeFileSync(tmp, JSON.stringify(value, null, 1));
+  renameSync(tmp, file);
 }

@@ -1,12 +1,13 @@
 // The speed at which a device really rereads streamed weights, seen in its ring's decode: the bytes it
 // read from storage per token over the time its own work took beyond what Halda priced as compute.
 // A profile times rereads once, on a stand-in written for it, and keeps that figure, but a disk's speed
-// moves: on this project's VM the ring's rereads ran at 4.7 to 7.8 GB/s within one hour (up to 20%
-// apart a minute apart), four first profiles read 3.6 to 7.2, and the tenth session's host reread 20%
-// slower than its cached figure for hours (BENCHMARKS.md, eleventh session). Plans price a disk's
+// moves: on this project's VM five profiles one after another read 4.9 to 6.9 GB/s, the rings' rereads
+// ran at 5.8 to 7.8 within an hour, and the tenth session's host reread 20% slower than its cached
+// figure for hours (BENCHMARKS.md, eleventh session). Plans price a disk's
 // rereads at the median of its recent observations where it has some, else at the profile's figure.
-import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { readFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { makeDirs, recentTimed, writeJsonAtomically } from "./cache.js";
 import type { DeviceReport } from "./report.js";
 
 /** One observation: bytes per second, and when (Unix ms). */
@@ -45,11 +46,7 @@ export function rereadKey(r: DeviceReport): string {
 
 /** The observations that still count at `nowMs` (well-formed ones only: they come from a file), oldest first. */
 export function recentRereads(list: unknown, nowMs: number): RereadObservation[] {
-  const valid = (o: unknown): o is RereadObservation => {
-    const { bytesPerS, atMs } = (o ?? {}) as Partial<RereadObservation>;
-    return typeof bytesPerS === "number" && Number.isFinite(bytesPerS) && bytesPerS > 0 && typeof atMs === "number" && atMs <= nowMs && nowMs - atMs < RECENT_REREAD_MS;
-  };
-  return (Array.isArray(list) ? list : []).filter(valid).sort((a, b) => a.atMs - b.atMs).slice(-RECENT_REREADS);
+  return recentTimed(list, "bytesPerS", nowMs, RECENT_REREAD_MS, RECENT_REREADS);
 }
 
 /** The middle of the recent observations (the upper middle of two: a slow moment is the likelier
@@ -87,10 +84,7 @@ export class RereadStore {
   add(key: string, bytesPerS: number, nowMs = Date.now()): void {
     const all = this.load(nowMs);
     all.set(key, recentRereads([...(all.get(key) ?? []), { bytesPerS, atMs: nowMs }], nowMs));
-    const dir = join(this.file, "..");
-    if (!existsSync(dir)) mkdirSync(dir, { recursive: true });
-    const tmp = `${this.file}.${process.pid}.tmp`;
-    writeFileSync(tmp, JSON.stringify(Object.fromEntries(all), null, 1));
-    renameSync(tmp, this.file);
+    makeDirs(dirname(this.file));
+    writeJsonAtomically(this.file, Object.fromEntries(all));
   }
 }
