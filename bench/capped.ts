@@ -282,18 +282,35 @@ async function streamingNeighbour(model: string, reps: number): Promise<string> 
     runs.streams.push(await ringRun(model, [1024, 200, 200], plan, "nbr"));
     runs.holds.push(await ringRun(model, [1024, 200, 1024], plan, "nbr"));
   }
-  const cost = (rs: RunJson[], i: number, f: (d: RunJson["devices_decode"][number]) => number) => median(rs.map((x) => f(x.devices_decode[i])));
   const devices = runs.holds[0].devices_decode.map((d) => d.device);
+  // By device name, not position: every run lists its devices in its own order.
+  const cost = (rs: RunJson[], i: number, f: (d: RunJson["devices_decode"][number]) => number) =>
+    median(rs.map((x) => f(x.devices_decode.find((d) => d.device === devices[i])!)));
+  const at = (name: string) => devices.findIndex((d) => d.startsWith(name));
   console.log(`\n## a streaming device's neighbours on one host: [${plan}], head 1024 MiB, w1 200 MiB, w2 200 MiB (streams) or 1024 MiB (holds its window), median of ${reps} rounds\n`);
   console.log("| w2 | decode tok/s | w2 MiB read a token | " + devices.map((d) => `${d.split(" (")[0]} compute ms a token (preempted)`).join(" | ") + " |");
   console.log("|---|---|---|" + devices.map(() => "---|").join(""));
   for (const k of ["streams", "holds"] as const) {
     const rs = runs[k];
-    console.log(`| ${k} | ${median(rs.map((x) => x.decode_tok_s)).toFixed(2)} | ${(cost(rs, 1, (d) => d.read_bytes ?? 0) / MiB).toFixed(0)} | ` +
+    console.log(`| ${k} | ${median(rs.map((x) => x.decode_tok_s)).toFixed(2)} | ${(cost(rs, at("w2"), (d) => d.read_bytes ?? 0) / MiB).toFixed(0)} | ` +
       devices.map((_, i) => `${cost(rs, i, (d) => d.compute_ms).toFixed(2)} (${cost(rs, i, (d) => d.descheduled_ms).toFixed(2)})`).join(" | ") + " |");
   }
   const ratio = (i: number) => (cost(runs.streams, i, (d) => d.compute_ms) / cost(runs.holds, i, (d) => d.compute_ms)).toFixed(2);
-  return `a streaming w2 beside its neighbours: head compute ${ratio(2)}x, w1 ${ratio(0)}x what they take beside a w2 holding its window`;
+  // Part of it is the idle gap before their passes, longer beside a device that streams (the token is
+  // longer): the same window in one process, uncapped, after the profile's 10 ms gap and after 45 ms.
+  const { LocalModel } = await import("../engine/index.js");
+  const { RING_COMPUTE_OPTIONS } = await import("../ring/index.js");
+  const { medianForwardMs } = await import("./idle-gap.js");
+  const lm = LocalModel.open(model, { threads: 2, ...RING_COMPUTE_OPTIONS });
+  let gaps: number[];
+  try {
+    gaps = [await medianForwardMs(lm, 10), await medianForwardMs(lm, 45)];
+  } finally {
+    lm.close();
+  }
+  console.log(`\none process, the first 7 layers: ${gaps[0].toFixed(2)} ms a pass after a 10 ms idle gap, ${gaps[1].toFixed(2)} after 45 ms (${(gaps[1] / gaps[0]).toFixed(2)}x)`);
+  return `a streaming w2 beside its neighbours: head compute ${ratio(at("head"))}x, w1 ${ratio(at("w1"))}x what they take beside a w2 holding its window; ` +
+    `a pass after a 45 ms idle gap ${(gaps[1] / gaps[0]).toFixed(2)}x one after 10 ms`;
 }
 
 /** Layer bytes of the model (all layers), b and b' at CTX: from the model's own profile. */
@@ -368,7 +385,9 @@ async function overflowingWindows(model: string): Promise<string[]> {
   return lines;
 }
 
-// node dist/bench/capped.js --window model.gguf: only the overflowing windows (root); --window-passes:
-// the child it starts in the capped cgroup.
+// node dist/bench/capped.js --window model.gguf: only the overflowing windows (root); --neighbour
+// model.gguf [reps]: only a streaming device's neighbours (root); --window-passes: the child --window
+// starts in the capped cgroup.
 if (process.argv[2] === "--window-passes") void windowPasses(process.argv[3], JSON.parse(process.argv[5]) as WindowSetup, process.argv[4] === "streamed");
 else if (process.argv[2] === "--window") void overflowingWindows(process.argv[3]).then((lines) => console.log(`\n${lines.join("\n")}`));
+else if (process.argv[2] === "--neighbour") void streamingNeighbour(process.argv[3], Number(process.argv[4] ?? 3)).then((line) => console.log(`\n${line}`));

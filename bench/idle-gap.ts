@@ -9,7 +9,7 @@ import { median, root, runWhenMain } from "./procs.js";
 
 /** Median ms of one-token passes through the first 7 layers (inline, as a ring device runs a
  * one-token window), each after `gapMs`: the profile's own loop (timePasses). */
-async function medianForwardMs(model: LocalModel, gapMs: number, n = 100): Promise<number> {
+export async function medianForwardMs(model: LocalModel, gapMs: number, n = 100): Promise<number> {
   const w = model.window(0, 7, { ctx: n + 1 });
   try {
     return median(await timePasses(w, model.nEmbd, { count: n, skip: 0, gapMs }));
