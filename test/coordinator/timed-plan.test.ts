@@ -23,12 +23,12 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-/** A profile Halda accepts, at `gflops` for every weight type, on hardware `id`'s disk 8:0. */
-function profileJson(name: string, gflops: number, id = name): string {
+/** A profile Halda accepts, at `gflops` for every weight type, on disk 8:0 of hardware named as the device. */
+function profileJson(name: string, gflops: number): string {
   return JSON.stringify({
     version: 1,
     profile: {
-      name, id, os: "linux", cpuFlopsPerS: { "*": gflops * 1e9 },
+      name, id: name, os: "linux", cpuFlopsPerS: { "*": gflops * 1e9 },
       ramTotalBytes: 8e9, ramAvailableBytes: 4e9, diskSeqReadBytesPerS: 1e9,
     },
     details: {
