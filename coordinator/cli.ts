@@ -9,6 +9,7 @@ const commands: Record<string, { summary: string; load: () => Promise<Command> }
   serve: { summary: "serve model.gguf [--port 8080]   the cluster as a service: OpenAI API, dashboard, workers join any time", load: async () => (await import("./serve-command.js")).serveCommand },
   chat: { summary: "chat model.gguf   a conversation in the terminal (alone, or with joined workers)", load: async () => (await import("./chat-command.js")).chatCommand },
   status: { summary: "status [host:port] [--watch] [--json]   the cluster's state in the terminal", load: async () => (await import("./status-command.js")).statusCommand },
+  perplexity: { summary: "perplexity model.gguf -f text.txt [--ctx N]   how well the model predicts a text (as llama-perplexity)", load: async () => (await import("./perplexity-command.js")).perplexityCommand },
   plan: { summary: "plan model.gguf --devices devices.json   print Halda's plan for a cluster", load: async () => (await import("./plan-command.js")).planCommand },
   token: { summary: "token [--name NAME] [--rotate]   the join token workers need (made on first use)", load: async () => (await import("./token-command.js")).tokenCommand },
   "make-model": { summary: "make-model --shape NAME --type TYPE --out FILE   write a random-weight GGUF", load: async () => (await import("./make-model-command.js")).makeModelCommand },
