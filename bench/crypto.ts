@@ -7,7 +7,7 @@
 //   node dist/bench/crypto.js [model.gguf] [rounds]
 import { spawn } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { DialerProof, listenerAnswer } from "../ring/seal.js";
+import { DialerProof, listenerAnswer } from "../ring/index.js";
 import { root } from "./procs.js";
 
 const TOKENS = 64;

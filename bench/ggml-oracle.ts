@@ -6,7 +6,7 @@ import { createHash } from "node:crypto";
 import { existsSync, readFileSync, mkdirSync, renameSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { packageRoot } from "../native/index.js";
+import { packageRoot } from "../base/index.js";
 
 const root = packageRoot();
 const libDir = join(root, "node_modules", "@node-llama-cpp", "linux-x64", "bins", "linux-x64");

@@ -7,7 +7,7 @@
 // weights streamed (the decode regime), on one core and on two (rows split between the threads).
 // Ratios are ggml time / our time (> 1: we are faster).
 import { GgmlTypeId, MAX_NC, WEIGHT_TYPES, benchDot, quantizeAct, quantizeRef, simdLevel, typeInfo, type GgmlTypeName }
-  from "../native/kernels.js";
+  from "../native/index.js";
 import { ggmlBenchGemmQ4K, ggmlBenchVecDot, oracleUnavailable } from "./ggml-oracle.js";
 
 interface Options { types: GgmlTypeName[]; seconds: number; coldMb: number; n: number }

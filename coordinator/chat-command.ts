@@ -4,7 +4,7 @@
 import { createInterface } from "node:readline";
 import { Sampler } from "../engine/index.js";
 import type { ChatMessage } from "../model/index.js";
-import { StreamingDecoder } from "../model/tokenizer.js";
+import { StreamingDecoder } from "../model/index.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
 import { CancelledError } from "./cluster.js";
 import { clusterFor, log, openHead } from "./head.js";

@@ -1,6 +1,6 @@
 // The head's model and the cluster around it, from the options run, chat and serve share.
 import { LocalModel } from "../engine/index.js";
-import { Tokenizer } from "../model/tokenizer.js";
+import { Tokenizer } from "../model/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 import type { ClusterArgs } from "./args.js";
 import { Cluster } from "./cluster.js";

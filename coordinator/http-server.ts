@@ -6,7 +6,7 @@ import { randomUUID, timingSafeEqual, createHash } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { Sampler } from "../engine/index.js";
-import { StreamingDecoder, type Tokenizer } from "../model/tokenizer.js";
+import { StreamingDecoder, type Tokenizer } from "../model/index.js";
 import { CancelledError, QueueFullError, type Cluster } from "./cluster.js";
 import { formatMetrics, newRequestOutcomes, type RequestOutcomes } from "./metrics.js";
 import {

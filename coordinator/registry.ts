@@ -19,7 +19,7 @@ import {
   type KvCommand, type Ready, type SessionStream, type Status, type WorkerMessage,
 } from "../control/index.js";
 import { printable } from "../discovery/index.js";
-import { PLAUSIBLE, parseDeviceReport, type DeviceReport } from "../profiler/report.js";
+import { PLAUSIBLE, parseDeviceReport, type DeviceReport } from "../profiler/index.js";
 import { STREAM_MAGIC, TICKET_BYTES } from "../transfer/index.js";
 import { ALPN_CHUNKS, ALPN_GRPC, TlsGate, joinProof, proofMatches, type ClusterKeys, type JoinToken } from "../trust/index.js";
 

@@ -2,7 +2,7 @@
 // terminal. With no workers the coordinator is a single-device engine; with --min-workers it waits for
 // prima-worker daemons and drives the ring. The same cluster object as `serve`, with one request.
 import { Sampler } from "../engine/index.js";
-import { Tokenizer, StreamingDecoder } from "../model/tokenizer.js";
+import { Tokenizer, StreamingDecoder } from "../model/index.js";
 import { peakAnonTracker } from "../profiler/index.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, UsageError, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
 import type { Cluster, GenerationOutcome } from "./cluster.js";

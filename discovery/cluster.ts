@@ -5,7 +5,7 @@
 import { isIPv4 } from "node:net";
 import { hostname } from "node:os";
 import type { Service } from "bonjour-service";
-import { printable } from "./escape.js";
+import { printable } from "../base/index.js";
 import { DiscoveryError, openMdns, type MdnsOptions } from "./mdns.js";
 
 /** The DNS-SD service type: `_prima._tcp`. */

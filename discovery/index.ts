@@ -6,4 +6,4 @@ export {
   type ClusterAd, type PublishOptions, type Publication, type FoundCluster, type BrowseOptions, type FindOptions,
 } from "./cluster.js";
 export { DiscoveryError, INTERFACE_ENV, PORT_ENV, MDNS_PORT, resolveInterface, type MdnsOptions } from "./mdns.js";
-export { printable } from "./escape.js";
+export { printable } from "../base/index.js";

@@ -7,7 +7,7 @@ import type { EventEmitter } from "node:events";
 import { isIPv4 } from "node:net";
 import { networkInterfaces } from "node:os";
 import Bonjour from "bonjour-service";
-import { printable } from "./escape.js";
+import { printable } from "../base/index.js";
 
 export const MDNS_PORT = 5353;
 /** An IPv4 address or interface name ("lo", "127.0.0.1", "eth0"): multicast goes only there. */

@@ -2,7 +2,7 @@
 // model costs (ModelProfile, from model/), the knobs (HaldaOptions) and the answer (Plan).
 // Symbols in comments are HALDA.md's.
 
-export type { ModelProfile, PerWeightType } from "../model/profile.js";
+export type { ModelProfile, PerWeightType } from "../model/index.js";
 
 export type DeviceOs = "macos" | "linux" | "android";
 /** GPU usable for layers. Vulkan, SYCL and the rest count as "none" (HALDA.md §1.1). */

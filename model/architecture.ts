@@ -3,7 +3,7 @@
 // NeoX RoPE, tied embeddings). Everything else is refused by name.
 
 import { GgufError, metaNumber, metaString, type GgufFile, type GgufTensorInfo } from "./gguf.js";
-import { printable } from "./escape.js";
+import { printable } from "../base/index.js";
 import { ggmlTypeInfo, ggmlTypeName } from "./ggml-types.js";
 
 export type Architecture = "llama" | "qwen2";

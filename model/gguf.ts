@@ -3,7 +3,7 @@
 // offset against the file before trusting it: a hostile file gets a GgufError naming the problem.
 
 import { closeSync, fstatSync, openSync, readSync, writeSync } from "node:fs";
-import { printable } from "./escape.js";
+import { printable } from "../base/index.js";
 import { ggmlTypeInfo, ggmlTypeName } from "./ggml-types.js";
 
 export class GgufError extends Error {

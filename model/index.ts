@@ -10,7 +10,7 @@ export {
   type FileTypeName, type PlannedTensor, type TensorCategory, type TensorForTyping,
 } from "./quant-mix.js";
 export { modelFingerprint } from "./fingerprint.js";
-export { printable } from "./escape.js";
+export { printable } from "../base/index.js";
 export { Tokenizer, StreamingDecoder, TokenizerError, TokenAttr, TokenType, SUPPORTED_PRE_TOKENIZERS } from "./tokenizer.js";
 export type { EncodeOptions, DecodeOptions, DetokenizeOptions, TokenizerModel } from "./tokenizer.js";
 export { tokenizerMetadataFromGguf, tokenizerMetadataFromTokenizerJson, bundledVocab, padVocab, BUNDLED_VOCAB_NAMES, goldenTokenizerDir } from "./tokenizer-export.js";

@@ -3,7 +3,7 @@
 // detection by text (EOT, EOM, FIM, end-of-generation), add_bos/add_eos, and the per-model quirks
 // that change tokenization (Phi-3's right-stripping special tokens).
 
-import { printable } from "./escape.js";
+import { printable } from "../base/index.js";
 import { GgufValueType, type GgufKV, type GgufValue, type NumericArray } from "./gguf.js";
 import type { SplitterName } from "./tokenizer-pretokenize.js";
 import { PairTable, TokenTable } from "./tokenizer-table.js";

@@ -2,7 +2,7 @@
 import { createRequire } from "node:module";
 import { existsSync } from "node:fs";
 import { join } from "node:path";
-import { packageRoot } from "./package-root.js";
+import { packageRoot } from "../base/index.js";
 
 const addonPath = join(packageRoot(), "build", "Release", "prima.node");
 if (!existsSync(addonPath)) {

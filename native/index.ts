@@ -6,5 +6,4 @@ export {
   simdLevel, simdLevels, typeInfo, type GgmlTypeName, type KernelTypeInfo, type SimdLevel,
 } from "./kernels.js";
 export { alignGap, streamSeal, type StreamSeal } from "./io.js";
-export { threadClock, descheduledMs, type ThreadClock } from "./profile.js";
-export { packageRoot } from "./package-root.js";
+export * from "./profile.js";

@@ -8,7 +8,7 @@ import { createHash } from "node:crypto";
 import { existsSync, mkdirSync, readFileSync, renameSync, statSync, writeFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { dirname, join } from "node:path";
-import { packageRoot } from "../native/index.js";
+import { packageRoot } from "../base/index.js";
 import type { StepTiming } from "./compute.js";
 import type { DiskMeasurement } from "./disk.js";
 import type { ForwardTiming } from "./forward.js";

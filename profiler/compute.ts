@@ -6,7 +6,7 @@
 // Sum_q F_q / cpuFlopsPerS[q] is the time of a layer's matmuls.
 import type { LayerTensors, ModelDescription, TensorRef } from "../model/index.js";
 import { ggmlTypeName, rowBytes } from "../model/index.js";
-import { benchDispatchMs, benchKvCopy, benchMatmul, benchMemRead } from "../native/profile.js";
+import { benchDispatchMs, benchKvCopy, benchMatmul, benchMemRead } from "../native/index.js";
 
 /** One weight matrix: ne0 is the row length (inputs), ne1 the rows (outputs). */
 export interface MatrixShape {

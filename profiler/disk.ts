@@ -8,7 +8,7 @@
 import { accessSync, constants, readFileSync, statSync } from "node:fs";
 import { platform } from "node:os";
 import { join } from "node:path";
-import { benchDisk } from "../native/profile.js";
+import { benchDisk } from "../native/index.js";
 import { diskThrottle, type DiskThrottle } from "./system.js";
 
 export interface DiskMeasurement {

@@ -11,7 +11,7 @@ import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { LocalModel } from "../engine/index.js";
 import type { NativeWindow } from "../native/index.js";
-import { dropFileCache } from "../native/profile.js";
+import { dropFileCache } from "../native/index.js";
 import { GgufValueType, layerWeightBytes, writeGguf, type GgufFile, type GgufKV, type GgufTensorToWrite, type ModelDescription } from "../model/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 import { layerSteps, stepFlops, stepKey, type StepTiming } from "./compute.js";

@@ -3,7 +3,7 @@
 // rereads it, OS, GPU, and the hop to a peer.
 export * from "./memory.js";
 export { profileDevice, refreshMemory, hardwareId, type ProfileOptions, type ProfileTarget } from "./profile.js";
-export { parseDeviceReport, formatReport, windowOverheadMs, REPORT_VERSION, type DeviceReport, type DeviceDetails } from "./report.js";
+export { PLAUSIBLE, parseDeviceReport, formatReport, windowOverheadMs, REPORT_VERSION, type DeviceReport, type DeviceDetails } from "./report.js";
 export {
   modelWorkload, genericWorkload, flopsPerType, timeStep, stepKey, describeStep, type ModelWorkload, type MatrixShape, type MatmulStep, type StepTiming,
 } from "./compute.js";
@@ -14,4 +14,4 @@ export { detectGpus, parseNvidiaSmi, type GpuInfo } from "./gpu.js";
 export { detectOs, systemInfo, cgroupPaths, cpuQuota, diskThrottle, lastLevelCacheBytes, parseCacheSize, type SystemInfo, type CgroupPaths, type DiskThrottle } from "./system.js";
 export { defaultCacheDir } from "./cache.js";
 export { observedRereadBytesPerS, rereadKey, rereadFigure, recentRereads, RereadStore, MIN_OBSERVED_REREAD_BYTES, RECENT_REREAD_MS, type RereadObservation } from "./rereads.js";
-export { dropFileCache } from "../native/profile.js";
+export { dropFileCache } from "../native/index.js";

@@ -4,7 +4,7 @@
 import { closeSync, openSync, readFileSync, readSync, realpathSync } from "node:fs";
 import { freemem, totalmem } from "node:os";
 import { join } from "node:path";
-import { pressMemory, releaseFreeMemory } from "../native/profile.js";
+import { pressMemory, releaseFreeMemory } from "../native/index.js";
 import { cgroupPaths, type CgroupPaths } from "./system.js";
 
 /** prima.cpp keeps a fifth of MemAvailable back on Linux (HALDA.md §1.1); we do so where no memory

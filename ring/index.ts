@@ -16,6 +16,8 @@ export {
   type FrameHeader, type FrameLimits, type FrameTypeName, type Hello, type PayloadDtype,
 } from "./validation.js";
 export { helloMismatch, type RingIdentity } from "./hello.js";
+// The link handshake's proofs (bench/crypto times them).
+export { DialerProof, listenerAnswer } from "./seal.js";
 export {
   CloseCode, DEFAULT_FRAGMENT_BYTES, DEFAULT_HANDSHAKE_TIMEOUT_MS, DEFAULT_MAX_TOKENS_PER_FRAME, resolveLinkOptions,
   type ResolvedLinkOptions, type RingLinkOptions,

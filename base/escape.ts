@@ -1,7 +1,7 @@
 // Strings that come from a file or the network (GGUF keys and names, mDNS TXT records, peers' names)
 // go to terminals and logs: control characters (ANSI escape sequences, carriage returns), C1
 // controls, bidirectional overrides and lone surrogates are shown as visible escapes, and the length
-// is bounded. It lives in model/, the folder everything else may import.
+// is bounded.
 
 // C0, DEL, C1, Arabic letter mark, LRM/RLM, line/paragraph separators, bidi embeddings and isolates,
 // lone surrogates (with the u flag only unpaired ones match).
