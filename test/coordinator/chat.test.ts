@@ -1,8 +1,12 @@
 // `prima-coord chat` (and `run -i`): a conversation typed into the terminal, each turn through the
 // cluster's prompt cache. Driven here through its standard input, as a pipe.
 import { spawn } from "node:child_process";
-import { describe, expect, it } from "vitest";
+import { rmSync } from "node:fs";
+import { join } from "node:path";
+import { afterAll, describe, expect, it } from "vitest";
+import { generateModel } from "../../modelgen/index.js";
 import { root } from "../helpers/process.js";
+import { tempDir } from "../helpers/temp.js";
 import { MODEL, runOnce } from "./serve-harness.js";
 
 function chat(args: string[], input: string): Promise<{ code: number | null; out: string; err: string }> {
@@ -18,6 +22,14 @@ function chat(args: string[], input: string): Promise<{ code: number | null; out
   }));
 }
 
+const dir = tempDir("prima-chat-");
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+/** Each turn's log line: tokens generated, prompt tokens cached and in all. */
+function turnsOf(err: string): { generated: number; cached: number; prompt: number }[] {
+  return [...err.matchAll(/(\d+) tokens, .* \((\d+) of (\d+) prompt tokens cached\)/g)].map((m) => ({ generated: Number(m[1]), cached: Number(m[2]), prompt: Number(m[3]) }));
+}
+
 describe("prima-coord chat", () => {
   it("answers each line as run --chat would, and the second turn reuses the first one's cache", async () => {
     const r = await chat(["chat", MODEL, "--temp", "0", "-n", "24", "--threads", "1"], "Tell me about a dog.\nAnd a cat?\n");
@@ -26,11 +38,29 @@ describe("prima-coord chat", () => {
     // Each reply ends with a newline (a reply may hold newlines of its own).
     expect(r.out.startsWith(`${first.text}\n`)).toBe(true);
     expect(r.out.length).toBeGreaterThan(first.text.length + 2);
-    const cached = [...r.err.matchAll(/\((\d+) of (\d+) prompt tokens cached\)/g)].map((m) => [Number(m[1]), Number(m[2])]);
-    expect(cached).toHaveLength(2);
-    expect(cached[0][0]).toBe(0);
-    // The second turn's prompt starts with the whole first exchange.
-    expect(cached[1][0]).toBeGreaterThan(cached[0][1]);
+    const turns = turnsOf(r.err);
+    expect(turns, r.err).toHaveLength(2);
+    expect(turns[0].cached).toBe(0);
+    // The second turn reuses every token of the first exchange that went through the layers: the prompt
+    // and the reply as generated (its last token too, unless the reply was cut by -n: that one was
+    // sampled but never run).
+    const ranThrough = turns[0].prompt + turns[0].generated - (turns[0].generated === 24 ? 1 : 0);
+    expect(turns[1].cached, r.err).toBe(ranThrough);
+  });
+
+  it("keeps a reply's tokens as generated, even where its text would tokenize otherwise", async () => {
+    // A random-weight model writes tokens in splits its tokenizer would never make ("a"+"t" for "at"):
+    // tokenizing the conversation afresh loses the cache from the first reply on.
+    const model = join(dir, "tiny-llama-Q8_0.gguf");
+    await generateModel({ shape: "tiny-llama", type: "Q8_0", out: model, seed: 3 });
+    const r = await chat(["chat", model, "--chat-template", "chatml", "--temp", "0", "-n", "24", "--threads", "1"], "Tell me about a dog.\nAnd a cat?\nAnd a bird?\n");
+    expect(r.code, r.err).toBe(0);
+    const turns = turnsOf(r.err);
+    expect(turns, r.err).toHaveLength(3);
+    for (let t = 1; t < 3; t++) {
+      const prev = turns[t - 1];
+      expect(turns[t].cached, r.err).toBe(prev.prompt + prev.generated - (prev.generated === 24 ? 1 : 0));
+    }
   });
 
   it("/reset starts a new conversation, /exit leaves; run -i is the same chat", async () => {
