@@ -70,7 +70,7 @@ function bytesOf(a: Float32Array | Uint8Array): Uint8Array {
   return new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
 }
 
-/** llama.cpp's quantize_row_<type>_ref (F16/BF16: its row converters). */
+/** llama.cpp's quantize_row_<type>_ref (F16/BF16: its row converters; IQ4_NL: quantize_iq4_nl, what llama-quantize writes). */
 export function ggmlQuantizeRef(type: number, x: Float32Array): Uint8Array {
   return new Uint8Array(runOracle("quantize_ref", [type, x.length], bytesOf(x)));
 }

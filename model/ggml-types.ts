@@ -29,10 +29,10 @@ const TYPES: readonly GgmlTypeInfo[] = [
   { id: 17, name: "IQ2_XS", blockElems: 256, blockBytes: 74, supported: false },
   { id: 18, name: "IQ3_XXS", blockElems: 256, blockBytes: 98, supported: false },
   { id: 19, name: "IQ1_S", blockElems: 256, blockBytes: 50, supported: false },
-  { id: 20, name: "IQ4_NL", blockElems: 32, blockBytes: 18, supported: false },
+  { id: 20, name: "IQ4_NL", blockElems: 32, blockBytes: 18, supported: true },
   { id: 21, name: "IQ3_S", blockElems: 256, blockBytes: 110, supported: false },
   { id: 22, name: "IQ2_S", blockElems: 256, blockBytes: 82, supported: false },
-  { id: 23, name: "IQ4_XS", blockElems: 256, blockBytes: 136, supported: false },
+  { id: 23, name: "IQ4_XS", blockElems: 256, blockBytes: 136, supported: true },
   { id: 24, name: "I8", blockElems: 1, blockBytes: 1, supported: false },
   { id: 25, name: "I16", blockElems: 1, blockBytes: 2, supported: false },
   { id: 26, name: "I32", blockElems: 1, blockBytes: 4, supported: false },
@@ -50,7 +50,7 @@ const BY_NAME = new Map(TYPES.map((t) => [t.name, t]));
 
 export const GgmlType = {
   F32: 0, F16: 1, Q4_0: 2, Q4_1: 3, Q5_0: 6, Q5_1: 7, Q8_0: 8, Q8_1: 9,
-  Q2_K: 10, Q3_K: 11, Q4_K: 12, Q5_K: 13, Q6_K: 14, Q8_K: 15, BF16: 30,
+  Q2_K: 10, Q3_K: 11, Q4_K: 12, Q5_K: 13, Q6_K: 14, Q8_K: 15, IQ4_NL: 20, IQ4_XS: 23, BF16: 30,
 } as const;
 
 export function ggmlTypeInfo(id: number): GgmlTypeInfo | undefined {

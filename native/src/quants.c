@@ -984,6 +984,182 @@ static void dot_q6_K(int n, const void *vw, const void *a, size_t as, int nc, fl
   for (int c = 0; c < nc; c++) out[c] = acc[c];
 }
 
+/* ---------------------------------------------------------------- IQ4_NL, IQ4_XS
+ * Levels from a fixed non-uniform grid (PRIMA_IQ4NL_VALUES) times a scale per 32 elements; IQ4_XS
+ * stores the scales of its 8 groups as 6-bit multiples of one fp16 super-scale. */
+
+/* Index of the grid value nearest x (ggml's best_index_int8: a tie goes to the upper value). */
+static inline int iq4_nearest(float x) {
+  const int8_t *v = PRIMA_IQ4NL_VALUES;
+  if (x <= v[0]) return 0;
+  if (x >= v[15]) return 15;
+  int lo = 0, hi = 15;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (x < v[mid]) hi = mid;
+    else lo = mid;
+  }
+  return x - v[hi - 1] < v[hi] - x ? hi - 1 : hi;
+}
+
+/* Best scale of a 32-element group (quantize_row_iq4_nl_impl without an importance matrix, ntry = 7, as
+ * llama-quantize runs it): weights x^2, a start at max/127, then 15 trial scales around it, keeping the
+ * least-squares scale of the best assignment. Lb gets the start's levels. 0 for an all-but-zero group. */
+static float iq4_group_scale(const float *xb, uint8_t Lb[32]) {
+  const int ntry = 7;
+  const int8_t *values = PRIMA_IQ4NL_VALUES;
+  float weight[32], amax = 0, max = 0;
+  for (int j = 0; j < 32; j++) {
+    weight[j] = xb[j] * xb[j];
+    const float ax = fabsf(xb[j]);
+    if (ax > amax) { amax = ax; max = xb[j]; }
+  }
+  if (amax < GROUP_MAX_EPS) return 0;
+  float d = -max / values[0], id = 1 / d, sumqx = 0, sumq2 = 0;
+  for (int j = 0; j < 32; j++) {
+    const int l = iq4_nearest(id * xb[j]);
+    Lb[j] = (uint8_t)l;
+    const float q = values[l], w = weight[j];
+    sumqx += w * q * xb[j];
+    sumq2 += w * q * q;
+  }
+  d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
+  float best = d * sumqx;
+  for (int itry = -ntry; itry <= ntry; itry++) {
+    id = (itry + values[0]) / max;
+    sumqx = sumq2 = 0;
+    for (int j = 0; j < 32; j++) {
+      const float q = values[iq4_nearest(id * xb[j])], w = weight[j];
+      sumqx += w * q * xb[j];
+      sumq2 += w * q * q;
+    }
+    if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+      d = sumqx / sumq2;
+      best = d * sumqx;
+    }
+  }
+  return d;
+}
+
+/* Nibbles of 32 levels as Q4_0 places them: byte j = level j | level j+16 << 4. */
+static inline void pack_nibbles32(const uint8_t L[32], uint8_t qs[16]) {
+  for (int j = 0; j < 16; j++) qs[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+}
+
+/* What llama-quantize writes (quantize_iq4_nl, ntry = 7); ggml's quantize_row_iq4_nl_ref skips the scale
+ * search (ntry = -1) and is not what any file holds, so the model generator follows the former. */
+static void quantize_iq4_nl_ref(const float *x, void *vy, int64_t n) {
+  block_iq4_nl *y = vy;
+  uint8_t L[QK32];
+  for (int64_t i = 0; i < n / QK32; i++, x += QK32) {
+    const float d = iq4_group_scale(x, L);
+    y[i].d = F2H(d);
+    const float id = d ? 1 / d : 0;
+    for (int j = 0; j < QK32; j++) L[j] = (uint8_t)iq4_nearest(id * x[j]);
+    pack_nibbles32(L, y[i].qs);
+  }
+}
+
+/* quantize_row_iq4_xs_ref (= quantize_iq4_xs without an importance matrix): the groups' best scales,
+ * then one super-scale d = -max/32 (max: the group scale of largest magnitude) and 6-bit group scales,
+ * and levels requantized against each group's rounded scale. */
+static void quantize_iq4_xs_ref(const float *x, void *vy, int64_t n) {
+  block_iq4_xs *y = vy;
+  uint8_t L[32];
+  float scales[QK_K / 32];
+  for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+    float max_scale = 0, amax_scale = 0;
+    for (int g = 0; g < QK_K / 32; g++) {
+      scales[g] = iq4_group_scale(x + 32 * g, L);
+      if (fabsf(scales[g]) > amax_scale) { amax_scale = fabsf(scales[g]); max_scale = scales[g]; }
+    }
+    const float d = -max_scale / 32, id = d ? 1 / d : 0.f;
+    y[i].d = F2H(d);
+    y[i].scales_h = 0;
+    for (int g = 0; g < QK_K / 32; g++) {
+      const int l = MAX(-32, MIN(31, nearest_int(id * scales[g])));
+      const float dl = d * l, idl = dl ? 1 / dl : 0.f;
+      for (int j = 0; j < 32; j++) L[j] = (uint8_t)iq4_nearest(idl * x[32 * g + j]);
+      pack_nibbles32(L, y[i].qs + 16 * g);
+      const int ls = l + 32;
+      if (g % 2 == 0) y[i].scales_l[g / 2] = (uint8_t)(ls & 0xF);
+      else y[i].scales_l[g / 2] |= (uint8_t)((ls & 0xF) << 4);
+      y[i].scales_h |= (uint16_t)((ls >> 4) << (2 * g));
+    }
+  }
+}
+
+static void dequantize_iq4_nl(const void *vx, float *y, int64_t n) {
+  const block_iq4_nl *x = vx;
+  uint8_t q[QK32];
+  for (int64_t i = 0; i < n / QK32; i++) {
+    const float d = H2F(x[i].d);
+    unpack_nibbles32(x[i].qs, q);
+    for (int j = 0; j < QK32; j++) *y++ = d * PRIMA_IQ4NL_VALUES[q[j]];
+  }
+}
+
+static void dequantize_iq4_xs(const void *vx, float *y, int64_t n) {
+  const block_iq4_xs *x = vx;
+  uint8_t q[QK32];
+  for (int64_t i = 0; i < n / QK_K; i++) {
+    const float d = H2F(x[i].d);
+    for (int g = 0; g < QK_K / 32; g++) {
+      const float dl = d * prima_iq4xs_scale(&x[i], g);
+      unpack_nibbles32(x[i].qs + 16 * g, q);
+      for (int j = 0; j < QK32; j++) *y++ = dl * PRIMA_IQ4NL_VALUES[q[j]];
+    }
+  }
+}
+
+/* The 32 signed levels of a group. */
+static inline void iq4_levels32(const uint8_t *qs, int8_t q[QK32]) {
+  for (int j = 0; j < 16; j++) {
+    q[j] = PRIMA_IQ4NL_VALUES[qs[j] & 0xF];
+    q[j + 16] = PRIMA_IQ4NL_VALUES[qs[j] >> 4];
+  }
+}
+
+/* As Q4_0: per block (float)isum * (d_w * d_a). */
+static void dot_iq4_nl(int n, const void *vw, const void *a, size_t as, int nc, float *out) {
+  const block_iq4_nl *w = vw;
+  float acc[PRIMA_MAX_NC] = {0};
+  int8_t q[QK32];
+  for (int i = 0; i < n / QK32; i++) {
+    iq4_levels32(w[i].qs, q);
+    const float d = H2F(w[i].d);
+    for (int c = 0; c < nc; c++) {
+      const block_q8_0 *x = ACT(block_q8_0, c) + i;
+      int isum = 0;
+      for (int j = 0; j < QK32; j++) isum += q[j] * x->qs[j];
+      acc[c] += (float)isum * (d * H2F(x->d));
+    }
+  }
+  for (int c = 0; c < nc; c++) out[c] = acc[c];
+}
+
+/* As Q6_K: isum = sum over groups of (ls - 32) * group dot (|isum| < 8 * 32 * 32 * 127 * 127 < 2^31). */
+static void dot_iq4_xs(int n, const void *vw, const void *a, size_t as, int nc, float *out) {
+  const block_iq4_xs *w = vw;
+  float acc[PRIMA_MAX_NC] = {0};
+  int8_t q[QK_K];
+  int sc[QK_K / 32];
+  for (int i = 0; i < n / QK_K; i++) {
+    for (int g = 0; g < QK_K / 32; g++) {
+      iq4_levels32(w[i].qs + 16 * g, q + 32 * g);
+      sc[g] = prima_iq4xs_scale(&w[i], g);
+    }
+    const float d = H2F(w[i].d);
+    for (int c = 0; c < nc; c++) {
+      const block_q8_K *x = ACT(block_q8_K, c) + i;
+      int isum = 0;
+      for (int g = 0; g < QK_K / 32; g++) isum += sc[g] * isum_s8(q + 32 * g, x->qs + 32 * g, 32);
+      acc[c] += (x->d * d) * (float)isum;
+    }
+  }
+  for (int c = 0; c < nc; c++) out[c] = acc[c];
+}
+
 /* ---------------------------------------------------------------- the level */
 
 void prima_scalar_fns(prima_level_fns *f) {
@@ -1019,4 +1195,6 @@ void prima_scalar_quantize_ref(prima_quantize_fn q[PRIMA_TYPE_COUNT]) {
   q[PRIMA_Q4_K] = quantize_q4_K_ref;
   q[PRIMA_Q5_K] = quantize_q5_K_ref;
   q[PRIMA_Q6_K] = quantize_q6_K_ref;
+  q[PRIMA_IQ4_NL] = quantize_iq4_nl_ref;
+  q[PRIMA_IQ4_XS] = quantize_iq4_xs_ref;
 }

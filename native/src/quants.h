@@ -46,6 +46,12 @@ typedef struct { prima_half d, dmin; uint8_t scales[K_SCALE_BYTES]; uint8_t qs[Q
 typedef struct { prima_half d, dmin; uint8_t scales[K_SCALE_BYTES]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
 /* Q6_K: 16 groups of 16, int8 scales; x = d*sc*(q-32), q = 4 low bits in ql, 2 high bits in qh. */
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; prima_half d; } block_q6_K;
+/* IQ4_NL: x = d * PRIMA_IQ4NL_VALUES[q], q in 0..15, nibbles placed as Q4_0's. */
+typedef struct { prima_half d; uint8_t qs[QK32 / 2]; } block_iq4_nl;
+/* IQ4_XS: 8 groups of 32, x = d * (ls - 32) * PRIMA_IQ4NL_VALUES[q] with a 6-bit ls per group (low 4 bits
+ * in scales_l, nibble g%2 of byte g/2; high 2 bits at bit 2g of scales_h); group g's nibbles are
+ * qs[16g..16g+15] placed as Q4_0's. */
+typedef struct { prima_half d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
 /* Q8_K: activations of every K-quant; float scale and per-16 sums of the quants (for the min terms). */
 typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
 
@@ -58,6 +64,14 @@ static inline void prima_k4_scale_min(int j, const uint8_t *s, uint8_t *sc, uint
     *sc = (uint8_t)((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
     *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
   }
+}
+
+/* The 16 levels of the IQ4 formats (ggml's kvalues_iq4nl): a non-uniform grid, denser near zero. */
+static const int8_t PRIMA_IQ4NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* The signed scale ls - 32 (-32..31) of group g (0..7) of an IQ4_XS block. */
+static inline int prima_iq4xs_scale(const block_iq4_xs *b, int g) {
+  return (((b->scales_l[g / 2] >> (4 * (g % 2))) & 0xF) | (((b->scales_h >> (2 * g)) & 3) << 4)) - 32;
 }
 
 /* Decodes the 16 signed 6-bit scales of a Q3_K block (values -32..31). */
@@ -82,7 +96,8 @@ typedef struct {
  * all of them and registers them with PRIMA_SET_DOTS(f) / PRIMA_SET_DOT_ROWS(f). */
 #define PRIMA_WEIGHT_TYPES(X)                                                                           \
   X(F32, f32) X(F16, f16) X(BF16, bf16) X(Q4_0, q4_0) X(Q4_1, q4_1) X(Q5_0, q5_0) X(Q5_1, q5_1)           \
-  X(Q8_0, q8_0) X(Q2_K, q2_K) X(Q3_K, q3_K) X(Q4_K, q4_K) X(Q5_K, q5_K) X(Q6_K, q6_K)
+  X(Q8_0, q8_0) X(Q2_K, q2_K) X(Q3_K, q3_K) X(Q4_K, q4_K) X(Q5_K, q5_K) X(Q6_K, q6_K)                    \
+  X(IQ4_NL, iq4_nl) X(IQ4_XS, iq4_xs)
 #define PRIMA_SET_DOT_(T, name) fns_->dot[PRIMA_##T] = dot_##name;
 #define PRIMA_SET_DOT_ROWS_(T, name) fns_->dot_rows[PRIMA_##T] = dot_##name##_rows;
 #define PRIMA_SET_DOTS(f)                \

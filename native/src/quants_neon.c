@@ -158,6 +158,16 @@ ALWAYS_INLINE levels32 decode_q8_0(const block_q8_0 *b) {
   }                                                                                                    \
   DISPATCH_NC(NAME)
 
+/* IQ4_NL: each nibble looked up in the 16-value grid (tbl). */
+ALWAYS_INLINE levels32 iq4_levels32(const uint8_t *qs) {
+  const int8x16_t grid = vld1q_s8(PRIMA_IQ4NL_VALUES);
+  const uint8x16_t b = vld1q_u8(qs);
+  levels32 l = {vqtbl1q_s8(grid, vandq_u8(b, vdupq_n_u8(0x0F))), vqtbl1q_s8(grid, vshrq_n_u8(b, 4))};
+  return l;
+}
+ALWAYS_INLINE levels32 decode_iq4_nl(const block_iq4_nl *b) { return iq4_levels32(b->qs); }
+
+SIGNED32_DOT(dot_iq4_nl, block_iq4_nl, decode_iq4_nl)
 SIGNED32_DOT(dot_q4_0, block_q4_0, decode_q4_0)
 SIGNED32_DOT(dot_q5_0, block_q5_0, decode_q5_0)
 SIGNED32_DOT(dot_q8_0, block_q8_0, decode_q8_0)
@@ -298,6 +308,18 @@ K_DOT(dot_q2_K, block_q2_K, Q2K_PREP, Q2K_DECODE, Q2K_MINSUM, K4_DW)
   }
 
 K_DOT(dot_q3_K, block_q3_K, Q3K_PREP, Q3K_DECODE, NO_MINSUM, K_DW)
+
+/* IQ4_XS: slot s = group s, its grid levels (as IQ4_NL's block) and signed 6-bit scale. */
+#define IQ4XS_PREP const float d = h2f(b->d);
+#define IQ4XS_DECODE                                                                                   \
+  {                                                                                                    \
+    const levels32 l = iq4_levels32(b->qs + 16 * s);                                                   \
+    lo = l.lo;                                                                                         \
+    hi = l.hi;                                                                                         \
+    sc_lo = sc_hi = prima_iq4xs_scale(b, s);                                                           \
+  }
+
+K_DOT(dot_iq4_xs, block_iq4_xs, IQ4XS_PREP, IQ4XS_DECODE, NO_MINSUM, K_DW)
 
 /* ---------------------------------------------------------------- the level */
 

@@ -238,10 +238,18 @@ ALWAYS_INLINE __m256i decode_q5_0(const block_q5_0 *b) {
 }
 ALWAYS_INLINE __m256i decode_q8_0(const block_q8_0 *b) { return _mm256_loadu_si256((const __m256i *)b->qs); }
 
+/* IQ4 levels: each nibble looked up in the 16-value grid (pshufb looks up within each 128-bit lane, so
+ * every lane holds the grid). */
+ALWAYS_INLINE __m128i iq4_grid128(void) { return _mm_loadu_si128((const __m128i *)PRIMA_IQ4NL_VALUES); }
+ALWAYS_INLINE __m256i decode_iq4_nl(const block_iq4_nl *b) {
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(iq4_grid128()), nibbles32(b->qs));
+}
+
 #define MIN_ARG
 SIGNED32_DOT(dot_q4_0, block_q4_0, decode_q4_0)
 SIGNED32_DOT(dot_q5_0, block_q5_0, decode_q5_0)
 SIGNED32_DOT(dot_q8_0, block_q8_0, decode_q8_0)
+SIGNED32_DOT(dot_iq4_nl, block_iq4_nl, decode_iq4_nl)
 #undef MIN_ARG
 
 /* Unsigned-level blocks with a min (Q4_1, Q5_1) against Q8_1: acc += (d_w*d_a) * isum + m_w * s_a. */
@@ -351,6 +359,16 @@ ALWAYS_INLINE vint q2_levels(const uint8_t *qs, int v) {
 ALWAYS_INLINE vint q3_high_bits(const uint8_t *hmask, int h, int v) {
   return _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(twice_shifted(hmask, 1), 4 * h + 2 * v), _mm512_set1_epi8(1)), 2);
 }
+
+/* IQ4_XS, vector v: the signed levels of groups 2v and 2v+1 (qs[32v..32v+31]), and their scales. */
+ALWAYS_INLINE vint iq4xs_levels(const uint8_t *qs, int v) {
+  const __m512i nib = _mm512_inserti64x4(_mm512_castsi256_si512(nibbles32(qs + 32 * v)), nibbles32(qs + 32 * v + 16), 1);
+  return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(iq4_grid128()), nib);
+}
+ALWAYS_INLINE vint iq4xs_scale(vint scales, int v) { return spread_scales(scales, 2 * v, 2 * v, 2 * v + 1, 2 * v + 1); }
+/* Signed levels q against activations x through maddubs (unsigned x signed): |q| and x negated where q < 0. */
+#define vi_abs8 _mm512_abs_epi8
+ALWAYS_INLINE vint vi_sign8(vint x, vint q) { return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(q), _mm512_setzero_si512(), x); }
 #else
 #define VB 32
 typedef __m256i vint;
@@ -400,6 +418,14 @@ ALWAYS_INLINE vint q2_levels(const uint8_t *qs, int s) {
 ALWAYS_INLINE vint q3_high_bits(const uint8_t *hmask, int h, int s) {
   return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)hmask), 4 * h + s), _mm256_set1_epi8(1)), 2);
 }
+
+/* IQ4_XS, vector v = group v: its signed levels and scale. */
+ALWAYS_INLINE vint iq4xs_levels(const uint8_t *qs, int v) {
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(iq4_grid128()), nibbles32(qs + 16 * v));
+}
+ALWAYS_INLINE vint iq4xs_scale(vint scales, int v) { return _mm256_shuffle_epi8(scales, bcast16_mask(v)); }
+#define vi_abs8 _mm256_abs_epi8
+#define vi_sign8 _mm256_sign_epi8
 #endif
 
 /* Q4_K and Q5_K: 8 groups of 32; group 2j = low nibbles of qs chunk j, 2j+1 = high nibbles. QH(b) is
@@ -541,6 +567,41 @@ ALWAYS_INLINE __m128i q3k_scales(const uint8_t *s) {
 /* Q3_K: levels 0..7 (2 low bits | high bit << 2) = q + 4. */
 SIGNED_SCALE_K_DOT(dot_q3_K, block_q3_K, q3k_scales(b->scales), 2,
                    vi_or(q2_levels(b->qs + 32 * h, v), q3_high_bits(b->hmask, h, v)))
+
+/* The 8 signed group scales (ls - 32) of an IQ4_XS block as int16. */
+ALWAYS_INLINE __m128i iq4xs_scales(const block_iq4_xs *b) {
+  return _mm_set_epi16((short)prima_iq4xs_scale(b, 7), (short)prima_iq4xs_scale(b, 6), (short)prima_iq4xs_scale(b, 5),
+                       (short)prima_iq4xs_scale(b, 4), (short)prima_iq4xs_scale(b, 3), (short)prima_iq4xs_scale(b, 2),
+                       (short)prima_iq4xs_scale(b, 1), (short)prima_iq4xs_scale(b, 0));
+}
+
+/* IQ4_XS: signed grid levels (-127..113) in 8 groups of 32 with signed 6-bit scales, no offset or min:
+ * per row sumi += scale * (|q| . (a with q's signs)), which maddubs takes without saturating
+ * (2 * 127 * 127 < 32767). */
+ALWAYS_INLINE void dot_iq4_xs_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) {
+  const block_iq4_xs *w = vw;
+  vfloat acc[PRIMA_MAX_NC];
+  for (int c = 0; c < NC; c++) acc[c] = vf_zero();
+  for (int i = 0; i < n / QK_K; i++) {
+    const block_iq4_xs *b = &w[i];
+    PREFETCH(b, (int)sizeof(block_iq4_xs));
+    const vint scales = scales16(iq4xs_scales(b));
+    const float d = h2f(b->d);
+    vint sumi[PRIMA_MAX_NC];
+    for (int c = 0; c < NC; c++) sumi[c] = vi_zero();
+    for (int v = 0; v < QK_K / VB; v++) {
+      const vint q = iq4xs_levels(b->qs, v), absq = vi_abs8(q), s = iq4xs_scale(scales, v);
+      for (int c = 0; c < NC; c++)
+        sumi[c] = vi_add32(sumi[c], vi_dot16(absq, vi_sign8(vi_load(act_k(a, as, c, i)->qs + VB * v), q), s));
+    }
+    for (int c = 0; c < NC; c++) {
+      const block_q8_K *x = act_k(a, as, c, i);
+      acc[c] = vf_fmadd(vf_set1(x->d * d), vi_to_ps(sumi[c]), acc[c]);
+    }
+  }
+  for (int c = 0; c < NC; c++) out[c] = vf_hsum(acc[c]);
+}
+DISPATCH_NC(dot_iq4_xs)
 
 /* ---------------------------------------------------------------- activation quantizers
  * Byte-identical to quants.c's (the tests compare them): products are rounded by cvtps_epi32, which

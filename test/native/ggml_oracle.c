@@ -3,7 +3,7 @@
  * bytes given on stdin, and writes their output to stdout. The tests and bench/kernels.ts compile it
  * with gcc at run time (bench/ggml-oracle.ts).
  *
- *   ggml_oracle <libdir> <cpu-variant> quantize_ref <type> <n>     f32[n]            -> row bytes
+ *   ggml_oracle <libdir> <cpu-variant> quantize_ref <type> <n>     f32[n]            -> row bytes (IQ4_NL: quantize_iq4_nl)
  *   ggml_oracle <libdir> <cpu-variant> dequantize <type> <n>       row bytes         -> f32[n]
  *   ggml_oracle <libdir> <cpu-variant> from_float <type> <n>       f32[n]            -> row bytes (CPU activation quantizer)
  *   ggml_oracle <libdir> <cpu-variant> vec_dot <type> <n> <nc>     w row, nc act rows -> f32[nc]
@@ -45,7 +45,8 @@ static const char *type_name(int t) {
   case 0: return "f32"; case 1: return "f16"; case 2: return "q4_0"; case 3: return "q4_1";
   case 6: return "q5_0"; case 7: return "q5_1"; case 8: return "q8_0"; case 9: return "q8_1";
   case 10: return "q2_K"; case 11: return "q3_K"; case 12: return "q4_K"; case 13: return "q5_K";
-  case 14: return "q6_K"; case 15: return "q8_K"; case 30: return "bf16";
+  case 14: return "q6_K"; case 15: return "q8_K"; case 20: return "iq4_nl"; case 23: return "iq4_xs";
+  case 30: return "bf16";
   default: die("unsupported type id", NULL); return NULL;
   }
 }
@@ -159,7 +160,10 @@ int main(int argc, char **argv) {
     if (type == 0) memcpy(y, x, bytes);
     else if (type == 1) ((void (*)(const float *, void *, int64_t))sym(base, "ggml_fp32_to_fp16_row"))(x, y, n);
     else if (type == 30) ((void (*)(const float *, void *, int64_t))sym(base, "ggml_fp32_to_bf16_row_ref"))(x, y, n);
-    else {
+    else if (type == 20) {
+      /* IQ4_NL: what llama-quantize writes (quantize_iq4_nl searches the scale; quantize_row_iq4_nl_ref does not) */
+      ((size_t (*)(const float *, void *, int64_t, int64_t, const float *))sym(base, "quantize_iq4_nl"))(x, y, 1, n, NULL);
+    } else {
       snprintf(name, sizeof name, "quantize_row_%s_ref", tn);
       ((from_float_t)sym(base, name))(x, y, n);
     }

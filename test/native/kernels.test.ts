@@ -41,8 +41,8 @@ function awkwardRow(n: number, blockElems: number, seed: number): Float32Array {
   return x;
 }
 
-const K_TYPES = new Set<GgmlTypeName>(["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]);
-function blockElemsOf(t: GgmlTypeName): number { return K_TYPES.has(t) ? 256 : t.startsWith("Q") ? 32 : 1; }
+const K_TYPES = new Set<GgmlTypeName>(["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]);
+function blockElemsOf(t: GgmlTypeName): number { return K_TYPES.has(t) ? 256 : /^I?Q/.test(t) ? 32 : 1; }
 /** An odd number of whole blocks, at least 5 (so awkwardRow's special blocks fit). */
 function oddLength(t: GgmlTypeName): number { return K_TYPES.has(t) ? 256 * 5 : 32 * 13; }
 
@@ -70,7 +70,7 @@ const half = (f: number) => fp32ToHalf(new Float32Array([f]), "f16")[0];
 /** Offsets of the fp16 scale fields in each block layout (to make random bytes into sane blocks). */
 const HALF_FIELDS: Partial<Record<GgmlTypeName, number[]>> = {
   Q4_0: [0], Q4_1: [0, 2], Q5_0: [0], Q5_1: [0, 2], Q8_0: [0],
-  Q2_K: [80, 82], Q3_K: [108], Q4_K: [0, 2], Q5_K: [0, 2], Q6_K: [208],
+  Q2_K: [80, 82], Q3_K: [108], Q4_K: [0, 2], Q5_K: [0, 2], Q6_K: [208], IQ4_NL: [0], IQ4_XS: [0],
 };
 
 /** Random weight bytes: every bit pattern of the quants and scales, with the fp16 scale fields set to
@@ -187,6 +187,7 @@ describe("kernel table", () => {
     const act: Record<GgmlTypeName, GgmlTypeName> = {
       F32: "F32", F16: "F16", BF16: "BF16", Q4_0: "Q8_0", Q5_0: "Q8_0", Q8_0: "Q8_0", Q4_1: "Q8_1", Q5_1: "Q8_1",
       Q2_K: "Q8_K", Q3_K: "Q8_K", Q4_K: "Q8_K", Q5_K: "Q8_K", Q6_K: "Q8_K", Q8_1: "Q8_1", Q8_K: "Q8_K",
+      IQ4_NL: "Q8_0", IQ4_XS: "Q8_K",
     };
     for (const t of WEIGHT_TYPES) {
       const info = typeInfo(t, "scalar");
