@@ -78,6 +78,9 @@ export interface GenerationRequest {
    * prediction: run's report. Without it they are read beside the generation for the state, and the
    * caller never waits for them (default false). */
   readonly report?: boolean;
+  /** Whose KV cache of earlier prompts this request may reuse: only a request of the same scope
+   * (serve: the same API key or client) continues from the cache (undefined: one scope for all). */
+  readonly cacheScope?: string;
 }
 
 /** A device's counters per decode step, as run's report shows them. */
@@ -158,6 +161,8 @@ export class Cluster extends EventEmitter {
   private readonly events: EventState[] = [];
   /** Tokens whose KV cache the current pipeline holds at positions 0..n-1. */
   private cachedIds: number[] = [];
+  /** The scope of the request that left cachedIds (GenerationRequest.cacheScope). */
+  private cachedScope: string | undefined;
   private tail: Promise<unknown> = Promise.resolve();
   private waiting = 0;
   private active: { state: RequestState; controller: { tokens: number; firstAt: number | null; startedAt: number } } | null = null;
@@ -528,6 +533,7 @@ export class Cluster extends EventEmitter {
     // The longest prefix whose KV cache is already in place; at least one token must go through the
     // layers to give logits.
     let cached = 0;
+    if (req.cacheScope !== this.cachedScope) this.cachedIds = [];
     while (cached < this.cachedIds.length && cached < prompt.length && this.cachedIds[cached] === prompt[cached]) cached++;
     if (cached === prompt.length) cached--;
     this.cachedIds = [];
@@ -607,6 +613,7 @@ export class Cluster extends EventEmitter {
     };
     // What went through the layers is in every device's KV cache: the next request may reuse it.
     this.cachedIds = [...prompt, ...emitted].slice(0, result.endPos);
+    this.cachedScope = req.cacheScope;
     const firstTokenMs = ctrl.firstAt === null ? null : ctrl.firstAt - started;
     this.stats.completed++;
     this.stats.generatedTokens += result.ids.length;

@@ -2,26 +2,26 @@
 // its push stream /api/stream) and the dashboard's files. Every request is checked before it reaches
 // the ring; whatever a client sends, the answer is a status code with an OpenAI-style error object and
 // the server stays up.
-import { randomUUID, timingSafeEqual, createHash } from "node:crypto";
+import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { Sampler } from "../engine/index.js";
-import { StreamingDecoder, type Tokenizer } from "../model/index.js";
+import { StreamingDecoder, printable, type Tokenizer } from "../model/index.js";
 import { CancelledError, QueueFullError, type Cluster } from "./cluster.js";
 import { formatMetrics, newRequestOutcomes, type RequestOutcomes } from "./metrics.js";
 import {
   ApiError, ResponseShaper, StopMatcher, parseChatRequest, parseCompletionRequest, usage, type FinishReason, type ParsedRequest,
 } from "./openai.js";
 import type { PromptRenderer } from "./prompt.js";
+import { RequestGuard, type GuardOptions } from "./http-guard.js";
 
-export interface ApiServerOptions {
+export interface ApiServerOptions extends GuardOptions {
   readonly cluster: Cluster;
   readonly tok: Tokenizer;
   readonly prompts: PromptRenderer;
   /** The id /v1/models lists; requests may name it, the file's name or the model's own name. */
   readonly modelId: string;
   readonly modelAliases: readonly string[];
-  readonly apiKey?: string;
   readonly maxBodyBytes?: number;
   readonly log: (line: string) => void;
   /** Serves the dashboard's files; returns false when the path is not one of them. */
@@ -76,14 +76,14 @@ function readBody(req: IncomingMessage, limit: number): Promise<string> {
 
 export class ApiServer {
   private readonly server: Server;
-  private readonly keyHash: Buffer | undefined;
+  private readonly guard: RequestGuard;
   private readonly streams = new Set<ServerResponse>();
   readonly outcomes: RequestOutcomes = newRequestOutcomes();
   /** Generation requests that reached the queue, numbering them in their order there (FIFO). */
   private received = 0;
 
   constructor(private readonly o: ApiServerOptions) {
-    this.keyHash = o.apiKey ? createHash("sha256").update(o.apiKey).digest() : undefined;
+    this.guard = new RequestGuard(o);
     this.server = createServer((req, res) => {
       this.handle(req, res).catch((e: unknown) => {
         o.log(`internal error on ${req.method} ${safePath(req.url)}: ${(e as Error).message}`);
@@ -105,6 +105,7 @@ export class ApiServer {
     return new Promise((resolve, reject) => {
       const onError = (e: Error) => reject(new Error(`cannot listen on ${host}:${port}: ${e.message}`));
       this.server.once("error", onError);
+      this.guard.bind(host);
       this.server.listen(port, host, () => {
         this.server.off("error", onError);
         this.server.on("error", (e) => this.o.log(`HTTP server error: ${e.message}`));
@@ -131,31 +132,34 @@ export class ApiServer {
     return r.ok ? { ok: true, status: "ok" } : r;
   }
 
-  private authorized(req: IncomingMessage): boolean {
-    if (!this.keyHash) return true;
-    const h = req.headers.authorization ?? "";
-    const m = /^Bearer\s+(.+)$/i.exec(h);
-    if (!m) return false;
-    return timingSafeEqual(createHash("sha256").update(m[1].trim()).digest(), this.keyHash);
-  }
-
   private async handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const url = new URL(req.url ?? "/", "http://localhost");
     const path = url.pathname.replace(/\/+$/, "") || "/";
     const method = req.method ?? "GET";
+    const admitted = this.guard.admit(req);
+    if ("status" in admitted) {
+      req.resume();
+      sendError(res, new ApiError(admitted.status, admitted.message, "invalid_request_error", admitted.code));
+      return;
+    }
+    const cors = admitted.corsOrigin;
+    if (method === "OPTIONS") {
+      // A CORS preflight from an allowed origin; any other OPTIONS only learns the methods.
+      res.writeHead(204, cors ? RequestGuard.preflightHeaders(cors, req) : { Allow: "GET, POST, OPTIONS" });
+      res.end();
+      return;
+    }
+    if (cors) for (const [k, v] of Object.entries(RequestGuard.corsHeaders(cors))) res.setHeader(k, v);
     if (path === "/health" && (method === "GET" || method === "HEAD")) {
       const h = this.healthy();
       sendJson(res, h.ok ? 200 : 503, { status: h.status });
       return;
     }
     if (method === "GET" && this.o.staticFiles?.(req, res)) return;
-    if (method === "OPTIONS") {
-      res.writeHead(204, { Allow: "GET, POST, OPTIONS" });
-      res.end();
-      return;
-    }
-    if (!this.authorized(req)) {
-      sendError(res, new ApiError(401, this.keyHash && req.headers.authorization ? "the API key is wrong" : "this server needs an API key: send Authorization: Bearer KEY",
+    const key = this.guard.keyIndex(req);
+    if (key === -1) {
+      req.resume();
+      sendError(res, new ApiError(401, req.headers.authorization ? "the API key is wrong" : "this server needs an API key: send Authorization: Bearer KEY",
         "invalid_request_error", "invalid_api_key"), { "WWW-Authenticate": "Bearer" });
       return;
     }
@@ -176,7 +180,7 @@ export class ApiServer {
         return;
       case "POST /v1/chat/completions":
       case "POST /v1/completions":
-        await this.completion(req, res, path.endsWith("chat/completions") ? "chat" : "completion");
+        await this.completion(req, res, path.endsWith("chat/completions") ? "chat" : "completion", cacheScope(req, key));
         return;
     }
     const known = ["/v1/models", "/metrics", "/api/state", "/api/stream", "/v1/chat/completions", "/v1/completions"];
@@ -232,9 +236,19 @@ export class ApiServer {
 
   // ---- completions -----------------------------------------------------------------------------
 
-  private async completion(req: IncomingMessage, res: ServerResponse, kind: "chat" | "completion"): Promise<void> {
+  private async completion(req: IncomingMessage, res: ServerResponse, kind: "chat" | "completion", scope: string): Promise<void> {
     let parsed: ParsedRequest;
     let ids: Int32Array;
+    // Only JSON is parsed as JSON: a text/plain form or a no-cors fetch from a web page cannot send it.
+    const type = (req.headers["content-type"] ?? "").split(";")[0].trim().toLowerCase();
+    if (type !== "application/json") {
+      req.resume();
+      this.outcomes.invalid++;
+      const got = type === "" ? "no Content-Type" : `Content-Type ${printable(type, 80)}`;
+      sendError(res, new ApiError(415, `the request body must be JSON sent as Content-Type: application/json (got ${got}; with curl: -H 'Content-Type: application/json')`,
+        "invalid_request_error", "unsupported_media_type"));
+      return;
+    }
     const health = this.healthy();
     if (!health.ok) {
       req.resume();
@@ -272,10 +286,10 @@ export class ApiServer {
       }
       throw e;
     }
-    await this.generate(req, res, parsed, ids);
+    await this.generate(req, res, parsed, ids, scope);
   }
 
-  private async generate(req: IncomingMessage, res: ServerResponse, p: ParsedRequest, ids: Int32Array): Promise<void> {
+  private async generate(req: IncomingMessage, res: ServerResponse, p: ParsedRequest, ids: Int32Array, cacheScope: string): Promise<void> {
     const { cluster, tok } = this.o;
     const shaper = new ResponseShaper(p.kind, this.o.modelId, randomUUID().replace(/-/g, "").slice(0, 24));
     const abort = new AbortController();
@@ -302,7 +316,7 @@ export class ApiServer {
     const startedAt = performance.now();
     try {
       const out = await cluster.generate({
-        kind: p.kind, prompt: ids, maxTokens, sampler: new Sampler(p.sampler), isEnd: (id) => tok.isEog(id), signal: abort.signal,
+        kind: p.kind, prompt: ids, maxTokens, sampler: new Sampler(p.sampler), isEnd: (id) => tok.isEog(id), signal: abort.signal, cacheScope,
         onStart: () => {
           if (p.stream) res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store", Connection: "keep-alive" });
         },
@@ -351,6 +365,15 @@ export class ApiServer {
       else sendError(res, err, { "Retry-After": "2" });
     }
   }
+}
+
+/**
+ * Whose prefix cache a request may reuse: its API key's (each key is one client; two keys never see
+ * each other's prompts through usage.prompt_tokens_details.cached_tokens or through timing), or
+ * without keys its client's address (programs on one machine share one).
+ */
+function cacheScope(req: IncomingMessage, keyIndex: number | undefined): string {
+  return keyIndex !== undefined ? `key ${keyIndex}` : `address ${req.socket.remoteAddress ?? "?"}`;
 }
 
 /** A request path as it may appear in a log line or an error: printable ASCII only, bounded. */

@@ -3,7 +3,7 @@
 // OpenAI-style error object naming the field), responses and stream chunks built in one place, and
 // stop strings found across token boundaries.
 import type { ChatMessage } from "../model/index.js";
-import type { SamplerOptions } from "../engine/index.js";
+import { Sampler, SamplerError, type SamplerOptions } from "../engine/index.js";
 
 export class ApiError extends Error {
   override name = "ApiError";
@@ -116,11 +116,30 @@ function common(b: Json, kind: "chat" | "completion"): Omit<ParsedRequest, "mess
   const s = sampler as { seed?: number };
   if (s.seed !== undefined) s.seed = Number(BigInt.asUintN(32, BigInt(s.seed)));
   for (const k of Object.keys(sampler) as (keyof SamplerOptions)[]) if (sampler[k] === undefined) delete (sampler as Record<string, unknown>)[k];
+  checkSampling(sampler, b);
   return {
     kind, maxTokens, sampler, stop, stream: optBool(b, "stream") ?? false,
     includeUsage: streamOptions ? optBool(streamOptions as Json, "include_usage") ?? false : false,
     model: b.model as string | undefined,
   };
+}
+
+/** The API's names of the sampler's options. */
+const SAMPLING_PARAMS: Readonly<Record<keyof SamplerOptions, string>> = {
+  temperature: "temperature", topP: "top_p", topK: "top_k", minP: "min_p", seed: "seed", frequencyPenalty: "frequency_penalty",
+  presencePenalty: "presence_penalty", repeatPenalty: "repetition_penalty", repeatLastN: "repeat_last_n",
+};
+
+/** The sampler's own ranges (engine/sampler.ts, one rule for the CLI and the API), as a 400 naming the
+ * field: a value the sampler would refuse must not pass here and fail later as a 503. */
+function checkSampling(sampler: SamplerOptions, b: Json): void {
+  try {
+    new Sampler(sampler);
+  } catch (e) {
+    if (!(e instanceof SamplerError)) throw e;
+    const param = e.option === "repeatPenalty" && b.repetition_penalty === undefined ? "repeat_penalty" : SAMPLING_PARAMS[e.option];
+    throw bad(param, e.message);
+  }
 }
 
 function asObject(body: unknown): Json {

@@ -6,7 +6,8 @@ import { hostname } from "node:os";
 import { PROTOCOL_VERSION } from "../control/index.js";
 import { publishCluster, type Publication } from "../discovery/index.js";
 import { metaString } from "../model/index.js";
-import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
+import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, UsageError, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
+import { checkApiKey } from "./http-guard.js";
 import { ApiServer } from "./http-server.js";
 import { clusterFor, log, openHead } from "./head.js";
 
@@ -16,7 +17,12 @@ const HELP = `usage: prima-coord serve model.gguf [options]
   --port N                 HTTP port (default 8080)
   --cluster-port N         gRPC port workers join on (default 7400)
   --name NAME              the cluster's name, announced to workers (default: this host's name)
-  --api-key KEY            require Authorization: Bearer KEY (also from PRIMA_API_KEY)
+  --api-key KEY            require Authorization: Bearer KEY (also from PRIMA_API_KEY); repeat it for
+                           several clients, each with a prompt cache of its own. An empty key is an error
+  --allow-host NAME        a name the Host header may carry besides this machine's names and addresses
+                           (a DNS name on your network, a reverse proxy's); repeatable; * allows any
+  --cors ORIGIN            let web pages of ORIGIN (e.g. http://localhost:3000) call the API; repeatable;
+                           * allows every site (only with --api-key)
   --no-discovery           do not announce the cluster over mDNS (workers then need --join host:port)
   --rotate-token           make a new join token (and certificate) first: workers need the new one
                            (prima-coord token --rotate does it for a running serve)
@@ -33,7 +39,9 @@ interface ServeArgs extends ClusterArgs {
   readonly port: number;
   readonly clusterPort: number;
   readonly name: string;
-  readonly apiKey?: string;
+  readonly apiKeys: readonly string[];
+  readonly allowHosts: readonly string[];
+  readonly corsOrigins: readonly string[];
   readonly discovery: boolean;
   readonly queue: number;
   readonly rotateToken: boolean;
@@ -43,22 +51,59 @@ interface ServeArgs extends ClusterArgs {
 function parseServeArgs(argv: string[]): ServeArgs {
   const { cluster, values } = parseClusterArgs(argv, {
     host: { type: "string" }, port: { type: "string" }, "cluster-port": { type: "string" }, name: { type: "string" },
-    "api-key": { type: "string" }, "no-discovery": { type: "boolean" }, queue: { type: "string" },
+    "api-key": { type: "string", multiple: true }, "allow-host": { type: "string", multiple: true }, cors: { type: "string", multiple: true },
+    "no-discovery": { type: "boolean" }, queue: { type: "string" },
     "rotate-token": { type: "boolean" }, "allow-advertise": { type: "boolean" },
   }, HELP, "serve");
   const str = (k: string) => values[k] as string | undefined;
+  const apiKeys = apiKeysOf(values["api-key"] as unknown as string[] | undefined);
+  const corsOrigins = corsOriginsOf(values.cors as unknown as string[] | undefined);
+  if (corsOrigins.includes("*") && apiKeys.length === 0) throw new UsageError("--cors '*' lets every web site use the API: it needs --api-key");
   return {
     ...cluster,
     host: str("host") ?? "127.0.0.1",
     port: intArg("port", str("port"), 8080, 0, 65535),
     clusterPort: intArg("cluster-port", str("cluster-port"), 7400, 0, 65535),
     name: str("name") ?? hostname(),
-    apiKey: str("api-key") ?? (process.env.PRIMA_API_KEY || undefined),
+    apiKeys,
+    allowHosts: (values["allow-host"] as unknown as string[] | undefined) ?? [],
+    corsOrigins,
     discovery: !values["no-discovery"],
     queue: intArg("queue", str("queue"), 16, 0, 10_000),
     rotateToken: values["rotate-token"] === true,
     allowAdvertise: values["allow-advertise"] === true,
   };
+}
+
+/** The keys from --api-key, else from PRIMA_API_KEY; an empty or blank one is a usage error, never
+ * "no key" (`--api-key "$(cat missing-file)"` must not open the server). */
+function apiKeysOf(flags: string[] | undefined): string[] {
+  const env = process.env.PRIMA_API_KEY;
+  const keys = flags ?? (env === undefined ? [] : [env]);
+  keys.forEach((k) => {
+    try {
+      checkApiKey(k, flags ? "--api-key" : "PRIMA_API_KEY");
+    } catch (e) {
+      throw new UsageError((e as Error).message);
+    }
+  });
+  return keys;
+}
+
+function corsOriginsOf(flags: string[] | undefined): string[] {
+  return (flags ?? []).map((o) => {
+    if (o === "*") return o;
+    let u: URL | undefined;
+    try {
+      u = new URL(o);
+    } catch {
+      // reported below
+    }
+    if (!u || (u.protocol !== "http:" && u.protocol !== "https:") || u.origin !== o.replace(/\/$/, "").toLowerCase()) {
+      throw new UsageError(`--cors takes an origin such as http://localhost:3000 (scheme, host and port only), not "${o}"`);
+    }
+    return u.origin;
+  });
 }
 
 export async function serveCommand(argv: string[]): Promise<number> {
@@ -78,7 +123,8 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const modelId = basename(file, extname(file));
   const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, autoPlace: true, rotateToken: a.rotateToken, allowAdvertise: a.allowAdvertise });
   const api = new ApiServer({
-    cluster, tok, prompts, modelId, modelAliases: [file, metaString(model.gguf, "general.name") ?? modelId], apiKey: a.apiKey,
+    cluster, tok, prompts, modelId, modelAliases: [file, metaString(model.gguf, "general.name") ?? modelId],
+    apiKeys: a.apiKeys, allowHosts: a.allowHosts, corsOrigins: a.corsOrigins,
     log, staticFiles: await dashboardFiles(log),
   });
   let stopping: Promise<void> | undefined;

@@ -22,6 +22,10 @@ export interface SamplerOptions {
 
 export class SamplerError extends Error {
   override name = "SamplerError";
+  /** The option out of its range, so an API can name its own field. */
+  constructor(readonly option: keyof SamplerOptions, message: string) {
+    super(message);
+  }
 }
 
 /** sfc32: small, fast, and good enough for sampling; seeded through splitmix32. */
@@ -92,16 +96,19 @@ export class Sampler {
     this.frequencyPenalty = o.frequencyPenalty ?? 0;
     this.presencePenalty = o.presencePenalty ?? 0;
     this.seed = o.seed ?? Math.floor(Math.random() * 2 ** 32);
-    const check = (ok: boolean, what: string) => {
-      if (!ok) throw new SamplerError(what);
+    const check = (ok: boolean, option: keyof SamplerOptions, what: string) => {
+      if (!ok) throw new SamplerError(option, what);
     };
-    check(Number.isFinite(this.temperature) && this.temperature >= 0, `temperature must be >= 0 (got ${this.temperature})`);
-    check(Number.isInteger(this.topK) && this.topK >= 0, `top-k must be a whole number >= 0 (got ${this.topK})`);
-    check(this.topP > 0 && this.topP <= 1, `top-p must be in (0, 1] (got ${this.topP})`);
-    check(this.minP >= 0 && this.minP < 1, `min-p must be in [0, 1) (got ${this.minP})`);
-    check(this.repeatPenalty > 0, `repeat penalty must be > 0 (got ${this.repeatPenalty})`);
-    check(Number.isInteger(this.repeatLastN) && this.repeatLastN >= 0, `repeat-last-n must be a whole number >= 0`);
-    check(Number.isInteger(this.seed) && this.seed >= 0 && this.seed < 2 ** 32, `seed must be an integer in [0, 2^32)`);
+    check(Number.isFinite(this.temperature) && this.temperature >= 0, "temperature", `temperature must be >= 0 (got ${this.temperature})`);
+    check(Number.isInteger(this.topK) && this.topK >= 0, "topK", `top-k must be a whole number >= 0 (got ${this.topK})`);
+    // top-p 0 would keep no token at all: the smallest meaningful value is just above it.
+    check(this.topP > 0 && this.topP <= 1, "topP", `top-p must be in (0, 1] (got ${this.topP})`);
+    check(this.minP >= 0 && this.minP < 1, "minP", `min-p must be in [0, 1) (got ${this.minP})`);
+    check(this.repeatPenalty > 0 && Number.isFinite(this.repeatPenalty), "repeatPenalty", `repeat penalty must be > 0 (got ${this.repeatPenalty})`);
+    check(Number.isInteger(this.repeatLastN) && this.repeatLastN >= 0, "repeatLastN", `repeat-last-n must be a whole number >= 0`);
+    check(Number.isFinite(this.frequencyPenalty), "frequencyPenalty", `frequency penalty must be a number (got ${this.frequencyPenalty})`);
+    check(Number.isFinite(this.presencePenalty), "presencePenalty", `presence penalty must be a number (got ${this.presencePenalty})`);
+    check(Number.isInteger(this.seed) && this.seed >= 0 && this.seed < 2 ** 32, "seed", `seed must be an integer in [0, 2^32)`);
     this.rng = new Rng(this.seed);
   }
 

@@ -13,6 +13,7 @@
 import { Template } from "@huggingface/jinja";
 import { createRequire } from "node:module";
 import { MessageChannel, receiveMessageOnPort, Worker, type MessagePort } from "node:worker_threads";
+import { printable } from "../base/index.js";
 import type { GgufFile } from "./gguf.js";
 import { Tokenizer } from "./tokenizer.js";
 
@@ -244,7 +245,9 @@ class TemplateWorker {
         `the chat template was stopped: it did not finish within ${limits.timeMs} ms or used more than ${limits.heapMb} MB`);
     }
     if (!reply.ok) {
-      throw new ChatTemplateError(reply.limit ? `the chat template was stopped: ${reply.error}` : `the chat template failed: ${reply.error}`);
+      // The message may be the template's own (raise_exception): text from the model file.
+      const why = printable(reply.error ?? "", 500);
+      throw new ChatTemplateError(reply.limit ? `the chat template was stopped: ${why}` : `the chat template failed: ${why}`);
     }
     return reply.text ?? "";
   }
@@ -272,7 +275,7 @@ export class ChatTemplate {
     try {
       new Template(source); // parse errors now, with the model, rather than at the first request
     } catch (e) {
-      throw new ChatTemplateError(`the chat template does not parse: ${(e as Error).message}`);
+      throw new ChatTemplateError(`the chat template does not parse: ${printable((e as Error).message, 500)}`);
     }
     TemplateWorker.get(this.limits.heapMb); // starts the worker while the caller does other things
   }

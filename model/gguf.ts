@@ -59,57 +59,62 @@ export interface GgufFile {
 
 const MAGIC = 0x46554747; // "GGUF" little-endian
 const MAX_DIMS = 4;
-// Bounds on what a header may make this process hold, each far beyond any real model (the largest
-// vocabularies, ~262k tokens and ~300k merges, make headers of ~20 MB): a hostile file gets a
-// GgufError instead of an out-of-memory abort.
+// Bounds on what a header may make this process hold, each a few times what the largest real models
+// need (vocabularies of ~260k tokens and ~450k merges make headers of ~20 MB): a hostile file gets a
+// GgufError naming the bound, before it costs more memory than a real model's header does.
 const MAX_TENSORS = 1 << 18;
 const MAX_KEYS = 1 << 16;
-/** Bytes of header (metadata and tensor table) read into memory. */
-export const GGUF_MAX_HEADER_BYTES = 256 << 20;
+/** Bytes of header (metadata and tensor table): what is decoded from it stays within a few times this. */
+export const GGUF_MAX_HEADER_BYTES = 64 << 20;
 /** One metadata string (the longest real ones are chat templates of tens of KB). */
 export const GGUF_MAX_STRING_BYTES = 16 << 20;
 const MAX_KEY_BYTES = 1024;
 /** llama.cpp's GGML_MAX_NAME: a tensor name is shorter than 64 bytes. */
 const MAX_TENSOR_NAME_BYTES = 63;
-/** Strings, bools and nested arrays in all metadata arrays together (each is a JS value). */
-export const GGUF_MAX_ARRAY_ITEMS = 1 << 23;
+/** Strings, bools and nested arrays in all metadata arrays together (each is a JS value of its own,
+ * tens of bytes beside its text). */
+export const GGUF_MAX_ARRAY_ITEMS = 1 << 21;
 /** A nested array weighs this many items (an object and a typed array of its own). */
 const NESTED_ARRAY_WEIGHT = 64;
 const MAX_NESTING = 4;
+/** Bytes read ahead of the item being parsed. */
+const READ_AHEAD = 1 << 20;
 
-/** Growable view over the start of a file; reads more on demand, never past the end. */
+/** Reads the header front to back, never past the end of the file or GGUF_MAX_HEADER_BYTES. It holds
+ * only the bytes not yet parsed (a window from the current item on), never the whole header. */
 class Cursor {
-  private buf: Buffer;
+  /** Bytes [base, base + buf.length) of the file. */
+  private buf = Buffer.alloc(0);
+  private base = 0;
   pos = 0;
-  constructor(private readonly fd: number, readonly fileBytes: number, private readonly path: string) {
-    this.buf = Buffer.alloc(0);
-    this.ensure(Math.min(fileBytes, 1 << 20));
-  }
+  constructor(private readonly fd: number, readonly fileBytes: number, private readonly path: string) {}
   private ensure(end: number): void {
-    if (end <= this.buf.length) return;
+    if (end <= this.base + this.buf.length) return;
     if (end > this.fileBytes) {
       throw new GgufError(`${this.path}: truncated header: needs ${end} bytes, file has ${this.fileBytes}`);
     }
     if (end > GGUF_MAX_HEADER_BYTES) {
-      throw new GgufError(`${this.path}: the header (metadata and tensor table) is larger than ${GGUF_MAX_HEADER_BYTES} bytes`);
+      throw new GgufError(`${this.path}: the header (metadata and tensor table) is larger than ${GGUF_MAX_HEADER_BYTES} bytes, the limit`);
     }
-    const want = Math.min(this.fileBytes, GGUF_MAX_HEADER_BYTES, Math.max(end, this.buf.length * 2));
-    const next = Buffer.alloc(want);
-    this.buf.copy(next);
-    let off = this.buf.length;
-    while (off < want) {
-      const n = readSync(this.fd, next, off, want - off, off);
-      if (n <= 0) throw new GgufError(`${this.path}: read failed at byte ${off}`);
+    const start = this.pos;
+    const next = Buffer.allocUnsafe(Math.min(this.fileBytes, GGUF_MAX_HEADER_BYTES, Math.max(end, start + READ_AHEAD)) - start);
+    // What was read ahead and not parsed yet moves to the front; the rest comes from the file.
+    let off = 0;
+    if (start - this.base < this.buf.length) off = this.buf.copy(next, 0, start - this.base);
+    while (off < next.length) {
+      const n = readSync(this.fd, next, off, next.length - off, start + off);
+      if (n <= 0) throw new GgufError(`${this.path}: read failed at byte ${start + off}`);
       off += n;
     }
     this.buf = next;
+    this.base = start;
   }
   take(n: number, what: string): Buffer {
     if (n < 0 || this.pos + n > this.fileBytes) {
       throw new GgufError(`${this.path}: ${what} at byte ${this.pos} needs ${n} bytes, past end of file (size ${this.fileBytes})`);
     }
     this.ensure(this.pos + n);
-    const b = this.buf.subarray(this.pos, this.pos + n);
+    const b = this.buf.subarray(this.pos - this.base, this.pos - this.base + n);
     this.pos += n;
     return b;
   }

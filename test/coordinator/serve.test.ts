@@ -106,6 +106,12 @@ describe("serve alone: the OpenAI API", () => {
       ["a role that does not exist", "/v1/chat/completions", JSON.stringify({ messages: [{ role: "wizard", content: "x" }] }), 400, /role/],
       ["temperature as a string", "/v1/completions", JSON.stringify({ prompt: "x", temperature: "hot" }), 400, /temperature/],
       ["max_tokens negative", "/v1/completions", JSON.stringify({ prompt: "x", max_tokens: -3 }), 400, /max_tokens/],
+      // Ranges the sampler refuses are 400s naming the field, never a 503 from the generation.
+      ["top_p 0", "/v1/completions", JSON.stringify({ prompt: "x", top_p: 0 }), 400, /^top_p: .*\(0, 1\]/],
+      ["min_p 1", "/v1/chat/completions", JSON.stringify({ messages: [{ role: "user", content: "x" }], min_p: 1 }), 400, /^min_p: /],
+      ["top_k fractional", "/v1/completions", JSON.stringify({ prompt: "x", top_k: 2.5 }), 400, /^top_k: /],
+      ["repeat_penalty 0", "/v1/completions", JSON.stringify({ prompt: "x", repeat_penalty: 0 }), 400, /^repeat_penalty: /],
+      ["temperature above 2", "/v1/completions", JSON.stringify({ prompt: "x", temperature: 2.5 }), 400, /^temperature: /],
       ["n > 1", "/v1/completions", JSON.stringify({ prompt: "x", n: 3 }), 400, /n: only one/],
       ["tools", "/v1/chat/completions", JSON.stringify({ messages: [{ role: "user", content: "x" }], tools: [{ type: "function", function: { name: "f" } }] }), 400, /tool/],
       ["an unknown model", "/v1/completions", JSON.stringify({ prompt: "x", model: "gpt-9" }), 404, /does not exist/],
@@ -115,6 +121,7 @@ describe("serve alone: the OpenAI API", () => {
     for (const [what, path, body, status, message] of cases) {
       const r = await post(path, body);
       expect(r.status, what).toBe(status);
+      expect(r.headers.get("retry-after"), what).toBeNull();
       const j = (await r.json()) as { error: { message: string; type: string } };
       expect(j.error.message, what).toMatch(message);
       expect(typeof j.error.type, what).toBe("string");

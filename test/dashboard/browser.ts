@@ -19,10 +19,11 @@ export const ARTIFACTS = join(root, "test-artifacts", "dashboard");
 
 const browsers = new Set<Browser>();
 
-export async function launchBrowser(): Promise<Browser> {
+/** `extraArgs`: more chromium switches (e.g. --host-resolver-rules for names that lead to loopback). */
+export async function launchBrowser(extraArgs: readonly string[] = []): Promise<Browser> {
   const browser = await puppeteer.launch({
     executablePath: CHROMIUM,
-    args: ["--no-sandbox", "--headless=new", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage"],
+    args: ["--no-sandbox", "--headless=new", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage", ...extraArgs],
     protocolTimeout: 30_000,
   });
   browsers.add(browser);

@@ -276,6 +276,16 @@ describe("models with and without templates", () => {
     expect(() => new ChatTemplate("{% for %}", "", "", false, false)).toThrow(/does not parse/);
     const raising = new ChatTemplate("{{ raise_exception('roles must alternate') }}", "", "", false, false);
     expect(() => raising.render([{ role: "user", content: "x" }])).toThrow(/chat template failed: roles must alternate/);
+    // The message is the model file's (or the chat's) text: terminal escapes arrive escaped.
+    const hostile = new ChatTemplate("{{ raise_exception('\u001b[2J\u001b]0;owned\u0007 \u202e' + messages[0].content) }}", "", "", false, false);
+    let message = "";
+    try {
+      hostile.render([{ role: "user", content: "\r\u009b31m" }]);
+    } catch (e) {
+      message = (e as Error).message;
+    }
+    expect(message).toContain("chat template failed: \\x1b[2J\\x1b]0;owned\\x07 \\u{202e}\\x0d\\x9b31m");
+    expect(message).not.toMatch(/[\u0000-\u001f\u007f-\u009f\u202e]/);
     const ok = new ChatTemplate(CHATML_TEMPLATE, "", "", false, false);
     expect(() => ok.render([{ role: "user" } as unknown as ChatMessage])).toThrow(/message 0 needs a string role and a string content/);
     expect(() => ok.render("hi" as unknown as ChatMessage[])).toThrow(/messages must be an array/);

@@ -1,11 +1,14 @@
 // Hostile model files (issue #18): each gives a clear error, escaped for a terminal, and the process
 // stays up. Bounds: nested arrays, huge strings, names; block_count against the tensors; chat templates.
+import { spawnSync } from "node:child_process";
 import { closeSync, openSync, readFileSync, writeSync } from "node:fs";
 import { join } from "node:path";
+import { pathToFileURL } from "node:url";
 import { describe, expect, it } from "vitest";
 import {
   ChatTemplate, DEFAULT_TEMPLATE_LIMITS, GgufError, GgufValueType, describeModel, kv, readGguf, writeGguf, type GgufKV,
 } from "../../model/index.js";
+import { root } from "../helpers/process.js";
 import { tempDir } from "../helpers/temp.js";
 
 const dir = tempDir("prima-hostile-");
@@ -70,6 +73,63 @@ describe("hostile GGUF headers", () => {
   it("a string longer than 16 MiB is refused, even when the file holds it", () => {
     const msg = failure(rawFile([...header(0, 1), ...str("general.name"), GgufValueType.STRING, BigInt(20 << 20)], 32 << 20));
     expect(msg).toMatch(/general\.name" length is 20971520, more than the limit 16777216/);
+  });
+
+  it("a header of 256 MiB is refused before it costs hundreds of MB (measured in a child process)", () => {
+    // Sparse files: the bytes between the pieces are holes (zeros) that take no disk.
+    const sparse = (pieces: [number, Buffer][], size: number) => {
+      const path = join(dir, `big${n++}.gguf`);
+      const fd = openSync(path, "w");
+      for (const [at, b] of pieces) writeSync(fd, b, 0, b.length, at);
+      writeSync(fd, Buffer.alloc(1), 0, 1, size - 1);
+      closeSync(fd);
+      return path;
+    };
+    const bytes = (parts: (number | bigint | string)[]) => Buffer.concat(parts.map((p) => {
+      if (typeof p === "number") { const b = Buffer.alloc(4); b.writeUInt32LE(p); return b; }
+      if (typeof p === "bigint") { const b = Buffer.alloc(8); b.writeBigUInt64LE(p); return b; }
+      return Buffer.from(p);
+    }));
+    const MiB = 1 << 20;
+    // 16 strings of 16 MiB - 64 bytes each, one per key.
+    const keys = 16, len = 16 * MiB - 64;
+    const head = bytes(header(0, keys));
+    const strings: [number, Buffer][] = [[0, head]];
+    let at = head.length;
+    for (let k = 0; k < keys; k++) {
+      const b = bytes([...str(`k${String(k).padStart(2, "0")}`), GgufValueType.STRING, BigInt(len)]);
+      strings.push([at, b]);
+      at += b.length + len;
+    }
+    const manyStrings = sparse(strings, at + 64);
+    // One array of 64k strings of 4 KiB.
+    const items = 65536, item = 4096;
+    const arrayHead = bytes([...header(0, 1), ...str("tokenizer.ggml.tokens"), GgufValueType.ARRAY, GgufValueType.STRING, BigInt(items)]);
+    const lengths: [number, Buffer][] = [[0, arrayHead]];
+    for (let i = 0; i < items; i++) lengths.push([arrayHead.length + i * (8 + item), bytes([BigInt(item)])]);
+    const bigArray = sparse(lengths, arrayHead.length + items * (8 + item) + 64);
+    // A byte array of 256 MiB.
+    const byteArray = sparse([[0, bytes([...header(0, 1), ...str("x"), GgufValueType.ARRAY, GgufValueType.UINT8, BigInt(256 * MiB)])]], 257 * MiB);
+
+    const peak = (files: string[]) => {
+      const script = `import(${JSON.stringify(pathToFileURL(join(root, "dist/model/index.js")).href)}).then((m) => {
+        const errors = [];
+        for (const f of ${JSON.stringify(files)}) {
+          try { m.readGguf(f); errors.push("read"); } catch (e) { errors.push(e.message); }
+        }
+        console.log(JSON.stringify({ errors, maxRssBytes: process.resourceUsage().maxRSS * 1024 }));
+      });`;
+      const out = spawnSync(process.execPath, ["-e", script], { encoding: "utf8", timeout: 60_000 });
+      expect(out.status, out.stderr).toBe(0);
+      return JSON.parse(out.stdout) as { errors: string[]; maxRssBytes: number };
+    };
+    const base = peak([]).maxRssBytes;
+    for (const file of [manyStrings, bigArray, byteArray]) {
+      const r = peak([file]);
+      expect(r.errors[0]).toMatch(/header \(metadata and tensor table\) is larger than 67108864 bytes, the limit/);
+      // A real model's header (~20 MB) costs about this much too; the file's 256 MiB never do.
+      expect(r.maxRssBytes - base, `${file}: ${r.errors[0]}`).toBeLessThan(160 * MiB);
+    }
   });
 
   it("a block_count that disagrees with the tensors is refused by name", () => {
