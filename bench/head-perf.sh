@@ -4,7 +4,7 @@
 # Prints the run's per-device rows, the head's main thread's samples, and the share of them (perf's
 # children figures, relative to that thread) inside its windows (prima_window_forward) and under
 # RingNode.send and its parts, each as ms of CPU a token (share * samples / 4999 Hz / tokens in 5 s).
-#   npm run build && bench/head-perf.sh        (root: perf; the figures in BENCHMARKS.md)
+#   npm run build && bench/head-perf.sh        (root: perf; the figures in bench/history/2026-11-24-capped-s8.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M=.cache/bench-llama-Q4_K_M.gguf

@@ -1,6 +1,7 @@
 // npm run bench [-- --only engine,memory,ring,halda,kernels,standin,passnoise,handoff,capped,crypto,serve,transfer,chaos] [--threads N] [--reps N] [--chaos-seconds S] [--caps 256,200]
 // Every part measures us and a peer in the same run and prints ratios (absolute numbers on a shared
-// machine mean little). Results and the command go in BENCHMARKS.md.
+// machine mean little). The latest results and their commands go in BENCHMARKS.md, earlier ones in
+// bench/history/.
 import { existsSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { benchEngine } from "./engine.js";

@@ -147,7 +147,8 @@ export async function main(modelArg?: string, reps = 7): Promise<void> {
     console.log(`\nsum of compute ${compute.toFixed(2)} ms of a ${ms(mid).toFixed(2)} ms token: ${(ms(mid) - compute).toFixed(2)} ms in the three hops`);
   }
 
-  // Where the difference comes from (see BENCHMARKS.md): the same window after an idle gap.
+  // Where the difference comes from (BENCHMARKS.md, "ring"; bench/history/2026-11-23-ring-overhead.md):
+  // the same window after an idle gap.
   await (await import("./idle-gap.js")).main(model);
 
   // Memory-starved workers: each holds a third of the model per cycle but may keep far less in RAM.

@@ -4,7 +4,7 @@
 // and the head's output layer, on the model's last six layers with and without it, against the
 // profile's one-layer stand-in; and the rate streamed layers are reread at (each dropped once computed),
 // the stand-in's over 3 layers (what a 200 MiB device holds) and over the layers the profile streams,
-// against the model's own layers. Figures in BENCHMARKS.md, "Capped devices", come from here.
+// against the model's own layers. Figures in BENCHMARKS.md, "standin", come from here.
 //   node dist/bench/stand-in.js [model.gguf]
 import { LocalModel } from "../engine/index.js";
 import { lastLevelCacheBytes, rereadBytesPerS, standInLayers, standInMinBytes, timeForward, timePasses } from "../profiler/index.js";

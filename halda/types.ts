@@ -88,7 +88,7 @@ export interface HaldaOptions {
    *  an mmap'd window read in the same order every token does under the kernel's LRU (each page is
    *  evicted before its next use; a head also rereads its output layer and embedding row). Measured on
    *  our engine: a head 3.3 layers short of room reread its 8 layers and the output layer every token
-   *  (BENCHMARKS.md, "Capped devices"). "stream" [EXT]: the excess, one layer and STREAM_MARGIN_BYTES
+   *  (bench/history/2026-11-24-capped-s1.md). "stream" [EXT]: the excess, one layer and STREAM_MARGIN_BYTES
    *  more, as prima's engine streams a window larger than its room (native streamBeyond): it keeps the
    *  window's first bytes and reads the rest in each pass, dropping each layer's share right after
    *  use, and the layer being read shares the room with the kept bytes, so they get the room less a

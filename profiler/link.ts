@@ -151,7 +151,8 @@ export interface HandOffOptions {
  * keyed link (here one over loopback, to a sink in this process). Timed up to the socket write, less the
  * time the thread was preempted, as the ring's counter is: the times of the rounds after the first
  * three, in ms. After a pass the send's code and data are out of the caches, and it costs several times what
- * the link probe's back-to-back sends do (BENCHMARKS.md): the probe's round trip holds little of it.
+ * the link probe's back-to-back sends do (BENCHMARKS.md, "handoff"): the probe's round trip holds little
+ * of it.
  * Workers hand off in C on their native lane, which is not timed here.
  */
 export async function timeHandOff(o: HandOffOptions): Promise<number[]> {

@@ -223,7 +223,8 @@ function reclaimableFileBytes(cg: CgroupHeld, ownWeightBytes: number): number {
  * fifth (RAM_AVAILABLE_FRACTION) stays back from the machine's MemAvailable, which other programs
  * share and may take. (Read with the fifth under a cgroup too, 3 x 256 MiB devices lost two layers
  * each and the ring overloaded one device: 0.18x the best hand-made plan. Read without subtracting
- * mapped pages, devices were placed over their limit and thrashed: BENCHMARKS.md, "Capped devices".)
+ * mapped pages, devices were placed over their limit and thrashed: bench/history/2026-11-24-capped-s1.md
+ * and -s2.md.)
  */
 export function layerRoomBytes(m: MemoryReading, ownWeightBytes = 0): number {
   const shared = sharedRoomBytes(m.physicalAvailableBytes);
@@ -256,11 +257,12 @@ export function settleMemory(): void {
  * no longer uses (program start-up code, libraries' cold parts, files read once), as a ring's windows do
  * once they fill the group: a room read at rest counts the mapped ones as held. Read at rest, the head
  * of a loopback ring under 256 MiB held 9-13 MiB of mapped pages and read 207-213 MiB of room, less than
- * its 6 layers need; running, it held 3-5 MiB and had room to spare for them (BENCHMARKS.md, tenth
- * session). It holds, for a moment, anonymous memory of all the group has free and all its page cache
- * but its dirty pages and a margin (native pressMemory: the kernel populates it, no code of ours runs
- * meanwhile, and reclaim can always give it clean file pages; a group pressed past what it can give
- * would kill its largest process, the head); the process's own hot pages come back as it runs on.
+ * its 6 layers need; running, it held 3-5 MiB and had room to spare for them
+ * (bench/history/2026-11-25-capped-s10.md). It holds, for a moment, anonymous memory of all the group
+ * has free and all its page cache but its dirty pages and a margin (native pressMemory: the kernel
+ * populates it, no code of ours runs meanwhile, and reclaim can always give it clean file pages; a
+ * group pressed past what it can give would kill its largest process, the head); the process's own hot
+ * pages come back as it runs on.
  * No file is read: on one machine the devices share the page cache, and pages one reads are charged to
  * it and promoted in its group when another reads them. Returns the bytes it held (0 where no cgroup
  * binds or they could not be had). ~0.1 s per 100 MiB, off the JS thread; only while no window runs.

@@ -3,7 +3,7 @@
 // A profile times rereads once, on a stand-in written for it, and keeps that figure, but a disk's speed
 // moves: on this project's VM five profiles one after another read 4.9 to 6.9 GB/s, the rings' rereads
 // ran at 5.8 to 7.8 within an hour, and the tenth session's host reread 20% slower than its cached
-// figure for hours (BENCHMARKS.md, eleventh session). Plans price a disk's
+// figure for hours (bench/history/2026-11-27-capped-s11.md). Plans price a disk's
 // rereads at the median of its recent observations where it has some, else at the profile's figure.
 import { readFileSync } from "node:fs";
 import { dirname, join } from "node:path";

@@ -1,9 +1,10 @@
 // A ring worker's data path on the native lane (native/src/lane.h). Once a worker has both links, their
 // connections go to a C thread that reads each frame, runs its window and writes the rows on, with
 // no event loop, stream or JS object in between: on a loopback ring that path cost ~0.4 ms of CPU per
-// device per token (BENCHMARKS.md). JS keeps what is rare: the frames the lane leaves to it (ERROR
-// frames to pass on, frames it cannot run or that fail its checks, which the codec then names), link
-// failures (reported through the RingLink objects, as before), KV commands and statistics.
+// device per token (bench/history/2026-11-23-ring-overhead.md). JS keeps what is rare: the frames the
+// lane leaves to it (ERROR frames to pass on, frames it cannot run or that fail its checks, which the
+// codec then names), link failures (reported through the RingLink objects, as before), KV commands and
+// statistics.
 import { INLINE_MAX_MS } from "../engine/index.js";
 import { startNativeLane, type NativeLane, type NativeLaneEvent, type NativeModel } from "../native/index.js";
 import { encodeFrame, type Frame } from "./frame.js";

@@ -46,12 +46,13 @@ export interface NodeStats {
  * - idleSpinUs: how long they spin after a pass before sleeping. It covers a device's own passes in
  *   a row (the head's output layer, then the next token's window). Once a device has handed its rows
  *   on it relaxes its threads at once (LocalModel.relax). Measured on a loopback ring of virtual
- *   CPUs: 500 us beat 0 while decode steps went through a libuv thread (21.5 -> 25 tok/s); with steps
- *   inline, 0 and 500 us are within noise and 2000 us is slower (BENCHMARKS.md).
+ *   CPUs: 500 us beat 0 while decode steps went through a libuv thread (21.5 -> 25 tok/s,
+ *   bench/history/2026-11-23-ring-overhead.md); with steps inline, 0 and 500 us are within noise and
+ *   2000 us is slower (measured for de6e8f5; those figures were not recorded).
  * - spreadThreads: during a pass, the threads stay on distinct CPUs, and spin rather than sleep at
  *   its barriers. Woken together after the gap, they were often stacked on one CPU, trading places at
  *   every barrier (perf sched); the loopback ring's decode was faster with it in 7 of 8 paired runs
- *   (BENCHMARKS.md). */
+ *   (bench/history/2026-11-23-ring-overhead.md). */
 export const RING_COMPUTE_OPTIONS = { idleSpinUs: 500, spreadThreads: true } as const;
 
 export interface RingNodeOptions {
