@@ -72,7 +72,9 @@ export function runOnce(args: string[], model = MODEL): RunJson {
 }
 
 /** Resident memory of a process, from /proc. */
-export function rssBytes(pid: number): number {
-  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
+/** The process's anonymous resident memory: what a leak grows. (VmRSS also counts the model's mapped
+ * pages, which come and go with the page cache: a loaded machine's reclaim moved it by 145 MB.) */
+export function anonRssBytes(pid: number): number {
+  const m = /RssAnon:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
   return m ? Number(m[1]) * 1024 : 0;
 }

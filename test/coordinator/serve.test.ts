@@ -7,7 +7,7 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import { APIError } from "openai";
 import { killAll } from "../ring/cluster.js";
 import { PLACEMENT_SHAPE, testModel } from "../profiler/models.js";
-import { joinWorker, rssBytes, runOnce, startServe, until, type Served } from "./serve-harness.js";
+import { joinWorker, anonRssBytes, runOnce, startServe, until, type Served } from "./serve-harness.js";
 
 const STORY = "Once upon a time";
 const greedy = { temperature: 0 } as const;
@@ -180,7 +180,7 @@ describe("serve on a model slow enough to watch (12 layers of 1024, Q8_0)", () =
   it("50 concurrent requests: each completes correctly in order or gets 503 past the queue limit; memory stays bounded", async () => {
     const prompts = ["Once upon a time", "The little dog", "One day", "Tim and Sue", "The sun was"];
     const refs = new Map(prompts.map((p) => [p, run(["-p", p, "-n", "8", "--temp", "0", "--ctx", "512"]).text]));
-    const rss0 = rssBytes(s.proc.child.pid!);
+    const rss0 = anonRssBytes(s.proc.child.pid!);
     const logFrom = s.proc.stderr.length;
     const finished: string[] = [];
     // 10 ms apart; the client may still send two of them out of order, so the order they were
@@ -213,7 +213,7 @@ describe("serve on a model slow enough to watch (12 layers of 1024, Q8_0)", () =
     expect(logged.map((m) => m[2])).toEqual(finished);
     const queued = logged.map((m) => Number(m[1]));
     expect(queued).toEqual([...queued].sort((a, b) => a - b));
-    expect(rssBytes(s.proc.child.pid!) - rss0).toBeLessThan(64 << 20);
+    expect(anonRssBytes(s.proc.child.pid!) - rss0).toBeLessThan(64 << 20);
     expect((await fetch(`${s.url}/health`)).status).toBe(200);
     const metrics = await (await fetch(`${s.url}/metrics`)).text();
     expect(metrics).toContain(`prima_requests_total{outcome="rejected"} ${busy}\n`);
