@@ -1,7 +1,7 @@
 // prima-coord chat model.gguf (or run -i): a multi-turn chat in the terminal, alone or with workers.
-// Each turn keeps the conversation's tokens as they were read and written (ChatTokens) and adds the
-// template's text for the new turn; the cluster's prompt cache keeps the earlier turns' KV on every
-// device, so a turn pays only for its new tokens.
+// Each turn keeps the conversation's tokens as they were read and written (ConversationTokens) and
+// adds the template's text for the new turn; the cluster's prompt cache keeps the earlier turns' KV on
+// every device, so a turn pays only for its new tokens.
 import { createInterface } from "node:readline";
 import { Sampler } from "../engine/index.js";
 import type { ChatMessage } from "../model/index.js";
@@ -9,7 +9,7 @@ import { StreamingDecoder } from "../model/index.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
 import { CancelledError } from "./cluster.js";
 import { clusterFor, log, openHead } from "./head.js";
-import { ChatTokens } from "./prompt.js";
+import { ConversationTokens } from "./prompt.js";
 
 const HELP = `usage: prima-coord chat model.gguf [options]
 
@@ -68,7 +68,7 @@ export async function chatWith(a: ClusterArgs & { system?: string; nPredict: num
     }
     await cluster.ensurePlaced();
     const messages: ChatMessage[] = a.system ? [{ role: "system", content: a.system }] : [];
-    const conversation = new ChatTokens(prompts);
+    const conversation = new ConversationTokens(prompts);
     const lines = rl[Symbol.asyncIterator]();
     for (;;) {
       if (process.stdin.isTTY) process.stdout.write("> ");
@@ -78,13 +78,14 @@ export async function chatWith(a: ClusterArgs & { system?: string; nPredict: num
       if (line === "/exit" || line === "/quit") break;
       if (line === "/reset") {
         messages.splice(a.system ? 1 : 0);
-        conversation.reset();
+        conversation.forget("");
         console.log("(a new conversation)");
         continue;
       }
       if (!line) continue;
       messages.push({ role: "user", content: line });
-      const { ids } = conversation.next(messages);
+      const promptText = prompts.chatText(messages);
+      const { ids } = conversation.ids("", promptText);
       if (ids.length >= cluster.o.ctx) {
         console.error(`prima-coord: the conversation has ${ids.length} tokens, the context only ${cluster.o.ctx}: /reset, or raise --ctx`);
         messages.pop();
@@ -109,10 +110,10 @@ export async function chatWith(a: ClusterArgs & { system?: string; nPredict: num
         const r = out.result;
         log(`${r.ids.length} tokens, ${r.decodeSteps > 0 ? (r.decodeSteps / (r.decodeMs / 1000)).toFixed(1) : "-"} tok/s, ` +
           `first token after ${(out.firstTokenMs ?? 0).toFixed(0)} ms (${out.cachedTokens} of ${ids.length} prompt tokens cached)`);
-        conversation.answered(messages, ids, r.ids, reply);
+        conversation.remember("", promptText, ids, reply, r.ids);
         messages.push({ role: "assistant", content: reply });
       } catch (e) {
-        conversation.reset();
+        conversation.forget("");
         if (e instanceof CancelledError) continue;
         console.error(`\nprima-coord: ${(e as Error).message}`);
         messages.pop();

@@ -12,7 +12,7 @@ import { formatMetrics, newRequestOutcomes, type RequestOutcomes } from "./metri
 import {
   ApiError, ResponseShaper, StopMatcher, parseChatRequest, parseCompletionRequest, usage, type FinishReason, type ParsedRequest,
 } from "./openai.js";
-import type { PromptRenderer } from "./prompt.js";
+import { ConversationTokens, type PromptRenderer } from "./prompt.js";
 import { RequestGuard, type GuardOptions } from "./http-guard.js";
 
 export interface ApiServerOptions extends GuardOptions {
@@ -78,11 +78,14 @@ export class ApiServer {
   private readonly server: Server;
   private readonly guard: RequestGuard;
   private readonly streams = new Set<ServerResponse>();
+  /** Each client's last exchange as tokens, so its next turn keeps the reply as generated. */
+  private readonly conversations: ConversationTokens;
   readonly outcomes: RequestOutcomes = newRequestOutcomes();
   /** Generation requests that reached the queue, numbering them in their order there (FIFO). */
   private received = 0;
 
   constructor(private readonly o: ApiServerOptions) {
+    this.conversations = new ConversationTokens(o.prompts);
     this.guard = new RequestGuard(o);
     this.server = createServer((req, res) => {
       this.handle(req, res).catch((e: unknown) => {
@@ -239,6 +242,7 @@ export class ApiServer {
   private async completion(req: IncomingMessage, res: ServerResponse, kind: "chat" | "completion", scope: string): Promise<void> {
     let parsed: ParsedRequest;
     let ids: Int32Array;
+    let promptText: string;
     // Only JSON is parsed as JSON: a text/plain form or a no-cors fetch from a web page cannot send it.
     const type = (req.headers["content-type"] ?? "").split(";")[0].trim().toLowerCase();
     if (type !== "application/json") {
@@ -269,7 +273,8 @@ export class ApiServer {
         throw new ApiError(404, `the model "${parsed.model}" does not exist here; this server runs "${this.o.modelId}" (GET /v1/models)`, "invalid_request_error", "model_not_found", "model");
       }
       try {
-        ids = kind === "chat" ? this.o.prompts.chatIds(parsed.messages!) : this.o.prompts.textIds(parsed.prompt!);
+        promptText = kind === "chat" ? this.o.prompts.chatText(parsed.messages!) : parsed.prompt!;
+        ids = this.conversations.ids(scope, promptText).ids;
       } catch (e) {
         throw new ApiError(400, `the prompt could not be rendered: ${(e as Error).message}`, "invalid_request_error", "invalid_prompt");
       }
@@ -286,10 +291,10 @@ export class ApiServer {
       }
       throw e;
     }
-    await this.generate(req, res, parsed, ids, scope);
+    await this.generate(req, res, parsed, promptText, ids, scope);
   }
 
-  private async generate(req: IncomingMessage, res: ServerResponse, p: ParsedRequest, ids: Int32Array, cacheScope: string): Promise<void> {
+  private async generate(req: IncomingMessage, res: ServerResponse, p: ParsedRequest, promptText: string, ids: Int32Array, cacheScope: string): Promise<void> {
     const { cluster, tok } = this.o;
     const shaper = new ResponseShaper(p.kind, this.o.modelId, randomUUID().replace(/-/g, "").slice(0, 24));
     const abort = new AbortController();
@@ -336,6 +341,10 @@ export class ApiServer {
         return;
       }
       const finish: FinishReason = r.stopReason === "end" || stops.stopped ? "stop" : "length";
+      // The client's next turn continues this one's text: keep its tokens as generated (a reply cut by
+      // a stop string no longer stands for its tokens).
+      if (stops.stopped) this.conversations.forget(cacheScope);
+      else this.conversations.remember(cacheScope, promptText, ids, text, r.ids);
       const u = usage(ids.length, r.ids.length, out.cachedTokens);
       this.outcomes.ok++;
       const speed = out.meanDecodeMs > 0 ? `, ${(1000 / out.meanDecodeMs).toFixed(1)} tok/s` : "";

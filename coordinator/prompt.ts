@@ -46,37 +46,39 @@ export class PromptRenderer {
 }
 
 /**
- * A conversation's tokens as the model read and wrote them. Re-tokenizing a whole conversation each turn
- * would tokenize the replies afresh, and their text need not come back as the tokens that were
- * generated, so the prompt cache would keep only what precedes the first reply. Instead, as llama.cpp's
- * chat does, a turn keeps every token so far (the prompts and the replies as generated) and tokenizes
- * only the text the template adds after them. A template that rewrites earlier turns (one that trims a
- * reply, or drops its reasoning) no longer starts with the kept text: then the turn is tokenized whole.
+ * Conversations' tokens as the model read and wrote them, one per scope (serve: an API key or client;
+ * chat: one). Tokenizing a whole conversation afresh each turn would tokenize the replies again, and
+ * their text need not come back as the tokens that were generated, so the prompt cache would keep only
+ * what precedes the first reply. Instead, as llama.cpp's chat does, a turn whose text continues the
+ * scope's last exchange keeps every token of it (prompt and reply as generated) and tokenizes only the
+ * text after it. A template that rewrites earlier turns (one that trims a reply, or drops its
+ * reasoning) no longer continues the kept text: then the prompt is tokenized whole.
  */
-export class ChatTokens {
-  private text = "";
-  private ids: number[] = [];
+export class ConversationTokens {
+  private readonly last = new Map<string, { text: string; ids: readonly number[] }>();
 
-  constructor(private readonly prompts: PromptRenderer) {}
+  constructor(private readonly prompts: PromptRenderer, private readonly maxScopes = 64) {}
 
-  /** The ids of the whole conversation, ready for the assistant's reply, and how many were kept. */
-  next(messages: readonly ChatMessage[]): { ids: Int32Array; kept: number } {
-    const full = this.prompts.chatText(messages);
-    if (this.ids.length === 0 || !full.startsWith(this.text)) return { ids: this.prompts.chatIds(messages), kept: 0 };
-    const added = this.prompts.continuationIds(full.slice(this.text.length));
-    return { ids: Int32Array.from([...this.ids, ...added]), kept: this.ids.length };
+  /** The ids of `text` (a rendered prompt: BOS added, special tokens parsed), and how many of them were
+   * kept from the scope's last exchange. */
+  ids(scope: string, text: string): { ids: Int32Array; kept: number } {
+    const last = this.last.get(scope);
+    if (!last || !text.startsWith(last.text)) return { ids: this.prompts.textIds(text), kept: 0 };
+    const added = this.prompts.continuationIds(text.slice(last.text.length));
+    return { ids: Int32Array.from([...last.ids, ...added]), kept: last.ids.length };
   }
 
-  /** The turn was answered: the prompt it was given (from next) with its text, and the reply's tokens
-   * as generated (the end token left out: the template writes its own end of turn). */
-  answered(messages: readonly ChatMessage[], promptIds: Int32Array, replyIds: readonly number[], replyText: string): void {
-    this.text = this.prompts.chatText(messages) + replyText;
-    this.ids = [...promptIds, ...replyIds];
+  /** An exchange ended whole: the prompt's text and ids, the reply's text and its tokens as generated
+   * (the end token left out: a template writes its own end of turn). Not for a reply cut by a stop
+   * string: its text no longer stands for its tokens. */
+  remember(scope: string, promptText: string, promptIds: Int32Array, replyText: string, replyIds: readonly number[]): void {
+    this.last.delete(scope);
+    if (this.last.size >= this.maxScopes) this.last.delete(this.last.keys().next().value!);
+    this.last.set(scope, { text: promptText + replyText, ids: [...promptIds, ...replyIds] });
   }
 
-  /** A new conversation, or a turn that failed: the next is tokenized whole. */
-  reset(): void {
-    this.text = "";
-    this.ids = [];
+  /** A new conversation, or a turn that failed: the scope's next prompt is tokenized whole. */
+  forget(scope: string): void {
+    this.last.delete(scope);
   }
 }

@@ -177,6 +177,21 @@ describe("serve on a model slow enough to watch (12 layers of 1024, Q8_0)", () =
     expect(metrics).toMatch(/prima_requests_total\{outcome="cancelled"\} 1\n/);
   }, 60_000);
 
+  it("a chat's next turn reuses every token of the last one, the reply as generated", async () => {
+    // Random weights write tokens in splits the tokenizer would not make: the reply's text tokenized
+    // afresh would lose the cache from the reply on.
+    const user = { role: "user" as const, content: "Tell me a story about a dog." };
+    const first = await s.client.chat.completions.create({ messages: [user], max_tokens: 12, ...greedy });
+    const reply = first.choices[0].message.content ?? "";
+    const second = await s.client.chat.completions.create({
+      messages: [user, { role: "assistant", content: reply }, { role: "user", content: "And then?" }], max_tokens: 4, ...greedy,
+    });
+    const u = first.usage!;
+    // The last token of a reply cut by max_tokens was sampled but never ran through the layers.
+    const ran = u.prompt_tokens + u.completion_tokens - (first.choices[0].finish_reason === "length" ? 1 : 0);
+    expect(second.usage!.prompt_tokens_details!.cached_tokens).toBe(ran);
+  }, 60_000);
+
   it("50 concurrent requests: each completes correctly in order or gets 503 past the queue limit; memory stays bounded", async () => {
     const prompts = ["Once upon a time", "The little dog", "One day", "Tim and Sue", "The sun was"];
     const refs = new Map(prompts.map((p) => [p, run(["-p", p, "-n", "8", "--temp", "0", "--ctx", "512"]).text]));
