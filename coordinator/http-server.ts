@@ -1,7 +1,7 @@
 // serve's HTTP port: the OpenAI API (/v1/...), /health, /metrics, the cluster's state (/api/state and
 // its push stream /api/stream) and the dashboard's files. Every request is checked before it reaches
-// the ring; whatever a client sends, the answer is a status code with an OpenAI-style error object and
-// the server stays up.
+// the ring (first who may ask at all, http-guard.ts: Host, Origin, API key); whatever a client sends,
+// the answer is a status code with an OpenAI-style error object and the server stays up.
 import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";

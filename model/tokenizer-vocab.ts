@@ -179,6 +179,8 @@ function describe(v: GgufValue): string {
 
 // ---- loading --------------------------------------------------------------------------------------
 
+const VALID_TOKEN_TYPES: ReadonlySet<number> = new Set(Object.values(TokenType));
+
 function typeToAttr(t: number): number {
   switch (t) {
     case TokenType.UNKNOWN: return TokenAttr.UNKNOWN;
@@ -252,7 +254,13 @@ export function loadVocab(meta: Meta): Vocab {
   for (let i = 0; i < n; i++) {
     tokens[i] = tokenList[i] === "" ? `[EMPTY_${i}]` : tokenList[i];
     if (rawScores) scores[i] = Number(rawScores[i]);
-    attrs[i] = rawTypes ? typeToAttr(Number(rawTypes[i])) : TokenAttr.NORMAL;
+    if (rawTypes) {
+      const t = Number(rawTypes[i]);
+      if (!VALID_TOKEN_TYPES.has(t)) {
+        throw new TokenizerError(`tokenizer.ggml.token_type[${i}] is ${t}, not a token type (0 to 6: undefined, normal, unknown, control, user-defined, unused, byte)`);
+      }
+      attrs[i] = typeToAttr(t);
+    } else attrs[i] = TokenAttr.NORMAL;
   }
   const tokenToId = new TokenTable(tokens, (id, earlier) => {
     throw new TokenizerError(`tokenizer.ggml.tokens: token ${id} "${printable(tokens[id], 80)}" duplicates token ${earlier}`);
@@ -288,7 +296,8 @@ export function loadVocab(meta: Meta): Vocab {
     }
   }
 
-  // Special token ids: a default outside the vocabulary is disabled; a bad value keeps the default.
+  // Special token ids: a default outside the vocabulary is disabled; a value the file gives must be a
+  // token (llama.cpp warns and keeps the default; a file that names a token it lacks is corrupt).
   const idKeys: ReadonlyArray<readonly [string, keyof SpecialTokenIds]> = [
     ["bos_token_id", "bos"], ["eos_token_id", "eos"], ["eot_token_id", "eot"], ["eom_token_id", "eom"],
     ["unknown_token_id", "unk"], ["seperator_token_id", "sep"], ["padding_token_id", "pad"], ["mask_token_id", "mask"],
@@ -300,7 +309,16 @@ export function loadVocab(meta: Meta): Vocab {
     const cur = special[field];
     if (cur !== null && cur >= n) special[field] = null;
     const v = getInt(meta, `tokenizer.ggml.${key}`);
-    if (v !== undefined && v >= 0 && v < n) special[field] = v;
+    if (v === undefined) continue;
+    // -1 (LLAMA_TOKEN_NULL, also written as u32 0xffffffff) says the model has no such token.
+    if (v === -1 || v === 0xffffffff) {
+      special[field] = null;
+      continue;
+    }
+    if (v < 0 || v >= n) {
+      throw new TokenizerError(`tokenizer.ggml.${key} is ${v > Number.MAX_SAFE_INTEGER - 1 ? "too large" : v}, not a token of the vocabulary (0 to ${n - 1})`);
+    }
+    special[field] = v;
   }
   addBos = getBool(meta, "tokenizer.ggml.add_bos_token") ?? addBos;
   addEos = getBool(meta, "tokenizer.ggml.add_eos_token") ?? addEos;

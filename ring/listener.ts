@@ -7,6 +7,7 @@ import { EventEmitter } from "node:events";
 import { createServer, type IncomingMessage, type Server } from "node:http";
 import type { AddressInfo, Socket } from "node:net";
 import WebSocket, { WebSocketServer } from "ws";
+import { DropLog } from "./drop-log.js";
 import { FrameError, RingLinkError } from "./errors.js";
 import { encodeFrame } from "./frame.js";
 import { decodeHandshakeMessage, refuse, refuseUnproved } from "./handshake.js";
@@ -61,8 +62,10 @@ const NO_LISTENER_STATUS = 503;
 export class RingPort {
   private current: RingListener | null = null;
   private closing: Promise<void> | null = null;
+  private readonly drops: DropLog;
 
   private constructor(private readonly server: Server, readonly host: string, readonly port: number, private readonly log: (line: string) => void) {
+    this.drops = new DropLog(log, `prima ring: port ${port}`);
     server.on("error", (err) => log(`prima ring: port ${host}:${port}: ${err.message}`));
     // Plain HTTP and non-HTTP bytes never reach ws: answer or cut them here, with a log line.
     server.on("request", (req: IncomingMessage, res) => {
@@ -115,6 +118,7 @@ export class RingPort {
    * included) once `grace` has settled; resolves when they are gone. */
   close(grace: Promise<unknown> = Promise.resolve()): Promise<void> {
     this.closing ??= (async () => {
+      this.drops.close();
       const stopped = new Promise<void>((resolve) => this.server.close(() => resolve()));
       await grace.catch(() => {});
       this.server.closeAllConnections();
@@ -125,7 +129,7 @@ export class RingPort {
 
   private dropped(remoteAddress: string, reason: string): void {
     if (this.current) this.current.dropped(remoteAddress, reason);
-    else this.log(`prima ring: port ${this.port} dropped ${remoteAddress}: ${reason}`);
+    else this.drops.note(remoteAddress, reason);
   }
 }
 
@@ -143,6 +147,7 @@ export class RingListener extends EventEmitter<RingListenerEvents> {
   private readonly links = new Set<RingLink>();
   private readonly handshaking = new Set<WebSocket>();
   private closing: Promise<void> | null = null;
+  private readonly drops: DropLog;
 
   /** Starts listening on a port of its own, given up when it closes; rejects with a clear Error when
    * the address cannot be bound. */
@@ -170,6 +175,7 @@ export class RingListener extends EventEmitter<RingListenerEvents> {
     this.host = ringPort.host;
     this.port = ringPort.port;
     this.options = options;
+    this.drops = new DropLog(options.log, `prima ring: listener on port ${this.port}`);
     this.wss = new WebSocketServer({
       noServer: true,
       maxPayload: options.maxMessageBytes,
@@ -229,6 +235,7 @@ export class RingListener extends EventEmitter<RingListenerEvents> {
   /** Stops listening and closes every link it made. */
   close(): Promise<void> {
     if (this.closing) return this.closing;
+    this.drops.close();
     for (const w of this.acceptWaiters.splice(0)) {
       w.reject(new RingLinkError("closed", "predecessor", `listener on port ${this.port} closed`));
     }
@@ -244,7 +251,7 @@ export class RingListener extends EventEmitter<RingListenerEvents> {
 
   /** @internal Also the port's, for what it refuses while this listener is attached. */
   dropped(remoteAddress: string, reason: string): void {
-    this.options.log(`prima ring: listener on port ${this.port} dropped ${remoteAddress}: ${reason}`);
+    this.drops.note(remoteAddress, reason);
     this.safeEmit("dropped", { remoteAddress, reason });
   }
 

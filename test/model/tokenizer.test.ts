@@ -238,6 +238,19 @@ describe("bad input gives clear errors", () => {
     expect(() => Tokenizer.fromMetadata(replace(gpt2(), [kv.strs("tokenizer.ggml.tokens", ["a", "b", "a"])]))).toThrow(/token 2 "a" duplicates token 0/);
     expect(() => Tokenizer.fromMetadata(replace(gpt2(), [kv.i32s("tokenizer.ggml.token_type", [1, 1])]))).toThrow(/token_type has 2 entries for 50257 tokens/);
     expect(() => Tokenizer.fromMetadata(replace(gpt2(), [kv.u32("tokenizer.ggml.tokens", 3)]))).toThrow(/tokenizer\.ggml\.tokens should be an array of strings/);
+    // Special token ids the vocabulary does not have, and token types that do not exist, name their key.
+    for (const [key, id] of [["bos_token_id", 50257], ["eos_token_id", 1e6], ["padding_token_id", 4294967296], ["fim_pre_token_id", 50300]] as const) {
+      expect(() => Tokenizer.fromMetadata(replace(gpt2(), [kv.u32(`tokenizer.ggml.${key}`, id)])), key)
+        .toThrow(new RegExp(`tokenizer\\.ggml\\.${key} is ${id}, not a token of the vocabulary \\(0 to 50256\\)`));
+    }
+    expect(() => Tokenizer.fromMetadata(replace(gpt2(), [kv.i32("tokenizer.ggml.eot_token_id", -2)]))).toThrow(/eot_token_id is -2, not a token/);
+    // -1 (as i32 or u32) is how converters say "no such token".
+    expect(Tokenizer.fromMetadata(replace(gpt2(), [kv.u32("tokenizer.ggml.bos_token_id", 0xffffffff)])).bos).toBeNull();
+    expect(Tokenizer.fromMetadata(replace(gpt2(), [kv.i32("tokenizer.ggml.bos_token_id", -1)])).bos).toBeNull();
+    const types = (t: number) => Array.from({ length: 50257 }, (_, i) => (i === 7 ? t : 1));
+    expect(() => Tokenizer.fromMetadata(replace(gpt2(), [kv.i32s("tokenizer.ggml.token_type", types(9))]))).toThrow(/tokenizer\.ggml\.token_type\[7\] is 9, not a token type/);
+    expect(() => Tokenizer.fromMetadata(replace(gpt2(), [kv.i32s("tokenizer.ggml.token_type", types(-3))]))).toThrow(/token_type\[7\] is -3/);
+    expect(Tokenizer.fromMetadata(replace(gpt2(), [kv.i32s("tokenizer.ggml.token_type", types(6)), kv.u32("tokenizer.ggml.bos_token_id", 50256)])).bos).toBe(50256);
     const bad: GgufKV = { key: "tokenizer.ggml.scores", type: GgufValueType.ARRAY, value: { itemType: GgufValueType.STRING, items: ["x"] } };
     expect(() => Tokenizer.fromMetadata(replace(bundledVocab("llama-spm").metadata, [bad]))).toThrow(/scores should be a numeric array/);
   });

@@ -173,7 +173,7 @@ describe("handshake", () => {
 });
 
 describe("garbage", () => {
-  it("drops every kind of garbage peer with a logged reason while a good link keeps streaming", async () => {
+  it("drops every kind of garbage peer with a reason (logged once per address) while a good link keeps streaming", async () => {
     const { listener, out, inn } = await pair({ listener: { handshakeTimeoutMs: 400 } });
     const received: number[] = [];
     inn.on("frame", (f) => {
@@ -213,14 +213,20 @@ describe("garbage", () => {
       ["an oversized message", async () => (await rawClient(url)).send(Buffer.alloc(200_000)), /over the limit of \d+ bytes/],
       ["silence", async () => rawClient(url), /no HELLO within 400 ms/],
     ];
+    const logFrom = logs.length;
     for (const [name, attack, reason] of attacks) {
       const dropped = nextDropped(listener);
       await attack();
       const d = await dropped;
       expect(d.reason, name).toMatch(reason);
       expect(d.remoteAddress).toMatch(/^127\.0\.0\.1:\d+$/);
-      expect(logs.some((l) => l.includes("dropped") && reason.test(l)), name).toBe(true);
     }
+    // The log has a line for the first and counts the others (ring/drop-log.ts): one address cannot
+    // flood it.
+    // (A loaded machine may let an interval pass between two attacks: fewer lines than drops, not one.)
+    const dropLines = logs.slice(logFrom).filter((l) => / dropped 127\.0\.0\.1:\d+: /.test(l));
+    expect(dropLines[0]).toMatch(attacks[0][2]);
+    expect(dropLines.length, dropLines.join("\n")).toBeLessThan(attacks.length);
 
     streaming = false;
     await stream;
