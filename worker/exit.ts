@@ -7,7 +7,8 @@ export const EXIT_OK = 0;
 export const EXIT_ERROR = 1;
 /** Wrong command line. */
 export const EXIT_USAGE = 2;
-/** The model file is missing, unreadable, or not a model prima can run. */
+/** The model file is missing, unreadable, or not a model prima can run; or the model cache refuses
+ * its folder or a file in it (transfer/cache.ts CacheError). */
 export const EXIT_MODEL_UNUSABLE = 3;
 /** The data-plane port (--port) cannot be listened on: taken by another program, or not allowed. */
 export const EXIT_PORT_UNAVAILABLE = 4;
@@ -22,7 +23,8 @@ export const EXIT_CODES_HELP = `exit codes:
   0  stopped (SIGINT/SIGTERM, or --once after its session)
   1  an unexpected error (the message says what)
   2  wrong command line
-  3  the model file is missing, unreadable, or not a model
+  3  the model file is missing, unreadable, or not a model; or the model cache refuses its folder
+     or a file in it (a symbolic link, a file it did not write: see --allow-cache-link)
   4  the data-plane port (--port) cannot be listened on (taken, or not allowed)
   5  the model file changed while in use (restart the worker to map it again)
   6  the model file's weights differ from the coordinator's (same header, other tensor bytes)

@@ -23,6 +23,8 @@ export interface RemoteModelOptions {
   readonly token: JoinToken;
   readonly cacheDir?: string;
   readonly cacheLimitBytes?: number;
+  /** Use a model cache folder that is a symbolic link (--allow-cache-link). */
+  readonly cacheAllowLink?: boolean;
   readonly open: OpenOptions;
   readonly log: (line: string) => void;
 }
@@ -92,7 +94,7 @@ export class RemoteModel {
   static async open(o: RemoteModelOptions): Promise<RemoteModel> {
     const d = await modelInfo(o.coordinator, o.token);
     const info = { fingerprint: d.fingerprint, fileBytes: Number(d.fileBytes), dataOffset: Number(d.dataOffset), chunkBytes: d.chunkBytes, name: d.name };
-    const cache = new ModelCache(o.cacheDir, o.cacheLimitBytes);
+    const cache = new ModelCache(o.cacheDir, { limitBytes: o.cacheLimitBytes, allowLink: o.cacheAllowLink });
     const cached = cache.open(info);
     const header = chunksFor([[0, info.dataOffset]], info);
     cached.checkRoom(header, o.log);
