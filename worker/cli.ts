@@ -166,7 +166,7 @@ async function main(argv: string[]): Promise<number> {
       coordinator: lookup ?? address,
       token,
       join: {
-        deviceName: name, hardwareId: profile.hardwareId, dataHost: values.advertise ?? "", dataPort: dataPort.port, modelFingerprint: fingerprint, modelPath,
+        deviceName: name, get hardwareId() { return profile.hardwareId; }, dataHost: values.advertise ?? "", dataPort: dataPort.port, modelFingerprint: fingerprint, modelPath,
         get profileJson() { return profile.json(); }, // memory read afresh at every join
       },
       log,
