@@ -287,8 +287,14 @@ export class CachedModel {
     writeFileAtomic(`${this.path}.chunks`, JSON.stringify([...this.done].sort((a, b) => a - b)));
   }
 
+  /** Records the verified chunks and stops the writing thread. Never throws: a list that cannot be
+   * written (a full disk, which the fetch has reported) costs only a fetch of those chunks again. */
   close(): void {
-    this.persist();
+    try {
+      this.persist();
+    } catch {
+      // see above
+    }
     this.sink?.close();
     this.sink = undefined;
   }

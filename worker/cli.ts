@@ -175,7 +175,7 @@ async function main(argv: string[]): Promise<number> {
       // maps the file again. Checked before every join and after every failure it reports.
       beforeJoin: () => profile.refresh(),
       check: () => {
-        const problem = model().native.fileProblem();
+        const problem = remote ? remote.fileProblem() : own!.native.fileProblem();
         return problem ? new WorkerExit(EXIT_MODEL_CHANGED, `${problem}; left the ring: restart the worker to map the file again`) : null;
       },
     }, handlerFor(device, remote, modelPath, () => model().gguf, profile));
@@ -234,6 +234,7 @@ async function fetchHeader(
     try {
       return await RemoteModel.open({ ...o, coordinator: await where() });
     } catch (e) {
+      if (e instanceof WorkerExit) throw e;
       if (e instanceof CacheError || (e instanceof NoRoomError && e.short === "limit")) throw new WorkerExit(EXIT_MODEL_UNUSABLE, e.message);
       const why = (e as Error).message;
       if (why !== said) o.log(`${why}; trying again`);
@@ -282,7 +283,9 @@ function fetchingFirst(device: WorkerDevice, next: SessionHandler, remote: Remot
     assign: async (a, progress, deviceId) => {
       await device.reset("fetching this device's windows"); // the old mapping goes before the file changes
       const layers = a.windows.flatMap((w) => Array.from({ length: w.endLayer - w.firstLayer }, (_, i) => w.firstLayer + i));
-      hasher.forget(await remote.fetchLayers(layers, progress));
+      // Hashed again after the fetch: what it writes (all of it, or part when it is cut off).
+      hasher.forget(remote.missingFor(layers));
+      await remote.fetchLayers(layers, progress);
       return next.assign(a, progress, deviceId);
     },
     kv: (cmd) => device.kv(cmd),

@@ -18,6 +18,9 @@ export const EXIT_MODEL_CHANGED = 5;
 /** The model file's weights differ from the coordinator's (same header, other tensor bytes): it would
  * compute wrong text; another copy of the model is needed. */
 export const EXIT_WEIGHTS_DIFFER = 6;
+/** The disk of the model cache filled up while the worker was writing fetched chunks (ENOSPC): room
+ * must be made (or another --model-cache given) before a restart. */
+export const EXIT_DISK_FULL = 7;
 
 export const EXIT_CODES_HELP = `exit codes:
   0  stopped (SIGINT/SIGTERM, or --once after its session)
@@ -28,8 +31,9 @@ export const EXIT_CODES_HELP = `exit codes:
   4  the data-plane port (--port) cannot be listened on (taken, or not allowed)
   5  the model file changed while in use (restart the worker to map it again)
   6  the model file's weights differ from the coordinator's (same header, other tensor bytes)
-  The coordinator being away or refusing this worker's model does not end it: it says so once and
-  keeps trying.`;
+  7  the disk of the model cache filled up while fetching the model (free some space, then restart)
+  The coordinator being away (also in the middle of a fetch) or refusing this worker's model, and a
+  model cache short of room before a fetch, do not end it: it says so once and keeps trying.`;
 
 /** Ends the worker with `code` and a message that says why. */
 export class WorkerExit extends Error {

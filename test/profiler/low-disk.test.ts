@@ -1,32 +1,18 @@
 // A device short of disk (issue #36, finding 5): the profile's disk probe takes a smaller scratch file
 // where the disk has little room, and where not even the smallest fits it says so by the bytes needed
 // and free (the coordinator's refusal carries that message). Small disks are tmpfs mounts (root only).
-import { execFileSync } from "node:child_process";
 import { readdirSync } from "node:fs";
-import { afterEach, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { describeModel, readGguf } from "../../model/index.js";
 import { MIN_PROBE_BYTES, modelWorkload, profileDevice } from "../../profiler/index.js";
 import { root } from "../helpers/process.js";
-import { tempDir } from "../helpers/temp.js";
+import { canMount, tempDir, tmpfsDir } from "../helpers/temp.js";
 
-const root0 = process.getuid?.() === 0;
 const workload = modelWorkload(describeModel(readGguf(`${root}models/stories260K.gguf`)));
-const mounted: string[] = [];
-afterEach(() => {
-  for (const d of mounted.splice(0)) execFileSync("umount", [d]);
-});
 
-/** A file system of `size` (mount's notation) on a new temporary folder, unmounted after the test. */
-function smallDisk(size: string): string {
-  const d = tempDir("prima-low-disk-");
-  execFileSync("mount", ["-t", "tmpfs", "-o", `size=${size},mode=0700`, "tmpfs", d]);
-  mounted.push(d);
-  return d;
-}
-
-describe.runIf(root0)("the profile on a disk with little room", () => {
+describe.runIf(canMount)("the profile on a disk with little room", () => {
   it("probes with a smaller scratch file, under half of what is free, and leaves nothing behind", async () => {
-    const disk = smallDisk("8m");
+    const disk = tmpfsDir("prima-low-disk-", "8m");
     const lines: string[] = [];
     const r = await profileDevice({ name: "low", workload, threads: 1, diskDirs: [disk], cacheDir: tempDir("prima-low-disk-profile-"), quick: true, progress: (l) => lines.push(l) });
     expect(r.details.disk.dir).toBe(disk);
@@ -39,7 +25,7 @@ describe.runIf(root0)("the profile on a disk with little room", () => {
   });
 
   it("refuses with the bytes needed and free where not even the smallest probe fits", async () => {
-    const disk = smallDisk("1m");
+    const disk = tmpfsDir("prima-low-disk-", "1m");
     const profile = profileDevice({ name: "low", workload, threads: 1, diskDirs: [disk], cacheDir: tempDir("prima-low-disk-profile-"), quick: true });
     await expect(profile).rejects.toThrow(new RegExp(`too little disk under ${disk} for the disk probe: ${2 * MIN_PROBE_BYTES} bytes needed free .*, \\d+ bytes free`));
     expect(readdirSync(disk)).toEqual([]);
