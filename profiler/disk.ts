@@ -68,15 +68,25 @@ export function scratchDir(candidates: readonly string[]): string | undefined {
 /** The smallest scratch file worth reading: 8 blocks of the smallest read-ahead (128 KiB). */
 export const MIN_PROBE_BYTES = 1 << 20;
 
+/** What the profile may write under dir for a while (a scratch file, a stand-in's layers): half of
+ * what is free, so that a device short of disk keeps room for its model. */
+export function scratchRoomBytes(dir: string): number {
+  return Math.floor(freeBytes(dir) / 2);
+}
+
+function freeBytes(dir: string): number {
+  const fs = statfsSync(dir);
+  return fs.bavail * fs.bsize;
+}
+
 /**
  * The scratch file's size for a probe in dir: `wanted`, or less where the disk is short, never more
  * than half of what is free (the probe must not fill a disk the device needs for its model). Throws,
  * naming the bytes needed and free, when not even MIN_PROBE_BYTES fit.
  */
 export function probeBytes(dir: string, wanted: number): number {
-  const fs = statfsSync(dir);
-  const free = fs.bavail * fs.bsize;
-  const fit = Math.floor(free / 2);
+  const free = freeBytes(dir);
+  const fit = scratchRoomBytes(dir);
   if (fit < MIN_PROBE_BYTES) {
     throw new Error(`too little disk under ${dir} for the disk probe: ${2 * MIN_PROBE_BYTES} bytes needed free ` +
       `(a ${MIN_PROBE_BYTES}-byte scratch file and as much to spare), ${free} bytes free`);

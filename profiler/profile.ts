@@ -9,7 +9,7 @@ import { cacheKey, defaultCacheDir, loadSpeeds, nativeBuildId, recentPassScales,
 import {
   describeStep, flopsPerType, measureKvCopyMs, measureMemoryBandwidth, measureWindowCallMs, modelWorkload, stepKey, timeStep, type ModelWorkload, type StepTiming,
 } from "./compute.js";
-import { diskKey, measureDisk, probeBytes, scratchDir } from "./disk.js";
+import { diskKey, measureDisk, probeBytes, scratchDir, scratchRoomBytes } from "./disk.js";
 import { calibrateForward, forwardKey, kernelWindowMs, median, standInBytes, standInLayers, standInMinBytes, timeForward, type ForwardCalibration, type ForwardTiming } from "./forward.js";
 import { detectGpus } from "./gpu.js";
 import { layerRoomBytes, mappedResidentBytes, readMemory, settleMemory, type MemoryReading } from "./memory.js";
@@ -164,8 +164,12 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
     // model's own 7 layers at 3.3-3.4 (`npm run bench -- --only standin`).
     const wanted = standInLayers(desc, standInBytesWanted, Infinity);
     const meanLayerBytes = standInBytes(desc, wanted) / wanted;
-    const streamedLayers = standInBytes(desc, 1) > MAX_STREAMED_BYTES ? 0
-      : Math.max(1, Math.min(wanted, Math.floor((0.2 * disk.seqReadBytesPerS) / meanLayerBytes)));
+    // And no more than half of the disk's free room holds (none where not one layer fits: the
+    // scratch file's reads stand), so that a short disk is not written full.
+    const roomLayers = Math.floor(scratchRoomBytes(diskDir) / meanLayerBytes);
+    if (roomLayers < 1) say(`disk: too little room under ${diskDir} to stream a layer of the stand-in from it: the scratch file's reads stand for rereads`);
+    const streamedLayers = standInBytes(desc, 1) > MAX_STREAMED_BYTES || roomLayers < 1 ? 0
+      : Math.max(1, Math.min(wanted, roomLayers, Math.floor((0.2 * disk.seqReadBytesPerS) / meanLayerBytes)));
     // Keyed by the streamed layers, not by the layers timed in memory: those follow the free memory,
     // which moves between a worker's join and a plan, and the streamed figures do not (re-measuring
     // them writes the layers out again).
