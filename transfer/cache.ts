@@ -145,6 +145,8 @@ export class ModelCache {
     try {
       const now = fstatSync(fd);
       if (!now.isFile()) throw new CacheError(`${printable(path, 300)} is not a regular file: refused`);
+      // A hard link shares its bytes with a file elsewhere, which writing would change.
+      if (now.nlink > 1) throw new CacheError(`${printable(path, 300)} has other names (hard links): refused, so that the file they name is never written`);
       if (now.size !== info.fileBytes) {
         // Another size: another model under this name (or a cut-off creation); started over.
         ftruncateSync(fd, 0);

@@ -1,7 +1,7 @@
 // The model cache owns only what it wrote (issue #36, finding 1): it never writes through a symbolic
 // link planted under a model's name, refuses a cache folder that is a link unless allowed, evicts
 // only the models its manifest lists, and evicts nothing when evicting cannot make enough room.
-import { existsSync, lstatSync, mkdirSync, readFileSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { existsSync, linkSync, lstatSync, mkdirSync, readFileSync, renameSync, statSync, symlinkSync, unlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { CacheError, MANIFEST_NAME, ModelCache, NoRoomError, chunkDigest, type ModelInfo } from "../../transfer/index.js";
@@ -54,9 +54,20 @@ describe("the model cache never follows a symbolic link", () => {
     const before = userFile(victim, 2000);
     // The cache's file replaced by a link (rename over it, as an attacker would).
     symlinkSync(victim, `${path}.link`);
-    const { renameSync } = await import("node:fs");
     renameSync(`${path}.link`, path);
     expect(() => cache.open(info(fp("b")))).toThrow(/symbolic link/);
+    expect(readFileSync(victim)).toEqual(before);
+  });
+
+  it("refuses its own model's name when it is a hard link to a file elsewhere", async () => {
+    const root = tempDir("prima-cache-hardlink-");
+    const cache = new ModelCache(join(root, "cache"));
+    const path = await ownModel(cache, fp("9"), 0);
+    const victim = join(root, "precious.bin");
+    const before = userFile(victim, MiB);
+    unlinkSync(path);
+    linkSync(victim, path);
+    expect(() => cache.open(info(fp("9")))).toThrow(/has other names \(hard links\): refused/);
     expect(readFileSync(victim)).toEqual(before);
   });
 
