@@ -86,6 +86,19 @@ describe.runIf(canMount)("a fetching worker short of disk", () => {
     expect(w.child.exitCode, w.stderr).toBeNull();
   }, 300_000);
 
+  it("assigned windows its cache's disk cannot hold: says the bytes, stays, and serves once room is made", async () => {
+    // Room for the header and the profile, not for the windows' 44 MiB.
+    const disk = tmpfsDir("prima-fetch-faults-disk-", "24m");
+    const s = await startServe(serveArgs, { model, waitReady: false });
+    const w = fetchingWorker(s.clusterPort, join(disk, "cache"));
+    await w.waitFor(/not enough room for this device's windows: \d+ bytes \([\d.]+ MiB\) needed, \d+ bytes \([\d.]+ MiB\) free on the disk of/, 180_000);
+    execFileSync("mount", ["-o", "remount,size=96m", disk]);
+    await until(`${s.url}/health`, (st) => st === 200, 180_000);
+    const r = await s.client.completions.create({ prompt: PROMPT, max_tokens: 16, temperature: 0 });
+    expect(r.choices[0].text).toBe(expected);
+    expect(w.child.exitCode, w.stderr).toBeNull();
+  }, 300_000);
+
   it("ends with exit code 7 when the disk fills up mid-fetch, naming the cache", async () => {
     const disk = tmpfsDir("prima-fetch-faults-disk-", "96m");
     const cache = join(disk, "cache");
