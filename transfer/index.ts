@@ -7,6 +7,7 @@ export { CHUNK_BYTES, CHUNK_DIGEST, DIGEST_MODULE, NATIVE_DIGEST, chunkCount, ch
 export { ModelSource, type SourceOptions } from "./source.js";
 export { CacheError, CachedModel, DIRECT_WRITE_ALIGN, ModelCache, NoRoomError, TransferError, chunkBuffer, defaultModelCacheDir, freeDiskBytes, type ModelCacheOptions } from "./cache.js";
 export { MANIFEST_NAME } from "./manifest.js";
+export { writeFileAtomic } from "./persist.js";
 export { describeProgress, fetchChunks, type Chunk, type FetchProgress, type FetchResult } from "./fetch.js";
 export {
   CHUNK_MAGIC, STREAM_MAGIC, TICKET_BYTES, ChunkReceiver, encodeError, encodeInfo, encodeRecordHeader, encodeRequest, encodeStreamTicket,
