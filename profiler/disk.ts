@@ -5,7 +5,7 @@
 // after dropping the file's pages (`buffered`), so the kernel's read-ahead keeps several reads in
 // flight, as it does for the engine's mapped weights. On this project's VM that is 3.3-3.5 GB/s where
 // O_DIRECT, one block at a time, reads 1.3-2.1.
-import { accessSync, constants, readFileSync, statSync } from "node:fs";
+import { accessSync, constants, readFileSync, statfsSync, statSync } from "node:fs";
 import { platform } from "node:os";
 import { join } from "node:path";
 import { benchDisk } from "../native/index.js";
@@ -21,6 +21,8 @@ export interface DiskMeasurement {
   readonly randBlockBytes: number;
   /** O_DIRECT (or F_NOCACHE) rather than buffered reads after dropping the cached pages. */
   readonly direct: boolean;
+  /** Bytes of the scratch file read (less than asked for where the disk was short). */
+  readonly fileBytes?: number;
   /** cgroup read throttling on that device when the measurement was made. */
   readonly throttle: DiskThrottle;
 }
@@ -63,10 +65,39 @@ export function scratchDir(candidates: readonly string[]): string | undefined {
   return undefined;
 }
 
+/** The smallest scratch file worth reading: 8 blocks of the smallest read-ahead (128 KiB). */
+export const MIN_PROBE_BYTES = 1 << 20;
+
+/** What the profile may write under dir for a while (a scratch file, a stand-in's layers): half of
+ * what is free, so that a device short of disk keeps room for its model. */
+export function scratchRoomBytes(dir: string): number {
+  return Math.floor(freeBytes(dir) / 2);
+}
+
+function freeBytes(dir: string): number {
+  const fs = statfsSync(dir);
+  return fs.bavail * fs.bsize;
+}
+
+/**
+ * The scratch file's size for a probe in dir: `wanted`, or less where the disk is short, never more
+ * than half of what is free (the probe must not fill a disk the device needs for its model). Throws,
+ * naming the bytes needed and free, when not even MIN_PROBE_BYTES fit.
+ */
+export function probeBytes(dir: string, wanted: number): number {
+  const free = freeBytes(dir);
+  const fit = scratchRoomBytes(dir);
+  if (fit < MIN_PROBE_BYTES) {
+    throw new Error(`too little disk under ${dir} for the disk probe: ${2 * MIN_PROBE_BYTES} bytes needed free ` +
+      `(a ${MIN_PROBE_BYTES}-byte scratch file and as much to spare), ${free} bytes free`);
+  }
+  return Math.min(wanted, fit);
+}
+
 export interface DiskBenchOptions {
   readonly seqSeconds: number;
   readonly randSeconds: number;
-  /** Scratch file size; default 64 MiB (at least 8 sequential blocks). */
+  /** Scratch file size; default 64 MiB, less where the disk is short (probeBytes). */
   readonly fileBytes?: number;
   /** Read through the page cache after dropping the file's pages (what happens where O_DIRECT is refused). */
   readonly buffered?: boolean;
@@ -82,16 +113,18 @@ export function diskKey(dir: string): string {
 export function measureDisk(dir: string, o: DiskBenchOptions): DiskMeasurement {
   const device = blockDeviceOf(dir);
   const apple = platform() === "darwin";
-  // Sequential reads of the read-ahead size (1-8 MiB keeps the first read short on a slow disk).
-  const seqBlock = Math.min(8 << 20, Math.max(128 << 10, apple ? 1 << 20 : readAheadBytes(device)));
-  const randBlock = apple ? 16384 : 4096;
-  const fileBytes = Math.max(o.fileBytes ?? 64 << 20, 8 * seqBlock);
+  const fileBytes = probeBytes(dir, o.fileBytes ?? 64 << 20);
+  // Sequential reads of the read-ahead size (1-8 MiB keeps the first read short on a slow disk), at
+  // least 8 of them in the file (a smaller file where the disk is short: smaller blocks).
+  const fit = Math.floor(fileBytes / 8 / 4096) * 4096;
+  const seqBlock = Math.min(8 << 20, fit, Math.max(128 << 10, apple ? 1 << 20 : readAheadBytes(device)));
+  const randBlock = Math.min(seqBlock, apple ? 16384 : 4096);
   const path = join(dir, `.prima-disk-probe-${process.pid}-${Date.now()}.tmp`);
   const r = benchDisk(path, { fileBytes, seqBlock, randBlock, seqSeconds: o.seqSeconds, randSeconds: o.randSeconds, buffered: o.buffered });
   return {
     dir, device,
     seqReadBytesPerS: r.seqBytesPerS, randReadBytesPerS: r.randBytesPerS,
     seqBlockBytes: seqBlock, randBlockBytes: randBlock,
-    direct: r.direct, throttle: diskThrottle(device),
+    direct: r.direct, fileBytes, throttle: diskThrottle(device),
   };
 }

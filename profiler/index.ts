@@ -8,7 +8,7 @@ export {
   modelWorkload, genericWorkload, flopsPerType, timeStep, stepKey, describeStep, type ModelWorkload, type MatrixShape, type MatmulStep, type StepTiming,
 } from "./compute.js";
 export { standInLayers, standInBytes, standInMinBytes, writeStandIn, timeForward, timePasses, forwardKey, kernelWindowMs, calibrateForward, rereadBytesPerS, median, SLICE_GAP_MS, type ForwardTiming, type ForwardCalibration, type PassOptions } from "./forward.js";
-export { measureDisk, blockDeviceOf, readAheadBytes, diskKey, type DiskMeasurement } from "./disk.js";
+export { measureDisk, blockDeviceOf, readAheadBytes, diskKey, probeBytes, MIN_PROBE_BYTES, type DiskMeasurement } from "./disk.js";
 export { LinkProbeServer, measureLink, timeHandOff, type HandOffOptions, type LinkMeasurement, type LinkOptions } from "./link.js";
 export { detectGpus, parseNvidiaSmi, type GpuInfo } from "./gpu.js";
 export { detectOs, systemInfo, cgroupPaths, cpuQuota, diskThrottle, lastLevelCacheBytes, parseCacheSize, type SystemInfo, type CgroupPaths, type DiskThrottle } from "./system.js";

@@ -9,7 +9,7 @@ import { cacheKey, defaultCacheDir, loadSpeeds, nativeBuildId, recentPassScales,
 import {
   describeStep, flopsPerType, measureKvCopyMs, measureMemoryBandwidth, measureWindowCallMs, modelWorkload, stepKey, timeStep, type ModelWorkload, type StepTiming,
 } from "./compute.js";
-import { diskKey, measureDisk, scratchDir } from "./disk.js";
+import { diskKey, measureDisk, probeBytes, scratchDir, scratchRoomBytes } from "./disk.js";
 import { calibrateForward, forwardKey, kernelWindowMs, median, standInBytes, standInLayers, standInMinBytes, timeForward, type ForwardCalibration, type ForwardTiming } from "./forward.js";
 import { detectGpus } from "./gpu.js";
 import { layerRoomBytes, mappedResidentBytes, readMemory, settleMemory, type MemoryReading } from "./memory.js";
@@ -88,6 +88,13 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
 
   const diskDir = scratchDir([...(o.diskDirs ?? []), dir, tmpdir()]);
   if (!diskDir) throw new Error(`no writable directory for the disk's scratch file (tried ${[...(o.diskDirs ?? []), dir, tmpdir()].join(", ")})`);
+  // The probe's room, before anything is timed: a device short of disk is told so at once, naming the
+  // bytes (and its worker's next try, once room is made, has timed nothing in vain). 128 MiB: a few
+  // hundred ms of reading on a fast disk, where 64 MiB was over before read-ahead had ramped up
+  // (1.3-1.5 GB/s on this project's VM against 2.0 with 256 MiB, O_DIRECT); less where the disk is short.
+  const dk = diskKey(diskDir);
+  const wantedProbe = quick ? 32 << 20 : 128 << 20;
+  const probe = o.reprofile || speeds.disks[dk] === undefined ? probeBytes(diskDir, wantedProbe) : wantedProbe;
 
   const kernels: StepTiming[] = [];
   const steps = o.workload.steps;
@@ -130,12 +137,10 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
     () => measureWindowCallMs(o.threads, quick ? 10 : 30),
     (v) => `${(v * 1000).toFixed(0)} us to wake ${o.threads} sleeping thread${o.threads === 1 ? "" : "s"}`);
 
-  const dk = diskKey(diskDir);
   const disk = speeds.disks[dk] = await cachedOr("disk", speeds.disks[dk], () => {
-    say(`disk: reading a scratch file under ${diskDir} from the disk, as the engine reads weights (its cached pages dropped first)`);
-    // 128 MiB: a few hundred ms of reading on a fast disk, where 64 MiB was over before read-ahead
-    // had ramped up (1.3-1.5 GB/s on this project's VM against 2.0 with 256 MiB, O_DIRECT).
-    return measureDisk(diskDir, quick ? { seqSeconds: 0.15, randSeconds: 0.1, fileBytes: 32 << 20, buffered: true } : { seqSeconds: 0.4, randSeconds: 0.3, fileBytes: 128 << 20, buffered: true });
+    const size = probe < wantedProbe ? `a ${(probe / 2 ** 20).toFixed(1)} MiB scratch file (the disk is short of room)` : "a scratch file";
+    say(`disk: reading ${size} under ${diskDir} from the disk, as the engine reads weights (its cached pages dropped first)`);
+    return measureDisk(diskDir, quick ? { seqSeconds: 0.15, randSeconds: 0.1, fileBytes: probe, buffered: true } : { seqSeconds: 0.4, randSeconds: 0.3, fileBytes: probe, buffered: true });
   }, (d) => `${(d.seqReadBytesPerS / 1e6).toFixed(0)} MB/s sequential, ${(d.randReadBytesPerS / 1e6).toFixed(1)} MB/s random`);
 
   // The engine's pass over the model's first layers: what Halda's layer time should be, and the same
@@ -159,8 +164,12 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
     // model's own 7 layers at 3.3-3.4 (`npm run bench -- --only standin`).
     const wanted = standInLayers(desc, standInBytesWanted, Infinity);
     const meanLayerBytes = standInBytes(desc, wanted) / wanted;
-    const streamedLayers = standInBytes(desc, 1) > MAX_STREAMED_BYTES ? 0
-      : Math.max(1, Math.min(wanted, Math.floor((0.2 * disk.seqReadBytesPerS) / meanLayerBytes)));
+    // And no more than half of the disk's free room holds (none where not one layer fits: the
+    // scratch file's reads stand), so that a short disk is not written full.
+    const roomLayers = Math.floor(scratchRoomBytes(diskDir) / meanLayerBytes);
+    if (roomLayers < 1) say(`disk: too little room under ${diskDir} to stream a layer of the stand-in from it: the scratch file's reads stand for rereads`);
+    const streamedLayers = standInBytes(desc, 1) > MAX_STREAMED_BYTES || roomLayers < 1 ? 0
+      : Math.max(1, Math.min(wanted, roomLayers, Math.floor((0.2 * disk.seqReadBytesPerS) / meanLayerBytes)));
     // Keyed by the streamed layers, not by the layers timed in memory: those follow the free memory,
     // which moves between a worker's join and a plan, and the streamed figures do not (re-measuring
     // them writes the layers out again).

@@ -3,16 +3,50 @@
 // model and never touches the holes; beside it, the list of chunks already verified, so a transfer
 // cut off halfway resumes where it stopped. The cache has a size limit and drops the least recently
 // used models first.
-import { closeSync, existsSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, statfsSync, statSync, unlinkSync, utimesSync } from "node:fs";
+//
+// The cache owns only what it wrote (its manifest, manifest.ts): it evicts only those models, and
+// only when that makes enough room (else it evicts nothing and says what is missing). It never
+// follows a symbolic link: a link under a model's name is refused, never written through, and a cache
+// folder that is itself a link is refused unless the user allows it (the folder may be one of theirs).
+import { closeSync, constants, fstatSync, ftruncateSync, futimesSync, lstatSync, mkdirSync, openSync, readlinkSync, statfsSync, statSync, type Stats } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
 import { Worker } from "node:worker_threads";
+import { printable } from "../model/index.js";
 import { alignGap } from "../native/index.js";
 import { DIGEST_MODULE, chunkCount, chunkRange, type ModelInfo } from "./chunks.js";
-import { Debounced, writeFileAtomic } from "./persist.js";
+import { CacheManifest } from "./manifest.js";
+import { Debounced, NO_FOLLOW, readFileNoFollow, unlinkIfPresent, writeFileAtomic } from "./persist.js";
 
 export class TransferError extends Error {
   override name = "TransferError";
+  /** The system's error code behind it, where there is one (ENOSPC: the disk is full). */
+  readonly code: string | undefined;
+
+  constructor(message: string, code?: string) {
+    super(message);
+    this.code = code;
+  }
+}
+
+/** The cache refuses its folder or a file in it (a link, a file it did not write), or a model that
+ * no real model could be: waiting does not change it. */
+export class CacheError extends TransferError {
+  override name = "CacheError";
+}
+
+/** The cache cannot take what a fetch needs, even after evicting every model it may evict. */
+export class NoRoomError extends TransferError {
+  override name = "NoRoomError";
+  constructor(
+    message: string,
+    readonly neededBytes: number,
+    readonly freeBytes: number,
+    /** What is short: the disk (it may free up) or the cache's own limit (--cache-limit). */
+    readonly short: "disk" | "limit",
+  ) {
+    super(message);
+  }
 }
 
 /** ~/.cache/prima/models (XDG_CACHE_HOME honoured). */
@@ -21,60 +55,166 @@ export function defaultModelCacheDir(): string {
 }
 
 const MiB = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
+const bytesAndMiB = (b: number) => `${b} bytes (${MiB(b)})`;
+
+function lstatOrUndefined(path: string): Stats | undefined {
+  try {
+    return lstatSync(path);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ENOENT") return undefined;
+    throw e;
+  }
+}
+
+function kindOf(st: Stats): string {
+  return st.isSymbolicLink() ? "a symbolic link" : st.isDirectory() ? "a folder" : "not a regular file";
+}
+
+/** Bytes the disk under dir has free for this user. */
+export function freeDiskBytes(dir: string): number {
+  const fs = statfsSync(dir);
+  return fs.bavail * fs.bsize;
+}
+
+export interface ModelCacheOptions {
+  /** Most bytes of disk the cache's own models may take (default: no limit but the disk). */
+  readonly limitBytes?: number;
+  /** Use a cache folder that is a symbolic link (--allow-cache-link). */
+  readonly allowLink?: boolean;
+}
+
+interface Entry {
+  readonly fingerprint: string;
+  readonly path: string;
+  readonly usedMs: number;
+  readonly bytes: number;
+}
 
 export class ModelCache {
-  constructor(readonly dir = defaultModelCacheDir(), readonly limitBytes = Infinity) {}
+  readonly limitBytes: number;
+  private readonly allowLink: boolean;
+  private readonly manifest: CacheManifest;
+
+  constructor(readonly dir = defaultModelCacheDir(), o: ModelCacheOptions = {}) {
+    this.limitBytes = o.limitBytes ?? Infinity;
+    this.allowLink = o.allowLink ?? false;
+    this.manifest = new CacheManifest(dir);
+  }
 
   pathFor(fingerprint: string): string {
-    if (!/^[0-9a-f]{16,128}$/.test(fingerprint)) throw new TransferError(`"${fingerprint.slice(0, 80)}" is not a model fingerprint`);
+    if (!/^[0-9a-f]{16,128}$/.test(fingerprint)) throw new CacheError(`"${printable(fingerprint, 80)}" is not a model fingerprint`);
     return join(this.dir, `${fingerprint}.gguf`);
+  }
+
+  /** The cache folder, made if missing; refused (CacheError) if it is a link, unless allowed, or
+   * not a folder. */
+  checkFolder(): void {
+    mkdirSync(this.dir, { recursive: true });
+    const st = lstatSync(this.dir);
+    const where = printable(this.dir, 300);
+    if (st.isSymbolicLink()) {
+      if (!this.allowLink) {
+        throw new CacheError(`the model cache ${where} is a symbolic link (to ${printable(readlinkSync(this.dir), 300)}): refused, since the cache ` +
+          "writes and evicts files in its folder and that folder may hold files of yours; give another --model-cache, or --allow-cache-link to use it");
+      }
+      if (!statSync(this.dir).isDirectory()) throw new CacheError(`the model cache ${where} links to something that is not a folder`);
+    } else if (!st.isDirectory()) {
+      throw new CacheError(`the model cache ${where} is not a folder`);
+    }
   }
 
   /** The cached model for `info`: created (as a sparse file of the model's size) if new. */
   open(info: ModelInfo): CachedModel {
-    if (!Number.isSafeInteger(info.fileBytes) || info.fileBytes <= 0 || info.fileBytes > 2 ** 50) throw new TransferError(`model size ${info.fileBytes} is not plausible`);
-    if (!Number.isInteger(info.chunkBytes) || info.chunkBytes < 4096 || info.chunkBytes > 1 << 30) throw new TransferError(`chunk size ${info.chunkBytes} is not plausible`);
-    if (!Number.isInteger(info.dataOffset) || info.dataOffset <= 0 || info.dataOffset > info.fileBytes) throw new TransferError(`header size ${info.dataOffset} is not plausible`);
-    mkdirSync(this.dir, { recursive: true });
+    if (!Number.isSafeInteger(info.fileBytes) || info.fileBytes <= 0 || info.fileBytes > 2 ** 50) throw new CacheError(`model size ${info.fileBytes} is not plausible`);
+    if (!Number.isInteger(info.chunkBytes) || info.chunkBytes < 4096 || info.chunkBytes > 1 << 30) throw new CacheError(`chunk size ${info.chunkBytes} is not plausible`);
+    if (!Number.isInteger(info.dataOffset) || info.dataOffset <= 0 || info.dataOffset > info.fileBytes) throw new CacheError(`header size ${info.dataOffset} is not plausible`);
     const path = this.pathFor(info.fingerprint);
-    const fresh = !existsSync(path) || statSync(path).size !== info.fileBytes;
-    if (fresh) {
-      const fd = openSync(path, "w");
-      try {
-        ftruncateSync(fd, info.fileBytes); // all holes: no block is written until a chunk arrives
-      } finally {
-        closeSync(fd);
-      }
-      if (existsSync(`${path}.chunks`)) unlinkSync(`${path}.chunks`);
+    this.checkFolder();
+    const st = lstatOrUndefined(path);
+    if (st && !st.isFile()) throw new CacheError(`${printable(path, 300)} is ${kindOf(st)}, not a model this cache wrote: refused (never written through); remove it`);
+    if (st && !this.manifest.has(info.fingerprint)) {
+      throw new CacheError(`${printable(path, 300)} was not written by this model cache (it is not in its manifest): refused, so that a file of yours is never overwritten; move it away or give another --model-cache`);
     }
-    const now = new Date();
-    utimesSync(path, now, now); // "recently used", for the eviction order
+    let fd: number;
+    if (st) fd = openSync(path, constants.O_RDWR | NO_FOLLOW);
+    else {
+      this.manifest.add(info.fingerprint);
+      fd = openSync(path, constants.O_RDWR | constants.O_CREAT | constants.O_EXCL | NO_FOLLOW, 0o644);
+    }
+    let fresh = !st;
+    try {
+      const now = fstatSync(fd);
+      if (!now.isFile()) throw new CacheError(`${printable(path, 300)} is not a regular file: refused`);
+      // A hard link shares its bytes with a file elsewhere, which writing would change.
+      if (now.nlink > 1) throw new CacheError(`${printable(path, 300)} has other names (hard links): refused, so that the file they name is never written`);
+      if (now.size !== info.fileBytes) {
+        // Another size: another model under this name (or a cut-off creation); started over.
+        ftruncateSync(fd, 0);
+        ftruncateSync(fd, info.fileBytes); // all holes: no block is written until a chunk arrives
+        fresh = true;
+      }
+      const at = new Date();
+      futimesSync(fd, at, at); // "recently used", for the eviction order
+    } finally {
+      closeSync(fd);
+    }
+    if (fresh) unlinkIfPresent(`${path}.chunks`);
     return new CachedModel(path, info, this);
   }
 
-  /** Bytes of blocks the cached models occupy (sparse files count what they hold, not their size). */
-  usedBytes(except?: string): number {
-    if (!existsSync(this.dir)) return 0;
-    return readdirSync(this.dir).filter((f) => f.endsWith(".gguf") && join(this.dir, f) !== except)
-      .reduce((a, f) => a + statSync(join(this.dir, f)).blocks * 512, 0);
+  /** The models this cache wrote that are still there (regular files only). */
+  private entries(): Entry[] {
+    const out: Entry[] = [];
+    for (const fingerprint of this.manifest.read()) {
+      const path = join(this.dir, `${fingerprint}.gguf`);
+      const st = lstatOrUndefined(path);
+      if (st?.isFile()) out.push({ fingerprint, path, usedMs: st.mtimeMs, bytes: st.blocks * 512 });
+    }
+    return out;
   }
 
-  /** Drops the least recently used models (not `keep`) until `needBytes` more fit under the limit. */
+  /** Bytes of blocks the cache's own models occupy (sparse files count what they hold, not their size). */
+  usedBytes(): number {
+    return this.entries().reduce((a, e) => a + e.bytes, 0);
+  }
+
+  /**
+   * Makes room for `needBytes` more in `keep` (a model being fetched): on the disk and under the
+   * limit. Evicts the least recently used of the cache's own models (never `keep`, never a file it
+   * did not write) only when that makes enough room; otherwise evicts nothing and throws a
+   * NoRoomError naming the bytes needed and free.
+   */
   makeRoom(needBytes: number, keep: string, log?: (line: string) => void): void {
-    if (!Number.isFinite(this.limitBytes)) return;
-    const others = readdirSync(this.dir).filter((f) => f.endsWith(".gguf")).map((f) => join(this.dir, f)).filter((p) => p !== keep)
-      .map((p) => ({ p, used: statSync(p).mtimeMs, bytes: statSync(p).blocks * 512 })).sort((a, b) => a.used - b.used);
-    let total = this.usedBytes();
+    if (needBytes <= 0) return;
+    const disk = freeDiskBytes(this.dir);
+    const all = this.entries();
+    const used = all.reduce((a, e) => a + e.bytes, 0);
+    // Room once `freed` bytes of other models are gone: what the disk and what the limit allow.
+    const room = (freed: number) => Math.min(disk + freed, this.limitBytes - (used - freed));
+    if (needBytes <= room(0)) return;
+    const others = all.filter((e) => e.path !== keep).sort((a, b) => a.usedMs - b.usedMs);
+    const evict: Entry[] = [];
+    let freed = 0;
     for (const o of others) {
-      if (total + needBytes <= this.limitBytes) break;
-      log?.(`model cache: dropping ${o.p} (${MiB(o.bytes)}, least recently used) to stay under ${MiB(this.limitBytes)}`);
-      unlinkSync(o.p);
-      if (existsSync(`${o.p}.chunks`)) unlinkSync(`${o.p}.chunks`);
-      total -= o.bytes;
+      if (needBytes <= room(freed)) break;
+      evict.push(o);
+      freed += o.bytes;
     }
-    if (total + needBytes > this.limitBytes) {
-      throw new TransferError(`the model cache limit is ${MiB(this.limitBytes)}: this device's windows need ${MiB(needBytes)} more and ${MiB(total)} are in use by the model itself`);
+    if (needBytes > room(freed)) {
+      const short = disk + freed < this.limitBytes - (used - freed) ? "disk" : "limit";
+      const free = Math.max(0, room(0));
+      const where = short === "disk" ? `on the disk of ${printable(this.dir, 300)}` : `under the model cache limit of ${bytesAndMiB(this.limitBytes)} (--cache-limit)`;
+      throw new NoRoomError(
+        `not enough room for this device's windows: ${bytesAndMiB(needBytes)} needed, ${bytesAndMiB(free)} free ${where}; ` +
+        `the other models this cache wrote hold ${bytesAndMiB(others.reduce((a, e) => a + e.bytes, 0))}, too little to make the room, so none was evicted`,
+        needBytes, free, short);
     }
+    for (const o of evict) {
+      log?.(`model cache: dropping ${o.path} (${MiB(o.bytes)}, least recently used) to make room for ${MiB(needBytes)}`);
+      unlinkIfPresent(o.path);
+      unlinkIfPresent(`${o.path}.chunks`);
+    }
+    this.manifest.remove(evict.map((o) => o.fingerprint));
   }
 }
 
@@ -85,7 +225,7 @@ export class CachedModel {
   constructor(readonly path: string, readonly info: ModelInfo, private readonly cache: ModelCache) {
     this.done = new Set();
     try {
-      const list = JSON.parse(readFileSync(`${path}.chunks`, "utf8")) as unknown;
+      const list = JSON.parse(readFileNoFollow(`${path}.chunks`, 64 * (chunkCount(info) + 16)) ?? "[]") as unknown;
       if (Array.isArray(list)) for (const i of list) if (Number.isInteger(i) && i >= 0 && i < chunkCount(info)) this.done.add(i);
     } catch {
       // nothing verified yet
@@ -103,16 +243,10 @@ export class CachedModel {
     }, 0);
   }
 
-  /** Refuses by name when the disk (or the cache limit) cannot take these chunks. */
+  /** Makes room for these chunks on the disk and under the cache limit, or refuses by name
+   * (NoRoomError: the bytes needed and free). */
   checkRoom(chunks: readonly number[], log?: (line: string) => void): void {
-    const need = this.bytesOf(this.missing(chunks));
-    if (need === 0) return;
-    const fs = statfsSync(this.cache.dir);
-    const free = fs.bavail * fs.bsize;
-    if (need > free) {
-      throw new TransferError(`not enough disk space in ${this.cache.dir} for this device's windows: ${need} bytes needed (${MiB(need)}), ${free} bytes free (${MiB(free)})`);
-    }
-    this.cache.makeRoom(need, this.path, log);
+    this.cache.makeRoom(this.bytesOf(this.missing(chunks)), this.path, log);
   }
 
   private sink: ChunkSink | undefined;
@@ -135,7 +269,15 @@ export class CachedModel {
     return true;
   }
 
-  private readonly persistLater = new Debounced(200, () => this.persist());
+  // In a timer nothing may throw (it would end the process): a failed write (a full disk) is thrown by
+  // the next persist() its caller makes (fetchChunks' last one).
+  private readonly persistLater = new Debounced(200, () => {
+    try {
+      this.persist();
+    } catch {
+      // said by the next persist()
+    }
+  });
 
   private persistSoon(): void {
     this.persistLater.soon();
@@ -147,8 +289,14 @@ export class CachedModel {
     writeFileAtomic(`${this.path}.chunks`, JSON.stringify([...this.done].sort((a, b) => a - b)));
   }
 
+  /** Records the verified chunks and stops the writing thread. Never throws: a list that cannot be
+   * written (a full disk, which the fetch has reported) costs only a fetch of those chunks again. */
   close(): void {
-    this.persist();
+    try {
+      this.persist();
+    } catch {
+      // see above
+    }
     this.sink?.close();
     this.sink = undefined;
   }
@@ -181,9 +329,11 @@ const { parentPort, workerData } = require("node:worker_threads");
 const digest = require(workerData.digest);
 const { constants, openSync, write } = require("node:fs");
 const ALIGN = workerData.align;
-const fd = openSync(workerData.path, "r+");
+// Never through a link put under the file's name after the cache checked it.
+const NO_FOLLOW = constants.O_NOFOLLOW || 0;
+const fd = openSync(workerData.path, constants.O_RDWR | NO_FOLLOW);
 let direct = -1;
-try { direct = openSync(workerData.path, constants.O_WRONLY | constants.O_DIRECT); } catch {}
+try { direct = openSync(workerData.path, constants.O_WRONLY | constants.O_DIRECT | NO_FOLLOW); } catch {}
 // Written on libuv's threads, so the next chunk is hashed while this one goes to the disk (a direct
 // write waits for the device).
 function writeAll(f, data, from, to, position) {
@@ -216,12 +366,12 @@ function take({ id, data, position, digest: expected, aligned }) {
   try {
     ok = digest.blake3Hex(data) === expected;
   } catch (e) {
-    return parentPort.postMessage({ id, error: e.message });
+    return parentPort.postMessage({ id, error: e.message, code: e.code });
   }
   if (!ok) return parentPort.postMessage({ id, ok });
   save(data, position, aligned).then(
     () => parentPort.postMessage({ id, ok }),
-    (e) => parentPort.postMessage({ id, error: e.message }),
+    (e) => parentPort.postMessage({ id, error: e.message, code: e.code }),
   );
 }
 `;
@@ -235,11 +385,11 @@ class ChunkSink {
 
   constructor(path: string) {
     this.worker = new Worker(SINK_SOURCE, { eval: true, workerData: { path, align: DIRECT_WRITE_ALIGN, digest: DIGEST_MODULE } });
-    this.worker.on("message", (m: { id: number; ok?: boolean; error?: string }) => {
+    this.worker.on("message", (m: { id: number; ok?: boolean; error?: string; code?: string }) => {
       const w = this.waiting.get(m.id);
       this.waiting.delete(m.id);
       if (this.waiting.size === 0) this.worker.unref();
-      if (m.error !== undefined) w?.reject(new TransferError(`writing ${path}: ${m.error}`));
+      if (m.error !== undefined) w?.reject(new TransferError(`writing ${path}: ${m.error}`, m.code));
       else w?.resolve(m.ok === true);
     });
     const die = (e: Error) => {

@@ -20,7 +20,7 @@ import type { GgufFile } from "../model/index.js";
 import { joinProfile, profileCommand, type JoinProfile } from "./profile-command.js";
 import { RemoteModel, type RemoteModelOptions } from "./remote-model.js";
 import { WorkerSession, type SessionHandler } from "./session.js";
-import { TransferError } from "../transfer/index.js";
+import { CacheError, ModelCache, NoRoomError } from "../transfer/index.js";
 import { TrustError, workerToken, type JoinToken } from "../trust/index.js";
 
 const HELP = `usage: prima-worker --join [host:port] [--model model.gguf] [options]
@@ -36,8 +36,11 @@ const HELP = `usage: prima-worker --join [host:port] [--model model.gguf] [optio
                        is refused) and proves this worker to it; the token itself never travels
   --model PATH         this device's copy of the model (the same file as the coordinator's); without
                        it, the worker fetches only its windows from the coordinator into its model cache
-  --model-cache DIR    where fetched models are kept (default ~/.cache/prima/models)
+  --model-cache DIR    where fetched models are kept (default ~/.cache/prima/models); the cache
+                       writes and evicts only its own files (listed in its manifest there)
   --cache-limit GIB    most disk the model cache may use; least recently used models go first
+  --allow-cache-link   use a model cache folder that is a symbolic link (refused otherwise: the
+                       folder it points at may hold files of yours)
   --port N             data-plane port the predecessor connects to (default: any free port)
   --advertise HOST     address the predecessor should use (default: what the coordinator sees)
   --name NAME          device name in plans and logs (default: the host name)
@@ -58,7 +61,7 @@ async function main(argv: string[]): Promise<number> {
   const values = parseWorkerArgs(allowBare(argv, "join"), {
     join: { type: "string" }, cluster: { type: "string" }, token: { type: "string" }, "token-file": { type: "string" }, model: { type: "string" }, port: { type: "string" }, advertise: { type: "string" },
     name: { type: "string" }, threads: { type: "string", short: "t" }, once: { type: "boolean" }, reprofile: { type: "boolean" },
-    "no-native-lane": { type: "boolean" }, "model-cache": { type: "string" }, "cache-limit": { type: "string" },
+    "no-native-lane": { type: "boolean" }, "model-cache": { type: "string" }, "cache-limit": { type: "string" }, "allow-cache-link": { type: "boolean" },
     help: { type: "boolean", short: "h" },
   }, HELP);
   if (typeof values === "number") return values;
@@ -129,8 +132,14 @@ async function main(argv: string[]): Promise<number> {
       throw new WorkerExit(EXIT_MODEL_UNUSABLE, `cannot use the model: ${(e as Error).message}`);
     }
   } else {
+    try {
+      // Before the coordinator is asked anything: a cache folder that will be refused ends the worker now.
+      new ModelCache(values["model-cache"], { allowLink: values["allow-cache-link"] }).checkFolder();
+    } catch (e) {
+      throw new WorkerExit(EXIT_MODEL_UNUSABLE, (e as Error).message);
+    }
     remote = await fetchHeader(() => lookup?.(new AbortController().signal) ?? Promise.resolve(address), {
-      token, cacheDir: values["model-cache"], cacheLimitBytes: cacheLimitGiB * 2 ** 30, open: openOptions, log,
+      token, cacheDir: values["model-cache"], cacheLimitBytes: cacheLimitGiB * 2 ** 30, cacheAllowLink: values["allow-cache-link"], open: openOptions, log,
     }, () => stopping);
     if (!remote) return EXIT_OK;
   }
@@ -157,7 +166,7 @@ async function main(argv: string[]): Promise<number> {
       coordinator: lookup ?? address,
       token,
       join: {
-        deviceName: name, hardwareId: profile.hardwareId, dataHost: values.advertise ?? "", dataPort: dataPort.port, modelFingerprint: fingerprint, modelPath,
+        deviceName: name, get hardwareId() { return profile.hardwareId; }, dataHost: values.advertise ?? "", dataPort: dataPort.port, modelFingerprint: fingerprint, modelPath,
         get profileJson() { return profile.json(); }, // memory read afresh at every join
       },
       log,
@@ -166,7 +175,7 @@ async function main(argv: string[]): Promise<number> {
       // maps the file again. Checked before every join and after every failure it reports.
       beforeJoin: () => profile.refresh(),
       check: () => {
-        const problem = model().native.fileProblem();
+        const problem = remote ? remote.fileProblem() : own!.native.fileProblem();
         return problem ? new WorkerExit(EXIT_MODEL_CHANGED, `${problem}; left the ring: restart the worker to map the file again`) : null;
       },
     }, handlerFor(device, remote, modelPath, () => model().gguf, profile));
@@ -215,7 +224,8 @@ function discoveryLookup(cluster: string | undefined, log: (line: string) => voi
 }
 
 /** Without --model: the coordinator's model header into the cache, retried (saying so once) while
- * the coordinator is away; undefined when stopped first. */
+ * the coordinator is away or the disk has no room for it; undefined when stopped first. A cache that
+ * refuses its folder or a file in it, or a limit that cannot take the header, ends the worker. */
 async function fetchHeader(
   where: () => Promise<string>, o: Omit<RemoteModelOptions, "coordinator">, stopped: () => boolean,
 ): Promise<RemoteModel | undefined> {
@@ -224,7 +234,8 @@ async function fetchHeader(
     try {
       return await RemoteModel.open({ ...o, coordinator: await where() });
     } catch (e) {
-      if (e instanceof TransferError && /disk space|cache limit|not plausible|fingerprint/.test(e.message)) throw new WorkerExit(EXIT_MODEL_UNUSABLE, e.message);
+      if (e instanceof WorkerExit) throw e;
+      if (e instanceof CacheError || (e instanceof NoRoomError && e.short === "limit")) throw new WorkerExit(EXIT_MODEL_UNUSABLE, e.message);
       const why = (e as Error).message;
       if (why !== said) o.log(`${why}; trying again`);
       said = why;
@@ -272,7 +283,9 @@ function fetchingFirst(device: WorkerDevice, next: SessionHandler, remote: Remot
     assign: async (a, progress, deviceId) => {
       await device.reset("fetching this device's windows"); // the old mapping goes before the file changes
       const layers = a.windows.flatMap((w) => Array.from({ length: w.endLayer - w.firstLayer }, (_, i) => w.firstLayer + i));
-      hasher.forget(await remote.fetchLayers(layers, progress));
+      // Hashed again after the fetch: what it writes (all of it, or part when it is cut off).
+      hasher.forget(remote.missingFor(layers));
+      await remote.fetchLayers(layers, progress);
       return next.assign(a, progress, deviceId);
     },
     kv: (cmd) => device.kv(cmd),

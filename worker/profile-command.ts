@@ -64,7 +64,8 @@ export interface JoinProfile {
   /** The profile as JSON with memory read now: read each time the worker joins. */
   json(): string;
   /** Before a join: a profile older than PROFILE_REFRESH_MS is taken again (from the cache but for the
-   * one-token pass, timed anew: a daemon's speed moves with its load and heat over hours). */
+   * one-token pass, timed anew: a daemon's speed moves with its load and heat over hours); one that
+   * failed, every time. */
   refresh(): Promise<void>;
   /** Takes the profile again now (from the cache but for the pass, timed anew): true when it was. */
   retime(): Promise<boolean>;
@@ -89,8 +90,9 @@ export async function joinProfile(model: LocalModel, modelPath: string, fingerpr
       });
       error = "";
     } catch (e) {
-      error = (e as Error).message;
-      log(`profile failed: ${error}`);
+      const why = (e as Error).message;
+      if (why !== error) log(`profile failed: ${why}${again ? "" : "; taken again before each join until it works"}`); // said once per reason
+      error = why;
     }
     takenAt = Date.now();
   };
@@ -98,10 +100,14 @@ export async function joinProfile(model: LocalModel, modelPath: string, fingerpr
   const probeKey = randomBytes(32);
   const probe = await LinkProbeServer.listen({ deviceId: `${name} link probe`, modelFingerprint: fingerprint, hiddenSize: model.nEmbd }, { linkKey: probeKey });
   return {
-    hardwareId: report?.profile.id ?? "",
+    get hardwareId() {
+      return report?.profile.id ?? "";
+    },
     json: () => JSON.stringify(report ? { ...refreshMemory(report), linkProbePort: probe.port, linkProbeKey: probeKey.toString("hex") } : { version: 1, error }),
     refresh: async () => {
-      if (Date.now() - takenAt >= PROFILE_REFRESH_MS) await take(true);
+      // A profile that failed (a disk too short for its probe) is taken again before every join: the
+      // coordinator refuses the device until it has one, and admits it once it can be taken.
+      if (error !== "" || Date.now() - takenAt >= PROFILE_REFRESH_MS) await take(true);
     },
     retime: async () => {
       await take(true);

@@ -6,10 +6,12 @@
 import type { ModelDescription } from "../control/index.js";
 import { LocalModel, type OpenOptions } from "../engine/index.js";
 import { connect } from "node:net";
+import { dirname } from "node:path";
 import { streamSeal } from "../native/index.js";
 import { ALPN_CHUNKS, PinMismatchError, chunkBinding, chunkProof, chunkStreamKey, connectPinned, splitAddress, type JoinToken } from "../trust/index.js";
+import { EXIT_DISK_FULL, WorkerExit } from "./exit.js";
 import {
-  ModelCache, STREAM_MAGIC, TransferError, chunksFor, describeProgress, encodeRequest, fetchChunks, rangesForLayers, ChunkReceiver, readInfo, readTicket,
+  ModelCache, STREAM_MAGIC, TransferError, chunksFor, freeDiskBytes, describeProgress, encodeRequest, fetchChunks, rangesForLayers, ChunkReceiver, readInfo, readTicket,
   type CachedModel, type Chunk, type FetchResult,
 } from "../transfer/index.js";
 
@@ -23,8 +25,23 @@ export interface RemoteModelOptions {
   readonly token: JoinToken;
   readonly cacheDir?: string;
   readonly cacheLimitBytes?: number;
+  /** Use a model cache folder that is a symbolic link (--allow-cache-link). */
+  readonly cacheAllowLink?: boolean;
   readonly open: OpenOptions;
   readonly log: (line: string) => void;
+}
+
+/** The worker's end when `e` is the disk filling up (ENOSPC) under the cache; else undefined. */
+export function diskFullExit(e: unknown, cacheDir: string): WorkerExit | undefined {
+  if ((e as { code?: unknown } | null)?.code !== "ENOSPC") return undefined;
+  let free = "";
+  try {
+    free = ` (${freeDiskBytes(cacheDir)} bytes free now)`;
+  } catch {
+    // the figure is a courtesy
+  }
+  return new WorkerExit(EXIT_DISK_FULL, `the disk of the model cache ${cacheDir} filled up while fetching the model${free}: ${(e as Error).message}; ` +
+    "free some space there (or give another --model-cache), then start the worker again");
 }
 
 /** What the coordinator's model is (a chunk stream's info request). */
@@ -92,11 +109,15 @@ export class RemoteModel {
   static async open(o: RemoteModelOptions): Promise<RemoteModel> {
     const d = await modelInfo(o.coordinator, o.token);
     const info = { fingerprint: d.fingerprint, fileBytes: Number(d.fileBytes), dataOffset: Number(d.dataOffset), chunkBytes: d.chunkBytes, name: d.name };
-    const cache = new ModelCache(o.cacheDir, o.cacheLimitBytes);
+    const cache = new ModelCache(o.cacheDir, { limitBytes: o.cacheLimitBytes, allowLink: o.cacheAllowLink });
     const cached = cache.open(info);
     const header = chunksFor([[0, info.dataOffset]], info);
     cached.checkRoom(header, o.log);
-    await fetchChunks(cached, header, chunksFrom(o.coordinator, o.token, info));
+    try {
+      await fetchChunks(cached, header, chunksFrom(o.coordinator, o.token, info));
+    } catch (e) {
+      throw diskFullExit(e, cache.dir) ?? e;
+    }
     o.log(`model ${info.fingerprint.slice(0, 12)} from the coordinator: header in ${cached.path} (${cached.done.size} chunks of ${(info.chunkBytes / 2 ** 20).toFixed(0)} MiB held)`);
     return new RemoteModel(LocalModel.open(cached.path, o.open), cached, o.coordinator, o.token, o.open, o.log);
   }
@@ -109,31 +130,66 @@ export class RemoteModel {
    * the last chunk verified, written and recorded; the model's reopening after it is not in it). */
   lastFetch: FetchResult | undefined;
 
+  /** While a fetch writes into the mapped file: the file changes by this device's own hand. */
+  private fetching = false;
+
+  /** Why the mapped model file cannot be used (it changed under the worker), or null. Not asked of
+   * the file while this device writes fetched chunks into it: it is mapped again when that ends. */
+  fileProblem(): string | null {
+    return this.fetching ? null : this.current.native.fileProblem();
+  }
+
+  /** The chunks these layers need that this device lacks: what fetchLayers writes (all, or some
+   * when it fails partway). */
+  missingFor(layers: Iterable<number>): number[] {
+    return this.cached.missing(chunksFor(rangesForLayers(this.model.gguf, layers), this.cached.info));
+  }
+
   /** Fetches what the layers need and this device lacks, then maps the file again (call it with no
-   * window of the old mapping in use); reports progress as a fraction and words. Resolves with the
-   * chunks it wrote. */
-  async fetchLayers(layers: Iterable<number>, progress: (fraction: number, stage: string) => void): Promise<number[]> {
+   * window of the old mapping in use); reports progress as a fraction and words. Throws a WorkerExit
+   * (EXIT_DISK_FULL) when the disk fills up meanwhile; other failures (the coordinator went away)
+   * leave what was verified for the next fetch. */
+  fetchLayers(layers: Iterable<number>, progress: (fraction: number, stage: string) => void): Promise<void> {
+    // One at a time: a fetch cut off by a lost coordinator may still be ending (up to STALL_MS) when
+    // the next session's assignment starts another on the same file.
+    const run = this.fetches.then(() => this.fetchNow([...layers], progress));
+    this.fetches = run.catch(() => {});
+    return run;
+  }
+
+  private fetches: Promise<void> = Promise.resolve();
+
+  private async fetchNow(layers: readonly number[], progress: (fraction: number, stage: string) => void): Promise<void> {
     const wanted = chunksFor(rangesForLayers(this.model.gguf, layers), this.cached.info);
     const missing = this.cached.missing(wanted);
-    if (missing.length === 0) return [];
+    if (missing.length === 0) return;
     this.cached.checkRoom(wanted, this.log);
     const bytes = this.cached.bytesOf(missing);
     this.log(`fetching ${missing.length} chunks (${(bytes / 2 ** 20).toFixed(1)} MiB) of this device's windows from the coordinator`);
     let lastLog = 0;
-    const r = await fetchChunks(this.cached, wanted, chunksFrom(this.address, this.token, this.cached.info), (p) => {
-      const stage = `fetching layers: ${describeProgress(p)}`;
-      progress(p.totalBytes ? p.doneBytes / p.totalBytes : 1, stage);
-      if (performance.now() - lastLog > 2000) {
-        lastLog = performance.now();
-        this.log(stage);
-      }
-    });
+    let r: FetchResult;
+    this.fetching = true;
+    try {
+      r = await fetchChunks(this.cached, wanted, chunksFrom(this.address, this.token, this.cached.info), (p) => {
+        const stage = `fetching layers: ${describeProgress(p)}`;
+        progress(p.totalBytes ? p.doneBytes / p.totalBytes : 1, stage);
+        if (performance.now() - lastLog > 2000) {
+          lastLog = performance.now();
+          this.log(stage);
+        }
+      });
+    } catch (e) {
+      throw diskFullExit(e, dirname(this.cached.path)) ?? e;
+    } finally {
+      // Chunks written before a failure changed the file as well: mapped again either way, so the
+      // file the worker checks (fileProblem) is the file as this device left it.
+      this.current.close();
+      this.current = LocalModel.open(this.cached.path, this.openOptions);
+      this.fetching = false;
+    }
     this.lastFetch = r;
     this.log(`fetched ${(r.fetchedBytes / 2 ** 20).toFixed(1)} MiB in ${(r.ms / 1000).toFixed(1)} s` +
       `${r.badChunks ? ` (${r.badChunks === 1 ? "1 chunk failed its hash" : `${r.badChunks} chunks failed their hashes`} and came again)` : ""}`);
-    this.current.close();
-    this.current = LocalModel.open(this.cached.path, this.openOptions);
-    return missing;
   }
 
   /** Chunks whose bytes turned out not to be the coordinator's (its file changed since they were

@@ -4,12 +4,12 @@
 // the device's windows; the device hashes the same chunks of its own file (once per file identity,
 // kept on disk) and refuses to run them on other bytes, naming the chunk and the layers in it.
 import { createHash } from "node:crypto";
-import { mkdirSync, readFileSync, realpathSync, renameSync, statSync, writeFileSync } from "node:fs";
+import { mkdirSync, readFileSync, realpathSync, statSync } from "node:fs";
 import { open } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import type { ChunkHash } from "../control/index.js";
 import type { GgufFile } from "../model/index.js";
-import { CHUNK_DIGEST, chunkDigest, defaultModelCacheDir } from "../transfer/index.js";
+import { CHUNK_DIGEST, chunkDigest, defaultModelCacheDir, writeFileAtomic } from "../transfer/index.js";
 
 export class WeightsMismatchError extends Error {
   override name = "WeightsMismatchError";
@@ -72,8 +72,7 @@ export class ChunkHasher {
     const f = this.cacheFile();
     try {
       mkdirSync(dirname(f), { recursive: true });
-      writeFileSync(`${f}.tmp`, JSON.stringify({ identity: this.identity, hashes: Object.fromEntries(this.hashes) }));
-      renameSync(`${f}.tmp`, f);
+      writeFileAtomic(f, JSON.stringify({ identity: this.identity, hashes: Object.fromEntries(this.hashes) }));
     } catch {
       // not kept: hashed again next time
     }

@@ -2,15 +2,40 @@
 // or not): /tmp had hundreds of prima-test-* directories from runs that made one and never removed it.
 // vitest evaluates this module once per test file, so the hook below is that file's; its worker
 // processes are stopped by a signal at the end, so an exit handler would not run.
+import { execFileSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll } from "vitest";
 
 const made: string[] = [];
+const mounted: string[] = [];
 afterAll(() => {
+  for (const d of mounted.splice(0)) unmount(d);
   for (const d of made.splice(0)) rmSync(d, { recursive: true, force: true });
 });
+
+/** Unmounts; a process killed a moment before may still hold a file there (EBUSY): then lazily, so
+ * the mount goes as soon as it lets go and its folder can be removed now. */
+function unmount(dir: string): void {
+  try {
+    execFileSync("umount", [dir], { stdio: "ignore" });
+  } catch {
+    execFileSync("umount", ["-l", dir], { stdio: "ignore" });
+  }
+}
+
+/** Whether this process may mount a small file system (tmpfsDir). */
+export const canMount = process.getuid?.() === 0;
+
+/** A new temporary folder with a tmpfs of `size` (mount's notation: "8m") on it: a small disk. It is
+ * unmounted and removed after this test file. Root only (canMount). */
+export function tmpfsDir(prefix: string, size: string): string {
+  const d = tempDir(prefix);
+  execFileSync("mount", ["-t", "tmpfs", "-o", `size=${size},mode=0700`, "tmpfs", d]);
+  mounted.push(d);
+  return d;
+}
 
 /** A new directory under the system's temporary directory, named `${prefix}XXXXXX`, removed after
  * this test file. */

@@ -10,7 +10,7 @@ import { alignGap } from "../../native/index.js";
 import { modelFingerprint, modelShapeByName, readGguf, type GgufFile } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
 import {
-  DIGEST_MODULE, DIRECT_WRITE_ALIGN, ModelCache, ModelSource, NATIVE_DIGEST, TransferError, chunkBuffer, chunkDigest, chunkRange, chunksFor, fetchChunks, rangesForLayers,
+  DIGEST_MODULE, DIRECT_WRITE_ALIGN, ModelCache, ModelSource, NATIVE_DIGEST, NoRoomError, chunkBuffer, chunkDigest, chunkRange, chunksFor, fetchChunks, rangesForLayers,
   type Chunk,
   type ModelInfo,
 } from "../../transfer/index.js";
@@ -181,8 +181,8 @@ describe("transfer", () => {
       const src = source();
       const cached = new ModelCache(small).open(src.info);
       const wanted = chunksFor(rangesForLayers(file, [0, 1, 2, 3]), src.info);
-      expect(() => cached.checkRoom(wanted)).toThrow(TransferError);
-      expect(() => cached.checkRoom(wanted)).toThrow(/not enough disk space .*: \d+ bytes needed .*, \d+ bytes free/);
+      expect(() => cached.checkRoom(wanted)).toThrow(NoRoomError);
+      expect(() => cached.checkRoom(wanted)).toThrow(/not enough room for this device's windows: \d+ bytes \([\d.]+ MiB\) needed, \d+ bytes \([\d.]+ MiB\) free on the disk of/);
       await src.close();
     } finally {
       execFileSync("umount", [small]);
@@ -192,7 +192,7 @@ describe("transfer", () => {
   it("the cache keeps under its limit by dropping the least recently used model", async () => {
     const cacheDir = join(dir, "cache-d");
     const info = (fp: string): ModelInfo => ({ fingerprint: fp, fileBytes: 1 << 20, dataOffset: 4096, chunkBytes: CHUNK, name: fp });
-    const cache = new ModelCache(cacheDir, 1.5 * (1 << 20));
+    const cache = new ModelCache(cacheDir, { limitBytes: 1.5 * (1 << 20) });
     const old = cache.open(info("a".repeat(64)));
     for (let i = 0; i < 16; i++) expect(await old.writeVerified(i, Buffer.alloc(CHUNK, 1), chunkDigest(Buffer.alloc(CHUNK, 1)))).toBe(true);
     old.close();
@@ -201,8 +201,8 @@ describe("transfer", () => {
     expect(existsSync(old.path)).toBe(false);
     expect(existsSync(next.path)).toBe(true);
     // A model larger than the limit on its own is refused by name.
-    const huge = new ModelCache(join(dir, "cache-e"), 256 << 10).open(info("c".repeat(64)));
-    expect(() => huge.checkRoom([...Array(16).keys()])).toThrow(/model cache limit/);
+    const huge = new ModelCache(join(dir, "cache-e"), { limitBytes: 256 << 10 }).open(info("c".repeat(64)));
+    expect(() => huge.checkRoom([...Array(16).keys()])).toThrow(/free under the model cache limit of 262144 bytes/);
   });
 
   it("refuses implausible model descriptions from a peer", () => {

@@ -2,7 +2,7 @@
 // own exit code; a coordinator that refuses its model is asked again, said once; the first SIGINT or
 // SIGTERM stops it at once, waiting or mid-run; and a model file truncated under a running worker is
 // reported by name (the worker leaves the ring with exit code 5) instead of killing it with SIGBUS.
-import { copyFileSync, statSync, truncateSync, writeFileSync } from "node:fs";
+import { copyFileSync, mkdirSync, statSync, symlinkSync, truncateSync, writeFileSync } from "node:fs";
 import { createServer, type Server } from "node:net";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
@@ -54,10 +54,25 @@ describe("prima-worker setup errors", () => {
     expect(w.stderr).toMatch(/cannot use the model: .*not-a-model\.gguf: not a GGUF file/);
   });
 
+  it("exits with code 3 when its --model-cache is a symbolic link, and uses it with --allow-cache-link", async () => {
+    const real = join(dir, "models-of-mine");
+    mkdirSync(real, { recursive: true });
+    const link = join(dir, "cache-link");
+    symlinkSync(real, link);
+    const w = startWorker(["--join", "127.0.0.1:1", "--model-cache", link, "--threads", "1", ...TOKEN]);
+    expect(await exitWithin(w, 20_000), w.stderr).toBe(3);
+    expect(w.stderr).toMatch(/the model cache .*cache-link is a symbolic link \(to .*models-of-mine\): refused.*--allow-cache-link to use it \(exit code 3\)/);
+    // Allowed, the worker goes on to ask the coordinator (port 1: nobody there) for the model.
+    const allowed = startWorker(["--join", "127.0.0.1:1", "--model-cache", link, "--allow-cache-link", "--threads", "1", ...TOKEN]);
+    await allowed.waitFor(/ECONNREFUSED 127\.0\.0\.1:1; trying again/, 15_000);
+    expect(allowed.stderr).not.toMatch(/symbolic link/);
+  });
+
   it("documents its exit codes in --help", async () => {
     const w = startWorker(["--help"]);
-    expect(await exitWithin(w, 3000)).toBe(0);
-    for (const code of ["0", "1", "2", "3", "4", "5"]) expect(w.stdout).toMatch(new RegExp(`^  ${code}  `, "m"));
+    expect(await exitWithin(w, 20_000), w.stderr).toBe(0); // a limit on the wait, not a speed (the machine may be loaded)
+    for (const code of ["0", "1", "2", "3", "4", "5", "6", "7"]) expect(w.stdout).toMatch(new RegExp(`^  ${code}  `, "m"));
+    expect(w.stdout).toMatch(/^  7  the disk of the model cache filled up while fetching the model/m);
   });
 });
 
