@@ -26,6 +26,8 @@ export const FILE_TYPES = {
   Q5_K_S: { ftype: 16, base: GgmlTypeId.Q5_K },
   Q5_K_M: { ftype: 17, base: GgmlTypeId.Q5_K },
   Q6_K: { ftype: 18, base: GgmlTypeId.Q6_K },
+  IQ4_NL: { ftype: 25, base: GgmlTypeId.IQ4_NL },
+  IQ4_XS: { ftype: 30, base: GgmlTypeId.IQ4_XS },
 } as const;
 export type FileTypeName = keyof typeof FILE_TYPES;
 export const FILE_TYPE_NAMES = Object.keys(FILE_TYPES) as FileTypeName[];
@@ -54,7 +56,7 @@ export function tensorCategory(name: string): TensorCategory {
 const BLOCK: Record<number, number> = {
   [GgmlTypeId.F32]: 1, [GgmlTypeId.F16]: 1, [GgmlTypeId.BF16]: 1, [GgmlTypeId.Q4_0]: 32, [GgmlTypeId.Q4_1]: 32,
   [GgmlTypeId.Q5_0]: 32, [GgmlTypeId.Q5_1]: 32, [GgmlTypeId.Q8_0]: 32, [GgmlTypeId.Q2_K]: 256, [GgmlTypeId.Q3_K]: 256,
-  [GgmlTypeId.Q4_K]: 256, [GgmlTypeId.Q5_K]: 256, [GgmlTypeId.Q6_K]: 256,
+  [GgmlTypeId.Q4_K]: 256, [GgmlTypeId.Q5_K]: 256, [GgmlTypeId.Q6_K]: 256, [GgmlTypeId.IQ4_NL]: 32, [GgmlTypeId.IQ4_XS]: 256,
 };
 const isQuantized = (t: number) => BLOCK[t] > 1;
 
@@ -71,7 +73,7 @@ function fallback(type: number, rowElems: number): number {
   if (rowElems % BLOCK[type] === 0) return type;
   const next: Record<number, number> = {
     [GgmlTypeId.Q2_K]: GgmlTypeId.Q4_0, [GgmlTypeId.Q3_K]: GgmlTypeId.Q4_0, [GgmlTypeId.Q4_K]: GgmlTypeId.Q5_0,
-    [GgmlTypeId.Q5_K]: GgmlTypeId.Q5_1, [GgmlTypeId.Q6_K]: GgmlTypeId.Q8_0,
+    [GgmlTypeId.Q5_K]: GgmlTypeId.Q5_1, [GgmlTypeId.Q6_K]: GgmlTypeId.Q8_0, [GgmlTypeId.IQ4_XS]: GgmlTypeId.IQ4_NL,
   };
   const t = next[type] ?? type;
   return rowElems % BLOCK[t] === 0 ? t : GgmlTypeId.F16;
@@ -101,6 +103,7 @@ export function tensorTypeFor(fileType: FileTypeName, t: TensorForTyping, shape:
     if (fileType === "Q2_K") type = gqa >= 4 ? GgmlTypeId.Q4_K : GgmlTypeId.Q3_K;
     else if (fileType === "Q3_K_M") type = i < 2 ? GgmlTypeId.Q5_K : GgmlTypeId.Q4_K;
     else if (fileType === "Q3_K_L") type = GgmlTypeId.Q5_K;
+    else if ((fileType === "IQ4_NL" || fileType === "IQ4_XS") && gqa >= 4) type = GgmlTypeId.Q5_K;
     else if ((fileType === "Q4_K_M" || fileType === "Q5_K_M") && moreBits(i)) type = GgmlTypeId.Q6_K;
     else if (fileType === "Q4_K_S" && i < 4) type = GgmlTypeId.Q5_K;
     if (is70B && (type === GgmlTypeId.Q3_K || type === GgmlTypeId.Q4_K)) type = GgmlTypeId.Q5_K;
@@ -109,6 +112,7 @@ export function tensorTypeFor(fileType: FileTypeName, t: TensorForTyping, shape:
     else if (fileType === "Q3_K_M") type = i < Math.floor(n / 16) ? GgmlTypeId.Q5_K : GgmlTypeId.Q4_K;
     else if (fileType === "Q3_K_L") type = GgmlTypeId.Q5_K;
     else if (fileType === "Q4_K_M") { if (moreBits(i)) type = GgmlTypeId.Q6_K; }
+    else if ((fileType === "IQ4_NL" || fileType === "IQ4_XS") && i < Math.floor(n / 8)) type = GgmlTypeId.Q5_K; // (no imatrix)
     else if (fileType === "Q5_K_M" && moreBits(i)) type = GgmlTypeId.Q6_K;
     else if (fileType === "Q4_K_S" && i < Math.floor(n / 8)) type = GgmlTypeId.Q5_K;
   } else if (category === "attn_output") {

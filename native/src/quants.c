@@ -1004,8 +1004,8 @@ static inline int iq4_nearest(float x) {
 
 /* Best scale of a 32-element group (quantize_row_iq4_nl_impl without an importance matrix, ntry = 7, as
  * llama-quantize runs it): weights x^2, a start at max/127, then 15 trial scales around it, keeping the
- * least-squares scale of the best assignment. Lb gets the start's levels. 0 for an all-but-zero group. */
-static float iq4_group_scale(const float *xb, uint8_t Lb[32]) {
+ * least-squares scale of the best assignment. 0 for an all-but-zero group. */
+static float iq4_group_scale(const float *xb) {
   const int ntry = 7;
   const int8_t *values = PRIMA_IQ4NL_VALUES;
   float weight[32], amax = 0, max = 0;
@@ -1017,9 +1017,7 @@ static float iq4_group_scale(const float *xb, uint8_t Lb[32]) {
   if (amax < GROUP_MAX_EPS) return 0;
   float d = -max / values[0], id = 1 / d, sumqx = 0, sumq2 = 0;
   for (int j = 0; j < 32; j++) {
-    const int l = iq4_nearest(id * xb[j]);
-    Lb[j] = (uint8_t)l;
-    const float q = values[l], w = weight[j];
+    const float q = values[iq4_nearest(id * xb[j])], w = weight[j];
     sumqx += w * q * xb[j];
     sumq2 += w * q * q;
   }
@@ -1052,7 +1050,7 @@ static void quantize_iq4_nl_ref(const float *x, void *vy, int64_t n) {
   block_iq4_nl *y = vy;
   uint8_t L[QK32];
   for (int64_t i = 0; i < n / QK32; i++, x += QK32) {
-    const float d = iq4_group_scale(x, L);
+    const float d = iq4_group_scale(x);
     y[i].d = F2H(d);
     const float id = d ? 1 / d : 0;
     for (int j = 0; j < QK32; j++) L[j] = (uint8_t)iq4_nearest(id * x[j]);
@@ -1070,7 +1068,7 @@ static void quantize_iq4_xs_ref(const float *x, void *vy, int64_t n) {
   for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
     float max_scale = 0, amax_scale = 0;
     for (int g = 0; g < QK_K / 32; g++) {
-      scales[g] = iq4_group_scale(x + 32 * g, L);
+      scales[g] = iq4_group_scale(x + 32 * g);
       if (fabsf(scales[g]) > amax_scale) { amax_scale = fabsf(scales[g]); max_scale = scales[g]; }
     }
     const float d = -max_scale / 32, id = d ? 1 / d : 0.f;

@@ -568,11 +568,17 @@ ALWAYS_INLINE __m128i q3k_scales(const uint8_t *s) {
 SIGNED_SCALE_K_DOT(dot_q3_K, block_q3_K, q3k_scales(b->scales), 2,
                    vi_or(q2_levels(b->qs + 32 * h, v), q3_high_bits(b->hmask, h, v)))
 
-/* The 8 signed group scales (ls - 32) of an IQ4_XS block as int16. */
+/* The 8 signed group scales (ls - 32) of an IQ4_XS block as int16 (prima_iq4xs_scale, in registers): the
+ * low nibbles of scales_l (groups 0,2,4,6) interleaved with the high ones (1,3,5,7), and bits 2g..2g+1
+ * of scales_h, which a multiply moves to the top of lane g and a shift brings down. */
 ALWAYS_INLINE __m128i iq4xs_scales(const block_iq4_xs *b) {
-  return _mm_set_epi16((short)prima_iq4xs_scale(b, 7), (short)prima_iq4xs_scale(b, 6), (short)prima_iq4xs_scale(b, 5),
-                       (short)prima_iq4xs_scale(b, 4), (short)prima_iq4xs_scale(b, 3), (short)prima_iq4xs_scale(b, 2),
-                       (short)prima_iq4xs_scale(b, 1), (short)prima_iq4xs_scale(b, 0));
+  uint32_t sl;
+  memcpy(&sl, b->scales_l, 4);
+  const __m128i lo = _mm_cvtsi32_si128((int)(sl & 0x0F0F0F0F)), hi = _mm_cvtsi32_si128((int)((sl >> 4) & 0x0F0F0F0F));
+  const __m128i low4 = _mm_cvtepu8_epi16(_mm_unpacklo_epi8(lo, hi));
+  const __m128i high2 = _mm_srli_epi16(
+      _mm_mullo_epi16(_mm_set1_epi16((short)b->scales_h), _mm_setr_epi16(1 << 14, 1 << 12, 1 << 10, 1 << 8, 1 << 6, 1 << 4, 1 << 2, 1)), 14);
+  return _mm_sub_epi16(_mm_or_si128(low4, _mm_slli_epi16(high2, 4)), _mm_set1_epi16(32));
 }
 
 /* IQ4_XS: signed grid levels (-127..113) in 8 groups of 32 with signed 6-bit scales, no offset or min:

@@ -71,7 +71,7 @@ function firstDiff(a: Float32Array, b: Float32Array): number {
 }
 
 describe("decode equals batch, bit for bit", () => {
-  const TYPES = ["Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "F16", "BF16", "F32"];
+  const TYPES = ["Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "F16", "BF16", "F32"];
   it.each(TYPES)("%s: every position's hidden state and logits alone = in batches of 128 and of 7", async (type) => {
     const m = LocalModel.open(await model(type), { threads: 2 });
     try {

@@ -94,7 +94,7 @@ describe("generated files", () => {
       }
       await expectRuns(r.path, label);
     }
-  });
+  }, 180_000); // a file per type (or case), each loaded by llama.cpp: longer than one test's default
 
   it("qwen2: QKV biases, tied embeddings (no output.weight), read and run", async () => {
     for (const type of ["Q4_K_M", "F16", "Q8_0"]) {
@@ -166,6 +166,7 @@ describe.skipIf(quantizeReason !== null)("against llama.cpp's quantizer", () => 
     [small, "Q4_K_M", false], [small, "Q5_K_M", false], [small, "Q4_K_S", false], [small, "Q3_K_M", false],
     [small, "Q3_K_L", false], [small, "Q2_K", false], [small, "Q6_K", false], [small, "Q8_0", false],
     [small, "Q3_K_S", true], [tinyQwen, "Q4_K_M", false], [tinyQwen, "Q5_0", false],
+    [tiny, "IQ4_NL", false], [small, "IQ4_XS", false], [tinyQwen, "IQ4_XS", false],
   ];
 
   it("types and bytes of every tensor equal llama.cpp's for the same file type", async () => {
@@ -187,7 +188,7 @@ describe.skipIf(quantizeReason !== null)("against llama.cpp's quantizer", () => 
       }
       expect(metaNumber(theirs, "general.file_type"), label).toBe(FILE_TYPES[type].ftype);
     }
-  });
+  }, 180_000); // a file per type (or case), each loaded by llama.cpp: longer than one test's default
 
   it("the mix a big shape gets (types only, no file written) follows llama.cpp's rules", () => {
     // TinyLlama-1.1B Q4_K_M as llama-quantize types it: attn_v and ffn_down Q6_K in layers 0-1,
