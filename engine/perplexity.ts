@@ -6,13 +6,21 @@
 // either can compare against it.
 import type { Embedder, Pipeline } from "./generate.js";
 
-/** -log p(tok) under softmax(logits), in double precision over float exponentials (as llama.cpp). */
-export function negLogProb(logits: Float32Array, nVocab: number, tok: number): number {
+/** The largest logit, its token, and log(sum(exp(logit - max))): a double sum of float exponentials,
+ * as llama.cpp's log_softmax computes it. */
+function softmaxNorm(logits: Float32Array, nVocab: number): { max: number; top: number; logSumExp: number } {
   let max = logits[0];
-  for (let i = 1; i < nVocab; i++) if (logits[i] > max) max = logits[i];
+  let top = 0;
+  for (let i = 1; i < nVocab; i++) if (logits[i] > max) { max = logits[i]; top = i; }
   let sum = 0;
   for (let i = 0; i < nVocab; i++) sum += Math.exp(Math.fround(logits[i] - max));
-  return max + Math.log(sum) - logits[tok];
+  return { max, top, logSumExp: Math.log(sum) };
+}
+
+/** -log p(tok) under softmax(logits). */
+export function negLogProb(logits: Float32Array, nVocab: number, tok: number): number {
+  const { max, logSumExp } = softmaxNorm(logits, nVocab);
+  return max + logSumExp - logits[tok];
 }
 
 /** uint16 slots a row of the base file takes: the scale and minimum as two floats, then one value per
@@ -28,16 +36,12 @@ const BASE_RANGE = 16;
 /** Writes one row of log-probabilities as llama-perplexity stores them: 16-bit steps between the
  * row's minimum (at most BASE_RANGE below its maximum) and its maximum. */
 export function encodeBaseRow(logits: Float32Array, nVocab: number, out: Uint16Array): void {
-  let max = logits[0];
+  const norm = softmaxNorm(logits, nVocab);
+  const max = norm.max;
+  const logSumExp = Math.fround(norm.logSumExp);
   let min = logits[0];
-  for (let i = 1; i < nVocab; i++) {
-    if (logits[i] > max) max = logits[i];
-    if (logits[i] < min) min = logits[i];
-  }
+  for (let i = 1; i < nVocab; i++) if (logits[i] < min) min = logits[i];
   min = Math.max(min, max - BASE_RANGE);
-  let sum = 0;
-  for (let i = 0; i < nVocab; i++) sum += Math.exp(Math.fround(logits[i] - max));
-  const logSumExp = Math.fround(Math.log(sum));
   const head = new Float32Array(out.buffer, out.byteOffset, 2);
   const scale = Math.fround((max - min) / 65535);
   head[0] = scale;
@@ -75,12 +79,7 @@ export class KlStats {
 
   /** Adds one scored position: our logits against the base row, the true next token tok. */
   add(logits: Float32Array, nVocab: number, base: Uint16Array, tok: number): void {
-    let max = logits[0];
-    let top = 0;
-    for (let i = 1; i < nVocab; i++) if (logits[i] > max) { max = logits[i]; top = i; }
-    let sum = 0;
-    for (let i = 0; i < nVocab; i++) sum += Math.exp(Math.fround(logits[i] - max));
-    const logSumExp = Math.log(sum);
+    const { max, top, logSumExp } = softmaxNorm(logits, nVocab);
     const nll = max + logSumExp - logits[tok];
     const nllBase = -baseLogProb(base, tok);
     this.sumNll += nll;
