@@ -1,5 +1,14 @@
 // Token sampling: repetition penalties, top-k, top-p, min-p, temperature, then a seeded draw, in
 // llama.cpp's default order. Greedy (argmax) when the temperature is 0. Reproducible for a seed.
+// With a constraint (grammar/: JSON Schema, tools), tokens it forbids are masked out first.
+
+/** Which tokens may come next (structured output); the sampler masks the rest out. */
+export interface TokenConstraint {
+  /** Bit (id & 31) of word (id >> 5) is set for each allowed token. */
+  nextMask(): Promise<Int32Array>;
+  /** The token chosen; false when the constraint refuses it. */
+  accept(id: number): boolean;
+}
 
 export interface SamplerOptions {
   /** 0 = greedy. Default 0.8. */
@@ -18,6 +27,8 @@ export interface SamplerOptions {
   readonly presencePenalty?: number;
   /** Seed of the draw; default random. */
   readonly seed?: number;
+  /** Only tokens this allows are drawn (structured output). */
+  readonly constraint?: TokenConstraint;
 }
 
 export class SamplerError extends Error {
@@ -78,6 +89,7 @@ export class Sampler {
   readonly frequencyPenalty: number;
   readonly presencePenalty: number;
   readonly seed: number;
+  readonly constraint: TokenConstraint | undefined;
   private readonly rng: Rng;
   private ids = new Int32Array(0);
   private vals = new Float32Array(0);
@@ -92,6 +104,7 @@ export class Sampler {
     this.frequencyPenalty = o.frequencyPenalty ?? 0;
     this.presencePenalty = o.presencePenalty ?? 0;
     this.seed = o.seed ?? Math.floor(Math.random() * 2 ** 32);
+    this.constraint = o.constraint;
     const check = (ok: boolean, what: string) => {
       if (!ok) throw new SamplerError(what);
     };
@@ -109,11 +122,29 @@ export class Sampler {
     return this.temperature === 0;
   }
 
-  /** Picks the next token. logits may be modified (penalties are applied in place). */
+  /** Picks the next token among those the constraint allows (generate's entry point). */
+  async next(logits: Float32Array, history: ArrayLike<number> = []): Promise<number> {
+    const c = this.constraint;
+    if (!c) return this.sample(logits, history);
+    const mask = await c.nextMask();
+    let allowed = 0;
+    for (let i = 0; i < logits.length; i++) {
+      if (((mask[i >> 5] >>> (i & 31)) & 1) === 0) logits[i] = -Infinity;
+      else allowed++;
+    }
+    if (allowed === 0) throw new SamplerError("the constraint allows no token here");
+    const id = this.sample(logits, history);
+    if (!c.accept(id)) throw new SamplerError(`the constraint refused token ${id}, which its own mask allowed`);
+    return id;
+  }
+
+  /** Picks the next token, unconstrained. logits may be modified (penalties are applied in place). */
   sample(logits: Float32Array, history: ArrayLike<number> = []): number {
     this.applyPenalties(logits, history);
     if (this.greedy) return argmax(logits);
     let n = this.selectTopK(logits);
+    // Masked-out tokens (-Infinity) are never drawn, however few are left.
+    while (n > 1 && this.vals[n - 1] === -Infinity) n--;
     const ids = this.ids, vals = this.vals;
     // Softmax over the (descending) candidates for top-p and min-p, before temperature, as llama.cpp.
     const max = vals[0];
