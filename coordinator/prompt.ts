@@ -25,8 +25,8 @@ export class PromptRenderer {
 
   /** Messages rendered with the template, ready to generate the assistant's reply. The rendered text
    * leaves out the BOS the tokenizer adds itself (as llama.cpp does). */
-  chatIds(messages: readonly ChatMessage[]): Int32Array {
-    const text = this.chat.render(messages, { addGenerationPrompt: true });
+  chatIds(messages: readonly ChatMessage[], tools?: readonly unknown[]): Int32Array {
+    const text = this.chat.render(messages, { addGenerationPrompt: true, tools });
     return this.tok.encode(text, { addSpecial: true, parseSpecial: true });
   }
 

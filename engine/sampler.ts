@@ -8,6 +8,8 @@ export interface TokenConstraint {
   nextMask(): Promise<Int32Array>;
   /** The token chosen; false when the constraint refuses it. */
   accept(id: number): boolean;
+  /** Per token, how directly it ends the value (lower: more directly), for closeAfter. */
+  readonly closeRank?: Uint8Array;
 }
 
 export interface SamplerOptions {
@@ -29,6 +31,9 @@ export interface SamplerOptions {
   readonly seed?: number;
   /** Only tokens this allows are drawn (structured output). */
   readonly constraint?: TokenConstraint;
+  /** After this many constrained tokens, take the quickest way to close the value (the allowed token
+   * that most directly ends it, the likeliest among those), so that it ends within its budget. */
+  readonly closeAfter?: number;
 }
 
 export class SamplerError extends Error {
@@ -79,6 +84,22 @@ export function argmax(logits: ArrayLike<number>): number {
   return best;
 }
 
+/** The allowed token (finite logit) of the lowest close rank, the likeliest among those. */
+function closing(logits: Float32Array, rank: Uint8Array): number {
+  let best = -1, bestRank = 256, bestV = -Infinity;
+  for (let i = 0; i < logits.length; i++) {
+    const v = logits[i];
+    if (v === -Infinity) continue;
+    const r = i < rank.length ? rank[i] : 255;
+    if (r < bestRank || (r === bestRank && v > bestV)) {
+      best = i;
+      bestRank = r;
+      bestV = v;
+    }
+  }
+  return best;
+}
+
 export class Sampler {
   readonly temperature: number;
   readonly topK: number;
@@ -90,6 +111,8 @@ export class Sampler {
   readonly presencePenalty: number;
   readonly seed: number;
   readonly constraint: TokenConstraint | undefined;
+  readonly closeAfter: number;
+  private steps = 0;
   private readonly rng: Rng;
   private ids = new Int32Array(0);
   private vals = new Float32Array(0);
@@ -105,6 +128,7 @@ export class Sampler {
     this.presencePenalty = o.presencePenalty ?? 0;
     this.seed = o.seed ?? Math.floor(Math.random() * 2 ** 32);
     this.constraint = o.constraint;
+    this.closeAfter = o.closeAfter ?? Infinity;
     const check = (ok: boolean, what: string) => {
       if (!ok) throw new SamplerError(what);
     };
@@ -133,7 +157,7 @@ export class Sampler {
       else allowed++;
     }
     if (allowed === 0) throw new SamplerError("the constraint allows no token here");
-    const id = this.sample(logits, history);
+    const id = ++this.steps > this.closeAfter && c.closeRank ? closing(logits, c.closeRank) : this.sample(logits, history);
     if (!c.accept(id)) throw new SamplerError(`the constraint refused token ${id}, which its own mask allowed`);
     return id;
   }

@@ -28,11 +28,17 @@ export class GrammarError extends Error {
 const JSON_LAYOUT = { anyWhitespace: false, indent: -1, separators: [", ", ": "] as [string, string] };
 const MAX_CACHED = 64;
 
+/** Where a constrained reply of maxTokens starts closing its value (Sampler's closeAfter): a quarter
+ * of the budget is kept for it, from 8 to 128 tokens. */
+export function closingStart(maxTokens: number): number {
+  return maxTokens - Math.min(128, Math.max(8, Math.floor(maxTokens / 4)));
+}
+
 /** The grammars of one vocabulary, compiled once each (the last MAX_CACHED kept). */
 export class GrammarSet {
   private readonly cache = new Map<string, Promise<XG.CompiledGrammar>>();
 
-  private constructor(private readonly xg: XGrammar, private readonly compiler: XG.GrammarCompiler, readonly vocabSize: number) {}
+  private constructor(private readonly xg: XGrammar, private readonly compiler: XG.GrammarCompiler, readonly vocabSize: number, readonly closeRank: Uint8Array) {}
 
   static async forTokenizer(tok: Tokenizer, vocabSize = tok.nVocab): Promise<GrammarSet> {
     const xg = await xgrammar();
@@ -49,7 +55,20 @@ export class GrammarSet {
     const stops = tok.eogTokens.filter((id) => id < vocabSize);
     const info = await engineCall("the vocabulary", () => xg.TokenizerInfo.createTokenizerInfo(vocab, type, false, vocabSize, stops));
     const compiler = await xg.GrammarCompiler.createGrammarCompiler(info, false);
-    return new GrammarSet(xg, compiler, vocabSize);
+    // How directly each token ends a JSON value, for a reply that must close within its budget: an end
+    // token; else a quote (it closes the string it is in, or opens one the next quote closes); else a
+    // closing bracket (the shorter the better within these: no ", " that opens more); else the longest
+    // (text the grammar forces, such as a tool call's opening, goes by in fewer tokens).
+    const rank = new Uint8Array(vocabSize).fill(255);
+    for (let id = 0; id < Math.min(vocabSize, tok.nVocab); id++) {
+      const piece = tok.tokenPiece(id);
+      const first = piece[0];
+      const kind = first === 0x22 ? 1 : first === 0x7d || first === 0x5d ? 2 : 3;
+      const len = Math.min(piece.length, 63);
+      rank[id] = kind * 64 + (kind === 3 ? 63 - len : len);
+    }
+    for (const id of stops) rank[id] = 0;
+    return new GrammarSet(xg, compiler, vocabSize, rank);
   }
 
   /** Compiles (or finds) the grammar; throws SchemaError for a schema it cannot honour, GrammarError
@@ -72,8 +91,10 @@ export class GrammarSet {
             return await engineCall("the schema", () => c.compileJSONSchema(key.slice(1), L.anyWhitespace, L.indent, L.separators, true));
           case "grammar":
             return await engineCall("the grammar", () => c.compileGrammar(spec.grammar, "root"));
-          case "structural-tag":
-            return await engineCall("the tool-call format", () => c.compileStructuralTag(key.slice(1)));
+          case "structural-tag": {
+            const tag = await this.withLayout(spec.tag);
+            return await engineCall("the tool-call format", () => c.compileStructuralTag(JSON.stringify(tag)));
+          }
         }
       } catch (e) {
         this.cache.delete(key);
@@ -89,11 +110,28 @@ export class GrammarSet {
     return p;
   }
 
+  /** The tag with each JSON Schema in it as a grammar in JSON_LAYOUT (structural tags take no layout,
+   * and their default lets a small model write whitespace without end). */
+  private async withLayout(tag: unknown): Promise<unknown> {
+    if (Array.isArray(tag)) return Promise.all(tag.map((t) => this.withLayout(t)));
+    if (typeof tag !== "object" || tag === null) return tag;
+    const o = tag as Record<string, unknown>;
+    if (o.type === "json_schema" && "json_schema" in o) {
+      const schema = checkSchema(o.json_schema);
+      const L = JSON_LAYOUT;
+      const grammar = await engineCall("the schema", () => this.xg.Testings._jsonSchemaToEBNF(schema, L.anyWhitespace, L.indent, L.separators, true));
+      return { type: "grammar", grammar };
+    }
+    const out: Record<string, unknown> = {};
+    for (const [k, v] of Object.entries(o)) out[k] = await this.withLayout(v);
+    return out;
+  }
+
   /** A fresh matcher for one generation. */
   async constraint(spec: ConstraintSpec): Promise<GrammarConstraint> {
     const g = await this.compile(spec);
     const m = await engineCall("the matcher", () => this.xg.GrammarMatcher.createGrammarMatcher(g));
-    return new GrammarConstraint(m, this.vocabSize);
+    return new GrammarConstraint(m, this.vocabSize, this.closeRank);
   }
 }
 
@@ -104,7 +142,7 @@ export class GrammarConstraint implements TokenConstraint {
   steps = 0;
   private disposed = false;
 
-  constructor(private readonly matcher: XG.GrammarMatcher, readonly vocabSize: number) {}
+  constructor(private readonly matcher: XG.GrammarMatcher, readonly vocabSize: number, readonly closeRank: Uint8Array) {}
 
   async nextMask(): Promise<Int32Array> {
     const t = performance.now();
