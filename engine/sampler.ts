@@ -8,8 +8,8 @@ export interface TokenConstraint {
   nextMask(): Promise<Int32Array>;
   /** The token chosen; false when the constraint refuses it. */
   accept(id: number): boolean;
-  /** Per token, how directly it ends the value (lower: more directly), for closeAfter. */
-  readonly closeRank?: Uint8Array;
+  /** The token (finite logit) that most quickly ends the output, for a reply near its budget. */
+  pickClosing?(logits: Float32Array): number;
 }
 
 export interface SamplerOptions {
@@ -31,8 +31,8 @@ export interface SamplerOptions {
   readonly seed?: number;
   /** Only tokens this allows are drawn (structured output). */
   readonly constraint?: TokenConstraint;
-  /** After this many constrained tokens, take the quickest way to close the value (the allowed token
-   * that most directly ends it, the likeliest among those), so that it ends within its budget. */
+  /** After this many constrained tokens, let the constraint steer to the quickest end (pickClosing), so
+   * that the value ends within its budget. */
   readonly closeAfter?: number;
 }
 
@@ -79,22 +79,6 @@ export function argmax(logits: ArrayLike<number>): number {
     if (logits[i] > bestV) {
       bestV = logits[i];
       best = i;
-    }
-  }
-  return best;
-}
-
-/** The allowed token (finite logit) of the lowest close rank, the likeliest among those. */
-function closing(logits: Float32Array, rank: Uint8Array): number {
-  let best = -1, bestRank = 256, bestV = -Infinity;
-  for (let i = 0; i < logits.length; i++) {
-    const v = logits[i];
-    if (v === -Infinity) continue;
-    const r = i < rank.length ? rank[i] : 255;
-    if (r < bestRank || (r === bestRank && v > bestV)) {
-      best = i;
-      bestRank = r;
-      bestV = v;
     }
   }
   return best;
@@ -157,7 +141,7 @@ export class Sampler {
       else allowed++;
     }
     if (allowed === 0) throw new SamplerError("the constraint allows no token here");
-    const id = ++this.steps > this.closeAfter && c.closeRank ? closing(logits, c.closeRank) : this.sample(logits, history);
+    const id = ++this.steps > this.closeAfter && c.pickClosing ? c.pickClosing(logits) : this.sample(logits, history);
     if (!c.accept(id)) throw new SamplerError(`the constraint refused token ${id}, which its own mask allowed`);
     return id;
   }
