@@ -52,10 +52,11 @@ export const FORMATS: Readonly<Record<FormatName, CallFormat>> = {
     name: "llama3", trigger: "{\"name\": ", begin: (fn) => `{"name": ${JSON.stringify(fn)}, "parameters": `, end: "}",
     separator: "", parallel: false, newId: openAiId,
   },
-  // Mistral Nemo and later: [TOOL_CALLS][{"name": ..., "arguments": {...}}]; its templates want 9-character ids.
+  // Mistral Nemo and later: [TOOL_CALLS][{"name": ..., "arguments": {...}}], one call per reply here;
+  // its templates want 9-character ids.
   mistral: {
     name: "mistral", trigger: "[TOOL_CALLS]", begin: (fn) => `[TOOL_CALLS][{"name": ${JSON.stringify(fn)}, "arguments": `, end: "}]",
-    separator: "", parallel: true, newId: () => alnum(9),
+    separator: "", parallel: false, newId: () => alnum(9),
   },
   // Templates with no tool support: {"tool_call": {"name": ..., "arguments": {...}}} per line, or {"response": "..."}.
   generic: {
@@ -83,13 +84,16 @@ export function toolGrammar(f: CallFormat, tools: readonly ToolDef[], choice: To
   const chosen = typeof choice === "object" ? tools.filter((t) => t.name === choice.name) : tools;
   const tags = chosen.map((t) => ({ type: "tag", begin: f.begin(t.name), content: { type: "json_schema", json_schema: t.parameters }, end: f.end }));
   const stopAfterFirst = !(parallel && f.parallel);
-  const calls = { type: "tags_with_separator", tags, separator: f.separator, at_least_one: true, stop_after_first: stopAfterFirst };
+  // One call: any one of the tags (XGrammar takes no empty separator).
+  const calls = stopAfterFirst
+    ? { type: "or", elements: tags }
+    : { type: "tags_with_separator", tags, separator: f.separator, at_least_one: true, stop_after_first: false };
   if (choice !== "auto") return { type: "structural_tag", format: calls };
   if (f.name === "generic") {
     // The reply is JSON from the first token: calls, or {"response": "..."} (XGrammar takes no "or"
     // around tags_with_separator, so the text reply is one more tag among the calls).
     const text = { type: "tag", begin: GENERIC_RESPONSE_BEGIN, content: { type: "json_schema", json_schema: { type: "string" } }, end: "}" };
-    return { type: "structural_tag", format: { ...calls, tags: [...tags, text] } };
+    return { type: "structural_tag", format: { type: "tags_with_separator", tags: [...tags, text], separator: f.separator, at_least_one: true, stop_after_first: stopAfterFirst } };
   }
   return { type: "structural_tag", format: { type: "triggered_tags", triggers: [f.trigger], tags, at_least_one: false, stop_after_first: stopAfterFirst } };
 }

@@ -54,8 +54,9 @@ export class ToolCallParser {
       content = unwrapGeneric(content);
       if (content) events.push({ kind: "content", text: content });
     }
-    if (this.calls.length > 0 && content !== null && content.trim() === "") content = null;
-    return { events, content: content === "" && this.calls.length > 0 ? null : content };
+    // Beside calls, the whitespace between them is no content.
+    if (this.calls.length > 0) content = content.trim() || null;
+    return { events, content };
   }
 
   private addContent(text: string, out: ReplyEvent[]): void {
