@@ -220,6 +220,7 @@ export class GrammarConstraint implements TokenConstraint {
   private pending = 0;
   /** First bytes pickClosing chose, and how often. */
   private readonly tried = new Map<number, number>();
+  private lastFirst: number | undefined;
 
   constructor(private readonly matcher: XG.GrammarMatcher, readonly vocabSize: number, private readonly vocab: Vocab, private readonly json: boolean) {}
 
@@ -252,8 +253,9 @@ export class GrammarConstraint implements TokenConstraint {
    * The allowed token that most quickly ends a JSON value: an end token; in a string its closing
    * quote; else a closing bracket, or a quote (that opens a string the next quote closes); the
    * shortest such. Failing those (a string whose format or length wants more; a number; text the
-   * grammar forces), punctuation before letters and digits (the "," after a number, the "@" of an
-   * email, the "." of a version), the first byte tried least so far among them.
+   * grammar forces), not the byte just chosen, punctuation before letters and digits (the "," after
+   * a number, the "@" of an email, the "." of a version), the first byte tried least since the last
+   * quote or bracket: no byte repeats while another could end the part.
    */
   pickClosing(logits: Float32Array): number {
     const { pieces, stops } = this.vocab;
@@ -265,18 +267,25 @@ export class GrammarConstraint implements TokenConstraint {
       let cls: number;
       if (this.inString) cls = first === QUOTE ? 0 : 2;
       else cls = first === CLOSE_BRACE || first === CLOSE_BRACKET ? 0 : first === QUOTE ? 1 : 2;
-      // cls, then (for cls 2) punctuation first and the first byte tried least, then the shortest, then
-      // the likeliest.
-      const tried = cls === 2 ? this.tried.get(first) ?? 0 : 0;
-      const alnum = cls === 2 && /[A-Za-z0-9]/.test(String.fromCharCode(first)) ? 1 : 0;
-      const key = (((cls * 2 + alnum) * 512 + Math.min(tried, 511)) * 64 + Math.min(p.length, 63)) - logits[id] * 1e-9;
+      // cls; for cls 2 not the byte just chosen, punctuation first, the byte tried least; then the
+      // shortest; then the likeliest.
+      let sub = 0;
+      if (cls === 2) {
+        const again = first === this.lastFirst ? 1 : 0;
+        const alnum = /[A-Za-z0-9]/.test(String.fromCharCode(first)) ? 1 : 0;
+        sub = (again * 2 + alnum) * 512 + Math.min(this.tried.get(first) ?? 0, 511);
+      }
+      const key = (cls * 2048 + sub) * 64 + Math.min(p.length, 63) - logits[id] * 1e-9;
       if (key < bestKey) {
         bestKey = key;
         best = id;
       }
     }
     const first = pieces[best]?.[0];
-    if (first !== undefined) this.tried.set(first, (this.tried.get(first) ?? 0) + 1);
+    // A quote or bracket ends a part (a string, a value): the next part starts with nothing tried.
+    if (bestKey < 2 * 2048 * 64 - 1) this.tried.clear();
+    else if (first !== undefined) this.tried.set(first, (this.tried.get(first) ?? 0) + 1);
+    this.lastFirst = first;
     return best;
   }
 
