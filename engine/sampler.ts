@@ -4,8 +4,8 @@
 
 /** Which tokens may come next (structured output); the sampler masks the rest out. */
 export interface TokenConstraint {
-  /** Bit (id & 31) of word (id >> 5) is set for each allowed token. */
-  nextMask(): Promise<Int32Array>;
+  /** Sets the logits of the tokens it forbids next to -Infinity; returns how many are allowed. */
+  mask(logits: Float32Array): Promise<number>;
   /** The token chosen; false when the constraint refuses it. */
   accept(id: number): boolean;
   /** The token (finite logit) that most quickly ends the output, for a reply near its budget. */
@@ -134,13 +134,7 @@ export class Sampler {
   async next(logits: Float32Array, history: ArrayLike<number> = []): Promise<number> {
     const c = this.constraint;
     if (!c) return this.sample(logits, history);
-    const mask = await c.nextMask();
-    let allowed = 0;
-    for (let i = 0; i < logits.length; i++) {
-      if (((mask[i >> 5] >>> (i & 31)) & 1) === 0) logits[i] = -Infinity;
-      else allowed++;
-    }
-    if (allowed === 0) throw new SamplerError("the constraint allows no token here");
+    if ((await c.mask(logits)) === 0) throw new SamplerError("the constraint allows no token here");
     const id = ++this.steps > this.closeAfter && c.pickClosing ? c.pickClosing(logits) : this.sample(logits, history);
     if (!c.accept(id)) throw new SamplerError(`the constraint refused token ${id}, which its own mask allowed`);
     return id;

@@ -224,13 +224,33 @@ export class GrammarConstraint implements TokenConstraint {
 
   constructor(private readonly matcher: XG.GrammarMatcher, readonly vocabSize: number, private readonly vocab: Vocab, private readonly json: boolean) {}
 
+  /** Masks the logits (Sampler's TokenConstraint); the time counts in ms. */
+  async mask(logits: Float32Array): Promise<number> {
+    const t = performance.now();
+    const mask = await this.allowed();
+    let allowed = 0;
+    for (let i = 0; i < logits.length; i++) {
+      if (((mask[i >> 5] >>> (i & 31)) & 1) === 0) logits[i] = -Infinity;
+      else allowed++;
+    }
+    this.ms += performance.now() - t;
+    this.steps++;
+    return allowed;
+  }
+
+  /** Bit (id & 31) of word (id >> 5) is set for each allowed token (timed as mask()). */
   async nextMask(): Promise<Int32Array> {
     const t = performance.now();
+    const mask = await this.allowed();
+    this.ms += performance.now() - t;
+    this.steps++;
+    return mask;
+  }
+
+  private async allowed(): Promise<Int32Array> {
     const mask = await this.matcher.getNextTokenBitmask();
     const valid = (this.json ? this.vocab.utf8Json : this.vocab.utf8)[this.pending];
     for (let w = 0; w < mask.length; w++) mask[w] &= valid[w] ?? 0;
-    this.ms += performance.now() - t;
-    this.steps++;
     return mask;
   }
 
@@ -255,7 +275,7 @@ export class GrammarConstraint implements TokenConstraint {
    * shortest such. Failing those (a string whose format or length wants more; a number; text the
    * grammar forces), not the byte just chosen, punctuation before letters and digits (the "," after
    * a number, the "@" of an email, the "." of a version), the first byte tried least since the last
-   * quote or bracket: no byte repeats while another could end the part.
+   * quote or bracket (no byte repeats while another could end the part), the longest.
    */
   pickClosing(logits: Float32Array): number {
     const { pieces, stops } = this.vocab;
@@ -267,15 +287,17 @@ export class GrammarConstraint implements TokenConstraint {
       let cls: number;
       if (this.inString) cls = first === QUOTE ? 0 : 2;
       else cls = first === CLOSE_BRACE || first === CLOSE_BRACKET ? 0 : first === QUOTE ? 1 : 2;
-      // cls; for cls 2 not the byte just chosen, punctuation first, the byte tried least; then the
-      // shortest; then the likeliest.
-      let sub = 0;
+      // cls; for cls 2 not the byte just chosen, punctuation first, the byte tried least, the longest
+      // (text the grammar forces goes by in fewer tokens); for the others the shortest (no ", " that
+      // opens more); then the likeliest.
+      let sub = 0, len = Math.min(p.length, 63);
       if (cls === 2) {
         const again = first === this.lastFirst ? 1 : 0;
         const alnum = /[A-Za-z0-9]/.test(String.fromCharCode(first)) ? 1 : 0;
         sub = (again * 2 + alnum) * 512 + Math.min(this.tried.get(first) ?? 0, 511);
+        len = 63 - len;
       }
-      const key = (cls * 2048 + sub) * 64 + Math.min(p.length, 63) - logits[id] * 1e-9;
+      const key = (cls * 2048 + sub) * 64 + len - logits[id] * 1e-9;
       if (key < bestKey) {
         bestKey = key;
         best = id;

@@ -12,6 +12,7 @@ import { ChatOpenAI } from "@langchain/openai";
 import { z } from "zod";
 import { killAll } from "../ring/cluster.js";
 import { CORPUS, schemaErrors } from "../grammar/validate.js";
+import { PLACEMENT_SHAPE, testModel } from "../profiler/models.js";
 import { joinWorker, startServe, until, type Served } from "./serve-harness.js";
 
 afterAll(() => killAll());
@@ -276,4 +277,30 @@ describe("serve with two workers: the head constrains the ring's output", () => 
     const state = (await (await fetch(`${s.url}/api/state`)).json()) as { devices: unknown[] };
     expect(state.devices.length).toBe(3);
   });
+});
+
+describe("failover during a constrained streamed request (12 layers of 1024, Q8_0, two workers)", () => {
+  it("a worker killed at the 10th chunk: the JSON goes on and equals the uninterrupted answer", async () => {
+    const model = await testModel(PLACEMENT_SHAPE, "Q8_0");
+    const s = await startServe(["--ctx", "512", "--min-workers", "2", "--layer-windows", "alpha=4,bravo=4,head=4"], { model, waitReady: false });
+    try {
+      joinWorker(s.clusterPort, "alpha", model);
+      const bravo = joinWorker(s.clusterPort, "bravo", model);
+      await until<{ plan: { ringOrder: string[] } | null }>(`${s.url}/api/state`, (_, b) => (b.plan?.ringOrder.length ?? 0) === 3, 60_000);
+      const body = { messages: ask, temperature: 0, max_tokens: 300, response_format: { type: "json_schema" as const, json_schema: { name: "person", schema: PERSON } } };
+      const whole = (await s.client.chat.completions.create(body)).choices[0].message.content ?? "";
+      expect(schemaErrors(PERSON, JSON.parse(whole)), whole).toBe("");
+      let text = "", n = 0;
+      for await (const c of await s.client.chat.completions.create({ ...body, stream: true })) {
+        text += c.choices[0]?.delta?.content ?? "";
+        if (++n === 10) bravo.child.kill("SIGKILL");
+      }
+      await s.proc.waitFor(/device w\d "bravo" .*lost/, 5000);
+      expect(text, s.proc.stderr.slice(-3000)).toBe(whole);
+      // The stream went on after the loss (a token came after it: a recovery counted).
+      expect(await (await fetch(`${s.url}/metrics`)).text()).toMatch(/prima_recovery_seconds_count [1-9]/);
+    } finally {
+      s.proc.child.kill("SIGKILL");
+    }
+  }, 180_000);
 });
