@@ -14,6 +14,9 @@ import {
 } from "./openai.js";
 import { ConversationTokens, type PromptRenderer } from "./prompt.js";
 import { RequestGuard, type GuardOptions } from "./http-guard.js";
+import { Constraints, planStructured, type StructuredPlan } from "./structured.js";
+import { closingStart, type GrammarConstraint } from "../grammar/index.js";
+import type { ReplyEvent } from "../tools/index.js";
 
 export interface ApiServerOptions extends GuardOptions {
   readonly cluster: Cluster;
@@ -83,10 +86,12 @@ export class ApiServer {
   readonly outcomes: RequestOutcomes = newRequestOutcomes();
   /** Generation requests that reached the queue, numbering them in their order there (FIFO). */
   private received = 0;
+  private readonly constraints: Constraints;
 
   constructor(private readonly o: ApiServerOptions) {
     this.conversations = new ConversationTokens(o.prompts);
     this.guard = new RequestGuard(o);
+    this.constraints = new Constraints(o.tok);
     this.server = createServer((req, res) => {
       this.handle(req, res).catch((e: unknown) => {
         o.log(`internal error on ${req.method} ${safePath(req.url)}: ${(e as Error).message}`);
@@ -173,7 +178,7 @@ export class ApiServer {
         return;
       case "GET /metrics":
         res.writeHead(200, { "Content-Type": "text/plain; version=0.0.4; charset=utf-8" });
-        res.end(formatMetrics(this.o.cluster.state(), this.outcomes, this.o.cluster.counters));
+        res.end(formatMetrics(this.o.cluster.state(), this.outcomes, this.o.cluster.counters, this.constraints));
         return;
       case "GET /api/state":
         sendJson(res, 200, this.o.cluster.state(), { "Cache-Control": "no-store" });
@@ -253,6 +258,8 @@ export class ApiServer {
         "invalid_request_error", "unsupported_media_type"));
       return;
     }
+    let plan: StructuredPlan;
+    let constraint: GrammarConstraint | undefined;
     const health = this.healthy();
     if (!health.ok) {
       req.resume();
@@ -272,8 +279,10 @@ export class ApiServer {
       if (parsed.model !== undefined && parsed.model !== this.o.modelId && !this.o.modelAliases.includes(parsed.model)) {
         throw new ApiError(404, `the model "${parsed.model}" does not exist here; this server runs "${this.o.modelId}" (GET /v1/models)`, "invalid_request_error", "model_not_found", "model");
       }
+      const template = kind === "chat" && parsed.tools ? this.o.prompts.chat : undefined;
+      plan = planStructured(parsed, template?.source, template?.isFallback ?? false);
       try {
-        promptText = kind === "chat" ? this.o.prompts.chatText(parsed.messages!) : parsed.prompt!;
+        promptText = kind === "chat" ? this.o.prompts.chatText(plan.messages, plan.templateTools) : parsed.prompt!;
         ids = this.conversations.ids(scope, promptText).ids;
       } catch (e) {
         throw new ApiError(400, `the prompt could not be rendered: ${(e as Error).message}`, "invalid_request_error", "invalid_prompt");
@@ -283,6 +292,7 @@ export class ApiServer {
       if (ids.length >= ctx) {
         throw new ApiError(400, `the prompt has ${ids.length} tokens; the context holds ${ctx}, and at least one must be left to generate`, "invalid_request_error", "context_length_exceeded", kind === "chat" ? "messages" : "prompt");
       }
+      if (plan.spec) constraint = await this.constraints.start(plan.spec);
     } catch (e) {
       this.outcomes.invalid++;
       if (e instanceof ApiError) {
@@ -291,10 +301,15 @@ export class ApiServer {
       }
       throw e;
     }
-    await this.generate(req, res, parsed, promptText, ids, scope);
+    try {
+      await this.generate(req, res, parsed, promptText, ids, scope, plan, constraint);
+    } finally {
+      if (constraint) this.constraints.done(constraint);
+    }
   }
 
-  private async generate(req: IncomingMessage, res: ServerResponse, p: ParsedRequest, promptText: string, ids: Int32Array, cacheScope: string): Promise<void> {
+  private async generate(req: IncomingMessage, res: ServerResponse, p: ParsedRequest, promptText: string, ids: Int32Array, cacheScope: string,
+    plan: StructuredPlan, constraint?: GrammarConstraint): Promise<void> {
     const { cluster, tok } = this.o;
     const shaper = new ResponseShaper(p.kind, this.o.modelId, randomUUID().replace(/-/g, "").slice(0, 24));
     const abort = new AbortController();
@@ -306,13 +321,23 @@ export class ApiServer {
     const stops = new StopMatcher(p.stop);
     let text = "";
     let first = true;
+    const parser = plan.parser();
+    const write = (chunk: unknown) => {
+      res.write(`data: ${JSON.stringify(chunk)}\n\n`);
+      first = false;
+    };
+    const send = (events: ReplyEvent[]) => {
+      if (!p.stream) return;
+      for (const e of events) {
+        if (e.kind === "content") write(shaper.chunk(e.text, null, first));
+        else write(shaper.toolChunk(e.index, e.kind === "call" ? e : { arguments: e.text }, first));
+      }
+    };
     const emit = (t: string) => {
       if (!t) return;
       text += t;
-      if (p.stream) {
-        res.write(`data: ${JSON.stringify(shaper.chunk(t, null, first))}\n\n`);
-        first = false;
-      }
+      if (parser) send(parser.push(t));
+      else if (p.stream) write(shaper.chunk(t, null, first));
     };
     const room = cluster.o.ctx - ids.length;
     const maxTokens = Math.min(p.maxTokens ?? room, room);
@@ -321,7 +346,8 @@ export class ApiServer {
     const startedAt = performance.now();
     try {
       const out = await cluster.generate({
-        kind: p.kind, prompt: ids, maxTokens, sampler: new Sampler(p.sampler), isEnd: (id) => tok.isEog(id), signal: abort.signal, cacheScope,
+        kind: p.kind, prompt: ids, maxTokens, sampler: new Sampler({ ...p.sampler, constraint, closeAfter: closingStart(maxTokens) }), isEnd: (id) => tok.isEog(id),
+        signal: abort.signal, cacheScope,
         onStart: () => {
           if (p.stream) res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store", Connection: "keep-alive" });
         },
@@ -340,21 +366,26 @@ export class ApiServer {
         res.end();
         return;
       }
-      const finish: FinishReason = r.stopReason === "end" || stops.stopped ? "stop" : "length";
+      const reply = parser?.finish();
+      if (reply) send(reply.events);
+      const calls = parser?.calls ?? [];
+      const ended = r.stopReason === "end" || stops.stopped;
+      const finish: FinishReason = ended ? (calls.length > 0 ? "tool_calls" : "stop") : "length";
       // The client's next turn continues this one's text: keep its tokens as generated (a reply cut by
-      // a stop string no longer stands for its tokens).
-      if (stops.stopped) this.conversations.forget(cacheScope);
+      // a stop string, or one that called tools, no longer stands for its tokens as text).
+      if (stops.stopped || calls.length > 0) this.conversations.forget(cacheScope);
       else this.conversations.remember(cacheScope, promptText, ids, text, r.ids);
       const u = usage(ids.length, r.ids.length, out.cachedTokens);
       this.outcomes.ok++;
-      const speed = out.meanDecodeMs > 0 ? `, ${(1000 / out.meanDecodeMs).toFixed(1)} tok/s` : "";
+      const speed = (out.meanDecodeMs > 0 ? `, ${(1000 / out.meanDecodeMs).toFixed(1)} tok/s` : "") +
+        (constraint && constraint.steps > 0 ? `, the constraint ${(constraint.ms / constraint.steps).toFixed(2)} ms/token` : "");
       this.o.log(`${tag}: ${ids.length} prompt tokens (${out.cachedTokens} cached) + ${r.ids.length} generated (${finish}) in ${Math.round(performance.now() - startedAt)} ms, ${Math.round(out.queueMs)} of them queued${speed}`);
       if (p.stream) {
         if (first && p.kind === "chat") res.write(`data: ${JSON.stringify(shaper.chunk("", null, true))}\n\n`);
         res.write(`data: ${JSON.stringify(shaper.chunk(null, finish))}\n\n`);
         if (p.includeUsage) res.write(`data: ${JSON.stringify(shaper.usageChunk(u))}\n\n`);
         res.end("data: [DONE]\n\n");
-      } else sendJson(res, 200, shaper.full(text, finish, u));
+      } else sendJson(res, 200, shaper.full(reply ? reply.content : text, finish, u, calls));
     } catch (e) {
       done = true;
       if (e instanceof QueueFullError) {

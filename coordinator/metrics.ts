@@ -28,7 +28,13 @@ export interface ClusterCounters {
   readonly recoveryMsLast: number;
 }
 
-export function formatMetrics(s: ClusterState, outcomes: RequestOutcomes, k: ClusterCounters): string {
+/** What constrained decoding (structured output, tools) cost: masks and accepts, and the tokens. */
+export interface ConstraintCounters {
+  readonly ms: number;
+  readonly tokens: number;
+}
+
+export function formatMetrics(s: ClusterState, outcomes: RequestOutcomes, k: ClusterCounters, c: ConstraintCounters = { ms: 0, tokens: 0 }): string {
   const out: string[] = [];
   const metric = (name: string, type: string, help: string, samples: [string, number][]) => {
     out.push(`# HELP ${name} ${help}`, `# TYPE ${name} ${type}`);
@@ -45,6 +51,8 @@ export function formatMetrics(s: ClusterState, outcomes: RequestOutcomes, k: Clu
   ]);
   metric("prima_decode_seconds_total", "counter", "Time spent in decode steps (one token each) at the server.", [["", k.decodeMsSum / 1000]]);
   metric("prima_decode_steps_total", "counter", "Decode steps (one token each).", [["", k.decodeSteps]]);
+  metric("prima_constraint_seconds_total", "counter", "Time the grammar constraint (structured output, tools) added to sampling.", [["", c.ms / 1000]]);
+  metric("prima_constrained_tokens_total", "counter", "Tokens sampled under a grammar constraint.", [["", c.tokens]]);
   metric("prima_devices_lost_total", "counter", "Devices lost (exit, crash, hang, network).", [["", k.lost]]);
   metric("prima_replans_total", "counter", "Times layers were placed again (devices joined or left, or a request recovered).", [["", k.replans]]);
   metric("prima_recovery_seconds", "summary", "Pause of a request's stream from a lost device to its next token.", [

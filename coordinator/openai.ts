@@ -4,6 +4,8 @@
 // stop strings found across token boundaries.
 import type { ChatMessage } from "../model/index.js";
 import { Sampler, SamplerError, type SamplerOptions } from "../engine/index.js";
+import { SchemaError, checkSchema } from "../grammar/index.js";
+import type { ToolCall, ToolChoice, ToolDef } from "../tools/index.js";
 
 export class ApiError extends Error {
   override name = "ApiError";
@@ -33,9 +35,17 @@ export interface ParsedRequest {
   readonly stream: boolean;
   readonly includeUsage: boolean;
   readonly model?: string;
+  /** response_format: JSON mode or a JSON Schema (its schema already checked). */
+  readonly responseFormat?: { readonly kind: "json-object" } | { readonly kind: "json-schema"; readonly name: string; readonly schema: unknown };
+  /** Chat only: the functions the model may call, and how. */
+  readonly tools?: readonly ToolDef[];
+  readonly toolChoice?: ToolChoice;
+  readonly parallelToolCalls?: boolean;
 }
 
 const MAX_STOP = 16;
+const MAX_TOOLS = 128;
+const FUNCTION_NAME = /^[a-zA-Z0-9_.-]{1,64}$/;
 const ROLES = new Set(["system", "developer", "user", "assistant", "tool"]);
 
 type Json = Record<string, unknown>;
@@ -69,19 +79,76 @@ function optBool(b: Json, key: string): boolean | undefined {
 function refuseUnsupported(b: Json): void {
   const n = b.n;
   if (n !== undefined && n !== null && n !== 1) throw new ApiError(400, "n: only one choice per request is supported (n = 1)", "invalid_request_error", "unsupported_value", "n");
-  for (const key of ["tools", "functions"]) {
-    const v = b[key];
-    if (v !== undefined && v !== null && !(Array.isArray(v) && v.length === 0)) {
-      throw new ApiError(400, `${key}: tool and function calling are not supported yet`, "invalid_request_error", "unsupported_parameter", key);
-    }
+  const f = b.functions;
+  if (f !== undefined && f !== null && !(Array.isArray(f) && f.length === 0)) {
+    throw new ApiError(400, "functions: the deprecated functions field is not supported; use tools", "invalid_request_error", "unsupported_parameter", "functions");
   }
   if (b.logprobs === true || (b.logprobs !== undefined && b.logprobs !== null && typeof b.logprobs === "number")) {
     throw new ApiError(400, "logprobs: log probabilities are not supported yet", "invalid_request_error", "unsupported_parameter", "logprobs");
   }
-  const rf = b.response_format as Json | undefined;
-  if (rf !== undefined && rf !== null && (typeof rf !== "object" || rf.type !== "text")) {
-    throw new ApiError(400, "response_format: only {\"type\": \"text\"} is supported (no JSON mode yet)", "invalid_request_error", "unsupported_parameter", "response_format");
+}
+
+/** A schema refused by name: a 400 whose param is where it came from. */
+function schemaRefused(param: string, e: unknown): never {
+  if (e instanceof SchemaError) throw new ApiError(400, `${param}: ${e.message}`, "invalid_request_error", "unsupported_schema", param);
+  throw e;
+}
+
+function parseResponseFormat(b: Json): ParsedRequest["responseFormat"] {
+  const rf = b.response_format;
+  if (rf === undefined || rf === null) return undefined;
+  if (typeof rf !== "object" || Array.isArray(rf)) throw bad("response_format", "must be an object with a type");
+  const r = rf as Json;
+  if (r.type === "text") return undefined;
+  if (r.type === "json_object") return { kind: "json-object" };
+  if (r.type !== "json_schema") throw bad("response_format.type", "must be \"text\", \"json_object\" or \"json_schema\"");
+  const js = r.json_schema as Json | undefined;
+  if (typeof js !== "object" || js === null || Array.isArray(js)) throw bad("response_format.json_schema", "must be an object with name and schema");
+  if (js.name !== undefined && typeof js.name !== "string") throw bad("response_format.json_schema.name", "must be a string");
+  const schema = js.schema ?? {};
+  try {
+    checkSchema(schema);
+  } catch (e) {
+    schemaRefused("response_format.json_schema.schema", e);
   }
+  return { kind: "json-schema", name: (js.name as string | undefined) ?? "response", schema };
+}
+
+function parseTools(b: Json): Pick<ParsedRequest, "tools" | "toolChoice" | "parallelToolCalls"> {
+  const raw = b.tools;
+  const choiceRaw = b.tool_choice;
+  if (raw === undefined || raw === null || (Array.isArray(raw) && raw.length === 0)) {
+    if (choiceRaw !== undefined && choiceRaw !== null && choiceRaw !== "none" && choiceRaw !== "auto") throw bad("tool_choice", "needs tools");
+    return {};
+  }
+  if (!Array.isArray(raw)) throw bad("tools", "must be an array of {type: \"function\", function: {name, parameters}}");
+  if (raw.length > MAX_TOOLS) throw bad("tools", `at most ${MAX_TOOLS} tools`);
+  const tools = raw.map((t, i): ToolDef => {
+    const tool = t as Json;
+    if (typeof tool !== "object" || tool === null || tool.type !== "function") throw bad(`tools[${i}]`, "must be {type: \"function\", function: {...}}");
+    const fn = tool.function as Json;
+    if (typeof fn !== "object" || fn === null) throw bad(`tools[${i}].function`, "must be an object");
+    if (typeof fn.name !== "string" || !FUNCTION_NAME.test(fn.name)) throw bad(`tools[${i}].function.name`, "must be 1 to 64 letters, digits, _ . or -");
+    if (fn.description !== undefined && fn.description !== null && typeof fn.description !== "string") throw bad(`tools[${i}].function.description`, "must be a string");
+    const parameters = fn.parameters ?? { type: "object", properties: {} };
+    try {
+      checkSchema(parameters);
+    } catch (e) {
+      schemaRefused(`tools[${i}].function.parameters`, e);
+    }
+    return { name: fn.name, description: (fn.description as string | undefined) ?? undefined, parameters };
+  });
+  const names = new Set(tools.map((t) => t.name));
+  if (names.size !== tools.length) throw bad("tools", "function names must be distinct");
+  let toolChoice: ToolChoice = "auto";
+  if (choiceRaw === "none" || choiceRaw === "auto" || choiceRaw === "required") toolChoice = choiceRaw;
+  else if (typeof choiceRaw === "object" && choiceRaw !== null) {
+    const name = ((choiceRaw as Json).function as Json | undefined)?.name;
+    if ((choiceRaw as Json).type !== "function" || typeof name !== "string") throw bad("tool_choice", "must be \"none\", \"auto\", \"required\" or {type: \"function\", function: {name}}");
+    if (!names.has(name)) throw bad("tool_choice", `names a function that is not in tools: ${JSON.stringify(name).slice(0, 80)}`);
+    toolChoice = { name };
+  } else if (choiceRaw !== undefined && choiceRaw !== null) throw bad("tool_choice", "must be \"none\", \"auto\", \"required\" or {type: \"function\", function: {name}}");
+  return { tools, toolChoice, parallelToolCalls: optBool(b, "parallel_tool_calls") ?? true };
 }
 
 function common(b: Json, kind: "chat" | "completion"): Omit<ParsedRequest, "messages" | "prompt"> {
@@ -121,6 +188,7 @@ function common(b: Json, kind: "chat" | "completion"): Omit<ParsedRequest, "mess
     kind, maxTokens, sampler, stop, stream: optBool(b, "stream") ?? false,
     includeUsage: streamOptions ? optBool(streamOptions as Json, "include_usage") ?? false : false,
     model: b.model as string | undefined,
+    responseFormat: parseResponseFormat(b),
   };
 }
 
@@ -128,6 +196,7 @@ function common(b: Json, kind: "chat" | "completion"): Omit<ParsedRequest, "mess
 const SAMPLING_PARAMS: Readonly<Record<keyof SamplerOptions, string>> = {
   temperature: "temperature", topP: "top_p", topK: "top_k", minP: "min_p", seed: "seed", frequencyPenalty: "frequency_penalty",
   presencePenalty: "presence_penalty", repeatPenalty: "repetition_penalty", repeatLastN: "repeat_last_n",
+  constraint: "response_format", closeAfter: "max_tokens",
 };
 
 /** The sampler's own ranges (engine/sampler.ts, one rule for the CLI and the API), as a 400 naming the
@@ -171,9 +240,38 @@ export function parseChatRequest(body: unknown): ParsedRequest {
     const msg = raw as Json;
     if (typeof msg !== "object" || msg === null) throw bad(`messages[${i}]`, "must be an object");
     if (typeof msg.role !== "string" || !ROLES.has(msg.role)) throw bad(`messages[${i}].role`, `must be one of ${[...ROLES].join(", ")}`);
-    return { role: msg.role, content: contentText(msg.content, i) };
+    const out: ChatMessage & { tool_calls?: unknown; tool_call_id?: string; name?: string } = { role: msg.role, content: contentText(msg.content, i) };
+    if (msg.role === "assistant" && msg.tool_calls !== undefined && msg.tool_calls !== null) out.tool_calls = messageToolCalls(msg.tool_calls, i);
+    if (msg.role === "tool") {
+      if (msg.tool_call_id !== undefined && typeof msg.tool_call_id !== "string") throw bad(`messages[${i}].tool_call_id`, "must be a string");
+      if (typeof msg.tool_call_id === "string") out.tool_call_id = msg.tool_call_id;
+    }
+    if (typeof msg.name === "string") out.name = msg.name;
+    return out;
   });
-  return { ...common(b, "chat"), messages };
+  const parsed = { ...common(b, "chat"), messages, ...parseTools(b) };
+  if (parsed.tools && parsed.toolChoice !== "none" && parsed.responseFormat) {
+    throw new ApiError(400, "response_format: cannot be combined with tools (use tool_choice \"none\", or leave one out)", "invalid_request_error", "unsupported_value", "response_format");
+  }
+  return parsed;
+}
+
+/** An assistant turn's earlier calls, as templates take them: arguments as an object when they parse. */
+function messageToolCalls(raw: unknown, i: number): unknown[] {
+  if (!Array.isArray(raw)) throw bad(`messages[${i}].tool_calls`, "must be an array");
+  return raw.map((c, j) => {
+    const call = c as Json;
+    const fn = (call?.function ?? {}) as Json;
+    if (typeof call !== "object" || call === null || typeof fn.name !== "string") throw bad(`messages[${i}].tool_calls[${j}]`, "must be {id, type: \"function\", function: {name, arguments}}");
+    if (fn.arguments !== undefined && typeof fn.arguments !== "string") throw bad(`messages[${i}].tool_calls[${j}].function.arguments`, "must be a JSON string");
+    let args: unknown = fn.arguments ?? "{}";
+    try {
+      args = JSON.parse(args as string);
+    } catch {
+      // kept as the string the client sent
+    }
+    return { id: typeof call.id === "string" ? call.id : undefined, type: "function", function: { name: fn.name, arguments: args } };
+  });
 }
 
 export function parseCompletionRequest(body: unknown): ParsedRequest {
@@ -189,7 +287,7 @@ export function parseCompletionRequest(body: unknown): ParsedRequest {
   return { ...common(b, "completion"), prompt };
 }
 
-export type FinishReason = "stop" | "length";
+export type FinishReason = "stop" | "length" | "tool_calls";
 
 export interface Usage {
   prompt_tokens: number;
@@ -215,9 +313,11 @@ export class ResponseShaper {
     return { id: this.id, object, created: this.created, model: this.model, system_fingerprint: "prima" };
   }
 
-  full(text: string, finish: FinishReason, u: Usage) {
+  full(text: string | null, finish: FinishReason, u: Usage, toolCalls: readonly ToolCall[] = []) {
+    const calls = toolCalls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } }));
+    const message = { role: "assistant", content: text, ...(calls.length ? { tool_calls: calls } : {}) };
     return this.kind === "chat"
-      ? { ...this.base("chat.completion"), choices: [{ index: 0, message: { role: "assistant", content: text }, logprobs: null, finish_reason: finish }], usage: u }
+      ? { ...this.base("chat.completion"), choices: [{ index: 0, message, logprobs: null, finish_reason: finish }], usage: u }
       : { ...this.base("text_completion"), choices: [{ index: 0, text, logprobs: null, finish_reason: finish }], usage: u };
   }
 
@@ -228,6 +328,13 @@ export class ResponseShaper {
       return { ...this.base("chat.completion.chunk"), choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }] };
     }
     return { ...this.base("text_completion"), choices: [{ index: 0, text: text ?? "", logprobs: null, finish_reason: finish }] };
+  }
+
+  /** A chat stream chunk with a tool call's start (id and name) or a piece of its arguments. */
+  toolChunk(index: number, call: { id: string; name: string } | { arguments: string }, first = false) {
+    const fn = "id" in call ? { index, id: call.id, type: "function", function: { name: call.name, arguments: "" } } : { index, function: { arguments: call.arguments } };
+    const delta = first ? { role: "assistant", content: null, tool_calls: [fn] } : { tool_calls: [fn] };
+    return { ...this.base("chat.completion.chunk"), choices: [{ index: 0, delta, logprobs: null, finish_reason: null }] };
   }
 
   usageChunk(u: Usage) {

@@ -25,13 +25,13 @@ export class PromptRenderer {
 
   /** Messages rendered with the template, ready to generate the assistant's reply. The rendered text
    * leaves out the BOS the tokenizer adds itself (as llama.cpp does). */
-  chatIds(messages: readonly ChatMessage[]): Int32Array {
-    return this.tok.encode(this.chatText(messages), { addSpecial: true, parseSpecial: true });
+  chatIds(messages: readonly ChatMessage[], tools?: readonly unknown[]): Int32Array {
+    return this.tok.encode(this.chatText(messages, tools), { addSpecial: true, parseSpecial: true });
   }
 
   /** The text chatIds tokenizes. */
-  chatText(messages: readonly ChatMessage[]): string {
-    return this.chat.render(messages, { addGenerationPrompt: true });
+  chatText(messages: readonly ChatMessage[], tools?: readonly unknown[]): string {
+    return this.chat.render(messages, { addGenerationPrompt: true, tools });
   }
 
   /** Text that continues a conversation's tokens: no BOS, special tokens parsed. */

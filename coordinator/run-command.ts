@@ -1,7 +1,9 @@
 // prima-coord run model.gguf -p "..." -n 128: one request through the cluster, streamed to the
 // terminal. With no workers the coordinator is a single-device engine; with --min-workers it waits for
 // prima-worker daemons and drives the ring. The same cluster object as `serve`, with one request.
+import { readFileSync } from "node:fs";
 import { Sampler } from "../engine/index.js";
+import { GrammarSet, closingStart, type ConstraintSpec, type GrammarConstraint } from "../grammar/index.js";
 import { Tokenizer, StreamingDecoder } from "../model/index.js";
 import { peakAnonTracker } from "../profiler/index.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, UsageError, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
@@ -19,6 +21,8 @@ ${ENGINE_HELP}
       --system TEXT        system message for --chat
       --json               print one JSON object instead of streaming text
       --no-special         do not parse special tokens in the prompt
+      --json-schema FILE   the output is JSON valid for this JSON Schema (constrained decoding)
+      --grammar FILE       the output follows this grammar (llama.cpp's GBNF, as XGrammar reads it)
   -i, --interactive        a multi-turn chat in the terminal (as prima-coord chat)
 
 ring (with workers):
@@ -35,6 +39,8 @@ export interface RunArgs extends ClusterArgs {
   readonly port: number;
   /** -i: a multi-turn chat instead of one prompt. */
   readonly interactive: boolean;
+  /** --json-schema / --grammar: what constrains the output. */
+  readonly constraint?: ConstraintSpec;
 }
 
 export { UsageError };
@@ -49,8 +55,27 @@ export function parseRunArgs(argv: string[]): RunArgs {
     "no-special": { type: "boolean" },
     port: { type: "string" },
     interactive: { type: "boolean", short: "i" },
+    "json-schema": { type: "string" },
+    grammar: { type: "string" },
   }, HELP, "run");
   const str = (k: string) => values[k] as string | undefined;
+  const file = (flag: string) => {
+    try {
+      return readFileSync(str(flag)!, "utf8");
+    } catch (e) {
+      throw new UsageError(`--${flag}: ${(e as Error).message}`);
+    }
+  };
+  let constraint: ConstraintSpec | undefined;
+  if (str("json-schema") !== undefined && str("grammar") !== undefined) throw new UsageError("give --json-schema or --grammar, not both");
+  if (str("json-schema") !== undefined) {
+    try {
+      constraint = { kind: "json-schema", schema: JSON.parse(file("json-schema")) };
+    } catch (e) {
+      throw e instanceof UsageError ? e : new UsageError(`--json-schema: not JSON: ${(e as Error).message}`);
+    }
+  }
+  if (str("grammar") !== undefined) constraint = { kind: "grammar", grammar: file("grammar") };
   return {
     ...cluster,
     prompt: str("prompt") ?? "Once upon a time",
@@ -61,6 +86,7 @@ export function parseRunArgs(argv: string[]): RunArgs {
     parseSpecial: !values["no-special"],
     port: intArg("port", str("port"), 7400, 0, 65535),
     interactive: (values.interactive as boolean | undefined) ?? false,
+    constraint,
   };
 }
 
@@ -75,13 +101,16 @@ export interface RunReport {
   peak_anon_rss_bytes: number;
   threads: number;
   devices: number;
+  /** With --json-schema or --grammar: the time the constraint added per token. */
+  constraint_ms_per_token?: number;
 }
 
 export function timingLine(r: RunReport): string {
   const mib = (b: number) => (b / 2 ** 20).toFixed(1);
   return `prompt ${r.prompt_ids.length} tokens ${r.prompt_tok_s.toFixed(1)} tok/s | decode ${r.generated_ids.length} tokens ` +
     `${r.decode_tok_s.toFixed(1)} tok/s | load ${r.load_ms.toFixed(0)} ms | peak anon RSS ${mib(r.peak_anon_rss_bytes)} MiB | ` +
-    `${r.threads} threads, ${r.devices} device${r.devices === 1 ? "" : "s"}`;
+    `${r.threads} threads, ${r.devices} device${r.devices === 1 ? "" : "s"}` +
+    (r.constraint_ms_per_token === undefined ? "" : ` | constraint ${r.constraint_ms_per_token.toFixed(3)} ms/token`);
 }
 
 /** Per-device timings per token (decode only when counters were read as decoding started, since a
@@ -173,9 +202,12 @@ async function generateOnce(a: RunArgs, cluster: Cluster, tok: Tokenizer, ids: I
   let text = "";
   let count = 0;
   // A story continues the prompt, so show it; a chat reply stands alone.
-  if (!a.json && !a.chat) process.stdout.write(a.prompt);
+  let constraint: GrammarConstraint | undefined;
+  if (a.constraint) constraint = await (await GrammarSet.forTokenizer(tok)).constraint(a.constraint);
+  if (!a.json && !a.chat && !constraint) process.stdout.write(a.prompt);
+  const sampler = new Sampler({ ...a.samplerOptions, constraint, closeAfter: closingStart(a.nPredict) });
   const out = await cluster.generate({
-    kind: a.chat ? "chat" : "completion", report: true, prompt: ids, maxTokens: a.nPredict, sampler: new Sampler(a.samplerOptions),
+    kind: a.chat ? "chat" : "completion", report: true, prompt: ids, maxTokens: a.nPredict, sampler,
     isEnd: (id) => tok.isEog(id),
     onToken: (id) => {
       const piece = stream.push(id);
@@ -193,7 +225,9 @@ async function generateOnce(a: RunArgs, cluster: Cluster, tok: Tokenizer, ids: I
     prompt_ids: Array.from(ids), generated_ids: res.ids, text, stop_reason: res.stopReason,
     prompt_tok_s: res.promptTokens / (res.promptMs / 1000), decode_tok_s: res.decodeSteps > 0 ? res.decodeSteps / (res.decodeMs / 1000) : 0,
     load_ms: loadMs, peak_anon_rss_bytes: mem.peakBytes(), threads: cluster.model.threads, devices: out.devices,
+    ...(constraint && constraint.steps > 0 ? { constraint_ms_per_token: constraint.ms / constraint.steps } : {}),
   };
+  constraint?.dispose();
   const ring = out.devices > 1;
   const decodeOnly = out.perDevice.some((r) => r.before);
   const steps = decodeOnly ? res.decodeSteps : res.ids.length + res.promptTokens;

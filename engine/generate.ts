@@ -79,7 +79,7 @@ export async function generate(embedder: Embedder, pipeline: Pipeline, prompt: I
       turned = false;
       watchTurn();
     }
-    const id = o.sampler.sample(logits, history);
+    const id = o.sampler.constraint ? await o.sampler.next(logits, history) : o.sampler.sample(logits, history);
     history.push(id);
     if (o.isEnd?.(id)) {
       stopReason = "end";

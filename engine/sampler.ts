@@ -1,5 +1,16 @@
 // Token sampling: repetition penalties, top-k, top-p, min-p, temperature, then a seeded draw, in
 // llama.cpp's default order. Greedy (argmax) when the temperature is 0. Reproducible for a seed.
+// With a constraint (grammar/: JSON Schema, tools), tokens it forbids are masked out first.
+
+/** Which tokens may come next (structured output); the sampler masks the rest out. */
+export interface TokenConstraint {
+  /** Sets the logits of the tokens it forbids next to -Infinity; returns how many are allowed. */
+  mask(logits: Float32Array): Promise<number>;
+  /** The token chosen; false when the constraint refuses it. */
+  accept(id: number): boolean;
+  /** The token (finite logit) that most quickly ends the output, for a reply near its budget. */
+  pickClosing?(logits: Float32Array): number;
+}
 
 export interface SamplerOptions {
   /** 0 = greedy. Default 0.8. */
@@ -18,6 +29,11 @@ export interface SamplerOptions {
   readonly presencePenalty?: number;
   /** Seed of the draw; default random. */
   readonly seed?: number;
+  /** Only tokens this allows are drawn (structured output). */
+  readonly constraint?: TokenConstraint;
+  /** After this many constrained tokens, let the constraint steer to the quickest end (pickClosing), so
+   * that the value ends within its budget. */
+  readonly closeAfter?: number;
 }
 
 export class SamplerError extends Error {
@@ -82,6 +98,9 @@ export class Sampler {
   readonly frequencyPenalty: number;
   readonly presencePenalty: number;
   readonly seed: number;
+  readonly constraint: TokenConstraint | undefined;
+  readonly closeAfter: number;
+  private steps = 0;
   private readonly rng: Rng;
   private ids = new Int32Array(0);
   private vals = new Float32Array(0);
@@ -96,6 +115,8 @@ export class Sampler {
     this.frequencyPenalty = o.frequencyPenalty ?? 0;
     this.presencePenalty = o.presencePenalty ?? 0;
     this.seed = o.seed ?? Math.floor(Math.random() * 2 ** 32);
+    this.constraint = o.constraint;
+    this.closeAfter = o.closeAfter ?? Infinity;
     const check = (ok: boolean, option: keyof SamplerOptions, what: string) => {
       if (!ok) throw new SamplerError(option, what);
     };
@@ -116,11 +137,23 @@ export class Sampler {
     return this.temperature === 0;
   }
 
-  /** Picks the next token. logits may be modified (penalties are applied in place). */
+  /** Picks the next token among those the constraint allows (generate's entry point). */
+  async next(logits: Float32Array, history: ArrayLike<number> = []): Promise<number> {
+    const c = this.constraint;
+    if (!c) return this.sample(logits, history);
+    if ((await c.mask(logits)) === 0) throw new SamplerError("constraint", "the constraint allows no token here");
+    const id = ++this.steps > this.closeAfter && c.pickClosing ? c.pickClosing(logits) : this.sample(logits, history);
+    if (!c.accept(id)) throw new SamplerError("constraint", `the constraint refused token ${id}, which its own mask allowed`);
+    return id;
+  }
+
+  /** Picks the next token, unconstrained. logits may be modified (penalties are applied in place). */
   sample(logits: Float32Array, history: ArrayLike<number> = []): number {
     this.applyPenalties(logits, history);
     if (this.greedy) return argmax(logits);
     let n = this.selectTopK(logits);
+    // Masked-out tokens (-Infinity) are never drawn, however few are left.
+    while (n > 1 && this.vals[n - 1] === -Infinity) n--;
     const ids = this.ids, vals = this.vals;
     // Softmax over the (descending) candidates for top-p and min-p, before temperature, as llama.cpp.
     const max = vals[0];

@@ -113,7 +113,7 @@ describe("serve alone: the OpenAI API", () => {
       ["repeat_penalty 0", "/v1/completions", JSON.stringify({ prompt: "x", repeat_penalty: 0 }), 400, /^repeat_penalty: /],
       ["temperature above 2", "/v1/completions", JSON.stringify({ prompt: "x", temperature: 2.5 }), 400, /^temperature: /],
       ["n > 1", "/v1/completions", JSON.stringify({ prompt: "x", n: 3 }), 400, /n: only one/],
-      ["tools", "/v1/chat/completions", JSON.stringify({ messages: [{ role: "user", content: "x" }], tools: [{ type: "function", function: { name: "f" } }] }), 400, /tool/],
+      ["a tool schema the decoder cannot honour", "/v1/chat/completions", JSON.stringify({ messages: [{ role: "user", content: "x" }], tools: [{ type: "function", function: { name: "f", parameters: { not: {} } } }] }), 400, /"not"/],
       ["an unknown model", "/v1/completions", JSON.stringify({ prompt: "x", model: "gpt-9" }), 404, /does not exist/],
       ["a prompt longer than the context", "/v1/completions", JSON.stringify({ prompt: "the cat sat on the mat. ".repeat(200) }), 400, /context/],
       ["an oversized body", "/v1/completions", JSON.stringify({ prompt: "x".repeat(5 << 20) }), 413, /limit/],

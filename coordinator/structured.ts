@@ -1,0 +1,87 @@
+// A request's structured output, between the OpenAI API and the sampler: which grammar constrains the
+// reply (response_format, or the tools' call format from its trigger or from the first token), what
+// the chat template is given (tools, and for templates without tool support the generic format's
+// instructions and earlier calls and results as plain turns), and how the reply is read back.
+import { GrammarError, GrammarSet, SchemaError, type ConstraintSpec, type GrammarConstraint } from "../grammar/index.js";
+import type { ChatMessage, Tokenizer } from "../model/index.js";
+import { ToolCallParser, detectFormat, genericToolPrompt, toolGrammar, type CallFormat } from "../tools/index.js";
+import { ApiError, type ParsedRequest } from "./openai.js";
+
+export interface StructuredPlan {
+  /** The messages and tools the chat template renders. */
+  readonly messages: readonly ChatMessage[];
+  readonly templateTools?: readonly unknown[];
+  readonly spec?: ConstraintSpec;
+  /** Reads calls out of the reply (tools given and not "none"). */
+  parser(): ToolCallParser | undefined;
+}
+
+/** Works out the plan for a parsed chat or completion request under this template. */
+export function planStructured(p: ParsedRequest, templateSource: string | undefined, templateIsFallback: boolean): StructuredPlan {
+  const messages = p.messages ?? [];
+  if (p.responseFormat) {
+    const spec: ConstraintSpec = p.responseFormat.kind === "json-object" ? { kind: "json-object" } : { kind: "json-schema", schema: p.responseFormat.schema };
+    return { messages, spec, parser: () => undefined };
+  }
+  if (!p.tools || p.tools.length === 0) return { messages, parser: () => undefined };
+  const format: CallFormat = templateIsFallback ? detectFormat(undefined) : detectFormat(templateSource);
+  const choice = p.toolChoice ?? "auto";
+  const tag = toolGrammar(format, p.tools, choice, p.parallelToolCalls ?? true);
+  const spec: ConstraintSpec | undefined = tag === undefined ? undefined : { kind: "structural-tag", tag };
+  const names = p.tools.map((t) => t.name);
+  const parser = () => (choice === "none" ? undefined : new ToolCallParser(format, names));
+  if (format.name !== "generic") {
+    const templateTools = p.tools.map((t) => ({ type: "function", function: { name: t.name, description: t.description ?? "", parameters: t.parameters } }));
+    return { messages, templateTools, spec, parser };
+  }
+  return { messages: genericMessages(messages, genericToolPrompt(p.tools, choice)), spec, parser };
+}
+
+/** Earlier calls and results as turns any template renders: calls as the generic format's JSON lines,
+ * results as user turns; the tools' description joins the system message. */
+function genericMessages(messages: readonly ChatMessage[], toolPrompt: string): ChatMessage[] {
+  const out: ChatMessage[] = messages.map((m) => {
+    const calls = m.tool_calls as { function: { name: string; arguments: unknown } }[] | undefined;
+    if (m.role === "assistant" && calls?.length) {
+      const lines = calls.map((c) => JSON.stringify({ tool_call: { name: c.function.name, arguments: c.function.arguments } }));
+      return { role: "assistant", content: [m.content, ...lines].filter(Boolean).join("\n") };
+    }
+    if (m.role === "tool") return { role: "user", content: JSON.stringify({ tool_response: { tool_call_id: m.tool_call_id, content: m.content } }) };
+    return { role: m.role, content: m.content };
+  });
+  if (out[0]?.role === "system") out[0] = { role: "system", content: `${out[0].content}\n\n${toolPrompt}` };
+  else out.unshift({ role: "system", content: toolPrompt });
+  return out;
+}
+
+/** The grammars of the served model, compiled on first use. */
+export class Constraints {
+  private set: Promise<GrammarSet> | undefined;
+  /** Time the constraint added (masks and accepts) and the tokens it constrained, for /metrics. */
+  ms = 0;
+  tokens = 0;
+
+  constructor(private readonly tok: Tokenizer) {}
+
+  /** A matcher for the spec; a grammar the engine refuses is a 400. */
+  async start(spec: ConstraintSpec): Promise<GrammarConstraint> {
+    this.set ??= GrammarSet.forTokenizer(this.tok);
+    const set = await this.set;
+    try {
+      return await set.constraint(spec);
+    } catch (e) {
+      if (e instanceof SchemaError || e instanceof GrammarError) {
+        const param = spec.kind === "structural-tag" ? "tools" : "response_format";
+        throw new ApiError(400, `${param}: ${e.message}`, "invalid_request_error", "unsupported_schema", param);
+      }
+      throw e;
+    }
+  }
+
+  /** Counts a finished constraint and frees it. */
+  done(c: GrammarConstraint): void {
+    this.ms += c.ms;
+    this.tokens += c.steps;
+    c.dispose();
+  }
+}

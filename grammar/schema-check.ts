@@ -1,0 +1,161 @@
+// Which JSON Schemas the engine honours. XGrammar quietly ignores keywords it has no rule for (a
+// schema with "not" would yield output that breaks it), so every keyword that constrains a value is
+// checked here against the ones it honours, and any other is refused by name. Annotations and
+// keywords unknown to JSON Schema are ignored, as the standard says. The walk is bounded (depth,
+// size, counts) so a hostile schema costs little and never reaches the engine.
+
+export class SchemaError extends Error {
+  override name = "SchemaError";
+  /** The keyword at fault, and where ("#/properties/a"). */
+  constructor(readonly keyword: string, readonly at: string, message: string) {
+    super(`${at}: ${message}`);
+  }
+}
+
+export const SCHEMA_LIMITS = { depth: 32, subschemas: 2000, bytes: 64 << 10, count: 4096, enum: 1000 };
+
+/** Formats the engine has a grammar for; any other is refused rather than left unchecked. */
+export const FORMATS = new Set([
+  "date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uri-reference",
+  "json-pointer", "relative-json-pointer", "uuid",
+]);
+
+/**
+ * Formats given to the engine as patterns: its own grammars for these let through what validators
+ * (ajv, pydantic) reject (minute 60, February 30, an email domain with no dot, host labels over 63
+ * characters, "09" in an address, a raw quote in a JSON pointer, URIs RFC 3986 refuses). Each pattern is a subset of the
+ * format as RFC 3339, RFC 6901 and ajv-formats define it.
+ */
+const DATE = "[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))";
+const TIME = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
+const LABEL = "[A-Za-z0-9]([A-Za-z0-9-]{0,40}[A-Za-z0-9])?";
+const OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
+const POINTER = "(/([A-Za-z0-9._-]|~[01])*)*";
+const PATH = "(/[A-Za-z0-9._~-]{0,40}){0,8}";
+export const FORMAT_PATTERNS: Readonly<Record<string, string>> = {
+  date: `^${DATE}$`,
+  time: `^${TIME}$`,
+  "date-time": `^${DATE}T${TIME}$`,
+  email: `^[A-Za-z0-9_+-]+(\\.[A-Za-z0-9_+-]+)*@(${LABEL}\\.){1,3}[A-Za-z]{2,12}$`,
+  hostname: `^${LABEL}(\\.${LABEL}){0,3}$`,
+  ipv4: `^(${OCTET}\\.){3}${OCTET}$`,
+  uri: `^https?://${LABEL}(\\.${LABEL}){0,3}${PATH}$`,
+  "uri-reference": `^(https?://${LABEL}(\\.${LABEL}){0,3})?${PATH}$`,
+  "json-pointer": `^${POINTER}$`,
+  "relative-json-pointer": `^(0|[1-9][0-9]{0,5})(#|${POINTER})$`,
+};
+
+const BOUNDS = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
+
+/**
+ * The schema as the engine is given it (a schema checkSchema accepted): FORMAT_PATTERNS in place of
+ * those formats, and a number with bounds written as a whole number within them, since the engine's
+ * decimal ranges let values past the bounds through (1.2 for a maximum of 1) while its integer
+ * ranges hold. A subset of the values the schema allows, so the output stays valid.
+ */
+export function forEngine(schema: unknown): unknown {
+  if (Array.isArray(schema)) return schema.map(forEngine);
+  if (typeof schema !== "object" || schema === null) return schema;
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(schema)) out[k] = forEngine(v);
+  if (out.type === "number" && BOUNDS.some((k) => typeof out[k] === "number")) {
+    const num = (k: string) => (typeof out[k] === "number" ? (out[k] as number) : undefined);
+    const lo = Math.max(num("minimum") !== undefined ? Math.ceil(num("minimum")!) : -Infinity, num("exclusiveMinimum") !== undefined ? Math.floor(num("exclusiveMinimum")!) + 1 : -Infinity);
+    const hi = Math.min(num("maximum") !== undefined ? Math.floor(num("maximum")!) : Infinity, num("exclusiveMaximum") !== undefined ? Math.ceil(num("exclusiveMaximum")!) - 1 : Infinity);
+    for (const k of BOUNDS) delete out[k];
+    out.type = "integer";
+    if (lo > -Infinity) out.minimum = lo;
+    if (hi < Infinity) out.maximum = hi;
+  }
+  const f = out.format;
+  if (typeof f === "string" && FORMAT_PATTERNS[f] !== undefined && out.pattern === undefined) {
+    delete out.format;
+    out.pattern = FORMAT_PATTERNS[f];
+  }
+  return out;
+}
+
+const TYPES = new Set(["string", "number", "integer", "boolean", "object", "array", "null"]);
+/** Validation keywords the engine leaves unenforced. */
+const REFUSED = new Set([
+  "not", "if", "then", "else", "uniqueItems", "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas",
+  "dependencies", "multipleOf", "$dynamicRef", "$recursiveRef", "additionalItems",
+  // With it the engine drops the additionalProperties schema.
+  "propertyNames",
+]);
+const COUNTS = ["minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"];
+const MAP_OF_SCHEMAS = ["properties", "patternProperties", "$defs", "definitions"];
+const ONE_SCHEMA = ["additionalProperties", "unevaluatedProperties", "unevaluatedItems", "items"];
+const LIST_OF_SCHEMAS = ["anyOf", "oneOf", "allOf", "prefixItems"];
+
+type Json = Record<string, unknown>;
+
+/** Throws SchemaError naming the first keyword the engine cannot honour; returns the schema as text. */
+export function checkSchema(schema: unknown): string {
+  let seen = 0;
+  const walk = (s: unknown, at: string, depth: number): void => {
+    if (++seen > SCHEMA_LIMITS.subschemas) throw new SchemaError("schema", at, `has more than ${SCHEMA_LIMITS.subschemas} subschemas`);
+    if (depth > SCHEMA_LIMITS.depth) throw new SchemaError("schema", at, `nests deeper than ${SCHEMA_LIMITS.depth} levels`);
+    if (typeof s === "boolean") return;
+    if (typeof s !== "object" || s === null || Array.isArray(s)) throw new SchemaError("schema", at, "a schema must be an object or a boolean");
+    const o = s as Json;
+    for (const k of Object.keys(o)) {
+      if (REFUSED.has(k)) throw new SchemaError(k, at, `the keyword "${k}" is not supported by the constrained decoder`);
+    }
+    const t = o.type;
+    for (const name of Array.isArray(t) ? t : t === undefined ? [] : [t]) {
+      if (typeof name !== "string" || !TYPES.has(name)) throw new SchemaError("type", at, `"type" must name JSON types (got ${JSON.stringify(name)})`);
+    }
+    if (o.format !== undefined && (typeof o.format !== "string" || !FORMATS.has(o.format))) {
+      throw new SchemaError("format", at, `the format ${JSON.stringify(o.format)} is not supported (supported: ${[...FORMATS].join(", ")})`);
+    }
+    if (o.$ref !== undefined && (typeof o.$ref !== "string" || !(o.$ref === "#" || o.$ref.startsWith("#/")))) {
+      throw new SchemaError("$ref", at, "only references within the schema (\"#/...\") are supported");
+    }
+    if (Array.isArray(o.allOf) && o.allOf.length > 1) throw new SchemaError("allOf", at, "allOf with more than one schema is not supported");
+    for (const k of COUNTS) {
+      const v = o[k];
+      if (v !== undefined && (typeof v !== "number" || !Number.isInteger(v) || v < 0 || v > SCHEMA_LIMITS.count)) {
+        throw new SchemaError(k, at, `"${k}" must be a whole number from 0 to ${SCHEMA_LIMITS.count}`);
+      }
+    }
+    for (const k of ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]) {
+      if (o[k] !== undefined && (typeof o[k] !== "number" || !Number.isFinite(o[k]))) throw new SchemaError(k, at, `"${k}" must be a number`);
+    }
+    if (o.enum !== undefined && (!Array.isArray(o.enum) || o.enum.length === 0 || o.enum.length > SCHEMA_LIMITS.enum)) {
+      throw new SchemaError("enum", at, `"enum" must be a non-empty array of at most ${SCHEMA_LIMITS.enum} values`);
+    }
+    if (o.required !== undefined && (!Array.isArray(o.required) || !o.required.every((r) => typeof r === "string"))) {
+      throw new SchemaError("required", at, "\"required\" must be an array of property names");
+    }
+    if (o.pattern !== undefined && typeof o.pattern !== "string") throw new SchemaError("pattern", at, "\"pattern\" must be a string");
+    for (const k of MAP_OF_SCHEMAS) {
+      const m = o[k];
+      if (m === undefined) continue;
+      if (typeof m !== "object" || m === null || Array.isArray(m)) throw new SchemaError(k, at, `"${k}" must be an object of schemas`);
+      for (const [name, sub] of Object.entries(m)) walk(sub, `${at}/${k}/${name}`, depth + 1);
+    }
+    for (const k of ONE_SCHEMA) {
+      if (o[k] === undefined) continue;
+      if (k === "items" && Array.isArray(o[k])) throw new SchemaError("items", at, "\"items\" as an array (draft 4 tuples) is not supported; use prefixItems");
+      walk(o[k], `${at}/${k}`, depth + 1);
+    }
+    for (const k of LIST_OF_SCHEMAS) {
+      const l = o[k];
+      if (l === undefined) continue;
+      if (!Array.isArray(l) || l.length === 0) throw new SchemaError(k, at, `"${k}" must be a non-empty array of schemas`);
+      l.forEach((sub, i) => walk(sub, `${at}/${k}/${i}`, depth + 1));
+    }
+  };
+  walk(schema, "#", 0);
+  let text: string | undefined;
+  try {
+    text = JSON.stringify(schema);
+  } catch {
+    // Nesting under keys the walk does not follow can still be deep enough to overflow the stack.
+    throw new SchemaError("schema", "#", "nests too deeply");
+  }
+  if (text === undefined) throw new SchemaError("schema", "#", "is not JSON");
+  if (text.length > SCHEMA_LIMITS.bytes) throw new SchemaError("schema", "#", `is ${text.length} bytes; at most ${SCHEMA_LIMITS.bytes}`);
+  return text;
+}

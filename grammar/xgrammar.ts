@@ -1,0 +1,65 @@
+// XGrammar's WebAssembly build (@mlc-ai/web-xgrammar), loaded once. Its package says "type": "module"
+// but its bundle is UMD, so Node's import sees no exports: it is compiled here as the CommonJS it is.
+// Its C++ errors abort the call (the module stays usable) after printing "[FATAL] file.cc:N: why" on
+// console.error, which the module binds once when it starts: that first start happens here with
+// console.error and console.log routed through a sink, so a failed call can say why in its error.
+import { readFileSync } from "node:fs";
+import Module, { createRequire } from "node:module";
+import { dirname } from "node:path";
+import type * as XG from "@mlc-ai/web-xgrammar";
+
+export type XGrammar = typeof XG;
+
+let loaded: Promise<XGrammar> | undefined;
+/** The engine's latest message lines (errors and warnings), for the call that caused them. */
+const messages: string[] = [];
+
+function isEngineLine(line: string): boolean {
+  return /^\[(FATAL|WARNING|INFO)\]|^Aborted\(/.test(line);
+}
+
+function routed(orig: (...a: unknown[]) => void): (...a: unknown[]) => void {
+  return (...a: unknown[]) => {
+    const line = a.map(String).join(" ");
+    if (!isEngineLine(line)) return orig(...a);
+    messages.push(line);
+    if (messages.length > 8) messages.shift();
+  };
+}
+
+/** The engine, started on first use. */
+export function xgrammar(): Promise<XGrammar> {
+  loaded ??= (async () => {
+    const require = createRequire(import.meta.url);
+    const file = require.resolve("@mlc-ai/web-xgrammar");
+    const m = new Module(file) as Module & { _compile(src: string, file: string): void; paths: string[] };
+    m.filename = file;
+    m.paths = (Module as unknown as { _nodeModulePaths(dir: string): string[] })._nodeModulePaths(dirname(file));
+    m._compile(readFileSync(file, "utf8"), file);
+    const xg = m.exports as XGrammar;
+    const log = console.log, error = console.error;
+    console.log = routed(log);
+    console.error = routed(error);
+    try {
+      (await xg.Grammar.builtinJSONGrammar()).dispose(); // starts the module, which binds the sink
+    } finally {
+      console.log = log;
+      console.error = error;
+    }
+    return xg;
+  })();
+  return loaded;
+}
+
+/** Runs an engine call; its failure becomes an Error with the engine's own reason. */
+export async function engineCall<T>(what: string, f: () => Promise<T> | T): Promise<T> {
+  messages.length = 0;
+  try {
+    return await f();
+  } catch (e) {
+    const fatal = messages.find((l) => l.startsWith("[FATAL]"));
+    // "[FATAL] /path/to/x.cc:75: Regex parsing error ..." -> "Regex parsing error ..."
+    const why = fatal ? fatal.replace(/^\[FATAL\]\s*\S+?\.cc:\d+:\s*/, "") : (e as Error).message ?? String(e);
+    throw new Error(`${what}: ${why.slice(0, 500)}`);
+  }
+}

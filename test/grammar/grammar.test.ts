@@ -1,0 +1,132 @@
+// Constrained decoding without a model: over the shipped model's vocabulary, a seeded random walk
+// through the tokens each mask allows must give text that parses and validates against the schema
+// (ajv), and an end token must be allowed exactly where the text so far is a complete valid value.
+// Keywords the engine does not enforce are refused by name, and hostile schemas cost little.
+import { describe, expect, it } from "vitest";
+import { Rng } from "../../dist/engine/index.js";
+import { GrammarSet, SchemaError, checkSchema, closingStart, type GrammarConstraint } from "../../dist/grammar/index.js";
+import { Tokenizer } from "../../dist/model/index.js";
+import { CORPUS, schemaErrors } from "./validate.js";
+
+const tok = Tokenizer.fromGguf("models/stories260K.gguf");
+const EOS = tok.eos!;
+
+function allowed(mask: Int32Array, n: number): number[] {
+  const out: number[] = [];
+  for (let i = 0; i < n; i++) if ((mask[i >> 5] >>> (i & 31)) & 1) out.push(i);
+  return out;
+}
+
+/** Random tokens among those allowed; after closeAt steps, the quickest way to close (as the sampler). */
+async function walk(c: GrammarConstraint, seed: number, closeAt: number, maxSteps: number, onStep?: (text: string, allowsEnd: boolean) => void) {
+  const rng = new Rng(seed);
+  const ids: number[] = [];
+  for (let step = 0; step < maxSteps; step++) {
+    const ok = allowed(await c.nextMask(), tok.nVocab);
+    expect(ok.length).toBeGreaterThan(0);
+    onStep?.(tok.decode(ids), ok.includes(EOS));
+    let id = ok[Math.floor(rng.next() * ok.length)];
+    if (step >= closeAt) {
+      const logits = new Float32Array(tok.nVocab).fill(-Infinity);
+      for (const t of ok) logits[t] = 0;
+      id = c.pickClosing(logits);
+    }
+    expect(c.accept(id)).toBe(true);
+    if (id === EOS) return { text: tok.decode(ids), ended: true };
+    ids.push(id);
+  }
+  return { text: tok.decode(ids), ended: false };
+}
+
+describe("schemas the engine cannot honour are refused by keyword", () => {
+  it("names the keyword and where it is", () => {
+    const cases: [unknown, string, RegExp][] = [
+      [{ not: { type: "string" } }, "not", /#: .*"not"/],
+      [{ type: "object", properties: { a: { type: "array", uniqueItems: true } } }, "uniqueItems", /#\/properties\/a/],
+      [{ type: "integer", multipleOf: 3 }, "multipleOf", /multipleOf/],
+      [{ type: "string", format: "credit-card" }, "format", /credit-card/],
+      [{ $ref: "https://example.com/x.json" }, "$ref", /within the schema/],
+      [{ allOf: [{ type: "object" }, { required: ["a"] }] }, "allOf", /allOf/],
+      [{ type: "string", maxLength: 1e9 }, "maxLength", /0 to 4096/],
+      [{ type: "wizard" }, "type", /JSON types/],
+      [{ enum: [] }, "enum", /non-empty/],
+    ];
+    for (const [schema, keyword, message] of cases) {
+      let err: unknown;
+      try {
+        checkSchema(schema);
+      } catch (e) {
+        err = e;
+      }
+      expect(err, keyword).toBeInstanceOf(SchemaError);
+      expect((err as SchemaError).keyword, JSON.stringify(schema)).toBe(keyword);
+      expect((err as SchemaError).message).toMatch(message);
+    }
+  });
+
+  it("bounds hostile schemas: deep nesting, very many subschemas, a huge text", () => {
+    let deep: unknown = { type: "integer" };
+    for (let i = 0; i < 10_000; i++) deep = { type: "array", items: deep };
+    expect(() => checkSchema(deep)).toThrow(/deeper than 32/);
+    const wide = { type: "object", properties: Object.fromEntries(Array.from({ length: 3000 }, (_, i) => [`p${i}`, { type: "integer" }])) };
+    expect(() => checkSchema(wide)).toThrow(/more than 2000 subschemas/);
+    expect(() => checkSchema({ type: "string", description: "x".repeat(100_000) })).toThrow(/bytes/);
+    let hidden: unknown = 1;
+    for (let i = 0; i < 100_000; i++) hidden = [hidden];
+    expect(() => checkSchema({ type: "string", "x-deep": hidden })).toThrow(/nests too deeply/);
+    // Annotations and keywords JSON Schema does not know are left alone, as the standard says.
+    expect(() => checkSchema({ type: "string", title: "t", "x-vendor": { not: 1 }, examples: ["a"] })).not.toThrow();
+  });
+});
+
+describe("constrained decoding over the shipped model's vocabulary", () => {
+  it("every accepted corpus schema yields valid JSON, and an end token only where the value is complete", async () => {
+    const set = await GrammarSet.forTokenizer(tok);
+    let accepted = 0;
+    for (const [k, entry] of CORPUS.entries()) {
+      let c: GrammarConstraint;
+      try {
+        c = await set.constraint({ kind: "json-schema", schema: entry.schema });
+      } catch (e) {
+        expect(entry.name, `${entry.name}: ${(e as Error).message}`).toMatch(/^refused/);
+        continue;
+      }
+      expect(entry.name, "a schema the corpus expects refused was accepted").not.toMatch(/^refused/);
+      accepted++;
+      try {
+        // Where an end token is allowed, the text so far must be complete and valid.
+        const { text, ended } = await walk(c, 1000 + k, closingStart(600), 600, (sofar, allowsEnd) => {
+          if (!allowsEnd) return;
+          expect(schemaErrors(entry.schema, JSON.parse(sofar)), `${entry.name}: ${sofar}`).toBe("");
+        });
+        expect(ended, `${entry.name} did not end: ${text}`).toBe(true);
+        expect(schemaErrors(entry.schema, JSON.parse(text)), `${entry.name}: ${text}`).toBe("");
+      } finally {
+        c.dispose();
+      }
+    }
+    expect(accepted).toBe(CORPUS.filter((e) => !e.name.startsWith("refused")).length);
+  });
+
+  it("JSON mode gives an object; a GBNF grammar is followed; an engine error is a GrammarError with its reason", async () => {
+    const set = await GrammarSet.forTokenizer(tok);
+    const json = await set.constraint({ kind: "json-object" });
+    const a = await walk(json, 7, closingStart(200), 200);
+    json.dispose();
+    expect(a.ended).toBe(true);
+    const v = JSON.parse(a.text) as unknown;
+    expect(typeof v === "object" && v !== null && !Array.isArray(v)).toBe(true);
+
+    const g = await set.constraint({ kind: "grammar", grammar: 'root ::= "yes" | "no" | "maybe " [a-z]+' });
+    const b = await walk(g, 8, 20, 40);
+    g.dispose();
+    expect(b.text).toMatch(/^(yes|no|maybe [a-z]+)$/);
+
+    await expect(set.constraint({ kind: "grammar", grammar: "root ::= undefined_rule" })).rejects.toThrow(/Rule "undefined_rule" is not defined/);
+    await expect(set.constraint({ kind: "json-schema", schema: { type: "string", pattern: "(?<=a)b" } })).rejects.toThrow(/Lookbehind/);
+    // The engine is still usable after refusing.
+    const again = await set.constraint({ kind: "json-schema", schema: { enum: ["x"] } });
+    expect((await walk(again, 9, 10, 10)).text).toBe('"x"');
+    again.dispose();
+  });
+});
