@@ -373,8 +373,7 @@ export class ApiServer {
       const finish: FinishReason = ended ? (calls.length > 0 ? "tool_calls" : "stop") : "length";
       // The client's next turn continues this one's text: keep its tokens as generated (a reply cut by
       // a stop string, or one that called tools, no longer stands for its tokens as text).
-      if (stops.stopped || calls.length > 0) this.conversations.forget(cacheScope);
-      else this.conversations.remember(cacheScope, promptText, ids, text, r.ids);
+      if (!stops.stopped && calls.length === 0) this.conversations.remember(cacheScope, promptText, ids, text, r.ids);
       const u = usage(ids.length, r.ids.length, out.cachedTokens);
       this.outcomes.ok++;
       const speed = (out.meanDecodeMs > 0 ? `, ${(1000 / out.meanDecodeMs).toFixed(1)} tok/s` : "") +

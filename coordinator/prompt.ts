@@ -55,30 +55,34 @@ export class PromptRenderer {
  * reasoning) no longer continues the kept text: then the prompt is tokenized whole.
  */
 export class ConversationTokens {
-  private readonly last = new Map<string, { text: string; ids: readonly number[] }>();
+  /** Per scope, its last exchanges (oldest first): a client may keep several conversations going. */
+  private readonly recent = new Map<string, { text: string; ids: readonly number[] }[]>();
 
-  constructor(private readonly prompts: PromptRenderer, private readonly maxScopes = 64) {}
+  constructor(private readonly prompts: PromptRenderer, private readonly maxScopes = 64, private readonly perScope = 8) {}
 
   /** The ids of `text` (a rendered prompt: BOS added, special tokens parsed), and how many of them were
-   * kept from the scope's last exchange. */
+   * kept from the scope's exchange it continues (the longest one it starts with). */
   ids(scope: string, text: string): { ids: Int32Array; kept: number } {
-    const last = this.last.get(scope);
-    if (!last || !text.startsWith(last.text)) return { ids: this.prompts.textIds(text), kept: 0 };
-    const added = this.prompts.continuationIds(text.slice(last.text.length));
-    return { ids: Int32Array.from([...last.ids, ...added]), kept: last.ids.length };
+    let best: { text: string; ids: readonly number[] } | undefined;
+    for (const e of this.recent.get(scope) ?? []) if (text.startsWith(e.text) && (!best || e.text.length > best.text.length)) best = e;
+    if (!best) return { ids: this.prompts.textIds(text), kept: 0 };
+    const added = this.prompts.continuationIds(text.slice(best.text.length));
+    return { ids: Int32Array.from([...best.ids, ...added]), kept: best.ids.length };
   }
 
   /** An exchange ended whole: the prompt's text and ids, the reply's text and its tokens as generated
    * (the end token left out: a template writes its own end of turn). Not for a reply cut by a stop
    * string: its text no longer stands for its tokens. */
   remember(scope: string, promptText: string, promptIds: Int32Array, replyText: string, replyIds: readonly number[]): void {
-    this.last.delete(scope);
-    if (this.last.size >= this.maxScopes) this.last.delete(this.last.keys().next().value!);
-    this.last.set(scope, { text: promptText + replyText, ids: [...promptIds, ...replyIds] });
+    const list = this.recent.get(scope) ?? [];
+    this.recent.delete(scope);
+    if (this.recent.size >= this.maxScopes) this.recent.delete(this.recent.keys().next().value!);
+    list.push({ text: promptText + replyText, ids: [...promptIds, ...replyIds] });
+    this.recent.set(scope, list.slice(-this.perScope));
   }
 
-  /** A new conversation, or a turn that failed: the scope's next prompt is tokenized whole. */
+  /** A new conversation, or a turn that failed: the scope's next prompts are tokenized whole. */
   forget(scope: string): void {
-    this.last.delete(scope);
+    this.recent.delete(scope);
   }
 }
