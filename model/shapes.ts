@@ -1,24 +1,11 @@
 // Model shapes known by name (the generator writes them, the planner profiles them) (../shared/models/README.md), plus small test shapes whose
 // every dimension is a multiple of 256, so that every quantization type applies to every matrix.
 
-import type { Architecture } from "./architecture.js";
+import type { Architecture, FamilyShape } from "./arch/index.js";
 
-export interface ModelShape {
+export interface ModelShape extends FamilyShape {
   readonly name: string;
   readonly arch: Architecture;
-  readonly nEmbd: number;
-  readonly nLayers: number;
-  readonly nHead: number;
-  readonly nHeadKv: number;
-  readonly nFf: number;
-  readonly nVocab: number;
-  /** No output.weight: the head reuses token_embd.weight (qwen2 small models). */
-  readonly tiedEmbeddings: boolean;
-  /** attn_q/k/v biases (qwen2). */
-  readonly qkvBias: boolean;
-  readonly contextLength: number;
-  readonly ropeFreqBase: number;
-  readonly normEps: number;
   /** The vocabulary written when none is asked for (a bundled vocabulary name, see model/). */
   readonly defaultVocab: "llama-spm" | "llama-bpe" | "qwen2" | "stories260K";
 }
@@ -79,8 +66,9 @@ export function shapeProblems(s: ModelShape): string[] {
   pos(s.nVocab, "vocab size");
   pos(s.contextLength, "context length");
   if (p.length) return p;
-  if (s.nEmbd % s.nHead !== 0) p.push(`dims ${s.nEmbd} is not a multiple of heads ${s.nHead}`);
-  else if ((s.nEmbd / s.nHead) % 2 !== 0) p.push(`head size ${s.nEmbd / s.nHead} must be even (RoPE rotates pairs)`);
+  if (s.headDim !== undefined) pos(s.headDim, "head size");
+  if (s.headDim === undefined && s.nEmbd % s.nHead !== 0) p.push(`dims ${s.nEmbd} is not a multiple of heads ${s.nHead}`);
+  else if ((s.headDim ?? s.nEmbd / s.nHead) % 2 !== 0) p.push(`head size ${s.headDim ?? s.nEmbd / s.nHead} must be even (RoPE rotates pairs)`);
   if (s.nHead % s.nHeadKv !== 0) p.push(`heads ${s.nHead} is not a multiple of kv heads ${s.nHeadKv}`);
   return p;
 }

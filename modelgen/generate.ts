@@ -1,10 +1,10 @@
-// Writes a random-weight GGUF in a llama or qwen2 shape: normal weights (std 0.02), norms 1.0, qwen2
-// QKV biases, quantized with our reference quantizers (byte-equal to llama.cpp's quantize_row_*_ref)
+// Writes a random-weight GGUF in the shape of any family prima runs (model/arch/): normal weights
+// (std 0.02), norms 1.0, qwen2 QKV biases, quantized with our reference quantizers (byte-equal to llama.cpp's quantize_row_*_ref)
 // into the type mix llama-quantize would choose, with a real vocabulary's tokenizer metadata.
 // Tensors are produced one at a time while the file is written: no model sits in memory whole.
 import { statSync } from "node:fs";
 import {
-  FILE_TYPES, GgufValueType, bundledVocab, kv, modelShapeByName, modelShapes, parseFileType, planTensors, shapeProblems, writeGguf,
+  FILE_TYPES, GgufValueType, bundledVocab, kv, shapeKeys, modelShapeByName, modelShapes, parseFileType, planTensors, shapeProblems, writeGguf,
   type BundledVocabName, type FileTypeName, type GgufKV, type GgufTensorToWrite, type ModelShape, type PlannedTensor,
 } from "../model/index.js";
 import { quantizeRef, rowBytes } from "../native/index.js";
@@ -68,20 +68,11 @@ function tensorBytes(t: PlannedTensor, seed: number, std: number): Uint8Array {
 }
 
 function archMetadata(shape: ModelShape, name: string, fileType: FileTypeName): GgufKV[] {
-  const a = shape.arch, hd = shape.nEmbd / shape.nHead;
+  const a = shape.arch;
   return [
     kv.str("general.architecture", a),
     kv.str("general.name", name),
-    kv.u32(`${a}.context_length`, shape.contextLength),
-    kv.u32(`${a}.embedding_length`, shape.nEmbd),
-    kv.u32(`${a}.block_count`, shape.nLayers),
-    kv.u32(`${a}.feed_forward_length`, shape.nFf),
-    kv.u32(`${a}.attention.head_count`, shape.nHead),
-    kv.u32(`${a}.attention.head_count_kv`, shape.nHeadKv),
-    kv.f32(`${a}.rope.freq_base`, shape.ropeFreqBase),
-    kv.f32(`${a}.attention.layer_norm_rms_epsilon`, shape.normEps),
-    kv.u32(`${a}.rope.dimension_count`, hd),
-    kv.u32(`${a}.vocab_size`, shape.nVocab),
+    ...shapeKeys(a, shape).map((k) => (k.type === "u32" ? kv.u32 : kv.f32)(`${a}.${k.key}`, k.value)),
     kv.u32("general.file_type", FILE_TYPES[fileType].ftype),
     kv.u32("general.quantization_version", 2),
   ];

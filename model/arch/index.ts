@@ -1,0 +1,18 @@
+// model/arch/: one file per model family (its keys, its switches of the native shared blocks, its
+// tensor table), as llama.cpp's src/models/<arch>.cpp; this index is the list of families prima runs.
+import { llama } from "./llama.js";
+import { qwen2 } from "./qwen2.js";
+import type { ArchFamily, Architecture } from "./types.js";
+
+export const families: readonly ArchFamily[] = [llama, qwen2];
+export const supportedArchitectures: readonly Architecture[] = families.map((f) => f.name);
+
+export function familyOf(name: string): ArchFamily | undefined {
+  return families.find((f) => f.name === name);
+}
+
+export { commonHParams, fileVocabSize, invSqrtF32, keyReader } from "./common.js";
+export { shapeHParams, shapeKeys, type ShapeKey } from "./shape.js";
+export type {
+  ArchFamily, Architecture, FamilyShape, HParams, KeyReader, LayerSlot, LayerTensors, ModelDescription, ModelTensors, TensorRef,
+} from "./types.js";
