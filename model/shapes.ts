@@ -31,6 +31,14 @@ export const modelShapes: readonly ModelShape[] = [
     name: "qwen2.5-0.5b", arch: "qwen2", nEmbd: 896, nLayers: 24, nHead: 14, nHeadKv: 2, nFf: 4864, nVocab: 151936,
     tiedEmbeddings: true, qkvBias: true, contextLength: 32768, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "qwen2",
   },
+  {
+    name: "qwen3-0.6b", arch: "qwen3", nEmbd: 1024, nLayers: 28, nHead: 16, nHeadKv: 8, headDim: 128, nFf: 3072, nVocab: 151936,
+    tiedEmbeddings: true, qkvBias: false, contextLength: 40960, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "qwen2",
+  },
+  {
+    name: "qwen3-8b", arch: "qwen3", nEmbd: 4096, nLayers: 36, nHead: 32, nHeadKv: 8, headDim: 128, nFf: 12288, nVocab: 151936,
+    tiedEmbeddings: false, qkvBias: false, contextLength: 40960, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "qwen2",
+  },
   // Test shapes: seconds to make, every dimension a multiple of 256, GQA, stories260K's 512-token vocabulary.
   {
     name: "tiny-llama", arch: "llama", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, nFf: 512, nVocab: 512,
@@ -39,6 +47,11 @@ export const modelShapes: readonly ModelShape[] = [
   {
     name: "tiny-qwen2", arch: "qwen2", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, nFf: 512, nVocab: 512,
     tiedEmbeddings: true, qkvBias: true, contextLength: 512, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "stories260K",
+  },
+  // qwen3 with a head size that is not nEmbd / nHead, as its real models have.
+  {
+    name: "tiny-qwen3", arch: "qwen3", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, headDim: 128, nFf: 512, nVocab: 512,
+    tiedEmbeddings: true, qkvBias: false, contextLength: 512, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "stories260K",
   },
   // 8 layers: the layer-dependent type choices of the K-quant mixes (first/last eighth, every third) all
   // occur; 4 heads per KV head: the GQA-dependent ones too.
