@@ -39,6 +39,16 @@ export const modelShapes: readonly ModelShape[] = [
     name: "qwen3-8b", arch: "qwen3", nEmbd: 4096, nLayers: 36, nHead: 32, nHeadKv: 8, headDim: 128, nFf: 12288, nVocab: 151936,
     tiedEmbeddings: false, qkvBias: false, contextLength: 40960, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "qwen2",
   },
+  {
+    name: "gemma3-1b", arch: "gemma3", nEmbd: 1152, nLayers: 26, nHead: 4, nHeadKv: 1, headDim: 256, nFf: 6912, nVocab: 262144,
+    tiedEmbeddings: true, qkvBias: false, contextLength: 32768, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "llama-spm",
+    slidingWindow: 512, slidingWindowPattern: 6, ropeFreqBaseSwa: 10000,
+  },
+  {
+    name: "gemma3-4b", arch: "gemma3", nEmbd: 2560, nLayers: 34, nHead: 8, nHeadKv: 4, headDim: 256, nFf: 10240, nVocab: 262208,
+    tiedEmbeddings: true, qkvBias: false, contextLength: 131072, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "llama-spm",
+    slidingWindow: 1024, slidingWindowPattern: 6, ropeFreqBaseSwa: 10000,
+  },
   // Test shapes: seconds to make, every dimension a multiple of 256, GQA, stories260K's 512-token vocabulary.
   {
     name: "tiny-llama", arch: "llama", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, nFf: 512, nVocab: 512,
@@ -48,10 +58,16 @@ export const modelShapes: readonly ModelShape[] = [
     name: "tiny-qwen2", arch: "qwen2", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, nFf: 512, nVocab: 512,
     tiedEmbeddings: true, qkvBias: true, contextLength: 512, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "stories260K",
   },
-  // qwen3 with a head size that is not nEmbd / nHead, as its real models have.
+  // qwen3 and gemma3 with a head size that is not nEmbd / nHead, as their real models have; gemma3 with
+  // a 4-token window on 2 of its 3 layers, so a 16-token prompt runs past it.
   {
     name: "tiny-qwen3", arch: "qwen3", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, headDim: 128, nFf: 512, nVocab: 512,
     tiedEmbeddings: true, qkvBias: false, contextLength: 512, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "stories260K",
+  },
+  {
+    name: "tiny-gemma3", arch: "gemma3", nEmbd: 256, nLayers: 3, nHead: 4, nHeadKv: 1, headDim: 128, nFf: 512, nVocab: 512,
+    tiedEmbeddings: true, qkvBias: false, contextLength: 512, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "stories260K",
+    slidingWindow: 4, slidingWindowPattern: 2, ropeFreqBaseSwa: 10000,
   },
   // 8 layers: the layer-dependent type choices of the K-quant mixes (first/last eighth, every third) all
   // occur; 4 heads per KV head: the GQA-dependent ones too.
