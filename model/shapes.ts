@@ -69,6 +69,11 @@ export const modelShapes: readonly ModelShape[] = [
     tiedEmbeddings: true, qkvBias: false, contextLength: 512, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "stories260K",
     slidingWindow: 4, slidingWindowPattern: 2, ropeFreqBaseSwa: 10000,
   },
+  // mistral3: llama with other keys, and a head size of its own as Ministral's 128 with 3072.
+  {
+    name: "tiny-mistral3", arch: "mistral3", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, headDim: 128, nFf: 512, nVocab: 512,
+    tiedEmbeddings: false, qkvBias: false, contextLength: 512, ropeFreqBase: 1000000, normEps: 1e-5, defaultVocab: "stories260K",
+  },
   // 8 layers: the layer-dependent type choices of the K-quant mixes (first/last eighth, every third) all
   // occur; 4 heads per KV head: the GQA-dependent ones too.
   {

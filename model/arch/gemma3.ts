@@ -55,7 +55,6 @@ export const gemma3: ArchFamily = {
     [postNorm("ffnPostNorm", "post_ffw_norm.weight")],
   ),
   shapeMetadata: (s) => [
-    ...(s.headDim ? [{ key: "attention.key_length", type: "u32" as const, value: s.headDim }, { key: "attention.value_length", type: "u32" as const, value: s.headDim }] : []),
     ...(s.slidingWindow ? [{ key: "attention.sliding_window", type: "u32" as const, value: s.slidingWindow }] : []),
     ...(s.slidingWindowPattern ? [{ key: "attention.sliding_window_pattern", type: "u32" as const, value: s.slidingWindowPattern }] : []),
     ...(s.ropeFreqBaseSwa ? [{ key: "rope.freq_base_swa", type: "f32" as const, value: s.ropeFreqBaseSwa }] : []),

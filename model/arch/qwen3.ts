@@ -9,5 +9,4 @@ export const qwen3: ArchFamily = {
   ropeNeox: true,
   hparams: (_keys, common) => common,
   layer: withSlots(llamaLayer, "wo", qkNormSlots),
-  shapeMetadata: (s) => (s.headDim ? [{ key: "attention.key_length", type: "u32", value: s.headDim }, { key: "attention.value_length", type: "u32", value: s.headDim }] : []),
 };

@@ -26,6 +26,7 @@ export function shapeKeys(arch: Architecture, s: FamilyShape): ShapeKey[] {
     { key: "attention.layer_norm_rms_epsilon", type: "f32", value: s.normEps },
     { key: "rope.dimension_count", type: "u32", value: hd },
     { key: "vocab_size", type: "u32", value: s.nVocab },
+    ...(s.headDim ? [{ key: "attention.key_length", type: "u32" as const, value: s.headDim }, { key: "attention.value_length", type: "u32" as const, value: s.headDim }] : []),
     ...(family.shapeMetadata?.(s) ?? []),
   ];
 }

@@ -2,7 +2,7 @@
 // hyper-parameters with the switches of the native shared blocks, and the checked tensor table.
 
 /** A family name as general.architecture spells it. */
-export type Architecture = "llama" | "qwen2" | "qwen3" | "gemma3";
+export type Architecture = "llama" | "qwen2" | "qwen3" | "gemma3" | "mistral3";
 
 export interface HParams {
   readonly arch: Architecture;
