@@ -93,7 +93,7 @@ export function nativeTensorTable(desc: ModelDescription): NativeTensorDesc[] {
   const t = desc.tensors;
   const out: NativeTensorDesc[] = [row(t.tokenEmbd), row(t.outputNorm)];
   if (t.output !== t.tokenEmbd) out.push(row(t.output));
-  if (t.ropeFreqs) out.push(row(t.ropeFreqs));
+  for (const f of [t.ropeFreqs, t.ropeFactorsLong, t.ropeFactorsShort]) if (f) out.push(row(f));
   for (const l of t.layers) {
     for (const ref of Object.values(l) as (TensorRef | undefined)[]) if (ref) out.push(row(ref));
   }
@@ -107,6 +107,7 @@ export function nativeHParams(desc: ModelDescription): NativeHParams {
     headDim: h.headDimK, nFf: h.nFf, ropeDims: h.ropeDims, ropeNeox: h.ropeNeox, normEps: h.normEps,
     ropeFreqBase: h.ropeFreqBase, ropeFreqScale: h.ropeFreqScale, ffnAct: h.ffnAct, embdScale: h.embdScale,
     queryScale: h.queryScale, scoreScale: h.scoreScale, layerWindow: h.layerWindow,
-    ropeFreqBaseSwa: h.ropeFreqBaseSwa, ropeFreqScaleSwa: h.ropeFreqScaleSwa,
+    ropeFreqBaseSwa: h.ropeFreqBaseSwa, ropeFreqScaleSwa: h.ropeFreqScaleSwa, ropeAttnFactor: h.ropeAttnFactor,
+    nCtxOrig: h.nCtxOrig,
   };
 }

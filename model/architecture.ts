@@ -6,7 +6,7 @@ import { GgufError, metaString, type GgufFile, type GgufTensorInfo } from "./ggu
 import { printable } from "./escape.js";
 import { ggmlTypeInfo, ggmlTypeName } from "./ggml-types.js";
 import {
-  commonHParams, familyOf, fileVocabSize, keyReader, supportedArchitectures,
+  commonHParams, familyOf, fileVocabSize, keyReader, layerFromTable, supportedArchitectures,
   type ArchFamily, type HParams, type LayerTensors, type ModelDescription, type ModelTensors, type TensorRef,
 } from "./arch/index.js";
 
@@ -57,15 +57,10 @@ export function readModelTensors(f: GgufFile, hp: HParams): ModelTensors {
   checkLayerCount(f, hp.nLayers);
   const layers: LayerTensors[] = [];
   for (let i = 0; i < hp.nLayers; i++) {
-    const p = `blk.${i}.`;
-    const layer: Partial<Record<keyof LayerTensors, TensorRef>> = {};
-    for (const slot of family.layer) {
-      if (slot.when && !slot.when(hp)) continue;
-      layer[slot.field] = must(`${p}${slot.name}`, slot.dims(hp), slot.f32 ?? false);
-    }
-    layers.push(layer as LayerTensors);
+    layers.push(layerFromTable(family.layer, hp, i, (name, dims, f32) => must(name, dims, f32)));
   }
-  return { tokenEmbd, outputNorm, output, ropeFreqs, layers };
+  const factors = (name: string) => (family.longRope ? get(name, [hp.ropeDims / 2], { optional: true, f32Only: true }) : undefined);
+  return { tokenEmbd, outputNorm, output, ropeFreqs, ropeFactorsLong: factors("rope_factors_long.weight"), ropeFactorsShort: factors("rope_factors_short.weight"), layers };
 }
 
 /** block_count must agree with the blk.N tensors: a file that says fewer layers than it holds would

@@ -7,7 +7,7 @@ import type { HParams, LayerTensors, ModelDescription, ModelTensors, TensorRef }
 import { ggmlTypeInfo, ggmlTypeName } from "./ggml-types.js";
 import { planTensors, type FileTypeName } from "./quant-mix.js";
 import type { ModelShape } from "./shapes.js";
-import { familyOf, shapeHParams } from "./arch/index.js";
+import { familyOf, layerFromTable, shapeHParams } from "./arch/index.js";
 
 /** FLOPs (or bytes) keyed by ggml weight-type name ("Q4_K", "F16", "F32", ...). */
 export type PerWeightType = Readonly<Record<string, number>>;
@@ -113,7 +113,7 @@ export function modelProfile(desc: ModelDescription, opts: ModelProfileOptions):
   if (t.layers.length !== hp.nLayers) throw new Error(`model has ${t.layers.length} layer tensor sets for ${hp.nLayers} layers`);
 
   const layerBytesEach = t.layers.map(layerWeightBytes);
-  const ropeBytes = t.ropeFreqs?.nBytes ?? 0;
+  const ropeBytes = (t.ropeFreqs?.nBytes ?? 0) + (t.ropeFactorsLong?.nBytes ?? 0) + (t.ropeFactorsShort?.nBytes ?? 0);
   const layerBytes = (layerBytesEach.reduce((s, x) => s + x, 0) + ropeBytes) / hp.nLayers;
 
   const flopsSum: Record<string, number> = {};
@@ -168,14 +168,7 @@ export function syntheticModelDescription(shape: ModelShape, fileType: FileTypeN
   }
   const hparams = shapeHParams(shape.arch, shape);
   const layers: LayerTensors[] = [];
-  for (let i = 0; i < shape.nLayers; i++) {
-    const layer: Partial<Record<keyof LayerTensors, TensorRef>> = {};
-    for (const slot of familyOf(shape.arch)!.layer) {
-      const ref = refs.get(`blk.${i}.${slot.name}`);
-      if (ref) layer[slot.field] = ref;
-    }
-    layers.push(layer as LayerTensors);
-  }
+  for (let i = 0; i < shape.nLayers; i++) layers.push(layerFromTable(familyOf(shape.arch)!.layer, hparams, i, (name) => refs.get(name)));
   const tokenEmbd = refs.get("token_embd.weight")!;
   const tensors: ModelTensors = { tokenEmbd, outputNorm: refs.get("output_norm.weight")!, output: refs.get("output.weight") ?? tokenEmbd, layers };
   return { path: `synthetic:${shape.name}-${fileType}`, fileBytes: offset, hparams, tensors };

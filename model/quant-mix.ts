@@ -125,7 +125,7 @@ export interface PlannedTensor {
   readonly dims: readonly number[];
   readonly type: number;
   /** What fills it: weights (normal), ones (norms) or biases (small normal). */
-  readonly fill: "weight" | "ones" | "bias";
+  readonly fill: "weight" | "ones" | "bias" | "factors";
 }
 
 /** The tensors of a shape, in the order convert_hf_to_gguf-style files hold them, with their types:
@@ -139,10 +139,16 @@ export function planTensors(shape: ModelShape, fileType: FileTypeName, pure = fa
     out.push({ name, dims, fill, type: tensorTypeFor(fileType, { name, dims, layer }, shape, pure) });
   add("token_embd.weight", [E, shape.nVocab], -1, "weight");
   for (let i = 0; i < shape.nLayers; i++) {
+    const written = new Set<string>(); // a fused tensor is several slots' views, written once
     for (const slot of family.layer) {
-      if (slot.when && !slot.when(hp)) continue;
+      if ((slot.when && !slot.when(hp)) || written.has(slot.name)) continue;
+      written.add(slot.name);
       add(`blk.${i}.${slot.name}`, [...slot.dims(hp)], i, slot.fill);
     }
+  }
+  if (family.longRope && shape.ropeOrigContext) {
+    add("rope_factors_long.weight", [hp.ropeDims / 2], -1, "factors");
+    add("rope_factors_short.weight", [hp.ropeDims / 2], -1, "factors");
   }
   add("output_norm.weight", [E], -1, "ones");
   if (!shape.tiedEmbeddings) add("output.weight", [E, shape.nVocab], -1, "weight");

@@ -49,6 +49,10 @@ export const modelShapes: readonly ModelShape[] = [
     tiedEmbeddings: true, qkvBias: false, contextLength: 131072, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "llama-spm",
     slidingWindow: 1024, slidingWindowPattern: 6, ropeFreqBaseSwa: 10000,
   },
+  {
+    name: "phi3-mini", arch: "phi3", nEmbd: 3072, nLayers: 32, nHead: 32, nHeadKv: 32, nFf: 8192, nVocab: 32064,
+    tiedEmbeddings: false, qkvBias: false, contextLength: 4096, ropeFreqBase: 10000, normEps: 1e-5, defaultVocab: "llama-spm",
+  },
   // Test shapes: seconds to make, every dimension a multiple of 256, GQA, stories260K's 512-token vocabulary.
   {
     name: "tiny-llama", arch: "llama", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, nFf: 512, nVocab: 512,
@@ -73,6 +77,14 @@ export const modelShapes: readonly ModelShape[] = [
   {
     name: "tiny-mistral3", arch: "mistral3", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, headDim: 128, nFf: 512, nVocab: 512,
     tiedEmbeddings: false, qkvBias: false, contextLength: 512, ropeFreqBase: 1000000, normEps: 1e-5, defaultVocab: "stories260K",
+  },
+  // phi3 with what its family file has to get right: fused QKV and gate/up, 96 of 128 dims rotated
+  // (Phi-4-mini's partial rotary), and LongRoPE: an original context of 32, so that every test
+  // context takes the long factors, and an attention factor on cos and sin.
+  {
+    name: "tiny-phi3", arch: "phi3", nEmbd: 256, nLayers: 2, nHead: 2, nHeadKv: 1, nFf: 512, nVocab: 512, ropeDims: 96,
+    tiedEmbeddings: false, qkvBias: false, contextLength: 512, ropeFreqBase: 10000, normEps: 1e-5, defaultVocab: "stories260K",
+    ropeOrigContext: 32, ropeAttnFactor: 1.19,
   },
   // 8 layers: the layer-dependent type choices of the K-quant mixes (first/last eighth, every third) all
   // occur; 4 heads per KV head: the GQA-dependent ones too.

@@ -51,6 +51,13 @@ function tensorBytes(t: PlannedTensor, seed: number, std: number): Uint8Array {
   const rows = t.dims.slice(1).reduce((a, b) => a * b, 1);
   const rowLen = rowBytes(t.type, rowElems);
   const out = new Uint8Array(rowLen * rows);
+  if (t.fill === "factors") {
+    // RoPE frequency factors: from 1 up, long ones stretching further, so the two tables differ
+    const long = t.name.includes("long");
+    const x = Float32Array.from({ length: rowElems * rows }, (_, i) => 1 + (i * (long ? 4 : 0.5)) / (rowElems * rows));
+    out.set(quantizeRef(t.type, x));
+    return out;
+  }
   if (t.fill === "ones") {
     out.set(quantizeRef(t.type, new Float32Array(rowElems * rows).fill(1)));
     return out;
@@ -95,6 +102,13 @@ function vocabMetadata(shape: ModelShape, vocab: GenerateOptions["vocab"]): Gguf
   return [...bundledVocab(vocab ?? shape.defaultVocab, { vocabSize: shape.nVocab }).metadata];
 }
 
+/** general.name for a shape: llama.cpp gives a model whose name contains "phi3" or "phi-3" phi3's
+ * token attributes, which needs phi3's own tokens (its vocabulary loading fails without "<|endoftext|>"),
+ * and the vocabularies we write have none of them. */
+function defaultName(shapeName: string): string {
+  return shapeName.replace(/phi-?3/gi, "phi_3");
+}
+
 export function resolveShape(shape: string | ModelShape): ModelShape {
   const s = typeof shape === "string" ? modelShapeByName(shape) : shape;
   if (!s) throw new ModelGenError(`unknown shape "${String(shape)}" (known: ${modelShapes.map((x) => x.name).join(", ")})`);
@@ -114,7 +128,7 @@ export async function generateModel(options: GenerateOptions): Promise<GenerateR
   if (!(std > 0 && std < 1e3)) throw new ModelGenError(`weight std must be positive (got ${std})`);
   const plan = planTensors(shape, fileType, options.pure ?? false);
   const metadata = [
-    ...archMetadata(shape, options.name ?? `${shape.name}-${fileType}${options.pure ? "-pure" : ""}-random`, fileType),
+    ...archMetadata(shape, options.name ?? `${defaultName(shape.name)}-${fileType}${options.pure ? "-pure" : ""}-random`, fileType),
     ...vocabMetadata(shape, options.vocab),
   ];
   const tensors: GgufTensorToWrite[] = plan.map((t) => ({

@@ -199,7 +199,7 @@ Model::Model(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Model>(info) {
     int *dst;
   } ints[] = {{"nVocab", &hp.n_vocab},   {"nEmbd", &hp.n_embd},       {"nLayers", &hp.n_layers},
               {"nHead", &hp.n_head},     {"nHeadKv", &hp.n_head_kv},  {"headDim", &hp.head_dim},
-              {"nFf", &hp.n_ff},         {"ropeDims", &hp.rope_dims}};
+              {"nFf", &hp.n_ff},         {"ropeDims", &hp.rope_dims}, {"nCtxOrig", &hp.n_ctx_orig}};
   for (auto &f : ints) {
     if (!IntArg(h.Get(f.key), 1, 1 << 24, &v)) {
       ThrowType(env, std::string("hparams.") + f.key + " must be a positive integer");
@@ -215,7 +215,8 @@ Model::Model(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Model>(info) {
   } floats[] = {{"normEps", &hp.norm_eps},         {"ropeFreqBase", &hp.rope_base},
                 {"ropeFreqScale", &hp.rope_freq_scale}, {"embdScale", &hp.embd_scale},
                 {"queryScale", &hp.q_scale},        {"scoreScale", &hp.kq_scale},
-                {"ropeFreqBaseSwa", &hp.rope_base_swa}, {"ropeFreqScaleSwa", &hp.rope_freq_scale_swa}};
+                {"ropeFreqBaseSwa", &hp.rope_base_swa}, {"ropeFreqScaleSwa", &hp.rope_freq_scale_swa},
+                {"ropeAttnFactor", &hp.rope_attn_factor}};
   for (auto &f : floats) {
     if (!h.Get(f.key).IsNumber()) {
       ThrowType(env, std::string("hparams.") + f.key + " must be a number");

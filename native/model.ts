@@ -22,6 +22,8 @@ export interface NativeHParams {
   readonly layerWindow: readonly number[];
   readonly ropeFreqBaseSwa: number;
   readonly ropeFreqScaleSwa: number;
+  readonly ropeAttnFactor: number;
+  readonly nCtxOrig: number;
 }
 
 /** One tensor as the addon maps it: ne0 is the row length, ne1 the number of rows. */

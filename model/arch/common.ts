@@ -2,7 +2,7 @@
 // tensor table the others extend (llama.cpp's llama_model_base::load_hparams and LLM_TENSOR_* names).
 import { GgufError, metaNumber, metaString, metaValue, type GgufFile } from "../gguf.js";
 import { printable } from "../escape.js";
-import type { Architecture, HParams, KeyReader, LayerSlot } from "./types.js";
+import type { Architecture, HParams, KeyReader, LayerSlot, LayerTensors, TensorRef } from "./types.js";
 
 const MAX_DIM = 1 << 20; // hidden sizes, heads and layers above this are not real models
 
@@ -76,6 +76,10 @@ export function commonHParams(r: KeyReader, arch: Architecture, ropeNeox: boolea
     if (lin !== undefined && lin > 0) ropeFreqScale = 1 / lin;
   }
   const nCtxTrain = r.number("context_length") ?? 2048;
+  const nCtxOrig = r.number("rope.scaling.original_context_length") ?? nCtxTrain;
+  if (!Number.isInteger(nCtxOrig) || nCtxOrig < 1 || nCtxOrig > 1 << 24) throw new GgufError(`${f.path}: original context length ${nCtxOrig} is out of range`);
+  const ropeAttnFactor = r.number("rope.scaling.attn_factor") ?? 1;
+  if (!(ropeAttnFactor > 0 && ropeAttnFactor < 100)) throw new GgufError(`${f.path}: ${k("rope.scaling.attn_factor")} ${ropeAttnFactor} is out of range`);
 
   positiveInt(f.path, "vocabulary size", nVocab, 1 << 24);
   return {
@@ -91,6 +95,8 @@ export function commonHParams(r: KeyReader, arch: Architecture, ropeNeox: boolea
     layerWindow: new Array<number>(nLayers).fill(0),
     ropeFreqBaseSwa: ropeFreqBase,
     ropeFreqScaleSwa: ropeFreqScale,
+    ropeAttnFactor,
+    nCtxOrig,
   };
 }
 
@@ -119,6 +125,28 @@ export const qkNormSlots: readonly LayerSlot[] = [
   { field: "qNorm", name: "attn_q_norm.weight", dims: (hp) => [hp.headDimK], f32: true, fill: "ones" },
   { field: "kNorm", name: "attn_k_norm.weight", dims: (hp) => [hp.headDimK], f32: true, fill: "ones" },
 ];
+
+/** Layer i's tensors from a family's table: `lookup` finds (and checks) a whole tensor of the file;
+ * a view slot becomes its rows of the fused tensor, named as the separate tensor would be. */
+export function layerFromTable(
+  slots: readonly LayerSlot[], hp: HParams, i: number,
+  lookup: (name: string, dims: readonly number[], f32: boolean) => TensorRef | undefined,
+): LayerTensors {
+  const layer: Partial<Record<keyof LayerTensors, TensorRef>> = {};
+  for (const slot of slots) {
+    if (slot.when && !slot.when(hp)) continue;
+    const t = lookup(`blk.${i}.${slot.name}`, slot.dims(hp), slot.f32 ?? false);
+    if (!t) continue;
+    if (!slot.view) {
+      layer[slot.field] = t;
+      continue;
+    }
+    const [start, count] = slot.view.rows(hp);
+    const rowBytes = t.nBytes / t.dims[1];
+    layer[slot.field] = { name: `blk.${i}.${slot.view.as}`, type: t.type, dims: [t.dims[0], count], offset: t.offset + start * rowBytes, nBytes: count * rowBytes };
+  }
+  return layer as LayerTensors;
+}
 
 /** The table with `extra` slots placed after the slot of field `after`. */
 export function withSlots(base: readonly LayerSlot[], after: LayerSlot["field"], extra: readonly LayerSlot[]): LayerSlot[] {

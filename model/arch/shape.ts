@@ -24,9 +24,11 @@ export function shapeKeys(arch: Architecture, s: FamilyShape): ShapeKey[] {
     { key: "attention.head_count_kv", type: "u32", value: s.nHeadKv },
     { key: "rope.freq_base", type: "f32", value: s.ropeFreqBase },
     { key: "attention.layer_norm_rms_epsilon", type: "f32", value: s.normEps },
-    { key: "rope.dimension_count", type: "u32", value: hd },
+    { key: "rope.dimension_count", type: "u32", value: s.ropeDims ?? hd },
     { key: "vocab_size", type: "u32", value: s.nVocab },
     ...(s.headDim ? [{ key: "attention.key_length", type: "u32" as const, value: s.headDim }, { key: "attention.value_length", type: "u32" as const, value: s.headDim }] : []),
+    ...(s.ropeOrigContext ? [{ key: "rope.scaling.original_context_length", type: "u32" as const, value: s.ropeOrigContext }] : []),
+    ...(s.ropeAttnFactor ? [{ key: "rope.scaling.attn_factor", type: "f32" as const, value: s.ropeAttnFactor }] : []),
     ...(family.shapeMetadata?.(s) ?? []),
   ];
 }

@@ -2,7 +2,7 @@
 // hyper-parameters with the switches of the native shared blocks, and the checked tensor table.
 
 /** A family name as general.architecture spells it. */
-export type Architecture = "llama" | "qwen2" | "qwen3" | "gemma3" | "mistral3";
+export type Architecture = "llama" | "qwen2" | "qwen3" | "gemma3" | "mistral3" | "phi3";
 
 export interface HParams {
   readonly arch: Architecture;
@@ -40,6 +40,11 @@ export interface HParams {
   /** RoPE base and position scale of the sliding-window layers (the full ones' when there are none). */
   readonly ropeFreqBaseSwa: number;
   readonly ropeFreqScaleSwa: number;
+  /** RoPE's cos and sin are multiplied by this (rope.scaling.attn_factor); 1 for none. */
+  readonly ropeAttnFactor: number;
+  /** The context the model was trained at before extension: a longer window takes phi3's long RoPE
+   * factors (rope.scaling.original_context_length, else the training context). */
+  readonly nCtxOrig: number;
 }
 
 /** One tensor the engine maps: where it is in the file and what it is. */
@@ -80,6 +85,9 @@ export interface ModelTensors {
   /** token_embd when the embeddings are tied. */
   readonly output: TensorRef;
   readonly ropeFreqs?: TensorRef;
+  /** phi3's LongRoPE frequency factors: long for a context past nCtxOrig, else short. */
+  readonly ropeFactorsLong?: TensorRef;
+  readonly ropeFactorsShort?: TensorRef;
   readonly layers: readonly LayerTensors[];
 }
 
@@ -103,6 +111,9 @@ export interface LayerSlot {
   readonly f32?: boolean;
   /** What the generator fills it with. */
   readonly fill: "weight" | "ones" | "bias";
+  /** The slot is rows [start, start + count) of the fused tensor `name` (phi3's attn_qkv, ffn_up),
+   * which the engine maps as the separate tensor `as` would be: no copy, no extra pass. */
+  readonly view?: { readonly as: string; readonly rows: (hp: HParams) => readonly [number, number] };
 }
 
 /** Reads the family's own keys of a file (`<arch>.` prefixed). */
@@ -134,6 +145,11 @@ export interface FamilyShape {
   readonly slidingWindow?: number;
   readonly slidingWindowPattern?: number;
   readonly ropeFreqBaseSwa?: number;
+  /** Rotary dims when only part of each head rotates (phi3's partial_rotary_factor). */
+  readonly ropeDims?: number;
+  /** phi3's LongRoPE: the original context (and rope factor tensors are written) and the attn factor. */
+  readonly ropeOrigContext?: number;
+  readonly ropeAttnFactor?: number;
 }
 
 /** A family: its keys, its switches of the shared blocks and its tensor table. Adding a family is one
@@ -144,6 +160,8 @@ export interface ArchFamily {
   /** The family's switches and keys, given the hyper-parameters every family shares. */
   readonly hparams: (keys: KeyReader, common: HParams) => HParams;
   readonly layer: readonly LayerSlot[];
+  /** The family reads rope_factors_long/short.weight (llama.cpp creates them for phi3 only). */
+  readonly longRope?: boolean;
   /** Metadata keys a generated model of this family writes beyond the common ones (modelgen/). */
   readonly shapeMetadata?: (shape: FamilyShape) => readonly { key: string; type: "u32" | "f32"; value: number }[];
 }

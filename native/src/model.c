@@ -271,7 +271,7 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
       hp->n_ff <= 0 || hp->n_vocab <= 0 || hp->n_head % hp->n_head_kv != 0 || hp->rope_dims > hp->head_dim ||
       hp->rope_dims % 2 != 0 || (hp->ffn_act != PRIMA_FFN_SILU && hp->ffn_act != PRIMA_FFN_GELU) ||
       !(hp->embd_scale > 0) || !(hp->q_scale > 0) || !(hp->kq_scale > 0) || !(hp->rope_base_swa > 1) ||
-      !(hp->rope_freq_scale_swa > 0)) {
+      !(hp->rope_freq_scale_swa > 0) || !(hp->rope_attn_factor > 0) || hp->n_ctx_orig < 1) {
     prima_fail(err, err_len, "invalid hyper-parameters");
     return NULL;
   }
@@ -312,7 +312,9 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
   if (bind_tensor(m, tensors, n_tensors, "token_embd.weight", E, hp->n_vocab, 0, 0, &m->tok_embd, err, err_len) ||
       bind_tensor(m, tensors, n_tensors, "output_norm.weight", E, 1, 0, 1, &m->output_norm, err, err_len) ||
       bind_tensor(m, tensors, n_tensors, "output.weight", E, hp->n_vocab, 1, 0, &m->output, err, err_len) ||
-      bind_tensor(m, tensors, n_tensors, "rope_freqs.weight", hp->rope_dims / 2, 1, 1, 1, &m->rope_freqs, err, err_len))
+      bind_tensor(m, tensors, n_tensors, "rope_freqs.weight", hp->rope_dims / 2, 1, 1, 1, &m->rope_freqs, err, err_len) ||
+      bind_tensor(m, tensors, n_tensors, "rope_factors_long.weight", hp->rope_dims / 2, 1, 1, 1, &m->rope_long, err, err_len) ||
+      bind_tensor(m, tensors, n_tensors, "rope_factors_short.weight", hp->rope_dims / 2, 1, 1, 1, &m->rope_short, err, err_len))
     goto bad;
   if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
 #ifdef MADV_RANDOM
@@ -492,8 +494,17 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
     prima_window_destroy(w);
     return NULL;
   }
+  /* llama.cpp's get_rope_factors: rope_freqs when the file has them, else phi3's long factors for a
+   * context longer than the original one, else its short ones (its context is padded to 256: equal
+   * choices for contexts that are multiples of 256) */
+  const prima_tensor *factors = m->rope_freqs.data ? &m->rope_freqs
+                                : n_ctx > hp->n_ctx_orig && m->rope_long.data ? &m->rope_long : &m->rope_short;
   prima_rope_table(w->rope_cos, w->rope_sin, n_ctx, hp->rope_dims, hp->rope_base, hp->rope_freq_scale,
-                   m->rope_freqs.data ? (const float *)m->rope_freqs.data : NULL);
+                   factors->data ? (const float *)factors->data : NULL);
+  if (hp->rope_attn_factor != 1.0f) {
+    prima_scale(w->rope_cos, (int)((size_t)n_ctx * half), hp->rope_attn_factor);
+    prima_scale(w->rope_sin, (int)((size_t)n_ctx * half), hp->rope_attn_factor);
+  }
   int has_swa = 0;
   for (int l = first; l < end; l++) has_swa |= m->layer_window[l] > 0;
   if (has_swa) {

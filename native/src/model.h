@@ -40,6 +40,8 @@ typedef struct {
   float q_scale;      /* Q is multiplied by this before attention (gemma's query scale; else 1) */
   float kq_scale;     /* attention scores are multiplied by this (1/sqrt(head_dim); gemma: 1) */
   float rope_base_swa, rope_freq_scale_swa; /* RoPE of the sliding-window layers */
+  float rope_attn_factor; /* cos and sin are multiplied by this (rope.scaling.attn_factor; 1: none) */
+  int n_ctx_orig;         /* a window of more context than this takes rope_factors_long, else _short */
   const int *layer_window; /* per layer: 0 full causal attention, else a sliding window of that many
                               tokens; NULL: all full. Copied by prima_model_open. */
 } prima_hparams;
@@ -59,6 +61,7 @@ typedef struct prima_model {
   size_t map_bytes;
   prima_hparams hp;
   prima_tensor tok_embd, output_norm, output, rope_freqs;
+  prima_tensor rope_long, rope_short; /* phi3's LongRoPE frequency factors (absent elsewhere) */
   prima_layer *layers;
   int *layer_window; /* n_layers entries, see prima_hparams */
   prima_pool *pool;

@@ -42,6 +42,9 @@ const cases: [shape: string, type: string, pure: boolean][] = [
   ["tiny-gemma3", "Q8_0", true],
   ["tiny-gemma3", "Q4_K_M", false],
   ["tiny-mistral3", "Q8_0", true],
+  ["tiny-phi3", "F32", true],
+  ["tiny-phi3", "Q8_0", true],
+  ["tiny-phi3", "Q4_K_M", false],
 ];
 
 describe("every family agrees with llama.cpp", () => {
