@@ -28,7 +28,8 @@ function familyOfFile(f: GgufFile): ArchFamily {
 export function readHParams(f: GgufFile): HParams {
   const family = familyOfFile(f);
   const keys = keyReader(f, family.name);
-  return family.hparams(keys, commonHParams(keys, family.name, family.ropeNeox, fileVocabSize(f)));
+  const common = commonHParams(keys, family.name, family.ropeNeox, fileVocabSize(f));
+  return family.hparams(keys, { ...common, hasRopeFreqs: common.hasRopeFreqs && Boolean(family.ropeFreqs) });
 }
 
 /** Checks every tensor the architecture needs: present, supported type, expected shape. */
@@ -49,11 +50,12 @@ export function readModelTensors(f: GgufFile, hp: HParams): ModelTensors {
   };
   const must = (name: string, dims: readonly number[], f32Only = false) => get(name, dims, { f32Only })!;
   const E = hp.nEmbd;
-  const family = familyOfFile(f);
   const tokenEmbd = must("token_embd.weight", [E, hp.nVocab]);
   const outputNorm = must("output_norm.weight", [E], true);
   const output = get("output.weight", [E, hp.nVocab], { optional: true }) ?? tokenEmbd;
-  const ropeFreqs = get("rope_freqs.weight", [hp.ropeDims / 2], { optional: true, f32Only: true });
+  const family = familyOfFile(f);
+  // a tensor the family's build ignores in llama.cpp is ignored here too
+  const ropeFreqs = family.ropeFreqs ? get("rope_freqs.weight", [hp.ropeDims / 2], { optional: true, f32Only: true }) : undefined;
   checkLayerCount(f, hp.nLayers);
   const layers: LayerTensors[] = [];
   for (let i = 0; i < hp.nLayers; i++) {

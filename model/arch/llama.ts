@@ -7,6 +7,7 @@ import type { ArchFamily } from "./types.js";
 export const llama: ArchFamily = {
   name: "llama",
   ropeNeox: false,
+  ropeFreqs: true,
   hparams: (_keys, common) => common,
   layer: llamaLayer,
 };

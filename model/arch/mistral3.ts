@@ -8,6 +8,7 @@ import type { ArchFamily } from "./types.js";
 export const mistral3: ArchFamily = {
   name: "mistral3",
   ropeNeox: false,
+  ropeFreqs: true,
   hparams: (keys, common) => {
     const temp = keys.number("attention.temperature_scale") ?? 0;
     if (temp !== 0) throw new GgufError(`${keys.path}: mistral3.attention.temperature_scale = ${temp}: attention temperature scaling is not supported`);

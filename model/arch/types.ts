@@ -162,6 +162,8 @@ export interface ArchFamily {
   readonly layer: readonly LayerSlot[];
   /** The family reads rope_factors_long/short.weight (llama.cpp creates them for phi3 only). */
   readonly longRope?: boolean;
+  /** The family reads Llama 3.1's rope_freqs.weight (llama, mistral3; the others' builds ignore it). */
+  readonly ropeFreqs?: boolean;
   /** Metadata keys a generated model of this family writes beyond the common ones (modelgen/). */
   readonly shapeMetadata?: (shape: FamilyShape) => readonly { key: string; type: "u32" | "f32"; value: number }[];
 }

@@ -515,8 +515,14 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
       prima_window_destroy(w);
       return NULL;
     }
-    /* llama.cpp gives sliding-window layers their own base and scale, and no frequency factors */
-    prima_rope_table(w->rope_cos_swa, w->rope_sin_swa, n_ctx, hp->rope_dims, hp->rope_base_swa, hp->rope_freq_scale_swa, NULL);
+    /* llama.cpp gives sliding-window layers their own base and scale, the same factors and the same
+     * attention factor (get_rope_factors and yarn_attn_factor do not depend on the layer) */
+    prima_rope_table(w->rope_cos_swa, w->rope_sin_swa, n_ctx, hp->rope_dims, hp->rope_base_swa, hp->rope_freq_scale_swa,
+                     factors->data ? (const float *)factors->data : NULL);
+    if (hp->rope_attn_factor != 1.0f) {
+      prima_scale(w->rope_cos_swa, (int)((size_t)n_ctx * half), hp->rope_attn_factor);
+      prima_scale(w->rope_sin_swa, (int)((size_t)n_ctx * half), hp->rope_attn_factor);
+    }
   }
   w->layer_bytes = weights / nl;
   w->weight_bytes = weights;
