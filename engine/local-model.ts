@@ -108,6 +108,6 @@ export function nativeHParams(desc: ModelDescription): NativeHParams {
     ropeFreqBase: h.ropeFreqBase, ropeFreqScale: h.ropeFreqScale, ffnAct: h.ffnAct, embdScale: h.embdScale,
     queryScale: h.queryScale, scoreScale: h.scoreScale, layerWindow: h.layerWindow,
     ropeFreqBaseSwa: h.ropeFreqBaseSwa, ropeFreqScaleSwa: h.ropeFreqScaleSwa, ropeAttnFactor: h.ropeAttnFactor,
-    nCtxOrig: h.nCtxOrig,
+    nCtxOrig: h.nCtxOrig, attnSoftcap: h.attnSoftcap, finalSoftcap: h.finalSoftcap,
   };
 }

@@ -52,7 +52,7 @@ export function readModelTensors(f: GgufFile, hp: HParams): ModelTensors {
   const E = hp.nEmbd;
   const tokenEmbd = must("token_embd.weight", [E, hp.nVocab]);
   const outputNorm = must("output_norm.weight", [E], true);
-  const output = get("output.weight", [E, hp.nVocab], { optional: true }) ?? tokenEmbd;
+  const output = hp.tiedEmbeddings ? tokenEmbd : get("output.weight", [E, hp.nVocab], { optional: true }) ?? tokenEmbd;
   const family = familyOfFile(f);
   // a tensor the family's build ignores in llama.cpp is ignored here too
   const ropeFreqs = family.ropeFreqs ? get("rope_freqs.weight", [hp.ropeDims / 2], { optional: true, f32Only: true }) : undefined;

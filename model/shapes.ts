@@ -40,6 +40,11 @@ export const modelShapes: readonly ModelShape[] = [
     tiedEmbeddings: false, qkvBias: false, contextLength: 40960, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "qwen2",
   },
   {
+    name: "gemma2-2b", arch: "gemma2", nEmbd: 2304, nLayers: 26, nHead: 8, nHeadKv: 4, headDim: 256, nFf: 9216, nVocab: 256000,
+    tiedEmbeddings: true, qkvBias: false, contextLength: 8192, ropeFreqBase: 10000, normEps: 1e-6, defaultVocab: "llama-spm",
+    slidingWindow: 4096, attnSoftcap: 50, finalSoftcap: 30,
+  },
+  {
     name: "gemma3-1b", arch: "gemma3", nEmbd: 1152, nLayers: 26, nHead: 4, nHeadKv: 1, headDim: 256, nFf: 6912, nVocab: 262144,
     tiedEmbeddings: true, qkvBias: false, contextLength: 32768, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "llama-spm",
     slidingWindow: 512, slidingWindowPattern: 6, ropeFreqBaseSwa: 10000,
@@ -72,6 +77,13 @@ export const modelShapes: readonly ModelShape[] = [
     name: "tiny-gemma3", arch: "gemma3", nEmbd: 256, nLayers: 3, nHead: 4, nHeadKv: 1, headDim: 128, nFf: 512, nVocab: 512,
     tiedEmbeddings: true, qkvBias: false, contextLength: 512, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "stories260K",
     slidingWindow: 4, slidingWindowPattern: 2, ropeFreqBaseSwa: 10000,
+  },
+  // gemma2 with soft-caps small enough to bend random weights' scores and logits, and a 4-token window
+  // on every second layer.
+  {
+    name: "tiny-gemma2", arch: "gemma2", nEmbd: 256, nLayers: 3, nHead: 4, nHeadKv: 2, headDim: 128, nFf: 512, nVocab: 512,
+    tiedEmbeddings: true, qkvBias: false, contextLength: 512, ropeFreqBase: 10000, normEps: 1e-6, defaultVocab: "stories260K",
+    slidingWindow: 4, attnSoftcap: 0.5, finalSoftcap: 2,
   },
   // mistral3: llama with other keys, and a head size of its own as Ministral's 128 with 3072.
   {

@@ -216,7 +216,8 @@ Model::Model(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Model>(info) {
                 {"ropeFreqScale", &hp.rope_freq_scale}, {"embdScale", &hp.embd_scale},
                 {"queryScale", &hp.q_scale},        {"scoreScale", &hp.kq_scale},
                 {"ropeFreqBaseSwa", &hp.rope_base_swa}, {"ropeFreqScaleSwa", &hp.rope_freq_scale_swa},
-                {"ropeAttnFactor", &hp.rope_attn_factor}};
+                {"ropeAttnFactor", &hp.rope_attn_factor}, {"attnSoftcap", &hp.attn_softcap},
+                {"finalSoftcap", &hp.final_softcap}};
   for (auto &f : floats) {
     if (!h.Get(f.key).IsNumber()) {
       ThrowType(env, std::string("hparams.") + f.key + " must be a number");

@@ -24,6 +24,8 @@ export interface NativeHParams {
   readonly ropeFreqScaleSwa: number;
   readonly ropeAttnFactor: number;
   readonly nCtxOrig: number;
+  readonly attnSoftcap: number;
+  readonly finalSoftcap: number;
 }
 
 /** One tensor as the addon maps it: ne0 is the row length, ne1 the number of rows. */

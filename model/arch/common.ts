@@ -18,6 +18,7 @@ export function keyReader(f: GgufFile, arch: string): KeyReader {
   const k = (s: string) => `${arch}.${s}`;
   return {
     path: f.path,
+    arch,
     number: (key) => metaNumber(f, k(key)),
     string: (key) => metaString(f, k(key)),
     array: (key) => {
@@ -97,6 +98,8 @@ export function commonHParams(r: KeyReader, arch: Architecture, ropeNeox: boolea
     ropeFreqScaleSwa: ropeFreqScale,
     ropeAttnFactor,
     nCtxOrig,
+    attnSoftcap: 0,
+    finalSoftcap: 0,
   };
 }
 
@@ -147,6 +150,33 @@ export function layerFromTable(
   }
   return layer as LayerTensors;
 }
+
+/** Which layers slide (llama.cpp set_swa_pattern, dense last): the per-layer array of
+ * attention.sliding_window_pattern, or every layer but each n-th for its number (default `dflt`). */
+export function slidingLayers(keys: KeyReader, nLayers: number, dflt: number): boolean[] {
+  const arr = keys.array("attention.sliding_window_pattern");
+  if (arr) {
+    if (arr.length < nLayers) throw new GgufError(`${keys.path}: ${keys.arch}.attention.sliding_window_pattern has ${arr.length} entries for ${nLayers} layers`);
+    return arr.slice(0, nLayers).map((v) => Boolean(v));
+  }
+  const n = keys.number("attention.sliding_window_pattern") ?? dflt;
+  if (!Number.isInteger(n) || n < 0 || n > 1 << 16) throw new GgufError(`${keys.path}: ${keys.arch}.attention.sliding_window_pattern = ${n} is out of range`);
+  return Array.from({ length: nLayers }, (_, il) => n === 0 || il % n < n - 1);
+}
+
+/** A positive number key within (0, max), or its default; else an error naming the key. */
+export function rangedKey(keys: KeyReader, key: string, dflt: number, max: number): number {
+  const v = keys.number(key) ?? dflt;
+  if (!(v >= 0 && v < max && Number.isFinite(v))) throw new GgufError(`${keys.path}: ${keys.arch}.${key} = ${v} is out of range`);
+  return v;
+}
+
+/** gemma's layer (gemma2, gemma3): llama's, with RMS norms of the attention and feed-forward outputs. */
+export const gemmaLayer: readonly LayerSlot[] = withSlots(
+  withSlots(llamaLayer, "wo", [{ field: "attnPostNorm", name: "post_attention_norm.weight", dims: (hp) => [hp.nEmbd], f32: true, fill: "ones" }]),
+  "wDown",
+  [{ field: "ffnPostNorm", name: "post_ffw_norm.weight", dims: (hp) => [hp.nEmbd], f32: true, fill: "ones" }],
+);
 
 /** The table with `extra` slots placed after the slot of field `after`. */
 export function withSlots(base: readonly LayerSlot[], after: LayerSlot["field"], extra: readonly LayerSlot[]): LayerSlot[] {

@@ -4,30 +4,18 @@
 // 5 of every 6 layers (the pattern and window from the file) with its own RoPE base (10000 unless the
 // file says). The norm weights already hold gemma's "1 +" (convert_hf_to_gguf adds it).
 import { GgufError } from "../gguf.js";
-import { invSqrtF32, llamaLayer, qkNormSlots, withSlots } from "./common.js";
-import type { ArchFamily, HParams, KeyReader, LayerSlot } from "./types.js";
+import { gemmaLayer, invSqrtF32, qkNormSlots, rangedKey, slidingLayers, withSlots } from "./common.js";
+import type { ArchFamily, HParams, KeyReader } from "./types.js";
 
 const DEFAULT_PATTERN = 6;
 const DEFAULT_ROPE_BASE_SWA = 10000;
 
-/** Which layers slide (llama.cpp set_swa_pattern, dense last): every layer but each pattern-th. */
-function slidingLayers(keys: KeyReader, nLayers: number): boolean[] {
-  const arr = keys.array("attention.sliding_window_pattern");
-  if (arr) {
-    if (arr.length < nLayers) throw new GgufError(`${keys.path}: gemma3.attention.sliding_window_pattern has ${arr.length} entries for ${nLayers} layers`);
-    return arr.slice(0, nLayers).map((v) => Boolean(v));
-  }
-  const n = keys.number("attention.sliding_window_pattern") ?? DEFAULT_PATTERN;
-  if (!Number.isInteger(n) || n < 0 || n > 1 << 16) throw new GgufError(`${keys.path}: gemma3.attention.sliding_window_pattern = ${n} is out of range`);
-  return Array.from({ length: nLayers }, (_, il) => n === 0 || il % n < n - 1);
-}
-
 function hparams(keys: KeyReader, common: HParams): HParams {
   const window = keys.number("attention.sliding_window") ?? 0;
-  if (!Number.isInteger(window) || window < 0 || window > 1 << 24) throw new GgufError(`${keys.path}: gemma3.attention.sliding_window = ${window} is out of range`);
-  const sliding = window > 0 ? slidingLayers(keys, common.nLayers) : new Array<boolean>(common.nLayers).fill(false);
+  if (!Number.isInteger(window) || window < 0 || window > 1 << 24) throw new GgufError(`${keys.path}: ${keys.arch}.attention.sliding_window = ${window} is out of range`);
+  const sliding = window > 0 ? slidingLayers(keys, common.nLayers, DEFAULT_PATTERN) : new Array<boolean>(common.nLayers).fill(false);
   const ropeFreqBaseSwa = window > 0 ? keys.number("rope.freq_base_swa") ?? DEFAULT_ROPE_BASE_SWA : common.ropeFreqBase;
-  if (!(ropeFreqBaseSwa > 1 && Number.isFinite(ropeFreqBaseSwa))) throw new GgufError(`${keys.path}: gemma3.rope.freq_base_swa ${ropeFreqBaseSwa} is out of range`);
+  if (!(ropeFreqBaseSwa > 1 && Number.isFinite(ropeFreqBaseSwa))) throw new GgufError(`${keys.path}: ${keys.arch}.rope.freq_base_swa ${ropeFreqBaseSwa} is out of range`);
   // gemma_pytorch's query_pre_attn_scalar: nEmbd / nHead for the 27B (62 layers), else the head size
   const queryScale = common.nLayers === 62 ? invSqrtF32(Math.floor(common.nEmbd / common.nHead)) : invSqrtF32(common.headDimK);
   return {
@@ -39,21 +27,15 @@ function hparams(keys: KeyReader, common: HParams): HParams {
     layerWindow: sliding.map((s) => (s ? window : 0)),
     ropeFreqBaseSwa,
     ropeFreqScaleSwa: window > 0 ? 1 : common.ropeFreqScale,
+    finalSoftcap: rangedKey(keys, "final_logit_softcapping", 0, 1e6),
   };
 }
-
-const postNorm = (field: "attnPostNorm" | "ffnPostNorm", name: string): LayerSlot =>
-  ({ field, name, dims: (hp) => [hp.nEmbd], f32: true, fill: "ones" });
 
 export const gemma3: ArchFamily = {
   name: "gemma3",
   ropeNeox: true,
   hparams,
-  layer: withSlots(
-    withSlots(withSlots(llamaLayer, "wo", [postNorm("attnPostNorm", "post_attention_norm.weight")]), "attnPostNorm", qkNormSlots),
-    "wDown",
-    [postNorm("ffnPostNorm", "post_ffw_norm.weight")],
-  ),
+  layer: withSlots(gemmaLayer, "attnPostNorm", qkNormSlots),
   shapeMetadata: (s) => [
     ...(s.slidingWindow ? [{ key: "attention.sliding_window", type: "u32" as const, value: s.slidingWindow }] : []),
     ...(s.slidingWindowPattern ? [{ key: "attention.sliding_window_pattern", type: "u32" as const, value: s.slidingWindowPattern }] : []),

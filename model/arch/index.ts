@@ -1,5 +1,6 @@
 // model/arch/: one file per model family (its keys, its switches of the native shared blocks, its
 // tensor table), as llama.cpp's src/models/<arch>.cpp; this index is the list of families prima runs.
+import { gemma2 } from "./gemma2.js";
 import { gemma3 } from "./gemma3.js";
 import { llama } from "./llama.js";
 import { mistral3 } from "./mistral3.js";
@@ -8,7 +9,7 @@ import { qwen2 } from "./qwen2.js";
 import { qwen3 } from "./qwen3.js";
 import type { ArchFamily, Architecture } from "./types.js";
 
-export const families: readonly ArchFamily[] = [llama, qwen2, qwen3, gemma3, mistral3, phi3];
+export const families: readonly ArchFamily[] = [llama, qwen2, qwen3, gemma2, gemma3, mistral3, phi3];
 export const supportedArchitectures: readonly Architecture[] = families.map((f) => f.name);
 
 export function familyOf(name: string): ArchFamily | undefined {

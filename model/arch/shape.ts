@@ -43,6 +43,7 @@ export function shapeHParams(arch: Architecture, s: FamilyShape): HParams {
   if (s.qkvBias) tensors.add("blk.0.attn_q.bias");
   const reader: KeyReader = {
     path: `shape:${arch}`,
+    arch,
     number: (k) => keys.get(k),
     string: () => undefined,
     array: () => undefined,

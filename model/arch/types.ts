@@ -2,7 +2,7 @@
 // hyper-parameters with the switches of the native shared blocks, and the checked tensor table.
 
 /** A family name as general.architecture spells it. */
-export type Architecture = "llama" | "qwen2" | "qwen3" | "gemma3" | "mistral3" | "phi3";
+export type Architecture = "llama" | "qwen2" | "qwen3" | "gemma2" | "gemma3" | "mistral3" | "phi3";
 
 export interface HParams {
   readonly arch: Architecture;
@@ -45,6 +45,9 @@ export interface HParams {
   /** The context the model was trained at before extension: a longer window takes phi3's long RoPE
    * factors (rope.scaling.original_context_length, else the training context). */
   readonly nCtxOrig: number;
+  /** Attention scores and the final logits become cap * tanh(x / cap) (gemma2); 0 for none. */
+  readonly attnSoftcap: number;
+  readonly finalSoftcap: number;
 }
 
 /** One tensor the engine maps: where it is in the file and what it is. */
@@ -119,6 +122,8 @@ export interface LayerSlot {
 /** Reads the family's own keys of a file (`<arch>.` prefixed). */
 export interface KeyReader {
   readonly path: string;
+  /** The family prefix of its keys. */
+  readonly arch: string;
   number(key: string): number | undefined;
   string(key: string): string | undefined;
   /** An array's items (numbers or booleans), undefined when absent or not an array. */
@@ -150,6 +155,9 @@ export interface FamilyShape {
   /** phi3's LongRoPE: the original context (and rope factor tensors are written) and the attn factor. */
   readonly ropeOrigContext?: number;
   readonly ropeAttnFactor?: number;
+  /** gemma2's soft-caps of the attention scores and the logits. */
+  readonly attnSoftcap?: number;
+  readonly finalSoftcap?: number;
 }
 
 /** A family: its keys, its switches of the shared blocks and its tensor table. Adding a family is one

@@ -271,7 +271,8 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
       hp->n_ff <= 0 || hp->n_vocab <= 0 || hp->n_head % hp->n_head_kv != 0 || hp->rope_dims > hp->head_dim ||
       hp->rope_dims % 2 != 0 || (hp->ffn_act != PRIMA_FFN_SILU && hp->ffn_act != PRIMA_FFN_GELU) ||
       !(hp->embd_scale > 0) || !(hp->q_scale > 0) || !(hp->kq_scale > 0) || !(hp->rope_base_swa > 1) ||
-      !(hp->rope_freq_scale_swa > 0) || !(hp->rope_attn_factor > 0) || hp->n_ctx_orig < 1) {
+      !(hp->rope_freq_scale_swa > 0) || !(hp->rope_attn_factor > 0) || hp->n_ctx_orig < 1 || !(hp->attn_softcap >= 0) ||
+      !(hp->final_softcap >= 0)) {
     prima_fail(err, err_len, "invalid hyper-parameters");
     return NULL;
   }
@@ -595,6 +596,28 @@ static void quantize_for(const prima_task *t, prima_window *w, const act_set *s,
   }
 }
 
+/* x = cap * tanh(x / cap), as ggml computes it (scale by 1/cap, tanh, scale by cap). */
+static void softcap(float *x, int n, float cap) {
+  const float inv = 1.0f / cap;
+  for (int i = 0; i < n; i++) x[i] = tanhf(x[i] * inv) * cap;
+}
+
+/* Output norm and head on one row, on the pool; the final soft-cap after every thread's rows. */
+static void head_rows(const prima_task *t, prima_model *m, const float *row, float *logits) {
+  const int E = m->hp.n_embd;
+  if (t->ith == 0) {
+    prima_rmsnorm(row, (const float *)m->output_norm.data, m->head_norm, E, m->hp.norm_eps);
+    prima_act_quantizer(act_type_of(&m->output))(m->head_norm, m->head_act, E);
+  }
+  prima_pool_barrier(t);
+  const prima_mm mm = { &m->output, m->head_act, 0, logits, 0, 0 };
+  prima_mm_run(t, &mm, 1, 1);
+  if (m->hp.final_softcap > 0) {
+    prima_pool_barrier(t);
+    if (t->ith == 0) softcap(logits, m->hp.n_vocab, m->hp.final_softcap);
+  }
+}
+
 /* Blocked online softmax: scores for ATT_BLOCK cached positions at a time, one rescale of the
  * accumulators per block instead of per position. */
 #define ATT_BLOCK 128
@@ -629,6 +652,7 @@ static void attention(const prima_task *t, prima_window *w, int li, int pos, int
       const int nb = n_pos - p0 < ATT_BLOCK ? n_pos - p0 : ATT_BLOCK;
       const size_t off = (size_t)p0 * kvdim + (size_t)g * D;
       prima_attn_scores(q, ratio, D, K + off, kvdim, nb, scale, s);
+      if (hp->attn_softcap > 0) softcap(s, ratio * nb, hp->attn_softcap);
       for (int h = 0; h < ratio; h++) {
         float *sh = s + (size_t)h * nb;
         float mb = sh[0];
@@ -809,17 +833,7 @@ static void forward_job(const prima_task *t, void *ctx) {
     }
   }
 
-  if (j->logits) {
-    const float *row = x + (size_t)(n - 1) * E;
-    const int f = act_type_of(&m->output);
-    if (t->ith == 0) {
-      prima_rmsnorm(row, (const float *)m->output_norm.data, m->head_norm, E, hp->norm_eps);
-      prima_act_quantizer(f)(m->head_norm, m->head_act, E);
-    }
-    prima_pool_barrier(t);
-    const prima_mm mm = { &m->output, m->head_act, 0, j->logits, 0, 0 };
-    prima_mm_run(t, &mm, 1, 1);
-  }
+  if (j->logits) head_rows(t, m, x + (size_t)(n - 1) * E, j->logits);
 }
 
 int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, float *logits, char *err, size_t err_len) {
@@ -853,15 +867,7 @@ typedef struct {
 
 static void head_job_fn(const prima_task *t, void *ctx) {
   head_job *j = ctx;
-  prima_model *m = j->m;
-  const int E = m->hp.n_embd;
-  if (t->ith == 0) {
-    prima_rmsnorm(j->row, (const float *)m->output_norm.data, m->head_norm, E, m->hp.norm_eps);
-    prima_act_quantizer(act_type_of(&m->output))(m->head_norm, m->head_act, E);
-  }
-  prima_pool_barrier(t);
-  const prima_mm mm = { &m->output, m->head_act, 0, j->logits, 0, 0 };
-  prima_mm_run(t, &mm, 1, 1);
+  head_rows(t, j->m, j->row, j->logits);
 }
 
 void prima_model_logits(prima_model *m, const float *row, float *logits) {

@@ -42,6 +42,8 @@ typedef struct {
   float rope_base_swa, rope_freq_scale_swa; /* RoPE of the sliding-window layers */
   float rope_attn_factor; /* cos and sin are multiplied by this (rope.scaling.attn_factor; 1: none) */
   int n_ctx_orig;         /* a window of more context than this takes rope_factors_long, else _short */
+  float attn_softcap;     /* attention scores become cap * tanh(score / cap) (gemma2); 0: none */
+  float final_softcap;    /* the logits likewise (gemma2, some gemma3); 0: none */
   const int *layer_window; /* per layer: 0 full causal attention, else a sliding window of that many
                               tokens; NULL: all full. Copied by prima_model_open. */
 } prima_hparams;

@@ -38,6 +38,8 @@ const cases: [shape: string, type: string, pure: boolean][] = [
   ["tiny-qwen3", "F32", true],
   ["tiny-qwen3", "Q8_0", true],
   ["tiny-qwen3", "Q4_K_M", false],
+  ["tiny-gemma2", "F32", true],
+  ["tiny-gemma2", "Q4_K_M", false],
   ["tiny-gemma3", "F32", true],
   ["tiny-gemma3", "Q8_0", true],
   ["tiny-gemma3", "Q4_K_M", false],

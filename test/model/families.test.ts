@@ -11,7 +11,7 @@ const dir = tempDir("prima-families-model-");
 const files = new Map<string, GgufFile>();
 
 beforeAll(async () => {
-  for (const shape of ["tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-mistral3", "tiny-phi3"]) {
+  for (const shape of ["tiny-qwen2", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-mistral3", "tiny-phi3"]) {
     const out = join(dir, `${shape}.gguf`);
     await generateModel({ shape, type: "F32", out, pure: true });
     files.set(shape, readGguf(out));
@@ -51,6 +51,13 @@ describe("family files refuse what they cannot run, by name", () => {
     expect(() => describeModel(edited("tiny-mistral3", setKey("mistral3.attention.temperature_scale", kv.f32("mistral3.attention.temperature_scale", 0.1))))).toThrow(/temperature_scale = 0.1.*not supported/);
     expect(() => describeModel(edited("tiny-mistral3", setKey("mistral3.expert_count", kv.u32("mistral3.expert_count", 8))))).toThrow(/mistral3.expert_count = 8: mixture-of-experts/);
     expect(() => describeModel(edited("tiny-phi3", setKey("phi3.rope.scaling.attn_factor", kv.f32("phi3.rope.scaling.attn_factor", -1))))).toThrow(/phi3.rope.scaling.attn_factor -1 is out of range/);
+  });
+
+  it("gemma2's head is its embeddings even when the file holds an output.weight, as in llama.cpp", () => {
+    const f = edited("tiny-gemma2", same, (ts) => [...ts, { ...ts.find((t) => t.name === "token_embd.weight")!, name: "output.weight" }]);
+    const d = describeModel(f);
+    expect(d.tensors.output.name).toBe("token_embd.weight");
+    expect(d.hparams).toMatchObject({ tiedEmbeddings: true, attnSoftcap: Math.fround(0.5), finalSoftcap: 2, layerWindow: [4, 0, 4] });
   });
 
   it("a per-layer sliding pattern array is read as llama.cpp reads it", () => {

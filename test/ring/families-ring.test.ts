@@ -20,7 +20,7 @@ function singleDevice(path: string, args: string[]): number[] {
 
 describe("two-worker ring per family", () => {
   const dir = tempDir("prima-family-ring-");
-  it.each(["tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-mistral3", "tiny-phi3"])("%s, 6 layers in windows 2,2,2: the same tokens as one device", async (shape) => {
+  it.each(["tiny-qwen2", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-mistral3", "tiny-phi3"])("%s, 6 layers in windows 2,2,2: the same tokens as one device", async (shape) => {
     const path = join(dir, `${shape}.gguf`);
     await generateModel({ shape: { ...modelShapeByName(shape)!, nLayers: 6 }, type: "Q8_0", out: path, seed: 3, weightStd: 0.08 });
     const expected = singleDevice(path, gen);
