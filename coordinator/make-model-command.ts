@@ -2,7 +2,10 @@
 // (modelgen/). Tests and benchmarks use it to make models no one can download here.
 import { parseArgs } from "node:util";
 import { generateModel, ModelGenError, resolveShape } from "../modelgen/index.js";
-import { BUNDLED_VOCAB_NAMES, FILE_TYPE_NAMES, modelShapeByName, modelShapes, type BundledVocabName, type ModelShape } from "../model/index.js";
+import {
+  BUNDLED_VOCAB_NAMES, FILE_TYPE_NAMES, familyOf, modelShapeByName, modelShapes, supportedArchitectures,
+  type Architecture, type BundledVocabName, type ModelShape,
+} from "../model/index.js";
 
 const HELP = `usage: prima-coord make-model --shape NAME --type TYPE --out FILE [options]
        prima-coord make-model --dims N --layers N --heads N --ffn N --type TYPE --out FILE [options]
@@ -14,7 +17,8 @@ const HELP = `usage: prima-coord make-model --shape NAME --type TYPE --out FILE 
   --vocab NAME      ${BUNDLED_VOCAB_NAMES.join(", ")} (default: the shape's)
   --seed N          random seed (default 1)
   custom shape (starting from --shape, or from tiny-llama):
-  --arch A          llama or qwen2      --dims N      --layers N     --heads N
+  --arch A          ${supportedArchitectures.join(", ")}
+  --dims N      --layers N     --heads N
   --kv-heads N      --ffn N             --vocab-size N                --ctx N`;
 
 class UsageError extends Error {
@@ -59,11 +63,11 @@ export function parseMakeModelArgs(argv: string[]): MakeModelArgs | "help" {
   if (!values.shape && custom === undefined) throw new UsageError("--shape (or a custom --dims/--layers/... shape) is required");
   let base = modelShapeByName(values.shape ?? "tiny-llama");
   if (!base) throw new UsageError(`unknown shape "${values.shape}" (known: ${modelShapes.map((s) => s.name).join(", ")})`);
-  if (values.arch !== undefined && values.arch !== "llama" && values.arch !== "qwen2") {
-    throw new UsageError(`--arch must be llama or qwen2 (got "${values.arch}")`);
+  if (values.arch !== undefined && !familyOf(values.arch)) {
+    throw new UsageError(`--arch must be one of ${supportedArchitectures.join(", ")} (got "${values.arch}")`);
   }
   if (custom !== undefined) {
-    const arch = (values.arch as "llama" | "qwen2" | undefined) ?? base.arch;
+    const arch = (values.arch as Architecture | undefined) ?? base.arch;
     const heads = intArg("heads", values.heads) ?? base.nHead;
     base = {
       ...base,
@@ -76,8 +80,10 @@ export function parseMakeModelArgs(argv: string[]): MakeModelArgs | "help" {
       nFf: intArg("ffn", values.ffn) ?? base.nFf,
       nVocab: intArg("vocab-size", values["vocab-size"]) ?? base.nVocab,
       contextLength: intArg("ctx", values.ctx) ?? base.contextLength,
-      tiedEmbeddings: arch === "qwen2" ? base.tiedEmbeddings || base.arch !== "qwen2" : false,
+      tiedEmbeddings: arch === "qwen2" ? base.tiedEmbeddings || base.arch !== "qwen2" : arch === base.arch && base.tiedEmbeddings,
       qkvBias: arch === "qwen2",
+      // a head size of its own only while the heads and width are the named shape's
+      headDim: values.dims || values.heads ? undefined : base.headDim,
     };
   }
   let vocab: BundledVocabName | undefined;

@@ -1,7 +1,7 @@
 // A GGUF file opened for running: its checked description (model/) and the native mapping (native/).
 // Windows of layers are made from it; the head's embed and output layer run on it directly.
 import { describeModel, readGguf, type GgufFile, type ModelDescription, type TensorRef } from "../model/index.js";
-import { openNativeModel, type NativeModel, type NativeTensorDesc, type NativeWindow } from "../native/index.js";
+import { openNativeModel, type NativeHParams, type NativeModel, type NativeTensorDesc, type NativeWindow } from "../native/index.js";
 import { availableParallelism } from "node:os";
 
 export interface OpenOptions {
@@ -93,18 +93,21 @@ export function nativeTensorTable(desc: ModelDescription): NativeTensorDesc[] {
   const t = desc.tensors;
   const out: NativeTensorDesc[] = [row(t.tokenEmbd), row(t.outputNorm)];
   if (t.output !== t.tokenEmbd) out.push(row(t.output));
-  if (t.ropeFreqs) out.push(row(t.ropeFreqs));
+  for (const f of [t.ropeFreqs, t.ropeFactorsLong, t.ropeFactorsShort]) if (f) out.push(row(f));
   for (const l of t.layers) {
     for (const ref of Object.values(l) as (TensorRef | undefined)[]) if (ref) out.push(row(ref));
   }
   return out;
 }
 
-export function nativeHParams(desc: ModelDescription) {
+export function nativeHParams(desc: ModelDescription): NativeHParams {
   const h = desc.hparams;
   return {
     nVocab: h.nVocab, nEmbd: h.nEmbd, nLayers: h.nLayers, nHead: h.nHead, nHeadKv: h.nHeadKv,
     headDim: h.headDimK, nFf: h.nFf, ropeDims: h.ropeDims, ropeNeox: h.ropeNeox, normEps: h.normEps,
-    ropeFreqBase: h.ropeFreqBase, ropeFreqScale: h.ropeFreqScale,
+    ropeFreqBase: h.ropeFreqBase, ropeFreqScale: h.ropeFreqScale, ffnAct: h.ffnAct, embdScale: h.embdScale,
+    queryScale: h.queryScale, scoreScale: h.scoreScale, layerWindow: h.layerWindow,
+    ropeFreqBaseSwa: h.ropeFreqBaseSwa, ropeFreqScaleSwa: h.ropeFreqScaleSwa, ropeAttnFactor: h.ropeAttnFactor,
+    nCtxOrig: h.nCtxOrig, attnSoftcap: h.attnSoftcap, finalSoftcap: h.finalSoftcap,
   };
 }

@@ -7,6 +7,7 @@ import type { HParams, LayerTensors, ModelDescription, ModelTensors, TensorRef }
 import { ggmlTypeInfo, ggmlTypeName } from "./ggml-types.js";
 import { planTensors, type FileTypeName } from "./quant-mix.js";
 import type { ModelShape } from "./shapes.js";
+import { familyOf, layerFromTable, shapeHParams } from "./arch/index.js";
 
 /** FLOPs (or bytes) keyed by ggml weight-type name ("Q4_K", "F16", "F32", ...). */
 export type PerWeightType = Readonly<Record<string, number>>;
@@ -67,10 +68,9 @@ function matmulFlops(t: TensorRef): number {
   return 2 * n;
 }
 
+/** Every tensor of a layer, whatever its family has. */
 function layerTensorList(l: LayerTensors): TensorRef[] {
-  const list = [l.attnNorm, l.wq, l.wk, l.wv, l.wo, l.ffnNorm, l.wGate, l.wUp, l.wDown];
-  for (const b of [l.bq, l.bk, l.bv]) if (b) list.push(b);
-  return list;
+  return (Object.values(l) as (TensorRef | undefined)[]).filter((t): t is TensorRef => t !== undefined);
 }
 
 /** Bytes of one layer's tensors in the file. */
@@ -79,7 +79,9 @@ export function layerWeightBytes(l: LayerTensors): number {
 }
 
 /** FLOPs of one layer for one token, by operand type (HALDA.md §1.2, llama_model_n_flops's terms). */
-function layerFlopsOf(l: LayerTensors, hp: HParams, nKv: number): Record<string, number> {
+function layerFlopsOf(l: LayerTensors, hp: HParams, nKvCache: number, window: number): Record<string, number> {
+  // a sliding-window layer attends to at most its window
+  const nKv = window > 0 ? Math.min(window, nKvCache) : nKvCache;
   const acc: Record<string, number> = {};
   for (const w of [l.wq, l.wk, l.wv, l.wo, l.wGate, l.wUp, l.wDown]) addTo(acc, ggmlTypeName(w.type), matmulFlops(w));
   const E = hp.nEmbd, qDim = hp.nHead * hp.headDimK, kvDim = hp.nHeadKv * hp.headDimK;
@@ -90,6 +92,9 @@ function layerFlopsOf(l: LayerTensors, hp: HParams, nKv: number): Record<string,
   f32 += 8 * hp.nFf + hp.nFf; // SiLU, then the gate product
   f32 += E; // residual
   if (l.bq && l.bk && l.bv) f32 += qDim + 2 * kvDim; // qwen2's QKV bias adds (not in prima.cpp's count)
+  if (l.qNorm) f32 += 4 * (qDim + kvDim); // qwen3/gemma3's per-head Q/K norms
+  if (l.attnPostNorm) f32 += 4 * E + E; // gemma3's post-norms and their residual adds
+  if (l.ffnPostNorm) f32 += 4 * E + E;
   addTo(acc, "F32", f32);
   // Attention over the F16 cache: KQ and KQV, each 2·d·H·n_kv (prima.cpp multiplies by a further
   // H_kv, an over-count HALDA.md §1.2 tells us not to copy).
@@ -108,11 +113,13 @@ export function modelProfile(desc: ModelDescription, opts: ModelProfileOptions):
   if (t.layers.length !== hp.nLayers) throw new Error(`model has ${t.layers.length} layer tensor sets for ${hp.nLayers} layers`);
 
   const layerBytesEach = t.layers.map(layerWeightBytes);
-  const ropeBytes = t.ropeFreqs?.nBytes ?? 0;
+  const ropeBytes = (t.ropeFreqs?.nBytes ?? 0) + (t.ropeFactorsLong?.nBytes ?? 0) + (t.ropeFactorsShort?.nBytes ?? 0);
   const layerBytes = (layerBytesEach.reduce((s, x) => s + x, 0) + ropeBytes) / hp.nLayers;
 
   const flopsSum: Record<string, number> = {};
-  for (const l of t.layers) for (const [k, v] of Object.entries(layerFlopsOf(l, hp, nKv))) addTo(flopsSum, k, v);
+  t.layers.forEach((l, i) => {
+    for (const [k, v] of Object.entries(layerFlopsOf(l, hp, nKv, hp.layerWindow[i] ?? 0))) addTo(flopsSum, k, v);
+  });
   const layerFlops: Record<string, number> = {};
   for (const [k, v] of Object.entries(flopsSum)) layerFlops[k] = v / hp.nLayers;
 
@@ -151,7 +158,6 @@ export function modelProfile(desc: ModelDescription, opts: ModelProfileOptions):
 /** A ModelDescription for a named shape typed as llama-quantize would type `fileType`; no file behind
  * it (for planning models that are not on disk). Offsets are laid out as a file would hold them. */
 export function syntheticModelDescription(shape: ModelShape, fileType: FileTypeName): ModelDescription {
-  const E = shape.nEmbd, hd = E / shape.nHead;
   let offset = 0;
   const refs = new Map<string, TensorRef>();
   for (const t of planTensors(shape, fileType)) {
@@ -160,24 +166,11 @@ export function syntheticModelDescription(shape: ModelShape, fileType: FileTypeN
     refs.set(t.name, { name: t.name, type: t.type, dims: t.dims, offset, nBytes });
     offset += Math.ceil(nBytes / 32) * 32;
   }
-  const get = (name: string) => refs.get(name)!;
+  const hparams = shapeHParams(shape.arch, shape);
   const layers: LayerTensors[] = [];
-  for (let i = 0; i < shape.nLayers; i++) {
-    const p = `blk.${i}.`;
-    layers.push({
-      attnNorm: get(`${p}attn_norm.weight`), wq: get(`${p}attn_q.weight`), wk: get(`${p}attn_k.weight`), wv: get(`${p}attn_v.weight`),
-      wo: get(`${p}attn_output.weight`), bq: refs.get(`${p}attn_q.bias`), bk: refs.get(`${p}attn_k.bias`), bv: refs.get(`${p}attn_v.bias`),
-      ffnNorm: get(`${p}ffn_norm.weight`), wGate: get(`${p}ffn_gate.weight`), wUp: get(`${p}ffn_up.weight`), wDown: get(`${p}ffn_down.weight`),
-    });
-  }
-  const tokenEmbd = get("token_embd.weight");
-  const tensors: ModelTensors = { tokenEmbd, outputNorm: get("output_norm.weight"), output: refs.get("output.weight") ?? tokenEmbd, layers };
-  const hparams: HParams = {
-    arch: shape.arch, nVocab: shape.nVocab, nEmbd: E, nLayers: shape.nLayers, nHead: shape.nHead, nHeadKv: shape.nHeadKv,
-    headDimK: hd, headDimV: hd, nFf: shape.nFf, nCtxTrain: shape.contextLength, normEps: shape.normEps, ropeDims: hd,
-    ropeFreqBase: shape.ropeFreqBase, ropeFreqScale: 1, ropeNeox: shape.arch === "qwen2",
-    hasRopeFreqs: false, hasQkvBias: shape.qkvBias, tiedEmbeddings: shape.tiedEmbeddings,
-  };
+  for (let i = 0; i < shape.nLayers; i++) layers.push(layerFromTable(familyOf(shape.arch)!.layer, hparams, i, (name) => refs.get(name)));
+  const tokenEmbd = refs.get("token_embd.weight")!;
+  const tensors: ModelTensors = { tokenEmbd, outputNorm: refs.get("output_norm.weight")!, output: refs.get("output.weight") ?? tokenEmbd, layers };
   return { path: `synthetic:${shape.name}-${fileType}`, fileBytes: offset, hparams, tensors };
 }
 

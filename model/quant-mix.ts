@@ -6,6 +6,7 @@
 // Pure (no native addon): the generator writes these tables, the planner profiles them unwritten.
 import { GgmlType as GgmlTypeId } from "./ggml-types.js";
 import type { ModelShape } from "./shapes.js";
+import { familyOf, shapeHParams } from "./arch/index.js";
 
 /** llama_ftype values (include/llama.h) and the default weight type of each. */
 export const FILE_TYPES = {
@@ -128,32 +129,30 @@ export interface PlannedTensor {
   readonly dims: readonly number[];
   readonly type: number;
   /** What fills it: weights (normal), ones (norms) or biases (small normal). */
-  readonly fill: "weight" | "ones" | "bias";
+  readonly fill: "weight" | "ones" | "bias" | "factors";
 }
 
-/** The tensors of a shape, in the order convert_hf_to_gguf-style files hold them, with their types. */
+/** The tensors of a shape, in the order convert_hf_to_gguf-style files hold them, with their types:
+ * the family's own table (model/arch/), so generated files have what the reader requires. */
 export function planTensors(shape: ModelShape, fileType: FileTypeName, pure = false): PlannedTensor[] {
-  const E = shape.nEmbd, hd = E / shape.nHead, kvDim = hd * shape.nHeadKv, F = shape.nFf;
+  const hp = shapeHParams(shape.arch, shape);
+  const family = familyOf(shape.arch)!;
+  const E = shape.nEmbd;
   const out: PlannedTensor[] = [];
   const add = (name: string, dims: number[], layer: number, fill: PlannedTensor["fill"]) =>
     out.push({ name, dims, fill, type: tensorTypeFor(fileType, { name, dims, layer }, shape, pure) });
   add("token_embd.weight", [E, shape.nVocab], -1, "weight");
   for (let i = 0; i < shape.nLayers; i++) {
-    const p = `blk.${i}.`;
-    add(`${p}attn_norm.weight`, [E], i, "ones");
-    add(`${p}attn_q.weight`, [E, E], i, "weight");
-    add(`${p}attn_k.weight`, [E, kvDim], i, "weight");
-    add(`${p}attn_v.weight`, [E, kvDim], i, "weight");
-    if (shape.qkvBias) {
-      add(`${p}attn_q.bias`, [E], i, "bias");
-      add(`${p}attn_k.bias`, [kvDim], i, "bias");
-      add(`${p}attn_v.bias`, [kvDim], i, "bias");
+    const written = new Set<string>(); // a fused tensor is several slots' views, written once
+    for (const slot of family.layer) {
+      if ((slot.when && !slot.when(hp)) || written.has(slot.name)) continue;
+      written.add(slot.name);
+      add(`blk.${i}.${slot.name}`, [...slot.dims(hp)], i, slot.fill);
     }
-    add(`${p}attn_output.weight`, [E, E], i, "weight");
-    add(`${p}ffn_norm.weight`, [E], i, "ones");
-    add(`${p}ffn_gate.weight`, [E, F], i, "weight");
-    add(`${p}ffn_up.weight`, [E, F], i, "weight");
-    add(`${p}ffn_down.weight`, [F, E], i, "weight");
+  }
+  if (family.longRope && shape.ropeOrigContext) {
+    add("rope_factors_long.weight", [hp.ropeDims / 2], -1, "factors");
+    add("rope_factors_short.weight", [hp.ropeDims / 2], -1, "factors");
   }
   add("output_norm.weight", [E], -1, "ones");
   if (!shape.tiedEmbeddings) add("output.weight", [E, shape.nVocab], -1, "weight");

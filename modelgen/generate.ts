@@ -1,10 +1,10 @@
-// Writes a random-weight GGUF in a llama or qwen2 shape: normal weights (std 0.02), norms 1.0, qwen2
-// QKV biases, quantized with our reference quantizers (byte-equal to llama.cpp's quantize_row_*_ref)
+// Writes a random-weight GGUF in the shape of any family prima runs (model/arch/): normal weights
+// (std 0.02), norms 1.0, qwen2 QKV biases, quantized with our reference quantizers (byte-equal to llama.cpp's quantize_row_*_ref)
 // into the type mix llama-quantize would choose, with a real vocabulary's tokenizer metadata.
 // Tensors are produced one at a time while the file is written: no model sits in memory whole.
 import { statSync } from "node:fs";
 import {
-  FILE_TYPES, GgufValueType, bundledVocab, kv, modelShapeByName, modelShapes, parseFileType, planTensors, shapeProblems, writeGguf,
+  FILE_TYPES, GgufValueType, bundledVocab, kv, shapeKeys, modelShapeByName, modelShapes, parseFileType, planTensors, shapeProblems, writeGguf,
   type BundledVocabName, type FileTypeName, type GgufKV, type GgufTensorToWrite, type ModelShape, type PlannedTensor,
 } from "../model/index.js";
 import { quantizeRef, rowBytes } from "../native/index.js";
@@ -51,6 +51,13 @@ function tensorBytes(t: PlannedTensor, seed: number, std: number): Uint8Array {
   const rows = t.dims.slice(1).reduce((a, b) => a * b, 1);
   const rowLen = rowBytes(t.type, rowElems);
   const out = new Uint8Array(rowLen * rows);
+  if (t.fill === "factors") {
+    // RoPE frequency factors: from 1 up, long ones stretching further, so the two tables differ
+    const long = t.name.includes("long");
+    const x = Float32Array.from({ length: rowElems * rows }, (_, i) => 1 + (i * (long ? 4 : 0.5)) / (rowElems * rows));
+    out.set(quantizeRef(t.type, x));
+    return out;
+  }
   if (t.fill === "ones") {
     out.set(quantizeRef(t.type, new Float32Array(rowElems * rows).fill(1)));
     return out;
@@ -68,20 +75,11 @@ function tensorBytes(t: PlannedTensor, seed: number, std: number): Uint8Array {
 }
 
 function archMetadata(shape: ModelShape, name: string, fileType: FileTypeName): GgufKV[] {
-  const a = shape.arch, hd = shape.nEmbd / shape.nHead;
+  const a = shape.arch;
   return [
     kv.str("general.architecture", a),
     kv.str("general.name", name),
-    kv.u32(`${a}.context_length`, shape.contextLength),
-    kv.u32(`${a}.embedding_length`, shape.nEmbd),
-    kv.u32(`${a}.block_count`, shape.nLayers),
-    kv.u32(`${a}.feed_forward_length`, shape.nFf),
-    kv.u32(`${a}.attention.head_count`, shape.nHead),
-    kv.u32(`${a}.attention.head_count_kv`, shape.nHeadKv),
-    kv.f32(`${a}.rope.freq_base`, shape.ropeFreqBase),
-    kv.f32(`${a}.attention.layer_norm_rms_epsilon`, shape.normEps),
-    kv.u32(`${a}.rope.dimension_count`, hd),
-    kv.u32(`${a}.vocab_size`, shape.nVocab),
+    ...shapeKeys(a, shape).map((k) => (k.type === "u32" ? kv.u32 : kv.f32)(`${a}.${k.key}`, k.value)),
     kv.u32("general.file_type", FILE_TYPES[fileType].ftype),
     kv.u32("general.quantization_version", 2),
   ];
@@ -104,6 +102,13 @@ function vocabMetadata(shape: ModelShape, vocab: GenerateOptions["vocab"]): Gguf
   return [...bundledVocab(vocab ?? shape.defaultVocab, { vocabSize: shape.nVocab }).metadata];
 }
 
+/** general.name for a shape: llama.cpp gives a model whose name contains "phi3" or "phi-3" phi3's
+ * token attributes, which needs phi3's own tokens (its vocabulary loading fails without "<|endoftext|>"),
+ * and the vocabularies we write have none of them. */
+function defaultName(shapeName: string): string {
+  return shapeName.replace(/phi-?3/gi, "phi_3");
+}
+
 export function resolveShape(shape: string | ModelShape): ModelShape {
   const s = typeof shape === "string" ? modelShapeByName(shape) : shape;
   if (!s) throw new ModelGenError(`unknown shape "${String(shape)}" (known: ${modelShapes.map((x) => x.name).join(", ")})`);
@@ -123,7 +128,7 @@ export async function generateModel(options: GenerateOptions): Promise<GenerateR
   if (!(std > 0 && std < 1e3)) throw new ModelGenError(`weight std must be positive (got ${std})`);
   const plan = planTensors(shape, fileType, options.pure ?? false);
   const metadata = [
-    ...archMetadata(shape, options.name ?? `${shape.name}-${fileType}${options.pure ? "-pure" : ""}-random`, fileType),
+    ...archMetadata(shape, options.name ?? `${defaultName(shape.name)}-${fileType}${options.pure ? "-pure" : ""}-random`, fileType),
     ...vocabMetadata(shape, options.vocab),
   ];
   const tensors: GgufTensorToWrite[] = plan.map((t) => ({

@@ -199,7 +199,7 @@ Model::Model(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Model>(info) {
     int *dst;
   } ints[] = {{"nVocab", &hp.n_vocab},   {"nEmbd", &hp.n_embd},       {"nLayers", &hp.n_layers},
               {"nHead", &hp.n_head},     {"nHeadKv", &hp.n_head_kv},  {"headDim", &hp.head_dim},
-              {"nFf", &hp.n_ff},         {"ropeDims", &hp.rope_dims}};
+              {"nFf", &hp.n_ff},         {"ropeDims", &hp.rope_dims}, {"nCtxOrig", &hp.n_ctx_orig}};
   for (auto &f : ints) {
     if (!IntArg(h.Get(f.key), 1, 1 << 24, &v)) {
       ThrowType(env, std::string("hparams.") + f.key + " must be a positive integer");
@@ -207,14 +207,45 @@ Model::Model(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Model>(info) {
     }
     *f.dst = (int)v;
   }
-  if (!h.Get("normEps").IsNumber() || !h.Get("ropeFreqBase").IsNumber() || !h.Get("ropeFreqScale").IsNumber()) {
-    ThrowType(env, "hparams.normEps, ropeFreqBase and ropeFreqScale must be numbers");
+  // Every switch of the shared blocks is required: a family file that forgets one is an error here,
+  // not a silent llama default (model/arch/ computes them, engine/local-model.ts passes them).
+  struct {
+    const char *key;
+    float *dst;
+  } floats[] = {{"normEps", &hp.norm_eps},         {"ropeFreqBase", &hp.rope_base},
+                {"ropeFreqScale", &hp.rope_freq_scale}, {"embdScale", &hp.embd_scale},
+                {"queryScale", &hp.q_scale},        {"scoreScale", &hp.kq_scale},
+                {"ropeFreqBaseSwa", &hp.rope_base_swa}, {"ropeFreqScaleSwa", &hp.rope_freq_scale_swa},
+                {"ropeAttnFactor", &hp.rope_attn_factor}, {"attnSoftcap", &hp.attn_softcap},
+                {"finalSoftcap", &hp.final_softcap}};
+  for (auto &f : floats) {
+    if (!h.Get(f.key).IsNumber()) {
+      ThrowType(env, std::string("hparams.") + f.key + " must be a number");
+      return;
+    }
+    *f.dst = h.Get(f.key).As<Napi::Number>().FloatValue();
+  }
+  hp.rope_neox = h.Get("ropeNeox").ToBoolean().Value() ? 1 : 0;
+  const std::string act = h.Get("ffnAct").IsString() ? h.Get("ffnAct").As<Napi::String>().Utf8Value() : "";
+  if (act != "silu" && act != "gelu") {
+    ThrowType(env, "hparams.ffnAct must be \"silu\" or \"gelu\"");
     return;
   }
-  hp.norm_eps = h.Get("normEps").As<Napi::Number>().FloatValue();
-  hp.rope_base = h.Get("ropeFreqBase").As<Napi::Number>().FloatValue();
-  hp.rope_freq_scale = h.Get("ropeFreqScale").As<Napi::Number>().FloatValue();
-  hp.rope_neox = h.Get("ropeNeox").ToBoolean().Value() ? 1 : 0;
+  hp.ffn_act = act == "gelu" ? PRIMA_FFN_GELU : PRIMA_FFN_SILU;
+  Napi::Value lw = h.Get("layerWindow");
+  if (!lw.IsArray() || lw.As<Napi::Array>().Length() != (uint32_t)hp.n_layers) {
+    ThrowType(env, "hparams.layerWindow must be an array of one window (0: full attention) per layer");
+    return;
+  }
+  std::vector<int> windows(hp.n_layers);
+  for (int l = 0; l < hp.n_layers; l++) {
+    if (!IntArg(lw.As<Napi::Array>().Get((uint32_t)l), 0, 1 << 24, &v)) {
+      ThrowType(env, "hparams.layerWindow[" + std::to_string(l) + "] must be a whole number from 0");
+      return;
+    }
+    windows[l] = (int)v;
+  }
+  hp.layer_window = windows.data();
 
   int64_t threads = 1, spinUs = -1;
   Napi::Value tv = info[3].As<Napi::Object>().Get("threads");

@@ -14,6 +14,18 @@ export interface NativeHParams {
   readonly normEps: number;
   readonly ropeFreqBase: number;
   readonly ropeFreqScale: number;
+  /** The switches of the shared blocks (model/arch/types.ts HParams says what each does). */
+  readonly ffnAct: "silu" | "gelu";
+  readonly embdScale: number;
+  readonly queryScale: number;
+  readonly scoreScale: number;
+  readonly layerWindow: readonly number[];
+  readonly ropeFreqBaseSwa: number;
+  readonly ropeFreqScaleSwa: number;
+  readonly ropeAttnFactor: number;
+  readonly nCtxOrig: number;
+  readonly attnSoftcap: number;
+  readonly finalSoftcap: number;
 }
 
 /** One tensor as the addon maps it: ne0 is the row length, ne1 the number of rows. */

@@ -109,7 +109,8 @@ export function writeStandIn(gguf: GgufFile, desc: ModelDescription, layers: num
     if (layer && Number(layer[1]) >= layers) continue;
     const vocabRows = !fullVocab && (t.name === "token_embd.weight" || t.name === "output.weight");
     const dims = vocabRows ? [t.dims[0], STAND_IN_VOCAB] : t.dims;
-    const scale = /_norm\.weight$/.test(t.name) || t.name === "rope_freqs.weight";
+    // RoPE factors divide the angles: zeros would make them infinite (phi3's long/short factors too)
+    const scale = /_norm\.weight$/.test(t.name) || /^rope_(freqs|factors_long|factors_short)\.weight$/.test(t.name);
     tensors.push({ name: t.name, dims, type: t.type, data: scale ? ones(t.nElements) : layer && Number(layer[1]) < onDisk ? () => new Uint8Array(t.nBytes) : null });
   }
   writeGguf(path, metadata, tensors, gguf.alignment);

@@ -1,6 +1,7 @@
 #include "model.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
@@ -268,7 +269,10 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
   prima_ops_init();
   if (hp->n_embd <= 0 || hp->n_layers <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 || hp->head_dim <= 0 ||
       hp->n_ff <= 0 || hp->n_vocab <= 0 || hp->n_head % hp->n_head_kv != 0 || hp->rope_dims > hp->head_dim ||
-      hp->rope_dims % 2 != 0) {
+      hp->rope_dims % 2 != 0 || (hp->ffn_act != PRIMA_FFN_SILU && hp->ffn_act != PRIMA_FFN_GELU) ||
+      !(hp->embd_scale > 0) || !(hp->q_scale > 0) || !(hp->kq_scale > 0) || !(hp->rope_base_swa > 1) ||
+      !(hp->rope_freq_scale_swa > 0) || !(hp->rope_attn_factor > 0) || hp->n_ctx_orig < 1 || !(hp->attn_softcap >= 0) ||
+      !(hp->final_softcap >= 0)) {
     prima_fail(err, err_len, "invalid hyper-parameters");
     return NULL;
   }
@@ -279,6 +283,7 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
   }
   m->fd = -1;
   m->hp = *hp;
+  m->hp.layer_window = NULL; /* the caller's array: m->layer_window holds the copy */
   m->fd = open(path, O_RDONLY | O_CLOEXEC);
   if (m->fd < 0) {
     prima_fail(err, err_len, "cannot open %s: %s", path, strerror(errno));
@@ -308,7 +313,9 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
   if (bind_tensor(m, tensors, n_tensors, "token_embd.weight", E, hp->n_vocab, 0, 0, &m->tok_embd, err, err_len) ||
       bind_tensor(m, tensors, n_tensors, "output_norm.weight", E, 1, 0, 1, &m->output_norm, err, err_len) ||
       bind_tensor(m, tensors, n_tensors, "output.weight", E, hp->n_vocab, 1, 0, &m->output, err, err_len) ||
-      bind_tensor(m, tensors, n_tensors, "rope_freqs.weight", hp->rope_dims / 2, 1, 1, 1, &m->rope_freqs, err, err_len))
+      bind_tensor(m, tensors, n_tensors, "rope_freqs.weight", hp->rope_dims / 2, 1, 1, 1, &m->rope_freqs, err, err_len) ||
+      bind_tensor(m, tensors, n_tensors, "rope_factors_long.weight", hp->rope_dims / 2, 1, 1, 1, &m->rope_long, err, err_len) ||
+      bind_tensor(m, tensors, n_tensors, "rope_factors_short.weight", hp->rope_dims / 2, 1, 1, 1, &m->rope_short, err, err_len))
     goto bad;
   if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
 #ifdef MADV_RANDOM
@@ -332,25 +339,60 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
     prima_fail(err, err_len, "out of memory");
     goto bad;
   }
+  /* One table binds every family's layer tensors: a slot's shape is given by what it multiplies
+   * (E: the hidden size, Q/KV: the query and key/value widths, D: one head, F: the FFN width). The
+   * tensors each family requires are checked by TS (model/arch/); here the optional ones may be absent
+   * and everything present must fit. */
+  enum { S_E, S_Q, S_KV, S_D, S_F, S_1 };
+  static const struct {
+    size_t field;
+    const char *suffix;
+    int ne0, ne1, optional, f32;
+  } slots[] = {
+    { offsetof(prima_layer, attn_norm), "attn_norm.weight", S_E, S_1, 0, 1 },
+    { offsetof(prima_layer, wq), "attn_q.weight", S_E, S_Q, 0, 0 },
+    { offsetof(prima_layer, wk), "attn_k.weight", S_E, S_KV, 0, 0 },
+    { offsetof(prima_layer, wv), "attn_v.weight", S_E, S_KV, 0, 0 },
+    { offsetof(prima_layer, wo), "attn_output.weight", S_Q, S_E, 0, 0 },
+    { offsetof(prima_layer, bq), "attn_q.bias", S_Q, S_1, 1, 1 },
+    { offsetof(prima_layer, bk), "attn_k.bias", S_KV, S_1, 1, 1 },
+    { offsetof(prima_layer, bv), "attn_v.bias", S_KV, S_1, 1, 1 },
+    { offsetof(prima_layer, q_norm), "attn_q_norm.weight", S_D, S_1, 1, 1 },
+    { offsetof(prima_layer, k_norm), "attn_k_norm.weight", S_D, S_1, 1, 1 },
+    { offsetof(prima_layer, attn_post_norm), "post_attention_norm.weight", S_E, S_1, 1, 1 },
+    { offsetof(prima_layer, ffn_norm), "ffn_norm.weight", S_E, S_1, 0, 1 },
+    { offsetof(prima_layer, w_gate), "ffn_gate.weight", S_E, S_F, 0, 0 },
+    { offsetof(prima_layer, w_up), "ffn_up.weight", S_E, S_F, 0, 0 },
+    { offsetof(prima_layer, w_down), "ffn_down.weight", S_F, S_E, 0, 0 },
+    { offsetof(prima_layer, ffn_post_norm), "post_ffw_norm.weight", S_E, S_1, 1, 1 },
+  };
+  const int64_t size_of[] = { E, qdim, kvdim, D, hp->n_ff, 1 };
+  m->layer_window = calloc((size_t)hp->n_layers, sizeof *m->layer_window);
+  if (!m->layer_window) {
+    prima_fail(err, err_len, "out of memory");
+    goto bad;
+  }
   for (int l = 0; l < hp->n_layers; l++) {
     prima_layer *L = &m->layers[l];
     char name[96];
-#define T(field, suffix, ne0, ne1, opt, f32)                                                            \
-  snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                                                 \
-  if (bind_tensor(m, tensors, n_tensors, name, ne0, ne1, opt, f32, &L->field, err, err_len)) goto bad;
-    T(attn_norm, "attn_norm.weight", E, 1, 0, 1)
-    T(wq, "attn_q.weight", E, qdim, 0, 0)
-    T(wk, "attn_k.weight", E, kvdim, 0, 0)
-    T(wv, "attn_v.weight", E, kvdim, 0, 0)
-    T(wo, "attn_output.weight", qdim, E, 0, 0)
-    T(bq, "attn_q.bias", qdim, 1, 1, 1)
-    T(bk, "attn_k.bias", kvdim, 1, 1, 1)
-    T(bv, "attn_v.bias", kvdim, 1, 1, 1)
-    T(ffn_norm, "ffn_norm.weight", E, 1, 0, 1)
-    T(w_gate, "ffn_gate.weight", E, hp->n_ff, 0, 0)
-    T(w_up, "ffn_up.weight", E, hp->n_ff, 0, 0)
-    T(w_down, "ffn_down.weight", hp->n_ff, E, 0, 0)
-#undef T
+    for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
+      snprintf(name, sizeof name, "blk.%d.%s", l, slots[i].suffix);
+      if (bind_tensor(m, tensors, n_tensors, name, size_of[slots[i].ne0], size_of[slots[i].ne1], slots[i].optional, slots[i].f32,
+                      (prima_tensor *)((char *)L + slots[i].field), err, err_len))
+        goto bad;
+    }
+    /* the blocks come in pairs: Q without K norm (or a partial QKV bias) is no family's layer */
+    if (!L->q_norm.data != !L->k_norm.data || !L->bq.data != !L->bk.data || !L->bq.data != !L->bv.data) {
+      prima_fail(err, err_len, "layer %d has only part of the Q/K norms or of the QKV biases", l);
+      goto bad;
+    }
+    if (hp->layer_window) {
+      if (hp->layer_window[l] < 0) {
+        prima_fail(err, err_len, "layer %d: sliding window %d is negative", l, hp->layer_window[l]);
+        goto bad;
+      }
+      m->layer_window[l] = hp->layer_window[l];
+    }
   }
   m->pool = prima_pool_create(n_threads, idle_spin_us);
   m->head_norm = malloc(sizeof(float) * (size_t)E);
@@ -369,6 +411,7 @@ void prima_model_close(prima_model *m) {
   if (!m) return;
   prima_pool_destroy(m->pool);
   free(m->layers);
+  free(m->layer_window);
   free(m->head_norm);
   free(m->head_act);
   guard_remove(m);
@@ -452,14 +495,42 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
     prima_window_destroy(w);
     return NULL;
   }
+  /* llama.cpp's get_rope_factors: rope_freqs when the file has them, else phi3's long factors for a
+   * context longer than the original one, else its short ones (its context is padded to 256: equal
+   * choices for contexts that are multiples of 256) */
+  const prima_tensor *factors = m->rope_freqs.data ? &m->rope_freqs
+                                : n_ctx > hp->n_ctx_orig && m->rope_long.data ? &m->rope_long : &m->rope_short;
   prima_rope_table(w->rope_cos, w->rope_sin, n_ctx, hp->rope_dims, hp->rope_base, hp->rope_freq_scale,
-                   m->rope_freqs.data ? (const float *)m->rope_freqs.data : NULL);
+                   factors->data ? (const float *)factors->data : NULL);
+  if (hp->rope_attn_factor != 1.0f) {
+    prima_scale(w->rope_cos, (int)((size_t)n_ctx * half), hp->rope_attn_factor);
+    prima_scale(w->rope_sin, (int)((size_t)n_ctx * half), hp->rope_attn_factor);
+  }
+  int has_swa = 0;
+  for (int l = first; l < end; l++) has_swa |= m->layer_window[l] > 0;
+  if (has_swa) {
+    w->rope_cos_swa = malloc(sizeof(float) * (size_t)n_ctx * half);
+    w->rope_sin_swa = malloc(sizeof(float) * (size_t)n_ctx * half);
+    if (!w->rope_cos_swa || !w->rope_sin_swa) {
+      prima_fail(err, err_len, "out of memory for a window of %zu layers and %d tokens of context", nl, n_ctx);
+      prima_window_destroy(w);
+      return NULL;
+    }
+    /* llama.cpp gives sliding-window layers their own base and scale, the same factors and the same
+     * attention factor (get_rope_factors and yarn_attn_factor do not depend on the layer) */
+    prima_rope_table(w->rope_cos_swa, w->rope_sin_swa, n_ctx, hp->rope_dims, hp->rope_base_swa, hp->rope_freq_scale_swa,
+                     factors->data ? (const float *)factors->data : NULL);
+    if (hp->rope_attn_factor != 1.0f) {
+      prima_scale(w->rope_cos_swa, (int)((size_t)n_ctx * half), hp->rope_attn_factor);
+      prima_scale(w->rope_sin_swa, (int)((size_t)n_ctx * half), hp->rope_attn_factor);
+    }
+  }
   w->layer_bytes = weights / nl;
   w->weight_bytes = weights;
   w->largest_layer_bytes = largest;
   w->stream_from = end;
   w->stream_keep = 0;
-  w->anon_bytes = kv_bytes + sizeof(float) * ((size_t)n_ctx * half * 2 + B * (E + 2 * qdim + 2 * kvdim + 2 * (size_t)hp->n_ff)) +
+  w->anon_bytes = kv_bytes + sizeof(float) * ((size_t)n_ctx * half * (has_swa ? 4 : 2) + B * (E + 2 * qdim + 2 * kvdim + 2 * (size_t)hp->n_ff)) +
                   act_row * B * MAX_ACT_FORMATS;
   return w;
 }
@@ -470,6 +541,8 @@ void prima_window_destroy(prima_window *w) {
   free(w->v_cache);
   free(w->rope_cos);
   free(w->rope_sin);
+  free(w->rope_cos_swa);
+  free(w->rope_sin_swa);
   free(w->h);
   free(w->q);
   free(w->k);
@@ -523,6 +596,28 @@ static void quantize_for(const prima_task *t, prima_window *w, const act_set *s,
   }
 }
 
+/* x = cap * tanh(x / cap), as ggml computes it (scale by 1/cap, tanh, scale by cap). */
+static void softcap(float *x, int n, float cap) {
+  const float inv = 1.0f / cap;
+  for (int i = 0; i < n; i++) x[i] = tanhf(x[i] * inv) * cap;
+}
+
+/* Output norm and head on one row, on the pool; the final soft-cap after every thread's rows. */
+static void head_rows(const prima_task *t, prima_model *m, const float *row, float *logits) {
+  const int E = m->hp.n_embd;
+  if (t->ith == 0) {
+    prima_rmsnorm(row, (const float *)m->output_norm.data, m->head_norm, E, m->hp.norm_eps);
+    prima_act_quantizer(act_type_of(&m->output))(m->head_norm, m->head_act, E);
+  }
+  prima_pool_barrier(t);
+  const prima_mm mm = { &m->output, m->head_act, 0, logits, 0, 0 };
+  prima_mm_run(t, &mm, 1, 1);
+  if (m->hp.final_softcap > 0) {
+    prima_pool_barrier(t);
+    if (t->ith == 0) softcap(logits, m->hp.n_vocab, m->hp.final_softcap);
+  }
+}
+
 /* Blocked online softmax: scores for ATT_BLOCK cached positions at a time, one rescale of the
  * accumulators per block instead of per position. */
 #define ATT_BLOCK 128
@@ -533,7 +628,8 @@ static void attention(const prima_task *t, prima_window *w, int li, int pos, int
   const prima_hparams *hp = &w->m->hp;
   const int D = hp->head_dim, G = hp->n_head_kv, ratio = hp->n_head / G;
   const size_t qdim = (size_t)hp->n_head * D, kvdim = (size_t)G * D;
-  const float scale = 1.0f / sqrtf((float)D);
+  const float q_scale = hp->q_scale, scale = hp->kq_scale;
+  const int window = w->m->layer_window[w->first + li];
   const uint16_t *K = w->k_cache + (size_t)li * w->n_ctx * kvdim;
   const uint16_t *V = w->v_cache + (size_t)li * w->n_ctx * kvdim;
   float *q = w->att_acc + (size_t)t->ith * att_scratch_floats(ratio, D);
@@ -542,17 +638,21 @@ static void attention(const prima_task *t, prima_window *w, int li, int pos, int
     const int tok = task / G, g = task % G;
     const float *qsrc = w->q + (size_t)tok * qdim + (size_t)g * ratio * D;
     /* llama.cpp rounds Q to F16 against an F16 cache; so do we, for the same scores. */
-    for (int i = 0; i < ratio * D; i++) q[i] = prima_fp16_to_fp32(prima_fp32_to_fp16(qsrc[i]));
+    /* (gemma scales Q itself, before that rounding, as llama.cpp does) */
+    for (int i = 0; i < ratio * D; i++) q[i] = prima_fp16_to_fp32(prima_fp32_to_fp16(qsrc[i] * q_scale));
     for (int h = 0; h < ratio; h++) {
       M[h] = -INFINITY;
       S[h] = 0.0f;
     }
     memset(acc, 0, sizeof(float) * (size_t)ratio * D);
     const int n_pos = pos + tok + 1; /* causal: positions 0..pos+tok */
-    for (int p0 = 0; p0 < n_pos; p0 += ATT_BLOCK) {
+    /* a sliding-window layer sees the last `window` positions (llama.cpp masks p0 when p1 - p0 >= n_swa) */
+    const int lo = window > 0 && n_pos > window ? n_pos - window : 0;
+    for (int p0 = lo; p0 < n_pos; p0 += ATT_BLOCK) {
       const int nb = n_pos - p0 < ATT_BLOCK ? n_pos - p0 : ATT_BLOCK;
       const size_t off = (size_t)p0 * kvdim + (size_t)g * D;
       prima_attn_scores(q, ratio, D, K + off, kvdim, nb, scale, s);
+      if (hp->attn_softcap > 0) softcap(s, ratio * nb, hp->attn_softcap);
       for (int h = 0; h < ratio; h++) {
         float *sh = s + (size_t)h * nb;
         float mb = sh[0];
@@ -603,99 +703,128 @@ static void release_layer(prima_window *w, int l, uint64_t keep) {
   advise_release(w, w->m->map + lo, (size_t)(hi - lo), NULL);
 }
 
+/* A block's output matrix joins the residual stream: accumulated straight into x, or, for a family
+ * with a post-norm (gemma3), written to scratch, normed, then added. Ends at a barrier. */
+static void residual_out(const prima_task *t, prima_window *w, const prima_tensor *W, void *act, const prima_tensor *post,
+                         float *x, int n) {
+  const int E = w->m->hp.n_embd;
+  const prima_mm mm = { W, act, w->act_row_bytes, post->data ? w->h : x, (size_t)E, post->data ? 0 : 1 };
+  prima_mm_run(t, &mm, 1, n);
+  prima_pool_barrier(t);
+  if (!post->data) return;
+  for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+    float *hr = w->h + (size_t)r * E;
+    prima_rmsnorm(hr, (const float *)post->data, hr, E, w->m->hp.norm_eps);
+    prima_add(x + (size_t)r * E, hr, E);
+  }
+  prima_pool_barrier(t);
+}
+
+/* x += wo(attention(rope(qk_norm(wq/wk/wv(norm(x)) + bias)))), each part present when the layer has
+ * its tensors; sliding-window layers take their own RoPE table and window (attention()). */
+static void attention_block(const prima_task *t, prima_window *w, int l, float *x, int pos, int n) {
+  const prima_model *m = w->m;
+  const prima_hparams *hp = &m->hp;
+  const prima_layer *L = &m->layers[l];
+  const int E = hp->n_embd, D = hp->head_dim, li = l - w->first;
+  const size_t qdim = (size_t)hp->n_head * D, kvdim = (size_t)hp->n_head_kv * D, half = (size_t)hp->rope_dims / 2;
+  const int swa = m->layer_window[l] > 0;
+  const float *rope_cos = swa ? w->rope_cos_swa : w->rope_cos, *rope_sin = swa ? w->rope_sin_swa : w->rope_sin;
+
+  act_set qkv;
+  const prima_tensor *qkv_w[3] = { &L->wq, &L->wk, &L->wv };
+  act_set_make(&qkv, w, qkv_w, 3);
+  for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+    prima_rmsnorm(x + (size_t)r * E, (const float *)L->attn_norm.data, w->h + (size_t)r * E, E, hp->norm_eps);
+    for (int f = 0; f < qkv.n_formats; f++)
+      prima_act_quantize_rows(qkv.format[f], w->h, E, qkv.buf[f], w->act_row_bytes, E, r, r + 1);
+  }
+  prima_pool_barrier(t);
+  {
+    const prima_mm mm[3] = {
+      { &L->wq, qkv.buf[qkv.slot[0]], w->act_row_bytes, w->q, qdim, 0 },
+      { &L->wk, qkv.buf[qkv.slot[1]], w->act_row_bytes, w->k, kvdim, 0 },
+      { &L->wv, qkv.buf[qkv.slot[2]], w->act_row_bytes, w->v, kvdim, 0 },
+    };
+    prima_mm_run(t, mm, 3, n);
+  }
+  prima_pool_barrier(t);
+  uint16_t *Kl = w->k_cache + (size_t)li * w->n_ctx * kvdim;
+  uint16_t *Vl = w->v_cache + (size_t)li * w->n_ctx * kvdim;
+  for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+    float *q = w->q + (size_t)r * qdim, *k = w->k + (size_t)r * kvdim, *v = w->v + (size_t)r * kvdim;
+    if (L->bq.data) {
+      prima_add(q, (const float *)L->bq.data, (int)qdim);
+      prima_add(k, (const float *)L->bk.data, (int)kvdim);
+      prima_add(v, (const float *)L->bv.data, (int)kvdim);
+    }
+    if (L->q_norm.data) { /* one RMS norm per head, weights shared by the heads */
+      for (int h = 0; h < hp->n_head; h++) prima_rmsnorm(q + (size_t)h * D, (const float *)L->q_norm.data, q + (size_t)h * D, D, hp->norm_eps);
+      for (int h = 0; h < hp->n_head_kv; h++) prima_rmsnorm(k + (size_t)h * D, (const float *)L->k_norm.data, k + (size_t)h * D, D, hp->norm_eps);
+    }
+    const float *c = rope_cos + (size_t)(pos + r) * half, *s = rope_sin + (size_t)(pos + r) * half;
+    prima_rope_apply(q, hp->n_head, D, hp->rope_dims, hp->rope_neox, c, s);
+    prima_rope_apply(k, hp->n_head_kv, D, hp->rope_dims, hp->rope_neox, c, s);
+    store_f16(k, Kl + (size_t)(pos + r) * kvdim, (int)kvdim);
+    store_f16(v, Vl + (size_t)(pos + r) * kvdim, (int)kvdim);
+  }
+  prima_pool_barrier(t);
+  attention(t, w, li, pos, n);
+  prima_pool_barrier(t);
+  act_set o;
+  const prima_tensor *o_w[1] = { &L->wo };
+  act_set_make(&o, w, o_w, 1);
+  quantize_for(t, w, &o, w->att, (int)qdim, n);
+  prima_pool_barrier(t);
+  residual_out(t, w, &L->wo, o.buf[0], &L->attn_post_norm, x, n);
+}
+
+/* x += down(act(gate(norm(x))) * up(norm(x))), act SiLU or GELU (tanh, as ggml's table) per model. */
+static void ffn_block(const prima_task *t, prima_window *w, int l, float *x, int n) {
+  const prima_hparams *hp = &w->m->hp;
+  const prima_layer *L = &w->m->layers[l];
+  const int E = hp->n_embd;
+  const size_t F = (size_t)hp->n_ff;
+  act_set gu;
+  const prima_tensor *gu_w[2] = { &L->w_gate, &L->w_up };
+  act_set_make(&gu, w, gu_w, 2);
+  for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+    prima_rmsnorm(x + (size_t)r * E, (const float *)L->ffn_norm.data, w->h + (size_t)r * E, E, hp->norm_eps);
+    for (int f = 0; f < gu.n_formats; f++)
+      prima_act_quantize_rows(gu.format[f], w->h, E, gu.buf[f], w->act_row_bytes, E, r, r + 1);
+  }
+  prima_pool_barrier(t);
+  {
+    const prima_mm mm[2] = {
+      { &L->w_gate, gu.buf[gu.slot[0]], w->act_row_bytes, w->gate, F, 0 },
+      { &L->w_up, gu.buf[gu.slot[1]], w->act_row_bytes, w->up, F, 0 },
+    };
+    prima_mm_run(t, mm, 2, n);
+  }
+  prima_pool_barrier(t);
+  act_set dn;
+  const prima_tensor *dn_w[1] = { &L->w_down };
+  act_set_make(&dn, w, dn_w, 1);
+  for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+    if (hp->ffn_act == PRIMA_FFN_GELU) prima_geglu(w->gate + (size_t)r * F, w->up + (size_t)r * F, (int)F);
+    else prima_swiglu(w->gate + (size_t)r * F, w->up + (size_t)r * F, (int)F);
+    prima_act_quantize_rows(dn.format[0], w->gate, F, dn.buf[0], w->act_row_bytes, (int)F, r, r + 1);
+  }
+  prima_pool_barrier(t);
+  residual_out(t, w, &L->w_down, dn.buf[0], &L->ffn_post_norm, x, n);
+}
+
 static void forward_job(const prima_task *t, void *ctx) {
   fwd_job *j = ctx;
   prima_window *w = j->w;
   prima_model *m = w->m;
   const prima_hparams *hp = &m->hp;
-  const int E = hp->n_embd, D = hp->head_dim, n = j->n, pos = j->pos;
-  const size_t qdim = (size_t)hp->n_head * D, kvdim = (size_t)hp->n_head_kv * D, F = (size_t)hp->n_ff;
-  const size_t half = (size_t)hp->rope_dims / 2;
+  const int E = hp->n_embd, n = j->n, pos = j->pos;
   float *x = j->x;
 
   for (int l = w->first; l < w->end; l++) {
-    const prima_layer *L = &m->layers[l];
-    const int li = l - w->first;
-
-    /* attention block */
-    act_set qkv;
-    const prima_tensor *qkv_w[3] = { &L->wq, &L->wk, &L->wv };
-    act_set_make(&qkv, w, qkv_w, 3);
-    for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
-      prima_rmsnorm(x + (size_t)r * E, (const float *)L->attn_norm.data, w->h + (size_t)r * E, E, hp->norm_eps);
-      for (int f = 0; f < qkv.n_formats; f++)
-        prima_act_quantize_rows(qkv.format[f], w->h, E, qkv.buf[f], w->act_row_bytes, E, r, r + 1);
-    }
-    prima_pool_barrier(t);
-    {
-      const prima_mm mm[3] = {
-        { &L->wq, qkv.buf[qkv.slot[0]], w->act_row_bytes, w->q, qdim, 0 },
-        { &L->wk, qkv.buf[qkv.slot[1]], w->act_row_bytes, w->k, kvdim, 0 },
-        { &L->wv, qkv.buf[qkv.slot[2]], w->act_row_bytes, w->v, kvdim, 0 },
-      };
-      prima_mm_run(t, mm, 3, n);
-    }
-    prima_pool_barrier(t);
-    uint16_t *Kl = w->k_cache + (size_t)li * w->n_ctx * kvdim;
-    uint16_t *Vl = w->v_cache + (size_t)li * w->n_ctx * kvdim;
-    for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
-      float *q = w->q + (size_t)r * qdim, *k = w->k + (size_t)r * kvdim, *v = w->v + (size_t)r * kvdim;
-      if (L->bq.data) {
-        prima_add(q, (const float *)L->bq.data, (int)qdim);
-        prima_add(k, (const float *)L->bk.data, (int)kvdim);
-        prima_add(v, (const float *)L->bv.data, (int)kvdim);
-      }
-      const float *c = w->rope_cos + (size_t)(pos + r) * half, *s = w->rope_sin + (size_t)(pos + r) * half;
-      prima_rope_apply(q, hp->n_head, D, hp->rope_dims, hp->rope_neox, c, s);
-      prima_rope_apply(k, hp->n_head_kv, D, hp->rope_dims, hp->rope_neox, c, s);
-      store_f16(k, Kl + (size_t)(pos + r) * kvdim, (int)kvdim);
-      store_f16(v, Vl + (size_t)(pos + r) * kvdim, (int)kvdim);
-    }
-    prima_pool_barrier(t);
-    attention(t, w, li, pos, n);
-    prima_pool_barrier(t);
-    act_set o;
-    const prima_tensor *o_w[1] = { &L->wo };
-    act_set_make(&o, w, o_w, 1);
-    quantize_for(t, w, &o, w->att, (int)qdim, n);
-    prima_pool_barrier(t);
-    {
-      const prima_mm mm = { &L->wo, o.buf[0], w->act_row_bytes, x, (size_t)E, 1 };
-      prima_mm_run(t, &mm, 1, n);
-    }
-    prima_pool_barrier(t);
-
-    /* feed-forward block */
-    act_set gu;
-    const prima_tensor *gu_w[2] = { &L->w_gate, &L->w_up };
-    act_set_make(&gu, w, gu_w, 2);
-    for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
-      prima_rmsnorm(x + (size_t)r * E, (const float *)L->ffn_norm.data, w->h + (size_t)r * E, E, hp->norm_eps);
-      for (int f = 0; f < gu.n_formats; f++)
-        prima_act_quantize_rows(gu.format[f], w->h, E, gu.buf[f], w->act_row_bytes, E, r, r + 1);
-    }
-    prima_pool_barrier(t);
-    {
-      const prima_mm mm[2] = {
-        { &L->w_gate, gu.buf[gu.slot[0]], w->act_row_bytes, w->gate, F, 0 },
-        { &L->w_up, gu.buf[gu.slot[1]], w->act_row_bytes, w->up, F, 0 },
-      };
-      prima_mm_run(t, mm, 2, n);
-    }
-    prima_pool_barrier(t);
-    act_set dn;
-    const prima_tensor *dn_w[1] = { &L->w_down };
-    act_set_make(&dn, w, dn_w, 1);
-    for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
-      prima_swiglu(w->gate + (size_t)r * F, w->up + (size_t)r * F, (int)F);
-      prima_act_quantize_rows(dn.format[0], w->gate, F, dn.buf[0], w->act_row_bytes, (int)F, r, r + 1);
-    }
-    prima_pool_barrier(t);
-    {
-      const prima_mm mm = { &L->w_down, dn.buf[0], w->act_row_bytes, x, (size_t)E, 1 };
-      prima_mm_run(t, &mm, 1, n);
-    }
-    prima_pool_barrier(t);
+    attention_block(t, w, l, x, pos, n);
+    ffn_block(t, w, l, x, n);
     /* every thread is past this layer: a streamed one goes now, so that the window never holds more
      * than its kept layers and the one being read (the others go on to the next layer meanwhile) */
     if (t->ith == 0) {
@@ -704,17 +833,7 @@ static void forward_job(const prima_task *t, void *ctx) {
     }
   }
 
-  if (j->logits) {
-    const float *row = x + (size_t)(n - 1) * E;
-    const int f = act_type_of(&m->output);
-    if (t->ith == 0) {
-      prima_rmsnorm(row, (const float *)m->output_norm.data, m->head_norm, E, hp->norm_eps);
-      prima_act_quantizer(f)(m->head_norm, m->head_act, E);
-    }
-    prima_pool_barrier(t);
-    const prima_mm mm = { &m->output, m->head_act, 0, j->logits, 0, 0 };
-    prima_mm_run(t, &mm, 1, 1);
-  }
+  if (j->logits) head_rows(t, m, x + (size_t)(n - 1) * E, j->logits);
 }
 
 int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, float *logits, char *err, size_t err_len) {
@@ -748,15 +867,7 @@ typedef struct {
 
 static void head_job_fn(const prima_task *t, void *ctx) {
   head_job *j = ctx;
-  prima_model *m = j->m;
-  const int E = m->hp.n_embd;
-  if (t->ith == 0) {
-    prima_rmsnorm(j->row, (const float *)m->output_norm.data, m->head_norm, E, m->hp.norm_eps);
-    prima_act_quantizer(act_type_of(&m->output))(m->head_norm, m->head_act, E);
-  }
-  prima_pool_barrier(t);
-  const prima_mm mm = { &m->output, m->head_act, 0, j->logits, 0, 0 };
-  prima_mm_run(t, &mm, 1, 1);
+  head_rows(t, j->m, j->row, j->logits);
 }
 
 void prima_model_logits(prima_model *m, const float *row, float *logits) {
@@ -767,8 +878,10 @@ void prima_model_logits(prima_model *m, const float *row, float *logits) {
 void prima_model_embed(prima_model *m, const int32_t *tokens, int n, float *out) {
   const prima_type_kernels *k = prima_kernels(m->tok_embd.type);
   const int E = m->hp.n_embd;
-  for (int i = 0; i < n; i++)
+  for (int i = 0; i < n; i++) {
     k->dequantize(m->tok_embd.data + (size_t)tokens[i] * m->tok_embd.row_bytes, out + (size_t)i * E, E);
+    if (m->hp.embd_scale != 1.0f) prima_scale(out + (size_t)i * E, E, m->hp.embd_scale);
+  }
 }
 
 /* ---- paging ------------------------------------------------------------------------------- */

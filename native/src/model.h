@@ -18,14 +18,34 @@ typedef struct {
   size_t n_bytes;
 } prima_tensor;
 
+/* Every tensor a layer of any supported family may have. The forward pass is built from shared blocks
+ * (model.c): an optional tensor present turns its block on (QKV bias: qwen2; Q/K norms: qwen3, gemma3;
+ * post-attention and post-FFN norms: gemma3). Which a family must have, TS checks (model/arch/). */
 typedef struct {
   prima_tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, ffn_norm, w_gate, w_up, w_down;
+  prima_tensor q_norm, k_norm, attn_post_norm, ffn_post_norm;
 } prima_layer;
 
+/* Feed-forward activation of the gated FFN: silu(gate) * up, or gelu_tanh(gate) * up. */
+enum { PRIMA_FFN_SILU = 0, PRIMA_FFN_GELU = 1 };
+
+/* Hyper-parameters and the per-model switches of the shared blocks; TS computes every value from the
+ * family's file (model/arch/<family>.ts), C only applies them. */
 typedef struct {
   int n_vocab, n_embd, n_layers, n_head, n_head_kv, head_dim, n_ff, rope_dims;
   int rope_neox;
+  int ffn_act;        /* PRIMA_FFN_* */
   float norm_eps, rope_base, rope_freq_scale;
+  float embd_scale;   /* token embeddings are multiplied by this (1: none; gemma: sqrt(n_embd)) */
+  float q_scale;      /* Q is multiplied by this before attention (gemma's query scale; else 1) */
+  float kq_scale;     /* attention scores are multiplied by this (1/sqrt(head_dim); gemma: 1) */
+  float rope_base_swa, rope_freq_scale_swa; /* RoPE of the sliding-window layers */
+  float rope_attn_factor; /* cos and sin are multiplied by this (rope.scaling.attn_factor; 1: none) */
+  int n_ctx_orig;         /* a window of more context than this takes rope_factors_long, else _short */
+  float attn_softcap;     /* attention scores become cap * tanh(score / cap) (gemma2); 0: none */
+  float final_softcap;    /* the logits likewise (gemma2, some gemma3); 0: none */
+  const int *layer_window; /* per layer: 0 full causal attention, else a sliding window of that many
+                              tokens; NULL: all full. Copied by prima_model_open. */
 } prima_hparams;
 
 /* One named tensor of the table TS hands over. */
@@ -43,7 +63,9 @@ typedef struct prima_model {
   size_t map_bytes;
   prima_hparams hp;
   prima_tensor tok_embd, output_norm, output, rope_freqs;
+  prima_tensor rope_long, rope_short; /* phi3's LongRoPE frequency factors (absent elsewhere) */
   prima_layer *layers;
+  int *layer_window; /* n_layers entries, see prima_hparams */
   prima_pool *pool;
   /* scratch of the output head (one row) */
   float *head_norm;
@@ -67,6 +89,7 @@ typedef struct prima_window {
   int n_filled;   /* positions [0, n_filled) of the cache hold data */
   uint16_t *k_cache, *v_cache; /* [layer][n_ctx][kv_dim] */
   float *rope_cos, *rope_sin;  /* [n_ctx][rope_dims/2] */
+  float *rope_cos_swa, *rope_sin_swa; /* the same for sliding-window layers (NULL: the window has none) */
   /* scratch, max_batch rows each */
   float *h, *q, *k, *v, *att, *gate, *up;
   void *act_a;                 /* quantized activations: up to 3 formats x max_batch rows */

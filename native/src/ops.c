@@ -1,6 +1,7 @@
 #include "ops.h"
 
 #include <math.h>
+#include <pthread.h>
 
 #include "kernels.h"
 
@@ -119,6 +120,26 @@ __attribute__((target("avx2,fma"))) static float exp_sum_avx2(float *x, int n, f
 }
 #endif
 
+/* gelu(x) at every F16 value x, rounded to F16: ggml's table, built the same way */
+static uint16_t gelu_f16[1 << 16];
+
+static void gelu_table_init(void) {
+  const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f;
+  for (int i = 0; i < (1 << 16); i++) {
+    const float x = prima_fp16_to_fp32((uint16_t)i);
+    gelu_f16[i] = prima_fp32_to_fp16(0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * x * (1.0f + coef_a * x * x))));
+  }
+}
+
+void prima_geglu(float *a, const float *b, int n) {
+  for (int i = 0; i < n; i++) {
+    const float x = a[i];
+    /* beyond +-10 gelu is x or 0 to F16 precision; ggml skips the table there */
+    const float g = x <= -10.0f ? 0.0f : x >= 10.0f ? x : prima_fp16_to_fp32(gelu_f16[prima_fp32_to_fp16(x)]);
+    a[i] = g * b[i];
+  }
+}
+
 static void (*swiglu_impl)(float *, const float *, int) = swiglu_scalar;
 static float (*exp_sum_impl)(float *, int, float) = exp_sum_scalar;
 
@@ -220,6 +241,8 @@ void prima_add(float *x, const float *y, int n) {
 }
 
 void prima_ops_init(void) {
+  static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
+  pthread_once(&gelu_once, gelu_table_init);
 #ifdef PRIMA_X86
   g_attn_avx2 = prima_simd_level() >= PRIMA_SIMD_AVX2;
   if (g_attn_avx2) {

@@ -109,6 +109,20 @@ describe("generated files", () => {
     }
   });
 
+  it("the full shapes of the newer families, cut to 2 layers: read back as their family, and llama.cpp runs them", async () => {
+    const cut = (name: string): ModelShape => ({ ...modelShapeByName(name)!, name: `${name}-cut`, nLayers: 2, nVocab: 512, defaultVocab: "stories260K" });
+    for (const name of ["qwen3-0.6b", "gemma3-1b"]) {
+      const shape = cut(name);
+      const r = await make(shape, "Q4_K_M");
+      const d = describeModel(r.file);
+      expect(d.hparams).toMatchObject({ arch: shape.arch, nEmbd: shape.nEmbd, headDimK: shape.headDim, nHead: shape.nHead, nHeadKv: shape.nHeadKv });
+      // gemma3's pattern of 6 slides every layer of the first five; qwen3 has no window
+      expect(d.hparams.layerWindow).toEqual(shape.arch === "gemma3" ? [512, 512] : [0, 0]);
+      expect(d.tensors.layers[1].qNorm?.dims).toEqual([shape.headDim]);
+      await expectRuns(r.path, name);
+    }
+  }, 120_000);
+
   it("norms are 1.0 and weights have the asked spread", async () => {
     const r = await make(tiny, "F32");
     const norm = new Float32Array(tensorBytes(r.file, "blk.0.attn_norm.weight").buffer.slice(0));
@@ -234,6 +248,9 @@ describe("bad input", () => {
     expect(() => parseMakeModelArgs(["--shape", "nope", "--type", "Q8_0", "--out", "x"])).toThrow(/unknown shape/);
     expect(() => parseMakeModelArgs(["--dims", "0", "--type", "Q8_0", "--out", "x"])).toThrow(/--dims must be a positive/);
     expect(() => parseMakeModelArgs(["--shape", "tiny-llama", "--type", "Q8_0", "--out", "x", "--vocab", "klingon"])).toThrow(/unknown vocabulary/);
+    expect(() => parseMakeModelArgs(["--arch", "falcon", "--type", "Q8_0", "--out", "x"])).toThrow(/--arch must be one of llama, qwen2, qwen3, gemma2, gemma3, mistral3, phi3 \(got "falcon"\)/);
+    const g = parseMakeModelArgs(["--shape", "tiny-gemma3", "--layers", "7", "--type", "Q8_0", "--out", "x"]);
+    if (g !== "help") expect(g.shape).toMatchObject({ arch: "gemma3", nLayers: 7, headDim: 128, slidingWindow: 4, tiedEmbeddings: true });
     const a = parseMakeModelArgs(["--dims", "512", "--layers", "3", "--heads", "8", "--kv-heads", "2", "--ffn", "768", "--type", "Q8_0", "--out", "x"]);
     expect(a).not.toBe("help");
     if (a !== "help") expect(a.shape).toMatchObject({ nEmbd: 512, nLayers: 3, nHead: 8, nHeadKv: 2, nFf: 768, arch: "llama" });

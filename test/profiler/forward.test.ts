@@ -7,6 +7,7 @@ import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { LocalModel } from "../../engine/index.js";
 import { readGguf } from "../../model/index.js";
+import { generateModel } from "../../modelgen/index.js";
 import { calibrateForward, measureDisk, standInBytes, standInLayers, timeForward, timePasses, writeStandIn } from "../../profiler/index.js";
 import type { NativeWindow } from "../../engine/index.js";
 import { RING_COMPUTE_OPTIONS } from "../../ring/index.js";
@@ -53,6 +54,30 @@ describe("the stand-in of a model's first layers", async () => {
     const full = readGguf(path);
     expect(full.tensors.find((t) => t.name === "output.weight")!.dims).toEqual([PLACEMENT_SHAPE.nEmbd, PLACEMENT_SHAPE.nVocab]);
     expect(statSync(path).blocks * 512).toBeLessThan(layerBytes / 20);
+  });
+
+  it("of a phi3 model: its RoPE factors are ones, so the zero weights still leave the rows as they were", async () => {
+    const src = join(dir, "phi3.gguf");
+    await generateModel({ shape: "tiny-phi3", type: "Q8_0", out: src, pure: true });
+    const phi = LocalModel.open(src, { threads: 2 });
+    const path = join(dir, "phi3-stand-in.gguf");
+    try {
+      writeStandIn(phi.gguf, phi.desc, 2, path);
+    } finally {
+      phi.close();
+    }
+    const standIn = LocalModel.open(path, { threads: 2 });
+    try {
+      expect(standIn.desc.tensors.ropeFactorsLong).toBeDefined();
+      const w = standIn.window(0, 2, { ctx: 64 }); // past the original context of 32: the long factors
+      const acts = Float32Array.from({ length: 2 * standIn.nEmbd }, (_, i) => Math.cos(i));
+      const input = acts.slice();
+      w.forwardNow(acts, 0, 2);
+      w.close();
+      expect(Array.from(acts)).toEqual(Array.from(input));
+    } finally {
+      standIn.close();
+    }
   });
 
   // Tried up to three times: its bound is on a difference of two medians of 8 passes, which a loaded

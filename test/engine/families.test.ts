@@ -1,0 +1,96 @@
+// Every family prima runs (model/arch/), against llama.cpp on generated models of its tiny shape:
+// prompt ids equal, the logits at every prompt position within the oracle's tolerances (and so the
+// top-5), and the greedy continuation equal token for token (a difference only at a near tie, with
+// its margin printed). tiny-gemma3 slides a 4-token window on 2 of its 3 layers: the prompt and the
+// continuation run far past it.
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { Llama } from "node-llama-cpp";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { LocalModel, LocalPipeline, Sampler, generate } from "../../engine/index.js";
+import { Tokenizer, modelShapeByName, supportedArchitectures } from "../../model/index.js";
+import { generateModel } from "../../modelgen/index.js";
+import { TOL_FIRST_POSITION, agreement, compare, loadOracle, oracleLogits, ourLogits } from "./oracle-harness.js";
+
+const dir = mkdtempSync(join(tmpdir(), "prima-families-"));
+let llama: Llama;
+
+beforeAll(async () => {
+  llama = await loadOracle();
+}, 60_000);
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+const TEXT = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends.";
+const GREEDY_TOKENS = 16;
+
+/** Our greedy continuation of the prompt. */
+async function ourGreedy(path: string, prompt: Int32Array): Promise<number[]> {
+  const m = LocalModel.open(path, { threads: 2 });
+  const pipe = new LocalPipeline(m, 128);
+  const res = await generate(m, pipe, prompt, { maxTokens: GREEDY_TOKENS, sampler: new Sampler({ temperature: 0 }), isEnd: () => false });
+  pipe.close();
+  m.close();
+  return res.ids;
+}
+
+const cases: [shape: string, type: string, pure: boolean][] = [
+  ["tiny-qwen3", "F32", true],
+  ["tiny-qwen3", "Q8_0", true],
+  ["tiny-qwen3", "Q4_K_M", false],
+  ["tiny-gemma2", "F32", true],
+  ["tiny-gemma2", "Q4_K_M", false],
+  ["tiny-gemma3", "F32", true],
+  ["tiny-gemma3", "Q8_0", true],
+  ["tiny-gemma3", "Q4_K_M", false],
+  ["tiny-mistral3", "Q8_0", true],
+  ["tiny-phi3", "F32", true],
+  ["tiny-phi3", "Q8_0", true],
+  ["tiny-phi3", "Q4_K_M", false],
+];
+
+describe("every family agrees with llama.cpp", () => {
+  it("each supported family has a case here", () => {
+    // llama and qwen2 are test/engine/oracle.test.ts's
+    const tested = new Set(["llama", "qwen2", ...cases.map(([shape]) => modelShapeByName(shape)!.arch)]);
+    for (const a of supportedArchitectures) expect(tested.has(a), `${a} has no case`).toBe(true);
+  });
+
+  it.each(cases)("%s %s", async (shape, type, pure) => {
+    const out = join(dir, `${shape}-${type}.gguf`);
+    await generateModel({ shape, type, out, pure, seed: 7, weightStd: 0.05 });
+
+    const theirModel = await llama.loadModel({ modelPath: out, gpuLayers: 0 });
+    const theirIds = Array.from(theirModel.tokenize(TEXT));
+    await theirModel.dispose();
+    const ourIds = Array.from(Tokenizer.fromGguf(out).encode(TEXT));
+    expect(ourIds, "prompt ids").toEqual(theirIds);
+    const prompt = [1, ...ourIds];
+
+    const { first, noise, tol, all } = await agreement(llama, out, prompt);
+    expect(first.maxRelErr, "first position: kernels and formats alone").toBeLessThan(TOL_FIRST_POSITION);
+    expect(all.top1Mismatches, `top-1 differs at positions ${all.top1Mismatches.join(",")} (tolerance ${tol})`).toEqual([]);
+    expect(all.maxRelErr, `llama.cpp's own flash-attention noise is ${noise}`).toBeLessThan(tol);
+
+    // greedy: llama.cpp, fed the prompt and our continuation in one batch, picks our token at each step
+    const ours = await ourGreedy(out, Int32Array.from(prompt));
+    expect(ours.length).toBe(GREEDY_TOKENS);
+    const seq = [...prompt, ...ours];
+    const ref = await oracleLogits(llama, out, seq, false);
+    for (let k = 0; k < GREEDY_TOKENS; k++) {
+      const r = ref[prompt.length - 1 + k];
+      let best = 0, min = Infinity;
+      for (let i = 0; i < r.length; i++) {
+        if (r[i] > r[best]) best = i;
+        min = Math.min(min, r[i]);
+      }
+      if (best === ours[k]) continue;
+      const margin = (r[best] - r[ours[k]]) / (r[best] - min);
+      console.log(`${shape} ${type}: greedy step ${k} differs at a margin of ${margin} of the logit spread (tolerance ${tol})`);
+      expect(margin, `greedy step ${k}: llama.cpp picks ${best}, we ${ours[k]}`).toBeLessThan(tol);
+    }
+    const withContinuation = compare(await ourLogits(out, seq), ref, tol);
+    expect(withContinuation.maxRelErr, "logits over the prompt and the continuation").toBeLessThan(tol);
+    rmSync(out);
+  }, 120_000);
+});

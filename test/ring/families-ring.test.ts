@@ -1,0 +1,33 @@
+// A ring of two loopback workers and the head gives the single device's tokens for every family
+// beyond llama (piped-ring.test.ts runs llama): the head embeds (gemma's scaled embeddings) and
+// samples, each device runs its window of layers (gemma's sliding-window layers split across them).
+import { execFileSync } from "node:child_process";
+import { join } from "node:path";
+import { afterEach, describe, expect, it } from "vitest";
+import { generateModel } from "../../modelgen/index.js";
+import { modelShapeByName } from "../../model/index.js";
+import { killAll, runRing } from "./cluster.js";
+import { tempDir } from "../helpers/temp.js";
+
+afterEach(killAll);
+
+const gen = ["-p", "Once upon a time", "-n", "24", "--temp", "0"];
+
+function singleDevice(path: string, args: string[]): number[] {
+  const out = execFileSync(process.execPath, ["dist/coordinator/cli.js", "run", path, "--json", ...args], { encoding: "utf8" });
+  return JSON.parse(out).generated_ids;
+}
+
+describe("two-worker ring per family", () => {
+  const dir = tempDir("prima-family-ring-");
+  it.each(["tiny-qwen2", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-mistral3", "tiny-phi3"])("%s, 6 layers in windows 2,2,2: the same tokens as one device", async (shape) => {
+    const path = join(dir, `${shape}.gguf`);
+    await generateModel({ shape: { ...modelShapeByName(shape)!, nLayers: 6 }, type: "Q8_0", out: path, seed: 3, weightStd: 0.08 });
+    const expected = singleDevice(path, gen);
+    expect(expected.length).toBe(24);
+    const r = await runRing(path, [...gen, "--layer-windows", "2,2,2"], 2);
+    expect(r.code, r.coordinator.stderr).toBe(0);
+    expect(r.report?.devices).toBe(3);
+    expect(r.report?.generated_ids).toEqual(expected);
+  }, 90_000);
+});
