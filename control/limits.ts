@@ -35,6 +35,16 @@ export const MAX_PROFILE_BYTES = 256 << 10;
 /** Open connections on the cluster port, in all and from one address. */
 export const MAX_CONNECTIONS = 128;
 export const MAX_CONNECTIONS_PER_HOST = 32;
+/** A connection to the cluster port must prove the join token this soon after it opened (a Join with
+ * its proof, a chunk request with its proof, or a keyed stream with its ticket), or it is closed: TLS
+ * needs no secret, and an idle HTTP/2 connection that answers pings would hold its slot for good.
+ * Room for the handshake (JOIN_TIMEOUT_MS) and then the Join (JOIN_TIMEOUT_MS more). */
+export const PROOF_TIMEOUT_MS = 2 * JOIN_TIMEOUT_MS;
+/** Connections that have not proven the token yet, in all and from one address. When all of them are
+ * held, a newcomer from an address that holds fewer closes the oldest of the address that holds the
+ * most: strangers from a few addresses cannot keep the household's devices out. */
+export const MAX_UNPROVEN = 64;
+export const MAX_UNPROVEN_PER_HOST = 16;
 /** Session streams one connection may hold open at once (a worker uses one). */
 export const MAX_STREAMS_PER_CONNECTION = 4;
 /** Sessions open without a Join yet (each waits at most JOIN_TIMEOUT_MS). */
