@@ -2,8 +2,22 @@
 
 /** Both sides send a heartbeat this often on a joined session. */
 export const HEARTBEAT_INTERVAL_MS = 300;
-/** A side silent this long is gone (with a 250 ms check, detection stays under 2 s). */
+/** A worker silent this long is gone (with a 250 ms check, detection stays under 2 s), unless its
+ * heartbeats came late lately: see heartbeatLimit. */
 export const HEARTBEAT_TIMEOUT_MS = 1500;
+/** The most heartbeatLimit gives a worker whose heartbeats come late (a frozen one is found by then). */
+export const MAX_HEARTBEAT_TIMEOUT_MS = 5000;
+/** How long the coordinator waits for a worker's next message, given the longest gap between its
+ * messages lately (WorkerHandle.recentGapMs): a device starved by other work (a build on the same
+ * machine) beats late but beats, and twice its own lateness tells it from a frozen one. */
+export function heartbeatLimit(recentGapMs: number): number {
+  return Math.min(MAX_HEARTBEAT_TIMEOUT_MS, Math.max(HEARTBEAT_TIMEOUT_MS, 2 * recentGapMs));
+}
+/** A worker leaves a coordinator silent this long. Longer than the coordinator's limit: a worker that
+ * leaves a live coordinator (busy timing its own pass, or starved) costs a rejoin and a new plan, one
+ * that waits on a dead coordinator loses nothing (a coordinator that exits closes the connection,
+ * which ends the session at once; only a frozen or unplugged one is found by this limit). */
+export const COORDINATOR_SILENCE_MS = 4 * HEARTBEAT_TIMEOUT_MS;
 /** Whether a heartbeat check runs after a stall of this process (its timer came more than the limit
  * late: a long plan, a pass timed in JS on a slow device). The peer's heartbeats then wait unread, and
  * its silence is not judged on that check; both sides keep this rule. */

@@ -14,7 +14,7 @@ import { EventEmitter } from "node:events";
 import { createServer, isIP, type AddressInfo, type Server as NetServer, type Socket } from "node:net";
 import type { TLSSocket } from "node:tls";
 import {
-  ASSIGN_SILENCE_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOINS_PER_S, checkAfterStall, JOIN_BURST, JOIN_TIMEOUT_MS, MAX_MESSAGE_BYTES, MAX_PENDING_SESSIONS, MAX_PROFILE_BYTES, MAX_STREAMS_PER_CONNECTION, MAX_WORKERS,
+  ASSIGN_SILENCE_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOINS_PER_S, heartbeatLimit, checkAfterStall, JOIN_BURST, JOIN_TIMEOUT_MS, MAX_MESSAGE_BYTES, MAX_PENDING_SESSIONS, MAX_PROFILE_BYTES, MAX_STREAMS_PER_CONNECTION, MAX_WORKERS,
   PROTOCOL_VERSION, SHUTDOWN_GRACE_MS, STATUS_TIMEOUT_MS, coordinatorService, type Assignment, type CoordinatorMessage, type Join,
   type KvCommand, type Ready, type SessionStream, type Status, type WorkerMessage,
 } from "../control/index.js";
@@ -25,6 +25,10 @@ import { ALPN_CHUNKS, ALPN_GRPC, TlsGate, joinProof, proofMatches, type ClusterK
 import { ConnectionSlots, peerOf, type SlotLimits } from "./slots.js";
 
 export { HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS };
+
+/** How much a gap between a worker's messages still counts after one more message: it halves in
+ * about 35 messages (10 s of heartbeats). */
+const GAP_DECAY = 0.98;
 
 /** Longest text a worker's failure report keeps in logs and errors. */
 const MAX_REPORT_CHARS = 1000;
@@ -49,6 +53,9 @@ interface Waiter {
 /** One joined worker, as the coordinator sees it. */
 export class WorkerHandle {
   lastSeenMs = Date.now();
+  /** The longest gap between its messages lately (each older gap counts a little less with every
+   * message): what its heartbeat limit allows for (control/limits.ts heartbeatLimit). */
+  recentGapMs = 0;
   lost: string | null = null;
   /** The last failure the worker reported (escaped), so a worker that leaves after one is named with it. */
   lastFailure: string | null = null;
@@ -151,7 +158,10 @@ export class WorkerHandle {
 
   /** Routes a message from the worker; returns a failure text if the worker reported one. */
   receive(m: WorkerMessage): string | null {
-    this.lastSeenMs = Date.now();
+    const now = Date.now();
+    // A silence the coordinator asked for (a timed pass) says nothing about the device's lateness.
+    if (!this.measuring) this.recentGapMs = Math.max(now - this.lastSeenMs, this.recentGapMs * GAP_DECAY);
+    this.lastSeenMs = now;
     switch (m.msg) {
       case "progress":
         for (const w of this.waiters) {
@@ -398,7 +408,7 @@ export class WorkerRegistry extends EventEmitter {
     const stalled = checkAfterStall(this.lastTickMs, now);
     this.lastTickMs = now;
     for (const w of this.live()) {
-      if (!stalled && !w.measuring && now - w.lastSeenMs > HEARTBEAT_TIMEOUT_MS) this.lose(w, `no heartbeat for ${((now - w.lastSeenMs) / 1000).toFixed(1)} s`);
+      if (!stalled && !w.measuring && now - w.lastSeenMs > heartbeatLimit(w.recentGapMs)) this.lose(w, `no heartbeat for ${((now - w.lastSeenMs) / 1000).toFixed(1)} s`);
       else w.send({ heartbeat: { sentUnixMs: now } });
     }
   }

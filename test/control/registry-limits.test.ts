@@ -125,6 +125,30 @@ describe("control plane limits", () => {
     expect(reg.live()).toHaveLength(1);
   });
 
+  it("a peer whose heartbeats come late (a device starved by a build) is kept through a longer gap; a silent one is still lost", async () => {
+    const { reg, address } = await registry();
+    const f = await fake(address, "starved", { heartbeats: false });
+    await reg.waitFor(1, 5000);
+    let lost = "";
+    reg.once("lost", (_w: WorkerHandle, reason: string) => { lost = reason; });
+    const beat = () => f.send({ heartbeat: { sentUnixMs: Date.now() } });
+    const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+    // Beats 1.4 s apart, each late but each within the usual limit ...
+    for (let i = 0; i < 4; i++) {
+      beat();
+      await sleep(1400);
+    }
+    beat();
+    // ... then one gap longer than the usual limit, which such a device's lateness allows for.
+    await sleep(HEARTBEAT_TIMEOUT_MS + 500);
+    beat();
+    expect(lost).toBe("");
+    expect(reg.live()).toHaveLength(1);
+    // Silent for good (frozen): still lost, by the limit its lateness set.
+    const l = await Promise.race([lostEvent(reg), sleep(15_000).then(() => null)]);
+    expect(l?.reason).toMatch(/no heartbeat for \d\.\d s/);
+  }, 30_000);
+
   it("loses a joined peer that sends nothing by the heartbeat rule", async () => {
     const { reg, address, lines } = await registry();
     await fake(address, "quiet", { heartbeats: false });
