@@ -667,7 +667,8 @@ export class Cluster extends EventEmitter {
   /** The workers that answer a status request within the limit: after a failure a silent one is not
    * waited for (the registry declares it lost, as its status limit does). */
   private async responsive(workers: readonly WorkerHandle[]): Promise<WorkerHandle[]> {
-    const answers = await Promise.all(workers.map((w) => w.status(RESPONSIVE_WITHIN_MS).then(() => true, () => false)));
+    // A device whose messages come late lately (starved by other work) gets as long as its lateness.
+    const answers = await Promise.all(workers.map((w) => w.status(Math.max(RESPONSIVE_WITHIN_MS, 2 * w.recentGapMs)).then(() => true, () => false)));
     const silent = workers.filter((_, i) => !answers[i]);
     for (const w of silent) {
       this.o.log(`device ${w.label} did not answer within ${RESPONSIVE_WITHIN_MS} ms: leaving it out of this placement`);

@@ -184,11 +184,14 @@ export class WorkerHandle {
         return null;
       }
       case "failure": {
-        // A failure while the coordinator waits for an answer is that answer.
+        // A failure while the coordinator waits for an assignment is its answer; a status request is
+        // answered by a status, or by a failure that says it is that answer. A neighbour's broken link,
+        // reported while the coordinator asks who still answers, must not leave this device out too.
         const message = printable(m.failure.message, MAX_REPORT_CHARS);
         this.lastFailure = message;
         const err = new Error(`device ${this.label}: ${message}`);
-        while (this.waiters.length) this.take(0).reject(err);
+        const answered = m.failure.answersStatus ? this.waiters.filter((w) => w.kind === "status").slice(0, 1) : this.waiters.filter((w) => w.kind === "ready");
+        for (const w of answered) this.take(this.waiters.indexOf(w)).reject(err);
         return message;
       }
       default:

@@ -309,7 +309,7 @@ export class WorkerSession {
         const request = m.statusRequest;
         this.statusAnswers = this.statusAnswers
           .then(() => this.handler.status(request))
-          .then((status) => stream?.write({ status }), (e: unknown) => this.fail(e));
+          .then((status) => stream?.write({ status }), (e: unknown) => this.fail(e, true));
         return;
       }
       case "shutdown":
@@ -324,10 +324,10 @@ export class WorkerSession {
 
   /** Reports a failure to the coordinator (it ends the run and names this device); leaves when the
    * failure means this worker cannot go on (`check`). */
-  fail(e: unknown): void {
+  fail(e: unknown, answersStatus = false): void {
     const message = e instanceof Error ? e.message : String(e);
     this.o.log(`error: ${message}`);
-    this.send({ failure: { message } });
+    this.send({ failure: { message, answersStatus } });
     const exit = e instanceof Error && e.name === "WorkerExit" ? (e as WorkerExit) : this.o.check?.();
     if (exit) this.leave(exit);
   }
