@@ -400,7 +400,8 @@ export class Cluster extends EventEmitter {
       for (const w of workers) this.setDevice(w, "profiling", "reading memory and measuring the link");
       placement = await planRing({
         model, modelPath: this.o.modelPath, fingerprint: this.fingerprint, workers, head: this.headReport, ctx: this.o.ctx,
-        retimeHead: async () => (this.headReport = await this.profileHead(true)),
+        // A recovery plans with the last timed passes: a request is paused until it is placed.
+        retime: !recovering, retimeHead: recovering ? undefined : async () => (this.headReport = await this.profileHead(true)),
         maxBatch: this.o.batch, tokens: this.o.plannedTokens ?? this.o.ctx, log,
         options: { k: this.o.cycles, ...(this.o.keepAll ? { keepAll: true } : {}) }, rereads: this.rereads,
       });
