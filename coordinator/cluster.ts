@@ -152,6 +152,9 @@ export class Cluster extends EventEmitter {
   private placedWorkers: readonly WorkerHandle[] = [];
   private generation = 0;
   private dirty = true;
+  /** Devices that joined since the cluster started: a request that sees this grow places the layers
+   * again at its next token (autoPlace), rather than leaving the newcomer idle until the next request. */
+  private arrivals = 0;
   private clusterPort = 0;
   private readonly devices = new Map<string, DeviceInfo>();
   private readonly lost: { handle: WorkerHandle; info: DeviceInfo }[] = [];
@@ -264,6 +267,7 @@ export class Cluster extends EventEmitter {
     }
     this.devices.set(w.id, { report, state: "joining", detail: "waiting to be placed", progress: null, joinedUnixMs: Date.now(), measured: null, lastStatus: null });
     this.event("joined", `device ${w.label} joined`);
+    this.arrivals++;
     // The handshakes' garbage is freed now, while no window runs (memory readings show the live set).
     if (!this.active) setImmediate(settleMemory);
     this.markDirty();
@@ -551,8 +555,12 @@ export class Cluster extends EventEmitter {
     let meter!: DecodeMeter;
     let input = prompt.subarray(cached);
     let startPos = cached;
+    // A device that joins during the request is placed at the next token: the ring is re-placed and
+    // the prompt and the tokens sent so far replayed, as after a loss (without counting as one).
+    let arrivalsSeen = this.arrivals;
+    let rejoining = false;
     try {
-      for (let recoveries = 0; ; recoveries++) {
+      for (let recoveries = 0; ; ) {
         const ring = current.kind === "ring" ? current.ring : undefined;
         meter = new DecodeMeter(ring ? ring.pipeline : (current as Extract<Current, { kind: "local" }>).pipeline, async () => {
           const read = ring ? ring.statuses(0).catch(() => undefined) : Promise.resolve(undefined);
@@ -574,13 +582,25 @@ export class Cluster extends EventEmitter {
               this.historyTokens++;
               emitted.push(id);
               if (req.signal?.aborted) return false;
-              return req.onToken(id);
+              if (req.onToken(id) === false) return false;
+              if (this.o.autoPlace && this.arrivals !== arrivalsSeen && emitted.length < req.maxTokens) {
+                rejoining = true;
+                return false;
+              }
+              return true;
             },
           }));
-          break;
+          if (!rejoining) break;
+          rejoining = false;
+          arrivalsSeen = this.arrivals;
+          this.event("info", `placing the layers again for a device that joined during the request; replaying ${prompt.length + emitted.length} tokens`);
+          await this.recoverRing();
+          current = this.current!;
+          input = Int32Array.from([...prompt, ...emitted]);
+          startPos = 0;
         } catch (e) {
           const failure = await ring?.failureWithin();
-          if (!failure || req.signal?.aborted || recoveries >= MAX_RECOVERIES) throw e;
+          if (!failure || req.signal?.aborted || recoveries++ >= MAX_RECOVERIES) throw e;
           // A device or link of the ring failed mid-request: place the layers on the devices left,
           // rebuild their KV caches by replaying the prompt and every token sent so far, and go on.
           // The pause the client sees: from the last token before the loss to the next one.
@@ -737,6 +757,8 @@ export class Cluster extends EventEmitter {
     for (const d of this.devices.values()) if (d.state === "busy") d.state = "ready";
     this.headState = { state: "ready", detail: null };
     this.changed();
+    // Devices came or went while the request ran (the settle timer found it busy): place them now.
+    if (this.dirty) this.markDirty();
   }
 
   // ---- what the service shows ------------------------------------------------------------------
