@@ -61,7 +61,10 @@ export async function main(model: string, seconds = 180): Promise<void> {
     const url = `http://127.0.0.1:${(await waitFor(serve, /listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]}`;
     const clusterPort = (await waitFor(serve, /listening for workers on port (\d+)/, 120_000))[1];
     const tokenFile = (await waitFor(serve, /--token-file (\S+)/))[1]; // the join token (trust/)
+    const retired: Proc[] = []; // workers killed: their logs still count
     const join = (name: string) => {
+      const old = workers.get(name);
+      if (old) retired.push(old);
       const w = start(workerCli, ["--join", `127.0.0.1:${clusterPort}`, "--model", model, "--name", name, "--threads", "1", "--token-file", tokenFile]);
       workers.set(name, w);
       procs.push(w);
@@ -136,6 +139,9 @@ export async function main(model: string, seconds = 180): Promise<void> {
     console.log(`| ${counts.kills} | ${counts.correct} | ${counts.failed} | ${counts.wrong} | ${counts.hung} | ${recoveries} | ${median(pauses).toFixed(0)} of ${pauses.length} | ` +
       `${pauses.length ? Math.max(...pauses).toFixed(0) : "-"} | ${extraLosses} | ${rss0.toFixed(0)} -> ${rss1.toFixed(0)} | ${fds0} -> ${fds1} |`);
     for (const [m, n] of errors) console.log(`- ${n} x failed: ${m}`);
+    // Event-loop stalls past the heartbeat limit that each process logged (control/limits.ts stallNote).
+    const stalls = [serve, ...workers.values(), ...retired].flatMap((p) => [...p.err.matchAll(/event loop was held for ([\d.]+) s/g)].map((m) => Number(m[1])));
+    console.log(`- event-loop stalls over 1.5 s (serve and workers): ${stalls.length}${stalls.length ? `, longest ${Math.max(...stalls).toFixed(1)} s` : ""}`);
   } finally {
     for (const p of procs) await stop(p);
   }

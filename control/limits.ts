@@ -24,6 +24,10 @@ export const COORDINATOR_SILENCE_MS = 4 * HEARTBEAT_TIMEOUT_MS;
 export function checkAfterStall(lastCheckMs: number, nowMs: number): boolean {
   return nowMs - lastCheckMs > HEARTBEAT_TIMEOUT_MS;
 }
+/** What a side logs after such a stall: how long its heartbeats waited (bench/chaos.ts reads it). */
+export function stallNote(lastCheckMs: number, nowMs: number): string {
+  return `this process's event loop was held for ${((nowMs - lastCheckMs) / 1000).toFixed(1)} s (heartbeats waited; the peers' silence is not judged on this check)`;
+}
 /** A session stream that sends no Join this long after it opened is dropped by the coordinator. */
 export const JOIN_TIMEOUT_MS = 3000;
 /** A worker waits this long for the coordinator's answer to its Join (welcome or refusal). */

@@ -14,7 +14,7 @@ import { EventEmitter } from "node:events";
 import { createServer, isIP, type AddressInfo, type Server as NetServer, type Socket } from "node:net";
 import type { TLSSocket } from "node:tls";
 import {
-  ASSIGN_SILENCE_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOINS_PER_S, heartbeatLimit, checkAfterStall, JOIN_BURST, JOIN_TIMEOUT_MS, MAX_MESSAGE_BYTES, MAX_PENDING_SESSIONS, MAX_PROFILE_BYTES, MAX_STREAMS_PER_CONNECTION, MAX_WORKERS,
+  ASSIGN_SILENCE_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOINS_PER_S, heartbeatLimit, checkAfterStall, stallNote, JOIN_BURST, JOIN_TIMEOUT_MS, MAX_MESSAGE_BYTES, MAX_PENDING_SESSIONS, MAX_PROFILE_BYTES, MAX_STREAMS_PER_CONNECTION, MAX_WORKERS,
   PROTOCOL_VERSION, SHUTDOWN_GRACE_MS, STATUS_TIMEOUT_MS, coordinatorService, type Assignment, type CoordinatorMessage, type Join,
   type KvCommand, type Ready, type SessionStream, type Status, type WorkerMessage,
 } from "../control/index.js";
@@ -409,6 +409,7 @@ export class WorkerRegistry extends EventEmitter {
       }
     }
     const stalled = checkAfterStall(this.lastTickMs, now);
+    if (stalled) this.log(stallNote(this.lastTickMs, now));
     this.lastTickMs = now;
     for (const w of this.live()) {
       if (!stalled && !w.measuring && now - w.lastSeenMs > heartbeatLimit(w.recentGapMs)) this.lose(w, `no heartbeat for ${((now - w.lastSeenMs) / 1000).toFixed(1)} s`);

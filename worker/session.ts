@@ -8,7 +8,7 @@
 // The connection is TLS pinned to the certificate the join token names (an impostor is refused before
 // a byte is sent), and the Join proves the token over the coordinator's Challenge (trust/).
 import {
-  ASSIGN_PROGRESS_INTERVAL_MS, COORDINATOR_SILENCE_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOIN_REPLY_TIMEOUT_MS, PROTOCOL_VERSION, checkAfterStall,
+  ASSIGN_PROGRESS_INTERVAL_MS, COORDINATOR_SILENCE_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOIN_REPLY_TIMEOUT_MS, PROTOCOL_VERSION, checkAfterStall, stallNote,
   coordinatorClient, type Assignment, type ClientSessionStream, type CoordinatorMessage, type Join, type KvCommand, type Status,
   type StatusRequest, type WorkerMessage,
 } from "../control/index.js";
@@ -232,6 +232,7 @@ export class WorkerSession {
       let lastBeat = Date.now();
       const beat = setInterval(() => {
         const stalled = checkAfterStall(lastBeat, Date.now());
+        if (stalled) this.o.log(stallNote(lastBeat, Date.now()));
         lastBeat = Date.now();
         if (joined && !stalled && Date.now() - lastSeen > COORDINATOR_SILENCE_MS) {
           finish(`no heartbeat from the coordinator for ${((Date.now() - lastSeen) / 1000).toFixed(1)} s`);
