@@ -606,6 +606,7 @@ export class Cluster extends EventEmitter {
           // The pause the client sees: from the last token before the loss to the next one.
           lostAt ??= lastTokenAt;
           this.event("info", `recovering the request: ${failure.message}; replaying ${prompt.length + emitted.length} tokens on the devices left`);
+          arrivalsSeen = this.arrivals; // this placement takes every device there is
           await this.recoverRing();
           current = this.current!;
           input = Int32Array.from([...prompt, ...emitted]);
