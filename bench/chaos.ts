@@ -57,6 +57,15 @@ export async function main(model: string, seconds = 180): Promise<void> {
   const serve = start(coordCli, ["serve", model, "--no-discovery", "--port", "0", "--cluster-port", "0", "--ctx", "256", "--threads", "1", "--min-workers", "2", "--keep-all"]);
   const workers = new Map<string, Proc>();
   const procs: Proc[] = [serve];
+  // What the server said about losses and recoveries, with the time it said it: printed at the end,
+  // to tell where a long pause went.
+  const t0 = performance.now();
+  const story: string[] = [];
+  serve.child.stderr!.on("data", (d: Buffer) => {
+    for (const line of d.toString().split("\n")) {
+      if (/ lost: |recover|placing|plan: |held for|did not answer|reports: |the ring broke/.test(line)) story.push(`${((performance.now() - t0) / 1000).toFixed(1)} s ${line.slice(0, 300)}`);
+    }
+  });
   try {
     const url = `http://127.0.0.1:${(await waitFor(serve, /listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]}`;
     const clusterPort = (await waitFor(serve, /listening for workers on port (\d+)/, 120_000))[1];
@@ -94,6 +103,7 @@ export async function main(model: string, seconds = 180): Promise<void> {
         const w = workers.get(name)!;
         const freeze = Math.random() < 0.3;
         console.error(`chaos: ${freeze ? "freezing" : "killing"} ${name}`);
+        story.push(`${((performance.now() - t0) / 1000).toFixed(1)} s chaos: ${freeze ? "freezing" : "killing"} ${name}`);
         w.child.kill(freeze ? "SIGSTOP" : "SIGKILL");
         counts.kills++;
         killed.set(name, (killed.get(name) ?? 0) + 1);
@@ -139,9 +149,11 @@ export async function main(model: string, seconds = 180): Promise<void> {
     console.log(`| ${counts.kills} | ${counts.correct} | ${counts.failed} | ${counts.wrong} | ${counts.hung} | ${recoveries} | ${median(pauses).toFixed(0)} of ${pauses.length} | ` +
       `${pauses.length ? Math.max(...pauses).toFixed(0) : "-"} | ${extraLosses} | ${rss0.toFixed(0)} -> ${rss1.toFixed(0)} | ${fds0} -> ${fds1} |`);
     for (const [m, n] of errors) console.log(`- ${n} x failed: ${m}`);
+    console.error(`chaos: what the server said about losses and recoveries:\n${story.join("\n")}`);
     // Event-loop stalls past the heartbeat limit that each process logged (control/limits.ts stallNote).
-    const stalls = [serve, ...workers.values(), ...retired].flatMap((p) => [...p.err.matchAll(/event loop was held for ([\d.]+) s/g)].map((m) => Number(m[1])));
-    console.log(`- event-loop stalls over 1.5 s (serve and workers): ${stalls.length}${stalls.length ? `, longest ${Math.max(...stalls).toFixed(1)} s` : ""}`);
+    const held = (p: Proc) => [...p.err.matchAll(/event loop was held for ([\d.]+) s/g)].map((m) => Number(m[1]));
+    const stalls = [serve, ...workers.values(), ...retired].flatMap(held);
+    console.log(`- event-loop stalls over 1.5 s: ${stalls.length}${stalls.length ? `, longest ${Math.max(...stalls).toFixed(1)} s (serve: ${held(serve).map((x) => x.toFixed(1)).join(", ") || "none"})` : ""}`);
   } finally {
     for (const p of procs) await stop(p);
   }
