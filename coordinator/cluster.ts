@@ -690,10 +690,11 @@ export class Cluster extends EventEmitter {
    * waited for (the registry declares it lost, as its status limit does). */
   private async responsive(workers: readonly WorkerHandle[]): Promise<WorkerHandle[]> {
     // A device whose messages come late lately (starved by other work) gets as long as its lateness.
-    const answers = await Promise.all(workers.map((w) => w.status(Math.max(RESPONSIVE_WITHIN_MS, 2 * w.recentGapMs)).then(() => true, () => false)));
+    const limitMs = (w: WorkerHandle) => Math.round(Math.max(RESPONSIVE_WITHIN_MS, 2 * w.recentGapMs));
+    const answers = await Promise.all(workers.map((w) => w.status(limitMs(w)).then(() => true, () => false)));
     const silent = workers.filter((_, i) => !answers[i]);
     for (const w of silent) {
-      this.o.log(`device ${w.label} did not answer within ${RESPONSIVE_WITHIN_MS} ms: leaving it out of this placement`);
+      this.o.log(`device ${w.label} did not answer within ${limitMs(w)} ms: leaving it out of this placement`);
     }
     return workers.filter((_, i) => answers[i]);
   }
