@@ -149,6 +149,10 @@ export async function main(model: string, seconds = 180): Promise<void> {
     console.log(`| ${counts.kills} | ${counts.correct} | ${counts.failed} | ${counts.wrong} | ${counts.hung} | ${recoveries} | ${median(pauses).toFixed(0)} of ${pauses.length} | ` +
       `${pauses.length ? Math.max(...pauses).toFixed(0) : "-"} | ${extraLosses} | ${rss0.toFixed(0)} -> ${rss1.toFixed(0)} | ${fds0} -> ${fds1} |`);
     for (const [m, n] of errors) console.log(`- ${n} x failed: ${m}`);
+    // Each pause less its replay (the prompt and tokens so far run again): detection and re-placing.
+    const placing = state.events.filter((e) => e.kind === "recovered").map((e) => /after a ([\d.]+) s pause \(([\d.]+) s of it replaying/.exec(e.message))
+      .filter((m) => m !== null).map((m) => (Number(m[1]) - Number(m[2])) * 1000);
+    if (placing.length) console.log(`- the pauses less their replay (goal < 3 s): median ${median(placing).toFixed(0)} ms, worst ${Math.max(...placing).toFixed(0)} ms, of ${placing.length}`);
     console.error(`chaos: what the server said about losses and recoveries:\n${story.join("\n")}`);
     // Event-loop stalls past the heartbeat limit that each process logged (control/limits.ts stallNote).
     const held = (p: Proc) => [...p.err.matchAll(/event loop was held for ([\d.]+) s/g)].map((m) => Number(m[1]));

@@ -549,6 +549,8 @@ export class Cluster extends EventEmitter {
     // Every token handed to the caller, across recoveries: a replay feeds them back as prompt.
     const emitted: number[] = [];
     let lostAt: number | null = null;
+    /** When the last recovery's replay began (its ring placed): the pause's part that replays. */
+    let replayFrom = 0;
     let lastTokenAt = performance.now();
     const parts: GenerationResult[] = [];
     let before: Promise<Awaited<ReturnType<Ring["statuses"]>> | undefined> | undefined;
@@ -575,7 +577,7 @@ export class Cluster extends EventEmitter {
             onToken: (id) => {
               const now = performance.now();
               if (ctrl.firstAt === null) ctrl.firstAt = now;
-              if (lostAt !== null) this.recovered(now - lostAt);
+              if (lostAt !== null) this.recovered(now - lostAt, now - replayFrom, input.length);
               lostAt = null;
               lastTokenAt = now;
               ctrl.tokens++;
@@ -611,6 +613,7 @@ export class Cluster extends EventEmitter {
           current = this.current!;
           input = Int32Array.from([...prompt, ...emitted]);
           startPos = 0;
+          replayFrom = performance.now();
         }
       }
     } catch (e) {
@@ -700,12 +703,13 @@ export class Cluster extends EventEmitter {
   }
 
   /** A request went on after a loss: how long the stream paused. */
-  private recovered(pauseMs: number): void {
+  private recovered(pauseMs: number, replayMs: number, replayed: number): void {
     this.stats.recoveries++;
     this.stats.recoveryMsSum += pauseMs;
     this.stats.recoveryMsLast = pauseMs;
-    this.event("recovered", `the request went on after a ${(pauseMs / 1000).toFixed(2)} s pause`);
+    this.event("recovered", `the request went on after a ${(pauseMs / 1000).toFixed(2)} s pause (${(replayMs / 1000).toFixed(2)} s of it replaying ${replayed} tokens)`);
   }
+
 
   /** Every device's counters after a request, per decode step when decoding was timed. */
   private async measure(current: Current, before: Awaited<ReturnType<Ring["statuses"]>> | undefined, headPressure: number, meter: DecodeMeter, result: GenerationResult): Promise<DeviceDecodeRow[]> {
