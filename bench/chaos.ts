@@ -1,15 +1,33 @@
 // Chaos: streamed requests back to back on a served ring of two loopback workers, while a script kills
-// (SIGKILL, or SIGSTOP then SIGKILL) a random worker every ~20 s and restarts it a few seconds later.
+// (SIGKILL, or SIGSTOP then SIGKILL) a random worker every ~20 s and restarts it a few seconds later,
+// and two busy processes load the CPU throughout (issue #36: a build on the same machine).
 // It prints requests completed correctly (the uninterrupted greedy text), failed with a clear error,
-// wrong (must be 0), hung (must be 0), the median and worst pause from a loss to the next token, and
-// the server's memory and open files at the start and the end (no leak).
+// wrong (must be 0), hung (must be 0), the median and worst pause from a loss to the next token, the
+// devices lost other than the one killed (goal 0), and the server's memory and open files at the
+// start and the end (no leak).
 //   node dist/bench/chaos.js model.gguf [seconds]
+import { spawn } from "node:child_process";
 import { readdirSync, readFileSync } from "node:fs";
 import { coordCli, median, readSse, runAlone, start, stop, waitFor, workerCli, type Proc } from "./procs.js";
 
 const PROMPT = "Once upon a time";
 const TOKENS = 48;
 const REQUEST_LIMIT_MS = 60_000;
+/** Busy processes beside the cluster for the whole run. */
+const HOGS = 2;
+
+/** A process that spins on one core until it is killed. */
+function hog(): Proc {
+  const child = spawn(process.execPath, ["-e", "for (;;) {}"], { stdio: "ignore" });
+  return { child, out: "", err: "", exited: new Promise((r) => child.on("exit", r)) };
+}
+
+/** Losses per device name in the server's log ("device w3 \"alpha\" (127.0.0.1) lost: ..."). */
+function lossesByName(log: string): Map<string, number> {
+  const n = new Map<string, number>();
+  for (const m of log.matchAll(/device w\d+ "([^"]*)" \([^)]*\) lost: /g)) n.set(m[1], (n.get(m[1]) ?? 0) + 1);
+  return n;
+}
 
 function rssMiB(pid: number): number {
   const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, "utf8"));
@@ -39,11 +57,23 @@ export async function main(model: string, seconds = 180): Promise<void> {
   const serve = start(coordCli, ["serve", model, "--no-discovery", "--port", "0", "--cluster-port", "0", "--ctx", "256", "--threads", "1", "--min-workers", "2", "--keep-all"]);
   const workers = new Map<string, Proc>();
   const procs: Proc[] = [serve];
+  // What the server said about losses and recoveries, with the time it said it: printed at the end,
+  // to tell where a long pause went.
+  const t0 = performance.now();
+  const story: string[] = [];
+  serve.child.stderr!.on("data", (d: Buffer) => {
+    for (const line of d.toString().split("\n")) {
+      if (/ lost: |recover|placing|plan: |held for|did not answer|reports: |the ring broke/.test(line)) story.push(`${((performance.now() - t0) / 1000).toFixed(1)} s ${line.slice(0, 300)}`);
+    }
+  });
   try {
     const url = `http://127.0.0.1:${(await waitFor(serve, /listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]}`;
     const clusterPort = (await waitFor(serve, /listening for workers on port (\d+)/, 120_000))[1];
     const tokenFile = (await waitFor(serve, /--token-file (\S+)/))[1]; // the join token (trust/)
+    const retired: Proc[] = []; // workers killed: their logs still count
     const join = (name: string) => {
+      const old = workers.get(name);
+      if (old) retired.push(old);
       const w = start(workerCli, ["--join", `127.0.0.1:${clusterPort}`, "--model", model, "--name", name, "--threads", "1", "--token-file", tokenFile]);
       workers.set(name, w);
       procs.push(w);
@@ -57,6 +87,9 @@ export async function main(model: string, seconds = 180): Promise<void> {
       await new Promise((r) => setTimeout(r, 250));
     }
     await streamOnce(url, AbortSignal.timeout(REQUEST_LIMIT_MS)); // warm-up
+    for (let i = 0; i < HOGS; i++) procs.push(hog());
+    const lostBefore = lossesByName(serve.err);
+    const killed = new Map<string, number>();
     const rss0 = rssMiB(serve.child.pid!), fds0 = openFiles(serve.child.pid!);
     const counts = { correct: 0, failed: 0, wrong: 0, hung: 0, kills: 0 };
     const errors = new Map<string, number>();
@@ -70,8 +103,10 @@ export async function main(model: string, seconds = 180): Promise<void> {
         const w = workers.get(name)!;
         const freeze = Math.random() < 0.3;
         console.error(`chaos: ${freeze ? "freezing" : "killing"} ${name}`);
+        story.push(`${((performance.now() - t0) / 1000).toFixed(1)} s chaos: ${freeze ? "freezing" : "killing"} ${name}`);
         w.child.kill(freeze ? "SIGSTOP" : "SIGKILL");
         counts.kills++;
+        killed.set(name, (killed.get(name) ?? 0) + 1);
         await new Promise((r) => setTimeout(r, 3000));
         w.child.kill("SIGKILL");
         await w.exited;
@@ -105,12 +140,24 @@ export async function main(model: string, seconds = 180): Promise<void> {
     const metrics = await (await fetch(`${url}/metrics`)).text();
     const recoveries = Number(/^prima_recovery_seconds_count (\d+)/m.exec(metrics)?.[1] ?? pauses.length);
     const rss1 = rssMiB(serve.child.pid!), fds1 = openFiles(serve.child.pid!);
-    console.log(`\n## chaos: ${seconds} s of streamed requests (${TOKENS} tokens each) on serve + 2 workers, a worker killed or frozen every ~20 s\n`);
-    console.log("| kills | correct | failed (clear error) | wrong (goal 0) | hung (goal 0) | recoveries | pause median ms (latest) | pause worst ms (latest) | server RSS MiB start -> end | open files start -> end |");
-    console.log("|---|---|---|---|---|---|---|---|---|---|");
+    // Each kill loses its device once; any other loss is a device that fell out with it (or alone).
+    let extraLosses = 0;
+    for (const [name, n] of lossesByName(serve.err)) extraLosses += Math.max(0, n - (lostBefore.get(name) ?? 0) - (killed.get(name) ?? 0));
+    console.log(`\n## chaos: ${seconds} s of streamed requests (${TOKENS} tokens each) on serve + 2 workers, a worker killed or frozen every ~20 s, ${HOGS} busy processes beside them\n`);
+    console.log("| kills | correct | failed (clear error) | wrong (goal 0) | hung (goal 0) | recoveries | pause median ms (latest) | pause worst ms (latest) | other devices lost (goal 0) | server RSS MiB start -> end | open files start -> end |");
+    console.log("|---|---|---|---|---|---|---|---|---|---|---|");
     console.log(`| ${counts.kills} | ${counts.correct} | ${counts.failed} | ${counts.wrong} | ${counts.hung} | ${recoveries} | ${median(pauses).toFixed(0)} of ${pauses.length} | ` +
-      `${pauses.length ? Math.max(...pauses).toFixed(0) : "-"} | ${rss0.toFixed(0)} -> ${rss1.toFixed(0)} | ${fds0} -> ${fds1} |`);
+      `${pauses.length ? Math.max(...pauses).toFixed(0) : "-"} | ${extraLosses} | ${rss0.toFixed(0)} -> ${rss1.toFixed(0)} | ${fds0} -> ${fds1} |`);
     for (const [m, n] of errors) console.log(`- ${n} x failed: ${m}`);
+    // Each pause less its replay (the prompt and tokens so far run again): detection and re-placing.
+    const placing = state.events.filter((e) => e.kind === "recovered").map((e) => /after a ([\d.]+) s pause \(([\d.]+) s of it replaying/.exec(e.message))
+      .filter((m) => m !== null).map((m) => (Number(m[1]) - Number(m[2])) * 1000);
+    if (placing.length) console.log(`- the pauses less their replay (goal < 3 s): median ${median(placing).toFixed(0)} ms, worst ${Math.max(...placing).toFixed(0)} ms, of ${placing.length}`);
+    console.error(`chaos: what the server said about losses and recoveries:\n${story.join("\n")}`);
+    // Event-loop stalls past the heartbeat limit that each process logged (control/limits.ts stallNote).
+    const held = (p: Proc) => [...p.err.matchAll(/event loop was held for ([\d.]+) s/g)].map((m) => Number(m[1]));
+    const stalls = [serve, ...workers.values(), ...retired].flatMap(held);
+    console.log(`- event-loop stalls over 1.5 s: ${stalls.length}${stalls.length ? `, longest ${Math.max(...stalls).toFixed(1)} s (serve: ${held(serve).map((x) => x.toFixed(1)).join(", ") || "none"})` : ""}`);
   } finally {
     for (const p of procs) await stop(p);
   }

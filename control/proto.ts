@@ -71,7 +71,12 @@ export interface Status {
   readBytes?: number;
 }
 export interface StatusRequest { timePass?: boolean }
-export interface Failure { message: string }
+export interface Failure {
+  message: string;
+  /** The answer to the oldest status request (the device could not read its status); other failures
+   * (a ring link that broke) leave status requests to their own answers. */
+  answersStatus?: boolean;
+}
 export interface ModelDescription { fingerprint: string; fileBytes: number; dataOffset: number; chunkBytes: number; name: string }
 export interface Shutdown { reason: string }
 

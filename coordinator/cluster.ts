@@ -155,6 +155,9 @@ export class Cluster extends EventEmitter {
   private placedWorkers: readonly WorkerHandle[] = [];
   private generation = 0;
   private dirty = true;
+  /** Devices that joined since the cluster started: a request that sees this grow places the layers
+   * again at its next token (autoPlace), rather than leaving the newcomer idle until the next request. */
+  private arrivals = 0;
   private clusterPort = 0;
   private readonly devices = new Map<string, DeviceInfo>();
   private readonly lost: { handle: WorkerHandle; info: DeviceInfo }[] = [];
@@ -269,6 +272,7 @@ export class Cluster extends EventEmitter {
     }
     this.devices.set(w.id, { report, state: "joining", detail: "waiting to be placed", progress: null, joinedUnixMs: Date.now(), measured: null, lastStatus: null });
     this.event("joined", `device ${w.label} joined`);
+    this.arrivals++;
     // The handshakes' garbage is freed now, while no window runs (memory readings show the live set).
     if (!this.active) setImmediate(settleMemory);
     this.markDirty();
@@ -405,7 +409,8 @@ export class Cluster extends EventEmitter {
       for (const w of workers) this.setDevice(w, "profiling", "reading memory and measuring the link");
       placement = await planRing({
         model, modelPath: this.o.modelPath, fingerprint: this.fingerprint, workers, head: this.headReport, ctx: this.o.ctx,
-        retimeHead: async () => (this.headReport = await this.profileHead(true)),
+        // A recovery plans with the last timed passes: a request is paused until it is placed.
+        retime: !recovering, retimeHead: recovering ? undefined : async () => (this.headReport = await this.profileHead(true)),
         maxBatch: this.o.batch, tokens: this.o.plannedTokens ?? this.o.ctx, log,
         options: { k: this.o.cycles, ...(this.o.keepAll ? { keepAll: true } : {}) }, rereads: this.rereads,
       });
@@ -550,14 +555,20 @@ export class Cluster extends EventEmitter {
     // Every token handed to the caller, across recoveries: a replay feeds them back as prompt.
     const emitted: number[] = [];
     let lostAt: number | null = null;
+    /** When the last recovery's replay began (its ring placed): the pause's part that replays. */
+    let replayFrom = 0;
     let lastTokenAt = performance.now();
     const parts: GenerationResult[] = [];
     let before: Promise<Awaited<ReturnType<Ring["statuses"]>> | undefined> | undefined;
     let meter!: DecodeMeter;
     let input = prompt.subarray(cached);
     let startPos = cached;
+    // A device that joins during the request is placed at the next token: the ring is re-placed and
+    // the prompt and the tokens sent so far replayed, as after a loss (without counting as one).
+    let arrivalsSeen = this.arrivals;
+    let rejoining = false;
     try {
-      for (let recoveries = 0; ; recoveries++) {
+      for (let recoveries = 0; ; ) {
         const ring = current.kind === "ring" ? current.ring : undefined;
         meter = new DecodeMeter(ring ? ring.pipeline : (current as Extract<Current, { kind: "local" }>).pipeline, async () => {
           const read = ring ? ring.statuses(0).catch(() => undefined) : Promise.resolve(undefined);
@@ -572,29 +583,43 @@ export class Cluster extends EventEmitter {
             onToken: (id) => {
               const now = performance.now();
               if (ctrl.firstAt === null) ctrl.firstAt = now;
-              if (lostAt !== null) this.recovered(now - lostAt);
+              if (lostAt !== null) this.recovered(now - lostAt, now - replayFrom, input.length);
               lostAt = null;
               lastTokenAt = now;
               ctrl.tokens++;
               this.historyTokens++;
               emitted.push(id);
               if (req.signal?.aborted) return false;
-              return req.onToken(id);
+              if (req.onToken(id) === false) return false;
+              if (this.o.autoPlace && this.arrivals !== arrivalsSeen && emitted.length < req.maxTokens) {
+                rejoining = true;
+                return false;
+              }
+              return true;
             },
           }));
-          break;
+          if (!rejoining) break;
+          rejoining = false;
+          arrivalsSeen = this.arrivals;
+          this.event("info", `placing the layers again for a device that joined during the request; replaying ${prompt.length + emitted.length} tokens`);
+          await this.recoverRing();
+          current = this.current!;
+          input = Int32Array.from([...prompt, ...emitted]);
+          startPos = 0;
         } catch (e) {
           const failure = await ring?.failureWithin();
-          if (!failure || req.signal?.aborted || recoveries >= MAX_RECOVERIES) throw e;
+          if (!failure || req.signal?.aborted || recoveries++ >= MAX_RECOVERIES) throw e;
           // A device or link of the ring failed mid-request: place the layers on the devices left,
           // rebuild their KV caches by replaying the prompt and every token sent so far, and go on.
           // The pause the client sees: from the last token before the loss to the next one.
           lostAt ??= lastTokenAt;
           this.event("info", `recovering the request: ${failure.message}; replaying ${prompt.length + emitted.length} tokens on the devices left`);
+          arrivalsSeen = this.arrivals; // this placement takes every device there is
           await this.recoverRing();
           current = this.current!;
           input = Int32Array.from([...prompt, ...emitted]);
           startPos = 0;
+          replayFrom = performance.now();
         }
       }
     } catch (e) {
@@ -674,21 +699,24 @@ export class Cluster extends EventEmitter {
   /** The workers that answer a status request within the limit: after a failure a silent one is not
    * waited for (the registry declares it lost, as its status limit does). */
   private async responsive(workers: readonly WorkerHandle[]): Promise<WorkerHandle[]> {
-    const answers = await Promise.all(workers.map((w) => w.status(RESPONSIVE_WITHIN_MS).then(() => true, () => false)));
+    // A device whose messages come late lately (starved by other work) gets as long as its lateness.
+    const limitMs = (w: WorkerHandle) => Math.round(Math.max(RESPONSIVE_WITHIN_MS, 2 * w.recentGapMs));
+    const answers = await Promise.all(workers.map((w) => w.status(limitMs(w)).then(() => true, () => false)));
     const silent = workers.filter((_, i) => !answers[i]);
     for (const w of silent) {
-      this.o.log(`device ${w.label} did not answer within ${RESPONSIVE_WITHIN_MS} ms: leaving it out of this placement`);
+      this.o.log(`device ${w.label} did not answer within ${limitMs(w)} ms: leaving it out of this placement`);
     }
     return workers.filter((_, i) => answers[i]);
   }
 
   /** A request went on after a loss: how long the stream paused. */
-  private recovered(pauseMs: number): void {
+  private recovered(pauseMs: number, replayMs: number, replayed: number): void {
     this.stats.recoveries++;
     this.stats.recoveryMsSum += pauseMs;
     this.stats.recoveryMsLast = pauseMs;
-    this.event("recovered", `the request went on after a ${(pauseMs / 1000).toFixed(2)} s pause`);
+    this.event("recovered", `the request went on after a ${(pauseMs / 1000).toFixed(2)} s pause (${(replayMs / 1000).toFixed(2)} s of it replaying ${replayed} tokens)`);
   }
+
 
   /** Every device's counters after a request, per decode step when decoding was timed. */
   private async measure(current: Current, before: Awaited<ReturnType<Ring["statuses"]>> | undefined, headPressure: number, meter: DecodeMeter, result: GenerationResult): Promise<DeviceDecodeRow[]> {
@@ -742,6 +770,8 @@ export class Cluster extends EventEmitter {
     for (const d of this.devices.values()) if (d.state === "busy") d.state = "ready";
     this.headState = { state: "ready", detail: null };
     this.changed();
+    // Devices came or went while the request ran (the settle timer found it busy): place them now.
+    if (this.dirty) this.markDirty();
   }
 
   // ---- what the service shows ------------------------------------------------------------------

@@ -47,7 +47,7 @@ export function serveChunks(source: ModelSource, log: (line: string) => void): C
     return p;
   };
   return {
-    request: (socket: TLSSocket, token: JoinToken) => {
+    request: (socket: TLSSocket, token: JoinToken, proven: () => void) => {
       socket.resume();
       void (async () => {
         try {
@@ -62,6 +62,7 @@ export function serveChunks(source: ModelSource, log: (line: string) => void): C
             socket.end(encodeError(CHUNK_REFUSAL));
             return;
           }
+          proven();
           if (req.info) {
             const i = source.info;
             const d: ModelDescription = { fingerprint: i.fingerprint, fileBytes: i.fileBytes, dataOffset: i.dataOffset, chunkBytes: i.chunkBytes, name: i.name };
@@ -95,9 +96,10 @@ export function serveChunks(source: ModelSource, log: (line: string) => void): C
         }
       })();
     },
-    stream: (socket: Socket, ticket: Buffer) => {
+    stream: (socket: Socket, ticket: Buffer, proven: () => void) => {
       const p = forget(ticket.toString("hex"));
       if (!p) return void socket.destroy(); // unknown, used or expired: nothing said
+      proven();
       socket.on("error", () => socket.destroy());
       // The device says nothing after its ticket: anything more ends the stream.
       socket.on("data", () => socket.destroy()).resume();

@@ -269,6 +269,10 @@ export interface RingPlanInput {
   readonly head: DeviceReport;
   /** The head's profile taken again, with its pass timed now (after the workers'). */
   readonly retimeHead?: () => Promise<DeviceReport>;
+  /** Time every worker's pass again (default). Off when a request waits for the plan (a recovery):
+   * each timing costs the device a second or more and stalls its event loop, so the last timed
+   * profiles are used, and only memory is read afresh. */
+  readonly retime?: boolean;
   readonly ctx: number;
   readonly maxBatch: number;
   /** Tokens the run will hold: prompt + generated (sets the attention FLOPs). */
@@ -339,6 +343,9 @@ function timedProfile(json: string | undefined, label: string, log: (line: strin
   }
 }
 
+/** Each worker's profile as its pass was last timed (planRing without `retime` plans with it). */
+const lastTimed = new WeakMap<WorkerHandle, DeviceReport>();
+
 /**
  * Gathers the workers' profiles (memory read afresh through a status request), measures the hop to
  * each worker, and runs Halda. Throws an Error naming the device or the reason when no plan exists.
@@ -364,8 +371,11 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     // And its pass timed now, each device in turn: a device's speed moves with its load and, on a
     // shared host, from second to second (a pass timed at a worker's join once read 12% slower than
     // its twin's, which then computed alike in the ring).
-    const s = await w.status(TIMED_STATUS_TIMEOUT_MS, true);
-    r = withObservedRereads(timedProfile(s.profileJson, w.label, i.log) ?? r, w.label, i.rereads, i.log);
+    const retime = i.retime ?? true;
+    const s = retime ? await w.status(TIMED_STATUS_TIMEOUT_MS, true) : await w.status();
+    const timed = retime ? timedProfile(s.profileJson, w.label, i.log) : lastTimed.get(w);
+    if (timed) lastTimed.set(w, timed);
+    r = withObservedRereads(timed ?? r, w.label, i.rereads, i.log);
     const room = Number(s.layerRoomBytes ?? 0) > 0 ? Number(s.layerRoomBytes) : sharedRoomBytes(Number(s.memAvailableBytes));
     reports.push({ ...r, profile: { ...r.profile, ramTotalBytes: s.memTotalBytes, ramAvailableBytes: room } });
     let link: LinkMeasurement | null = null;

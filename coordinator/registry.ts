@@ -5,16 +5,16 @@
 // Who may join (issue #18): the cluster port speaks only TLS with the cluster's certificate (trust/);
 // every session opens with a Challenge, and a Join without the token's proof over it is refused with
 // words that say nothing about the cluster. Everything a peer can make the coordinator hold is bounded:
-// connections (in all, per address), streams per connection, message and profile sizes, sessions
-// waiting for a Join, joins per second per address, joined workers; lost workers are forgotten.
+// connections (in all, per address, and those that have not proven the token, which are closed after
+// a few seconds: slots.ts), streams per connection, message and profile sizes, sessions waiting for a
+// Join, joins per second per address, joined workers; lost workers are forgotten.
 import * as grpc from "@grpc/grpc-js";
 import { randomBytes } from "node:crypto";
 import { EventEmitter } from "node:events";
 import { createServer, isIP, type AddressInfo, type Server as NetServer, type Socket } from "node:net";
 import type { TLSSocket } from "node:tls";
 import {
-  ASSIGN_SILENCE_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOINS_PER_S, checkAfterStall, JOIN_BURST, JOIN_TIMEOUT_MS, MAX_CONNECTIONS,
-  MAX_CONNECTIONS_PER_HOST, MAX_MESSAGE_BYTES, MAX_PENDING_SESSIONS, MAX_PROFILE_BYTES, MAX_STREAMS_PER_CONNECTION, MAX_WORKERS,
+  ASSIGN_SILENCE_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOINS_PER_S, heartbeatLimit, checkAfterStall, stallNote, JOIN_BURST, JOIN_TIMEOUT_MS, MAX_MESSAGE_BYTES, MAX_PENDING_SESSIONS, MAX_PROFILE_BYTES, MAX_STREAMS_PER_CONNECTION, MAX_WORKERS,
   PROTOCOL_VERSION, SHUTDOWN_GRACE_MS, STATUS_TIMEOUT_MS, coordinatorService, type Assignment, type CoordinatorMessage, type Join,
   type KvCommand, type Ready, type SessionStream, type Status, type WorkerMessage,
 } from "../control/index.js";
@@ -22,8 +22,13 @@ import { printable } from "../discovery/index.js";
 import { PLAUSIBLE, parseDeviceReport, type DeviceReport } from "../profiler/index.js";
 import { STREAM_MAGIC, TICKET_BYTES } from "../transfer/index.js";
 import { ALPN_CHUNKS, ALPN_GRPC, TlsGate, joinProof, proofMatches, type ClusterKeys, type JoinToken } from "../trust/index.js";
+import { ConnectionSlots, peerOf, type SlotLimits } from "./slots.js";
 
 export { HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS };
+
+/** How much a gap between a worker's messages still counts after one more message: it halves in
+ * about 35 messages (10 s of heartbeats). */
+const GAP_DECAY = 0.98;
 
 /** Longest text a worker's failure report keeps in logs and errors. */
 const MAX_REPORT_CHARS = 1000;
@@ -48,6 +53,9 @@ interface Waiter {
 /** One joined worker, as the coordinator sees it. */
 export class WorkerHandle {
   lastSeenMs = Date.now();
+  /** The longest gap between its messages lately (each older gap counts a little less with every
+   * message): what its heartbeat limit allows for (control/limits.ts heartbeatLimit). */
+  recentGapMs = 0;
   lost: string | null = null;
   /** The last failure the worker reported (escaped), so a worker that leaves after one is named with it. */
   lastFailure: string | null = null;
@@ -150,7 +158,10 @@ export class WorkerHandle {
 
   /** Routes a message from the worker; returns a failure text if the worker reported one. */
   receive(m: WorkerMessage): string | null {
-    this.lastSeenMs = Date.now();
+    const now = Date.now();
+    // A silence the coordinator asked for (a timed pass) says nothing about the device's lateness.
+    if (!this.measuring) this.recentGapMs = Math.max(now - this.lastSeenMs, this.recentGapMs * GAP_DECAY);
+    this.lastSeenMs = now;
     switch (m.msg) {
       case "progress":
         for (const w of this.waiters) {
@@ -173,11 +184,14 @@ export class WorkerHandle {
         return null;
       }
       case "failure": {
-        // A failure while the coordinator waits for an answer is that answer.
+        // A failure while the coordinator waits for an assignment is its answer; a status request is
+        // answered by a status, or by a failure that says it is that answer. A neighbour's broken link,
+        // reported while the coordinator asks who still answers, must not leave this device out too.
         const message = printable(m.failure.message, MAX_REPORT_CHARS);
         this.lastFailure = message;
         const err = new Error(`device ${this.label}: ${message}`);
-        while (this.waiters.length) this.take(0).reject(err);
+        const answered = m.failure.answersStatus ? this.waiters.filter((w) => w.kind === "status").slice(0, 1) : this.waiters.filter((w) => w.kind === "ready");
+        for (const w of answered) this.take(this.waiters.indexOf(w)).reject(err);
         return message;
       }
       default:
@@ -213,10 +227,10 @@ export interface RegistryTrust {
 
 /** The model store on the cluster port (coordinator/model-store.ts). */
 export interface ChunkService {
-  /** A chunk request: a TLS connection that chose ALPN_CHUNKS. */
-  request(socket: TLSSocket, token: JoinToken): void;
-  /** A keyed stream that a request opened, named by its ticket. */
-  stream(socket: Socket, ticket: Buffer): void;
+  /** A chunk request: a TLS connection that chose ALPN_CHUNKS; `proven` once it proved the token. */
+  request(socket: TLSSocket, token: JoinToken, proven: () => void): void;
+  /** A keyed stream that a request opened, named by its ticket; `proven` once the ticket is known. */
+  stream(socket: Socket, ticket: Buffer, proven: () => void): void;
 }
 
 export interface RegistryOptions {
@@ -230,6 +244,8 @@ export interface RegistryOptions {
   /** Accept a worker's data host (--advertise) other than the address it connects from. Off: the
    * coordinator never dials an address a joiner merely names. */
   readonly allowAdvertise?: boolean;
+  /** The cluster port's connection limits (slots.ts's SLOT_LIMITS unless a test sets others). */
+  readonly slotLimits?: SlotLimits;
 }
 
 /** What a joiner without the token hears: nothing about the cluster, its model or its ring. */
@@ -262,7 +278,7 @@ export class WorkerRegistry extends EventEmitter {
   private closed = false;
   private tcp: NetServer | undefined;
   /** Every accepted connection, cut by close(). */
-  private readonly sockets = new Set<Socket>();
+  private readonly slots: ConnectionSlots;
   /** While close() waits: called when the last open call has ended. */
   private drained: (() => void) | undefined;
   private gate: TlsGate | undefined;
@@ -276,6 +292,7 @@ export class WorkerRegistry extends EventEmitter {
 
   constructor(private readonly o: RegistryOptions) {
     super();
+    this.slots = new ConnectionSlots((host, reason) => this.refusedOnce(host, reason, "closed a connection from"), o.slotLimits);
     this.server.addService(coordinatorService(), { session: (call: SessionStream) => this.session(call) });
   }
 
@@ -290,26 +307,22 @@ export class WorkerRegistry extends EventEmitter {
     this.gate = new TlsGate(this.o.trust.identity, JOIN_TIMEOUT_MS, (tls, alpn) => {
       if (this.closed) tls.destroy();
       else if (alpn === ALPN_GRPC) injector.injectConnection(tls);
-      else if (alpn === ALPN_CHUNKS && chunks) chunks.request(tls, this.o.trust.identity.token);
+      else if (alpn === ALPN_CHUNKS && chunks) chunks.request(tls, this.o.trust.identity.token, () => this.slots.proven(peerOf(tls)));
       else tls.destroy();
-    }, chunks && { magic: STREAM_MAGIC, headBytes: STREAM_MAGIC.length + TICKET_BYTES, onStream: (socket, head) => (this.closed ? socket.destroy() : chunks.stream(socket, head.subarray(STREAM_MAGIC.length))) });
-    const perHost = new Map<string, number>();
+    }, chunks && {
+      magic: STREAM_MAGIC, headBytes: STREAM_MAGIC.length + TICKET_BYTES,
+      onStream: (socket, head) => (this.closed ? socket.destroy() : chunks.stream(socket, head.subarray(STREAM_MAGIC.length), () => this.slots.proven(peerOf(socket)))),
+    });
     const tcp = createServer((socket) => {
+      socket.on("error", () => socket.destroy());
+      if (this.closed) return void socket.destroy();
       const from = normalHost(socket.remoteAddress ?? "");
-      if (this.closed || this.sockets.size >= MAX_CONNECTIONS || (perHost.get(from) ?? 0) >= MAX_CONNECTIONS_PER_HOST) {
-        if (!this.closed) this.refusedOnce(from, "too many connections");
+      const full = this.slots.admit(socket, from);
+      if (full) {
+        this.refusedOnce(from, full);
         socket.destroy();
         return;
       }
-      this.sockets.add(socket);
-      perHost.set(from, (perHost.get(from) ?? 0) + 1);
-      socket.once("close", () => {
-        this.sockets.delete(socket);
-        const n = (perHost.get(from) ?? 1) - 1;
-        if (n > 0) perHost.set(from, n);
-        else perHost.delete(from);
-      });
-      socket.on("error", () => socket.destroy());
       this.gate!.accept(socket);
     });
     return new Promise((resolve, reject) => {
@@ -373,8 +386,7 @@ export class WorkerRegistry extends EventEmitter {
     }
     this.drained = undefined;
     this.server.forceShutdown();
-    for (const socket of this.sockets) socket.destroy();
-    this.sockets.clear();
+    this.slots.destroyAll();
     this.calls.clear();
     await new Promise<void>((resolve) => (this.tcp ? this.tcp.close(() => resolve()) : resolve()));
   }
@@ -397,9 +409,10 @@ export class WorkerRegistry extends EventEmitter {
       }
     }
     const stalled = checkAfterStall(this.lastTickMs, now);
+    if (stalled) this.log(stallNote(this.lastTickMs, now));
     this.lastTickMs = now;
     for (const w of this.live()) {
-      if (!stalled && !w.measuring && now - w.lastSeenMs > HEARTBEAT_TIMEOUT_MS) this.lose(w, `no heartbeat for ${((now - w.lastSeenMs) / 1000).toFixed(1)} s`);
+      if (!stalled && !w.measuring && now - w.lastSeenMs > heartbeatLimit(w.recentGapMs)) this.lose(w, `no heartbeat for ${((now - w.lastSeenMs) / 1000).toFixed(1)} s`);
       else w.send({ heartbeat: { sentUnixMs: now } });
     }
   }
@@ -471,6 +484,7 @@ export class WorkerRegistry extends EventEmitter {
         if (why) return refuse(why);
         clearTimeout(joinTimer);
         settle();
+        this.slots.proven(peer);
         const w = new WorkerHandle(`w${this.nextId++}`, { ...j, proof: undefined }, from, call, generation);
         w.onUnresponsive = (reason) => this.lose(w, reason);
         worker = w;
@@ -536,12 +550,12 @@ export class WorkerRegistry extends EventEmitter {
   }
 
   /** Logs a refusal before any session (connection limits) once per address and reason. */
-  private refusedOnce(from: string, reason: string): void {
+  private refusedOnce(from: string, reason: string, what = "refused a connection from"): void {
     const key = `${from}\n${reason}`;
     if (this.refusalsLogged.has(key)) return;
     if (this.refusalsLogged.size >= 1000) this.refusalsLogged.clear();
     this.refusalsLogged.add(key);
-    this.log(`refused a connection from ${printable(from, 64)}: ${reason} (said once)`);
+    this.log(`${what} ${printable(from, 64)}: ${reason} (said once)`);
   }
 }
 

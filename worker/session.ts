@@ -8,7 +8,7 @@
 // The connection is TLS pinned to the certificate the join token names (an impostor is refused before
 // a byte is sent), and the Join proves the token over the coordinator's Challenge (trust/).
 import {
-  ASSIGN_PROGRESS_INTERVAL_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOIN_REPLY_TIMEOUT_MS, PROTOCOL_VERSION, checkAfterStall,
+  ASSIGN_PROGRESS_INTERVAL_MS, COORDINATOR_SILENCE_MS, HEARTBEAT_INTERVAL_MS, HEARTBEAT_TIMEOUT_MS, JOIN_REPLY_TIMEOUT_MS, PROTOCOL_VERSION, checkAfterStall, stallNote,
   coordinatorClient, type Assignment, type ClientSessionStream, type CoordinatorMessage, type Join, type KvCommand, type Status,
   type StatusRequest, type WorkerMessage,
 } from "../control/index.js";
@@ -232,8 +232,9 @@ export class WorkerSession {
       let lastBeat = Date.now();
       const beat = setInterval(() => {
         const stalled = checkAfterStall(lastBeat, Date.now());
+        if (stalled) this.o.log(stallNote(lastBeat, Date.now()));
         lastBeat = Date.now();
-        if (joined && !stalled && Date.now() - lastSeen > HEARTBEAT_TIMEOUT_MS) {
+        if (joined && !stalled && Date.now() - lastSeen > COORDINATOR_SILENCE_MS) {
           finish(`no heartbeat from the coordinator for ${((Date.now() - lastSeen) / 1000).toFixed(1)} s`);
           return;
         }
@@ -309,7 +310,7 @@ export class WorkerSession {
         const request = m.statusRequest;
         this.statusAnswers = this.statusAnswers
           .then(() => this.handler.status(request))
-          .then((status) => stream?.write({ status }), (e: unknown) => this.fail(e));
+          .then((status) => stream?.write({ status }), (e: unknown) => this.fail(e, true));
         return;
       }
       case "shutdown":
@@ -324,10 +325,10 @@ export class WorkerSession {
 
   /** Reports a failure to the coordinator (it ends the run and names this device); leaves when the
    * failure means this worker cannot go on (`check`). */
-  fail(e: unknown): void {
+  fail(e: unknown, answersStatus = false): void {
     const message = e instanceof Error ? e.message : String(e);
     this.o.log(`error: ${message}`);
-    this.send({ failure: { message } });
+    this.send({ failure: { message, answersStatus } });
     const exit = e instanceof Error && e.name === "WorkerExit" ? (e as WorkerExit) : this.o.check?.();
     if (exit) this.leave(exit);
   }

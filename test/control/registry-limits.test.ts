@@ -69,6 +69,24 @@ describe("control plane limits", () => {
     expect(reg.live()).toHaveLength(0);
   });
 
+  it("a neighbour's broken link reported while a status request waits does not count as the answer (the device stays)", async () => {
+    const { reg, address } = await registry();
+    const f = await fake(address, "successor");
+    const [w] = await reg.waitFor(1, 5000);
+    const asked = w.status();
+    await f.next("statusRequest");
+    // What a successor reports when its predecessor dies, arriving just after the coordinator asked who answers.
+    f.send({ failure: { message: 'link from predecessor "w3" failed: the connection was lost' } });
+    f.send({ status: { windows: [], waitMs: 0, sendMs: 0, descheduledMs: 0, frames: 0, anonRssBytes: 1, memTotalBytes: 2, memAvailableBytes: 1, layerRoomBytes: 0, memPressure: 0 } });
+    expect((await asked).memTotalBytes).toBe(2);
+    // A failure that says it is the answer (the device could not read its status) is one.
+    const again = w.status();
+    await new Promise((r) => setTimeout(r, 50));
+    f.send({ failure: { message: "cannot read /proc/meminfo", answersStatus: true } });
+    await expect(again).rejects.toThrow(/cannot read \/proc\/meminfo/);
+    expect(reg.live()).toEqual([w]);
+  });
+
   it("gives an assignment more time with every progress report, and loses the peer after a silence", async () => {
     const { reg, address } = await registry();
     const f = await fake(address, "slow");
@@ -124,6 +142,30 @@ describe("control plane limits", () => {
     expect(lost).toBe("");
     expect(reg.live()).toHaveLength(1);
   });
+
+  it("a peer whose heartbeats come late (a device starved by a build) is kept through a longer gap; a silent one is still lost", async () => {
+    const { reg, address } = await registry();
+    const f = await fake(address, "starved", { heartbeats: false });
+    await reg.waitFor(1, 5000);
+    let lost = "";
+    reg.once("lost", (_w: WorkerHandle, reason: string) => { lost = reason; });
+    const beat = () => f.send({ heartbeat: { sentUnixMs: Date.now() } });
+    const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+    // Beats 1.4 s apart, each late but each within the usual limit ...
+    for (let i = 0; i < 4; i++) {
+      beat();
+      await sleep(1400);
+    }
+    beat();
+    // ... then one gap longer than the usual limit, which such a device's lateness allows for.
+    await sleep(HEARTBEAT_TIMEOUT_MS + 500);
+    beat();
+    expect(lost).toBe("");
+    expect(reg.live()).toHaveLength(1);
+    // Silent for good (frozen): still lost, by the limit its lateness set.
+    const l = await Promise.race([lostEvent(reg), sleep(15_000).then(() => null)]);
+    expect(l?.reason).toMatch(/no heartbeat for \d\.\d s/);
+  }, 30_000);
 
   it("loses a joined peer that sends nothing by the heartbeat rule", async () => {
     const { reg, address, lines } = await registry();

@@ -90,6 +90,56 @@ describe("failover during a streamed request (12 layers of 1024, Q8_0, two worke
     expect(r.text).toBe(expected);
   }, 90_000);
 
+  it("three workers, the middle one killed: its successor stays in the ring (one device lost, not two)", async () => {
+    const s = await startServe(["--ctx", "512", "--min-workers", "3", "--layer-windows", "alpha=3,bravo=3,charlie=3,head=3"], { model, waitReady: false });
+    const [, bravo, charlie] = ["alpha", "bravo", "charlie"].map((n) => joinWorker(s.clusterPort, n, model));
+    await until<PlanView>(`${s.url}/api/state`, (_, b) => (b.plan?.ringOrder.length ?? 0) === 4, 60_000);
+    // Ring order alpha -> bravo -> charlie -> head: charlie's link from its predecessor breaks.
+    const r = await streamWithFault(s, () => bravo.child.kill("SIGKILL")).catch((e: Error) => {
+      throw new Error(`${e.message}\ncoordinator:\n${s.proc.stderr.slice(-4000)}`);
+    });
+    expect(r.text, s.proc.stderr.slice(-3000)).toBe(expected);
+    const st = await until<PlanView>(`${s.url}/api/state`, (_, b) => b.plan !== null);
+    const names = st.plan!.ringOrder.map((id) => st.devices.find((d) => d.id === id)?.name);
+    expect(names, s.proc.stderr.slice(-4000)).toEqual(["alpha", "charlie", "head (this coordinator)"]);
+    const metrics = await (await fetch(`${s.url}/metrics`)).text();
+    expect(metrics).toMatch(/prima_devices_lost_total 1\n/);
+    expect(charlie.stderr).not.toMatch(/session ended/);
+    expect(s.proc.stderr).not.toMatch(/"charlie" \(127\.0\.0\.1\) lost:|"charlie" .*did not answer/);
+  }, 120_000);
+
+  it("a worker that rejoins during a request is placed without waiting for another request, and the text is the same", async () => {
+    const { s, bravo: first } = await cluster();
+    let bravo = first;
+    const joins = () => s.proc.stderr.match(/"bravo" \(127\.0\.0\.1\) joined/g)?.length ?? 0;
+    // Bravo restarts while requests run back to back; if it happens to join in the gap between two
+    // requests (where the old code placed it too), it is killed and restarted once more.
+    let during = false;
+    for (let attempt = 0; attempt < 4 && !during; attempt++) {
+      bravo.child.kill("SIGKILL");
+      await until<PlanView>(`${s.url}/api/state`, (_, b) => (b.plan?.ringOrder.length ?? 0) === 2, 60_000);
+      const before = joins();
+      bravo = joinWorker(s.clusterPort, "bravo", model);
+      while (joins() === before) {
+        let text = "";
+        let n = 0;
+        const stream = await s.client.completions.create({ prompt: PROMPT, max_tokens: N, stream: true, temperature: 0 });
+        for await (const c of stream) {
+          // Joined while tokens were still coming (the last one not yet here).
+          if (++n < N && joins() > before) during = true;
+          text += c.choices[0]?.text ?? "";
+        }
+        expect(text, s.proc.stderr.slice(-3000)).toBe(expected);
+      }
+    }
+    expect(during, "bravo joined during a request").toBe(true);
+    // No request is sent now: the ring takes bravo back on its own.
+    const st = await until<PlanView>(`${s.url}/api/state`, (_, b) => (b.plan?.ringOrder.length ?? 0) === 3, 30_000).catch((e: Error) => {
+      throw new Error(`${e.message}\ncoordinator:\n${s.proc.stderr.slice(-4000)}`);
+    });
+    expect(st.plan!.ringOrder.map((id) => st.devices.find((d) => d.id === id)?.name)).toEqual(["alpha", "bravo", "head (this coordinator)"]);
+  }, 240_000);
+
   it("a worker restarted after a loss rejoins, and the next request uses it", async () => {
     const { s, bravo } = await cluster();
     const r = await streamWithFault(s, () => bravo.child.kill("SIGKILL"));
