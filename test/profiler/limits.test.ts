@@ -1,10 +1,12 @@
 // A device with less reports less: processes in memory, CPU and blkio cgroups measure their limits,
 // memory pressure follows the paper's definition inside a limit, and a file in the page cache is not
 // taken for the disk. The parts that need a cgroup controller skip, saying why, where it is missing.
+import { execFileSync } from "node:child_process";
 import { writeFileSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { reclaimIdlePages } from "../../profiler/index.js";
+import { tmpfsDir } from "../helpers/temp.js";
 import { PLACEMENT_SHAPE, testModel } from "./models.js";
 import { blkioProblem, cgroupScope, controllerProblem, diskDeviceOf, distUrl, runScriptIn } from "./cgroup.js";
 
@@ -163,12 +165,16 @@ describe.skipIf(diskProblem !== null)(`disk reads bypass the page cache${diskPro
 });
 
 describe("disk reads where O_DIRECT is refused", () => {
-  it("reports a directory it cannot write to with a clear error", async () => {
-    const src = `
+  it("reports a directory it cannot write to, or one with no room, with a clear error", async () => {
+    const probe = async (dir: string) => (await runScriptIn<{ error?: string }>([], `
       import { measureDisk } from ${JSON.stringify(profiler)};
-      try { measureDisk("/proc", { seqSeconds: 0.05, randSeconds: 0.05 }); console.log("{}"); }
-      catch (e) { console.log(JSON.stringify({ error: e.message })); }`;
-    const r = await runScriptIn<{ error?: string }>([], src);
-    expect(r.error).toMatch(/cannot create the scratch file \/proc\/.*: /);
+      try { measureDisk(${JSON.stringify(dir)}, { seqSeconds: 0.05, randSeconds: 0.05 }); console.log("{}"); }
+      catch (e) { console.log(JSON.stringify({ error: e.message })); }`)).error;
+    // Room but no writing: a read-only file system.
+    const readOnly = tmpfsDir("prima-ro-disk-", "64m");
+    execFileSync("mount", ["-o", "remount,ro", readOnly]);
+    expect(await probe(readOnly)).toMatch(new RegExp(`cannot create the scratch file ${readOnly}/.*: `));
+    // No room at all (/proc reports none free): the probe says so before it tries.
+    expect(await probe("/proc")).toMatch(/too little disk under \/proc/);
   });
 });
