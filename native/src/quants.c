@@ -369,7 +369,9 @@ static void dequantize_q5_1(const void *vx, float *y, int64_t n) {
 }
 
 /* The 32-element dots: per block an exact integer sum of q*a (q offset to signed for the _0 types),
- * scaled by d_w*d_a; the _1 types add m_w * s_a (s_a = d_a * sum(a), stored in the Q8_1 block). */
+ * scaled by d_w*d_a; the _1 types add m_w * s_a (s_a = d_a * sum(a), stored in the Q8_1 block), summed
+ * apart and added last, as every SIMD dot of ggml's does (mixing the two sums per block rounds differently,
+ * and on a random-weight model one such rounding flipped an activation's Q8 level: 20x the oracle's bound). */
 static inline int isum32(const uint8_t *q, int offset, const int8_t *a) {
   int s = 0;
   for (int j = 0; j < QK32; j++) s += (q[j] - offset) * a[j];
@@ -406,31 +408,33 @@ static void dot_q5_0(int n, const void *vw, const void *a, size_t as, int nc, fl
 }
 static void dot_q4_1(int n, const void *vw, const void *a, size_t as, int nc, float *out) {
   const block_q4_1 *w = vw;
-  float acc[PRIMA_MAX_NC] = {0};
+  float acc[PRIMA_MAX_NC] = {0}, accm[PRIMA_MAX_NC] = {0};
   uint8_t q[QK32];
   for (int i = 0; i < n / QK32; i++) {
     unpack_nibbles32(w[i].qs, q);
     const float d = H2F(w[i].d), m = H2F(w[i].m);
     for (int c = 0; c < nc; c++) {
       const block_q8_1 *x = ACT(block_q8_1, c) + i;
-      acc[c] += (float)isum32(q, 0, x->qs) * (d * H2F(x->d)) + m * H2F(x->s);
+      acc[c] += (float)isum32(q, 0, x->qs) * (d * H2F(x->d));
+      accm[c] += m * H2F(x->s);
     }
   }
-  for (int c = 0; c < nc; c++) out[c] = acc[c];
+  for (int c = 0; c < nc; c++) out[c] = acc[c] + accm[c];
 }
 static void dot_q5_1(int n, const void *vw, const void *a, size_t as, int nc, float *out) {
   const block_q5_1 *w = vw;
-  float acc[PRIMA_MAX_NC] = {0};
+  float acc[PRIMA_MAX_NC] = {0}, accm[PRIMA_MAX_NC] = {0};
   uint8_t q[QK32];
   for (int i = 0; i < n / QK32; i++) {
     unpack_q5(w[i].qs, w[i].qh, q);
     const float d = H2F(w[i].d), m = H2F(w[i].m);
     for (int c = 0; c < nc; c++) {
       const block_q8_1 *x = ACT(block_q8_1, c) + i;
-      acc[c] += (float)isum32(q, 0, x->qs) * (d * H2F(x->d)) + m * H2F(x->s);
+      acc[c] += (float)isum32(q, 0, x->qs) * (d * H2F(x->d));
+      accm[c] += m * H2F(x->s);
     }
   }
-  for (int c = 0; c < nc; c++) out[c] = acc[c];
+  for (int c = 0; c < nc; c++) out[c] = acc[c] + accm[c];
 }
 
 /* ---------------------------------------------------------------- K-quant weight quantizers
