@@ -233,6 +233,8 @@ describe("bad input", () => {
     expect(() => parseMakeModelArgs(["--shape", "nope", "--type", "Q8_0", "--out", "x"])).toThrow(/unknown shape/);
     expect(() => parseMakeModelArgs(["--dims", "0", "--type", "Q8_0", "--out", "x"])).toThrow(/--dims must be a positive/);
     expect(() => parseMakeModelArgs(["--shape", "tiny-llama", "--type", "Q8_0", "--out", "x", "--vocab", "klingon"])).toThrow(/unknown vocabulary/);
+    expect(() => parseMakeModelArgs(["--shape", "tiny-llama", "--type", "Q8_0", "--out", "x", "--weight-std", "0"])).toThrow(/--weight-std must be a positive/);
+    expect(parseMakeModelArgs(["--shape", "tiny-llama", "--type", "Q8_0", "--out", "x", "--weight-std", "0.05"])).toMatchObject({ weightStd: 0.05 });
     const a = parseMakeModelArgs(["--dims", "512", "--layers", "3", "--heads", "8", "--kv-heads", "2", "--ffn", "768", "--type", "Q8_0", "--out", "x"]);
     expect(a).not.toBe("help");
     if (a !== "help") expect(a.shape).toMatchObject({ nEmbd: 512, nLayers: 3, nHead: 8, nHeadKv: 2, nFf: 768, arch: "llama" });
