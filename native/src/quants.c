@@ -141,15 +141,21 @@ static void quantize_q8_0_ref(const float *x, void *vy, int64_t n) {
   }
 }
 
-/* Activation quantizers: what ggml's x86 CPU backend (quantize_row_q8_0/q8_1 with AVX) feeds its dots:
- * id = 127/amax and round half to even. They differ from the _ref weight quantizers only at ties and
- * in the last bit of id, so the activations (and dots) equal llama.cpp's on this platform. */
+/* Activation quantizers: what ggml's CPU backend feeds its dots on this platform, round half to even
+ * with id = 127/amax on x86 (quantize_row_q8_0/q8_1 with AVX) and id = 1/d on aarch64 (with NEON).
+ * The two differ in the last bit of id, which moves a level at a near tie: with x86's id, aarch64 was
+ * 44x the oracle's first-position bound on tiny-llama Q5_0 against llama.cpp's arm64 build. */
+#if defined(__aarch64__)
+#define ACT_Q8_ID(amax, d) ((d) ? 1.0f / (d) : 0.0f)
+#else
+#define ACT_Q8_ID(amax, d) ((amax) != 0.0f ? 127.f / (amax) : 0.0f)
+#endif
 static void quantize_act_q8_0(const float *x, void *vy, int64_t n) {
   block_q8_0 *y = vy;
   for (int64_t i = 0; i < n / QK32; i++, x += QK32) {
     float amax = 0;
     for (int j = 0; j < QK32; j++) amax = MAX(amax, fabsf(x[j]));
-    const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+    const float d = amax / 127.f, id = ACT_Q8_ID(amax, d);
     y[i].d = F2H(d);
     for (int j = 0; j < QK32; j++) y[i].qs[j] = (int8_t)nearest_int(x[j] * id);
   }
@@ -160,7 +166,7 @@ static void quantize_act_q8_1(const float *x, void *vy, int64_t n) {
   for (int64_t i = 0; i < n / QK32; i++, x += QK32) {
     float amax = 0;
     for (int j = 0; j < QK32; j++) amax = MAX(amax, fabsf(x[j]));
-    const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+    const float d = amax / 127.f, id = ACT_Q8_ID(amax, d);
     int sum = 0;
     y[i].d = F2H(d);
     for (int j = 0; j < QK32; j++) {
