@@ -1,12 +1,17 @@
 // Every wait on the control plane has a limit; both sides read them from here.
 
+/** PRIMA_TIME_SCALE=X (1..100) stretches every silence limit below X times, on the side that sets it:
+ * for devices far slower than a phone, as an aarch64 worker under qemu-user, whose event loop stalls for
+ * seconds while V8 compiles (test/arm/run.sh sets it on both sides). Unset or invalid: 1. */
+const SCALE = ((v) => (Number.isFinite(v) && v >= 1 && v <= 100 ? v : 1))(Number(process.env.PRIMA_TIME_SCALE));
+
 /** Both sides send a heartbeat this often on a joined session. */
 export const HEARTBEAT_INTERVAL_MS = 300;
 /** A worker silent this long is gone (with a 250 ms check, detection stays under 2 s), unless its
  * heartbeats came late lately: see heartbeatLimit. */
-export const HEARTBEAT_TIMEOUT_MS = 1500;
+export const HEARTBEAT_TIMEOUT_MS = 1500 * SCALE;
 /** The most heartbeatLimit gives a worker whose heartbeats come late (a frozen one is found by then). */
-export const MAX_HEARTBEAT_TIMEOUT_MS = 5000;
+export const MAX_HEARTBEAT_TIMEOUT_MS = 5000 * SCALE;
 /** How long the coordinator waits for a worker's next message, given the longest gap between its
  * messages lately (WorkerHandle.recentGapMs): a device starved by other work (a build on the same
  * machine) beats late but beats, and twice its own lateness tells it from a frozen one. */
@@ -29,17 +34,17 @@ export function stallNote(lastCheckMs: number, nowMs: number): string {
   return `this process's event loop was held for ${((nowMs - lastCheckMs) / 1000).toFixed(1)} s (heartbeats waited; the peers' silence is not judged on this check)`;
 }
 /** A session stream that sends no Join this long after it opened is dropped by the coordinator. */
-export const JOIN_TIMEOUT_MS = 3000;
+export const JOIN_TIMEOUT_MS = 3000 * SCALE;
 /** A worker waits this long for the coordinator's answer to its Join (welcome or refusal). */
-export const JOIN_REPLY_TIMEOUT_MS = 5000;
+export const JOIN_REPLY_TIMEOUT_MS = 5000 * SCALE;
 /** A status request unanswered this long loses the worker (it answers from memory, at once). */
-export const STATUS_TIMEOUT_MS = 3000;
+export const STATUS_TIMEOUT_MS = 3000 * SCALE;
 /** A status request that asks the device to time its pass first (StatusRequest.timePass): a profile
  * read from the cache but for the pass, a second or two on a slow device. */
-export const TIMED_STATUS_TIMEOUT_MS = 20_000;
+export const TIMED_STATUS_TIMEOUT_MS = 20_000 * SCALE;
 /** An assignment with no progress report for this long loses the worker: setting up and paging in a
  * window may take long, but a worker reports progress at least every ASSIGN_PROGRESS_INTERVAL_MS. */
-export const ASSIGN_SILENCE_MS = 5000;
+export const ASSIGN_SILENCE_MS = 5000 * SCALE;
 export const ASSIGN_PROGRESS_INTERVAL_MS = 1000;
 /** The coordinator's gRPC server lets open calls finish this long when it closes, then cuts them
  * (a frozen worker never acknowledges the end of its stream). */

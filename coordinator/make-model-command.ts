@@ -16,6 +16,8 @@ const HELP = `usage: prima-coord make-model --shape NAME --type TYPE --out FILE 
   --out FILE        the GGUF to write
   --vocab NAME      ${BUNDLED_VOCAB_NAMES.join(", ")} (default: the shape's)
   --seed N          random seed (default 1)
+  --weight-std X    standard deviation of the weights (default 0.02; 0.05 makes greedy text vary
+                    instead of repeating one token, as the oracle tests use)
   custom shape (starting from --shape, or from tiny-llama):
   --arch A          ${supportedArchitectures.join(", ")}
   --dims N      --layers N     --heads N
@@ -39,6 +41,7 @@ export interface MakeModelArgs {
   readonly out: string;
   readonly vocab?: BundledVocabName;
   readonly seed: number;
+  readonly weightStd?: number;
 }
 
 export function parseMakeModelArgs(argv: string[]): MakeModelArgs | "help" {
@@ -48,7 +51,7 @@ export function parseMakeModelArgs(argv: string[]): MakeModelArgs | "help" {
       args: argv,
       options: {
         shape: { type: "string" }, type: { type: "string" }, out: { type: "string" }, pure: { type: "boolean" },
-        vocab: { type: "string" }, seed: { type: "string" }, arch: { type: "string" }, dims: { type: "string" },
+        vocab: { type: "string" }, seed: { type: "string" }, "weight-std": { type: "string" }, arch: { type: "string" }, dims: { type: "string" },
         layers: { type: "string" }, heads: { type: "string" }, "kv-heads": { type: "string" }, ffn: { type: "string" },
         "vocab-size": { type: "string" }, ctx: { type: "string" }, help: { type: "boolean", short: "h" },
       },
@@ -95,7 +98,14 @@ export function parseMakeModelArgs(argv: string[]): MakeModelArgs | "help" {
   }
   const seed = values.seed === undefined ? 1 : Number(values.seed);
   if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) throw new UsageError(`--seed must be a whole number 0..4294967295 (got "${values.seed}")`);
-  return { shape: base, type: values.type, pure: values.pure ?? false, out: values.out, vocab, seed };
+  let weightStd: number | undefined;
+  if (values["weight-std"] !== undefined) {
+    weightStd = Number(values["weight-std"]);
+    if (values["weight-std"].trim() === "" || !(weightStd > 0 && weightStd < 1e3)) {
+      throw new UsageError(`--weight-std must be a positive number (got "${values["weight-std"]}")`);
+    }
+  }
+  return { shape: base, type: values.type, pure: values.pure ?? false, out: values.out, vocab, seed, weightStd };
 }
 
 export async function makeModelCommand(argv: string[]): Promise<number> {
@@ -116,7 +126,7 @@ export async function makeModelCommand(argv: string[]): Promise<number> {
   }
   const t0 = Date.now();
   try {
-    const r = await generateModel({ shape: args.shape, type: args.type, pure: args.pure, out: args.out, vocab: args.vocab, seed: args.seed });
+    const r = await generateModel({ shape: args.shape, type: args.type, pure: args.pure, out: args.out, vocab: args.vocab, seed: args.seed, weightStd: args.weightStd });
     const counts = new Map<number, number>();
     for (const t of r.tensors) counts.set(t.type, (counts.get(t.type) ?? 0) + 1);
     console.log(`wrote ${r.path}: ${r.shape.name} (${r.shape.arch}, ${r.shape.nLayers} layers, dim ${r.shape.nEmbd}), ${r.fileType}` +

@@ -11,7 +11,7 @@ export { standInLayers, standInBytes, standInMinBytes, writeStandIn, timeForward
 export { measureDisk, blockDeviceOf, readAheadBytes, diskKey, probeBytes, MIN_PROBE_BYTES, type DiskMeasurement } from "./disk.js";
 export { LinkProbeServer, measureLink, timeHandOff, type HandOffOptions, type LinkMeasurement, type LinkOptions } from "./link.js";
 export { detectGpus, parseNvidiaSmi, type GpuInfo } from "./gpu.js";
-export { detectOs, systemInfo, cgroupPaths, cpuQuota, diskThrottle, lastLevelCacheBytes, parseCacheSize, type SystemInfo, type CgroupPaths, type DiskThrottle } from "./system.js";
+export { detectOs, systemInfo, cpuName, armCores, type ArmCore, cgroupPaths, cpuQuota, diskThrottle, lastLevelCacheBytes, parseCacheSize, type SystemInfo, type CgroupPaths, type DiskThrottle } from "./system.js";
 export { defaultCacheDir } from "./cache.js";
 export { observedRereadBytesPerS, rereadKey, rereadFigure, recentRereads, RereadStore, MIN_OBSERVED_REREAD_BYTES, RECENT_REREAD_MS, type RereadObservation } from "./rereads.js";
 export { dropFileCache } from "../native/index.js";

@@ -42,10 +42,63 @@ export function systemInfo(): SystemInfo {
     arch: arch(),
     kernelRelease: release(),
     kernelVersion: version(),
-    cpuModel: list[0]?.model.trim() || "unknown CPU",
+    cpuModel: cpuName(list[0]?.model ?? "", read("/proc/cpuinfo") ?? "", read("/proc/device-tree/model")),
     logicalCpus: availableParallelism(),
     machineId: (read("/etc/machine-id") ?? read("/var/lib/dbus/machine-id") ?? "").trim(),
   };
+}
+
+// ---- the CPU's name ---------------------------------------------------------------------------
+
+/** ARM's CPU implementer and part numbers (/proc/cpuinfo) as lscpu names them (util-linux lscpu-arm.c). */
+const ARM_VENDORS: Record<number, string> = {
+  0x41: "ARM", 0x42: "Broadcom", 0x43: "Cavium", 0x48: "HiSilicon", 0x4e: "NVIDIA", 0x51: "Qualcomm", 0x53: "Samsung",
+  0x61: "Apple", 0xc0: "Ampere",
+};
+const ARM_PARTS: Record<number, Record<number, string>> = {
+  0x41: {
+    0xd03: "Cortex-A53", 0xd04: "Cortex-A35", 0xd05: "Cortex-A55", 0xd07: "Cortex-A57", 0xd08: "Cortex-A72",
+    0xd09: "Cortex-A73", 0xd0a: "Cortex-A75", 0xd0b: "Cortex-A76", 0xd0c: "Neoverse-N1", 0xd0d: "Cortex-A77",
+    0xd40: "Neoverse-V1", 0xd41: "Cortex-A78", 0xd44: "Cortex-X1", 0xd46: "Cortex-A510", 0xd47: "Cortex-A710",
+    0xd48: "Cortex-X2", 0xd49: "Neoverse-N2", 0xd4d: "Cortex-A715", 0xd4e: "Cortex-X3", 0xd80: "Cortex-A520",
+    0xd81: "Cortex-A720", 0xd82: "Cortex-X4",
+  },
+  0x51: {
+    0x800: "Falkor-V1/Kryo", 0x801: "Kryo-V2", 0x802: "Kryo-3XX-Gold", 0x803: "Kryo-3XX-Silver",
+    0x804: "Kryo-4XX-Gold", 0x805: "Kryo-4XX-Silver",
+  },
+};
+
+export interface ArmCore { readonly vendor: string; readonly model: string; readonly count: number }
+
+/** The cores an ARM /proc/cpuinfo lists ("CPU implementer" and "CPU part" per processor, no "model
+ * name" there), grouped by kind in the order they appear: big.LITTLE gives two or three groups. */
+export function armCores(cpuinfo: string): ArmCore[] {
+  const groups = new Map<string, { vendor: string; model: string; count: number }>();
+  for (const block of cpuinfo.split(/\n\s*\n/)) {
+    const impl = /^CPU implementer\s*:\s*(0x[0-9a-f]+)/im.exec(block)?.[1];
+    const part = /^CPU part\s*:\s*(0x[0-9a-f]+)/im.exec(block)?.[1];
+    if (!impl || !part) continue;
+    const i = Number(impl), p = Number(part);
+    const vendor = ARM_VENDORS[i] ?? `implementer ${impl}`;
+    const model = ARM_PARTS[i]?.[p] ?? `part ${part}`;
+    const g = groups.get(`${vendor} ${model}`) ?? { vendor, model, count: 0 };
+    g.count++;
+    groups.set(`${vendor} ${model}`, g);
+  }
+  return [...groups.values()];
+}
+
+/** A name for the CPU: Node's (x86's "model name"), else on ARM the board (device tree: "Raspberry Pi 4
+ * Model B Rev 1.4") or the SoC (cpuinfo's "Hardware" line, older and Android kernels) with its cores
+ * ("4x ARM Cortex-A72"; big.LITTLE as "4x ARM Cortex-A55 + 4x ARM Cortex-A76"). */
+export function cpuName(nodeModel: string, cpuinfo: string, deviceTreeModel?: string): string {
+  const m = nodeModel.trim();
+  if (m && m !== "unknown") return m;
+  const cores = armCores(cpuinfo).map((c) => `${c.count}x ${c.vendor} ${c.model}`).join(" + ");
+  const board = deviceTreeModel?.replace(/\0/g, "").trim() || /^Hardware\s*:\s*(.+)$/im.exec(cpuinfo)?.[1].trim();
+  if (board && cores) return `${board} (${cores})`;
+  return board || cores || /^model name\s*:\s*(.+)$/im.exec(cpuinfo)?.[1].trim() || "unknown CPU";
 }
 
 // ---- cgroups ---------------------------------------------------------------------------------

@@ -238,7 +238,9 @@ export class WorkerSession {
           finish(`no heartbeat from the coordinator for ${((Date.now() - lastSeen) / 1000).toFixed(1)} s`);
           return;
         }
-        this.send({ heartbeat: { sentUnixMs: Date.now() } });
+        // Not before the join: the coordinator takes a first message that is not a join as a refusal, and a
+        // slow device (an aarch64 worker under qemu) could still be answering the challenge here.
+        if (joined) this.send({ heartbeat: { sentUnixMs: Date.now() } });
       }, HEARTBEAT_INTERVAL_MS);
 
       const session: SessionControl = {

@@ -141,15 +141,21 @@ static void quantize_q8_0_ref(const float *x, void *vy, int64_t n) {
   }
 }
 
-/* Activation quantizers: what ggml's x86 CPU backend (quantize_row_q8_0/q8_1 with AVX) feeds its dots:
- * id = 127/amax and round half to even. They differ from the _ref weight quantizers only at ties and
- * in the last bit of id, so the activations (and dots) equal llama.cpp's on this platform. */
+/* Activation quantizers: what ggml's CPU backend feeds its dots on this platform, round half to even
+ * with id = 127/amax on x86 (quantize_row_q8_0/q8_1 with AVX) and id = 1/d on aarch64 (with NEON).
+ * The two differ in the last bit of id, which moves a level at a near tie: with x86's id, aarch64 was
+ * 44x the oracle's first-position bound on tiny-llama Q5_0 against llama.cpp's arm64 build. */
+#if defined(__aarch64__)
+#define ACT_Q8_ID(amax, d) ((d) ? 1.0f / (d) : 0.0f)
+#else
+#define ACT_Q8_ID(amax, d) ((amax) != 0.0f ? 127.f / (amax) : 0.0f)
+#endif
 static void quantize_act_q8_0(const float *x, void *vy, int64_t n) {
   block_q8_0 *y = vy;
   for (int64_t i = 0; i < n / QK32; i++, x += QK32) {
     float amax = 0;
     for (int j = 0; j < QK32; j++) amax = MAX(amax, fabsf(x[j]));
-    const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+    const float d = amax / 127.f, id = ACT_Q8_ID(amax, d);
     y[i].d = F2H(d);
     for (int j = 0; j < QK32; j++) y[i].qs[j] = (int8_t)nearest_int(x[j] * id);
   }
@@ -160,7 +166,7 @@ static void quantize_act_q8_1(const float *x, void *vy, int64_t n) {
   for (int64_t i = 0; i < n / QK32; i++, x += QK32) {
     float amax = 0;
     for (int j = 0; j < QK32; j++) amax = MAX(amax, fabsf(x[j]));
-    const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+    const float d = amax / 127.f, id = ACT_Q8_ID(amax, d);
     int sum = 0;
     y[i].d = F2H(d);
     for (int j = 0; j < QK32; j++) {
@@ -369,7 +375,9 @@ static void dequantize_q5_1(const void *vx, float *y, int64_t n) {
 }
 
 /* The 32-element dots: per block an exact integer sum of q*a (q offset to signed for the _0 types),
- * scaled by d_w*d_a; the _1 types add m_w * s_a (s_a = d_a * sum(a), stored in the Q8_1 block). */
+ * scaled by d_w*d_a; the _1 types add m_w * s_a (s_a = d_a * sum(a), stored in the Q8_1 block), summed
+ * apart and added last, as every SIMD dot of ggml's does (mixing the two sums per block rounds differently,
+ * and on a random-weight model one such rounding flipped an activation's Q8 level: 20x the oracle's bound). */
 static inline int isum32(const uint8_t *q, int offset, const int8_t *a) {
   int s = 0;
   for (int j = 0; j < QK32; j++) s += (q[j] - offset) * a[j];
@@ -406,31 +414,33 @@ static void dot_q5_0(int n, const void *vw, const void *a, size_t as, int nc, fl
 }
 static void dot_q4_1(int n, const void *vw, const void *a, size_t as, int nc, float *out) {
   const block_q4_1 *w = vw;
-  float acc[PRIMA_MAX_NC] = {0};
+  float acc[PRIMA_MAX_NC] = {0}, accm[PRIMA_MAX_NC] = {0};
   uint8_t q[QK32];
   for (int i = 0; i < n / QK32; i++) {
     unpack_nibbles32(w[i].qs, q);
     const float d = H2F(w[i].d), m = H2F(w[i].m);
     for (int c = 0; c < nc; c++) {
       const block_q8_1 *x = ACT(block_q8_1, c) + i;
-      acc[c] += (float)isum32(q, 0, x->qs) * (d * H2F(x->d)) + m * H2F(x->s);
+      acc[c] += (float)isum32(q, 0, x->qs) * (d * H2F(x->d));
+      accm[c] += m * H2F(x->s);
     }
   }
-  for (int c = 0; c < nc; c++) out[c] = acc[c];
+  for (int c = 0; c < nc; c++) out[c] = acc[c] + accm[c];
 }
 static void dot_q5_1(int n, const void *vw, const void *a, size_t as, int nc, float *out) {
   const block_q5_1 *w = vw;
-  float acc[PRIMA_MAX_NC] = {0};
+  float acc[PRIMA_MAX_NC] = {0}, accm[PRIMA_MAX_NC] = {0};
   uint8_t q[QK32];
   for (int i = 0; i < n / QK32; i++) {
     unpack_q5(w[i].qs, w[i].qh, q);
     const float d = H2F(w[i].d), m = H2F(w[i].m);
     for (int c = 0; c < nc; c++) {
       const block_q8_1 *x = ACT(block_q8_1, c) + i;
-      acc[c] += (float)isum32(q, 0, x->qs) * (d * H2F(x->d)) + m * H2F(x->s);
+      acc[c] += (float)isum32(q, 0, x->qs) * (d * H2F(x->d));
+      accm[c] += m * H2F(x->s);
     }
   }
-  for (int c = 0; c < nc; c++) out[c] = acc[c];
+  for (int c = 0; c < nc; c++) out[c] = acc[c] + accm[c];
 }
 
 /* ---------------------------------------------------------------- K-quant weight quantizers

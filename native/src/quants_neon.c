@@ -145,16 +145,17 @@ ALWAYS_INLINE levels32 decode_q8_0(const block_q8_0 *b) {
 #define MIN32_DOT(NAME, BLOCK, DECODE)                                                                 \
   ALWAYS_INLINE void NAME##_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out) { \
     const BLOCK *w = vw;                                                                               \
-    float acc[PRIMA_MAX_NC] = {0};                                                                     \
+    float acc[PRIMA_MAX_NC] = {0}, accm[PRIMA_MAX_NC] = {0};                                           \
     for (int i = 0; i < n / QK32; i++) {                                                               \
       const levels32 q = DECODE(&w[i]);                                                                \
       const float d = h2f(w[i].d), m = h2f(w[i].m);                                                    \
       for (int c = 0; c < NC; c++) {                                                                   \
         const block_q8_1 *x = (const block_q8_1 *)ACT_ROW(c) + i;                                      \
-        acc[c] += (float)isum32(q, x->qs) * (d * h2f(x->d)) + m * h2f(x->s);                           \
+        acc[c] += (float)isum32(q, x->qs) * (d * h2f(x->d));                                           \
+        accm[c] += m * h2f(x->s);                                                                      \
       }                                                                                                \
     }                                                                                                  \
-    for (int c = 0; c < NC; c++) out[c] = acc[c];                                                      \
+    for (int c = 0; c < NC; c++) out[c] = acc[c] + accm[c];                                            \
   }                                                                                                    \
   DISPATCH_NC(NAME)
 

@@ -305,8 +305,10 @@ typedef __m512i vint;
 #define vi_from256 _mm512_zextsi256_si512 /* an 8-lane int32 term in the first lanes */
 #define vi_dot16(q, a, s) _mm512_madd_epi16(_mm512_maddubs_epi16(q, a), s)
 #define vi_or _mm512_or_si512
-#define vf_sub_lane0(v, x) _mm512_mask_sub_ps(v, 1, v, _mm512_set1_ps(x))
-#define vi_to_ps _mm512_cvtepi32_ps
+/* the int32 sums folded to the 8 lanes the ymm bodies sum into (exact), so the float steps after are
+ * AVX2's: a zmm float accumulator summed other lanes in another order, and on a random-weight Q4_K_M
+ * model that rounding flipped a Q8 activation level and greedy tokens parted from AVX2's */
+#define vi_to_ps8(v) _mm256_cvtepi32_ps(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)))
 
 /* int16 lanes 0..7 of v (a group's scale each) spread over the 32 lanes: lanes 8k..8k+7 (16 elements'
  * pair sums) get scale g[k]. */
@@ -378,8 +380,7 @@ typedef __m256i vint;
 #define vi_from256(x) (x)
 #define vi_dot16(q, a, s) _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), s)
 #define vi_or _mm256_or_si256
-#define vf_sub_lane0(v, x) _mm256_sub_ps(v, _mm256_setr_ps(x, 0, 0, 0, 0, 0, 0, 0))
-#define vi_to_ps _mm256_cvtepi32_ps
+#define vi_to_ps8 _mm256_cvtepi32_ps
 
 ALWAYS_INLINE vint scales16(__m128i s16) { return _mm256_broadcastsi128_si256(s16); }
 
@@ -436,8 +437,8 @@ ALWAYS_INLINE vint iq4xs_scale(vint scales, int v) { return _mm256_shuffle_epi8(
 #define K4_DOT(NAME, BLOCK, QH)                                                                       \
   ALWAYS_INLINE void NAME##_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) { \
     const BLOCK *w = vw;                                                                              \
-    vfloat acc[PRIMA_MAX_NC];                                                                         \
-    for (int c = 0; c < NC; c++) acc[c] = vf_zero();                                                  \
+    __m256 acc[PRIMA_MAX_NC];                                                                         \
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();                                        \
     for (int i = 0; i < n / QK_K; i++) {                                                              \
       const BLOCK *b = &w[i];                                                                         \
       PREFETCH(b, (int)sizeof(BLOCK));                                                                \
@@ -456,12 +457,12 @@ ALWAYS_INLINE vint iq4xs_scale(vint scales, int v) { return _mm256_shuffle_epi8(
         }                                                                                             \
       for (int c = 0; c < NC; c++) {                                                                  \
         const block_q8_K *x = act_k(a, as, c, i);                                                     \
-        acc[c] = vf_fmadd(vf_set1(x->d * d), vi_to_ps(sumi[c]), acc[c]);                              \
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), vi_to_ps8(sumi[c]), acc[c]);               \
         const __m256i mp = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x->bsums));    \
-        acc[c] = vf_fnmadd(vf_set1(x->d * dmin), vi_to_ps(vi_from256(mp)), acc[c]);                   \
+        acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(x->d * dmin), _mm256_cvtepi32_ps(mp), acc[c]);       \
       }                                                                                               \
     }                                                                                                 \
-    for (int c = 0; c < NC; c++) out[c] = vf_hsum(acc[c]);                                            \
+    for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);                                            \
   }                                                                                                   \
   DISPATCH_NC(NAME)
 
@@ -485,8 +486,8 @@ K4_DOT(dot_q5_K, block_q5_K, Q5_QH)
 #define SIGNED_SCALE_K_DOT(NAME, BLOCK, SCALES8, OFFSET_SHIFT, LEVELS)                                \
   ALWAYS_INLINE void NAME##_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) { \
     const BLOCK *w = vw;                                                                              \
-    vfloat acc[PRIMA_MAX_NC];                                                                         \
-    for (int c = 0; c < NC; c++) acc[c] = vf_zero();                                                  \
+    __m256 acc[PRIMA_MAX_NC];                                                                         \
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();                                        \
     for (int i = 0; i < n / QK_K; i++) {                                                              \
       const BLOCK *b = &w[i];                                                                         \
       PREFETCH(b, (int)sizeof(BLOCK));                                                                \
@@ -505,10 +506,10 @@ K4_DOT(dot_q5_K, block_q5_K, Q5_QH)
       }                                                                                               \
       for (int c = 0; c < NC; c++) {                                                                  \
         const block_q8_K *x = act_k(a, as, c, i);                                                     \
-        acc[c] = vf_fmadd(vf_set1(x->d * d), vi_to_ps(sumi[c]), acc[c]);                             \
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), vi_to_ps8(sumi[c]), acc[c]);              \
       }                                                                                               \
     }                                                                                                 \
-    for (int c = 0; c < NC; c++) out[c] = vf_hsum(acc[c]);                                            \
+    for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);                                            \
   }                                                                                                   \
   DISPATCH_NC(NAME)
 
@@ -520,8 +521,8 @@ SIGNED_SCALE_K_DOT(dot_q6_K, block_q6_K, _mm_loadu_si128((const __m128i *)b->sca
 ALWAYS_INLINE void dot_q2_K_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) {
   const block_q2_K *w = vw;
   const __m128i m4 = _mm_set1_epi8(0x0F);
-  vfloat acc[PRIMA_MAX_NC];
-  for (int c = 0; c < NC; c++) acc[c] = vf_zero();
+  __m256 acc[PRIMA_MAX_NC];
+  for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
   for (int i = 0; i < n / QK_K; i++) {
     const block_q2_K *b = &w[i];
     PREFETCH(b, (int)sizeof(block_q2_K));
@@ -545,11 +546,11 @@ ALWAYS_INLINE void dot_q2_K_nc(int n, const void *vw, const void *a, size_t as, 
     }
     for (int c = 0; c < NC; c++) {
       const block_q8_K *x = act_k(a, as, c, i);
-      acc[c] = vf_fmadd(vf_set1(x->d * d), vi_to_ps(sumi[c]), acc[c]);
-      acc[c] = vf_sub_lane0(acc[c], (x->d * dmin) * msum[c]);
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), vi_to_ps8(sumi[c]), acc[c]);
+      acc[c] = _mm256_sub_ps(acc[c], _mm256_setr_ps((x->d * dmin) * msum[c], 0, 0, 0, 0, 0, 0, 0));
     }
   }
-  for (int c = 0; c < NC; c++) out[c] = vf_hsum(acc[c]);
+  for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);
 }
 DISPATCH_NC(dot_q2_K)
 

@@ -251,6 +251,8 @@ describe("bad input", () => {
     expect(() => parseMakeModelArgs(["--arch", "falcon", "--type", "Q8_0", "--out", "x"])).toThrow(/--arch must be one of llama, qwen2, qwen3, gemma2, gemma3, mistral3, phi3 \(got "falcon"\)/);
     const g = parseMakeModelArgs(["--shape", "tiny-gemma3", "--layers", "7", "--type", "Q8_0", "--out", "x"]);
     if (g !== "help") expect(g.shape).toMatchObject({ arch: "gemma3", nLayers: 7, headDim: 128, slidingWindow: 4, tiedEmbeddings: true });
+    expect(() => parseMakeModelArgs(["--shape", "tiny-llama", "--type", "Q8_0", "--out", "x", "--weight-std", "0"])).toThrow(/--weight-std must be a positive/);
+    expect(parseMakeModelArgs(["--shape", "tiny-llama", "--type", "Q8_0", "--out", "x", "--weight-std", "0.05"])).toMatchObject({ weightStd: 0.05 });
     const a = parseMakeModelArgs(["--dims", "512", "--layers", "3", "--heads", "8", "--kv-heads", "2", "--ffn", "768", "--type", "Q8_0", "--out", "x"]);
     expect(a).not.toBe("help");
     if (a !== "help") expect(a.shape).toMatchObject({ nEmbd: 512, nLayers: 3, nHead: 8, nHeadKv: 2, nFf: 768, arch: "llama" });

@@ -172,6 +172,15 @@ int main(void) {
             CHECK(fabs((double)got[c] - want[c]) <= 1e-5 * abs + 1e-30, "%s n=%d nc=%d row %d: %s %.9g scalar %.9g",
                   ks->name, n, nc, c, prima_simd_name(level), got[c], want[c]);
           }
+          /* AVX-512 sums the quantized dots' integer lanes into AVX2's 8 and then rounds as AVX2 does:
+           * bit-identical, so the two x86 levels give the same greedy tokens */
+          if (level == PRIMA_SIMD_AVX512 && quantized && prima_simd_available(PRIMA_SIMD_AVX2)) {
+            float avx2[PRIMA_MAX_NC];
+            prima_kernels_at(TYPES[ti], PRIMA_SIMD_AVX2)->dot(n, w, acts, stride, nc, avx2);
+            for (int c = 0; c < nc; c++)
+              CHECK(memcmp(&got[c], &avx2[c], 4) == 0, "%s n=%d nc=%d row %d: avx512 %.9g != avx2 %.9g", ks->name, n, nc, c,
+                    got[c], avx2[c]);
+          }
         }
         { /* the rows kernel (decode's matrix-vector product): each row equals the level's dot bit for bit */
           enum { NR = 3 };

@@ -5,10 +5,72 @@ import { createServer, connect, type Server } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
+import { spawnSync } from "node:child_process";
 import {
-  LinkProbeServer, WeightRoom, anonRssBytes, cgroupMemory, cgroupPaths, detectGpus, detectOs, lastLevelCacheBytes, measureLink, parseCacheSize, timeHandOff, parseNvidiaSmi, readMemory,
+  LinkProbeServer, WeightRoom, anonRssBytes, armCores, cpuName, cgroupMemory, cgroupPaths, detectGpus, detectOs, lastLevelCacheBytes, measureLink, parseCacheSize, timeHandOff, parseNvidiaSmi, readMemory,
   standInMinBytes,
 } from "../../profiler/index.js";
+
+/** An aarch64 /proc/cpuinfo: one block per core, (implementer, part) each. */
+function armCpuinfo(cores: [number, number][], tail = ""): string {
+  return cores.map(([impl, part], i) => `processor\t: ${i}\nBogoMIPS\t: 38.40\nFeatures\t: fp asimd evtstrm crc32 cpuid\n` +
+    `CPU implementer\t: 0x${impl.toString(16)}\nCPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: 0x${part.toString(16).padStart(3, "0")}\n` +
+    "CPU revision\t: 3\n").join("\n") + tail;
+}
+
+/** lscpu's vendor and model names for a cpuinfo, read from a fake root (util-linux >= 2.38 has --sysroot). */
+function lscpuNames(cpuinfo: string, n: number): string[][] | null {
+  const root = mkdtempSync(join(tmpdir(), "prima-lscpu-"));
+  try {
+    mkdirSync(join(root, "proc"));
+    mkdirSync(join(root, "sys", "devices", "system", "cpu"), { recursive: true });
+    writeFileSync(join(root, "proc", "cpuinfo"), cpuinfo);
+    for (const f of ["possible", "present", "online"]) writeFileSync(join(root, "sys", "devices", "system", "cpu", f), `0-${n - 1}\n`);
+    const r = spawnSync("lscpu", ["--sysroot", root], { encoding: "utf8" });
+    if (r.status !== 0) return null;
+    const vendors = [...r.stdout.matchAll(/^Vendor ID:\s*(.+)$/gm)].map((m) => m[1].trim());
+    const models = [...r.stdout.matchAll(/^\s*Model name:\s*(.+)$/gm)].map((m) => m[1].trim());
+    return vendors.map((v, i) => [v, models[i]]);
+  } finally {
+    rmSync(root, { recursive: true, force: true });
+  }
+}
+const lscpuMissing = lscpuNames(armCpuinfo([[0x41, 0xd08]]), 1) === null;
+
+describe("CPU name on ARM (cpuinfo has no model name there)", () => {
+  const ARM_KNOWN: [number, number][] = [
+    [0x41, 0xd03], [0x41, 0xd04], [0x41, 0xd05], [0x41, 0xd07], [0x41, 0xd08], [0x41, 0xd09], [0x41, 0xd0a], [0x41, 0xd0b],
+    [0x41, 0xd0c], [0x41, 0xd0d], [0x41, 0xd40], [0x41, 0xd41], [0x41, 0xd44], [0x41, 0xd46], [0x41, 0xd47], [0x41, 0xd48],
+    [0x41, 0xd49], [0x41, 0xd4d], [0x41, 0xd4e], [0x41, 0xd80], [0x41, 0xd81], [0x41, 0xd82],
+    [0x51, 0x800], [0x51, 0x801], [0x51, 0x802], [0x51, 0x803], [0x51, 0x804], [0x51, 0x805],
+  ];
+  it.skipIf(lscpuMissing)("names every core kind it knows as lscpu does", () => {
+    for (const core of ARM_KNOWN) {
+      const info = armCpuinfo([core]);
+      const [c] = armCores(info);
+      expect([c.vendor, c.model], `implementer 0x${core[0].toString(16)} part 0x${core[1].toString(16)}`).toEqual(lscpuNames(info, 1)![0]);
+    }
+  });
+
+  it.skipIf(lscpuMissing)("groups big.LITTLE cores by kind, in cpuinfo's order", () => {
+    const kinds: [number, number][] = [[0x41, 0xd05], [0x41, 0xd0b], [0x41, 0xd44]];
+    const info = armCpuinfo([kinds[0], kinds[0], kinds[0], kinds[0], kinds[1], kinds[1], kinds[1], kinds[2]]);
+    const cores = armCores(info);
+    expect(cores.map((c) => c.count)).toEqual([4, 3, 1]);
+    // (lscpu --sysroot lists one kind without per-CPU sysfs: each kind is named by it alone)
+    expect(cores.map((c) => [c.vendor, c.model])).toEqual(kinds.map((k) => lscpuNames(armCpuinfo([k]), 1)![0]));
+  });
+
+  it("prefers Node's name, then the board or SoC with its cores; says so when nothing is known", () => {
+    const pi = armCpuinfo([[0x41, 0xd08], [0x41, 0xd08]], "\nRevision\t: c03114\nModel\t\t: Raspberry Pi 4 Model B Rev 1.4\n");
+    expect(cpuName("AMD EPYC", pi, undefined)).toBe("AMD EPYC");
+    expect(cpuName("unknown", pi, "Raspberry Pi 4 Model B Rev 1.4\0")).toBe("Raspberry Pi 4 Model B Rev 1.4 (2x ARM Cortex-A72)");
+    const phone = armCpuinfo([[0x51, 0x805], [0x51, 0x804]], "\nHardware\t: Qualcomm Technologies, Inc SM8150\n");
+    expect(cpuName("", phone)).toBe("Qualcomm Technologies, Inc SM8150 (1x Qualcomm Kryo-4XX-Silver + 1x Qualcomm Kryo-4XX-Gold)");
+    expect(cpuName("", armCpuinfo([[0x41, 0xfff]]))).toBe("1x ARM part 0xfff");
+    expect(cpuName("", "")).toBe("unknown CPU");
+  });
+});
 
 describe("operating system", () => {
   it("tells Android (Termux or its build.prop) from Linux, and macOS by platform", () => {
