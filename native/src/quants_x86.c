@@ -587,8 +587,9 @@ ALWAYS_INLINE __m128i iq4xs_scales(const block_iq4_xs *b) {
  * (2 * 127 * 127 < 32767). */
 ALWAYS_INLINE void dot_iq4_xs_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) {
   const block_iq4_xs *w = vw;
-  vfloat acc[PRIMA_MAX_NC];
-  for (int c = 0; c < NC; c++) acc[c] = vf_zero();
+  /* 8 float lanes at every level, as the K-quant dots: AVX-512 then rounds as AVX2 does */
+  __m256 acc[PRIMA_MAX_NC];
+  for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
   for (int i = 0; i < n / QK_K; i++) {
     const block_iq4_xs *b = &w[i];
     PREFETCH(b, (int)sizeof(block_iq4_xs));
@@ -603,10 +604,10 @@ ALWAYS_INLINE void dot_iq4_xs_nc(int n, const void *vw, const void *a, size_t as
     }
     for (int c = 0; c < NC; c++) {
       const block_q8_K *x = act_k(a, as, c, i);
-      acc[c] = vf_fmadd(vf_set1(x->d * d), vi_to_ps(sumi[c]), acc[c]);
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), vi_to_ps8(sumi[c]), acc[c]);
     }
   }
-  for (int c = 0; c < NC; c++) out[c] = vf_hsum(acc[c]);
+  for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);
 }
 DISPATCH_NC(dot_iq4_xs)
 
