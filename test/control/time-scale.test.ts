@@ -18,7 +18,7 @@ function limitsWith(scale: string | undefined): Record<string, number> {
   return JSON.parse(r.stdout) as Record<string, number>;
 }
 
-const SCALED = ["HEARTBEAT_TIMEOUT_MS", "JOIN_TIMEOUT_MS", "JOIN_REPLY_TIMEOUT_MS", "STATUS_TIMEOUT_MS", "TIMED_STATUS_TIMEOUT_MS", "ASSIGN_SILENCE_MS"];
+const SCALED = ["HEARTBEAT_TIMEOUT_MS", "MAX_HEARTBEAT_TIMEOUT_MS", "COORDINATOR_SILENCE_MS", "PROOF_TIMEOUT_MS", "JOIN_TIMEOUT_MS", "JOIN_REPLY_TIMEOUT_MS", "STATUS_TIMEOUT_MS", "TIMED_STATUS_TIMEOUT_MS", "ASSIGN_SILENCE_MS"];
 
 describe("PRIMA_TIME_SCALE", () => {
   it("multiplies the silence limits and nothing else; unset or out of range leaves them as they are", () => {

@@ -38,9 +38,10 @@ describe("addon loader", () => {
     const other = process.arch === "arm64" ? 62 : 183;
     const pkg = join(dir, "pkg");
     mkdirSync(join(pkg, "build", "Release"), { recursive: true });
-    mkdirSync(join(pkg, "dist", "native"), { recursive: true });
+    for (const d of ["native", "base"]) mkdirSync(join(pkg, "dist", d), { recursive: true });
     for (const f of ["package.json", "binding.gyp"]) copyFileSync(join(root, f), join(pkg, f));
-    for (const f of ["binding.js", "package-root.js"]) copyFileSync(join(root, "dist", "native", f), join(pkg, "dist", "native", f));
+    copyFileSync(join(root, "dist", "native", "binding.js"), join(pkg, "dist", "native", "binding.js"));
+    for (const f of ["index.js", "escape.js", "package-root.js"]) copyFileSync(join(root, "dist", "base", f), join(pkg, "dist", "base", f));
     writeFileSync(join(pkg, "build", "Release", "prima.node"), elfHeader(other));
     const r = spawnSync(process.execPath, ["-e", `import(${JSON.stringify(join(pkg, "dist", "native", "binding.js"))})`], { encoding: "utf8" });
     expect(r.status).not.toBe(0);
