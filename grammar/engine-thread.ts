@@ -23,10 +23,9 @@ export class EngineThread {
   failure: Error | undefined;
 
   constructor() {
-    this.worker = new Worker(new URL("./engine-worker.js", import.meta.url));
-    // The thread alone does not keep the process up (a CLI run ends when its work does); a request
-    // waiting on it does, through its timer.
-    this.worker.unref();
+    // The process's flags, but --input-type (a script given with -e), which a worker refuses.
+    const execArgv = process.execArgv.filter((a) => !a.startsWith("--input-type"));
+    this.worker = new Worker(new URL("./engine-worker.js", import.meta.url), { execArgv });
     this.worker.on("message", (r: EngineReply) => {
       const w = this.waiting.get(r.id);
       if (!w) return;
@@ -37,6 +36,9 @@ export class EngineThread {
     });
     this.worker.on("error", (e) => this.fail(`the grammar engine's thread failed: ${e.message}`));
     this.worker.on("exit", (code) => this.fail(`the grammar engine's thread exited (code ${code})`));
+    // The thread alone does not keep the process up (a CLI run ends when its work does); a request
+    // waiting on it does, through its timer. After the listeners, which would ref it again.
+    this.worker.unref();
   }
 
   /** Asks the thread; fails if it has not answered within waitMs (`what` says what was asked). */

@@ -2,6 +2,7 @@
 // while that vocabulary is set up) the main event loop keeps turning, as a server's streams, /health
 // and heartbeats need; a thread that dies or does not answer in time is an error saying so, and the
 // next request gets a fresh one.
+import { spawnSync } from "node:child_process";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { GrammarSet } from "../../dist/grammar/index.js";
 import { Tokenizer, bundledVocab } from "../../dist/model/index.js";
@@ -99,5 +100,25 @@ describe("the grammar engine's thread", () => {
     } finally {
       small.close();
     }
+  });
+
+  it("does not keep a process up once its work is done (a CLI run ends)", () => {
+    const script = `
+      import { GrammarSet } from "./dist/grammar/index.js";
+      import { Tokenizer } from "./dist/model/index.js";
+      const set = await GrammarSet.forTokenizer(Tokenizer.fromGguf("models/stories260K.gguf"));
+      const c = await set.constraint({ kind: "json-object" });
+      const m = await c.nextMask();
+      let id = 0;
+      while (((m[id >> 5] >>> (id & 31)) & 1) === 0) id++;
+      c.accept(id);
+      await c.nextMask();
+      c.dispose();
+      console.log("done");`;
+    // The limit only bounds a failure (a process that never ends); a healthy one ends in about a second.
+    const r = spawnSync(process.execPath, ["--input-type=module", "-e", script], { encoding: "utf8", timeout: 60_000 });
+    expect(r.stdout.trim(), r.stderr).toBe("done");
+    expect(r.signal, "the process did not end by itself").toBeNull();
+    expect(r.status).toBe(0);
   });
 });
