@@ -65,7 +65,11 @@ export class Constraints {
 
   /** A matcher for the spec; a grammar the engine refuses is a 400. */
   async start(spec: ConstraintSpec): Promise<GrammarConstraint> {
-    this.set ??= GrammarSet.forTokenizer(this.tok);
+    // A setup that failed (the engine's thread died or hung) is tried afresh by the next request.
+    this.set ??= GrammarSet.forTokenizer(this.tok).catch((e: unknown) => {
+      this.set = undefined;
+      throw e;
+    });
     const set = await this.set;
     try {
       return await set.constraint(spec);

@@ -6,8 +6,8 @@
 import type { TokenConstraint } from "../engine/index.js";
 import { TokenAttr, type Tokenizer } from "../model/index.js";
 import { checkSchema, forEngine } from "./schema-check.js";
-import { engineCall, xgrammar, type XGrammar } from "./xgrammar.js";
-import type * as XG from "@mlc-ai/web-xgrammar";
+import { EngineRefusal, EngineThread, type StepAnswer } from "./engine-thread.js";
+import type { EngineRequest, EngineSpec } from "./engine-worker.js";
 
 /** What the output must be. */
 export type ConstraintSpec =
@@ -24,9 +24,9 @@ export class GrammarError extends Error {
   override name = "GrammarError";
 }
 
-/** JSON on one line with ", " and ": ", as Python's json.dumps: no run-away whitespace from a small model. */
-const JSON_LAYOUT = { anyWhitespace: false, indent: -1, separators: [", ", ": "] as [string, string] };
-const MAX_CACHED = 64;
+/** How long any request to the engine's thread may take (a compile for a 151k vocabulary on a loaded
+ * host takes up to ~10 s, and a mask can wait behind one). */
+const DEFAULT_WAIT_MS = 120_000;
 
 /** Where a constrained reply of maxTokens starts closing its value (Sampler's closeAfter): a quarter
  * of the budget is kept for it, from 8 to 128 tokens. */
@@ -40,189 +40,163 @@ const QUOTE = 0x22, BACKSLASH = 0x5c, CLOSE_BRACE = 0x7d, CLOSE_BRACKET = 0x5d;
 interface Vocab {
   readonly pieces: readonly Uint8Array[];
   readonly stops: Uint8Array;
-  /** Bitmasks of the tokens that keep the bytes valid UTF-8: [p] after a sequence that still needs p
-   * continuation bytes; the JSON ones also leave out control characters. */
-  readonly utf8: readonly Int32Array[];
-  readonly utf8Json: readonly Int32Array[];
 }
 
-/** Continuation bytes a lead byte wants (-1: a byte that cannot start a sequence). */
-function wants(b: number): number {
-  if (b < 0x80) return 0;
-  if (b >= 0xc2 && b <= 0xdf) return 1;
-  if (b >= 0xe0 && b <= 0xef) return 2;
-  if (b >= 0xf0 && b <= 0xf4) return 3;
-  return -1;
-}
+/** What the engine's thread needs to start (kept, so that a fresh thread can replace a failed one). */
+type InitRequest = Extract<EngineRequest, { op: "init" }>;
 
-/** Leads whose first continuation byte has a narrower range (E0, ED, F0, F4): only whole in a token. */
-const NARROW = new Set([0xe0, 0xed, 0xf0, 0xf4]);
-
-/**
- * The engine's matcher is lenient with raw bytes: byte tokens can make invalid UTF-8 (a lone
- * continuation byte, a lead with no end), inside which it may take a quote as part of a character
- * while JSON sees a string end; and it lets control characters into JSON strings that its grammar,
- * as text, refuses. Masking these out keeps every output valid UTF-8 the grammar really matched.
- */
-function validBytes(pieces: readonly Uint8Array[]): { utf8: Int32Array[]; utf8Json: Int32Array[] } {
-  const words = Math.ceil(pieces.length / 32);
-  const utf8 = [0, 1, 2, 3].map(() => new Int32Array(words));
-  const utf8Json = [0, 1, 2, 3].map(() => new Int32Array(words));
-  for (let id = 0; id < pieces.length; id++) {
-    const p = pieces[id];
-    if (p.length === 0) {
-      for (let k = 0; k < 4; k++) utf8[k][id >> 5] |= 1 << (id & 31), utf8Json[k][id >> 5] |= 1 << (id & 31);
-      continue;
-    }
-    let lead = 0;
-    while (lead < p.length && p[lead] >= 0x80 && p[lead] <= 0xbf) lead++;
-    // The rest: whole sequences, then perhaps one unfinished at the end.
-    let ok = lead <= 3, i = lead;
-    while (ok && i < p.length) {
-      const need = wants(p[i]);
-      if (need < 0) ok = false;
-      else {
-        let j = 1;
-        while (j <= need && i + j < p.length && p[i + j] >= 0x80 && p[i + j] <= 0xbf) j++;
-        if (i + j < p.length && j <= need) ok = false; // a sequence cut short by a non-continuation byte
-        else if (i + j >= p.length && j <= need && NARROW.has(p[i])) ok = false;
-        i += j;
-      }
-    }
-    if (!ok) continue;
-    const control = p.some((b) => b < 0x20 && b !== 0x0a);
-    // After k pending: a token that starts with exactly k continuation bytes (or is only continuation
-    // bytes, at most k of them, when nothing else follows in it).
-    for (let k = 0; k < 4; k++) {
-      if (!(lead === k || (lead === p.length && lead < k))) continue;
-      utf8[k][id >> 5] |= 1 << (id & 31);
-      if (!control) utf8Json[k][id >> 5] |= 1 << (id & 31);
-    }
-  }
-  return { utf8, utf8Json };
-}
-
-/** Continuation bytes still wanted after these bytes, from `pending` wanted before them. */
-function pendingAfter(pending: number, bytes: Uint8Array): number {
-  for (const b of bytes) {
-    if (pending > 0 && b >= 0x80 && b <= 0xbf) pending--;
-    else pending = Math.max(0, wants(b));
-  }
-  return pending;
-}
-
-/** The grammars of one vocabulary, compiled once each (the last MAX_CACHED kept). */
+/** The grammars of one vocabulary. The engine runs in its own thread (engine-worker.ts), which keeps
+ * the compiled grammars (the last 64) and the matchers; this side checks schemas and keeps, per
+ * generation, what pickClosing needs. */
 export class GrammarSet {
-  private readonly cache = new Map<string, Promise<XG.CompiledGrammar>>();
+  /** The limit on every request to the engine's thread, ms. */
+  waitMs: number;
+  private thread: Promise<EngineThread> | undefined;
+  private nextMatcher = 1;
 
-  private constructor(private readonly xg: XGrammar, private readonly compiler: XG.GrammarCompiler, readonly vocabSize: number, private readonly vocab: Vocab) {}
+  private constructor(private readonly init: InitRequest, readonly vocabSize: number, private readonly vocab: Vocab, waitMs: number) {
+    this.waitMs = waitMs;
+  }
 
-  static async forTokenizer(tok: Tokenizer, vocabSize = tok.nVocab): Promise<GrammarSet> {
-    const xg = await xgrammar();
+  static async forTokenizer(tok: Tokenizer, vocabSize = tok.nVocab, o: { waitMs?: number } = {}): Promise<GrammarSet> {
     const type = tok.model === "llama" ? "byte_fallback" : tok.model === "gpt2" ? "byte_level" : null;
     if (type === null) throw new GrammarError(`constrained decoding needs a SentencePiece or byte-level BPE vocabulary (this one is "${tok.model}")`);
     const vocab: string[] = new Array(vocabSize);
+    const pieces: Uint8Array[] = [];
     for (let id = 0; id < vocabSize; id++) {
-      if (id >= tok.nVocab) vocab[id] = "";
-      else {
+      // A 151k vocabulary takes a while to read: let the event loop turn meanwhile.
+      if ((id & 8191) === 8191) await new Promise((r) => setImmediate(r));
+      if (id >= tok.nVocab) {
+        vocab[id] = "";
+        pieces.push(new Uint8Array(0));
+      } else {
         const attr = tok.tokenAttributes(id);
         vocab[id] = attr & (TokenAttr.CONTROL | TokenAttr.UNKNOWN | TokenAttr.UNUSED) ? "" : tok.tokenText(id);
+        pieces.push(tok.tokenPiece(id));
       }
+    }
+    // The pieces in one buffer, for the engine's thread; this side keeps views of it.
+    const ends = new Int32Array(vocabSize);
+    let total = 0;
+    for (let id = 0; id < vocabSize; id++) ends[id] = total += pieces[id].length;
+    const bytes = new Uint8Array(total);
+    for (let id = 0; id < vocabSize; id++) {
+      bytes.set(pieces[id], ends[id] - pieces[id].length);
+      pieces[id] = bytes.subarray(ends[id] - pieces[id].length, ends[id]);
     }
     const stops = tok.eogTokens.filter((id) => id < vocabSize);
-    const info = await engineCall("the vocabulary", () => xg.TokenizerInfo.createTokenizerInfo(vocab, type, false, vocabSize, stops));
-    const compiler = await xg.GrammarCompiler.createGrammarCompiler(info, false);
-    const pieces: Uint8Array[] = [];
-    for (let id = 0; id < vocabSize; id++) pieces.push(id < tok.nVocab ? tok.tokenPiece(id) : new Uint8Array(0));
     const stopSet = new Uint8Array(vocabSize);
     for (const id of stops) stopSet[id] = 1;
-    return new GrammarSet(xg, compiler, vocabSize, { pieces, stops: stopSet, ...validBytes(pieces) });
+    const set = new GrammarSet({ op: "init", vocab, type, vocabSize, stops, bytes, ends }, vocabSize, { pieces, stops: stopSet }, o.waitMs ?? DEFAULT_WAIT_MS);
+    await set.engine();
+    return set;
   }
 
-  /** Compiles (or finds) the grammar; throws SchemaError for a schema it cannot honour, GrammarError
-   * for one the engine refuses. */
-  compile(spec: ConstraintSpec): Promise<XG.CompiledGrammar> {
-    const key = spec.kind === "json-schema" ? `s${checkSchema(spec.schema)}` : spec.kind === "grammar" ? `g${spec.grammar}` : spec.kind === "structural-tag" ? `t${JSON.stringify(spec.tag)}` : "o";
-    let p = this.cache.get(key);
-    if (p) {
-      this.cache.delete(key); // kept as the most recent
-      this.cache.set(key, p);
-      return p;
+  /** The engine's thread, started with the vocabulary; a fresh one if the last failed. */
+  private async engine(): Promise<EngineThread> {
+    const current = this.thread;
+    if (current) {
+      const t = await current.catch(() => undefined);
+      if (t && !t.failure) return t;
+      if (this.thread !== current) return this.engine(); // another caller is starting one
     }
-    const c = this.compiler, L = JSON_LAYOUT;
-    p = (async () => {
+    const started = (async () => {
+      const t = new EngineThread();
       try {
-        switch (spec.kind) {
-          case "json-object":
-            return await engineCall("JSON", () => c.compileJSONSchema('{"type":"object"}', L.anyWhitespace, L.indent, L.separators, false));
-          case "json-schema": {
-            const schema = JSON.stringify(forEngine(spec.schema));
-            return await engineCall("the schema", () => c.compileJSONSchema(schema, L.anyWhitespace, L.indent, L.separators, true));
-          }
-          case "grammar":
-            return await engineCall("the grammar", () => c.compileGrammar(spec.grammar, "root"));
-          case "structural-tag": {
-            const tag = await this.withLayout(spec.tag);
-            return await engineCall("the tool-call format", () => c.compileStructuralTag(JSON.stringify(tag)));
-          }
-        }
+        await t.call(this.init, "reading the vocabulary", this.waitMs);
       } catch (e) {
-        this.cache.delete(key);
-        throw new GrammarError((e as Error).message);
+        t.fail("the vocabulary was refused");
+        throw e instanceof EngineRefusal ? new GrammarError(e.message) : e;
       }
+      return t;
     })();
-    this.cache.set(key, p);
-    while (this.cache.size > MAX_CACHED) {
-      const oldest = this.cache.keys().next().value!;
-      void this.cache.get(oldest)!.then((g) => g.dispose(), () => {});
-      this.cache.delete(oldest);
-    }
-    return p;
+    this.thread = started;
+    return started;
   }
 
-  /** The tag with each JSON Schema in it as a grammar in JSON_LAYOUT (structural tags take no layout,
-   * and their default lets a small model write whitespace without end). */
-  private async withLayout(tag: unknown): Promise<unknown> {
-    if (Array.isArray(tag)) return Promise.all(tag.map((t) => this.withLayout(t)));
-    if (typeof tag !== "object" || tag === null) return tag;
-    const o = tag as Record<string, unknown>;
-    if (o.type === "json_schema" && "json_schema" in o) {
-      checkSchema(o.json_schema);
-      const schema = JSON.stringify(forEngine(o.json_schema));
-      const L = JSON_LAYOUT;
-      const grammar = await engineCall("the schema", () => this.xg.Testings._jsonSchemaToEBNF(schema, L.anyWhitespace, L.indent, L.separators, true));
-      return { type: "grammar", grammar };
-    }
-    const out: Record<string, unknown> = {};
-    for (const [k, v] of Object.entries(o)) out[k] = await this.withLayout(v);
-    return out;
+  /** Ends the engine's thread (a later request starts a fresh one). */
+  close(): void {
+    void this.thread?.then((t) => t.fail("the grammar set was closed"), () => {});
   }
 
-  /** A fresh matcher for one generation. */
+  /** The cache key and what the engine compiles; throws SchemaError for a schema it cannot honour. */
+  private prepare(spec: ConstraintSpec): { key: string; engineSpec: EngineSpec } {
+    switch (spec.kind) {
+      case "json-object":
+        return { key: "o", engineSpec: spec };
+      case "json-schema": {
+        const key = `s${checkSchema(spec.schema)}`;
+        return { key, engineSpec: { kind: "json-schema", schema: JSON.stringify(forEngine(spec.schema)) } };
+      }
+      case "grammar":
+        return { key: `g${spec.grammar}`, engineSpec: spec };
+      case "structural-tag":
+        return { key: `t${JSON.stringify(spec.tag)}`, engineSpec: { kind: "structural-tag", tag: engineTag(spec.tag) } };
+    }
+  }
+
+  /** Compiles (or finds) the grammar in the engine's thread; throws SchemaError for a schema it cannot
+   * honour, GrammarError for one the engine refuses. */
+  async compile(spec: ConstraintSpec): Promise<void> {
+    const { key, engineSpec } = this.prepare(spec);
+    const t = await this.engine();
+    await t.call({ op: "compile", key, spec: engineSpec }, `compiling the ${spec.kind}`, this.waitMs).catch(refused);
+  }
+
+  /** A fresh matcher for one generation (its grammar compiled first if it is not cached). */
   async constraint(spec: ConstraintSpec): Promise<GrammarConstraint> {
-    const g = await this.compile(spec);
-    const m = await engineCall("the matcher", () => this.xg.GrammarMatcher.createGrammarMatcher(g));
-    return new GrammarConstraint(m, this.vocabSize, this.vocab, spec.kind !== "grammar");
+    const { key, engineSpec } = this.prepare(spec);
+    const t = await this.engine();
+    const mid = this.nextMatcher++;
+    const mask = new SharedArrayBuffer(Math.ceil(this.vocabSize / 32) * 4);
+    const first = await t.call({ op: "start", key, spec: engineSpec, mid, json: spec.kind !== "grammar", mask }, `compiling the ${spec.kind}`, this.waitMs).catch(refused);
+    return new GrammarConstraint(t, mid, new Int32Array(mask), this.vocabSize, this.vocab, first, () => this.waitMs);
   }
 }
 
-/** One generation's place in its grammar (engine's TokenConstraint). Dispose it when done. */
+function refused(e: unknown): never {
+  throw e instanceof EngineRefusal ? new GrammarError(e.message) : e;
+}
+
+/** The tag with each JSON Schema in it checked and made the engine's (a JSON string, which the
+ * engine's thread turns into a grammar). */
+function engineTag(tag: unknown): unknown {
+  if (Array.isArray(tag)) return tag.map(engineTag);
+  if (typeof tag !== "object" || tag === null) return tag;
+  const o = tag as Record<string, unknown>;
+  if (o.type === "json_schema" && "json_schema" in o) {
+    checkSchema(o.json_schema);
+    return { ...o, json_schema: JSON.stringify(forEngine(o.json_schema)) };
+  }
+  return Object.fromEntries(Object.entries(o).map(([k, v]) => [k, engineTag(v)]));
+}
+
+/** One generation's place in its grammar (engine's TokenConstraint). Dispose it when done.
+ * The matcher lives in the engine's thread, which writes each mask into a buffer shared with this
+ * side: accept() sends the token and the thread computes the next mask at once, while the model
+ * runs; mask() waits for it (one message each way per token). */
 export class GrammarConstraint implements TokenConstraint {
-  /** Time spent computing masks and accepting tokens, and the steps. */
+  /** Time spent waiting for and applying masks and accepting tokens, and the steps. */
   ms = 0;
   steps = 0;
   private disposed = false;
+  /** The thread's answer to the last request: the next mask is in `words` once it has come. */
+  private answer: Promise<StepAnswer>;
+  /** `words` holds the mask of this step (accept() checks the token against it). */
+  private fresh = false;
+  private terminated = false;
 
   /** The JSON text so far: inside a string, after a backslash (for pickClosing). */
   private inString = false;
   private escaped = false;
-  /** UTF-8 continuation bytes the output still needs. */
-  private pending = 0;
   /** First bytes pickClosing chose, and how often. */
   private readonly tried = new Map<number, number>();
   private lastFirst: number | undefined;
 
-  constructor(private readonly matcher: XG.GrammarMatcher, readonly vocabSize: number, private readonly vocab: Vocab, private readonly json: boolean) {}
+  constructor(private readonly thread: EngineThread, private readonly mid: number, private readonly words: Int32Array, readonly vocabSize: number,
+    private readonly vocab: Vocab, first: StepAnswer, private readonly waitMs: () => number) {
+    this.answer = Promise.resolve(first);
+  }
 
   /** Masks the logits (Sampler's TokenConstraint); the time counts in ms. */
   async mask(logits: Float32Array): Promise<number> {
@@ -241,32 +215,46 @@ export class GrammarConstraint implements TokenConstraint {
   /** Bit (id & 31) of word (id >> 5) is set for each allowed token (timed as mask()). */
   async nextMask(): Promise<Int32Array> {
     const t = performance.now();
-    const mask = await this.allowed();
+    const mask = (await this.allowed()).slice();
     this.ms += performance.now() - t;
     this.steps++;
     return mask;
   }
 
   private async allowed(): Promise<Int32Array> {
-    const mask = await this.matcher.getNextTokenBitmask();
-    const valid = (this.json ? this.vocab.utf8Json : this.vocab.utf8)[this.pending];
-    for (let w = 0; w < mask.length; w++) mask[w] &= valid[w] ?? 0;
-    return mask;
+    if (this.disposed) throw new Error("the constraint was disposed");
+    let a = await this.answer;
+    if (!a.masked) a = await this.ask({ op: "mask", mid: this.mid }, "a mask");
+    this.terminated = a.terminated;
+    this.fresh = true;
+    return this.words;
   }
 
+  private ask(req: EngineRequest, what: string): Promise<StepAnswer> {
+    this.answer = this.thread.call(req, what, this.waitMs());
+    // Its failure is reported by the next mask(); until then it is not an unhandled rejection.
+    this.answer.catch(() => {});
+    return this.answer;
+  }
+
+  /** False for a token the current mask forbids. A token the engine refuses all the same (it never
+   * has) fails the next mask(). */
   accept(id: number): boolean {
     const t = performance.now();
-    const ok = this.matcher.acceptToken(id);
-    if (ok) {
-      this.pending = pendingAfter(this.pending, this.vocab.pieces[id] ?? new Uint8Array(0));
-      for (const byte of this.vocab.pieces[id] ?? []) {
-        if (this.escaped) this.escaped = false;
-        else if (this.inString && byte === BACKSLASH) this.escaped = true;
-        else if (byte === QUOTE) this.inString = !this.inString;
-      }
+    if (this.disposed) return false;
+    if (this.fresh && ((this.words[id >> 5] >>> (id & 31)) & 1) === 0) {
+      this.ms += performance.now() - t;
+      return false;
+    }
+    this.fresh = false;
+    void this.ask({ op: "step", mid: this.mid, token: id }, "the mask after a token");
+    for (const byte of this.vocab.pieces[id] ?? []) {
+      if (this.escaped) this.escaped = false;
+      else if (this.inString && byte === BACKSLASH) this.escaped = true;
+      else if (byte === QUOTE) this.inString = !this.inString;
     }
     this.ms += performance.now() - t;
-    return ok;
+    return true;
   }
 
   /**
@@ -311,14 +299,14 @@ export class GrammarConstraint implements TokenConstraint {
     return best;
   }
 
-  /** The output so far is a complete value (only an end token may follow). */
+  /** The output so far was a complete value (only an end token may follow), as of the last mask. */
   get complete(): boolean {
-    return this.matcher.isTerminated();
+    return this.terminated;
   }
 
   dispose(): void {
     if (this.disposed) return;
     this.disposed = true;
-    this.matcher.dispose();
+    this.thread.post({ op: "free", mid: this.mid });
   }
 }
