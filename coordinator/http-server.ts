@@ -22,9 +22,9 @@ export interface ApiServerOptions extends GuardOptions {
   readonly cluster: Cluster;
   readonly tok: Tokenizer;
   readonly prompts: PromptRenderer;
-  /** The id /v1/models lists; requests may name it, the file's name or the model's own name. */
+  /** The id /v1/models lists and responses carry. A request may name any model: the server runs one,
+   * and clients send names of their own (LangChain's default, an Ollama tag), as llama-server allows. */
   readonly modelId: string;
-  readonly modelAliases: readonly string[];
   readonly maxBodyBytes?: number;
   readonly log: (line: string) => void;
   /** Serves the dashboard's files; returns false when the path is not one of them. */
@@ -276,9 +276,6 @@ export class ApiServer {
         throw new ApiError(400, `the request body is not valid JSON: ${(e as Error).message}`, "invalid_request_error", "invalid_json");
       }
       parsed = kind === "chat" ? parseChatRequest(body) : parseCompletionRequest(body);
-      if (parsed.model !== undefined && parsed.model !== this.o.modelId && !this.o.modelAliases.includes(parsed.model)) {
-        throw new ApiError(404, `the model "${parsed.model}" does not exist here; this server runs "${this.o.modelId}" (GET /v1/models)`, "invalid_request_error", "model_not_found", "model");
-      }
       const template = kind === "chat" && parsed.tools ? this.o.prompts.chat : undefined;
       plan = planStructured(parsed, template?.source, template?.isFallback ?? false);
       try {

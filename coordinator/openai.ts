@@ -153,7 +153,7 @@ function parseTools(b: Json): Pick<ParsedRequest, "tools" | "toolChoice" | "para
 
 function common(b: Json, kind: "chat" | "completion"): Omit<ParsedRequest, "messages" | "prompt"> {
   refuseUnsupported(b);
-  if (b.model !== undefined && typeof b.model !== "string") throw bad("model", "must be a string");
+  if (b.model !== undefined && b.model !== null && typeof b.model !== "string") throw bad("model", "must be a string");
   const maxTokens = optInt(b, "max_completion_tokens", 0, 1e9) ?? optInt(b, "max_tokens", 0, 1e9);
   const stopRaw = b.stop;
   let stop: string[] = [];
@@ -187,7 +187,7 @@ function common(b: Json, kind: "chat" | "completion"): Omit<ParsedRequest, "mess
   return {
     kind, maxTokens, sampler, stop, stream: optBool(b, "stream") ?? false,
     includeUsage: streamOptions ? optBool(streamOptions as Json, "include_usage") ?? false : false,
-    model: b.model as string | undefined,
+    model: (b.model ?? undefined) as string | undefined,
     responseFormat: parseResponseFormat(b),
   };
 }
@@ -221,13 +221,16 @@ function contentText(c: unknown, i: number): string {
   if (typeof c === "string") return c;
   if (c === null || c === undefined) return "";
   if (Array.isArray(c)) {
-    return c.map((p, j) => {
+    // Joined with a newline between non-empty text, as llama-server joins them.
+    let text = "";
+    c.forEach((p, j) => {
       const part = p as Json;
       if (typeof part !== "object" || part === null || part.type !== "text" || typeof part.text !== "string") {
         throw new ApiError(400, `messages[${i}].content[${j}]: only text parts are supported`, "invalid_request_error", "unsupported_value", `messages[${i}].content`);
       }
-      return part.text;
-    }).join("");
+      text += (text ? "\n" : "") + part.text;
+    });
+    return text;
   }
   throw bad(`messages[${i}].content`, "must be a string or an array of text parts");
 }

@@ -123,7 +123,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const modelId = basename(file, extname(file));
   const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, autoPlace: true, rotateToken: a.rotateToken, allowAdvertise: a.allowAdvertise });
   const api = new ApiServer({
-    cluster, tok, prompts, modelId, modelAliases: [file, metaString(model.gguf, "general.name") ?? modelId],
+    cluster, tok, prompts, modelId,
     apiKeys: a.apiKeys, allowHosts: a.allowHosts, corsOrigins: a.corsOrigins,
     log, staticFiles: await dashboardFiles(log),
   });
