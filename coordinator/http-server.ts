@@ -346,7 +346,10 @@ export class ApiServer {
         kind: p.kind, prompt: ids, maxTokens, sampler: new Sampler({ ...p.sampler, constraint, closeAfter: closingStart(maxTokens) }), isEnd: (id) => tok.isEog(id),
         signal: abort.signal, cacheScope,
         onStart: () => {
-          if (p.stream) res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store", Connection: "keep-alive" });
+          if (!p.stream) return;
+          res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store", Connection: "keep-alive" });
+          // As OpenAI streams a chat: the role alone first, then the content (or the calls) in pieces.
+          if (p.kind === "chat") write(shaper.chunk("", null, true));
         },
         onToken: (id) => {
           emit(stops.push(decoder.push(id)));

@@ -55,12 +55,17 @@ describe("serve alone: the OpenAI API", () => {
     let text = "";
     let finish: string | null = null;
     let usage: { completion_tokens: number; prompt_tokens: number } | undefined;
+    const deltas: Record<string, unknown>[] = [];
     for await (const c of stream) {
+      if (c.choices[0]?.delta) deltas.push(c.choices[0].delta as Record<string, unknown>);
       text += c.choices[0]?.delta?.content ?? "";
       finish = c.choices[0]?.finish_reason ?? finish;
       if (c.usage) usage = c.usage;
     }
     expect(text).toBe(ref.text);
+    // As OpenAI streams it: the role alone first, then content without it.
+    expect(deltas[0]).toEqual({ role: "assistant", content: "" });
+    expect(deltas.slice(1).some((d) => "role" in d)).toBe(false);
     expect(finish).toBe("length");
     expect(usage?.completion_tokens).toBe(ref.generated_ids.length);
     expect(usage?.prompt_tokens).toBe(ref.prompt_ids.length);
