@@ -25,6 +25,9 @@ export interface ApiServerOptions extends GuardOptions {
   /** The id /v1/models lists and responses carry. A request may name any model: the server runs one,
    * and clients send names of their own (LangChain's default, an Ollama tag), as llama-server allows. */
   readonly modelId: string;
+  /** Tokens a request generates when it names no max_tokens, and the most it may name (serve
+   * --n-predict); undefined: until the context is full. */
+  readonly nPredict?: number;
   readonly maxBodyBytes?: number;
   readonly log: (line: string) => void;
   /** Serves the dashboard's files; returns false when the path is not one of them. */
@@ -337,7 +340,7 @@ export class ApiServer {
       else if (p.stream) write(shaper.chunk(t, null, first));
     };
     const room = cluster.o.ctx - ids.length;
-    const maxTokens = Math.min(p.maxTokens ?? room, room);
+    const maxTokens = Math.min(p.maxTokens ?? room, this.o.nPredict ?? room, room);
     // Numbered as it is queued (cluster.generate queues synchronously), so the log shows the order.
     const tag = `request ${++this.received} (${shaper.id})`;
     const startedAt = performance.now();

@@ -28,6 +28,8 @@ const HELP = `usage: prima-coord serve model.gguf [options]
                            (prima-coord token --rotate does it for a running serve)
   --allow-advertise        accept a worker's --advertise address other than the one it connects from
   --queue N                requests that may wait for the ring; more get 503 (default 16)
+  -n, --n-predict N        tokens a request generates when it names no max_tokens, and the most it may
+                           name (default -1: until the context is full, as llama-server)
 ${ENGINE_HELP}
 ${RING_HELP}
 
@@ -44,6 +46,8 @@ interface ServeArgs extends ClusterArgs {
   readonly corsOrigins: readonly string[];
   readonly discovery: boolean;
   readonly queue: number;
+  /** Default and cap of a request's generated tokens; undefined: the context. */
+  readonly nPredict?: number;
   readonly rotateToken: boolean;
   readonly allowAdvertise: boolean;
 }
@@ -52,7 +56,7 @@ function parseServeArgs(argv: string[]): ServeArgs {
   const { cluster, values } = parseClusterArgs(argv, {
     host: { type: "string" }, port: { type: "string" }, "cluster-port": { type: "string" }, name: { type: "string" },
     "api-key": { type: "string", multiple: true }, "allow-host": { type: "string", multiple: true }, cors: { type: "string", multiple: true },
-    "no-discovery": { type: "boolean" }, queue: { type: "string" },
+    "no-discovery": { type: "boolean" }, queue: { type: "string" }, "n-predict": { type: "string", short: "n" },
     "rotate-token": { type: "boolean" }, "allow-advertise": { type: "boolean" },
   }, HELP, "serve");
   const str = (k: string) => values[k] as string | undefined;
@@ -70,6 +74,7 @@ function parseServeArgs(argv: string[]): ServeArgs {
     corsOrigins,
     discovery: !values["no-discovery"],
     queue: intArg("queue", str("queue"), 16, 0, 10_000),
+    nPredict: nonNegative(intArg("n-predict", str("n-predict"), -1, -1)),
     rotateToken: values["rotate-token"] === true,
     allowAdvertise: values["allow-advertise"] === true,
   };
@@ -123,7 +128,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const modelId = basename(file, extname(file));
   const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, autoPlace: true, rotateToken: a.rotateToken, allowAdvertise: a.allowAdvertise });
   const api = new ApiServer({
-    cluster, tok, prompts, modelId,
+    cluster, tok, prompts, modelId, nPredict: a.nPredict,
     apiKeys: a.apiKeys, allowHosts: a.allowHosts, corsOrigins: a.corsOrigins,
     log, staticFiles: await dashboardFiles(log),
   });
@@ -181,3 +186,8 @@ async function dashboardFiles(log: (line: string) => void): Promise<StaticFiles 
 }
 
 type StaticFiles = NonNullable<ConstructorParameters<typeof ApiServer>[0]["staticFiles"]>;
+
+/** -1 (none) as undefined. */
+function nonNegative(n: number): number | undefined {
+  return n < 0 ? undefined : n;
+}

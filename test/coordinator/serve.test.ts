@@ -260,6 +260,23 @@ describe("serve on a model slow enough to watch (12 layers of 1024, Q8_0)", () =
   }, 120_000);
 });
 
+describe("serve --n-predict", () => {
+  it("is the default of a request without max_tokens, and the most one may ask for", async () => {
+    const s = await startServe(["--n-predict", "5"]);
+    try {
+      const none = await s.client.completions.create({ prompt: STORY, ...greedy });
+      expect(none.usage?.completion_tokens).toBe(5);
+      expect(none.choices[0].finish_reason).toBe("length");
+      const more = await s.client.completions.create({ prompt: STORY, max_tokens: 50, ...greedy });
+      expect(more.usage?.completion_tokens).toBe(5);
+      const fewer = await s.client.completions.create({ prompt: STORY, max_tokens: 3, ...greedy });
+      expect(fewer.usage?.completion_tokens).toBe(3);
+    } finally {
+      s.proc.child.kill("SIGKILL");
+    }
+  });
+});
+
 describe("serve with an API key", () => {
   afterEach(() => killAll());
   it("requires Authorization: Bearer on everything but /health", async () => {
