@@ -86,6 +86,21 @@ function refuseUnsupported(b: Json): void {
   if (b.logprobs === true || (b.logprobs !== undefined && b.logprobs !== null && typeof b.logprobs === "number")) {
     throw new ApiError(400, "logprobs: log probabilities are not supported yet", "invalid_request_error", "unsupported_parameter", "logprobs");
   }
+  // Fields that would change the answer, which this server does not do yet: refused by name, never
+  // silently ignored (an empty logit_bias changes nothing and passes).
+  const lb = b.logit_bias;
+  if (lb !== undefined && lb !== null && !(typeof lb === "object" && !Array.isArray(lb) && Object.keys(lb).length === 0)) {
+    throw new ApiError(400, "logit_bias: not supported yet", "invalid_request_error", "unsupported_parameter", "logit_bias");
+  }
+  const unsupported: [string, string][] = [
+    ["top_logprobs", "log probabilities are not supported yet"],
+    ["n_probs", "log probabilities are not supported yet"],
+    ["grammar", "llama-server's top-level grammar is not read; send response_format (JSON Schema) instead"],
+    ["json_schema", "llama-server's top-level json_schema is not read; send response_format: {type: \"json_schema\", json_schema: {schema}}"],
+  ];
+  for (const [key, why] of unsupported) {
+    if (b[key] !== undefined && b[key] !== null) throw new ApiError(400, `${key}: ${why}`, "invalid_request_error", "unsupported_parameter", key);
+  }
 }
 
 /** A schema refused by name: a 400 whose param is where it came from. */

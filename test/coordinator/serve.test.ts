@@ -139,6 +139,11 @@ describe("serve alone: the OpenAI API", () => {
       ["repeat_penalty 0", "/v1/completions", JSON.stringify({ prompt: "x", repeat_penalty: 0 }), 400, /^repeat_penalty: /],
       ["temperature above 2", "/v1/completions", JSON.stringify({ prompt: "x", temperature: 2.5 }), 400, /^temperature: /],
       ["n > 1", "/v1/completions", JSON.stringify({ prompt: "x", n: 3 }), 400, /n: only one/],
+      // What would change the answer and is not done yet is refused by name, never ignored.
+      ["logit_bias", "/v1/completions", JSON.stringify({ prompt: "x", logit_bias: { 5: 100 } }), 400, /^logit_bias: not supported/],
+      ["top_logprobs", "/v1/chat/completions", JSON.stringify({ messages: [{ role: "user", content: "x" }], top_logprobs: 2 }), 400, /^top_logprobs: /],
+      ["a top-level grammar", "/v1/completions", JSON.stringify({ prompt: "x", grammar: "root ::= \"a\"" }), 400, /^grammar: .*response_format/],
+      ["a top-level json_schema", "/v1/completions", JSON.stringify({ prompt: "x", json_schema: { type: "object" } }), 400, /^json_schema: .*response_format/],
       ["a tool schema the decoder cannot honour", "/v1/chat/completions", JSON.stringify({ messages: [{ role: "user", content: "x" }], tools: [{ type: "function", function: { name: "f", parameters: { not: {} } } }] }), 400, /"not"/],
       ["a prompt longer than the context", "/v1/completions", JSON.stringify({ prompt: "the cat sat on the mat. ".repeat(200) }), 400, /context/],
       ["an oversized body", "/v1/completions", JSON.stringify({ prompt: "x".repeat(5 << 20) }), 413, /limit/],
