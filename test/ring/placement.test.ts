@@ -10,7 +10,7 @@ import { halda, selectDevices, type DeviceProfile, type Plan } from "../../halda
 import { modelProfile, modelShapeByName, syntheticModelDescription } from "../../model/index.js";
 import { cgroupLimitForRoom, dropFileCache } from "../../profiler/index.js";
 import { blkioProblem, cgroupScope, controllerProblem, diskDeviceOf, root, startIn, type Cgroup } from "../profiler/cgroup.js";
-import { PLACEMENT_SHAPE, layerCosts, testModel } from "../profiler/models.js";
+import { PLACEMENT_SHAPE, layerCosts, privateModelCopy, testModel } from "../profiler/models.js";
 
 describe("placeRing: Halda's plan in ring order", () => {
   const model = modelProfile(syntheticModelDescription(modelShapeByName("llama3-8b")!, "Q4_K_M"), { nCtx: 1024 });
@@ -183,7 +183,7 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
   }
 
   it("three workers with different limits get different windows, the slow one takes no part, and the prediction holds", async () => {
-    const modelPath = await testModel(PLACEMENT_SHAPE, "Q8_0");
+    const modelPath = privateModelCopy(await testModel(PLACEMENT_SHAPE, "Q8_0"), scope.tempDir("prima-place-model-"));
     // What one device generates, for the ring to match token for token.
     const alone = JSON.parse(execFileSync(process.execPath, [coordCli, "run", modelPath, "--json", ...gen], { encoding: "utf8", cwd: root })) as RunJson;
     const { bPrime, scratch } = layerCosts(modelPath, ctx);
