@@ -155,18 +155,22 @@ describe("logprobs and logit_bias through serve", () => {
 
   it("a stop string's tokens are left out of the logprobs, streamed or not", async () => {
     const ref = runOnce(["-p", STORY, "-n", "20", "--temp", "0"]);
-    const stop = ref.text.slice(ref.text.length - 8, ref.text.length - 4);
-    const body = { prompt: STORY, max_tokens: 20, logprobs: 1, stop, ...greedy };
+    // A stop string that starts where token k starts (and nowhere before): tokens k.. are left out.
+    const pieces = ref.generated_ids.map(text);
+    const k = [10, 11, 12, 13, 14].find((i) => ref.text.indexOf(pieces.slice(i, i + 2).join("")) === pieces.slice(0, i).join("").length)!;
+    expect(k).toBeDefined();
+    const kept = pieces.slice(0, k).join("");
+    const body = { prompt: STORY, max_tokens: 20, logprobs: 1, stop: pieces.slice(k, k + 2).join(""), ...greedy };
     const full = await s.client.completions.create(body);
     expect(full.choices[0].finish_reason).toBe("stop");
+    expect(full.choices[0].text).toBe(kept);
+    expect(full.usage?.completion_tokens).toBeGreaterThan(k);
     const lp = full.choices[0].logprobs as unknown as Legacy;
-    const text = full.choices[0].text;
-    expect(lp.text_offset.every((o) => o < text.length)).toBe(true);
-    expect(lp.tokens.join("").startsWith(text)).toBe(true);
+    expect(lp.tokens).toEqual(pieces.slice(0, k));
     const stream = await s.client.completions.create({ ...body, stream: true });
-    const offsets: number[] = [];
-    for await (const c of stream) offsets.push(...((c.choices[0]?.logprobs as unknown as Legacy | null)?.text_offset ?? []));
-    expect(offsets).toEqual(lp.text_offset);
+    const tokens: string[] = [];
+    for await (const c of stream) tokens.push(...((c.choices[0]?.logprobs as unknown as Legacy | null)?.tokens ?? []));
+    expect(tokens).toEqual(lp.tokens);
   });
 
   it("logit_bias: -100 on the greedy token gives the runner-up, +100 forces a token (greedy and sampled)", async () => {
@@ -198,6 +202,24 @@ describe("logprobs and logit_bias through serve", () => {
     let content = "";
     for await (const c of stream) content += c.choices[0]?.delta?.content ?? "";
     expect(content).toBe(text(forced));
+  });
+
+  it("a piece that is part of a UTF-8 character: its raw bytes, its text U+FFFD, streamed or not", async () => {
+    const byte = Array.from({ length: tok.nVocab }, (_, id) => id).find((id) => {
+      const p = tok.tokenPiece(id);
+      return p.length === 1 && p[0] === 0xe2;
+    })!;
+    expect(byte).toBeDefined();
+    const body = { messages: CHAT, max_tokens: 1, logprobs: true, top_logprobs: 1, logit_bias: { [byte]: 100 }, ...greedy };
+    const full = await s.client.chat.completions.create(body);
+    const [e] = full.choices[0].logprobs!.content!;
+    expect(e.bytes).toEqual([0xe2]);
+    expect(e.token).toBe("\ufffd");
+    // The model's own distribution: the forced token is not its most likely one.
+    expect(e.top_logprobs[0].bytes).not.toEqual([0xe2]);
+    const streamed: unknown[] = [];
+    for await (const c of await s.client.chat.completions.create({ ...body, stream: true })) streamed.push(...(c.choices[0]?.logprobs?.content ?? []));
+    expect(streamed).toEqual([e]);
   });
 
   it("logit_bias yields to a grammar: a forced token the JSON grammar forbids is never taken", async () => {
