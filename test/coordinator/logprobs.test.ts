@@ -4,14 +4,14 @@
 // token's logprob and its top alternatives are log-softmax of llama.cpp's logits at that position
 // (node-llama-cpp, the oracle tests' tolerance). logit_bias moves the greedy choice to the runner-up,
 // forces a token in the greedy and the sampling paths, yields to a grammar's mask, and bad maps are
-// 400s naming the key.
+// 400s naming the key. On a ring the head computes them from the logits the ring returns: the same.
 import type { Llama } from "node-llama-cpp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { APIError } from "openai";
 import { Tokenizer } from "../../model/index.js";
 import { TOL_FLOOR, compare, loadOracle, oracleLogits } from "../engine/oracle-harness.js";
 import { killAll } from "../ring/cluster.js";
-import { MODEL, runOnce, startServe, type Served } from "./serve-harness.js";
+import { MODEL, joinWorker, runOnce, startServe, until, type Served } from "./serve-harness.js";
 
 const STORY = "Once upon a time";
 const N = 8;
@@ -230,6 +230,29 @@ describe("logprobs and logit_bias through serve", () => {
     expect(r.choices[0].message.content!.trimStart().startsWith("{")).toBe(true);
     expect(r.choices[0].logprobs!.content![0].token).not.toBe(text(forced));
   });
+
+  it("on a ring (a worker runs the first layers), the head's logprobs and logit_bias are the same", async () => {
+    const r = await startServe(["--min-workers", "1", "--layer-windows", "alpha=3,head=2"], { waitReady: false });
+    const w = joinWorker(r.clusterPort, "alpha");
+    try {
+      await r.proc.waitFor(/"alpha" .*joined/);
+      await until(`${r.url}/health`, (st) => st === 200);
+      await until<{ plan: { ringOrder: string[] } | null }>(`${r.url}/api/state`, (_, st) => (st.plan?.ringOrder.length ?? 0) === 2);
+      const ref = runOnce(["-p", STORY, "-n", String(N), "--temp", "0"]);
+      const body = { prompt: STORY, max_tokens: N, logprobs: 3, ...greedy };
+      const onRing = (await r.client.completions.create(body)).choices[0].logprobs as unknown as Legacy;
+      const alone = (await s.client.completions.create(body)).choices[0].logprobs as unknown as Legacy;
+      expect(onRing.tokens).toEqual(alone.tokens);
+      const steps = await oracle(ref.prompt_ids, ref.generated_ids);
+      onRing.token_logprobs.forEach((v, i) => expect(Math.abs(v - steps[i].lp[ref.generated_ids[i]]), `token ${i}`).toBeLessThanOrEqual(steps[i].within));
+      const banned = await r.client.completions.create({ ...body, max_tokens: 1, logit_bias: { [ref.generated_ids[0]]: -100 } });
+      expect((banned.choices[0].logprobs as unknown as Legacy).tokens).toEqual([Object.keys(alone.top_logprobs[0])[1]]);
+      expect(w.child.exitCode).toBeNull();
+    } finally {
+      w.child.kill("SIGKILL");
+      r.proc.child.kill("SIGKILL");
+    }
+  }, 90_000);
 
   it("bad logit_bias, logprobs and top_logprobs are 400s naming the field and the key", async () => {
     const cases: [unknown, RegExp][] = [
