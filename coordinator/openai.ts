@@ -96,6 +96,8 @@ function refuseUnsupported(b: Json): void {
   if (f !== undefined && f !== null && !(Array.isArray(f) && f.length === 0)) {
     throw new ApiError(400, "functions: the deprecated functions field is not supported; use tools", "invalid_request_error", "unsupported_parameter", "functions");
   }
+  // Fields that would change the answer, which this server does not do: refused by name, never
+  // silently ignored.
   const unsupported: [string, string][] = [
     ["grammar", "llama-server's top-level grammar is not read; send response_format (JSON Schema) instead"],
     ["json_schema", "llama-server's top-level json_schema is not read; send response_format: {type: \"json_schema\", json_schema: {schema}}"],

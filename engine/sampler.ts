@@ -1,6 +1,6 @@
 // Token sampling: repetition penalties, top-k, top-p, min-p, temperature, then a seeded draw, in
 // llama.cpp's default order. Greedy (argmax) when the temperature is 0. Reproducible for a seed.
-// With a constraint (grammar/: JSON Schema, tools), tokens it forbids are masked out first.
+// With a constraint (grammar/: JSON Schema, tools), tokens it forbids are masked out before the draw.
 // Order at each step: the log probabilities are read (the model's raw distribution), then logit_bias
 // is added, then the constraint masks (a bias never lets a forbidden token through), then penalties
 // and the draw (or the argmax).
