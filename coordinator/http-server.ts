@@ -10,7 +10,8 @@ import { StreamingDecoder, printable, type Tokenizer } from "../model/index.js";
 import { CancelledError, QueueFullError, type Cluster } from "./cluster.js";
 import { formatMetrics, newRequestOutcomes, type RequestOutcomes } from "./metrics.js";
 import {
-  ApiError, ResponseShaper, StopMatcher, parseChatRequest, parseCompletionRequest, usage, type FinishReason, type ParsedRequest,
+  ApiError, ResponseShaper, StopMatcher, formatLogprobs, parseChatRequest, parseCompletionRequest, usage, type FinishReason, type ParsedRequest,
+  type TokenLogprobs,
 } from "./openai.js";
 import { ConversationTokens, type PromptRenderer } from "./prompt.js";
 import { RequestGuard, type GuardOptions } from "./http-guard.js";
@@ -278,7 +279,8 @@ export class ApiServer {
       } catch (e) {
         throw new ApiError(400, `the request body is not valid JSON: ${(e as Error).message}`, "invalid_request_error", "invalid_json");
       }
-      parsed = kind === "chat" ? parseChatRequest(body) : parseCompletionRequest(body);
+      const limits = { nVocab: this.o.tok.nVocab };
+      parsed = kind === "chat" ? parseChatRequest(body, limits) : parseCompletionRequest(body, limits);
       const template = kind === "chat" && parsed.tools ? this.o.prompts.chat : undefined;
       plan = planStructured(parsed, template?.source, template?.isFallback ?? false);
       try {
@@ -322,6 +324,22 @@ export class ApiServer {
     let text = "";
     let first = true;
     const parser = plan.parser();
+    // Log probabilities (when asked for): one entry per generated token, with where its text starts
+    // among the decoded text. A token belongs to the reply unless a stop string cut the text before it;
+    // a stream sends each token's entry with the chunk whose text reaches it.
+    const entries: TokenLogprobs[] | undefined = p.logprobs === undefined ? undefined : [];
+    let decodedLength = 0;
+    let entriesSent = 0;
+    const piece = (id: number) => tok.tokenPiece(id, { special: true });
+    /** The entries not sent yet whose text starts before `end` (all of them: Infinity). */
+    const due = (end: number) => {
+      if (!entries) return null;
+      let j = entriesSent;
+      while (j < entries.length && entries[j].offset < end) j++;
+      const out = entries.slice(entriesSent, j);
+      entriesSent = j;
+      return out.length > 0 ? formatLogprobs(p.kind, out, piece) : null;
+    };
     const write = (chunk: unknown) => {
       res.write(`data: ${JSON.stringify(chunk)}\n\n`);
       first = false;
@@ -329,24 +347,29 @@ export class ApiServer {
     const send = (events: ReplyEvent[]) => {
       if (!p.stream) return;
       for (const e of events) {
-        if (e.kind === "content") write(shaper.chunk(e.text, null, first));
-        else write(shaper.toolChunk(e.index, e.kind === "call" ? e : { arguments: e.text }, first));
+        if (e.kind === "content") write(shaper.chunk(e.text, null, first, due(text.length)));
+        else write(shaper.toolChunk(e.index, e.kind === "call" ? e : { arguments: e.text }, first, due(text.length)));
       }
     };
     const emit = (t: string) => {
       if (!t) return;
       text += t;
       if (parser) send(parser.push(t));
-      else if (p.stream) write(shaper.chunk(t, null, first));
+      else if (p.stream) write(shaper.chunk(t, null, first, due(text.length)));
+    };
+    const decoded = (t: string) => {
+      decodedLength += t.length;
+      return t;
     };
     const room = cluster.o.ctx - ids.length;
     const maxTokens = Math.min(p.maxTokens ?? room, this.o.nPredict ?? room, room);
+    const sampler = new Sampler({ ...p.sampler, constraint, closeAfter: closingStart(maxTokens), logprobs: p.logprobs });
     // Numbered as it is queued (cluster.generate queues synchronously), so the log shows the order.
     const tag = `request ${++this.received} (${shaper.id})`;
     const startedAt = performance.now();
     try {
       const out = await cluster.generate({
-        kind: p.kind, prompt: ids, maxTokens, sampler: new Sampler({ ...p.sampler, constraint, closeAfter: closingStart(maxTokens) }), isEnd: (id) => tok.isEog(id),
+        kind: p.kind, prompt: ids, maxTokens, sampler, isEnd: (id) => tok.isEog(id),
         signal: abort.signal, cacheScope,
         onStart: () => {
           if (!p.stream) return;
@@ -355,12 +378,15 @@ export class ApiServer {
           if (p.kind === "chat") write(shaper.chunk("", null, true));
         },
         onToken: (id) => {
-          emit(stops.push(decoder.push(id)));
+          if (entries && sampler.last) entries.push({ ...sampler.last, offset: decodedLength });
+          emit(stops.push(decoded(decoder.push(id))));
           return !stops.stopped;
         },
       });
-      emit(stops.push(decoder.flush()));
+      emit(stops.push(decoded(decoder.flush())));
       emit(stops.flush());
+      // The reply's tokens: all but those a stop string cut off.
+      if (entries && stops.stopped) entries.length = entries.filter((e) => e.offset < text.length).length;
       done = true;
       const r = out.result;
       if (abort.signal.aborted) {
@@ -384,10 +410,14 @@ export class ApiServer {
       this.o.log(`${tag}: ${ids.length} prompt tokens (${out.cachedTokens} cached) + ${r.ids.length} generated (${finish}) in ${Math.round(performance.now() - startedAt)} ms, ${Math.round(out.queueMs)} of them queued${speed}`);
       if (p.stream) {
         if (first && p.kind === "chat") res.write(`data: ${JSON.stringify(shaper.chunk("", null, true))}\n\n`);
+        // Tokens whose text is not out yet (empty pieces, a character still incomplete): their entries
+        // in a chunk of no text before the finish.
+        const rest = due(Infinity);
+        if (rest) write(shaper.chunk("", null, false, rest));
         res.write(`data: ${JSON.stringify(shaper.chunk(null, finish))}\n\n`);
         if (p.includeUsage) res.write(`data: ${JSON.stringify(shaper.usageChunk(u))}\n\n`);
         res.end("data: [DONE]\n\n");
-      } else sendJson(res, 200, shaper.full(reply ? reply.content : text, finish, u, calls));
+      } else sendJson(res, 200, shaper.full(reply ? reply.content : text, finish, u, calls, formatLogprobs(p.kind, entries, piece)));
     } catch (e) {
       done = true;
       if (e instanceof QueueFullError) {
