@@ -21,6 +21,10 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 const tiny = modelShapeByName("tiny-llama")!;
 const tinyQwen = modelShapeByName("tiny-qwen2")!;
 const small = modelShapeByName("small-llama")!;
+// experts: the router stays F32, the 3-D expert tensors take their layer's ffn rules, 8 experts more
+// bits on attention
+const qwenMoe = modelShapeByName("tiny-qwen3moe")!;
+const mixtral = modelShapeByName("tiny-mixtral")!;
 
 function tensorBytes(f: GgufFile, name: string): Buffer {
   const t = f.tensors.find((x) => x.name === name)!;
@@ -181,6 +185,7 @@ describe.skipIf(quantizeReason !== null)("against llama.cpp's quantizer", () => 
     [small, "Q3_K_L", false], [small, "Q2_K", false], [small, "Q6_K", false], [small, "Q8_0", false],
     [small, "Q3_K_S", true], [tinyQwen, "Q4_K_M", false], [tinyQwen, "Q5_0", false],
     [tiny, "IQ4_NL", false], [small, "IQ4_XS", false], [tinyQwen, "IQ4_XS", false],
+    [qwenMoe, "Q4_K_M", false], [qwenMoe, "Q2_K", false], [qwenMoe, "Q8_0", true], [mixtral, "Q4_K_M", false], [mixtral, "Q3_K_M", false],
   ];
 
   it("types and bytes of every tensor equal llama.cpp's for the same file type", async () => {
