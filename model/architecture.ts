@@ -40,10 +40,11 @@ function familyOfFile(f: GgufFile): ArchFamily {
 export function readHParams(f: GgufFile): HParams {
   const family = familyOfFile(f);
   const keys = keyReader(f, family.name);
-  const common = commonHParams(keys, family.name, family.ropeNeox, fileVocabSize(f));
-  if (!family.moe && (common.nExpert > 0 || keys.hasTensor("blk.0.ffn_gate_inp.weight"))) {
-    throw new GgufError(`${f.path}: ${family.name}.expert_count = ${common.nExpert}: mixture-of-experts layers are not supported for ${family.name}`);
+  const nExpert = keys.number("expert_count") ?? 0;
+  if (!family.moe && (nExpert !== 0 || keys.hasTensor("blk.0.ffn_gate_inp.weight"))) {
+    throw new GgufError(`${f.path}: ${family.name}.expert_count = ${nExpert}: mixture-of-experts layers are not supported for ${family.name}`);
   }
+  const common = commonHParams(keys, family.name, family.ropeNeox, fileVocabSize(f));
   return family.hparams(keys, { ...common, hasRopeFreqs: common.hasRopeFreqs && Boolean(family.ropeFreqs) });
 }
 
