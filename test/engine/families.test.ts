@@ -1,9 +1,9 @@
 // Every family prima runs (model/arch/), against llama.cpp on generated models of its tiny shape:
 // prompt ids equal, the logits at every prompt position within the oracle's tolerances (and so the
 // top-5), and the greedy continuation equal token for token (a difference only at a near tie, with
-// its margin printed). The mixture-of-experts shapes (qwen3moe, Mixtral) also show their routers
-// sending the prompt's tokens to different experts. tiny-gemma3 slides a 4-token window on 2 of its 3 layers: the prompt and the
-// continuation run far past it.
+// its margin printed). tiny-gemma3 slides a 4-token window on 2 of its 3 layers: the prompt and the
+// continuation run far past it. The mixture-of-experts shapes (qwen3moe, Mixtral) also show their
+// routers sending the prompt's tokens to different experts.
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
