@@ -58,6 +58,16 @@ export const modelShapes: readonly ModelShape[] = [
     name: "phi3-mini", arch: "phi3", nEmbd: 3072, nLayers: 32, nHead: 32, nHeadKv: 32, nFf: 8192, nVocab: 32064,
     tiedEmbeddings: false, qkvBias: false, contextLength: 4096, ropeFreqBase: 10000, normEps: 1e-5, defaultVocab: "llama-spm",
   },
+  {
+    name: "qwen3-30b-a3b", arch: "qwen3moe", nEmbd: 2048, nLayers: 48, nHead: 32, nHeadKv: 4, headDim: 128, nFf: 6144, nVocab: 151936,
+    tiedEmbeddings: false, qkvBias: false, contextLength: 40960, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "qwen2",
+    nExpert: 128, nExpertUsed: 8, nFfExp: 768,
+  },
+  {
+    name: "mixtral-8x7b", arch: "llama", nEmbd: 4096, nLayers: 32, nHead: 32, nHeadKv: 8, nFf: 14336, nVocab: 32000,
+    tiedEmbeddings: false, qkvBias: false, contextLength: 32768, ropeFreqBase: 1000000, normEps: 1e-5, defaultVocab: "llama-spm",
+    nExpert: 8, nExpertUsed: 2,
+  },
   // Test shapes: seconds to make, every dimension a multiple of 256, GQA, stories260K's 512-token vocabulary.
   {
     name: "tiny-llama", arch: "llama", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, nFf: 512, nVocab: 512,

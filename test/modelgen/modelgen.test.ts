@@ -258,6 +258,10 @@ describe("bad input", () => {
     if (g !== "help") expect(g.shape).toMatchObject({ arch: "gemma3", nLayers: 7, headDim: 128, slidingWindow: 4, tiedEmbeddings: true });
     expect(() => parseMakeModelArgs(["--shape", "tiny-llama", "--type", "Q8_0", "--out", "x", "--weight-std", "0"])).toThrow(/--weight-std must be a positive/);
     expect(parseMakeModelArgs(["--shape", "tiny-llama", "--type", "Q8_0", "--out", "x", "--weight-std", "0.05"])).toMatchObject({ weightStd: 0.05 });
+    const moe = parseMakeModelArgs(["--shape", "tiny-llama", "--experts", "4", "--experts-used", "2", "--type", "Q8_0", "--out", "x"]);
+    if (moe !== "help") expect(moe.shape).toMatchObject({ arch: "llama", nExpert: 4, nExpertUsed: 2 });
+    const dense = parseMakeModelArgs(["--shape", "tiny-mixtral", "--experts", "0", "--type", "Q8_0", "--out", "x"]);
+    if (dense !== "help") expect(dense.shape.nExpert).toBeUndefined();
     const a = parseMakeModelArgs(["--dims", "512", "--layers", "3", "--heads", "8", "--kv-heads", "2", "--ffn", "768", "--type", "Q8_0", "--out", "x"]);
     expect(a).not.toBe("help");
     if (a !== "help") expect(a.shape).toMatchObject({ nEmbd: 512, nLayers: 3, nHead: 8, nHeadKv: 2, nFf: 768, arch: "llama" });
