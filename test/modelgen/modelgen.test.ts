@@ -253,7 +253,7 @@ describe("bad input", () => {
     expect(() => parseMakeModelArgs(["--shape", "nope", "--type", "Q8_0", "--out", "x"])).toThrow(/unknown shape/);
     expect(() => parseMakeModelArgs(["--dims", "0", "--type", "Q8_0", "--out", "x"])).toThrow(/--dims must be a positive/);
     expect(() => parseMakeModelArgs(["--shape", "tiny-llama", "--type", "Q8_0", "--out", "x", "--vocab", "klingon"])).toThrow(/unknown vocabulary/);
-    expect(() => parseMakeModelArgs(["--arch", "falcon", "--type", "Q8_0", "--out", "x"])).toThrow(/--arch must be one of llama, qwen2, qwen3, gemma2, gemma3, mistral3, phi3 \(got "falcon"\)/);
+    expect(() => parseMakeModelArgs(["--arch", "falcon", "--type", "Q8_0", "--out", "x"])).toThrow(/--arch must be one of llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, mistral3, phi3 \(got "falcon"\)/);
     const g = parseMakeModelArgs(["--shape", "tiny-gemma3", "--layers", "7", "--type", "Q8_0", "--out", "x"]);
     if (g !== "help") expect(g.shape).toMatchObject({ arch: "gemma3", nLayers: 7, headDim: 128, slidingWindow: 4, tiedEmbeddings: true });
     expect(() => parseMakeModelArgs(["--shape", "tiny-llama", "--type", "Q8_0", "--out", "x", "--weight-std", "0"])).toThrow(/--weight-std must be a positive/);
