@@ -485,11 +485,14 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
     }
   }
   act_row = (act_row + 63) & ~(size_t)63;
-  uint64_t weights = 0, largest = 0;
+  uint64_t weights = 0, largest = 0, read = 0;
   for (int l = first; l < end; l++) {
-    const uint64_t b = layer_weight_bytes(&m->layers[l]);
+    const prima_layer *L = &m->layers[l];
+    const uint64_t b = layer_weight_bytes(L);
     weights += b;
     if (b > largest) largest = b;
+    const uint64_t experts = (uint64_t)L->gate_exps.n_bytes + L->up_exps.n_bytes + L->down_exps.n_bytes;
+    read += b - experts + (hp->n_expert > 0 ? experts / (uint64_t)hp->n_expert * (uint64_t)hp->n_expert_used : 0);
   }
   w->act_row_bytes = act_row;
 
@@ -570,7 +573,7 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
       prima_scale(w->rope_sin_swa, (int)((size_t)n_ctx * half), hp->rope_attn_factor);
     }
   }
-  w->layer_bytes = weights / nl;
+  w->layer_bytes = read / nl;
   w->weight_bytes = weights;
   w->largest_layer_bytes = largest;
   w->stream_from = end;
@@ -887,13 +890,13 @@ static void route_token(float *p, int X, int K, int *sel, float *wt) {
   }
   const float inv = (float)(1.0 / sum);
   for (int e = 0; e < X; e++) p[e] *= inv;
+  unsigned char taken[PRIMA_MAX_EXPERTS];
+  memset(taken, 0, (size_t)X);
   for (int j = 0; j < K; j++) {
     int best = -1;
-    for (int e = 0; e < X; e++) {
-      int taken = 0;
-      for (int i = 0; i < j; i++) taken |= sel[i] == e;
-      if (!taken && (best < 0 || p[e] > p[best])) best = e;
-    }
+    for (int e = 0; e < X; e++)
+      if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+    taken[best] = 1;
     sel[j] = best;
     wt[j] = p[best];
   }
@@ -938,13 +941,20 @@ static void moe_block(const prima_task *t, prima_window *w, int l, float *x, int
     prima_mm_run(t, &mm, 1, n);
   }
   prima_pool_barrier(t);
-  for (int r = t->ith; r < n; r = prima_pool_next_chunk(t))
-    route_token(w->moe_logits + (size_t)r * X, X, K, w->moe_sel + (size_t)r * K, w->moe_wt + (size_t)r * K);
-  prima_pool_barrier(t);
+  /* one token (decode): thread 0 routes it with the grouping below, a step and a barrier fewer */
+  if (n > 1) {
+    for (int r = t->ith; r < n; r = prima_pool_next_chunk(t))
+      route_token(w->moe_logits + (size_t)r * X, X, K, w->moe_sel + (size_t)r * K, w->moe_wt + (size_t)r * K);
+    prima_pool_barrier(t);
+  }
   /* the gate and up inputs of expert row p, grouped by expert (then the down input, in the first) */
   const int fmt_gate = 0, fmt_up = in.slot[1] == in.slot[2] ? 0 : 1;
   char *act_gu[2] = { w->moe_act, (char *)w->moe_act + stride * (size_t)w->max_batch * K };
+  /* one token: its experts read its input rows where they are, nothing to gather */
+  const int gather = n > 1;
+  const char *src_gate = in.buf[in.slot[1]], *src_up = in.buf[in.slot[2]];
   if (t->ith == 0) {
+    if (n == 1) route_token(w->moe_logits, X, K, w->moe_sel, w->moe_wt);
     int *first = w->moe_first;
     memset(first, 0, sizeof(int) * (size_t)(X + 1));
     for (int i = 0; i < NK; i++) first[w->moe_sel[i] + 1]++;
@@ -971,8 +981,9 @@ static void moe_block(const prima_task *t, prima_window *w, int l, float *x, int
       const int c = first[e + 1] - first[e];
       if (c == 0) continue;
       const size_t p0 = (size_t)first[e];
-      const prima_mm g = { &w->moe_view[3 * i], act_gu[fmt_gate] + p0 * stride, stride, w->moe_gate + p0 * F, F, 0 };
-      const prima_mm up = { &w->moe_view[3 * i + 1], act_gu[fmt_up] + p0 * stride, stride, w->moe_up + p0 * F, F, 0 };
+      const void *ag = gather ? act_gu[fmt_gate] + p0 * stride : src_gate, *au = gather ? act_gu[fmt_up] + p0 * stride : src_up;
+      const prima_mm g = { &w->moe_view[3 * i], ag, stride, w->moe_gate + p0 * F, F, 0 };
+      const prima_mm up = { &w->moe_view[3 * i + 1], au, stride, w->moe_up + p0 * F, F, 0 };
       w->moe_mm[item] = g;
       w->moe_mm_tokens[item++] = c;
       w->moe_mm[item] = up;
@@ -992,12 +1003,14 @@ static void moe_block(const prima_task *t, prima_window *w, int l, float *x, int
   prima_pool_barrier(t);
   int used = 0;
   for (int e = 0; e < X; e++) used += w->moe_first[e + 1] > w->moe_first[e];
-  for (int p = t->ith; p < NK; p = prima_pool_next_chunk(t)) {
-    const size_t tok = (size_t)(w->moe_slot[p] / K);
-    memcpy(act_gu[fmt_gate] + (size_t)p * stride, (const char *)in.buf[in.slot[1]] + tok * stride, stride);
-    if (fmt_up) memcpy(act_gu[fmt_up] + (size_t)p * stride, (const char *)in.buf[in.slot[2]] + tok * stride, stride);
+  if (gather) {
+    for (int p = t->ith; p < NK; p = prima_pool_next_chunk(t)) {
+      const size_t tok = (size_t)(w->moe_slot[p] / K);
+      memcpy(act_gu[fmt_gate] + (size_t)p * stride, src_gate + tok * stride, stride);
+      if (fmt_up) memcpy(act_gu[fmt_up] + (size_t)p * stride, src_up + tok * stride, stride);
+    }
+    prima_pool_barrier(t);
   }
-  prima_pool_barrier(t);
   prima_mm_run_var(t, w->moe_mm, 2 * used, w->moe_mm_tokens);
   prima_pool_barrier(t);
   const int dn_fmt = act_type_of(&L->down_exps);

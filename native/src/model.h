@@ -101,7 +101,8 @@ typedef struct prima_window {
   size_t act_row_bytes;        /* stride of a row in act_a/act_b */
   float *att_acc;              /* per thread: query, accumulators and scores of a group of heads */
   size_t anon_bytes;           /* KV + scratch: what the window costs in anonymous memory */
-  size_t layer_bytes;          /* mean weight bytes of one of its layers */
+  size_t layer_bytes;          /* mean weight bytes one token's pass reads in one of its layers (a
+                                  mixture of experts: all but the experts it does not use) */
   uint64_t weight_bytes;       /* weight bytes of all its layers, and of its largest */
   uint64_t largest_layer_bytes;
   /* mixture-of-experts scratch (NULL when the window has no such layer): for a batch of B tokens
