@@ -149,7 +149,8 @@ describe("exact mode equals brute force", () => {
       if (v.name.endsWith("user k")) expect(kAbove1).toBeGreaterThan(v.count * 0.3);
       if (v.name === "prefetch guard") expect(kAbove1).toBeGreaterThan(0);
       if (v.shape?.headOverloaded) expect(headOverloaded).toBeGreaterThan(v.count * 0.3);
-      if (v.shape?.moe && v.shape.headOverloaded) expect(partlyResident).toBeGreaterThan(v.count * 0.2);
+      // under the page cache's pricing, where which experts stay resident decides the reread
+      if (v.shape?.moe && v.shape.headOverloaded && !/stream|window/.test(v.name)) expect(partlyResident).toBeGreaterThan(v.count * 0.2);
       console.log(`${v.name}: ${feasible} feasible (${overloaded} with an overloaded device, ${headOverloaded} with the head overloaded, ${kAbove1} with k > 1${v.shape?.moe ? `, ${partlyResident} with experts partly resident` : ""}), ${infeasible} infeasible`);
     });
   }
