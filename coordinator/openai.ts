@@ -5,7 +5,9 @@
 import type { ChatMessage } from "../model/index.js";
 import { Sampler, SamplerError, type SamplerOptions } from "../engine/index.js";
 import { SchemaError, checkSchema } from "../grammar/index.js";
-import type { ToolCall, ToolChoice, ToolDef } from "../tools/index.js";
+import type { ReplyEvent, ToolCall, ToolChoice, ToolDef } from "../tools/index.js";
+import type { ServerResponse } from "node:http";
+import { sendJson, type Dialect, type Finished, type GenerationAsk, type ReplyWriter } from "./http-reply.js";
 
 export class ApiError extends Error {
   override name = "ApiError";
@@ -50,11 +52,11 @@ const ROLES = new Set(["system", "developer", "user", "assistant", "tool"]);
 
 type Json = Record<string, unknown>;
 
-function bad(param: string, message: string): ApiError {
+export function bad(param: string, message: string): ApiError {
   return new ApiError(400, `${param}: ${message}`, "invalid_request_error", "invalid_value", param);
 }
 
-function optNumber(b: Json, key: string, min: number, max: number): number | undefined {
+export function optNumber(b: Json, key: string, min: number, max: number): number | undefined {
   const v = b[key];
   if (v === undefined || v === null) return undefined;
   if (typeof v !== "number" || !Number.isFinite(v)) throw bad(key, `must be a number (got ${typeof v})`);
@@ -62,13 +64,13 @@ function optNumber(b: Json, key: string, min: number, max: number): number | und
   return v;
 }
 
-function optInt(b: Json, key: string, min: number, max: number): number | undefined {
+export function optInt(b: Json, key: string, min: number, max: number): number | undefined {
   const v = optNumber(b, key, min, max);
   if (v !== undefined && !Number.isInteger(v)) throw bad(key, `must be a whole number (got ${v})`);
   return v;
 }
 
-function optBool(b: Json, key: string): boolean | undefined {
+export function optBool(b: Json, key: string): boolean | undefined {
   const v = b[key];
   if (v === undefined || v === null) return undefined;
   if (typeof v !== "boolean") throw bad(key, `must be true or false (got ${typeof v})`);
@@ -101,6 +103,16 @@ function refuseUnsupported(b: Json): void {
   for (const [key, why] of unsupported) {
     if (b[key] !== undefined && b[key] !== null) throw new ApiError(400, `${key}: ${why}`, "invalid_request_error", "unsupported_parameter", key);
   }
+}
+
+/** An error from these checks, naming a dialect's own field for the OpenAI one it was read as
+ * (Ollama's options.num_predict for max_tokens); any other error passes unchanged. */
+export function renameParam(e: unknown, names: Readonly<Record<string, string>>): never {
+  if (e instanceof ApiError && e.param && names[e.param] && e.message.startsWith(e.param)) {
+    const name = names[e.param];
+    throw new ApiError(e.status, name + e.message.slice(e.param.length), e.type, e.code, name);
+  }
+  throw e;
 }
 
 /** A schema refused by name: a 400 whose param is where it came from. */
@@ -184,6 +196,8 @@ function common(b: Json, kind: "chat" | "completion"): Omit<ParsedRequest, "mess
     throw bad("stream_options", "must be an object");
   }
   const repetition = optNumber(b, "repetition_penalty", 0.01, 10) ?? optNumber(b, "repeat_penalty", 0.01, 10);
+  // llama.cpp's repeat_last_n: -1 means the whole context (the sampler's history never holds more).
+  const lastN = optInt(b, "repeat_last_n", -1, 1e9);
   const sampler: SamplerOptions = {
     temperature: optNumber(b, "temperature", 0, 2),
     topP: optNumber(b, "top_p", 0, 1),
@@ -193,6 +207,7 @@ function common(b: Json, kind: "chat" | "completion"): Omit<ParsedRequest, "mess
     frequencyPenalty: optNumber(b, "frequency_penalty", -2, 2),
     presencePenalty: optNumber(b, "presence_penalty", -2, 2),
     repeatPenalty: repetition,
+    repeatLastN: lastN === -1 ? 2 ** 31 - 1 : lastN,
   };
   // The seed reaches a 32-bit generator: fold it, keeping negative seeds distinct.
   const s = sampler as { seed?: number };
@@ -226,7 +241,7 @@ function checkSampling(sampler: SamplerOptions, b: Json): void {
   }
 }
 
-function asObject(body: unknown): Json {
+export function asObject(body: unknown): Json {
   if (typeof body !== "object" || body === null || Array.isArray(body)) throw new ApiError(400, "the request body must be a JSON object");
   return body as Json;
 }
@@ -367,6 +382,8 @@ export class ResponseShaper {
 export class StopMatcher {
   private held = "";
   stopped = false;
+  /** The stop string that ended the text ("" while none has). */
+  word = "";
 
   constructor(private readonly stops: readonly string[]) {}
 
@@ -377,7 +394,10 @@ export class StopMatcher {
     let at = -1;
     for (const s of this.stops) {
       const i = buf.indexOf(s);
-      if (i >= 0 && (at < 0 || i < at)) at = i;
+      if (i >= 0 && (at < 0 || i < at)) {
+        at = i;
+        this.word = s;
+      }
     }
     if (at >= 0) {
       this.stopped = true;
@@ -402,5 +422,59 @@ export class StopMatcher {
     const t = this.stopped ? "" : this.held;
     this.held = "";
     return t;
+  }
+}
+
+/** The OpenAI dialect: /v1/chat/completions and /v1/completions, streamed as server-sent events. */
+export function openAiDialect(kind: "chat" | "completion", modelId: string, newId: () => string): Dialect {
+  return {
+    errorBody: (e) => e.body(),
+    parse: (body) => ({ request: kind === "chat" ? parseChatRequest(body) : parseCompletionRequest(body) }),
+    writer: (res, ask) => new OpenAiWriter(res, ask, new ResponseShaper(kind, modelId, newId())),
+  };
+}
+
+class OpenAiWriter implements ReplyWriter {
+  private first = true;
+  private readonly p: ParsedRequest;
+
+  constructor(private readonly res: ServerResponse, ask: GenerationAsk, private readonly shaper: ResponseShaper) {
+    this.p = ask.request;
+  }
+
+  private write(chunk: unknown): void {
+    this.res.write(`data: ${JSON.stringify(chunk)}\n\n`);
+    this.first = false;
+  }
+
+  start(): void {
+    if (!this.p.stream) return;
+    this.res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store", Connection: "keep-alive" });
+    // As OpenAI streams a chat: the role alone first, then the content (or the calls) in pieces.
+    if (this.p.kind === "chat") this.write(this.shaper.chunk("", null, true));
+  }
+
+  events(events: readonly ReplyEvent[]): void {
+    if (!this.p.stream) return;
+    for (const e of events) {
+      if (e.kind === "content") this.write(this.shaper.chunk(e.text, null, this.first));
+      else this.write(this.shaper.toolChunk(e.index, e.kind === "call" ? e : { arguments: e.text }, this.first));
+    }
+  }
+
+  finish(f: Finished): void {
+    if (!this.p.stream) {
+      sendJson(this.res, 200, this.shaper.full(f.content, f.finish, f.usage, f.calls));
+      return;
+    }
+    if (this.first && this.p.kind === "chat") this.write(this.shaper.chunk("", null, true));
+    this.write(this.shaper.chunk(null, f.finish));
+    if (this.p.includeUsage) this.write(this.shaper.usageChunk(f.usage));
+    this.res.end("data: [DONE]\n\n");
+  }
+
+  fail(e: ApiError, headers: Record<string, string> = {}): void {
+    if (this.res.headersSent) this.res.end(`data: ${JSON.stringify(e.body())}\n\n`);
+    else sendJson(this.res, e.status, e.body(), headers);
   }
 }
