@@ -52,6 +52,8 @@ export interface Finished {
 
 /** One request's response in a dialect: streamed pieces (only a streamed request writes them) and the end. */
 export interface ReplyWriter {
+  /** The response's id, as the server's log names the request. */
+  readonly id: string;
   /** The request left the queue: a stream's headers go out now. */
   start(): void;
   /** Text and tool-call pieces as they become final, with the tokens generated since the last ones. */
@@ -64,10 +66,13 @@ export interface ReplyWriter {
 export interface Dialect {
   /** An error's body in this dialect (its status is the error's). */
   errorBody(e: ApiError): unknown;
+  /** The dialect's names of the OpenAI path's fields, for errors found after parse (a schema the
+   * grammar engine refuses names response_format, which Ollama calls format). */
+  readonly params?: Readonly<Record<string, string>>;
   /** A parsed JSON body as a generation; throws ApiError. `answer`: a reply needing no generation. */
   parse(body: unknown): GenerationAsk | { readonly answer: unknown };
-  /** The writer of a request's reply, once its prompt is tokens. */
-  writer(res: ServerResponse, ask: GenerationAsk, prompt: Int32Array): ReplyWriter;
+  /** The writer of a request's reply, once its prompt is tokens; `id`: a fresh random id. */
+  writer(res: ServerResponse, ask: GenerationAsk, prompt: Int32Array, id: string): ReplyWriter;
 }
 
 /** Nanoseconds from milliseconds, as whole numbers (Ollama's durations). */

@@ -12,7 +12,7 @@ import { Sampler } from "../engine/index.js";
 import { StreamingDecoder, printable, type Tokenizer } from "../model/index.js";
 import { CancelledError, QueueFullError, type Cluster } from "./cluster.js";
 import { formatMetrics, newRequestOutcomes, type RequestOutcomes } from "./metrics.js";
-import { ApiError, StopMatcher, openAiDialect, usage, type FinishReason } from "./openai.js";
+import { ApiError, StopMatcher, openAiDialect, renamedParam, usage, type FinishReason } from "./openai.js";
 import { sendJson, type Dialect, type GenerationAsk, type ReplyWriter, type Served } from "./http-reply.js";
 import { ollamaDialect, ollamaErrorBody, ps, show, tags } from "./ollama.js";
 import { detokenize, llamaCompletionDialect, llamaErrorBody, props, slots, tokenize } from "./llama-server.js";
@@ -197,7 +197,7 @@ export class ApiServer {
       case "POST /v1/chat/completions":
       case "POST /v1/completions": {
         const kind = path.endsWith("chat/completions") ? "chat" : "completion";
-        await this.generation(req, res, openAiDialect(kind, this.o.modelId, () => randomUUID().replace(/-/g, "").slice(0, 24)), cacheScope(req, key));
+        await this.generation(req, res, openAiDialect(kind, this.o.modelId), cacheScope(req, key));
         return;
       }
       case "POST /api/chat":
@@ -321,7 +321,7 @@ export class ApiServer {
 
   /** A generation request in dialect `d`: checked, queued, generated, answered in its shape. */
   private async generation(req: IncomingMessage, res: ServerResponse, d: Dialect, scope: string): Promise<void> {
-    const fail = (e: ApiError, headers: Record<string, string> = {}) => sendJson(res, e.status, d.errorBody(e), headers);
+    const fail = (e: ApiError, headers: Record<string, string> = {}) => sendJson(res, e.status, d.errorBody(renamedParam(e, d.params ?? {})), headers);
     // Only JSON is parsed as JSON: a text/plain form or a no-cors fetch from a web page cannot send it.
     const type = (req.headers["content-type"] ?? "").split(";")[0].trim().toLowerCase();
     if (type !== "application/json") {
@@ -386,7 +386,7 @@ export class ApiServer {
       throw e;
     }
     try {
-      await this.generate(res, ask, d.writer(res, ask, ids), promptText, ids, scope, plan, constraint);
+      await this.generate(res, ask, d.writer(res, ask, ids, randomUUID().replace(/-/g, "").slice(0, 24)), promptText, ids, scope, plan, constraint);
     } finally {
       if (constraint) this.constraints.done(constraint);
     }
@@ -421,7 +421,7 @@ export class ApiServer {
     const room = cluster.o.ctx - ids.length;
     const maxTokens = Math.min(p.maxTokens ?? room, this.o.nPredict ?? room, room);
     // Numbered as it is queued (cluster.generate queues synchronously), so the log shows the order.
-    const tag = `request ${++this.received}`;
+    const tag = `request ${++this.received} (${w.id})`;
     const startedAt = performance.now();
     try {
       const out = await cluster.generate({

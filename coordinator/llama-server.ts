@@ -64,6 +64,7 @@ function completionPrompt(tok: Tokenizer, raw: unknown): { text: string } | { id
 export function llamaCompletionDialect(s: Served): Dialect {
   return {
     errorBody,
+    params: LLAMA_NAMES,
     parse: (body) => {
       const b = asObject(body);
       for (const k of Object.keys(b)) {
@@ -88,7 +89,7 @@ export function llamaCompletionDialect(s: Served): Dialect {
       }
       return { request, promptIds: "ids" in prompt ? prompt.ids : undefined, returnTokens } as GenerationAsk;
     },
-    writer: (res, ask, prompt) => new CompletionWriter(res, ask, prompt.length, s),
+    writer: (res, ask, prompt, id) => new CompletionWriter(res, ask, prompt.length, s, `completion-${id}`),
   };
 }
 
@@ -108,7 +109,7 @@ class CompletionWriter implements ReplyWriter {
   private generated = 0;
 
   constructor(private readonly res: ServerResponse, private readonly ask: GenerationAsk & { returnTokens?: boolean }, private readonly evaluated: number,
-    private readonly s: Served) {
+    private readonly s: Served, readonly id: string) {
     this.p = ask.request;
   }
 

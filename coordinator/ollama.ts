@@ -113,6 +113,7 @@ export function ollamaDialect(kind: "chat" | "generate", s: Served): Dialect {
   const ctx = s.cluster.o.ctx;
   return {
     errorBody,
+    params: OLLAMA_NAMES,
     parse: (body) => {
       const b = asObject(body);
       refuseUnknown(b, kind === "chat" ? CHAT_FIELDS : GENERATE_FIELDS, `/api/${kind}`);
@@ -146,7 +147,7 @@ export function ollamaDialect(kind: "chat" | "generate", s: Served): Dialect {
       }
       return { request };
     },
-    writer: (res, ask) => new OllamaWriter(res, ask, kind, s.modelId),
+    writer: (res, ask, _prompt, id) => new OllamaWriter(res, ask, kind, s.modelId, `ollama-${id}`),
   };
 }
 
@@ -155,7 +156,8 @@ class OllamaWriter implements ReplyWriter {
   /** Calls come whole, in the last object before done (Ollama streams a call at once, not in pieces). */
   private readonly calls: { name: string; arguments: string }[] = [];
 
-  constructor(private readonly res: ServerResponse, ask: GenerationAsk, private readonly kind: "chat" | "generate", private readonly model: string) {
+  constructor(private readonly res: ServerResponse, ask: GenerationAsk, private readonly kind: "chat" | "generate", private readonly model: string,
+    readonly id: string) {
     this.p = ask.request;
   }
 

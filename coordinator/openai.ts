@@ -108,11 +108,13 @@ function refuseUnsupported(b: Json): void {
 /** An error from these checks, naming a dialect's own field for the OpenAI one it was read as
  * (Ollama's options.num_predict for max_tokens); any other error passes unchanged. */
 export function renameParam(e: unknown, names: Readonly<Record<string, string>>): never {
-  if (e instanceof ApiError && e.param && names[e.param] && e.message.startsWith(e.param)) {
-    const name = names[e.param];
-    throw new ApiError(e.status, name + e.message.slice(e.param.length), e.type, e.code, name);
-  }
-  throw e;
+  throw e instanceof ApiError ? renamedParam(e, names) : e;
+}
+
+export function renamedParam(e: ApiError, names: Readonly<Record<string, string>>): ApiError {
+  if (!e.param || !names[e.param] || !e.message.startsWith(e.param)) return e;
+  const name = names[e.param];
+  return new ApiError(e.status, name + e.message.slice(e.param.length), e.type, e.code, name);
 }
 
 /** A schema refused by name: a 400 whose param is where it came from. */
@@ -426,20 +428,22 @@ export class StopMatcher {
 }
 
 /** The OpenAI dialect: /v1/chat/completions and /v1/completions, streamed as server-sent events. */
-export function openAiDialect(kind: "chat" | "completion", modelId: string, newId: () => string): Dialect {
+export function openAiDialect(kind: "chat" | "completion", modelId: string): Dialect {
   return {
     errorBody: (e) => e.body(),
     parse: (body) => ({ request: kind === "chat" ? parseChatRequest(body) : parseCompletionRequest(body) }),
-    writer: (res, ask) => new OpenAiWriter(res, ask, new ResponseShaper(kind, modelId, newId())),
+    writer: (res, ask, _prompt, id) => new OpenAiWriter(res, ask, new ResponseShaper(kind, modelId, id)),
   };
 }
 
 class OpenAiWriter implements ReplyWriter {
   private first = true;
   private readonly p: ParsedRequest;
+  readonly id: string;
 
   constructor(private readonly res: ServerResponse, ask: GenerationAsk, private readonly shaper: ResponseShaper) {
     this.p = ask.request;
+    this.id = shaper.id;
   }
 
   private write(chunk: unknown): void {
