@@ -1,7 +1,9 @@
-// serve's HTTP port: the OpenAI API (/v1/...), /health, /metrics, the cluster's state (/api/state and
-// its push stream /api/stream) and the dashboard's files. Every request is checked before it reaches
-// the ring (first who may ask at all, http-guard.ts: Host, Origin, API key); whatever a client sends,
-// the answer is a status code with an OpenAI-style error object and the server stays up.
+// serve's HTTP port: the OpenAI API (/v1/...), Ollama's (ollama.ts) and llama-server's (llama-server.ts),
+// /health, /metrics, the cluster's state (/api/state and its push stream /api/stream) and the
+// dashboard's files. Every request is checked before it reaches the ring (first who may ask at all,
+// http-guard.ts: Host, Origin, API key); the dialects share one generation path (http-reply.ts), so
+// they share the queue, the prompt cache, the limits and the metrics. Whatever a client sends, the
+// answer is a status code with an error in the dialect's shape and the server stays up.
 import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
@@ -50,9 +52,13 @@ const VERSION = (JSON.parse(readFileSync(join(packageRoot(), "package.json"), "u
 const OLLAMA_PATHS = new Set(["/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/version", "/api/ps"]);
 const LLAMA_PATHS = new Set(["/completion", "/tokenize", "/detokenize", "/props", "/slots"]);
 
-/** An error's body as the dialect of the path it answers. */
+/** Ollama's endpoints that manage models: serve runs the one model it was started with. */
+const OLLAMA_MODEL_MANAGEMENT = new Set(["/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete", "/api/blobs"]);
+
+/** An error's body as the dialect of the path it answers (any /api/ path but prima's own is Ollama's). */
 function errorBodyFor(path: string, e: ApiError): unknown {
-  return OLLAMA_PATHS.has(path) ? ollamaErrorBody(e) : LLAMA_PATHS.has(path) ? llamaErrorBody(e) : e.body();
+  const ollama = OLLAMA_PATHS.has(path) || (path.startsWith("/api/") && path !== "/api/state" && path !== "/api/stream");
+  return ollama ? ollamaErrorBody(e) : LLAMA_PATHS.has(path) ? llamaErrorBody(e) : e.body();
 }
 
 /** The body as text, at most `limit` bytes (413 beyond), within a time limit set on the server. */
@@ -230,6 +236,13 @@ export class ApiServer {
         if (answer !== undefined) sendJson(res, 200, answer);
         return;
       }
+    }
+    const managed = OLLAMA_MODEL_MANAGEMENT.has(path) || path.startsWith("/api/blobs/");
+    if (managed || path === "/api/embed" || path === "/api/embeddings") {
+      req.resume();
+      const why = managed ? "this server runs the one model it was started with (prima-coord serve model.gguf)" : "this server does not compute embeddings";
+      sendError(res, new ApiError(501, `${safePath(path)}: not supported: ${why}`, "invalid_request_error", "not_supported"));
+      return;
     }
     const posts = ["/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate", "/api/show", "/completion", "/tokenize", "/detokenize"];
     const gets = ["/v1/models", "/metrics", "/api/state", "/api/stream", "/api/tags", "/api/ps", "/api/version", "/props", "/slots"];
