@@ -4,7 +4,7 @@
 // server-task.cpp; sampling, limits and structured output go through the OpenAI path's checks.
 import type { ServerResponse } from "node:http";
 import { Sampler } from "../engine/index.js";
-import type { Tokenizer } from "../model/index.js";
+import { printable, type Tokenizer } from "../model/index.js";
 import { sendJson, type Dialect, type Finished, type GenerationAsk, type ReplyWriter, type Served } from "./http-reply.js";
 import { ApiError, asObject, bad, optBool, parseCompletionRequest, renameParam, type ParsedRequest } from "./openai.js";
 
@@ -68,7 +68,7 @@ export function llamaCompletionDialect(s: Served): Dialect {
     parse: (body) => {
       const b = asObject(body);
       for (const k of Object.keys(b)) {
-        if (!COMPLETION_FIELDS.has(k)) throw new ApiError(400, `${k}: not supported by this server's /completion`, "invalid_request_error", "unsupported_parameter", k);
+        if (!COMPLETION_FIELDS.has(k)) throw new ApiError(400, `${printable(k, 60)}: not supported by this server's /completion`, "invalid_request_error", "unsupported_parameter", printable(k, 60));
       }
       if (b.id_slot !== undefined && b.id_slot !== null && b.id_slot !== -1 && b.id_slot !== 0) throw bad("id_slot", "this server has one slot, 0 (or -1: any)");
       optBool(b, "cache_prompt");
@@ -127,8 +127,8 @@ class CompletionWriter implements ReplyWriter {
   }
 
   finish(f: Finished): void {
-    const ctx = this.s.cluster.o.ctx;
-    const nPredict = this.p.maxTokens ?? this.s.nPredict ?? -1;
+    // The request's limit under serve's --n-predict; -1, as llama-server shows it: none.
+    const nPredict = Math.min(this.p.maxTokens ?? Infinity, this.s.nPredict ?? Infinity);
     const promptN = f.prompt.length - f.usage.prompt_tokens_details.cached_tokens;
     const text = f.content ?? "";
     const body = {
@@ -137,7 +137,7 @@ class CompletionWriter implements ReplyWriter {
       content: this.p.stream ? "" : text,
       tokens: this.ask.returnTokens && !this.p.stream ? f.generated : [],
       id_slot: 0, stop: true, model: this.s.modelId, tokens_predicted: f.generated.length, tokens_evaluated: f.prompt.length,
-      generation_settings: generationSettings(this.p, nPredict === -1 ? ctx : nPredict),
+      generation_settings: generationSettings(this.p, Number.isFinite(nPredict) ? nPredict : -1),
       prompt: this.s.tok.decode(f.prompt, { special: true }),
       has_new_line: text.includes("\n"), truncated: false,
       stop_type: f.stopType, stopping_word: f.stoppingWord,

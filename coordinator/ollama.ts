@@ -4,6 +4,7 @@
 // the OpenAI path's fields and checked there, so sampling, limits, format (structured output) and tools
 // behave the same; an error names Ollama's field and comes as Ollama's {"error": "..."}.
 import type { ServerResponse } from "node:http";
+import { printable } from "../model/index.js";
 import type { ReplyEvent, ToolCall } from "../tools/index.js";
 import { ns, sendJson, type Dialect, type Finished, type GenerationAsk, type ReplyWriter, type Served } from "./http-reply.js";
 import { ApiError, asObject, bad, optBool, parseChatRequest, parseCompletionRequest, renameParam, type ParsedRequest } from "./openai.js";
@@ -37,7 +38,7 @@ function errorBody(e: ApiError): unknown {
 
 function refuseUnknown(b: Json, known: Set<string>, where: string): void {
   for (const k of Object.keys(b)) {
-    if (!known.has(k)) throw new ApiError(400, `${k}: not supported by this server's ${where}`, "invalid_request_error", "unsupported_parameter", k);
+    if (!known.has(k)) throw new ApiError(400, `${printable(k, 60)}: not supported by this server's ${where}`, "invalid_request_error", "unsupported_parameter", printable(k, 60));
   }
 }
 
@@ -63,7 +64,7 @@ function commonFields(b: Json, ctx: number): Json {
       } else if (LOAD_OPTIONS.has(k)) continue;
       else if (k in NEUTRAL_OPTIONS) {
         if (v !== NEUTRAL_OPTIONS[k]) throw new ApiError(400, `options.${k}: not supported (only ${JSON.stringify(NEUTRAL_OPTIONS[k])}, which turns it off)`, "invalid_request_error", "unsupported_parameter", `options.${k}`);
-      } else throw new ApiError(400, `options.${k}: not supported by this server`, "invalid_request_error", "unsupported_parameter", `options.${k}`);
+      } else throw new ApiError(400, `options.${printable(k, 60)}: not supported by this server`, "invalid_request_error", "unsupported_parameter", `options.${printable(k, 60)}`);
     }
   }
   // num_predict -1 (no limit) and -2 (fill the context): until the context is full, the default.
@@ -153,8 +154,6 @@ export function ollamaDialect(kind: "chat" | "generate", s: Served): Dialect {
 
 class OllamaWriter implements ReplyWriter {
   private readonly p: ParsedRequest;
-  /** Calls come whole, in the last object before done (Ollama streams a call at once, not in pieces). */
-  private readonly calls: { name: string; arguments: string }[] = [];
 
   constructor(private readonly res: ServerResponse, ask: GenerationAsk, private readonly kind: "chat" | "generate", private readonly model: string,
     readonly id: string) {
@@ -176,14 +175,11 @@ class OllamaWriter implements ReplyWriter {
     if (this.p.stream) this.res.writeHead(200, { "Content-Type": "application/x-ndjson", "Cache-Control": "no-store" });
   }
 
+  /** Text as it comes; calls wait for finish() and come whole in the last object before done, as
+   * Ollama streams a call (at once, its arguments an object), never in pieces. */
   events(events: readonly ReplyEvent[]): void {
     if (!this.p.stream) return;
-    let text = "";
-    for (const e of events) {
-      if (e.kind === "content") text += e.text;
-      else if (e.kind === "call") this.calls[e.index] = { name: e.name, arguments: "" };
-      else this.calls[e.index].arguments += e.text;
-    }
+    const text = events.map((e) => (e.kind === "content" ? e.text : "")).join("");
     if (text) this.line(this.object(text, false));
   }
 
@@ -234,10 +230,13 @@ function modelEntry(s: Served): Json {
   };
 }
 
-let parameters: number | undefined;
+/** The model's weights counted once per served model (every tensor's elements). */
+const parameters = new WeakMap<object, number>();
 function parameterCount(s: Served): number {
-  parameters ??= s.cluster.o.model.gguf.tensors.reduce((n, t) => n + t.dims.reduce((a, b) => a * Number(b), 1), 0);
-  return parameters;
+  const gguf = s.cluster.o.model.gguf;
+  let n = parameters.get(gguf);
+  if (n === undefined) parameters.set(gguf, (n = gguf.tensors.reduce((sum, t) => sum + t.dims.reduce((a, b) => a * Number(b), 1), 0)));
+  return n;
 }
 
 function parameterSize(s: Served): string {
