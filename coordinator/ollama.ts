@@ -77,7 +77,7 @@ function commonFields(b: Json, ctx: number): Json {
 }
 
 /** An earlier turn's calls as the OpenAI path takes them (arguments as a JSON string). */
-function toolCallsIn(raw: unknown, i: number): unknown {
+function toolCallsIn(raw: unknown, i: number): { id: string }[] | undefined {
   if (raw === undefined || raw === null) return undefined;
   if (!Array.isArray(raw)) throw bad(`messages[${i}].tool_calls`, "must be an array");
   return raw.map((c, j) => {
@@ -87,8 +87,13 @@ function toolCallsIn(raw: unknown, i: number): unknown {
   });
 }
 
+/** Ollama's messages as the OpenAI path's. Ollama's calls carry no ids and its tool results name no
+ * call: the results after an assistant turn answer its calls in order, so they get those calls' ids
+ * (templates that pair a result with its call read tool_call_id). */
 function chatMessages(raw: unknown): unknown[] {
   if (!Array.isArray(raw)) throw bad("messages", "must be an array of {role, content}");
+  let callIds: string[] = [];
+  let answered = 0;
   return raw.map((m, i) => {
     const msg = m as Json;
     if (typeof msg !== "object" || msg === null) throw bad(`messages[${i}]`, "must be an object");
@@ -96,10 +101,17 @@ function chatMessages(raw: unknown): unknown[] {
       throw new ApiError(400, `messages[${i}].images: images are not supported (the model reads text)`, "invalid_request_error", "unsupported_parameter", `messages[${i}].images`);
     }
     if (msg.content !== undefined && msg.content !== null && typeof msg.content !== "string") throw bad(`messages[${i}].content`, "must be a string");
+    const calls = toolCallsIn(msg.tool_calls, i);
+    if (msg.role === "assistant") {
+      callIds = calls?.map((c) => c.id) ?? [];
+      answered = 0;
+    }
+    const callId = msg.role === "tool" ? callIds[answered++] : undefined;
     // An earlier reply's `thinking` is left out, as chat templates leave out a reply's reasoning.
     return {
-      role: msg.role, content: msg.content ?? "", tool_calls: toolCallsIn(msg.tool_calls, i),
+      role: msg.role, content: msg.content ?? "", tool_calls: calls,
       ...(typeof msg.tool_name === "string" ? { name: msg.tool_name } : {}),
+      ...(callId ? { tool_call_id: callId } : {}),
     };
   });
 }

@@ -346,10 +346,11 @@ describe("serve: Ollama's API and llama-server's beside the OpenAI one", () => {
   });
 });
 
-describe("serve with --api-key: the dialects pass the same guard", () => {
+describe("serve with --api-key and --n-predict: the dialects share the guard, the limits, the prompt cache and the metrics", () => {
   let s: Served;
+  const key = (k: string) => ({ Authorization: `Bearer ${k}` });
   beforeAll(async () => {
-    s = await startServe(["--ctx", "256", "--api-key", "secret-1"]);
+    s = await startServe(["--ctx", "256", "--api-key", "secret-1", "--api-key", "secret-2", "--n-predict", "6"]);
   }, 60_000);
   afterAll(() => s.proc.child.kill("SIGKILL"));
 
@@ -357,7 +358,7 @@ describe("serve with --api-key: the dialects pass the same guard", () => {
     const e = await refused(() => new Ollama({ host: s.url }).generate({ model: "x", prompt: STORY, raw: true, options: { num_predict: 2 } }));
     expect(e.status_code).toBe(401);
     expect(e.message).toMatch(/API key/);
-    const keyed = new Ollama({ host: s.url, headers: { Authorization: "Bearer secret-1" } });
+    const keyed = new Ollama({ host: s.url, headers: key("secret-1") });
     expect((await keyed.generate({ model: "x", prompt: STORY, raw: true, options: { num_predict: 2 } })).eval_count).toBe(2);
     expect((await keyed.list()).models).toHaveLength(1);
 
@@ -365,10 +366,44 @@ describe("serve with --api-key: the dialects pass the same guard", () => {
     expect(no.status).toBe(401);
     expect(no.body.error.code).toBe(401);
     expect((await post(`${s.url}/tokenize`, { content: STORY })).status).toBe(401);
-    const yes = await post(`${s.url}/completion`, { prompt: STORY, n_predict: 2 }, { Authorization: "Bearer secret-1" });
+    const yes = await post(`${s.url}/completion`, { prompt: STORY, n_predict: 2 }, key("secret-1"));
     expect(yes.body.tokens_predicted).toBe(2);
     // A page of another site reaches nothing (the Origin check comes before any route).
     const cross = await fetch(`${s.url}/api/tags`, { headers: { Origin: "http://evil.example", Authorization: "Bearer secret-1" } });
     expect(cross.status).toBe(403);
+  });
+
+  it("--n-predict caps what Ollama's num_predict and /completion's n_predict ask for", async () => {
+    const keyed = new Ollama({ host: s.url, headers: key("secret-1") });
+    const g = await keyed.generate({ model: "x", prompt: STORY, raw: true, options: { temperature: 0, num_predict: 20 } });
+    expect(g.eval_count).toBe(6);
+    expect(g.done_reason).toBe("length");
+    const c = await post(`${s.url}/completion`, { prompt: STORY, n_predict: 20, temperature: 0 }, key("secret-1"));
+    expect(c.body.tokens_predicted).toBe(6);
+    expect(c.body.generation_settings.n_predict).toBe(6);
+    expect(c.body.content).toBe(g.response);
+  });
+
+  it("the prompt cache is the API key's whatever the dialect; /metrics counts every dialect's requests", async () => {
+    const prompt = "The little dog ran to the park and";
+    const keyed = new Ollama({ host: s.url, headers: key("secret-1") });
+    await keyed.generate({ model: "x", prompt, raw: true, options: { temperature: 0, num_predict: 2 } });
+    const again = await post(`${s.url}/completion`, { prompt, n_predict: 2, temperature: 0 }, key("secret-1"));
+    expect(again.body.timings.cache_n).toBeGreaterThan(5);
+    const other = await post(`${s.url}/completion`, { prompt, n_predict: 2, temperature: 0 }, key("secret-2"));
+    expect(other.body.timings.cache_n).toBe(0);
+    expect(other.body.content).toBe(again.body.content);
+
+    const count = async (outcome: string) => {
+      const m = await (await fetch(`${s.url}/metrics`, { headers: key("secret-1") })).text();
+      return Number(new RegExp(`prima_requests_total\\{outcome="${outcome}"\\} (\\d+)`).exec(m)![1]);
+    };
+    const [ok0, invalid0] = [await count("ok"), await count("invalid")];
+    await keyed.chat({ model: "x", messages: [{ role: "user", content: "hi" }], options: { num_predict: 1 } });
+    await post(`${s.url}/completion`, { prompt, n_predict: 1 }, key("secret-2"));
+    await refused(() => keyed.chat({ model: "x", messages: [{ role: "user", content: "hi" }], options: { top_p: 7 } }));
+    expect((await post(`${s.url}/completion`, { prompt, n_probs: 2 }, key("secret-2"))).status).toBe(400);
+    expect(await count("ok")).toBe(ok0 + 2);
+    expect(await count("invalid")).toBe(invalid0 + 2);
   });
 });
