@@ -35,7 +35,6 @@ function errorBody(e: ApiError): unknown {
   return { error: e.message };
 }
 
-
 function refuseUnknown(b: Json, known: Set<string>, where: string): void {
   for (const k of Object.keys(b)) {
     if (!known.has(k)) throw new ApiError(400, `${printable(k, 60)}: not supported by this server's ${where}`, "invalid_request_error", "unsupported_parameter", printable(k, 60));
@@ -56,13 +55,14 @@ function commonFields(b: Json, ctx: number): Json {
     if (typeof o !== "object" || Array.isArray(o)) throw bad("options", "must be an object");
     for (const [k, v] of Object.entries(o as Json)) {
       if (v === null || v === undefined) continue;
-      if (k in SAMPLING_OPTIONS) out[SAMPLING_OPTIONS[k]] = v;
+      if (Object.hasOwn(SAMPLING_OPTIONS, k)) out[SAMPLING_OPTIONS[k]] = v;
       else if (k === "num_ctx") {
         if (typeof v !== "number" || !Number.isInteger(v) || v < 1) throw bad("options.num_ctx", "must be a whole number >= 1");
         if (v > ctx) throw bad("options.num_ctx", `${v} is more than this server's context of ${ctx} tokens (serve --ctx)`);
-        // Smaller: the context stays serve's; a prompt that fits in num_ctx fits in it too.
+        // Smaller: the context stays serve's. A prompt that fits num_ctx fits it too, and serve never
+        // shifts the context, so only a reply longer than num_ctx allows could differ: it is not cut.
       } else if (LOAD_OPTIONS.has(k)) continue;
-      else if (k in NEUTRAL_OPTIONS) {
+      else if (Object.hasOwn(NEUTRAL_OPTIONS, k)) {
         if (v !== NEUTRAL_OPTIONS[k]) throw new ApiError(400, `options.${k}: not supported (only ${JSON.stringify(NEUTRAL_OPTIONS[k])}, which turns it off)`, "invalid_request_error", "unsupported_parameter", `options.${k}`);
       } else throw new ApiError(400, `options.${printable(k, 60)}: not supported by this server`, "invalid_request_error", "unsupported_parameter", `options.${printable(k, 60)}`);
     }

@@ -112,7 +112,7 @@ export function renameParam(e: unknown, names: Readonly<Record<string, string>>)
 }
 
 export function renamedParam(e: ApiError, names: Readonly<Record<string, string>>): ApiError {
-  if (!e.param || !names[e.param] || !e.message.startsWith(e.param)) return e;
+  if (!e.param || !Object.hasOwn(names, e.param) || !e.message.startsWith(e.param)) return e;
   const name = names[e.param];
   return new ApiError(e.status, name + e.message.slice(e.param.length), e.type, e.code, name);
 }
