@@ -196,13 +196,16 @@ class OllamaWriter implements ReplyWriter {
   }
 
   finish(f: Finished): void {
+    // Rounded once each, the parts never add up to more than the whole (the rest is the queue's).
+    const total = ns(f.ms.total);
+    const prompt = ns(f.ms.prompt);
     const end = {
       done_reason: f.finish === "length" ? "length" : "stop",
-      total_duration: ns(f.ms.total),
+      total_duration: total,
       // The model stays loaded: no request waits for it to load.
       load_duration: 0,
-      prompt_eval_count: f.prompt.length, prompt_eval_duration: ns(f.ms.prompt),
-      eval_count: f.generated.length, eval_duration: ns(f.ms.eval),
+      prompt_eval_count: f.prompt.length, prompt_eval_duration: prompt,
+      eval_count: f.generated.length, eval_duration: Math.max(0, total - ns(f.ms.queue) - prompt),
       ...(this.kind === "generate" ? { context: [...f.prompt, ...f.generated] } : {}),
     };
     const calls: readonly ToolCall[] = f.calls;
