@@ -6,11 +6,12 @@ import { defineConfig } from "vitest/config";
 // Everything the suite writes under HOME-relative folders (profiles, the model cache, join tokens)
 // goes to one temporary folder per run, never the user's own ~/.cache or ~/.config; global-setup.ts
 // removes it at the end. Child processes inherit it through the environment.
+const TIMED_ALONE = ["test/ring/placement.test.ts"];
+
 const testHome = mkdtempSync(join(tmpdir(), "prima-test-home-"));
 
 export default defineConfig({
   test: {
-    include: ["test/**/*.test.ts"],
     globalSetup: ["test/global-setup.ts"],
     env: {
       PRIMA_TEST_HOME: testHome,
@@ -22,5 +23,11 @@ export default defineConfig({
     hookTimeout: 120_000,
     // Native kernels and child processes share 2 cores: keep files from starving each other.
     maxWorkers: 2,
+    // A test that compares a predicted token time with a measured one runs alone, after the rest:
+    // beside other files the head's thread is preempted and the measurement is of the neighbours.
+    projects: [
+      { extends: true, test: { name: "suite", include: ["test/**/*.test.ts"], exclude: TIMED_ALONE } },
+      { extends: true, test: { name: "alone", include: TIMED_ALONE, sequence: { groupOrder: 1 } } },
+    ],
   },
 });

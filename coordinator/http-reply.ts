@@ -6,7 +6,7 @@ import type { ServerResponse } from "node:http";
 import type { Tokenizer } from "../model/index.js";
 import type { ReplyEvent, ToolCall } from "../tools/index.js";
 import type { Cluster } from "./cluster.js";
-import type { ApiError, FinishReason, ParsedRequest, Usage } from "./openai.js";
+import type { ApiError, FinishReason, ParsedRequest, TokenLogprobs, Usage } from "./openai.js";
 
 export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
   if (res.headersSent) {
@@ -46,6 +46,9 @@ export interface Finished {
   readonly prompt: Int32Array;
   readonly generated: readonly number[];
   readonly usage: Usage;
+  /** Log probabilities (when the request asked for them): one entry per token of the reply, those a
+   * stop string cut off left out. A stream has handed on the first ones with events(). */
+  readonly logprobs?: readonly TokenLogprobs[];
   /** Milliseconds: waiting in the queue, reading the prompt (to the first token), generating after it, all. */
   readonly ms: { readonly queue: number; readonly prompt: number; readonly eval: number; readonly total: number };
 }
@@ -56,8 +59,10 @@ export interface ReplyWriter {
   readonly id: string;
   /** The request left the queue: a stream's headers go out now. */
   start(): void;
-  /** Text and tool-call pieces as they become final, with the tokens generated since the last ones. */
-  events(events: readonly ReplyEvent[], ids: readonly number[]): void;
+  /** Text and tool-call pieces as they become final, with the tokens generated since the last ones and
+   * (when asked for) the log probabilities of the tokens whose text these pieces reach. Some tokens'
+   * entries may come later than the tokens (a character split across tokens), or only in finish(). */
+  events(events: readonly ReplyEvent[], ids: readonly number[], logprobs?: readonly TokenLogprobs[]): void;
   finish(f: Finished): void;
   /** A failure, before or after a stream's headers; a client that went away gets no answer. */
   fail(e: ApiError, headers?: Record<string, string>): void;

@@ -14,7 +14,7 @@ import { Sampler } from "../engine/index.js";
 import { StreamingDecoder, printable, type Tokenizer } from "../model/index.js";
 import { CancelledError, QueueFullError, type Cluster } from "./cluster.js";
 import { formatMetrics, newRequestOutcomes, type RequestOutcomes } from "./metrics.js";
-import { ApiError, StopMatcher, openAiDialect, renamedParam, usage, type FinishReason } from "./openai.js";
+import { ApiError, StopMatcher, openAiDialect, renamedParam, usage, type FinishReason, type TokenLogprobs } from "./openai.js";
 import { sendJson, type Dialect, type GenerationAsk, type ReplyWriter, type Served } from "./http-reply.js";
 import { ollamaDialect, ollamaErrorBody, ps, show, tags } from "./ollama.js";
 import { detokenize, llamaCompletionDialect, llamaErrorBody, props, slots, tokenize } from "./llama-server.js";
@@ -203,7 +203,7 @@ export class ApiServer {
       case "POST /v1/chat/completions":
       case "POST /v1/completions": {
         const kind = path.endsWith("chat/completions") ? "chat" : "completion";
-        await this.generation(req, res, openAiDialect(kind, this.o.modelId), cacheScope(req, key));
+        await this.generation(req, res, openAiDialect(kind, this.o), cacheScope(req, key));
         return;
       }
       case "POST /api/chat":
@@ -421,10 +421,29 @@ export class ApiServer {
     // Tokens generated since the last piece was handed on (a piece held back for a stop string or a
     // split character waits for the next token).
     let pending: number[] = [];
+    // Log probabilities (when asked for): one entry per generated token, with where its text starts
+    // among the decoded text. A token belongs to the reply unless a stop string cut the text before it;
+    // a piece handed on carries the entries of the tokens whose text it reaches.
+    const entries: TokenLogprobs[] | undefined = p.logprobs === undefined ? undefined : [];
+    let decodedLength = 0;
+    let entriesSent = 0;
+    /** The entries not handed on yet whose text starts before `end`. */
+    const due = (end: number): TokenLogprobs[] | undefined => {
+      if (!entries) return undefined;
+      let j = entriesSent;
+      while (j < entries.length && entries[j].offset < end) j++;
+      const out = entries.slice(entriesSent, j);
+      entriesSent = j;
+      return out;
+    };
     const send = (events: ReplyEvent[]) => {
       if (events.length === 0) return;
-      w.events(events, pending);
+      w.events(events, pending, due(text.length));
       pending = [];
+    };
+    const decoded = (t: string) => {
+      decodedLength += t.length;
+      return t;
     };
     const emit = (t: string) => {
       if (!t) return;
@@ -433,22 +452,26 @@ export class ApiServer {
     };
     const room = cluster.o.ctx - ids.length;
     const maxTokens = Math.min(p.maxTokens ?? room, this.o.nPredict ?? room, room);
+    const sampler = new Sampler({ ...p.sampler, constraint, closeAfter: closingStart(maxTokens), logprobs: p.logprobs });
     // Numbered as it is queued (cluster.generate queues synchronously), so the log shows the order.
     const tag = `request ${++this.received} (${w.id})`;
     const startedAt = performance.now();
     try {
       const out = await cluster.generate({
-        kind: p.kind, prompt: ids, maxTokens, sampler: new Sampler({ ...p.sampler, constraint, closeAfter: closingStart(maxTokens) }), isEnd: (id) => tok.isEog(id),
+        kind: p.kind, prompt: ids, maxTokens, sampler, isEnd: (id) => tok.isEog(id),
         signal: abort.signal, cacheScope,
         onStart: () => w.start(),
         onToken: (id) => {
           pending.push(id);
-          emit(stops.push(decoder.push(id)));
+          if (entries && sampler.last) entries.push({ ...sampler.last, offset: decodedLength });
+          emit(stops.push(decoded(decoder.push(id))));
           return !stops.stopped;
         },
       });
-      emit(stops.push(decoder.flush()));
+      emit(stops.push(decoded(decoder.flush())));
       emit(stops.flush());
+      // The reply's tokens: all but those a stop string cut off.
+      if (entries && stops.stopped) entries.length = entries.filter((e) => e.offset < text.length).length;
       done = true;
       const r = out.result;
       if (abort.signal.aborted) {
@@ -475,7 +498,7 @@ export class ApiServer {
       w.finish({
         content: reply ? reply.content : text, calls, finish,
         stopType: stops.stopped ? "word" : r.stopReason === "end" ? "eos" : "limit", stoppingWord: stops.word,
-        prompt: ids, generated: r.ids, usage: u,
+        prompt: ids, generated: r.ids, usage: u, logprobs: entries,
         ms: { queue: out.queueMs, prompt: promptMs, eval: Math.max(0, total - out.queueMs - promptMs), total },
       });
     } catch (e) {

@@ -11,10 +11,11 @@ import { ApiError, asObject, bad, optBool, parseCompletionRequest, renameParam, 
 type Json = Record<string, unknown>;
 
 /** /completion's fields: read, or accepted because they cannot change the answer. Any other is refused
- * by name (n_probs and grammar by the OpenAI path's own words). */
+ * by name (grammar by the OpenAI path's own words; n_probs and logit_bias are not wired to this
+ * dialect yet). */
 const COMPLETION_FIELDS = new Set([
   "prompt", "n_predict", "max_tokens", "stream", "stop", "temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "repeat_last_n",
-  "presence_penalty", "frequency_penalty", "json_schema", "return_tokens", "model", "n_probs", "grammar",
+  "presence_penalty", "frequency_penalty", "json_schema", "return_tokens", "model", "grammar",
   // Every request reuses its client's prompt cache, and there is one slot (id 0).
   "cache_prompt", "id_slot",
 ]);

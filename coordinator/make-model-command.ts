@@ -21,7 +21,9 @@ const HELP = `usage: prima-coord make-model --shape NAME --type TYPE --out FILE 
   custom shape (starting from --shape, or from tiny-llama):
   --arch A          ${supportedArchitectures.join(", ")}
   --dims N      --layers N     --heads N
-  --kv-heads N      --ffn N             --vocab-size N                --ctx N`;
+  --kv-heads N      --ffn N             --vocab-size N                --ctx N
+  --experts N       --experts-used K    --expert-ffn N    a mixture of experts (llama: Mixtral-style;
+                                                          qwen3moe); --experts 0 makes a llama dense`;
 
 class UsageError extends Error {
   override name = "UsageError";
@@ -53,7 +55,8 @@ export function parseMakeModelArgs(argv: string[]): MakeModelArgs | "help" {
         shape: { type: "string" }, type: { type: "string" }, out: { type: "string" }, pure: { type: "boolean" },
         vocab: { type: "string" }, seed: { type: "string" }, "weight-std": { type: "string" }, arch: { type: "string" }, dims: { type: "string" },
         layers: { type: "string" }, heads: { type: "string" }, "kv-heads": { type: "string" }, ffn: { type: "string" },
-        "vocab-size": { type: "string" }, ctx: { type: "string" }, help: { type: "boolean", short: "h" },
+        "vocab-size": { type: "string" }, ctx: { type: "string" }, experts: { type: "string" }, "experts-used": { type: "string" },
+        "expert-ffn": { type: "string" }, help: { type: "boolean", short: "h" },
       },
     }));
   } catch (e) {
@@ -62,7 +65,8 @@ export function parseMakeModelArgs(argv: string[]): MakeModelArgs | "help" {
   if (values.help) return "help";
   if (!values.type) throw new UsageError("--type is required");
   if (!values.out) throw new UsageError("--out is required");
-  const custom = values.dims ?? values.layers ?? values.heads ?? values["kv-heads"] ?? values.ffn ?? values["vocab-size"] ?? values.ctx ?? values.arch;
+  const custom = values.dims ?? values.layers ?? values.heads ?? values["kv-heads"] ?? values.ffn ?? values["vocab-size"] ?? values.ctx ?? values.arch ??
+    values.experts ?? values["experts-used"] ?? values["expert-ffn"];
   if (!values.shape && custom === undefined) throw new UsageError("--shape (or a custom --dims/--layers/... shape) is required");
   let base = modelShapeByName(values.shape ?? "tiny-llama");
   if (!base) throw new UsageError(`unknown shape "${values.shape}" (known: ${modelShapes.map((s) => s.name).join(", ")})`);
@@ -88,6 +92,15 @@ export function parseMakeModelArgs(argv: string[]): MakeModelArgs | "help" {
       // a head size of its own only while the heads and width are the named shape's
       headDim: values.dims || values.heads ? undefined : base.headDim,
     };
+    if (values.experts !== undefined || values["experts-used"] !== undefined || values["expert-ffn"] !== undefined) {
+      const experts = values.experts === "0" ? 0 : intArg("experts", values.experts) ?? base.nExpert ?? 8;
+      base = experts === 0
+        ? { ...base, nExpert: undefined, nExpertUsed: undefined, nFfExp: undefined }
+        : {
+          ...base, nExpert: experts, nExpertUsed: intArg("experts-used", values["experts-used"]) ?? base.nExpertUsed ?? 2,
+          nFfExp: intArg("expert-ffn", values["expert-ffn"]) ?? base.nFfExp,
+        };
+    }
   }
   let vocab: BundledVocabName | undefined;
   if (values.vocab !== undefined) {

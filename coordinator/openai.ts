@@ -3,11 +3,11 @@
 // OpenAI-style error object naming the field), responses and stream chunks built in one place, and
 // stop strings found across token boundaries.
 import type { ChatMessage } from "../model/index.js";
-import { Sampler, SamplerError, type SamplerOptions } from "../engine/index.js";
+import { Sampler, SamplerError, type SamplerOptions, type StepLogprobs } from "../engine/index.js";
 import { SchemaError, checkSchema } from "../grammar/index.js";
 import type { ReplyEvent, ToolCall, ToolChoice, ToolDef } from "../tools/index.js";
 import type { ServerResponse } from "node:http";
-import { sendJson, type Dialect, type Finished, type GenerationAsk, type ReplyWriter } from "./http-reply.js";
+import { sendJson, type Dialect, type Finished, type GenerationAsk, type ReplyWriter, type Served } from "./http-reply.js";
 
 export class ApiError extends Error {
   override name = "ApiError";
@@ -43,9 +43,22 @@ export interface ParsedRequest {
   readonly tools?: readonly ToolDef[];
   readonly toolChoice?: ToolChoice;
   readonly parallelToolCalls?: boolean;
+  /** Log probabilities asked for: how many alternatives per token (chat: logprobs with top_logprobs;
+   * completions: logprobs N). Undefined: none. */
+  readonly logprobs?: number;
+}
+
+/** What checking a request needs to know about the served model. */
+export interface RequestLimits {
+  /** Tokens in the vocabulary: logit_bias names ids below it. */
+  readonly nVocab?: number;
 }
 
 const MAX_STOP = 16;
+const MAX_LOGIT_BIAS = 1024;
+/** OpenAI's limits: top_logprobs (chat) up to 20, a completion's logprobs up to 5. */
+const MAX_TOP_LOGPROBS = 20;
+const MAX_COMPLETION_LOGPROBS = 5;
 const MAX_TOOLS = 128;
 const FUNCTION_NAME = /^[a-zA-Z0-9_.-]{1,64}$/;
 const ROLES = new Set(["system", "developer", "user", "assistant", "tool"]);
@@ -85,24 +98,59 @@ function refuseUnsupported(b: Json): void {
   if (f !== undefined && f !== null && !(Array.isArray(f) && f.length === 0)) {
     throw new ApiError(400, "functions: the deprecated functions field is not supported; use tools", "invalid_request_error", "unsupported_parameter", "functions");
   }
-  if (b.logprobs === true || (b.logprobs !== undefined && b.logprobs !== null && typeof b.logprobs === "number")) {
-    throw new ApiError(400, "logprobs: log probabilities are not supported yet", "invalid_request_error", "unsupported_parameter", "logprobs");
-  }
-  // Fields that would change the answer, which this server does not do yet: refused by name, never
-  // silently ignored (an empty logit_bias changes nothing and passes).
-  const lb = b.logit_bias;
-  if (lb !== undefined && lb !== null && !(typeof lb === "object" && !Array.isArray(lb) && Object.keys(lb).length === 0)) {
-    throw new ApiError(400, "logit_bias: not supported yet", "invalid_request_error", "unsupported_parameter", "logit_bias");
-  }
+  // Fields that would change the answer, which this server does not do: refused by name, never
+  // silently ignored.
   const unsupported: [string, string][] = [
-    ["top_logprobs", "log probabilities are not supported yet"],
-    ["n_probs", "log probabilities are not supported yet"],
     ["grammar", "llama-server's top-level grammar is not read; send response_format (JSON Schema) instead"],
     ["json_schema", "llama-server's top-level json_schema is not read; send response_format: {type: \"json_schema\", json_schema: {schema}}"],
   ];
   for (const [key, why] of unsupported) {
     if (b[key] !== undefined && b[key] !== null) throw new ApiError(400, `${key}: ${why}`, "invalid_request_error", "unsupported_parameter", key);
   }
+  // llama-server's probabilities after its sampling chain: this server reports the model's own.
+  if (b.post_sampling_probs === true) {
+    throw new ApiError(400, "post_sampling_probs: log probabilities are the model's distribution (before temperature, penalties, logit_bias and grammar), not after the sampling chain",
+      "invalid_request_error", "unsupported_parameter", "post_sampling_probs");
+  }
+}
+
+/** logit_bias: {"token id": bias}, as OpenAI sends it; each id in the vocabulary, each bias a number
+ * from -100 to 100. */
+function parseLogitBias(b: Json, nVocab: number | undefined): Map<number, number> | undefined {
+  const raw = b.logit_bias;
+  if (raw === undefined || raw === null) return undefined;
+  if (typeof raw !== "object" || Array.isArray(raw)) throw bad("logit_bias", "must be an object of token ids to biases, e.g. {\"50256\": -100}");
+  const entries = Object.entries(raw as Json);
+  if (entries.length > MAX_LOGIT_BIAS) throw bad("logit_bias", `at most ${MAX_LOGIT_BIAS} tokens (got ${entries.length})`);
+  const bias = new Map<number, number>();
+  for (const [key, v] of entries) {
+    const shown = JSON.stringify(key.length > 40 ? `${key.slice(0, 40)}...` : key);
+    if (!/^(0|[1-9][0-9]{0,9})$/.test(key)) throw bad("logit_bias", `key ${shown} is not a token id (a whole number, as a string)`);
+    const id = Number(key);
+    if (nVocab !== undefined && id >= nVocab) throw bad("logit_bias", `key ${shown}: token id ${id} is out of range (the vocabulary has ${nVocab} tokens)`);
+    if (typeof v !== "number" || !Number.isFinite(v)) throw bad("logit_bias", `key ${shown}: the bias must be a number (got ${v === null ? "null" : typeof v})`);
+    if (v < -100 || v > 100) throw bad("logit_bias", `key ${shown}: the bias must be from -100 to 100 (got ${v})`);
+    bias.set(id, v);
+  }
+  return bias;
+}
+
+/** How many alternatives per token the request asks log probabilities for; undefined: none.
+ * Chat: logprobs true with top_logprobs 0..20; completions: logprobs 0..5 (the legacy format);
+ * either: llama-server's n_probs 0..20 when logprobs is not given. */
+function parseLogprobs(b: Json, kind: "chat" | "completion"): number | undefined {
+  const given = b.logprobs !== undefined && b.logprobs !== null;
+  const nProbs = optInt(b, "n_probs", 0, MAX_TOP_LOGPROBS);
+  if (kind === "completion") {
+    if (given && typeof b.logprobs !== "number") throw bad("logprobs", `must be a whole number from 0 to ${MAX_COMPLETION_LOGPROBS} (got ${typeof b.logprobs})`);
+    return given ? optInt(b, "logprobs", 0, MAX_COMPLETION_LOGPROBS) : nProbs || undefined;
+  }
+  const on = optBool(b, "logprobs");
+  const top = optInt(b, "top_logprobs", 0, MAX_TOP_LOGPROBS);
+  if (on) return top ?? 0;
+  if (!given && nProbs) return nProbs;
+  if (top) throw bad("top_logprobs", "needs logprobs: true");
+  return undefined;
 }
 
 /** An error from these checks, naming a dialect's own field for the OpenAI one it was read as
@@ -180,7 +228,7 @@ function parseTools(b: Json): Pick<ParsedRequest, "tools" | "toolChoice" | "para
   return { tools, toolChoice, parallelToolCalls: optBool(b, "parallel_tool_calls") ?? true };
 }
 
-function common(b: Json, kind: "chat" | "completion"): Omit<ParsedRequest, "messages" | "prompt"> {
+function common(b: Json, kind: "chat" | "completion", limits: RequestLimits): Omit<ParsedRequest, "messages" | "prompt"> {
   refuseUnsupported(b);
   if (b.model !== undefined && b.model !== null && typeof b.model !== "string") throw bad("model", "must be a string");
   const maxTokens = optInt(b, "max_completion_tokens", 0, 1e9) ?? optInt(b, "max_tokens", 0, 1e9);
@@ -210,6 +258,7 @@ function common(b: Json, kind: "chat" | "completion"): Omit<ParsedRequest, "mess
     presencePenalty: optNumber(b, "presence_penalty", -2, 2),
     repeatPenalty: repetition,
     repeatLastN: lastN === -1 ? 2 ** 31 - 1 : lastN,
+    logitBias: parseLogitBias(b, limits.nVocab),
   };
   // The seed reaches a 32-bit generator: fold it, keeping negative seeds distinct.
   const s = sampler as { seed?: number };
@@ -221,6 +270,7 @@ function common(b: Json, kind: "chat" | "completion"): Omit<ParsedRequest, "mess
     includeUsage: streamOptions ? optBool(streamOptions as Json, "include_usage") ?? false : false,
     model: (b.model ?? undefined) as string | undefined,
     responseFormat: parseResponseFormat(b),
+    logprobs: parseLogprobs(b, kind),
   };
 }
 
@@ -228,7 +278,7 @@ function common(b: Json, kind: "chat" | "completion"): Omit<ParsedRequest, "mess
 const SAMPLING_PARAMS: Readonly<Record<keyof SamplerOptions, string>> = {
   temperature: "temperature", topP: "top_p", topK: "top_k", minP: "min_p", seed: "seed", frequencyPenalty: "frequency_penalty",
   presencePenalty: "presence_penalty", repeatPenalty: "repetition_penalty", repeatLastN: "repeat_last_n",
-  constraint: "response_format", closeAfter: "max_tokens",
+  constraint: "response_format", closeAfter: "max_tokens", logitBias: "logit_bias", logprobs: "top_logprobs",
 };
 
 /** The sampler's own ranges (engine/sampler.ts, one rule for the CLI and the API), as a 400 naming the
@@ -267,7 +317,7 @@ function contentText(c: unknown, i: number): string {
   throw bad(`messages[${i}].content`, "must be a string or an array of text parts");
 }
 
-export function parseChatRequest(body: unknown): ParsedRequest {
+export function parseChatRequest(body: unknown, limits: RequestLimits = {}): ParsedRequest {
   const b = asObject(body);
   const m = b.messages;
   if (!Array.isArray(m) || m.length === 0) throw bad("messages", "must be a non-empty array of {role, content}");
@@ -284,7 +334,7 @@ export function parseChatRequest(body: unknown): ParsedRequest {
     if (typeof msg.name === "string") out.name = msg.name;
     return out;
   });
-  const parsed = { ...common(b, "chat"), messages, ...parseTools(b) };
+  const parsed = { ...common(b, "chat", limits), messages, ...parseTools(b) };
   if (parsed.tools && parsed.toolChoice !== "none" && parsed.responseFormat) {
     throw new ApiError(400, "response_format: cannot be combined with tools (use tool_choice \"none\", or leave one out)", "invalid_request_error", "unsupported_value", "response_format");
   }
@@ -309,7 +359,7 @@ function messageToolCalls(raw: unknown, i: number): unknown[] {
   });
 }
 
-export function parseCompletionRequest(body: unknown): ParsedRequest {
+export function parseCompletionRequest(body: unknown, limits: RequestLimits = {}): ParsedRequest {
   const b = asObject(body);
   let prompt = b.prompt;
   if (Array.isArray(prompt)) {
@@ -319,7 +369,7 @@ export function parseCompletionRequest(body: unknown): ParsedRequest {
   if (typeof prompt !== "string") throw bad("prompt", "must be a string");
   if (b.echo === true) throw new ApiError(400, "echo: not supported", "invalid_request_error", "unsupported_parameter", "echo");
   if (b.suffix !== undefined && b.suffix !== null) throw new ApiError(400, "suffix: not supported", "invalid_request_error", "unsupported_parameter", "suffix");
-  return { ...common(b, "completion"), prompt };
+  return { ...common(b, "completion", limits), prompt };
 }
 
 export type FinishReason = "stop" | "length" | "tool_calls";
@@ -335,6 +385,48 @@ export function usage(promptTokens: number, completionTokens: number, cachedToke
   return { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens, prompt_tokens_details: { cached_tokens: cachedTokens } };
 }
 
+/** A generated token's log probabilities, and where its text starts in the reply (UTF-16 units). */
+export interface TokenLogprobs extends StepLogprobs {
+  readonly offset: number;
+}
+
+/** A token's piece: its bytes as the tokenizer renders it (a piece may be part of a UTF-8 character). */
+export type PieceOf = (id: number) => Uint8Array;
+
+/** A piece as text: bytes that are not whole UTF-8 become U+FFFD, as in the streamed text. */
+const pieceText = (bytes: Uint8Array): string => new TextDecoder().decode(bytes);
+
+/** Log probabilities as OpenAI reports them: chat's {content: [{token, logprob, bytes, top_logprobs}]},
+ * or the completions' legacy {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}
+ * (offsets from the start of the completion's text). Null when none were asked for. */
+export function formatLogprobs(kind: "chat" | "completion", entries: readonly TokenLogprobs[] | undefined, piece: PieceOf) {
+  if (!entries) return null;
+  if (kind === "chat") {
+    const one = (id: number, logprob: number) => {
+      const bytes = piece(id);
+      return { token: pieceText(bytes), logprob, bytes: Array.from(bytes) };
+    };
+    return { content: entries.map((e) => ({ ...one(e.id, e.logprob), top_logprobs: e.top.map((t) => one(t.id, t.logprob)) })), refusal: null };
+  }
+  return {
+    tokens: entries.map((e) => pieceText(piece(e.id))),
+    token_logprobs: entries.map((e) => e.logprob),
+    top_logprobs: entries.map((e) => {
+      // Two tokens with the same text (partial UTF-8) share a key: the more likely one stays. No
+      // prototype, so a token "__proto__" is a key like any other.
+      const top = Object.create(null) as Record<string, number>;
+      for (const t of e.top) {
+        const key = pieceText(piece(t.id));
+        if (!(key in top)) top[key] = t.logprob;
+      }
+      return top;
+    }),
+    text_offset: entries.map((e) => e.offset),
+  };
+}
+
+type Logprobs = ReturnType<typeof formatLogprobs>;
+
 /** Builds the response objects of one request (ids and timestamps shared by its chunks). */
 export class ResponseShaper {
   readonly id: string;
@@ -348,28 +440,29 @@ export class ResponseShaper {
     return { id: this.id, object, created: this.created, model: this.model, system_fingerprint: "prima" };
   }
 
-  full(text: string | null, finish: FinishReason, u: Usage, toolCalls: readonly ToolCall[] = []) {
+  full(text: string | null, finish: FinishReason, u: Usage, toolCalls: readonly ToolCall[] = [], logprobs: Logprobs = null) {
     const calls = toolCalls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } }));
     const message = { role: "assistant", content: text, ...(calls.length ? { tool_calls: calls } : {}) };
     return this.kind === "chat"
-      ? { ...this.base("chat.completion"), choices: [{ index: 0, message, logprobs: null, finish_reason: finish }], usage: u }
-      : { ...this.base("text_completion"), choices: [{ index: 0, text, logprobs: null, finish_reason: finish }], usage: u };
+      ? { ...this.base("chat.completion"), choices: [{ index: 0, message, logprobs, finish_reason: finish }], usage: u }
+      : { ...this.base("text_completion"), choices: [{ index: 0, text, logprobs, finish_reason: finish }], usage: u };
   }
 
-  /** A stream chunk: text (the first chat chunk also carries the role), or the finish reason. */
-  chunk(text: string | null, finish: FinishReason | null, first = false) {
+  /** A stream chunk: text (the first chat chunk also carries the role), or the finish reason; with the
+   * log probabilities of the tokens it carries. */
+  chunk(text: string | null, finish: FinishReason | null, first = false, logprobs: Logprobs = null) {
     if (this.kind === "chat") {
       const delta = text === null ? {} : first ? { role: "assistant", content: text } : { content: text };
-      return { ...this.base("chat.completion.chunk"), choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }] };
+      return { ...this.base("chat.completion.chunk"), choices: [{ index: 0, delta, logprobs, finish_reason: finish }] };
     }
-    return { ...this.base("text_completion"), choices: [{ index: 0, text: text ?? "", logprobs: null, finish_reason: finish }] };
+    return { ...this.base("text_completion"), choices: [{ index: 0, text: text ?? "", logprobs, finish_reason: finish }] };
   }
 
   /** A chat stream chunk with a tool call's start (id and name) or a piece of its arguments. */
-  toolChunk(index: number, call: { id: string; name: string } | { arguments: string }, first = false) {
+  toolChunk(index: number, call: { id: string; name: string } | { arguments: string }, first = false, logprobs: Logprobs = null) {
     const fn = "id" in call ? { index, id: call.id, type: "function", function: { name: call.name, arguments: "" } } : { index, function: { arguments: call.arguments } };
     const delta = first ? { role: "assistant", content: null, tool_calls: [fn] } : { tool_calls: [fn] };
-    return { ...this.base("chat.completion.chunk"), choices: [{ index: 0, delta, logprobs: null, finish_reason: null }] };
+    return { ...this.base("chat.completion.chunk"), choices: [{ index: 0, delta, logprobs, finish_reason: null }] };
   }
 
   usageChunk(u: Usage) {
@@ -428,11 +521,13 @@ export class StopMatcher {
 }
 
 /** The OpenAI dialect: /v1/chat/completions and /v1/completions, streamed as server-sent events. */
-export function openAiDialect(kind: "chat" | "completion", modelId: string): Dialect {
+export function openAiDialect(kind: "chat" | "completion", s: Served): Dialect {
+  const limits: RequestLimits = { nVocab: s.tok.nVocab };
+  const piece: PieceOf = (id) => s.tok.tokenPiece(id, { special: true });
   return {
     errorBody: (e) => e.body(),
-    parse: (body) => ({ request: kind === "chat" ? parseChatRequest(body) : parseCompletionRequest(body) }),
-    writer: (res, ask, _prompt, id) => new OpenAiWriter(res, ask, new ResponseShaper(kind, modelId, id)),
+    parse: (body) => ({ request: kind === "chat" ? parseChatRequest(body, limits) : parseCompletionRequest(body, limits) }),
+    writer: (res, ask, _prompt, id) => new OpenAiWriter(res, ask, new ResponseShaper(kind, s.modelId, id), piece),
   };
 }
 
@@ -440,10 +535,19 @@ class OpenAiWriter implements ReplyWriter {
   private first = true;
   private readonly p: ParsedRequest;
   readonly id: string;
+  /** Log-probability entries a stream has sent. */
+  private sent = 0;
 
-  constructor(private readonly res: ServerResponse, ask: GenerationAsk, private readonly shaper: ResponseShaper) {
+  constructor(private readonly res: ServerResponse, ask: GenerationAsk, private readonly shaper: ResponseShaper, private readonly piece: PieceOf) {
     this.p = ask.request;
     this.id = shaper.id;
+  }
+
+  /** Entries as this request's kind reports them; null when there are none to send. */
+  private format(entries: readonly TokenLogprobs[] | undefined) {
+    if (!entries || entries.length === 0) return null;
+    this.sent += entries.length;
+    return formatLogprobs(this.p.kind, entries, this.piece);
   }
 
   private write(chunk: unknown): void {
@@ -458,20 +562,27 @@ class OpenAiWriter implements ReplyWriter {
     if (this.p.kind === "chat") this.write(this.shaper.chunk("", null, true));
   }
 
-  events(events: readonly ReplyEvent[]): void {
+  /** Each piece as a chunk; the tokens' log probabilities ride with the first. */
+  events(events: readonly ReplyEvent[], _ids: readonly number[], logprobs?: readonly TokenLogprobs[]): void {
     if (!this.p.stream) return;
+    let lp = this.format(logprobs);
     for (const e of events) {
-      if (e.kind === "content") this.write(this.shaper.chunk(e.text, null, this.first));
-      else this.write(this.shaper.toolChunk(e.index, e.kind === "call" ? e : { arguments: e.text }, this.first));
+      if (e.kind === "content") this.write(this.shaper.chunk(e.text, null, this.first, lp));
+      else this.write(this.shaper.toolChunk(e.index, e.kind === "call" ? e : { arguments: e.text }, this.first, lp));
+      lp = null;
     }
   }
 
   finish(f: Finished): void {
     if (!this.p.stream) {
-      sendJson(this.res, 200, this.shaper.full(f.content, f.finish, f.usage, f.calls));
+      sendJson(this.res, 200, this.shaper.full(f.content, f.finish, f.usage, f.calls, f.logprobs ? formatLogprobs(this.p.kind, f.logprobs, this.piece) : null));
       return;
     }
     if (this.first && this.p.kind === "chat") this.write(this.shaper.chunk("", null, true));
+    // Tokens whose text is not out yet (empty pieces, a character still incomplete): their entries
+    // in a chunk of no text before the finish.
+    const rest = this.format(f.logprobs?.slice(this.sent));
+    if (rest) this.write(this.shaper.chunk("", null, false, rest));
     this.write(this.shaper.chunk(null, f.finish));
     if (this.p.includeUsage) this.write(this.shaper.usageChunk(f.usage));
     this.res.end("data: [DONE]\n\n");

@@ -109,5 +109,6 @@ export function nativeHParams(desc: ModelDescription): NativeHParams {
     queryScale: h.queryScale, scoreScale: h.scoreScale, layerWindow: h.layerWindow,
     ropeFreqBaseSwa: h.ropeFreqBaseSwa, ropeFreqScaleSwa: h.ropeFreqScaleSwa, ropeAttnFactor: h.ropeAttnFactor,
     nCtxOrig: h.nCtxOrig, attnSoftcap: h.attnSoftcap, finalSoftcap: h.finalSoftcap,
+    nExpert: h.nExpert, nExpertUsed: h.nExpertUsed, nFfExp: h.nFfExp,
   };
 }

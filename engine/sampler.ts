@@ -1,6 +1,10 @@
 // Token sampling: repetition penalties, top-k, top-p, min-p, temperature, then a seeded draw, in
 // llama.cpp's default order. Greedy (argmax) when the temperature is 0. Reproducible for a seed.
-// With a constraint (grammar/: JSON Schema, tools), tokens it forbids are masked out first.
+// With a constraint (grammar/: JSON Schema, tools), tokens it forbids are masked out before the draw.
+// Order at each step: the log probabilities are read (the model's raw distribution), then logit_bias
+// is added, then the constraint masks (a bias never lets a forbidden token through), then penalties
+// and the draw (or the argmax).
+import { stepLogprobs, type StepLogprobs } from "./logprobs.js";
 
 /** Which tokens may come next (structured output); the sampler masks the rest out. */
 export interface TokenConstraint {
@@ -34,6 +38,13 @@ export interface SamplerOptions {
   /** After this many constrained tokens, let the constraint steer to the quickest end (pickClosing), so
    * that the value ends within its budget. */
   readonly closeAfter?: number;
+  /** Added to these tokens' logits before anything else changes them (OpenAI's logit_bias; -100
+   * effectively bans a token, +100 all but forces it). */
+  readonly logitBias?: ReadonlyMap<number, number>;
+  /** Record each step's log probabilities (`last`): the chosen token's and this many alternatives.
+   * They are the model's distribution, log-softmax of the raw logits: before logit_bias, penalties,
+   * the constraint's mask and temperature, as OpenAI reports them. Undefined: none recorded. */
+  readonly logprobs?: number;
 }
 
 export class SamplerError extends Error {
@@ -100,6 +111,11 @@ export class Sampler {
   readonly seed: number;
   readonly constraint: TokenConstraint | undefined;
   readonly closeAfter: number;
+  readonly logitBias: ReadonlyMap<number, number> | undefined;
+  readonly logprobs: number | undefined;
+  /** The last step's log probabilities (with the logprobs option). */
+  last: StepLogprobs | undefined;
+  private raw = new Float32Array(0);
   private steps = 0;
   private readonly rng: Rng;
   private ids = new Int32Array(0);
@@ -117,6 +133,8 @@ export class Sampler {
     this.seed = o.seed ?? Math.floor(Math.random() * 2 ** 32);
     this.constraint = o.constraint;
     this.closeAfter = o.closeAfter ?? Infinity;
+    this.logitBias = o.logitBias && o.logitBias.size > 0 ? o.logitBias : undefined;
+    this.logprobs = o.logprobs;
     const check = (ok: boolean, option: keyof SamplerOptions, what: string) => {
       if (!ok) throw new SamplerError(option, what);
     };
@@ -130,6 +148,11 @@ export class Sampler {
     check(Number.isFinite(this.frequencyPenalty), "frequencyPenalty", `frequency penalty must be a number (got ${this.frequencyPenalty})`);
     check(Number.isFinite(this.presencePenalty), "presencePenalty", `presence penalty must be a number (got ${this.presencePenalty})`);
     check(Number.isInteger(this.seed) && this.seed >= 0 && this.seed < 2 ** 32, "seed", `seed must be an integer in [0, 2^32)`);
+    check(this.logprobs === undefined || (Number.isInteger(this.logprobs) && this.logprobs >= 0), "logprobs", `logprobs must be a whole number >= 0 (got ${this.logprobs})`);
+    for (const [id, bias] of this.logitBias ?? []) {
+      check(Number.isInteger(id) && id >= 0, "logitBias", `logit bias: token id ${id} is not a token id`);
+      check(Number.isFinite(bias), "logitBias", `logit bias of token ${id} must be a number (got ${bias})`);
+    }
     this.rng = new Rng(this.seed);
   }
 
@@ -137,18 +160,40 @@ export class Sampler {
     return this.temperature === 0;
   }
 
-  /** Picks the next token among those the constraint allows (generate's entry point). */
+  /** Picks the next token among those the constraint allows (generate's entry point). logits may be
+   * modified (bias, mask and penalties are applied in place). */
   async next(logits: Float32Array, history: ArrayLike<number> = []): Promise<number> {
     const c = this.constraint;
     if (!c) return this.sample(logits, history);
+    this.before(logits);
     if ((await c.mask(logits)) === 0) throw new SamplerError("constraint", "the constraint allows no token here");
-    const id = ++this.steps > this.closeAfter && c.pickClosing ? c.pickClosing(logits) : this.sample(logits, history);
+    const id = ++this.steps > this.closeAfter && c.pickClosing ? c.pickClosing(logits) : this.choose(logits, history);
     if (!c.accept(id)) throw new SamplerError("constraint", `the constraint refused token ${id}, which its own mask allowed`);
+    return this.after(id);
+  }
+
+  /** Picks the next token, unconstrained. logits may be modified (bias and penalties are applied in place). */
+  sample(logits: Float32Array, history: ArrayLike<number> = []): number {
+    this.before(logits);
+    return this.after(this.choose(logits, history));
+  }
+
+  /** Keeps the raw row for the log probabilities, then adds the bias. */
+  private before(logits: Float32Array): void {
+    if (this.logprobs !== undefined) {
+      if (this.raw.length !== logits.length) this.raw = new Float32Array(logits.length);
+      this.raw.set(logits);
+    }
+    if (this.logitBias) for (const [id, bias] of this.logitBias) if (id < logits.length) logits[id] += bias;
+  }
+
+  private after(id: number): number {
+    if (this.logprobs !== undefined) this.last = stepLogprobs(this.raw, id, this.logprobs);
     return id;
   }
 
-  /** Picks the next token, unconstrained. logits may be modified (penalties are applied in place). */
-  sample(logits: Float32Array, history: ArrayLike<number> = []): number {
+  /** Penalties, then the argmax or the draw. */
+  private choose(logits: Float32Array, history: ArrayLike<number>): number {
     this.applyPenalties(logits, history);
     if (this.greedy) return argmax(logits);
     let n = this.selectTopK(logits);

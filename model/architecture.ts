@@ -15,11 +15,23 @@ export type {
   ArchFamily, Architecture, FamilyShape, HParams, LayerSlot, LayerTensors, ModelDescription, ModelTensors, TensorRef,
 } from "./arch/index.js";
 
+/** Mixture-of-experts families prima does not run yet, with what they need beyond qwen3moe and Mixtral. */
+const MOE_NEEDS: Readonly<Record<string, string>> = {
+  deepseek2: "multi-head latent attention (MLA) and shared experts",
+  deepseek: "shared experts",
+  qwen2moe: "shared experts with a sigmoid gate",
+  "gpt-oss": "attention sinks, expert biases and the clamped SwiGLU (swiglu_oai)",
+  granitemoe: "Granite's multipliers and shared experts",
+  olmoe: "unnormalised expert weights",
+};
+
 function familyOfFile(f: GgufFile): ArchFamily {
   const archName = metaString(f, "general.architecture");
   if (archName === undefined) throw new GgufError(`${f.path}: missing general.architecture`);
   const family = familyOf(archName);
   if (!family) {
+    const needs = MOE_NEEDS[archName];
+    if (needs) throw new GgufError(`${f.path}: architecture "${archName}" is a mixture-of-experts family prima does not run yet: it needs ${needs} (supported: ${supportedArchitectures.join(", ")})`);
     throw new GgufError(`${f.path}: architecture "${printable(archName, 80)}" is not supported (supported: ${supportedArchitectures.join(", ")})`);
   }
   return family;
@@ -28,6 +40,10 @@ function familyOfFile(f: GgufFile): ArchFamily {
 export function readHParams(f: GgufFile): HParams {
   const family = familyOfFile(f);
   const keys = keyReader(f, family.name);
+  const nExpert = keys.number("expert_count") ?? 0;
+  if (!family.moe && (nExpert !== 0 || keys.hasTensor("blk.0.ffn_gate_inp.weight"))) {
+    throw new GgufError(`${f.path}: ${family.name}.expert_count = ${nExpert}: mixture-of-experts layers are not supported for ${family.name}`);
+  }
   const common = commonHParams(keys, family.name, family.ropeNeox, fileVocabSize(f));
   return family.hparams(keys, { ...common, hasRopeFreqs: common.hasRopeFreqs && Boolean(family.ropeFreqs) });
 }

@@ -83,13 +83,18 @@ function layerFlopsOf(l: LayerTensors, hp: HParams, nKvCache: number, window: nu
   // a sliding-window layer attends to at most its window
   const nKv = window > 0 ? Math.min(window, nKvCache) : nKvCache;
   const acc: Record<string, number> = {};
-  for (const w of [l.wq, l.wk, l.wv, l.wo, l.wGate, l.wUp, l.wDown]) addTo(acc, ggmlTypeName(w.type), matmulFlops(w));
+  for (const w of [l.wq, l.wk, l.wv, l.wo, l.wGate, l.wUp, l.wDown, l.ffnGateInp]) if (w) addTo(acc, ggmlTypeName(w.type), matmulFlops(w));
+  // a token runs nExpertUsed of the nExpert experts: that share of the expert tensors' FLOPs
+  const used = hp.nExpert > 0 ? hp.nExpertUsed / hp.nExpert : 0;
+  for (const w of [l.ffnGateExps, l.ffnUpExps, l.ffnDownExps]) if (w) addTo(acc, ggmlTypeName(w.type), matmulFlops(w) * used);
+  const ffWidth = hp.nExpert > 0 ? hp.nExpertUsed * hp.nFfExp : hp.nFf;
   const E = hp.nEmbd, qDim = hp.nHead * hp.headDimK, kvDim = hp.nHeadKv * hp.headDimK;
   let f32 = 0;
   f32 += 2 * (4 * E + 1); // two RMSNorms: square, sum, scale, multiply by the weight
   f32 += 2.5 * (qDim + kvDim); // RoPE on the Q and K rows
   f32 += 7 * hp.nHead * nKv; // scale, mask and softmax over the cache
-  f32 += 8 * hp.nFf + hp.nFf; // SiLU, then the gate product
+  f32 += 8 * ffWidth + ffWidth; // SiLU, then the gate product
+  if (hp.nExpert > 0) f32 += 5 * hp.nExpert + 2 * hp.nExpertUsed * E; // the router's softmax, the experts' weighted sum
   f32 += E; // residual
   if (l.bq && l.bk && l.bv) f32 += qDim + 2 * kvDim; // qwen2's QKV bias adds (not in prima.cpp's count)
   if (l.qNorm) f32 += 4 * (qDim + kvDim); // qwen3/gemma3's per-head Q/K norms

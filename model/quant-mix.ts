@@ -84,7 +84,8 @@ function fallback(type: number, rowElems: number): number {
 export function tensorTypeFor(fileType: FileTypeName, t: TensorForTyping, shape: ModelShape, pure = false): number {
   const { base } = FILE_TYPES[fileType];
   // tensor_allows_quantization: 2-D tensors whose name ends in "weight", norms excepted
-  const quantizable = t.dims.length >= 2 && t.name.endsWith("weight") && !t.name.includes("_norm.weight");
+  // (and never the experts' router, ffn_gate_inp)
+  const quantizable = t.dims.length >= 2 && t.name.endsWith("weight") && !t.name.includes("_norm.weight") && !t.name.includes("ffn_gate_inp.weight");
   if (!quantizable) return GgmlTypeId.F32;
   if (!isQuantized(base)) return base;
   if (pure) return fallback(base, t.dims[0]);
@@ -95,6 +96,8 @@ export function tensorTypeFor(fileType: FileTypeName, t: TensorForTyping, shape:
   const is70B = n === 80 && (shape.arch === "qwen2" || shape.nHead !== shape.nHeadKv);
   const category = tensorCategory(t.name);
   let type: number = base;
+  // 8 experts (Mixtral 8x7B's count): llama-quantize spends more bits on attention
+  const eightExperts = shape.nExpert === 8;
 
   if (category === "output" || (shape.tiedEmbeddings && category === "token_embd")) {
     if (t.dims[0] % BLOCK[type] !== 0) type = GgmlTypeId.Q8_0;
@@ -108,6 +111,9 @@ export function tensorTypeFor(fileType: FileTypeName, t: TensorForTyping, shape:
     else if ((fileType === "Q4_K_M" || fileType === "Q5_K_M") && moreBits(i)) type = GgmlTypeId.Q6_K;
     else if (fileType === "Q4_K_S" && i < 4) type = GgmlTypeId.Q5_K;
     if (is70B && (type === GgmlTypeId.Q3_K || type === GgmlTypeId.Q4_K)) type = GgmlTypeId.Q5_K;
+    if (eightExperts) type = GgmlTypeId.Q8_0;
+  } else if (category === "attn_k" && eightExperts) {
+    type = GgmlTypeId.Q8_0;
   } else if (category === "ffn_down") {
     if (fileType === "Q2_K") type = GgmlTypeId.Q3_K;
     else if (fileType === "Q3_K_M") type = i < Math.floor(n / 16) ? GgmlTypeId.Q5_K : GgmlTypeId.Q4_K;
@@ -116,6 +122,8 @@ export function tensorTypeFor(fileType: FileTypeName, t: TensorForTyping, shape:
     else if ((fileType === "IQ4_NL" || fileType === "IQ4_XS") && i < Math.floor(n / 8)) type = GgmlTypeId.Q5_K; // (no imatrix)
     else if (fileType === "Q5_K_M" && moreBits(i)) type = GgmlTypeId.Q6_K;
     else if (fileType === "Q4_K_S" && i < Math.floor(n / 8)) type = GgmlTypeId.Q5_K;
+  } else if (category === "attn_output" && eightExperts) {
+    if (["Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ4_XS"].includes(fileType)) type = GgmlTypeId.Q5_K;
   } else if (category === "attn_output") {
     if (fileType === "Q2_K") type = GgmlTypeId.Q3_K;
     else if (fileType === "Q3_K_M") type = GgmlTypeId.Q4_K;

@@ -58,6 +58,16 @@ export const modelShapes: readonly ModelShape[] = [
     name: "phi3-mini", arch: "phi3", nEmbd: 3072, nLayers: 32, nHead: 32, nHeadKv: 32, nFf: 8192, nVocab: 32064,
     tiedEmbeddings: false, qkvBias: false, contextLength: 4096, ropeFreqBase: 10000, normEps: 1e-5, defaultVocab: "llama-spm",
   },
+  {
+    name: "qwen3-30b-a3b", arch: "qwen3moe", nEmbd: 2048, nLayers: 48, nHead: 32, nHeadKv: 4, headDim: 128, nFf: 6144, nVocab: 151936,
+    tiedEmbeddings: false, qkvBias: false, contextLength: 40960, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "qwen2",
+    nExpert: 128, nExpertUsed: 8, nFfExp: 768,
+  },
+  {
+    name: "mixtral-8x7b", arch: "llama", nEmbd: 4096, nLayers: 32, nHead: 32, nHeadKv: 8, nFf: 14336, nVocab: 32000,
+    tiedEmbeddings: false, qkvBias: false, contextLength: 32768, ropeFreqBase: 1000000, normEps: 1e-5, defaultVocab: "llama-spm",
+    nExpert: 8, nExpertUsed: 2,
+  },
   // Test shapes: seconds to make, every dimension a multiple of 256, GQA, stories260K's 512-token vocabulary.
   {
     name: "tiny-llama", arch: "llama", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, nFf: 512, nVocab: 512,
@@ -98,6 +108,18 @@ export const modelShapes: readonly ModelShape[] = [
     tiedEmbeddings: false, qkvBias: false, contextLength: 512, ropeFreqBase: 10000, normEps: 1e-5, defaultVocab: "stories260K",
     ropeOrigContext: 32, ropeAttnFactor: 1.19,
   },
+  // Mixtures of experts: 8 experts of 256 (qwen3moe) and 4 of 512 (Mixtral: llama with experts), 2 used
+  // per token; random routers send different tokens to different experts.
+  {
+    name: "tiny-qwen3moe", arch: "qwen3moe", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, headDim: 128, nFf: 512, nVocab: 512,
+    tiedEmbeddings: true, qkvBias: false, contextLength: 512, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "stories260K",
+    nExpert: 8, nExpertUsed: 2, nFfExp: 256,
+  },
+  {
+    name: "tiny-mixtral", arch: "llama", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, nFf: 512, nVocab: 512,
+    tiedEmbeddings: false, qkvBias: false, contextLength: 512, ropeFreqBase: 1000000, normEps: 1e-5, defaultVocab: "stories260K",
+    nExpert: 4, nExpertUsed: 2,
+  },
   // 8 layers: the layer-dependent type choices of the K-quant mixes (first/last eighth, every third) all
   // occur; 4 heads per KV head: the GQA-dependent ones too.
   {
@@ -128,5 +150,10 @@ export function shapeProblems(s: ModelShape): string[] {
   if (s.headDim === undefined && s.nEmbd % s.nHead !== 0) p.push(`dims ${s.nEmbd} is not a multiple of heads ${s.nHead}`);
   else if ((s.headDim ?? s.nEmbd / s.nHead) % 2 !== 0) p.push(`head size ${s.headDim ?? s.nEmbd / s.nHead} must be even (RoPE rotates pairs)`);
   if (s.nHead % s.nHeadKv !== 0) p.push(`heads ${s.nHead} is not a multiple of kv heads ${s.nHeadKv}`);
+  if (s.nExpert !== undefined) {
+    pos(s.nExpert, "experts");
+    if (s.nExpertUsed !== undefined && !(Number.isInteger(s.nExpertUsed) && s.nExpertUsed >= 1 && s.nExpertUsed <= s.nExpert)) p.push(`experts used ${s.nExpertUsed} must be 1..${s.nExpert}`);
+    if (s.nFfExp !== undefined) pos(s.nFfExp, "expert ffn");
+  }
   return p;
 }

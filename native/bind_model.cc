@@ -207,6 +207,18 @@ Model::Model(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Model>(info) {
     }
     *f.dst = (int)v;
   }
+  // Mixture of experts: 0 for a dense model.
+  struct {
+    const char *key;
+    int *dst;
+  } moe[] = {{"nExpert", &hp.n_expert}, {"nExpertUsed", &hp.n_expert_used}, {"nFfExp", &hp.n_ff_exp}};
+  for (auto &f : moe) {
+    if (!IntArg(h.Get(f.key), 0, 1 << 24, &v)) {
+      ThrowType(env, std::string("hparams.") + f.key + " must be a whole number from 0");
+      return;
+    }
+    *f.dst = (int)v;
+  }
   // Every switch of the shared blocks is required: a family file that forgets one is an error here,
   // not a silent llama default (model/arch/ computes them, engine/local-model.ts passes them).
   struct {
@@ -555,6 +567,17 @@ Napi::Value Window::Info(const Napi::CallbackInfo &info) {
   o.Set("maxBatch", w->max_batch);
   o.Set("filled", w->n_filled);
   o.Set("anonBytes", Napi::Number::New(env, (double)w->anon_bytes));
+  if (w->expert_hits) {
+    // per layer of the window: how many tokens each expert has run (routing seen from outside)
+    const int X = w->m->hp.n_expert;
+    Napi::Array layers = Napi::Array::New(env, (size_t)(w->end - w->first));
+    for (int li = 0; li < w->end - w->first; li++) {
+      Napi::Array hits = Napi::Array::New(env, (size_t)X);
+      for (int e = 0; e < X; e++) hits.Set((uint32_t)e, Napi::Number::New(env, (double)w->expert_hits[(size_t)li * X + e]));
+      layers.Set((uint32_t)li, hits);
+    }
+    o.Set("expertHits", layers);
+  }
   return o;
 }
 

@@ -26,6 +26,10 @@ export interface NativeHParams {
   readonly nCtxOrig: number;
   readonly attnSoftcap: number;
   readonly finalSoftcap: number;
+  /** Mixture of experts: experts per layer, used per token, an expert's width (0 when dense). */
+  readonly nExpert: number;
+  readonly nExpertUsed: number;
+  readonly nFfExp: number;
 }
 
 /** One tensor as the addon maps it: ne0 is the row length, ne1 the number of rows. */
@@ -47,6 +51,8 @@ export interface WindowInfo {
   readonly filled: number;
   /** KV cache + scratch: the window's anonymous memory. */
   readonly anonBytes: number;
+  /** Mixture of experts: per layer of the window, the tokens each expert has run since it was made. */
+  readonly expertHits?: readonly (readonly number[])[];
 }
 
 export interface Residency {

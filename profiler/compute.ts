@@ -38,7 +38,18 @@ export interface ModelWorkload {
 const shape = (t: TensorRef): MatrixShape => ({ type: ggmlTypeName(t.type), typeId: t.type, ne0: t.dims[0], ne1: t.dims[1] });
 
 /** A layer's matmul steps as the forward pass groups them: q/k/v, o, gate/up, down. */
-export function layerSteps(l: LayerTensors): MatmulStep[] {
+export function layerSteps(l: LayerTensors, nExpertUsed = 1): MatmulStep[] {
+  if (!l.wGate || !l.wUp || !l.wDown) {
+    // a mixture of experts: the router, then one expert's gate/up and down (its 2-D slice of the 3-D
+    // tensors), run nExpertUsed times a layer
+    const expert = (t: TensorRef | undefined): MatrixShape => ({ ...shape(t!), ne1: t!.dims[1] });
+    return [
+      { matrices: [l.wq, l.wk, l.wv].map(shape), perLayer: 1 }, { matrices: [shape(l.wo)], perLayer: 1 },
+      { matrices: [shape(l.ffnGateInp!)], perLayer: 1 },
+      { matrices: [expert(l.ffnGateExps), expert(l.ffnUpExps)], perLayer: nExpertUsed },
+      { matrices: [expert(l.ffnDownExps)], perLayer: nExpertUsed },
+    ];
+  }
   return [[l.wq, l.wk, l.wv], [l.wo], [l.wGate, l.wUp], [l.wDown]].map((group) => ({ matrices: group.map(shape), perLayer: 1 }));
 }
 
@@ -66,11 +77,11 @@ export function modelWorkload(desc: ModelDescription): ModelWorkload {
   const hp = desc.hparams, t = desc.tensors;
   const byKey = new Map<string, { matrices: readonly MatrixShape[]; count: number }>();
   for (const l of t.layers) {
-    for (const { matrices } of layerSteps(l)) {
+    for (const { matrices, perLayer } of layerSteps(l, hp.nExpertUsed)) {
       const key = stepKey({ matrices });
       const e = byKey.get(key);
-      if (e) e.count++;
-      else byKey.set(key, { matrices, count: 1 });
+      if (e) e.count += perLayer;
+      else byKey.set(key, { matrices, count: perLayer });
     }
   }
   const steps: MatmulStep[] = [...byKey.values()].map(({ matrices, count }) => ({ matrices, perLayer: count / hp.nLayers }));

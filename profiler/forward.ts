@@ -86,7 +86,7 @@ export function standInBytes(desc: ModelDescription, layers: number): number {
 /** Cache key of a forward timing: the layers' matmul steps (types and shapes) and the attention's shape. */
 export function forwardKey(desc: ModelDescription, layers: number): string {
   const hp = desc.hparams;
-  const steps = desc.tensors.layers.slice(0, layers).map((l) => layerSteps(l).map(stepKey).join("+"));
+  const steps = desc.tensors.layers.slice(0, layers).map((l) => layerSteps(l, hp.nExpertUsed).map(stepKey).join("+"));
   return `${hp.arch}:${hp.nEmbd}:${hp.nHead}/${hp.nHeadKv}:${hp.headDimK}${hp.hasQkvBias ? ":bias" : ""}|${steps.join("|")}`;
 }
 
@@ -282,10 +282,10 @@ export function median(xs: readonly number[]): number {
 export function kernelWindowMs(desc: ModelDescription, layers: number, timings: ReadonlyMap<string, StepTiming>): number {
   let ms = 0;
   for (const l of desc.tensors.layers.slice(0, layers)) {
-    for (const step of layerSteps(l)) {
+    for (const step of layerSteps(l, desc.hparams.nExpertUsed)) {
       const t = timings.get(stepKey(step));
       if (!t) throw new Error(`no kernel timing for ${stepKey(step)}`);
-      ms += (1000 * stepFlops(step.matrices)) / t.flopsPerS;
+      ms += (1000 * stepFlops(step.matrices) * step.perLayer) / t.flopsPerS;
     }
   }
   return ms;

@@ -5,6 +5,7 @@ import { printable } from "../../base/index.js";
 import type { Architecture, HParams, KeyReader, LayerSlot, LayerTensors, TensorRef } from "./types.js";
 
 const MAX_DIM = 1 << 20; // hidden sizes, heads and layers above this are not real models
+const MAX_EXPERTS = 1024; // llama.cpp's LLAMA_MAX_EXPERTS
 
 function positiveInt(path: string, key: string, v: number, max = MAX_DIM): number {
   if (!Number.isInteger(v) || v < 1 || v > max) throw new GgufError(`${path}: ${key} = ${v} is out of range (1..${max})`);
@@ -83,6 +84,15 @@ export function commonHParams(r: KeyReader, arch: Architecture, ropeNeox: boolea
   if (!(ropeAttnFactor > 0 && ropeAttnFactor < 100)) throw new GgufError(`${f.path}: ${k("rope.scaling.attn_factor")} ${ropeAttnFactor} is out of range`);
 
   positiveInt(f.path, "vocabulary size", nVocab, 1 << 24);
+  // Mixture of experts (llama.cpp reads these for every family; the families with MoE layers use them).
+  const nExpert = r.number("expert_count") ?? 0;
+  if (!Number.isInteger(nExpert) || nExpert < 0 || nExpert > MAX_EXPERTS) throw new GgufError(`${f.path}: ${k("expert_count")} = ${nExpert} is out of range (0..${MAX_EXPERTS})`);
+  let nExpertUsed = 0, nFfExp = 0;
+  if (nExpert > 0) {
+    if (r.array("expert_used_count")) throw new GgufError(`${f.path}: ${k("expert_used_count")} per layer is not supported (one count for every layer is)`);
+    nExpertUsed = int("expert_used_count", undefined, nExpert);
+    nFfExp = int("expert_feed_forward_length", nFf);
+  }
   return {
     arch, nVocab, nEmbd, nLayers, nHead, nHeadKv, headDimK, headDimV, nFf, nCtxTrain, normEps,
     ropeDims, ropeFreqBase, ropeFreqScale, ropeNeox,
@@ -100,6 +110,9 @@ export function commonHParams(r: KeyReader, arch: Architecture, ropeNeox: boolea
     nCtxOrig,
     attnSoftcap: 0,
     finalSoftcap: 0,
+    nExpert,
+    nExpertUsed,
+    nFfExp,
   };
 }
 
@@ -122,6 +135,44 @@ export const llamaLayer: readonly LayerSlot[] = [
   { field: "wUp", name: "ffn_up.weight", dims: (hp) => [hp.nEmbd, hp.nFf], fill: "weight" },
   { field: "wDown", name: "ffn_down.weight", dims: (hp) => [hp.nFf, hp.nEmbd], fill: "weight" },
 ];
+
+/** A mixture-of-experts layer's feed-forward (llama.cpp build_moe_ffn with separate gate and up): the
+ * router, then each expert's gate, up and down as one 3-D tensor, expert-major (an expert's matrix is
+ * a run of nFfExp, or nEmbd, rows). The router stays F32 (llama-quantize never quantizes it). */
+export const moeSlots: readonly LayerSlot[] = [
+  { field: "ffnGateInp", name: "ffn_gate_inp.weight", dims: (hp) => [hp.nEmbd, hp.nExpert], when: (hp) => hp.nExpert > 0, fill: "weight" },
+  { field: "ffnGateExps", name: "ffn_gate_exps.weight", dims: (hp) => [hp.nEmbd, hp.nFfExp, hp.nExpert], when: (hp) => hp.nExpert > 0, fill: "weight" },
+  { field: "ffnUpExps", name: "ffn_up_exps.weight", dims: (hp) => [hp.nEmbd, hp.nFfExp, hp.nExpert], when: (hp) => hp.nExpert > 0, fill: "weight" },
+  { field: "ffnDownExps", name: "ffn_down_exps.weight", dims: (hp) => [hp.nFfExp, hp.nEmbd, hp.nExpert], when: (hp) => hp.nExpert > 0, fill: "weight" },
+];
+
+/** A table whose dense feed-forward becomes the experts when the model has them (llama's n_expert
+ * switch): the dense slots only without experts, the expert slots after ffn_norm. */
+export function denseOrExperts(base: readonly LayerSlot[]): LayerSlot[] {
+  const dense = new Set<LayerSlot["field"]>(["wGate", "wUp", "wDown"]);
+  const table = base.map((s) => (dense.has(s.field) ? { ...s, when: (hp: HParams) => hp.nExpert === 0 && (s.when?.(hp) ?? true) } : s));
+  return withSlots(table, "ffnNorm", moeSlots);
+}
+
+/** What llama.cpp's build_moe_ffn does beyond the plain routing prima runs (softmax over all experts,
+ * top-k, the chosen weights renormalised): refused by name, not met later as a missing tensor. */
+export function refuseMoeExtras(keys: KeyReader, hp: HParams): void {
+  if (hp.nExpert === 0) {
+    if (keys.hasTensor("blk.0.ffn_gate_inp.weight")) throw new GgufError(`${keys.path}: the file has expert tensors (blk.0.ffn_gate_inp.weight) but no ${keys.arch}.expert_count`);
+    return;
+  }
+  const shared = keys.number("expert_shared_count") ?? 0, sharedFf = keys.number("expert_shared_feed_forward_length") ?? 0;
+  if (shared > 0 || sharedFf > 0 || keys.hasTensor("blk.0.ffn_gate_shexp.weight") || keys.hasTensor("blk.0.ffn_up_shexp.weight")) {
+    throw new GgufError(`${keys.path}: shared experts (ffn_*_shexp, as Granite-MoE, Qwen2-MoE, DeepSeek) are not supported`);
+  }
+  const groups = keys.number("expert_group_count") ?? 0;
+  if (groups > 1) throw new GgufError(`${keys.path}: ${keys.arch}.expert_group_count = ${groups}: grouped expert selection (DeepSeek-V3) is not supported`);
+  if (keys.hasTensor("blk.0.ffn_gate_up_exps.weight")) throw new GgufError(`${keys.path}: fused gate-up expert tensors (ffn_gate_up_exps) are not supported`);
+  if (keys.hasTensor("blk.0.exp_probs_b.bias")) throw new GgufError(`${keys.path}: an expert selection bias (exp_probs_b, DeepSeek-V3) is not supported`);
+  if (keys.hasTensor("blk.0.ffn_up_exps.weight") && !keys.hasTensor("blk.0.ffn_gate_exps.weight")) {
+    throw new GgufError(`${keys.path}: experts without a gate (no ffn_gate_exps) are not supported`);
+  }
+}
 
 /** Per-head Q and K RMS norms (qwen3, gemma3), weights of one head's size. */
 export const qkNormSlots: readonly LayerSlot[] = [

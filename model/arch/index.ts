@@ -7,16 +7,17 @@ import { mistral3 } from "./mistral3.js";
 import { phi3 } from "./phi3.js";
 import { qwen2 } from "./qwen2.js";
 import { qwen3 } from "./qwen3.js";
+import { qwen3moe } from "./qwen3moe.js";
 import type { ArchFamily, Architecture } from "./types.js";
 
-export const families: readonly ArchFamily[] = [llama, qwen2, qwen3, gemma2, gemma3, mistral3, phi3];
+export const families: readonly ArchFamily[] = [llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, mistral3, phi3];
 export const supportedArchitectures: readonly Architecture[] = families.map((f) => f.name);
 
 export function familyOf(name: string): ArchFamily | undefined {
   return families.find((f) => f.name === name);
 }
 
-export { commonHParams, fileVocabSize, invSqrtF32, keyReader, layerFromTable } from "./common.js";
+export { commonHParams, moeSlots, fileVocabSize, invSqrtF32, keyReader, layerFromTable } from "./common.js";
 export { shapeHParams, shapeKeys, type ShapeKey } from "./shape.js";
 export type {
   ArchFamily, Architecture, FamilyShape, HParams, KeyReader, LayerSlot, LayerTensors, ModelDescription, ModelTensors, TensorRef,

@@ -29,6 +29,11 @@ export function shapeKeys(arch: Architecture, s: FamilyShape): ShapeKey[] {
     ...(s.headDim ? [{ key: "attention.key_length", type: "u32" as const, value: s.headDim }, { key: "attention.value_length", type: "u32" as const, value: s.headDim }] : []),
     ...(s.ropeOrigContext ? [{ key: "rope.scaling.original_context_length", type: "u32" as const, value: s.ropeOrigContext }] : []),
     ...(s.ropeAttnFactor ? [{ key: "rope.scaling.attn_factor", type: "f32" as const, value: s.ropeAttnFactor }] : []),
+    ...(s.nExpert ? [
+      { key: "expert_count", type: "u32" as const, value: s.nExpert },
+      { key: "expert_used_count", type: "u32" as const, value: s.nExpertUsed ?? 2 },
+      ...(s.nFfExp ? [{ key: "expert_feed_forward_length", type: "u32" as const, value: s.nFfExp }] : []),
+    ] : []),
     ...(family.shapeMetadata?.(s) ?? []),
   ];
 }

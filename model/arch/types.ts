@@ -2,7 +2,7 @@
 // hyper-parameters with the switches of the native shared blocks, and the checked tensor table.
 
 /** A family name as general.architecture spells it. */
-export type Architecture = "llama" | "qwen2" | "qwen3" | "gemma2" | "gemma3" | "mistral3" | "phi3";
+export type Architecture = "llama" | "qwen2" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "mistral3" | "phi3";
 
 export interface HParams {
   readonly arch: Architecture;
@@ -48,6 +48,11 @@ export interface HParams {
   /** Attention scores and the final logits become cap * tanh(x / cap) (gemma2); 0 for none. */
   readonly attnSoftcap: number;
   readonly finalSoftcap: number;
+  /** Mixture of experts: experts per layer (0: a dense feed-forward), how many each token uses, and an
+   * expert's feed-forward width. */
+  readonly nExpert: number;
+  readonly nExpertUsed: number;
+  readonly nFfExp: number;
 }
 
 /** One tensor the engine maps: where it is in the file and what it is. */
@@ -75,9 +80,16 @@ export interface LayerTensors {
   /** RMS norm of the attention output before the residual add (gemma3). */
   readonly attnPostNorm?: TensorRef;
   readonly ffnNorm: TensorRef;
-  readonly wGate: TensorRef;
-  readonly wUp: TensorRef;
-  readonly wDown: TensorRef;
+  /** The dense feed-forward (absent in a mixture-of-experts layer). */
+  readonly wGate?: TensorRef;
+  readonly wUp?: TensorRef;
+  readonly wDown?: TensorRef;
+  /** Mixture of experts: the router ([nEmbd, nExpert]) and every expert's gate, up and down, one 3-D
+   * tensor each ([nEmbd, nFfExp, nExpert], [nFfExp, nEmbd, nExpert]). */
+  readonly ffnGateInp?: TensorRef;
+  readonly ffnGateExps?: TensorRef;
+  readonly ffnUpExps?: TensorRef;
+  readonly ffnDownExps?: TensorRef;
   /** RMS norm of the feed-forward output before the residual add (gemma3). */
   readonly ffnPostNorm?: TensorRef;
 }
@@ -158,6 +170,10 @@ export interface FamilyShape {
   /** gemma2's soft-caps of the attention scores and the logits. */
   readonly attnSoftcap?: number;
   readonly finalSoftcap?: number;
+  /** Mixture of experts: experts per layer, used per token, an expert's width (default nFf). */
+  readonly nExpert?: number;
+  readonly nExpertUsed?: number;
+  readonly nFfExp?: number;
 }
 
 /** A family: its keys, its switches of the shared blocks and its tensor table. Adding a family is one
@@ -172,6 +188,8 @@ export interface ArchFamily {
   readonly longRope?: boolean;
   /** The family reads Llama 3.1's rope_freqs.weight (llama, mistral3; the others' builds ignore it). */
   readonly ropeFreqs?: boolean;
+  /** The family runs mixture-of-experts layers (expert_count > 0); others refuse such a file by name. */
+  readonly moe?: boolean;
   /** Metadata keys a generated model of this family writes beyond the common ones (modelgen/). */
   readonly shapeMetadata?: (shape: FamilyShape) => readonly { key: string; type: "u32" | "f32"; value: number }[];
 }

@@ -83,3 +83,28 @@ void prima_mm_run(const prima_task *t, const prima_mm *items, int n_items, int n
     mm_chunk(&items[item], ks[item], r0, r1, n_tokens);
   }
 }
+
+void prima_mm_run_var(const prima_task *t, const prima_mm *items, int n_items, const int *n_tokens) {
+  /* chunks are numbered item after item; each thread walks its increasing chunk numbers forward */
+  int item = 0, first = 0, cs = 0, count = 0;
+  const prima_type_kernels *k = NULL;
+  if (n_items > 0) {
+    cs = chunk_rows(items[0].w->ne1, n_tokens[0], t->nth);
+    count = n_tokens[0] > 0 ? (int)((items[0].w->ne1 + cs - 1) / cs) : 0;
+    k = prima_kernels(items[0].w->type);
+  }
+  for (int c = t->ith;; c = prima_pool_next_chunk(t)) {
+    while (item < n_items && c >= first + count) {
+      first += count;
+      if (++item == n_items) break;
+      cs = chunk_rows(items[item].w->ne1, n_tokens[item], t->nth);
+      count = n_tokens[item] > 0 ? (int)((items[item].w->ne1 + cs - 1) / cs) : 0;
+      k = prima_kernels(items[item].w->type);
+    }
+    if (item >= n_items) break;
+    const int64_t r0 = (int64_t)(c - first) * cs;
+    int64_t r1 = r0 + cs;
+    if (r1 > items[item].w->ne1) r1 = items[item].w->ne1;
+    mm_chunk(&items[item], k, r0, r1, n_tokens[item]);
+  }
+}

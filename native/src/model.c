@@ -19,6 +19,7 @@
 #include "matmul.h"
 #include "ops.h"
 
+#define PRIMA_MAX_EXPERTS 1024 /* llama.cpp's LLAMA_MAX_EXPERTS */
 #define MAX_ACT_FORMATS 3 /* distinct activation formats one input may need (mixed weight types) */
 #define SMALL_LAYER_BYTES (512 * 1024) /* below this per layer, one token runs on one thread */
 
@@ -272,7 +273,8 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
       hp->rope_dims % 2 != 0 || (hp->ffn_act != PRIMA_FFN_SILU && hp->ffn_act != PRIMA_FFN_GELU) ||
       !(hp->embd_scale > 0) || !(hp->q_scale > 0) || !(hp->kq_scale > 0) || !(hp->rope_base_swa > 1) ||
       !(hp->rope_freq_scale_swa > 0) || !(hp->rope_attn_factor > 0) || hp->n_ctx_orig < 1 || !(hp->attn_softcap >= 0) ||
-      !(hp->final_softcap >= 0)) {
+      !(hp->final_softcap >= 0) || hp->n_expert < 0 || hp->n_expert > PRIMA_MAX_EXPERTS ||
+      (hp->n_expert > 0 && (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert || hp->n_ff_exp < 1))) {
     prima_fail(err, err_len, "invalid hyper-parameters");
     return NULL;
   }
@@ -343,7 +345,7 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
    * (E: the hidden size, Q/KV: the query and key/value widths, D: one head, F: the FFN width). The
    * tensors each family requires are checked by TS (model/arch/); here the optional ones may be absent
    * and everything present must fit. */
-  enum { S_E, S_Q, S_KV, S_D, S_F, S_1 };
+  enum { S_E, S_Q, S_KV, S_D, S_F, S_1, S_X, S_FX, S_EX, S_FE };
   static const struct {
     size_t field;
     const char *suffix;
@@ -361,12 +363,18 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
     { offsetof(prima_layer, k_norm), "attn_k_norm.weight", S_D, S_1, 1, 1 },
     { offsetof(prima_layer, attn_post_norm), "post_attention_norm.weight", S_E, S_1, 1, 1 },
     { offsetof(prima_layer, ffn_norm), "ffn_norm.weight", S_E, S_1, 0, 1 },
-    { offsetof(prima_layer, w_gate), "ffn_gate.weight", S_E, S_F, 0, 0 },
-    { offsetof(prima_layer, w_up), "ffn_up.weight", S_E, S_F, 0, 0 },
-    { offsetof(prima_layer, w_down), "ffn_down.weight", S_F, S_E, 0, 0 },
+    { offsetof(prima_layer, w_gate), "ffn_gate.weight", S_E, S_F, 1, 0 },
+    { offsetof(prima_layer, w_up), "ffn_up.weight", S_E, S_F, 1, 0 },
+    { offsetof(prima_layer, w_down), "ffn_down.weight", S_F, S_E, 1, 0 },
     { offsetof(prima_layer, ffn_post_norm), "post_ffw_norm.weight", S_E, S_1, 1, 1 },
+    /* the experts' 3-D tensors bind as 2-D: n_expert matrices' rows one after another */
+    { offsetof(prima_layer, gate_inp), "ffn_gate_inp.weight", S_E, S_X, 1, 0 },
+    { offsetof(prima_layer, gate_exps), "ffn_gate_exps.weight", S_E, S_FX, 1, 0 },
+    { offsetof(prima_layer, up_exps), "ffn_up_exps.weight", S_E, S_FX, 1, 0 },
+    { offsetof(prima_layer, down_exps), "ffn_down_exps.weight", S_FE, S_EX, 1, 0 },
   };
-  const int64_t size_of[] = { E, qdim, kvdim, D, hp->n_ff, 1 };
+  const int64_t size_of[] = { E, qdim, kvdim, D, hp->n_ff, 1, hp->n_expert, (int64_t)hp->n_ff_exp * hp->n_expert,
+                              (int64_t)E * hp->n_expert, hp->n_ff_exp };
   m->layer_window = calloc((size_t)hp->n_layers, sizeof *m->layer_window);
   if (!m->layer_window) {
     prima_fail(err, err_len, "out of memory");
@@ -384,6 +392,14 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
     /* the blocks come in pairs: Q without K norm (or a partial QKV bias) is no family's layer */
     if (!L->q_norm.data != !L->k_norm.data || !L->bq.data != !L->bk.data || !L->bq.data != !L->bv.data) {
       prima_fail(err, err_len, "layer %d has only part of the Q/K norms or of the QKV biases", l);
+      goto bad;
+    }
+    /* a feed-forward is either dense or a mixture of experts, whole */
+    const int dense = (L->w_gate.data != NULL) + (L->w_up.data != NULL) + (L->w_down.data != NULL);
+    const int moe = (L->gate_inp.data != NULL) + (L->gate_exps.data != NULL) + (L->up_exps.data != NULL) + (L->down_exps.data != NULL);
+    if (!((dense == 3 && moe == 0) || (dense == 0 && moe == 4))) {
+      prima_fail(err, err_len, "layer %d has neither a whole dense feed-forward (ffn_gate/up/down) nor a whole mixture of experts "
+                 "(ffn_gate_inp, ffn_gate/up/down_exps)", l);
       goto bad;
     }
     if (hp->layer_window) {
@@ -460,18 +476,23 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   size_t act_row = 0;
   for (int l = first; l < end; l++) {
     const prima_layer *L = &m->layers[l];
-    const prima_tensor *ws[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down };
+    const prima_tensor *ws[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down,
+                                 &L->gate_inp, &L->gate_exps, &L->up_exps, &L->down_exps };
     for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++) {
+      if (!ws[i]->data) continue;
       const size_t b = prima_row_bytes(act_type_of(ws[i]), ws[i]->ne0);
       if (b > act_row) act_row = b;
     }
   }
   act_row = (act_row + 63) & ~(size_t)63;
-  uint64_t weights = 0, largest = 0;
+  uint64_t weights = 0, largest = 0, read = 0;
   for (int l = first; l < end; l++) {
-    const uint64_t b = layer_weight_bytes(&m->layers[l]);
+    const prima_layer *L = &m->layers[l];
+    const uint64_t b = layer_weight_bytes(L);
     weights += b;
     if (b > largest) largest = b;
+    const uint64_t experts = (uint64_t)L->gate_exps.n_bytes + L->up_exps.n_bytes + L->down_exps.n_bytes;
+    read += b - experts + (hp->n_expert > 0 ? experts / (uint64_t)hp->n_expert * (uint64_t)hp->n_expert_used : 0);
   }
   w->act_row_bytes = act_row;
 
@@ -489,6 +510,33 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   w->up = malloc(sizeof(float) * B * hp->n_ff);
   w->act_a = malloc(act_row * B * MAX_ACT_FORMATS);
   w->att_acc = malloc(sizeof(float) * (size_t)nth * att_scratch_floats(ratio, D));
+  int has_moe = 0;
+  for (int l = first; l < end; l++) has_moe |= m->layers[l].gate_inp.data != NULL;
+  size_t moe_bytes = 0;
+  if (has_moe) {
+    const size_t X = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used, BK = B * K, Fx = (size_t)hp->n_ff_exp;
+    w->moe_logits = malloc(sizeof(float) * B * X);
+    w->moe_sel = malloc(sizeof(int) * BK);
+    w->moe_wt = malloc(sizeof(float) * BK);
+    w->moe_slot = malloc(sizeof(int) * BK);
+    w->moe_row = malloc(sizeof(int) * BK);
+    w->moe_first = malloc(sizeof(int) * (X + 1));
+    w->moe_gate = malloc(sizeof(float) * BK * Fx);
+    w->moe_up = malloc(sizeof(float) * BK * Fx);
+    w->moe_out = malloc(sizeof(float) * BK * E);
+    w->moe_act = malloc(act_row * BK * 2);
+    w->moe_view = malloc(sizeof(prima_tensor) * 3 * X);
+    w->moe_mm = malloc(sizeof(prima_mm) * 3 * X);
+    w->moe_mm_tokens = malloc(sizeof(int) * 3 * X);
+    w->expert_hits = calloc(nl * X, sizeof(uint64_t));
+    moe_bytes = sizeof(float) * (B * X + BK + BK * (2 * Fx + E)) + sizeof(int) * (3 * BK + X + 1) + act_row * BK * 2;
+    if (!w->moe_logits || !w->moe_sel || !w->moe_wt || !w->moe_slot || !w->moe_row || !w->moe_first || !w->moe_gate ||
+        !w->moe_up || !w->moe_out || !w->moe_act || !w->moe_view || !w->moe_mm || !w->moe_mm_tokens || !w->expert_hits) {
+      prima_fail(err, err_len, "out of memory for the experts' scratch of a window of %d tokens", max_batch);
+      prima_window_destroy(w);
+      return NULL;
+    }
+  }
   if (!w->k_cache || !w->v_cache || !w->rope_cos || !w->rope_sin || !w->h || !w->q || !w->k || !w->v || !w->att ||
       !w->gate || !w->up || !w->act_a || !w->att_acc) {
     prima_fail(err, err_len, "out of memory for a window of %zu layers and %d tokens of context", nl, n_ctx);
@@ -525,13 +573,13 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
       prima_scale(w->rope_sin_swa, (int)((size_t)n_ctx * half), hp->rope_attn_factor);
     }
   }
-  w->layer_bytes = weights / nl;
+  w->layer_bytes = read / nl;
   w->weight_bytes = weights;
   w->largest_layer_bytes = largest;
   w->stream_from = end;
   w->stream_keep = 0;
   w->anon_bytes = kv_bytes + sizeof(float) * ((size_t)n_ctx * half * (has_swa ? 4 : 2) + B * (E + 2 * qdim + 2 * kvdim + 2 * (size_t)hp->n_ff)) +
-                  act_row * B * MAX_ACT_FORMATS;
+                  act_row * B * MAX_ACT_FORMATS + moe_bytes;
   return w;
 }
 
@@ -552,6 +600,20 @@ void prima_window_destroy(prima_window *w) {
   free(w->up);
   free(w->act_a);
   free(w->att_acc);
+  free(w->moe_logits);
+  free(w->moe_sel);
+  free(w->moe_wt);
+  free(w->moe_slot);
+  free(w->moe_row);
+  free(w->moe_first);
+  free(w->moe_gate);
+  free(w->moe_up);
+  free(w->moe_out);
+  free(w->moe_act);
+  free(w->moe_view);
+  free(w->moe_mm);
+  free(w->moe_mm_tokens);
+  free(w->expert_hits);
   free(w);
 }
 
@@ -814,6 +876,169 @@ static void ffn_block(const prima_task *t, prima_window *w, int l, float *x, int
   residual_out(t, w, &L->w_down, dn.buf[0], &L->ffn_post_norm, x, n);
 }
 
+/* One token's routing, as llama.cpp's build_moe_ffn with softmax gating and norm_w (llama/Mixtral,
+ * qwen3moe): p = softmax(logits) over all experts (max subtracted, the sum in double), the k largest
+ * (best first, the lower index on a tie), their p divided by their sum (clamped below at F16's
+ * smallest normal, as ggml does). For Mixtral this equals a softmax over the k chosen logits. */
+static void route_token(float *p, int X, int K, int *sel, float *wt) {
+  float max = -INFINITY;
+  for (int e = 0; e < X; e++) max = p[e] > max ? p[e] : max;
+  double sum = 0.0;
+  for (int e = 0; e < X; e++) {
+    p[e] = expf(p[e] - max);
+    sum += (double)p[e];
+  }
+  const float inv = (float)(1.0 / sum);
+  for (int e = 0; e < X; e++) p[e] *= inv;
+  unsigned char taken[PRIMA_MAX_EXPERTS];
+  memset(taken, 0, (size_t)X);
+  for (int j = 0; j < K; j++) {
+    int best = -1;
+    for (int e = 0; e < X; e++)
+      if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+    taken[best] = 1;
+    sel[j] = best;
+    wt[j] = p[best];
+  }
+  double wsum = 0.0;
+  for (int j = 0; j < K; j++) wsum += (double)wt[j];
+  float ws = (float)wsum;
+  if (ws < 6.103515625e-5f) ws = 6.103515625e-5f;
+  for (int j = 0; j < K; j++) wt[j] /= ws;
+}
+
+/* Expert e's 2-D matrix within a tensor of n_expert of them (rows_each rows apiece). */
+static prima_tensor expert_slice(const prima_tensor *all, int e, int64_t rows_each) {
+  prima_tensor v = *all;
+  v.data = all->data + (size_t)e * rows_each * all->row_bytes;
+  v.offset = all->offset + (uint64_t)e * rows_each * all->row_bytes;
+  v.ne1 = rows_each;
+  v.n_bytes = (size_t)rows_each * all->row_bytes;
+  return v;
+}
+
+/* x += sum over the token's k experts of weight * down(silu(gate(norm(x))) * up(norm(x))). The router
+ * picks each token's experts; the token-expert pairs are grouped by expert, so that an expert's
+ * matrices run once over all its tokens, each a 2-D slice of the 3-D tensor through the same dot
+ * kernels as a dense matmul (every weight type works). The weighted sum adds the experts in the
+ * router's order, then the residual, in float as ggml does. */
+static void moe_block(const prima_task *t, prima_window *w, int l, float *x, int n) {
+  const prima_hparams *hp = &w->m->hp;
+  const prima_layer *L = &w->m->layers[l];
+  const int E = hp->n_embd, X = hp->n_expert, K = hp->n_expert_used, NK = n * K;
+  const size_t F = (size_t)hp->n_ff_exp, stride = w->act_row_bytes;
+  act_set in;
+  const prima_tensor *in_w[3] = { &L->gate_inp, &L->gate_exps, &L->up_exps };
+  act_set_make(&in, w, in_w, 3);
+  for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+    prima_rmsnorm(x + (size_t)r * E, (const float *)L->ffn_norm.data, w->h + (size_t)r * E, E, hp->norm_eps);
+    for (int f = 0; f < in.n_formats; f++)
+      prima_act_quantize_rows(in.format[f], w->h, E, in.buf[f], stride, E, r, r + 1);
+  }
+  prima_pool_barrier(t);
+  {
+    const prima_mm mm = { &L->gate_inp, in.buf[in.slot[0]], stride, w->moe_logits, (size_t)X, 0 };
+    prima_mm_run(t, &mm, 1, n);
+  }
+  prima_pool_barrier(t);
+  /* one token (decode): thread 0 routes it with the grouping below, a step and a barrier fewer */
+  if (n > 1) {
+    for (int r = t->ith; r < n; r = prima_pool_next_chunk(t))
+      route_token(w->moe_logits + (size_t)r * X, X, K, w->moe_sel + (size_t)r * K, w->moe_wt + (size_t)r * K);
+    prima_pool_barrier(t);
+  }
+  /* the gate and up inputs of expert row p, grouped by expert (then the down input, in the first) */
+  const int fmt_gate = 0, fmt_up = in.slot[1] == in.slot[2] ? 0 : 1;
+  char *act_gu[2] = { w->moe_act, (char *)w->moe_act + stride * (size_t)w->max_batch * K };
+  /* one token: its experts read its input rows where they are, nothing to gather */
+  const int gather = n > 1;
+  const char *src_gate = in.buf[in.slot[1]], *src_up = in.buf[in.slot[2]];
+  if (t->ith == 0) {
+    if (n == 1) route_token(w->moe_logits, X, K, w->moe_sel, w->moe_wt);
+    int *first = w->moe_first;
+    memset(first, 0, sizeof(int) * (size_t)(X + 1));
+    for (int i = 0; i < NK; i++) first[w->moe_sel[i] + 1]++;
+    for (int e = 0; e < X; e++) first[e + 1] += first[e];
+    uint64_t *hits = w->expert_hits + (size_t)(l - w->first) * X;
+    for (int e = 0; e < X; e++) hits[e] += (uint64_t)(first[e + 1] - first[e]);
+    int *fill = w->moe_mm_tokens; /* a cursor per expert here; the items' token counts below */
+    for (int e = 0; e < X; e++) fill[e] = first[e];
+    for (int i = 0; i < NK; i++) w->moe_slot[fill[w->moe_sel[i]]++] = i;
+    for (int p = 0; p < NK; p++) w->moe_row[w->moe_slot[p]] = p;
+    /* the experts used, their matmuls: gate and up items first, then down */
+    int u = 0;
+    for (int e = 0; e < X; e++) {
+      const int c = first[e + 1] - first[e];
+      if (c == 0) continue;
+      prima_tensor *v = w->moe_view + 3 * u;
+      v[0] = expert_slice(&L->gate_exps, e, (int64_t)F);
+      v[1] = expert_slice(&L->up_exps, e, (int64_t)F);
+      v[2] = expert_slice(&L->down_exps, e, E);
+      u++;
+    }
+    int item = 0;
+    for (int e = 0, i = 0; e < X; e++) {
+      const int c = first[e + 1] - first[e];
+      if (c == 0) continue;
+      const size_t p0 = (size_t)first[e];
+      const void *ag = gather ? act_gu[fmt_gate] + p0 * stride : src_gate, *au = gather ? act_gu[fmt_up] + p0 * stride : src_up;
+      const prima_mm g = { &w->moe_view[3 * i], ag, stride, w->moe_gate + p0 * F, F, 0 };
+      const prima_mm up = { &w->moe_view[3 * i + 1], au, stride, w->moe_up + p0 * F, F, 0 };
+      w->moe_mm[item] = g;
+      w->moe_mm_tokens[item++] = c;
+      w->moe_mm[item] = up;
+      w->moe_mm_tokens[item++] = c;
+      i++;
+    }
+    for (int e = 0, i = 0; e < X; e++) {
+      const int c = first[e + 1] - first[e];
+      if (c == 0) continue;
+      const size_t p0 = (size_t)first[e];
+      const prima_mm d = { &w->moe_view[3 * i + 2], act_gu[0] + p0 * stride, stride, w->moe_out + p0 * E, (size_t)E, 0 };
+      w->moe_mm[item] = d;
+      w->moe_mm_tokens[item++] = c;
+      i++;
+    }
+  }
+  prima_pool_barrier(t);
+  int used = 0;
+  for (int e = 0; e < X; e++) used += w->moe_first[e + 1] > w->moe_first[e];
+  if (gather) {
+    for (int p = t->ith; p < NK; p = prima_pool_next_chunk(t)) {
+      const size_t tok = (size_t)(w->moe_slot[p] / K);
+      memcpy(act_gu[fmt_gate] + (size_t)p * stride, src_gate + tok * stride, stride);
+      if (fmt_up) memcpy(act_gu[fmt_up] + (size_t)p * stride, src_up + tok * stride, stride);
+    }
+    prima_pool_barrier(t);
+  }
+  prima_mm_run_var(t, w->moe_mm, 2 * used, w->moe_mm_tokens);
+  prima_pool_barrier(t);
+  const int dn_fmt = act_type_of(&L->down_exps);
+  for (int p = t->ith; p < NK; p = prima_pool_next_chunk(t)) {
+    prima_swiglu(w->moe_gate + (size_t)p * F, w->moe_up + (size_t)p * F, (int)F);
+    prima_act_quantize_rows(dn_fmt, w->moe_gate, F, act_gu[0], stride, (int)F, p, p + 1);
+  }
+  prima_pool_barrier(t);
+  prima_mm_run_var(t, w->moe_mm + 2 * used, used, w->moe_mm_tokens + 2 * used);
+  prima_pool_barrier(t);
+  for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+    float *acc = w->h + (size_t)r * E, *xr = x + (size_t)r * E;
+    const float *wt = w->moe_wt + (size_t)r * K;
+    const int *row = w->moe_row + (size_t)r * K;
+    const float *e0 = w->moe_out + (size_t)row[0] * E;
+    for (int i = 0; i < E; i++) acc[i] = e0[i] * wt[0];
+    for (int j = 1; j < K; j++) {
+      const float *ej = w->moe_out + (size_t)row[j] * E;
+      for (int i = 0; i < E; i++) {
+        const float term = ej[i] * wt[j]; /* rounded before the add, as ggml's separate mul and add */
+        acc[i] += term;
+      }
+    }
+    for (int i = 0; i < E; i++) xr[i] = acc[i] + xr[i];
+  }
+  prima_pool_barrier(t);
+}
+
 static void forward_job(const prima_task *t, void *ctx) {
   fwd_job *j = ctx;
   prima_window *w = j->w;
@@ -824,7 +1049,8 @@ static void forward_job(const prima_task *t, void *ctx) {
 
   for (int l = w->first; l < w->end; l++) {
     attention_block(t, w, l, x, pos, n);
-    ffn_block(t, w, l, x, n);
+    if (m->layers[l].gate_inp.data) moe_block(t, w, l, x, n);
+    else ffn_block(t, w, l, x, n);
     /* every thread is past this layer: a streamed one goes now, so that the window never holds more
      * than its kept layers and the one being read (the others go on to the next layer meanwhile) */
     if (t->ith == 0) {

@@ -24,6 +24,10 @@ typedef struct {
 typedef struct {
   prima_tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, ffn_norm, w_gate, w_up, w_down;
   prima_tensor q_norm, k_norm, attn_post_norm, ffn_post_norm;
+  /* A mixture-of-experts feed-forward in place of w_gate/w_up/w_down: the router [n_embd -> n_expert]
+   * and each expert's gate, up ([n_embd -> n_ff_exp]) and down ([n_ff_exp -> n_embd]) as one tensor of
+   * n_expert such matrices, expert-major (ne1 = n_expert rows of each). */
+  prima_tensor gate_inp, gate_exps, up_exps, down_exps;
 } prima_layer;
 
 /* Feed-forward activation of the gated FFN: silu(gate) * up, or gelu_tanh(gate) * up. */
@@ -44,6 +48,7 @@ typedef struct {
   int n_ctx_orig;         /* a window of more context than this takes rope_factors_long, else _short */
   float attn_softcap;     /* attention scores become cap * tanh(score / cap) (gemma2); 0: none */
   float final_softcap;    /* the logits likewise (gemma2, some gemma3); 0: none */
+  int n_expert, n_expert_used, n_ff_exp; /* mixture of experts: 0, 0, 0 for a dense model */
   const int *layer_window; /* per layer: 0 full causal attention, else a sliding window of that many
                               tokens; NULL: all full. Copied by prima_model_open. */
 } prima_hparams;
@@ -96,9 +101,25 @@ typedef struct prima_window {
   size_t act_row_bytes;        /* stride of a row in act_a/act_b */
   float *att_acc;              /* per thread: query, accumulators and scores of a group of heads */
   size_t anon_bytes;           /* KV + scratch: what the window costs in anonymous memory */
-  size_t layer_bytes;          /* mean weight bytes of one of its layers */
+  size_t layer_bytes;          /* mean weight bytes one token's pass reads in one of its layers (a
+                                  mixture of experts: all but the experts it does not use) */
   uint64_t weight_bytes;       /* weight bytes of all its layers, and of its largest */
   uint64_t largest_layer_bytes;
+  /* mixture-of-experts scratch (NULL when the window has no such layer): for a batch of B tokens
+   * using k experts each, B*k "expert rows" (a token's input to one of its experts) grouped by expert */
+  float *moe_logits;           /* [B][n_expert] router logits, then probabilities */
+  int *moe_sel;                /* [B][k] chosen experts, best first */
+  float *moe_wt;               /* [B][k] their weights */
+  int *moe_slot;               /* [B*k] expert row -> token * k + slot */
+  int *moe_row;                /* [B*k] token * k + slot -> expert row */
+  int *moe_first;              /* [n_expert + 1] an expert's first expert row */
+  float *moe_gate, *moe_up;    /* [B*k][n_ff_exp] */
+  float *moe_out;              /* [B*k][n_embd] */
+  void *moe_act;               /* B*k activation rows in up to 2 formats (gate/up; then down) */
+  struct prima_mm_s *moe_mm;   /* [3 * n_expert] the step's matmul items: gate and up, then down */
+  prima_tensor *moe_view;      /* [3 * n_expert] their experts' 2-D slices */
+  int *moe_mm_tokens;          /* [3 * n_expert] tokens of each item */
+  uint64_t *expert_hits;       /* [layers of the window][n_expert]: tokens routed to each expert */
   int stream_from;             /* layers from here on are dropped right after each pass computes them
                                   (prima_window_stream_beyond); end: none */
   uint64_t stream_keep;        /* bytes at the start of layer stream_from kept all the same */

@@ -140,8 +140,10 @@ describe("serve alone: the OpenAI API", () => {
       ["temperature above 2", "/v1/completions", JSON.stringify({ prompt: "x", temperature: 2.5 }), 400, /^temperature: /],
       ["n > 1", "/v1/completions", JSON.stringify({ prompt: "x", n: 3 }), 400, /n: only one/],
       // What would change the answer and is not done yet is refused by name, never ignored.
-      ["logit_bias", "/v1/completions", JSON.stringify({ prompt: "x", logit_bias: { 5: 100 } }), 400, /^logit_bias: not supported/],
-      ["top_logprobs", "/v1/chat/completions", JSON.stringify({ messages: [{ role: "user", content: "x" }], top_logprobs: 2 }), 400, /^top_logprobs: /],
+      ["post_sampling_probs", "/v1/completions", JSON.stringify({ prompt: "x", n_probs: 2, post_sampling_probs: true }), 400, /^post_sampling_probs: /],
+      // logit_bias and logprobs are done (logprobs.test.ts): their bad values are 400s naming the field.
+      ["logit_bias of a token that is not in the vocabulary", "/v1/completions", JSON.stringify({ prompt: "x", logit_bias: { 99999: 100 } }), 400, /^logit_bias: key "99999": .*out of range/],
+      ["top_logprobs without logprobs", "/v1/chat/completions", JSON.stringify({ messages: [{ role: "user", content: "x" }], top_logprobs: 2 }), 400, /^top_logprobs: needs logprobs/],
       ["a top-level grammar", "/v1/completions", JSON.stringify({ prompt: "x", grammar: "root ::= \"a\"" }), 400, /^grammar: .*response_format/],
       ["a top-level json_schema", "/v1/completions", JSON.stringify({ prompt: "x", json_schema: { type: "object" } }), 400, /^json_schema: .*response_format/],
       ["a tool schema the decoder cannot honour", "/v1/chat/completions", JSON.stringify({ messages: [{ role: "user", content: "x" }], tools: [{ type: "function", function: { name: "f", parameters: { not: {} } } }] }), 400, /"not"/],

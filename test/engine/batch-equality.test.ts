@@ -23,9 +23,15 @@ const SHAPE: ModelShape = {
 const PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 300, 311, 270];
 const GENERATE = 10;
 
-async function model(type: string): Promise<string> {
-  const out = join(dir, `${type}.gguf`);
-  await generateModel({ shape: SHAPE, type, out, pure: true, seed: 5 });
+// Experts: a token's pass must not depend on which other tokens its experts ran with either (an
+// expert's matmul takes a batch of the tokens routed to it, one alone in decode).
+const MOE_SHAPE: ModelShape = {
+  ...SHAPE, name: "wide-qwen3moe", arch: "qwen3moe", headDim: 128, nFf: 1024, nExpert: 8, nExpertUsed: 2, nFfExp: 512,
+};
+
+async function model(type: string, shape: ModelShape = SHAPE): Promise<string> {
+  const out = join(dir, `${shape.name}-${type}.gguf`);
+  await generateModel({ shape, type, out, pure: true, seed: 5 });
   return out;
 }
 
@@ -81,6 +87,20 @@ describe("decode equals batch, bit for bit", () => {
         expect(got.ids, `${type} batch ${batch}: generated ids`).toEqual(alone.ids);
         got.hidden.forEach((h, p) => expect(firstDiff(h, alone.hidden[p]), `${type} batch ${batch}: position ${p}, first differing element`).toBe(-1));
         got.logits.forEach((l, s) => expect(firstDiff(l, alone.logits[s]), `${type} batch ${batch}: logits of step ${s}`).toBe(-1));
+      }
+    } finally {
+      m.close();
+    }
+  }, 60_000);
+
+  it.each(["Q4_K_M", "Q8_0", "F16"])("mixture of experts, %s: alone = in batches of 128 and of 7", async (type) => {
+    const m = LocalModel.open(await model(type, MOE_SHAPE), { threads: 2 });
+    try {
+      const alone = await run(m, 1);
+      for (const batch of [128, 7]) {
+        const got = await run(m, batch);
+        expect(got.ids, `${type} batch ${batch}: generated ids`).toEqual(alone.ids);
+        got.hidden.forEach((h, p) => expect(firstDiff(h, alone.hidden[p]), `${type} batch ${batch}: position ${p}, first differing element`).toBe(-1));
       }
     } finally {
       m.close();

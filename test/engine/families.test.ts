@@ -2,7 +2,8 @@
 // prompt ids equal, the logits at every prompt position within the oracle's tolerances (and so the
 // top-5), and the greedy continuation equal token for token (a difference only at a near tie, with
 // its margin printed). tiny-gemma3 slides a 4-token window on 2 of its 3 layers: the prompt and the
-// continuation run far past it.
+// continuation run far past it. The mixture-of-experts shapes (qwen3moe, Mixtral) also show their
+// routers sending the prompt's tokens to different experts.
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -47,7 +48,36 @@ const cases: [shape: string, type: string, pure: boolean][] = [
   ["tiny-phi3", "F32", true],
   ["tiny-phi3", "Q8_0", true],
   ["tiny-phi3", "Q4_K_M", false],
+  ["tiny-qwen3moe", "F32", true],
+  ["tiny-qwen3moe", "Q8_0", true],
+  ["tiny-qwen3moe", "Q4_K_M", false],
+  ["tiny-mixtral", "F32", true],
+  ["tiny-mixtral", "Q8_0", true],
+  ["tiny-mixtral", "Q4_K_M", false],
 ];
+
+describe("mixture-of-experts routing is not degenerate", () => {
+  it.each(["tiny-qwen3moe", "tiny-mixtral"])("%s: the prompt's tokens go to different experts, k each", async (shape) => {
+    const out = join(dir, `${shape}-routing.gguf`);
+    await generateModel({ shape, type: "F32", out, pure: true, seed: 7, weightStd: 0.05 });
+    const prompt = Int32Array.from([1, ...Tokenizer.fromGguf(out).encode(TEXT)]);
+    const m = LocalModel.open(out, { threads: 2 });
+    const w = m.window(0, m.nLayers, { ctx: 64 });
+    await w.forward(m.embed(prompt), 0, prompt.length);
+    const hits = w.info().expertHits!;
+    const s = modelShapeByName(shape)!;
+    expect(hits.length).toBe(s.nLayers);
+    for (const layer of hits) {
+      expect(layer.length).toBe(s.nExpert);
+      expect(layer.reduce((a, b) => a + b, 0)).toBe(prompt.length * s.nExpertUsed!);
+      // more experts than one token uses: different tokens chose different experts
+      expect(layer.filter((h) => h > 0).length).toBeGreaterThan(s.nExpertUsed!);
+    }
+    w.close();
+    m.close();
+    rmSync(out);
+  });
+});
 
 describe("every family agrees with llama.cpp", () => {
   it("each supported family has a case here", () => {

@@ -3,7 +3,7 @@
 // reads only the header).
 import { join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
-import { GgufValueType, describeModel, kv, readGguf, type GgufFile, type GgufKV, type GgufTensorInfo } from "../../model/index.js";
+import { GgufValueType, describeModel, kv, modelProfile, readGguf, type GgufFile, type GgufKV, type GgufTensorInfo } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
 import { tempDir } from "../helpers/temp.js";
 
@@ -11,7 +11,7 @@ const dir = tempDir("prima-families-model-");
 const files = new Map<string, GgufFile>();
 
 beforeAll(async () => {
-  for (const shape of ["tiny-qwen2", "tiny-qwen3", "tiny-gemma2", "tiny-gemma3", "tiny-mistral3", "tiny-phi3"]) {
+  for (const shape of ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-mixtral", "tiny-gemma2", "tiny-gemma3", "tiny-mistral3", "tiny-phi3"]) {
     const out = join(dir, `${shape}.gguf`);
     await generateModel({ shape, type: "F32", out, pure: true });
     files.set(shape, readGguf(out));
@@ -29,7 +29,7 @@ const setKey = (key: string, value: GgufKV) => (m: GgufKV[]) => [...m.filter((x)
 
 describe("family files refuse what they cannot run, by name", () => {
   it("every generated family file reads back as its family", () => {
-    for (const [shape, f] of files) expect(describeModel(f).hparams.arch).toBe(shape.replace("tiny-", ""));
+    for (const [shape, f] of files) expect(describeModel(f).hparams.arch).toBe(shape === "tiny-mixtral" ? "llama" : shape.replace("tiny-", ""));
   });
 
   it("a missing family tensor is named", () => {
@@ -65,5 +65,32 @@ describe("family files refuse what they cannot run, by name", () => {
     expect(describeModel(edited("tiny-gemma3", setKey(pattern.key, pattern))).hparams.layerWindow).toEqual([0, 4, 0]);
     // the number pattern of the generated file: every second layer full
     expect(describeModel(files.get("tiny-gemma3")!).hparams.layerWindow).toEqual([4, 0, 4]);
+  });
+
+  it("mixture-of-experts files: experts read as 3-D tensors, a layer's bytes count every expert", () => {
+    const d = describeModel(files.get("tiny-qwen3moe")!);
+    expect(d.hparams).toMatchObject({ nExpert: 8, nExpertUsed: 2, nFfExp: 256 });
+    expect(d.tensors.layers[0].ffnUpExps?.dims).toEqual([256, 256, 8]);
+    expect(d.tensors.layers[0].wGate).toBeUndefined();
+    // Halda's layer bytes: every blk.0 tensor, all experts included
+    const blk0 = files.get("tiny-qwen3moe")!.tensors.filter((t) => t.name.startsWith("blk.0.")).reduce((a, t) => a + t.nBytes, 0);
+    expect(modelProfile(d, { nCtx: 64 }).layerBytesEach[0]).toBe(blk0);
+    const m = describeModel(files.get("tiny-mixtral")!);
+    expect(m.hparams).toMatchObject({ arch: "llama", nExpert: 4, nExpertUsed: 2, nFfExp: 512 });
+    expect(m.tensors.layers[1].ffnDownExps?.dims).toEqual([512, 256, 4]);
+  });
+
+  it("mixture-of-experts layouts prima does not run are refused by what they need, not a missing tensor", () => {
+    const arch = (name: string) => setKey("general.architecture", kv.str("general.architecture", name));
+    expect(() => describeModel(edited("tiny-qwen3moe", arch("deepseek2")))).toThrow(/deepseek2.*mixture-of-experts.*multi-head latent attention \(MLA\) and shared experts/);
+    expect(() => describeModel(edited("tiny-qwen3moe", arch("gpt-oss")))).toThrow(/gpt-oss.*attention sinks/);
+    const shexp = (t: GgufTensorInfo[]) => [...t, { ...t.find((x) => x.name === "blk.0.ffn_norm.weight")!, name: "blk.0.ffn_gate_shexp.weight" }];
+    expect(() => describeModel(edited("tiny-mixtral", same, shexp))).toThrow(/shared experts .* not supported/);
+    expect(() => describeModel(edited("tiny-qwen3moe", setKey("qwen3moe.expert_shared_count", kv.u32("qwen3moe.expert_shared_count", 1))))).toThrow(/shared experts/);
+    expect(() => describeModel(edited("tiny-qwen3moe", setKey("qwen3moe.expert_group_count", kv.u32("qwen3moe.expert_group_count", 4))))).toThrow(/grouped expert selection/);
+    expect(() => describeModel(edited("tiny-mixtral", same, without("blk.0.ffn_gate_exps.weight")))).toThrow(/experts without a gate/);
+    expect(() => describeModel(edited("tiny-mixtral", (m) => m.filter((x) => x.key !== "llama.expert_count")))).toThrow(/expert tensors .* but no llama.expert_count/);
+    expect(() => describeModel(edited("tiny-qwen3", setKey("qwen3.expert_count", kv.u32("qwen3.expert_count", 8))))).toThrow(/qwen3.expert_count = 8: mixture-of-experts layers are not supported for qwen3/);
+    expect(() => describeModel(edited("tiny-qwen3moe", setKey("qwen3moe.expert_used_count", kv.u32("qwen3moe.expert_used_count", 9))))).toThrow(/expert_used_count = 9 is out of range/);
   });
 });

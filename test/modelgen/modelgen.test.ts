@@ -21,6 +21,10 @@ afterAll(() => rmSync(dir, { recursive: true, force: true }));
 const tiny = modelShapeByName("tiny-llama")!;
 const tinyQwen = modelShapeByName("tiny-qwen2")!;
 const small = modelShapeByName("small-llama")!;
+// experts: the router stays F32, the 3-D expert tensors take their layer's ffn rules, 8 experts more
+// bits on attention
+const qwenMoe = modelShapeByName("tiny-qwen3moe")!;
+const mixtral = modelShapeByName("tiny-mixtral")!;
 
 function tensorBytes(f: GgufFile, name: string): Buffer {
   const t = f.tensors.find((x) => x.name === name)!;
@@ -181,6 +185,7 @@ describe.skipIf(quantizeReason !== null)("against llama.cpp's quantizer", () => 
     [small, "Q3_K_L", false], [small, "Q2_K", false], [small, "Q6_K", false], [small, "Q8_0", false],
     [small, "Q3_K_S", true], [tinyQwen, "Q4_K_M", false], [tinyQwen, "Q5_0", false],
     [tiny, "IQ4_NL", false], [small, "IQ4_XS", false], [tinyQwen, "IQ4_XS", false],
+    [qwenMoe, "Q4_K_M", false], [qwenMoe, "Q2_K", false], [qwenMoe, "Q8_0", true], [mixtral, "Q4_K_M", false], [mixtral, "Q3_K_M", false],
   ];
 
   it("types and bytes of every tensor equal llama.cpp's for the same file type", async () => {
@@ -248,11 +253,15 @@ describe("bad input", () => {
     expect(() => parseMakeModelArgs(["--shape", "nope", "--type", "Q8_0", "--out", "x"])).toThrow(/unknown shape/);
     expect(() => parseMakeModelArgs(["--dims", "0", "--type", "Q8_0", "--out", "x"])).toThrow(/--dims must be a positive/);
     expect(() => parseMakeModelArgs(["--shape", "tiny-llama", "--type", "Q8_0", "--out", "x", "--vocab", "klingon"])).toThrow(/unknown vocabulary/);
-    expect(() => parseMakeModelArgs(["--arch", "falcon", "--type", "Q8_0", "--out", "x"])).toThrow(/--arch must be one of llama, qwen2, qwen3, gemma2, gemma3, mistral3, phi3 \(got "falcon"\)/);
+    expect(() => parseMakeModelArgs(["--arch", "falcon", "--type", "Q8_0", "--out", "x"])).toThrow(/--arch must be one of llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, mistral3, phi3 \(got "falcon"\)/);
     const g = parseMakeModelArgs(["--shape", "tiny-gemma3", "--layers", "7", "--type", "Q8_0", "--out", "x"]);
     if (g !== "help") expect(g.shape).toMatchObject({ arch: "gemma3", nLayers: 7, headDim: 128, slidingWindow: 4, tiedEmbeddings: true });
     expect(() => parseMakeModelArgs(["--shape", "tiny-llama", "--type", "Q8_0", "--out", "x", "--weight-std", "0"])).toThrow(/--weight-std must be a positive/);
     expect(parseMakeModelArgs(["--shape", "tiny-llama", "--type", "Q8_0", "--out", "x", "--weight-std", "0.05"])).toMatchObject({ weightStd: 0.05 });
+    const moe = parseMakeModelArgs(["--shape", "tiny-llama", "--experts", "4", "--experts-used", "2", "--type", "Q8_0", "--out", "x"]);
+    if (moe !== "help") expect(moe.shape).toMatchObject({ arch: "llama", nExpert: 4, nExpertUsed: 2 });
+    const dense = parseMakeModelArgs(["--shape", "tiny-mixtral", "--experts", "0", "--type", "Q8_0", "--out", "x"]);
+    if (dense !== "help") expect(dense.shape.nExpert).toBeUndefined();
     const a = parseMakeModelArgs(["--dims", "512", "--layers", "3", "--heads", "8", "--kv-heads", "2", "--ffn", "768", "--type", "Q8_0", "--out", "x"]);
     expect(a).not.toBe("help");
     if (a !== "help") expect(a.shape).toMatchObject({ nEmbd: 512, nLayers: 3, nHead: 8, nHeadKv: 2, nFf: 768, arch: "llama" });

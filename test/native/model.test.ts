@@ -1,4 +1,5 @@
 // The native model surface refuses bad arguments with clear errors and keeps the process alive.
+import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { describeModel, readGguf } from "../../model/index.js";
 import { nativeHParams, nativeTensorTable, LocalModel } from "../../engine/index.js";
@@ -21,6 +22,20 @@ describe("native model surface", () => {
     expect(() => openNativeModel(path, table, { ...hp, nHeadKv: 3 }, { threads: 1 })).toThrow(/invalid hyper-parameters/);
     expect(() => openNativeModel("/nonexistent.gguf", table, hp, { threads: 1 })).toThrow(/cannot open/);
     expect(() => openNativeModel(path, [{ name: 5 } as never], hp, { threads: 1 })).toThrow(/tensor table entry 0/);
+  });
+
+  it("refuses a mixture-of-experts layer that is not whole, or expert counts out of range", async () => {
+    const { generateModel } = await import("../../modelgen/index.js");
+    const out = join(tempDir("prima-native-moe-"), "moe.gguf");
+    await generateModel({ shape: "tiny-qwen3moe", type: "Q8_0", out, pure: true });
+    const d = describeModel(readGguf(out));
+    const table = nativeTensorTable(d), hp = nativeHParams(d);
+    openNativeModel(out, table, hp, { threads: 1 }).close();
+    expect(() => openNativeModel(out, table.filter((t) => t.name !== "blk.1.ffn_up_exps.weight"), hp, { threads: 1 }))
+      .toThrow(/layer 1 has neither a whole dense feed-forward .* nor a whole mixture of experts/);
+    expect(() => openNativeModel(out, table, { ...hp, nExpertUsed: 9 }, { threads: 1 })).toThrow(/invalid hyper-parameters/);
+    expect(() => openNativeModel(out, table, { ...hp, nExpert: 4 }, { threads: 1 })).toThrow(/ffn_gate_inp.weight has shape \[256, 8\], expected \[256, 4\]/);
+    expect(() => openNativeModel(out, table, { ...hp, nFfExp: -1 }, { threads: 1 })).toThrow(/nFfExp must be a whole number from 0/);
   });
 
   it("refuses bad windows, positions, lengths and token ids", async () => {

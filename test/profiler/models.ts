@@ -1,7 +1,7 @@
 // Generated test models, made once per machine in the temp directory (a few seconds) and reused.
-import { existsSync, linkSync, mkdirSync, rmSync, statSync } from "node:fs";
+import { closeSync, copyFileSync, existsSync, fsyncSync, openSync, linkSync, mkdirSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { basename, join } from "node:path";
 import { LocalModel } from "../../engine/index.js";
 import { generateModel } from "../../modelgen/index.js";
 import { describeModel, modelProfile, readGguf, type ModelShape } from "../../model/index.js";
@@ -30,6 +30,23 @@ export async function testModel(shape: ModelShape, type: string): Promise<string
     rmSync(tmp, { force: true });
   }
   return path;
+}
+
+/** A copy of a model file of the caller's own (in `dir`), for a test whose devices' memory cgroups
+ * must pay for the pages they read: the shared file's page cache is charged to whichever process of
+ * another test file read it first, and that test's reclaim or dropFileCache takes the pages from under
+ * this one's windows (a capped head's window 18 of 48 MiB resident beside other test runs). */
+export function privateModelCopy(path: string, dir: string): string {
+  const copy = join(dir, basename(path));
+  copyFileSync(path, copy);
+  // Written back now, so that dropping its pages drops them all (dirty pages stay cached).
+  const fd = openSync(copy, "r+");
+  try {
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+  return copy;
 }
 
 /** What a layer costs a device at this context (b': weights with their KV cache), the window scratch

@@ -6,7 +6,7 @@ import { dirname, join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { LocalModel } from "../../engine/index.js";
 import { resolveDevice } from "../../halda/index.js";
-import { modelProfile } from "../../model/index.js";
+import { modelProfile, modelShapeByName, syntheticModelDescription } from "../../model/index.js";
 import {
   flopsPerType, formatReport, lastLevelCacheBytes, modelWorkload, parseDeviceReport, profileDevice, standInLayers, standInMinBytes, stepKey, timeStep, windowOverheadMs,
   type ModelWorkload, type StepTiming,
@@ -15,6 +15,20 @@ import { PLACEMENT_SHAPE, testModel } from "./models.js";
 
 const cacheDir = mkdtempSync(join(tmpdir(), "prima-profile-test-"));
 afterAll(() => rmSync(cacheDir, { recursive: true, force: true }));
+
+describe("a mixture of experts' workload", () => {
+  it("is the router and one expert's slices run k times a layer, FLOPs as the model profile counts them", () => {
+    const desc = syntheticModelDescription(modelShapeByName("tiny-qwen3moe")!, "Q8_0");
+    const w = modelWorkload(desc);
+    const expert = w.steps.find((s) => stepKey(s) === "Q8_0:256x256+Q8_0:256x256")!;
+    expect(expert.perLayer).toBe(2); // gate and up of one expert (256 -> 256), 2 experts a token
+    expect(w.steps.find((s) => stepKey(s) === "F32:256x8")?.perLayer).toBe(1); // the router, F32
+    // the matmul FLOPs of a layer equal the profile's: attention, router, k of the experts
+    const stepped = w.steps.reduce((a, s) => a + s.perLayer * s.matrices.reduce((b, m) => b + 2 * m.ne0 * m.ne1, 0), 0);
+    const p = modelProfile(desc, { nCtx: 64 }).layerFlops;
+    expect(stepped).toBe((p.Q8_0 ?? 0) + 2 * 256 * 8);
+  });
+});
 
 describe("flopsPerType", () => {
   it("turns step timings into per-type throughput whose layer time is the steps' time", () => {

@@ -10,7 +10,7 @@ import { describe, expect, it } from "vitest";
 import type { Plan } from "../../halda/index.js";
 import { cgroupLimitForRoom, dropFileCache } from "../../profiler/index.js";
 import { cgroupScope, controllerProblem, root, startIn, type Cgroup } from "../profiler/cgroup.js";
-import { PLACEMENT_SHAPE, layerCosts, testModel } from "../profiler/models.js";
+import { PLACEMENT_SHAPE, layerCosts, privateModelCopy, testModel } from "../profiler/models.js";
 
 const coordCli = join(root, "dist/coordinator/cli.js");
 const workerCli = join(root, "dist/worker/cli.js");
@@ -30,7 +30,7 @@ describe.skipIf(problem !== null)(`capped devices${problem ? ` (skipped: ${probl
   it("the automatic plan fits the model in three capped devices and keeps every window resident", async () => {
     const ctx = 256;
     const gen = ["-p", "Once upon a time", "-n", "24", "--temp", "0", "--ctx", String(ctx), "--threads", "1"];
-    const modelPath = await testModel(PLACEMENT_SHAPE, "Q8_0");
+    const modelPath = privateModelCopy(await testModel(PLACEMENT_SHAPE, "Q8_0"), scope.tempDir("prima-capped-model-"));
     const alone = JSON.parse(execFileSync(process.execPath, [coordCli, "run", modelPath, "--json", ...gen], { encoding: "utf8", cwd: root })) as RunJson;
     const { mp, bPrime, scratch } = layerCosts(modelPath, ctx);
 

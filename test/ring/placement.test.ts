@@ -10,7 +10,7 @@ import { halda, selectDevices, type DeviceProfile, type Plan } from "../../halda
 import { modelProfile, modelShapeByName, syntheticModelDescription } from "../../model/index.js";
 import { cgroupLimitForRoom, dropFileCache } from "../../profiler/index.js";
 import { blkioProblem, cgroupScope, controllerProblem, diskDeviceOf, root, startIn, type Cgroup } from "../profiler/cgroup.js";
-import { PLACEMENT_SHAPE, layerCosts, testModel } from "../profiler/models.js";
+import { PLACEMENT_SHAPE, layerCosts, privateModelCopy, testModel } from "../profiler/models.js";
 
 describe("placeRing: Halda's plan in ring order", () => {
   const model = modelProfile(syntheticModelDescription(modelShapeByName("llama3-8b")!, "Q4_K_M"), { nCtx: 1024 });
@@ -183,7 +183,7 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
   }
 
   it("three workers with different limits get different windows, the slow one takes no part, and the prediction holds", async () => {
-    const modelPath = await testModel(PLACEMENT_SHAPE, "Q8_0");
+    const modelPath = privateModelCopy(await testModel(PLACEMENT_SHAPE, "Q8_0"), scope.tempDir("prima-place-model-"));
     // What one device generates, for the ring to match token for token.
     const alone = JSON.parse(execFileSync(process.execPath, [coordCli, "run", modelPath, "--json", ...gen], { encoding: "utf8", cwd: root })) as RunJson;
     const { bPrime, scratch } = layerCosts(modelPath, ctx);
@@ -191,10 +191,11 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
     // This machine is shared: other programs can halve its speed between a profile and a run seconds
     // later, and other test files run beside this one. What follows from memory limits and the plan
     // is checked on every attempt; what rests on timing (the quarter-CPU worker measured slow and so
-    // dropped, the prediction within 30 %) must hold together on one of up to four attempts.
+    // dropped, the prediction within 30 %) must hold together on one of up to four attempts. The file
+    // runs alone, after the rest of the suite (vitest.config.ts), and an attempt takes 20-60 s.
     const errors: string[] = [];
     const started = Date.now();
-    for (let n = 0; n < 4 && (n === 0 || Date.now() - started < 40_000); n++) {
+    for (let n = 0; n < 4 && (n === 0 || Date.now() - started < 150_000); n++) {
       const { r, coord, workers, diskProblem } = await attempt(modelPath, n, bPrime, scratch);
       const pl = r.placement;
       const windowOf = (i: number) => pl.per_cycle[ringPosition(i, 3)];
@@ -253,5 +254,5 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
       if (slowFlops < 0.7 * fastFlops && windowOf(3) === 0 && error < 0.3) return;
     }
     expect.fail(`no attempt had the slow worker measured slow and dropped with the prediction within 30%:\n${errors.join("\n")}`);
-  }, 150_000);
+  }, 240_000);
 });
