@@ -4,15 +4,38 @@
 // the OpenAI path's fields and checked there, so sampling, limits, format (structured output) and tools
 // behave the same; an error names Ollama's field and comes as Ollama's {"error": "..."}.
 import type { ServerResponse } from "node:http";
-import { printable } from "../model/index.js";
+import { printable, type Tokenizer } from "../model/index.js";
 import type { ReplyEvent, ToolCall } from "../tools/index.js";
 import { ns, sendJson, type Dialect, type Finished, type GenerationAsk, type ReplyWriter, type Served } from "./http-reply.js";
-import { ApiError, asObject, bad, optBool, parseChatRequest, parseCompletionRequest, renameParam, type ParsedRequest } from "./openai.js";
+import { ApiError, asObject, bad, optBool, optInt, parseChatRequest, parseCompletionRequest, renameParam, type ParsedRequest, type TokenLogprobs } from "./openai.js";
 
 type Json = Record<string, unknown>;
 
-const CHAT_FIELDS = new Set(["model", "messages", "tools", "format", "options", "stream", "keep_alive", "think"]);
-const GENERATE_FIELDS = new Set(["model", "prompt", "system", "raw", "format", "options", "stream", "keep_alive", "think", "images", "suffix", "template", "context"]);
+const CHAT_FIELDS = new Set(["model", "messages", "tools", "format", "options", "stream", "keep_alive", "think", "logprobs", "top_logprobs"]);
+const GENERATE_FIELDS = new Set([
+  "model", "prompt", "system", "raw", "format", "options", "stream", "keep_alive", "think", "images", "suffix", "template", "context", "logprobs", "top_logprobs",
+]);
+
+/** Ollama's limit on top_logprobs. */
+const MAX_TOP_LOGPROBS = 20;
+
+/** logprobs (true/false) and top_logprobs (0..20, with logprobs): how many alternatives per token; undefined: none. */
+function parseLogprobs(b: Json): number | undefined {
+  const on = optBool(b, "logprobs") ?? false;
+  const top = optInt(b, "top_logprobs", 0, MAX_TOP_LOGPROBS);
+  if (!on && top) throw bad("top_logprobs", "needs logprobs: true");
+  return on ? top ?? 0 : undefined;
+}
+
+/** Log probabilities as Ollama gives them: per token its text and log probability, and (top_logprobs)
+ * the most likely alternatives alike. */
+function ollamaLogprobs(tok: Tokenizer, entries: readonly TokenLogprobs[]): unknown[] {
+  const text = (id: number) => new TextDecoder().decode(tok.tokenPiece(id, { special: true }));
+  return entries.map((e) => ({
+    token: text(e.id), logprob: e.logprob,
+    ...(e.top.length > 0 ? { top_logprobs: e.top.map((t) => ({ token: text(t.id), logprob: t.logprob })) } : {}),
+  }));
+}
 
 /** options read into the sampler and limits, under the OpenAI path's names. */
 const SAMPLING_OPTIONS: Readonly<Record<string, string>> = {
@@ -132,6 +155,7 @@ export function ollamaDialect(kind: "chat" | "generate", s: Served): Dialect {
       refuseUnknown(b, kind === "chat" ? CHAT_FIELDS : GENERATE_FIELDS, `/api/${kind}`);
       if (b.model !== undefined && b.model !== null && typeof b.model !== "string") throw bad("model", "must be a string");
       let request: ParsedRequest;
+      const logprobs = parseLogprobs(b);
       try {
         const common = commonFields(b, ctx);
         if (kind === "chat") {
@@ -158,18 +182,27 @@ export function ollamaDialect(kind: "chat" | "generate", s: Served): Dialect {
       } catch (e) {
         renameParam(e, OLLAMA_NAMES);
       }
-      return { request };
+      return { request: logprobs === undefined ? request : { ...request, logprobs } };
     },
-    writer: (res, ask, _prompt, id) => new OllamaWriter(res, ask, kind, s.modelId, `ollama-${id}`),
+    writer: (res, ask, _prompt, id) => new OllamaWriter(res, ask, kind, s.modelId, `ollama-${id}`, s.tok),
   };
 }
 
 class OllamaWriter implements ReplyWriter {
   private readonly p: ParsedRequest;
+  /** Log-probability entries events() was given, and those of them not sent yet (a call's tokens). */
+  private received = 0;
+  private held: TokenLogprobs[] = [];
 
   constructor(private readonly res: ServerResponse, ask: GenerationAsk, private readonly kind: "chat" | "generate", private readonly model: string,
-    readonly id: string) {
+    readonly id: string, private readonly tok: Tokenizer) {
     this.p = ask.request;
+  }
+
+  /** The logprobs field of an object carrying these entries (none: no field). */
+  private logprobs(entries: readonly TokenLogprobs[] | undefined): Json {
+    if (!entries || entries.length === 0) return {};
+    return { logprobs: ollamaLogprobs(this.tok, entries) };
   }
 
   private object(text: string, done: boolean, calls: readonly { name: string; arguments: string }[] = []): Json {
@@ -189,10 +222,16 @@ class OllamaWriter implements ReplyWriter {
 
   /** Text as it comes; calls wait for finish() and come whole in the last object before done, as
    * Ollama streams a call (at once, its arguments an object), never in pieces. */
-  events(events: readonly ReplyEvent[]): void {
+  events(events: readonly ReplyEvent[], _ids: readonly number[], logprobs?: readonly TokenLogprobs[]): void {
     if (!this.p.stream) return;
     const text = events.map((e) => (e.kind === "content" ? e.text : "")).join("");
-    if (text) this.line(this.object(text, false));
+    this.received += logprobs?.length ?? 0;
+    this.held.push(...(logprobs ?? []));
+    // Tokens of a call's text: their entries wait for the next line.
+    if (text) {
+      this.line({ ...this.object(text, false), ...this.logprobs(this.held) });
+      this.held = [];
+    }
   }
 
   finish(f: Finished): void {
@@ -210,11 +249,14 @@ class OllamaWriter implements ReplyWriter {
     };
     const calls: readonly ToolCall[] = f.calls;
     if (!this.p.stream) {
-      sendJson(this.res, 200, { ...this.object(f.content ?? "", true, calls), ...end });
+      sendJson(this.res, 200, { ...this.object(f.content ?? "", true, calls), ...end, ...this.logprobs(f.logprobs) });
       return;
     }
-    if (calls.length) this.line(this.object("", false, calls));
-    this.res.end(`${JSON.stringify({ ...this.object("", true), ...end })}\n`);
+    // Entries not sent with text yet (a call's tokens, a character still incomplete) ride with the
+    // calls, or else with the last line.
+    const rest = this.logprobs([...this.held, ...(f.logprobs?.slice(this.received) ?? [])]);
+    if (calls.length) this.line({ ...this.object("", false, calls), ...rest });
+    this.res.end(`${JSON.stringify({ ...this.object("", true), ...end, ...(calls.length ? {} : rest) })}\n`);
   }
 
   fail(e: ApiError, headers: Record<string, string> = {}): void {

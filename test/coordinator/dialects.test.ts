@@ -289,6 +289,122 @@ describe("serve: Ollama's API and llama-server's beside the OpenAI one", () => {
     expect(last.generation_settings.n_predict).toBe(n);
   });
 
+  it("/completion n_probs: completion_probabilities equal the OpenAI path's log probabilities, streamed and not", async () => {
+    const n = 10;
+    const oai = (await post(`${s.url}/v1/completions`, { prompt: STORY, max_tokens: n, temperature: 0, logprobs: 5 })).body.choices[0];
+    const r = await post(`${s.url}/completion`, { prompt: STORY, n_predict: n, temperature: 0, n_probs: 5, return_tokens: true });
+    expect(r.status).toBe(200);
+    const b = r.body;
+    expect(b.content).toBe(oai.text);
+    expect(b.generation_settings).toMatchObject({ n_probs: 5, post_sampling_probs: false });
+    const probs: any[] = b.completion_probabilities;
+    expect(probs).toHaveLength(n);
+    const piece = (id: number) => Array.from(tok.tokenPiece(id, { special: false }));
+    probs.forEach((p, i) => {
+      // llama-server's shape: the token's id, text, bytes, logprob, and its n_probs alternatives alike.
+      expect(Object.keys(p).sort()).toEqual(["bytes", "id", "logprob", "token", "top_logprobs"]);
+      expect(p.id).toBe(b.tokens[i]);
+      expect(p.bytes).toEqual(piece(p.id));
+      expect(p.token).toBe(oai.logprobs.tokens[i]);
+      expect(p.logprob).toBeCloseTo(oai.logprobs.token_logprobs[i], 5);
+      expect(p.top_logprobs).toHaveLength(5);
+      // Greedy: the chosen token is the most likely one.
+      expect(p.top_logprobs[0]).toMatchObject({ id: p.id, token: p.token, bytes: p.bytes });
+      expect(p.top_logprobs[0].logprob).toBeCloseTo(p.logprob, 5);
+      for (const t of p.top_logprobs) {
+        expect(Object.keys(t).sort()).toEqual(["bytes", "id", "logprob", "token"]);
+        expect(t.bytes).toEqual(piece(t.id));
+      }
+      // The legacy format's {text: logprob}, most likely first: the same values.
+      const top = Object.values(oai.logprobs.top_logprobs[i]) as number[];
+      expect(top).toHaveLength(5);
+      top.forEach((v, j) => expect(p.top_logprobs[j].logprob).toBeCloseTo(v, 5));
+    });
+
+    // Streamed: each event carries its tokens' entries; together they are the whole reply's.
+    const ev = await events(`${s.url}/completion`, { prompt: STORY, n_predict: n, temperature: 0, n_probs: 5, stream: true });
+    const streamed = ev.flatMap((e) => e.completion_probabilities ?? []);
+    expect(ev.at(-1).completion_probabilities).toBeUndefined();
+    expect(streamed.map((p) => p.id)).toEqual(probs.map((p) => p.id));
+    streamed.forEach((p, i) => {
+      expect(p.logprob).toBeCloseTo(probs[i].logprob, 5);
+      expect(p.top_logprobs.map((t: any) => t.id)).toEqual(probs[i].top_logprobs.map((t: any) => t.id));
+    });
+    for (const e of ev.slice(0, -1)) expect(e.completion_probabilities.map((p: any) => p.id)).toEqual(e.tokens);
+
+    // More alternatives than the completions' 5, up to 20 (logprobs is n_probs' other name); none without.
+    const wide = (await post(`${s.url}/completion`, { prompt: STORY, n_predict: 2, temperature: 0, logprobs: 12 })).body;
+    expect(wide.completion_probabilities[0].top_logprobs).toHaveLength(12);
+    expect(wide.completion_probabilities[0].logprob).toBeCloseTo(probs[0].logprob, 5);
+    expect((await post(`${s.url}/completion`, { prompt: STORY, n_predict: 2, temperature: 0, n_probs: 0 })).body.completion_probabilities).toBeUndefined();
+    // A stop string: the tokens it cut off are not listed, as the OpenAI path leaves them out.
+    const at = b.content.indexOf("girl");
+    expect(at).toBeGreaterThan(0);
+    const w = (await post(`${s.url}/completion`, { prompt: STORY, n_predict: n, temperature: 0, n_probs: 1, stop: ["girl"] })).body;
+    const ow = (await post(`${s.url}/v1/completions`, { prompt: STORY, max_tokens: n, temperature: 0, logprobs: 1, stop: ["girl"] })).body.choices[0];
+    expect(w.content).toBe(ow.text);
+    expect(w.completion_probabilities.map((p: any) => p.token)).toEqual(ow.logprobs.tokens);
+  });
+
+  it("/completion logit_bias: banning the greedy token gives the runner-up, in each of llama-server's forms", async () => {
+    const first = (await post(`${s.url}/completion`, { prompt: STORY, n_predict: 1, temperature: 0, n_probs: 2 })).body.completion_probabilities[0];
+    const [greedy, runnerUp] = first.top_logprobs;
+    expect(greedy.id).toBe(first.id);
+    const forms: unknown[] = [[[greedy.id, false]], [[greedy.id, -1000]], { [greedy.id]: false }, { [greedy.id]: -100 }];
+    for (const logit_bias of forms) {
+      const r = await post(`${s.url}/completion`, { prompt: STORY, n_predict: 1, temperature: 0, n_probs: 2, logit_bias, return_tokens: true });
+      expect(r.status, JSON.stringify(logit_bias)).toBe(200);
+      expect(r.body.tokens).toEqual([runnerUp.id]);
+      // The log probabilities are the model's, before the bias.
+      expect(r.body.completion_probabilities[0].logprob).toBeCloseTo(runnerUp.logprob, 5);
+      expect(r.body.completion_probabilities[0].top_logprobs[0].id).toBe(greedy.id);
+    }
+    // A text names its tokens (without special ones), as the OpenAI path's ids of that text.
+    const word = " girl";
+    const ids = [...tok.encode(word, { addSpecial: false })];
+    const byText = await post(`${s.url}/completion`, { prompt: STORY, n_predict: 12, temperature: 0, logit_bias: [[word, false]] });
+    const byIds = await post(`${s.url}/v1/completions`, { prompt: STORY, max_tokens: 12, temperature: 0, logit_bias: Object.fromEntries(ids.map((id) => [id, -100])) });
+    expect(byText.body.content).toBe(byIds.body.choices[0].text);
+    expect(byText.body.content).not.toContain("girl");
+    expect(byText.body.generation_settings.logit_bias).toEqual(ids.map((token) => ({ bias: null, token })));
+    // A bias given twice adds up: +5 and -5 leave the greedy answer.
+    const plain = (await post(`${s.url}/completion`, { prompt: STORY, n_predict: 6, temperature: 0 })).body.content;
+    expect((await post(`${s.url}/completion`, { prompt: STORY, n_predict: 6, temperature: 0, logit_bias: [[greedy.id, 5], [greedy.id, -5]] })).body.content).toBe(plain);
+  });
+
+  it("Ollama logprobs and top_logprobs equal the OpenAI path's, streamed and not", async () => {
+    const messages = [{ role: "user", content: "Tell me about a dog." }];
+    const ref = await s.client.chat.completions.create({ messages: messages as never, max_tokens: 12, temperature: 0, logprobs: true, top_logprobs: 3 });
+    const content = ref.choices[0].logprobs!.content!;
+    const full = await ollama.chat({ model: "x", messages, logprobs: true, top_logprobs: 3, options: { temperature: 0, num_predict: 12 } });
+    expect(full.message.content).toBe(ref.choices[0].message.content);
+    expect(full.logprobs).toHaveLength(content.length);
+    full.logprobs!.forEach((e, i) => {
+      expect(e.token).toBe(content[i].token);
+      expect(e.logprob).toBeCloseTo(content[i].logprob, 5);
+      expect(e.top_logprobs!.map((t) => t.token)).toEqual(content[i].top_logprobs.map((t) => t.token));
+      e.top_logprobs!.forEach((t, j) => expect(t.logprob).toBeCloseTo(content[i].top_logprobs[j].logprob, 5));
+    });
+    const stream = await ollama.chat({ model: "x", messages, stream: true, logprobs: true, top_logprobs: 3, options: { temperature: 0, num_predict: 12 } });
+    const streamed = [];
+    for await (const part of stream) {
+      if (part.message.content) expect(part.logprobs?.length).toBeGreaterThan(0);
+      streamed.push(...(part.logprobs ?? []));
+    }
+    expect(streamed.map((e) => e.token)).toEqual(content.map((e) => e.token));
+    // logprobs alone: the tokens' own, no alternatives; generate (raw) as /v1/completions.
+    const oai = (await post(`${s.url}/v1/completions`, { prompt: STORY, max_tokens: 8, temperature: 0, logprobs: 0 })).body.choices[0];
+    const gen = await ollama.generate({ model: "x", prompt: STORY, raw: true, logprobs: true, options: { temperature: 0, num_predict: 8 } });
+    expect(gen.logprobs!.map((e) => e.token)).toEqual(oai.logprobs.tokens);
+    gen.logprobs!.forEach((e, i) => {
+      expect(e.logprob).toBeCloseTo(oai.logprobs.token_logprobs[i], 5);
+      expect(e.top_logprobs).toBeUndefined();
+    });
+    expect((await ollama.generate({ model: "x", prompt: STORY, raw: true, options: { num_predict: 2 } })).logprobs).toBeUndefined();
+    expect((await refused(() => ollama.chat({ model: "x", messages, top_logprobs: 2 }))).error).toMatch(/^top_logprobs: needs logprobs/);
+    expect((await refused(() => ollama.chat({ model: "x", messages, logprobs: true, top_logprobs: 21 }))).error).toMatch(/^top_logprobs: /);
+  });
+
   it("/completion: a prompt as token ids (or mixed) equals the text prompt; stop words; one prompt per request", async () => {
     const text = (await post(`${s.url}/completion`, { prompt: STORY, n_predict: 12, temperature: 0 })).body.content;
     const ids = (await post(`${s.url}/tokenize`, { content: STORY, add_special: true })).body.tokens;
@@ -313,7 +429,14 @@ describe("serve: Ollama's API and llama-server's beside the OpenAI one", () => {
 
   it("/completion refuses what it does not do by name, in llama-server's error shape; json_schema constrains", async () => {
     const cases: [Record<string, unknown>, RegExp][] = [
-      [{ n_probs: 3 }, /^n_probs: /],
+      [{ n_probs: 21 }, /^n_probs: /],
+      [{ logprobs: -1 }, /^logprobs: /],
+      [{ n_probs: 2, post_sampling_probs: true }, /^post_sampling_probs: /],
+      [{ logit_bias: [[1]] }, /^logit_bias: \[0\] must be a \[token, bias\] pair/],
+      [{ logit_bias: [[99999, 1]] }, /^logit_bias: \[0\]: the token must be an id/],
+      [{ logit_bias: { 1: "x" } }, /^logit_bias: key "1": the bias must be a number/],
+      [{ logit_bias: [[1, true]] }, /^logit_bias: \[0\]: the bias must be a number, or false/],
+      [{ logit_bias: 5 }, /^logit_bias: must be/],
       [{ grammar: "root ::= \"a\"" }, /^grammar: /],
       [{ mirostat: 2 }, /^mirostat: not supported/],
       [{ n_predict: "many" }, /^n_predict: /],
@@ -402,7 +525,7 @@ describe("serve with --api-key and --n-predict: the dialects share the guard, th
     await keyed.chat({ model: "x", messages: [{ role: "user", content: "hi" }], options: { num_predict: 1 } });
     await post(`${s.url}/completion`, { prompt, n_predict: 1 }, key("secret-2"));
     await refused(() => keyed.chat({ model: "x", messages: [{ role: "user", content: "hi" }], options: { top_p: 7 } }));
-    expect((await post(`${s.url}/completion`, { prompt, n_probs: 2 }, key("secret-2"))).status).toBe(400);
+    expect((await post(`${s.url}/completion`, { prompt, n_probs: 99 }, key("secret-2"))).status).toBe(400);
     expect(await count("ok")).toBe(ok0 + 2);
     expect(await count("invalid")).toBe(invalid0 + 2);
   });
