@@ -115,6 +115,11 @@ export class ApiServer {
     // response may then take as long as generation does.
     this.server.headersTimeout = 10_000;
     this.server.requestTimeout = 30_000;
+    // An idle keep-alive connection stays a minute (Node's default is 5 s). A client reuses its idle
+    // sockets until the server's Keep-Alive hint less a second; on a busy machine a request sent on one
+    // just as the server closed it failed as "Connection error" (the `openai` client, undici), and
+    // POSTs are not retried by every client.
+    this.server.keepAliveTimeout = 65_000;
     this.server.on("clientError", (err, socket) => {
       if (socket.writable) socket.end("HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
       else socket.destroy();
