@@ -1,0 +1,50 @@
+// Every family against llama-bench on the same file (issue #28: decode >= 1.0x, prompt >= 0.9x): a
+// generated model of each family's real shape, cut to fewer layers where the whole would take minutes
+// to generate (the per-layer work and the output layer, which dominate a small model's decode, are the
+// real ones), at Q4_K_M, and one IQ4_XS row. Generated once into .cache/.
+import { existsSync } from "node:fs";
+import { modelShapeByName, type ModelShape } from "../model/index.js";
+import { benchEngine } from "./engine.js";
+import { ensureLlamaBench, runLlamaBench } from "./llama-bench.js";
+import { root } from "./procs.js";
+
+const CASES: { shape: string; layers?: number; type: string }[] = [
+  { shape: "qwen3-0.6b", type: "Q4_K_M" },
+  { shape: "qwen3-0.6b", type: "IQ4_XS" },
+  { shape: "gemma3-1b", layers: 12, type: "Q4_K_M" },
+  { shape: "gemma2-2b", layers: 8, type: "Q4_K_M" },
+  { shape: "phi3-mini", layers: 6, type: "Q4_K_M" },
+];
+
+async function familyModel(shapeName: string, layers: number | undefined, type: string, log: (s: string) => void): Promise<{ path: string; label: string }> {
+  const base = modelShapeByName(shapeName);
+  if (!base) throw new Error(`no shape ${shapeName}`);
+  const shape: ModelShape = layers ? { ...base, name: `${base.name}-${layers}l`, nLayers: layers } : base;
+  const label = `${shape.name} (${shape.arch}, ${shape.nLayers} x ${shape.nEmbd}) ${type}`;
+  const path = `${root}.cache/bench-${shape.name}-${type}.gguf`;
+  if (!existsSync(path)) {
+    log(`generating ${path} (once)`);
+    const { generateModel } = await import("../modelgen/index.js");
+    await generateModel({ shape, type, out: path, seed: 1 });
+  }
+  return { path, label };
+}
+
+export async function main(threads: number, reps: number, log: (s: string) => void): Promise<void> {
+  ensureLlamaBench(log);
+  const prompt = 128, decode = 64;
+  console.log(`\n## families vs llama-bench (${threads} threads, ${reps} reps)\n`);
+  console.log("| model | prima prompt tok/s | llama.cpp prompt tok/s | ratio (goal) | prima decode tok/s | llama.cpp decode tok/s | ratio (goal) |");
+  console.log("|---|---|---|---|---|---|---|");
+  let build = "";
+  for (const c of CASES) {
+    const { path, label } = await familyModel(c.shape, c.layers, c.type, log);
+    const ours = await benchEngine(path, { threads, prompt, decode, reps });
+    const peer = runLlamaBench(path, { threads, prompt, decode, reps });
+    build = peer.build;
+    const r = (a: number, b: number) => (a / b).toFixed(2);
+    console.log(`| ${label} | ${ours.promptTokS.toFixed(1)} | ${peer.promptTokS.toFixed(1)} | ${r(ours.promptTokS, peer.promptTokS)}x (0.9x) | ` +
+      `${ours.decodeTokS.toFixed(1)} | ${peer.decodeTokS.toFixed(1)} | ${r(ours.decodeTokS, peer.decodeTokS)}x (1.0x) |`);
+  }
+  console.log(`\nllama-bench: -p ${prompt} -n ${decode} -t ${threads} -r ${reps} (${build}); prima: the same batch and steps through engine/ (bench/engine.ts)`);
+}
