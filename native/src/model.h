@@ -139,6 +139,15 @@ void prima_window_destroy(prima_window *w);
  * the last row. Returns 0, or -1 with a message in err. */
 int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, float *logits, char *err, size_t err_len);
 
+/* One decode step of n sequences in one pass over w's weights (continuous batching): row i of acts is
+ * the token of the sequence whose KV cache is seqs[i] (distinct windows over w's layers and context)
+ * at position pos[i]; its K/V go to that cache and its attention sees only it. The matmuls take the n
+ * rows together (batch-invariant kernels: each row's result is the one it gets alone); w lends its
+ * scratch (n <= its max_batch) and may be one of seqs. If logits is non-NULL, it receives n rows of
+ * n_vocab, row i computed exactly as prima_window_forward computes a lone row's. */
+int prima_window_forward_seqs(prima_window *w, prima_window *const *seqs, const int *pos, int n, float *acts, float *logits,
+                              char *err, size_t err_len);
+
 /* 0 while the mapped file is the one that was opened and every read of it succeeded; else -1 with a
  * message naming the file, and from then on always -1. A read that faults (the file was truncated, or
  * a disk error: SIGBUS) is seen at once; the file's identity (size, inode, mtime) is compared at most
