@@ -184,6 +184,13 @@ export class ApiServer {
         res.writeHead(200, { "Content-Type": "text/plain; version=0.0.4; charset=utf-8" });
         res.end(formatMetrics(this.o.cluster.state(), this.outcomes, this.o.cluster.counters, this.constraints));
         return;
+      case "GET /slots": {
+        // llama-server's /slots, in its spirit: each sequence slot and what it holds (serve --parallel)
+        const slots = this.o.cluster.slotStates();
+        if (!slots) sendError(res, new ApiError(501, "this server has no sequence slots: start it with --parallel N (N > 1)", "invalid_request_error", "not_supported"));
+        else sendJson(res, 200, slots.map((x) => ({ id: x.id, state: x.state, is_processing: x.state === "processing", n_ctx: x.nCtx, cached_tokens: x.cachedTokens, request: x.request })), { "Cache-Control": "no-store" });
+        return;
+      }
       case "GET /api/state":
         sendJson(res, 200, this.o.cluster.state(), { "Cache-Control": "no-store" });
         return;
@@ -195,7 +202,7 @@ export class ApiServer {
         await this.completion(req, res, path.endsWith("chat/completions") ? "chat" : "completion", cacheScope(req, key));
         return;
     }
-    const known = ["/v1/models", "/metrics", "/api/state", "/api/stream", "/v1/chat/completions", "/v1/completions"];
+    const known = ["/v1/models", "/metrics", "/slots", "/api/state", "/api/stream", "/v1/chat/completions", "/v1/completions"];
     if (known.includes(path)) sendError(res, new ApiError(405, `${method} is not allowed on ${path}`, "invalid_request_error", "method_not_allowed"), { Allow: path.startsWith("/v1/c") ? "POST" : "GET" });
     else sendError(res, new ApiError(404, `no such endpoint: ${method} ${safePath(path)}`, "invalid_request_error", "not_found"));
   }
