@@ -61,7 +61,7 @@ export class SequenceScheduler {
     return this.slots.size;
   }
 
-  /** Requests waiting for a slot. */
+  /** Requests waiting for a slot (or about to take a free one). */
   get waiting(): number {
     return this.pending.length;
   }
@@ -73,9 +73,10 @@ export class SequenceScheduler {
 
   submit(req: GenerationRequest): Promise<GenerationOutcome> {
     if (this.closed) return Promise.reject(new Error("the server is shutting down"));
-    const full = this.activeCount >= this.size || this.pending.length > 0;
-    if (full && this.pending.length >= this.o.maxQueue) {
-      return Promise.reject(new QueueFullError(`${this.pending.length} requests are waiting (the limit is ${this.o.maxQueue}) and all ${this.size} slots are busy: try again shortly`));
+    // requests about to take a free slot (their prefill comes between steps) are not queued
+    const queued = this.pending.length - (this.size - this.activeCount);
+    if (queued >= this.o.maxQueue) {
+      return Promise.reject(new QueueFullError(`${queued} requests are waiting (the limit is ${this.o.maxQueue}) and all ${this.size} slots are busy: try again shortly`));
     }
     return new Promise<GenerationOutcome>((resolve, reject) => {
       this.pending.push({ req, queuedAt: performance.now(), resolve, reject });
