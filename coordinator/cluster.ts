@@ -375,7 +375,7 @@ export class Cluster extends EventEmitter {
     this.current = undefined;
     this.cachedIds = [];
     if (this.sequences) {
-      this.sequences.scheduler.close();
+      await this.sequences.scheduler.close();
       this.sequences.slots.close();
       this.sequences = undefined;
     }

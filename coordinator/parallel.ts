@@ -49,6 +49,8 @@ export class SequenceScheduler {
   /** Per slot: the tokens its cache holds at 0..n-1, whose scope may reuse them, when last used. */
   private readonly cache: { ids: number[]; scope: string | undefined; usedAt: number }[];
   private running = false;
+  /** Settles when the loop stops (close() waits for it). */
+  private stopped: Promise<void> = Promise.resolve();
   private closed = false;
   private uses = 0;
 
@@ -81,10 +83,7 @@ export class SequenceScheduler {
     return new Promise<GenerationOutcome>((resolve, reject) => {
       this.pending.push({ req, queuedAt: performance.now(), resolve, reject });
       this.o.hooks.changed();
-      if (!this.running) {
-        this.running = true;
-        void this.loop();
-      }
+      if (!this.running) this.start();
     });
   }
 
@@ -111,10 +110,13 @@ export class SequenceScheduler {
     };
   }
 
-  /** Fails whatever waits or runs; the slots are the caller's to close once this resolves. */
-  close(): void {
+  /** Fails whatever waits or runs, after the pass in flight (its windows are busy until it ends):
+   * the slots are the caller's to close once this resolves. */
+  async close(): Promise<void> {
     this.closed = true;
     for (const p of this.pending.splice(0)) p.reject(new Error("the server is shutting down"));
+    await this.stopped;
+    for (const s of this.seqs) if (s) this.fail(s, new Error("the server is shutting down"));
   }
 
   private async loop(): Promise<void> {
@@ -125,6 +127,7 @@ export class SequenceScheduler {
         // a client gone while others ran: it leaves before the step, its slot free for the next
         for (const s of active) if (s.req.signal?.aborted) this.finish(s, "caller");
         const rows = active.filter((s) => this.seqs[s.slot] === s && s.next !== undefined);
+        if (this.closed) break;
         if (rows.length === 0) {
           if (this.pending.length === 0 || this.closed) break;
           continue;
@@ -136,11 +139,13 @@ export class SequenceScheduler {
     } finally {
       this.running = false;
     }
-    // Something arrived after the last check (close() or a submit that saw running): run again.
-    if (this.pending.length > 0 && !this.closed) {
-      this.running = true;
-      void this.loop();
-    }
+    // Something arrived after the last check (a submit that saw running): run again.
+    if (this.pending.length > 0 && !this.closed) this.start();
+  }
+
+  private start(): void {
+    this.running = true;
+    this.stopped = this.loop();
   }
 
   /** Starts waiting requests in free slots, each prefilled alone, until no slot or no request is left. */
