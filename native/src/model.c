@@ -600,6 +600,7 @@ void prima_window_destroy(prima_window *w) {
   free(w->up);
   free(w->act_a);
   free(w->att_acc);
+  free(w->head_act);
   free(w->moe_logits);
   free(w->moe_sel);
   free(w->moe_wt);
@@ -1072,12 +1073,22 @@ static void forward_job(const prima_task *t, void *ctx) {
   }
 
   if (j->logits && !j->seqs) head_rows(t, m, x + (size_t)(n - 1) * E, j->logits);
-  /* every sequence's row through the same one-row head as alone, so its logits are the same bits;
-   * the barrier keeps thread 0 from renorming head_norm while others still read it */
+  /* every sequence's row: the output norm and head as a lone row gets them (the same functions per
+   * row; the head matrix read once for all rows by the batch-invariant matmul), so the same bits */
   else if (j->logits) {
-    for (int r = 0; r < n; r++) {
-      head_rows(t, m, x + (size_t)r * E, j->logits + (size_t)r * hp->n_vocab);
+    const int at = act_type_of(&m->output);
+    const size_t hb = prima_row_bytes(at, E), V = (size_t)hp->n_vocab;
+    for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+      float *hr = w->h + (size_t)r * E;
+      prima_rmsnorm(x + (size_t)r * E, (const float *)m->output_norm.data, hr, E, hp->norm_eps);
+      prima_act_quantizer(at)(hr, (char *)w->head_act + (size_t)r * hb, E);
+    }
+    prima_pool_barrier(t);
+    const prima_mm mm = { &m->output, w->head_act, hb, j->logits, V, 0 };
+    prima_mm_run(t, &mm, 1, n);
+    if (hp->final_softcap > 0) {
       prima_pool_barrier(t);
+      for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) softcap(j->logits + (size_t)r * V, (int)V, hp->final_softcap);
     }
   }
 }
@@ -1119,6 +1130,11 @@ int prima_window_forward_seqs(prima_window *w, prima_window *const *seqs, const 
     if (pos[i] >= s->n_ctx) return prima_fail(err, err_len, "sequence %d: position %d exceeds the context of %d tokens", i, pos[i], s->n_ctx);
   }
   if (prima_model_check_file(w->m, 0, err, err_len)) return -1;
+  if (logits && !w->head_act) { /* the head's activations of a step: only a window that leads steps has them */
+    w->head_act = malloc(prima_row_bytes(PRIMA_F32, w->m->hp.n_embd) * (size_t)w->max_batch); /* F32: the widest */
+    if (!w->head_act) return prima_fail(err, err_len, "out of memory for the head of a step of %d sequences", w->max_batch);
+    w->anon_bytes += prima_row_bytes(PRIMA_F32, w->m->hp.n_embd) * (size_t)w->max_batch;
+  }
   fwd_job j = { w, acts, 0, n, logits, seqs, pos };
   /* the same choice of threads as a lone decode step (prima_window_forward) */
   if (n == 1 && w->layer_bytes < SMALL_LAYER_BYTES) prima_pool_run_alone(w->m->pool, forward_job, &j);

@@ -100,6 +100,8 @@ typedef struct prima_window {
   void *act_a;                 /* quantized activations: up to 3 formats x max_batch rows */
   size_t act_row_bytes;        /* stride of a row in act_a/act_b */
   float *att_acc;              /* per thread: query, accumulators and scores of a group of heads */
+  void *head_act;              /* max_batch rows of the head's activations: made by the first step of
+                                  several sequences this window leads (prima_window_forward_seqs) */
   size_t anon_bytes;           /* KV + scratch: what the window costs in anonymous memory */
   size_t layer_bytes;          /* mean weight bytes one token's pass reads in one of its layers (a
                                   mixture of experts: all but the experts it does not use) */

@@ -7,7 +7,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { LocalModel, SeqSlots, argmax } from "../../engine/index.js";
-import type { ModelShape } from "../../model/index.js";
+import { modelShapeByName, type ModelShape } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
 import { root } from "../helpers/process.js";
 
@@ -122,6 +122,13 @@ describe("parallel sequences: a shared decode step equals each sequence alone, b
   it("mixture of experts, Q4_K_M", async () => {
     const out = join(dir, "moe-Q4_K_M.gguf");
     await generateModel({ shape: MOE_SHAPE, type: "Q4_K_M", out, pure: true, seed: 5 });
+    await check(out);
+  }, 60_000);
+
+  // soft caps (gemma2), sliding windows with their own RoPE (gemma3), QKV biases (qwen2), experts
+  it.each(["tiny-gemma2", "tiny-gemma3", "tiny-qwen2", "tiny-mixtral"])("%s Q8_0", async (name) => {
+    const out = join(dir, `${name}.gguf`);
+    await generateModel({ shape: modelShapeByName(name), type: "Q8_0", out, pure: true, seed: 5 });
     await check(out);
   }, 60_000);
 
