@@ -81,7 +81,16 @@ export class SequenceScheduler {
       return Promise.reject(new QueueFullError(`${queued} requests are waiting (the limit is ${this.o.maxQueue}) and all ${this.size} slots are busy: try again shortly`));
     }
     return new Promise<GenerationOutcome>((resolve, reject) => {
-      this.pending.push({ req, queuedAt: performance.now(), resolve, reject });
+      const p: Pending = { req, queuedAt: performance.now(), resolve, reject };
+      this.pending.push(p);
+      // a client that leaves while queued frees its place in the queue at once
+      req.signal?.addEventListener("abort", () => {
+        const i = this.pending.indexOf(p);
+        if (i < 0) return;
+        this.pending.splice(i, 1);
+        this.o.hooks.changed();
+        reject(new CancelledError("the client went away while the request was queued"));
+      }, { once: true });
       this.o.hooks.changed();
       if (!this.running) this.start();
     });
@@ -145,7 +154,11 @@ export class SequenceScheduler {
 
   private start(): void {
     this.running = true;
-    this.stopped = this.loop();
+    // a fault of the loop itself fails what it holds instead of leaving its clients waiting forever
+    this.stopped = this.loop().catch((e: unknown) => {
+      for (const s of this.seqs) if (s) this.fail(s, e);
+      for (const p of this.pending.splice(0)) p.reject(e);
+    });
   }
 
   /** Starts waiting requests in free slots, each prefilled alone, until no slot or no request is left. */
