@@ -502,8 +502,12 @@ export class Cluster extends EventEmitter {
         pipeline.close();
         throw e;
       }
-      const kvBytes = slots.windows.reduce((a, w) => a + w.info().anonBytes, 0);
-      this.o.log(`--parallel ${this.parallel}: ${this.parallel} sequence slots of ${this.o.ctx} tokens each (${this.parallel * this.o.ctx} tokens of KV cache; ${(kvBytes / 2 ** 20).toFixed(1)} MiB of KV and scratch)`);
+      const hp = this.o.model.desc.hparams;
+      // K and V in F16 for every layer and position of every slot (native prima_window_create)
+      const kvBytes = 2 * 2 * hp.nLayers * hp.nHeadKv * hp.headDimK * this.o.ctx * this.parallel;
+      const anonBytes = slots.windows.reduce((a, w) => a + w.info().anonBytes, 0);
+      const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
+      this.o.log(`--parallel ${this.parallel}: ${this.parallel} sequence slots of ${this.o.ctx} tokens each (${this.parallel * this.o.ctx} tokens of KV cache: ${mib(kvBytes)}; ${mib(anonBytes)} with the slots' scratch)`);
       const scheduler = new SequenceScheduler(slots, {
         maxQueue: this.maxQueue, layers: this.o.model.nLayers,
         hooks: {
