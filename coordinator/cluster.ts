@@ -426,6 +426,7 @@ export class Cluster extends EventEmitter {
       return;
     }
     if (this.parallel > 1) {
+      for (const w of workers) this.setDevice(w, "left-out", `--parallel ${this.parallel} runs on this device alone`);
       this.useLocal(workers.map((w) => ({ device: w.id, reason: `--parallel ${this.parallel} runs on one device` })), `--parallel ${this.parallel}: every layer runs on this device; workers are not used`);
       return;
     }

@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { APIError } from "openai";
 import { killAll } from "../ring/cluster.js";
 import { root, startNode } from "../helpers/process.js";
-import { MODEL, runOnce, startServe, type Served } from "./serve-harness.js";
+import { MODEL, joinWorker, runOnce, startServe, until, type Served } from "./serve-harness.js";
 
 const greedy = { temperature: 0 } as const;
 const PROMPTS = ["Once upon a time", "The little dog", "Tim and Sue went to", "One day, a bird"];
@@ -97,6 +97,24 @@ describe("serve --parallel 4", () => {
     expect(busy, "the slots and the queue overflowed").toBeGreaterThan(0);
     expect(ok).toBeGreaterThanOrEqual(6); // the 4 slots plus the queue
     expect((await fetch(`${s.url}/health`)).status).toBe(200);
+  }, 60_000);
+});
+
+describe("serve --parallel 2 and a worker", () => {
+  it("leaves a worker that joins out and goes on serving on this device", async () => {
+    const s = await startServe(["--ctx", "512", "--parallel", "2"]);
+    try {
+      const w = joinWorker(s.clusterPort, "laptop");
+      type St = { devices: { name: string; state: string; detail: string | null }[]; plan: { ringOrder: string[] } };
+      const st = await until<St>(`${s.url}/api/state`, (_, b) => b.devices.some((d) => d.name === "laptop" && d.state === "left-out"), 30_000);
+      expect(st.devices.find((d) => d.name === "laptop")!.detail).toMatch(/--parallel 2 runs on this device alone/);
+      const r = await s.client.completions.create({ prompt: PROMPTS[0], max_tokens: 20, ...greedy });
+      expect(r.choices[0].text).toBe(runOnce(["-p", PROMPTS[0], "-n", "20", "--temp", "0", "--ctx", "512"]).text);
+      expect(((await (await fetch(`${s.url}/api/state`)).json()) as St).plan.ringOrder).toEqual(["head"]);
+      w.child.kill("SIGKILL");
+    } finally {
+      s.proc.child.kill("SIGKILL");
+    }
   }, 60_000);
 });
 
