@@ -1,25 +1,30 @@
-// serve's HTTP port: the OpenAI API (/v1/...), /health, /metrics, the cluster's state (/api/state and
-// its push stream /api/stream) and the dashboard's files. Every request is checked before it reaches
-// the ring (first who may ask at all, http-guard.ts: Host, Origin, API key); whatever a client sends,
-// the answer is a status code with an OpenAI-style error object and the server stays up.
+// serve's HTTP port: the OpenAI API (/v1/...), Ollama's (ollama.ts) and llama-server's (llama-server.ts),
+// /health, /metrics, the cluster's state (/api/state and its push stream /api/stream) and the
+// dashboard's files. Every request is checked before it reaches the ring (first who may ask at all,
+// http-guard.ts: Host, Origin, API key); the dialects share one generation path (http-reply.ts), so
+// they share the queue, the prompt cache, the limits and the metrics. Whatever a client sends, the
+// answer is a status code with an error in the dialect's shape and the server stays up.
 import { randomUUID } from "node:crypto";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { packageRoot } from "../base/index.js";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { Sampler } from "../engine/index.js";
 import { StreamingDecoder, printable, type Tokenizer } from "../model/index.js";
 import { CancelledError, QueueFullError, type Cluster } from "./cluster.js";
 import { formatMetrics, newRequestOutcomes, type RequestOutcomes } from "./metrics.js";
-import {
-  ApiError, ResponseShaper, StopMatcher, formatLogprobs, parseChatRequest, parseCompletionRequest, usage, type FinishReason, type ParsedRequest,
-  type TokenLogprobs,
-} from "./openai.js";
+import { ApiError, StopMatcher, openAiDialect, renamedParam, usage, type FinishReason, type TokenLogprobs } from "./openai.js";
+import { sendJson, type Dialect, type GenerationAsk, type ReplyWriter, type Served } from "./http-reply.js";
+import { ollamaDialect, ollamaErrorBody, ps, show, tags } from "./ollama.js";
+import { detokenize, llamaCompletionDialect, llamaErrorBody, props, slots, tokenize } from "./llama-server.js";
 import { ConversationTokens, type PromptRenderer } from "./prompt.js";
 import { RequestGuard, type GuardOptions } from "./http-guard.js";
 import { Constraints, planStructured, type StructuredPlan } from "./structured.js";
 import { closingStart, type GrammarConstraint } from "../grammar/index.js";
 import type { ReplyEvent } from "../tools/index.js";
 
-export interface ApiServerOptions extends GuardOptions {
+export interface ApiServerOptions extends GuardOptions, Served {
   readonly cluster: Cluster;
   readonly tok: Tokenizer;
   readonly prompts: PromptRenderer;
@@ -40,18 +45,20 @@ const STREAM_STATE_EVERY_MS = 2000;
 const STREAM_STATE_MIN_GAP_MS = 250;
 const MAX_STATE_STREAMS = 32;
 
-function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
-  if (res.headersSent) {
-    res.end();
-    return;
-  }
-  const text = JSON.stringify(body);
-  res.writeHead(status, { "Content-Type": "application/json; charset=utf-8", "Content-Length": Buffer.byteLength(text), ...headers });
-  res.end(text);
-}
+/** The version /api/version and /props report: prima's own. */
+const VERSION = (JSON.parse(readFileSync(join(packageRoot(), "package.json"), "utf8")) as { version: string }).version;
 
-function sendError(res: ServerResponse, e: ApiError, headers: Record<string, string> = {}): void {
-  sendJson(res, e.status, e.body(), headers);
+/** Ollama's endpoints (beside prima's own /api/state and /api/stream) and llama-server's. */
+const OLLAMA_PATHS = new Set(["/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/version", "/api/ps"]);
+const LLAMA_PATHS = new Set(["/completion", "/tokenize", "/detokenize", "/props", "/slots"]);
+
+/** Ollama's endpoints that manage models: serve runs the one model it was started with. */
+const OLLAMA_MODEL_MANAGEMENT = new Set(["/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete", "/api/blobs"]);
+
+/** An error's body as the dialect of the path it answers (any /api/ path but prima's own is Ollama's). */
+function errorBodyFor(path: string, e: ApiError): unknown {
+  const ollama = OLLAMA_PATHS.has(path) || (path.startsWith("/api/") && path !== "/api/state" && path !== "/api/stream");
+  return ollama ? ollamaErrorBody(e) : LLAMA_PATHS.has(path) ? llamaErrorBody(e) : e.body();
 }
 
 /** The body as text, at most `limit` bytes (413 beyond), within a time limit set on the server. */
@@ -99,13 +106,20 @@ export class ApiServer {
     this.server = createServer((req, res) => {
       this.handle(req, res).catch((e: unknown) => {
         o.log(`internal error on ${req.method} ${safePath(req.url)}: ${(e as Error).message}`);
-        sendError(res, new ApiError(500, `internal error: ${(e as Error).message}`, "server_error"));
+        const path = new URL(req.url ?? "/", "http://localhost").pathname;
+        const err = new ApiError(500, `internal error: ${(e as Error).message}`, "server_error");
+        sendJson(res, err.status, errorBodyFor(path, err));
       });
     });
     // Slow or half-open clients: the headers within 10 s, the whole request within 30 s; a stream's
     // response may then take as long as generation does.
     this.server.headersTimeout = 10_000;
     this.server.requestTimeout = 30_000;
+    // An idle keep-alive connection stays a minute (Node's default is 5 s). A client reuses its idle
+    // sockets until the server's Keep-Alive hint less a second; on a busy machine a request sent on one
+    // just as the server closed it failed as "Connection error" (the `openai` client, undici), and
+    // POSTs are not retried by every client.
+    this.server.keepAliveTimeout = 65_000;
     this.server.on("clientError", (err, socket) => {
       if (socket.writable) socket.end("HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
       else socket.destroy();
@@ -148,6 +162,7 @@ export class ApiServer {
     const url = new URL(req.url ?? "/", "http://localhost");
     const path = url.pathname.replace(/\/+$/, "") || "/";
     const method = req.method ?? "GET";
+    const sendError = (r: ServerResponse, e: ApiError, headers: Record<string, string> = {}) => sendJson(r, e.status, errorBodyFor(path, e), headers);
     const admitted = this.guard.admit(req);
     if ("status" in admitted) {
       req.resume();
@@ -184,13 +199,6 @@ export class ApiServer {
         res.writeHead(200, { "Content-Type": "text/plain; version=0.0.4; charset=utf-8" });
         res.end(formatMetrics(this.o.cluster.state(), this.outcomes, this.o.cluster.counters, this.constraints));
         return;
-      case "GET /slots": {
-        // llama-server's /slots, in its spirit: each sequence slot and what it holds (serve --parallel)
-        const slots = this.o.cluster.slotStates();
-        if (!slots) sendError(res, new ApiError(501, "this server has no sequence slots: start it with --parallel N (N > 1)", "invalid_request_error", "not_supported"));
-        else sendJson(res, 200, slots.map((x) => ({ id: x.id, state: x.state, is_processing: x.state === "processing", n_ctx: x.nCtx, cached_tokens: x.cachedTokens, request: x.request })), { "Cache-Control": "no-store" });
-        return;
-      }
       case "GET /api/state":
         sendJson(res, 200, this.o.cluster.state(), { "Cache-Control": "no-store" });
         return;
@@ -198,12 +206,52 @@ export class ApiServer {
         this.stateStream(req, res);
         return;
       case "POST /v1/chat/completions":
-      case "POST /v1/completions":
-        await this.completion(req, res, path.endsWith("chat/completions") ? "chat" : "completion", cacheScope(req, key));
+      case "POST /v1/completions": {
+        const kind = path.endsWith("chat/completions") ? "chat" : "completion";
+        await this.generation(req, res, openAiDialect(kind, this.o), cacheScope(req, key));
         return;
+      }
+      case "POST /api/chat":
+      case "POST /api/generate":
+        await this.generation(req, res, ollamaDialect(path === "/api/chat" ? "chat" : "generate", this.o), cacheScope(req, key));
+        return;
+      case "POST /completion":
+        await this.generation(req, res, llamaCompletionDialect(this.o), cacheScope(req, key));
+        return;
+      case "GET /api/tags":
+        sendJson(res, 200, tags(this.o));
+        return;
+      case "GET /api/ps":
+        sendJson(res, 200, ps(this.o));
+        return;
+      case "GET /api/version":
+        sendJson(res, 200, { version: VERSION });
+        return;
+      case "GET /props":
+        sendJson(res, 200, props(this.o, this.templateSource(), VERSION));
+        return;
+      case "GET /slots":
+        sendJson(res, 200, slots(this.o));
+        return;
+      case "POST /api/show":
+      case "POST /tokenize":
+      case "POST /detokenize": {
+        const answer = await this.readJson(req, res, (e) => sendError(res, e), (body) =>
+          path === "/api/show" ? show(this.o, body, this.templateSource()) : path === "/tokenize" ? tokenize(this.o.tok, body) : detokenize(this.o.tok, body));
+        if (answer !== undefined) sendJson(res, 200, answer);
+        return;
+      }
     }
-    const known = ["/v1/models", "/metrics", "/slots", "/api/state", "/api/stream", "/v1/chat/completions", "/v1/completions"];
-    if (known.includes(path)) sendError(res, new ApiError(405, `${method} is not allowed on ${path}`, "invalid_request_error", "method_not_allowed"), { Allow: path.startsWith("/v1/c") ? "POST" : "GET" });
+    const managed = OLLAMA_MODEL_MANAGEMENT.has(path) || path.startsWith("/api/blobs/");
+    if (managed || path === "/api/embed" || path === "/api/embeddings") {
+      req.resume();
+      const why = managed ? "this server runs the one model it was started with (prima-coord serve model.gguf)" : "this server does not compute embeddings";
+      sendError(res, new ApiError(501, `${safePath(path)}: not supported: ${why}`, "invalid_request_error", "not_supported"));
+      return;
+    }
+    const posts = ["/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate", "/api/show", "/completion", "/tokenize", "/detokenize"];
+    const gets = ["/v1/models", "/metrics", "/api/state", "/api/stream", "/api/tags", "/api/ps", "/api/version", "/props", "/slots"];
+    if (posts.includes(path) || gets.includes(path)) sendError(res, new ApiError(405, `${method} is not allowed on ${path}`, "invalid_request_error", "method_not_allowed"), { Allow: posts.includes(path) ? "POST" : "GET" });
     else sendError(res, new ApiError(404, `no such endpoint: ${method} ${safePath(path)}`, "invalid_request_error", "not_found"));
   }
 
@@ -231,7 +279,7 @@ export class ApiServer {
 
   private stateStream(req: IncomingMessage, res: ServerResponse): void {
     if (this.streams.size >= MAX_STATE_STREAMS) {
-      sendError(res, new ApiError(503, `too many state streams open (${MAX_STATE_STREAMS})`, "server_error", "too_many_streams"), { "Retry-After": "5" });
+      sendJson(res, 503, new ApiError(503, `too many state streams open (${MAX_STATE_STREAMS})`, "server_error", "too_many_streams").body(), { "Retry-After": "5" });
       return;
     }
     res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store", Connection: "keep-alive" });
@@ -253,31 +301,67 @@ export class ApiServer {
     res.on("close", end);
   }
 
-  // ---- completions -----------------------------------------------------------------------------
+  /** The chat template's source, or undefined when the model has none (a fallback is used). */
+  private templateSource(): string | undefined {
+    try {
+      const t = this.o.prompts.chat;
+      return t.isFallback ? undefined : t.source;
+    } catch {
+      return undefined;
+    }
+  }
 
-  private async completion(req: IncomingMessage, res: ServerResponse, kind: "chat" | "completion", scope: string): Promise<void> {
-    let parsed: ParsedRequest;
-    let ids: Int32Array;
-    let promptText: string;
+  /** A small JSON request (not a generation): its body through `answer`, or undefined once an error
+   * was sent. Content-Type must be JSON, as for generations (a web page's form cannot send it). */
+  private async readJson(req: IncomingMessage, res: ServerResponse, fail: (e: ApiError) => void, answer: (body: unknown) => unknown): Promise<unknown> {
+    const type = (req.headers["content-type"] ?? "").split(";")[0].trim().toLowerCase();
+    try {
+      if (type !== "application/json") {
+        req.resume();
+        throw new ApiError(415, "the request body must be JSON sent as Content-Type: application/json", "invalid_request_error", "unsupported_media_type");
+      }
+      const text = await readBody(req, this.o.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES);
+      let body: unknown;
+      try {
+        body = JSON.parse(text);
+      } catch (e) {
+        throw new ApiError(400, `the request body is not valid JSON: ${(e as Error).message}`, "invalid_request_error", "invalid_json");
+      }
+      return answer(body);
+    } catch (e) {
+      if (!(e instanceof ApiError)) throw e;
+      fail(e);
+      return undefined;
+    }
+  }
+
+  // ---- generation, in any dialect ----------------------------------------------------------------
+
+  /** A generation request in dialect `d`: checked, queued, generated, answered in its shape. */
+  private async generation(req: IncomingMessage, res: ServerResponse, d: Dialect, scope: string): Promise<void> {
+    const fail = (e: ApiError, headers: Record<string, string> = {}) => sendJson(res, e.status, d.errorBody(renamedParam(e, d.params ?? {})), headers);
     // Only JSON is parsed as JSON: a text/plain form or a no-cors fetch from a web page cannot send it.
     const type = (req.headers["content-type"] ?? "").split(";")[0].trim().toLowerCase();
     if (type !== "application/json") {
       req.resume();
       this.outcomes.invalid++;
       const got = type === "" ? "no Content-Type" : `Content-Type ${printable(type, 80)}`;
-      sendError(res, new ApiError(415, `the request body must be JSON sent as Content-Type: application/json (got ${got}; with curl: -H 'Content-Type: application/json')`,
+      fail(new ApiError(415, `the request body must be JSON sent as Content-Type: application/json (got ${got}; with curl: -H 'Content-Type: application/json')`,
         "invalid_request_error", "unsupported_media_type"));
       return;
     }
-    let plan: StructuredPlan;
-    let constraint: GrammarConstraint | undefined;
     const health = this.healthy();
     if (!health.ok) {
       req.resume();
       this.outcomes.rejected++;
-      sendError(res, new ApiError(503, `the cluster cannot serve yet: ${health.status}`, "server_error", "not_ready"), { "Retry-After": "5" });
+      fail(new ApiError(503, `the cluster cannot serve yet: ${health.status}`, "server_error", "not_ready"), { "Retry-After": "5" });
       return;
     }
+    let ask: GenerationAsk;
+    let ids: Int32Array;
+    let promptText: string | undefined;
+    let plan: StructuredPlan;
+    let constraint: GrammarConstraint | undefined;
     try {
       const text = await readBody(req, this.o.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES);
       let body: unknown;
@@ -286,41 +370,50 @@ export class ApiServer {
       } catch (e) {
         throw new ApiError(400, `the request body is not valid JSON: ${(e as Error).message}`, "invalid_request_error", "invalid_json");
       }
-      const limits = { nVocab: this.o.tok.nVocab };
-      parsed = kind === "chat" ? parseChatRequest(body, limits) : parseCompletionRequest(body, limits);
-      const template = kind === "chat" && parsed.tools ? this.o.prompts.chat : undefined;
-      plan = planStructured(parsed, template?.source, template?.isFallback ?? false);
-      try {
-        promptText = kind === "chat" ? this.o.prompts.chatText(plan.messages, plan.templateTools) : parsed.prompt!;
-        ids = this.conversations.ids(scope, promptText).ids;
-      } catch (e) {
-        throw new ApiError(400, `the prompt could not be rendered: ${(e as Error).message}`, "invalid_request_error", "invalid_prompt");
+      const parsed = d.parse(body);
+      if ("answer" in parsed) {
+        sendJson(res, 200, parsed.answer);
+        return;
+      }
+      ask = parsed;
+      const p = ask.request;
+      const chat = p.kind === "chat";
+      const template = chat && p.tools ? this.o.prompts.chat : undefined;
+      plan = planStructured(p, template?.source, template?.isFallback ?? false);
+      if (ask.promptIds) ids = ask.promptIds;
+      else {
+        try {
+          promptText = chat ? this.o.prompts.chatText(plan.messages, plan.templateTools) : p.prompt!;
+          ids = this.conversations.ids(scope, promptText).ids;
+        } catch (e) {
+          throw new ApiError(400, `the prompt could not be rendered: ${(e as Error).message}`, "invalid_request_error", "invalid_prompt");
+        }
       }
       const ctx = this.o.cluster.o.ctx;
-      if (ids.length === 0) throw new ApiError(400, "the prompt is empty", "invalid_request_error", "invalid_prompt", kind === "chat" ? "messages" : "prompt");
+      if (ids.length === 0) throw new ApiError(400, "the prompt is empty", "invalid_request_error", "invalid_prompt", chat ? "messages" : "prompt");
       if (ids.length >= ctx) {
-        throw new ApiError(400, `the prompt has ${ids.length} tokens; the context holds ${ctx}, and at least one must be left to generate`, "invalid_request_error", "context_length_exceeded", kind === "chat" ? "messages" : "prompt");
+        throw new ApiError(400, `the prompt has ${ids.length} tokens; the context holds ${ctx}, and at least one must be left to generate`, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt");
       }
       if (plan.spec) constraint = await this.constraints.start(plan.spec);
     } catch (e) {
       this.outcomes.invalid++;
       if (e instanceof ApiError) {
-        sendError(res, e);
+        fail(e);
         return;
       }
       throw e;
     }
     try {
-      await this.generate(req, res, parsed, promptText, ids, scope, plan, constraint);
+      await this.generate(res, ask, d.writer(res, ask, ids, randomUUID().replace(/-/g, "").slice(0, 24)), promptText, ids, scope, plan, constraint);
     } finally {
       if (constraint) this.constraints.done(constraint);
     }
   }
 
-  private async generate(req: IncomingMessage, res: ServerResponse, p: ParsedRequest, promptText: string, ids: Int32Array, cacheScope: string,
+  private async generate(res: ServerResponse, ask: GenerationAsk, w: ReplyWriter, promptText: string | undefined, ids: Int32Array, cacheScope: string,
     plan: StructuredPlan, constraint?: GrammarConstraint): Promise<void> {
     const { cluster, tok } = this.o;
-    const shaper = new ResponseShaper(p.kind, this.o.modelId, randomUUID().replace(/-/g, "").slice(0, 24));
+    const p = ask.request;
     const abort = new AbortController();
     let done = false;
     res.on("close", () => {
@@ -329,62 +422,52 @@ export class ApiServer {
     const decoder = new StreamingDecoder(tok);
     const stops = new StopMatcher(p.stop);
     let text = "";
-    let first = true;
     const parser = plan.parser();
+    // Tokens generated since the last piece was handed on (a piece held back for a stop string or a
+    // split character waits for the next token).
+    let pending: number[] = [];
     // Log probabilities (when asked for): one entry per generated token, with where its text starts
     // among the decoded text. A token belongs to the reply unless a stop string cut the text before it;
-    // a stream sends each token's entry with the chunk whose text reaches it.
+    // a piece handed on carries the entries of the tokens whose text it reaches.
     const entries: TokenLogprobs[] | undefined = p.logprobs === undefined ? undefined : [];
     let decodedLength = 0;
     let entriesSent = 0;
-    const piece = (id: number) => tok.tokenPiece(id, { special: true });
-    /** The entries not sent yet whose text starts before `end` (all of them: Infinity). */
-    const due = (end: number) => {
-      if (!entries) return null;
+    /** The entries not handed on yet whose text starts before `end`. */
+    const due = (end: number): TokenLogprobs[] | undefined => {
+      if (!entries) return undefined;
       let j = entriesSent;
       while (j < entries.length && entries[j].offset < end) j++;
       const out = entries.slice(entriesSent, j);
       entriesSent = j;
-      return out.length > 0 ? formatLogprobs(p.kind, out, piece) : null;
-    };
-    const write = (chunk: unknown) => {
-      res.write(`data: ${JSON.stringify(chunk)}\n\n`);
-      first = false;
+      return out;
     };
     const send = (events: ReplyEvent[]) => {
-      if (!p.stream) return;
-      for (const e of events) {
-        if (e.kind === "content") write(shaper.chunk(e.text, null, first, due(text.length)));
-        else write(shaper.toolChunk(e.index, e.kind === "call" ? e : { arguments: e.text }, first, due(text.length)));
-      }
-    };
-    const emit = (t: string) => {
-      if (!t) return;
-      text += t;
-      if (parser) send(parser.push(t));
-      else if (p.stream) write(shaper.chunk(t, null, first, due(text.length)));
+      if (events.length === 0) return;
+      w.events(events, pending, due(text.length));
+      pending = [];
     };
     const decoded = (t: string) => {
       decodedLength += t.length;
       return t;
     };
+    const emit = (t: string) => {
+      if (!t) return;
+      text += t;
+      send(parser ? parser.push(t) : [{ kind: "content", text: t }]);
+    };
     const room = cluster.o.ctx - ids.length;
     const maxTokens = Math.min(p.maxTokens ?? room, this.o.nPredict ?? room, room);
     const sampler = new Sampler({ ...p.sampler, constraint, closeAfter: closingStart(maxTokens), logprobs: p.logprobs });
     // Numbered as it is queued (cluster.generate queues synchronously), so the log shows the order.
-    const tag = `request ${++this.received} (${shaper.id})`;
+    const tag = `request ${++this.received} (${w.id})`;
     const startedAt = performance.now();
     try {
       const out = await cluster.generate({
         kind: p.kind, prompt: ids, maxTokens, sampler, isEnd: (id) => tok.isEog(id),
         signal: abort.signal, cacheScope,
-        onStart: () => {
-          if (!p.stream) return;
-          res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store", Connection: "keep-alive" });
-          // As OpenAI streams a chat: the role alone first, then the content (or the calls) in pieces.
-          if (p.kind === "chat") write(shaper.chunk("", null, true));
-        },
+        onStart: () => w.start(),
         onToken: (id) => {
+          pending.push(id);
           if (entries && sampler.last) entries.push({ ...sampler.last, offset: decodedLength });
           emit(stops.push(decoded(decoder.push(id))));
           return !stops.stopped;
@@ -409,27 +492,25 @@ export class ApiServer {
       const finish: FinishReason = ended ? (calls.length > 0 ? "tool_calls" : "stop") : "length";
       // The client's next turn continues this one's text: keep its tokens as generated (a reply cut by
       // a stop string, or one that called tools, no longer stands for its tokens as text).
-      if (!stops.stopped && calls.length === 0) this.conversations.remember(cacheScope, promptText, ids, text, r.ids);
+      if (promptText !== undefined && !stops.stopped && calls.length === 0) this.conversations.remember(cacheScope, promptText, ids, text, r.ids);
       const u = usage(ids.length, r.ids.length, out.cachedTokens);
       this.outcomes.ok++;
+      const total = performance.now() - startedAt;
+      const promptMs = out.firstTokenMs ?? total - out.queueMs;
       const speed = (out.meanDecodeMs > 0 ? `, ${(1000 / out.meanDecodeMs).toFixed(1)} tok/s` : "") +
         (constraint && constraint.steps > 0 ? `, the constraint ${(constraint.ms / constraint.steps).toFixed(2)} ms/token` : "");
-      this.o.log(`${tag}: ${ids.length} prompt tokens (${out.cachedTokens} cached) + ${r.ids.length} generated (${finish}) in ${Math.round(performance.now() - startedAt)} ms, ${Math.round(out.queueMs)} of them queued${speed}`);
-      if (p.stream) {
-        if (first && p.kind === "chat") res.write(`data: ${JSON.stringify(shaper.chunk("", null, true))}\n\n`);
-        // Tokens whose text is not out yet (empty pieces, a character still incomplete): their entries
-        // in a chunk of no text before the finish.
-        const rest = due(Infinity);
-        if (rest) write(shaper.chunk("", null, false, rest));
-        res.write(`data: ${JSON.stringify(shaper.chunk(null, finish))}\n\n`);
-        if (p.includeUsage) res.write(`data: ${JSON.stringify(shaper.usageChunk(u))}\n\n`);
-        res.end("data: [DONE]\n\n");
-      } else sendJson(res, 200, shaper.full(reply ? reply.content : text, finish, u, calls, formatLogprobs(p.kind, entries, piece)));
+      this.o.log(`${tag}: ${ids.length} prompt tokens (${out.cachedTokens} cached) + ${r.ids.length} generated (${finish}) in ${Math.round(total)} ms, ${Math.round(out.queueMs)} of them queued${speed}`);
+      w.finish({
+        content: reply ? reply.content : text, calls, finish,
+        stopType: stops.stopped ? "word" : r.stopReason === "end" ? "eos" : "limit", stoppingWord: stops.word,
+        prompt: ids, generated: r.ids, usage: u, logprobs: entries,
+        ms: { queue: out.queueMs, prompt: promptMs, eval: Math.max(0, total - out.queueMs - promptMs), total },
+      });
     } catch (e) {
       done = true;
       if (e instanceof QueueFullError) {
         this.outcomes.rejected++;
-        sendError(res, new ApiError(503, e.message, "server_error", "queue_full"), { "Retry-After": "2" });
+        w.fail(new ApiError(503, e.message, "server_error", "queue_full"), { "Retry-After": "2" });
         return;
       }
       if (e instanceof CancelledError) {
@@ -438,10 +519,8 @@ export class ApiServer {
         return;
       }
       this.outcomes.error++;
-      const err = new ApiError(503, `generation failed: ${(e as Error).message}`, "server_error", "generation_failed");
       this.o.log(`${tag} failed: ${(e as Error).message}`);
-      if (res.headersSent) res.end(`data: ${JSON.stringify(err.body())}\n\n`);
-      else sendError(res, err, { "Retry-After": "2" });
+      w.fail(new ApiError(503, `generation failed: ${(e as Error).message}`, "server_error", "generation_failed"), { "Retry-After": "2" });
     }
   }
 }

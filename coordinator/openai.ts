@@ -5,7 +5,9 @@
 import type { ChatMessage } from "../model/index.js";
 import { Sampler, SamplerError, type SamplerOptions, type StepLogprobs } from "../engine/index.js";
 import { SchemaError, checkSchema } from "../grammar/index.js";
-import type { ToolCall, ToolChoice, ToolDef } from "../tools/index.js";
+import type { ReplyEvent, ToolCall, ToolChoice, ToolDef } from "../tools/index.js";
+import type { ServerResponse } from "node:http";
+import { sendJson, type Dialect, type Finished, type GenerationAsk, type ReplyWriter, type Served } from "./http-reply.js";
 
 export class ApiError extends Error {
   override name = "ApiError";
@@ -63,11 +65,11 @@ const ROLES = new Set(["system", "developer", "user", "assistant", "tool"]);
 
 type Json = Record<string, unknown>;
 
-function bad(param: string, message: string): ApiError {
+export function bad(param: string, message: string): ApiError {
   return new ApiError(400, `${param}: ${message}`, "invalid_request_error", "invalid_value", param);
 }
 
-function optNumber(b: Json, key: string, min: number, max: number): number | undefined {
+export function optNumber(b: Json, key: string, min: number, max: number): number | undefined {
   const v = b[key];
   if (v === undefined || v === null) return undefined;
   if (typeof v !== "number" || !Number.isFinite(v)) throw bad(key, `must be a number (got ${typeof v})`);
@@ -75,13 +77,13 @@ function optNumber(b: Json, key: string, min: number, max: number): number | und
   return v;
 }
 
-function optInt(b: Json, key: string, min: number, max: number): number | undefined {
+export function optInt(b: Json, key: string, min: number, max: number): number | undefined {
   const v = optNumber(b, key, min, max);
   if (v !== undefined && !Number.isInteger(v)) throw bad(key, `must be a whole number (got ${v})`);
   return v;
 }
 
-function optBool(b: Json, key: string): boolean | undefined {
+export function optBool(b: Json, key: string): boolean | undefined {
   const v = b[key];
   if (v === undefined || v === null) return undefined;
   if (typeof v !== "boolean") throw bad(key, `must be true or false (got ${typeof v})`);
@@ -149,6 +151,18 @@ function parseLogprobs(b: Json, kind: "chat" | "completion"): number | undefined
   if (!given && nProbs) return nProbs;
   if (top) throw bad("top_logprobs", "needs logprobs: true");
   return undefined;
+}
+
+/** An error from these checks, naming a dialect's own field for the OpenAI one it was read as
+ * (Ollama's options.num_predict for max_tokens); any other error passes unchanged. */
+export function renameParam(e: unknown, names: Readonly<Record<string, string>>): never {
+  throw e instanceof ApiError ? renamedParam(e, names) : e;
+}
+
+export function renamedParam(e: ApiError, names: Readonly<Record<string, string>>): ApiError {
+  if (!e.param || !Object.hasOwn(names, e.param) || !e.message.startsWith(e.param)) return e;
+  const name = names[e.param];
+  return new ApiError(e.status, name + e.message.slice(e.param.length), e.type, e.code, name);
 }
 
 /** A schema refused by name: a 400 whose param is where it came from. */
@@ -232,6 +246,8 @@ function common(b: Json, kind: "chat" | "completion", limits: RequestLimits): Om
     throw bad("stream_options", "must be an object");
   }
   const repetition = optNumber(b, "repetition_penalty", 0.01, 10) ?? optNumber(b, "repeat_penalty", 0.01, 10);
+  // llama.cpp's repeat_last_n: -1 means the whole context (the sampler's history never holds more).
+  const lastN = optInt(b, "repeat_last_n", -1, 1e9);
   const sampler: SamplerOptions = {
     temperature: optNumber(b, "temperature", 0, 2),
     topP: optNumber(b, "top_p", 0, 1),
@@ -241,6 +257,7 @@ function common(b: Json, kind: "chat" | "completion", limits: RequestLimits): Om
     frequencyPenalty: optNumber(b, "frequency_penalty", -2, 2),
     presencePenalty: optNumber(b, "presence_penalty", -2, 2),
     repeatPenalty: repetition,
+    repeatLastN: lastN === -1 ? 2 ** 31 - 1 : lastN,
     logitBias: parseLogitBias(b, limits.nVocab),
   };
   // The seed reaches a 32-bit generator: fold it, keeping negative seeds distinct.
@@ -276,7 +293,7 @@ function checkSampling(sampler: SamplerOptions, b: Json): void {
   }
 }
 
-function asObject(body: unknown): Json {
+export function asObject(body: unknown): Json {
   if (typeof body !== "object" || body === null || Array.isArray(body)) throw new ApiError(400, "the request body must be a JSON object");
   return body as Json;
 }
@@ -460,6 +477,8 @@ export class ResponseShaper {
 export class StopMatcher {
   private held = "";
   stopped = false;
+  /** The stop string that ended the text ("" while none has). */
+  word = "";
 
   constructor(private readonly stops: readonly string[]) {}
 
@@ -470,7 +489,10 @@ export class StopMatcher {
     let at = -1;
     for (const s of this.stops) {
       const i = buf.indexOf(s);
-      if (i >= 0 && (at < 0 || i < at)) at = i;
+      if (i >= 0 && (at < 0 || i < at)) {
+        at = i;
+        this.word = s;
+      }
     }
     if (at >= 0) {
       this.stopped = true;
@@ -495,5 +517,79 @@ export class StopMatcher {
     const t = this.stopped ? "" : this.held;
     this.held = "";
     return t;
+  }
+}
+
+/** The OpenAI dialect: /v1/chat/completions and /v1/completions, streamed as server-sent events. */
+export function openAiDialect(kind: "chat" | "completion", s: Served): Dialect {
+  const limits: RequestLimits = { nVocab: s.tok.nVocab };
+  const piece: PieceOf = (id) => s.tok.tokenPiece(id, { special: true });
+  return {
+    errorBody: (e) => e.body(),
+    parse: (body) => ({ request: kind === "chat" ? parseChatRequest(body, limits) : parseCompletionRequest(body, limits) }),
+    writer: (res, ask, _prompt, id) => new OpenAiWriter(res, ask, new ResponseShaper(kind, s.modelId, id), piece),
+  };
+}
+
+class OpenAiWriter implements ReplyWriter {
+  private first = true;
+  private readonly p: ParsedRequest;
+  readonly id: string;
+  /** Log-probability entries a stream has sent. */
+  private sent = 0;
+
+  constructor(private readonly res: ServerResponse, ask: GenerationAsk, private readonly shaper: ResponseShaper, private readonly piece: PieceOf) {
+    this.p = ask.request;
+    this.id = shaper.id;
+  }
+
+  /** Entries as this request's kind reports them; null when there are none to send. */
+  private format(entries: readonly TokenLogprobs[] | undefined) {
+    if (!entries || entries.length === 0) return null;
+    this.sent += entries.length;
+    return formatLogprobs(this.p.kind, entries, this.piece);
+  }
+
+  private write(chunk: unknown): void {
+    this.res.write(`data: ${JSON.stringify(chunk)}\n\n`);
+    this.first = false;
+  }
+
+  start(): void {
+    if (!this.p.stream) return;
+    this.res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store", Connection: "keep-alive" });
+    // As OpenAI streams a chat: the role alone first, then the content (or the calls) in pieces.
+    if (this.p.kind === "chat") this.write(this.shaper.chunk("", null, true));
+  }
+
+  /** Each piece as a chunk; the tokens' log probabilities ride with the first. */
+  events(events: readonly ReplyEvent[], _ids: readonly number[], logprobs?: readonly TokenLogprobs[]): void {
+    if (!this.p.stream) return;
+    let lp = this.format(logprobs);
+    for (const e of events) {
+      if (e.kind === "content") this.write(this.shaper.chunk(e.text, null, this.first, lp));
+      else this.write(this.shaper.toolChunk(e.index, e.kind === "call" ? e : { arguments: e.text }, this.first, lp));
+      lp = null;
+    }
+  }
+
+  finish(f: Finished): void {
+    if (!this.p.stream) {
+      sendJson(this.res, 200, this.shaper.full(f.content, f.finish, f.usage, f.calls, f.logprobs ? formatLogprobs(this.p.kind, f.logprobs, this.piece) : null));
+      return;
+    }
+    if (this.first && this.p.kind === "chat") this.write(this.shaper.chunk("", null, true));
+    // Tokens whose text is not out yet (empty pieces, a character still incomplete): their entries
+    // in a chunk of no text before the finish.
+    const rest = this.format(f.logprobs?.slice(this.sent));
+    if (rest) this.write(this.shaper.chunk("", null, false, rest));
+    this.write(this.shaper.chunk(null, f.finish));
+    if (this.p.includeUsage) this.write(this.shaper.usageChunk(f.usage));
+    this.res.end("data: [DONE]\n\n");
+  }
+
+  fail(e: ApiError, headers: Record<string, string> = {}): void {
+    if (this.res.headersSent) this.res.end(`data: ${JSON.stringify(e.body())}\n\n`);
+    else sendJson(this.res, e.status, e.body(), headers);
   }
 }

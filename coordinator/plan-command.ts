@@ -8,6 +8,8 @@ import {
   describeModel, FILE_TYPE_NAMES, GgufError, modelProfile, modelShapeByName, modelShapes, parseFileType, readGguf,
   syntheticModelDescription, type ModelDescription, type ModelProfile,
 } from "../model/index.js";
+import { LocalModel } from "../engine/index.js";
+import { measureExpertRouting } from "../profiler/index.js";
 
 const HELP = `usage: prima-coord plan model.gguf --devices devices.json [options]
        prima-coord plan --shape NAME --type TYPE --devices devices.json [options]
@@ -22,6 +24,8 @@ const HELP = `usage: prima-coord plan model.gguf --devices devices.json [options
   --keep-all          no device selection: place layers on every device, even those Halda would drop
   --paper-selection   prima.cpp's device selection (drop every device left with one layer, even when
                       that is slower) instead of the best subset of devices (as run does)
+  --measure-routing   a mixture of experts given as a file: run a short text through it on this machine
+                      and price rereads with the routing skew measured (default: uniform routing)
   --json              print one JSON object: the plan, the baselines and the model profile`;
 
 class UsageError extends Error {
@@ -36,6 +40,7 @@ interface PlanArgs {
   readonly ctx: number;
   readonly options: HaldaOptions;
   readonly json: boolean;
+  readonly measureRouting: boolean;
 }
 
 function intArg(name: string, v: string | undefined, dflt: number, min: number): number {
@@ -62,6 +67,7 @@ export function parsePlanArgs(argv: string[]): PlanArgs | "help" {
         "keep-all": { type: "boolean" },
         "paper-selection": { type: "boolean" },
         json: { type: "boolean" },
+        "measure-routing": { type: "boolean" },
         help: { type: "boolean", short: "h" },
       },
     });
@@ -75,12 +81,14 @@ export function parsePlanArgs(argv: string[]): PlanArgs | "help" {
   if (model !== undefined && (v.shape !== undefined || v.type !== undefined)) throw new UsageError("give either a model file or --shape/--type, not both");
   if (model === undefined && (v.shape === undefined || v.type === undefined)) throw new UsageError("missing the model: give model.gguf, or --shape NAME --type TYPE");
   if (v.devices === undefined) throw new UsageError("missing --devices FILE");
+  if (v["measure-routing"] && model === undefined) throw new UsageError("--measure-routing runs the model: give a model file, not --shape");
   const mode = v.mode ?? "exact";
   if (mode !== "exact" && mode !== "prima") throw new UsageError(`--mode must be exact or prima (got "${mode}")`);
   return {
     model, shape: v.shape, type: v.type, devices: v.devices,
     ctx: intArg("ctx", v.ctx, 1024, 1),
     json: v.json ?? false,
+    measureRouting: v["measure-routing"] ?? false,
     options: {
       mode,
       k: intArg("k", v.k, 0, 1),
@@ -157,6 +165,18 @@ function report(label: string, profile: ModelProfile, plan: Plan, baselines: Bas
   const out: string[] = [];
   for (const w of warnings) out.push(`warning: ${w}`);
   out.push(`model   ${label}: ${profile.nLayers} layers of ${(profile.layerBytes / GiB).toFixed(3)} GiB + ${(bp - profile.layerBytes) / 2 ** 20} MiB KV at ctx ${profile.nCtx}`);
+  const x = profile.moe;
+  if (x) {
+    // A token reads k of a layer's n experts: Halda prices compute and rereads on the active bytes,
+    // the RAM a window needs to run from memory on all of them (docs/HALDA.md "Mixture of experts").
+    out.push(`experts ${x.nExpert} a layer, ${x.nExpertUsed} a token, ${(x.expertBytes / 2 ** 20).toFixed(2)} MiB each: a layer is ${(profile.layerBytes / GiB).toFixed(3)} GiB in total, ` +
+      `${(x.activeLayerBytes / GiB).toFixed(3)} GiB active per token (${((100 * x.activeLayerBytes) / profile.layerBytes).toFixed(1)} %)`);
+    const top = Math.ceil(x.nExpert / 4);
+    const hot = x.routingShare.slice(0, top).reduce((a, b) => a + b, 0);
+    out.push(x.routing === "measured"
+      ? `routing measured over ${x.routingTokens} tokens: the hottest ${top} experts of a layer take ${(100 * hot).toFixed(1)} % of its assignments (uniform: ${((100 * top) / x.nExpert).toFixed(1)} %)`
+      : `routing uniform, not measured (--measure-routing measures it on a model file): an overloaded device is priced as if every expert were as hot`);
+  }
   out.push(`plan    ${plan.planner}: k = ${plan.k} cycle${plan.k === 1 ? "" : "s"}, predicted ${ms(plan.latencyMs)} ms/token` +
     (plan.runnerUp ? ` (runner-up k = ${plan.runnerUp.k}: ${ms(plan.runnerUp.latencyMs)} ms)` : ""));
   out.push("");
@@ -187,7 +207,15 @@ export async function planCommand(argv: string[]): Promise<number> {
     const a = args;
     const { desc, label } = loadModel(a);
     const { devices, warnings } = loadDevices(a.devices);
-    const profile = modelProfile(desc, { nCtx: a.ctx, name: label });
+    let profile = modelProfile(desc, { nCtx: a.ctx, name: label });
+    if (a.measureRouting && profile.moe) {
+      const m = LocalModel.open(a.model!);
+      try {
+        profile = await measureExpertRouting(m, profile);
+      } finally {
+        m.close();
+      }
+    }
     let plan: Plan;
     try {
       plan = halda(devices, profile, a.options);

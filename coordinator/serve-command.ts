@@ -1,6 +1,7 @@
 // prima-coord serve model.gguf: the cluster as a home service. It loads the model once, accepts workers
 // at any time (announced over mDNS unless --no-discovery), re-places layers when the devices change,
-// and answers the OpenAI API, /health, /metrics and the dashboard on one HTTP port.
+// and answers the OpenAI API, Ollama's and llama-server's, /health, /metrics and the dashboard on one
+// HTTP port.
 import { basename, extname } from "node:path";
 import { hostname } from "node:os";
 import { PROTOCOL_VERSION } from "../control/index.js";
@@ -160,7 +161,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     // The HTTP port first: /health answers 503 while this device is measured.
     const httpPort = await api.listen(a.port, a.host);
     const shown = a.host.includes(":") ? `[${a.host}]` : a.host;
-    log(`listening on http://${shown}:${httpPort} (OpenAI API at /v1, dashboard at /)`);
+    log(`listening on http://${shown}:${httpPort} (OpenAI API at /v1, Ollama's at /api, llama-server's at /completion, dashboard at /)`);
     const clusterPort = await cluster.start(a.clusterPort);
     log(`listening for workers on port ${clusterPort}`);
     if (a.discovery) {

@@ -39,7 +39,7 @@ export interface SamplerOptions {
    * that the value ends within its budget. */
   readonly closeAfter?: number;
   /** Added to these tokens' logits before anything else changes them (OpenAI's logit_bias; -100
-   * effectively bans a token, +100 all but forces it). */
+   * effectively bans a token, +100 all but forces it; -Infinity bans it outright). */
   readonly logitBias?: ReadonlyMap<number, number>;
   /** Record each step's log probabilities (`last`): the chosen token's and this many alternatives.
    * They are the model's distribution, log-softmax of the raw logits: before logit_bias, penalties,
@@ -151,7 +151,8 @@ export class Sampler {
     check(this.logprobs === undefined || (Number.isInteger(this.logprobs) && this.logprobs >= 0), "logprobs", `logprobs must be a whole number >= 0 (got ${this.logprobs})`);
     for (const [id, bias] of this.logitBias ?? []) {
       check(Number.isInteger(id) && id >= 0, "logitBias", `logit bias: token id ${id} is not a token id`);
-      check(Number.isFinite(bias), "logitBias", `logit bias of token ${id} must be a number (got ${bias})`);
+      // -Infinity bans the token (llama-server's `false`); +Infinity would not pick one token among several.
+      check(Number.isFinite(bias) || bias === -Infinity, "logitBias", `logit bias of token ${id} must be a number (got ${bias})`);
     }
     this.rng = new Rng(this.seed);
   }

@@ -94,7 +94,7 @@ export function solveIlp(terms: readonly DeviceTerms[], sets: readonly DeviceSet
   if (wLo > W || wHi < W) return null;
 
   const constraints: LpModel["constraints"] = { sumW: { equal: W } };
-  // The latency's constant part (k·Σξ + Σκ), which the solver does not see.
+  // The latency's constant part (k·Σξ + Σκ), which the solver does not see (the MoE reread it does, as z).
   const constantMs = terms.reduce((s, t, i) => s + k * t.xiMs + coefs[i].kappa, 0);
   const capped = maxLatencyMs !== undefined;
   if (capped) constraints.latencyCap = { max: maxLatencyMs - constantMs };
@@ -122,6 +122,20 @@ export function solveIlp(terms: readonly DeviceTerms[], sets: readonly DeviceSet
       constraints[`guard${i}`] = { max: r.guardMax };
       w[`guard${i}`] = 1;
       if (r.ramN !== 0) n[`guard${i}`] = r.ramN;
+    }
+    const rr = coefs[i].reread;
+    if (rr) {
+      // z_i ≥ each line of δ·ρ in r = k·(w + ramN·n), and z_i ≥ 0: at the optimum z_i = δ·ρ(r).
+      const z: Record<string, number> = { latencyMs: 1 };
+      if (capped) z.latencyCap = 1;
+      rr.linesMs.forEach((line, j) => {
+        const row = `reread${i}_${j}`;
+        constraints[row] = { min: line.intercept };
+        z[row] = 1;
+        w[row] = -line.slope * k;
+        if (rr.ramN !== 0) n[row] = -line.slope * k * rr.ramN;
+      });
+      variables[`z${i}`] = z;
     }
     variables[`w${i}`] = w;
     variables[`n${i}`] = n;
@@ -160,7 +174,8 @@ export function finishSolution(terms: readonly DeviceTerms[], sets: readonly Dev
   let objectiveMs = 0, latencyMs = 0;
   for (let i = 0; i < terms.length; i++) {
     const c = coefs[i];
-    const constant = k * terms[i].xiMs + c.kappa;
+    // The reread is evaluated exactly, not taken from the solver's auxiliary variable.
+    const constant = k * terms[i].xiMs + c.kappa + (c.reread ? c.reread.ms(k * (w[i] + c.reread.ramN * n[i])) : 0);
     latencyMs += k * (c.a * w[i] + c.b * n[i]) + constant;
     objectiveMs += k * (c.a * w[i] * (i === 0 ? 1 / o.masterPriority : 1) + c.b * n[i]) + constant;
   }

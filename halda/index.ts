@@ -4,7 +4,7 @@ export { SELECTION_EXACT_MAX_DEVICES } from "./selection.js";
 export { baselinePlan, baselineNames, type BaselineName } from "./baselines.js";
 export { predictLatency, predictLatencyMs, type Assignment, type ComputeBufferChoice, type DeviceEvaluation, type LatencyPrediction } from "./latency.js";
 export { effectiveDiskBytesPerS, parseDeviceProfiles, resolveDevice, type ParsedDevices, type ResolvedDevice } from "./devices.js";
-export { validKs, STREAM_MARGIN_BYTES } from "./terms.js";
+export { validKs, STREAM_MARGIN_BYTES, MAX_ROUTING_SEGMENTS, moeRereadBytes, moeRereadLines, moeTermsOf, routingSegments, type MoeTerms } from "./terms.js";
 export {
   HaldaError,
   type DeviceLatencyMs, type DeviceOs, type DevicePlan, type DeviceProfile, type DeviceSet, type DroppedDevice,

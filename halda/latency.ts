@@ -4,7 +4,7 @@
 
 import { resolveDevice, type ResolvedDevice } from "./devices.js";
 import {
-  conservativeFlags, deviceTerms, flagsFromPlan, modelTerms, resolveOptions, streamExtraBytes,
+  conservativeFlags, deviceTerms, flagsFromPlan, modelTerms, moeRereadBytes, resolveOptions, streamExtraBytes,
   type BufferFlags, type DeviceTerms, type ModelTerms, type ResolvedOptions,
 } from "./terms.js";
 import { HaldaError, type DeviceLatencyMs, type DeviceProfile, type DeviceSet, type HaldaOptions, type ModelProfile } from "./types.js";
@@ -29,9 +29,12 @@ export function evaluateDevice(t: DeviceTerms, k: number, w: number, n: number, 
     // Metal drops the whole mapping once memory runs out; elsewhere only the excess is reloaded, or
     // ("window") every RAM-side weight of the device, as cyclic access under LRU does.
     const headBytes = t.isHead ? m.outputBytes + m.inputRowBytes : 0;
+    // A mixture of experts reads back only what a token touches: the routed experts not resident
+    // ("excess", docs/HALDA.md ρ), or its share a/b of each streamed or reread layer.
     reload = d.isMetal ? l * m.layerBytes + headBytes
-      : o.overloadReload === "window" ? ramLayers * m.layerBytes + headBytes
-      : ramLayers * bp - t.capBytes + (o.overloadReload === "stream" ? streamExtraBytes(m) : 0);
+      : o.overloadReload === "window" ? ramLayers * m.layerReadBytes + headBytes
+      : o.overloadReload === "excess" && m.moe ? moeRereadBytes(m.moe, ramLayers, t.capBytes)
+      : (ramLayers * bp - t.capBytes + (o.overloadReload === "stream" ? streamExtraBytes(m) : 0)) * (o.overloadReload === "stream" ? m.layerReadBytes / m.layerBytes : 1);
   } else if (t.isHead) {
     reload = m.inputRowBytes; // the one embedding row per token
   }

@@ -7,7 +7,7 @@
 
 import { tieMs } from "./exact.js";
 import type { IlpSolution } from "./ilp.js";
-import type { DeviceTerms, ModelTerms, ResolvedOptions } from "./terms.js";
+import { overloadSlopeBytes, type DeviceTerms, type ModelTerms, type ResolvedOptions } from "./terms.js";
 import type { DroppedDevice, OverloadReload } from "./types.js";
 
 /** Up to this many devices (head included) every subset is considered: 2^(M−1) subsets. */
@@ -80,7 +80,9 @@ function slots(t: DeviceTerms, m: ModelTerms, reload: OverloadReload): Slot[] {
     out.push({ costMs: alpha, layers: ram });
     // "window": an overloaded device rereads all its l layers' weights, l·b ≥ (l − ram)·b: still a bound.
     // "stream" rereads a layer and a margin more than "excess" once overloaded: leaving that out is still a bound.
-    if (t.mayOverload) out.push({ costMs: alpha + (reload === "window" ? m.layerBytes : bp) * t.deltaMsPerByte, layers: Infinity });
+    // A mixture of experts under "excess": its reread is convex in the layers, so its slope right past
+    // the room (k·p̄_min·b' a layer) bounds every later layer's.
+    if (t.mayOverload) out.push({ costMs: alpha + overloadSlopeBytes(m, reload) * t.deltaMsPerByte, layers: Infinity });
   }
   return out.filter((s) => s.layers > 0).sort((a, b) => a.costMs - b.costMs);
 }

@@ -83,6 +83,101 @@ export interface ModelTerms {
   /** prima.cpp's compute-buffer estimate (paper era): activations, and the head's input+output buffers. */
   readonly actBufferBytes: number;
   readonly headIoBufferBytes: number;
+  /** a: bytes a token reads of one layer's weights (b for a dense layer). */
+  readonly layerReadBytes: number;
+  /** Mixture of experts; absent for a dense model. */
+  readonly moe?: MoeTerms;
+}
+
+/** At most this many routing segments (groups of expert ranks with one share each): each is one row of
+ * the ILP per overloaded device, and beyond this the plan barely moves (docs/HALDA.md). */
+export const MAX_ROUTING_SEGMENTS = 16;
+
+/** A mixture-of-experts layer as Halda prices it (docs/HALDA.md "Mixture of experts"). */
+export interface MoeTerms {
+  readonly nExpert: number;
+  /** k_e: experts each token runs in a layer. */
+  readonly nUsed: number;
+  /** e: bytes of one expert. */
+  readonly expertBytes: number;
+  /** d': the rest of a layer, with its KV cache: b' − n·e. */
+  readonly denseBytesWithKv: number;
+  /** p̄ in groups of consecutive ranks, hottest first: `count` experts with `share` each. */
+  readonly segments: readonly { readonly count: number; readonly share: number }[];
+}
+
+/** p̄ as at most `max` segments: equal neighbours merge exactly; beyond `max`, ranks are grouped evenly
+ * and averaged (the chord of a concave F: a little more reread, never less). */
+export function routingSegments(share: readonly number[], max = MAX_ROUTING_SEGMENTS): { count: number; share: number }[] {
+  const sorted = [...share].sort((a, b) => b - a);
+  const total = sorted.reduce((a, b) => a + b, 0);
+  const p = sorted.map((x) => x / total);
+  const merge = (groups: { count: number; share: number }[]) => {
+    const out: { count: number; share: number }[] = [];
+    for (const g of groups) {
+      const last = out[out.length - 1];
+      if (last && Math.abs(last.share - g.share) <= 1e-12 * Math.max(last.share, g.share)) out[out.length - 1] = { count: last.count + g.count, share: (last.share * last.count + g.share * g.count) / (last.count + g.count) };
+      else out.push({ ...g });
+    }
+    return out;
+  };
+  const exact = merge(p.map((x) => ({ count: 1, share: x })));
+  if (exact.length <= max) return exact;
+  const groups: { count: number; share: number }[] = [];
+  for (let gi = 0, i = 0; gi < max; gi++) {
+    const end = Math.round(((gi + 1) * p.length) / max);
+    let sum = 0;
+    for (let j = i; j < end; j++) sum += p[j];
+    if (end > i) groups.push({ count: end - i, share: sum / (end - i) });
+    i = end;
+  }
+  return merge(groups);
+}
+
+/**
+ * ρ: expected bytes an overloaded device (excess pricing, page cache keeping the hottest that fits)
+ * rereads per token, with r RAM-side layers and room C bytes for them (docs/HALDA.md, eq. MoE-1).
+ * Dense parts are touched every token, so they are resident first; the experts fill what is left,
+ * hottest rank first, the same number in every layer (layers share one averaged p̄).
+ */
+export function moeRereadBytes(mt: MoeTerms, r: number, roomBytes: number): number {
+  const dense = r * mt.denseBytesWithKv;
+  const expertRoom = roomBytes - dense;
+  if (expertRoom <= 0) return Math.max(0, dense + r * mt.nUsed * mt.expertBytes - roomBytes);
+  if (r <= 0) return 0;
+  let j = expertRoom / (r * mt.expertBytes); // experts resident per layer
+  let missed = 1; // G(j): the share of assignments that go to experts not resident
+  for (const s of mt.segments) {
+    if (j <= 0) break;
+    const take = Math.min(j, s.count);
+    missed -= take * s.share;
+    j -= take;
+  }
+  return r * mt.nUsed * mt.expertBytes * Math.max(0, missed);
+}
+
+/** ρ as the maximum of lines in r (and 0): ρ(r) = max(0, max_i slope_i·r + intercept_i), for a room C.
+ * The perspective of a convex piecewise-linear G is the maximum of its segments' lines, linear in r. */
+export function moeRereadLines(mt: MoeTerms, roomBytes: number): { slope: number; intercept: number }[] {
+  const k = mt.nUsed, e = mt.expertBytes, d = mt.denseBytesWithKv;
+  const lines = [{ slope: d + k * e, intercept: -roomBytes }]; // no room even for the dense parts
+  let i0 = 0, before = 0; // rank where the segment starts, F(i0)
+  for (const s of mt.segments) {
+    lines.push({ slope: k * (e * (1 - before + s.share * i0) + s.share * d), intercept: -k * s.share * roomBytes });
+    i0 += s.count;
+    before += s.count * s.share;
+  }
+  return lines;
+}
+
+/** Bytes per RAM-side layer an overloaded device pays at least, right past its room (a bound for device
+ * selection): the slope of its reread there. */
+export function overloadSlopeBytes(m: ModelTerms, reload: OverloadReload): number {
+  if (reload === "window") return m.layerReadBytes;
+  if (reload === "stream") return m.layerBytesWithKv * (m.layerReadBytes / m.layerBytes);
+  if (!m.moe) return m.layerBytesWithKv;
+  const last = m.moe.segments[m.moe.segments.length - 1];
+  return m.moe.nUsed * last.share * m.layerBytesWithKv;
 }
 
 export function modelTerms(m: ModelProfile, o: ResolvedOptions): ModelTerms {
@@ -102,6 +197,19 @@ export function modelTerms(m: ModelProfile, o: ResolvedOptions): ModelTerms {
   const act = 4 * (E * u + u + c * u + u + E * u + 2 * E * u + c * u * m.nHead);
   const inp = 4 * (u + E * u);
   const out = 4 * (E * u + m.nVocab * u);
+  let moe: MoeTerms | undefined;
+  if (m.moe) {
+    const x = m.moe;
+    if (!Number.isInteger(x.nExpert) || x.nExpert < 1 || !Number.isInteger(x.nExpertUsed) || x.nExpertUsed < 1 || x.nExpertUsed > x.nExpert) bad(`moe: ${x.nExpertUsed} of ${x.nExpert} experts is not a valid routing`);
+    pos(x.expertBytes, "moe.expertBytes");
+    if (x.nExpert * x.expertBytes > m.layerBytes * (1 + 1e-9)) bad(`moe: ${x.nExpert} experts of ${x.expertBytes} B exceed the layer's ${m.layerBytes} B`);
+    if (x.routingShare.length !== x.nExpert || x.routingShare.some((p) => !(p >= 0) || !Number.isFinite(p)) || !(x.routingShare.reduce((a, b) => a + b, 0) > 0)) bad(`moe: routingShare must be ${x.nExpert} non-negative shares`);
+    const segments = routingSegments(x.routingShare);
+    // A token picks k distinct experts: no expert takes more than 1/k of the assignments.
+    if (segments[0].share > (1 + 1e-9) / x.nExpertUsed) bad(`moe: the hottest expert takes ${segments[0].share.toFixed(4)} of the assignments, more than 1/${x.nExpertUsed}`);
+    const layerBytesWithKv = m.layerBytes + m.kvBytesPerTokenLayer * m.nCtx;
+    moe = { nExpert: x.nExpert, nUsed: x.nExpertUsed, expertBytes: x.expertBytes, denseBytesWithKv: Math.max(0, layerBytesWithKv - x.nExpert * x.expertBytes), segments };
+  }
   return {
     nLayers: m.nLayers,
     nCtx: m.nCtx,
@@ -113,6 +221,8 @@ export function modelTerms(m: ModelProfile, o: ResolvedOptions): ModelTerms {
     outputFlops: m.outputFlops,
     actBufferBytes: act,
     headIoBufferBytes: inp + out,
+    layerReadBytes: m.moe ? m.layerBytes - (m.moe.nExpert - m.moe.nExpertUsed) * m.moe.expertBytes : m.layerBytes,
+    ...(moe ? { moe } : {}),
   };
 }
 
@@ -225,30 +335,57 @@ export function deviceTerms(d: ResolvedDevice, isHead: boolean, flags: BufferFla
   };
 }
 
-/** Objective coefficients of one device in one set (HALDA.md §2.3): T_m = k·(a·w + b·n + ξ) + κ. */
+/** Objective coefficients of one device in one set (HALDA.md §2.3): T_m = k·(a·w + b·n + ξ) + κ, plus,
+ * for a mixture of experts overloaded under "excess" pricing, δ·ρ(r) with r = k·(w + ramN·n). */
 export interface SetCoefficients {
   readonly a: number;
   readonly b: number;
   readonly kappa: number;
+  readonly reread?: MoeReread;
+}
+
+/** The disk term δ·ρ(r) of an overloaded MoE device (docs/HALDA.md): the ILP bounds an auxiliary
+ * variable below by each line (in ms), the evaluation takes ρ itself. */
+export interface MoeReread {
+  /** r = k·(w + ramN·n): −1 when GPU layers leave RAM. */
+  readonly ramN: number;
+  readonly linesMs: readonly { readonly slope: number; readonly intercept: number }[];
+  readonly ms: (r: number) => number;
 }
 
 export function setCoefficients(t: DeviceTerms, set: DeviceSet, m: ModelTerms, reload: OverloadReload = "excess"): SetCoefficients {
   const bp = m.layerBytesWithKv, delta = t.deltaMsPerByte, gpu = t.dev.hasGpu;
   let kappa = t.headComputeMs + t.headReadMs;
-  if (reload === "window" && (set === "M1" || set === "M3")) {
-    // Every RAM-side layer's weights (not its KV cache, which is anonymous) come back each token, and on
-    // the head its output layer and embedding row: the M2 formula without Metal.
+  const overloaded = set === "M1" || set === "M3";
+  if (reload === "window" && overloaded) {
+    // Every RAM-side layer's weights a token reads (not its KV cache, which is anonymous) come back each
+    // token, and on the head its output layer and embedding row: the M2 formula without Metal.
     if (t.isHead) kappa += (m.outputBytes + m.inputRowBytes) * delta;
-    const a = t.alphaMs + m.layerBytes * delta;
-    return { a, b: set === "M3" && gpu && t.gpuLayersLeaveRam ? t.betaMs - m.layerBytes * delta : 0, kappa };
+    const a = t.alphaMs + m.layerReadBytes * delta;
+    return { a, b: set === "M3" && gpu && t.gpuLayersLeaveRam ? t.betaMs - m.layerReadBytes * delta : 0, kappa };
   }
+  if (overloaded && reload === "excess" && m.moe) {
+    // Only routed experts that are not resident come back: ρ(r), convex in r (docs/HALDA.md).
+    const mt = m.moe, room = t.capBytes;
+    return {
+      a: t.alphaMs, b: set === "M3" && gpu ? t.betaMs : 0, kappa,
+      reread: {
+        ramN: t.gpuLayersLeaveRam ? -1 : 0,
+        linesMs: moeRereadLines(mt, room).map((l) => ({ slope: l.slope * delta, intercept: l.intercept * delta })),
+        ms: (r) => moeRereadBytes(mt, r, room) * delta,
+      },
+    };
+  }
+  // "stream" (the engine drops what it streams): each streamed byte of a layer is read back as the
+  // layer's share a/b, the bytes a token touches; 1 for a dense layer.
+  const f = reload === "stream" ? m.layerReadBytes / m.layerBytes : 1;
   if (t.isHead && (set === "M2" || set === "M4")) kappa += m.inputRowBytes * delta;
   if (t.isHead && set === "M2") kappa += m.outputBytes * delta;
-  if (set === "M1" || set === "M3") kappa += (t.bcioBytes - t.ramCapacityBytes + (reload === "stream" ? streamExtraBytes(m) : 0)) * delta;
+  if (overloaded) kappa += (t.bcioBytes - t.ramCapacityBytes + (reload === "stream" ? streamExtraBytes(m) : 0)) * delta * f;
   switch (set) {
-    case "M1": return { a: t.alphaMs + bp * delta, b: 0, kappa };
+    case "M1": return { a: t.alphaMs + bp * delta * f, b: 0, kappa };
     case "M2": return { a: t.alphaMs + m.layerBytes * delta, b: t.betaMs, kappa };
-    case "M3": return { a: t.alphaMs + bp * delta, b: gpu ? t.betaMs - bp * delta : 0, kappa };
+    case "M3": return { a: t.alphaMs + bp * delta * f, b: gpu ? t.betaMs - bp * delta * f : 0, kappa };
     case "M4": return { a: t.alphaMs, b: gpu ? t.betaMs : 0, kappa };
   }
 }
@@ -264,4 +401,9 @@ export function validKs(nLayers: number, nDevices: number, userK: number): numbe
   const ks: number[] = [];
   for (let k = 1; k <= nLayers / 2 || k === 1; k++) if (nLayers % k === 0 && nLayers / k >= nDevices) ks.push(k);
   return ks;
+}
+
+/** The MoE terms Halda prices a model profile with (undefined for a dense model). */
+export function moeTermsOf(model: ModelProfile): MoeTerms | undefined {
+  return modelTerms(model, resolveOptions()).moe;
 }

@@ -3,8 +3,8 @@ export * from "./gguf.js";
 export * from "./ggml-types.js";
 export * from "./architecture.js";
 export { shapeHParams, shapeKeys, type ShapeKey } from "./arch/index.js";
-export { modelProfile, syntheticModelDescription, layerWeightBytes } from "./profile.js";
-export type { ModelProfile, ModelProfileOptions, PerWeightType } from "./profile.js";
+export { modelProfile, syntheticModelDescription, layerWeightBytes, layerReadBytes, routingShareFromHits, withMeasuredRouting } from "./profile.js";
+export type { ModelProfile, ModelProfileOptions, MoeProfile, PerWeightType } from "./profile.js";
 export { modelShapes, modelShapeByName, shapeProblems, type ModelShape } from "./shapes.js";
 export {
   FILE_TYPES, FILE_TYPE_NAMES, parseFileType, planTensors, tensorCategory, tensorTypeFor,

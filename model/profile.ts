@@ -43,6 +43,60 @@ export interface ModelProfile {
   readonly kvBytesPerTokenLayer: number;
   /** Every tensor's bytes: the size of the weights a device maps when it holds everything. */
   readonly weightBytesTotal: number;
+  /** Mixture of experts (absent for a dense model): what a token reads of a layer, and how skewed the
+   * routing is (docs/HALDA.md "Mixture of experts"). */
+  readonly moe?: MoeProfile;
+}
+
+/** A layer of n experts of which each token runs k: layerBytes holds all n, a token reads k. */
+export interface MoeProfile {
+  readonly nExpert: number;
+  readonly nExpertUsed: number;
+  /** e: mean bytes of one expert (its gate, up and down slices) in a layer. */
+  readonly expertBytes: number;
+  /** Bytes one token reads of a layer's weights: everything but the experts, and k experts. */
+  readonly activeLayerBytes: number;
+  /** p̄: the share of token-expert assignments of each expert rank, hottest first, averaged over the
+   * layers (each layer sorted on its own); sums to 1. Uniform (1/n each) until measured. */
+  readonly routingShare: readonly number[];
+  /** "uniform": not measured, every expert assumed equally used; "measured": from the engine's per-expert
+   * hit counts over `routingTokens` tokens (measureExpertRouting in profiler/). */
+  readonly routing: "uniform" | "measured";
+  readonly routingTokens?: number;
+}
+
+/** Bytes a token reads of one layer's weights: all of them for a dense layer, the active part for experts. */
+export function layerReadBytes(p: ModelProfile): number {
+  return p.moe?.activeLayerBytes ?? p.layerBytes;
+}
+
+/**
+ * p̄ from per-layer expert hit counts (window.info().expertHits): each layer's counts as shares, sorted
+ * hottest first, then averaged rank by rank over the layers that saw tokens. Ranks, not expert ids:
+ * which expert is hot differs by layer, and a device keeps whichever is hot in each of its layers.
+ */
+export function routingShareFromHits(hits: readonly (readonly number[])[]): number[] {
+  let n = 0, used = 0;
+  let acc: number[] = [];
+  for (const layer of hits) {
+    const total = layer.reduce((a, b) => a + b, 0);
+    if (!(total > 0)) continue;
+    if (used === 0) { n = layer.length; acc = new Array<number>(n).fill(0); }
+    if (layer.length !== n) throw new Error(`expert hits: a layer has ${layer.length} experts, another ${n}`);
+    const sorted = layer.map((h) => h / total).sort((a, b) => b - a);
+    for (let i = 0; i < n; i++) acc[i] += sorted[i];
+    used++;
+  }
+  if (used === 0) throw new Error("expert hits: no layer routed any token");
+  return acc.map((x) => x / used);
+}
+
+/** The profile with a measured routing distribution (from `routingShareFromHits`) over `tokens` tokens. */
+export function withMeasuredRouting(p: ModelProfile, hits: readonly (readonly number[])[], tokens: number): ModelProfile {
+  if (!p.moe) throw new Error(`${p.name} has no experts: there is no routing to measure`);
+  const share = routingShareFromHits(hits);
+  if (share.length !== p.moe.nExpert) throw new Error(`expert hits count ${share.length} experts, the model has ${p.moe.nExpert}`);
+  return { ...p, moe: { ...p.moe, routingShare: share, routing: "measured", routingTokens: tokens } };
 }
 
 export interface ModelProfileOptions {
@@ -132,6 +186,19 @@ export function modelProfile(desc: ModelDescription, opts: ModelProfileOptions):
   addTo(outputFlops, "F32", 4 * hp.nEmbd + 1 + 5 * hp.nVocab); // output norm, softmax over the vocabulary
   addTo(outputFlops, ggmlTypeName(t.output.type), matmulFlops(t.output));
 
+  let moe: MoeProfile | undefined;
+  if (hp.nExpert > 0) {
+    let expertSum = 0;
+    for (const l of t.layers) for (const w of [l.ffnGateExps, l.ffnUpExps, l.ffnDownExps]) if (w) expertSum += w.nBytes;
+    const expertBytes = expertSum / (hp.nLayers * hp.nExpert);
+    moe = {
+      nExpert: hp.nExpert, nExpertUsed: hp.nExpertUsed, expertBytes,
+      activeLayerBytes: layerBytes - (hp.nExpert - hp.nExpertUsed) * expertBytes,
+      routingShare: new Array<number>(hp.nExpert).fill(1 / hp.nExpert),
+      routing: "uniform",
+    };
+  }
+
   const tiedOutput = t.output === t.tokenEmbd || t.output.name === t.tokenEmbd.name;
   const weightBytesTotal = layerBytesEach.reduce((s, x) => s + x, 0) + ropeBytes + t.tokenEmbd.nBytes + t.outputNorm.nBytes + (tiedOutput ? 0 : t.output.nBytes);
   return {
@@ -155,6 +222,7 @@ export function modelProfile(desc: ModelDescription, opts: ModelProfileOptions):
     outputFlops,
     kvBytesPerTokenLayer: 2 * (hp.nHeadKv * hp.headDimK + hp.nHeadKv * hp.headDimV),
     weightBytesTotal,
+    ...(moe ? { moe } : {}),
   };
 }
 

@@ -44,8 +44,10 @@ describe("serve --parallel 4", () => {
 
   it("starts with 4 slots of the whole context each, and says so", async () => {
     expect(s.proc.stderr).toMatch(/--parallel 4: 4 sequence slots of 512 tokens each \(2048 tokens of KV cache/);
-    const slots = (await (await fetch(`${s.url}/slots`)).json()) as { id: number; state: string; n_ctx: number }[];
-    expect(slots.map((x) => [x.id, x.state, x.n_ctx])).toEqual([0, 1, 2, 3].map((i) => [i, "idle", 512]));
+    // llama-server's /slots and /props
+    const slots = (await (await fetch(`${s.url}/slots`)).json()) as { id: number; is_processing: boolean; n_ctx: number }[];
+    expect(slots.map((x) => [x.id, x.is_processing, x.n_ctx])).toEqual([0, 1, 2, 3].map((i) => [i, false, 512]));
+    expect(((await (await fetch(`${s.url}/props`)).json()) as { total_slots: number }).total_slots).toBe(4);
     const st = (await (await fetch(`${s.url}/api/state`)).json()) as { requests: { slots: unknown[] } };
     expect(st.requests.slots).toHaveLength(4);
   });

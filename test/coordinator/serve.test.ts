@@ -25,8 +25,6 @@ describe("serve alone: the OpenAI API", () => {
     const models = await s.client.models.list();
     expect(models.data.map((m) => m.id)).toEqual(["stories260K"]);
     expect((await fetch(`${s.url}/health`)).status).toBe(200);
-    // sequence slots only with --parallel N > 1 (serve-parallel.test.ts)
-    expect((await fetch(`${s.url}/slots`)).status).toBe(501);
 
     const ref = runOnce(["-p", STORY, "-n", "40", "--temp", "0"]);
     const full = await s.client.completions.create({ model: "stories260K", prompt: STORY, max_tokens: 40, ...greedy });

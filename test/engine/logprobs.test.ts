@@ -60,9 +60,18 @@ describe("the sampler's logit_bias and log probabilities", () => {
     expect(s.last?.top[0].id).toBe(1);
   });
 
+  it("-Infinity bans a token outright (llama-server's false), greedy or sampled", () => {
+    const ban = new Map([[1, -Infinity]]);
+    expect(new Sampler({ temperature: 0, logitBias: ban }).sample(base.slice())).toBe(2);
+    for (let seed = 0; seed < 20; seed++) {
+      expect(new Sampler({ temperature: 1.5, topK: 0, topP: 1, minP: 0, seed, repeatPenalty: 1.3, logitBias: ban }).sample(base.slice(), [1])).not.toBe(1);
+    }
+  });
+
   it("refuses bias ids and values that are not numbers", () => {
     expect(() => new Sampler({ logitBias: new Map([[-1, 1]]) })).toThrow(/token id/);
     expect(() => new Sampler({ logitBias: new Map([[1, NaN]]) })).toThrow(/must be a number/);
+    expect(() => new Sampler({ logitBias: new Map([[1, Infinity]]) })).toThrow(/must be a number/);
     expect(() => new Sampler({ logprobs: 1.5 })).toThrow(/logprobs/);
   });
 });

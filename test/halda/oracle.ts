@@ -68,6 +68,8 @@ export function deviceCostFn(dev: DeviceProfile, isHead: boolean, model: ModelPr
   const copy = hasGpu && !uma ? (dev.ramToVramMs ?? 0) + (dev.vramToRamMs ?? 0) : 0;
   const link = dev.linkLatencyMs ?? 0;
   const alpha = tCpu + kvCpu + regCpu;
+  // what a token reads of a layer: all of it, or for a mixture of experts the rest and k experts
+  const readBytes = model.moe ? b - (model.moe.nExpert - model.moe.nExpertUsed) * model.moe.expertBytes : b;
   const msPerByte = 1000 / s;
 
   return (k, w, n) => {
@@ -82,8 +84,12 @@ export function deviceCostFn(dev: DeviceProfile, isHead: boolean, model: ModelPr
       if (rw * bp + bcio + (metal ? cGpu : 0) > D * (1 + 1e-12)) valid = false;
     }
     let diskBytes = 0;
-    if (overloaded) diskBytes = metal || opt.overloadReload === "window" ? r * b + (isHead ? bo + row : 0) : r * bp + bcio - D + (opt.overloadReload === "stream" ? b + STREAM_MARGIN_BYTES : 0);
-    else if (isHead) diskBytes = row;
+    if (overloaded) {
+      diskBytes = metal ? r * b + (isHead ? bo + row : 0)
+        : opt.overloadReload === "window" ? r * readBytes + (isHead ? bo + row : 0)
+        : opt.overloadReload === "excess" && model.moe ? moeReread(model, r, D - bcio)
+        : (r * bp + bcio - D + (opt.overloadReload === "stream" ? b + STREAM_MARGIN_BYTES : 0)) * (opt.overloadReload === "stream" ? readBytes / b : 1);
+    } else if (isHead) diskBytes = row;
     const latencyMs =
       (l - g) * tCpu + g * tGpu + tOut +
       (l - g) * (kvCpu + regCpu) + g * (kvGpu + regGpu) + k * copy + regHead +
@@ -91,11 +97,38 @@ export function deviceCostFn(dev: DeviceProfile, isHead: boolean, model: ModelPr
       k * link;
     let scaledMs = latencyMs;
     if (isHead) {
-      const a0 = !overloaded ? alpha : metal || opt.overloadReload === "window" ? alpha + b * msPerByte : alpha + bp * msPerByte;
+      const a0 = !overloaded ? alpha : metal ? alpha + b * msPerByte : opt.overloadReload === "window" ? alpha + readBytes * msPerByte
+        : opt.overloadReload === "excess" && model.moe ? alpha // the reread is not a per-window coefficient
+        : alpha + bp * msPerByte * (opt.overloadReload === "stream" ? readBytes / b : 1);
       scaledMs -= (1 - 1 / opt.masterPriority) * k * a0 * w;
     }
     return { valid, latencyMs, scaledMs, overloaded };
   };
+}
+
+/**
+ * Expected bytes a mixture of experts rereads per token with r RAM-side layers and `room` bytes for
+ * them, when the page cache keeps the hottest of what a token touches: every layer's dense part and KV
+ * first (touched by every token), then whole experts by their routing share, r of each rank (the
+ * layers share one averaged distribution), the last partly. An expert of share p is touched by k·p of
+ * the tokens; each miss reads its e bytes. Written as a greedy fill, apart from halda/'s closed form.
+ */
+export function moeReread(model: ModelProfile, r: number, room: number): number {
+  const x = model.moe!;
+  const bp = model.layerBytes + model.kvBytesPerTokenLayer * model.nCtx;
+  const e = x.expertBytes, k = x.nExpertUsed;
+  const total = x.routingShare.reduce((a, c) => a + c, 0);
+  const shares = x.routingShare.map((p) => p / total).sort((p, q) => q - p);
+  const dense = bp - x.nExpert * e;
+  let left = room - r * dense;
+  if (left < 0) return r * dense - room + r * k * e; // the dense parts overflow: they and every routed expert
+  let missed = 0;
+  for (const p of shares) {
+    const fit = Math.min(r, Math.max(0, left / e)); // copies of this rank that stay resident
+    left -= fit * e;
+    missed += (r - fit) * k * p * e;
+  }
+  return missed;
 }
 
 export function kCandidates(L: number, M: number, userK: number): number[] {

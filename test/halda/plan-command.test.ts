@@ -8,6 +8,7 @@ import { planCommand } from "../../coordinator/plan-command.js";
 import { halda, parseDeviceProfiles, selectDevices, type DroppedDevice } from "../../halda/index.js";
 import { modelProfile, modelShapeByName, syntheticModelDescription } from "../../model/index.js";
 import { tempDir } from "../helpers/temp.js";
+import { generateModel } from "../../modelgen/index.js";
 
 let out: string[] = [], err: string[] = [];
 beforeEach(() => {
@@ -152,5 +153,38 @@ describe("prima-coord plan", () => {
   test("--help", async () => {
     expect(await planCommand(["--help"])).toBe(0);
     expect(out.join("\n")).toMatch(/usage: prima-coord plan model.gguf --devices devices.json/);
+  });
+});
+
+describe("prima-coord plan on a mixture of experts (#29)", () => {
+  test.each([["qwen3-30b-a3b", 128, 8], ["mixtral-8x7b", 8, 2]])("%s: active against total bytes a layer, and the routing it priced", async (shape, n, k) => {
+    expect(await planCommand(["--shape", shape, "--type", "Q4_K_M", "--devices", "deploy/devices/paper-d1-d4.json"])).toBe(0);
+    const text = out.join("\n");
+    expect(text).toMatch(new RegExp(`^experts ${n} a layer, ${k} a token, [\\d.]+ MiB each: a layer is [\\d.]+ GiB in total, [\\d.]+ GiB active per token \\([\\d.]+ %\\)$`, "m"));
+    expect(text).toMatch(/^routing uniform, not measured/m);
+  });
+
+  test("an overloaded device rereads the routed experts that are not resident, less than the excess a dense layer would", async () => {
+    // one Linux box with room for about half of Mixtral 8x7B
+    const box = file("moe-box.json", JSON.stringify([{ name: "box", os: "linux", cpuFlopsPerS: { "*": 2e11 }, ramAvailableBytes: 14 * 2 ** 30, diskSeqReadBytesPerS: 2e9, cpuComputeBufferBytes: 2 ** 29 }]));
+    expect(await planCommand(["--shape", "mixtral-8x7b", "--type", "Q4_K_M", "--devices", box, "--json"])).toBe(0);
+    const j = JSON.parse(out.join("\n"));
+    const d = j.plan.devices[0];
+    expect(d.set).toBe("M3");
+    const bp = j.model.layerBytes + j.model.kvBytesPerTokenLayer * j.model.nCtx;
+    const excess = d.layersPerToken * bp - d.ramLayerCapacityBytes;
+    expect(j.model.moe.routing).toBe("uniform");
+    expect(d.reloadBytesPerToken).toBeGreaterThan(0);
+    expect(d.reloadBytesPerToken).toBeLessThan(excess);
+  });
+
+  test("--measure-routing runs a model file and says how skewed it found it; not with --shape", async () => {
+    const path = join(dir, "tiny-qwen3moe.gguf");
+    await generateModel({ shape: "tiny-qwen3moe", type: "F32", out: path, pure: true, seed: 7, weightStd: 0.05 });
+    const one = file("one.json", JSON.stringify([{ name: "pi", os: "linux", cpuFlopsPerS: { "*": 2e10 }, ramAvailableBytes: 3e9, diskSeqReadBytesPerS: 5e8 }]));
+    expect(await planCommand([path, "--devices", one, "--measure-routing"])).toBe(0);
+    expect(out.join("\n")).toMatch(/^routing measured over \d+ tokens: the hottest 2 experts of a layer take [\d.]+ % of its assignments \(uniform: 25.0 %\)$/m);
+    expect(await planCommand(["--shape", "qwen3-30b-a3b", "--type", "Q4_K_M", "--devices", one, "--measure-routing"])).toBe(2);
+    expect(err.join("\n")).toMatch(/--measure-routing runs the model: give a model file/);
   });
 });

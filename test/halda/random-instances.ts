@@ -19,6 +19,9 @@ export interface Instance {
 export interface InstanceShape {
   /** The head gets memory for a small share of its fair part of the model, no GPU and a disk of 0.1-1 GB/s. */
   readonly headOverloaded?: boolean;
+  /** A mixture of experts: 4-16 experts holding 50-95 % of a layer, 1-4 used per token, routed
+   * uniformly or with a Zipf-like skew (shuffled, so the planner must sort it). */
+  readonly moe?: "uniform" | "skewed";
 }
 
 /** `layerChoices`: draw L from these (divisor-rich counts exercise k > 1); default any of M..maxLayers. */
@@ -78,6 +81,26 @@ export function randomInstance(rand: () => number, maxDevices = 4, maxLayers = 3
       cpuComputeBufferBytes: measuredBuffers ? between(0, 0.5) * GiB : undefined,
       gpuComputeBufferBytes: measuredBuffers && hasGpu ? between(0, 0.9) * GiB : undefined,
       outputLayerMs: rand() < 0.3 ? between(0, 20) : undefined, // the head's output layer as measured
+    });
+  }
+  if (shape.moe) {
+    // Drawn after the devices, so the other shapes of a seed stay as they were.
+    const X = pick([4, 8, 16]);
+    const k = 1 + Math.floor(rand() * Math.min(4, X / 2));
+    const expertBytes = (between(0.5, 0.95) * layerBytes) / X;
+    let share = new Array<number>(X).fill(1 / X);
+    if (shape.moe === "skewed") {
+      const z = share.map((_, i) => (i + 1) ** -between(0.5, 2));
+      const sum = z.reduce((a, b) => a + b, 0);
+      const zn = z.map((x) => x / sum);
+      // a token's k experts are distinct: no expert takes more than 1/k of the assignments
+      const lambda = zn[0] > 1 / k ? (1 / k - 1 / X) / (zn[0] - 1 / X) : 1;
+      share = zn.map((x) => lambda * x + (1 - lambda) / X);
+      for (let i = X - 1; i > 0; i--) { const j = Math.floor(rand() * (i + 1)); [share[i], share[j]] = [share[j], share[i]]; }
+    }
+    Object.assign(model, {
+      arch: "qwen3moe",
+      moe: { nExpert: X, nExpertUsed: k, expertBytes, activeLayerBytes: layerBytes - (X - k) * expertBytes, routingShare: share, routing: shape.moe === "skewed" ? "measured" : "uniform" },
     });
   }
   if (shape.headOverloaded) {

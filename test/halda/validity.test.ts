@@ -89,6 +89,28 @@ describe("plans are valid", () => {
     });
   }
 
+  for (const mode of ["exact", "prima"] as const) {
+    test(`${mode}: 80 random mixtures of experts (skewed routing, half with an overloaded head), evaluated as planned`, () => {
+      let plans = 0;
+      for (let seed = 5200; seed < 5280; seed++) {
+        const rand = mulberry32(seed);
+        const inst = randomInstance(rand, 4, 32, undefined, { moe: "skewed", headOverloaded: seed % 2 === 0 });
+        const o: HaldaOptions = { mode, registerLoadTerms: inst.registerLoadTerms, overloadReload: (["excess", "stream", "window"] as const)[seed % 3] };
+        let p: Plan;
+        try {
+          p = halda(inst.devices, inst.model, o);
+        } catch (e) {
+          if (!(e instanceof HaldaError)) throw e;
+          expect(e.reason).toBe("infeasible");
+          continue;
+        }
+        expectValid(p, inst.devices, inst.model, o);
+        plans++;
+      }
+      expect(plans).toBeGreaterThan(50);
+    });
+  }
+
   test("6 devices x 80 layers and 10 devices (local search) give valid plans", () => {
     const six = fixtureCluster(["D1", "D2", "D3", "D4", "D5", "D6"]);
     const F70 = fixtureModel("F-70B");

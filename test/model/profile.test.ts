@@ -153,3 +153,24 @@ describe("synthetic Q4_K_M tensor tables", () => {
     expect(f16.weightBytesTotal).toBe(s.nLayers * f16.layerBytes + 2 * E * s.nVocab + 4 * E); // counted once
   });
 });
+
+describe("mixtures of experts: all experts in the layer's bytes, k of them in a token's reads", () => {
+  test.each([["qwen3-30b-a3b", 128, 8], ["mixtral-8x7b", 8, 2]] as const)("%s Q4_K_M", (name, n, k) => {
+    const shape = modelShapeByName(name)!;
+    const desc = syntheticModelDescription(shape, "Q4_K_M");
+    const p = modelProfile(desc, { nCtx: 1024 });
+    const x = p.moe!;
+    expect([x.nExpert, x.nExpertUsed]).toEqual([n, k]);
+    let experts = 0;
+    for (const l of desc.tensors.layers) for (const t of [l.ffnGateExps!, l.ffnUpExps!, l.ffnDownExps!]) experts += t.nBytes;
+    expect(x.expertBytes).toBeCloseTo(experts / (shape.nLayers * n), 6);
+    expect(x.activeLayerBytes).toBeCloseTo(p.layerBytes - (n - k) * x.expertBytes, 3);
+    expect(x.activeLayerBytes).toBeLessThan(p.layerBytes);
+    expect(x.routing).toBe("uniform");
+    expect(x.routingShare).toEqual(new Array(n).fill(1 / n));
+  });
+
+  test("a dense model has no moe part", () => {
+    expect(modelProfile(syntheticModelDescription(modelShapeByName("llama3-8b")!, "Q4_K_M"), { nCtx: 1024 }).moe).toBeUndefined();
+  });
+});
