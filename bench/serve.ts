@@ -3,7 +3,9 @@
 //     (first token to last, at the client) over `run`'s decode time per token, same model, prompt and
 //     threads, in alternating rounds;
 //  2. a chat's second turn: time to first token with the first turn's KV cache reused, against the
-//     same request cold (after an unrelated request took the cache).
+//     same request cold (after an unrelated request took the cache);
+//  3. serve --parallel 4: aggregate generated tokens/s of 1, 2 and 4 clients streaming at once, and
+//     the mean sequences per decode pass (/metrics).
 //   node dist/bench/serve.js [model.gguf] [rounds]
 import { coordCli, median, readSse, runAlone, start, stop, waitFor } from "./procs.js";
 
@@ -91,6 +93,39 @@ export async function main(model: string, rounds = 5): Promise<void> {
     console.log("| cold ms (median) | cached ms (median) | cached / cold | rounds where cached and cold answered alike |");
     console.log("|---|---|---|---|");
     console.log(`| ${median(cold).toFixed(1)} | ${median(warm).toFixed(1)} | ${(median(warm) / median(cold)).toFixed(3)} | ${same} of ${rounds} |`);
+  } finally {
+    await stop(serve);
+  }
+  await parallelClients(model, rounds);
+}
+
+/** serve --parallel 4: 1, 2 and 4 clients, each streaming `rounds` requests back to back. */
+export async function parallelClients(model: string, rounds = 3): Promise<void> {
+  const serve = start(coordCli, ["serve", model, "--no-discovery", "--port", "0", "--cluster-port", "0", "--ctx", "512", "--threads", THREADS, "--parallel", "4"]);
+  try {
+    const url = `http://127.0.0.1:${(await waitFor(serve, /listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]}`;
+    await waitFor(serve, /ready: /, 120_000);
+    await streamed(url, { prompt: PROMPT, max_tokens: 8, temperature: 0 });
+    const prompts = [PROMPT, "The little dog", "One day, a bird", "Tim and Sue went to"];
+    const batch = async () => {
+      const t = await (await fetch(`${url}/metrics`)).text();
+      const num = (name: string) => Number(new RegExp(`^${name} ([\\d.e+-]+)$`, "m").exec(t)?.[1] ?? NaN);
+      return { steps: num("prima_batch_steps_total"), rows: num("prima_batch_rows_total"), tokens: num("prima_generated_tokens_total") };
+    };
+    console.log(`\n## serve --parallel 4: aggregate decode with concurrent clients (${rounds} requests of ${TOKENS} tokens per client, ${THREADS} threads)\n`);
+    console.log("| clients | tokens | seconds | aggregate tokens/s | sequences per pass (mean) |");
+    console.log("|---|---|---|---|---|");
+    for (const clients of [1, 2, 4]) {
+      const before = await batch();
+      const t0 = performance.now();
+      await Promise.all(Array.from({ length: clients }, async (_, c) => {
+        for (let r = 0; r < rounds; r++) await streamed(url, { prompt: prompts[c % prompts.length], max_tokens: TOKENS, temperature: 0 });
+      }));
+      const s = (performance.now() - t0) / 1000;
+      const after = await batch();
+      const tokens = after.tokens - before.tokens;
+      console.log(`| ${clients} | ${tokens} | ${s.toFixed(2)} | ${(tokens / s).toFixed(1)} | ${((after.rows - before.rows) / (after.steps - before.steps)).toFixed(2)} |`);
+    }
   } finally {
     await stop(serve);
   }

@@ -5,7 +5,7 @@
 import { EventEmitter } from "node:events";
 import { basename, dirname, extname, join, resolve } from "node:path";
 import type { Status } from "../control/index.js";
-import { LocalPipeline, generate, type GenerationResult, type LocalModel, type Sampler } from "../engine/index.js";
+import { LocalPipeline, SeqSlots, generate, type GenerationResult, type LocalModel, type Sampler } from "../engine/index.js";
 import { ggmlTypeName, metaString, modelFingerprint, rowBytes } from "../model/index.js";
 import { defaultCacheDir, memoryPressureTracker, settleMemory, profileDevice, systemInfo, RereadStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
 import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
@@ -17,6 +17,7 @@ import { serveChunks, windowChunkHashes } from "./model-store.js";
 import { WorkerRegistry, type WorkerHandle } from "./registry.js";
 import { TrustStore } from "../trust/index.js";
 import { HEAD_ID, Ring, headStatus } from "./ring-setup.js";
+import { SequenceScheduler, type SlotState } from "./parallel.js";
 import {
   STATE_VERSION, type ClusterState, type DeviceState, type DeviceStateName, type EventState, type MeasuredMs, type PlanState,
   type RequestState,
@@ -47,6 +48,9 @@ export interface ClusterOptions {
   readonly minWorkers?: number;
   /** Requests waiting beyond the running one; more are refused (QueueFullError). Default 16. */
   readonly maxQueue?: number;
+  /** Sequences decoded together on this device, each with a KV cache of ctx tokens (serve --parallel).
+   * Above 1 every layer runs here: workers that join are not placed. Default 1. */
+  readonly parallel?: number;
   /** A new join token (and certificate) before listening: workers need the new one. */
   readonly rotateToken?: boolean;
   /** Workers may name a data host other than the address they connect from (registry.ts). */
@@ -172,7 +176,11 @@ export class Cluster extends EventEmitter {
   private stats = {
     completed: 0, failed: 0, generatedTokens: 0, promptTokens: 0, cachedTokens: 0, ttftMsSum: 0, ttftCount: 0, decodeMsSum: 0, decodeSteps: 0,
     lost: 0, replans: 0, recoveries: 0, recoveryMsSum: 0, recoveryMsLast: 0,
+    /** Decode passes of parallel sequences, the rows they took, and the most in one. */
+    batchSteps: 0, batchRows: 0, batchWidest: 0,
   };
+  /** serve --parallel N > 1: the sequence slots and their scheduler (made with the local pipeline). */
+  private sequences: { slots: SeqSlots; scheduler: SequenceScheduler } | undefined;
   private readonly history: { unixMs: number; tokensPerS: number }[] = [];
   private historyTokens = 0;
   private readonly historyTimer: NodeJS.Timeout;
@@ -331,6 +339,16 @@ export class Cluster extends EventEmitter {
 
   /** Makes sure the pipeline matches the devices there are now (inside exclusive()). */
   async prepare(): Promise<void> {
+    // parallel sequences run here alone, for good: re-placing would close slots that are decoding
+    if (this.parallel > 1 && this.current) {
+      this.dirty = false;
+      for (const d of this.devices.values()) {
+        if (d.state !== "joining") continue;
+        d.state = "left-out";
+        d.detail = `--parallel ${this.parallel} runs on this device alone`;
+      }
+      return;
+    }
     const broken = this.current?.kind === "ring" && this.current.ring.failure !== undefined;
     if (!this.dirty && this.current && !broken) return;
     await this.replace(false);
@@ -356,6 +374,11 @@ export class Cluster extends EventEmitter {
     const c = this.current;
     this.current = undefined;
     this.cachedIds = [];
+    if (this.sequences) {
+      await this.sequences.scheduler.close();
+      this.sequences.slots.close();
+      this.sequences = undefined;
+    }
     if (c?.kind === "local") c.pipeline.close();
     if (c?.kind === "ring") await c.ring.close();
   }
@@ -400,6 +423,11 @@ export class Cluster extends EventEmitter {
     this.placement = undefined;
     if (workers.length === 0) {
       this.useLocal([], "no workers: every layer runs on this device");
+      return;
+    }
+    if (this.parallel > 1) {
+      for (const w of workers) this.setDevice(w, "left-out", `--parallel ${this.parallel} runs on this device alone`);
+      this.useLocal(workers.map((w) => ({ device: w.id, reason: `--parallel ${this.parallel} runs on one device` })), `--parallel ${this.parallel}: every layer runs on this device; workers are not used`);
       return;
     }
     let perCycle: number[];
@@ -466,6 +494,36 @@ export class Cluster extends EventEmitter {
 
   private useLocal(leftOut: { device: string; reason: string }[], why: string, generation = this.generation): void {
     const pipeline = new LocalPipeline(this.o.model, this.o.ctx, this.o.batch);
+    if (this.parallel > 1) {
+      // slot 0 is the pipeline's window; the others each a KV cache of their own: N x ctx in all
+      let slots: SeqSlots;
+      try {
+        slots = new SeqSlots(this.o.model, this.parallel, this.o.ctx, this.o.batch, pipeline.window);
+      } catch (e) {
+        pipeline.close();
+        throw e;
+      }
+      const hp = this.o.model.desc.hparams;
+      // K and V in F16 for every layer and position of every slot (native prima_window_create)
+      const kvBytes = 2 * 2 * hp.nLayers * hp.nHeadKv * hp.headDimK * this.o.ctx * this.parallel;
+      const anonBytes = slots.windows.reduce((a, w) => a + w.info().anonBytes, 0);
+      const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
+      this.o.log(`--parallel ${this.parallel}: ${this.parallel} sequence slots of ${this.o.ctx} tokens each (${this.parallel * this.o.ctx} tokens of KV cache: ${mib(kvBytes)}; ${mib(anonBytes)} with the slots' scratch)`);
+      const scheduler = new SequenceScheduler(slots, {
+        maxQueue: this.maxQueue, layers: this.o.model.nLayers,
+        hooks: {
+          token: () => this.historyTokens++,
+          step: (rows) => {
+            this.stats.batchSteps++;
+            this.stats.batchRows += rows;
+            this.stats.batchWidest = Math.max(this.stats.batchWidest, rows);
+          },
+          finished: (out, promptTokens) => this.recordParallel(out, promptTokens),
+          changed: () => this.changed(),
+        },
+      });
+      this.sequences = { slots, scheduler };
+    }
     this.perCycle = this.placement ? this.placement.perCycle : [this.o.model.nLayers];
     this.current = { kind: "local", pipeline, devices: 1 };
     const L = this.o.model.nLayers;
@@ -493,9 +551,47 @@ export class Cluster extends EventEmitter {
 
   // ---- requests --------------------------------------------------------------------------------
 
+  get parallel(): number {
+    return this.o.parallel ?? 1;
+  }
+
+  /** The sequence slots (serve --parallel N > 1), else undefined. */
+  slotStates(): SlotState[] | undefined {
+    return this.sequences?.scheduler.slotStates();
+  }
+
+  /** serve --parallel: a request takes a sequence slot and decodes beside the others (parallel.ts). */
+  private async generateParallel(req: GenerationRequest): Promise<GenerationOutcome> {
+    if (!this.sequences) await this.exclusive(() => this.prepare());
+    if (!this.sequences) throw new Error("the sequence slots are not there (the layers were not placed)");
+    return this.sequences.scheduler.submit(req);
+  }
+
+  private recordParallel(out: GenerationOutcome | undefined, promptTokens: number): void {
+    if (!out) {
+      this.stats.failed++;
+      return;
+    }
+    this.stats.completed++;
+    this.stats.generatedTokens += out.result.ids.length;
+    this.stats.promptTokens += promptTokens;
+    this.stats.cachedTokens += out.cachedTokens;
+    if (out.firstTokenMs !== null) {
+      this.stats.ttftMsSum += out.firstTokenMs;
+      this.stats.ttftCount++;
+    }
+    this.stats.decodeMsSum += out.result.decodeMs;
+    this.stats.decodeSteps += out.result.decodeSteps;
+    if (!this.sequences?.scheduler.activeCount) {
+      const idle = () => !this.sequences?.scheduler.activeCount && !this.sequences?.scheduler.waiting && !this.closed;
+      setImmediate(() => idle() && settleMemory());
+    }
+  }
+
   /** Queues a generation; it runs when the requests before it are done. */
   generate(req: GenerationRequest): Promise<GenerationOutcome> {
     if (this.closed) return Promise.reject(new Error("the server is shutting down"));
+    if (this.parallel > 1) return this.generateParallel(req);
     if (this.waiting >= this.maxQueue && (this.active || this.waiting > 0)) {
       return Promise.reject(new QueueFullError(`${this.waiting} requests are waiting (the limit is ${this.maxQueue}): try again shortly`));
     }
@@ -794,7 +890,7 @@ export class Cluster extends EventEmitter {
     const live = this.registry.live().length, min = this.o.minWorkers ?? 0;
     if (live >= min) this.formed = true;
     if (!this.formed) return { ok: false, status: `waiting for workers (${live} of ${min} joined)` };
-    return { ok: true, status: this.active ? "generating" : this.dirty && (this.o.autoPlace ?? false) ? "re-placing layers" : "ready" };
+    return { ok: true, status: this.active || this.sequences?.scheduler.activeCount ? "generating" : this.dirty && (this.o.autoPlace ?? false) ? "re-placing layers" : "ready" };
   }
 
   private formed = false;
@@ -807,6 +903,7 @@ export class Cluster extends EventEmitter {
   }
 
   private activeState(): RequestState | null {
+    if (this.sequences) return this.sequences.scheduler.activeState();
     if (!this.active) return null;
     const c = this.active.controller;
     const now = performance.now();
@@ -899,7 +996,8 @@ export class Cluster extends EventEmitter {
       devices,
       links,
       requests: {
-        queueLength: this.waiting, active: this.activeState(), completed: this.stats.completed, failed: this.stats.failed,
+        queueLength: this.waiting + (this.sequences?.scheduler.waiting ?? 0), active: this.activeState(),
+        ...(this.sequences ? { slots: this.sequences.scheduler.slotStates() } : {}), completed: this.stats.completed, failed: this.stats.failed,
         generatedTokens: this.stats.generatedTokens, history: [...this.history],
       },
       events: [...this.events],

@@ -289,14 +289,22 @@ export function props(s: Served, chatTemplate: string | undefined, version: stri
   const piece = (id: number | null) => (id === null ? "" : s.tok.decode([id], { special: true }));
   return {
     default_generation_settings: { params: generationSettings({ sampler: {}, stop: [], stream: false } as unknown as ParsedRequest, s.nPredict ?? -1), n_ctx: ctx },
-    total_slots: 1, model_alias: s.modelId, model_path: m.path, modalities: { vision: false, audio: false },
+    total_slots: s.cluster.parallel, model_alias: s.modelId, model_path: m.path, modalities: { vision: false, audio: false },
     endpoint_slots: true, endpoint_props: false, endpoint_metrics: true,
     chat_template: chatTemplate ?? "", bos_token: piece(s.tok.bos), eos_token: piece(s.tok.eos), build_info: `prima ${version}`, is_sleeping: false,
   };
 }
 
-/** GET /slots: the one slot, read-only (no save, restore or erase). */
+/** GET /slots: the one slot, or serve --parallel's N sequence slots, read-only (no save, restore or
+ * erase); n_cached (prima's) is what a slot's KV cache holds. */
 export function slots(s: Served): unknown {
+  const seqs = s.cluster.slotStates();
+  if (seqs) {
+    return seqs.map((x) => ({
+      id: x.id, n_ctx: x.nCtx, is_processing: x.request !== null, id_task: -1, n_cached: x.cachedTokens,
+      next_token: { has_next_token: x.request !== null, n_decoded: x.request?.generatedTokens ?? 0 },
+    }));
+  }
   const st = s.cluster.state();
   const active = st.requests.active;
   return [{

@@ -26,6 +26,9 @@ export interface ClusterCounters {
   readonly recoveries: number;
   readonly recoveryMsSum: number;
   readonly recoveryMsLast: number;
+  readonly batchSteps?: number;
+  readonly batchRows?: number;
+  readonly batchWidest?: number;
 }
 
 /** What constrained decoding (structured output, tools) cost: masks and accepts, and the tokens. */
@@ -51,6 +54,12 @@ export function formatMetrics(s: ClusterState, outcomes: RequestOutcomes, k: Clu
   ]);
   metric("prima_decode_seconds_total", "counter", "Time spent in decode steps (one token each) at the server.", [["", k.decodeMsSum / 1000]]);
   metric("prima_decode_steps_total", "counter", "Decode steps (one token each).", [["", k.decodeSteps]]);
+  if (s.requests.slots) {
+    metric("prima_slots", "gauge", "Sequence slots (serve --parallel), by state.", ["idle", "processing"].map((st) => [`{state="${st}"}`, s.requests.slots!.filter((x) => x.state === st).length]));
+    metric("prima_batch_steps_total", "counter", "Decode passes of the parallel sequences (one token of each active sequence per pass).", [["", k.batchSteps ?? 0]]);
+    metric("prima_batch_rows_total", "counter", "Sequences those passes took: rows / steps is the mean batch.", [["", k.batchRows ?? 0]]);
+    metric("prima_batch_rows_max", "gauge", "The most sequences one pass took since the server started.", [["", k.batchWidest ?? 0]]);
+  }
   metric("prima_constraint_seconds_total", "counter", "Time the grammar constraint (structured output, tools) added to sampling.", [["", c.ms / 1000]]);
   metric("prima_constrained_tokens_total", "counter", "Tokens sampled under a grammar constraint.", [["", c.tokens]]);
   metric("prima_devices_lost_total", "counter", "Devices lost (exit, crash, hang, network).", [["", k.lost]]);

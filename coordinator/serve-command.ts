@@ -29,6 +29,11 @@ const HELP = `usage: prima-coord serve model.gguf [options]
                            (prima-coord token --rotate does it for a running serve)
   --allow-advertise        accept a worker's --advertise address other than the one it connects from
   --queue N                requests that may wait for the ring; more get 503 (default 16)
+  --parallel N             decode up to N requests at once on this device, each in a sequence slot with
+                           a KV cache of --ctx tokens (N x ctx in all), their next tokens in one pass
+                           over the weights per step (default 1). Above 1 every layer runs on this
+                           device: it cannot be combined with --min-workers or --layer-windows, and
+                           workers that join are not used. At most --batch
   -n, --n-predict N        tokens a request generates when it names no max_tokens, and the most it may
                            name (default -1: until the context is full, as llama-server)
 ${ENGINE_HELP}
@@ -47,6 +52,7 @@ interface ServeArgs extends ClusterArgs {
   readonly corsOrigins: readonly string[];
   readonly discovery: boolean;
   readonly queue: number;
+  readonly parallel: number;
   /** Default and cap of a request's generated tokens; undefined: the context. */
   readonly nPredict?: number;
   readonly rotateToken: boolean;
@@ -57,13 +63,18 @@ function parseServeArgs(argv: string[]): ServeArgs {
   const { cluster, values } = parseClusterArgs(argv, {
     host: { type: "string" }, port: { type: "string" }, "cluster-port": { type: "string" }, name: { type: "string" },
     "api-key": { type: "string", multiple: true }, "allow-host": { type: "string", multiple: true }, cors: { type: "string", multiple: true },
-    "no-discovery": { type: "boolean" }, queue: { type: "string" }, "n-predict": { type: "string", short: "n" },
+    "no-discovery": { type: "boolean" }, queue: { type: "string" }, parallel: { type: "string" }, "n-predict": { type: "string", short: "n" },
     "rotate-token": { type: "boolean" }, "allow-advertise": { type: "boolean" },
   }, HELP, "serve");
   const str = (k: string) => values[k] as string | undefined;
   const apiKeys = apiKeysOf(values["api-key"] as unknown as string[] | undefined);
   const corsOrigins = corsOriginsOf(values.cors as unknown as string[] | undefined);
   if (corsOrigins.includes("*") && apiKeys.length === 0) throw new UsageError("--cors '*' lets every web site use the API: it needs --api-key");
+  const parallel = intArg("parallel", str("parallel"), 1, 1, 256);
+  if (parallel > 1 && (cluster.minWorkers > 0 || cluster.layerWindows !== undefined)) {
+    throw new UsageError(`--parallel ${parallel} runs every layer on this device: it cannot be combined with ${cluster.minWorkers > 0 ? "--min-workers" : "--layer-windows"} (a ring serves one request at a time)`);
+  }
+  if (parallel > cluster.batch) throw new UsageError(`--parallel ${parallel} needs a --batch of at least ${parallel} (a step takes one row per sequence)`);
   return {
     ...cluster,
     host: str("host") ?? "127.0.0.1",
@@ -75,6 +86,7 @@ function parseServeArgs(argv: string[]): ServeArgs {
     corsOrigins,
     discovery: !values["no-discovery"],
     queue: intArg("queue", str("queue"), 16, 0, 10_000),
+    parallel,
     nPredict: nonNegative(intArg("n-predict", str("n-predict"), -1, -1)),
     rotateToken: values["rotate-token"] === true,
     allowAdvertise: values["allow-advertise"] === true,
@@ -127,7 +139,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   }
   const file = basename(a.model);
   const modelId = basename(file, extname(file));
-  const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, autoPlace: true, rotateToken: a.rotateToken, allowAdvertise: a.allowAdvertise });
+  const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, parallel: a.parallel, autoPlace: true, rotateToken: a.rotateToken, allowAdvertise: a.allowAdvertise });
   const api = new ApiServer({
     cluster, tok, prompts, modelId, nPredict: a.nPredict,
     apiKeys: a.apiKeys, allowHosts: a.allowHosts, corsOrigins: a.corsOrigins,

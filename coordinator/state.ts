@@ -140,6 +140,8 @@ export interface ClusterState {
   readonly requests: {
     readonly queueLength: number;
     readonly active: RequestState | null;
+    /** serve --parallel N > 1: its sequence slots (absent otherwise). */
+    readonly slots?: readonly SlotState[];
     readonly completed: number;
     readonly failed: number;
     readonly generatedTokens: number;
@@ -148,4 +150,14 @@ export interface ClusterState {
   };
   /** The latest events, newest last: joins, losses, re-plans, recoveries. */
   readonly events: readonly EventState[];
+}
+
+/** A sequence slot of serve --parallel: a KV cache of nCtx tokens that one request at a time decodes in. */
+export interface SlotState {
+  readonly id: number;
+  readonly state: "idle" | "processing";
+  readonly nCtx: number;
+  /** Tokens its KV cache holds (a request's cached prefix comes from them). */
+  readonly cachedTokens: number;
+  readonly request: RequestState | null;
 }

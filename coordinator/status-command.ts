@@ -206,6 +206,12 @@ export function renderStatus(s: ClusterState, base: URL, tty = false): string {
     lines.push(`  now    ${t(a.kind, 20)} ${t(a.id, 40)}: ${num(a.tokensPerS) ? `${a.tokensPerS.toFixed(1)} tok/s` : "- tok/s"}, first token ${ms(a.timeToFirstTokenMs)},` +
       ` ${a.promptTokens} prompt tokens (${a.cachedTokens} reused), ${a.generatedTokens} generated`);
   }
+  // serve --parallel: one entry per sequence slot
+  if (Array.isArray(r.slots)) {
+    lines.push(`  slots  ${r.slots.map((x) => x.request
+      ? `${x.id} ${t(x.request.kind, 20)} ${x.request.generatedTokens} generated`
+      : `${x.id} idle ${x.cachedTokens}/${x.nCtx} cached`).join(" · ")}`);
+  }
   const events = s.events.slice(-6);
   if (events.length) {
     lines.push("", "events");

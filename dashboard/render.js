@@ -366,6 +366,12 @@ export function renderRequests(el, state) {
     a ? h("p", { class: "active" }, h("span", { class: "pill st-busy" }, "generating"), " ",
       `${a.kind} ${a.id}: ${fmtInt(a.promptTokens)} prompt tokens (${fmtInt(a.cachedTokens)} reused), ${fmtInt(a.generatedTokens)} generated, started ${fmtAgo(state.server.nowUnixMs - a.startedUnixMs)} ago`)
       : h("p", { class: "muted active" }, "Idle: no request running."),
+    // serve --parallel N: each sequence slot, idle (with what its cache holds) or its request
+    r.slots ? h("ul", { class: "slots small" }, ...r.slots.map((x) => h("li", { "data-slot": String(x.id) },
+      h("span", { class: `pill ${x.request ? "st-busy" : "st-ready"}` }, x.request ? "generating" : "idle"), " ",
+      x.request
+        ? `slot ${x.id}: ${x.request.kind}, ${fmtInt(x.request.promptTokens)} prompt tokens (${fmtInt(x.request.cachedTokens)} reused), ${fmtInt(x.request.generatedTokens)} generated`
+        : `slot ${x.id}: ${fmtInt(x.cachedTokens)} of ${fmtInt(x.nCtx)} tokens cached`))) : null,
     chart(r.history, state.server.nowUnixMs),
     h("p", { class: "muted small" }, `${fmtInt(r.completed)} completed \u00b7 ${fmtInt(r.failed)} failed \u00b7 ${fmtInt(r.generatedTokens)} tokens generated since start`));
 }

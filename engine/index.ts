@@ -9,3 +9,4 @@ export {
   KlStats, baseRowSlots, decodeBaseHeader, encodeBaseHeader, encodeBaseRow, negLogProb, perplexity, scoredPerChunk, summarizeKl,
   type BaseHeader, type KlSummary, type PerplexityOptions, type PerplexityResult,
 } from "./perplexity.js";
+export { SeqSlots, type SeqRow } from "./seq-slots.js";

@@ -49,6 +49,7 @@ class Window : public Napi::ObjectWrap<Window> {
  private:
   Napi::Value Forward(const Napi::CallbackInfo &info);
   Napi::Value ForwardNow(const Napi::CallbackInfo &info);
+  Napi::Value ForwardSeqs(const Napi::CallbackInfo &info);
   bool ForwardArgs(const Napi::CallbackInfo &info, int64_t *pos, int64_t *n, Napi::Value *logits);
   Napi::Value Prefetch(const Napi::CallbackInfo &info);
   Napi::Value Release(const Napi::CallbackInfo &info);
@@ -149,6 +150,52 @@ class ForwardWorker : public PromiseWorker {
   float *actsPtr = nullptr;
   float *logitsPtr = nullptr;
   int pos, n;
+};
+
+// A decode step of several sequences (prima_window_forward_seqs): every window it touches is busy
+// until it settles, so none is truncated, saved or stepped twice meanwhile.
+class SeqsWorker : public PromiseWorker {
+ public:
+  SeqsWorker(Napi::Env env, Window *lead, std::vector<Window *> seqs, std::vector<Napi::ObjectReference> refs,
+             std::shared_ptr<ModelState> model, Napi::Float32Array acts, std::vector<int> pos, Napi::Value logits)
+      : PromiseWorker(env), lead(lead), seqs(std::move(seqs)), refs(std::move(refs)), model(std::move(model)), pos(std::move(pos)) {
+    actsRef = Napi::Persistent(acts);
+    actsPtr = acts.Data();
+    if (logits.IsTypedArray()) {
+      auto l = logits.As<Napi::Float32Array>();
+      logitsRef = Napi::Persistent(l);
+      logitsPtr = l.Data();
+    }
+    for (Window *w : Touched()) w->busy++;
+    this->model->busy++;
+    for (Window *s : this->seqs) ws.push_back(s->w);
+  }
+  void Execute() override {
+    char err[kErrLen] = {0};
+    if (prima_window_forward_seqs(lead->w, ws.data(), pos.data(), (int)pos.size(), actsPtr, logitsPtr, err, sizeof err) != 0) SetError(err);
+  }
+
+ private:
+  std::vector<Window *> Touched() {
+    std::vector<Window *> t = seqs;
+    bool in = false;
+    for (Window *s : seqs) in |= s == lead;
+    if (!in) t.push_back(lead);
+    return t;
+  }
+  void Done() override {
+    for (Window *w : Touched()) w->busy--;
+    model->busy--;
+  }
+  Window *lead;
+  std::vector<Window *> seqs;
+  std::vector<Napi::ObjectReference> refs; /* the windows stay alive while the step runs */
+  std::vector<prima_window *> ws;
+  std::shared_ptr<ModelState> model;
+  std::vector<int> pos;
+  Napi::Reference<Napi::Float32Array> actsRef, logitsRef;
+  float *actsPtr = nullptr;
+  float *logitsPtr = nullptr;
 };
 
 // ---- Model ------------------------------------------------------------------------------------
@@ -363,6 +410,7 @@ Napi::Value Model::Close(const Napi::CallbackInfo &info) {
 Napi::Function Window::Define(Napi::Env env) {
   return DefineClass(env, "NativeWindow",
                      {InstanceMethod("forward", &Window::Forward), InstanceMethod("forwardNow", &Window::ForwardNow),
+                      InstanceMethod("forwardSeqs", &Window::ForwardSeqs),
                       InstanceMethod("prefetch", &Window::Prefetch),
                       InstanceMethod("release", &Window::Release),
                       InstanceMethod("streamBeyond", &Window::StreamBeyond), InstanceMethod("residency", &Window::Residency),
@@ -477,6 +525,54 @@ Napi::Value Window::ForwardNow(const Napi::CallbackInfo &info) {
   if (prima_window_forward(w, info[0].As<Napi::Float32Array>().Data(), (int)pos, (int)n, logitsPtr, err, sizeof err) != 0)
     return ThrowErr(env, err);
   return env.Undefined();
+}
+
+// forwardSeqs(windows: NativeWindow[], acts: Float32Array, positions: Int32Array, logits?: Float32Array):
+// Promise<void>. One decode step of windows.length sequences on this window's scratch: row i of acts
+// at positions[i] in windows[i]'s KV cache; logits (windows.length rows of the vocabulary) per row.
+Napi::Value Window::ForwardSeqs(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Alive(env)) return env.Undefined();
+  if (info.Length() < 3 || !info[0].IsArray() || !info[1].IsTypedArray() ||
+      info[1].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array || !info[2].IsTypedArray() ||
+      info[2].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array)
+    return ThrowType(env, "forwardSeqs(windows: NativeWindow[], acts: Float32Array, positions: Int32Array, logits?) expected");
+  auto arr = info[0].As<Napi::Array>();
+  auto acts = info[1].As<Napi::Float32Array>();
+  auto positions = info[2].As<Napi::Int32Array>();
+  const size_t n = arr.Length();
+  if (n < 1 || n > (size_t)w->max_batch)
+    return ThrowType(env, "forwardSeqs: from 1 to " + std::to_string(w->max_batch) + " sequences (the window's maxBatch) expected");
+  if (positions.ElementLength() != n) return ThrowType(env, "forwardSeqs: one position per window expected");
+  const size_t E = (size_t)st->m->hp.n_embd, V = (size_t)st->m->hp.n_vocab;
+  if (acts.ElementLength() < n * E) return ThrowType(env, "forwardSeqs: activations must hold one row per window");
+  Napi::Value logits = info.Length() > 3 ? info[3] : env.Undefined();
+  if (!logits.IsUndefined() && !logits.IsNull() &&
+      (!logits.IsTypedArray() || logits.As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
+       logits.As<Napi::Float32Array>().ElementLength() < n * V))
+    return ThrowType(env, "forwardSeqs: logits must be a Float32Array of one vocabulary row per window");
+  if (busy > 0) return ThrowErr(env, "window is busy: wait for its forward pass to finish");
+  std::vector<Window *> seqs;
+  std::vector<Napi::ObjectReference> refs;
+  std::vector<int> pos;
+  for (size_t i = 0; i < n; i++) {
+    Napi::Value v = arr.Get((uint32_t)i);
+    if (!v.IsObject() || !v.As<Napi::Object>().InstanceOf(Model::windowCtor.Value()))
+      return ThrowType(env, "forwardSeqs: windows[" + std::to_string(i) + "] is not a NativeWindow");
+    Window *s = Window::Unwrap(v.As<Napi::Object>());
+    if (!s->w) return ThrowErr(env, "forwardSeqs: windows[" + std::to_string(i) + "] is closed");
+    if (s->st != st) return ThrowType(env, "forwardSeqs: windows[" + std::to_string(i) + "] belongs to another model");
+    if (s->busy > 0) return ThrowErr(env, "forwardSeqs: windows[" + std::to_string(i) + "] is busy");
+    seqs.push_back(s);
+    refs.push_back(Napi::Persistent(v.As<Napi::Object>()));
+    pos.push_back(positions[i]);
+  }
+  refs.push_back(Napi::Persistent(info.This().As<Napi::Object>()));
+  // The rest (same layers and context, distinct windows, positions) the C side checks and reports.
+  auto *worker = new SeqsWorker(env, this, std::move(seqs), std::move(refs), st, acts, std::move(pos), logits);
+  auto p = worker->Promise();
+  worker->Queue();
+  return p;
 }
 
 Napi::Value Window::Prefetch(const Napi::CallbackInfo &info) {

@@ -67,6 +67,12 @@ export interface NativeWindow {
   /** The same pass on the calling thread: it blocks the event loop while it runs, so only for short
    * calls (engine/quick-forward.ts decides). Throws when an asynchronous pass is still running. */
   forwardNow(acts: Float32Array, pos: number, nTokens: number, logits?: Float32Array): void;
+  /** One decode step of several sequences in one pass over this window's weights (continuous
+   * batching): row i of acts is the next token of the sequence whose KV cache is windows[i] (distinct
+   * windows over the same layers and context), at positions[i]; it attends to that cache alone. This
+   * window lends its scratch (windows.length <= its maxBatch) and may be one of them. logits, when
+   * given, receives one vocabulary row per sequence, each the bits that sequence gets alone. */
+  forwardSeqs(windows: readonly NativeWindow[], acts: Float32Array, positions: Int32Array, logits?: Float32Array): Promise<void>;
   /** MADV_WILLNEED over the window's weights, from its first layer on, at most maxBytes (default all):
    * on a device short of memory, advice past what fits would be evicted before it is used. */
   prefetch(maxBytes?: number): void;

@@ -600,6 +600,7 @@ void prima_window_destroy(prima_window *w) {
   free(w->up);
   free(w->act_a);
   free(w->att_acc);
+  free(w->head_act);
   free(w->moe_logits);
   free(w->moe_sel);
   free(w->moe_wt);
@@ -624,7 +625,16 @@ typedef struct {
   float *x;      /* n rows of n_embd */
   int pos, n;    /* this sub-batch */
   float *logits; /* NULL: no head */
+  /* A step of several sequences (prima_window_forward_seqs): row r is sequence seqs[r]'s token at
+   * seq_pos[r], its K/V go to and its attention reads seqs[r]'s cache; logits then holds n rows.
+   * NULL: the rows are one sequence at pos..pos+n-1 in w's own cache. */
+  prima_window *const *seqs;
+  const int *seq_pos;
 } fwd_job;
+
+/* Where row r of a pass sits: its position, and the window whose KV cache it uses. */
+static inline int row_pos(const fwd_job *j, int r) { return j->seqs ? j->seq_pos[r] : j->pos + r; }
+static inline prima_window *row_win(const fwd_job *j, int r) { return j->seqs ? j->seqs[r] : j->w; }
 
 /* Activation buffers for the distinct formats of up to three matrices reading the same input.
  * slot[i] is the buffer matrix i reads. */
@@ -686,18 +696,19 @@ static void head_rows(const prima_task *t, prima_model *m, const float *row, flo
 
 static size_t att_scratch_floats(int ratio, int d) { return (size_t)ratio * (2 * (size_t)d + 2 + ATT_BLOCK); }
 
-static void attention(const prima_task *t, prima_window *w, int li, int pos, int n) {
+static void attention(const prima_task *t, prima_window *w, int li, const fwd_job *j, int n) {
   const prima_hparams *hp = &w->m->hp;
   const int D = hp->head_dim, G = hp->n_head_kv, ratio = hp->n_head / G;
   const size_t qdim = (size_t)hp->n_head * D, kvdim = (size_t)G * D;
   const float q_scale = hp->q_scale, scale = hp->kq_scale;
   const int window = w->m->layer_window[w->first + li];
-  const uint16_t *K = w->k_cache + (size_t)li * w->n_ctx * kvdim;
-  const uint16_t *V = w->v_cache + (size_t)li * w->n_ctx * kvdim;
   float *q = w->att_acc + (size_t)t->ith * att_scratch_floats(ratio, D);
   float *acc = q + (size_t)ratio * D, *M = acc + (size_t)ratio * D, *S = M + ratio, *s = S + ratio;
   for (int task = t->ith; task < n * G; task = prima_pool_next_chunk(t)) {
     const int tok = task / G, g = task % G;
+    const prima_window *kw = row_win(j, tok); /* the token's own sequence: it sees no other's cache */
+    const uint16_t *K = kw->k_cache + (size_t)li * kw->n_ctx * kvdim;
+    const uint16_t *V = kw->v_cache + (size_t)li * kw->n_ctx * kvdim;
     const float *qsrc = w->q + (size_t)tok * qdim + (size_t)g * ratio * D;
     /* llama.cpp rounds Q to F16 against an F16 cache; so do we, for the same scores. */
     /* (gemma scales Q itself, before that rounding, as llama.cpp does) */
@@ -707,7 +718,7 @@ static void attention(const prima_task *t, prima_window *w, int li, int pos, int
       S[h] = 0.0f;
     }
     memset(acc, 0, sizeof(float) * (size_t)ratio * D);
-    const int n_pos = pos + tok + 1; /* causal: positions 0..pos+tok */
+    const int n_pos = row_pos(j, tok) + 1; /* causal: positions 0..its own */
     /* a sliding-window layer sees the last `window` positions (llama.cpp masks p0 when p1 - p0 >= n_swa) */
     const int lo = window > 0 && n_pos > window ? n_pos - window : 0;
     for (int p0 = lo; p0 < n_pos; p0 += ATT_BLOCK) {
@@ -784,7 +795,7 @@ static void residual_out(const prima_task *t, prima_window *w, const prima_tenso
 
 /* x += wo(attention(rope(qk_norm(wq/wk/wv(norm(x)) + bias)))), each part present when the layer has
  * its tensors; sliding-window layers take their own RoPE table and window (attention()). */
-static void attention_block(const prima_task *t, prima_window *w, int l, float *x, int pos, int n) {
+static void attention_block(const prima_task *t, prima_window *w, int l, float *x, const fwd_job *j, int n) {
   const prima_model *m = w->m;
   const prima_hparams *hp = &m->hp;
   const prima_layer *L = &m->layers[l];
@@ -811,9 +822,11 @@ static void attention_block(const prima_task *t, prima_window *w, int l, float *
     prima_mm_run(t, mm, 3, n);
   }
   prima_pool_barrier(t);
-  uint16_t *Kl = w->k_cache + (size_t)li * w->n_ctx * kvdim;
-  uint16_t *Vl = w->v_cache + (size_t)li * w->n_ctx * kvdim;
   for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+    prima_window *kw = row_win(j, r);
+    const int pos = row_pos(j, r);
+    uint16_t *Kl = kw->k_cache + (size_t)li * kw->n_ctx * kvdim;
+    uint16_t *Vl = kw->v_cache + (size_t)li * kw->n_ctx * kvdim;
     float *q = w->q + (size_t)r * qdim, *k = w->k + (size_t)r * kvdim, *v = w->v + (size_t)r * kvdim;
     if (L->bq.data) {
       prima_add(q, (const float *)L->bq.data, (int)qdim);
@@ -824,14 +837,14 @@ static void attention_block(const prima_task *t, prima_window *w, int l, float *
       for (int h = 0; h < hp->n_head; h++) prima_rmsnorm(q + (size_t)h * D, (const float *)L->q_norm.data, q + (size_t)h * D, D, hp->norm_eps);
       for (int h = 0; h < hp->n_head_kv; h++) prima_rmsnorm(k + (size_t)h * D, (const float *)L->k_norm.data, k + (size_t)h * D, D, hp->norm_eps);
     }
-    const float *c = rope_cos + (size_t)(pos + r) * half, *s = rope_sin + (size_t)(pos + r) * half;
+    const float *c = rope_cos + (size_t)pos * half, *s = rope_sin + (size_t)pos * half;
     prima_rope_apply(q, hp->n_head, D, hp->rope_dims, hp->rope_neox, c, s);
     prima_rope_apply(k, hp->n_head_kv, D, hp->rope_dims, hp->rope_neox, c, s);
-    store_f16(k, Kl + (size_t)(pos + r) * kvdim, (int)kvdim);
-    store_f16(v, Vl + (size_t)(pos + r) * kvdim, (int)kvdim);
+    store_f16(k, Kl + (size_t)pos * kvdim, (int)kvdim);
+    store_f16(v, Vl + (size_t)pos * kvdim, (int)kvdim);
   }
   prima_pool_barrier(t);
-  attention(t, w, li, pos, n);
+  attention(t, w, li, j, n);
   prima_pool_barrier(t);
   act_set o;
   const prima_tensor *o_w[1] = { &L->wo };
@@ -1044,11 +1057,11 @@ static void forward_job(const prima_task *t, void *ctx) {
   prima_window *w = j->w;
   prima_model *m = w->m;
   const prima_hparams *hp = &m->hp;
-  const int E = hp->n_embd, n = j->n, pos = j->pos;
+  const int E = hp->n_embd, n = j->n;
   float *x = j->x;
 
   for (int l = w->first; l < w->end; l++) {
-    attention_block(t, w, l, x, pos, n);
+    attention_block(t, w, l, x, j, n);
     if (m->layers[l].gate_inp.data) moe_block(t, w, l, x, n);
     else ffn_block(t, w, l, x, n);
     /* every thread is past this layer: a streamed one goes now, so that the window never holds more
@@ -1059,7 +1072,25 @@ static void forward_job(const prima_task *t, void *ctx) {
     }
   }
 
-  if (j->logits) head_rows(t, m, x + (size_t)(n - 1) * E, j->logits);
+  if (j->logits && !j->seqs) head_rows(t, m, x + (size_t)(n - 1) * E, j->logits);
+  /* every sequence's row: the output norm and head as a lone row gets them (the same functions per
+   * row; the head matrix read once for all rows by the batch-invariant matmul), so the same bits */
+  else if (j->logits) {
+    const int at = act_type_of(&m->output);
+    const size_t hb = prima_row_bytes(at, E), V = (size_t)hp->n_vocab;
+    for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+      float *hr = w->h + (size_t)r * E;
+      prima_rmsnorm(x + (size_t)r * E, (const float *)m->output_norm.data, hr, E, hp->norm_eps);
+      prima_act_quantizer(at)(hr, (char *)w->head_act + (size_t)r * hb, E);
+    }
+    prima_pool_barrier(t);
+    const prima_mm mm = { &m->output, w->head_act, hb, j->logits, V, 0 };
+    prima_mm_run(t, &mm, 1, n);
+    if (hp->final_softcap > 0) {
+      prima_pool_barrier(t);
+      for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) softcap(j->logits + (size_t)r * V, (int)V, hp->final_softcap);
+    }
+  }
 }
 
 int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, float *logits, char *err, size_t err_len) {
@@ -1072,7 +1103,7 @@ int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, fl
   const int E = w->m->hp.n_embd;
   for (int done = 0; done < n_tokens;) {
     const int n = n_tokens - done < w->max_batch ? n_tokens - done : w->max_batch;
-    fwd_job j = { w, acts + (size_t)done * E, pos + done, n, done + n == n_tokens ? logits : NULL };
+    fwd_job j = { w, acts + (size_t)done * E, pos + done, n, done + n == n_tokens ? logits : NULL, NULL, NULL };
     /* One token through small layers is a few microseconds of work per step: meeting other threads at
      * ten barriers per layer would cost more than it saves. */
     if (n == 1 && w->layer_bytes < SMALL_LAYER_BYTES) prima_pool_run_alone(w->m->pool, forward_job, &j);
@@ -1082,6 +1113,34 @@ int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, fl
   /* a read that faulted during the pass left zeros in it: refuse its result */
   if (__atomic_load_n(&w->m->file_state, __ATOMIC_ACQUIRE) != PRIMA_FILE_OK) return prima_model_check_file(w->m, 0, err, err_len);
   w->n_filled = pos + n_tokens;
+  return 0;
+}
+
+int prima_window_forward_seqs(prima_window *w, prima_window *const *seqs, const int *pos, int n, float *acts, float *logits,
+                              char *err, size_t err_len) {
+  if (n < 1 || n > w->max_batch) return prima_fail(err, err_len, "a step of %d sequences does not fit a batch of %d", n, w->max_batch);
+  for (int i = 0; i < n; i++) {
+    const prima_window *s = seqs[i];
+    if (!s || s->m != w->m || s->first != w->first || s->end != w->end || s->n_ctx != w->n_ctx)
+      return prima_fail(err, err_len, "sequence %d's window is not over the same model, layers and context", i);
+    for (int k = 0; k < i; k++)
+      if (seqs[k] == s) return prima_fail(err, err_len, "sequences %d and %d share a window", k, i);
+    if (pos[i] < 0 || pos[i] > s->n_filled)
+      return prima_fail(err, err_len, "sequence %d: position %d leaves a gap: its cache holds %d positions", i, pos[i], s->n_filled);
+    if (pos[i] >= s->n_ctx) return prima_fail(err, err_len, "sequence %d: position %d exceeds the context of %d tokens", i, pos[i], s->n_ctx);
+  }
+  if (prima_model_check_file(w->m, 0, err, err_len)) return -1;
+  if (logits && !w->head_act) { /* the head's activations of a step: only a window that leads steps has them */
+    w->head_act = malloc(prima_row_bytes(PRIMA_F32, w->m->hp.n_embd) * (size_t)w->max_batch); /* F32: the widest */
+    if (!w->head_act) return prima_fail(err, err_len, "out of memory for the head of a step of %d sequences", w->max_batch);
+    w->anon_bytes += prima_row_bytes(PRIMA_F32, w->m->hp.n_embd) * (size_t)w->max_batch;
+  }
+  fwd_job j = { w, acts, 0, n, logits, seqs, pos };
+  /* the same choice of threads as a lone decode step (prima_window_forward) */
+  if (n == 1 && w->layer_bytes < SMALL_LAYER_BYTES) prima_pool_run_alone(w->m->pool, forward_job, &j);
+  else prima_pool_run(w->m->pool, forward_job, &j);
+  if (__atomic_load_n(&w->m->file_state, __ATOMIC_ACQUIRE) != PRIMA_FILE_OK) return prima_model_check_file(w->m, 0, err, err_len);
+  for (int i = 0; i < n; i++) seqs[i]->n_filled = pos[i] + 1;
   return 0;
 }
 

@@ -100,6 +100,8 @@ typedef struct prima_window {
   void *act_a;                 /* quantized activations: up to 3 formats x max_batch rows */
   size_t act_row_bytes;        /* stride of a row in act_a/act_b */
   float *att_acc;              /* per thread: query, accumulators and scores of a group of heads */
+  void *head_act;              /* max_batch rows of the head's activations: made by the first step of
+                                  several sequences this window leads (prima_window_forward_seqs) */
   size_t anon_bytes;           /* KV + scratch: what the window costs in anonymous memory */
   size_t layer_bytes;          /* mean weight bytes one token's pass reads in one of its layers (a
                                   mixture of experts: all but the experts it does not use) */
@@ -138,6 +140,15 @@ void prima_window_destroy(prima_window *w);
  * positions pos..pos+n_tokens-1. If logits is non-NULL, also applies the output norm and head to
  * the last row. Returns 0, or -1 with a message in err. */
 int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, float *logits, char *err, size_t err_len);
+
+/* One decode step of n sequences in one pass over w's weights (continuous batching): row i of acts is
+ * the token of the sequence whose KV cache is seqs[i] (distinct windows over w's layers and context)
+ * at position pos[i]; its K/V go to that cache and its attention sees only it. The matmuls take the n
+ * rows together (batch-invariant kernels: each row's result is the one it gets alone); w lends its
+ * scratch (n <= its max_batch) and may be one of seqs. If logits is non-NULL, it receives n rows of
+ * n_vocab, row i computed exactly as prima_window_forward computes a lone row's. */
+int prima_window_forward_seqs(prima_window *w, prima_window *const *seqs, const int *pos, int n, float *acts, float *logits,
+                              char *err, size_t err_len);
 
 /* 0 while the mapped file is the one that was opened and every read of it succeeded; else -1 with a
  * message naming the file, and from then on always -1. A read that faults (the file was truncated, or

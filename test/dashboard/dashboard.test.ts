@@ -105,6 +105,16 @@ describe.skipIf(chromiumMissing !== null)(chromiumMissing ? `dashboard in chromi
     expect(await d.page.$$eval(".problems li", (l) => l.map((x) => x.textContent))).toEqual([
       "cycle 1: layer 6 held by no device", "cycle 2: layer 15 held more than once"]);
     await d.shot("a-plan-with-gap");
+
+    // serve --parallel: each sequence slot under Requests, its request or what its cache holds
+    const par = sampleState();
+    s.setState({ ...par, requests: { ...par.requests, slots: [
+      { id: 0, state: "processing", nCtx: 512, cachedTokens: 40, request: par.requests.active },
+      { id: 1, state: "idle", nCtx: 512, cachedTokens: 12, request: null },
+    ] } });
+    await until("the slots", async () => (await d.page.$$(".slots li")).length === 2);
+    expect(await d.page.$$eval(".slots li", (l) => l.map((x) => x.textContent))).toEqual([
+      "generating slot 0: chat, 45 prompt tokens (30 reused), 112 generated", "idle slot 1: 12 of 512 tokens cached"]);
     expect(d.errors).toEqual([]);
   });
 

@@ -1,0 +1,283 @@
+// serve --parallel N on one device (issue #32): continuous batching over N sequence slots. Requests
+// join and leave between steps; a newcomer's prompt is prefilled on its slot alone (the others wait
+// that one pass), then every step takes the next token of each active sequence through one pass over
+// the weights (SeqSlots.step). Each slot keeps the tokens its KV cache holds: a request takes the free
+// slot whose cache shares the longest prefix with its prompt (llama-server's slots do the same).
+import { NonFiniteError, type GenerationResult, type SeqSlots, type StopReason } from "../engine/index.js";
+import { CancelledError, QueueFullError, type GenerationOutcome, type GenerationRequest } from "./cluster.js";
+import type { RequestState, SlotState } from "./state.js";
+
+export type { SlotState };
+
+export interface SchedulerHooks {
+  /** A token was handed to a client. */
+  token(): void;
+  /** A step ran `rows` sequences in one pass. */
+  step(rows: number): void;
+  /** A request ended (its outcome), or failed (undefined). */
+  finished(outcome: GenerationOutcome | undefined, promptTokens: number): void;
+  /** Something /api/state shows changed. */
+  changed(): void;
+}
+
+interface Pending {
+  readonly req: GenerationRequest;
+  readonly queuedAt: number;
+  readonly resolve: (o: GenerationOutcome) => void;
+  readonly reject: (e: unknown) => void;
+}
+
+interface Seq extends Pending {
+  readonly slot: number;
+  readonly cached: number;
+  readonly queueMs: number;
+  readonly startedAt: number;
+  readonly startedUnixMs: number;
+  readonly history: number[];
+  readonly ids: number[];
+  pos: number;
+  /** The token to feed at pos next step; undefined while it is being sampled. */
+  next: number | undefined;
+  firstAt: number | null;
+  promptMs: number;
+  decodeSteps: number;
+}
+
+export class SequenceScheduler {
+  private readonly pending: Pending[] = [];
+  private readonly seqs: (Seq | undefined)[];
+  /** Per slot: the tokens its cache holds at 0..n-1, whose scope may reuse them, when last used. */
+  private readonly cache: { ids: number[]; scope: string | undefined; usedAt: number }[];
+  private running = false;
+  /** Settles when the loop stops (close() waits for it). */
+  private stopped: Promise<void> = Promise.resolve();
+  private closed = false;
+  private uses = 0;
+
+  constructor(private readonly slots: SeqSlots, private readonly o: { maxQueue: number; layers: number; hooks: SchedulerHooks }) {
+    this.seqs = new Array<Seq | undefined>(slots.size).fill(undefined);
+    this.cache = Array.from({ length: slots.size }, () => ({ ids: [], scope: undefined, usedAt: 0 }));
+  }
+
+  get size(): number {
+    return this.slots.size;
+  }
+
+  /** Requests waiting for a slot (or about to take a free one). */
+  get waiting(): number {
+    return this.pending.length;
+  }
+
+  /** Sequences in a slot. */
+  get activeCount(): number {
+    return this.seqs.filter((s) => s).length;
+  }
+
+  submit(req: GenerationRequest): Promise<GenerationOutcome> {
+    if (this.closed) return Promise.reject(new Error("the server is shutting down"));
+    // requests about to take a free slot (their prefill comes between steps) are not queued
+    const queued = this.pending.length - (this.size - this.activeCount);
+    if (queued >= this.o.maxQueue) {
+      return Promise.reject(new QueueFullError(`${queued} requests are waiting (the limit is ${this.o.maxQueue}) and all ${this.size} slots are busy: try again shortly`));
+    }
+    return new Promise<GenerationOutcome>((resolve, reject) => {
+      const p: Pending = { req, queuedAt: performance.now(), resolve, reject };
+      this.pending.push(p);
+      // a client that leaves while queued frees its place in the queue at once
+      req.signal?.addEventListener("abort", () => {
+        const i = this.pending.indexOf(p);
+        if (i < 0) return;
+        this.pending.splice(i, 1);
+        this.o.hooks.changed();
+        reject(new CancelledError("the client went away while the request was queued"));
+      }, { once: true });
+      this.o.hooks.changed();
+      if (!this.running) this.start();
+    });
+  }
+
+  slotStates(): SlotState[] {
+    return this.seqs.map((s, id) => ({
+      id, state: s ? "processing" : "idle", nCtx: this.slots.nCtx, cachedTokens: s ? s.pos : this.cache[id].ids.length,
+      request: s ? this.requestState(s) : null,
+    }));
+  }
+
+  /** The oldest running request (the state's one "active" request). */
+  activeState(): RequestState | null {
+    const s = this.seqs.filter((x): x is Seq => x !== undefined).sort((a, b) => a.startedAt - b.startedAt)[0];
+    return s ? this.requestState(s) : null;
+  }
+
+  private requestState(s: Seq): RequestState {
+    const now = performance.now();
+    const decodeS = s.firstAt === null ? 0 : (now - s.firstAt) / 1000;
+    return {
+      id: String(s.slot), kind: s.req.kind, promptTokens: s.req.prompt.length, cachedTokens: s.cached, generatedTokens: s.ids.length,
+      tokensPerS: decodeS > 0 && s.ids.length > 1 ? (s.ids.length - 1) / decodeS : null,
+      timeToFirstTokenMs: s.firstAt === null ? null : s.firstAt - s.startedAt, startedUnixMs: s.startedUnixMs,
+    };
+  }
+
+  /** Fails whatever waits or runs, after the pass in flight (its windows are busy until it ends):
+   * the slots are the caller's to close once this resolves. */
+  async close(): Promise<void> {
+    this.closed = true;
+    for (const p of this.pending.splice(0)) p.reject(new Error("the server is shutting down"));
+    await this.stopped;
+    for (const s of this.seqs) if (s) this.fail(s, new Error("the server is shutting down"));
+  }
+
+  private async loop(): Promise<void> {
+    try {
+      for (;;) {
+        await this.admit();
+        const active = this.seqs.filter((s): s is Seq => s !== undefined);
+        // a client gone while others ran: it leaves before the step, its slot free for the next
+        for (const s of active) if (s.req.signal?.aborted) this.finish(s, "caller");
+        const rows = active.filter((s) => this.seqs[s.slot] === s && s.next !== undefined);
+        if (this.closed) break;
+        if (rows.length === 0) {
+          if (this.pending.length === 0 || this.closed) break;
+          continue;
+        }
+        await this.step(rows);
+        // the event loop runs between steps: streams flush, newcomers and departures are heard
+        await new Promise((r) => setImmediate(r));
+      }
+    } finally {
+      this.running = false;
+    }
+    // Something arrived after the last check (a submit that saw running): run again.
+    if (this.pending.length > 0 && !this.closed) this.start();
+  }
+
+  private start(): void {
+    this.running = true;
+    // a fault of the loop itself fails what it holds instead of leaving its clients waiting forever
+    this.stopped = this.loop().catch((e: unknown) => {
+      for (const s of this.seqs) if (s) this.fail(s, e);
+      for (const p of this.pending.splice(0)) p.reject(e);
+    });
+  }
+
+  /** Starts waiting requests in free slots, each prefilled alone, until no slot or no request is left. */
+  private async admit(): Promise<void> {
+    while (!this.closed && this.pending.length > 0) {
+      const free = this.seqs.flatMap((s, i) => (s ? [] : [i]));
+      if (free.length === 0) return;
+      const p = this.pending.shift()!;
+      this.o.hooks.changed();
+      if (p.req.signal?.aborted) {
+        p.reject(new CancelledError("the client went away while the request was queued"));
+        continue;
+      }
+      const prompt = p.req.prompt;
+      if (prompt.length === 0 || prompt.length > this.slots.nCtx) {
+        p.reject(new Error(prompt.length === 0 ? "the prompt has no tokens" : `prompt of ${prompt.length} tokens does not fit the context of ${this.slots.nCtx} tokens`));
+        continue;
+      }
+      // the free slot whose cache (of the same scope) shares the longest prefix; else the least recently used
+      let slot = free[0], best = -1;
+      for (const i of free) {
+        const c = this.cache[i];
+        let n = 0;
+        if (c.scope === p.req.cacheScope) while (n < c.ids.length && n < prompt.length && c.ids[n] === prompt[n]) n++;
+        if (n > best || (n === best && c.usedAt < this.cache[slot].usedAt)) [slot, best] = [i, n];
+      }
+      // at least one token goes through the layers to give logits
+      const cached = Math.min(best, prompt.length - 1);
+      this.cache[slot] = { ids: [], scope: undefined, usedAt: ++this.uses };
+      const startedAt = performance.now();
+      const s: Seq = {
+        ...p, slot, cached, queueMs: startedAt - p.queuedAt, startedAt, startedUnixMs: Date.now(), history: Array.from(prompt), ids: [],
+        pos: cached, next: undefined, firstAt: null, promptMs: 0, decodeSteps: 0,
+      };
+      this.seqs[slot] = s;
+      this.o.hooks.changed();
+      try {
+        p.req.onStart?.();
+        if (p.req.maxTokens <= 0) {
+          this.finish(s, "length");
+          continue;
+        }
+        const logits = await this.slots.prefill(slot, prompt.subarray(cached), cached);
+        s.pos = prompt.length;
+        s.promptMs = performance.now() - startedAt;
+        await this.take(s, logits);
+      } catch (e) {
+        this.fail(s, e);
+      }
+    }
+  }
+
+  /** One pass over the weights for every row's next token, then each samples its next. */
+  private async step(rows: Seq[]): Promise<void> {
+    let out: (Float32Array | NonFiniteError)[];
+    try {
+      out = await this.slots.step(rows.map((s) => ({ slot: s.slot, token: s.next!, pos: s.pos })));
+    } catch (e) {
+      for (const s of rows) this.fail(s, e);
+      return;
+    }
+    this.o.hooks.step(rows.length);
+    for (let i = 0; i < rows.length; i++) {
+      const s = rows[i], l = out[i];
+      s.pos++;
+      s.decodeSteps++;
+      if (l instanceof NonFiniteError) {
+        this.fail(s, l);
+        continue;
+      }
+      try {
+        await this.take(s, l);
+      } catch (e) {
+        this.fail(s, e);
+      }
+    }
+  }
+
+  /** Samples a sequence's next token from its logits and hands it on, as engine/generate does. */
+  private async take(s: Seq, logits: Float32Array): Promise<void> {
+    const { req } = s;
+    s.next = undefined;
+    const id = req.sampler.constraint ? await req.sampler.next(logits, s.history) : req.sampler.sample(logits, s.history);
+    s.history.push(id);
+    if (req.isEnd(id)) return this.finish(s, "end");
+    s.ids.push(id);
+    s.firstAt ??= performance.now();
+    this.o.hooks.token();
+    if (req.signal?.aborted || req.onToken(id) === false) return this.finish(s, "caller");
+    if (s.ids.length >= req.maxTokens) return this.finish(s, "length");
+    if (s.pos >= this.slots.nCtx) return this.finish(s, "context");
+    s.next = id;
+  }
+
+  private finish(s: Seq, stopReason: StopReason): void {
+    if (this.seqs[s.slot] !== s) return;
+    this.seqs[s.slot] = undefined;
+    // what went through the layers stays in the slot's cache: a later request may continue from it
+    this.cache[s.slot] = { ids: [...s.req.prompt, ...s.ids].slice(0, s.pos), scope: s.req.cacheScope, usedAt: ++this.uses };
+    const now = performance.now();
+    const decodeMs = s.firstAt === null ? 0 : now - s.firstAt;
+    const result: GenerationResult = {
+      ids: s.ids, stopReason, promptTokens: s.req.prompt.length - s.cached, promptMs: s.promptMs, decodeSteps: s.decodeSteps, decodeMs, endPos: s.pos,
+    };
+    const outcome: GenerationOutcome = {
+      result, cachedTokens: s.cached, queueMs: s.queueMs, firstTokenMs: s.firstAt === null ? null : s.firstAt - s.startedAt, devices: 1, cycles: 1,
+      layersPerCycle: [this.o.layers], perDevice: [], meanDecodeMs: s.decodeSteps > 0 ? decodeMs / s.decodeSteps : 0,
+    };
+    this.o.hooks.finished(outcome, s.req.prompt.length);
+    this.o.hooks.changed();
+    s.resolve(outcome);
+  }
+
+  private fail(s: Seq, e: unknown): void {
+    if (this.seqs[s.slot] !== s) return;
+    this.seqs[s.slot] = undefined;
+    this.cache[s.slot] = { ids: [], scope: undefined, usedAt: ++this.uses };
+    this.o.hooks.finished(undefined, s.req.prompt.length);
+    this.o.hooks.changed();
+    s.reject(e);
+  }
+}

@@ -1,0 +1,131 @@
+// `prima-coord serve --parallel N` (issue #32): up to N requests decode together on one device, each
+// in a sequence slot of its own KV cache, one pass over the weights per step for all of them. Greedy
+// answers of concurrent requests equal each one run alone (`prima-coord run`), a client that leaves
+// leaves the others' answers unchanged, and past the slots and the queue requests get 503. That the
+// requests really shared steps is read from the server's counters, never from timing.
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { APIError } from "openai";
+import { killAll } from "../ring/cluster.js";
+import { root, startNode } from "../helpers/process.js";
+import { MODEL, joinWorker, runOnce, startServe, until, type Served } from "./serve-harness.js";
+
+const greedy = { temperature: 0 } as const;
+const PROMPTS = ["Once upon a time", "The little dog", "Tim and Sue went to", "One day, a bird"];
+const N = 120;
+
+afterAll(() => killAll());
+
+/** A counter or gauge of /metrics. */
+async function metric(url: string, name: string): Promise<number> {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const m = new RegExp(`^${name} (\\S+)$`, "m").exec(text);
+  if (!m) throw new Error(`/metrics has no ${name}`);
+  return Number(m[1]);
+}
+
+describe("serve --parallel 4", () => {
+  let s: Served;
+  let refs: Map<string, string>;
+  beforeAll(async () => {
+    s = await startServe(["--ctx", "512", "--parallel", "4", "--queue", "2"]);
+    refs = new Map(PROMPTS.map((p) => [p, runOnce(["-p", p, "-n", String(N), "--temp", "0", "--ctx", "512"]).text]));
+  }, 60_000);
+  afterAll(() => s.proc.child.kill("SIGKILL"));
+
+  const streamText = async (prompt: string, leaveAfter = Infinity): Promise<string> => {
+    const stream = await s.client.completions.create({ prompt, max_tokens: N, stream: true, ...greedy });
+    let text = "", chunks = 0;
+    for await (const c of stream) {
+      text += c.choices[0]?.text ?? "";
+      if (++chunks >= leaveAfter) break; // leaving the loop aborts the request
+    }
+    return text;
+  };
+
+  it("starts with 4 slots of the whole context each, and says so", async () => {
+    expect(s.proc.stderr).toMatch(/--parallel 4: 4 sequence slots of 512 tokens each \(2048 tokens of KV cache/);
+    // llama-server's /slots and /props
+    const slots = (await (await fetch(`${s.url}/slots`)).json()) as { id: number; is_processing: boolean; n_ctx: number }[];
+    expect(slots.map((x) => [x.id, x.is_processing, x.n_ctx])).toEqual([0, 1, 2, 3].map((i) => [i, false, 512]));
+    expect(((await (await fetch(`${s.url}/props`)).json()) as { total_slots: number }).total_slots).toBe(4);
+    const st = (await (await fetch(`${s.url}/api/state`)).json()) as { requests: { slots: unknown[] } };
+    expect(st.requests.slots).toHaveLength(4);
+  });
+
+  it("4 concurrent greedy requests give exactly the texts each gives alone, in shared steps", async () => {
+    const rowsBefore = await metric(s.url, "prima_batch_rows_total"), stepsBefore = await metric(s.url, "prima_batch_steps_total");
+    const texts = await Promise.all(PROMPTS.map((p) => streamText(p)));
+    texts.forEach((t, i) => expect(t, PROMPTS[i]).toBe(refs.get(PROMPTS[i])));
+    // more rows than passes: some pass decoded several sequences at once
+    const rows = (await metric(s.url, "prima_batch_rows_total")) - rowsBefore, steps = (await metric(s.url, "prima_batch_steps_total")) - stepsBefore;
+    expect(rows, `${rows} rows in ${steps} steps`).toBeGreaterThan(steps);
+    expect(await metric(s.url, "prima_batch_rows_max")).toBeGreaterThan(1);
+    // and each again alone, from the slots' caches (the prompt is a prefix of what a slot holds)
+    for (const p of PROMPTS) {
+      const r = await s.client.completions.create({ prompt: p, max_tokens: N, ...greedy });
+      expect(r.choices[0].text, p).toBe(refs.get(p));
+      expect(r.usage?.prompt_tokens_details?.cached_tokens, p).toBeGreaterThan(0);
+    }
+  }, 60_000);
+
+  it("a client that leaves mid-stream leaves the others' answers unchanged", async () => {
+    const cancelledBefore = await metric(s.url, 'prima_requests_total{outcome="cancelled"}');
+    const [a, left, c] = await Promise.all([streamText(PROMPTS[0]), streamText(PROMPTS[1], 3), streamText(PROMPTS[2])]);
+    expect(a).toBe(refs.get(PROMPTS[0]));
+    expect(c).toBe(refs.get(PROMPTS[2]));
+    expect(refs.get(PROMPTS[1])!.startsWith(left)).toBe(true);
+    await expect.poll(() => metric(s.url, 'prima_requests_total{outcome="cancelled"}')).toBe(cancelledBefore + 1);
+    await expect.poll(() => metric(s.url, 'prima_slots{state="processing"}')).toBe(0);
+  }, 60_000);
+
+  it("past the 4 slots and the queue of 2, requests get 503; the others are right", async () => {
+    const results = await Promise.allSettled(Array.from({ length: 24 }, async (_, i) => {
+      const p = PROMPTS[i % PROMPTS.length];
+      const r = await s.client.completions.create({ prompt: p, max_tokens: N, ...greedy });
+      return { p, text: r.choices[0].text };
+    }));
+    let ok = 0, busy = 0;
+    for (const r of results) {
+      if (r.status === "fulfilled") {
+        ok++;
+        expect(r.value.text, r.value.p).toBe(refs.get(r.value.p));
+      } else {
+        const e = r.reason as APIError;
+        expect(e.status, String(e)).toBe(503);
+        expect(e.headers?.get("retry-after")).toBeTruthy();
+        busy++;
+      }
+    }
+    expect(busy, "the slots and the queue overflowed").toBeGreaterThan(0);
+    expect(ok).toBeGreaterThanOrEqual(6); // the 4 slots plus the queue
+    expect((await fetch(`${s.url}/health`)).status).toBe(200);
+  }, 60_000);
+});
+
+describe("serve --parallel 2 and a worker", () => {
+  it("leaves a worker that joins out and goes on serving on this device", async () => {
+    const s = await startServe(["--ctx", "512", "--parallel", "2"]);
+    try {
+      const w = joinWorker(s.clusterPort, "laptop");
+      type St = { devices: { name: string; state: string; detail: string | null }[]; plan: { ringOrder: string[] } };
+      const st = await until<St>(`${s.url}/api/state`, (_, b) => b.devices.some((d) => d.name === "laptop" && d.state === "left-out"), 30_000);
+      expect(st.devices.find((d) => d.name === "laptop")!.detail).toMatch(/--parallel 2 runs on this device alone/);
+      const r = await s.client.completions.create({ prompt: PROMPTS[0], max_tokens: 20, ...greedy });
+      expect(r.choices[0].text).toBe(runOnce(["-p", PROMPTS[0], "-n", "20", "--temp", "0", "--ctx", "512"]).text);
+      expect(((await (await fetch(`${s.url}/api/state`)).json()) as St).plan.ringOrder).toEqual(["head"]);
+      w.child.kill("SIGKILL");
+    } finally {
+      s.proc.child.kill("SIGKILL");
+    }
+  }, 60_000);
+});
+
+describe("serve --parallel refuses a ring", () => {
+  it("with --min-workers or --layer-windows, by name", async () => {
+    for (const extra of [["--min-workers", "1"], ["--layer-windows", "3,2"]]) {
+      const p = startNode([`${root}dist/coordinator/cli.js`, "serve", MODEL, "--no-discovery", "--port", "0", "--parallel", "2", ...extra]);
+      expect(await p.exited).toBe(2);
+      expect(p.stderr).toMatch(new RegExp(`--parallel 2 runs every layer on this device: it cannot be combined with ${extra[0]}`));
+    }
+  });
+});
