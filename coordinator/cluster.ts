@@ -480,6 +480,10 @@ export class Cluster extends EventEmitter {
       },
     });
     for (const m of members) this.setDevice(m.worker, "ready", null);
+    // Setting the ring up (the workers' windows' chunk hashes above all) left garbage the plan did not
+    // count; the head's room for its window is read from its group on the first tokens (WeightRoom), and
+    // read with it a capped head streamed part of a window that fitted. No window runs yet: collect it.
+    settleMemory();
     this.current = { kind: "ring", ring, devices: members.length + 1 };
     const windows = [...members.map((m) => ({ id: m.worker.id, ws: m.windows })), { id: HEAD_ID, ws: headWindows }]
       .flatMap(({ id, ws }) => ws.map((w) => ({ device: id, firstLayer: w.firstLayer, endLayer: w.endLayer, cycle: w.cycle })));

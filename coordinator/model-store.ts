@@ -175,6 +175,12 @@ function once(socket: Socket, event: string, timeoutMs: number): Promise<void> {
  * the device checks its own copy against them (worker/weights.ts). */
 export async function windowChunkHashes(source: ModelSource, file: GgufFile, layers: Iterable<number>): Promise<ChunkHash[]> {
   const out: ChunkHash[] = [];
-  for (const i of chunksFor(rangesForLayers(file, layers), source.info)) out.push({ index: i, digest: Buffer.from(await source.hashOf(i), "hex") });
+  // One buffer for the chunks hashed now: a fresh one per chunk stayed garbage until a collection,
+  // and a head hashing its workers' windows just before its own run (a memory-capped head, the first
+  // plan of a fresh process) held +37 MiB of it, read its room short and streamed its window.
+  let scratch: Buffer | undefined;
+  for (const i of chunksFor(rangesForLayers(file, layers), source.info)) {
+    out.push({ index: i, digest: Buffer.from(await source.hashOf(i, (scratch ??= Buffer.allocUnsafe(source.info.chunkBytes))), "hex") });
+  }
   return out;
 }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <fcntl.h>
 #include <sys/mman.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -162,6 +163,19 @@ Napi::Value DropCache(const Napi::CallbackInfo &info) {
   if (!Path(info, 0, path)) return env.Undefined();
   char err[kErrLen] = {0};
   if (prima_profile_drop_cache(path.c_str(), err, sizeof err) != 0) return Throw(env, err);
+  return env.Undefined();
+}
+
+// forgetRange(fd, offset, length): the page cache of a range of an open file, dropped where no
+// process maps it (posix_fadvise DONTNEED; a no-op where the call does not exist). For reads that must
+// not stay charged to this process's memory group (hashing other devices' windows).
+Napi::Value ForgetRange(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  double fd, off, len;
+  if (!Int(info, 0, "fd", 0, 2147483647, fd) || !Int(info, 1, "offset", 0, 9.0e15, off) || !Int(info, 2, "length", 0, 9.0e15, len)) return env.Undefined();
+#if defined(POSIX_FADV_DONTNEED)
+  posix_fadvise((int)fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+#endif
   return env.Undefined();
 }
 
@@ -334,6 +348,7 @@ void RegisterProfile(Napi::Env env, Napi::Object exports) {
   p.Set("kvCopy", Napi::Function::New(env, KvCopy, "kvCopy"));
   p.Set("disk", Napi::Function::New(env, Disk, "disk"));
   p.Set("dropCache", Napi::Function::New(env, DropCache, "dropCache"));
+  p.Set("forgetRange", Napi::Function::New(env, ForgetRange, "forgetRange"));
   p.Set("createPool", Napi::Function::New(env, CreatePool, "createPool"));
   p.Set("wakePool", Napi::Function::New(env, WakePool, "wakePool"));
   p.Set("closePool", Napi::Function::New(env, ClosePool, "closePool"));

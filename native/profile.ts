@@ -29,6 +29,7 @@ interface ProfileAddon {
   closePool(pool: PoolHandle): void;
   releaseFreeMemory(): void;
   pressMemory(bytes: number): Promise<boolean>;
+  forgetRange(fd: number, offset: number, length: number): void;
   threadClock(): ThreadClock;
   descheduledMs(before: ThreadClock, after: ThreadClock, wallMs: number): number;
 }
@@ -96,6 +97,11 @@ export function descheduledMs(before: ThreadClock, after: ThreadClock, wallMs: n
 /** Writes back and drops a file's pages from the page cache. */
 export function dropFileCache(path: string): void {
   p.dropCache(path);
+}
+
+/** Drops the page cache of bytes [offset, offset + length) of an open file, where nothing maps them. */
+export function forgetFileRange(fd: number, offset: number, length: number): void {
+  p.forgetRange(fd, offset, length);
 }
 
 /**

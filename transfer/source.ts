@@ -5,6 +5,7 @@ import { mkdirSync, readFileSync } from "node:fs";
 import { open, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
 import { CHUNK_BYTES, chunkCount, chunkRange, chunkDigest, CHUNK_DIGEST, type ModelInfo } from "./chunks.js";
+import { forgetFileRange } from "../native/index.js";
 import { Debounced, writeFileAtomic } from "./persist.js";
 
 export interface SourceOptions {
@@ -93,9 +94,17 @@ export class ModelSource {
     return { data, digest: h };
   }
 
-  /** Chunk i's digest: the kept one, or read and hashed now (and kept); no test delay or corruption. */
-  async hashOf(i: number): Promise<string> {
-    return this.hashes[i] ?? this.hashFor(i, await this.bytesOf(i));
+  /** Chunk i's digest: the kept one, or read and hashed now (and kept), into `into` when given (see
+   * read); no test delay or corruption. */
+  async hashOf(i: number, into?: Buffer): Promise<string> {
+    const kept = this.hashes[i];
+    if (kept !== undefined) return kept;
+    const h = this.hashFor(i, await this.bytesOf(i, into));
+    // Read only to be hashed (another device's window, which it reads itself): its pages would stay
+    // charged to this device's memory, counted against the room of its own window.
+    const [s, e] = chunkRange(i, this.info);
+    forgetFileRange((await this.fh!).fd, s, e - s);
+    return h;
   }
 
   /** Check each chunk read against its kept hash (a file changed under a running coordinator). */
