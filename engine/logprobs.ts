@@ -18,13 +18,10 @@ export function logSumExp(logits: ArrayLike<number>): number {
   return max + Math.log(sum);
 }
 
-/** The n most likely tokens, most likely first (ties: the lower id first, as argmax), with their log
- * probabilities given lse = logSumExp(logits). */
-export function topLogprobs(logits: ArrayLike<number>, n: number, lse = logSumExp(logits)): TokenLogprob[] {
-  const k = Math.min(Math.max(0, Math.floor(n)), logits.length);
-  if (k === 0) return [];
-  const ids = new Int32Array(k);
-  const vals = new Float64Array(k).fill(-Infinity);
+/** Fills ids/vals with the k largest logits, largest first (ties: the lower id first, as argmax), in
+ * one pass: a sorted list of the best so far, which most logits fail to enter at the first comparison
+ * (NaN never enters a full list). Returns how many it holds (k, or fewer for a shorter row). */
+export function keepTopK(logits: ArrayLike<number>, k: number, ids: Int32Array, vals: Float32Array | Float64Array): number {
   let have = 0;
   for (let i = 0; i < logits.length; i++) {
     const v = logits[i];
@@ -38,6 +35,17 @@ export function topLogprobs(logits: ArrayLike<number>, n: number, lse = logSumEx
     vals[j] = v;
     ids[j] = i;
   }
+  return have;
+}
+
+/** The n most likely tokens, most likely first (ties: the lower id first, as argmax), with their log
+ * probabilities given lse = logSumExp(logits). */
+export function topLogprobs(logits: ArrayLike<number>, n: number, lse = logSumExp(logits)): TokenLogprob[] {
+  const k = Math.min(Math.max(0, Math.floor(n)), logits.length);
+  if (k === 0) return [];
+  const ids = new Int32Array(k);
+  const vals = new Float64Array(k);
+  const have = keepTopK(logits, k, ids, vals);
   const out: TokenLogprob[] = [];
   for (let i = 0; i < have; i++) out.push({ id: ids[i], logprob: vals[i] - lse });
   return out;

@@ -4,7 +4,7 @@
 // Order at each step: the log probabilities are read (the model's raw distribution), then logit_bias
 // is added, then the constraint masks (a bias never lets a forbidden token through), then penalties
 // and the draw (or the argmax).
-import { stepLogprobs, type StepLogprobs } from "./logprobs.js";
+import { keepTopK, stepLogprobs, type StepLogprobs } from "./logprobs.js";
 
 /** Which tokens may come next (structured output); the sampler masks the rest out. */
 export interface TokenConstraint {
@@ -268,20 +268,6 @@ export class Sampler {
       }
       return V;
     }
-    // Keep a sorted (descending) list of the best k; most logits fail the first comparison.
-    let n = 0;
-    for (let i = 0; i < V; i++) {
-      const v = logits[i];
-      if (n === k && v <= vals[k - 1]) continue;
-      let j = n < k ? n++ : k - 1;
-      while (j > 0 && vals[j - 1] < v) {
-        vals[j] = vals[j - 1];
-        ids[j] = ids[j - 1];
-        j--;
-      }
-      vals[j] = v;
-      ids[j] = i;
-    }
-    return n;
+    return keepTopK(logits, k, ids, vals);
   }
 }
