@@ -2,6 +2,7 @@
 // from position 0 (logits of the last row), decode = D single-token steps from position 0, each with
 // its embedding, forward, logits and a greedy pick: our whole per-token loop counts.
 import { LocalModel, LocalPipeline, Rng, Sampler } from "../engine/index.js";
+import { runLlamaBench, type PeerResult } from "./llama-bench.js";
 
 export interface EngineResult {
   readonly promptTokS: number;
@@ -40,4 +41,29 @@ export async function benchEngine(path: string, o: { threads: number; prompt: nu
   pipe.close();
   model.close();
   return { promptTokS: pp / o.reps, decodeTokS: tg / o.reps };
+}
+
+/** prima and llama-bench on one file in alternating rounds (one rep each, `reps` times), averaged: run
+ * one after the other, load that came and went during one engine's turn decided single runs (the moe
+ * part's 1.9x and 2.7x on a loaded host were 0.92-1.21x quiet). */
+export async function versusLlamaBench(path: string, o: { threads: number; prompt: number; decode: number; reps: number }): Promise<{ ours: EngineResult; peer: PeerResult }> {
+  let pp = 0, tg = 0, ppPeer = 0, tgPeer = 0, build = "";
+  for (let r = 0; r < o.reps; r++) {
+    const ours = await benchEngine(path, { ...o, reps: 1 });
+    const peer = runLlamaBench(path, { ...o, reps: 1 });
+    pp += ours.promptTokS;
+    tg += ours.decodeTokS;
+    ppPeer += peer.promptTokS;
+    tgPeer += peer.decodeTokS;
+    build = peer.build;
+  }
+  const n = Math.max(1, o.reps);
+  return { ours: { promptTokS: pp / n, decodeTokS: tg / n }, peer: { promptTokS: ppPeer / n, decodeTokS: tgPeer / n, build } };
+}
+
+/** A table row of prompt and decode speeds with their ratios against the goals. */
+export function versusRow(label: string, ours: EngineResult, peer: PeerResult, goals: { pp?: number; tg: number }): string {
+  const r = (a: number, b: number) => (a / b).toFixed(2);
+  return `| ${label} | ${ours.promptTokS.toFixed(1)} | ${peer.promptTokS.toFixed(1)} | ${r(ours.promptTokS, peer.promptTokS)}x (${goals.pp === undefined ? "no goal" : `${goals.pp}x`}) | ` +
+    `${ours.decodeTokS.toFixed(1)} | ${peer.decodeTokS.toFixed(1)} | ${r(ours.decodeTokS, peer.decodeTokS)}x (${goals.tg}x) |`;
 }

@@ -4,8 +4,8 @@
 // real ones), at Q4_K_M, and one IQ4_XS row. Generated once into .cache/.
 import { existsSync } from "node:fs";
 import { modelShapeByName, type ModelShape } from "../model/index.js";
-import { benchEngine } from "./engine.js";
-import { ensureLlamaBench, runLlamaBench } from "./llama-bench.js";
+import { versusLlamaBench, versusRow } from "./engine.js";
+import { ensureLlamaBench } from "./llama-bench.js";
 import { root } from "./procs.js";
 
 const CASES: { shape: string; layers?: number; type: string }[] = [
@@ -39,12 +39,9 @@ export async function main(threads: number, reps: number, log: (s: string) => vo
   let build = "";
   for (const c of CASES) {
     const { path, label } = await familyModel(c.shape, c.layers, c.type, log);
-    const ours = await benchEngine(path, { threads, prompt, decode, reps });
-    const peer = runLlamaBench(path, { threads, prompt, decode, reps });
+    const { ours, peer } = await versusLlamaBench(path, { threads, prompt, decode, reps });
     build = peer.build;
-    const r = (a: number, b: number) => (a / b).toFixed(2);
-    console.log(`| ${label} | ${ours.promptTokS.toFixed(1)} | ${peer.promptTokS.toFixed(1)} | ${r(ours.promptTokS, peer.promptTokS)}x (0.9x) | ` +
-      `${ours.decodeTokS.toFixed(1)} | ${peer.decodeTokS.toFixed(1)} | ${r(ours.decodeTokS, peer.decodeTokS)}x (1.0x) |`);
+    console.log(versusRow(label, ours, peer, { pp: 0.9, tg: 1.0 }));
   }
-  console.log(`\nllama-bench: -p ${prompt} -n ${decode} -t ${threads} -r ${reps} (${build}); prima: the same batch and steps through engine/ (bench/engine.ts)`);
+  console.log(`\nllama-bench: -p ${prompt} -n ${decode} -t ${threads} -r 1, ${reps} rounds alternating with prima's (${build}); prima: the same batch and steps through engine/ (bench/engine.ts)`);
 }

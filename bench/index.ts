@@ -4,8 +4,8 @@
 // bench/history/.
 import { existsSync } from "node:fs";
 import { parseArgs } from "node:util";
-import { benchEngine } from "./engine.js";
-import { ensureLlamaBench, runLlamaBench } from "./llama-bench.js";
+import { versusLlamaBench, versusRow } from "./engine.js";
+import { ensureLlamaBench } from "./llama-bench.js";
 import { root } from "./procs.js";
 
 
@@ -44,13 +44,10 @@ async function engineBench(): Promise<void> {
   console.log("| model | prima prompt tok/s | llama.cpp prompt tok/s | ratio (goal) | prima decode tok/s | llama.cpp decode tok/s | ratio (goal) |");
   console.log("|---|---|---|---|---|---|---|");
   for (const m of models) {
-    const ours = await benchEngine(m.path, { threads, prompt: m.prompt, decode: m.decode, reps });
-    const peer = runLlamaBench(m.path, { threads, prompt: m.prompt, decode: m.decode, reps });
-    const r = (a: number, b: number) => (a / b).toFixed(2);
-    console.log(`| ${m.name} | ${ours.promptTokS.toFixed(1)} | ${peer.promptTokS.toFixed(1)} | ${r(ours.promptTokS, peer.promptTokS)}x (${m.goals.pp === undefined ? "no goal" : `${m.goals.pp}x`}) | ` +
-      `${ours.decodeTokS.toFixed(1)} | ${peer.decodeTokS.toFixed(1)} | ${r(ours.decodeTokS, peer.decodeTokS)}x (${m.goals.tg}x) |`);
+    const { ours, peer } = await versusLlamaBench(m.path, { threads, prompt: m.prompt, decode: m.decode, reps });
+    console.log(versusRow(m.name, ours, peer, m.goals));
   }
-  console.log(`\nllama-bench: -p P -n D -t ${threads} -r ${reps}; prima: the same batch and steps through engine/ (bench/engine.ts)`);
+  console.log(`\nllama-bench: -p P -n D -t ${threads} -r 1, ${reps} rounds alternating with prima's; prima: the same batch and steps through engine/ (bench/engine.ts)`);
 }
 
 async function main(): Promise<void> {

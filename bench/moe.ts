@@ -4,8 +4,8 @@
 // expert. Goals (issue #29): decode >= 1.0x, prompt >= 0.9x.
 import { existsSync } from "node:fs";
 import type { ModelShape } from "../model/index.js";
-import { benchEngine } from "./engine.js";
-import { ensureLlamaBench, runLlamaBench } from "./llama-bench.js";
+import { versusLlamaBench, versusRow } from "./engine.js";
+import { ensureLlamaBench } from "./llama-bench.js";
 import { root } from "./procs.js";
 
 /** 12 layers of 1024 with 32 experts of 512 (4 used): ~0.7 B parameters, ~0.14 B active a token. */
@@ -28,13 +28,10 @@ export async function main(threads: number, reps: number, log: (s: string) => vo
   ensureLlamaBench(log);
   const path = await moeModel(log);
   const prompt = 128, decode = 64;
-  const ours = await benchEngine(path, { threads, prompt, decode, reps });
-  const peer = runLlamaBench(path, { threads, prompt, decode, reps });
-  const r = (a: number, b: number) => (a / b).toFixed(2);
+  const { ours, peer } = await versusLlamaBench(path, { threads, prompt, decode, reps });
   console.log(`\n## mixture of experts vs llama-bench (${threads} threads, ${reps} reps)\n`);
   console.log("| model | prima prompt tok/s | llama.cpp prompt tok/s | ratio (goal) | prima decode tok/s | llama.cpp decode tok/s | ratio (goal) |");
   console.log("|---|---|---|---|---|---|---|");
-  console.log(`| qwen3moe 12x1024, 32 experts (4 used) Q4_K_M | ${ours.promptTokS.toFixed(1)} | ${peer.promptTokS.toFixed(1)} | ${r(ours.promptTokS, peer.promptTokS)}x (0.9x) | ` +
-    `${ours.decodeTokS.toFixed(1)} | ${peer.decodeTokS.toFixed(1)} | ${r(ours.decodeTokS, peer.decodeTokS)}x (1.0x) |`);
-  console.log(`\nllama-bench: -p ${prompt} -n ${decode} -t ${threads} -r ${reps} (${peer.build}); prima: the same batch and steps through engine/ (bench/engine.ts)`);
+  console.log(versusRow("qwen3moe 12x1024, 32 experts (4 used) Q4_K_M", ours, peer, { pp: 0.9, tg: 1.0 }));
+  console.log(`\nllama-bench: -p ${prompt} -n ${decode} -t ${threads} -r 1, ${reps} rounds alternating with prima's (${peer.build}); prima: the same batch and steps through engine/ (bench/engine.ts)`);
 }
