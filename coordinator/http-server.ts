@@ -311,6 +311,16 @@ export class ApiServer {
     }
   }
 
+  /** The request's body parsed as JSON (bounded by maxBodyBytes); a 400 naming the parse error. */
+  private async jsonBody(req: IncomingMessage): Promise<unknown> {
+    const text = await readBody(req, this.o.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES);
+    try {
+      return JSON.parse(text) as unknown;
+    } catch (e) {
+      throw new ApiError(400, `the request body is not valid JSON: ${(e as Error).message}`, "invalid_request_error", "invalid_json");
+    }
+  }
+
   /** A small JSON request (not a generation): its body through `answer`, or undefined once an error
    * was sent. Content-Type must be JSON, as for generations (a web page's form cannot send it). */
   private async readJson(req: IncomingMessage, res: ServerResponse, fail: (e: ApiError) => void, answer: (body: unknown) => unknown): Promise<unknown> {
@@ -320,13 +330,7 @@ export class ApiServer {
         req.resume();
         throw new ApiError(415, "the request body must be JSON sent as Content-Type: application/json", "invalid_request_error", "unsupported_media_type");
       }
-      const text = await readBody(req, this.o.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES);
-      let body: unknown;
-      try {
-        body = JSON.parse(text);
-      } catch (e) {
-        throw new ApiError(400, `the request body is not valid JSON: ${(e as Error).message}`, "invalid_request_error", "invalid_json");
-      }
+      const body = await this.jsonBody(req);
       return answer(body);
     } catch (e) {
       if (!(e instanceof ApiError)) throw e;
@@ -363,13 +367,7 @@ export class ApiServer {
     let plan: StructuredPlan;
     let constraint: GrammarConstraint | undefined;
     try {
-      const text = await readBody(req, this.o.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES);
-      let body: unknown;
-      try {
-        body = JSON.parse(text);
-      } catch (e) {
-        throw new ApiError(400, `the request body is not valid JSON: ${(e as Error).message}`, "invalid_request_error", "invalid_json");
-      }
+      const body = await this.jsonBody(req);
       const parsed = d.parse(body);
       if ("answer" in parsed) {
         sendJson(res, 200, parsed.answer);
