@@ -140,8 +140,8 @@ export class Sampler {
     };
     check(Number.isFinite(this.temperature) && this.temperature >= 0, "temperature", `temperature must be >= 0 (got ${this.temperature})`);
     check(Number.isInteger(this.topK) && this.topK >= 0, "topK", `top-k must be a whole number >= 0 (got ${this.topK})`);
-    // top-p 0 would keep no token at all: the smallest meaningful value is just above it.
-    check(this.topP > 0 && this.topP <= 1, "topP", `top-p must be in (0, 1] (got ${this.topP})`);
+    // top-p 0 keeps the most probable token alone, as llama.cpp's (which keeps at least one) and OpenAI's.
+    check(this.topP >= 0 && this.topP <= 1, "topP", `top-p must be in [0, 1] (got ${this.topP})`);
     check(this.minP >= 0 && this.minP < 1, "minP", `min-p must be in [0, 1) (got ${this.minP})`);
     check(this.repeatPenalty > 0 && Number.isFinite(this.repeatPenalty), "repeatPenalty", `repeat penalty must be > 0 (got ${this.repeatPenalty})`);
     check(Number.isInteger(this.repeatLastN) && this.repeatLastN >= 0, "repeatLastN", `repeat-last-n must be a whole number >= 0`);
