@@ -5,7 +5,8 @@
 // allowed; the end-of-generation tokens are allowed only where the value is complete.
 import type { TokenConstraint } from "../engine/index.js";
 import { TokenAttr, type Tokenizer } from "../model/index.js";
-import { checkSchema, forEngine } from "./schema-check.js";
+import { checkSchema } from "./schema-check.js";
+import { forEngine } from "./schema-rewrite.js";
 import { EngineRefusal, EngineThread, type StepAnswer } from "./engine-thread.js";
 import type { EngineRequest, EngineSpec } from "./engine-worker.js";
 

@@ -2,6 +2,7 @@
 // last MAX_CACHED) and each generation's matcher. It runs here, not on the main thread, because a
 // compile takes seconds on a large vocabulary and would stop the event loop (streams, /health, the
 // control plane's heartbeats) for that long. Requests are served one at a time, in order.
+import { hasIntegerRanges, withIntegerRanges } from "./integer-range.js";
 import { parentPort } from "node:worker_threads";
 import { engineCall, xgrammar, type XGrammar } from "./xgrammar.js";
 import type * as XG from "@mlc-ai/web-xgrammar";
@@ -143,7 +144,7 @@ async function withLayout(xg: XGrammar, tag: unknown): Promise<unknown> {
   if (o.type === "json_schema" && typeof o.json_schema === "string") {
     const L = JSON_LAYOUT, schema = o.json_schema;
     const grammar = await engineCall("the schema", () => xg.Testings._jsonSchemaToEBNF(schema, L.anyWhitespace, L.indent, L.separators, true));
-    return { type: "grammar", grammar };
+    return { type: "grammar", grammar: withIntegerRanges(grammar) };
   }
   const out: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(o)) out[k] = await withLayout(xg, v);
@@ -164,9 +165,14 @@ async function compile(key: string, spec: EngineSpec): Promise<XG.CompiledGramma
       case "json-object":
         g = await engineCall("JSON", () => c.compileJSONSchema('{"type":"object"}', L.anyWhitespace, L.indent, L.separators, false));
         break;
-      case "json-schema":
-        g = await engineCall("the schema", () => c.compileJSONSchema(spec.schema, L.anyWhitespace, L.indent, L.separators, true));
+      case "json-schema": {
+        // Bounded integers come as placeholders, whose rules go into the engine's grammar here.
+        const ebnf = await engineCall("the schema", () => v.xg.Testings._jsonSchemaToEBNF(spec.schema, L.anyWhitespace, L.indent, L.separators, true));
+        g = hasIntegerRanges(ebnf)
+          ? await engineCall("the schema", () => c.compileGrammar(withIntegerRanges(ebnf), "root"))
+          : await engineCall("the schema", () => c.compileJSONSchema(spec.schema, L.anyWhitespace, L.indent, L.separators, true));
         break;
+      }
       case "grammar":
         g = await engineCall("the grammar", () => c.compileGrammar(spec.grammar, "root"));
         break;

@@ -20,61 +20,6 @@ export const FORMATS = new Set([
   "json-pointer", "relative-json-pointer", "uuid",
 ]);
 
-/**
- * Formats given to the engine as patterns: its own grammars for these let through what validators
- * (ajv, pydantic) reject (minute 60, February 30, an email domain with no dot, host labels over 63
- * characters, "09" in an address, a raw quote in a JSON pointer, URIs RFC 3986 refuses). Each pattern is a subset of the
- * format as RFC 3339, RFC 6901 and ajv-formats define it.
- */
-const DATE = "[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))";
-const TIME = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
-const LABEL = "[A-Za-z0-9]([A-Za-z0-9-]{0,40}[A-Za-z0-9])?";
-const OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
-const POINTER = "(/([A-Za-z0-9._-]|~[01])*)*";
-const PATH = "(/[A-Za-z0-9._~-]{0,40}){0,8}";
-export const FORMAT_PATTERNS: Readonly<Record<string, string>> = {
-  date: `^${DATE}$`,
-  time: `^${TIME}$`,
-  "date-time": `^${DATE}T${TIME}$`,
-  email: `^[A-Za-z0-9_+-]+(\\.[A-Za-z0-9_+-]+)*@(${LABEL}\\.){1,3}[A-Za-z]{2,12}$`,
-  hostname: `^${LABEL}(\\.${LABEL}){0,3}$`,
-  ipv4: `^(${OCTET}\\.){3}${OCTET}$`,
-  uri: `^https?://${LABEL}(\\.${LABEL}){0,3}${PATH}$`,
-  "uri-reference": `^(https?://${LABEL}(\\.${LABEL}){0,3})?${PATH}$`,
-  "json-pointer": `^${POINTER}$`,
-  "relative-json-pointer": `^(0|[1-9][0-9]{0,5})(#|${POINTER})$`,
-};
-
-const BOUNDS = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
-
-/**
- * The schema as the engine is given it (a schema checkSchema accepted): FORMAT_PATTERNS in place of
- * those formats, and a number with bounds written as a whole number within them, since the engine's
- * decimal ranges let values past the bounds through (1.2 for a maximum of 1) while its integer
- * ranges hold. A subset of the values the schema allows, so the output stays valid.
- */
-export function forEngine(schema: unknown): unknown {
-  if (Array.isArray(schema)) return schema.map(forEngine);
-  if (typeof schema !== "object" || schema === null) return schema;
-  const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(schema)) out[k] = forEngine(v);
-  if (out.type === "number" && BOUNDS.some((k) => typeof out[k] === "number")) {
-    const num = (k: string) => (typeof out[k] === "number" ? (out[k] as number) : undefined);
-    const lo = Math.max(num("minimum") !== undefined ? Math.ceil(num("minimum")!) : -Infinity, num("exclusiveMinimum") !== undefined ? Math.floor(num("exclusiveMinimum")!) + 1 : -Infinity);
-    const hi = Math.min(num("maximum") !== undefined ? Math.floor(num("maximum")!) : Infinity, num("exclusiveMaximum") !== undefined ? Math.ceil(num("exclusiveMaximum")!) - 1 : Infinity);
-    for (const k of BOUNDS) delete out[k];
-    out.type = "integer";
-    if (lo > -Infinity) out.minimum = lo;
-    if (hi < Infinity) out.maximum = hi;
-  }
-  const f = out.format;
-  if (typeof f === "string" && FORMAT_PATTERNS[f] !== undefined && out.pattern === undefined) {
-    delete out.format;
-    out.pattern = FORMAT_PATTERNS[f];
-  }
-  return out;
-}
-
 const TYPES = new Set(["string", "number", "integer", "boolean", "object", "array", "null"]);
 /** Validation keywords the engine leaves unenforced. */
 const REFUSED = new Set([
@@ -112,7 +57,6 @@ export function checkSchema(schema: unknown): string {
     if (o.$ref !== undefined && (typeof o.$ref !== "string" || !(o.$ref === "#" || o.$ref.startsWith("#/")))) {
       throw new SchemaError("$ref", at, "only references within the schema (\"#/...\") are supported");
     }
-    if (Array.isArray(o.allOf) && o.allOf.length > 1) throw new SchemaError("allOf", at, "allOf with more than one schema is not supported");
     for (const k of COUNTS) {
       const v = o[k];
       if (v !== undefined && (typeof v !== "number" || !Number.isInteger(v) || v < 0 || v > SCHEMA_LIMITS.count)) {
@@ -133,7 +77,7 @@ export function checkSchema(schema: unknown): string {
       const m = o[k];
       if (m === undefined) continue;
       if (typeof m !== "object" || m === null || Array.isArray(m)) throw new SchemaError(k, at, `"${k}" must be an object of schemas`);
-      for (const [name, sub] of Object.entries(m)) walk(sub, `${at}/${k}/${name}`, depth + 1);
+      for (const [name, sub] of Object.entries(m)) walk(sub, `${at}/${k}/${name.replace(/~/g, "~0").replace(/\//g, "~1")}`, depth + 1);
     }
     for (const k of ONE_SCHEMA) {
       if (o[k] === undefined) continue;
