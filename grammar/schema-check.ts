@@ -35,6 +35,18 @@ const LIST_OF_SCHEMAS = ["anyOf", "oneOf", "allOf", "prefixItems"];
 
 type Json = Record<string, unknown>;
 
+/** Whether a "#/..." pointer goes only through subschemas the walk below reads (so its target was
+ * checked, and is rewritten for the engine). */
+function readSubschema(ref: string): boolean {
+  const parts = ref.slice(2).split("/").filter((p, i) => i > 0 || p !== "");
+  for (let i = 0; i < parts.length; i++) {
+    const k = parts[i];
+    if (MAP_OF_SCHEMAS.includes(k) || LIST_OF_SCHEMAS.includes(k)) i++;
+    else if (!ONE_SCHEMA.includes(k)) return false;
+  }
+  return true;
+}
+
 /** Throws SchemaError naming the first keyword the engine cannot honour; returns the schema as text. */
 export function checkSchema(schema: unknown): string {
   let seen = 0;
@@ -56,6 +68,9 @@ export function checkSchema(schema: unknown): string {
     }
     if (o.$ref !== undefined && (typeof o.$ref !== "string" || !(o.$ref === "#" || o.$ref.startsWith("#/")))) {
       throw new SchemaError("$ref", at, "only references within the schema (\"#/...\") are supported");
+    }
+    if (typeof o.$ref === "string" && !readSubschema(o.$ref)) {
+      throw new SchemaError("$ref", at, `${JSON.stringify(o.$ref.slice(0, 200))} points into something other than subschemas (properties, items, $defs, ...), which the decoder does not read`);
     }
     for (const k of COUNTS) {
       const v = o[k];

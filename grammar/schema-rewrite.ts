@@ -425,6 +425,12 @@ function objectRule(o: Json, at: string, ctx: Ctx): Json {
     props[name] = s;
   }
   if (Object.keys(props).length > 0) out.properties = props;
+  // With patternProperties the engine drops properties and required: the named properties are kept
+  // and no others allowed (a subset of what the schema allows).
+  if (patterns.length > 0 && Object.keys(props).length > 0) {
+    delete out.patternProperties;
+    out.additionalProperties = false;
+  }
   return out;
 }
 
