@@ -19,11 +19,6 @@ export function withIntegerRanges(ebnf: string): string {
   return ebnf.replace(PLACEHOLDER, (_, lo: string, hi: string) => integerRule(read(lo, -Infinity), read(hi, Infinity)));
 }
 
-export function hasIntegerRanges(ebnf: string): boolean {
-  PLACEHOLDER.lastIndex = 0;
-  return PLACEHOLDER.test(ebnf);
-}
-
 /** The JSON integers from lo to hi as an EBNF expression (no leading zeros, no "-0"). */
 export function integerRule(lo: number, hi: number): string {
   const parts: string[] = [];

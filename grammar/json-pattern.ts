@@ -10,8 +10,10 @@ import { SchemaError } from "./schema-check.js";
 const UNSAFE = '"\\\\\\x00-\\x1f';
 /** "\s" narrowed to a space (the others are control characters or rare). */
 const SPACE = " ";
-/** What "\s" matches beside control characters (the engine reads no "\s" inside a class). */
-const SPACES = " \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff";
+/** "\S": printable ASCII but the space (and quote and backslash). The engine's matcher lets a
+ * character a class excludes through when it comes as byte tokens, so a class that excludes
+ * anything beyond ASCII ("\S" excludes U+00A0 and more) is written as the ASCII it allows. */
+const NOT_SPACE = "[!#-\\[\\]-~]";
 
 /** The pattern rewritten for the engine; throws SchemaError where it cannot be. */
 export function enginePattern(pattern: string, at: string, keyword = "pattern"): string {
@@ -30,6 +32,8 @@ export function enginePattern(pattern: string, at: string, keyword = "pattern"):
       if (end < 0) refuse("has an unclosed character class");
       out += safeClass(pattern.slice(i + 1, end), refuse);
       i = end;
+    } else if (c === "(" && pattern[i + 1] === "?") {
+      refuse("uses a group the constrained decoder does not support (lookaround, named or non-capturing)");
     } else if (c === ".") out += `[^${UNSAFE}]`;
     else if (c === '"') out += '\\\\"';
     else if (c.charCodeAt(0) < 0x20) refuse("contains a control character");
@@ -44,7 +48,7 @@ function escapeOutside(e: string, refuse: (why: string) => never): string {
     case "\\": return "\\\\\\\\";
     case '"': return '\\\\"';
     case "s": return SPACE;
-    case "S": return `[^${SPACES}${UNSAFE}]`;
+    case "S": return NOT_SPACE;
     case "W": return `[^A-Za-z0-9_${UNSAFE}]`;
     case "D": return `[^0-9${UNSAFE}]`;
     case "d": case "w": return `\\${e}`;
@@ -92,7 +96,7 @@ function safeClass(body: string, refuse: (why: string) => never): string {
       const e = chars[k + 1];
       if (e === "d" || e === "w") escapes += `\\${e}`;
       else if (e === "s" && !negated) escapes += SPACE;
-      else if (e === "s" && negated) escapes += SPACES;
+      else if (e === "s" && negated) ranges.push([0x20, 0x20], [0x80, 0x10ffff]); // as above
       else refuse(`uses "\\${e}" in a class, which the constrained decoder does not support`);
       k = next;
       continue;
@@ -107,7 +111,20 @@ function safeClass(body: string, refuse: (why: string) => never): string {
       k = next;
     }
   }
-  if (negated) return `[^${escapes}${ranges.map(rangeText).join("")}${UNSAFE}]`;
+  if (negated && ranges.every(([, hi]) => hi < 0x80)) return `[^${escapes}${ranges.map(rangeText).join("")}${UNSAFE}]`;
+  if (negated) {
+    // Excluding beyond ASCII: the printable ASCII it allows instead (see NOT_SPACE).
+    if (escapes) refuse("uses \\d or \\w in a negated class with characters beyond ASCII, which the constrained decoder does not support");
+    const allowed: [number, number][] = [];
+    for (let c = 0x20; c <= 0x7e; c++) {
+      if (c === 0x22 || c === 0x5c || ranges.some(([lo, hi]) => lo <= c && c <= hi)) continue;
+      const last = allowed[allowed.length - 1];
+      if (last && last[1] === c - 1) last[1] = c;
+      else allowed.push([c, c]);
+    }
+    if (allowed.length === 0) refuse("has a class with no character a JSON string can hold as it is");
+    return `[${allowed.map(rangeText).join("")}]`;
+  }
   // Positive: the ranges without the unsafe characters; a quote or backslash named becomes its escape.
   const safe: [number, number][] = [];
   let quote = false, backslash = false;

@@ -38,10 +38,12 @@ type Json = Record<string, unknown>;
 /** Whether a "#/..." pointer goes only through subschemas the walk below reads (so its target was
  * checked, and is rewritten for the engine). */
 function readSubschema(ref: string): boolean {
+  // The engine resolves neither escapes ("~0", "%22") nor empty names, nor array indices.
+  if (/[~%]/.test(ref) || ref.includes("//") || ref.endsWith("/")) return false;
   const parts = ref.slice(2).split("/").filter((p, i) => i > 0 || p !== "");
   for (let i = 0; i < parts.length; i++) {
     const k = parts[i];
-    if (MAP_OF_SCHEMAS.includes(k) || LIST_OF_SCHEMAS.includes(k)) i++;
+    if (MAP_OF_SCHEMAS.includes(k)) i++;
     else if (!ONE_SCHEMA.includes(k)) return false;
   }
   return true;
@@ -53,7 +55,12 @@ export function checkSchema(schema: unknown): string {
   const walk = (s: unknown, at: string, depth: number): void => {
     if (++seen > SCHEMA_LIMITS.subschemas) throw new SchemaError("schema", at, `has more than ${SCHEMA_LIMITS.subschemas} subschemas`);
     if (depth > SCHEMA_LIMITS.depth) throw new SchemaError("schema", at, `nests deeper than ${SCHEMA_LIMITS.depth} levels`);
-    if (typeof s === "boolean") return;
+    if (s === true) return;
+    // The engine takes false only where it means "nothing more" (no other properties, items).
+    if (s === false) {
+      if (/\/(additionalProperties|items|unevaluatedProperties|unevaluatedItems)$/.test(at)) return;
+      throw new SchemaError("schema", at, "a false schema (one no value matches) is only supported as additionalProperties or items");
+    }
     if (typeof s !== "object" || s === null || Array.isArray(s)) throw new SchemaError("schema", at, "a schema must be an object or a boolean");
     const o = s as Json;
     for (const k of Object.keys(o)) {
@@ -87,11 +94,18 @@ export function checkSchema(schema: unknown): string {
     if (o.required !== undefined && (!Array.isArray(o.required) || !o.required.every((r) => typeof r === "string"))) {
       throw new SchemaError("required", at, "\"required\" must be an array of property names");
     }
+    const oddName = (Array.isArray(o.required) ? (o.required as string[]) : []).find((n) => /["\\\x00-\x1f]/.test(n));
+    if (oddName !== undefined) throw new SchemaError("required", at, `the property name ${JSON.stringify(oddName.slice(0, 80))} (with a quote, backslash or control character) is not supported`);
     if (o.pattern !== undefined && typeof o.pattern !== "string") throw new SchemaError("pattern", at, "\"pattern\" must be a string");
     for (const k of MAP_OF_SCHEMAS) {
       const m = o[k];
       if (m === undefined) continue;
       if (typeof m !== "object" || m === null || Array.isArray(m)) throw new SchemaError(k, at, `"${k}" must be an object of schemas`);
+      // The engine's grammar breaks on names with a quote, a backslash or a control character.
+      if (k === "properties") {
+        const bad = Object.keys(m).find((n) => /["\\\x00-\x1f]/.test(n));
+        if (bad !== undefined) throw new SchemaError(k, at, `the property name ${JSON.stringify(bad.slice(0, 80))} (with a quote, backslash or control character) is not supported`);
+      }
       for (const [name, sub] of Object.entries(m)) walk(sub, `${at}/${k}/${name.replace(/~/g, "~0").replace(/\//g, "~1")}`, depth + 1);
     }
     for (const k of ONE_SCHEMA) {

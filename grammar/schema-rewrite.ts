@@ -149,6 +149,10 @@ function rewriteOwn(o: Json, at: string, ctx: Ctx): Json {
   }
   const kinds = typeof o.type === "string" ? [o.type] : Array.isArray(o.type) ? (o.type as string[]) : [];
   if (kinds.includes("object")) o = objectRule(o, at, ctx);
+  // The engine takes a missing "items" or "additionalProperties" as false (none): with a minimum
+  // count it then refuses the schema, so they are said to be any.
+  if (kinds.includes("array") && (o.minItems as number) > 0 && !has(o, "items") && !has(o, "prefixItems")) o.items = true;
+  if (kinds.includes("object") && (o.minProperties as number) > 0 && !has(o, "additionalProperties") && !has(o, "patternProperties")) o.additionalProperties = true;
   for (const k of ["properties", "$defs", "definitions"]) {
     if (has(o, k)) o[k] = Object.fromEntries(Object.entries(o[k] as Json).map(([n, s]) => [n, rewrite(s, `${at}/${k}/${pointerPart(n)}`, ctx)]));
   }

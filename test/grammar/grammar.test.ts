@@ -4,7 +4,7 @@
 // Keywords the engine does not enforce are refused by name, and hostile schemas cost little.
 import { describe, expect, it } from "vitest";
 import { GrammarSet, SchemaError, checkSchema, closingStart } from "../../dist/grammar/index.js";
-import { tok, walk } from "./walk.js";
+import { takes, tok, walk } from "./walk.js";
 
 describe("schemas the engine cannot honour are refused by keyword", () => {
   it("names the keyword and where it is", () => {
@@ -62,10 +62,32 @@ describe("constrained decoding over the shipped model's vocabulary", () => {
     expect(b.text).toMatch(/^(yes|no|maybe [a-z]+)$/);
 
     await expect(set.constraint({ kind: "grammar", grammar: "root ::= undefined_rule" })).rejects.toThrow(/Rule "undefined_rule" is not defined/);
-    await expect(set.constraint({ kind: "json-schema", schema: { type: "string", pattern: "(?<=a)b" } })).rejects.toThrow(/Lookbehind/);
+    await expect(set.constraint({ kind: "json-schema", schema: { type: "string", pattern: "(?<=a)b" } })).rejects.toThrow(/lookaround/);
+    // The engine aborts on a class ending at U+1680: its thread is replaced, the next request served.
+    await expect(set.constraint({ kind: "grammar", grammar: "root ::= [^a\u167f-\u1680]" })).rejects.toThrow(/the engine failed/);
     // The engine is still usable after refusing.
     const again = await set.constraint({ kind: "json-schema", schema: { enum: ["x"] } });
     expect((await walk(again, 9, 10, 10)).text).toBe('"x"');
     again.dispose();
   });
+
+  it("bounded integers take exactly the whole numbers within the bounds (the engine's own ranges do not)", async () => {
+    const set = await GrammarSet.forTokenizer(tok);
+    const ranges: [number | undefined, number | undefined][] = [[0, 120], [5, undefined], [-5, undefined], [undefined, -5], [15, 300], [-120, -3], [7, 7], [-1, 1], [99, 1001]];
+    for (const [lo, hi] of ranges) {
+      const schema = { type: "integer", ...(lo !== undefined && { minimum: lo }), ...(hi !== undefined && { maximum: hi }) };
+      for (let n = (lo ?? (hi ?? 0) - 150) - 30; n <= (hi ?? (lo ?? 0) + 150) + 30; n++) {
+        const c = await set.constraint({ kind: "json-schema", schema });
+        expect(await takes(c, String(n)), `${n} for ${JSON.stringify(schema)}`).toBe((lo === undefined || n >= lo) && (hi === undefined || n <= hi));
+        c.dispose();
+      }
+      // Nor a bare sign, a leading zero or "-0".
+      for (const text of ["-", "01", "-0", "00"]) {
+        const c = await set.constraint({ kind: "json-schema", schema });
+        expect(await takes(c, text), `${text} for ${JSON.stringify(schema)}`).toBe(false);
+        c.dispose();
+      }
+    }
+    set.close();
+  }, 300_000);
 });

@@ -4,9 +4,9 @@
 // what the masks allow gives text that ajv finds valid, an end token is allowed only where the text
 // so far is a complete valid value, and no instance of the source's tests that ajv finds invalid is
 // taken by the grammar. Each refused one: a SchemaError naming a keyword found at the location it
-// gives (remote $refs refused as "$ref"), or the engine's reason for a grammar it cannot build.
+// gives (remote $refs refused as "$ref"), before the engine sees it.
 import { describe, expect, it } from "vitest";
-import { GrammarError, GrammarSet, SchemaError, closingStart, type GrammarConstraint } from "../../dist/grammar/index.js";
+import { GrammarSet, SchemaError, closingStart, type GrammarConstraint } from "../../dist/grammar/index.js";
 import { dumps, takes, tok, walk } from "./walk.js";
 import { CORPORA, schemaErrors, type CorpusEntry } from "./validate.js";
 
@@ -73,9 +73,8 @@ async function check(set: GrammarSet, entry: CorpusEntry, seed: number, census: 
       }
       census.refusedBy.set(e.keyword, (census.refusedBy.get(e.keyword) ?? 0) + 1);
     } else {
-      expect(e, what).toBeInstanceOf(GrammarError);
-      expect((e as Error).message.length, what).toBeGreaterThan(0);
-      census.refusedBy.set("(engine)", (census.refusedBy.get("(engine)") ?? 0) + 1);
+      // The engine's own refusals name no keyword: none is left in the corpora.
+      throw new Error(`${what}: refused by the engine, not by keyword: ${(e as Error).message}`);
     }
     expect(entry.name.startsWith("refused") || entry.source !== undefined, `${what} was refused: ${(e as Error).message}`).toBe(true);
     return;
@@ -84,7 +83,8 @@ async function check(set: GrammarSet, entry: CorpusEntry, seed: number, census: 
   expect(entry.name.startsWith("refused"), `${what} was expected refused`).toBe(false);
   census.accepted++;
   try {
-    const { text, ended } = await walk(c, seed, closingStart(MAX_STEPS), MAX_STEPS, (sofar, allowsEnd) => {
+    // Closing from the sampler's point for a 600-token reply, with room for schemas that require much.
+    const { text, ended } = await walk(c, seed, closingStart(MAX_STEPS), 4 * MAX_STEPS, (sofar, allowsEnd) => {
       if (allowsEnd) expect(schemaErrors(entry.schema, JSON.parse(sofar)), `${what}: ${sofar.slice(0, 300)}`).toBe("");
     });
     expect(ended, `${what} ${ended ? "ended, but is listed in CLOSER_LOOPS" : "did not end"}: ${text.slice(-300)}`).toBe(!CLOSER_LOOPS.has(entry.name));
