@@ -238,7 +238,7 @@ describe("serve: structured output and tools on the shipped model", () => {
     const cases: [string, unknown, RegExp, RegExp][] = [
       ["not", rf({ not: { type: "string" } }), /"not"/, /^response_format/],
       ["uniqueItems in a tool", { messages: msgs, tools: [{ type: "function", function: { name: "f", parameters: { type: "object", properties: { a: { type: "array", uniqueItems: true } } } } }] }, /uniqueItems/, /^tools\[0\]\.function\.parameters/],
-      ["a regex the engine cannot read", rf({ type: "string", pattern: "(?<=a)b" }), /Lookbehind/, /response_format/],
+      ["a regex the decoder cannot honour", rf({ type: "string", pattern: "(?<=a)b" }), /lookaround/, /response_format/],
       ["deep nesting", deep, /deeper than 32/, /response_format/],
       ["an unknown response_format type", { messages: msgs, response_format: { type: "yaml" } }, /json_schema/, /response_format/],
       ["tool_choice naming no tool", { messages: msgs, tools: TOOLS, tool_choice: { type: "function", function: { name: "nope" } } }, /not in tools/, /tool_choice/],
