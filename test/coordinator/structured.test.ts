@@ -279,14 +279,15 @@ describe("serve with two workers: the head constrains the ring's output", () => 
   });
 });
 
-describe("failover during a constrained streamed request (12 layers of 1024, Q8_0, two workers)", () => {
-  it("a worker killed at the 10th chunk: the JSON goes on and equals the uninterrupted answer", async () => {
+describe("failover during constrained streamed requests (12 layers of 1024, Q8_0, three workers)", () => {
+  it("a worker killed mid-stream, once in a JSON answer and once in a tool call: each goes on and equals the uninterrupted one", async () => {
     const model = await testModel(PLACEMENT_SHAPE, "Q8_0");
-    const s = await startServe(["--ctx", "512", "--min-workers", "2", "--layer-windows", "alpha=4,bravo=4,head=4"], { model, waitReady: false });
+    const s = await startServe(["--ctx", "512", "--min-workers", "3", "--layer-windows", "alpha=3,bravo=3,charlie=3,head=3"], { model, waitReady: false });
     try {
       joinWorker(s.clusterPort, "alpha", model);
       const bravo = joinWorker(s.clusterPort, "bravo", model);
-      await until<{ plan: { ringOrder: string[] } | null }>(`${s.url}/api/state`, (_, b) => (b.plan?.ringOrder.length ?? 0) === 3, 60_000);
+      const charlie = joinWorker(s.clusterPort, "charlie", model);
+      await until<{ plan: { ringOrder: string[] } | null }>(`${s.url}/api/state`, (_, b) => (b.plan?.ringOrder.length ?? 0) === 4, 60_000);
       const body = { messages: ask, temperature: 0, max_tokens: 300, response_format: { type: "json_schema" as const, json_schema: { name: "person", schema: PERSON } } };
       const whole = (await s.client.chat.completions.create(body)).choices[0].message.content ?? "";
       expect(schemaErrors(PERSON, JSON.parse(whole)), whole).toBe("");
@@ -299,8 +300,31 @@ describe("failover during a constrained streamed request (12 layers of 1024, Q8_
       expect(text, s.proc.stderr.slice(-3000)).toBe(whole);
       // The stream went on after the loss (a token came after it: a recovery counted).
       expect(await (await fetch(`${s.url}/metrics`)).text()).toMatch(/prima_recovery_seconds_count [1-9]/);
+
+      // A tool call (this model has no chat template: the generic format), streamed, charlie lost in it.
+      const call = { messages: [{ role: "user" as const, content: "What is the weather in Paris?" }], tools: [WEATHER], tool_choice: "required" as const, temperature: 0, max_tokens: 300 };
+      const first = (await s.client.chat.completions.create(call)).choices[0];
+      expect(first.finish_reason).toBe("tool_calls");
+      const expected = (first.message.tool_calls ?? []).map((c) => (c.type === "function" ? { name: c.function.name, args: c.function.arguments } : undefined));
+      expect(expected.length).toBeGreaterThan(0);
+      const calls: { name?: string; args: string }[] = [];
+      let chunks = 0, finish: string | null = null;
+      for await (const c of await s.client.chat.completions.create({ ...call, stream: true })) {
+        for (const d of c.choices[0]?.delta?.tool_calls ?? []) {
+          const got = (calls[d.index] ??= { args: "" });
+          if (d.function?.name) got.name = d.function.name;
+          got.args += d.function?.arguments ?? "";
+        }
+        finish = c.choices[0]?.finish_reason ?? finish;
+        if (++chunks === 4) charlie.child.kill("SIGKILL");
+      }
+      await s.proc.waitFor(/device w\d "charlie" .*lost/, 5000);
+      expect(finish).toBe("tool_calls");
+      expect(calls, s.proc.stderr.slice(-3000)).toEqual(expected);
+      for (const c of calls) expect(schemaErrors(WEATHER.function.parameters, JSON.parse(c.args)), c.args).toBe("");
+      expect(await (await fetch(`${s.url}/metrics`)).text()).toMatch(/prima_recovery_seconds_count [2-9]/);
     } finally {
       s.proc.child.kill("SIGKILL");
     }
-  }, 180_000);
+  }, 240_000);
 });
