@@ -7,7 +7,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { APIError } from "openai";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
-import { generateObject, generateText, jsonSchema, tool } from "ai";
+import { generateObject, generateText, jsonSchema, streamObject, tool } from "ai";
 import { ChatOpenAI } from "@langchain/openai";
 import { z } from "zod";
 import { killAll } from "../ring/cluster.js";
@@ -163,13 +163,19 @@ describe("serve: structured output and tools on the shipped model", () => {
     expect(third.choices[0].finish_reason).toMatch(/stop|length/);
   });
 
-  it("the Vercel AI SDK: generateObject and tool calls", async () => {
+  it("the Vercel AI SDK: generateObject and streamObject at temperature 0 and 1, and tool calls", async () => {
     const provider = createOpenAICompatible({ name: "prima", baseURL: `${s.url}/v1`, apiKey: "unused", supportsStructuredOutputs: true });
     const model = provider.chatModel("stories260K");
     const Person = z.object({ name: z.string().max(30), age: z.number().int().min(0).max(99), pets: z.array(z.enum(["cat", "dog"])).max(2) });
     for (const temperature of [0, 1]) {
       const { object } = await generateObject({ model, schema: Person, prompt: "A girl and her pets", temperature, seed: 2, maxOutputTokens: MAX, maxRetries: 0 });
       expect(Person.safeParse(object).success).toBe(true);
+      // Streamed: the partial objects come as the JSON grows, the last one whole and valid.
+      const streamed = streamObject({ model, schema: Person, prompt: "A boy and his pets", temperature, seed: 3, maxOutputTokens: MAX, maxRetries: 0 });
+      let partials = 0;
+      for await (const partial of streamed.partialObjectStream) if (partial) partials++;
+      expect(partials).toBeGreaterThan(1);
+      expect(Person.safeParse(await streamed.object).success).toBe(true);
     }
     const r = await generateText({
       model, prompt: "Weather in Rome?", toolChoice: "required", maxOutputTokens: MAX, maxRetries: 0,
@@ -182,13 +188,22 @@ describe("serve: structured output and tools on the shipped model", () => {
     }
   });
 
-  it("LangChain: withStructuredOutput (JSON Schema and function calling) and bindTools", async () => {
+  it("LangChain: withStructuredOutput (JSON Schema and function calling) at temperature 0 and 1, streamed, and bindTools", async () => {
     const llm = new ChatOpenAI({ model: "stories260K", apiKey: "unused", configuration: { baseURL: `${s.url}/v1` }, temperature: 1, maxTokens: MAX, maxRetries: 0 });
     const Answer = z.object({ answer: z.string().max(40), confidence: z.number().min(0).max(1) });
-    for (const method of ["jsonSchema", "functionCalling"] as const) {
-      const out = await llm.withStructuredOutput(Answer, { method }).invoke("Why is the sky blue?");
-      expect(Answer.safeParse(out).success, `${method}: ${JSON.stringify(out)}`).toBe(true);
+    for (const temperature of [0, 1]) {
+      const at = new ChatOpenAI({ model: "stories260K", apiKey: "unused", configuration: { baseURL: `${s.url}/v1` }, temperature, maxTokens: MAX, maxRetries: 0 });
+      for (const method of ["jsonSchema", "functionCalling"] as const) {
+        const out = await at.withStructuredOutput(Answer, { method }).invoke("Why is the sky blue?");
+        expect(Answer.safeParse(out).success, `t=${temperature} ${method}: ${JSON.stringify(out)}`).toBe(true);
+      }
     }
+    // Streamed (the chunks' text joined is the JSON answer).
+    let streamed = "";
+    for await (const chunk of await llm.withConfig({ response_format: { type: "json_schema", json_schema: { name: "answer", schema: { type: "object", properties: { answer: { type: "string", maxLength: 40 } }, required: ["answer"], additionalProperties: false } } } }).stream("Why?")) {
+      streamed += typeof chunk.content === "string" ? chunk.content : "";
+    }
+    expect(JSON.parse(streamed)).toMatchObject({ answer: expect.any(String) });
     const bound = llm.bindTools([WEATHER], { tool_choice: "required" });
     const msg = await bound.invoke("Weather in Oslo?");
     expect(msg.tool_calls?.length).toBeGreaterThan(0);
