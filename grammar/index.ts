@@ -3,5 +3,6 @@
 // the tokens that keep the output valid.
 export { GrammarSet, closingStart, GrammarConstraint, GrammarError, type ConstraintSpec } from "./constraint.js";
 export { checkSchema, SchemaError, SCHEMA_LIMITS, FORMATS } from "./schema-check.js";
-export { forEngine, FORMAT_PATTERNS } from "./schema-rewrite.js";
+export { forEngine } from "./schema-rewrite.js";
+export { FORMAT_PATTERNS } from "./schema-formats.js";
 export { xgrammar } from "./xgrammar.js";

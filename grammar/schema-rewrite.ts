@@ -7,53 +7,12 @@
 // can, the keyword is refused by name (SchemaError), as checkSchema refuses what the engine lacks.
 import { SchemaError } from "./schema-check.js";
 import { enginePattern } from "./json-pattern.js";
+import { FORMAT_PATTERNS } from "./schema-formats.js";
+import { KIND, VALIDATION, has, validationKeys, type Json } from "./schema-keywords.js";
+import { checkDisjoint } from "./schema-oneof.js";
 import { integerPlaceholder } from "./integer-range.js";
 
-/**
- * Formats given to the engine as patterns: its own grammars for these let through what validators
- * (ajv, pydantic) reject (minute 60, February 30, an email domain with no dot, host labels over 63
- * characters, "09" in an address, a raw quote in a JSON pointer, URIs RFC 3986 refuses, a short UUID, "PT1D"). Each pattern is a subset of the
- * format as RFC 3339, RFC 6901 and ajv-formats define it.
- */
-const DATE = "[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))";
-const TIME = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
-const LABEL = "[A-Za-z0-9]([A-Za-z0-9-]{0,40}[A-Za-z0-9])?";
-const OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
-const POINTER = "(/([A-Za-z0-9._-]|~[01])*)*";
-const PATH = "(/[A-Za-z0-9._~-]{0,40}){0,8}";
-export const FORMAT_PATTERNS: Readonly<Record<string, string>> = {
-  date: `^${DATE}$`,
-  time: `^${TIME}$`,
-  "date-time": `^${DATE}T${TIME}$`,
-  email: `^[A-Za-z0-9_+-]+(\\.[A-Za-z0-9_+-]+)*@(${LABEL}\\.){1,3}[A-Za-z]{2,12}$`,
-  hostname: `^${LABEL}(\\.${LABEL}){0,3}$`,
-  ipv4: `^(${OCTET}\\.){3}${OCTET}$`,
-  uri: `^https?://${LABEL}(\\.${LABEL}){0,3}${PATH}$`,
-  "uri-reference": `^(https?://${LABEL}(\\.${LABEL}){0,3})?${PATH}$`,
-  "json-pointer": `^${POINTER}$`,
-  "relative-json-pointer": `^(0|[1-9][0-9]{0,5})(#|${POINTER})$`,
-  uuid: "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
-  ipv6: "^([0-9a-f]{1,4}:){7}[0-9a-f]{1,4}$",
-  duration: "^P([0-9]{1,4}Y)?([0-9]{1,4}M)?[0-9]{1,4}D(T[0-9]{1,2}H([0-9]{1,2}M)?([0-9]{1,2}S)?)?$",
-};
-
-type Json = Record<string, unknown>;
-
 const BOUNDS = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
-/** Keywords that constrain a value (the others are annotations, or hold definitions). */
-const VALIDATION = new Set([
-  "type", "enum", "const", "properties", "patternProperties", "additionalProperties", "required", "items", "prefixItems",
-  "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum",
-  "exclusiveMaximum", "minProperties", "maxProperties", "anyOf", "oneOf", "allOf", "$ref", "unevaluatedProperties", "unevaluatedItems",
-]);
-/** The type a keyword applies to (it is ignored for values of other types). */
-const KIND: Readonly<Record<string, string>> = {
-  minLength: "string", maxLength: "string", pattern: "string", format: "string",
-  minimum: "number", maximum: "number", exclusiveMinimum: "number", exclusiveMaximum: "number",
-  properties: "object", patternProperties: "object", additionalProperties: "object", required: "object",
-  minProperties: "object", maxProperties: "object", unevaluatedProperties: "object",
-  items: "array", prefixItems: "array", minItems: "array", maxItems: "array", unevaluatedItems: "array",
-};
 /** Bounds past this lose whole numbers to floating point (and the engine's ranges go wrong). */
 const SAFE = 2 ** 53;
 /** Characters a JSON string holds as they are: the class for strings with only a length. */
@@ -66,8 +25,6 @@ interface Ctx {
 }
 
 const pointerPart = (k: string) => k.replace(/~/g, "~0").replace(/\//g, "~1");
-const has = (o: Json, k: string) => o[k] !== undefined;
-const validationKeys = (o: Json) => Object.keys(o).filter((k) => VALIDATION.has(k) && o[k] !== undefined);
 
 /**
  * The schema as the engine is given it (a schema checkSchema accepted), or a SchemaError naming the
@@ -132,7 +89,7 @@ function combine(o: Json, at: string, ctx: Ctx): Json {
 }
 
 function rewriteOwn(o: Json, at: string, ctx: Ctx): Json {
-  if (has(o, "oneOf")) checkDisjoint(o.oneOf as unknown[], at, ctx);
+  if (has(o, "oneOf")) checkDisjoint(o.oneOf as unknown[], at, ctx.root);
   if (has(o, "const") || has(o, "enum")) o = valuesOnly(o, at);
   if (o.type === undefined && !["$ref", "enum", "const", "anyOf", "oneOf"].some((k) => has(o, k))) {
     const kinds = [...new Set(Object.keys(o).map((k) => KIND[k]).filter((k) => k !== undefined))];
@@ -305,83 +262,6 @@ function hasType(v: unknown, t: string): boolean {
     case "object": return typeof v === "object" && v !== null && !Array.isArray(v);
   }
   return false;
-}
-
-/** The schema a $ref-only schema stands for (followed a few times), else the schema. */
-function target(s: unknown, ctx: Ctx): unknown {
-  for (let i = 0; i < 8 && typeof s === "object" && s !== null && typeof (s as Json).$ref === "string" && validationKeys(s as Json).length === 1; i++) {
-    let t: unknown = ctx.root;
-    for (const part of ((s as Json).$ref as string).slice(2).split("/").filter((p, k) => k > 0 || p !== "")) t = typeof t === "object" && t !== null ? (t as Json)[part] : undefined;
-    s = t;
-  }
-  return s;
-}
-
-/** The values a schema allows, when it lists them (const or enum), as JSON text. */
-function valuesOf(s: unknown): string[] | undefined {
-  if (typeof s !== "object" || s === null) return undefined;
-  const o = s as Json;
-  if (has(o, "const")) return [JSON.stringify(o.const)];
-  return Array.isArray(o.enum) ? (o.enum as unknown[]).map((v) => JSON.stringify(v)) : undefined;
-}
-
-/** The JSON types a schema allows, when plain to see (undefined: any, or not known). */
-function typesOf(s: unknown, ctx: Ctx, depth = 0): Set<string> | undefined {
-  s = target(s, ctx);
-  if (typeof s !== "object" || s === null || depth > 8) return undefined;
-  const o = s as Json;
-  if (has(o, "const") || has(o, "enum")) {
-    const values = has(o, "const") ? [o.const] : (o.enum as unknown[]);
-    return new Set(values.map((v) => (v === null ? "null" : Array.isArray(v) ? "array" : typeof v === "number" ? (Number.isInteger(v) ? "integer" : "number") : typeof v)));
-  }
-  if (typeof o.type === "string") return new Set([o.type]);
-  if (Array.isArray(o.type)) return new Set(o.type as string[]);
-  const union = (has(o, "anyOf") ? o.anyOf : o.oneOf) as unknown[] | undefined;
-  if (Array.isArray(union)) {
-    const sets = union.map((b) => typesOf(b, ctx, depth + 1));
-    return sets.every((x) => x !== undefined) ? new Set(sets.flatMap((x) => [...x!])) : undefined;
-  }
-  return undefined;
-}
-
-/** oneOf wants exactly one branch to match; the engine writes any. Accepted when no value can match
- * two branches: their types differ, or they are objects told apart by a required property's values. */
-function checkDisjoint(branches: unknown[], at: string, ctx: Ctx): void {
-  const refuse = (): never => {
-    throw new SchemaError("oneOf", at, "\"oneOf\" whose branches may overlap is not supported (the decoder cannot keep a value from matching two); use anyOf");
-  };
-  const sets = branches.map((b) => typesOf(b, ctx));
-  const overlap = (x: Set<string>, y: Set<string>) =>
-    [...x].some((t) => y.has(t) || (t === "integer" && y.has("number")) || (t === "number" && y.has("integer")));
-  // Branches that list their values, no value in two.
-  const values = branches.map((b) => valuesOf(target(b, ctx)));
-  if (values.every((v) => v !== undefined) && new Set(values.flat()).size === values.flat().length) return;
-  let disjoint = sets.every((s) => s !== undefined);
-  for (let i = 0; disjoint && i < sets.length; i++) for (let j = i + 1; disjoint && j < sets.length; j++) if (overlap(sets[i]!, sets[j]!)) disjoint = false;
-  if (disjoint) return;
-  // Objects with a discriminator: a property every branch requires, with values no two share.
-  const objects = branches.map((b) => target(b, ctx)).map((b) => (typeof b === "object" && b !== null ? (b as Json) : undefined));
-  if (objects.some((o) => o === undefined || o.type !== "object")) refuse();
-  const first = (objects[0]!.required as string[] | undefined) ?? [];
-  for (const p of first) {
-    const seen = new Set<string>();
-    let ok = true;
-    for (const o of objects) {
-      const prop = target((o!.properties as Json | undefined)?.[p], ctx) as Json | undefined;
-      const values = prop && has(prop, "const") ? [prop.const] : prop && Array.isArray(prop.enum) ? (prop.enum as unknown[]) : undefined;
-      if (!((o!.required as string[] | undefined) ?? []).includes(p) || !values) {
-        ok = false;
-        break;
-      }
-      for (const v of values) {
-        const key = JSON.stringify(v);
-        if (seen.has(key)) ok = false;
-        seen.add(key);
-      }
-    }
-    if (ok) return;
-  }
-  refuse();
 }
 
 function wholeNumbers(o: Json, at: string): Json {
