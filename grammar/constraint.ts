@@ -5,7 +5,8 @@
 // allowed; the end-of-generation tokens are allowed only where the value is complete.
 import type { TokenConstraint } from "../engine/index.js";
 import { TokenAttr, type Tokenizer } from "../model/index.js";
-import { checkSchema, forEngine } from "./schema-check.js";
+import { checkSchema } from "./schema-check.js";
+import { forEngine } from "./schema-rewrite.js";
 import { EngineRefusal, EngineThread, type StepAnswer } from "./engine-thread.js";
 import type { EngineRequest, EngineSpec } from "./engine-worker.js";
 
@@ -139,18 +140,31 @@ export class GrammarSet {
    * honour, GrammarError for one the engine refuses. */
   async compile(spec: ConstraintSpec): Promise<void> {
     const { key, engineSpec } = this.prepare(spec);
-    const t = await this.engine();
-    await t.call({ op: "compile", key, spec: engineSpec }, `compiling the ${spec.kind}`, this.waitMs).catch(refused);
+    await this.onLiveThread((t) => t.call({ op: "compile", key, spec: engineSpec }, `compiling the ${spec.kind}`, this.waitMs));
+  }
+
+  /** Runs f on the engine's thread; once more on a fresh thread if that one exited under it (it
+   * does after the engine aborts on another request). A refusal is a GrammarError. */
+  private async onLiveThread<T>(f: (t: EngineThread) => Promise<T>): Promise<T> {
+    for (let attempt = 0; ; attempt++) {
+      const t = await this.engine();
+      try {
+        return await f(t);
+      } catch (e) {
+        if (e instanceof EngineRefusal || !/exited/.test(t.failure?.message ?? "") || attempt > 0) refused(e);
+      }
+    }
   }
 
   /** A fresh matcher for one generation (its grammar compiled first if it is not cached). */
   async constraint(spec: ConstraintSpec): Promise<GrammarConstraint> {
     const { key, engineSpec } = this.prepare(spec);
-    const t = await this.engine();
-    const mid = this.nextMatcher++;
     const mask = new SharedArrayBuffer(Math.ceil(this.vocabSize / 32) * 4);
-    const first = await t.call({ op: "start", key, spec: engineSpec, mid, json: spec.kind !== "grammar", mask }, `compiling the ${spec.kind}`, this.waitMs).catch(refused);
-    return new GrammarConstraint(t, mid, new Int32Array(mask), this.vocabSize, this.vocab, first, () => this.waitMs);
+    return this.onLiveThread(async (t) => {
+      const mid = this.nextMatcher++;
+      const first = await t.call({ op: "start", key, spec: engineSpec, mid, json: spec.kind !== "grammar", mask }, `compiling the ${spec.kind}`, this.waitMs);
+      return new GrammarConstraint(t, mid, new Int32Array(mask), this.vocabSize, this.vocab, first, () => this.waitMs);
+    });
   }
 }
 

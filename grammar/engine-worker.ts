@@ -2,8 +2,9 @@
 // last MAX_CACHED) and each generation's matcher. It runs here, not on the main thread, because a
 // compile takes seconds on a large vocabulary and would stop the event loop (streams, /health, the
 // control plane's heartbeats) for that long. Requests are served one at a time, in order.
+import { withIntegerRanges } from "./integer-range.js";
 import { parentPort } from "node:worker_threads";
-import { engineCall, xgrammar, type XGrammar } from "./xgrammar.js";
+import { EngineFailure, engineCall, xgrammar, type XGrammar } from "./xgrammar.js";
 import type * as XG from "@mlc-ai/web-xgrammar";
 
 /** What the engine compiles: the main thread has checked the schemas and made them the engine's own. */
@@ -37,6 +38,8 @@ const JSON_LAYOUT = { anyWhitespace: false, indent: -1, separators: [", ", ": "]
 const MAX_CACHED = 64;
 
 class Refused extends Error {}
+/** The engine aborted: this thread ends once it has answered. */
+let moduleBroken = false;
 
 /** Continuation bytes a lead byte wants (-1: a byte that cannot start a sequence). */
 function wants(b: number): number {
@@ -143,7 +146,7 @@ async function withLayout(xg: XGrammar, tag: unknown): Promise<unknown> {
   if (o.type === "json_schema" && typeof o.json_schema === "string") {
     const L = JSON_LAYOUT, schema = o.json_schema;
     const grammar = await engineCall("the schema", () => xg.Testings._jsonSchemaToEBNF(schema, L.anyWhitespace, L.indent, L.separators, true));
-    return { type: "grammar", grammar };
+    return { type: "grammar", grammar: withIntegerRanges(grammar) };
   }
   const out: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(o)) out[k] = await withLayout(xg, v);
@@ -164,9 +167,14 @@ async function compile(key: string, spec: EngineSpec): Promise<XG.CompiledGramma
       case "json-object":
         g = await engineCall("JSON", () => c.compileJSONSchema('{"type":"object"}', L.anyWhitespace, L.indent, L.separators, false));
         break;
-      case "json-schema":
-        g = await engineCall("the schema", () => c.compileJSONSchema(spec.schema, L.anyWhitespace, L.indent, L.separators, true));
+      case "json-schema": {
+        // The schema as grammar text, compiled as such: bounded integers come as placeholders whose
+        // rules go in here. (compileJSONSchema lets a space through "[^ a]" where the same grammar
+        // text compiled holds.)
+        const ebnf = await engineCall("the schema", () => v.xg.Testings._jsonSchemaToEBNF(spec.schema, L.anyWhitespace, L.indent, L.separators, true));
+        g = await engineCall("the schema", () => c.compileGrammar(withIntegerRanges(ebnf), "root"));
         break;
+      }
       case "grammar":
         g = await engineCall("the grammar", () => c.compileGrammar(spec.grammar, "root"));
         break;
@@ -177,6 +185,7 @@ async function compile(key: string, spec: EngineSpec): Promise<XG.CompiledGramma
       }
     }
   } catch (e) {
+    if (e instanceof EngineFailure && e.broken) moduleBroken = true;
     throw new Refused((e as Error).message);
   }
   cache.set(key, g);
@@ -249,8 +258,12 @@ port.on("message", ({ id, req }: EngineMessage) => {
     try {
       reply = { id, ok: true, ...(await serve(req)) };
     } catch (e) {
+      if (e instanceof EngineFailure && e.broken) moduleBroken = true;
       reply = { id, ok: false, error: (e as Error).message ?? String(e), grammar: e instanceof Refused };
     }
     if (id !== 0) port.postMessage(reply);
+    // A module that aborted is not used again: the thread ends (its generations fail, saying so) and
+    // the next request starts a fresh one.
+    if (moduleBroken) process.exit(1);
   });
 });

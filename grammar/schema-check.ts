@@ -20,61 +20,6 @@ export const FORMATS = new Set([
   "json-pointer", "relative-json-pointer", "uuid",
 ]);
 
-/**
- * Formats given to the engine as patterns: its own grammars for these let through what validators
- * (ajv, pydantic) reject (minute 60, February 30, an email domain with no dot, host labels over 63
- * characters, "09" in an address, a raw quote in a JSON pointer, URIs RFC 3986 refuses). Each pattern is a subset of the
- * format as RFC 3339, RFC 6901 and ajv-formats define it.
- */
-const DATE = "[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))";
-const TIME = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
-const LABEL = "[A-Za-z0-9]([A-Za-z0-9-]{0,40}[A-Za-z0-9])?";
-const OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
-const POINTER = "(/([A-Za-z0-9._-]|~[01])*)*";
-const PATH = "(/[A-Za-z0-9._~-]{0,40}){0,8}";
-export const FORMAT_PATTERNS: Readonly<Record<string, string>> = {
-  date: `^${DATE}$`,
-  time: `^${TIME}$`,
-  "date-time": `^${DATE}T${TIME}$`,
-  email: `^[A-Za-z0-9_+-]+(\\.[A-Za-z0-9_+-]+)*@(${LABEL}\\.){1,3}[A-Za-z]{2,12}$`,
-  hostname: `^${LABEL}(\\.${LABEL}){0,3}$`,
-  ipv4: `^(${OCTET}\\.){3}${OCTET}$`,
-  uri: `^https?://${LABEL}(\\.${LABEL}){0,3}${PATH}$`,
-  "uri-reference": `^(https?://${LABEL}(\\.${LABEL}){0,3})?${PATH}$`,
-  "json-pointer": `^${POINTER}$`,
-  "relative-json-pointer": `^(0|[1-9][0-9]{0,5})(#|${POINTER})$`,
-};
-
-const BOUNDS = ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"];
-
-/**
- * The schema as the engine is given it (a schema checkSchema accepted): FORMAT_PATTERNS in place of
- * those formats, and a number with bounds written as a whole number within them, since the engine's
- * decimal ranges let values past the bounds through (1.2 for a maximum of 1) while its integer
- * ranges hold. A subset of the values the schema allows, so the output stays valid.
- */
-export function forEngine(schema: unknown): unknown {
-  if (Array.isArray(schema)) return schema.map(forEngine);
-  if (typeof schema !== "object" || schema === null) return schema;
-  const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(schema)) out[k] = forEngine(v);
-  if (out.type === "number" && BOUNDS.some((k) => typeof out[k] === "number")) {
-    const num = (k: string) => (typeof out[k] === "number" ? (out[k] as number) : undefined);
-    const lo = Math.max(num("minimum") !== undefined ? Math.ceil(num("minimum")!) : -Infinity, num("exclusiveMinimum") !== undefined ? Math.floor(num("exclusiveMinimum")!) + 1 : -Infinity);
-    const hi = Math.min(num("maximum") !== undefined ? Math.floor(num("maximum")!) : Infinity, num("exclusiveMaximum") !== undefined ? Math.ceil(num("exclusiveMaximum")!) - 1 : Infinity);
-    for (const k of BOUNDS) delete out[k];
-    out.type = "integer";
-    if (lo > -Infinity) out.minimum = lo;
-    if (hi < Infinity) out.maximum = hi;
-  }
-  const f = out.format;
-  if (typeof f === "string" && FORMAT_PATTERNS[f] !== undefined && out.pattern === undefined) {
-    delete out.format;
-    out.pattern = FORMAT_PATTERNS[f];
-  }
-  return out;
-}
-
 const TYPES = new Set(["string", "number", "integer", "boolean", "object", "array", "null"]);
 /** Validation keywords the engine leaves unenforced. */
 const REFUSED = new Set([
@@ -90,13 +35,32 @@ const LIST_OF_SCHEMAS = ["anyOf", "oneOf", "allOf", "prefixItems"];
 
 type Json = Record<string, unknown>;
 
+/** Whether a "#/..." pointer goes only through subschemas the walk below reads (so its target was
+ * checked, and is rewritten for the engine). */
+function readSubschema(ref: string): boolean {
+  // The engine resolves neither escapes ("~0", "%22") nor empty names, nor array indices.
+  if (/[~%]/.test(ref) || ref.includes("//") || ref.endsWith("/")) return false;
+  const parts = ref.slice(2).split("/").filter((p, i) => i > 0 || p !== "");
+  for (let i = 0; i < parts.length; i++) {
+    const k = parts[i];
+    if (MAP_OF_SCHEMAS.includes(k)) i++;
+    else if (!ONE_SCHEMA.includes(k)) return false;
+  }
+  return true;
+}
+
 /** Throws SchemaError naming the first keyword the engine cannot honour; returns the schema as text. */
 export function checkSchema(schema: unknown): string {
   let seen = 0;
   const walk = (s: unknown, at: string, depth: number): void => {
     if (++seen > SCHEMA_LIMITS.subschemas) throw new SchemaError("schema", at, `has more than ${SCHEMA_LIMITS.subschemas} subschemas`);
     if (depth > SCHEMA_LIMITS.depth) throw new SchemaError("schema", at, `nests deeper than ${SCHEMA_LIMITS.depth} levels`);
-    if (typeof s === "boolean") return;
+    if (s === true) return;
+    // The engine takes false only where it means "nothing more" (no other properties, items).
+    if (s === false) {
+      if (/\/(additionalProperties|items|unevaluatedProperties|unevaluatedItems)$/.test(at)) return;
+      throw new SchemaError("schema", at, "a false schema (one no value matches) is only supported as additionalProperties or items");
+    }
     if (typeof s !== "object" || s === null || Array.isArray(s)) throw new SchemaError("schema", at, "a schema must be an object or a boolean");
     const o = s as Json;
     for (const k of Object.keys(o)) {
@@ -112,7 +76,9 @@ export function checkSchema(schema: unknown): string {
     if (o.$ref !== undefined && (typeof o.$ref !== "string" || !(o.$ref === "#" || o.$ref.startsWith("#/")))) {
       throw new SchemaError("$ref", at, "only references within the schema (\"#/...\") are supported");
     }
-    if (Array.isArray(o.allOf) && o.allOf.length > 1) throw new SchemaError("allOf", at, "allOf with more than one schema is not supported");
+    if (typeof o.$ref === "string" && !readSubschema(o.$ref)) {
+      throw new SchemaError("$ref", at, `${JSON.stringify(o.$ref.slice(0, 200))} points into something other than subschemas (properties, items, $defs, ...), which the decoder does not read`);
+    }
     for (const k of COUNTS) {
       const v = o[k];
       if (v !== undefined && (typeof v !== "number" || !Number.isInteger(v) || v < 0 || v > SCHEMA_LIMITS.count)) {
@@ -128,12 +94,19 @@ export function checkSchema(schema: unknown): string {
     if (o.required !== undefined && (!Array.isArray(o.required) || !o.required.every((r) => typeof r === "string"))) {
       throw new SchemaError("required", at, "\"required\" must be an array of property names");
     }
+    const oddName = (Array.isArray(o.required) ? (o.required as string[]) : []).find((n) => /["\\\x00-\x1f]/.test(n));
+    if (oddName !== undefined) throw new SchemaError("required", at, `the property name ${JSON.stringify(oddName.slice(0, 80))} (with a quote, backslash or control character) is not supported`);
     if (o.pattern !== undefined && typeof o.pattern !== "string") throw new SchemaError("pattern", at, "\"pattern\" must be a string");
     for (const k of MAP_OF_SCHEMAS) {
       const m = o[k];
       if (m === undefined) continue;
       if (typeof m !== "object" || m === null || Array.isArray(m)) throw new SchemaError(k, at, `"${k}" must be an object of schemas`);
-      for (const [name, sub] of Object.entries(m)) walk(sub, `${at}/${k}/${name}`, depth + 1);
+      // The engine's grammar breaks on names with a quote, a backslash or a control character.
+      if (k === "properties") {
+        const bad = Object.keys(m).find((n) => /["\\\x00-\x1f]/.test(n));
+        if (bad !== undefined) throw new SchemaError(k, at, `the property name ${JSON.stringify(bad.slice(0, 80))} (with a quote, backslash or control character) is not supported`);
+      }
+      for (const [name, sub] of Object.entries(m)) walk(sub, `${at}/${k}/${name.replace(/~/g, "~0").replace(/\//g, "~1")}`, depth + 1);
     }
     for (const k of ONE_SCHEMA) {
       if (o[k] === undefined) continue;

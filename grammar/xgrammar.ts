@@ -51,7 +51,16 @@ export function xgrammar(): Promise<XGrammar> {
   return loaded;
 }
 
-/** Runs an engine call; its failure becomes an Error with the engine's own reason. */
+/** An engine call's failure, with the engine's own reason. `broken`: the module aborted (or threw
+ * a C++ exception it had no message for) and its memory can no longer be trusted: later calls fail
+ * with "memory access out of bounds", or worse, answer wrongly. */
+export class EngineFailure extends Error {
+  constructor(message: string, readonly broken: boolean) {
+    super(message);
+  }
+}
+
+/** Runs an engine call; its failure becomes an EngineFailure. */
 export async function engineCall<T>(what: string, f: () => Promise<T> | T): Promise<T> {
   messages.length = 0;
   try {
@@ -59,7 +68,9 @@ export async function engineCall<T>(what: string, f: () => Promise<T> | T): Prom
   } catch (e) {
     const fatal = messages.find((l) => l.startsWith("[FATAL]"));
     // "[FATAL] /path/to/x.cc:75: Regex parsing error ..." -> "Regex parsing error ..."
-    const why = fatal ? fatal.replace(/^\[FATAL\]\s*\S+?\.cc:\d+:\s*/, "") : (e as Error).message ?? String(e);
-    throw new Error(`${what}: ${why.slice(0, 500)}`);
+    const raw = e instanceof Error ? e.message : String(e);
+    const broken = !fatal && (e instanceof WebAssembly.RuntimeError || !(e instanceof Error) || /^Aborted\(/.test(raw));
+    const why = fatal ? fatal.replace(/^\[FATAL\]\s*\S+?\.cc:\d+:\s*/, "") : broken ? `the engine failed (${raw.slice(0, 100)})` : raw;
+    throw new EngineFailure(`${what}: ${why.slice(0, 500)}`, broken);
   }
 }

@@ -7,7 +7,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { APIError } from "openai";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
-import { generateObject, generateText, jsonSchema, tool } from "ai";
+import { generateObject, generateText, jsonSchema, streamObject, tool } from "ai";
 import { ChatOpenAI } from "@langchain/openai";
 import { z } from "zod";
 import { killAll } from "../ring/cluster.js";
@@ -163,13 +163,19 @@ describe("serve: structured output and tools on the shipped model", () => {
     expect(third.choices[0].finish_reason).toMatch(/stop|length/);
   });
 
-  it("the Vercel AI SDK: generateObject and tool calls", async () => {
+  it("the Vercel AI SDK: generateObject and streamObject at temperature 0 and 1, and tool calls", async () => {
     const provider = createOpenAICompatible({ name: "prima", baseURL: `${s.url}/v1`, apiKey: "unused", supportsStructuredOutputs: true });
     const model = provider.chatModel("stories260K");
     const Person = z.object({ name: z.string().max(30), age: z.number().int().min(0).max(99), pets: z.array(z.enum(["cat", "dog"])).max(2) });
     for (const temperature of [0, 1]) {
       const { object } = await generateObject({ model, schema: Person, prompt: "A girl and her pets", temperature, seed: 2, maxOutputTokens: MAX, maxRetries: 0 });
       expect(Person.safeParse(object).success).toBe(true);
+      // Streamed: the partial objects come as the JSON grows, the last one whole and valid.
+      const streamed = streamObject({ model, schema: Person, prompt: "A boy and his pets", temperature, seed: 3, maxOutputTokens: MAX, maxRetries: 0 });
+      let partials = 0;
+      for await (const partial of streamed.partialObjectStream) if (partial) partials++;
+      expect(partials).toBeGreaterThan(1);
+      expect(Person.safeParse(await streamed.object).success).toBe(true);
     }
     const r = await generateText({
       model, prompt: "Weather in Rome?", toolChoice: "required", maxOutputTokens: MAX, maxRetries: 0,
@@ -182,13 +188,22 @@ describe("serve: structured output and tools on the shipped model", () => {
     }
   });
 
-  it("LangChain: withStructuredOutput (JSON Schema and function calling) and bindTools", async () => {
+  it("LangChain: withStructuredOutput (JSON Schema and function calling) at temperature 0 and 1, streamed, and bindTools", async () => {
     const llm = new ChatOpenAI({ model: "stories260K", apiKey: "unused", configuration: { baseURL: `${s.url}/v1` }, temperature: 1, maxTokens: MAX, maxRetries: 0 });
     const Answer = z.object({ answer: z.string().max(40), confidence: z.number().min(0).max(1) });
-    for (const method of ["jsonSchema", "functionCalling"] as const) {
-      const out = await llm.withStructuredOutput(Answer, { method }).invoke("Why is the sky blue?");
-      expect(Answer.safeParse(out).success, `${method}: ${JSON.stringify(out)}`).toBe(true);
+    for (const temperature of [0, 1]) {
+      const at = new ChatOpenAI({ model: "stories260K", apiKey: "unused", configuration: { baseURL: `${s.url}/v1` }, temperature, maxTokens: MAX, maxRetries: 0 });
+      for (const method of ["jsonSchema", "functionCalling"] as const) {
+        const out = await at.withStructuredOutput(Answer, { method }).invoke("Why is the sky blue?");
+        expect(Answer.safeParse(out).success, `t=${temperature} ${method}: ${JSON.stringify(out)}`).toBe(true);
+      }
     }
+    // Streamed (the chunks' text joined is the JSON answer).
+    let streamed = "";
+    for await (const chunk of await llm.withConfig({ response_format: { type: "json_schema", json_schema: { name: "answer", schema: { type: "object", properties: { answer: { type: "string", maxLength: 40 } }, required: ["answer"], additionalProperties: false } } } }).stream("Why?")) {
+      streamed += typeof chunk.content === "string" ? chunk.content : "";
+    }
+    expect(JSON.parse(streamed)).toMatchObject({ answer: expect.any(String) });
     const bound = llm.bindTools([WEATHER], { tool_choice: "required" });
     const msg = await bound.invoke("Weather in Oslo?");
     expect(msg.tool_calls?.length).toBeGreaterThan(0);
@@ -238,7 +253,7 @@ describe("serve: structured output and tools on the shipped model", () => {
     const cases: [string, unknown, RegExp, RegExp][] = [
       ["not", rf({ not: { type: "string" } }), /"not"/, /^response_format/],
       ["uniqueItems in a tool", { messages: msgs, tools: [{ type: "function", function: { name: "f", parameters: { type: "object", properties: { a: { type: "array", uniqueItems: true } } } } }] }, /uniqueItems/, /^tools\[0\]\.function\.parameters/],
-      ["a regex the engine cannot read", rf({ type: "string", pattern: "(?<=a)b" }), /Lookbehind/, /response_format/],
+      ["a regex the decoder cannot honour", rf({ type: "string", pattern: "(?<=a)b" }), /lookaround/, /response_format/],
       ["deep nesting", deep, /deeper than 32/, /response_format/],
       ["an unknown response_format type", { messages: msgs, response_format: { type: "yaml" } }, /json_schema/, /response_format/],
       ["tool_choice naming no tool", { messages: msgs, tools: TOOLS, tool_choice: { type: "function", function: { name: "nope" } } }, /not in tools/, /tool_choice/],
@@ -279,14 +294,15 @@ describe("serve with two workers: the head constrains the ring's output", () => 
   });
 });
 
-describe("failover during a constrained streamed request (12 layers of 1024, Q8_0, two workers)", () => {
-  it("a worker killed at the 10th chunk: the JSON goes on and equals the uninterrupted answer", async () => {
+describe("failover during constrained streamed requests (12 layers of 1024, Q8_0, three workers)", () => {
+  it("a worker killed mid-stream, once in a JSON answer and once in a tool call: each goes on and equals the uninterrupted one", async () => {
     const model = await testModel(PLACEMENT_SHAPE, "Q8_0");
-    const s = await startServe(["--ctx", "512", "--min-workers", "2", "--layer-windows", "alpha=4,bravo=4,head=4"], { model, waitReady: false });
+    const s = await startServe(["--ctx", "512", "--min-workers", "3", "--layer-windows", "alpha=3,bravo=3,charlie=3,head=3"], { model, waitReady: false });
     try {
       joinWorker(s.clusterPort, "alpha", model);
       const bravo = joinWorker(s.clusterPort, "bravo", model);
-      await until<{ plan: { ringOrder: string[] } | null }>(`${s.url}/api/state`, (_, b) => (b.plan?.ringOrder.length ?? 0) === 3, 60_000);
+      const charlie = joinWorker(s.clusterPort, "charlie", model);
+      await until<{ plan: { ringOrder: string[] } | null }>(`${s.url}/api/state`, (_, b) => (b.plan?.ringOrder.length ?? 0) === 4, 60_000);
       const body = { messages: ask, temperature: 0, max_tokens: 300, response_format: { type: "json_schema" as const, json_schema: { name: "person", schema: PERSON } } };
       const whole = (await s.client.chat.completions.create(body)).choices[0].message.content ?? "";
       expect(schemaErrors(PERSON, JSON.parse(whole)), whole).toBe("");
@@ -299,8 +315,31 @@ describe("failover during a constrained streamed request (12 layers of 1024, Q8_
       expect(text, s.proc.stderr.slice(-3000)).toBe(whole);
       // The stream went on after the loss (a token came after it: a recovery counted).
       expect(await (await fetch(`${s.url}/metrics`)).text()).toMatch(/prima_recovery_seconds_count [1-9]/);
+
+      // A tool call (this model has no chat template: the generic format), streamed, charlie lost in it.
+      const call = { messages: [{ role: "user" as const, content: "What is the weather in Paris?" }], tools: [WEATHER], tool_choice: "required" as const, temperature: 0, max_tokens: 300 };
+      const first = (await s.client.chat.completions.create(call)).choices[0];
+      expect(first.finish_reason).toBe("tool_calls");
+      const expected = (first.message.tool_calls ?? []).map((c) => (c.type === "function" ? { name: c.function.name, args: c.function.arguments } : undefined));
+      expect(expected.length).toBeGreaterThan(0);
+      const calls: { name?: string; args: string }[] = [];
+      let chunks = 0, finish: string | null = null;
+      for await (const c of await s.client.chat.completions.create({ ...call, stream: true })) {
+        for (const d of c.choices[0]?.delta?.tool_calls ?? []) {
+          const got = (calls[d.index] ??= { args: "" });
+          if (d.function?.name) got.name = d.function.name;
+          got.args += d.function?.arguments ?? "";
+        }
+        finish = c.choices[0]?.finish_reason ?? finish;
+        if (++chunks === 4) charlie.child.kill("SIGKILL");
+      }
+      await s.proc.waitFor(/device w\d "charlie" .*lost/, 5000);
+      expect(finish).toBe("tool_calls");
+      expect(calls, s.proc.stderr.slice(-3000)).toEqual(expected);
+      for (const c of calls) expect(schemaErrors(WEATHER.function.parameters, JSON.parse(c.args)), c.args).toBe("");
+      expect(await (await fetch(`${s.url}/metrics`)).text()).toMatch(/prima_recovery_seconds_count [2-9]/);
     } finally {
       s.proc.child.kill("SIGKILL");
     }
-  }, 180_000);
+  }, 240_000);
 });
