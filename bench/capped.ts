@@ -315,9 +315,9 @@ async function streamingNeighbour(model: string, reps: number): Promise<string> 
 
 /** Layer bytes of the model (all layers), b and b' at CTX: from the model's own profile. */
 async function modelWeightBytes(path: string): Promise<{ layers: number; layerBytes: number; layerBytesWithKv: number }> {
-  const { describeModel, modelProfile, readGguf } = await import("../model/index.js");
+  const { describeModel, kvBytesPerLayer, modelProfile, readGguf } = await import("../model/index.js");
   const mp = modelProfile(describeModel(readGguf(path)), { nCtx: CTX });
-  return { layers: mp.layerBytes * mp.nLayers, layerBytes: mp.layerBytes, layerBytesWithKv: mp.layerBytes + mp.kvBytesPerTokenLayer * CTX };
+  return { layers: mp.layerBytes * mp.nLayers, layerBytes: mp.layerBytes, layerBytesWithKv: mp.layerBytes + kvBytesPerLayer(mp) };
 }
 
 // ---- one window larger than its memory -----------------------------------------------------------

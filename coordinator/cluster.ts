@@ -507,9 +507,8 @@ export class Cluster extends EventEmitter {
         pipeline.close();
         throw e;
       }
-      const hp = this.o.model.desc.hparams;
-      // K and V in F16 for every layer and position of every slot (native prima_window_create)
-      const kvBytes = 2 * 2 * hp.nLayers * hp.nHeadKv * hp.headDimK * this.o.ctx * this.parallel;
+      // K and V in F16 for every layer of every slot, as the windows hold them (sliding-window layers a ring)
+      const kvBytes = slots.windows.reduce((a, w) => a + w.info().kvBytes, 0);
       const anonBytes = slots.windows.reduce((a, w) => a + w.info().anonBytes, 0);
       const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
       this.o.log(`--parallel ${this.parallel}: ${this.parallel} sequence slots of ${this.o.ctx} tokens each (${this.parallel * this.o.ctx} tokens of KV cache: ${mib(kvBytes)}; ${mib(anonBytes)} with the slots' scratch)`);
@@ -641,6 +640,8 @@ export class Cluster extends EventEmitter {
     if (req.cacheScope !== this.cachedScope) this.cachedIds = [];
     while (cached < this.cachedIds.length && cached < prompt.length && this.cachedIds[cached] === prompt[cached]) cached++;
     if (cached === prompt.length) cached--;
+    // sliding-window layers may hold too little of an older prefix to continue from it
+    cached = (current.kind === "ring" ? current.ring.pipeline : current.pipeline).resumable?.(cached) ?? cached;
     this.cachedIds = [];
     const started = performance.now();
     const ctrl = { tokens: 0, firstAt: null as number | null, startedAt: started };

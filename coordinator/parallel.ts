@@ -185,8 +185,9 @@ export class SequenceScheduler {
         if (c.scope === p.req.cacheScope) while (n < c.ids.length && n < prompt.length && c.ids[n] === prompt[n]) n++;
         if (n > best || (n === best && c.usedAt < this.cache[slot].usedAt)) [slot, best] = [i, n];
       }
-      // at least one token goes through the layers to give logits
-      const cached = Math.min(best, prompt.length - 1);
+      // at least one token goes through the layers to give logits; sliding-window layers may hold too
+      // little of an older prefix to continue from it
+      const cached = this.slots.resumable(slot, Math.min(best, prompt.length - 1));
       this.cache[slot] = { ids: [], scope: undefined, usedAt: ++this.uses };
       const startedAt = performance.now();
       const s: Seq = {

@@ -8,7 +8,7 @@
 import { TIMED_STATUS_TIMEOUT_MS, type Status } from "../control/index.js";
 import type { LocalModel, Pipeline } from "../engine/index.js";
 import { effectiveDiskBytesPerS, selectDevices, type DeviceLatencyMs, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "../halda/index.js";
-import { modelProfile } from "../model/index.js";
+import { kvBytesPerLayer, modelProfile } from "../model/index.js";
 import {
   measureLink, reclaimIdlePages, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, windowOverheadMs, observedRereadBytesPerS, rereadKey, rereadFigure,
   RECENT_REREAD_MS, type DeviceReport, type LinkMeasurement, type RereadStore,
@@ -61,7 +61,7 @@ export function placeRing(head: DeviceProfile, workers: readonly DeviceProfile[]
     perCycle[pos] = d.windowLayers;
     releaseAfterUse[pos] = plan.k > 1 && d.set !== "M4";
   }
-  return { plan, devices, perCycle, cycles: plan.k, releaseAfterUse, layerBytesWithKv: model.layerBytes + model.kvBytesPerTokenLayer * model.nCtx };
+  return { plan, devices, perCycle, cycles: plan.k, releaseAfterUse, layerBytesWithKv: model.layerBytes + kvBytesPerLayer(model) };
 }
 
 const ms = (v: number) => v.toFixed(2);
@@ -322,10 +322,11 @@ export function recordRereads(p: RingPlan, rows: readonly { haldaIndex: number; 
 }
 
 /** Scratch of one window (activations, RoPE tables): the engine's compute buffer, measured. */
-function windowScratchBytes(model: LocalModel, ctx: number, maxBatch: number, kvBytesPerTokenLayer: number): number {
+function windowScratchBytes(model: LocalModel, ctx: number, maxBatch: number): number {
   const w = model.window(0, 1, { ctx, maxBatch });
   try {
-    return Math.max(0, w.info().anonBytes - kvBytesPerTokenLayer * ctx);
+    const info = w.info();
+    return Math.max(0, info.anonBytes - info.kvBytes);
   } finally {
     w.close();
   }
@@ -351,8 +352,8 @@ const lastTimed = new WeakMap<WorkerHandle, DeviceReport>();
  * each worker, and runs Halda. Throws an Error naming the device or the reason when no plan exists.
  */
 export async function planRing(i: RingPlanInput): Promise<RingPlan> {
-  const profileModel = modelProfile(i.model.desc, { nCtx: i.ctx, nPredict: Math.max(1, Math.min(i.ctx, i.tokens)), name: i.modelPath });
-  const scratch = windowScratchBytes(i.model, i.ctx, i.maxBatch, profileModel.kvBytesPerTokenLayer);
+  const profileModel = modelProfile(i.model.desc, { nCtx: i.ctx, maxBatch: i.maxBatch, nPredict: Math.max(1, Math.min(i.ctx, i.tokens)), name: i.modelPath });
+  const scratch = windowScratchBytes(i.model, i.ctx, i.maxBatch);
   const linkOptions = {
     identity: { deviceId: "head", modelFingerprint: i.fingerprint, hiddenSize: i.model.nEmbd }, bulkTokens: Math.min(512, i.maxBatch),
   };

@@ -5,7 +5,7 @@ import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { baselineNames, baselinePlan, halda, HaldaError, parseDeviceProfiles, type DeviceProfile, type HaldaOptions, type Plan } from "../halda/index.js";
 import {
-  describeModel, FILE_TYPE_NAMES, GgufError, modelProfile, modelShapeByName, modelShapes, parseFileType, readGguf,
+  describeModel, FILE_TYPE_NAMES, GgufError, kvBytesPerLayer, modelProfile, modelShapeByName, modelShapes, parseFileType, readGguf,
   syntheticModelDescription, type ModelDescription, type ModelProfile,
 } from "../model/index.js";
 import { LocalModel } from "../engine/index.js";
@@ -161,7 +161,7 @@ interface BaselineResult {
 }
 
 function report(label: string, profile: ModelProfile, plan: Plan, baselines: BaselineResult[], warnings: string[]): string {
-  const bp = profile.layerBytes + profile.kvBytesPerTokenLayer * profile.nCtx;
+  const bp = profile.layerBytes + kvBytesPerLayer(profile);
   const out: string[] = [];
   for (const w of warnings) out.push(`warning: ${w}`);
   out.push(`model   ${label}: ${profile.nLayers} layers of ${(profile.layerBytes / GiB).toFixed(3)} GiB + ${(bp - profile.layerBytes) / 2 ** 20} MiB KV at ctx ${profile.nCtx}`);

@@ -10,6 +10,9 @@ export interface Pipeline {
   forward(acts: Float32Array, pos: number, nTokens: number): Promise<Float32Array>;
   /** Forgets positions >= pos. */
   truncate(pos: number): void;
+  /** The largest position <= pos a forward can continue from (sliding-window layers keep only their
+   * last positions: a prefix reused from further back restarts at 0). Absent: pos. */
+  resumable?(pos: number): number;
 }
 
 /** Turns token ids into activation rows (the head's embedding). */

@@ -24,6 +24,10 @@ export class LocalPipeline implements Pipeline {
     this.window.kvTruncate(Math.min(pos, this.window.info().filled));
   }
 
+  resumable(pos: number): number {
+    return this.window.kvResumable(pos);
+  }
+
   close(): void {
     this.window.close();
   }

@@ -45,6 +45,11 @@ export class SeqSlots {
     return this.windows[slot].info().filled;
   }
 
+  /** The largest position <= pos a slot's cache can continue from (Pipeline.resumable). */
+  resumable(slot: number, pos: number): number {
+    return this.windows[slot].kvResumable(pos);
+  }
+
   /** Forgets a slot's positions >= pos. */
   truncate(slot: number, pos: number): void {
     const w = this.windows[slot];

@@ -4,6 +4,7 @@
 
 import type { ResolvedDevice } from "./devices.js";
 import { HaldaError, type DeviceSet, type HaldaOptions, type ModelProfile, type OverloadReload, type PerWeightType } from "./types.js";
+import { kvBytesPerLayer } from "../model/index.js";
 
 const MiB = 1024 * 1024;
 
@@ -207,14 +208,14 @@ export function modelTerms(m: ModelProfile, o: ResolvedOptions): ModelTerms {
     const segments = routingSegments(x.routingShare);
     // A token picks k distinct experts: no expert takes more than 1/k of the assignments.
     if (segments[0].share > (1 + 1e-9) / x.nExpertUsed) bad(`moe: the hottest expert takes ${segments[0].share.toFixed(4)} of the assignments, more than 1/${x.nExpertUsed}`);
-    const layerBytesWithKv = m.layerBytes + m.kvBytesPerTokenLayer * m.nCtx;
+    const layerBytesWithKv = m.layerBytes + kvBytesPerLayer(m);
     moe = { nExpert: x.nExpert, nUsed: x.nExpertUsed, expertBytes: x.expertBytes, denseBytesWithKv: Math.max(0, layerBytesWithKv - x.nExpert * x.expertBytes), segments };
   }
   return {
     nLayers: m.nLayers,
     nCtx: m.nCtx,
     layerBytes: m.layerBytes,
-    layerBytesWithKv: m.layerBytes + m.kvBytesPerTokenLayer * m.nCtx,
+    layerBytesWithKv: m.layerBytes + kvBytesPerLayer(m),
     inputRowBytes: Math.floor(m.inputBytes / m.nVocab),
     outputBytes: m.outputBytes,
     layerFlops: m.layerFlops,

@@ -23,8 +23,11 @@ export interface ModelProfile {
   readonly headDimK: number;
   readonly headDimV: number;
   readonly nFf: number;
-  /** KV capacity in tokens this profile was built for; Halda's b' = layerBytes + kvBytesPerTokenLayer * nCtx. */
+  /** KV capacity in tokens this profile was built for; Halda's b' = layerBytes + kvBytesPerLayer(profile). */
   readonly nCtx: number;
+  /** Mean rows a layer's KV cache holds: nCtx, less when sliding-window layers keep a ring of their
+   * window (kvCacheRows); nCtx when absent. */
+  readonly kvTokensPerLayer?: number;
   /** Cache length the attention FLOPs were counted with. */
   readonly nKvForFlops: number;
   /** b: mean bytes per layer (all blk.i.* tensors, plus rope_freqs once, divided by nLayers). */
@@ -102,6 +105,8 @@ export function withMeasuredRouting(p: ModelProfile, hits: readonly (readonly nu
 export interface ModelProfileOptions {
   /** KV capacity in tokens (llama.cpp's -c). */
   readonly nCtx: number;
+  /** Rows per pass (the engine's batch, default 128): a sliding-window layer's ring holds its window and a batch. */
+  readonly maxBatch?: number;
   /** Tokens generated per request; the attention FLOPs use a cache of roundup(nPredict, pad) tokens,
    *  capped at nCtx. Default nCtx: attention over the full cache, the worst case. */
   readonly nPredict?: number;
@@ -109,6 +114,32 @@ export interface ModelProfileOptions {
   readonly flashAttention?: boolean;
   /** A label for reports; default the file path. */
   readonly name?: string;
+}
+
+/** Rows of K (and of V) each layer's KV cache holds: nCtx, or for a sliding-window layer a ring of its
+ * window and a batch, as llama.cpp's iSWA cache (native/src/model.c kv_layout: the window's kvBytes
+ * equals this, test/engine/swa-ring.test.ts). */
+export function kvCacheRows(layerWindow: readonly number[], nCtx: number, maxBatch: number): number[] {
+  return layerWindow.map((w) => (w > 0 && w + maxBatch < nCtx ? w + maxBatch : nCtx));
+}
+
+/** native prima_window_kv_resumable for a cache tracked from outside (the ring's head): the largest
+ * position <= pos a forward can continue from, given `kvEnd`, the end of the furthest write since the
+ * cache last started at 0 (a ring holds at most [kvEnd - rows, kvEnd)). Same rule, held together by
+ * test/engine/swa-ring.test.ts. */
+export function kvResumablePosition(pos: number, kvEnd: number, layerWindow: readonly number[], rows: readonly number[], nCtx: number): number {
+  if (pos <= 0) return 0;
+  for (let l = 0; l < layerWindow.length; l++) {
+    if (rows[l] === nCtx) continue;
+    const need = pos > layerWindow[l] ? pos - layerWindow[l] + 1 : 0;
+    if (need < kvEnd - rows[l]) return 0;
+  }
+  return pos;
+}
+
+/** The one rule for a layer's KV bytes in a plan (Halda's b' = layerBytes + this): its mean rows times a row's K and V. */
+export function kvBytesPerLayer(p: Pick<ModelProfile, "kvBytesPerTokenLayer" | "nCtx" | "kvTokensPerLayer">): number {
+  return p.kvBytesPerTokenLayer * (p.kvTokensPerLayer ?? p.nCtx);
 }
 
 function addTo(acc: Record<string, number>, typeName: string, flops: number): void {
@@ -213,6 +244,7 @@ export function modelProfile(desc: ModelDescription, opts: ModelProfileOptions):
     headDimV: hp.headDimV,
     nFf: hp.nFf,
     nCtx: opts.nCtx,
+    kvTokensPerLayer: kvCacheRows(hp.layerWindow, opts.nCtx, opts.maxBatch ?? 128).reduce((a, b) => a + b, 0) / hp.nLayers,
     nKvForFlops: nKv,
     layerBytes,
     layerBytesEach,

@@ -7,7 +7,7 @@ export interface ModelShape extends FamilyShape {
   readonly name: string;
   readonly arch: Architecture;
   /** The vocabulary written when none is asked for (a bundled vocabulary name, see model/). */
-  readonly defaultVocab: "llama-spm" | "llama-bpe" | "qwen2" | "stories260K";
+  readonly defaultVocab: "llama-spm" | "llama-bpe" | "qwen2" | "gemma3" | "stories260K";
 }
 
 export const modelShapes: readonly ModelShape[] = [
@@ -46,12 +46,12 @@ export const modelShapes: readonly ModelShape[] = [
   },
   {
     name: "gemma3-1b", arch: "gemma3", nEmbd: 1152, nLayers: 26, nHead: 4, nHeadKv: 1, headDim: 256, nFf: 6912, nVocab: 262144,
-    tiedEmbeddings: true, qkvBias: false, contextLength: 32768, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "llama-spm",
+    tiedEmbeddings: true, qkvBias: false, contextLength: 32768, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "gemma3",
     slidingWindow: 512, slidingWindowPattern: 6, ropeFreqBaseSwa: 10000,
   },
   {
     name: "gemma3-4b", arch: "gemma3", nEmbd: 2560, nLayers: 34, nHead: 8, nHeadKv: 4, headDim: 256, nFf: 10240, nVocab: 262208,
-    tiedEmbeddings: true, qkvBias: false, contextLength: 131072, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "llama-spm",
+    tiedEmbeddings: true, qkvBias: false, contextLength: 131072, ropeFreqBase: 1000000, normEps: 1e-6, defaultVocab: "gemma3",
     slidingWindow: 1024, slidingWindowPattern: 6, ropeFreqBaseSwa: 10000,
   },
   {

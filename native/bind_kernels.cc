@@ -16,6 +16,7 @@
 
 extern "C" {
 #include "kernels.h"
+#include "ops.h"
 }
 
 namespace {
@@ -392,6 +393,21 @@ Napi::Value Fp32ToHalf(const Napi::CallbackInfo &info) {
   return env.Undefined();
 }
 
+// geglu(gate, up, level?): gate[i] = gelu(gate[i]) * up[i] in place, at a SIMD level (tests compare levels).
+Napi::Value Geglu(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  Bytes gate, up;
+  int level;
+  if (!GetTyped(env, info[0], napi_float32_array, "geglu: gate", gate, true) ||
+      !GetTyped(env, info[1], napi_float32_array, "geglu: up", up, true) || !GetLevel(env, info[2], level))
+    return env.Undefined();
+  if (gate.length != up.length) return Fail(env, "geglu: gate and up must have as many elements"), env.Undefined();
+  prima_ops_init();
+  prima_geglu_at(level, reinterpret_cast<float *>(gate.data), reinterpret_cast<const float *>(up.data), (int)(gate.length / 4));
+  gate.CopyOut();
+  return env.Undefined();
+}
+
 Napi::Value HalfToFp32(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   Bytes src, dst;
@@ -425,6 +441,7 @@ void RegisterKernels(Napi::Env env, Napi::Object exports) {
   k.Set("benchDot", Napi::Function::New(env, BenchDot, "benchDot"));
   k.Set("fp32ToHalf", Napi::Function::New(env, Fp32ToHalf, "fp32ToHalf"));
   k.Set("halfToFp32", Napi::Function::New(env, HalfToFp32, "halfToFp32"));
+  k.Set("geglu", Napi::Function::New(env, Geglu, "geglu"));
   k.Set("maxNc", Napi::Number::New(env, PRIMA_MAX_NC));
   exports.Set("kernels", k);
 }

@@ -57,6 +57,7 @@ class Window : public Napi::ObjectWrap<Window> {
   Napi::Value Residency(const Napi::CallbackInfo &info);
   Napi::Value KvClear(const Napi::CallbackInfo &info);
   Napi::Value KvTruncate(const Napi::CallbackInfo &info);
+  Napi::Value KvResumable(const Napi::CallbackInfo &info);
   Napi::Value KvSave(const Napi::CallbackInfo &info);
   Napi::Value KvLoad(const Napi::CallbackInfo &info);
   Napi::Value Info(const Napi::CallbackInfo &info);
@@ -415,6 +416,7 @@ Napi::Function Window::Define(Napi::Env env) {
                       InstanceMethod("release", &Window::Release),
                       InstanceMethod("streamBeyond", &Window::StreamBeyond), InstanceMethod("residency", &Window::Residency),
                       InstanceMethod("kvClear", &Window::KvClear), InstanceMethod("kvTruncate", &Window::KvTruncate),
+                      InstanceMethod("kvResumable", &Window::KvResumable),
                       InstanceMethod("kvSave", &Window::KvSave), InstanceMethod("kvLoad", &Window::KvLoad),
                       InstanceMethod("info", &Window::Info), InstanceMethod("close", &Window::Close)});
 }
@@ -633,6 +635,14 @@ Napi::Value Window::KvTruncate(const Napi::CallbackInfo &info) {
   return env.Undefined();
 }
 
+Napi::Value Window::KvResumable(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Alive(env)) return env.Undefined();
+  int64_t pos;
+  if (info.Length() < 1 || !IntArg(info[0], 0, INT32_MAX, &pos)) return ThrowType(env, "kvResumable(position) needs a position >= 0");
+  return Napi::Number::New(env, prima_window_kv_resumable(w, (int)pos));
+}
+
 Napi::Value Window::KvSave(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   if (!Alive(env)) return env.Undefined();
@@ -663,6 +673,8 @@ Napi::Value Window::Info(const Napi::CallbackInfo &info) {
   o.Set("maxBatch", w->max_batch);
   o.Set("filled", w->n_filled);
   o.Set("anonBytes", Napi::Number::New(env, (double)w->anon_bytes));
+  // K and V rows of F16 over all the window's layers (sliding-window layers hold a ring, not n_ctx)
+  o.Set("kvBytes", Napi::Number::New(env, (double)(2 * prima_window_kv_rows(w) * (size_t)w->m->hp.n_head_kv * w->m->hp.head_dim * sizeof(uint16_t))));
   if (w->expert_hits) {
     // per layer of the window: how many tokens each expert has run (routing seen from outside)
     const int X = w->m->hp.n_expert;

@@ -48,6 +48,7 @@ interface KernelsAddon {
     minSeconds: number, level?: SimdLevel, threads?: number): BenchTiming;
   fp32ToHalf(src: Float32Array, dst: Uint16Array, kind: "f16" | "bf16"): void;
   halfToFp32(src: Uint16Array, dst: Float32Array, kind: "f16" | "bf16"): void;
+  geglu(gate: Float32Array, up: Float32Array, level?: SimdLevel): void;
   maxNc: number;
 }
 
@@ -128,4 +129,10 @@ export function fp32ToHalf(src: Float32Array, kind: "f16" | "bf16", dst = new Ui
 export function halfToFp32(src: Uint16Array, kind: "f16" | "bf16", dst = new Float32Array(src.length)): Float32Array {
   k.halfToFp32(src, dst, kind);
   return dst;
+}
+
+/** gate[i] = gelu(gate[i]) * up[i] in place (the feed-forward of gemma), at a SIMD level. */
+export function geglu(gate: Float32Array, up: Float32Array, level?: SimdLevel): Float32Array {
+  k.geglu(gate, up, level);
+  return gate;
 }

@@ -51,6 +51,8 @@ export interface WindowInfo {
   readonly filled: number;
   /** KV cache + scratch: the window's anonymous memory. */
   readonly anonBytes: number;
+  /** The KV cache's own bytes (a sliding-window layer holds a ring of its window and a batch, model/'s kvCacheRows). */
+  readonly kvBytes: number;
   /** Mixture of experts: per layer of the window, the tokens each expert has run since it was made. */
   readonly expertHits?: readonly (readonly number[])[];
 }
@@ -86,6 +88,9 @@ export interface NativeWindow {
   residency(): Residency;
   kvClear(): void;
   kvTruncate(pos: number): void;
+  /** The largest position <= pos (and <= filled) a forward can continue from: sliding-window layers keep
+   * only their last positions, so going back further than they hold restarts at 0. */
+  kvResumable(pos: number): number;
   kvSave(path: string): void;
   kvLoad(path: string): void;
   info(): WindowInfo;

@@ -2,6 +2,7 @@
 // at once, so a long prompt's batches are on different devices at the same time) into cycle 0 and
 // resolves when the last batch has gone through every cycle; the head applies the output layer.
 import type { LocalModel, Pipeline } from "../engine/index.js";
+import { kvCacheRows, kvResumablePosition } from "../model/index.js";
 import type { ActivationsFrame } from "./frame.js";
 import type { RingNode } from "./node.js";
 import type { PayloadDtype } from "./validation.js";
@@ -28,10 +29,16 @@ export class RingPipeline implements Pipeline {
   private pending: Pending | undefined;
   private failure: Error | undefined;
   private readonly logits: Float32Array;
+  /** The devices' caches as the frames sent fill them: positions held, and the end of the furthest
+   * write since position 0 (for the sliding-window layers' rings, model/'s kvResumablePosition). */
+  private filled = 0;
+  private kvEnd = 0;
+  private readonly kvRows: number[];
 
   constructor(private readonly o: RingPipelineOptions) {
     this.nCtx = o.nCtx;
     this.logits = new Float32Array(o.model.nVocab);
+    this.kvRows = kvCacheRows(o.model.desc.hparams.layerWindow, o.nCtx, o.maxBatch);
   }
 
   async forward(acts: Float32Array, pos: number, nTokens: number): Promise<Float32Array> {
@@ -42,6 +49,8 @@ export class RingPipeline implements Pipeline {
     const done = new Promise<Float32Array>((resolve, reject) => {
       this.pending = { requestId, endPos: pos + nTokens, resolve, reject };
     });
+    this.filled = pos + nTokens;
+    this.kvEnd = pos === 0 ? nTokens : Math.max(this.kvEnd, pos + nTokens);
     try {
       for (let off = 0; off < nTokens; off += this.o.maxBatch) {
         const n = Math.min(this.o.maxBatch, nTokens - off);
@@ -61,7 +70,13 @@ export class RingPipeline implements Pipeline {
   }
 
   /** Positions are carried by every frame: a forward at position p overwrites from p on every device. */
-  truncate(_pos: number): void {}
+  truncate(pos: number): void {
+    this.filled = Math.min(this.filled, pos);
+  }
+
+  resumable(pos: number): number {
+    return kvResumablePosition(Math.min(pos, this.filled), this.kvEnd, this.o.model.desc.hparams.layerWindow, this.kvRows, this.nCtx);
+  }
 
   /** The buffer for the output layer when the frame is the request's last batch (the head's window
    * computes the logits in the same native call). */

@@ -437,6 +437,60 @@ void prima_model_close(prima_model *m) {
   free(m);
 }
 
+/* ---- the KV cache's rows: sliding-window layers as rings ---------------------------------- */
+
+/* A sliding-window layer attends to its last `window` positions, so its cache is a ring of
+ * min(n_ctx, window + max_batch) rows (llama.cpp's iSWA cache: n_swa + n_ubatch): a batch writes its
+ * rows before it attends, and its first token still finds the window before it. */
+static int kv_layout(prima_window *w) {
+  const int nl = w->end - w->first;
+  w->kv_cells = malloc(sizeof(int) * (size_t)nl);
+  w->kv_off = malloc(sizeof(size_t) * (size_t)nl);
+  if (!w->kv_cells || !w->kv_off) return -1;
+  size_t off = 0;
+  for (int li = 0; li < nl; li++) {
+    const int64_t window = w->m->layer_window[w->first + li];
+    const int64_t ring = window + w->max_batch;
+    w->kv_cells[li] = window > 0 && ring < w->n_ctx ? (int)ring : w->n_ctx;
+    w->kv_off[li] = off;
+    off += (size_t)w->kv_cells[li];
+  }
+  w->kv_end = 0;
+  return 0;
+}
+
+size_t prima_window_kv_rows(const prima_window *w) {
+  const int nl = w->end - w->first;
+  return w->kv_off[nl - 1] + (size_t)w->kv_cells[nl - 1];
+}
+
+/* Layer li's K and V rows, and the row of a position in them. */
+static inline uint16_t *kv_k_rows(const prima_window *w, int li, size_t kvdim) { return w->k_cache + w->kv_off[li] * kvdim; }
+static inline uint16_t *kv_v_rows(const prima_window *w, int li, size_t kvdim) { return w->v_cache + w->kv_off[li] * kvdim; }
+static inline int kv_row(const prima_window *w, int li, int pos) { return pos % w->kv_cells[li]; }
+/* Positions from p on in contiguous rows of layer li, at most n of them (a ring wraps at its end). */
+static inline int kv_run(const prima_window *w, int li, int p, int n) {
+  const int left = w->kv_cells[li] - kv_row(w, li, p);
+  return n < left ? n : left;
+}
+
+int prima_window_kv_resumable(const prima_window *w, int pos) {
+  if (pos > w->n_filled) pos = w->n_filled;
+  if (pos <= 0) return 0;
+  for (int li = 0; li < w->end - w->first; li++) {
+    if (w->kv_cells[li] == w->n_ctx) continue; /* the whole context: every position is kept */
+    const int window = w->m->layer_window[w->first + li];
+    const int need = pos > window ? pos - window + 1 : 0; /* the first position pos attends to */
+    if (need < w->kv_end - w->kv_cells[li]) return 0;
+  }
+  return pos;
+}
+
+/* After positions [pos, pos + n) are written. */
+static void kv_wrote(prima_window *w, int pos, int n) {
+  if (pos == 0 || pos + n > w->kv_end) w->kv_end = pos + n;
+}
+
 /* ---- windows ------------------------------------------------------------------------------ */
 
 static int act_type_of(const prima_tensor *w) { return prima_kernels(w->type)->act_type; }
@@ -496,9 +550,14 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   }
   w->act_row_bytes = act_row;
 
-  const size_t kv_bytes = 2 * nl * (size_t)n_ctx * kvdim * sizeof(uint16_t);
-  w->k_cache = calloc(nl * (size_t)n_ctx * kvdim, sizeof(uint16_t));
-  w->v_cache = calloc(nl * (size_t)n_ctx * kvdim, sizeof(uint16_t));
+  if (kv_layout(w)) {
+    prima_fail(err, err_len, "out of memory");
+    prima_window_destroy(w);
+    return NULL;
+  }
+  const size_t kv_rows = prima_window_kv_rows(w), kv_bytes = 2 * kv_rows * kvdim * sizeof(uint16_t);
+  w->k_cache = calloc(kv_rows * kvdim, sizeof(uint16_t));
+  w->v_cache = calloc(kv_rows * kvdim, sizeof(uint16_t));
   w->rope_cos = malloc(sizeof(float) * (size_t)n_ctx * half);
   w->rope_sin = malloc(sizeof(float) * (size_t)n_ctx * half);
   w->h = malloc(sizeof(float) * B * E);
@@ -578,7 +637,8 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   w->largest_layer_bytes = largest;
   w->stream_from = end;
   w->stream_keep = 0;
-  w->anon_bytes = kv_bytes + sizeof(float) * ((size_t)n_ctx * half * (has_swa ? 4 : 2) + B * (E + 2 * qdim + 2 * kvdim + 2 * (size_t)hp->n_ff)) +
+  w->anon_bytes = kv_bytes + sizeof(size_t) * nl + sizeof(int) * nl +
+                  sizeof(float) * ((size_t)n_ctx * half * (has_swa ? 4 : 2) + B * (E + 2 * qdim + 2 * kvdim + 2 * (size_t)hp->n_ff)) +
                   act_row * B * MAX_ACT_FORMATS + moe_bytes;
   return w;
 }
@@ -587,6 +647,8 @@ void prima_window_destroy(prima_window *w) {
   if (!w) return;
   free(w->k_cache);
   free(w->v_cache);
+  free(w->kv_cells);
+  free(w->kv_off);
   free(w->rope_cos);
   free(w->rope_sin);
   free(w->rope_cos_swa);
@@ -707,8 +769,7 @@ static void attention(const prima_task *t, prima_window *w, int li, const fwd_jo
   for (int task = t->ith; task < n * G; task = prima_pool_next_chunk(t)) {
     const int tok = task / G, g = task % G;
     const prima_window *kw = row_win(j, tok); /* the token's own sequence: it sees no other's cache */
-    const uint16_t *K = kw->k_cache + (size_t)li * kw->n_ctx * kvdim;
-    const uint16_t *V = kw->v_cache + (size_t)li * kw->n_ctx * kvdim;
+    const uint16_t *K = kv_k_rows(kw, li, kvdim), *V = kv_v_rows(kw, li, kvdim);
     const float *qsrc = w->q + (size_t)tok * qdim + (size_t)g * ratio * D;
     /* llama.cpp rounds Q to F16 against an F16 cache; so do we, for the same scores. */
     /* (gemma scales Q itself, before that rounding, as llama.cpp does) */
@@ -721,9 +782,9 @@ static void attention(const prima_task *t, prima_window *w, int li, const fwd_jo
     const int n_pos = row_pos(j, tok) + 1; /* causal: positions 0..its own */
     /* a sliding-window layer sees the last `window` positions (llama.cpp masks p0 when p1 - p0 >= n_swa) */
     const int lo = window > 0 && n_pos > window ? n_pos - window : 0;
-    for (int p0 = lo; p0 < n_pos; p0 += ATT_BLOCK) {
-      const int nb = n_pos - p0 < ATT_BLOCK ? n_pos - p0 : ATT_BLOCK;
-      const size_t off = (size_t)p0 * kvdim + (size_t)g * D;
+    for (int p0 = lo, nb; p0 < n_pos; p0 += nb) {
+      nb = kv_run(kw, li, p0, n_pos - p0 < ATT_BLOCK ? n_pos - p0 : ATT_BLOCK);
+      const size_t off = (size_t)kv_row(kw, li, p0) * kvdim + (size_t)g * D;
       prima_attn_scores(q, ratio, D, K + off, kvdim, nb, scale, s);
       if (hp->attn_softcap > 0) softcap(s, ratio * nb, hp->attn_softcap);
       for (int h = 0; h < ratio; h++) {
@@ -825,8 +886,8 @@ static void attention_block(const prima_task *t, prima_window *w, int l, float *
   for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
     prima_window *kw = row_win(j, r);
     const int pos = row_pos(j, r);
-    uint16_t *Kl = kw->k_cache + (size_t)li * kw->n_ctx * kvdim;
-    uint16_t *Vl = kw->v_cache + (size_t)li * kw->n_ctx * kvdim;
+    uint16_t *Kl = kv_k_rows(kw, li, kvdim) + (size_t)kv_row(kw, li, pos) * kvdim;
+    uint16_t *Vl = kv_v_rows(kw, li, kvdim) + (size_t)kv_row(kw, li, pos) * kvdim;
     float *q = w->q + (size_t)r * qdim, *k = w->k + (size_t)r * kvdim, *v = w->v + (size_t)r * kvdim;
     if (L->bq.data) {
       prima_add(q, (const float *)L->bq.data, (int)qdim);
@@ -840,8 +901,8 @@ static void attention_block(const prima_task *t, prima_window *w, int l, float *
     const float *c = rope_cos + (size_t)pos * half, *s = rope_sin + (size_t)pos * half;
     prima_rope_apply(q, hp->n_head, D, hp->rope_dims, hp->rope_neox, c, s);
     prima_rope_apply(k, hp->n_head_kv, D, hp->rope_dims, hp->rope_neox, c, s);
-    store_f16(k, Kl + (size_t)pos * kvdim, (int)kvdim);
-    store_f16(v, Vl + (size_t)pos * kvdim, (int)kvdim);
+    store_f16(k, Kl, (int)kvdim);
+    store_f16(v, Vl, (int)kvdim);
   }
   prima_pool_barrier(t);
   attention(t, w, li, j, n);
@@ -1099,7 +1160,10 @@ int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, fl
     return prima_fail(err, err_len, "position %d leaves a gap: the cache holds %d positions", pos, w->n_filled);
   if ((int64_t)pos + n_tokens > w->n_ctx)
     return prima_fail(err, err_len, "positions %d..%d exceed the context of %d tokens", pos, pos + n_tokens - 1, w->n_ctx);
+  if (prima_window_kv_resumable(w, pos) != pos)
+    return prima_fail(err, err_len, "position %d: the sliding-window layers' cache no longer holds the window before it (continue from 0)", pos);
   if (prima_model_check_file(w->m, 0, err, err_len)) return -1;
+  kv_wrote(w, pos, n_tokens); /* before the pass: a pass that fails has overwritten ring rows all the same */
   const int E = w->m->hp.n_embd;
   for (int done = 0; done < n_tokens;) {
     const int n = n_tokens - done < w->max_batch ? n_tokens - done : w->max_batch;
@@ -1128,8 +1192,11 @@ int prima_window_forward_seqs(prima_window *w, prima_window *const *seqs, const 
     if (pos[i] < 0 || pos[i] > s->n_filled)
       return prima_fail(err, err_len, "sequence %d: position %d leaves a gap: its cache holds %d positions", i, pos[i], s->n_filled);
     if (pos[i] >= s->n_ctx) return prima_fail(err, err_len, "sequence %d: position %d exceeds the context of %d tokens", i, pos[i], s->n_ctx);
+    if (prima_window_kv_resumable(s, pos[i]) != pos[i])
+      return prima_fail(err, err_len, "sequence %d: position %d: the sliding-window layers' cache no longer holds the window before it", i, pos[i]);
   }
   if (prima_model_check_file(w->m, 0, err, err_len)) return -1;
+  for (int i = 0; i < n; i++) kv_wrote(seqs[i], pos[i], 1);
   if (logits && !w->head_act) { /* the head's activations of a step: only a window that leads steps has them */
     w->head_act = malloc(prima_row_bytes(PRIMA_F32, w->m->hp.n_embd) * (size_t)w->max_batch); /* F32: the widest */
     if (!w->head_act) return prima_fail(err, err_len, "out of memory for the head of a step of %d sequences", w->max_batch);
@@ -1301,12 +1368,17 @@ typedef struct {
 int prima_window_kv_save(prima_window *w, const char *path, char *err, size_t err_len) {
   const size_t kvdim = (size_t)w->m->hp.n_head_kv * w->m->hp.head_dim;
   const kv_header h = { KV_MAGIC, (uint32_t)w->kv_type, w->end - w->first, (int32_t)kvdim, w->n_filled, w->first };
+  /* the file holds every position of every layer: a ring that has wrapped no longer has them */
+  for (int li = 0; li < h.n_layers; li++)
+    if (w->kv_cells[li] < w->n_ctx && w->n_filled > 0 && w->kv_end > w->kv_cells[li])
+      return prima_fail(err, err_len, "layer %d keeps only its last %d positions (a sliding window): its cache cannot be saved whole",
+                        w->first + li, w->kv_cells[li]);
   FILE *f = fopen(path, "wb");
   if (!f) return prima_fail(err, err_len, "cannot write %s: %s", path, strerror(errno));
   int ok = fwrite(&h, sizeof h, 1, f) == 1;
   for (int li = 0; ok && li < h.n_layers; li++) {
-    const size_t off = (size_t)li * w->n_ctx * kvdim, len = (size_t)w->n_filled * kvdim;
-    ok = fwrite(w->k_cache + off, sizeof(uint16_t), len, f) == len && fwrite(w->v_cache + off, sizeof(uint16_t), len, f) == len;
+    const size_t len = (size_t)w->n_filled * kvdim; /* positions 0.. sit in rows 0.. of a ring that has not wrapped */
+    ok = fwrite(kv_k_rows(w, li, kvdim), sizeof(uint16_t), len, f) == len && fwrite(kv_v_rows(w, li, kvdim), sizeof(uint16_t), len, f) == len;
   }
   if (fclose(f) != 0) ok = 0;
   return ok ? 0 : prima_fail(err, err_len, "writing %s failed", path);
@@ -1325,12 +1397,18 @@ int prima_window_kv_load(prima_window *w, const char *path, char *err, size_t er
   } else if (h.n_filled < 0 || h.n_filled > w->n_ctx) {
     rc = prima_fail(err, err_len, "%s holds %d positions, more than the context of %d", path, h.n_filled, w->n_ctx);
   } else {
-    for (int li = 0; rc == 0 && li < h.n_layers; li++) {
-      const size_t off = (size_t)li * w->n_ctx * kvdim, len = (size_t)h.n_filled * kvdim;
-      if (fread(w->k_cache + off, sizeof(uint16_t), len, f) != len || fread(w->v_cache + off, sizeof(uint16_t), len, f) != len)
-        rc = prima_fail(err, err_len, "%s is truncated", path);
-    }
+    for (int li = 0; rc == 0 && li < h.n_layers; li++)
+      for (int c = 0; rc == 0 && c < 2; c++) { /* K then V; a ring keeps the last positions */
+        uint16_t *rows = c ? kv_v_rows(w, li, kvdim) : kv_k_rows(w, li, kvdim);
+        for (int p = 0, n; rc == 0 && p < h.n_filled; p += n) {
+          n = kv_run(w, li, p, h.n_filled - p);
+          if (fread(rows + (size_t)kv_row(w, li, p) * kvdim, sizeof(uint16_t), (size_t)n * kvdim, f) != (size_t)n * kvdim)
+            rc = prima_fail(err, err_len, "%s is truncated", path);
+        }
+      }
+    w->kv_end = h.n_filled; /* rows were overwritten even when the file fell short */
     if (rc == 0) w->n_filled = h.n_filled;
+    else w->n_filled = 0;
   }
   fclose(f);
   return rc;

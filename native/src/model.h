@@ -92,7 +92,12 @@ typedef struct prima_window {
   int n_ctx, max_batch;
   int kv_type;    /* PRIMA_F16 for now */
   int n_filled;   /* positions [0, n_filled) of the cache hold data */
-  uint16_t *k_cache, *v_cache; /* [layer][n_ctx][kv_dim] */
+  uint16_t *k_cache, *v_cache; /* per layer of the window, kv_cells[li] rows of kv_dim from row kv_off[li] */
+  int *kv_cells;  /* per layer: n_ctx, or for a sliding-window layer a ring of min(n_ctx, window + max_batch)
+                     rows where position p sits in row p % cells (llama.cpp's iSWA cache size) */
+  size_t *kv_off;
+  int kv_end;     /* end of the furthest write since the cache last started at position 0: a ring holds
+                     positions [kv_end - cells, kv_end) at most (prima_window_kv_resumable) */
   float *rope_cos, *rope_sin;  /* [n_ctx][rope_dims/2] */
   float *rope_cos_swa, *rope_sin_swa; /* the same for sliding-window layers (NULL: the window has none) */
   /* scratch, max_batch rows each */
@@ -185,6 +190,11 @@ void prima_window_stream_beyond(prima_window *w, uint64_t room_bytes);
 /* Bytes of the window's weights resident in memory, and the total. */
 int prima_window_residency(prima_window *w, uint64_t *resident, uint64_t *total);
 
+/* Sliding-window layers keep only their last positions: the largest position <= pos (and <= n_filled)
+ * a forward can continue from, pos when every ring still holds the window before it, else 0. */
+int prima_window_kv_resumable(const prima_window *w, int pos);
+/* Rows of K (or V) the window's cache holds, over all its layers. */
+size_t prima_window_kv_rows(const prima_window *w);
 int prima_window_kv_save(prima_window *w, const char *path, char *err, size_t err_len);
 int prima_window_kv_load(prima_window *w, const char *path, char *err, size_t err_len);
 

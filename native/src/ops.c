@@ -120,8 +120,9 @@ __attribute__((target("avx2,fma"))) static float exp_sum_avx2(float *x, int n, f
 }
 #endif
 
-/* gelu(x) at every F16 value x, rounded to F16: ggml's table, built the same way */
-static uint16_t gelu_f16[1 << 16];
+/* gelu(x) at every F16 value x, rounded to F16: ggml's table, built the same way (one entry more:
+ * the AVX2 gather reads 4 bytes at each index) */
+static uint16_t gelu_f16[(1 << 16) + 2];
 
 static void gelu_table_init(void) {
   const float sqrt_2_over_pi = 0.79788456080286535587989211986876f, coef_a = 0.044715f;
@@ -131,13 +132,48 @@ static void gelu_table_init(void) {
   }
 }
 
-void prima_geglu(float *a, const float *b, int n) {
+static void geglu_scalar(float *a, const float *b, int n) {
   for (int i = 0; i < n; i++) {
     const float x = a[i];
     /* beyond +-10 gelu is x or 0 to F16 precision; ggml skips the table there */
     const float g = x <= -10.0f ? 0.0f : x >= 10.0f ? x : prima_fp16_to_fp32(gelu_f16[prima_fp32_to_fp16(x)]);
     a[i] = g * b[i];
   }
+}
+
+#ifdef PRIMA_X86
+/* The same table read 8 at a time: F16C rounds to nearest even as prima_fp32_to_fp16 does, so the
+ * same entries, the same products (the scalar loop's calls were 6% of a gemma3 prompt pass). */
+__attribute__((target("avx2,fma,f16c"))) static void geglu_avx2(float *a, const float *b, int n) {
+  int i = 0;
+  const __m256 lo = _mm256_set1_ps(-10.0f), hi = _mm256_set1_ps(10.0f);
+  const __m256i low16 = _mm256_set1_epi32(0xFFFF);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(a + i);
+    const __m256i idx = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    const __m256i t = _mm256_and_si256(_mm256_i32gather_epi32((const int *)gelu_f16, idx, 2), low16);
+    __m256 g = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1)));
+    g = _mm256_blendv_ps(g, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LE_OQ));
+    g = _mm256_blendv_ps(g, x, _mm256_cmp_ps(x, hi, _CMP_GE_OQ));
+    _mm256_storeu_ps(a + i, _mm256_mul_ps(g, _mm256_loadu_ps(b + i)));
+  }
+  geglu_scalar(a + i, b + i, n - i);
+}
+#endif
+
+static void (*geglu_impl)(float *, const float *, int) = geglu_scalar;
+
+void prima_geglu(float *a, const float *b, int n) { geglu_impl(a, b, n); }
+
+void prima_geglu_at(int level, float *a, const float *b, int n) {
+#ifdef PRIMA_X86
+  if ((level == PRIMA_SIMD_AVX2 || level == PRIMA_SIMD_AVX512) && prima_simd_available(PRIMA_SIMD_AVX2)) {
+    geglu_avx2(a, b, n);
+    return;
+  }
+#endif
+  (void)level;
+  geglu_scalar(a, b, n);
 }
 
 static void (*swiglu_impl)(float *, const float *, int) = swiglu_scalar;
@@ -248,6 +284,7 @@ void prima_ops_init(void) {
   if (g_attn_avx2) {
     swiglu_impl = swiglu_avx2;
     exp_sum_impl = exp_sum_avx2;
+    geglu_impl = geglu_avx2;
   }
 #endif
 }

@@ -21,6 +21,8 @@ void prima_swiglu(float *a, const float *b, int n);
 /* a[i] = gelu(a[i]) * b[i], gelu the tanh approximation read from an F16 table as ggml's CPU
  * backend does (GGML_GELU_FP16), so that both round alike */
 void prima_geglu(float *a, const float *b, int n);
+/* The same at a given SIMD level (tests compare levels; a level the CPU lacks runs the scalar loop) */
+void prima_geglu_at(int level, float *a, const float *b, int n);
 /* x[i] = exp(x[i] - m); returns their sum (the softmax numerators of a row whose max is m) */
 float prima_exp_sum(float *x, int n, float m);
 

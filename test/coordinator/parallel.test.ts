@@ -1,14 +1,16 @@
 // The scheduler of serve --parallel (coordinator/parallel.ts) on a real model, in process: requests
 // submitted together share every decode step, each answer equals the same request alone, the queue
 // counts only requests beyond the free slots, a client leaving the queue frees its place, a request
-// continues from the slot holding its prefix.
+// continues from the slot holding its prefix, unless its sliding-window layers' rings no longer hold it.
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LocalModel, Sampler, SeqSlots } from "../../engine/index.js";
 import { Tokenizer } from "../../model/index.js";
 import { CancelledError, QueueFullError, type GenerationRequest } from "../../coordinator/cluster.js";
 import { SequenceScheduler } from "../../coordinator/parallel.js";
+import { generateModel } from "../../modelgen/index.js";
 import { root } from "../helpers/process.js";
+import { tempDir } from "../helpers/temp.js";
 
 let model: LocalModel;
 let tok: Tokenizer;
@@ -84,4 +86,34 @@ describe("the sequence scheduler", () => {
     expect((await ok).result.ids.length).toBeGreaterThan(0);
     await two.close();
   });
+});
+
+describe("a slot whose sliding-window layers no longer hold the prefix", () => {
+  // tiny-gemma3: 4-token windows, slots of batch 4, so each ring keeps 8 rows
+  const dir = tempDir("prima-parallel-swa-");
+  let gemma: LocalModel;
+  beforeAll(async () => {
+    const path = join(dir, "tiny-gemma3.gguf");
+    await generateModel({ shape: "tiny-gemma3", type: "F32", out: path, pure: true, seed: 7, weightStd: 0.05 });
+    gemma = LocalModel.open(path, { threads: 1 });
+  }, 60_000);
+  afterAll(() => gemma?.close());
+
+  it("runs the prompt again from its start, and answers as a fresh slot does", async () => {
+    const run = async (prompts: Int32Array[]) => {
+      const slots = new SeqSlots(gemma, 1, 128, 4);
+      const s = new SequenceScheduler(slots, { maxQueue: 4, layers: gemma.nLayers, hooks: { token: () => {}, step: () => {}, finished: () => {}, changed: () => {} } });
+      const outs = [];
+      for (const prompt of prompts) outs.push(await s.submit({ ...request(""), prompt, maxTokens: 30, isEnd: () => false }));
+      await s.close();
+      slots.close();
+      return outs;
+    };
+    const first = Int32Array.from([1, 30, 40, 50, 60, 70]);
+    const second = Int32Array.from([1, 30, 40, 50, 60, 71, 72]); // shares 5 tokens, 30 positions before the cache's end
+    const [, after] = await run([first, second]);
+    expect(after.cachedTokens).toBe(0);
+    const [alone] = await run([second]);
+    expect(after.result.ids).toEqual(alone.result.ids);
+  }, 60_000);
 });

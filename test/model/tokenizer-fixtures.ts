@@ -3,7 +3,7 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { GgufKV } from "../../model/gguf.js";
-import { goldenTokenizerDir } from "../../model/tokenizer-export.js";
+import { goldenTokenizerDir } from "../../model/tokenizer-bundled.js";
 import { mulberry32 } from "../helpers/random.js";
 
 /** The string items of an array metadata value. */
@@ -47,6 +47,17 @@ export function goldenCases(name: GoldenVocab): GoldenCase[] {
     return { text, ids: o === "" ? [] : o.split(" ").map(Number) };
   });
 }
+
+/** Chat turns and the runs of whitespace, tabs and markup that Gemma's vocabulary has tokens for. */
+export const CHAT_AND_LAYOUT_STRINGS: readonly string[] = [
+  "<start_of_turn>user\nWhy is the sky blue?<end_of_turn>\n<start_of_turn>model\n",
+  "<bos><start_of_turn>user\nYou are terse.\n\nHi!<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n",
+  "<start_of_turn>user\n<start_of_turn><end_of_turn> nested <end_of_turn>",
+  "def f(x):\n    return x*2  # double\n\n\n\tpass\n\t\t\tdone",
+  "a  b   c    d" + " ".repeat(40) + "e", "\n".repeat(35) + "x", "\t".repeat(33) + "y", " \n \n\n  \t\t ",
+  "<table><tr><td>1</td><td>2</td></tr></table>", "<h1>Title</h1><p>para <b>bold</b> <i>it</i></p>",
+  "<unused0><unused99>[multimodal]<mask>", "<start_of_image><end_of_image>", "Ünïcödé ñ ß æ ø 日本語 🦙\r\n",
+];
 
 /** Deterministic PRNG (mulberry32). */
 export const rng = mulberry32;

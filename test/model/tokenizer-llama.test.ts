@@ -9,8 +9,8 @@ import { getLlama, LlamaLogLevel, type Llama, type LlamaModel, type Token } from
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { kv, readGguf, writeGguf, type GgufKV } from "../../model/gguf.js";
 import { Tokenizer } from "../../model/tokenizer.js";
-import { bundledVocab, goldenTokenizerDir } from "../../model/tokenizer-export.js";
-import { goldenCases, nastyStrings, rng, stringItems, type GoldenVocab } from "./tokenizer-fixtures.js";
+import { bundledVocab, goldenTokenizerDir } from "../../model/tokenizer-bundled.js";
+import { CHAT_AND_LAYOUT_STRINGS, goldenCases, nastyStrings, rng, stringItems, type GoldenVocab } from "./tokenizer-fixtures.js";
 
 /** The vocabularies compared, with the golden strings they have. */
 const VOCABS: readonly (readonly [label: string, golden: GoldenVocab | null, metadata: () => readonly GgufKV[]])[] = [
@@ -23,6 +23,10 @@ const VOCABS: readonly (readonly [label: string, golden: GoldenVocab | null, met
   // Padded to Qwen2.5's vocab_size with unused tokens, as a generated model has it.
   ["qwen2 (151936 tokens)", "qwen2", () => bundledVocab("qwen2", { vocabSize: 151936 }).metadata],
   ["stories260K", null, () => bundledVocab("stories260K").metadata],
+  // Gemma 2/3's SentencePiece vocabulary (no space prefix, byte fallback, user-defined runs of
+  // newlines, spaces and tabs and HTML tags), converted from Gemma 3's tokenizer.json; llama-spm's
+  // golden strings as text.
+  ["gemma3", "llama-spm", () => bundledVocab("gemma3").metadata],
 ];
 
 /** node-llama-cpp's native model object: llama.cpp's own answers without the JS layer's filtering. */
@@ -81,7 +85,7 @@ describe.each(VOCABS)("%s against llama.cpp", (name, golden, tokenizerMetadata) 
       .map((id) => ours.tokenText(id));
     const r = rng(7);
     const picked = Array.from({ length: 40 }, () => specialTexts[Math.floor(r() * specialTexts.length)]);
-    texts = [...(golden ? goldenCases(golden).map((c) => c.text) : []), ...nastyStrings(1234, 250, picked)];
+    texts = [...(golden ? goldenCases(golden).map((c) => c.text) : []), ...CHAT_AND_LAYOUT_STRINGS, ...nastyStrings(1234, 250, picked)];
   }, 60_000);
   afterAll(async () => {
     await theirs?.dispose();

