@@ -44,6 +44,12 @@ export class NormalStream {
     return (x << k) | (x >>> (32 - k));
   }
 
+  /** Fills out with uniform random bytes. */
+  bytes(out: Uint8Array): Uint8Array {
+    for (let i = 0; i < out.length; i++) out[i] = Math.floor(this.uniform() * 256);
+    return out;
+  }
+
   /** Fills out with normal values of the given standard deviation. */
   fill(out: Float32Array, std: number): Float32Array {
     let i = 0;
