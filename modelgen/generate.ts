@@ -29,6 +29,8 @@ export interface GenerateOptions {
   readonly weightStd?: number;
   /** general.name (default: the shape's name and type). */
   readonly name?: string;
+  /** tokenizer.chat_template: a Jinja chat template the file carries (e.g. gpt-oss's harmony format). */
+  readonly chatTemplate?: string;
 }
 
 export interface GeneratedTensor {
@@ -144,7 +146,8 @@ export async function generateModel(options: GenerateOptions): Promise<GenerateR
   const plan = planTensors(shape, fileType, options.pure ?? false);
   const metadata = [
     ...archMetadata(shape, options.name ?? `${defaultName(shape.name)}-${fileType}${options.pure ? "-pure" : ""}-random`, fileType),
-    ...vocabMetadata(shape, options.vocab),
+    ...vocabMetadata(shape, options.vocab).filter((m) => options.chatTemplate === undefined || m.key !== "tokenizer.chat_template"),
+    ...(options.chatTemplate !== undefined ? [kv.str("tokenizer.chat_template", options.chatTemplate)] : []),
   ];
   const tensors: GgufTensorToWrite[] = plan.map((t) => ({
     name: t.name, dims: t.dims, type: t.type, data: () => tensorBytes(t, seed, std),
