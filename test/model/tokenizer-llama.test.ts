@@ -20,6 +20,8 @@ const VOCABS: readonly (readonly [label: string, golden: GoldenVocab | null, met
   // llama.cpp's "default" BPE pre-tokenizer (std::regex on category-collapsed text).
   ["gpt-2 with pre-tokenizer default", "gpt-2", () => [...bundledVocab("gpt-2").metadata.filter((m) => m.key !== "tokenizer.ggml.pre"), kv.str("tokenizer.ggml.pre", "default")]],
   ["llama-bpe", "llama-bpe", () => bundledVocab("llama-bpe").metadata],
+  // llama.cpp's "gpt-4o" pre-tokenizer (o200k's: gpt-oss), std::regex on category-collapsed text too.
+  ["llama-bpe with pre-tokenizer gpt-4o", "llama-bpe", () => [...bundledVocab("llama-bpe").metadata.filter((m) => m.key !== "tokenizer.ggml.pre"), kv.str("tokenizer.ggml.pre", "gpt-4o")]],
   // Padded to Qwen2.5's vocab_size with unused tokens, as a generated model has it.
   ["qwen2 (151936 tokens)", "qwen2", () => bundledVocab("qwen2", { vocabSize: 151936 }).metadata],
   ["stories260K", null, () => bundledVocab("stories260K").metadata],
