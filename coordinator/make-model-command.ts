@@ -1,9 +1,10 @@
 // prima-coord make-model: writes a random-weight GGUF of a named or custom shape and any type mix
 // (modelgen/). Tests and benchmarks use it to make models no one can download here.
+import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { generateModel, ModelGenError, resolveShape } from "../modelgen/index.js";
 import {
-  BUNDLED_VOCAB_NAMES, FILE_TYPE_NAMES, familyOf, modelShapeByName, modelShapes, supportedArchitectures,
+  BUNDLED_VOCAB_NAMES, FILE_TYPE_NAMES, familyOf, modelShapeByName, modelShapes, printable, supportedArchitectures,
   type Architecture, type BundledVocabName, type ModelShape,
 } from "../model/index.js";
 
@@ -16,6 +17,7 @@ const HELP = `usage: prima-coord make-model --shape NAME --type TYPE --out FILE 
   --out FILE        the GGUF to write
   --vocab NAME      ${BUNDLED_VOCAB_NAMES.join(", ")} (default: the shape's)
   --seed N          random seed (default 1)
+  --chat-template FILE  a Jinja chat template the file carries (tokenizer.chat_template)
   --weight-std X    standard deviation of the weights (default 0.02; 0.05 makes greedy text vary
                     instead of repeating one token, as the oracle tests use)
   custom shape (starting from --shape, or from tiny-llama):
@@ -23,7 +25,9 @@ const HELP = `usage: prima-coord make-model --shape NAME --type TYPE --out FILE 
   --dims N      --layers N     --heads N
   --kv-heads N      --ffn N             --vocab-size N                --ctx N
   --experts N       --experts-used K    --expert-ffn N    a mixture of experts (llama: Mixtral-style;
-                                                          qwen3moe); --experts 0 makes a llama dense`;
+                                                          qwen3moe; gpt-oss); --experts 0 makes a llama dense
+  gpt-oss-20b's shape at MXFP4_MOE (its release type: MXFP4 experts, the rest Q8_0) is about 12 GB;
+  its experts are written as random MXFP4 blocks directly`;
 
 class UsageError extends Error {
   override name = "UsageError";
@@ -44,6 +48,8 @@ export interface MakeModelArgs {
   readonly vocab?: BundledVocabName;
   readonly seed: number;
   readonly weightStd?: number;
+  /** The chat template file's path (read when the model is written). */
+  readonly chatTemplate?: string;
 }
 
 export function parseMakeModelArgs(argv: string[]): MakeModelArgs | "help" {
@@ -53,7 +59,7 @@ export function parseMakeModelArgs(argv: string[]): MakeModelArgs | "help" {
       args: argv,
       options: {
         shape: { type: "string" }, type: { type: "string" }, out: { type: "string" }, pure: { type: "boolean" },
-        vocab: { type: "string" }, seed: { type: "string" }, "weight-std": { type: "string" }, arch: { type: "string" }, dims: { type: "string" },
+        vocab: { type: "string" }, "chat-template": { type: "string" }, seed: { type: "string" }, "weight-std": { type: "string" }, arch: { type: "string" }, dims: { type: "string" },
         layers: { type: "string" }, heads: { type: "string" }, "kv-heads": { type: "string" }, ffn: { type: "string" },
         "vocab-size": { type: "string" }, ctx: { type: "string" }, experts: { type: "string" }, "experts-used": { type: "string" },
         "expert-ffn": { type: "string" }, help: { type: "boolean", short: "h" },
@@ -88,7 +94,7 @@ export function parseMakeModelArgs(argv: string[]): MakeModelArgs | "help" {
       nVocab: intArg("vocab-size", values["vocab-size"]) ?? base.nVocab,
       contextLength: intArg("ctx", values.ctx) ?? base.contextLength,
       tiedEmbeddings: arch === "qwen2" ? base.tiedEmbeddings || base.arch !== "qwen2" : arch === base.arch && base.tiedEmbeddings,
-      qkvBias: arch === "qwen2",
+      qkvBias: arch === "qwen2" || arch === "gpt-oss",
       // a head size of its own only while the heads and width are the named shape's
       headDim: values.dims || values.heads ? undefined : base.headDim,
     };
@@ -101,6 +107,17 @@ export function parseMakeModelArgs(argv: string[]): MakeModelArgs | "help" {
           nFfExp: intArg("expert-ffn", values["expert-ffn"]) ?? base.nFfExp,
         };
     }
+  }
+  if (base.arch === "gpt-oss") {
+    // gpt-oss's own parts a custom shape keeps from tiny-gpt-oss unless its base had them: the window,
+    // YaRN, and experts (a gpt-oss layer has no dense feed-forward)
+    const g = modelShapeByName("tiny-gpt-oss")!;
+    if (base.nExpert === undefined && (values.experts === "0")) throw new UsageError("gpt-oss has no dense feed-forward: --experts must be at least 1");
+    base = {
+      ...base, slidingWindow: base.slidingWindow ?? g.slidingWindow, ropeYarnFactor: base.ropeYarnFactor ?? g.ropeYarnFactor,
+      ropeOrigContext: base.ropeOrigContext ?? g.ropeOrigContext, nExpert: base.nExpert ?? g.nExpert, nExpertUsed: base.nExpertUsed ?? g.nExpertUsed,
+      nFfExp: base.nFfExp ?? base.nFf,
+    };
   }
   let vocab: BundledVocabName | undefined;
   if (values.vocab !== undefined) {
@@ -118,7 +135,7 @@ export function parseMakeModelArgs(argv: string[]): MakeModelArgs | "help" {
       throw new UsageError(`--weight-std must be a positive number (got "${values["weight-std"]}")`);
     }
   }
-  return { shape: base, type: values.type, pure: values.pure ?? false, out: values.out, vocab, seed, weightStd };
+  return { shape: base, type: values.type, pure: values.pure ?? false, out: values.out, vocab, seed, weightStd, chatTemplate: values["chat-template"] };
 }
 
 export async function makeModelCommand(argv: string[]): Promise<number> {
@@ -137,9 +154,20 @@ export async function makeModelCommand(argv: string[]): Promise<number> {
     }
     throw e;
   }
+  let chatTemplate: string | undefined;
+  if (args.chatTemplate !== undefined) {
+    try {
+      chatTemplate = readFileSync(args.chatTemplate, "utf8");
+    } catch (e) {
+      console.error(`prima-coord make-model: cannot read the chat template ${printable(args.chatTemplate, 200)}: ${printable((e as Error).message, 200)}`);
+      return 2;
+    }
+  }
   const t0 = Date.now();
   try {
-    const r = await generateModel({ shape: args.shape, type: args.type, pure: args.pure, out: args.out, vocab: args.vocab, seed: args.seed, weightStd: args.weightStd });
+    const r = await generateModel({
+      shape: args.shape, type: args.type, pure: args.pure, out: args.out, vocab: args.vocab, seed: args.seed, weightStd: args.weightStd, chatTemplate,
+    });
     const counts = new Map<number, number>();
     for (const t of r.tensors) counts.set(t.type, (counts.get(t.type) ?? 0) + 1);
     console.log(`wrote ${r.path}: ${r.shape.name} (${r.shape.arch}, ${r.shape.nLayers} layers, dim ${r.shape.nEmbd}), ${r.fileType}` +

@@ -109,6 +109,7 @@ export function nativeHParams(desc: ModelDescription): NativeHParams {
     queryScale: h.queryScale, scoreScale: h.scoreScale, layerWindow: h.layerWindow,
     ropeFreqBaseSwa: h.ropeFreqBaseSwa, ropeFreqScaleSwa: h.ropeFreqScaleSwa, ropeAttnFactor: h.ropeAttnFactor,
     nCtxOrig: h.nCtxOrig, attnSoftcap: h.attnSoftcap, finalSoftcap: h.finalSoftcap,
-    nExpert: h.nExpert, nExpertUsed: h.nExpertUsed, nFfExp: h.nFfExp,
+    nExpert: h.nExpert, nExpertUsed: h.nExpertUsed, nFfExp: h.nFfExp, moeGating: h.moeGating,
+    ropeYarnExtFactor: h.ropeYarnExtFactor, ropeYarnBetaFast: h.ropeYarnBetaFast, ropeYarnBetaSlow: h.ropeYarnBetaSlow,
   };
 }

@@ -20,7 +20,6 @@ const MOE_NEEDS: Readonly<Record<string, string>> = {
   deepseek2: "multi-head latent attention (MLA) and shared experts",
   deepseek: "shared experts",
   qwen2moe: "shared experts with a sigmoid gate",
-  "gpt-oss": "attention sinks, expert biases and the clamped SwiGLU (swiglu_oai)",
   granitemoe: "Granite's multipliers and shared experts",
   olmoe: "unnormalised expert weights",
 };
@@ -44,19 +43,21 @@ export function readHParams(f: GgufFile): HParams {
   if (!family.moe && (nExpert !== 0 || keys.hasTensor("blk.0.ffn_gate_inp.weight"))) {
     throw new GgufError(`${f.path}: ${family.name}.expert_count = ${nExpert}: mixture-of-experts layers are not supported for ${family.name}`);
   }
-  const common = commonHParams(keys, family.name, family.ropeNeox, fileVocabSize(f));
+  const common = commonHParams(keys, family.name, family.ropeNeox, fileVocabSize(f), family.yarn);
   return family.hparams(keys, { ...common, hasRopeFreqs: common.hasRopeFreqs && Boolean(family.ropeFreqs) });
 }
 
 /** Checks every tensor the architecture needs: present, supported type, expected shape. */
 export function readModelTensors(f: GgufFile, hp: HParams): ModelTensors {
   const byName = new Map<string, GgufTensorInfo>(f.tensors.map((t) => [t.name, t]));
+  const read = new Set<string>();
   const get = (name: string, dims: readonly number[], opts: { optional?: boolean; f32Only?: boolean } = {}): TensorRef | undefined => {
     const t = byName.get(name);
     if (!t) {
       if (opts.optional) return undefined;
       throw new GgufError(`${f.path}: missing tensor ${name}`);
     }
+    read.add(name);
     const info = ggmlTypeInfo(t.type);
     if (!info?.supported) throw new GgufError(`${f.path}: tensor ${name} has type ${ggmlTypeName(t.type)}, which prima does not support`);
     if (opts.f32Only && t.type !== 0) throw new GgufError(`${f.path}: tensor ${name} must be F32, is ${ggmlTypeName(t.type)}`);
@@ -78,7 +79,12 @@ export function readModelTensors(f: GgufFile, hp: HParams): ModelTensors {
     layers.push(layerFromTable(family.layer, hp, i, (name, dims, f32) => must(name, dims, f32)));
   }
   const factors = (name: string) => (family.longRope ? get(name, [hp.ropeDims / 2], { optional: true, f32Only: true }) : undefined);
-  return { tokenEmbd, outputNorm, output, ropeFreqs, ropeFactorsLong: factors("rope_factors_long.weight"), ropeFactorsShort: factors("rope_factors_short.weight"), layers };
+  const ropeFactorsLong = factors("rope_factors_long.weight"), ropeFactorsShort = factors("rope_factors_short.weight");
+  if (family.strictTensors) {
+    const unread = f.tensors.find((t) => !read.has(t.name));
+    if (unread) throw new GgufError(`${f.path}: tensor ${printable(unread.name, 120)} is not part of the ${family.name} model prima runs; refusing rather than ignoring it`);
+  }
+  return { tokenEmbd, outputNorm, output, ropeFreqs, ropeFactorsLong, ropeFactorsShort, layers };
 }
 
 /** block_count must agree with the blk.N tensors: a file that says fewer layers than it holds would

@@ -42,7 +42,7 @@ const TYPES: readonly GgmlTypeInfo[] = [
   { id: 30, name: "BF16", blockElems: 1, blockBytes: 2, supported: true },
   { id: 34, name: "TQ1_0", blockElems: 256, blockBytes: 54, supported: false },
   { id: 35, name: "TQ2_0", blockElems: 256, blockBytes: 66, supported: false },
-  { id: 39, name: "MXFP4", blockElems: 32, blockBytes: 17, supported: false },
+  { id: 39, name: "MXFP4", blockElems: 32, blockBytes: 17, supported: true },
 ];
 
 const BY_ID = new Map(TYPES.map((t) => [t.id, t]));
@@ -50,7 +50,7 @@ const BY_NAME = new Map(TYPES.map((t) => [t.name, t]));
 
 export const GgmlType = {
   F32: 0, F16: 1, Q4_0: 2, Q4_1: 3, Q5_0: 6, Q5_1: 7, Q8_0: 8, Q8_1: 9,
-  Q2_K: 10, Q3_K: 11, Q4_K: 12, Q5_K: 13, Q6_K: 14, Q8_K: 15, IQ4_NL: 20, IQ4_XS: 23, BF16: 30,
+  Q2_K: 10, Q3_K: 11, Q4_K: 12, Q5_K: 13, Q6_K: 14, Q8_K: 15, IQ4_NL: 20, IQ4_XS: 23, BF16: 30, MXFP4: 39,
 } as const;
 
 export function ggmlTypeInfo(id: number): GgmlTypeInfo | undefined {

@@ -29,6 +29,8 @@ export const FILE_TYPES = {
   Q6_K: { ftype: 18, base: GgmlTypeId.Q6_K },
   IQ4_NL: { ftype: 25, base: GgmlTypeId.IQ4_NL },
   IQ4_XS: { ftype: 30, base: GgmlTypeId.IQ4_XS },
+  /** gpt-oss's release format: experts MXFP4, every other quantizable weight Q8_0. */
+  MXFP4_MOE: { ftype: 38, base: GgmlTypeId.MXFP4 },
 } as const;
 export type FileTypeName = keyof typeof FILE_TYPES;
 export const FILE_TYPE_NAMES = Object.keys(FILE_TYPES) as FileTypeName[];
@@ -58,6 +60,7 @@ const BLOCK: Record<number, number> = {
   [GgmlTypeId.F32]: 1, [GgmlTypeId.F16]: 1, [GgmlTypeId.BF16]: 1, [GgmlTypeId.Q4_0]: 32, [GgmlTypeId.Q4_1]: 32,
   [GgmlTypeId.Q5_0]: 32, [GgmlTypeId.Q5_1]: 32, [GgmlTypeId.Q8_0]: 32, [GgmlTypeId.Q2_K]: 256, [GgmlTypeId.Q3_K]: 256,
   [GgmlTypeId.Q4_K]: 256, [GgmlTypeId.Q5_K]: 256, [GgmlTypeId.Q6_K]: 256, [GgmlTypeId.IQ4_NL]: 32, [GgmlTypeId.IQ4_XS]: 256,
+  [GgmlTypeId.MXFP4]: 32,
 };
 const isQuantized = (t: number) => BLOCK[t] > 1;
 
@@ -99,6 +102,11 @@ export function tensorTypeFor(fileType: FileTypeName, t: TensorForTyping, shape:
   // 8 experts (Mixtral 8x7B's count): llama-quantize spends more bits on attention
   const eightExperts = shape.nExpert === 8;
 
+  if (fileType === "MXFP4_MOE") {
+    // llama-quantize: the output (and tied embeddings) Q8_0; the experts (3-D) MXFP4, the rest Q8_0
+    const experts = (t.dims[2] ?? 1) > 1 && category !== "output" && !(shape.tiedEmbeddings && category === "token_embd");
+    return fallback(experts ? GgmlTypeId.MXFP4 : GgmlTypeId.Q8_0, t.dims[0]);
+  }
   if (category === "output" || (shape.tiedEmbeddings && category === "token_embd")) {
     if (t.dims[0] % BLOCK[type] !== 0) type = GgmlTypeId.Q8_0;
     else if (type !== GgmlTypeId.Q8_0) type = GgmlTypeId.Q6_K;
@@ -137,7 +145,7 @@ export interface PlannedTensor {
   readonly dims: readonly number[];
   readonly type: number;
   /** What fills it: weights (normal), ones (norms) or biases (small normal). */
-  readonly fill: "weight" | "ones" | "bias" | "factors";
+  readonly fill: "weight" | "ones" | "bias" | "factors" | "sinks";
 }
 
 /** The tensors of a shape, in the order convert_hf_to_gguf-style files hold them, with their types:

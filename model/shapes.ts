@@ -68,6 +68,12 @@ export const modelShapes: readonly ModelShape[] = [
     tiedEmbeddings: false, qkvBias: false, contextLength: 32768, ropeFreqBase: 1000000, normEps: 1e-5, defaultVocab: "llama-spm",
     nExpert: 8, nExpertUsed: 2,
   },
+  {
+    // gpt-oss-20b (MXFP4_MOE is its release format); o200k_harmony's 201088 tokens, padded from llama-bpe's
+    name: "gpt-oss-20b", arch: "gpt-oss", nEmbd: 2880, nLayers: 24, nHead: 64, nHeadKv: 8, headDim: 64, nFf: 2880, nVocab: 201088,
+    tiedEmbeddings: false, qkvBias: true, contextLength: 131072, ropeFreqBase: 150000, normEps: 1e-5, defaultVocab: "llama-bpe",
+    nExpert: 32, nExpertUsed: 4, nFfExp: 2880, slidingWindow: 128, ropeYarnFactor: 32, ropeOrigContext: 4096,
+  },
   // Test shapes: seconds to make, every dimension a multiple of 256, GQA, stories260K's 512-token vocabulary.
   {
     name: "tiny-llama", arch: "llama", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, nFf: 512, nVocab: 512,
@@ -119,6 +125,13 @@ export const modelShapes: readonly ModelShape[] = [
     name: "tiny-mixtral", arch: "llama", nEmbd: 256, nLayers: 2, nHead: 4, nHeadKv: 2, nFf: 512, nVocab: 512,
     tiedEmbeddings: false, qkvBias: false, contextLength: 512, ropeFreqBase: 1000000, normEps: 1e-5, defaultVocab: "stories260K",
     nExpert: 4, nExpertUsed: 2,
+  },
+  // gpt-oss: gpt-oss-20b's head size, YaRN and original context, 2 of 8 experts used per token (its 4 of 32 is 1 in 8), and a
+  // 4-token window on 2 of its 3 layers (layers 0 and 2 slide), so a 16-token prompt runs past it.
+  {
+    name: "tiny-gpt-oss", arch: "gpt-oss", nEmbd: 256, nLayers: 3, nHead: 8, nHeadKv: 2, headDim: 64, nFf: 256, nVocab: 512,
+    tiedEmbeddings: false, qkvBias: true, contextLength: 131072, ropeFreqBase: 150000, normEps: 1e-5, defaultVocab: "stories260K",
+    nExpert: 8, nExpertUsed: 2, nFfExp: 256, slidingWindow: 4, ropeYarnFactor: 32, ropeOrigContext: 4096,
   },
   // 8 layers: the layer-dependent type choices of the K-quant mixes (first/last eighth, every third) all
   // occur; 4 heads per KV head: the GQA-dependent ones too.

@@ -4,7 +4,7 @@
 
 import { CATEGORY_MASK, CptFlag, cptFlags } from "./tokenizer-unicode.js";
 
-export type SplitterName = "gpt2" | "llama3" | "qwen2" | "default";
+export type SplitterName = "gpt2" | "llama3" | "qwen2" | "default" | "gpt4o";
 
 const OUT_OF_RANGE = -1;
 const CR = 0x0d;
@@ -242,6 +242,72 @@ function splitDigitTriples(cpts: Uint32Array, segments: readonly number[]): numb
   return out;
 }
 
+// ---- llama.cpp's std::regex fallback, for "gpt-4o" (o200k: gpt-oss, Llama 4) ---------------------
+// llama.cpp has no hand-written splitter for this expression: it replaces every non-ASCII codepoint by
+// one byte standing for its category (whitespace by a vertical tab) and each \p{..} of the expression
+// by a class of that byte and the category's ASCII members, and runs the result as an ECMAScript
+// regex. JavaScript's RegExp is ECMAScript too, so the same collapsed expression on the same collapsed
+// text makes the same words. The expression is llama.cpp's (llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_GPT4O).
+
+const GPT4O_REGEX = String.raw`[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`;
+
+/** The byte a codepoint collapses to, and the ASCII members of each category (unicode_regex_split). */
+const COLLAPSED: readonly { flag: number; byte: number; ascii: string; names: readonly string[] }[] = [
+  { flag: CptFlag.NUMBER, byte: 0xd1, ascii: "0-9", names: ["N"] },
+  { flag: CptFlag.LETTER, byte: 0xd2, ascii: "A-Za-z", names: ["L", "Lu", "Ll", "Lt", "Lm", "Lo"] },
+  { flag: CptFlag.PUNCTUATION, byte: 0xd3, ascii: String.raw`!-#%-*,-/:-;?-@\[-\]_\{\}`, names: ["P"] },
+  { flag: CptFlag.MARK, byte: 0xd4, ascii: "", names: ["M"] },
+  { flag: CptFlag.SYMBOL, byte: 0xd5, ascii: String.raw`\$\+<->\^\`\|\~`, names: ["S"] },
+];
+
+function collapseCpt(cpt: number): number {
+  if (cpt < 128) return cpt;
+  const f = cptFlags(cpt);
+  if (f & CptFlag.WHITESPACE) return 0x0b;
+  const c = COLLAPSED.find((x) => x.flag === (f & CATEGORY_MASK));
+  return c ? c.byte : 0xd0;
+}
+
+/** The expression with each \p{..} replaced by its collapsed class (bracketed unless already inside []). */
+function collapseRegex(expr: string): RegExp {
+  let out = "", inside = false;
+  for (let i = 0; i < expr.length; i++) {
+    if (expr[i] === "[" && (i === 0 || expr[i - 1] !== "\\")) { out += "["; inside = true; continue; }
+    if (inside && expr[i] === "]" && expr[i - 1] !== "\\") { out += "]"; inside = false; continue; }
+    const m = /^\\p\{(\w{1,2})\}/.exec(expr.slice(i));
+    const c = m && COLLAPSED.find((x) => x.names.includes(m[1]));
+    if (m && c) {
+      const cls = String.fromCharCode(c.byte) + c.ascii;
+      out += inside ? cls : `[${cls}]`;
+      i += m[0].length - 1;
+      continue;
+    }
+    out += expr[i];
+  }
+  return new RegExp(out, "g");
+}
+
+let gpt4o: RegExp | undefined;
+
+function splitCollapsedRegex(cpts: Uint32Array, segments: readonly number[], re: RegExp): number[] {
+  const out: number[] = [];
+  let start = 0;
+  for (const len of segments) {
+    const text = String.fromCharCode(...Array.from(cpts.subarray(start, start + len), collapseCpt));
+    re.lastIndex = 0;
+    let at = 0;
+    for (let m = re.exec(text); m; m = re.exec(text)) {
+      if (m[0].length === 0) { re.lastIndex++; continue; } // (no alternative matches empty; kept safe)
+      if (m.index > at) out.push(m.index - at);
+      out.push(m[0].length);
+      at = m.index + m[0].length;
+    }
+    if (at < len) out.push(len - at);
+    start += len;
+  }
+  return out;
+}
+
 /** Word lengths (in codepoints) of `cpts` under the named pre-tokenizer. */
 export function pretokenize(name: SplitterName, cpts: Uint32Array): number[] {
   const all = cpts.length > 0 ? [cpts.length] : [];
@@ -252,6 +318,8 @@ export function pretokenize(name: SplitterName, cpts: Uint32Array): number[] {
       return splitLlama3Like(cpts, all, 3);
     case "qwen2":
       return splitLlama3Like(cpts, all, 1);
+    case "gpt4o":
+      return splitCollapsedRegex(cpts, all, (gpt4o ??= collapseRegex(GPT4O_REGEX)));
     case "default": {
       let segs = splitRuns(cpts, all, isDefaultPunct);
       segs = splitGpt2(cpts, segs);

@@ -94,6 +94,7 @@ interface PreType {
 const LLAMA3: PreType = { splitter: "llama3", ignoreMerges: true, addBos: true };
 const QWEN2: PreType = { splitter: "qwen2", cleanSpaces: false };
 const GPT2: PreType = { splitter: "gpt2" };
+const GPT4O: PreType = { splitter: "gpt4o", cleanSpaces: false };
 const PRE_TYPES: Readonly<Record<string, PreType>> = {
   default: { splitter: "default" },
   llama3: LLAMA3, "llama-v3": LLAMA3, "llama-bpe": LLAMA3, falcon3: LLAMA3, "falcon-h1": LLAMA3,
@@ -104,6 +105,8 @@ const PRE_TYPES: Readonly<Record<string, PreType>> = {
   "gpt-2": GPT2, "phi-2": GPT2, gigachat: GPT2, "a.x-4.0": GPT2, mellum: GPT2, exaone4: GPT2, mpt: GPT2,
   olmo: GPT2, jais: GPT2, trillion: { splitter: "gpt2", cleanSpaces: false },
   "granite-docling": { splitter: "gpt2", cleanSpaces: false },
+  // o200k (gpt-oss, Llama 4): llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT4O
+  "gpt-4o": GPT4O, llama4: GPT4O, kanana2: GPT4O, talkie: GPT4O,
 };
 
 export const SUPPORTED_PRE_TOKENIZERS: readonly string[] = Object.keys(PRE_TYPES);

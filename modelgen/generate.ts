@@ -7,7 +7,7 @@ import {
   FILE_TYPES, GgufValueType, bundledVocab, kv, shapeKeys, modelShapeByName, modelShapes, parseFileType, planTensors, shapeProblems, writeGguf,
   type BundledVocabName, type FileTypeName, type GgufKV, type GgufTensorToWrite, type ModelShape, type PlannedTensor,
 } from "../model/index.js";
-import { quantizeRef, rowBytes } from "../native/index.js";
+import { GgmlTypeId, quantizeRef, rowBytes } from "../native/index.js";
 import { NormalStream } from "./random.js";
 
 export class ModelGenError extends Error {
@@ -29,6 +29,8 @@ export interface GenerateOptions {
   readonly weightStd?: number;
   /** general.name (default: the shape's name and type). */
   readonly name?: string;
+  /** tokenizer.chat_template: a Jinja chat template the file carries (e.g. gpt-oss's harmony format). */
+  readonly chatTemplate?: string;
 }
 
 export interface GeneratedTensor {
@@ -63,13 +65,28 @@ function tensorBytes(t: PlannedTensor, seed: number, std: number): Uint8Array {
     return out;
   }
   const stream = new NormalStream(seed, t.name);
+  if (t.type === GgmlTypeId.MXFP4) return randomMxfp4(stream, out, t.fill === "bias" ? std / 2 : std);
   const chunkRows = Math.max(1, Math.floor((1 << 20) / rowElems));
   const buf = new Float32Array(chunkRows * rowElems);
   for (let r = 0; r < rows; r += chunkRows) {
     const n = Math.min(chunkRows, rows - r);
     const x = buf.subarray(0, n * rowElems);
-    stream.fill(x, t.fill === "bias" ? std / 2 : std);
+    stream.fill(x, t.fill === "sinks" ? 1 : t.fill === "bias" ? std / 2 : std);
     quantizeRef(t.type, x, out.subarray(r * rowLen, (r + n) * rowLen));
+  }
+  return out;
+}
+
+/** Valid random MXFP4 blocks written directly (gpt-oss-20b's experts are 12 GB: quantizing floats would
+ * take hours): every nibble uniform over the 16 E2M1 levels, and the E8M0 exponent that gives those
+ * levels about the asked standard deviation (the levels' RMS is 5.85 units of 2^(e-128)), a block in
+ * four one higher or lower. */
+function randomMxfp4(stream: NormalStream, out: Uint8Array, std: number): Uint8Array {
+  stream.bytes(out);
+  const e = Math.max(2, Math.min(253, 128 + Math.round(Math.log2(std / 5.85))));
+  for (let b = 0; b < out.length; b += 17) {
+    const jitter = out[b] & 7; // a random byte decides the block's scale
+    out[b] = e + (jitter === 0 ? -1 : jitter === 1 ? 1 : 0);
   }
   return out;
 }
@@ -79,7 +96,7 @@ function archMetadata(shape: ModelShape, name: string, fileType: FileTypeName): 
   return [
     kv.str("general.architecture", a),
     kv.str("general.name", name),
-    ...shapeKeys(a, shape).map((k) => (k.type === "u32" ? kv.u32 : kv.f32)(`${a}.${k.key}`, k.value)),
+    ...shapeKeys(a, shape).map((k) => (k.type === "str" ? kv.str(`${a}.${k.key}`, k.value) : (k.type === "u32" ? kv.u32 : kv.f32)(`${a}.${k.key}`, k.value))),
     kv.u32("general.file_type", FILE_TYPES[fileType].ftype),
     kv.u32("general.quantization_version", 2),
   ];
@@ -129,7 +146,8 @@ export async function generateModel(options: GenerateOptions): Promise<GenerateR
   const plan = planTensors(shape, fileType, options.pure ?? false);
   const metadata = [
     ...archMetadata(shape, options.name ?? `${defaultName(shape.name)}-${fileType}${options.pure ? "-pure" : ""}-random`, fileType),
-    ...vocabMetadata(shape, options.vocab),
+    ...vocabMetadata(shape, options.vocab).filter((m) => options.chatTemplate === undefined || m.key !== "tokenizer.chat_template"),
+    ...(options.chatTemplate !== undefined ? [kv.str("tokenizer.chat_template", options.chatTemplate)] : []),
   ];
   const tensors: GgufTensorToWrite[] = plan.map((t) => ({
     name: t.name, dims: t.dims, type: t.type, data: () => tensorBytes(t, seed, std),

@@ -30,18 +30,32 @@ export class NormalStream {
     this.s0 = next(); this.s1 = next(); this.s2 = next(); this.s3 = next() | 1;
   }
 
-  /** Uniform in (0, 1). */
-  private uniform(): number {
+  /** The next 32 random bits. */
+  private next32(): number {
     const r = Math.imul(this.rotl(Math.imul(this.s1, 5), 7), 9) >>> 0;
     const t = this.s1 << 9;
     this.s2 ^= this.s0; this.s3 ^= this.s1; this.s1 ^= this.s2; this.s0 ^= this.s3;
     this.s2 ^= t;
     this.s3 = this.rotl(this.s3, 11);
-    return (r + 0.5) / 4294967296;
+    return r;
+  }
+
+  /** Uniform in (0, 1). */
+  private uniform(): number {
+    return (this.next32() + 0.5) / 4294967296;
   }
 
   private rotl(x: number, k: number): number {
     return (x << k) | (x >>> (32 - k));
+  }
+
+  /** Fills out with uniform random bytes. */
+  bytes(out: Uint8Array): Uint8Array {
+    const whole = out.length & ~3;
+    const words = new DataView(out.buffer, out.byteOffset, out.byteLength);
+    for (let i = 0; i < whole; i += 4) words.setUint32(i, this.next32(), true);
+    for (let i = whole; i < out.length; i++) out[i] = this.next32() & 255;
+    return out;
   }
 
   /** Fills out with normal values of the given standard deviation. */

@@ -277,7 +277,8 @@ Model::Model(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Model>(info) {
                 {"queryScale", &hp.q_scale},        {"scoreScale", &hp.kq_scale},
                 {"ropeFreqBaseSwa", &hp.rope_base_swa}, {"ropeFreqScaleSwa", &hp.rope_freq_scale_swa},
                 {"ropeAttnFactor", &hp.rope_attn_factor}, {"attnSoftcap", &hp.attn_softcap},
-                {"finalSoftcap", &hp.final_softcap}};
+                {"finalSoftcap", &hp.final_softcap},    {"ropeYarnExtFactor", &hp.rope_yarn_ext},
+                {"ropeYarnBetaFast", &hp.rope_yarn_beta_fast}, {"ropeYarnBetaSlow", &hp.rope_yarn_beta_slow}};
   for (auto &f : floats) {
     if (!h.Get(f.key).IsNumber()) {
       ThrowType(env, std::string("hparams.") + f.key + " must be a number");
@@ -287,11 +288,17 @@ Model::Model(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Model>(info) {
   }
   hp.rope_neox = h.Get("ropeNeox").ToBoolean().Value() ? 1 : 0;
   const std::string act = h.Get("ffnAct").IsString() ? h.Get("ffnAct").As<Napi::String>().Utf8Value() : "";
-  if (act != "silu" && act != "gelu") {
-    ThrowType(env, "hparams.ffnAct must be \"silu\" or \"gelu\"");
+  if (act != "silu" && act != "gelu" && act != "swiglu-oai") {
+    ThrowType(env, "hparams.ffnAct must be \"silu\", \"gelu\" or \"swiglu-oai\"");
     return;
   }
-  hp.ffn_act = act == "gelu" ? PRIMA_FFN_GELU : PRIMA_FFN_SILU;
+  hp.ffn_act = act == "gelu" ? PRIMA_FFN_GELU : act == "swiglu-oai" ? PRIMA_FFN_SWIGLU_OAI : PRIMA_FFN_SILU;
+  const std::string gating = h.Get("moeGating").IsString() ? h.Get("moeGating").As<Napi::String>().Utf8Value() : "";
+  if (gating != "softmax-norm" && gating != "topk-softmax") {
+    ThrowType(env, "hparams.moeGating must be \"softmax-norm\" or \"topk-softmax\"");
+    return;
+  }
+  hp.moe_gating = gating == "topk-softmax" ? PRIMA_MOE_TOPK_SOFTMAX : PRIMA_MOE_SOFTMAX_NORM;
   Napi::Value lw = h.Get("layerWindow");
   if (!lw.IsArray() || lw.As<Napi::Array>().Length() != (uint32_t)hp.n_layers) {
     ThrowType(env, "hparams.layerWindow must be an array of one window (0: full attention) per layer");

@@ -5,13 +5,13 @@ import { addon } from "./binding.js";
 /** ggml type ids as GGUF stores them (the subset prima has kernels or activation formats for). */
 export const GgmlTypeId = {
   F32: 0, F16: 1, Q4_0: 2, Q4_1: 3, Q5_0: 6, Q5_1: 7, Q8_0: 8, Q8_1: 9,
-  Q2_K: 10, Q3_K: 11, Q4_K: 12, Q5_K: 13, Q6_K: 14, Q8_K: 15, IQ4_NL: 20, IQ4_XS: 23, BF16: 30,
+  Q2_K: 10, Q3_K: 11, Q4_K: 12, Q5_K: 13, Q6_K: 14, Q8_K: 15, IQ4_NL: 20, IQ4_XS: 23, BF16: 30, MXFP4: 39,
 } as const;
 export type GgmlTypeName = keyof typeof GgmlTypeId;
 
 /** Weight types with a dot kernel, in id order. */
 export const WEIGHT_TYPES: readonly GgmlTypeName[] = [
-  "F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "BF16",
+  "F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "BF16", "MXFP4",
 ];
 
 export type SimdLevel = "scalar" | "avx2" | "avx512" | "neon";

@@ -15,7 +15,11 @@ export interface NativeHParams {
   readonly ropeFreqBase: number;
   readonly ropeFreqScale: number;
   /** The switches of the shared blocks (model/arch/types.ts HParams says what each does). */
-  readonly ffnAct: "silu" | "gelu";
+  readonly ffnAct: "silu" | "gelu" | "swiglu-oai";
+  readonly moeGating: "softmax-norm" | "topk-softmax";
+  readonly ropeYarnExtFactor: number;
+  readonly ropeYarnBetaFast: number;
+  readonly ropeYarnBetaSlow: number;
   readonly embdScale: number;
   readonly queryScale: number;
   readonly scoreScale: number;

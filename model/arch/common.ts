@@ -38,7 +38,7 @@ export function fileVocabSize(f: GgufFile): number {
 }
 
 /** The hyper-parameters of every family, with the llama defaults of the shared blocks' switches. */
-export function commonHParams(r: KeyReader, arch: Architecture, ropeNeox: boolean, nVocab: number): HParams {
+export function commonHParams(r: KeyReader, arch: Architecture, ropeNeox: boolean, nVocab: number, yarn = false): HParams {
   const f = { path: r.path };
   const k = (s: string) => `${arch}.${s}`;
   const int = (key: string, dflt?: number, max?: number) => {
@@ -70,6 +70,10 @@ export function commonHParams(r: KeyReader, arch: Architecture, ropeNeox: boolea
     const factor = r.number("rope.scaling.factor") ?? r.number("rope.scale_linear") ?? 1;
     if (!(factor > 0)) throw new GgufError(`${f.path}: rope scaling factor ${factor} is invalid`);
     ropeFreqScale = 1 / factor;
+  } else if (scalingType === "yarn" && yarn) {
+    const factor = r.number("rope.scaling.factor") ?? 1;
+    if (!(factor >= 1 && factor < 1e6)) throw new GgufError(`${f.path}: ${k("rope.scaling.factor")} ${factor} is out of range for YaRN (1..1e6)`);
+    ropeFreqScale = Math.fround(1 / factor);
   } else if (scalingType !== "none") {
     // llama3-style scaling is carried by rope_freqs.weight with type "none"; yarn/longrope need more.
     throw new GgufError(`${f.path}: RoPE scaling type "${printable(scalingType, 80)}" is not supported`);
@@ -82,6 +86,16 @@ export function commonHParams(r: KeyReader, arch: Architecture, ropeNeox: boolea
   if (!Number.isInteger(nCtxOrig) || nCtxOrig < 1 || nCtxOrig > 1 << 24) throw new GgufError(`${f.path}: original context length ${nCtxOrig} is out of range`);
   const ropeAttnFactor = r.number("rope.scaling.attn_factor") ?? 1;
   if (!(ropeAttnFactor > 0 && ropeAttnFactor < 100)) throw new GgufError(`${f.path}: ${k("rope.scaling.attn_factor")} ${ropeAttnFactor} is out of range`);
+
+  // YaRN as llama.cpp's context sets it up (llama_context: ext_factor 1, the betas 32 and 1, and an
+  // attention factor get_mscale(factor) / (1 + 0.1 ln factor) that ggml's rope multiplies back)
+  const isYarn = scalingType === "yarn";
+  let attnFactor = ropeAttnFactor;
+  if (isYarn) {
+    const factor = Math.fround(1 / ropeFreqScale), lnF = Math.fround(Math.log(factor));
+    const mscale = factor <= 1 ? 1 : Math.fround(Math.fround(0.1 * lnF) + 1);
+    attnFactor = Math.fround(Math.fround(mscale * Math.fround(1 / Math.fround(1 + Math.fround(0.1 * lnF)))) * ropeAttnFactor);
+  }
 
   positiveInt(f.path, "vocabulary size", nVocab, 1 << 24);
   // Mixture of experts (llama.cpp reads these for every family; the families with MoE layers use them).
@@ -106,13 +120,17 @@ export function commonHParams(r: KeyReader, arch: Architecture, ropeNeox: boolea
     layerWindow: new Array<number>(nLayers).fill(0),
     ropeFreqBaseSwa: ropeFreqBase,
     ropeFreqScaleSwa: ropeFreqScale,
-    ropeAttnFactor,
+    ropeAttnFactor: attnFactor,
     nCtxOrig,
     attnSoftcap: 0,
     finalSoftcap: 0,
     nExpert,
     nExpertUsed,
     nFfExp,
+    moeGating: "softmax-norm",
+    ropeYarnExtFactor: isYarn ? 1 : 0,
+    ropeYarnBetaFast: 32,
+    ropeYarnBetaSlow: 1,
   };
 }
 
@@ -192,7 +210,7 @@ export function layerFromTable(
     const t = lookup(`blk.${i}.${slot.name}`, slot.dims(hp), slot.f32 ?? false);
     if (!t) continue;
     if (!slot.view) {
-      layer[slot.field] = t;
+      layer[slot.field] = slot.as ? { ...t, name: `blk.${i}.${slot.as}` } : t;
       continue;
     }
     const [start, count] = slot.view.rows(hp);

@@ -2,6 +2,7 @@
 // tensor table), as llama.cpp's src/models/<arch>.cpp; this index is the list of families prima runs.
 import { gemma2 } from "./gemma2.js";
 import { gemma3 } from "./gemma3.js";
+import { gptOss } from "./gpt-oss.js";
 import { llama } from "./llama.js";
 import { mistral3 } from "./mistral3.js";
 import { phi3 } from "./phi3.js";
@@ -10,7 +11,7 @@ import { qwen3 } from "./qwen3.js";
 import { qwen3moe } from "./qwen3moe.js";
 import type { ArchFamily, Architecture } from "./types.js";
 
-export const families: readonly ArchFamily[] = [llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, mistral3, phi3];
+export const families: readonly ArchFamily[] = [llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, mistral3, phi3, gptOss];
 export const supportedArchitectures: readonly Architecture[] = families.map((f) => f.name);
 
 export function familyOf(name: string): ArchFamily | undefined {

@@ -5,11 +5,9 @@ import { familyOf } from "./index.js";
 import type { Architecture, FamilyShape, HParams, KeyReader } from "./types.js";
 
 /** A `<arch>.`-relative metadata key of a generated model. */
-export interface ShapeKey {
-  readonly key: string;
-  readonly type: "u32" | "f32";
-  readonly value: number;
-}
+export type ShapeKey =
+  | { readonly key: string; readonly type: "u32" | "f32"; readonly value: number }
+  | { readonly key: string; readonly type: "str"; readonly value: string };
 
 export function shapeKeys(arch: Architecture, s: FamilyShape): ShapeKey[] {
   const family = familyOf(arch);
@@ -29,6 +27,10 @@ export function shapeKeys(arch: Architecture, s: FamilyShape): ShapeKey[] {
     ...(s.headDim ? [{ key: "attention.key_length", type: "u32" as const, value: s.headDim }, { key: "attention.value_length", type: "u32" as const, value: s.headDim }] : []),
     ...(s.ropeOrigContext ? [{ key: "rope.scaling.original_context_length", type: "u32" as const, value: s.ropeOrigContext }] : []),
     ...(s.ropeAttnFactor ? [{ key: "rope.scaling.attn_factor", type: "f32" as const, value: s.ropeAttnFactor }] : []),
+    ...(s.ropeYarnFactor ? [
+      { key: "rope.scaling.type", type: "str" as const, value: "yarn" },
+      { key: "rope.scaling.factor", type: "f32" as const, value: s.ropeYarnFactor },
+    ] : []),
     ...(s.nExpert ? [
       { key: "expert_count", type: "u32" as const, value: s.nExpert },
       { key: "expert_used_count", type: "u32" as const, value: s.nExpertUsed ?? 2 },
@@ -42,17 +44,17 @@ export function shapeKeys(arch: Architecture, s: FamilyShape): ShapeKey[] {
 export function shapeHParams(arch: Architecture, s: FamilyShape): HParams {
   const family = familyOf(arch);
   if (!family) throw new Error(`no family ${arch}`);
-  const keys = new Map(shapeKeys(arch, s).map((k) => [k.key, k.value]));
+  const keys = new Map<string, number | string>(shapeKeys(arch, s).map((k) => [k.key, k.value]));
   const tensors = new Set<string>();
   if (!s.tiedEmbeddings) tensors.add("output.weight");
   if (s.qkvBias) tensors.add("blk.0.attn_q.bias");
   const reader: KeyReader = {
     path: `shape:${arch}`,
     arch,
-    number: (k) => keys.get(k),
-    string: () => undefined,
+    number: (k) => { const v = keys.get(k); return typeof v === "number" ? v : undefined; },
+    string: (k) => { const v = keys.get(k); return typeof v === "string" ? v : undefined; },
     array: () => undefined,
     hasTensor: (n) => tensors.has(n),
   };
-  return family.hparams(reader, commonHParams(reader, arch, family.ropeNeox, s.nVocab));
+  return family.hparams(reader, commonHParams(reader, arch, family.ropeNeox, s.nVocab, family.yarn));
 }

@@ -2,7 +2,7 @@
 // hyper-parameters with the switches of the native shared blocks, and the checked tensor table.
 
 /** A family name as general.architecture spells it. */
-export type Architecture = "llama" | "qwen2" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "mistral3" | "phi3";
+export type Architecture = "llama" | "qwen2" | "qwen3" | "qwen3moe" | "gemma2" | "gemma3" | "mistral3" | "phi3" | "gpt-oss";
 
 export interface HParams {
   readonly arch: Architecture;
@@ -27,8 +27,9 @@ export interface HParams {
   readonly hasQkvBias: boolean;
   /** output.weight absent: the head reuses token_embd.weight. */
   readonly tiedEmbeddings: boolean;
-  /** The gated feed-forward's activation: silu(gate) * up or gelu_tanh(gate) * up. */
-  readonly ffnAct: "silu" | "gelu";
+  /** The gated feed-forward's activation: silu(gate) * up, gelu_tanh(gate) * up, or gpt-oss's clamped
+   * SwiGLU (llama.cpp's swiglu_oai, alpha 1.702, limit 7; experts only). */
+  readonly ffnAct: "silu" | "gelu" | "swiglu-oai";
   /** Token embeddings are multiplied by this (gemma: sqrt(nEmbd)); 1 for none. */
   readonly embdScale: number;
   /** Q is multiplied by this before attention (gemma's query scale); 1 for none. */
@@ -53,6 +54,14 @@ export interface HParams {
   readonly nExpert: number;
   readonly nExpertUsed: number;
   readonly nFfExp: number;
+  /** How the router's logits pick and weigh a token's experts: softmax over all, top k, renormalised
+   * (qwen3moe, Mixtral); or the top k logits and a softmax over those (gpt-oss). */
+  readonly moeGating: "softmax-norm" | "topk-softmax";
+  /** YaRN (rope.scaling.type "yarn", gpt-oss): ggml's ext_factor (0: none) and the correction betas;
+   * the original context is nCtxOrig, the attention factor ropeAttnFactor as llama.cpp's context sets it. */
+  readonly ropeYarnExtFactor: number;
+  readonly ropeYarnBetaFast: number;
+  readonly ropeYarnBetaSlow: number;
 }
 
 /** One tensor the engine maps: where it is in the file and what it is. */
@@ -92,6 +101,14 @@ export interface LayerTensors {
   readonly ffnDownExps?: TensorRef;
   /** RMS norm of the feed-forward output before the residual add (gemma3). */
   readonly ffnPostNorm?: TensorRef;
+  /** gpt-oss: the attention output's bias, the per-head sink logits, and the biases of the router and
+   * of every expert's gate, up and down ([nFfExp or nEmbd, nExpert]). */
+  readonly bo?: TensorRef;
+  readonly attnSinks?: TensorRef;
+  readonly ffnGateInpB?: TensorRef;
+  readonly ffnGateExpsB?: TensorRef;
+  readonly ffnUpExpsB?: TensorRef;
+  readonly ffnDownExpsB?: TensorRef;
 }
 
 export interface ModelTensors {
@@ -124,8 +141,11 @@ export interface LayerSlot {
   readonly when?: (hp: HParams) => boolean;
   /** Norms and biases are F32 in every file llama.cpp writes, and so in ours. */
   readonly f32?: boolean;
-  /** What the generator fills it with. */
-  readonly fill: "weight" | "ones" | "bias";
+  /** What the generator fills it with (sinks: logits of about unit size). */
+  readonly fill: "weight" | "ones" | "bias" | "sinks";
+  /** The engine maps the tensor under this name (after `blk.N.`): the shared block it feeds is named
+   * otherwise in this family's files (gpt-oss's post_attention_norm is the feed-forward's norm). */
+  readonly as?: string;
   /** The slot is rows [start, start + count) of the fused tensor `name` (phi3's attn_qkv, ffn_up),
    * which the engine maps as the separate tensor `as` would be: no copy, no extra pass. */
   readonly view?: { readonly as: string; readonly rows: (hp: HParams) => readonly [number, number] };
@@ -174,6 +194,8 @@ export interface FamilyShape {
   readonly nExpert?: number;
   readonly nExpertUsed?: number;
   readonly nFfExp?: number;
+  /** YaRN: rope.scaling.factor (with ropeOrigContext as its original context). */
+  readonly ropeYarnFactor?: number;
 }
 
 /** A family: its keys, its switches of the shared blocks and its tensor table. Adding a family is one
@@ -190,6 +212,11 @@ export interface ArchFamily {
   readonly ropeFreqs?: boolean;
   /** The family runs mixture-of-experts layers (expert_count > 0); others refuse such a file by name. */
   readonly moe?: boolean;
+  /** The family reads YaRN RoPE scaling (rope.scaling.type "yarn"); others refuse it by name. */
+  readonly yarn?: boolean;
+  /** Every tensor of the file must be one the family's table (or the model's own) reads: anything else
+   * is refused by name rather than ignored. */
+  readonly strictTensors?: boolean;
   /** Metadata keys a generated model of this family writes beyond the common ones (modelgen/). */
-  readonly shapeMetadata?: (shape: FamilyShape) => readonly { key: string; type: "u32" | "f32"; value: number }[];
+  readonly shapeMetadata?: (shape: FamilyShape) => readonly ({ key: string; type: "u32" | "f32"; value: number } | { key: string; type: "str"; value: string })[];
 }

@@ -33,6 +33,7 @@ static const type_info TYPES[PRIMA_TYPE_COUNT] = {
   [PRIMA_Q8_K] = {"Q8_K", QK_K, sizeof(block_q8_K), PRIMA_Q8_K},
   [PRIMA_IQ4_NL] = {"IQ4_NL", QK32, sizeof(block_iq4_nl), PRIMA_Q8_0},
   [PRIMA_IQ4_XS] = {"IQ4_XS", QK_K, sizeof(block_iq4_xs), PRIMA_Q8_K},
+  [PRIMA_MXFP4] = {"MXFP4", QK32, sizeof(block_mxfp4), PRIMA_Q8_0},
 };
 
 static prima_type_kernels g_table[PRIMA_LEVELS][PRIMA_TYPE_COUNT];

@@ -270,10 +270,12 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
   prima_ops_init();
   if (hp->n_embd <= 0 || hp->n_layers <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 || hp->head_dim <= 0 ||
       hp->n_ff <= 0 || hp->n_vocab <= 0 || hp->n_head % hp->n_head_kv != 0 || hp->rope_dims > hp->head_dim ||
-      hp->rope_dims % 2 != 0 || (hp->ffn_act != PRIMA_FFN_SILU && hp->ffn_act != PRIMA_FFN_GELU) ||
+      hp->rope_dims % 2 != 0 || (hp->ffn_act != PRIMA_FFN_SILU && hp->ffn_act != PRIMA_FFN_GELU && hp->ffn_act != PRIMA_FFN_SWIGLU_OAI) ||
       !(hp->embd_scale > 0) || !(hp->q_scale > 0) || !(hp->kq_scale > 0) || !(hp->rope_base_swa > 1) ||
       !(hp->rope_freq_scale_swa > 0) || !(hp->rope_attn_factor > 0) || hp->n_ctx_orig < 1 || !(hp->attn_softcap >= 0) ||
-      !(hp->final_softcap >= 0) || hp->n_expert < 0 || hp->n_expert > PRIMA_MAX_EXPERTS ||
+      !(hp->final_softcap >= 0) || (hp->ffn_act == PRIMA_FFN_SWIGLU_OAI && hp->n_expert == 0) ||
+      (hp->moe_gating != PRIMA_MOE_SOFTMAX_NORM && hp->moe_gating != PRIMA_MOE_TOPK_SOFTMAX) || !(hp->rope_yarn_ext >= 0) ||
+      (hp->rope_yarn_ext > 0 && !(hp->rope_yarn_beta_fast > 0 && hp->rope_yarn_beta_slow > 0)) || hp->n_expert < 0 || hp->n_expert > PRIMA_MAX_EXPERTS ||
       (hp->n_expert > 0 && (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert || hp->n_ff_exp < 1))) {
     prima_fail(err, err_len, "invalid hyper-parameters");
     return NULL;
@@ -345,7 +347,7 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
    * (E: the hidden size, Q/KV: the query and key/value widths, D: one head, F: the FFN width). The
    * tensors each family requires are checked by TS (model/arch/); here the optional ones may be absent
    * and everything present must fit. */
-  enum { S_E, S_Q, S_KV, S_D, S_F, S_1, S_X, S_FX, S_EX, S_FE };
+  enum { S_E, S_Q, S_KV, S_D, S_F, S_1, S_X, S_FX, S_EX, S_FE, S_H };
   static const struct {
     size_t field;
     const char *suffix;
@@ -372,9 +374,15 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
     { offsetof(prima_layer, gate_exps), "ffn_gate_exps.weight", S_E, S_FX, 1, 0 },
     { offsetof(prima_layer, up_exps), "ffn_up_exps.weight", S_E, S_FX, 1, 0 },
     { offsetof(prima_layer, down_exps), "ffn_down_exps.weight", S_FE, S_EX, 1, 0 },
+    { offsetof(prima_layer, bo), "attn_output.bias", S_E, S_1, 1, 1 },
+    { offsetof(prima_layer, sinks), "attn_sinks.weight", S_H, S_1, 1, 1 },
+    { offsetof(prima_layer, gate_inp_b), "ffn_gate_inp.bias", S_X, S_1, 1, 1 },
+    { offsetof(prima_layer, gate_exps_b), "ffn_gate_exps.bias", S_FE, S_X, 1, 1 },
+    { offsetof(prima_layer, up_exps_b), "ffn_up_exps.bias", S_FE, S_X, 1, 1 },
+    { offsetof(prima_layer, down_exps_b), "ffn_down_exps.bias", S_E, S_X, 1, 1 },
   };
   const int64_t size_of[] = { E, qdim, kvdim, D, hp->n_ff, 1, hp->n_expert, (int64_t)hp->n_ff_exp * hp->n_expert,
-                              (int64_t)E * hp->n_expert, hp->n_ff_exp };
+                              (int64_t)E * hp->n_expert, hp->n_ff_exp, hp->n_head };
   m->layer_window = calloc((size_t)hp->n_layers, sizeof *m->layer_window);
   if (!m->layer_window) {
     prima_fail(err, err_len, "out of memory");
@@ -400,6 +408,13 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
     if (!((dense == 3 && moe == 0) || (dense == 0 && moe == 4))) {
       prima_fail(err, err_len, "layer %d has neither a whole dense feed-forward (ffn_gate/up/down) nor a whole mixture of experts "
                  "(ffn_gate_inp, ffn_gate/up/down_exps)", l);
+      goto bad;
+    }
+    /* the experts' biases come all together, and only with experts */
+    const int exp_b = (L->gate_inp_b.data != NULL) + (L->gate_exps_b.data != NULL) + (L->up_exps_b.data != NULL) + (L->down_exps_b.data != NULL);
+    if (exp_b != 0 && (exp_b != 4 || moe != 4)) {
+      prima_fail(err, err_len, "layer %d has only part of the experts' biases (ffn_gate_inp/gate_exps/up_exps/down_exps.bias), "
+                 "or biases without experts", l);
       goto bad;
     }
     if (hp->layer_window) {
@@ -607,9 +622,14 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
    * choices for contexts that are multiples of 256) */
   const prima_tensor *factors = m->rope_freqs.data ? &m->rope_freqs
                                 : n_ctx > hp->n_ctx_orig && m->rope_long.data ? &m->rope_long : &m->rope_short;
-  prima_rope_table(w->rope_cos, w->rope_sin, n_ctx, hp->rope_dims, hp->rope_base, hp->rope_freq_scale,
-                   factors->data ? (const float *)factors->data : NULL);
-  if (hp->rope_attn_factor != 1.0f) {
+  if (hp->rope_yarn_ext > 0)
+    prima_rope_table_yarn(w->rope_cos, w->rope_sin, n_ctx, hp->rope_dims, hp->rope_base, hp->rope_freq_scale,
+                          factors->data ? (const float *)factors->data : NULL, hp->rope_yarn_ext, hp->n_ctx_orig,
+                          hp->rope_yarn_beta_fast, hp->rope_yarn_beta_slow, hp->rope_attn_factor);
+  else
+    prima_rope_table(w->rope_cos, w->rope_sin, n_ctx, hp->rope_dims, hp->rope_base, hp->rope_freq_scale,
+                     factors->data ? (const float *)factors->data : NULL);
+  if (hp->rope_attn_factor != 1.0f && !(hp->rope_yarn_ext > 0)) {
     prima_scale(w->rope_cos, (int)((size_t)n_ctx * half), hp->rope_attn_factor);
     prima_scale(w->rope_sin, (int)((size_t)n_ctx * half), hp->rope_attn_factor);
   }
@@ -625,9 +645,14 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
     }
     /* llama.cpp gives sliding-window layers their own base and scale, the same factors and the same
      * attention factor (get_rope_factors and yarn_attn_factor do not depend on the layer) */
-    prima_rope_table(w->rope_cos_swa, w->rope_sin_swa, n_ctx, hp->rope_dims, hp->rope_base_swa, hp->rope_freq_scale_swa,
-                     factors->data ? (const float *)factors->data : NULL);
-    if (hp->rope_attn_factor != 1.0f) {
+    if (hp->rope_yarn_ext > 0)
+      prima_rope_table_yarn(w->rope_cos_swa, w->rope_sin_swa, n_ctx, hp->rope_dims, hp->rope_base_swa, hp->rope_freq_scale_swa,
+                            factors->data ? (const float *)factors->data : NULL, hp->rope_yarn_ext, hp->n_ctx_orig,
+                            hp->rope_yarn_beta_fast, hp->rope_yarn_beta_slow, hp->rope_attn_factor);
+    else
+      prima_rope_table(w->rope_cos_swa, w->rope_sin_swa, n_ctx, hp->rope_dims, hp->rope_base_swa, hp->rope_freq_scale_swa,
+                       factors->data ? (const float *)factors->data : NULL);
+    if (hp->rope_attn_factor != 1.0f && !(hp->rope_yarn_ext > 0)) {
       prima_scale(w->rope_cos_swa, (int)((size_t)n_ctx * half), hp->rope_attn_factor);
       prima_scale(w->rope_sin_swa, (int)((size_t)n_ctx * half), hp->rope_attn_factor);
     }
@@ -774,9 +799,11 @@ static void attention(const prima_task *t, prima_window *w, int li, const fwd_jo
     /* llama.cpp rounds Q to F16 against an F16 cache; so do we, for the same scores. */
     /* (gemma scales Q itself, before that rounding, as llama.cpp does) */
     for (int i = 0; i < ratio * D; i++) q[i] = prima_fp16_to_fp32(prima_fp32_to_fp16(qsrc[i] * q_scale));
+    /* a sink is one more score in the softmax (its exp counts in the sum) with no value: start from it */
+    const float *sink = w->m->layers[w->first + li].sinks.data ? (const float *)w->m->layers[w->first + li].sinks.data + (size_t)g * ratio : NULL;
     for (int h = 0; h < ratio; h++) {
-      M[h] = -INFINITY;
-      S[h] = 0.0f;
+      M[h] = sink ? sink[h] : -INFINITY;
+      S[h] = sink ? 1.0f : 0.0f;
     }
     memset(acc, 0, sizeof(float) * (size_t)ratio * D);
     const int n_pos = row_pos(j, tok) + 1; /* causal: positions 0..its own */
@@ -837,18 +864,22 @@ static void release_layer(prima_window *w, int l, uint64_t keep) {
   advise_release(w, w->m->map + lo, (size_t)(hi - lo), NULL);
 }
 
+static const prima_tensor NO_TENSOR; /* an absent optional tensor */
+
 /* A block's output matrix joins the residual stream: accumulated straight into x, or, for a family
  * with a post-norm (gemma3), written to scratch, normed, then added. Ends at a barrier. */
 static void residual_out(const prima_task *t, prima_window *w, const prima_tensor *W, void *act, const prima_tensor *post,
-                         float *x, int n) {
+                         const prima_tensor *bias, float *x, int n) {
   const int E = w->m->hp.n_embd;
-  const prima_mm mm = { W, act, w->act_row_bytes, post->data ? w->h : x, (size_t)E, post->data ? 0 : 1 };
+  const int apart = post->data || bias->data; /* the block's output rounds on its own before the add */
+  const prima_mm mm = { W, act, w->act_row_bytes, apart ? w->h : x, (size_t)E, apart ? 0 : 1 };
   prima_mm_run(t, &mm, 1, n);
   prima_pool_barrier(t);
-  if (!post->data) return;
+  if (!apart) return;
   for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
     float *hr = w->h + (size_t)r * E;
-    prima_rmsnorm(hr, (const float *)post->data, hr, E, w->m->hp.norm_eps);
+    if (bias->data) prima_add(hr, (const float *)bias->data, E);
+    if (post->data) prima_rmsnorm(hr, (const float *)post->data, hr, E, w->m->hp.norm_eps);
     prima_add(x + (size_t)r * E, hr, E);
   }
   prima_pool_barrier(t);
@@ -912,7 +943,7 @@ static void attention_block(const prima_task *t, prima_window *w, int l, float *
   act_set_make(&o, w, o_w, 1);
   quantize_for(t, w, &o, w->att, (int)qdim, n);
   prima_pool_barrier(t);
-  residual_out(t, w, &L->wo, o.buf[0], &L->attn_post_norm, x, n);
+  residual_out(t, w, &L->wo, o.buf[0], &L->attn_post_norm, &L->bo, x, n);
 }
 
 /* x += down(act(gate(norm(x))) * up(norm(x))), act SiLU or GELU (tanh, as ggml's table) per model. */
@@ -947,7 +978,7 @@ static void ffn_block(const prima_task *t, prima_window *w, int l, float *x, int
     prima_act_quantize_rows(dn.format[0], w->gate, F, dn.buf[0], w->act_row_bytes, (int)F, r, r + 1);
   }
   prima_pool_barrier(t);
-  residual_out(t, w, &L->w_down, dn.buf[0], &L->ffn_post_norm, x, n);
+  residual_out(t, w, &L->w_down, dn.buf[0], &L->ffn_post_norm, &NO_TENSOR, x, n);
 }
 
 /* One token's routing, as llama.cpp's build_moe_ffn with softmax gating and norm_w (llama/Mixtral,
@@ -979,6 +1010,38 @@ static void route_token(float *p, int X, int K, int *sel, float *wt) {
   float ws = (float)wsum;
   if (ws < 6.103515625e-5f) ws = 6.103515625e-5f;
   for (int j = 0; j < K; j++) wt[j] /= ws;
+}
+
+/* gpt-oss's routing (llama.cpp's SOFTMAX_WEIGHT gating): the k largest logits (best first, the lower
+ * index on a tie), their weights a softmax over those k alone (ggml_soft_max on k values: exp of the
+ * difference to the max, the sum in double, one float scale). */
+static void route_topk_softmax(const float *logits, int X, int K, int *sel, float *wt) {
+  unsigned char taken[PRIMA_MAX_EXPERTS];
+  memset(taken, 0, (size_t)X);
+  for (int j = 0; j < K; j++) {
+    int best = -1;
+    for (int e = 0; e < X; e++)
+      if (!taken[e] && (best < 0 || logits[e] > logits[best])) best = e;
+    taken[best] = 1;
+    sel[j] = best;
+    wt[j] = logits[best];
+  }
+  float max = -INFINITY;
+  for (int j = 0; j < K; j++) max = wt[j] > max ? wt[j] : max;
+  double sum = 0.0;
+  for (int j = 0; j < K; j++) {
+    wt[j] = expf(wt[j] - max);
+    sum += (double)wt[j];
+  }
+  const float scale = (float)(1.0 / sum);
+  for (int j = 0; j < K; j++) wt[j] *= scale;
+}
+
+/* A token's experts and their weights from its router logits (bias added first, as ggml_add). */
+static void route(const prima_hparams *hp, const prima_layer *L, float *logits, int *sel, float *wt) {
+  if (L->gate_inp_b.data) prima_add(logits, (const float *)L->gate_inp_b.data, hp->n_expert);
+  if (hp->moe_gating == PRIMA_MOE_TOPK_SOFTMAX) route_topk_softmax(logits, hp->n_expert, hp->n_expert_used, sel, wt);
+  else route_token(logits, hp->n_expert, hp->n_expert_used, sel, wt);
 }
 
 /* Expert e's 2-D matrix within a tensor of n_expert of them (rows_each rows apiece). */
@@ -1018,7 +1081,7 @@ static void moe_block(const prima_task *t, prima_window *w, int l, float *x, int
   /* one token (decode): thread 0 routes it with the grouping below, a step and a barrier fewer */
   if (n > 1) {
     for (int r = t->ith; r < n; r = prima_pool_next_chunk(t))
-      route_token(w->moe_logits + (size_t)r * X, X, K, w->moe_sel + (size_t)r * K, w->moe_wt + (size_t)r * K);
+      route(hp, L, w->moe_logits + (size_t)r * X, w->moe_sel + (size_t)r * K, w->moe_wt + (size_t)r * K);
     prima_pool_barrier(t);
   }
   /* the gate and up inputs of expert row p, grouped by expert (then the down input, in the first) */
@@ -1028,7 +1091,7 @@ static void moe_block(const prima_task *t, prima_window *w, int l, float *x, int
   const int gather = n > 1;
   const char *src_gate = in.buf[in.slot[1]], *src_up = in.buf[in.slot[2]];
   if (t->ith == 0) {
-    if (n == 1) route_token(w->moe_logits, X, K, w->moe_sel, w->moe_wt);
+    if (n == 1) route(hp, L, w->moe_logits, w->moe_sel, w->moe_wt);
     int *first = w->moe_first;
     memset(first, 0, sizeof(int) * (size_t)(X + 1));
     for (int i = 0; i < NK; i++) first[w->moe_sel[i] + 1]++;
@@ -1089,7 +1152,15 @@ static void moe_block(const prima_task *t, prima_window *w, int l, float *x, int
   prima_pool_barrier(t);
   const int dn_fmt = act_type_of(&L->down_exps);
   for (int p = t->ith; p < NK; p = prima_pool_next_chunk(t)) {
-    prima_swiglu(w->moe_gate + (size_t)p * F, w->moe_up + (size_t)p * F, (int)F);
+    float *g = w->moe_gate + (size_t)p * F, *u = w->moe_up + (size_t)p * F;
+    if (L->gate_exps_b.data) { /* gpt-oss: each expert's biases on its gate and up */
+      const size_t e = (size_t)w->moe_sel[w->moe_slot[p]];
+      prima_add(u, (const float *)L->up_exps_b.data + e * F, (int)F);
+      prima_add(g, (const float *)L->gate_exps_b.data + e * F, (int)F);
+    }
+    if (hp->ffn_act == PRIMA_FFN_SWIGLU_OAI) prima_swiglu_oai(g, u, (int)F, 1.702f, 7.0f); /* llama.cpp's constants */
+    else if (hp->ffn_act == PRIMA_FFN_GELU) prima_geglu(g, u, (int)F);
+    else prima_swiglu(g, u, (int)F);
     prima_act_quantize_rows(dn_fmt, w->moe_gate, F, act_gu[0], stride, (int)F, p, p + 1);
   }
   prima_pool_barrier(t);
@@ -1099,6 +1170,10 @@ static void moe_block(const prima_task *t, prima_window *w, int l, float *x, int
     float *acc = w->h + (size_t)r * E, *xr = x + (size_t)r * E;
     const float *wt = w->moe_wt + (size_t)r * K;
     const int *row = w->moe_row + (size_t)r * K;
+    if (L->down_exps_b.data) { /* gpt-oss: each expert's down bias, rounded before the weight as ggml's add_id */
+      for (int j = 0; j < K; j++)
+        prima_add(w->moe_out + (size_t)row[j] * E, (const float *)L->down_exps_b.data + (size_t)w->moe_sel[(size_t)r * K + j] * E, E);
+    }
     const float *e0 = w->moe_out + (size_t)row[0] * E;
     for (int i = 0; i < E; i++) acc[i] = e0[i] * wt[0];
     for (int j = 1; j < K; j++) {

@@ -28,10 +28,19 @@ typedef struct {
    * and each expert's gate, up ([n_embd -> n_ff_exp]) and down ([n_ff_exp -> n_embd]) as one tensor of
    * n_expert such matrices, expert-major (ne1 = n_expert rows of each). */
   prima_tensor gate_inp, gate_exps, up_exps, down_exps;
+  /* gpt-oss: the attention output's bias, a learned sink logit per head (a position every query sees,
+   * with no value), and biases on the router ([n_expert]) and on every expert's gate, up and down
+   * ([n_ff_exp or n_embd] x n_expert rows). */
+  prima_tensor bo, sinks, gate_inp_b, gate_exps_b, up_exps_b, down_exps_b;
 } prima_layer;
 
-/* Feed-forward activation of the gated FFN: silu(gate) * up, or gelu_tanh(gate) * up. */
-enum { PRIMA_FFN_SILU = 0, PRIMA_FFN_GELU = 1 };
+/* Feed-forward activation of the gated FFN: silu(gate) * up, gelu_tanh(gate) * up, or gpt-oss's clamped
+ * SwiGLU (ggml's swiglu_oai: g = min(gate, 7), u = clamp(up, -7, 7), g * sigmoid(1.702 g) * (u + 1)). */
+enum { PRIMA_FFN_SILU = 0, PRIMA_FFN_GELU = 1, PRIMA_FFN_SWIGLU_OAI = 2 };
+/* How a token's experts and their weights come from the router's logits: softmax over all experts, the
+ * k most probable, their probabilities renormalised (qwen3moe, Mixtral); or the k largest logits and a
+ * softmax over those k (gpt-oss, llama.cpp's SOFTMAX_WEIGHT). */
+enum { PRIMA_MOE_SOFTMAX_NORM = 0, PRIMA_MOE_TOPK_SOFTMAX = 1 };
 
 /* Hyper-parameters and the per-model switches of the shared blocks; TS computes every value from the
  * family's file (model/arch/<family>.ts), C only applies them. */
@@ -49,6 +58,11 @@ typedef struct {
   float attn_softcap;     /* attention scores become cap * tanh(score / cap) (gemma2); 0: none */
   float final_softcap;    /* the logits likewise (gemma2, some gemma3); 0: none */
   int n_expert, n_expert_used, n_ff_exp; /* mixture of experts: 0, 0, 0 for a dense model */
+  int moe_gating;         /* PRIMA_MOE_* */
+  /* YaRN as ggml's rope applies it: 0 for none, else each frequency's angle mixes the interpolated and
+   * the original one by a ramp over the dims between the betas' correction dims (n_ctx_orig), and cos
+   * and sin get the magnitude 1 + 0.1 ln(1/freq_scale) on top of rope_attn_factor */
+  float rope_yarn_ext, rope_yarn_beta_fast, rope_yarn_beta_slow;
   const int *layer_window; /* per layer: 0 full causal attention, else a sliding window of that many
                               tokens; NULL: all full. Copied by prima_model_open. */
 } prima_hparams;

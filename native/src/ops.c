@@ -34,6 +34,39 @@ void prima_rope_table(float *cos_out, float *sin_out, int n_pos, int rope_dims, 
   }
 }
 
+/* ggml_rope_yarn_corr_dim: the dim whose wavelength turns n_rot times over the original context. */
+static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
+  return n_dims * logf(n_ctx_orig / (n_rot * 2 * (float)M_PI)) / (2 * logf(base));
+}
+
+void prima_rope_table_yarn(float *cos_out, float *sin_out, int n_pos, int rope_dims, float base, float freq_scale,
+                           const float *freq_factors, float ext_factor, int n_ctx_orig, float beta_fast, float beta_slow,
+                           float mscale) {
+  const int half = rope_dims / 2;
+  const float theta_scale = powf(base, -2.0f / (float)rope_dims);
+  const float start = floorf(yarn_corr_dim(rope_dims, n_ctx_orig, beta_fast, base));
+  const float end = ceilf(yarn_corr_dim(rope_dims, n_ctx_orig, beta_slow, base));
+  const float lo = start > 0 ? start : 0, hi = end < rope_dims - 1 ? end : (float)(rope_dims - 1);
+  const float mag = ext_factor != 0.0f ? mscale * (1.0f + 0.1f * logf(1.0f / freq_scale)) : mscale;
+  for (int p = 0; p < n_pos; p++) {
+    float theta = (float)p;
+    for (int i = 0; i < half; i++) {
+      const float ff = freq_factors ? freq_factors[i] : 1.0f;
+      const float extrap = theta / ff, interp = freq_scale * extrap;
+      float t = interp;
+      if (ext_factor != 0.0f) {
+        const float y = (i - lo) / (hi - lo > 0.001f ? hi - lo : 0.001f);
+        const float ramp = 1 - (y > 1 ? 1 : y < 0 ? 0 : y);
+        const float mix = ramp * ext_factor;
+        t = interp * (1 - mix) + extrap * mix;
+      }
+      cos_out[(int64_t)p * half + i] = cosf(t) * mag;
+      sin_out[(int64_t)p * half + i] = sinf(t) * mag;
+      theta *= theta_scale;
+    }
+  }
+}
+
 void prima_rope_apply(float *x, int n_heads, int head_dim, int rope_dims, int neox, const float *c, const float *s) {
   const int half = rope_dims / 2;
   for (int h = 0; h < n_heads; h++) {
@@ -51,6 +84,15 @@ void prima_rope_apply(float *x, int n_heads, int head_dim, int rope_dims, int ne
         v[2 * i + 1] = x0 * s[i] + x1 * c[i];
       }
     }
+  }
+}
+
+void prima_swiglu_oai(float *a, const float *b, int n, float alpha, float limit) {
+  for (int i = 0; i < n; i++) {
+    const float x = limit < a[i] ? limit : a[i]; /* std::min's order */
+    const float y = b[i] < -limit ? -limit : b[i] > limit ? limit : b[i];
+    const float glu = x / (1.f + expf(alpha * (-x)));
+    a[i] = glu * (y + 1.f);
   }
 }
 

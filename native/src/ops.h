@@ -12,12 +12,21 @@ void prima_rmsnorm(const float *x, const float *w, float *y, int n, float eps);
  * built with the same float recurrence as ggml's rope cache so angles match bit for bit. */
 void prima_rope_table(float *cos_out, float *sin_out, int n_pos, int rope_dims, float base, float freq_scale,
                       const float *freq_factors);
+/* The same with YaRN (ggml's rope_yarn, ext_factor != 0): theta = interp * (1 - mix) + extrap * mix with
+ * mix = ramp(i) * ext_factor over the correction dims of beta_fast / beta_slow at n_ctx_orig, and cos
+ * and sin times mscale * (1 + 0.1 ln(1 / freq_scale)). */
+void prima_rope_table_yarn(float *cos_out, float *sin_out, int n_pos, int rope_dims, float base, float freq_scale,
+                           const float *freq_factors, float ext_factor, int n_ctx_orig, float beta_fast, float beta_slow,
+                           float mscale);
 /* Rotates the first rope_dims of each of n_heads heads (head_dim apart) at one position. */
 void prima_rope_apply(float *x, int n_heads, int head_dim, int rope_dims, int neox, const float *cos_row,
                       const float *sin_row);
 
 /* a[i] = silu(a[i]) * b[i] */
 void prima_swiglu(float *a, const float *b, int n);
+/* a[i] = x * sigmoid(alpha x) * (y + 1), x = min(a[i], limit), y = clamp(b[i], -limit, limit): ggml's
+ * swiglu_oai, term for term */
+void prima_swiglu_oai(float *a, const float *b, int n, float alpha, float limit);
 /* a[i] = gelu(a[i]) * b[i], gelu the tanh approximation read from an F16 table as ggml's CPU
  * backend does (GGML_GELU_FP16), so that both round alike */
 void prima_geglu(float *a, const float *b, int n);

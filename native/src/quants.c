@@ -1168,6 +1168,68 @@ static void dot_iq4_xs(int n, const void *vw, const void *a, size_t as, int nc, 
   for (int c = 0; c < nc; c++) out[c] = acc[c];
 }
 
+/* ---------------------------------------------------------------- MXFP4
+ * gpt-oss's expert weights: 32 E2M1 levels (doubled to integers) and one E8M0 power-of-two scale. */
+
+/* The level whose value is nearest x, the first on a tie (best_index_mxfp4). */
+static inline int mxfp4_nearest(float x, float d) {
+  int best = 0;
+  float best_err = fabsf(PRIMA_MXFP4_VALUES[0] * d - x);
+  for (int i = 1; i < 16; i++) {
+    const float err = fabsf(PRIMA_MXFP4_VALUES[i] * d - x);
+    if (err < best_err) {
+      best = i;
+      best_err = err;
+    }
+  }
+  return best;
+}
+
+/* quantize_row_mxfp4_ref: the exponent puts the largest magnitude in the top two levels (4..6 of 6). */
+static void quantize_mxfp4_ref(const float *x, void *vy, int64_t n) {
+  block_mxfp4 *y = vy;
+  for (int64_t i = 0; i < n / QK32; i++, x += QK32) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK32; j++)
+      if (amax < fabsf(x[j])) amax = fabsf(x[j]);
+    const uint8_t e = amax > 0.0f ? (uint8_t)(floorf(log2f(amax)) - 2 + 127) : 0;
+    const float d = prima_e8m0_half(e);
+    y[i].e = e;
+    for (int j = 0; j < QK32 / 2; j++) y[i].qs[j] = (uint8_t)(mxfp4_nearest(x[j], d) | (mxfp4_nearest(x[j + 16], d) << 4));
+  }
+}
+
+static void dequantize_mxfp4(const void *vx, float *y, int64_t n) {
+  const block_mxfp4 *x = vx;
+  uint8_t q[QK32];
+  for (int64_t i = 0; i < n / QK32; i++) {
+    const float d = prima_e8m0_half(x[i].e);
+    unpack_nibbles32(x[i].qs, q);
+    for (int j = 0; j < QK32; j++) *y++ = PRIMA_MXFP4_VALUES[q[j]] * d;
+  }
+}
+
+/* As IQ4_NL with the E8M0 scale: per block (float)isum * (d_w * d_a). */
+static void dot_mxfp4(int n, const void *vw, const void *a, size_t as, int nc, float *out) {
+  const block_mxfp4 *w = vw;
+  float acc[PRIMA_MAX_NC] = {0};
+  int8_t q[QK32];
+  for (int i = 0; i < n / QK32; i++) {
+    for (int j = 0; j < 16; j++) {
+      q[j] = PRIMA_MXFP4_VALUES[w[i].qs[j] & 0xF];
+      q[j + 16] = PRIMA_MXFP4_VALUES[w[i].qs[j] >> 4];
+    }
+    const float d = prima_e8m0_half(w[i].e);
+    for (int c = 0; c < nc; c++) {
+      const block_q8_0 *x = ACT(block_q8_0, c) + i;
+      int isum = 0;
+      for (int j = 0; j < QK32; j++) isum += q[j] * x->qs[j];
+      acc[c] += (float)isum * (d * H2F(x->d));
+    }
+  }
+  for (int c = 0; c < nc; c++) out[c] = acc[c];
+}
+
 /* ---------------------------------------------------------------- the level */
 
 void prima_scalar_fns(prima_level_fns *f) {
@@ -1205,4 +1267,5 @@ void prima_scalar_quantize_ref(prima_quantize_fn q[PRIMA_TYPE_COUNT]) {
   q[PRIMA_Q6_K] = quantize_q6_K_ref;
   q[PRIMA_IQ4_NL] = quantize_iq4_nl_ref;
   q[PRIMA_IQ4_XS] = quantize_iq4_xs_ref;
+  q[PRIMA_MXFP4] = quantize_mxfp4_ref;
 }

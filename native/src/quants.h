@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -52,6 +53,9 @@ typedef struct { prima_half d; uint8_t qs[QK32 / 2]; } block_iq4_nl;
  * in scales_l, nibble g%2 of byte g/2; high 2 bits at bit 2g of scales_h); group g's nibbles are
  * qs[16g..16g+15] placed as Q4_0's. */
 typedef struct { prima_half d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
+/* MXFP4 (gpt-oss's experts): x = 2^(e-128) * PRIMA_MXFP4_VALUES[q], the doubled E2M1 levels halved through
+ * the shared E8M0 exponent e; nibbles placed as Q4_0's. */
+typedef struct { uint8_t e; uint8_t qs[QK32 / 2]; } block_mxfp4;
 /* Q8_K: activations of every K-quant; float scale and per-16 sums of the quants (for the min terms). */
 typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
 
@@ -68,6 +72,17 @@ static inline void prima_k4_scale_min(int j, const uint8_t *s, uint8_t *sc, uint
 
 /* The 16 levels of the IQ4 formats (ggml's kvalues_iq4nl): a non-uniform grid, denser near zero. */
 static const int8_t PRIMA_IQ4NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* E2M1's 8 magnitudes and their negatives, doubled to integers (ggml's kvalues_mxfp4). */
+static const int8_t PRIMA_MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* An E8M0 scale halved (ggml_e8m0_to_fp32_half): 2^(e-128), the two smallest as the subnormals they are. */
+static inline float prima_e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? (uint32_t)0x00200000 << e : (uint32_t)(e - 1) << 23;
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
 
 /* The signed scale ls - 32 (-32..31) of group g (0..7) of an IQ4_XS block. */
 static inline int prima_iq4xs_scale(const block_iq4_xs *b, int g) {
@@ -97,7 +112,7 @@ typedef struct {
 #define PRIMA_WEIGHT_TYPES(X)                                                                           \
   X(F32, f32) X(F16, f16) X(BF16, bf16) X(Q4_0, q4_0) X(Q4_1, q4_1) X(Q5_0, q5_0) X(Q5_1, q5_1)           \
   X(Q8_0, q8_0) X(Q2_K, q2_K) X(Q3_K, q3_K) X(Q4_K, q4_K) X(Q5_K, q5_K) X(Q6_K, q6_K)                    \
-  X(IQ4_NL, iq4_nl) X(IQ4_XS, iq4_xs)
+  X(IQ4_NL, iq4_nl) X(IQ4_XS, iq4_xs) X(MXFP4, mxfp4)
 #define PRIMA_SET_DOT_(T, name) fns_->dot[PRIMA_##T] = dot_##name;
 #define PRIMA_SET_DOT_ROWS_(T, name) fns_->dot_rows[PRIMA_##T] = dot_##name##_rows;
 #define PRIMA_SET_DOTS(f)                \

@@ -126,13 +126,13 @@ ALWAYS_INLINE levels32 decode_q8_0(const block_q8_0 *b) {
 }
 
 /* acc += isum * (d_w * d_a), the scalar twin's float order */
-#define SIGNED32_DOT(NAME, BLOCK, DECODE)                                                              \
+#define SIGNED32_DOT(NAME, BLOCK, DECODE, SCALE)                                                            \
   ALWAYS_INLINE void NAME##_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out) { \
     const BLOCK *w = vw;                                                                               \
     float acc[PRIMA_MAX_NC] = {0};                                                                     \
     for (int i = 0; i < n / QK32; i++) {                                                               \
       const levels32 q = DECODE(&w[i]);                                                                \
-      const float d = h2f(w[i].d);                                                                     \
+      const float d = SCALE(&w[i]);                                                                    \
       for (int c = 0; c < NC; c++) {                                                                   \
         const block_q8_0 *x = (const block_q8_0 *)ACT_ROW(c) + i;                                      \
         acc[c] += (float)isum32(q, x->qs) * (d * h2f(x->d));                                           \
@@ -168,10 +168,21 @@ ALWAYS_INLINE levels32 iq4_levels32(const uint8_t *qs) {
 }
 ALWAYS_INLINE levels32 decode_iq4_nl(const block_iq4_nl *b) { return iq4_levels32(b->qs); }
 
-SIGNED32_DOT(dot_iq4_nl, block_iq4_nl, decode_iq4_nl)
-SIGNED32_DOT(dot_q4_0, block_q4_0, decode_q4_0)
-SIGNED32_DOT(dot_q5_0, block_q5_0, decode_q5_0)
-SIGNED32_DOT(dot_q8_0, block_q8_0, decode_q8_0)
+/* MXFP4: the same lookup in E2M1's grid; its scale is an E8M0 power of two. */
+ALWAYS_INLINE levels32 decode_mxfp4(const block_mxfp4 *b) {
+  const int8x16_t grid = vld1q_s8(PRIMA_MXFP4_VALUES);
+  const uint8x16_t q = vld1q_u8(b->qs);
+  levels32 l = {vqtbl1q_s8(grid, vandq_u8(q, vdupq_n_u8(0x0F))), vqtbl1q_s8(grid, vshrq_n_u8(q, 4))};
+  return l;
+}
+
+#define HALF_SCALE(b) h2f((b)->d)
+#define E8M0_SCALE(b) prima_e8m0_half((b)->e)
+SIGNED32_DOT(dot_iq4_nl, block_iq4_nl, decode_iq4_nl, HALF_SCALE)
+SIGNED32_DOT(dot_q4_0, block_q4_0, decode_q4_0, HALF_SCALE)
+SIGNED32_DOT(dot_q5_0, block_q5_0, decode_q5_0, HALF_SCALE)
+SIGNED32_DOT(dot_q8_0, block_q8_0, decode_q8_0, HALF_SCALE)
+SIGNED32_DOT(dot_mxfp4, block_mxfp4, decode_mxfp4, E8M0_SCALE)
 MIN32_DOT(dot_q4_1, block_q4_1, decode_q4_1)
 MIN32_DOT(dot_q5_1, block_q5_1, decode_q5_1)
 

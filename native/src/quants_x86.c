@@ -201,11 +201,11 @@ ALWAYS_INLINE __m256i dot32_unsigned(__m256i q, __m256i a) {
 
 /* Signed-level blocks (Q4_0, Q5_0, Q8_0) against Q8_0: acc += (d_w*d_a) * isum, per lane. Blocks go in
  * pairs into two accumulator sets, so consecutive FMAs do not wait on each other. */
-#define SIGNED32_DOT(NAME, BLOCK, DECODE)                                                             \
+#define SIGNED32_DOT(NAME, BLOCK, DECODE, SCALE)                                                           \
   ALWAYS_INLINE void NAME##_block(const BLOCK *wb, int i, const void *a, size_t as, const int NC, __m256 *acc) { \
     const __m256i q = DECODE(wb);                                                                     \
     const __m256i absq = _mm256_sign_epi8(q, q);                                                      \
-    const float d = h2f(wb->d);                                                                       \
+    const float d = SCALE(wb);                                                                        \
     for (int c = 0; c < NC; c++) {                                                                    \
       const block_q8_0 *x = (const block_q8_0 *)ACT_ROW(c) + i;                                       \
       const __m256i p = dot32_signed(absq, q, _mm256_loadu_si256((const __m256i *)x->qs));            \
@@ -245,11 +245,19 @@ ALWAYS_INLINE __m256i decode_iq4_nl(const block_iq4_nl *b) {
   return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(iq4_grid128()), nibbles32(b->qs));
 }
 
+/* MXFP4: the same lookup in E2M1's grid; its scale is an E8M0 power of two. */
+ALWAYS_INLINE __m256i decode_mxfp4(const block_mxfp4 *b) {
+  return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)PRIMA_MXFP4_VALUES)), nibbles32(b->qs));
+}
+
+#define HALF_SCALE(b) h2f((b)->d)
+#define E8M0_SCALE(b) prima_e8m0_half((b)->e)
 #define MIN_ARG
-SIGNED32_DOT(dot_q4_0, block_q4_0, decode_q4_0)
-SIGNED32_DOT(dot_q5_0, block_q5_0, decode_q5_0)
-SIGNED32_DOT(dot_q8_0, block_q8_0, decode_q8_0)
-SIGNED32_DOT(dot_iq4_nl, block_iq4_nl, decode_iq4_nl)
+SIGNED32_DOT(dot_q4_0, block_q4_0, decode_q4_0, HALF_SCALE)
+SIGNED32_DOT(dot_q5_0, block_q5_0, decode_q5_0, HALF_SCALE)
+SIGNED32_DOT(dot_q8_0, block_q8_0, decode_q8_0, HALF_SCALE)
+SIGNED32_DOT(dot_iq4_nl, block_iq4_nl, decode_iq4_nl, HALF_SCALE)
+SIGNED32_DOT(dot_mxfp4, block_mxfp4, decode_mxfp4, E8M0_SCALE)
 #undef MIN_ARG
 
 /* Unsigned-level blocks with a min (Q4_1, Q5_1) against Q8_1: acc += (d_w*d_a) * isum + m_w * s_a. */

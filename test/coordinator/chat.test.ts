@@ -4,7 +4,10 @@ import { spawn } from "node:child_process";
 import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
+import { readFileSync } from "node:fs";
+import { Tokenizer, renderChat } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
+import { LLAMA_CPP_SOURCE } from "../global-setup.js";
 import { root } from "../helpers/process.js";
 import { tempDir } from "../helpers/temp.js";
 import { MODEL, runOnce } from "./serve-harness.js";
@@ -70,5 +73,22 @@ describe("prima-coord chat", () => {
     expect(replies).toHaveLength(2);
     expect(replies[0].length).toBeGreaterThan(1);
     expect(replies[0]).toBe(replies[1]);
+  });
+
+  it("gpt-oss: the harmony template its file carries renders each turn (llama.cpp's copy of the template)", async () => {
+    const model = join(dir, "tiny-gpt-oss-MXFP4_MOE.gguf");
+    const template = readFileSync(join(LLAMA_CPP_SOURCE, "models", "templates", "openai-gpt-oss-120b.jinja"), "utf8");
+    await generateModel({ shape: "tiny-gpt-oss", type: "MXFP4_MOE", out: model, seed: 3, chatTemplate: template });
+    const r = await chat(["chat", model, "--system", "Be brief.", "--temp", "0", "-n", "8", "--threads", "1"], "Tell me about a dog.\nAnd a cat?\n");
+    expect(r.code, r.err).toBe(0);
+    expect(r.err).not.toMatch(/no chat template|error/i);
+    const turns = turnsOf(r.err);
+    expect(turns, r.err).toHaveLength(2);
+    // the first turn's prompt is the harmony rendering of the system and user messages, token for token
+    const text = renderChat(model, [{ role: "system", content: "Be brief." }, { role: "user", content: "Tell me about a dog." }]);
+    expect(text).toContain("<|start|>developer<|message|># Instructions\n\nBe brief.");
+    expect(text.endsWith("<|start|>user<|message|>Tell me about a dog.<|end|><|start|>assistant")).toBe(true);
+    expect(turns[0].prompt).toBe(Tokenizer.fromGguf(model).encode(text, { addSpecial: true, parseSpecial: true }).length);
+    expect(turns[1].prompt).toBeGreaterThan(turns[0].prompt + turns[0].generated);
   });
 });

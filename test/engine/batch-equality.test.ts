@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, afterEach, describe, expect, it } from "vitest";
 import { LocalModel } from "../../engine/index.js";
-import type { ModelShape } from "../../model/index.js";
+import { modelShapeByName, type ModelShape } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
 import { killAll, root, startProcess } from "../helpers/process.js";
 
@@ -29,9 +29,12 @@ const MOE_SHAPE: ModelShape = {
   ...SHAPE, name: "wide-qwen3moe", arch: "qwen3moe", headDim: 128, nFf: 1024, nExpert: 8, nExpertUsed: 2, nFfExp: 512,
 };
 
+// gpt-oss: sinks, biases, YaRN, a window on two of three layers, MXFP4 experts (MXFP4_MOE, not pure).
+const GPT_OSS_SHAPE: ModelShape = { ...modelShapeByName("tiny-gpt-oss")!, name: "wide-gpt-oss", nEmbd: 1024, nFfExp: 512, nFf: 512 };
+
 async function model(type: string, shape: ModelShape = SHAPE): Promise<string> {
   const out = join(dir, `${shape.name}-${type}.gguf`);
-  await generateModel({ shape, type, out, pure: true, seed: 5 });
+  await generateModel({ shape, type, out, pure: type !== "MXFP4_MOE", seed: 5 });
   return out;
 }
 
@@ -93,8 +96,8 @@ describe("decode equals batch, bit for bit", () => {
     }
   }, 60_000);
 
-  it.each(["Q4_K_M", "Q8_0", "F16"])("mixture of experts, %s: alone = in batches of 128 and of 7", async (type) => {
-    const m = LocalModel.open(await model(type, MOE_SHAPE), { threads: 2 });
+  it.each([["Q4_K_M", MOE_SHAPE], ["Q8_0", MOE_SHAPE], ["F16", MOE_SHAPE], ["MXFP4_MOE", GPT_OSS_SHAPE]] as const)("mixture of experts, %s: alone = in batches of 128 and of 7", async (type, shape) => {
+    const m = LocalModel.open(await model(type, shape), { threads: 2 });
     try {
       const alone = await run(m, 1);
       for (const batch of [128, 7]) {

@@ -2,8 +2,10 @@
 // prompt ids equal, the logits at every prompt position within the oracle's tolerances (and so the
 // top-5), and the greedy continuation equal token for token (a difference only at a near tie, with
 // its margin printed). tiny-gemma3 slides a 4-token window on 2 of its 3 layers: the prompt and the
-// continuation run far past it. The mixture-of-experts shapes (qwen3moe, Mixtral) also show their
-// routers sending the prompt's tokens to different experts.
+// continuation run far past it. The mixture-of-experts shapes (qwen3moe, Mixtral, gpt-oss) also show
+// their routers sending the prompt's tokens to different experts. tiny-gpt-oss adds attention sinks,
+// biases, YaRN, a 4-token window on 2 of 3 layers, the clamped SwiGLU, top-k-then-softmax routing and
+// MXFP4 experts (its release file type, MXFP4_MOE).
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -54,10 +56,13 @@ const cases: [shape: string, type: string, pure: boolean][] = [
   ["tiny-mixtral", "F32", true],
   ["tiny-mixtral", "Q8_0", true],
   ["tiny-mixtral", "Q4_K_M", false],
+  ["tiny-gpt-oss", "F32", true],
+  ["tiny-gpt-oss", "Q8_0", true],
+  ["tiny-gpt-oss", "MXFP4_MOE", false],
 ];
 
 describe("mixture-of-experts routing is not degenerate", () => {
-  it.each(["tiny-qwen3moe", "tiny-mixtral"])("%s: the prompt's tokens go to different experts, k each", async (shape) => {
+  it.each(["tiny-qwen3moe", "tiny-mixtral", "tiny-gpt-oss"])("%s: the prompt's tokens go to different experts, k each", async (shape) => {
     const out = join(dir, `${shape}-routing.gguf`);
     await generateModel({ shape, type: "F32", out, pure: true, seed: 7, weightStd: 0.05 });
     const prompt = Int32Array.from([1, ...Tokenizer.fromGguf(out).encode(TEXT)]);
@@ -97,8 +102,9 @@ describe("every family agrees with llama.cpp", () => {
     expect(ourIds, "prompt ids").toEqual(theirIds);
     const prompt = [1, ...ourIds];
 
-    const { first, noise, tol, all } = await agreement(llama, out, prompt);
-    expect(first.maxRelErr, "first position: kernels and formats alone").toBeLessThan(TOL_FIRST_POSITION);
+    const { first, firstFlash, noise, tol, all } = await agreement(llama, out, prompt);
+    const sinks = modelShapeByName(shape)!.arch === "gpt-oss";
+    expect((sinks ? firstFlash : first).maxRelErr, "first position: kernels and formats alone").toBeLessThan(TOL_FIRST_POSITION);
     expect(all.top1Mismatches, `top-1 differs at positions ${all.top1Mismatches.join(",")} (tolerance ${tol})`).toEqual([]);
     expect(all.maxRelErr, `llama.cpp's own flash-attention noise is ${noise}`).toBeLessThan(tol);
 

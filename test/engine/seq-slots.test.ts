@@ -132,6 +132,13 @@ describe("parallel sequences: a shared decode step equals each sequence alone, b
     await check(out);
   }, 60_000);
 
+  // sinks, biases, YaRN, windows and MXFP4 experts (gpt-oss's release mix)
+  it("tiny-gpt-oss MXFP4_MOE", async () => {
+    const out = join(dir, "tiny-gpt-oss.gguf");
+    await generateModel({ shape: "tiny-gpt-oss", type: "MXFP4_MOE", out, seed: 5 });
+    await check(out);
+  }, 60_000);
+
   it("stories260K", async () => {
     await check(join(root, "models", "stories260K.gguf"));
   }, 60_000);

@@ -11,7 +11,7 @@ const dir = tempDir("prima-families-model-");
 const files = new Map<string, GgufFile>();
 
 beforeAll(async () => {
-  for (const shape of ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-mixtral", "tiny-gemma2", "tiny-gemma3", "tiny-mistral3", "tiny-phi3"]) {
+  for (const shape of ["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-mixtral", "tiny-gemma2", "tiny-gemma3", "tiny-mistral3", "tiny-phi3", "tiny-gpt-oss"]) {
     const out = join(dir, `${shape}.gguf`);
     await generateModel({ shape, type: "F32", out, pure: true });
     files.set(shape, readGguf(out));
@@ -83,7 +83,7 @@ describe("family files refuse what they cannot run, by name", () => {
   it("mixture-of-experts layouts prima does not run are refused by what they need, not a missing tensor", () => {
     const arch = (name: string) => setKey("general.architecture", kv.str("general.architecture", name));
     expect(() => describeModel(edited("tiny-qwen3moe", arch("deepseek2")))).toThrow(/deepseek2.*mixture-of-experts.*multi-head latent attention \(MLA\) and shared experts/);
-    expect(() => describeModel(edited("tiny-qwen3moe", arch("gpt-oss")))).toThrow(/gpt-oss.*attention sinks/);
+    expect(() => describeModel(edited("tiny-qwen3moe", arch("qwen2moe")))).toThrow(/qwen2moe.*mixture-of-experts.*shared experts with a sigmoid gate/);
     const shexp = (t: GgufTensorInfo[]) => [...t, { ...t.find((x) => x.name === "blk.0.ffn_norm.weight")!, name: "blk.0.ffn_gate_shexp.weight" }];
     expect(() => describeModel(edited("tiny-mixtral", same, shexp))).toThrow(/shared experts .* not supported/);
     expect(() => describeModel(edited("tiny-qwen3moe", setKey("qwen3moe.expert_shared_count", kv.u32("qwen3moe.expert_shared_count", 1))))).toThrow(/shared experts/);
@@ -92,5 +92,42 @@ describe("family files refuse what they cannot run, by name", () => {
     expect(() => describeModel(edited("tiny-mixtral", (m) => m.filter((x) => x.key !== "llama.expert_count")))).toThrow(/expert tensors .* but no llama.expert_count/);
     expect(() => describeModel(edited("tiny-qwen3", setKey("qwen3.expert_count", kv.u32("qwen3.expert_count", 8))))).toThrow(/qwen3.expert_count = 8: mixture-of-experts layers are not supported for qwen3/);
     expect(() => describeModel(edited("tiny-qwen3moe", setKey("qwen3moe.expert_used_count", kv.u32("qwen3moe.expert_used_count", 9))))).toThrow(/expert_used_count = 9 is out of range/);
+  });
+
+  it("gpt-oss: sinks, biases, YaRN and the alternating window read as llama.cpp reads them", () => {
+    const d = describeModel(files.get("tiny-gpt-oss")!);
+    expect(d.hparams).toMatchObject({
+      arch: "gpt-oss", ffnAct: "swiglu-oai", moeGating: "topk-softmax", nExpert: 8, nExpertUsed: 2, nFfExp: 256,
+      layerWindow: [4, 0, 4], ropeYarnExtFactor: 1, ropeYarnBetaFast: 32, ropeYarnBetaSlow: 1, nCtxOrig: 4096,
+      ropeFreqScale: Math.fround(1 / 32), ropeFreqScaleSwa: Math.fround(1 / 32), hasQkvBias: true,
+    });
+    // llama.cpp's context cancels YaRN's magnitude in the attention factor that ggml's rope puts back: about 1
+    expect(d.hparams.ropeAttnFactor).toBeCloseTo(1, 6);
+    // 1/sqrt(rope dims)
+    expect(d.hparams.scoreScale).toBe(Math.fround(1 / Math.fround(Math.sqrt(64))));
+    const l = d.tensors.layers[2];
+    expect(l.attnSinks?.dims).toEqual([8]);
+    expect(l.ffnDownExpsB?.dims).toEqual([256, 8]);
+    // the file's post_attention_norm is the feed-forward's norm, mapped as ffn_norm for the shared block
+    expect(l.ffnNorm.name).toBe("blk.2.ffn_norm.weight");
+    expect(l.attnPostNorm).toBeUndefined();
+  });
+
+  it("gpt-oss refuses by name what it does not run", () => {
+    const g = "tiny-gpt-oss";
+    expect(() => describeModel(edited(g, same, without("blk.1.attn_sinks.weight")))).toThrow(/missing tensor blk.1.attn_sinks.weight/);
+    expect(() => describeModel(edited(g, same, without("blk.0.ffn_up_exps.bias")))).toThrow(/missing tensor blk.0.ffn_up_exps.bias/);
+    expect(() => describeModel(edited(g, same, without("output.weight")))).toThrow(/missing tensor output.weight/);
+    expect(() => describeModel(edited(g, (m) => m.filter((x) => x.key !== "gpt-oss.attention.sliding_window")))).toThrow(/missing metadata gpt-oss.attention.sliding_window/);
+    expect(() => describeModel(edited(g, (m) => m.filter((x) => x.key !== "gpt-oss.expert_count")))).toThrow(/gpt-oss.expert_count is missing or 0/);
+    // a tensor the family does not read (a per-tensor scale, a fused QKV) is refused, not ignored
+    const extra = (name: string) => (t: GgufTensorInfo[]) => [...t, { ...t.find((x) => x.name === "blk.0.attn_norm.weight")!, name }];
+    expect(() => describeModel(edited(g, same, extra("blk.0.attn_output.scale")))).toThrow(/tensor blk.0.attn_output.scale is not part of the gpt-oss model/);
+    expect(() => describeModel(edited(g, same, extra("blk.1.attn_qkv.weight")))).toThrow(/tensor blk.1.attn_qkv.weight is not part/);
+    const ffArr = { key: "gpt-oss.expert_feed_forward_length", type: GgufValueType.ARRAY, value: { itemType: GgufValueType.UINT32, items: new Uint32Array([256, 256, 256]) } } as GgufKV;
+    expect(() => describeModel(edited(g, setKey(ffArr.key, ffArr)))).toThrow(/gpt-oss.expert_feed_forward_length should be a number/);
+    expect(() => describeModel(edited(g, setKey("gpt-oss.rope.scaling.type", kv.str("gpt-oss.rope.scaling.type", "longrope"))))).toThrow(/RoPE scaling type "longrope" is not supported/);
+    // YaRN stays gpt-oss's: another family with it is refused as before
+    expect(() => describeModel(edited("tiny-qwen3", setKey("qwen3.rope.scaling.type", kv.str("qwen3.rope.scaling.type", "yarn"))))).toThrow(/RoPE scaling type "yarn" is not supported/);
   });
 });

@@ -155,9 +155,9 @@ describe("synthetic Q4_K_M tensor tables", () => {
 });
 
 describe("mixtures of experts: all experts in the layer's bytes, k of them in a token's reads", () => {
-  test.each([["qwen3-30b-a3b", 128, 8], ["mixtral-8x7b", 8, 2]] as const)("%s Q4_K_M", (name, n, k) => {
+  test.each([["qwen3-30b-a3b", 128, 8, "Q4_K_M"], ["mixtral-8x7b", 8, 2, "Q4_K_M"], ["gpt-oss-20b", 32, 4, "MXFP4_MOE"]] as const)("%s %s", (name, n, k, type) => {
     const shape = modelShapeByName(name)!;
-    const desc = syntheticModelDescription(shape, "Q4_K_M");
+    const desc = syntheticModelDescription(shape, type);
     const p = modelProfile(desc, { nCtx: 1024 });
     const x = p.moe!;
     expect([x.nExpert, x.nExpertUsed]).toEqual([n, k]);
@@ -168,6 +168,8 @@ describe("mixtures of experts: all experts in the layer's bytes, k of them in a 
     expect(x.activeLayerBytes).toBeLessThan(p.layerBytes);
     expect(x.routing).toBe("uniform");
     expect(x.routingShare).toEqual(new Array(n).fill(1 / n));
+    // gpt-oss-20b's release mix: an expert is three 2880 x 2880 MXFP4 matrices (17 bytes per 32 weights)
+    if (type === "MXFP4_MOE") expect(x.expertBytes).toBe((3 * 2880 * 2880 * 17) / 32);
   });
 
   test("a dense model has no moe part", () => {

@@ -13,13 +13,33 @@ import { bundledVocab, goldenTokenizerDir } from "../../model/tokenizer-bundled.
 import { CHAT_AND_LAYOUT_STRINGS, goldenCases, nastyStrings, rng, stringItems, type GoldenVocab } from "./tokenizer-fixtures.js";
 
 /** The vocabularies compared, with the golden strings they have. */
-const VOCABS: readonly (readonly [label: string, golden: GoldenVocab | null, metadata: () => readonly GgufKV[]])[] = [
+/** Merges that join what gpt-4o's split keeps apart (camelCase halves) or together (a contraction and
+ * its word): appended last, so they only ever act across such a boundary. */
+function crossWordMerges(meta: readonly GgufKV[]): GgufKV[] {
+  const pairs = [["Hello", "World"], ["Ġdon", "'t"], ["ĠTHE", "'S"], ["Ġcamel", "Case"], ["ĠI", "'M"], ["ĠDON", "'T"]];
+  const tokens = [...stringItems(meta, "tokenizer.ggml.tokens")];
+  const types = Array.from((meta.find((m) => m.key === "tokenizer.ggml.token_type")!.value as { items: ArrayLike<number> }).items);
+  const merges = [...stringItems(meta, "tokenizer.ggml.merges")];
+  for (const [a, b] of pairs) {
+    tokens.push(a + b);
+    types.push(1);
+    merges.push(`${a} ${b}`);
+  }
+  const replaced = new Set(["tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"]);
+  return [...meta.filter((m) => !replaced.has(m.key)), kv.strs("tokenizer.ggml.tokens", tokens), kv.i32s("tokenizer.ggml.token_type", types), kv.strs("tokenizer.ggml.merges", merges)];
+}
+
+const VOCABS: readonly (readonly [label: string, golden: GoldenVocab | null, metadata: () => readonly GgufKV[], texts?: readonly string[]])[] = [
   ["llama-spm", "llama-spm", () => bundledVocab("llama-spm").metadata],
   ["phi-3", "phi-3", () => bundledVocab("phi-3").metadata],
   ["gpt-2", "gpt-2", () => bundledVocab("gpt-2").metadata],
   // llama.cpp's "default" BPE pre-tokenizer (std::regex on category-collapsed text).
   ["gpt-2 with pre-tokenizer default", "gpt-2", () => [...bundledVocab("gpt-2").metadata.filter((m) => m.key !== "tokenizer.ggml.pre"), kv.str("tokenizer.ggml.pre", "default")]],
   ["llama-bpe", "llama-bpe", () => bundledVocab("llama-bpe").metadata],
+  // llama.cpp's "gpt-4o" pre-tokenizer (o200k's: gpt-oss), std::regex on category-collapsed text too,
+  // with merges across the words it and llama3's split disagree on, so that the ids show the split.
+  ["llama-bpe with pre-tokenizer gpt-4o", "llama-bpe", () => crossWordMerges([...bundledVocab("llama-bpe").metadata.filter((m) => m.key !== "tokenizer.ggml.pre"), kv.str("tokenizer.ggml.pre", "gpt-4o")]),
+    ["HelloWorld don't THE'S camelCaseX", "XMLHttpRequest's getHTTPResponse I'M DON'T", "ÉcoleNormale naïveCafé don'T"]],
   // Padded to Qwen2.5's vocab_size with unused tokens, as a generated model has it.
   ["qwen2 (151936 tokens)", "qwen2", () => bundledVocab("qwen2", { vocabSize: 151936 }).metadata],
   ["stories260K", null, () => bundledVocab("stories260K").metadata],
@@ -69,7 +89,7 @@ function vocabGguf(name: string, tokenizerMeta: readonly GgufKV[]): { path: stri
   return { path, metadata };
 }
 
-describe.each(VOCABS)("%s against llama.cpp", (name, golden, tokenizerMetadata) => {
+describe.each(VOCABS)("%s against llama.cpp", (name, golden, tokenizerMetadata, extraTexts) => {
   let ours: Tokenizer;
   let theirs: LlamaModel;
   let texts: string[];
@@ -85,7 +105,7 @@ describe.each(VOCABS)("%s against llama.cpp", (name, golden, tokenizerMetadata) 
       .map((id) => ours.tokenText(id));
     const r = rng(7);
     const picked = Array.from({ length: 40 }, () => specialTexts[Math.floor(r() * specialTexts.length)]);
-    texts = [...(golden ? goldenCases(golden).map((c) => c.text) : []), ...CHAT_AND_LAYOUT_STRINGS, ...nastyStrings(1234, 250, picked)];
+    texts = [...(golden ? goldenCases(golden).map((c) => c.text) : []), ...CHAT_AND_LAYOUT_STRINGS, ...nastyStrings(1234, 250, picked), ...(extraTexts ?? [])];
   }, 60_000);
   afterAll(async () => {
     await theirs?.dispose();

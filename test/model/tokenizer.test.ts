@@ -3,6 +3,7 @@
 // Gemma 3's SentencePiece vocabulary converted from its tokenizer.json against that file's own tokenizer.
 // Plus the streaming decoder, bad input, and a guard against quadratic encoding.
 
+import { spawnSync } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -13,6 +14,7 @@ import { StreamingDecoder, TokenAttr, Tokenizer, TokenizerError } from "../../mo
 import { tokenizerMetadataFromGguf, tokenizerMetadataFromTokenizerJson } from "../../model/tokenizer-export.js";
 import { bundledVocab, goldenTokenizerDir, padVocab, type BundledVocabName } from "../../model/tokenizer-bundled.js";
 import { CATEGORY_MASK, CptFlag, cptFlags } from "../../model/tokenizer-unicode.js";
+import { pretokenize } from "../../model/tokenizer-pretokenize.js";
 import { CHAT_AND_LAYOUT_STRINGS, GOLDEN_VOCABS, goldenCases, nastyStrings, rng, stringItems } from "./tokenizer-fixtures.js";
 import { LLAMA_CPP_SOURCE as LLAMA_CPP } from "../global-setup.js";
 
@@ -338,5 +340,39 @@ describe("encoding time grows linearly", () => {
     const tLarge = medianMs((run) => make(8 * size, run), tok);
     // 8x the input: linear is 8x the time, quadratic 64x.
     expect(tLarge / Math.max(tSmall, 1)).toBeLessThan(24);
+  });
+});
+
+// o200k's "gpt-4o" pre-tokenizer (gpt-oss): llama.cpp runs a category-collapsed form of the
+// tokenizer.json expression through std::regex. On ASCII text the collapse changes nothing, so there
+// the words must be the original expression's as Python's `regex` module (full \p{..} support) finds
+// them; non-ASCII text is compared with llama.cpp itself in tokenizer-llama.test.ts.
+const GPT4O_ORIGINAL = String.raw`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`;
+const hasPyRegex = spawnSync("python3", ["-c", "import regex"], { encoding: "utf8" }).status === 0;
+if (!hasPyRegex) console.warn("tokenizer: python3 with the regex module not found; skipping the gpt-4o split comparison");
+
+describe.skipIf(!hasPyRegex)("the gpt-4o pre-tokenizer", () => {
+  test("splits ASCII text into the original expression's words", () => {
+    const texts = [
+      "HelloWorld don't THE'S camelCaseX 12345 a/b\n\n x", "I'M here, you'RE there; they've 1000000 items!!\n/\n",
+      "  leading and trailing   \t\n\r\n spaces  ", "XMLHttpRequest getHTTPResponse ABCdef ABC", "foo.bar/baz\\qux:1234 (x) [y] {z}",
+      "it's 'quoted' isn't o'clock '' '", "tabs\tand\u000bvertical\ftabs", "end with space ",
+      ...Array.from({ length: 20 }, (_, i) => {
+        const r = rng(900 + i), chars = "aZ Q'sStT09\n\r\t/.,!?-_'";
+        return Array.from({ length: 60 }, () => chars[Math.floor(r() * chars.length)]).join("");
+      }),
+    ];
+    const py = spawnSync("python3", ["-c", "import json, sys, regex\nexpr, texts = json.load(sys.stdin)\n" +
+      "print(json.dumps([[m.group(0) for m in regex.finditer(expr, t)] for t in texts]))"],
+    { input: JSON.stringify([GPT4O_ORIGINAL, texts]), encoding: "utf8" });
+    expect(py.status, py.stderr).toBe(0);
+    const theirs = JSON.parse(py.stdout) as string[][];
+    texts.forEach((t, i) => {
+      const cpts = Uint32Array.from(Array.from(t, (c) => c.codePointAt(0)!));
+      let at = 0;
+      const ours = pretokenize("gpt4o", cpts).map((n) => String.fromCodePoint(...cpts.subarray(at, (at += n))));
+      // the expression covers every character, so its matches are all the words
+      expect(ours, JSON.stringify(t)).toEqual(theirs[i]);
+    });
   });
 });

@@ -253,7 +253,11 @@ describe("bad input", () => {
     expect(() => parseMakeModelArgs(["--shape", "nope", "--type", "Q8_0", "--out", "x"])).toThrow(/unknown shape/);
     expect(() => parseMakeModelArgs(["--dims", "0", "--type", "Q8_0", "--out", "x"])).toThrow(/--dims must be a positive/);
     expect(() => parseMakeModelArgs(["--shape", "tiny-llama", "--type", "Q8_0", "--out", "x", "--vocab", "klingon"])).toThrow(/unknown vocabulary/);
-    expect(() => parseMakeModelArgs(["--arch", "falcon", "--type", "Q8_0", "--out", "x"])).toThrow(/--arch must be one of llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, mistral3, phi3 \(got "falcon"\)/);
+    expect(() => parseMakeModelArgs(["--arch", "falcon", "--type", "Q8_0", "--out", "x"])).toThrow(/--arch must be one of llama, qwen2, qwen3, qwen3moe, gemma2, gemma3, mistral3, phi3, gpt-oss \(got "falcon"\)/);
+    // a custom gpt-oss keeps its window, YaRN and experts; it has no dense feed-forward to fall back to
+    const oss = parseMakeModelArgs(["--arch", "gpt-oss", "--dims", "512", "--type", "MXFP4_MOE", "--out", "x"]);
+    expect(oss !== "help" && oss.shape).toMatchObject({ arch: "gpt-oss", nEmbd: 512, qkvBias: true, tiedEmbeddings: false, slidingWindow: 4, ropeYarnFactor: 32, nExpert: 8 });
+    expect(() => parseMakeModelArgs(["--shape", "tiny-gpt-oss", "--experts", "0", "--type", "Q8_0", "--out", "x"])).toThrow(/gpt-oss has no dense feed-forward/);
     const g = parseMakeModelArgs(["--shape", "tiny-gemma3", "--layers", "7", "--type", "Q8_0", "--out", "x"]);
     if (g !== "help") expect(g.shape).toMatchObject({ arch: "gemma3", nLayers: 7, headDim: 128, slidingWindow: 4, tiedEmbeddings: true });
     expect(() => parseMakeModelArgs(["--shape", "tiny-llama", "--type", "Q8_0", "--out", "x", "--weight-std", "0"])).toThrow(/--weight-std must be a positive/);

@@ -46,7 +46,7 @@ static const char *type_name(int t) {
   case 6: return "q5_0"; case 7: return "q5_1"; case 8: return "q8_0"; case 9: return "q8_1";
   case 10: return "q2_K"; case 11: return "q3_K"; case 12: return "q4_K"; case 13: return "q5_K";
   case 14: return "q6_K"; case 15: return "q8_K"; case 20: return "iq4_nl"; case 23: return "iq4_xs";
-  case 30: return "bf16";
+  case 30: return "bf16"; case 39: return "mxfp4";
   default: die("unsupported type id", NULL); return NULL;
   }
 }

@@ -42,7 +42,7 @@ function awkwardRow(n: number, blockElems: number, seed: number): Float32Array {
 }
 
 const K_TYPES = new Set<GgmlTypeName>(["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]);
-function blockElemsOf(t: GgmlTypeName): number { return K_TYPES.has(t) ? 256 : /^I?Q/.test(t) ? 32 : 1; }
+function blockElemsOf(t: GgmlTypeName): number { return K_TYPES.has(t) ? 256 : /^I?Q|^MXFP4$/.test(t) ? 32 : 1; }
 /** An odd number of whole blocks, at least 5 (so awkwardRow's special blocks fit). */
 function oddLength(t: GgmlTypeName): number { return K_TYPES.has(t) ? 256 * 5 : 32 * 13; }
 
@@ -87,6 +87,8 @@ function randomWeightBytes(t: GgmlTypeName, n: number, seed: number, scales?: nu
   for (let i = 0; i < bytes.length; i++) bytes[i] = Math.floor(r() * 256);
   if (t === "Q8_0") for (let i = 0; i < bytes.length; i++) if (bytes[i] === 0x80) bytes[i] = 0x81; // ggml never writes -128
   const info = typeInfo(t)!;
+  // MXFP4's E8M0 scale byte: 2^(e-128), so 126 and 127 are 0.25 and 0.5 (exact products, as above)
+  if (t === "MXFP4") for (let b = 0; b < bytes.length / 17; b++) bytes[b * 17] = 126 + (b % 2);
   const fields = HALF_FIELDS[t] ?? [];
   const dv = new DataView(bytes.buffer);
   for (let b = 0; b < bytes.length / info.blockBytes; b++) {
@@ -187,7 +189,7 @@ describe("kernel table", () => {
     const act: Record<GgmlTypeName, GgmlTypeName> = {
       F32: "F32", F16: "F16", BF16: "BF16", Q4_0: "Q8_0", Q5_0: "Q8_0", Q8_0: "Q8_0", Q4_1: "Q8_1", Q5_1: "Q8_1",
       Q2_K: "Q8_K", Q3_K: "Q8_K", Q4_K: "Q8_K", Q5_K: "Q8_K", Q6_K: "Q8_K", Q8_1: "Q8_1", Q8_K: "Q8_K",
-      IQ4_NL: "Q8_0", IQ4_XS: "Q8_K",
+      IQ4_NL: "Q8_0", IQ4_XS: "Q8_K", MXFP4: "Q8_0",
     };
     for (const t of WEIGHT_TYPES) {
       const info = typeInfo(t, "scalar");

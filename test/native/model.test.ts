@@ -36,6 +36,23 @@ describe("native model surface", () => {
     expect(() => openNativeModel(out, table, { ...hp, nExpertUsed: 9 }, { threads: 1 })).toThrow(/invalid hyper-parameters/);
     expect(() => openNativeModel(out, table, { ...hp, nExpert: 4 }, { threads: 1 })).toThrow(/ffn_gate_inp.weight has shape \[256, 8\], expected \[256, 4\]/);
     expect(() => openNativeModel(out, table, { ...hp, nFfExp: -1 }, { threads: 1 })).toThrow(/nFfExp must be a whole number from 0/);
+    expect(() => openNativeModel(out, table, { ...hp, moeGating: "sigmoid" as never }, { threads: 1 })).toThrow(/moeGating must be/);
+  });
+
+  it("gpt-oss: refuses part of the experts' biases, an unknown activation, YaRN without its betas, sinks of the wrong size", async () => {
+    const { generateModel } = await import("../../modelgen/index.js");
+    const out = join(tempDir("prima-native-oss-"), "oss.gguf");
+    await generateModel({ shape: "tiny-gpt-oss", type: "Q8_0", out, pure: true });
+    const d = describeModel(readGguf(out));
+    const table = nativeTensorTable(d), hp = nativeHParams(d);
+    openNativeModel(out, table, hp, { threads: 1 }).close();
+    expect(() => openNativeModel(out, table.filter((t) => t.name !== "blk.2.ffn_down_exps.bias"), hp, { threads: 1 }))
+      .toThrow(/layer 2 has only part of the experts' biases/);
+    expect(() => openNativeModel(out, table, { ...hp, ffnAct: "relu" as never }, { threads: 1 })).toThrow(/ffnAct must be/);
+    expect(() => openNativeModel(out, table, { ...hp, ropeYarnBetaFast: 0 }, { threads: 1 })).toThrow(/invalid hyper-parameters/);
+    const sinks = table.find((t) => t.name === "blk.0.attn_sinks.weight")!;
+    expect(() => openNativeModel(out, table.map((t) => (t === sinks ? { ...t, ne0: 4, nBytes: 16 } : t)), hp, { threads: 1 }))
+      .toThrow(/attn_sinks.weight has shape \[4, 1\], expected \[8, 1\]/);
   });
 
   it("refuses bad windows, positions, lengths and token ids", async () => {

@@ -38,7 +38,8 @@ static int failures = 0, checks = 0;
   } while (0)
 
 static const int TYPES[] = {PRIMA_F32, PRIMA_F16, PRIMA_BF16, PRIMA_Q4_0, PRIMA_Q4_1, PRIMA_Q5_0, PRIMA_Q5_1,
-                            PRIMA_Q8_0, PRIMA_Q2_K, PRIMA_Q3_K, PRIMA_Q4_K, PRIMA_Q5_K, PRIMA_Q6_K, PRIMA_IQ4_NL, PRIMA_IQ4_XS};
+                            PRIMA_Q8_0, PRIMA_Q2_K, PRIMA_Q3_K, PRIMA_Q4_K, PRIMA_Q5_K, PRIMA_Q6_K, PRIMA_IQ4_NL, PRIMA_IQ4_XS,
+                            PRIMA_MXFP4};
 #define NTYPES (int)(sizeof TYPES / sizeof TYPES[0])
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {

@@ -14,7 +14,7 @@ const dir = mkdtempSync(join(tmpdir(), "prima-routing-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 describe("measureExpertRouting", () => {
-  it.each(["tiny-qwen3moe", "tiny-mixtral"])("%s: a share per expert rank, hottest first, from one pass", async (shape) => {
+  it.each(["tiny-qwen3moe", "tiny-mixtral", "tiny-gpt-oss"])("%s: a share per expert rank, hottest first, from one pass", async (shape) => {
     const out = join(dir, `${shape}.gguf`);
     await generateModel({ shape, type: "F32", out, pure: true, seed: 7, weightStd: 0.05 });
     const s = modelShapeByName(shape)!;

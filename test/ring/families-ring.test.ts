@@ -1,7 +1,8 @@
 // A ring of two loopback workers and the head gives the single device's tokens for every family
 // beyond llama (piped-ring.test.ts runs llama): the head embeds (gemma's scaled embeddings) and
 // samples, each device runs its window of layers (gemma's sliding-window layers split across them; a
-// mixture-of-experts layer's experts all in its window), and gemma3's sliding-window rings wrap on the workers.
+// mixture-of-experts layer's experts all in its window; gpt-oss's sinks, alternating windows and MXFP4
+// experts), and gemma3's sliding-window rings wrap on the workers.
 import { execFileSync } from "node:child_process";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
@@ -21,9 +22,10 @@ function singleDevice(path: string, args: string[]): number[] {
 
 describe("two-worker ring per family", () => {
   const dir = tempDir("prima-family-ring-");
-  it.each(["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-mixtral", "tiny-gemma2", "tiny-gemma3", "tiny-mistral3", "tiny-phi3"])("%s, 6 layers in windows 2,2,2: the same tokens as one device", async (shape) => {
+  it.each(["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-mixtral", "tiny-gemma2", "tiny-gemma3", "tiny-mistral3", "tiny-phi3", "tiny-gpt-oss"])("%s, 6 layers in windows 2,2,2: the same tokens as one device", async (shape) => {
     const path = join(dir, `${shape}.gguf`);
-    await generateModel({ shape: { ...modelShapeByName(shape)!, nLayers: 6 }, type: "Q8_0", out: path, seed: 3, weightStd: 0.08 });
+    // gpt-oss in its release type: MXFP4 experts, the rest Q8_0
+    await generateModel({ shape: { ...modelShapeByName(shape)!, nLayers: 6 }, type: shape === "tiny-gpt-oss" ? "MXFP4_MOE" : "Q8_0", out: path, seed: 3, weightStd: 0.08 });
     const expected = singleDevice(path, gen);
     expect(expected.length).toBe(24);
     const r = await runRing(path, [...gen, "--layer-windows", "2,2,2"], 2);
