@@ -29,6 +29,8 @@ export interface GenerateOptions {
   readonly weightStd?: number;
   /** general.name (default: the shape's name and type). */
   readonly name?: string;
+  /** More metadata after the shape's and the vocabulary's (e.g. `<arch>.pooling_type`). */
+  readonly extraMetadata?: readonly GgufKV[];
 }
 
 export interface GeneratedTensor {
@@ -130,6 +132,7 @@ export async function generateModel(options: GenerateOptions): Promise<GenerateR
   const metadata = [
     ...archMetadata(shape, options.name ?? `${defaultName(shape.name)}-${fileType}${options.pure ? "-pure" : ""}-random`, fileType),
     ...vocabMetadata(shape, options.vocab),
+    ...(options.extraMetadata ?? []),
   ];
   const tensors: GgufTensorToWrite[] = plan.map((t) => ({
     name: t.name, dims: t.dims, type: t.type, data: () => tensorBytes(t, seed, std),
