@@ -18,6 +18,7 @@ import { WorkerRegistry, type WorkerHandle } from "./registry.js";
 import { TrustStore } from "../trust/index.js";
 import { HEAD_ID, Ring, headStatus } from "./ring-setup.js";
 import { SequenceScheduler, type SlotState } from "./parallel.js";
+import { kvBytesPerSequence } from "./slot-sizing.js";
 import {
   STATE_VERSION, type ClusterState, type DeviceState, type DeviceStateName, type EventState, type MeasuredMs, type PlanState,
   type RequestState,
@@ -510,9 +511,7 @@ export class Cluster extends EventEmitter {
         pipeline.close();
         throw e;
       }
-      const hp = this.o.model.desc.hparams;
-      // K and V in F16 for every layer and position of every slot (native prima_window_create)
-      const kvBytes = 2 * 2 * hp.nLayers * hp.nHeadKv * hp.headDimK * this.o.ctx * this.parallel;
+      const kvBytes = kvBytesPerSequence(this.o.model, this.o.ctx) * this.parallel;
       const anonBytes = slots.windows.reduce((a, w) => a + w.info().anonBytes, 0);
       const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
       this.o.log(`--parallel ${this.parallel}: ${this.parallel} sequence slots of ${this.o.ctx} tokens each (${this.parallel * this.o.ctx} tokens of KV cache: ${mib(kvBytes)}; ${mib(anonBytes)} with the slots' scratch)`);

@@ -11,7 +11,8 @@ import { POOLINGS, embeddingPooling, type Pooling } from "../engine/index.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, UsageError, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
 import { checkApiKey } from "./http-guard.js";
 import { ApiServer } from "./http-server.js";
-import { clusterFor, log, openHead } from "./head.js";
+import { clusterCtx, clusterFor, log, openHead } from "./head.js";
+import { autoParallel } from "./slot-sizing.js";
 
 const HELP = `usage: prima-coord serve model.gguf [options]
 
@@ -30,11 +31,13 @@ const HELP = `usage: prima-coord serve model.gguf [options]
                            (prima-coord token --rotate does it for a running serve)
   --allow-advertise        accept a worker's --advertise address other than the one it connects from
   --queue N                requests that may wait for the ring; more get 503 (default 16)
-  --parallel N             decode up to N requests at once on this device, each in a sequence slot with
+  --parallel N|auto        decode up to N requests at once on this device, each in a sequence slot with
                            a KV cache of --ctx tokens (N x ctx in all), their next tokens in one pass
-                           over the weights per step (default 1). Above 1 every layer runs on this
-                           device: it cannot be combined with --min-workers or --layer-windows, and
-                           workers that join are not used. At most --batch
+                           over the weights per step. Above 1 every layer runs on this device: it
+                           cannot be combined with --min-workers or --layer-windows, and workers that
+                           join are not used. At most --batch. Default auto: as many slots as memory
+                           holds beside the weights, at most 4 (1 with --min-workers, --layer-windows,
+                           --keep-all or --cycles, which ask for a ring)
   --pooling TYPE           how embeddings pool the final hidden states: mean, cls, last or none (none:
                            one vector per token, on llama-server's /embedding only). Default: the model
                            file's <arch>.pooling_type, else last
@@ -57,7 +60,8 @@ interface ServeArgs extends ClusterArgs {
   readonly corsOrigins: readonly string[];
   readonly discovery: boolean;
   readonly queue: number;
-  readonly parallel: number;
+  /** undefined: auto (sized from memory once the model is open: slot-sizing.ts). */
+  readonly parallel?: number;
   /** Default and cap of a request's generated tokens; undefined: the context. */
   readonly nPredict?: number;
   readonly rotateToken: boolean;
@@ -77,15 +81,18 @@ function parseServeArgs(argv: string[]): ServeArgs {
   const apiKeys = apiKeysOf(values["api-key"] as unknown as string[] | undefined);
   const corsOrigins = corsOriginsOf(values.cors as unknown as string[] | undefined);
   if (corsOrigins.includes("*") && apiKeys.length === 0) throw new UsageError("--cors '*' lets every web site use the API: it needs --api-key");
-  const parallel = intArg("parallel", str("parallel"), 1, 1, 256);
-  if (parallel > 1 && (cluster.minWorkers > 0 || cluster.layerWindows !== undefined)) {
+  // auto: sized from memory once the model is open; 1 where the command line asks for a ring
+  const ring = cluster.minWorkers > 0 || cluster.layerWindows !== undefined || cluster.keepAll || cluster.cycles !== undefined;
+  const auto = str("parallel") === undefined || str("parallel") === "auto";
+  const parallel = auto ? (ring ? 1 : undefined) : intArg("parallel", str("parallel"), 1, 1, 256);
+  if (parallel !== undefined && parallel > 1 && (cluster.minWorkers > 0 || cluster.layerWindows !== undefined)) {
     throw new UsageError(`--parallel ${parallel} runs every layer on this device: it cannot be combined with ${cluster.minWorkers > 0 ? "--min-workers" : "--layer-windows"} (a ring serves one request at a time)`);
   }
+  if (parallel !== undefined && parallel > cluster.batch) throw new UsageError(`--parallel ${parallel} needs a --batch of at least ${parallel} (a step takes one row per sequence)`);
   const pooling = str("pooling");
   if (pooling !== undefined && !(POOLINGS as readonly string[]).includes(pooling)) {
     throw new UsageError(`--pooling takes ${POOLINGS.join(", ")} (rank needs a classifier head, which this engine does not run), not "${pooling}"`);
   }
-  if (parallel > cluster.batch) throw new UsageError(`--parallel ${parallel} needs a --batch of at least ${parallel} (a step takes one row per sequence)`);
   return {
     ...cluster,
     host: str("host") ?? "127.0.0.1",
@@ -157,7 +164,13 @@ export async function serveCommand(argv: string[]): Promise<number> {
   }
   const file = basename(a.model);
   const modelId = basename(file, extname(file));
-  const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, parallel: a.parallel, autoPlace: true, rotateToken: a.rotateToken, allowAdvertise: a.allowAdvertise });
+  let parallel = a.parallel;
+  if (parallel === undefined) {
+    const auto = autoParallel(model, clusterCtx(a, model), a.batch);
+    log(auto.why);
+    parallel = auto.n;
+  }
+  const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, parallel, autoPlace: true, rotateToken: a.rotateToken, allowAdvertise: a.allowAdvertise });
   const api = new ApiServer({
     cluster, tok, prompts, modelId, nPredict: a.nPredict, pooling: a.pooling,
     apiKeys: a.apiKeys, allowHosts: a.allowHosts, corsOrigins: a.corsOrigins,
