@@ -7,6 +7,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Ollama } from "ollama";
 import type { Llama } from "node-llama-cpp";
 import { killAll } from "../ring/cluster.js";
+import { LocalModel, LocalPipeline, normalizeEmbedding, poolRows } from "../../engine/index.js";
+import { Tokenizer } from "../../model/index.js";
 import { loadOracle } from "../engine/oracle-harness.js";
 import { MODEL, joinWorker, startServe, until, type Served } from "./serve-harness.js";
 
@@ -164,19 +166,24 @@ describe("serve: embeddings", () => {
     expect(metrics).toMatch(/prima_requests_total\{outcome="ok"\} \d+/);
   });
 
-  it("on a ring (a worker runs the first layers) and with --parallel 2, the same vectors", async () => {
+  it("on a ring (a worker runs the first layers) and with --parallel 2, the same vectors as one device", async () => {
     const alone = await s.client.embeddings.create({ model: "m", input: TEXTS, encoding_format: "float" });
-    const r = await startServe(["--ctx", "256", "--min-workers", "1", "--layer-windows", "alpha=3,head=2"], { waitReady: false });
+    // the ring pools by mean over an input of several batches: every batch's rows come back to the head
+    const long = `${TEXTS[2]} `.repeat(8);
+    const r = await startServe(["--ctx", "256", "--batch", "16", "--pooling", "mean", "--min-workers", "1", "--layer-windows", "alpha=3,head=2"], { waitReady: false });
     const w = joinWorker(r.clusterPort, "alpha");
     const p = await startServe(["--ctx", "256", "--parallel", "2"]);
     try {
       await until(`${r.url}/health`, (st) => st === 200);
       await until<{ plan: { ringOrder: string[] } | null }>(`${r.url}/api/state`, (_, st) => (st.plan?.ringOrder.length ?? 0) === 2);
-      const onRing = await r.client.embeddings.create({ model: "m", input: TEXTS, encoding_format: "float" });
+      const inputs = [...TEXTS, long];
+      const onRing = await r.client.embeddings.create({ model: "m", input: inputs, encoding_format: "float" });
+      expect(onRing.usage.prompt_tokens).toBeGreaterThan(3 * 16);
+      const local = await localMean(inputs, 16);
+      inputs.forEach((t, i) => expect(onRing.data[i].embedding, t).toEqual(local[i]));
       // both at once: two slots
       const [a, b] = await Promise.all([0, 1].map(() => p.client.embeddings.create({ model: "m", input: TEXTS, encoding_format: "float" })));
       TEXTS.forEach((_, i) => {
-        expect(onRing.data[i].embedding).toEqual(alone.data[i].embedding);
         expect(a.data[i].embedding).toEqual(alone.data[i].embedding);
         expect(b.data[i].embedding).toEqual(alone.data[i].embedding);
       });
@@ -188,6 +195,26 @@ describe("serve: embeddings", () => {
     }
   }, 120_000);
 });
+
+/** Mean-pooled, L2-normalized vectors of one device in this process (the same engine functions). */
+async function localMean(texts: string[], batch: number): Promise<number[][]> {
+  const m = LocalModel.open(MODEL, { threads: 1 });
+  const tok = Tokenizer.fromGguf(m.gguf);
+  const p = new LocalPipeline(m, 256, batch);
+  try {
+    const out: number[][] = [];
+    for (const t of texts) {
+      const ids = tok.encode(t, { addSpecial: true, parseSpecial: true });
+      const rows = m.embed(ids);
+      await p.forward(rows, 0, ids.length);
+      out.push(Array.from(normalizeEmbedding(poolRows(m, rows, ids.length, "mean")[0], 2)));
+    }
+    return out;
+  } finally {
+    p.close();
+    m.close();
+  }
+}
 
 describe("serve --pooling none", () => {
   it("llama-server's /embedding gives each token's row, not normalized; the OpenAI and Ollama endpoints refuse by name", async () => {
