@@ -8,7 +8,10 @@ import { Ollama } from "ollama";
 import type { Llama } from "node-llama-cpp";
 import { killAll } from "../ring/cluster.js";
 import { LocalModel, LocalPipeline, normalizeEmbedding, poolRows } from "../../engine/index.js";
-import { Tokenizer } from "../../model/index.js";
+import { Tokenizer, kv } from "../../model/index.js";
+import { generateModel } from "../../modelgen/index.js";
+import { tempDir } from "../helpers/temp.js";
+import { join } from "node:path";
 import { loadOracle } from "../engine/oracle-harness.js";
 import { MODEL, joinWorker, startServe, until, type Served } from "./serve-harness.js";
 
@@ -233,4 +236,28 @@ describe("serve --pooling none", () => {
       s.proc.child.kill("SIGKILL");
     }
   }, 60_000);
+});
+
+describe("a model whose embeddings this engine cannot compute", () => {
+  it("gets a 400 naming why: attention that is not causal, rank pooling; generations still work", async () => {
+    const dir = tempDir("prima-embed-refused-");
+    for (const [key, value, message] of [
+      ["llama.attention.causal", kv.bool("llama.attention.causal", false), /^this model gives no embeddings: the model's attention is not causal \(llama\.attention\.causal = false\)/],
+      ["llama.pooling_type", kv.u32("llama.pooling_type", 4), /^this model gives no embeddings: llama\.pooling_type = 4 \(rank\) scores pairs with a classifier head/],
+    ] as const) {
+      const model = join(dir, `${key}.gguf`);
+      await generateModel({ shape: "tiny-llama", type: "F32", out: model, seed: 3, extraMetadata: [value] });
+      const s = await startServe(["--ctx", "64", "--embeddings"], { model });
+      try {
+        expect(s.proc.stderr).toMatch(/embeddings are refused: /);
+        const r = await post(s.url, "/v1/embeddings", { input: "hi" });
+        expect(r.status, key).toBe(400);
+        expect(r.json.error.message, key).toMatch(message);
+        expect((await post(s.url, "/api/embed", { model: "x", input: "hi" })).json.error).toMatch(message);
+        expect((await s.client.completions.create({ prompt: "hi", max_tokens: 2 })).choices).toHaveLength(1);
+      } finally {
+        s.proc.child.kill("SIGKILL");
+      }
+    }
+  }, 120_000);
 });
