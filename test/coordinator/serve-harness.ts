@@ -22,10 +22,7 @@ export interface Served {
  * loopback) and waits until it says it is ready.
  */
 export async function startServe(args: string[] = [], opts: { apiKey?: string; model?: string; waitReady?: boolean; discovery?: boolean; env?: NodeJS.ProcessEnv } = {}): Promise<Served> {
-  // Tests written for one queue say so: serve's default (--parallel auto) sizes the slots from memory,
-  // which slot-sizing.test.ts and serve-parallel.test.ts check.
-  const parallel = args.includes("--parallel") ? [] : ["--parallel", "1"];
-  const serveArgs = ["serve", opts.model ?? MODEL, ...(opts.discovery ? [] : ["--no-discovery"]), "--port", "0", "--cluster-port", "0", "--threads", "1", ...parallel, ...args];
+  const serveArgs = ["serve", opts.model ?? MODEL, ...(opts.discovery ? [] : ["--no-discovery"]), "--port", "0", "--cluster-port", "0", "--threads", "1", ...args];
   const proc = opts.env ? startNode([coordCli, ...serveArgs], opts.env) : startCoordinator(serveArgs);
   const port = Number((await proc.waitFor(/listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]);
   const clusterPort = Number((await proc.waitFor(/listening for workers on port (\d+)/))[1]);

@@ -130,7 +130,7 @@ describe("serve --parallel refuses a ring", () => {
   });
 });
 
-describe("serve --parallel auto (the default)", () => {
+describe("serve --parallel auto", () => {
   it("sizes the slots from memory, says why, and /props and /slots show them; a ring's flags keep one", async () => {
     const s = await startServe(["--ctx", "256", "--parallel", "auto"]);
     try {
