@@ -48,7 +48,7 @@ async function streamed(url: string, body: object): Promise<{ msPerToken: number
 }
 
 export async function main(model: string, rounds = 5): Promise<void> {
-  const serve = start(coordCli, ["serve", model, "--no-discovery", "--port", "0", "--cluster-port", "0", "--ctx", "512", "--threads", THREADS]);
+  const serve = start(coordCli, ["serve", model, "--no-discovery", "--port", "0", "--cluster-port", "0", "--ctx", "512", "--threads", THREADS, "--parallel", "1"]);
   try {
     const url = `http://127.0.0.1:${(await waitFor(serve, /listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]}`;
     await waitFor(serve, /ready: /, 120_000);

@@ -85,6 +85,9 @@ export interface GenerationRequest {
   /** Whose KV cache of earlier prompts this request may reuse: only a request of the same scope
    * (serve: the same API key or client) continues from the cache (undefined: one scope for all). */
   readonly cacheScope?: string;
+  /** The prompt's rows after every layer, from position `fromPos` (the cache held those before), once
+   * its pass is done (again after a failover's replay): what an embedding pools (embeddings.ts). */
+  readonly onPrompt?: (rows: Float32Array, fromPos: number) => void;
 }
 
 /** A device's counters per decode step, as run's report shows them. */
@@ -680,7 +683,7 @@ export class Cluster extends EventEmitter {
           const left = req.maxTokens - emitted.length;
           if (left <= 0) break;
           parts.push(await generate(this.o.model, meter, input, {
-            startPos, maxTokens: left, sampler: req.sampler, isEnd: req.isEnd, yieldEveryMs: YIELD_EVERY_MS,
+            startPos, maxTokens: left, sampler: req.sampler, isEnd: req.isEnd, yieldEveryMs: YIELD_EVERY_MS, onPrompt: req.onPrompt && ((rows) => req.onPrompt!(rows, startPos)),
             onToken: (id) => {
               const now = performance.now();
               if (ctrl.firstAt === null) ctrl.firstAt = now;

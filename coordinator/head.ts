@@ -24,9 +24,14 @@ export function openHeadModel(a: ClusterArgs): LocalModel {
   return LocalModel.open(a.model, { threads: a.threads, ...(ring ? RING_COMPUTE_OPTIONS : {}) });
 }
 
+/** The KV cache's tokens: --ctx, at most what the model was trained on. */
+export function clusterCtx(a: ClusterArgs, model: LocalModel): number {
+  return Math.min(a.ctx, model.desc.hparams.nCtxTrain);
+}
+
 export function clusterFor(a: ClusterArgs, model: LocalModel, log: (line: string) => void, extra: { name?: string; plannedTokens?: number; maxQueue?: number; parallel?: number; autoPlace?: boolean; rotateToken?: boolean; allowAdvertise?: boolean } = {}): Cluster {
   return new Cluster({
-    modelPath: a.model, model, name: extra.name ?? "prima", ctx: Math.min(a.ctx, model.desc.hparams.nCtxTrain), batch: a.batch,
+    modelPath: a.model, model, name: extra.name ?? "prima", ctx: clusterCtx(a, model), batch: a.batch,
     prefetch: a.prefetch, reprofile: a.reprofile, layerWindows: a.layerWindows, cycles: a.cycles, keepAll: a.keepAll,
     plannedTokens: extra.plannedTokens, maxQueue: extra.maxQueue, parallel: extra.parallel, autoPlace: extra.autoPlace, minWorkers: a.minWorkers, log,
     rotateToken: extra.rotateToken, allowAdvertise: extra.allowAdvertise,

@@ -23,6 +23,8 @@ import { RequestGuard, type GuardOptions } from "./http-guard.js";
 import { Constraints, planStructured, type StructuredPlan } from "./structured.js";
 import { closingStart, type GrammarConstraint } from "../grammar/index.js";
 import type { ReplyEvent } from "../tools/index.js";
+import type { Pooling } from "../engine/index.js";
+import { EMBEDDING_PATHS, embeddingErrorBody, serveEmbeddings } from "./embeddings.js";
 
 export interface ApiServerOptions extends GuardOptions, Served {
   readonly cluster: Cluster;
@@ -34,6 +36,8 @@ export interface ApiServerOptions extends GuardOptions, Served {
   /** Tokens a request generates when it names no max_tokens, and the most it may name (serve
    * --n-predict); undefined: until the context is full. */
   readonly nPredict?: number;
+  /** serve --pooling (embeddings.ts); undefined: the model file's, else last. */
+  readonly pooling?: Pooling;
   readonly maxBodyBytes?: number;
   readonly log: (line: string) => void;
   /** Serves the dashboard's files; returns false when the path is not one of them. */
@@ -50,7 +54,7 @@ const VERSION = (JSON.parse(readFileSync(join(packageRoot(), "package.json"), "u
 
 /** Ollama's endpoints (beside prima's own /api/state and /api/stream) and llama-server's. */
 const OLLAMA_PATHS = new Set(["/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/version", "/api/ps"]);
-const LLAMA_PATHS = new Set(["/completion", "/tokenize", "/detokenize", "/props", "/slots"]);
+const LLAMA_PATHS = new Set(["/completion", "/tokenize", "/detokenize", "/props", "/slots", "/embedding", "/embeddings"]);
 
 /** Ollama's endpoints that manage models: serve runs the one model it was started with. */
 const OLLAMA_MODEL_MANAGEMENT = new Set(["/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete", "/api/blobs"]);
@@ -233,6 +237,15 @@ export class ApiServer {
       case "GET /slots":
         sendJson(res, 200, slots(this.o));
         return;
+      case "POST /v1/embeddings":
+      case "POST /api/embed":
+      case "POST /api/embeddings":
+      case "POST /embedding":
+      case "POST /embeddings": {
+        const body = await this.readJson(req, res, (e) => sendJson(res, e.status, embeddingErrorBody(path, e)), (b) => ({ b }));
+        if (body !== undefined) await serveEmbeddings(this.o, path, res, (body as { b: unknown }).b, (o) => this.outcomes[o]++);
+        return;
+      }
       case "POST /api/show":
       case "POST /tokenize":
       case "POST /detokenize": {
@@ -243,13 +256,12 @@ export class ApiServer {
       }
     }
     const managed = OLLAMA_MODEL_MANAGEMENT.has(path) || path.startsWith("/api/blobs/");
-    if (managed || path === "/api/embed" || path === "/api/embeddings") {
+    if (managed) {
       req.resume();
-      const why = managed ? "this server runs the one model it was started with (prima-coord serve model.gguf)" : "this server does not compute embeddings";
-      sendError(res, new ApiError(501, `${safePath(path)}: not supported: ${why}`, "invalid_request_error", "not_supported"));
+      sendError(res, new ApiError(501, `${safePath(path)}: not supported: this server runs the one model it was started with (prima-coord serve model.gguf)`, "invalid_request_error", "not_supported"));
       return;
     }
-    const posts = ["/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate", "/api/show", "/completion", "/tokenize", "/detokenize"];
+    const posts = ["/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate", "/api/show", "/completion", "/tokenize", "/detokenize", ...Object.keys(EMBEDDING_PATHS)];
     const gets = ["/v1/models", "/metrics", "/api/state", "/api/stream", "/api/tags", "/api/ps", "/api/version", "/props", "/slots"];
     if (posts.includes(path) || gets.includes(path)) sendError(res, new ApiError(405, `${method} is not allowed on ${path}`, "invalid_request_error", "method_not_allowed"), { Allow: posts.includes(path) ? "POST" : "GET" });
     else sendError(res, new ApiError(404, `no such endpoint: ${method} ${safePath(path)}`, "invalid_request_error", "not_found"));

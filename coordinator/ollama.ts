@@ -38,15 +38,15 @@ function ollamaLogprobs(tok: Tokenizer, entries: readonly TokenLogprobs[]): unkn
 }
 
 /** options read into the sampler and limits, under the OpenAI path's names. */
-const SAMPLING_OPTIONS: Readonly<Record<string, string>> = {
+export const SAMPLING_OPTIONS: Readonly<Record<string, string>> = {
   temperature: "temperature", top_k: "top_k", top_p: "top_p", min_p: "min_p", seed: "seed", num_predict: "max_tokens", stop: "stop",
   repeat_penalty: "repeat_penalty", repeat_last_n: "repeat_last_n", presence_penalty: "presence_penalty", frequency_penalty: "frequency_penalty",
 };
 /** options about how Ollama loads and runs a model: serve's own flags decide those, and the answer is the
  * same either way, so they are accepted and have no effect (num_keep: serve never shifts the context). */
-const LOAD_OPTIONS = new Set(["num_batch", "num_thread", "num_gpu", "main_gpu", "use_mmap", "use_mlock", "numa", "low_vram", "num_keep"]);
+export const LOAD_OPTIONS = new Set(["num_batch", "num_thread", "num_gpu", "main_gpu", "use_mmap", "use_mlock", "numa", "low_vram", "num_keep"]);
 /** Samplers this server does not have: accepted only at the value that turns them off. */
-const NEUTRAL_OPTIONS: Readonly<Record<string, unknown>> = { typical_p: 1, mirostat: 0, tfs_z: 1, penalize_newline: false };
+export const NEUTRAL_OPTIONS: Readonly<Record<string, unknown>> = { typical_p: 1, mirostat: 0, tfs_z: 1, penalize_newline: false };
 
 /** The OpenAI path's parameter names as Ollama's, for its error messages. */
 const OLLAMA_NAMES: Readonly<Record<string, string>> = {

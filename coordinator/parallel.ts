@@ -202,7 +202,7 @@ export class SequenceScheduler {
           this.finish(s, "length");
           continue;
         }
-        const logits = await this.slots.prefill(slot, prompt.subarray(cached), cached);
+        const logits = await this.slots.prefill(slot, prompt.subarray(cached), cached, p.req.onPrompt && ((rows) => p.req.onPrompt!(rows, cached)));
         s.pos = prompt.length;
         s.promptMs = performance.now() - startedAt;
         await this.take(s, logits);

@@ -7,10 +7,12 @@ import { hostname } from "node:os";
 import { PROTOCOL_VERSION } from "../control/index.js";
 import { publishCluster, type Publication } from "../discovery/index.js";
 import { metaString } from "../model/index.js";
+import { POOLINGS, embeddingPooling, type Pooling } from "../engine/index.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, UsageError, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
 import { checkApiKey } from "./http-guard.js";
 import { ApiServer } from "./http-server.js";
-import { clusterFor, log, openHead } from "./head.js";
+import { clusterCtx, clusterFor, log, openHead } from "./head.js";
+import { autoParallel } from "./slot-sizing.js";
 
 const HELP = `usage: prima-coord serve model.gguf [options]
 
@@ -29,11 +31,18 @@ const HELP = `usage: prima-coord serve model.gguf [options]
                            (prima-coord token --rotate does it for a running serve)
   --allow-advertise        accept a worker's --advertise address other than the one it connects from
   --queue N                requests that may wait for the ring; more get 503 (default 16)
-  --parallel N             decode up to N requests at once on this device, each in a sequence slot with
+  --parallel N|auto        decode up to N requests at once on this device, each in a sequence slot with
                            a KV cache of --ctx tokens (N x ctx in all), their next tokens in one pass
-                           over the weights per step (default 1). Above 1 every layer runs on this
-                           device: it cannot be combined with --min-workers or --layer-windows, and
-                           workers that join are not used. At most --batch
+                           over the weights per step. Above 1 every layer runs on this device: it
+                           cannot be combined with --min-workers or --layer-windows, and workers that
+                           join are not used. At most --batch. auto: as many slots as memory holds
+                           beside the weights, at most 4 (1 with --min-workers, --layer-windows,
+                           --keep-all or --cycles, which ask for a ring). Default 1, so that workers
+                           that join take layers (a ring serves one request at a time for now)
+  --pooling TYPE           how embeddings pool the final hidden states: mean, cls, last or none (none:
+                           one vector per token, on llama-server's /embedding only). Default: the model
+                           file's <arch>.pooling_type, else last
+  --embeddings             accepted for llama-server's command lines: embeddings are always on
   -n, --n-predict N        tokens a request generates when it names no max_tokens, and the most it may
                            name (default -1: until the context is full, as llama-server)
 ${ENGINE_HELP}
@@ -52,11 +61,13 @@ interface ServeArgs extends ClusterArgs {
   readonly corsOrigins: readonly string[];
   readonly discovery: boolean;
   readonly queue: number;
-  readonly parallel: number;
+  /** undefined: auto (sized from memory once the model is open: slot-sizing.ts). */
+  readonly parallel?: number;
   /** Default and cap of a request's generated tokens; undefined: the context. */
   readonly nPredict?: number;
   readonly rotateToken: boolean;
   readonly allowAdvertise: boolean;
+  readonly pooling?: Pooling;
 }
 
 function parseServeArgs(argv: string[]): ServeArgs {
@@ -65,16 +76,25 @@ function parseServeArgs(argv: string[]): ServeArgs {
     "api-key": { type: "string", multiple: true }, "allow-host": { type: "string", multiple: true }, cors: { type: "string", multiple: true },
     "no-discovery": { type: "boolean" }, queue: { type: "string" }, parallel: { type: "string" }, "n-predict": { type: "string", short: "n" },
     "rotate-token": { type: "boolean" }, "allow-advertise": { type: "boolean" },
+    pooling: { type: "string" }, embeddings: { type: "boolean" },
   }, HELP, "serve");
   const str = (k: string) => values[k] as string | undefined;
   const apiKeys = apiKeysOf(values["api-key"] as unknown as string[] | undefined);
   const corsOrigins = corsOriginsOf(values.cors as unknown as string[] | undefined);
   if (corsOrigins.includes("*") && apiKeys.length === 0) throw new UsageError("--cors '*' lets every web site use the API: it needs --api-key");
-  const parallel = intArg("parallel", str("parallel"), 1, 1, 256);
-  if (parallel > 1 && (cluster.minWorkers > 0 || cluster.layerWindows !== undefined)) {
+  // auto: sized from memory once the model is open; 1 where the command line asks for a ring. The
+  // default stays 1 while --parallel cannot run on a ring: above 1, joining workers would be left out.
+  const ring = cluster.minWorkers > 0 || cluster.layerWindows !== undefined || cluster.keepAll || cluster.cycles !== undefined;
+  const auto = str("parallel") === "auto";
+  const parallel = auto ? (ring ? 1 : undefined) : intArg("parallel", str("parallel") ?? "1", 1, 1, 256);
+  if (parallel !== undefined && parallel > 1 && (cluster.minWorkers > 0 || cluster.layerWindows !== undefined)) {
     throw new UsageError(`--parallel ${parallel} runs every layer on this device: it cannot be combined with ${cluster.minWorkers > 0 ? "--min-workers" : "--layer-windows"} (a ring serves one request at a time)`);
   }
-  if (parallel > cluster.batch) throw new UsageError(`--parallel ${parallel} needs a --batch of at least ${parallel} (a step takes one row per sequence)`);
+  if (parallel !== undefined && parallel > cluster.batch) throw new UsageError(`--parallel ${parallel} needs a --batch of at least ${parallel} (a step takes one row per sequence)`);
+  const pooling = str("pooling");
+  if (pooling !== undefined && !(POOLINGS as readonly string[]).includes(pooling)) {
+    throw new UsageError(`--pooling takes ${POOLINGS.join(", ")} (rank needs a classifier head, which this engine does not run), not "${pooling}"`);
+  }
   return {
     ...cluster,
     host: str("host") ?? "127.0.0.1",
@@ -90,6 +110,7 @@ function parseServeArgs(argv: string[]): ServeArgs {
     nPredict: nonNegative(intArg("n-predict", str("n-predict"), -1, -1)),
     rotateToken: values["rotate-token"] === true,
     allowAdvertise: values["allow-advertise"] === true,
+    pooling: pooling as Pooling | undefined,
   };
 }
 
@@ -137,11 +158,23 @@ export async function serveCommand(argv: string[]): Promise<number> {
   } catch (e) {
     log(`chat requests will fail: ${(e as Error).message}`);
   }
+  try {
+    const p = embeddingPooling(model.gguf, model.desc, a.pooling);
+    log(`embeddings: ${p.pooling} pooling (${p.source})`);
+  } catch (e) {
+    log(`embeddings are refused: ${(e as Error).message}`);
+  }
   const file = basename(a.model);
   const modelId = basename(file, extname(file));
-  const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, parallel: a.parallel, autoPlace: true, rotateToken: a.rotateToken, allowAdvertise: a.allowAdvertise });
+  let parallel = a.parallel;
+  if (parallel === undefined) {
+    const auto = autoParallel(model, clusterCtx(a, model), a.batch);
+    log(auto.why);
+    parallel = auto.n;
+  }
+  const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, parallel, autoPlace: true, rotateToken: a.rotateToken, allowAdvertise: a.allowAdvertise });
   const api = new ApiServer({
-    cluster, tok, prompts, modelId, nPredict: a.nPredict,
+    cluster, tok, prompts, modelId, nPredict: a.nPredict, pooling: a.pooling,
     apiKeys: a.apiKeys, allowHosts: a.allowHosts, corsOrigins: a.corsOrigins,
     log, staticFiles: await dashboardFiles(log),
   });
@@ -161,7 +194,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
     // The HTTP port first: /health answers 503 while this device is measured.
     const httpPort = await api.listen(a.port, a.host);
     const shown = a.host.includes(":") ? `[${a.host}]` : a.host;
-    log(`listening on http://${shown}:${httpPort} (OpenAI API at /v1, Ollama's at /api, llama-server's at /completion, dashboard at /)`);
+    log(`listening on http://${shown}:${httpPort} (OpenAI API at /v1, Ollama's at /api, llama-server's at /completion, embeddings at /v1/embeddings, dashboard at /)`);
     const clusterPort = await cluster.start(a.clusterPort);
     log(`listening for workers on port ${clusterPort}`);
     if (a.discovery) {

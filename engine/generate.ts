@@ -34,6 +34,9 @@ export interface GenerateOptions {
    * once, so without this a whole generation is one chain of microtasks: a server would neither send
    * its stream nor notice a client leaving until the end. Default: never. */
   readonly yieldEveryMs?: number;
+  /** The prompt's rows after every layer (before the output norm; from startPos), once its pass is
+   * done: what an embedding pools (engine/embedding.ts). */
+  readonly onPrompt?: (rows: Float32Array) => void;
 }
 
 export type StopReason = "length" | "end" | "context" | "caller";
@@ -59,7 +62,9 @@ export async function generate(embedder: Embedder, pipeline: Pipeline, prompt: I
   pipeline.truncate(startPos);
   let pos = startPos;
   const t0 = performance.now();
-  let logits = await pipeline.forward(embedder.embed(prompt), pos, prompt.length);
+  const rows = embedder.embed(prompt);
+  let logits = await pipeline.forward(rows, pos, prompt.length);
+  o.onPrompt?.(rows);
   pos += prompt.length;
   const t1 = performance.now();
 

@@ -10,3 +10,4 @@ export {
   type BaseHeader, type KlSummary, type PerplexityOptions, type PerplexityResult,
 } from "./perplexity.js";
 export { SeqSlots, type SeqRow } from "./seq-slots.js";
+export { EmbeddingError, POOLINGS, embeddingPooling, normalizeEmbedding, poolRows, type Pooling } from "./embedding.js";

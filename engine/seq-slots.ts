@@ -57,10 +57,12 @@ export class SeqSlots {
   }
 
   /** A sequence's prompt (or the part of it not cached) through its slot alone, at pos..; the last
-   * row's logits (reused by the next prefill). */
-  async prefill(slot: number, tokens: Int32Array, pos: number): Promise<Float32Array> {
+   * row's logits (reused by the next prefill). onRows: the rows after every layer (what an embedding pools). */
+  async prefill(slot: number, tokens: Int32Array, pos: number, onRows?: (rows: Float32Array) => void): Promise<Float32Array> {
     this.truncate(slot, pos);
-    await this.runners[slot].forward(this.model.embed(tokens), pos, tokens.length, this.prefillLogits);
+    const rows = this.model.embed(tokens);
+    await this.runners[slot].forward(rows, pos, tokens.length, this.prefillLogits);
+    onRows?.(rows);
     return this.prefillLogits;
   }
 

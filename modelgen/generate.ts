@@ -31,6 +31,8 @@ export interface GenerateOptions {
   readonly name?: string;
   /** tokenizer.chat_template: a Jinja chat template the file carries (e.g. gpt-oss's harmony format). */
   readonly chatTemplate?: string;
+  /** More metadata after the shape's and the vocabulary's (e.g. `<arch>.pooling_type`). */
+  readonly extraMetadata?: readonly GgufKV[];
 }
 
 export interface GeneratedTensor {
@@ -148,6 +150,7 @@ export async function generateModel(options: GenerateOptions): Promise<GenerateR
     ...archMetadata(shape, options.name ?? `${defaultName(shape.name)}-${fileType}${options.pure ? "-pure" : ""}-random`, fileType),
     ...vocabMetadata(shape, options.vocab).filter((m) => options.chatTemplate === undefined || m.key !== "tokenizer.chat_template"),
     ...(options.chatTemplate !== undefined ? [kv.str("tokenizer.chat_template", options.chatTemplate)] : []),
+    ...(options.extraMetadata ?? []),
   ];
   const tensors: GgufTensorToWrite[] = plan.map((t) => ({
     name: t.name, dims: t.dims, type: t.type, data: () => tensorBytes(t, seed, std),

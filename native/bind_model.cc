@@ -82,6 +82,7 @@ class Model : public Napi::ObjectWrap<Model> {
   Napi::Value Relax(const Napi::CallbackInfo &info);
   Napi::Value Prewake(const Napi::CallbackInfo &info);
   Napi::Value Logits(const Napi::CallbackInfo &info);
+  Napi::Value OutputNorm(const Napi::CallbackInfo &info);
   Napi::Value FileProblem(const Napi::CallbackInfo &info);
   Napi::Value Close(const Napi::CallbackInfo &info);
 };
@@ -204,7 +205,8 @@ class SeqsWorker : public PromiseWorker {
 Napi::Function Model::Define(Napi::Env env) {
   return DefineClass(env, "NativeModel",
                      {InstanceMethod("window", &Model::MakeWindow), InstanceMethod("embed", &Model::Embed),
-                      InstanceMethod("logits", &Model::Logits), InstanceMethod("relax", &Model::Relax),
+                      InstanceMethod("logits", &Model::Logits), InstanceMethod("outputNorm", &Model::OutputNorm),
+                      InstanceMethod("relax", &Model::Relax),
                       InstanceMethod("prewake", &Model::Prewake), InstanceMethod("fileProblem", &Model::FileProblem),
                       InstanceMethod("close", &Model::Close)});
 }
@@ -391,6 +393,26 @@ Napi::Value Model::Logits(const Napi::CallbackInfo &info) {
   auto p = w->Promise();
   w->Queue();
   return p;
+}
+
+// outputNorm(acts: Float32Array (whole rows of nEmbd), out: Float32Array (as long)): the output norm of
+// every row, on the calling thread (n x nEmbd multiply-adds: an embedding's rows, not a pass).
+Napi::Value Model::OutputNorm(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!st->m) return ThrowErr(env, "model is closed");
+  if (info.Length() < 2 || !info[0].IsTypedArray() || !info[1].IsTypedArray() ||
+      info[0].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array ||
+      info[1].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array)
+    return ThrowType(env, "outputNorm(acts: Float32Array, out: Float32Array) expected");
+  auto acts = info[0].As<Napi::Float32Array>();
+  auto out = info[1].As<Napi::Float32Array>();
+  const size_t E = (size_t)st->m->hp.n_embd;
+  if (acts.ElementLength() % E != 0) return ThrowType(env, "outputNorm: activations must be whole rows of " + std::to_string(E));
+  if (out.ElementLength() < acts.ElementLength()) return ThrowType(env, "outputNorm: the output is shorter than the activations");
+  prima_model_output_norm(st->m, acts.Data(), out.Data(), (int)(acts.ElementLength() / E));
+  char err[kErrLen] = {0};
+  if (prima_model_check_file(st->m, 0, err, sizeof err) != 0) return ThrowErr(env, err);
+  return env.Undefined();
 }
 
 // relax(): the compute threads stop spinning for a next job (see prima_pool_relax).

@@ -106,6 +106,8 @@ export interface NativeModel {
   embed(tokens: Int32Array, out: Float32Array): void;
   /** Output norm + head on the last row of acts. */
   logits(acts: Float32Array, out: Float32Array): Promise<void>;
+  /** The output norm of every row of acts into out (the final hidden states an embedding pools). */
+  outputNorm(acts: Float32Array, out: Float32Array): void;
   /** No pass is coming soon: the compute threads stop spinning and sleep until the next one. */
   relax(): void;
   /** A pass is coming soon: sleeping compute threads wake and spin for it. */

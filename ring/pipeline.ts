@@ -10,6 +10,10 @@ import type { PayloadDtype } from "./validation.js";
 interface Pending {
   readonly requestId: number;
   readonly endPos: number;
+  /** The caller's rows, from position `pos`: each batch's rows come back into them as it finishes (the
+   * Pipeline's rows are updated in place, as a local window's are: an embedding pools them). */
+  readonly acts: Float32Array;
+  readonly pos: number;
   readonly resolve: (logits: Float32Array) => void;
   readonly reject: (e: Error) => void;
 }
@@ -47,7 +51,7 @@ export class RingPipeline implements Pipeline {
     const E = this.o.model.nEmbd;
     const requestId = (this.requestId = (this.requestId + 1) >>> 0);
     const done = new Promise<Float32Array>((resolve, reject) => {
-      this.pending = { requestId, endPos: pos + nTokens, resolve, reject };
+      this.pending = { requestId, endPos: pos + nTokens, acts, pos, resolve, reject };
     });
     this.filled = pos + nTokens;
     this.kvEnd = pos === 0 ? nTokens : Math.max(this.kvEnd, pos + nTokens);
@@ -92,7 +96,11 @@ export class RingPipeline implements Pipeline {
   /** Rows that finished their last cycle (from the head's node), with their logits when fused. */
   async deliver(frame: ActivationsFrame, logits?: Float32Array): Promise<void> {
     const p = this.pending;
-    // a stale batch of an abandoned request, or an earlier batch whose KV is written: nothing to return
+    if (p && frame.requestId === p.requestId) {
+      const E = this.o.model.nEmbd, at = (frame.firstTokenPosition - p.pos) * E, n = frame.nTokens * E;
+      if (at >= 0 && at + n <= p.acts.length) p.acts.set(frame.activations.subarray(0, n), at);
+    }
+    // a stale batch of an abandoned request, or an earlier batch whose KV is written: nothing more to do
     if (!p || !this.isFinal(frame)) return;
     try {
       if (!logits) {

@@ -1302,6 +1302,11 @@ void prima_model_logits(prima_model *m, const float *row, float *logits) {
   prima_pool_run(m->pool, head_job_fn, &j);
 }
 
+void prima_model_output_norm(prima_model *m, const float *x, float *y, int n) {
+  const int E = m->hp.n_embd;
+  for (int r = 0; r < n; r++) prima_rmsnorm(x + (size_t)r * E, (const float *)m->output_norm.data, y + (size_t)r * E, E, m->hp.norm_eps);
+}
+
 void prima_model_embed(prima_model *m, const int32_t *tokens, int n, float *out) {
   const prima_type_kernels *k = prima_kernels(m->tok_embd.type);
   const int E = m->hp.n_embd;

@@ -177,6 +177,9 @@ int prima_model_check_file(prima_model *m, int force, char *err, size_t err_len)
 
 /* Output norm + head on one row, on the pool. */
 void prima_model_logits(prima_model *m, const float *row, float *logits);
+/* The output norm alone on n rows (x to y, n_embd each): the final hidden states an embedding pools,
+ * the same function the head applies before its matrix. */
+void prima_model_output_norm(prima_model *m, const float *x, float *y, int n);
 /* Embedding rows for tokens (ids checked by the caller). */
 void prima_model_embed(prima_model *m, const int32_t *tokens, int n, float *out);
 

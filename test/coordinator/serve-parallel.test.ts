@@ -129,3 +129,29 @@ describe("serve --parallel refuses a ring", () => {
     }
   });
 });
+
+describe("serve --parallel auto", () => {
+  it("sizes the slots from memory, says why, and /props and /slots show them; a ring's flags keep one", async () => {
+    const s = await startServe(["--ctx", "256", "--parallel", "auto"]);
+    try {
+      const m = /--parallel (\d+) \(auto: [^)]*\): [\d.]+ MiB of memory beside the model's [\d.]+ MiB of weights holds \d+ sequence slots? of 256 tokens/.exec(s.proc.stderr);
+      expect(m, s.proc.stderr).not.toBeNull();
+      const n = Number(m![1]);
+      expect(n).toBeGreaterThanOrEqual(1);
+      expect(n).toBeLessThanOrEqual(4);
+      expect(((await (await fetch(`${s.url}/props`)).json()) as { total_slots: number }).total_slots).toBe(n);
+      const slots = (await (await fetch(`${s.url}/slots`)).json()) as { id: number; n_ctx: number }[];
+      expect(slots.map((x) => x.id)).toEqual(Array.from({ length: n }, (_, i) => i));
+      expect(slots.every((x) => x.n_ctx === 256)).toBe(true);
+    } finally {
+      s.proc.child.kill("SIGKILL");
+    }
+    const ring = await startServe(["--ctx", "256", "--parallel", "auto", "--keep-all"]);
+    try {
+      expect(ring.proc.stderr).not.toMatch(/--parallel \d+ \(auto/);
+      expect(((await (await fetch(`${ring.url}/props`)).json()) as { total_slots: number }).total_slots).toBe(1);
+    } finally {
+      ring.proc.child.kill("SIGKILL");
+    }
+  }, 60_000);
+});
