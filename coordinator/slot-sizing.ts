@@ -25,12 +25,19 @@ export function kvBytesPerSequence(model: LocalModel, ctx: number, batch: number
 /** One sequence slot's memory: a window of every layer with a KV cache of ctx tokens. */
 export function slotBytes(model: LocalModel, ctx: number, batch: number): SlotBytes {
   const kv = kvBytesPerSequence(model, ctx, batch);
-  const w = model.window(0, 1, { ctx, maxBatch: batch });
-  try {
-    return { kv, scratch: Math.max(0, w.info().anonBytes - w.info().kvBytes), ctx };
-  } finally {
-    w.close();
-  }
+  // Beside its KV a window holds scratch shared by its layers plus a little per layer: windows of one
+  // and two layers tell the two apart without allocating every layer's cache.
+  const beyondKv = (layers: number) => {
+    const w = model.window(0, layers, { ctx, maxBatch: batch });
+    try {
+      return w.info().anonBytes - w.info().kvBytes;
+    } finally {
+      w.close();
+    }
+  };
+  const one = beyondKv(1);
+  const perLayer = model.nLayers > 1 ? beyondKv(2) - one : 0;
+  return { kv, scratch: Math.max(0, one + perLayer * (model.nLayers - 1)), ctx };
 }
 
 const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
