@@ -17,9 +17,10 @@ import { serveChunks, windowChunkHashes } from "./model-store.js";
 import { WorkerRegistry, type WorkerHandle } from "./registry.js";
 import { TrustStore } from "../trust/index.js";
 import { HEAD_ID, Ring, headStatus } from "./ring-setup.js";
+import { DeviceRecords, type DeviceRecord } from "./devices.js";
 import { SequenceScheduler, type SlotState } from "./parallel.js";
 import {
-  STATE_VERSION, type ClusterState, type DeviceState, type DeviceStateName, type EventState, type MeasuredMs, type PlanState,
+  STATE_VERSION, type ClusterState, type DeviceState, type EventState, type MeasuredMs, type PlanState,
   type RequestState,
 } from "./state.js";
 
@@ -114,23 +115,11 @@ export interface GenerationOutcome {
   readonly meanDecodeMs: number;
 }
 
-interface DeviceInfo {
-  /** The worker's profile as it joined with it (parsed once, for the state). */
-  readonly report: Partial<DeviceReport>;
-  state: DeviceStateName;
-  detail: string | null;
-  progress: number | null;
-  readonly joinedUnixMs: number;
-  measured: MeasuredMs | null;
-  lastStatus: Status | null;
-}
-
 type Current =
   | { readonly kind: "local"; readonly pipeline: LocalPipeline; readonly devices: 1 }
   | { readonly kind: "ring"; readonly ring: Ring; readonly devices: number };
 
 const MAX_EVENTS = 50;
-const MAX_LOST_SHOWN = 8;
 const HISTORY_POINTS = 120;
 const HISTORY_INTERVAL_MS = 5000;
 /** Re-placements one request may go through before it gives up. */
@@ -163,8 +152,7 @@ export class Cluster extends EventEmitter {
    * again at its next token (autoPlace), rather than leaving the newcomer idle until the next request. */
   private arrivals = 0;
   private clusterPort = 0;
-  private readonly devices = new Map<string, DeviceInfo>();
-  private readonly lost: { handle: WorkerHandle; info: DeviceInfo }[] = [];
+  private readonly devices = new DeviceRecords(() => this.changed());
   private readonly events: EventState[] = [];
   /** Tokens whose KV cache the current pipeline holds at positions 0..n-1. */
   private cachedIds: number[] = [];
@@ -186,7 +174,6 @@ export class Cluster extends EventEmitter {
   private readonly historyTimer: NodeJS.Timeout;
   private settleTimer: NodeJS.Timeout | undefined;
   private closed = false;
-  private headState: { state: DeviceStateName; detail: string | null } = { state: "profiling", detail: null };
 
   constructor(readonly o: ClusterOptions) {
     super();
@@ -215,10 +202,10 @@ export class Cluster extends EventEmitter {
    * it never competes with a worker's. */
   async start(port: number, host = "0.0.0.0"): Promise<number> {
     if (this.o.layerWindows === undefined) {
-      this.headState = { state: "profiling", detail: "measuring this device" };
+      this.devices.head = { state: "profiling", detail: "measuring this device" };
       this.headReport = await this.profileHead(false);
     }
-    this.headState = { state: "ready", detail: null };
+    this.devices.head = { state: "ready", detail: null };
     this.trustStore = await TrustStore.open(this.o.name, { rotate: this.o.rotateToken });
     this.clusterPort = await this.registry.listen(port, host);
     this.sayJoinCommand();
@@ -272,13 +259,7 @@ export class Cluster extends EventEmitter {
   // ---- devices coming and going ----------------------------------------------------------------
 
   private onJoined(w: WorkerHandle): void {
-    let report: Partial<DeviceReport> = {};
-    try {
-      report = JSON.parse(w.join.profileJson) as Partial<DeviceReport>;
-    } catch {
-      // the registry checked it already; a state without the profile's details is still a state
-    }
-    this.devices.set(w.id, { report, state: "joining", detail: "waiting to be placed", progress: null, joinedUnixMs: Date.now(), measured: null, lastStatus: null });
+    this.devices.joined(w);
     this.event("joined", `device ${w.label} joined`);
     this.arrivals++;
     // The handshakes' garbage is freed now, while no window runs (memory readings show the live set).
@@ -287,14 +268,7 @@ export class Cluster extends EventEmitter {
   }
 
   private onLost(w: WorkerHandle, reason: string): void {
-    const info = this.devices.get(w.id);
-    if (info) {
-      info.state = "lost";
-      info.detail = reason;
-      this.devices.delete(w.id);
-      this.lost.push({ handle: w, info });
-      if (this.lost.length > MAX_LOST_SHOWN) this.lost.shift();
-    }
+    this.devices.gone(w, reason);
     this.stats.lost++;
     this.event("lost", `device ${w.label} lost: ${reason}`);
     if (this.current?.kind === "ring" && this.current.ring.spec.members.some((m) => m.worker === w)) this.cachedIds = [];
@@ -342,11 +316,7 @@ export class Cluster extends EventEmitter {
     // parallel sequences run here alone, for good: re-placing would close slots that are decoding
     if (this.parallel > 1 && this.current) {
       this.dirty = false;
-      for (const d of this.devices.values()) {
-        if (d.state !== "joining") continue;
-        d.state = "left-out";
-        d.detail = `--parallel ${this.parallel} runs on this device alone`;
-      }
+      this.devices.leaveOutJoining(`--parallel ${this.parallel} runs on this device alone`);
       return;
     }
     const broken = this.current?.kind === "ring" && this.current.ring.failure !== undefined;
@@ -426,7 +396,7 @@ export class Cluster extends EventEmitter {
       return;
     }
     if (this.parallel > 1) {
-      for (const w of workers) this.setDevice(w, "left-out", `--parallel ${this.parallel} runs on this device alone`);
+      for (const w of workers) this.devices.set(w, "left-out", `--parallel ${this.parallel} runs on this device alone`);
       this.useLocal(workers.map((w) => ({ device: w.id, reason: `--parallel ${this.parallel} runs on one device` })), `--parallel ${this.parallel}: every layer runs on this device; workers are not used`);
       return;
     }
@@ -434,7 +404,7 @@ export class Cluster extends EventEmitter {
     let cycles: number | undefined;
     let placement: RingPlan | undefined;
     if (this.headReport && this.o.layerWindows === undefined) {
-      for (const w of workers) this.setDevice(w, "profiling", "reading memory and measuring the link");
+      for (const w of workers) this.devices.set(w, "profiling", "reading memory and measuring the link");
       placement = await planRing({
         model, modelPath: this.o.modelPath, fingerprint: this.fingerprint, workers, head: this.headReport, ctx: this.o.ctx,
         // A recovery plans with the last timed passes: a request is paused until it is placed.
@@ -455,7 +425,7 @@ export class Cluster extends EventEmitter {
       placement?.plan.dropped.find((d) => d.index === workers.indexOf(w) + 1)?.reason ?? (placement ? "Halda gives it no layers" : "--layer-windows gives it no layers");
     for (const w of leftOut) {
       log(`device ${w.label} takes no layers and stays out of the ring`);
-      this.setDevice(w, "left-out", dropReason(w));
+      this.devices.set(w, "left-out", dropReason(w));
     }
     const members = workers.flatMap((w, i) => (plan.perDevice[i].length > 0 ? [{ worker: w, windows: plan.perDevice[i], releaseAfterUse: releaseAfterUse(i) }] : []));
     if (members.length === 0) {
@@ -466,20 +436,20 @@ export class Cluster extends EventEmitter {
     }
     const headWindows = plan.perDevice[workers.length];
     log(`plan: ${plan.cycles} cycle${plan.cycles === 1 ? "" : "s"} of [${perCycle.join(", ")}] layers (ring order: ${[...members.map((m) => m.worker.id), HEAD_ID].join(" -> ")})`);
-    for (const m of members) this.setDevice(m.worker, "loading", "receiving its windows", 0);
+    for (const m of members) this.devices.set(m.worker, "loading", "receiving its windows", 0);
     const ring = await Ring.build({
       members, headWindows, headReleaseAfterUse: releaseAfterUse(workers.length), cycles: plan.cycles, ctx: this.o.ctx,
       maxBatch: this.o.batch, prefetch: this.o.prefetch,
     }, {
       model, fingerprint: this.fingerprint, registry: this.registry, log,
       weights: async (layers) => ({ chunkBytes: this.modelSource.info.chunkBytes, chunks: await windowChunkHashes(this.modelSource, model.gguf, layers) }),
-      onProgress: (w, fraction, stage) => this.setDevice(w, "loading", stage, fraction),
+      onProgress: (w, fraction, stage) => this.devices.set(w, "loading", stage, fraction),
       onBroken: (e) => {
         this.event("error", `the ring broke: ${e.message}`);
         this.markDirty();
       },
     });
-    for (const m of members) this.setDevice(m.worker, "ready", null);
+    for (const m of members) this.devices.set(m.worker, "ready", null);
     // Setting the ring up (the workers' windows' chunk hashes above all) left garbage the plan did not
     // count; the head's room for its window is read from its group on the first tokens (WeightRoom), and
     // read with it a capped head streamed part of a window that fitted. No window runs yet: collect it.
@@ -537,15 +507,6 @@ export class Cluster extends EventEmitter {
       notes: [why, ...(this.placement?.plan.notes ?? [])], madeUnixMs: Date.now(),
     };
     this.event("replan", why);
-  }
-
-  private setDevice(w: WorkerHandle, state: DeviceStateName, detail: string | null, progress: number | null = null): void {
-    const info = this.devices.get(w.id);
-    if (!info) return;
-    info.state = state;
-    info.detail = detail;
-    info.progress = progress;
-    this.changed();
   }
 
   /** Places layers now if the devices changed (serve calls this when it starts and after joins). */
@@ -648,8 +609,7 @@ export class Cluster extends EventEmitter {
       controller: ctrl,
       state: { id: "", kind: req.kind, promptTokens: prompt.length, cachedTokens: cached, generatedTokens: 0, tokensPerS: null, timeToFirstTokenMs: null, startedUnixMs: Date.now() },
     };
-    for (const d of this.devices.values()) if (d.state === "ready") d.state = "busy";
-    this.headState = { state: "busy", detail: null };
+    this.devices.busy();
     this.changed();
     const pressure = memoryPressureTracker();
     // Every token handed to the caller, across recoveries: a replay feeds them back as prompt.
@@ -823,8 +783,7 @@ export class Cluster extends EventEmitter {
     if (current.kind === "local") {
       const status = this.localStatus(current.pipeline, headPressure);
       const cost = { computeMs: meter.meanDecodeMs, waitMs: 0, sendMs: 0, descheduledMs: 0, majorFaults: 0, readBytes: 0 };
-      this.headMeasured = { computeMs: cost.computeMs, waitMs: 0, sendMs: 0, majorFaultsPerToken: 0, tokens: meter.decodeSteps };
-      this.headStatusSeen = status;
+      this.devices.measured(HEAD_ID, { computeMs: cost.computeMs, waitMs: 0, sendMs: 0, majorFaultsPerToken: 0, tokens: meter.decodeSteps }, status, true);
       return [{ id: HEAD_ID, label: `${HEAD_ID} (this coordinator)`, status, haldaIndex: 0, cost }];
     }
     const after = await current.ring.statuses(headPressure).catch(() => undefined);
@@ -835,15 +794,8 @@ export class Cluster extends EventEmitter {
     return after.map((s) => {
       const b = decodeOnly ? before!.find((x) => x.id === s.id)?.status : undefined;
       const cost = costPerStep(b, s.status, steps);
-      const info = this.devices.get(s.id);
       const measured: MeasuredMs = { computeMs: cost.computeMs, waitMs: cost.waitMs, sendMs: cost.sendMs, descheduledMs: cost.descheduledMs, majorFaultsPerToken: cost.majorFaults / Math.max(1, steps), tokens: steps };
-      if (info) {
-        info.measured = measured;
-        info.lastStatus = s.status;
-      } else if (s.id === HEAD_ID) {
-        this.headMeasured = measured;
-        this.headStatusSeen = s.status;
-      }
+      this.devices.measured(s.id, measured, s.status, s.id === HEAD_ID);
       const haldaIndex = s.id === HEAD_ID ? 0 : workers.findIndex((w) => w.id === s.id) + 1; // placedWorkers: Halda's 1..n
       return { id: s.id, label: s.label, status: s.status, haldaIndex, before: b, cost };
     });
@@ -857,18 +809,15 @@ export class Cluster extends EventEmitter {
     return { ...base, windows: [{ firstLayer: 0, endLayer: L, cycle: 0, residentBytes: r.residentBytes, totalBytes: r.totalBytes, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 }] };
   }
 
-  private headMeasured: MeasuredMs | null = null;
   /** Devices' reread speeds seen in this cluster's rings, kept beside this device's profile. */
   private readonly rereads = new RereadStore(defaultCacheDir());
   private headSystem: SystemInfo | undefined;
   /** The state's model part: it never changes. */
   private modelState: ClusterState["model"] | undefined;
-  private headStatusSeen: Status | null = null;
 
   private finishActive(): void {
     this.active = null;
-    for (const d of this.devices.values()) if (d.state === "busy") d.state = "ready";
-    this.headState = { state: "ready", detail: null };
+    this.devices.idle();
     this.changed();
     // Devices came or went while the request ran (the settle timer found it busy): place them now.
     if (this.dirty) this.markDirty();
@@ -890,7 +839,7 @@ export class Cluster extends EventEmitter {
 
   readiness(): { ok: boolean; status: string } {
     if (this.closed) return { ok: false, status: "stopping" };
-    if (this.headState.state === "profiling" || this.clusterPort === 0) return { ok: false, status: this.headState.detail ?? "starting" };
+    if (this.devices.head.state === "profiling" || this.clusterPort === 0) return { ok: false, status: this.devices.head.detail ?? "starting" };
     const live = this.registry.live().length, min = this.o.minWorkers ?? 0;
     if (live >= min) this.formed = true;
     if (!this.formed) return { ok: false, status: `waiting for workers (${live} of ${min} joined)` };
@@ -937,15 +886,15 @@ export class Cluster extends EventEmitter {
     const setFor = (haldaIndex: number) => this.placement?.plan.devices.find((x) => x.index === haldaIndex)?.set ?? null;
     // Halda's device i is the placement's worker i - 1 (0 is the head).
     const haldaIndexOf = (w: WorkerHandle) => (this.placement && this.placedWorkers.includes(w) ? this.placedWorkers.indexOf(w) + 1 : -1);
-    const deviceState = (id: string, name: string, address: string, isHead: boolean, info: DeviceInfo | null, report: Partial<DeviceReport> | undefined, haldaIndex: number, status: Status | null): DeviceState => {
+    const deviceState = (id: string, name: string, address: string, isHead: boolean, info: DeviceRecord | null, report: Partial<DeviceReport> | undefined, haldaIndex: number, status: Status | null): DeviceState => {
       const d = report?.details, p = report?.profile;
       // Without a profile (layers placed by hand) the head still knows its own machine.
       const sys = d?.system ?? (isHead ? (this.headSystem ??= systemInfo()) : undefined);
       const pos = ringOrder.indexOf(id);
       return {
         id, name, address, isHead,
-        state: isHead ? this.headState.state : info!.state,
-        detail: isHead ? this.headState.detail : info!.detail,
+        state: isHead ? this.devices.head.state : info!.state,
+        detail: isHead ? this.devices.head.detail : info!.detail,
         loadProgress: info?.progress ?? null,
         os: sys ? `${sys.os} ${sys.kernelRelease} (${sys.arch})` : p?.os ?? null,
         cpu: sys?.cpuModel ?? null,
@@ -960,12 +909,12 @@ export class Cluster extends EventEmitter {
         set: haldaIndex >= 0 ? setFor(haldaIndex) : null,
         windows: this.windowStates(id, status),
         predicted: haldaIndex >= 0 ? predictedFor(haldaIndex) : null,
-        measured: isHead ? this.headMeasured : info?.measured ?? null,
+        measured: isHead ? this.devices.headMeasured : info?.measured ?? null,
         joinedUnixMs: info?.joinedUnixMs ?? this.startedUnixMs,
       };
     };
     const readiness = this.readiness();
-    const pressureSeen = this.headStatusSeen?.memPressure ?? 0;
+    const pressureSeen = this.devices.headStatusSeen?.memPressure ?? 0;
     const headStatusNow = this.current?.kind === "local" ? this.localStatus(this.current.pipeline, pressureSeen) : headStatus(this.current?.ring.node, pressureSeen);
     const devices: DeviceState[] = [
       ...workers.flatMap((w) => {
@@ -973,7 +922,7 @@ export class Cluster extends EventEmitter {
         return info ? [deviceState(w.id, w.join.deviceName, w.dataHost, false, info, info.report, haldaIndexOf(w), info.lastStatus)] : [];
       }),
       deviceState(HEAD_ID, `${HEAD_ID} (this coordinator)`, "this machine", true, null, this.headReport, this.placement ? 0 : -1, headStatusNow),
-      ...this.lost.map(({ handle: w, info }) => deviceState(w.id, w.join.deviceName, w.dataHost, false, info, info.report, -1, null)),
+      ...this.devices.lost.map(({ handle: w, record }) => deviceState(w.id, w.join.deviceName, w.dataHost, false, record, record.report, -1, null)),
     ];
     const links = ringOrder.map((from, i) => {
       const to = ringOrder[(i + 1) % ringOrder.length];
