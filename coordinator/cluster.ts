@@ -10,7 +10,7 @@ import { ggmlTypeName, metaString, modelFingerprint, rowBytes } from "../model/i
 import { defaultCacheDir, memoryPressureTracker, settleMemory, profileDevice, systemInfo, RereadStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
 import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
 import {
-  DecodeMeter, costPerStep, formatPlan, planRing, predictionReport, recordRereads, type MeasuredDevice, type PredictionReport, type RingPlan, type StepCost,
+  DecodeMeter, costPerStep, formatPlan, planRing, predictionReport, recordRereads, seatsOf, type MeasuredDevice, type Seat, type PredictionReport, type RingPlan, type StepCost,
 } from "./placement.js";
 import { ModelSource, defaultModelCacheDir } from "../transfer/index.js";
 import { serveChunks, windowChunkHashes } from "./model-store.js";
@@ -144,8 +144,8 @@ export class Cluster extends EventEmitter {
   private placement: RingPlan | undefined;
   private planState: PlanState | null = null;
   private perCycle: readonly number[] = [];
-  /** The workers the current placement was made for, in ring order (Halda's devices 1..n). */
-  private placedWorkers: readonly WorkerHandle[] = [];
+  /** The devices the current placement was made for: the workers in ring order, then the head. */
+  private seats: readonly Seat[] = [];
   private generation = 0;
   private dirty = true;
   /** Devices that joined since the cluster started: a request that sees this grow places the layers
@@ -388,7 +388,7 @@ export class Cluster extends EventEmitter {
   private async place(recovering = false): Promise<void> {
     const { model, log } = this.o;
     const workers = recovering ? await this.responsive(this.workersInOrder()) : this.workersInOrder();
-    this.placedWorkers = workers;
+    const seats = (this.seats = seatsOf(workers));
     const generation = ++this.generation;
     this.placement = undefined;
     if (workers.length === 0) {
@@ -422,7 +422,7 @@ export class Cluster extends EventEmitter {
     const releaseAfterUse = (pos: number) => placement?.releaseAfterUse[pos] ?? false;
     const leftOut = workers.filter((_, i) => plan.perDevice[i].length === 0);
     const dropReason = (w: WorkerHandle) =>
-      placement?.plan.dropped.find((d) => d.index === workers.indexOf(w) + 1)?.reason ?? (placement ? "Halda gives it no layers" : "--layer-windows gives it no layers");
+      placement?.plan.dropped.find((d) => d.index === seats.find((s) => s.worker === w)?.haldaIndex)?.reason ?? (placement ? "Halda gives it no layers" : "--layer-windows gives it no layers");
     for (const w of leftOut) {
       log(`device ${w.label} takes no layers and stays out of the ring`);
       this.devices.set(w, "left-out", dropReason(w));
@@ -788,7 +788,6 @@ export class Cluster extends EventEmitter {
     }
     const after = await current.ring.statuses(headPressure).catch(() => undefined);
     if (!after) return [];
-    const workers = this.placedWorkers;
     const decodeOnly = meter.decodeSteps > 0 && before !== undefined;
     const steps = decodeOnly ? meter.decodeSteps : result.ids.length + result.promptTokens;
     return after.map((s) => {
@@ -796,8 +795,7 @@ export class Cluster extends EventEmitter {
       const cost = costPerStep(b, s.status, steps);
       const measured: MeasuredMs = { computeMs: cost.computeMs, waitMs: cost.waitMs, sendMs: cost.sendMs, descheduledMs: cost.descheduledMs, majorFaultsPerToken: cost.majorFaults / Math.max(1, steps), tokens: steps };
       this.devices.measured(s.id, measured, s.status, s.id === HEAD_ID);
-      const haldaIndex = s.id === HEAD_ID ? 0 : workers.findIndex((w) => w.id === s.id) + 1; // placedWorkers: Halda's 1..n
-      return { id: s.id, label: s.label, status: s.status, haldaIndex, before: b, cost };
+      return { id: s.id, label: s.label, status: s.status, haldaIndex: this.seats.find((x) => x.id === s.id)?.haldaIndex ?? -1, before: b, cost };
     });
   }
 
@@ -884,8 +882,7 @@ export class Cluster extends EventEmitter {
       return d ? { ...d.latency } : null;
     };
     const setFor = (haldaIndex: number) => this.placement?.plan.devices.find((x) => x.index === haldaIndex)?.set ?? null;
-    // Halda's device i is the placement's worker i - 1 (0 is the head).
-    const haldaIndexOf = (w: WorkerHandle) => (this.placement && this.placedWorkers.includes(w) ? this.placedWorkers.indexOf(w) + 1 : -1);
+    const haldaIndexOf = (w: WorkerHandle) => (this.placement ? this.seats.find((s) => s.worker === w)?.haldaIndex ?? -1 : -1);
     const deviceState = (id: string, name: string, address: string, isHead: boolean, info: DeviceRecord | null, report: Partial<DeviceReport> | undefined, haldaIndex: number, status: Status | null): DeviceState => {
       const d = report?.details, p = report?.profile;
       // Without a profile (layers placed by hand) the head still knows its own machine.

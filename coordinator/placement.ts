@@ -14,6 +14,7 @@ import {
   RECENT_REREAD_MS, type DeviceReport, type LinkMeasurement, type RereadStore,
 } from "../profiler/index.js";
 import { checkedProfile, type WorkerHandle } from "./registry.js";
+import { HEAD_ID } from "./ring-setup.js";
 
 export interface Placement {
   readonly plan: Plan;
@@ -41,6 +42,22 @@ export function ringPosition(haldaIndex: number, nWorkers: number): number {
 /** Halda device index of ring position pos. */
 function haldaIndexAt(pos: number, nWorkers: number): number {
   return pos === nWorkers ? 0 : pos + 1;
+}
+
+/** One device of a placement in its three numberings: the worker (null: the head), Halda's index and
+ * the ring position (ringPosition). Made once a placement (seatsOf); whoever needs one numbering from
+ * another looks up the seat rather than translating. */
+export interface Seat {
+  readonly worker: WorkerHandle | null;
+  readonly id: string;
+  readonly haldaIndex: number;
+  readonly ringPosition: number;
+}
+
+/** The seats of a placement over these workers (ring order), the head last. */
+export function seatsOf(workers: readonly WorkerHandle[]): Seat[] {
+  const n = workers.length;
+  return [...workers, null].map((worker, pos) => ({ worker, id: worker?.id ?? HEAD_ID, haldaIndex: haldaIndexAt(pos, n), ringPosition: pos }));
 }
 
 /**
