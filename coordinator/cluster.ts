@@ -6,7 +6,7 @@ import { EventEmitter } from "node:events";
 import { basename, dirname, extname, join, resolve } from "node:path";
 import type { Status } from "../control/index.js";
 import { LocalPipeline, SeqSlots, generate, type GenerationResult, type LocalModel, type Sampler } from "../engine/index.js";
-import { ggmlTypeName, metaString, modelFingerprint, rowBytes } from "../model/index.js";
+import { modelFingerprint } from "../model/index.js";
 import { defaultCacheDir, memoryPressureTracker, settleMemory, profileDevice, systemInfo, RereadStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
 import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
 import {
@@ -17,10 +17,11 @@ import { serveChunks, windowChunkHashes } from "./model-store.js";
 import { WorkerRegistry, type WorkerHandle } from "./registry.js";
 import { TrustStore } from "../trust/index.js";
 import { HEAD_ID, Ring, headStatus } from "./ring-setup.js";
-import { DeviceRecords, type DeviceRecord } from "./devices.js";
+import { DeviceRecords } from "./devices.js";
+import { clusterState, modelState } from "./cluster-state.js";
 import { SequenceScheduler, type SlotState } from "./parallel.js";
 import {
-  STATE_VERSION, type ClusterState, type DeviceState, type EventState, type MeasuredMs, type PlanState,
+  type ClusterState, type EventState, type MeasuredMs, type PlanState,
   type RequestState,
 } from "./state.js";
 
@@ -865,93 +866,23 @@ export class Cluster extends EventEmitter {
     };
   }
 
-  private windowStates(deviceId: string, status: Status | null): DeviceState["windows"] {
-    const planned = this.planState?.windows.filter((w) => w.device === deviceId) ?? [];
-    return planned.map((w) => {
-      const s = status?.windows.find((x) => x.firstLayer === w.firstLayer && x.endLayer === w.endLayer);
-      return { firstLayer: w.firstLayer, endLayer: w.endLayer, cycle: w.cycle, residentBytes: s ? Number(s.residentBytes) : null, totalBytes: s ? Number(s.totalBytes) : null };
-    });
-  }
-
   state(): ClusterState {
-    const { model } = this.o;
-    const workers = this.workersInOrder();
-    const ringOrder = this.planState?.ringOrder ?? [];
-    const predictedFor = (haldaIndex: number) => {
-      const d = this.placement?.plan.devices.find((x) => x.index === haldaIndex);
-      return d ? { ...d.latency } : null;
-    };
-    const setFor = (haldaIndex: number) => this.placement?.plan.devices.find((x) => x.index === haldaIndex)?.set ?? null;
-    const haldaIndexOf = (w: WorkerHandle) => (this.placement ? this.seats.find((s) => s.worker === w)?.haldaIndex ?? -1 : -1);
-    const deviceState = (id: string, name: string, address: string, isHead: boolean, info: DeviceRecord | null, report: Partial<DeviceReport> | undefined, haldaIndex: number, status: Status | null): DeviceState => {
-      const d = report?.details, p = report?.profile;
-      // Without a profile (layers placed by hand) the head still knows its own machine.
-      const sys = d?.system ?? (isHead ? (this.headSystem ??= systemInfo()) : undefined);
-      const pos = ringOrder.indexOf(id);
-      return {
-        id, name, address, isHead,
-        state: isHead ? this.devices.head.state : info!.state,
-        detail: isHead ? this.devices.head.detail : info!.detail,
-        loadProgress: info?.progress ?? null,
-        os: sys ? `${sys.os} ${sys.kernelRelease} (${sys.arch})` : p?.os ?? null,
-        cpu: sys?.cpuModel ?? null,
-        threads: d?.threads ?? (isHead ? this.o.model.threads : null),
-        ramTotalBytes: status ? Number(status.memTotalBytes) : p?.ramTotalBytes ?? null,
-        ramAvailableBytes: status ? Number(status.memAvailableBytes) : p?.ramAvailableBytes ?? null,
-        anonRssBytes: status ? Number(status.anonRssBytes) : null,
-        memPressure: status ? status.memPressure : null,
-        diskReadBytesPerS: p?.diskSeqReadBytesPerS ?? null,
-        gpu: { present: (d?.gpus?.length ?? 0) > 0, used: false, name: d?.gpus?.[0]?.name ?? null },
-        ringPosition: pos >= 0 ? pos : null,
-        set: haldaIndex >= 0 ? setFor(haldaIndex) : null,
-        windows: this.windowStates(id, status),
-        predicted: haldaIndex >= 0 ? predictedFor(haldaIndex) : null,
-        measured: isHead ? this.devices.headMeasured : info?.measured ?? null,
-        joinedUnixMs: info?.joinedUnixMs ?? this.startedUnixMs,
-      };
-    };
     const readiness = this.readiness();
     const pressureSeen = this.devices.headStatusSeen?.memPressure ?? 0;
     const headStatusNow = this.current?.kind === "local" ? this.localStatus(this.current.pipeline, pressureSeen) : headStatus(this.current?.ring.node, pressureSeen);
-    const devices: DeviceState[] = [
-      ...workers.flatMap((w) => {
-        const info = this.devices.get(w.id);
-        return info ? [deviceState(w.id, w.join.deviceName, w.dataHost, false, info, info.report, haldaIndexOf(w), info.lastStatus)] : [];
-      }),
-      deviceState(HEAD_ID, `${HEAD_ID} (this coordinator)`, "this machine", true, null, this.headReport, this.placement ? 0 : -1, headStatusNow),
-      ...this.devices.lost.map(({ handle: w, record }) => deviceState(w.id, w.join.deviceName, w.dataHost, false, record, record.report, -1, null)),
-    ];
-    const links = ringOrder.map((from, i) => {
-      const to = ringOrder[(i + 1) % ringOrder.length];
-      const w = workers.find((x) => x.id === to);
-      const hi = w ? haldaIndexOf(w) : -1;
-      const link = hi > 0 ? this.placement?.links[hi] : undefined;
-      return { from, to, hopMs: link ? link.linkLatencyMs : null };
-    }).filter((l) => ringOrder.length > 1 && l.from !== l.to);
-    return {
-      version: STATE_VERSION,
+    return clusterState({
       cluster: this.o.name,
-      model: (this.modelState ??= {
-        // The name /v1/models lists (the file's), which the dashboard's chat sends back.
-        name: basename(this.o.modelPath, extname(this.o.modelPath)), path: this.o.modelPath,
-        architecture: metaString(model.gguf, "general.architecture") ?? "unknown", layers: model.nLayers, sizeBytes: model.desc.fileBytes,
-        quantization: quantizationOf(model), fingerprint: this.fingerprint, contextTokens: this.o.ctx,
-      }),
-      server: {
-        startedUnixMs: this.startedUnixMs, nowUnixMs: Date.now(), ready: readiness.ok,
-        status: readiness.status,
-        clusterPort: this.clusterPort,
-      },
-      plan: this.planState,
-      devices,
-      links,
+      model: (this.modelState ??= modelState(this.o.model, this.o.modelPath, basename(this.o.modelPath, extname(this.o.modelPath)), this.fingerprint, this.o.ctx)),
+      server: { startedUnixMs: this.startedUnixMs, nowUnixMs: Date.now(), ready: readiness.ok, status: readiness.status, clusterPort: this.clusterPort },
+      plan: this.planState, placement: this.placement, seats: this.seats, workers: this.workersInOrder(), devices: this.devices,
+      head: { report: this.headReport, system: (this.headSystem ??= systemInfo()), threads: this.o.model.threads, status: headStatusNow, joinedUnixMs: this.startedUnixMs },
       requests: {
         queueLength: this.waiting + (this.sequences?.scheduler.waiting ?? 0), active: this.activeState(),
         ...(this.sequences ? { slots: this.sequences.scheduler.slotStates() } : {}), completed: this.stats.completed, failed: this.stats.failed,
         generatedTokens: this.stats.generatedTokens, history: [...this.history],
       },
-      events: [...this.events],
-    };
+      events: this.events,
+    });
   }
 
   async close(): Promise<void> {
@@ -964,16 +895,4 @@ export class Cluster extends EventEmitter {
     await this.registry.close();
     await this.modelSource.close();
   }
-}
-
-/** The weight type holding most of the layers' bytes ("Q4_K"), or the two largest of a mix ("Q4_K + Q6_K"). */
-function quantizationOf(model: LocalModel): string {
-  const bytes = new Map<string, number>();
-  for (const t of model.gguf.tensors) {
-    if (!t.name.startsWith("blk.") || t.dims.length < 2) continue;
-    const name = ggmlTypeName(t.type);
-    bytes.set(name, (bytes.get(name) ?? 0) + rowBytes(t.type, t.dims[0]) * t.dims.slice(1).reduce((a, b) => a * b, 1));
-  }
-  const sorted = [...bytes.entries()].sort((a, b) => b[1] - a[1]).map(([n]) => n);
-  return sorted.length === 0 ? "unknown" : sorted.slice(0, 2).join(" + ");
 }
