@@ -18,6 +18,7 @@ import { WorkerRegistry, type WorkerHandle } from "./registry.js";
 import { TrustStore } from "../trust/index.js";
 import { HEAD_ID, Ring, headStatus } from "./ring-setup.js";
 import { DeviceRecords } from "./devices.js";
+import { RequestQueue } from "./queue.js";
 import { clusterState, modelState } from "./cluster-state.js";
 import { SequenceScheduler, type SlotState } from "./parallel.js";
 import {
@@ -58,13 +59,6 @@ export interface ClusterOptions {
   /** Workers may name a data host other than the address they connect from (registry.ts). */
   readonly allowAdvertise?: boolean;
   readonly log: (line: string) => void;
-}
-
-export class QueueFullError extends Error {
-  override name = "QueueFullError";
-}
-export class CancelledError extends Error {
-  override name = "CancelledError";
 }
 
 export interface GenerationRequest {
@@ -159,8 +153,7 @@ export class Cluster extends EventEmitter {
   private cachedIds: number[] = [];
   /** The scope of the request that left cachedIds (GenerationRequest.cacheScope). */
   private cachedScope: string | undefined;
-  private tail: Promise<unknown> = Promise.resolve();
-  private waiting = 0;
+  private readonly queue = new RequestQueue(() => this.changed());
   private active: { state: RequestState; controller: { tokens: number; firstAt: number | null; startedAt: number } } | null = null;
   private stats = {
     completed: 0, failed: 0, generatedTokens: 0, promptTokens: 0, cachedTokens: 0, ttftMsSum: 0, ttftCount: 0, decodeMsSum: 0, decodeSteps: 0,
@@ -245,7 +238,7 @@ export class Cluster extends EventEmitter {
 
   /** Requests waiting for the ring (not counting the running one). */
   get queueLength(): number {
-    return this.waiting;
+    return this.queue.waiting;
   }
 
   get maxQueue(): number {
@@ -284,8 +277,8 @@ export class Cluster extends EventEmitter {
     if (!this.o.autoPlace) return;
     this.settleTimer = setTimeout(() => {
       const enough = this.readiness().ok;
-      if (this.dirty && enough && !this.active && this.waiting === 0 && !this.closed) {
-        this.exclusive(() => this.prepare()).catch((e: unknown) => this.o.log(`placing layers failed: ${(e as Error).message}`));
+      if (this.dirty && enough && !this.active && this.queue.waiting === 0 && !this.closed) {
+        this.queue.exclusive(() => this.prepare()).catch((e: unknown) => this.o.log(`placing layers failed: ${(e as Error).message}`));
       }
     }, REPLAN_SETTLE_MS);
     this.settleTimer.unref();
@@ -299,15 +292,6 @@ export class Cluster extends EventEmitter {
 
   private changed(): void {
     this.emit("change");
-  }
-
-  // ---- the queue -------------------------------------------------------------------------------
-
-  /** Runs fn after everything queued before it; one task at a time owns the ring. */
-  private exclusive<T>(fn: () => Promise<T>): Promise<T> {
-    const run = this.tail.then(fn, fn);
-    this.tail = run.catch(() => {});
-    return run;
   }
 
   // ---- placing layers --------------------------------------------------------------------------
@@ -512,7 +496,7 @@ export class Cluster extends EventEmitter {
 
   /** Places layers now if the devices changed (serve calls this when it starts and after joins). */
   async ensurePlaced(): Promise<void> {
-    await this.exclusive(() => this.prepare());
+    await this.queue.exclusive(() => this.prepare());
   }
 
   // ---- requests --------------------------------------------------------------------------------
@@ -528,7 +512,7 @@ export class Cluster extends EventEmitter {
 
   /** serve --parallel: a request takes a sequence slot and decodes beside the others (parallel.ts). */
   private async generateParallel(req: GenerationRequest): Promise<GenerationOutcome> {
-    if (!this.sequences) await this.exclusive(() => this.prepare());
+    if (!this.sequences) await this.queue.exclusive(() => this.prepare());
     if (!this.sequences) throw new Error("the sequence slots are not there (the layers were not placed)");
     return this.sequences.scheduler.submit(req);
   }
@@ -558,29 +542,10 @@ export class Cluster extends EventEmitter {
   generate(req: GenerationRequest): Promise<GenerationOutcome> {
     if (this.closed) return Promise.reject(new Error("the server is shutting down"));
     if (this.parallel > 1) return this.generateParallel(req);
-    if (this.waiting >= this.maxQueue && (this.active || this.waiting > 0)) {
-      return Promise.reject(new QueueFullError(`${this.waiting} requests are waiting (the limit is ${this.maxQueue}): try again shortly`));
-    }
-    this.waiting++;
-    this.changed();
-    const queuedAt = performance.now();
-    let left = false;
-    const leave = () => {
-      if (!left) {
-        left = true;
-        this.waiting--;
-        this.changed();
-      }
-    };
-    return this.exclusive(async () => {
-      leave();
-      if (req.signal?.aborted) throw new CancelledError("the client went away while the request was queued");
-      return this.run(req, performance.now() - queuedAt);
-    }).finally(() => {
-      leave();
+    return this.queue.enqueue(this.maxQueue, this.active !== null, req.signal, (queueMs) => this.run(req, queueMs)).finally(() => {
       // Nothing waiting: hand back what the request's traffic grew (V8's young generation can reach
       // tens of MiB), memory the plan gave the windows (profiler's settleMemory, ~15 ms).
-      const idle = () => !this.active && this.waiting === 0 && !this.closed;
+      const idle = () => !this.active && this.queue.waiting === 0 && !this.closed;
       if (idle()) setImmediate(() => idle() && settleMemory());
     });
   }
@@ -877,7 +842,7 @@ export class Cluster extends EventEmitter {
       plan: this.planState, placement: this.placement, seats: this.seats, workers: this.workersInOrder(), devices: this.devices,
       head: { report: this.headReport, system: (this.headSystem ??= systemInfo()), threads: this.o.model.threads, status: headStatusNow, joinedUnixMs: this.startedUnixMs },
       requests: {
-        queueLength: this.waiting + (this.sequences?.scheduler.waiting ?? 0), active: this.activeState(),
+        queueLength: this.queue.waiting + (this.sequences?.scheduler.waiting ?? 0), active: this.activeState(),
         ...(this.sequences ? { slots: this.sequences.scheduler.slotStates() } : {}), completed: this.stats.completed, failed: this.stats.failed,
         generatedTokens: this.stats.generatedTokens, history: [...this.history],
       },

@@ -12,7 +12,8 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net";
 import { Sampler } from "../engine/index.js";
 import { StreamingDecoder, printable, type Tokenizer } from "../model/index.js";
-import { CancelledError, QueueFullError, type Cluster } from "./cluster.js";
+import type { Cluster } from "./cluster.js";
+import { CancelledError, QueueFullError } from "./queue.js";
 import { formatMetrics, newRequestOutcomes, type RequestOutcomes } from "./metrics.js";
 import { ApiError, StopMatcher, openAiDialect, renamedParam, usage, type FinishReason, type TokenLogprobs } from "./openai.js";
 import { sendJson, type Dialect, type GenerationAsk, type ReplyWriter, type Served } from "./http-reply.js";
