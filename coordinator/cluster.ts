@@ -5,13 +5,11 @@
 import { EventEmitter } from "node:events";
 import { basename, dirname, extname, join, resolve } from "node:path";
 import type { Status } from "../control/index.js";
-import { LocalPipeline, SeqSlots, generate, type GenerationResult, type LocalModel, type Sampler } from "../engine/index.js";
+import { LocalPipeline, SeqSlots, type GenerationResult, type LocalModel } from "../engine/index.js";
 import { modelFingerprint } from "../model/index.js";
 import { defaultCacheDir, memoryPressureTracker, settleMemory, profileDevice, systemInfo, RereadStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
 import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
-import {
-  DecodeMeter, costPerStep, formatPlan, planRing, predictionReport, recordRereads, seatsOf, type MeasuredDevice, type Seat, type PredictionReport, type RingPlan, type StepCost,
-} from "./placement.js";
+import { DecodeMeter, costPerStep, decodePrediction, formatPlan, planRing, recordRereads, seatsOf, type RingPlan, type Seat } from "./placement.js";
 import { ModelSource, defaultModelCacheDir } from "../transfer/index.js";
 import { serveChunks, windowChunkHashes } from "./model-store.js";
 import { WorkerRegistry, type WorkerHandle } from "./registry.js";
@@ -19,12 +17,12 @@ import { TrustStore } from "../trust/index.js";
 import { HEAD_ID, Ring, headStatus } from "./ring-setup.js";
 import { DeviceRecords } from "./devices.js";
 import { RequestQueue } from "./queue.js";
+import {
+  PromptCache, RequestRun, ServiceCounters, MAX_RECOVERIES, type Current, type DeviceDecodeRow, type GenerationOutcome, type GenerationRequest, type RunHost,
+} from "./request-run.js";
 import { clusterState, modelState } from "./cluster-state.js";
 import { SequenceScheduler, type SlotState } from "./parallel.js";
-import {
-  type ClusterState, type EventState, type MeasuredMs, type PlanState,
-  type RequestState,
-} from "./state.js";
+import type { ClusterState, EventState, MeasuredMs, PlanState, RequestState } from "./state.js";
 
 /** --layer-windows: in ring order, or by device name (`laptop=8,phone=4,head=10`). */
 export type LayerWindowsArg = { readonly list: readonly number[] } | { readonly byName: ReadonlyMap<string, number> };
@@ -61,68 +59,11 @@ export interface ClusterOptions {
   readonly log: (line: string) => void;
 }
 
-export interface GenerationRequest {
-  readonly kind: "chat" | "completion";
-  readonly prompt: Int32Array;
-  readonly maxTokens: number;
-  readonly sampler: Sampler;
-  /** Stop before sampling a token this says is the end (EOS/EOT). */
-  readonly isEnd: (id: number) => boolean;
-  /** Each generated token; return false to stop. */
-  readonly onToken: (id: number) => boolean | void;
-  /** Aborted: leaves the queue, or stops at the next token. */
-  readonly signal?: AbortSignal;
-  /** Called once the request leaves the queue and starts. */
-  readonly onStart?: () => void;
-  /** Wait for every device's counters (as decoding starts and at the end) and return them with the
-   * prediction: run's report. Without it they are read beside the generation for the state, and the
-   * caller never waits for them (default false). */
-  readonly report?: boolean;
-  /** Whose KV cache of earlier prompts this request may reuse: only a request of the same scope
-   * (serve: the same API key or client) continues from the cache (undefined: one scope for all). */
-  readonly cacheScope?: string;
-}
-
-/** A device's counters per decode step, as run's report shows them. */
-export interface DeviceDecodeRow {
-  readonly id: string;
-  readonly label: string;
-  readonly status: Status;
-  readonly haldaIndex: number;
-  /** Counters when decoding started (undefined: no decode step was timed). */
-  readonly before?: Status;
-  readonly cost: StepCost;
-}
-
-export interface GenerationOutcome {
-  readonly result: GenerationResult;
-  /** Prompt tokens whose KV cache was reused from the previous request. */
-  readonly cachedTokens: number;
-  readonly queueMs: number;
-  readonly firstTokenMs: number | null;
-  readonly devices: number;
-  readonly cycles: number;
-  /** Layers per cycle in ring order of every worker (0: left out), then the head. */
-  readonly layersPerCycle: readonly number[];
-  readonly placement?: RingPlan;
-  readonly perDevice: readonly DeviceDecodeRow[];
-  readonly prediction?: PredictionReport;
-  readonly meanDecodeMs: number;
-}
-
-type Current =
-  | { readonly kind: "local"; readonly pipeline: LocalPipeline; readonly devices: 1 }
-  | { readonly kind: "ring"; readonly ring: Ring; readonly devices: number };
-
 const MAX_EVENTS = 50;
 const HISTORY_POINTS = 120;
 const HISTORY_INTERVAL_MS = 5000;
-/** Re-placements one request may go through before it gives up. */
-const MAX_RECOVERIES = 3;
 /** After a failure, a worker that does not answer a status request this fast is left out. */
 const RESPONSIVE_WITHIN_MS = 1000;
-/** How often a generation lets the event loop run (streams flushed, clients and workers heard). */
-const YIELD_EVERY_MS = 4;
 /** After a join or a loss, wait this long for more before re-placing an idle cluster. */
 const REPLAN_SETTLE_MS = 1000;
 
@@ -149,18 +90,10 @@ export class Cluster extends EventEmitter {
   private clusterPort = 0;
   private readonly devices = new DeviceRecords(() => this.changed());
   private readonly events: EventState[] = [];
-  /** Tokens whose KV cache the current pipeline holds at positions 0..n-1. */
-  private cachedIds: number[] = [];
-  /** The scope of the request that left cachedIds (GenerationRequest.cacheScope). */
-  private cachedScope: string | undefined;
+  private readonly promptCache = new PromptCache();
   private readonly queue = new RequestQueue(() => this.changed());
-  private active: { state: RequestState; controller: { tokens: number; firstAt: number | null; startedAt: number } } | null = null;
-  private stats = {
-    completed: 0, failed: 0, generatedTokens: 0, promptTokens: 0, cachedTokens: 0, ttftMsSum: 0, ttftCount: 0, decodeMsSum: 0, decodeSteps: 0,
-    lost: 0, replans: 0, recoveries: 0, recoveryMsSum: 0, recoveryMsLast: 0,
-    /** Decode passes of parallel sequences, the rows they took, and the most in one. */
-    batchSteps: 0, batchRows: 0, batchWidest: 0,
-  };
+  private active: RequestRun | null = null;
+  private readonly stats = new ServiceCounters();
   /** serve --parallel N > 1: the sequence slots and their scheduler (made with the local pipeline). */
   private sequences: { slots: SeqSlots; scheduler: SequenceScheduler } | undefined;
   private readonly history: { unixMs: number; tokensPerS: number }[] = [];
@@ -265,7 +198,7 @@ export class Cluster extends EventEmitter {
     this.devices.gone(w, reason);
     this.stats.lost++;
     this.event("lost", `device ${w.label} lost: ${reason}`);
-    if (this.current?.kind === "ring" && this.current.ring.spec.members.some((m) => m.worker === w)) this.cachedIds = [];
+    if (this.current?.kind === "ring" && this.current.ring.spec.members.some((m) => m.worker === w)) this.promptCache.clear();
     this.markDirty();
   }
 
@@ -328,7 +261,7 @@ export class Cluster extends EventEmitter {
   private async takeDown(): Promise<void> {
     const c = this.current;
     this.current = undefined;
-    this.cachedIds = [];
+    this.promptCache.clear();
     if (this.sequences) {
       await this.sequences.scheduler.close();
       this.sequences.slots.close();
@@ -472,11 +405,7 @@ export class Cluster extends EventEmitter {
         maxQueue: this.maxQueue, layers: this.o.model.nLayers,
         hooks: {
           token: () => this.historyTokens++,
-          step: (rows) => {
-            this.stats.batchSteps++;
-            this.stats.batchRows += rows;
-            this.stats.batchWidest = Math.max(this.stats.batchWidest, rows);
-          },
+          step: (rows) => this.stats.batchStep(rows),
           finished: (out, promptTokens) => this.recordParallel(out, promptTokens),
           changed: () => this.changed(),
         },
@@ -522,16 +451,7 @@ export class Cluster extends EventEmitter {
       this.stats.failed++;
       return;
     }
-    this.stats.completed++;
-    this.stats.generatedTokens += out.result.ids.length;
-    this.stats.promptTokens += promptTokens;
-    this.stats.cachedTokens += out.cachedTokens;
-    if (out.firstTokenMs !== null) {
-      this.stats.ttftMsSum += out.firstTokenMs;
-      this.stats.ttftCount++;
-    }
-    this.stats.decodeMsSum += out.result.decodeMs;
-    this.stats.decodeSteps += out.result.decodeSteps;
+    this.stats.finished(out.result, promptTokens, out.cachedTokens, out.firstTokenMs);
     if (!this.sequences?.scheduler.activeCount) {
       const idle = () => !this.sequences?.scheduler.activeCount && !this.sequences?.scheduler.waiting && !this.closed;
       setImmediate(() => idle() && settleMemory());
@@ -559,95 +479,15 @@ export class Cluster extends EventEmitter {
       this.o.log(`placing the layers failed (${(e as Error).message}); trying again with the devices that answer`);
       await this.recoverRing();
     }
-    let current = this.current!;
     req.onStart?.();
-    const prompt = req.prompt;
-    // The longest prefix whose KV cache is already in place; at least one token must go through the
-    // layers to give logits.
-    let cached = 0;
-    if (req.cacheScope !== this.cachedScope) this.cachedIds = [];
-    while (cached < this.cachedIds.length && cached < prompt.length && this.cachedIds[cached] === prompt[cached]) cached++;
-    if (cached === prompt.length) cached--;
-    this.cachedIds = [];
-    const started = performance.now();
-    const ctrl = { tokens: 0, firstAt: null as number | null, startedAt: started };
-    this.active = {
-      controller: ctrl,
-      state: { id: "", kind: req.kind, promptTokens: prompt.length, cachedTokens: cached, generatedTokens: 0, tokensPerS: null, timeToFirstTokenMs: null, startedUnixMs: Date.now() },
-    };
+    const run = new RequestRun(this.runHost(), req, this.promptCache.take(req.prompt, req.cacheScope));
+    this.active = run;
     this.devices.busy();
     this.changed();
     const pressure = memoryPressureTracker();
-    // Every token handed to the caller, across recoveries: a replay feeds them back as prompt.
-    const emitted: number[] = [];
-    let lostAt: number | null = null;
-    /** When the last recovery's replay began (its ring placed): the pause's part that replays. */
-    let replayFrom = 0;
-    let lastTokenAt = performance.now();
-    const parts: GenerationResult[] = [];
-    let before: Promise<Awaited<ReturnType<Ring["statuses"]>> | undefined> | undefined;
-    let meter!: DecodeMeter;
-    let input = prompt.subarray(cached);
-    let startPos = cached;
-    // A device that joins during the request is placed at the next token: the ring is re-placed and
-    // the prompt and the tokens sent so far replayed, as after a loss (without counting as one).
-    let arrivalsSeen = this.arrivals;
-    let rejoining = false;
+    let decoded: Awaited<ReturnType<RequestRun["decode"]>>;
     try {
-      for (let recoveries = 0; ; ) {
-        const ring = current.kind === "ring" ? current.ring : undefined;
-        meter = new DecodeMeter(ring ? ring.pipeline : (current as Extract<Current, { kind: "local" }>).pipeline, async () => {
-          const read = ring ? ring.statuses(0).catch(() => undefined) : Promise.resolve(undefined);
-          before = read;
-          if (req.report) await read;
-        });
-        try {
-          const left = req.maxTokens - emitted.length;
-          if (left <= 0) break;
-          parts.push(await generate(this.o.model, meter, input, {
-            startPos, maxTokens: left, sampler: req.sampler, isEnd: req.isEnd, yieldEveryMs: YIELD_EVERY_MS,
-            onToken: (id) => {
-              const now = performance.now();
-              if (ctrl.firstAt === null) ctrl.firstAt = now;
-              if (lostAt !== null) this.recovered(now - lostAt, now - replayFrom, input.length);
-              lostAt = null;
-              lastTokenAt = now;
-              ctrl.tokens++;
-              this.historyTokens++;
-              emitted.push(id);
-              if (req.signal?.aborted) return false;
-              if (req.onToken(id) === false) return false;
-              if (this.o.autoPlace && this.arrivals !== arrivalsSeen && emitted.length < req.maxTokens) {
-                rejoining = true;
-                return false;
-              }
-              return true;
-            },
-          }));
-          if (!rejoining) break;
-          rejoining = false;
-          arrivalsSeen = this.arrivals;
-          this.event("info", `placing the layers again for a device that joined during the request; replaying ${prompt.length + emitted.length} tokens`);
-          await this.recoverRing();
-          current = this.current!;
-          input = Int32Array.from([...prompt, ...emitted]);
-          startPos = 0;
-        } catch (e) {
-          const failure = await ring?.failureWithin();
-          if (!failure || req.signal?.aborted || recoveries++ >= MAX_RECOVERIES) throw e;
-          // A device or link of the ring failed mid-request: place the layers on the devices left,
-          // rebuild their KV caches by replaying the prompt and every token sent so far, and go on.
-          // The pause the client sees: from the last token before the loss to the next one.
-          lostAt ??= lastTokenAt;
-          this.event("info", `recovering the request: ${failure.message}; replaying ${prompt.length + emitted.length} tokens on the devices left`);
-          arrivalsSeen = this.arrivals; // this placement takes every device there is
-          await this.recoverRing();
-          current = this.current!;
-          input = Int32Array.from([...prompt, ...emitted]);
-          startPos = 0;
-          replayFrom = performance.now();
-        }
-      }
+      decoded = await run.decode(this.current!);
     } catch (e) {
       this.stats.failed++;
       this.finishActive();
@@ -657,29 +497,39 @@ export class Cluster extends EventEmitter {
     }
     pressure.stop();
     pressure.sample();
-    const last = parts.at(-1);
-    const result: GenerationResult = {
-      ids: emitted, stopReason: last?.stopReason ?? "length", promptTokens: prompt.length - cached, promptMs: parts[0]?.promptMs ?? 0,
-      decodeSteps: parts.reduce((a, r) => a + r.decodeSteps, 0), decodeMs: parts.reduce((a, r) => a + r.decodeMs, 0), endPos: last?.endPos ?? startPos,
-    };
+    const { current, result } = decoded;
     // What went through the layers is in every device's KV cache: the next request may reuse it.
-    this.cachedIds = [...prompt, ...emitted].slice(0, result.endPos);
-    this.cachedScope = req.cacheScope;
-    const firstTokenMs = ctrl.firstAt === null ? null : ctrl.firstAt - started;
-    this.stats.completed++;
-    this.stats.generatedTokens += result.ids.length;
-    this.stats.promptTokens += prompt.length;
-    this.stats.cachedTokens += cached;
-    if (firstTokenMs !== null) {
-      this.stats.ttftMsSum += firstTokenMs;
-      this.stats.ttftCount++;
-    }
-    this.stats.decodeMsSum += result.decodeMs;
-    this.stats.decodeSteps += result.decodeSteps;
-    const ring = current.kind === "ring" ? current.ring : undefined;
+    this.promptCache.keep([...req.prompt, ...run.emitted].slice(0, result.endPos), req.cacheScope);
+    this.stats.finished(result, req.prompt.length, run.cached, run.firstTokenMs);
+    const perDevice = await this.measureRun(current, run, pressure.pressure(), result, req.report ?? false);
+    this.finishActive();
+    const { meter } = run;
+    return {
+      result, cachedTokens: run.cached, queueMs, firstTokenMs: run.firstTokenMs, devices: current.devices, cycles: this.planState?.cycles ?? 1,
+      layersPerCycle: this.perCycle, placement: this.placement, perDevice,
+      prediction: this.placement && meter.decodeSteps > 0 ? decodePrediction(this.placement, perDevice, current.kind === "ring", meter) : undefined,
+      meanDecodeMs: meter.meanDecodeMs,
+    };
+  }
+
+  /** What a request's run needs of the cluster. */
+  private runHost(): RunHost {
+    return {
+      model: this.o.model, autoPlace: this.o.autoPlace ?? false, counters: this.stats, arrivals: () => this.arrivals,
+      replace: async () => {
+        await this.recoverRing();
+        return this.current!;
+      },
+      event: (kind, message) => this.event(kind, message), token: () => this.historyTokens++,
+    };
+  }
+
+  /** Every device's counters after the run: awaited for run's report, else read beside the reply. */
+  private async measureRun(current: Current, run: RequestRun, headPressure: number, result: GenerationResult, report: boolean): Promise<DeviceDecodeRow[]> {
     const placement = this.placement;
+    const { meter } = run;
     const measuring = (async () => {
-      const rows = await this.measure(current, parts.length === 1 ? await before : undefined, pressure.pressure(), meter, result);
+      const rows = await this.measure(current, await run.countersAtDecode, headPressure, meter, result);
       // What streaming devices really reread at: the next plans price their rereads by it.
       if (placement && current.kind === "ring" && meter.decodeSteps > 0) {
         try {
@@ -690,22 +540,9 @@ export class Cluster extends EventEmitter {
       }
       return rows;
     })();
-    const perDevice = req.report ? await measuring : [];
-    if (!req.report) measuring.catch((e: unknown) => this.o.log(`reading the devices' counters failed: ${(e as Error).message}`));
-    this.finishActive();
-    let prediction: PredictionReport | undefined;
-    if (this.placement && meter.decodeSteps > 0) {
-      const measured = new Map<number, MeasuredDevice>();
-      for (const r of perDevice) {
-        if (r.before || !ring) measured.set(r.haldaIndex, { computeMs: ring ? r.cost.computeMs : meter.meanDecodeMs, sendMs: r.cost.sendMs, descheduledMs: r.cost.descheduledMs, memPressure: r.status.memPressure });
-      }
-      prediction = predictionReport(this.placement, this.placement.labels, measured, meter.meanDecodeMs, meter.decodeSteps);
-    }
-    return {
-      result, cachedTokens: cached, queueMs, firstTokenMs, devices: current.devices, cycles: this.planState?.cycles ?? 1,
-      layersPerCycle: this.perCycle, placement: this.placement, perDevice, prediction,
-      meanDecodeMs: meter.meanDecodeMs,
-    };
+    if (report) return measuring;
+    measuring.catch((e: unknown) => this.o.log(`reading the devices' counters failed: ${(e as Error).message}`));
+    return [];
   }
 
   /** Places the layers again after the ring failed mid-request. A device can fail to answer while
@@ -734,15 +571,6 @@ export class Cluster extends EventEmitter {
     }
     return workers.filter((_, i) => answers[i]);
   }
-
-  /** A request went on after a loss: how long the stream paused. */
-  private recovered(pauseMs: number, replayMs: number, replayed: number): void {
-    this.stats.recoveries++;
-    this.stats.recoveryMsSum += pauseMs;
-    this.stats.recoveryMsLast = pauseMs;
-    this.event("recovered", `the request went on after a ${(pauseMs / 1000).toFixed(2)} s pause (${(replayMs / 1000).toFixed(2)} s of it replaying ${replayed} tokens)`);
-  }
-
 
   /** Every device's counters after a request, per decode step when decoding was timed. */
   private async measure(current: Current, before: Awaited<ReturnType<Ring["statuses"]>> | undefined, headPressure: number, meter: DecodeMeter, result: GenerationResult): Promise<DeviceDecodeRow[]> {
@@ -790,7 +618,7 @@ export class Cluster extends EventEmitter {
   // ---- what the service shows ------------------------------------------------------------------
 
   /** Tokens/s, TTFT and the other counters /metrics exposes. */
-  get counters(): Readonly<typeof this.stats> {
+  get counters(): Readonly<ServiceCounters> {
     return this.stats;
   }
 
@@ -821,14 +649,7 @@ export class Cluster extends EventEmitter {
 
   private activeState(): RequestState | null {
     if (this.sequences) return this.sequences.scheduler.activeState();
-    if (!this.active) return null;
-    const c = this.active.controller;
-    const now = performance.now();
-    const decodeS = c.firstAt === null ? 0 : (now - c.firstAt) / 1000;
-    return {
-      ...this.active.state, generatedTokens: c.tokens, timeToFirstTokenMs: c.firstAt === null ? null : c.firstAt - c.startedAt,
-      tokensPerS: decodeS > 0 && c.tokens > 1 ? (c.tokens - 1) / decodeS : null,
-    };
+    return this.active?.state() ?? null;
   }
 
   state(): ClusterState {

@@ -4,7 +4,7 @@
 // the weights (SeqSlots.step). Each slot keeps the tokens its KV cache holds: a request takes the free
 // slot whose cache shares the longest prefix with its prompt (llama-server's slots do the same).
 import { NonFiniteError, type GenerationResult, type SeqSlots, type StopReason } from "../engine/index.js";
-import type { GenerationOutcome, GenerationRequest } from "./cluster.js";
+import type { GenerationOutcome, GenerationRequest } from "./request-run.js";
 import { CancelledError, QueueFullError } from "./queue.js";
 import type { RequestState, SlotState } from "./state.js";
 

@@ -212,6 +212,19 @@ export function predictionReport(p: Placement, labels: readonly string[], measur
   };
 }
 
+/** Halda's prediction beside what a decode measured: in a ring each device's own counters over the
+ * decode (rows with `before`), the head alone by the pipeline's mean step. */
+export function decodePrediction(
+  p: RingPlan, rows: readonly { haldaIndex: number; before?: unknown; cost: StepCost; status: Status }[], inRing: boolean,
+  meter: { readonly meanDecodeMs: number; readonly decodeSteps: number },
+): PredictionReport {
+  const measured = new Map<number, MeasuredDevice>();
+  for (const r of rows) {
+    if (r.before || !inRing) measured.set(r.haldaIndex, { computeMs: inRing ? r.cost.computeMs : meter.meanDecodeMs, sendMs: r.cost.sendMs, descheduledMs: r.cost.descheduledMs, memPressure: r.status.memPressure });
+  }
+  return predictionReport(p, p.labels, measured, meter.meanDecodeMs, meter.decodeSteps);
+}
+
 export function formatPrediction(r: PredictionReport): string {
   const pct = (x: number) => `${x >= 0 ? "+" : ""}${(100 * x).toFixed(0)}%`;
   const lines = [

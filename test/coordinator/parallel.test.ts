@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LocalModel, Sampler, SeqSlots } from "../../engine/index.js";
 import { Tokenizer } from "../../model/index.js";
-import type { GenerationRequest } from "../../coordinator/cluster.js";
+import type { GenerationRequest } from "../../coordinator/request-run.js";
 import { CancelledError, QueueFullError } from "../../coordinator/queue.js";
 import { SequenceScheduler } from "../../coordinator/parallel.js";
 import { root } from "../helpers/process.js";
