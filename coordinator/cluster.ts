@@ -8,13 +8,13 @@ import type { Status } from "../control/index.js";
 import { LocalPipeline, SeqSlots, type GenerationResult, type LocalModel } from "../engine/index.js";
 import { modelFingerprint } from "../model/index.js";
 import { defaultCacheDir, memoryPressureTracker, settleMemory, profileDevice, systemInfo, RereadStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
-import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
-import { DecodeMeter, costPerStep, decodePrediction, formatPlan, planRing, recordRereads, seatsOf, type RingPlan, type Seat } from "./placement.js";
+import { DecodeMeter, costPerStep, decodePrediction, recordRereads, seatsOf, type RingPlan, type Seat } from "./placement.js";
 import { ModelSource, defaultModelCacheDir } from "../transfer/index.js";
-import { serveChunks, windowChunkHashes } from "./model-store.js";
+import { serveChunks } from "./model-store.js";
 import { WorkerRegistry, type WorkerHandle } from "./registry.js";
 import { TrustStore } from "../trust/index.js";
-import { HEAD_ID, Ring, headStatus } from "./ring-setup.js";
+import { HEAD_ID, type Ring, headStatus } from "./ring-setup.js";
+import { placeLayers } from "./placing.js";
 import { DeviceRecords } from "./devices.js";
 import { RequestQueue } from "./queue.js";
 import {
@@ -271,156 +271,52 @@ export class Cluster extends EventEmitter {
     if (c?.kind === "ring") await c.ring.close();
   }
 
-  private windowsFor(workers: readonly WorkerHandle[], recovering: boolean): { perCycle: number[]; cycles?: number } {
-    // A service (or a request recovering from a loss) goes on when devices it names are away.
-    if (!recovering && !this.o.autoPlace) return this.handMadeWindows(workers);
-    try {
-      return this.handMadeWindows(workers);
-    } catch (e) {
-      this.o.log(`${(e as Error).message}: spreading the layers evenly over the ${workers.length + 1} devices there are until the devices named return`);
-      return { perCycle: evenLayerWindows(this.o.model.nLayers, workers.length + 1, 1) };
-    }
-  }
-
-  /** --layer-windows for these workers (ring order), or an even split without it. */
-  private handMadeWindows(workers: readonly WorkerHandle[]): { perCycle: number[]; cycles?: number } {
-    const lw = this.o.layerWindows;
-    const L = this.o.model.nLayers;
-    if (lw === undefined) return { perCycle: evenLayerWindows(L, workers.length + 1, this.o.cycles ?? 1), cycles: this.o.cycles };
-    if ("list" in lw) {
-      if (lw.list.length !== workers.length + 1) {
-        throw new PlanError(`--layer-windows lists ${lw.list.length} windows for ${workers.length} workers and the head (${workers.length + 1} expected)`);
-      }
-      return { perCycle: [...lw.list], cycles: this.o.cycles };
-    }
-    const names = [...workers.map((w) => w.join.deviceName), HEAD_ID];
-    for (const n of lw.byName.keys()) {
-      if (!names.includes(n) && !workers.some((w) => w.id === n)) {
-        throw new PlanError(`--layer-windows names device "${n}", which has not joined (devices: ${names.join(", ")})`);
-      }
-    }
-    const perCycle = [...workers.map((w) => lw.byName.get(w.join.deviceName) ?? lw.byName.get(w.id) ?? 0), lw.byName.get(HEAD_ID) ?? 0];
-    return { perCycle, cycles: this.o.cycles };
-  }
-
   private async place(recovering = false): Promise<void> {
-    const { model, log } = this.o;
     const workers = recovering ? await this.responsive(this.workersInOrder()) : this.workersInOrder();
     const seats = (this.seats = seatsOf(workers));
     const generation = ++this.generation;
     this.placement = undefined;
-    if (workers.length === 0) {
-      this.useLocal([], "no workers: every layer runs on this device");
-      return;
-    }
-    if (this.parallel > 1) {
-      for (const w of workers) this.devices.set(w, "left-out", `--parallel ${this.parallel} runs on this device alone`);
-      this.useLocal(workers.map((w) => ({ device: w.id, reason: `--parallel ${this.parallel} runs on one device` })), `--parallel ${this.parallel}: every layer runs on this device; workers are not used`);
-      return;
-    }
-    let perCycle: number[];
-    let cycles: number | undefined;
-    let placement: RingPlan | undefined;
-    if (this.headReport && this.o.layerWindows === undefined) {
-      for (const w of workers) this.devices.set(w, "profiling", "reading memory and measuring the link");
-      placement = await planRing({
-        model, modelPath: this.o.modelPath, fingerprint: this.fingerprint, workers, head: this.headReport, ctx: this.o.ctx,
-        // A recovery plans with the last timed passes: a request is paused until it is placed.
-        retime: !recovering, retimeHead: recovering ? undefined : async () => (this.headReport = await this.profileHead(true)),
-        maxBatch: this.o.batch, tokens: this.o.plannedTokens ?? this.o.ctx, log,
-        options: { k: this.o.cycles, ...(this.o.keepAll ? { keepAll: true } : {}) }, rereads: this.rereads,
-      });
-      log(formatPlan(placement, placement.labels));
-      perCycle = [...placement.perCycle];
-      cycles = placement.cycles;
-      this.placement = placement;
-    } else ({ perCycle, cycles } = this.windowsFor(workers, recovering));
-    const plan = ringWindows(model.nLayers, perCycle, cycles);
-    this.perCycle = perCycle;
-    const releaseAfterUse = (pos: number) => placement?.releaseAfterUse[pos] ?? false;
-    const leftOut = workers.filter((_, i) => plan.perDevice[i].length === 0);
-    const dropReason = (w: WorkerHandle) =>
-      placement?.plan.dropped.find((d) => d.index === seats.find((s) => s.worker === w)?.haldaIndex)?.reason ?? (placement ? "Halda gives it no layers" : "--layer-windows gives it no layers");
-    for (const w of leftOut) {
-      log(`device ${w.label} takes no layers and stays out of the ring`);
-      this.devices.set(w, "left-out", dropReason(w));
-    }
-    const members = workers.flatMap((w, i) => (plan.perDevice[i].length > 0 ? [{ worker: w, windows: plan.perDevice[i], releaseAfterUse: releaseAfterUse(i) }] : []));
-    if (members.length === 0) {
-      if (!placement) throw new PlanError("no worker takes a layer: give the workers some layers in --layer-windows");
-      for (const w of workers) log(`device ${w.label} takes no layers: Halda keeps every layer on this device`);
-      this.useLocal(leftOut.map((w) => ({ device: w.id, reason: dropReason(w) })), "Halda keeps every layer on this device", generation);
-      return;
-    }
-    const headWindows = plan.perDevice[workers.length];
-    log(`plan: ${plan.cycles} cycle${plan.cycles === 1 ? "" : "s"} of [${perCycle.join(", ")}] layers (ring order: ${[...members.map((m) => m.worker.id), HEAD_ID].join(" -> ")})`);
-    for (const m of members) this.devices.set(m.worker, "loading", "receiving its windows", 0);
-    const ring = await Ring.build({
-      members, headWindows, headReleaseAfterUse: releaseAfterUse(workers.length), cycles: plan.cycles, ctx: this.o.ctx,
-      maxBatch: this.o.batch, prefetch: this.o.prefetch,
-    }, {
-      model, fingerprint: this.fingerprint, registry: this.registry, log,
-      weights: async (layers) => ({ chunkBytes: this.modelSource.info.chunkBytes, chunks: await windowChunkHashes(this.modelSource, model.gguf, layers) }),
-      onProgress: (w, fraction, stage) => this.devices.set(w, "loading", stage, fraction),
+    const placed = await placeLayers({
+      o: this.o, fingerprint: this.fingerprint, registry: this.registry, modelSource: this.modelSource, rereads: this.rereads, devices: this.devices,
+      workers, seats, recovering, generation, headReport: this.headReport,
+      retimeHead: async () => (this.headReport = await this.profileHead(true)),
       onBroken: (e) => {
         this.event("error", `the ring broke: ${e.message}`);
         this.markDirty();
       },
     });
-    for (const m of members) this.devices.set(m.worker, "ready", null);
-    // Setting the ring up (the workers' windows' chunk hashes above all) left garbage the plan did not
-    // count; the head's room for its window is read from its group on the first tokens (WeightRoom), and
-    // read with it a capped head streamed part of a window that fitted. No window runs yet: collect it.
-    settleMemory();
-    this.current = { kind: "ring", ring, devices: members.length + 1 };
-    const windows = [...members.map((m) => ({ id: m.worker.id, ws: m.windows })), { id: HEAD_ID, ws: headWindows }]
-      .flatMap(({ id, ws }) => ws.map((w) => ({ device: id, firstLayer: w.firstLayer, endLayer: w.endLayer, cycle: w.cycle })));
-    this.planState = {
-      generation, planner: placement ? `Halda (${placement.plan.planner})` : "--layer-windows", cycles: plan.cycles, ringOrder: ring.order,
-      layersPerCycle: [...members.map((m) => m.windows[0].endLayer - m.windows[0].firstLayer), headWindows.length ? headWindows[0].endLayer - headWindows[0].firstLayer : 0],
-      predictedMsPerToken: placement?.plan.latencyMs ?? null, windows,
-      leftOut: leftOut.map((w) => ({ device: w.id, reason: dropReason(w) })), notes: placement ? [...placement.plan.notes] : [], madeUnixMs: Date.now(),
-    };
-    this.event("replan", `placed ${model.nLayers} layers on ${members.length + 1} devices, ${plan.cycles} cycle${plan.cycles === 1 ? "" : "s"} [${perCycle.join(", ")}]`);
-  }
-
-  private useLocal(leftOut: { device: string; reason: string }[], why: string, generation = this.generation): void {
-    const pipeline = new LocalPipeline(this.o.model, this.o.ctx, this.o.batch);
-    if (this.parallel > 1) {
-      // slot 0 is the pipeline's window; the others each a KV cache of their own: N x ctx in all
-      let slots: SeqSlots;
+    if (this.parallel > 1 && placed.current.kind === "local") {
       try {
-        slots = new SeqSlots(this.o.model, this.parallel, this.o.ctx, this.o.batch, pipeline.window);
+        this.sequences = this.openSequences(placed.current.pipeline);
       } catch (e) {
-        pipeline.close();
+        placed.current.pipeline.close();
         throw e;
       }
-      const hp = this.o.model.desc.hparams;
-      // K and V in F16 for every layer and position of every slot (native prima_window_create)
-      const kvBytes = 2 * 2 * hp.nLayers * hp.nHeadKv * hp.headDimK * this.o.ctx * this.parallel;
-      const anonBytes = slots.windows.reduce((a, w) => a + w.info().anonBytes, 0);
-      const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
-      this.o.log(`--parallel ${this.parallel}: ${this.parallel} sequence slots of ${this.o.ctx} tokens each (${this.parallel * this.o.ctx} tokens of KV cache: ${mib(kvBytes)}; ${mib(anonBytes)} with the slots' scratch)`);
-      const scheduler = new SequenceScheduler(slots, {
-        maxQueue: this.maxQueue, layers: this.o.model.nLayers,
-        hooks: {
-          token: () => this.historyTokens++,
-          step: (rows) => this.stats.batchStep(rows),
-          finished: (out, promptTokens) => this.recordParallel(out, promptTokens),
-          changed: () => this.changed(),
-        },
-      });
-      this.sequences = { slots, scheduler };
     }
-    this.perCycle = this.placement ? this.placement.perCycle : [this.o.model.nLayers];
-    this.current = { kind: "local", pipeline, devices: 1 };
-    const L = this.o.model.nLayers;
-    this.planState = {
-      generation, planner: this.placement ? `Halda (${this.placement.plan.planner})` : "alone", cycles: 1, ringOrder: [HEAD_ID], layersPerCycle: [L],
-      predictedMsPerToken: this.placement?.plan.latencyMs ?? null, windows: [{ device: HEAD_ID, firstLayer: 0, endLayer: L, cycle: 0 }], leftOut,
-      notes: [why, ...(this.placement?.plan.notes ?? [])], madeUnixMs: Date.now(),
-    };
-    this.event("replan", why);
+    ({ current: this.current, placement: this.placement, planState: this.planState, perCycle: this.perCycle } = placed);
+    this.event("replan", placed.said);
+  }
+
+  /** serve --parallel N > 1: the sequence slots beside the local pipeline and their scheduler. */
+  private openSequences(pipeline: LocalPipeline): { slots: SeqSlots; scheduler: SequenceScheduler } {
+    // slot 0 is the pipeline's window; the others each a KV cache of their own: N x ctx in all
+    const slots = new SeqSlots(this.o.model, this.parallel, this.o.ctx, this.o.batch, pipeline.window);
+    const hp = this.o.model.desc.hparams;
+    // K and V in F16 for every layer and position of every slot (native prima_window_create)
+    const kvBytes = 2 * 2 * hp.nLayers * hp.nHeadKv * hp.headDimK * this.o.ctx * this.parallel;
+    const anonBytes = slots.windows.reduce((a, w) => a + w.info().anonBytes, 0);
+    const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
+    this.o.log(`--parallel ${this.parallel}: ${this.parallel} sequence slots of ${this.o.ctx} tokens each (${this.parallel * this.o.ctx} tokens of KV cache: ${mib(kvBytes)}; ${mib(anonBytes)} with the slots' scratch)`);
+    const scheduler = new SequenceScheduler(slots, {
+      maxQueue: this.maxQueue, layers: this.o.model.nLayers,
+      hooks: {
+        token: () => this.historyTokens++,
+        step: (rows) => this.stats.batchStep(rows),
+        finished: (out, promptTokens) => this.recordParallel(out, promptTokens),
+        changed: () => this.changed(),
+      },
+    });
+    return { slots, scheduler };
   }
 
   /** Places layers now if the devices changed (serve calls this when it starts and after joins). */
