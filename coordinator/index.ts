@@ -6,7 +6,9 @@
 export { Cluster, type ClusterOptions, type LayerWindowsArg } from "./cluster.js";
 export type { GenerationRequest, GenerationOutcome, DeviceDecodeRow } from "./request-run.js";
 export { QueueFullError, CancelledError } from "./queue.js";
-export { placeRing, planRing, predictionReport, formatPlan, formatPrediction, costPerStep, type Placement, type PredictionReport, type RingPlan } from "./placement.js";
+export { placeRing, formatPlan, type Placement } from "./placement.js";
+export { planRing, type RingPlan } from "./plan-ring.js";
+export { predictionReport, formatPrediction, costPerStep, type PredictionReport } from "./prediction.js";
 export { ApiServer, type ApiServerOptions } from "./http-server.js";
 export type * from "./state.js";
 export { STATE_VERSION } from "./state.js";

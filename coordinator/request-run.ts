@@ -5,7 +5,8 @@
 import type { Status } from "../control/index.js";
 import { generate, type GenerationResult, type LocalModel, type LocalPipeline, type Sampler } from "../engine/index.js";
 import type { ClusterCounters } from "./metrics.js";
-import { DecodeMeter, type PredictionReport, type RingPlan, type StepCost } from "./placement.js";
+import type { RingPlan } from "./plan-ring.js";
+import { DecodeMeter, type PredictionReport, type StepCost } from "./prediction.js";
 import type { Ring } from "./ring-setup.js";
 import type { EventState, RequestState } from "./state.js";
 
