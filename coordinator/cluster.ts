@@ -4,27 +4,26 @@
 // of devices changed, between requests, never in the middle of one.
 import { EventEmitter } from "node:events";
 import { basename, dirname, extname, join, resolve } from "node:path";
-import type { Status } from "../control/index.js";
-import { LocalPipeline, SeqSlots, type GenerationResult, type LocalModel } from "../engine/index.js";
+import type { LocalModel, SeqSlots } from "../engine/index.js";
 import { modelFingerprint } from "../model/index.js";
 import { defaultCacheDir, memoryPressureTracker, settleMemory, profileDevice, systemInfo, RereadStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
 import { seatsOf, type Seat } from "./placement.js";
 import type { RingPlan } from "./plan-ring.js";
-import { DecodeMeter, costPerStep, decodePrediction, recordRereads } from "./prediction.js";
+import { decodePrediction } from "./prediction.js";
 import { ModelSource, defaultModelCacheDir } from "../transfer/index.js";
 import { serveChunks } from "./model-store.js";
 import { WorkerRegistry, type WorkerHandle } from "./registry.js";
 import { TrustStore } from "../trust/index.js";
-import { HEAD_ID, type Ring, headStatus } from "./ring-setup.js";
-import { placeLayers } from "./placing.js";
+import { HEAD_ID, aloneStatus, headStatus } from "./ring-setup.js";
+import { answering, placeLayers } from "./placing.js";
 import { DeviceRecords } from "./devices.js";
 import { RequestQueue } from "./queue.js";
 import {
-  PromptCache, RequestRun, ServiceCounters, MAX_RECOVERIES, type Current, type DeviceDecodeRow, type GenerationOutcome, type GenerationRequest, type RunHost,
+  PromptCache, RequestRun, ServiceCounters, MAX_RECOVERIES, measureRun, type Current, type GenerationOutcome, type GenerationRequest, type RunHost,
 } from "./request-run.js";
 import { clusterState, modelState } from "./cluster-state.js";
-import { SequenceScheduler, type SlotState } from "./parallel.js";
-import type { ClusterState, EventState, MeasuredMs, PlanState, RequestState } from "./state.js";
+import { openSequences, type SequenceScheduler, type SlotState } from "./parallel.js";
+import type { ClusterState, EventState, PlanState, RequestState } from "./state.js";
 
 /** --layer-windows: in ring order, or by device name (`laptop=8,phone=4,head=10`). */
 export type LayerWindowsArg = { readonly list: readonly number[] } | { readonly byName: ReadonlyMap<string, number> };
@@ -64,8 +63,6 @@ export interface ClusterOptions {
 const MAX_EVENTS = 50;
 const HISTORY_POINTS = 120;
 const HISTORY_INTERVAL_MS = 5000;
-/** After a failure, a worker that does not answer a status request this fast is left out. */
-const RESPONSIVE_WITHIN_MS = 1000;
 /** After a join or a loss, wait this long for more before re-placing an idle cluster. */
 const REPLAN_SETTLE_MS = 1000;
 
@@ -274,7 +271,7 @@ export class Cluster extends EventEmitter {
   }
 
   private async place(recovering = false): Promise<void> {
-    const workers = recovering ? await this.responsive(this.workersInOrder()) : this.workersInOrder();
+    const workers = recovering ? await answering(this.workersInOrder(), this.o.log) : this.workersInOrder();
     const seats = (this.seats = seatsOf(workers));
     const generation = ++this.generation;
     this.placement = undefined;
@@ -289,7 +286,12 @@ export class Cluster extends EventEmitter {
     });
     if (this.parallel > 1 && placed.current.kind === "local") {
       try {
-        this.sequences = this.openSequences(placed.current.pipeline);
+        this.sequences = openSequences(this.o.model, placed.current.pipeline, { parallel: this.parallel, ctx: this.o.ctx, batch: this.o.batch, maxQueue: this.maxQueue, log: this.o.log }, {
+          token: () => this.historyTokens++,
+          step: (rows) => this.stats.batchStep(rows),
+          finished: (out, promptTokens) => this.recordParallel(out, promptTokens),
+          changed: () => this.changed(),
+        });
       } catch (e) {
         placed.current.pipeline.close();
         throw e;
@@ -297,28 +299,6 @@ export class Cluster extends EventEmitter {
     }
     ({ current: this.current, placement: this.placement, planState: this.planState, perCycle: this.perCycle } = placed);
     this.event("replan", placed.said);
-  }
-
-  /** serve --parallel N > 1: the sequence slots beside the local pipeline and their scheduler. */
-  private openSequences(pipeline: LocalPipeline): { slots: SeqSlots; scheduler: SequenceScheduler } {
-    // slot 0 is the pipeline's window; the others each a KV cache of their own: N x ctx in all
-    const slots = new SeqSlots(this.o.model, this.parallel, this.o.ctx, this.o.batch, pipeline.window);
-    const hp = this.o.model.desc.hparams;
-    // K and V in F16 for every layer and position of every slot (native prima_window_create)
-    const kvBytes = 2 * 2 * hp.nLayers * hp.nHeadKv * hp.headDimK * this.o.ctx * this.parallel;
-    const anonBytes = slots.windows.reduce((a, w) => a + w.info().anonBytes, 0);
-    const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
-    this.o.log(`--parallel ${this.parallel}: ${this.parallel} sequence slots of ${this.o.ctx} tokens each (${this.parallel * this.o.ctx} tokens of KV cache: ${mib(kvBytes)}; ${mib(anonBytes)} with the slots' scratch)`);
-    const scheduler = new SequenceScheduler(slots, {
-      maxQueue: this.maxQueue, layers: this.o.model.nLayers,
-      hooks: {
-        token: () => this.historyTokens++,
-        step: (rows) => this.stats.batchStep(rows),
-        finished: (out, promptTokens) => this.recordParallel(out, promptTokens),
-        changed: () => this.changed(),
-      },
-    });
-    return { slots, scheduler };
   }
 
   /** Places layers now if the devices changed (serve calls this when it starts and after joins). */
@@ -399,7 +379,10 @@ export class Cluster extends EventEmitter {
     // What went through the layers is in every device's KV cache: the next request may reuse it.
     this.promptCache.keep([...req.prompt, ...run.emitted].slice(0, result.endPos), req.cacheScope);
     this.stats.finished(result, req.prompt.length, run.cached, run.firstTokenMs);
-    const perDevice = await this.measureRun(current, run, pressure.pressure(), result, req.report ?? false);
+    const perDevice = await measureRun({
+      current, run, headPressure: pressure.pressure(), result, report: req.report ?? false, seats: this.seats, devices: this.devices,
+      placement: this.placement, rereads: this.rereads, nLayers: this.o.model.nLayers, log: this.o.log,
+    });
     this.finishActive();
     const { meter } = run;
     return {
@@ -422,27 +405,6 @@ export class Cluster extends EventEmitter {
     };
   }
 
-  /** Every device's counters after the run: awaited for run's report, else read beside the reply. */
-  private async measureRun(current: Current, run: RequestRun, headPressure: number, result: GenerationResult, report: boolean): Promise<DeviceDecodeRow[]> {
-    const placement = this.placement;
-    const { meter } = run;
-    const measuring = (async () => {
-      const rows = await this.measure(current, await run.countersAtDecode, headPressure, meter, result);
-      // What streaming devices really reread at: the next plans price their rereads by it.
-      if (placement && current.kind === "ring" && meter.decodeSteps > 0) {
-        try {
-          for (const line of recordRereads(placement, rows, this.rereads)) this.o.log(line);
-        } catch (e) {
-          this.o.log(`could not keep the devices' reread speeds: ${(e as Error).message}`);
-        }
-      }
-      return rows;
-    })();
-    if (report) return measuring;
-    measuring.catch((e: unknown) => this.o.log(`reading the devices' counters failed: ${(e as Error).message}`));
-    return [];
-  }
-
   /** Places the layers again after the ring failed mid-request. A device can fail to answer while
    * that happens (a dead one not yet declared lost): then once more, without it. */
   private async recoverRing(): Promise<void> {
@@ -457,47 +419,7 @@ export class Cluster extends EventEmitter {
     }
   }
 
-  /** The workers that answer a status request within the limit: after a failure a silent one is not
-   * waited for (the registry declares it lost, as its status limit does). */
-  private async responsive(workers: readonly WorkerHandle[]): Promise<WorkerHandle[]> {
-    // A device whose messages come late lately (starved by other work) gets as long as its lateness.
-    const limitMs = (w: WorkerHandle) => Math.round(Math.max(RESPONSIVE_WITHIN_MS, 2 * w.recentGapMs));
-    const answers = await Promise.all(workers.map((w) => w.status(limitMs(w)).then(() => true, () => false)));
-    const silent = workers.filter((_, i) => !answers[i]);
-    for (const w of silent) {
-      this.o.log(`device ${w.label} did not answer within ${limitMs(w)} ms: leaving it out of this placement`);
-    }
-    return workers.filter((_, i) => answers[i]);
-  }
 
-  /** Every device's counters after a request, per decode step when decoding was timed. */
-  private async measure(current: Current, before: Awaited<ReturnType<Ring["statuses"]>> | undefined, headPressure: number, meter: DecodeMeter, result: GenerationResult): Promise<DeviceDecodeRow[]> {
-    if (current.kind === "local") {
-      const status = this.localStatus(current.pipeline, headPressure);
-      const cost = { computeMs: meter.meanDecodeMs, waitMs: 0, sendMs: 0, descheduledMs: 0, majorFaults: 0, readBytes: 0 };
-      this.devices.measured(HEAD_ID, { computeMs: cost.computeMs, waitMs: 0, sendMs: 0, majorFaultsPerToken: 0, tokens: meter.decodeSteps }, status, true);
-      return [{ id: HEAD_ID, label: `${HEAD_ID} (this coordinator)`, status, haldaIndex: 0, cost }];
-    }
-    const after = await current.ring.statuses(headPressure).catch(() => undefined);
-    if (!after) return [];
-    const decodeOnly = meter.decodeSteps > 0 && before !== undefined;
-    const steps = decodeOnly ? meter.decodeSteps : result.ids.length + result.promptTokens;
-    return after.map((s) => {
-      const b = decodeOnly ? before!.find((x) => x.id === s.id)?.status : undefined;
-      const cost = costPerStep(b, s.status, steps);
-      const measured: MeasuredMs = { computeMs: cost.computeMs, waitMs: cost.waitMs, sendMs: cost.sendMs, descheduledMs: cost.descheduledMs, majorFaultsPerToken: cost.majorFaults / Math.max(1, steps), tokens: steps };
-      this.devices.measured(s.id, measured, s.status, s.id === HEAD_ID);
-      return { id: s.id, label: s.label, status: s.status, haldaIndex: this.seats.find((x) => x.id === s.id)?.haldaIndex ?? -1, before: b, cost };
-    });
-  }
-
-  /** The head alone: one window of every layer. */
-  private localStatus(pipeline: LocalPipeline, pressure: number): Status {
-    const r = pipeline.window.residency();
-    const base = headStatus(undefined, pressure);
-    const L = this.o.model.nLayers;
-    return { ...base, windows: [{ firstLayer: 0, endLayer: L, cycle: 0, residentBytes: r.residentBytes, totalBytes: r.totalBytes, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 }] };
-  }
 
   /** Devices' reread speeds seen in this cluster's rings, kept beside this device's profile. */
   private readonly rereads = new RereadStore(defaultCacheDir());
@@ -553,7 +475,7 @@ export class Cluster extends EventEmitter {
   state(): ClusterState {
     const readiness = this.readiness();
     const pressureSeen = this.devices.headStatusSeen?.memPressure ?? 0;
-    const headStatusNow = this.current?.kind === "local" ? this.localStatus(this.current.pipeline, pressureSeen) : headStatus(this.current?.ring.node, pressureSeen);
+    const headStatusNow = this.current?.kind === "local" ? aloneStatus(this.current.pipeline, this.o.model.nLayers, pressureSeen) : headStatus(this.current?.ring.node, pressureSeen);
     return clusterState({
       cluster: this.o.name,
       model: (this.modelState ??= modelState(this.o.model, this.o.modelPath, basename(this.o.modelPath, extname(this.o.modelPath)), this.fingerprint, this.o.ctx)),

@@ -50,6 +50,21 @@ export interface Placed {
 
 type LeftOut = PlanState["leftOut"];
 
+/** After a failure, a worker that does not answer a status request this fast is left out. */
+const RESPONSIVE_WITHIN_MS = 1000;
+
+/** The workers that answer a status request within the limit: after a failure a silent one is not
+ * waited for (the registry declares it lost, as its status limit does). */
+export async function answering(workers: readonly WorkerHandle[], log: (line: string) => void): Promise<WorkerHandle[]> {
+  // A device whose messages come late lately (starved by other work) gets as long as its lateness.
+  const limitMs = (w: WorkerHandle) => Math.round(Math.max(RESPONSIVE_WITHIN_MS, 2 * w.recentGapMs));
+  const answers = await Promise.all(workers.map((w) => w.status(limitMs(w)).then(() => true, () => false)));
+  const silent = workers.filter((_, i) => !answers[i]);
+  for (const w of silent) {
+    log(`device ${w.label} did not answer within ${limitMs(w)} ms: leaving it out of this placement`);
+  }
+  return workers.filter((_, i) => answers[i]);
+}
 export async function placeLayers(i: PlaceInput): Promise<Placed> {
   const { o, workers, seats, devices } = i;
   const { model, log } = o;
