@@ -16,6 +16,7 @@ import { WorkerRegistry, type WorkerHandle } from "./registry.js";
 import { TrustStore } from "../trust/index.js";
 import { HEAD_ID, aloneStatus, headStatus } from "./ring-setup.js";
 import { answering, placeLayers } from "./placing.js";
+import { Activity, HISTORY_INTERVAL_MS } from "./activity.js";
 import { DeviceRecords } from "./devices.js";
 import { RequestQueue } from "./queue.js";
 import {
@@ -60,9 +61,6 @@ export interface ClusterOptions {
   readonly log: (line: string) => void;
 }
 
-const MAX_EVENTS = 50;
-const HISTORY_POINTS = 120;
-const HISTORY_INTERVAL_MS = 5000;
 /** After a join or a loss, wait this long for more before re-placing an idle cluster. */
 const REPLAN_SETTLE_MS = 1000;
 
@@ -88,16 +86,21 @@ export class Cluster extends EventEmitter {
   private arrivals = 0;
   private clusterPort = 0;
   private readonly devices = new DeviceRecords(() => this.changed());
-  private readonly events: EventState[] = [];
+  private readonly activity = new Activity();
   private readonly promptCache = new PromptCache();
   private readonly queue = new RequestQueue(() => this.changed());
   private active: RequestRun | null = null;
   private readonly stats = new ServiceCounters();
   /** serve --parallel N > 1: the sequence slots and their scheduler (made with the local pipeline). */
   private sequences: { slots: SeqSlots; scheduler: SequenceScheduler } | undefined;
-  private readonly history: { unixMs: number; tokensPerS: number }[] = [];
-  private historyTokens = 0;
   private readonly historyTimer: NodeJS.Timeout;
+  /** Devices' reread speeds seen in this cluster's rings, kept beside this device's profile. */
+  private readonly rereads = new RereadStore(defaultCacheDir());
+  private headSystem: SystemInfo | undefined;
+  /** The state's model part: it never changes. */
+  private modelState: ClusterState["model"] | undefined;
+  /** --min-workers joined once: the service is ready from then on. */
+  private formed = false;
   private settleTimer: NodeJS.Timeout | undefined;
   private closed = false;
 
@@ -217,8 +220,7 @@ export class Cluster extends EventEmitter {
   }
 
   private event(kind: EventState["kind"], message: string): void {
-    this.events.push({ unixMs: Date.now(), kind, message });
-    if (this.events.length > MAX_EVENTS) this.events.shift();
+    this.activity.event(kind, message);
     this.changed();
   }
 
@@ -287,7 +289,7 @@ export class Cluster extends EventEmitter {
     if (this.parallel > 1 && placed.current.kind === "local") {
       try {
         this.sequences = openSequences(this.o.model, placed.current.pipeline, { parallel: this.parallel, ctx: this.o.ctx, batch: this.o.batch, maxQueue: this.maxQueue, log: this.o.log }, {
-          token: () => this.historyTokens++,
+          token: () => this.activity.token(),
           step: (rows) => this.stats.batchStep(rows),
           finished: (out, promptTokens) => this.recordParallel(out, promptTokens),
           changed: () => this.changed(),
@@ -401,7 +403,7 @@ export class Cluster extends EventEmitter {
         await this.recoverRing();
         return this.current!;
       },
-      event: (kind, message) => this.event(kind, message), token: () => this.historyTokens++,
+      event: (kind, message) => this.event(kind, message), token: () => this.activity.token(),
     };
   }
 
@@ -420,12 +422,6 @@ export class Cluster extends EventEmitter {
   }
 
 
-
-  /** Devices' reread speeds seen in this cluster's rings, kept beside this device's profile. */
-  private readonly rereads = new RereadStore(defaultCacheDir());
-  private headSystem: SystemInfo | undefined;
-  /** The state's model part: it never changes. */
-  private modelState: ClusterState["model"] | undefined;
 
   private finishActive(): void {
     this.active = null;
@@ -458,13 +454,8 @@ export class Cluster extends EventEmitter {
     return { ok: true, status: this.active || this.sequences?.scheduler.activeCount ? "generating" : this.dirty && (this.o.autoPlace ?? false) ? "re-placing layers" : "ready" };
   }
 
-  private formed = false;
-
   private sampleHistory(): void {
-    this.history.push({ unixMs: Date.now(), tokensPerS: this.historyTokens / (HISTORY_INTERVAL_MS / 1000) });
-    this.historyTokens = 0;
-    if (this.history.length > HISTORY_POINTS) this.history.shift();
-    if (this.active || this.history.at(-2)?.tokensPerS) this.changed();
+    if (this.activity.sample() || this.active) this.changed();
   }
 
   private activeState(): RequestState | null {
@@ -485,9 +476,9 @@ export class Cluster extends EventEmitter {
       requests: {
         queueLength: this.queue.waiting + (this.sequences?.scheduler.waiting ?? 0), active: this.activeState(),
         ...(this.sequences ? { slots: this.sequences.scheduler.slotStates() } : {}), completed: this.stats.completed, failed: this.stats.failed,
-        generatedTokens: this.stats.generatedTokens, history: [...this.history],
+        generatedTokens: this.stats.generatedTokens, history: [...this.activity.history],
       },
-      events: this.events,
+      events: this.activity.events,
     });
   }
 
