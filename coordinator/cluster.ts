@@ -1,7 +1,9 @@
 // The long-lived cluster that `serve`, `chat` and `run` share: the worker registry, the head's model,
-// placement (Halda or hand-made windows), the current ring (or the head alone), the request queue and
-// the prompt cache. Devices may join and leave at any time; the cluster re-places layers when the set
-// of devices changed, between requests, never in the middle of one.
+// the pipeline now (a ring, or the head alone), and when to place the layers again: after devices
+// joined or left, between requests, never in the middle of one (but for a request recovering from a
+// loss). Its rooms: devices.ts (the device records), queue.ts (one task at a time), request-run.ts (a
+// request's run, its replay after a loss, its counters), placing.ts (how the layers are placed),
+// cluster-state.ts (the state, from a snapshot) and activity.ts (events and tokens/s over time).
 import { EventEmitter } from "node:events";
 import { basename, dirname, extname, join, resolve } from "node:path";
 import type { LocalModel, SeqSlots } from "../engine/index.js";
@@ -17,6 +19,7 @@ import { TrustStore } from "../trust/index.js";
 import { HEAD_ID, aloneStatus, headStatus } from "./ring-setup.js";
 import { answering, placeLayers } from "./placing.js";
 import { Activity, HISTORY_INTERVAL_MS } from "./activity.js";
+import type { ClusterOptions } from "./cluster-options.js";
 import { DeviceRecords } from "./devices.js";
 import { RequestQueue } from "./queue.js";
 import {
@@ -25,41 +28,6 @@ import {
 import { clusterState, modelState } from "./cluster-state.js";
 import { openSequences, type SequenceScheduler, type SlotState } from "./parallel.js";
 import type { ClusterState, EventState, PlanState, RequestState } from "./state.js";
-
-/** --layer-windows: in ring order, or by device name (`laptop=8,phone=4,head=10`). */
-export type LayerWindowsArg = { readonly list: readonly number[] } | { readonly byName: ReadonlyMap<string, number> };
-
-export interface ClusterOptions {
-  readonly modelPath: string;
-  readonly model: LocalModel;
-  /** The cluster's name (mDNS, the dashboard). */
-  readonly name: string;
-  readonly ctx: number;
-  readonly batch: number;
-  readonly prefetch: boolean;
-  readonly reprofile: boolean;
-  readonly layerWindows?: LayerWindowsArg;
-  readonly cycles?: number;
-  /** Place layers on every device, even where Halda would leave one out. */
-  readonly keepAll?: boolean;
-  /** Tokens a request is expected to hold (prompt + generated), for Halda's attention term. */
-  readonly plannedTokens?: number;
-  /** Re-place layers soon after devices join or leave while idle (serve), instead of only before the
-   *  next request (run and chat, which place once all the workers they wait for have joined). */
-  readonly autoPlace?: boolean;
-  /** Workers to wait for before placing layers on its own (with autoPlace). */
-  readonly minWorkers?: number;
-  /** Requests waiting beyond the running one; more are refused (QueueFullError). Default 16. */
-  readonly maxQueue?: number;
-  /** Sequences decoded together on this device, each with a KV cache of ctx tokens (serve --parallel).
-   * Above 1 every layer runs here: workers that join are not placed. Default 1. */
-  readonly parallel?: number;
-  /** A new join token (and certificate) before listening: workers need the new one. */
-  readonly rotateToken?: boolean;
-  /** Workers may name a data host other than the address they connect from (registry.ts). */
-  readonly allowAdvertise?: boolean;
-  readonly log: (line: string) => void;
-}
 
 /** After a join or a loss, wait this long for more before re-placing an idle cluster. */
 const REPLAN_SETTLE_MS = 1000;

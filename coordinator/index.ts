@@ -3,7 +3,8 @@
 // (cluster.ts, ring-setup.ts, head.ts), and serves them: the OpenAI API and the dashboard's state
 // (http-server.ts, who may use it in http-guard.ts, openai.ts with structured.ts for response_format and
 // tools, state.ts, metrics.ts), or one prompt (run-command.ts).
-export { Cluster, type ClusterOptions, type LayerWindowsArg } from "./cluster.js";
+export { Cluster } from "./cluster.js";
+export type { ClusterOptions, LayerWindowsArg } from "./cluster-options.js";
 export type { GenerationRequest, GenerationOutcome, DeviceDecodeRow } from "./request-run.js";
 export { QueueFullError, CancelledError } from "./queue.js";
 export { placeRing, formatPlan, type Placement } from "./placement.js";

@@ -5,7 +5,7 @@ import { LocalPipeline } from "../engine/index.js";
 import { settleMemory, type DeviceReport, type RereadStore } from "../profiler/index.js";
 import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
 import type { ModelSource } from "../transfer/index.js";
-import type { ClusterOptions } from "./cluster.js";
+import type { ClusterOptions } from "./cluster-options.js";
 import type { DeviceRecords } from "./devices.js";
 import { windowChunkHashes } from "./model-store.js";
 import { formatPlan, type Seat } from "./placement.js";
