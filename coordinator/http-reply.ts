@@ -6,7 +6,8 @@ import type { ServerResponse } from "node:http";
 import type { Tokenizer } from "../model/index.js";
 import type { ReplyEvent, ToolCall } from "../tools/index.js";
 import type { Cluster } from "./cluster.js";
-import type { ApiError, FinishReason, ParsedRequest, TokenLogprobs, Usage } from "./openai.js";
+import type { ApiError, ParsedRequest } from "./openai.js";
+import type { FinishReason, TokenLogprobs, Usage } from "./openai-reply.js";
 
 export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
   if (res.headersSent) {
