@@ -11,12 +11,13 @@ import { packageRoot } from "../base/index.js";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import { Sampler } from "../engine/index.js";
-import { StreamingDecoder, printable, type Tokenizer } from "../model/index.js";
+import { printable, type Tokenizer } from "../model/index.js";
 import type { Cluster } from "./cluster.js";
 import { CancelledError, QueueFullError } from "./queue.js";
 import { formatMetrics, newRequestOutcomes, type RequestOutcomes } from "./metrics.js";
 import { ApiError, renamedParam } from "./openai.js";
-import { StopMatcher, openAiDialect, usage, type FinishReason, type TokenLogprobs } from "./openai-reply.js";
+import { openAiDialect, usage, type FinishReason } from "./openai-reply.js";
+import { ReplyStream } from "./reply-stream.js";
 import { sendJson, type Dialect, type GenerationAsk, type ReplyWriter, type Served } from "./http-reply.js";
 import { ollamaDialect, ollamaErrorBody, ps, show, tags } from "./ollama.js";
 import { detokenize, llamaCompletionDialect, llamaErrorBody, props, slots, tokenize } from "./llama-server.js";
@@ -24,7 +25,6 @@ import { ConversationTokens, type PromptRenderer } from "./prompt.js";
 import { RequestGuard, type GuardOptions } from "./http-guard.js";
 import { Constraints, planStructured, type StructuredPlan } from "./structured.js";
 import { closingStart, type GrammarConstraint } from "../grammar/index.js";
-import type { ReplyEvent } from "../tools/index.js";
 
 export interface ApiServerOptions extends GuardOptions, Served {
   readonly cluster: Cluster;
@@ -404,13 +404,14 @@ export class ApiServer {
       throw e;
     }
     try {
-      await this.generate(res, ask, d.writer(res, ask, ids, randomUUID().replace(/-/g, "").slice(0, 24)), promptText, ids, scope, plan, constraint);
+      await this.reply(res, ask, d.writer(res, ask, ids, randomUUID().replace(/-/g, "").slice(0, 24)), promptText, ids, scope, plan, constraint);
     } finally {
       if (constraint) this.constraints.done(constraint);
     }
   }
 
-  private async generate(res: ServerResponse, ask: GenerationAsk, w: ReplyWriter, promptText: string | undefined, ids: Int32Array, cacheScope: string,
+  /** Runs the request on the cluster and streams its reply through the dialect's writer. */
+  private async reply(res: ServerResponse, ask: GenerationAsk, w: ReplyWriter, promptText: string | undefined, ids: Int32Array, cacheScope: string,
     plan: StructuredPlan, constraint?: GrammarConstraint): Promise<void> {
     const { cluster, tok } = this.o;
     const p = ask.request;
@@ -419,45 +420,10 @@ export class ApiServer {
     res.on("close", () => {
       if (!done) abort.abort();
     });
-    const decoder = new StreamingDecoder(tok);
-    const stops = new StopMatcher(p.stop);
-    let text = "";
-    const parser = plan.parser();
-    // Tokens generated since the last piece was handed on (a piece held back for a stop string or a
-    // split character waits for the next token).
-    let pending: number[] = [];
-    // Log probabilities (when asked for): one entry per generated token, with where its text starts
-    // among the decoded text. A token belongs to the reply unless a stop string cut the text before it;
-    // a piece handed on carries the entries of the tokens whose text it reaches.
-    const entries: TokenLogprobs[] | undefined = p.logprobs === undefined ? undefined : [];
-    let decodedLength = 0;
-    let entriesSent = 0;
-    /** The entries not handed on yet whose text starts before `end`. */
-    const due = (end: number): TokenLogprobs[] | undefined => {
-      if (!entries) return undefined;
-      let j = entriesSent;
-      while (j < entries.length && entries[j].offset < end) j++;
-      const out = entries.slice(entriesSent, j);
-      entriesSent = j;
-      return out;
-    };
-    const send = (events: ReplyEvent[]) => {
-      if (events.length === 0) return;
-      w.events(events, pending, due(text.length));
-      pending = [];
-    };
-    const decoded = (t: string) => {
-      decodedLength += t.length;
-      return t;
-    };
-    const emit = (t: string) => {
-      if (!t) return;
-      text += t;
-      send(parser ? parser.push(t) : [{ kind: "content", text: t }]);
-    };
     const room = cluster.o.ctx - ids.length;
     const maxTokens = Math.min(p.maxTokens ?? room, this.o.nPredict ?? room, room);
     const sampler = new Sampler({ ...p.sampler, constraint, closeAfter: closingStart(maxTokens), logprobs: p.logprobs });
+    const reply = new ReplyStream(tok, p.stop, p.logprobs !== undefined, plan.parser(), w, sampler);
     // Numbered as it is queued (cluster.generate queues synchronously), so the log shows the order.
     const tag = `request ${++this.received} (${w.id})`;
     const startedAt = performance.now();
@@ -466,17 +432,9 @@ export class ApiServer {
         kind: p.kind, prompt: ids, maxTokens, sampler, isEnd: (id) => tok.isEog(id),
         signal: abort.signal, cacheScope,
         onStart: () => w.start(),
-        onToken: (id) => {
-          pending.push(id);
-          if (entries && sampler.last) entries.push({ ...sampler.last, offset: decodedLength });
-          emit(stops.push(decoded(decoder.push(id))));
-          return !stops.stopped;
-        },
+        onToken: (id) => reply.push(id),
       });
-      emit(stops.push(decoded(decoder.flush())));
-      emit(stops.flush());
-      // The reply's tokens: all but those a stop string cut off.
-      if (entries && stops.stopped) entries.length = entries.filter((e) => e.offset < text.length).length;
+      reply.end();
       done = true;
       const r = out.result;
       if (abort.signal.aborted) {
@@ -485,8 +443,9 @@ export class ApiServer {
         res.end();
         return;
       }
-      const reply = parser?.finish();
-      if (reply) send(reply.events);
+      const { stops, text, entries, parser } = reply;
+      const parsed = parser?.finish();
+      if (parsed) reply.send(parsed.events);
       const calls = parser?.calls ?? [];
       const ended = r.stopReason === "end" || stops.stopped;
       const finish: FinishReason = ended ? (calls.length > 0 ? "tool_calls" : "stop") : "length";
@@ -501,7 +460,7 @@ export class ApiServer {
         (constraint && constraint.steps > 0 ? `, the constraint ${(constraint.ms / constraint.steps).toFixed(2)} ms/token` : "");
       this.o.log(`${tag}: ${ids.length} prompt tokens (${out.cachedTokens} cached) + ${r.ids.length} generated (${finish}) in ${Math.round(total)} ms, ${Math.round(out.queueMs)} of them queued${speed}`);
       w.finish({
-        content: reply ? reply.content : text, calls, finish,
+        content: parsed ? parsed.content : text, calls, finish,
         stopType: stops.stopped ? "word" : r.stopReason === "end" ? "eos" : "limit", stoppingWord: stops.word,
         prompt: ids, generated: r.ids, usage: u, logprobs: entries,
         ms: { queue: out.queueMs, prompt: promptMs, eval: Math.max(0, total - out.queueMs - promptMs), total },
