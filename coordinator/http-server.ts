@@ -192,58 +192,69 @@ export class ApiServer {
         "invalid_request_error", "invalid_api_key"), { "WWW-Authenticate": "Bearer" });
       return;
     }
-    const route = `${method} ${path}`;
+    if (await this.route(req, res, `${method} ${path}`, cacheScope(req, key), (e) => sendError(res, e))) return;
+    this.unknown(req, res, method, path, sendError);
+  }
+
+  /** The endpoints, by `METHOD /path`; false for one there is none of. */
+  private async route(req: IncomingMessage, res: ServerResponse, route: string, scope: string, fail: (e: ApiError) => void): Promise<boolean> {
+    const path = route.slice(route.indexOf(" ") + 1);
     switch (route) {
       case "GET /v1/models":
         sendJson(res, 200, { object: "list", data: [{ id: this.o.modelId, object: "model", created: Math.floor(this.o.cluster.startedUnixMs / 1000), owned_by: "prima" }] });
-        return;
+        return true;
       case "GET /metrics":
         res.writeHead(200, { "Content-Type": "text/plain; version=0.0.4; charset=utf-8" });
         res.end(formatMetrics(this.o.cluster.state(), this.outcomes, this.o.cluster.counters, this.constraints));
-        return;
+        return true;
       case "GET /api/state":
         sendJson(res, 200, this.o.cluster.state(), { "Cache-Control": "no-store" });
-        return;
+        return true;
       case "GET /api/stream":
         this.stateStream(req, res);
-        return;
+        return true;
       case "POST /v1/chat/completions":
       case "POST /v1/completions": {
         const kind = path.endsWith("chat/completions") ? "chat" : "completion";
-        await this.generation(req, res, openAiDialect(kind, this.o), cacheScope(req, key));
-        return;
+        await this.generation(req, res, openAiDialect(kind, this.o), scope);
+        return true;
       }
       case "POST /api/chat":
       case "POST /api/generate":
-        await this.generation(req, res, ollamaDialect(path === "/api/chat" ? "chat" : "generate", this.o), cacheScope(req, key));
-        return;
+        await this.generation(req, res, ollamaDialect(path === "/api/chat" ? "chat" : "generate", this.o), scope);
+        return true;
       case "POST /completion":
-        await this.generation(req, res, llamaCompletionDialect(this.o), cacheScope(req, key));
-        return;
+        await this.generation(req, res, llamaCompletionDialect(this.o), scope);
+        return true;
       case "GET /api/tags":
         sendJson(res, 200, tags(this.o));
-        return;
+        return true;
       case "GET /api/ps":
         sendJson(res, 200, ps(this.o));
-        return;
+        return true;
       case "GET /api/version":
         sendJson(res, 200, { version: VERSION });
-        return;
+        return true;
       case "GET /props":
         sendJson(res, 200, props(this.o, this.templateSource(), VERSION));
-        return;
+        return true;
       case "GET /slots":
         sendJson(res, 200, slots(this.o));
-        return;
+        return true;
       case "POST /api/show":
       case "POST /tokenize":
       case "POST /detokenize": {
-        const answer = await this.readJson(req, res, (e) => sendError(res, e), (body) =>
+        const answer = await this.readJson(req, res, fail, (body) =>
           path === "/api/show" ? show(this.o, body, this.templateSource()) : path === "/tokenize" ? tokenize(this.o.tok, body) : detokenize(this.o.tok, body));
         if (answer !== undefined) sendJson(res, 200, answer);
-        return;
+        return true;
       }
     }
+    return false;
+  }
+
+  /** No such endpoint: one that is refused by name (501), a method the path does not take (405), or 404. */
+  private unknown(req: IncomingMessage, res: ServerResponse, method: string, path: string, sendError: (r: ServerResponse, e: ApiError, headers?: Record<string, string>) => void): void {
     const managed = OLLAMA_MODEL_MANAGEMENT.has(path) || path.startsWith("/api/blobs/");
     if (managed || path === "/api/embed" || path === "/api/embeddings") {
       req.resume();
