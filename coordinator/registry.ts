@@ -98,7 +98,7 @@ export class WorkerRegistry extends EventEmitter {
 
   constructor(private readonly o: RegistryOptions) {
     super();
-    this.slots = new ConnectionSlots((host, reason) => this.refusedOnce(host, reason, "closed a connection from"), o.slotLimits);
+    this.slots = new ConnectionSlots((host, reason) => this.refusedOnce(host, reason, `closed a connection from ${printable(host, 64)}: ${reason} (said once)`), o.slotLimits);
     this.server.addService(coordinatorService(), { session: (call: SessionStream) => this.session(call) });
   }
 
@@ -125,7 +125,7 @@ export class WorkerRegistry extends EventEmitter {
       const from = normalHost(socket.remoteAddress ?? "");
       const full = this.slots.admit(socket, from);
       if (full) {
-        this.refusedOnce(from, full);
+        this.refusedOnce(from, full, `refused a connection from ${printable(from, 64)}: ${full} (said once)`);
         socket.destroy();
         return;
       }
@@ -254,12 +254,7 @@ export class WorkerRegistry extends EventEmitter {
       refused = true;
       settle();
       clearTimeout(joinTimer);
-      const key = `${peerHost(peer)}\n${reason}`;
-      if (!this.refusalsLogged.has(key)) {
-        if (this.refusalsLogged.size >= 1000) this.refusalsLogged.clear();
-        this.refusalsLogged.add(key);
-        this.log(`refused a worker from ${peer}: ${reason} (said once: it may keep trying)`);
-      }
+      this.refusedOnce(peerHost(peer), reason, `refused a worker from ${peer}: ${reason} (said once: it may keep trying)`);
       try {
         call.write({ shutdown: { reason } });
       } catch {
@@ -355,13 +350,13 @@ export class WorkerRegistry extends EventEmitter {
     return true;
   }
 
-  /** Logs a refusal before any session (connection limits) once per address and reason. */
-  private refusedOnce(from: string, reason: string, what = "refused a connection from"): void {
-    const key = `${from}\n${reason}`;
+  /** Logs a refusal (`line`) once per address and reason: a refused peer may keep trying. */
+  private refusedOnce(host: string, reason: string, line: string): void {
+    const key = `${host}\n${reason}`;
     if (this.refusalsLogged.has(key)) return;
     if (this.refusalsLogged.size >= 1000) this.refusalsLogged.clear();
     this.refusalsLogged.add(key);
-    this.log(`${what} ${printable(from, 64)}: ${reason} (said once)`);
+    this.log(line);
   }
 }
 
