@@ -1,5 +1,5 @@
 // serve's HTTP port: the OpenAI API (/v1/...), Ollama's (ollama.ts) and llama-server's (llama-server.ts),
-// /health, /metrics, the cluster's state (/api/state and its push stream /api/stream) and the
+// /health, /metrics, the cluster's state (/api/state, and its push stream /api/stream: state-stream.ts) and the
 // dashboard's files. Every request is checked before it reaches the ring (first who may ask at all,
 // http-guard.ts: Host, Origin, API key); the dialects share one generation path (http-reply.ts), so
 // they share the queue, the prompt cache, the limits and the metrics. Whatever a client sends, the
@@ -18,6 +18,7 @@ import { formatMetrics, newRequestOutcomes, type RequestOutcomes } from "./metri
 import { ApiError, renamedParam } from "./openai.js";
 import { openAiDialect, usage, type FinishReason } from "./openai-reply.js";
 import { ReplyStream } from "./reply-stream.js";
+import { StateStreams } from "./state-stream.js";
 import { sendJson, type Dialect, type GenerationAsk, type ReplyWriter, type Served } from "./http-reply.js";
 import { ollamaDialect, ollamaErrorBody, ps, show, tags } from "./ollama.js";
 import { detokenize, llamaCompletionDialect, llamaErrorBody, props, slots, tokenize } from "./llama-server.js";
@@ -43,9 +44,6 @@ export interface ApiServerOptions extends GuardOptions, Served {
 }
 
 const DEFAULT_MAX_BODY_BYTES = 4 << 20;
-const STREAM_STATE_EVERY_MS = 2000;
-const STREAM_STATE_MIN_GAP_MS = 250;
-const MAX_STATE_STREAMS = 32;
 
 /** The version /api/version and /props report: prima's own. */
 const VERSION = (JSON.parse(readFileSync(join(packageRoot(), "package.json"), "utf8")) as { version: string }).version;
@@ -93,13 +91,13 @@ function readBody(req: IncomingMessage, limit: number): Promise<string> {
 export class ApiServer {
   private readonly server: Server;
   private readonly guard: RequestGuard;
-  private readonly streams = new Set<ServerResponse>();
   /** Each client's last exchange as tokens, so its next turn keeps the reply as generated. */
   private readonly conversations: ConversationTokens;
   readonly outcomes: RequestOutcomes = newRequestOutcomes();
   /** Generation requests that reached the queue, numbering them in their order there (FIFO). */
   private received = 0;
   private readonly constraints: Constraints;
+  private readonly stateStreams: StateStreams;
 
   constructor(private readonly o: ApiServerOptions) {
     this.conversations = new ConversationTokens(o.prompts);
@@ -126,7 +124,7 @@ export class ApiServer {
       if (socket.writable) socket.end("HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
       else socket.destroy();
     });
-    o.cluster.on("change", this.onChange);
+    this.stateStreams = new StateStreams(o.cluster);
   }
 
   listen(port: number, host: string): Promise<number> {
@@ -143,11 +141,7 @@ export class ApiServer {
   }
 
   async close(): Promise<void> {
-    this.o.cluster.off("change", this.onChange);
-    clearInterval(this.everyTimer);
-    clearTimeout(this.pushTimer);
-    for (const s of this.streams) s.end();
-    this.streams.clear();
+    this.stateStreams.close();
     await new Promise<void>((resolve) => {
       this.server.close(() => resolve());
       this.server.closeAllConnections();
@@ -211,7 +205,7 @@ export class ApiServer {
         sendJson(res, 200, this.o.cluster.state(), { "Cache-Control": "no-store" });
         return true;
       case "GET /api/stream":
-        this.stateStream(req, res);
+        this.stateStreams.open(req, res);
         return true;
       case "POST /v1/chat/completions":
       case "POST /v1/completions": {
@@ -266,52 +260,6 @@ export class ApiServer {
     const gets = ["/v1/models", "/metrics", "/api/state", "/api/stream", "/api/tags", "/api/ps", "/api/version", "/props", "/slots"];
     if (posts.includes(path) || gets.includes(path)) sendError(res, new ApiError(405, `${method} is not allowed on ${path}`, "invalid_request_error", "method_not_allowed"), { Allow: posts.includes(path) ? "POST" : "GET" });
     else sendError(res, new ApiError(404, `no such endpoint: ${method} ${safePath(path)}`, "invalid_request_error", "not_found"));
-  }
-
-  // ---- the push stream of the state ------------------------------------------------------------
-
-  private lastPush = 0;
-  private everyTimer: NodeJS.Timeout | undefined;
-  private pushTimer: NodeJS.Timeout | undefined;
-
-  private readonly onChange = () => {
-    if (this.streams.size === 0 || this.pushTimer) return;
-    const wait = Math.max(0, this.lastPush + STREAM_STATE_MIN_GAP_MS - Date.now());
-    this.pushTimer = setTimeout(() => {
-      this.pushTimer = undefined;
-      this.pushState();
-    }, wait);
-    this.pushTimer.unref();
-  };
-
-  private pushState(): void {
-    this.lastPush = Date.now();
-    const data = `event: state\ndata: ${JSON.stringify(this.o.cluster.state())}\n\n`;
-    for (const s of this.streams) s.write(data);
-  }
-
-  private stateStream(req: IncomingMessage, res: ServerResponse): void {
-    if (this.streams.size >= MAX_STATE_STREAMS) {
-      sendJson(res, 503, new ApiError(503, `too many state streams open (${MAX_STATE_STREAMS})`, "server_error", "too_many_streams").body(), { "Retry-After": "5" });
-      return;
-    }
-    res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store", Connection: "keep-alive" });
-    res.write(`event: state\ndata: ${JSON.stringify(this.o.cluster.state())}\n\n`);
-    this.streams.add(res);
-    // One timer for every stream: each tick builds the state once and sends it to all.
-    if (!this.everyTimer) {
-      this.everyTimer = setInterval(() => this.pushState(), STREAM_STATE_EVERY_MS);
-      this.everyTimer.unref();
-    }
-    const end = () => {
-      this.streams.delete(res);
-      if (this.streams.size === 0) {
-        clearInterval(this.everyTimer);
-        this.everyTimer = undefined;
-      }
-    };
-    req.on("close", end);
-    res.on("close", end);
   }
 
   /** The chat template's source, or undefined when the model has none (a fallback is used). */
