@@ -1,31 +1,27 @@
 // serve's HTTP port: the OpenAI API (/v1/...), Ollama's (ollama.ts) and llama-server's (llama-server.ts),
 // /health, /metrics, the cluster's state (/api/state, and its push stream /api/stream: state-stream.ts) and the
 // dashboard's files. Every request is checked before it reaches the ring (first who may ask at all,
-// http-guard.ts: Host, Origin, API key); the dialects share one generation path (http-reply.ts), so
+// http-guard.ts: Host, Origin, API key); the dialects share one generation path (generation.ts), so
 // they share the queue, the prompt cache, the limits and the metrics. Whatever a client sends, the
 // answer is a status code with an error in the dialect's shape and the server stays up.
-import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { packageRoot } from "../base/index.js";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import { Sampler } from "../engine/index.js";
-import { printable, type Tokenizer } from "../model/index.js";
+import type { Tokenizer } from "../model/index.js";
 import type { Cluster } from "./cluster.js";
-import { CancelledError, QueueFullError } from "./queue.js";
 import { formatMetrics, newRequestOutcomes, type RequestOutcomes } from "./metrics.js";
-import { ApiError, renamedParam } from "./openai.js";
-import { openAiDialect, usage, type FinishReason } from "./openai-reply.js";
-import { ReplyStream } from "./reply-stream.js";
+import { ApiError } from "./openai.js";
+import { openAiDialect } from "./openai-reply.js";
 import { StateStreams } from "./state-stream.js";
-import { sendJson, type Dialect, type GenerationAsk, type ReplyWriter, type Served } from "./http-reply.js";
+import { Generations } from "./generation.js";
+import { sendJson, type Served } from "./http-reply.js";
 import { ollamaDialect, ollamaErrorBody, ps, show, tags } from "./ollama.js";
 import { detokenize, llamaCompletionDialect, llamaErrorBody, props, slots, tokenize } from "./llama-server.js";
 import { ConversationTokens, type PromptRenderer } from "./prompt.js";
 import { RequestGuard, type GuardOptions } from "./http-guard.js";
-import { Constraints, planStructured, type StructuredPlan } from "./structured.js";
-import { closingStart, type GrammarConstraint } from "../grammar/index.js";
+import { Constraints } from "./structured.js";
 
 export interface ApiServerOptions extends GuardOptions, Served {
   readonly cluster: Cluster;
@@ -94,15 +90,18 @@ export class ApiServer {
   /** Each client's last exchange as tokens, so its next turn keeps the reply as generated. */
   private readonly conversations: ConversationTokens;
   readonly outcomes: RequestOutcomes = newRequestOutcomes();
-  /** Generation requests that reached the queue, numbering them in their order there (FIFO). */
-  private received = 0;
   private readonly constraints: Constraints;
   private readonly stateStreams: StateStreams;
+  private readonly generations: Generations;
 
   constructor(private readonly o: ApiServerOptions) {
     this.conversations = new ConversationTokens(o.prompts);
     this.guard = new RequestGuard(o);
     this.constraints = new Constraints(o.tok);
+    this.generations = new Generations({
+      o, outcomes: this.outcomes, conversations: this.conversations, constraints: this.constraints,
+      healthy: () => this.healthy(), jsonBody: (req) => this.jsonBody(req),
+    });
     this.server = createServer((req, res) => {
       this.handle(req, res).catch((e: unknown) => {
         o.log(`internal error on ${req.method} ${safePath(req.url)}: ${(e as Error).message}`);
@@ -210,15 +209,15 @@ export class ApiServer {
       case "POST /v1/chat/completions":
       case "POST /v1/completions": {
         const kind = path.endsWith("chat/completions") ? "chat" : "completion";
-        await this.generation(req, res, openAiDialect(kind, this.o), scope);
+        await this.generations.generation(req, res, openAiDialect(kind, this.o), scope);
         return true;
       }
       case "POST /api/chat":
       case "POST /api/generate":
-        await this.generation(req, res, ollamaDialect(path === "/api/chat" ? "chat" : "generate", this.o), scope);
+        await this.generations.generation(req, res, ollamaDialect(path === "/api/chat" ? "chat" : "generate", this.o), scope);
         return true;
       case "POST /completion":
-        await this.generation(req, res, llamaCompletionDialect(this.o), scope);
+        await this.generations.generation(req, res, llamaCompletionDialect(this.o), scope);
         return true;
       case "GET /api/tags":
         sendJson(res, 200, tags(this.o));
@@ -300,147 +299,6 @@ export class ApiServer {
     }
   }
 
-  // ---- generation, in any dialect ----------------------------------------------------------------
-
-  /** A generation request in dialect `d`: checked, queued, generated, answered in its shape. */
-  private async generation(req: IncomingMessage, res: ServerResponse, d: Dialect, scope: string): Promise<void> {
-    const fail = (e: ApiError, headers: Record<string, string> = {}) => sendJson(res, e.status, d.errorBody(renamedParam(e, d.params ?? {})), headers);
-    // Only JSON is parsed as JSON: a text/plain form or a no-cors fetch from a web page cannot send it.
-    const type = (req.headers["content-type"] ?? "").split(";")[0].trim().toLowerCase();
-    if (type !== "application/json") {
-      req.resume();
-      this.outcomes.invalid++;
-      const got = type === "" ? "no Content-Type" : `Content-Type ${printable(type, 80)}`;
-      fail(new ApiError(415, `the request body must be JSON sent as Content-Type: application/json (got ${got}; with curl: -H 'Content-Type: application/json')`,
-        "invalid_request_error", "unsupported_media_type"));
-      return;
-    }
-    const health = this.healthy();
-    if (!health.ok) {
-      req.resume();
-      this.outcomes.rejected++;
-      fail(new ApiError(503, `the cluster cannot serve yet: ${health.status}`, "server_error", "not_ready"), { "Retry-After": "5" });
-      return;
-    }
-    let ask: GenerationAsk;
-    let ids: Int32Array;
-    let promptText: string | undefined;
-    let plan: StructuredPlan;
-    let constraint: GrammarConstraint | undefined;
-    try {
-      const body = await this.jsonBody(req);
-      const parsed = d.parse(body);
-      if ("answer" in parsed) {
-        sendJson(res, 200, parsed.answer);
-        return;
-      }
-      ask = parsed;
-      const p = ask.request;
-      const chat = p.kind === "chat";
-      const template = chat && p.tools ? this.o.prompts.chat : undefined;
-      plan = planStructured(p, template?.source, template?.isFallback ?? false);
-      if (ask.promptIds) ids = ask.promptIds;
-      else {
-        try {
-          promptText = chat ? this.o.prompts.chatText(plan.messages, plan.templateTools) : p.prompt!;
-          ids = this.conversations.ids(scope, promptText).ids;
-        } catch (e) {
-          throw new ApiError(400, `the prompt could not be rendered: ${(e as Error).message}`, "invalid_request_error", "invalid_prompt");
-        }
-      }
-      const ctx = this.o.cluster.o.ctx;
-      if (ids.length === 0) throw new ApiError(400, "the prompt is empty", "invalid_request_error", "invalid_prompt", chat ? "messages" : "prompt");
-      if (ids.length >= ctx) {
-        throw new ApiError(400, `the prompt has ${ids.length} tokens; the context holds ${ctx}, and at least one must be left to generate`, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt");
-      }
-      if (plan.spec) constraint = await this.constraints.start(plan.spec);
-    } catch (e) {
-      this.outcomes.invalid++;
-      if (e instanceof ApiError) {
-        fail(e);
-        return;
-      }
-      throw e;
-    }
-    try {
-      await this.reply(res, ask, d.writer(res, ask, ids, randomUUID().replace(/-/g, "").slice(0, 24)), promptText, ids, scope, plan, constraint);
-    } finally {
-      if (constraint) this.constraints.done(constraint);
-    }
-  }
-
-  /** Runs the request on the cluster and streams its reply through the dialect's writer. */
-  private async reply(res: ServerResponse, ask: GenerationAsk, w: ReplyWriter, promptText: string | undefined, ids: Int32Array, cacheScope: string,
-    plan: StructuredPlan, constraint?: GrammarConstraint): Promise<void> {
-    const { cluster, tok } = this.o;
-    const p = ask.request;
-    const abort = new AbortController();
-    let done = false;
-    res.on("close", () => {
-      if (!done) abort.abort();
-    });
-    const room = cluster.o.ctx - ids.length;
-    const maxTokens = Math.min(p.maxTokens ?? room, this.o.nPredict ?? room, room);
-    const sampler = new Sampler({ ...p.sampler, constraint, closeAfter: closingStart(maxTokens), logprobs: p.logprobs });
-    const reply = new ReplyStream(tok, p.stop, p.logprobs !== undefined, plan.parser(), w, sampler);
-    // Numbered as it is queued (cluster.generate queues synchronously), so the log shows the order.
-    const tag = `request ${++this.received} (${w.id})`;
-    const startedAt = performance.now();
-    try {
-      const out = await cluster.generate({
-        kind: p.kind, prompt: ids, maxTokens, sampler, isEnd: (id) => tok.isEog(id),
-        signal: abort.signal, cacheScope,
-        onStart: () => w.start(),
-        onToken: (id) => reply.push(id),
-      });
-      reply.end();
-      done = true;
-      const r = out.result;
-      if (abort.signal.aborted) {
-        this.outcomes.cancelled++;
-        this.o.log(`${tag} cancelled by the client after ${r.ids.length} tokens`);
-        res.end();
-        return;
-      }
-      const { stops, text, entries, parser } = reply;
-      const parsed = parser?.finish();
-      if (parsed) reply.send(parsed.events);
-      const calls = parser?.calls ?? [];
-      const ended = r.stopReason === "end" || stops.stopped;
-      const finish: FinishReason = ended ? (calls.length > 0 ? "tool_calls" : "stop") : "length";
-      // The client's next turn continues this one's text: keep its tokens as generated (a reply cut by
-      // a stop string, or one that called tools, no longer stands for its tokens as text).
-      if (promptText !== undefined && !stops.stopped && calls.length === 0) this.conversations.remember(cacheScope, promptText, ids, text, r.ids);
-      const u = usage(ids.length, r.ids.length, out.cachedTokens);
-      this.outcomes.ok++;
-      const total = performance.now() - startedAt;
-      const promptMs = out.firstTokenMs ?? total - out.queueMs;
-      const speed = (out.meanDecodeMs > 0 ? `, ${(1000 / out.meanDecodeMs).toFixed(1)} tok/s` : "") +
-        (constraint && constraint.steps > 0 ? `, the constraint ${(constraint.ms / constraint.steps).toFixed(2)} ms/token` : "");
-      this.o.log(`${tag}: ${ids.length} prompt tokens (${out.cachedTokens} cached) + ${r.ids.length} generated (${finish}) in ${Math.round(total)} ms, ${Math.round(out.queueMs)} of them queued${speed}`);
-      w.finish({
-        content: parsed ? parsed.content : text, calls, finish,
-        stopType: stops.stopped ? "word" : r.stopReason === "end" ? "eos" : "limit", stoppingWord: stops.word,
-        prompt: ids, generated: r.ids, usage: u, logprobs: entries,
-        ms: { queue: out.queueMs, prompt: promptMs, eval: Math.max(0, total - out.queueMs - promptMs), total },
-      });
-    } catch (e) {
-      done = true;
-      if (e instanceof QueueFullError) {
-        this.outcomes.rejected++;
-        w.fail(new ApiError(503, e.message, "server_error", "queue_full"), { "Retry-After": "2" });
-        return;
-      }
-      if (e instanceof CancelledError) {
-        this.outcomes.cancelled++;
-        res.end();
-        return;
-      }
-      this.outcomes.error++;
-      this.o.log(`${tag} failed: ${(e as Error).message}`);
-      w.fail(new ApiError(503, `generation failed: ${(e as Error).message}`, "server_error", "generation_failed"), { "Retry-After": "2" });
-    }
-  }
 }
 
 /**
