@@ -1,5 +1,5 @@
 // What an API dialect (OpenAI's, Ollama's, llama-server's) plugs into serve's one generation path
-// (http-server.ts): how it reads a request into a ParsedRequest, how it writes the reply as it is
+// (generation.ts): how it reads a request into a ParsedRequest, how it writes the reply as it is
 // generated, and how its errors look. Everything between (the guard, the queue, the prompt cache,
 // structured output, stop strings, limits, metrics) is shared, so the dialects differ only in shape.
 import type { ServerResponse } from "node:http";
