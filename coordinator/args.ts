@@ -2,7 +2,7 @@
 // adds its own; a usage error is a UsageError whose message is what to print.
 import { parseArgs, type ParseArgsConfig } from "node:util";
 import { Sampler } from "../engine/index.js";
-import type { LayerWindowsArg } from "./cluster.js";
+import type { LayerWindowsArg } from "./cluster-options.js";
 
 export class UsageError extends Error {
   override name = "UsageError";

@@ -7,7 +7,7 @@ import { Sampler } from "../engine/index.js";
 import type { ChatMessage } from "../model/index.js";
 import { StreamingDecoder } from "../model/index.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
-import { CancelledError } from "./cluster.js";
+import { CancelledError } from "./queue.js";
 import { clusterFor, log, openHead } from "./head.js";
 import { ConversationTokens } from "./prompt.js";
 

@@ -8,7 +8,7 @@
 import type { ServerResponse } from "node:http";
 import { EmbeddingError, Sampler, embeddingPooling, normalizeEmbedding, poolRows, type Pooling } from "../engine/index.js";
 import { printable, type Tokenizer } from "../model/index.js";
-import { CancelledError, QueueFullError } from "./cluster.js";
+import { CancelledError, QueueFullError } from "./queue.js";
 import { ns, sendJson, type Served } from "./http-reply.js";
 import { llamaErrorBody, tokenizeMixed } from "./llama-server.js";
 import { LOAD_OPTIONS, NEUTRAL_OPTIONS, SAMPLING_OPTIONS, ollamaErrorBody } from "./ollama.js";

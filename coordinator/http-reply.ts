@@ -1,12 +1,13 @@
 // What an API dialect (OpenAI's, Ollama's, llama-server's) plugs into serve's one generation path
-// (http-server.ts): how it reads a request into a ParsedRequest, how it writes the reply as it is
+// (generation.ts): how it reads a request into a ParsedRequest, how it writes the reply as it is
 // generated, and how its errors look. Everything between (the guard, the queue, the prompt cache,
 // structured output, stop strings, limits, metrics) is shared, so the dialects differ only in shape.
 import type { ServerResponse } from "node:http";
 import type { Tokenizer } from "../model/index.js";
 import type { ReplyEvent, ToolCall } from "../tools/index.js";
 import type { Cluster } from "./cluster.js";
-import type { ApiError, FinishReason, ParsedRequest, TokenLogprobs, Usage } from "./openai.js";
+import type { ApiError, ParsedRequest } from "./openai.js";
+import type { FinishReason, TokenLogprobs, Usage } from "./openai-reply.js";
 
 export function sendJson(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}): void {
   if (res.headersSent) {

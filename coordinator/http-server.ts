@@ -1,28 +1,27 @@
 // serve's HTTP port: the OpenAI API (/v1/...), Ollama's (ollama.ts) and llama-server's (llama-server.ts),
-// /health, /metrics, the cluster's state (/api/state and its push stream /api/stream) and the
+// /health, /metrics, the cluster's state (/api/state, and its push stream /api/stream: state-stream.ts) and the
 // dashboard's files. Every request is checked before it reaches the ring (first who may ask at all,
-// http-guard.ts: Host, Origin, API key); the dialects share one generation path (http-reply.ts), so
+// http-guard.ts: Host, Origin, API key); the dialects share one generation path (generation.ts), so
 // they share the queue, the prompt cache, the limits and the metrics. Whatever a client sends, the
 // answer is a status code with an error in the dialect's shape and the server stays up.
-import { randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { packageRoot } from "../base/index.js";
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
-import { Sampler } from "../engine/index.js";
-import { StreamingDecoder, printable, type Tokenizer } from "../model/index.js";
-import { CancelledError, QueueFullError, type Cluster } from "./cluster.js";
+import type { Tokenizer } from "../model/index.js";
+import type { Cluster } from "./cluster.js";
 import { formatMetrics, newRequestOutcomes, type RequestOutcomes } from "./metrics.js";
-import { ApiError, StopMatcher, openAiDialect, renamedParam, usage, type FinishReason, type TokenLogprobs } from "./openai.js";
-import { sendJson, type Dialect, type GenerationAsk, type ReplyWriter, type Served } from "./http-reply.js";
+import { ApiError } from "./openai.js";
+import { openAiDialect } from "./openai-reply.js";
+import { StateStreams } from "./state-stream.js";
+import { Generations } from "./generation.js";
+import { sendJson, type Served } from "./http-reply.js";
 import { ollamaDialect, ollamaErrorBody, ps, show, tags } from "./ollama.js";
 import { detokenize, llamaCompletionDialect, llamaErrorBody, props, slots, tokenize } from "./llama-server.js";
 import { ConversationTokens, type PromptRenderer } from "./prompt.js";
 import { RequestGuard, type GuardOptions } from "./http-guard.js";
-import { Constraints, planStructured, type StructuredPlan } from "./structured.js";
-import { closingStart, type GrammarConstraint } from "../grammar/index.js";
-import type { ReplyEvent } from "../tools/index.js";
+import { Constraints } from "./structured.js";
 import type { Pooling } from "../engine/index.js";
 import { EMBEDDING_PATHS, embeddingErrorBody, serveEmbeddings } from "./embeddings.js";
 
@@ -45,9 +44,6 @@ export interface ApiServerOptions extends GuardOptions, Served {
 }
 
 const DEFAULT_MAX_BODY_BYTES = 4 << 20;
-const STREAM_STATE_EVERY_MS = 2000;
-const STREAM_STATE_MIN_GAP_MS = 250;
-const MAX_STATE_STREAMS = 32;
 
 /** The version /api/version and /props report: prima's own. */
 const VERSION = (JSON.parse(readFileSync(join(packageRoot(), "package.json"), "utf8")) as { version: string }).version;
@@ -95,18 +91,21 @@ function readBody(req: IncomingMessage, limit: number): Promise<string> {
 export class ApiServer {
   private readonly server: Server;
   private readonly guard: RequestGuard;
-  private readonly streams = new Set<ServerResponse>();
   /** Each client's last exchange as tokens, so its next turn keeps the reply as generated. */
   private readonly conversations: ConversationTokens;
   readonly outcomes: RequestOutcomes = newRequestOutcomes();
-  /** Generation requests that reached the queue, numbering them in their order there (FIFO). */
-  private received = 0;
   private readonly constraints: Constraints;
+  private readonly stateStreams: StateStreams;
+  private readonly generations: Generations;
 
   constructor(private readonly o: ApiServerOptions) {
     this.conversations = new ConversationTokens(o.prompts);
     this.guard = new RequestGuard(o);
     this.constraints = new Constraints(o.tok);
+    this.generations = new Generations({
+      o, outcomes: this.outcomes, conversations: this.conversations, constraints: this.constraints,
+      healthy: () => this.healthy(), jsonBody: (req) => this.jsonBody(req),
+    });
     this.server = createServer((req, res) => {
       this.handle(req, res).catch((e: unknown) => {
         o.log(`internal error on ${req.method} ${safePath(req.url)}: ${(e as Error).message}`);
@@ -128,7 +127,7 @@ export class ApiServer {
       if (socket.writable) socket.end("HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
       else socket.destroy();
     });
-    o.cluster.on("change", this.onChange);
+    this.stateStreams = new StateStreams(o.cluster);
   }
 
   listen(port: number, host: string): Promise<number> {
@@ -145,11 +144,7 @@ export class ApiServer {
   }
 
   async close(): Promise<void> {
-    this.o.cluster.off("change", this.onChange);
-    clearInterval(this.everyTimer);
-    clearTimeout(this.pushTimer);
-    for (const s of this.streams) s.end();
-    this.streams.clear();
+    this.stateStreams.close();
     await new Promise<void>((resolve) => {
       this.server.close(() => resolve());
       this.server.closeAllConnections();
@@ -194,49 +189,55 @@ export class ApiServer {
         "invalid_request_error", "invalid_api_key"), { "WWW-Authenticate": "Bearer" });
       return;
     }
-    const route = `${method} ${path}`;
+    if (await this.route(req, res, `${method} ${path}`, cacheScope(req, key), (e) => sendError(res, e))) return;
+    this.unknown(req, res, method, path, sendError);
+  }
+
+  /** The endpoints, by `METHOD /path`; false for one there is none of. */
+  private async route(req: IncomingMessage, res: ServerResponse, route: string, scope: string, fail: (e: ApiError) => void): Promise<boolean> {
+    const path = route.slice(route.indexOf(" ") + 1);
     switch (route) {
       case "GET /v1/models":
         sendJson(res, 200, { object: "list", data: [{ id: this.o.modelId, object: "model", created: Math.floor(this.o.cluster.startedUnixMs / 1000), owned_by: "prima" }] });
-        return;
+        return true;
       case "GET /metrics":
         res.writeHead(200, { "Content-Type": "text/plain; version=0.0.4; charset=utf-8" });
         res.end(formatMetrics(this.o.cluster.state(), this.outcomes, this.o.cluster.counters, this.constraints));
-        return;
+        return true;
       case "GET /api/state":
         sendJson(res, 200, this.o.cluster.state(), { "Cache-Control": "no-store" });
-        return;
+        return true;
       case "GET /api/stream":
-        this.stateStream(req, res);
-        return;
+        this.stateStreams.open(req, res);
+        return true;
       case "POST /v1/chat/completions":
       case "POST /v1/completions": {
         const kind = path.endsWith("chat/completions") ? "chat" : "completion";
-        await this.generation(req, res, openAiDialect(kind, this.o), cacheScope(req, key));
-        return;
+        await this.generations.generation(req, res, openAiDialect(kind, this.o), scope);
+        return true;
       }
       case "POST /api/chat":
       case "POST /api/generate":
-        await this.generation(req, res, ollamaDialect(path === "/api/chat" ? "chat" : "generate", this.o), cacheScope(req, key));
-        return;
+        await this.generations.generation(req, res, ollamaDialect(path === "/api/chat" ? "chat" : "generate", this.o), scope);
+        return true;
       case "POST /completion":
-        await this.generation(req, res, llamaCompletionDialect(this.o), cacheScope(req, key));
-        return;
+        await this.generations.generation(req, res, llamaCompletionDialect(this.o), scope);
+        return true;
       case "GET /api/tags":
         sendJson(res, 200, tags(this.o));
-        return;
+        return true;
       case "GET /api/ps":
         sendJson(res, 200, ps(this.o));
-        return;
+        return true;
       case "GET /api/version":
         sendJson(res, 200, { version: VERSION });
-        return;
+        return true;
       case "GET /props":
         sendJson(res, 200, props(this.o, this.templateSource(), VERSION));
-        return;
+        return true;
       case "GET /slots":
         sendJson(res, 200, slots(this.o));
-        return;
+        return true;
       case "POST /v1/embeddings":
       case "POST /api/embed":
       case "POST /api/embeddings":
@@ -244,17 +245,22 @@ export class ApiServer {
       case "POST /embeddings": {
         const body = await this.readJson(req, res, (e) => sendJson(res, e.status, embeddingErrorBody(path, e)), (b) => ({ b }));
         if (body !== undefined) await serveEmbeddings(this.o, path, res, (body as { b: unknown }).b, (o) => this.outcomes[o]++);
-        return;
+        return true;
       }
       case "POST /api/show":
       case "POST /tokenize":
       case "POST /detokenize": {
-        const answer = await this.readJson(req, res, (e) => sendError(res, e), (body) =>
+        const answer = await this.readJson(req, res, fail, (body) =>
           path === "/api/show" ? show(this.o, body, this.templateSource()) : path === "/tokenize" ? tokenize(this.o.tok, body) : detokenize(this.o.tok, body));
         if (answer !== undefined) sendJson(res, 200, answer);
-        return;
+        return true;
       }
     }
+    return false;
+  }
+
+  /** No such endpoint: one that is refused by name (501), a method the path does not take (405), or 404. */
+  private unknown(req: IncomingMessage, res: ServerResponse, method: string, path: string, sendError: (r: ServerResponse, e: ApiError, headers?: Record<string, string>) => void): void {
     const managed = OLLAMA_MODEL_MANAGEMENT.has(path) || path.startsWith("/api/blobs/");
     if (managed) {
       req.resume();
@@ -265,52 +271,6 @@ export class ApiServer {
     const gets = ["/v1/models", "/metrics", "/api/state", "/api/stream", "/api/tags", "/api/ps", "/api/version", "/props", "/slots"];
     if (posts.includes(path) || gets.includes(path)) sendError(res, new ApiError(405, `${method} is not allowed on ${path}`, "invalid_request_error", "method_not_allowed"), { Allow: posts.includes(path) ? "POST" : "GET" });
     else sendError(res, new ApiError(404, `no such endpoint: ${method} ${safePath(path)}`, "invalid_request_error", "not_found"));
-  }
-
-  // ---- the push stream of the state ------------------------------------------------------------
-
-  private lastPush = 0;
-  private everyTimer: NodeJS.Timeout | undefined;
-  private pushTimer: NodeJS.Timeout | undefined;
-
-  private readonly onChange = () => {
-    if (this.streams.size === 0 || this.pushTimer) return;
-    const wait = Math.max(0, this.lastPush + STREAM_STATE_MIN_GAP_MS - Date.now());
-    this.pushTimer = setTimeout(() => {
-      this.pushTimer = undefined;
-      this.pushState();
-    }, wait);
-    this.pushTimer.unref();
-  };
-
-  private pushState(): void {
-    this.lastPush = Date.now();
-    const data = `event: state\ndata: ${JSON.stringify(this.o.cluster.state())}\n\n`;
-    for (const s of this.streams) s.write(data);
-  }
-
-  private stateStream(req: IncomingMessage, res: ServerResponse): void {
-    if (this.streams.size >= MAX_STATE_STREAMS) {
-      sendJson(res, 503, new ApiError(503, `too many state streams open (${MAX_STATE_STREAMS})`, "server_error", "too_many_streams").body(), { "Retry-After": "5" });
-      return;
-    }
-    res.writeHead(200, { "Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-store", Connection: "keep-alive" });
-    res.write(`event: state\ndata: ${JSON.stringify(this.o.cluster.state())}\n\n`);
-    this.streams.add(res);
-    // One timer for every stream: each tick builds the state once and sends it to all.
-    if (!this.everyTimer) {
-      this.everyTimer = setInterval(() => this.pushState(), STREAM_STATE_EVERY_MS);
-      this.everyTimer.unref();
-    }
-    const end = () => {
-      this.streams.delete(res);
-      if (this.streams.size === 0) {
-        clearInterval(this.everyTimer);
-        this.everyTimer = undefined;
-      }
-    };
-    req.on("close", end);
-    res.on("close", end);
   }
 
   /** The chat template's source, or undefined when the model has none (a fallback is used). */
@@ -351,188 +311,6 @@ export class ApiServer {
     }
   }
 
-  // ---- generation, in any dialect ----------------------------------------------------------------
-
-  /** A generation request in dialect `d`: checked, queued, generated, answered in its shape. */
-  private async generation(req: IncomingMessage, res: ServerResponse, d: Dialect, scope: string): Promise<void> {
-    const fail = (e: ApiError, headers: Record<string, string> = {}) => sendJson(res, e.status, d.errorBody(renamedParam(e, d.params ?? {})), headers);
-    // Only JSON is parsed as JSON: a text/plain form or a no-cors fetch from a web page cannot send it.
-    const type = (req.headers["content-type"] ?? "").split(";")[0].trim().toLowerCase();
-    if (type !== "application/json") {
-      req.resume();
-      this.outcomes.invalid++;
-      const got = type === "" ? "no Content-Type" : `Content-Type ${printable(type, 80)}`;
-      fail(new ApiError(415, `the request body must be JSON sent as Content-Type: application/json (got ${got}; with curl: -H 'Content-Type: application/json')`,
-        "invalid_request_error", "unsupported_media_type"));
-      return;
-    }
-    const health = this.healthy();
-    if (!health.ok) {
-      req.resume();
-      this.outcomes.rejected++;
-      fail(new ApiError(503, `the cluster cannot serve yet: ${health.status}`, "server_error", "not_ready"), { "Retry-After": "5" });
-      return;
-    }
-    let ask: GenerationAsk;
-    let ids: Int32Array;
-    let promptText: string | undefined;
-    let plan: StructuredPlan;
-    let constraint: GrammarConstraint | undefined;
-    try {
-      const body = await this.jsonBody(req);
-      const parsed = d.parse(body);
-      if ("answer" in parsed) {
-        sendJson(res, 200, parsed.answer);
-        return;
-      }
-      ask = parsed;
-      const p = ask.request;
-      const chat = p.kind === "chat";
-      const template = chat && p.tools ? this.o.prompts.chat : undefined;
-      plan = planStructured(p, template?.source, template?.isFallback ?? false);
-      if (ask.promptIds) ids = ask.promptIds;
-      else {
-        try {
-          promptText = chat ? this.o.prompts.chatText(plan.messages, plan.templateTools) : p.prompt!;
-          ids = this.conversations.ids(scope, promptText).ids;
-        } catch (e) {
-          throw new ApiError(400, `the prompt could not be rendered: ${(e as Error).message}`, "invalid_request_error", "invalid_prompt");
-        }
-      }
-      const ctx = this.o.cluster.o.ctx;
-      if (ids.length === 0) throw new ApiError(400, "the prompt is empty", "invalid_request_error", "invalid_prompt", chat ? "messages" : "prompt");
-      if (ids.length >= ctx) {
-        throw new ApiError(400, `the prompt has ${ids.length} tokens; the context holds ${ctx}, and at least one must be left to generate`, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt");
-      }
-      if (plan.spec) constraint = await this.constraints.start(plan.spec);
-    } catch (e) {
-      this.outcomes.invalid++;
-      if (e instanceof ApiError) {
-        fail(e);
-        return;
-      }
-      throw e;
-    }
-    try {
-      await this.generate(res, ask, d.writer(res, ask, ids, randomUUID().replace(/-/g, "").slice(0, 24)), promptText, ids, scope, plan, constraint);
-    } finally {
-      if (constraint) this.constraints.done(constraint);
-    }
-  }
-
-  private async generate(res: ServerResponse, ask: GenerationAsk, w: ReplyWriter, promptText: string | undefined, ids: Int32Array, cacheScope: string,
-    plan: StructuredPlan, constraint?: GrammarConstraint): Promise<void> {
-    const { cluster, tok } = this.o;
-    const p = ask.request;
-    const abort = new AbortController();
-    let done = false;
-    res.on("close", () => {
-      if (!done) abort.abort();
-    });
-    const decoder = new StreamingDecoder(tok);
-    const stops = new StopMatcher(p.stop);
-    let text = "";
-    const parser = plan.parser();
-    // Tokens generated since the last piece was handed on (a piece held back for a stop string or a
-    // split character waits for the next token).
-    let pending: number[] = [];
-    // Log probabilities (when asked for): one entry per generated token, with where its text starts
-    // among the decoded text. A token belongs to the reply unless a stop string cut the text before it;
-    // a piece handed on carries the entries of the tokens whose text it reaches.
-    const entries: TokenLogprobs[] | undefined = p.logprobs === undefined ? undefined : [];
-    let decodedLength = 0;
-    let entriesSent = 0;
-    /** The entries not handed on yet whose text starts before `end`. */
-    const due = (end: number): TokenLogprobs[] | undefined => {
-      if (!entries) return undefined;
-      let j = entriesSent;
-      while (j < entries.length && entries[j].offset < end) j++;
-      const out = entries.slice(entriesSent, j);
-      entriesSent = j;
-      return out;
-    };
-    const send = (events: ReplyEvent[]) => {
-      if (events.length === 0) return;
-      w.events(events, pending, due(text.length));
-      pending = [];
-    };
-    const decoded = (t: string) => {
-      decodedLength += t.length;
-      return t;
-    };
-    const emit = (t: string) => {
-      if (!t) return;
-      text += t;
-      send(parser ? parser.push(t) : [{ kind: "content", text: t }]);
-    };
-    const room = cluster.o.ctx - ids.length;
-    const maxTokens = Math.min(p.maxTokens ?? room, this.o.nPredict ?? room, room);
-    const sampler = new Sampler({ ...p.sampler, constraint, closeAfter: closingStart(maxTokens), logprobs: p.logprobs });
-    // Numbered as it is queued (cluster.generate queues synchronously), so the log shows the order.
-    const tag = `request ${++this.received} (${w.id})`;
-    const startedAt = performance.now();
-    try {
-      const out = await cluster.generate({
-        kind: p.kind, prompt: ids, maxTokens, sampler, isEnd: (id) => tok.isEog(id),
-        signal: abort.signal, cacheScope,
-        onStart: () => w.start(),
-        onToken: (id) => {
-          pending.push(id);
-          if (entries && sampler.last) entries.push({ ...sampler.last, offset: decodedLength });
-          emit(stops.push(decoded(decoder.push(id))));
-          return !stops.stopped;
-        },
-      });
-      emit(stops.push(decoded(decoder.flush())));
-      emit(stops.flush());
-      // The reply's tokens: all but those a stop string cut off.
-      if (entries && stops.stopped) entries.length = entries.filter((e) => e.offset < text.length).length;
-      done = true;
-      const r = out.result;
-      if (abort.signal.aborted) {
-        this.outcomes.cancelled++;
-        this.o.log(`${tag} cancelled by the client after ${r.ids.length} tokens`);
-        res.end();
-        return;
-      }
-      const reply = parser?.finish();
-      if (reply) send(reply.events);
-      const calls = parser?.calls ?? [];
-      const ended = r.stopReason === "end" || stops.stopped;
-      const finish: FinishReason = ended ? (calls.length > 0 ? "tool_calls" : "stop") : "length";
-      // The client's next turn continues this one's text: keep its tokens as generated (a reply cut by
-      // a stop string, or one that called tools, no longer stands for its tokens as text).
-      if (promptText !== undefined && !stops.stopped && calls.length === 0) this.conversations.remember(cacheScope, promptText, ids, text, r.ids);
-      const u = usage(ids.length, r.ids.length, out.cachedTokens);
-      this.outcomes.ok++;
-      const total = performance.now() - startedAt;
-      const promptMs = out.firstTokenMs ?? total - out.queueMs;
-      const speed = (out.meanDecodeMs > 0 ? `, ${(1000 / out.meanDecodeMs).toFixed(1)} tok/s` : "") +
-        (constraint && constraint.steps > 0 ? `, the constraint ${(constraint.ms / constraint.steps).toFixed(2)} ms/token` : "");
-      this.o.log(`${tag}: ${ids.length} prompt tokens (${out.cachedTokens} cached) + ${r.ids.length} generated (${finish}) in ${Math.round(total)} ms, ${Math.round(out.queueMs)} of them queued${speed}`);
-      w.finish({
-        content: reply ? reply.content : text, calls, finish,
-        stopType: stops.stopped ? "word" : r.stopReason === "end" ? "eos" : "limit", stoppingWord: stops.word,
-        prompt: ids, generated: r.ids, usage: u, logprobs: entries,
-        ms: { queue: out.queueMs, prompt: promptMs, eval: Math.max(0, total - out.queueMs - promptMs), total },
-      });
-    } catch (e) {
-      done = true;
-      if (e instanceof QueueFullError) {
-        this.outcomes.rejected++;
-        w.fail(new ApiError(503, e.message, "server_error", "queue_full"), { "Retry-After": "2" });
-        return;
-      }
-      if (e instanceof CancelledError) {
-        this.outcomes.cancelled++;
-        res.end();
-        return;
-      }
-      this.outcomes.error++;
-      this.o.log(`${tag} failed: ${(e as Error).message}`);
-      w.fail(new ApiError(503, `generation failed: ${(e as Error).message}`, "server_error", "generation_failed"), { "Retry-After": "2" });
-    }
-  }
 }
 
 /**

@@ -6,7 +6,8 @@ import type { ServerResponse } from "node:http";
 import { Sampler } from "../engine/index.js";
 import { printable, type Tokenizer } from "../model/index.js";
 import { sendJson, type Dialect, type Finished, type GenerationAsk, type ReplyWriter, type Served } from "./http-reply.js";
-import { ApiError, asObject, bad, optBool, parseCompletionRequest, renameParam, type ParsedRequest, type TokenLogprobs } from "./openai.js";
+import { ApiError, asObject, bad, optBool, parseCompletionRequest, renameParam, type ParsedRequest } from "./openai.js";
+import type { TokenLogprobs } from "./openai-reply.js";
 
 type Json = Record<string, unknown>;
 

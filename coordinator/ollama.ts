@@ -7,7 +7,8 @@ import type { ServerResponse } from "node:http";
 import { printable, type Tokenizer } from "../model/index.js";
 import type { ReplyEvent, ToolCall } from "../tools/index.js";
 import { ns, sendJson, type Dialect, type Finished, type GenerationAsk, type ReplyWriter, type Served } from "./http-reply.js";
-import { ApiError, asObject, bad, optBool, optInt, parseChatRequest, parseCompletionRequest, renameParam, type ParsedRequest, type TokenLogprobs } from "./openai.js";
+import { ApiError, asObject, bad, optBool, optInt, parseChatRequest, parseCompletionRequest, renameParam, type ParsedRequest } from "./openai.js";
+import type { TokenLogprobs } from "./openai-reply.js";
 
 type Json = Record<string, unknown>;
 

@@ -3,7 +3,7 @@
 // ends (run); placing layers is placement.ts's business, using the ring cluster.ts's.
 import { randomBytes, randomUUID } from "node:crypto";
 import type { ChunkHash, Status } from "../control/index.js";
-import type { LocalModel } from "../engine/index.js";
+import type { LocalModel, LocalPipeline } from "../engine/index.js";
 import { WeightRoom, anonRssBytes, deviceMemory, storageReadBytes } from "../profiler/index.js";
 import {
   RingListener, RingNode, RingPipeline, dialSuccessor, type NodeStats, type RingLink, type WindowSpec,
@@ -219,4 +219,11 @@ export class Ring {
     await Promise.allSettled([this.link?.close("ring closed"), this.listener?.close()]);
     this.node.close();
   }
+}
+
+/** The head's Status when it runs alone: one window of every layer. */
+export function aloneStatus(pipeline: LocalPipeline, nLayers: number, pressure: number): Status {
+  const r = pipeline.window.residency();
+  const base = headStatus(undefined, pressure);
+  return { ...base, windows: [{ firstLayer: 0, endLayer: nLayers, cycle: 0, residentBytes: r.residentBytes, totalBytes: r.totalBytes, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 }] };
 }

@@ -7,9 +7,12 @@ import { GrammarSet, closingStart, type ConstraintSpec, type GrammarConstraint }
 import { Tokenizer, StreamingDecoder } from "../model/index.js";
 import { peakAnonTracker } from "../profiler/index.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, UsageError, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
-import type { Cluster, GenerationOutcome } from "./cluster.js";
+import type { Cluster } from "./cluster.js";
+import type { GenerationOutcome } from "./request-run.js";
 import { clusterFor, log, openHead } from "./head.js";
-import { formatPrediction, ringPosition, type RingPlan, type PredictionReport } from "./placement.js";
+import { ringPosition } from "./placement.js";
+import type { RingPlan } from "./plan-ring.js";
+import { formatPrediction, type PredictionReport } from "./prediction.js";
 
 const HELP = `usage: prima-coord run model.gguf [options]
 

@@ -1,7 +1,8 @@
 // The prediction report's measured side: a device's own work per token (compute and send, less the time
 // another process held its CPU), set beside Halda's figure for it; and the counters it comes from.
 import { describe, expect, it } from "vitest";
-import { costPerStep, formatPrediction, predictionReport, type MeasuredDevice, type Placement } from "../../coordinator/placement.js";
+import type { Placement } from "../../coordinator/placement.js";
+import { costPerStep, formatPrediction, predictionReport, type MeasuredDevice } from "../../coordinator/prediction.js";
 import type { Status } from "../../control/proto.js";
 
 const latency = (computeMs: number, commMs: number) => ({ computeMs, memoryMs: 0, diskMs: 0, commMs, totalMs: computeMs + commMs });

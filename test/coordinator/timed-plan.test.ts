@@ -4,7 +4,7 @@
 // is answered in the order asked, with the profile; a plain one after it is not overtaken.
 import { afterEach, describe, expect, it } from "vitest";
 import type { CoordinatorMessage, Status } from "../../control/index.js";
-import { planRing } from "../../coordinator/placement.js";
+import { planRing } from "../../coordinator/plan-ring.js";
 import { WorkerRegistry } from "../../coordinator/registry.js";
 import { LocalModel } from "../../engine/index.js";
 import { modelFingerprint, readGguf } from "../../model/index.js";

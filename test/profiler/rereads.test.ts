@@ -3,7 +3,8 @@
 import { closeSync, openSync, readSync, rmSync, statfsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { recordRereads, type RingPlan, type StepCost } from "../../coordinator/placement.js";
+import type { RingPlan } from "../../coordinator/plan-ring.js";
+import { recordRereads, type StepCost } from "../../coordinator/prediction.js";
 import { dropFileCache } from "../../native/profile.js";
 import {
   MIN_OBSERVED_REREAD_BYTES, RECENT_REREAD_MS, RereadStore, observedRereadBytesPerS, recentRereads, rereadFigure, rereadKey, storageReadBytes, type DeviceReport,

@@ -5,7 +5,8 @@
 import { execFileSync } from "node:child_process";
 import { dirname, join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { DecodeMeter, formatPlan, placeRing, ringPosition } from "../../coordinator/placement.js";
+import { formatPlan, placeRing, ringPosition } from "../../coordinator/placement.js";
+import { DecodeMeter } from "../../coordinator/prediction.js";
 import { halda, selectDevices, type DeviceProfile, type Plan } from "../../halda/index.js";
 import { modelProfile, modelShapeByName, syntheticModelDescription } from "../../model/index.js";
 import { cgroupLimitForRoom, dropFileCache } from "../../profiler/index.js";

@@ -1,0 +1,162 @@
+// Gathering what Halda plans from: each worker's profile with its memory read afresh (and its pass
+// timed again), the hop to it probed, the head's own profile last, and reread speeds seen in earlier
+// rings; then the plan (placement.ts). Throws naming the device or the reason when there is none.
+import { TIMED_STATUS_TIMEOUT_MS } from "../control/index.js";
+import type { LocalModel } from "../engine/index.js";
+import { effectiveDiskBytesPerS, type DeviceProfile, type HaldaOptions, type ModelProfile } from "../halda/index.js";
+import { modelProfile } from "../model/index.js";
+import {
+  measureLink, reclaimIdlePages, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, windowOverheadMs, rereadKey, rereadFigure,
+  RECENT_REREAD_MS, type DeviceReport, type LinkMeasurement, type RereadStore,
+} from "../profiler/index.js";
+import { placeRing, type Placement } from "./placement.js";
+import { checkedProfile, type WorkerHandle } from "./registry.js";
+
+export interface RingPlanInput {
+  readonly model: LocalModel;
+  readonly modelPath: string;
+  readonly fingerprint: string;
+  readonly workers: readonly WorkerHandle[];
+  /** The head's own profile (measured before it listened). */
+  readonly head: DeviceReport;
+  /** The head's profile taken again, with its pass timed now (after the workers'). */
+  readonly retimeHead?: () => Promise<DeviceReport>;
+  /** Time every worker's pass again (default). Off when a request waits for the plan (a recovery):
+   * each timing costs the device a second or more and stalls its event loop, so the last timed
+   * profiles are used, and only memory is read afresh. */
+  readonly retime?: boolean;
+  readonly ctx: number;
+  readonly maxBatch: number;
+  /** Tokens the run will hold: prompt + generated (sets the attention FLOPs). */
+  readonly tokens: number;
+  readonly options: HaldaOptions;
+  readonly log: (line: string) => void;
+  /** Devices' reread speeds seen in earlier rings: where a device has some, they price its rereads. */
+  readonly rereads?: RereadStore;
+}
+
+export interface RingPlan extends Placement {
+  /** Display labels by Halda index (0 = head). */
+  readonly labels: readonly string[];
+  readonly model: ModelProfile;
+  readonly links: readonly (LinkMeasurement | null)[];
+  /** By Halda index: the key of the device's disk among reread observations (rereadKey). */
+  readonly rereadKeys: readonly string[];
+}
+
+/** The report with its disk priced at the median of the device's recent rereads in a ring, where it
+ * has some (said, beside its profile's figure); both disk fields, as Halda reads one or the other by OS. */
+function withObservedRereads(r: DeviceReport, label: string, store: RereadStore | undefined, log: (line: string) => void): DeviceReport {
+  const seen = store?.recent(rereadKey(r)) ?? [];
+  const rate = rereadFigure(seen);
+  if (rate === undefined) return r;
+  const profiled = effectiveDiskBytesPerS(r.profile) ?? 0;
+  log(`device ${label}: rereads priced at ${(rate / 1e6).toFixed(0)} MB/s, the median of its last ${seen.length} in a ring within ${RECENT_REREAD_MS / 60_000} minutes (its profile: ${(profiled / 1e6).toFixed(0)} MB/s)`);
+  return { ...r, profile: { ...r.profile, diskSeqReadBytesPerS: rate, diskRandReadBytesPerS: rate } };
+}
+
+/** Scratch of one window (activations, RoPE tables): the engine's compute buffer, measured. */
+function windowScratchBytes(model: LocalModel, ctx: number, maxBatch: number): number {
+  const w = model.window(0, 1, { ctx, maxBatch });
+  try {
+    const info = w.info();
+    return Math.max(0, info.anonBytes - info.kvBytes);
+  } finally {
+    w.close();
+  }
+}
+
+/** A worker's profile with the pass just timed (Status.profileJson), or undefined where it sent none
+ * or one that does not parse (said; its join's profile stands). */
+function timedProfile(json: string | undefined, label: string, log: (line: string) => void): DeviceReport | undefined {
+  if (!json) return undefined;
+  try {
+    return checkedProfile(json);
+  } catch (e) {
+    log(`device ${label}: the profile it timed now is not usable (${(e as Error).message}); its profile from the join is used`);
+    return undefined;
+  }
+}
+
+/** Each worker's profile as its pass was last timed (planRing without `retime` plans with it). */
+const lastTimed = new WeakMap<WorkerHandle, DeviceReport>();
+
+/**
+ * Gathers the workers' profiles (memory read afresh through a status request), measures the hop to
+ * each worker, and runs Halda. Throws an Error naming the device or the reason when no plan exists.
+ */
+export async function planRing(i: RingPlanInput): Promise<RingPlan> {
+  const profileModel = modelProfile(i.model.desc, { nCtx: i.ctx, maxBatch: i.maxBatch, nPredict: Math.max(1, Math.min(i.ctx, i.tokens)), name: i.modelPath });
+  const scratch = windowScratchBytes(i.model, i.ctx, i.maxBatch);
+  const linkOptions = {
+    identity: { deviceId: "head", modelFingerprint: i.fingerprint, hiddenSize: i.model.nEmbd }, bulkTokens: Math.min(512, i.maxBatch),
+  };
+  const reports: DeviceReport[] = [];
+  const links: (LinkMeasurement | null)[] = [null];
+  for (const w of i.workers) {
+    let r: DeviceReport;
+    try {
+      r = parseDeviceReport(w.join.profileJson);
+    } catch (e) {
+      throw new Error(`device ${w.label} has no usable profile: ${(e as Error).message}; give --layer-windows to place layers by hand`);
+    }
+    // Memory now, not when it joined: the status carries the device's own reading of its room for
+    // layers (profiler's layerRoomBytes), taken while it holds no windows (the ring was taken down);
+    // a device that still holds some reports none, and its MemAvailable with the fifth kept back counts.
+    // And its pass timed now, each device in turn: a device's speed moves with its load and, on a
+    // shared host, from second to second (a pass timed at a worker's join once read 12% slower than
+    // its twin's, which then computed alike in the ring).
+    const retime = i.retime ?? true;
+    const s = retime ? await w.status(TIMED_STATUS_TIMEOUT_MS, true) : await w.status();
+    const timed = retime ? timedProfile(s.profileJson, w.label, i.log) : lastTimed.get(w);
+    if (timed) lastTimed.set(w, timed);
+    r = withObservedRereads(timed ?? r, w.label, i.rereads, i.log);
+    const room = Number(s.layerRoomBytes ?? 0) > 0 ? Number(s.layerRoomBytes) : sharedRoomBytes(Number(s.memAvailableBytes));
+    reports.push({ ...r, profile: { ...r.profile, ramTotalBytes: s.memTotalBytes, ramAvailableBytes: room } });
+    let link: LinkMeasurement | null = null;
+    if (r.linkProbePort) {
+      try {
+        const host = w.dataHost.includes(":") ? `[${w.dataHost}]` : w.dataHost;
+        link = await measureLink(`ws://${host}:${r.linkProbePort}`, { ...linkOptions, ...(r.linkProbeKey ? { linkKey: Buffer.from(r.linkProbeKey, "hex") } : {}) });
+      } catch (e) {
+        i.log(`device ${w.label}: link probe failed (${(e as Error).message}); planning without its hop cost`);
+      }
+    }
+    links.push(link);
+  }
+  // The head's memory last, with the garbage of planning (a window made to measure its scratch, the
+  // link probes' frames) collected (settleMemory) and its group's idle pages reclaimed (reclaimIdlePages):
+  // what it holds is what it will hold besides the plan's windows.
+  // Its pass timed last, after the workers' (timing a window's pass leaves garbage too).
+  const headReport = withObservedRereads(i.retimeHead ? await i.retimeHead() : i.head, "head (this coordinator)", i.rereads, i.log);
+  settleMemory();
+  await reclaimIdlePages();
+  const head = refreshMemory(headReport, i.modelPath);
+  // The head's hop goes to the first worker of the ring.
+  links[0] = links[1] ?? null;
+  // ξ, what a window costs besides its layers: the hop to the successor and, where the forward pass did
+  // not price it, waking the compute threads.
+  const withLink = (r: DeviceReport, name: string, link: LinkMeasurement | null, handOffMs = 0): DeviceProfile => ({
+    ...r.profile, name, cpuComputeBufferBytes: scratch, linkLatencyMs: (link?.linkLatencyMs ?? 0) + windowOverheadMs(r.details) + handOffMs,
+  });
+  // The head hands its tokens on in JS, timed by its profile; workers hand off in C on their lane.
+  const handOffMs = [Math.max(0, head.details.handOffMs ?? 0), ...reports.map(() => 0)];
+  const headProfile = withLink(head, "head", links[0], handOffMs[0]);
+  const workerProfiles = reports.map((r, j) => withLink(r, i.workers[j].id, links[j + 1]));
+  const labels = ["head (this coordinator)", ...i.workers.map((w) => w.label)];
+  for (let j = 0; j < labels.length; j++) {
+    const p = j === 0 ? headProfile : workerProfiles[j - 1];
+    const l = links[j];
+    i.log(`profile ${labels[j]}: ${Object.entries(p.cpuFlopsPerS).map(([t, f]) => `${t} ${(f / 1e9).toFixed(1)}`).join(", ")} GFLOP/s; ` +
+      `${(p.ramAvailableBytes / 2 ** 20).toFixed(0)} MiB for layers; disk ${((p.diskSeqReadBytesPerS ?? 0) / 1e6).toFixed(0)} MB/s` +
+      (l ? `; hop ${l.rttMs.toFixed(3)} ms round trip, ${(l.bytesPerS / 1e6).toFixed(0)} MB/s` : "") +
+      (handOffMs[j] ? `; hand-off ${handOffMs[j].toFixed(2)} ms` : ""));
+  }
+  let placement: Placement;
+  try {
+    placement = placeRing(headProfile, workerProfiles, profileModel, i.options);
+  } catch (e) {
+    throw new Error(`no plan: ${(e as Error).message}`);
+  }
+  return { ...placement, handOffMs, labels, model: profileModel, links, rereadKeys: [head, ...reports].map(rereadKey) };
+}

@@ -1,0 +1,362 @@
+// A request's run on the cluster's pipeline: the prefix of its prompt whose KV cache is already in
+// place (PromptCache), the generation itself, and when a device of the ring fails mid-request (or,
+// serving, one joins) the layers placed again and the prompt and every token sent so far replayed on
+// the new ring, so the client's stream only pauses. What the request did goes into the counters.
+import type { Status } from "../control/index.js";
+import { generate, type GenerationResult, type LocalModel, type LocalPipeline, type Sampler } from "../engine/index.js";
+import type { ClusterCounters } from "./metrics.js";
+import type { RereadStore } from "../profiler/index.js";
+import type { DeviceRecords } from "./devices.js";
+import type { Seat } from "./placement.js";
+import type { RingPlan } from "./plan-ring.js";
+import { DecodeMeter, costPerStep, recordRereads, type PredictionReport, type StepCost } from "./prediction.js";
+import { HEAD_ID, aloneStatus, type Ring } from "./ring-setup.js";
+import type { EventState, MeasuredMs, RequestState } from "./state.js";
+
+/** Re-placements one request may go through before it gives up. */
+export const MAX_RECOVERIES = 3;
+/** How often a generation lets the event loop run (streams flushed, clients and workers heard). */
+const YIELD_EVERY_MS = 4;
+
+export interface GenerationRequest {
+  readonly kind: "chat" | "completion";
+  readonly prompt: Int32Array;
+  readonly maxTokens: number;
+  readonly sampler: Sampler;
+  /** Stop before sampling a token this says is the end (EOS/EOT). */
+  readonly isEnd: (id: number) => boolean;
+  /** Each generated token; return false to stop. */
+  readonly onToken: (id: number) => boolean | void;
+  /** Aborted: leaves the queue, or stops at the next token. */
+  readonly signal?: AbortSignal;
+  /** Called once the request leaves the queue and starts. */
+  readonly onStart?: () => void;
+  /** Wait for every device's counters (as decoding starts and at the end) and return them with the
+   * prediction: run's report. Without it they are read beside the generation for the state, and the
+   * caller never waits for them (default false). */
+  readonly report?: boolean;
+  /** Whose KV cache of earlier prompts this request may reuse: only a request of the same scope
+   * (serve: the same API key or client) continues from the cache (undefined: one scope for all). */
+  readonly cacheScope?: string;
+  /** The prompt's rows after every layer, from position `fromPos` (the cache held those before), once
+   * its pass is done (again after a failover's replay): what an embedding pools (embeddings.ts). */
+  readonly onPrompt?: (rows: Float32Array, fromPos: number) => void;
+}
+
+/** A device's counters per decode step, as run's report shows them. */
+export interface DeviceDecodeRow {
+  readonly id: string;
+  readonly label: string;
+  readonly status: Status;
+  readonly haldaIndex: number;
+  /** Counters when decoding started (undefined: no decode step was timed). */
+  readonly before?: Status;
+  readonly cost: StepCost;
+}
+
+export interface GenerationOutcome {
+  readonly result: GenerationResult;
+  /** Prompt tokens whose KV cache was reused from the previous request. */
+  readonly cachedTokens: number;
+  readonly queueMs: number;
+  readonly firstTokenMs: number | null;
+  readonly devices: number;
+  readonly cycles: number;
+  /** Layers per cycle in ring order of every worker (0: left out), then the head. */
+  readonly layersPerCycle: readonly number[];
+  readonly placement?: RingPlan;
+  readonly perDevice: readonly DeviceDecodeRow[];
+  readonly prediction?: PredictionReport;
+  readonly meanDecodeMs: number;
+}
+
+/** What runs a request: the head alone, or a ring. */
+export type Current =
+  | { readonly kind: "local"; readonly pipeline: LocalPipeline; readonly devices: 1 }
+  | { readonly kind: "ring"; readonly ring: Ring; readonly devices: number };
+
+type RingStatuses = Awaited<ReturnType<Ring["statuses"]>>;
+
+/** What the cluster counts for every front door (/metrics). */
+export class ServiceCounters implements ClusterCounters {
+  completed = 0;
+  failed = 0;
+  generatedTokens = 0;
+  promptTokens = 0;
+  cachedTokens = 0;
+  ttftMsSum = 0;
+  ttftCount = 0;
+  decodeMsSum = 0;
+  decodeSteps = 0;
+  lost = 0;
+  replans = 0;
+  recoveries = 0;
+  recoveryMsSum = 0;
+  recoveryMsLast = 0;
+  /** Decode passes of parallel sequences, the rows they took, and the most in one. */
+  batchSteps = 0;
+  batchRows = 0;
+  batchWidest = 0;
+
+  /** A request finished: its prompt's tokens, those of them reused from the cache, and what it made. */
+  finished(result: GenerationResult, promptTokens: number, cachedTokens: number, firstTokenMs: number | null): void {
+    this.completed++;
+    this.generatedTokens += result.ids.length;
+    this.promptTokens += promptTokens;
+    this.cachedTokens += cachedTokens;
+    if (firstTokenMs !== null) {
+      this.ttftMsSum += firstTokenMs;
+      this.ttftCount++;
+    }
+    this.decodeMsSum += result.decodeMs;
+    this.decodeSteps += result.decodeSteps;
+  }
+
+  /** A request went on after a loss: how long its stream paused. */
+  recovered(pauseMs: number): void {
+    this.recoveries++;
+    this.recoveryMsSum += pauseMs;
+    this.recoveryMsLast = pauseMs;
+  }
+
+  /** One decode pass of `rows` parallel sequences. */
+  batchStep(rows: number): void {
+    this.batchSteps++;
+    this.batchRows += rows;
+    this.batchWidest = Math.max(this.batchWidest, rows);
+  }
+}
+
+/** The tokens whose KV cache the pipeline holds at positions 0..n-1, and the scope of the request that
+ * left them (GenerationRequest.cacheScope). */
+export class PromptCache {
+  private ids: number[] = [];
+  private scope: string | undefined;
+
+  /** The longest prefix of the prompt whose KV cache is in place for this scope (at least one token
+   * must go through the layers to give logits). The cache is forgotten: the run overwrites it. */
+  take(prompt: Int32Array, scope: string | undefined): number {
+    if (scope !== this.scope) this.ids = [];
+    let cached = 0;
+    while (cached < this.ids.length && cached < prompt.length && this.ids[cached] === prompt[cached]) cached++;
+    if (cached === prompt.length) cached--;
+    this.ids = [];
+    return cached;
+  }
+
+  keep(ids: number[], scope: string | undefined): void {
+    this.ids = ids;
+    this.scope = scope;
+  }
+
+  clear(): void {
+    this.ids = [];
+  }
+}
+
+/** What a run needs of the cluster. */
+export interface RunHost {
+  readonly model: LocalModel;
+  /** serve: a device that joins during a request is placed at its next token. */
+  readonly autoPlace: boolean;
+  readonly counters: ServiceCounters;
+  /** Devices that joined since the cluster started. */
+  arrivals(): number;
+  /** Places the layers again on the devices that answer; resolves with what runs them. */
+  replace(): Promise<Current>;
+  event(kind: EventState["kind"], message: string): void;
+  /** A token went to the client (the state's tokens/s). */
+  token(): void;
+}
+
+export class RequestRun {
+  /** Every token handed to the caller, across recoveries: a replay feeds them back as prompt. */
+  readonly emitted: number[] = [];
+  private readonly startedAt = performance.now();
+  private readonly startedUnixMs = Date.now();
+  private firstAt: number | null = null;
+  private lostAt: number | null = null;
+  /** When the last recovery's replay began (its ring placed): the pause's part that replays. */
+  private replayFrom = 0;
+  private lastTokenAt = performance.now();
+  private readonly parts: GenerationResult[] = [];
+  private input: Int32Array;
+  private startPos: number;
+  // A device that joins during the request is placed at the next token: the ring is re-placed and
+  // the prompt and the tokens sent so far replayed, as after a loss (without counting as one).
+  private arrivalsSeen: number;
+  private rejoining = false;
+  /** Times the decode steps of the pipeline last run. */
+  meter!: DecodeMeter;
+  private before: Promise<RingStatuses | undefined> | undefined;
+
+  constructor(private readonly host: RunHost, private readonly req: GenerationRequest, readonly cached: number) {
+    this.input = req.prompt.subarray(cached);
+    this.startPos = cached;
+    this.arrivalsSeen = host.arrivals();
+  }
+
+  get firstTokenMs(): number | null {
+    return this.firstAt === null ? null : this.firstAt - this.startedAt;
+  }
+
+  /** The ring's counters as decoding started, where one pipeline ran the whole request. */
+  get countersAtDecode(): Promise<RingStatuses | undefined> | undefined {
+    return this.parts.length === 1 ? this.before : undefined;
+  }
+
+  /** The request as the state shows it while it runs. */
+  state(): RequestState {
+    const tokens = this.emitted.length;
+    const decodeS = this.firstAt === null ? 0 : (performance.now() - this.firstAt) / 1000;
+    return {
+      id: "", kind: this.req.kind, promptTokens: this.req.prompt.length, cachedTokens: this.cached, generatedTokens: tokens,
+      tokensPerS: decodeS > 0 && tokens > 1 ? (tokens - 1) / decodeS : null, timeToFirstTokenMs: this.firstTokenMs, startedUnixMs: this.startedUnixMs,
+    };
+  }
+
+  /** Generates on `current`, placing the layers again and replaying after a device's loss or (serve) a
+   * join; resolves with the whole generation and what ran its end. */
+  async decode(current: Current): Promise<{ current: Current; result: GenerationResult }> {
+    const { req } = this;
+    for (let recoveries = 0; ; ) {
+      const ring = current.kind === "ring" ? current.ring : undefined;
+      this.meter = this.meterFor(current);
+      try {
+        const left = req.maxTokens - this.emitted.length;
+        if (left <= 0) break;
+        this.parts.push(await generate(this.host.model, this.meter, this.input, {
+          startPos: this.startPos, maxTokens: left, sampler: req.sampler, isEnd: req.isEnd, yieldEveryMs: YIELD_EVERY_MS,
+          onPrompt: req.onPrompt && ((rows) => req.onPrompt!(rows, this.startPos)),
+          onToken: (id) => this.onToken(id),
+        }));
+        if (!this.rejoining) break;
+        this.rejoining = false;
+        this.arrivalsSeen = this.host.arrivals();
+        this.host.event("info", `placing the layers again for a device that joined during the request; replaying ${req.prompt.length + this.emitted.length} tokens`);
+        current = await this.replay();
+      } catch (e) {
+        const failure = await ring?.failureWithin();
+        if (!failure || req.signal?.aborted || recoveries++ >= MAX_RECOVERIES) throw e;
+        // A device or link of the ring failed mid-request: place the layers on the devices left,
+        // rebuild their KV caches by replaying the prompt and every token sent so far, and go on.
+        // The pause the client sees: from the last token before the loss to the next one.
+        this.lostAt ??= this.lastTokenAt;
+        this.host.event("info", `recovering the request: ${failure.message}; replaying ${req.prompt.length + this.emitted.length} tokens on the devices left`);
+        this.arrivalsSeen = this.host.arrivals(); // this placement takes every device there is
+        current = await this.replay();
+        this.replayFrom = performance.now();
+      }
+    }
+    return { current, result: this.result() };
+  }
+
+  /** A pipeline that reads every device's counters as decoding starts (run's report waits for them). */
+  private meterFor(current: Current): DecodeMeter {
+    const ring = current.kind === "ring" ? current.ring : undefined;
+    return new DecodeMeter(ring ? ring.pipeline : (current as Extract<Current, { kind: "local" }>).pipeline, async () => {
+      const read = ring ? ring.statuses(0).catch(() => undefined) : Promise.resolve(undefined);
+      this.before = read;
+      if (this.req.report) await read;
+    });
+  }
+
+  private async replay(): Promise<Current> {
+    const current = await this.host.replace();
+    this.input = Int32Array.from([...this.req.prompt, ...this.emitted]);
+    this.startPos = 0;
+    return current;
+  }
+
+  /** Each token on its way to the client; false stops the generation. */
+  private onToken(id: number): boolean {
+    const now = performance.now();
+    if (this.firstAt === null) this.firstAt = now;
+    if (this.lostAt !== null) this.recovered(now - this.lostAt, now - this.replayFrom);
+    this.lostAt = null;
+    this.lastTokenAt = now;
+    this.host.token();
+    this.emitted.push(id);
+    if (this.req.signal?.aborted) return false;
+    if (this.req.onToken(id) === false) return false;
+    if (this.host.autoPlace && this.host.arrivals() !== this.arrivalsSeen && this.emitted.length < this.req.maxTokens) {
+      this.rejoining = true;
+      return false;
+    }
+    return true;
+  }
+
+  private recovered(pauseMs: number, replayMs: number): void {
+    this.host.counters.recovered(pauseMs);
+    this.host.event("recovered", `the request went on after a ${(pauseMs / 1000).toFixed(2)} s pause (${(replayMs / 1000).toFixed(2)} s of it replaying ${this.input.length} tokens)`);
+  }
+
+  private result(): GenerationResult {
+    const { parts } = this;
+    const last = parts.at(-1);
+    return {
+      ids: this.emitted, stopReason: last?.stopReason ?? "length", promptTokens: this.req.prompt.length - this.cached, promptMs: parts[0]?.promptMs ?? 0,
+      decodeSteps: parts.reduce((a, r) => a + r.decodeSteps, 0), decodeMs: parts.reduce((a, r) => a + r.decodeMs, 0), endPos: last?.endPos ?? this.startPos,
+    };
+  }
+}
+
+export interface MeasureInput {
+  readonly current: Current;
+  readonly run: RequestRun;
+  readonly headPressure: number;
+  readonly result: GenerationResult;
+  /** Run's report waits for the counters; without it they are read beside the reply. */
+  readonly report: boolean;
+  readonly seats: readonly Seat[];
+  /** Where each device's measurements are kept for the state. */
+  readonly devices: DeviceRecords;
+  readonly placement: RingPlan | undefined;
+  readonly rereads: RereadStore;
+  readonly nLayers: number;
+  readonly log: (line: string) => void;
+}
+
+/** Every device's counters after a run (per decode step where decoding was timed), kept in its record;
+ * what streaming devices reread at goes to the reread store. */
+export async function measureRun(i: MeasureInput): Promise<DeviceDecodeRow[]> {
+  const { placement, current, log } = i;
+  const { meter } = i.run;
+  const measuring = (async () => {
+    const rows = await measure(i, await i.run.countersAtDecode);
+    // What streaming devices really reread at: the next plans price their rereads by it.
+    if (placement && current.kind === "ring" && meter.decodeSteps > 0) {
+      try {
+        for (const line of recordRereads(placement, rows, i.rereads)) log(line);
+      } catch (e) {
+        log(`could not keep the devices' reread speeds: ${(e as Error).message}`);
+      }
+    }
+    return rows;
+  })();
+  if (i.report) return measuring;
+  measuring.catch((e: unknown) => log(`reading the devices' counters failed: ${(e as Error).message}`));
+  return [];
+}
+
+async function measure(i: MeasureInput, before: RingStatuses | undefined): Promise<DeviceDecodeRow[]> {
+  const { current, headPressure, devices, result } = i;
+  const { meter } = i.run;
+  if (current.kind === "local") {
+    const status = aloneStatus(current.pipeline, i.nLayers, headPressure);
+    const cost = { computeMs: meter.meanDecodeMs, waitMs: 0, sendMs: 0, descheduledMs: 0, majorFaults: 0, readBytes: 0 };
+    devices.measured(HEAD_ID, { computeMs: cost.computeMs, waitMs: 0, sendMs: 0, majorFaultsPerToken: 0, tokens: meter.decodeSteps }, status, true);
+    return [{ id: HEAD_ID, label: `${HEAD_ID} (this coordinator)`, status, haldaIndex: 0, cost }];
+  }
+  const after = await current.ring.statuses(headPressure).catch(() => undefined);
+  if (!after) return [];
+  const decodeOnly = meter.decodeSteps > 0 && before !== undefined;
+  const steps = decodeOnly ? meter.decodeSteps : result.ids.length + result.promptTokens;
+  return after.map((s) => {
+    const b = decodeOnly ? before!.find((x) => x.id === s.id)?.status : undefined;
+    const cost = costPerStep(b, s.status, steps);
+    const measured: MeasuredMs = { computeMs: cost.computeMs, waitMs: cost.waitMs, sendMs: cost.sendMs, descheduledMs: cost.descheduledMs, majorFaultsPerToken: cost.majorFaults / Math.max(1, steps), tokens: steps };
+    devices.measured(s.id, measured, s.status, s.id === HEAD_ID);
+    return { id: s.id, label: s.label, status: s.status, haldaIndex: i.seats.find((x) => x.id === s.id)?.haldaIndex ?? -1, before: b, cost };
+  });
+}
