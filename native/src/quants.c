@@ -1128,6 +1128,17 @@ static inline void iq4_levels32(const uint8_t *qs, int8_t q[QK32]) {
   }
 }
 
+/* One block of 32 signed levels with its scale d against block i of each column's Q8_0 activations:
+ * (float)isum * (d * d_a) into acc, the order IQ4_NL's and MXFP4's scalar dots share. */
+static inline void dot_levels32_q8_0(const int8_t *q, float d, int i, const void *a, size_t as, int nc, float *acc) {
+  for (int c = 0; c < nc; c++) {
+    const block_q8_0 *x = ACT(block_q8_0, c) + i;
+    int isum = 0;
+    for (int j = 0; j < QK32; j++) isum += q[j] * x->qs[j];
+    acc[c] += (float)isum * (d * H2F(x->d));
+  }
+}
+
 /* As Q4_0: per block (float)isum * (d_w * d_a). */
 static void dot_iq4_nl(int n, const void *vw, const void *a, size_t as, int nc, float *out) {
   const block_iq4_nl *w = vw;
@@ -1135,13 +1146,7 @@ static void dot_iq4_nl(int n, const void *vw, const void *a, size_t as, int nc, 
   int8_t q[QK32];
   for (int i = 0; i < n / QK32; i++) {
     iq4_levels32(w[i].qs, q);
-    const float d = H2F(w[i].d);
-    for (int c = 0; c < nc; c++) {
-      const block_q8_0 *x = ACT(block_q8_0, c) + i;
-      int isum = 0;
-      for (int j = 0; j < QK32; j++) isum += q[j] * x->qs[j];
-      acc[c] += (float)isum * (d * H2F(x->d));
-    }
+    dot_levels32_q8_0(q, H2F(w[i].d), i, a, as, nc, acc);
   }
   for (int c = 0; c < nc; c++) out[c] = acc[c];
 }
@@ -1219,13 +1224,7 @@ static void dot_mxfp4(int n, const void *vw, const void *a, size_t as, int nc, f
       q[j] = PRIMA_MXFP4_VALUES[w[i].qs[j] & 0xF];
       q[j + 16] = PRIMA_MXFP4_VALUES[w[i].qs[j] >> 4];
     }
-    const float d = prima_e8m0_half(w[i].e);
-    for (int c = 0; c < nc; c++) {
-      const block_q8_0 *x = ACT(block_q8_0, c) + i;
-      int isum = 0;
-      for (int j = 0; j < QK32; j++) isum += q[j] * x->qs[j];
-      acc[c] += (float)isum * (d * H2F(x->d));
-    }
+    dot_levels32_q8_0(q, prima_e8m0_half(w[i].e), i, a, as, nc, acc);
   }
   for (int c = 0; c < nc; c++) out[c] = acc[c];
 }
