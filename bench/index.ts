@@ -6,7 +6,7 @@ import { existsSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { versusLlamaBench, versusRow } from "./engine.js";
 import { ensureLlamaBench } from "./llama-bench.js";
-import { root } from "./procs.js";
+import { root, useTemporaryHome } from "./procs.js";
 
 
 const { values } = parseArgs({
@@ -51,6 +51,7 @@ async function engineBench(): Promise<void> {
 }
 
 async function main(): Promise<void> {
+  useTemporaryHome();
   console.log(`# npm run bench -- --only ${[...parts].join(",")} --threads ${threads} --reps ${reps}${parts.has("capped") ? ` --caps ${values.caps}` : ""}`);
   if (parts.has("engine")) await engineBench();
   if (parts.has("moe")) await (await import("./moe.js")).main(threads, reps, log);

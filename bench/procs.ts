@@ -1,11 +1,32 @@
 // Processes for benchmarks: the compiled CLIs started with their output collected, a wait for a
 // line with a limit, and a stop by PID.
 import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 export const root = fileURLToPath(new URL("../..", import.meta.url));
 export const coordCli = `${root}dist/coordinator/cli.js`;
 export const workerCli = `${root}dist/worker/cli.js`;
+
+/** What a benchmark writes under the user's cache and config folders (device profiles, the model
+ * cache, chunk hashes, join tokens) goes to a temporary folder removed at exit, for this process and
+ * every process it starts: a benchmark must not leave its profiles in, or take them from, the user's
+ * ~/.cache/prima. A folder the user names (XDG_CACHE_HOME, XDG_CONFIG_HOME, PRIMA_PROFILE_DIR) stands. */
+export function useTemporaryHome(): void {
+  if (process.env.XDG_CACHE_HOME && process.env.XDG_CONFIG_HOME) return;
+  const dir = mkdtempSync(join(tmpdir(), "prima-bench-home-"));
+  process.env.XDG_CACHE_HOME ||= join(dir, "cache");
+  process.env.XDG_CONFIG_HOME ||= join(dir, "config");
+  process.on("exit", () => rmSync(dir, { recursive: true, force: true }));
+  for (const signal of ["SIGINT", "SIGTERM"] as const) {
+    process.once(signal, () => {
+      rmSync(dir, { recursive: true, force: true });
+      process.kill(process.pid, signal);
+    });
+  }
+}
 
 export interface Proc {
   child: ChildProcess;
@@ -65,6 +86,7 @@ export async function readSse(r: Response, onData: (data: Record<string, unknown
 /** Runs a benchmark file on its own: `node dist/bench/NAME.js model.gguf [n]`. */
 export function runAlone(meta: ImportMeta, name: string, usage: string, main: (model: string, n: number) => Promise<void>, dflt: number): void {
   if (meta.url !== `file://${process.argv[1]}`) return;
+  useTemporaryHome();
   const model = process.argv[2];
   if (!model) {
     console.error(`usage: node dist/bench/${name}.js model.gguf ${usage}`);
@@ -80,6 +102,7 @@ export function runAlone(meta: ImportMeta, name: string, usage: string, main: (m
  * [model.gguf]`), and reports a failure by message and exit code 1. */
 export function runWhenMain(moduleUrl: string, main: (model?: string) => Promise<void>): void {
   if (!process.argv[1] || fileURLToPath(moduleUrl) !== process.argv[1]) return;
+  useTemporaryHome();
   main(process.argv[2]).catch((e: unknown) => {
     console.error(e instanceof Error ? e.message : String(e));
     process.exitCode = 1;
