@@ -51,6 +51,11 @@ export interface WindowInfo {
   readonly filled: number;
   /** KV cache + scratch: the window's anonymous memory. */
   readonly anonBytes: number;
+  /** The KV cache alone: layers x ctx x (a K row + a V row in their types). */
+  readonly kvBytes: number;
+  /** The KV cache's element types (ggml type ids: F16, Q8_0 or Q4_0). */
+  readonly cacheTypeK: number;
+  readonly cacheTypeV: number;
   /** Mixture of experts: per layer of the window, the tokens each expert has run since it was made. */
   readonly expertHits?: readonly (readonly number[])[];
 }
@@ -93,7 +98,8 @@ export interface NativeWindow {
 }
 
 export interface NativeModel {
-  window(firstLayer: number, endLayer: number, options: { ctx: number; maxBatch?: number }): NativeWindow;
+  /** cacheTypeK/V: the KV cache's ggml type ids (F16, Q8_0 or Q4_0; default F16). */
+  window(firstLayer: number, endLayer: number, options: { ctx: number; maxBatch?: number; cacheTypeK?: number; cacheTypeV?: number }): NativeWindow;
   embed(tokens: Int32Array, out: Float32Array): void;
   /** Output norm + head on the last row of acts. */
   logits(acts: Float32Array, out: Float32Array): Promise<void>;

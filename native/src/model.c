@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "kernels.h"
+#include "kv_cache.h"
 #include "matmul.h"
 #include "ops.h"
 
@@ -440,9 +441,9 @@ void prima_model_close(prima_model *m) {
 /* ---- windows ------------------------------------------------------------------------------ */
 
 static int act_type_of(const prima_tensor *w) { return prima_kernels(w->type)->act_type; }
-static size_t att_scratch_floats(int ratio, int d);
 
-prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, char *err, size_t err_len) {
+prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, int k_type, int v_type,
+                                  char *err, size_t err_len) {
   const prima_hparams *hp = &m->hp;
   if (first < 0 || end > hp->n_layers || first >= end) {
     prima_fail(err, err_len, "window [%d, %d) is not inside the model's %d layers", first, end, hp->n_layers);
@@ -456,6 +457,15 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
     prima_fail(err, err_len, "batch of %d tokens is out of range", max_batch);
     return NULL;
   }
+  const int kv_types[2] = { k_type, v_type };
+  for (int i = 0; i < 2; i++) {
+    const char *why = prima_kv_type_problem(kv_types[i], hp->head_dim);
+    if (why) {
+      const char *name = prima_type_name(kv_types[i]);
+      prima_fail(err, err_len, "%s cache type %s %s (%d)", i ? "V" : "K", name ? name : "(unknown)", why, hp->head_dim);
+      return NULL;
+    }
+  }
   prima_window *w = calloc(1, sizeof *w);
   if (!w) {
     prima_fail(err, err_len, "out of memory");
@@ -466,7 +476,8 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   w->end = end;
   w->n_ctx = n_ctx;
   w->max_batch = max_batch;
-  w->kv_type = PRIMA_F16;
+  w->k_type = k_type;
+  w->v_type = v_type;
   const int E = hp->n_embd, D = hp->head_dim, nth = prima_pool_threads(m->pool);
   const size_t qdim = (size_t)hp->n_head * D, kvdim = (size_t)hp->n_head_kv * D;
   const size_t nl = (size_t)(end - first), B = (size_t)max_batch, half = (size_t)hp->rope_dims / 2;
@@ -496,9 +507,12 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   }
   w->act_row_bytes = act_row;
 
-  const size_t kv_bytes = 2 * nl * (size_t)n_ctx * kvdim * sizeof(uint16_t);
-  w->k_cache = calloc(nl * (size_t)n_ctx * kvdim, sizeof(uint16_t));
-  w->v_cache = calloc(nl * (size_t)n_ctx * kvdim, sizeof(uint16_t));
+  w->k_row_bytes = prima_row_bytes(k_type, (int64_t)kvdim);
+  w->v_row_bytes = prima_row_bytes(v_type, (int64_t)kvdim);
+  const size_t kv_bytes = nl * (size_t)n_ctx * (w->k_row_bytes + w->v_row_bytes);
+  w->kv_bytes = kv_bytes;
+  w->k_cache = calloc(nl * (size_t)n_ctx, w->k_row_bytes);
+  w->v_cache = calloc(nl * (size_t)n_ctx, w->v_row_bytes);
   w->rope_cos = malloc(sizeof(float) * (size_t)n_ctx * half);
   w->rope_sin = malloc(sizeof(float) * (size_t)n_ctx * half);
   w->h = malloc(sizeof(float) * B * E);
@@ -509,7 +523,8 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   w->gate = malloc(sizeof(float) * B * hp->n_ff);
   w->up = malloc(sizeof(float) * B * hp->n_ff);
   w->act_a = malloc(act_row * B * MAX_ACT_FORMATS);
-  w->att_acc = malloc(sizeof(float) * (size_t)nth * att_scratch_floats(ratio, D));
+  w->att_scratch_bytes = (prima_kv_attend_scratch_bytes(ratio, D) + 63) & ~(size_t)63;
+  w->att_acc = aligned_alloc(64, (size_t)nth * w->att_scratch_bytes);
   int has_moe = 0;
   for (int l = first; l < end; l++) has_moe |= m->layers[l].gate_inp.data != NULL;
   size_t moe_bytes = 0;
@@ -668,12 +683,6 @@ static void quantize_for(const prima_task *t, prima_window *w, const act_set *s,
   }
 }
 
-/* x = cap * tanh(x / cap), as ggml computes it (scale by 1/cap, tanh, scale by cap). */
-static void softcap(float *x, int n, float cap) {
-  const float inv = 1.0f / cap;
-  for (int i = 0; i < n; i++) x[i] = tanhf(x[i] * inv) * cap;
-}
-
 /* Output norm and head on one row, on the pool; the final soft-cap after every thread's rows. */
 static void head_rows(const prima_task *t, prima_model *m, const float *row, float *logits) {
   const int E = m->hp.n_embd;
@@ -686,69 +695,33 @@ static void head_rows(const prima_task *t, prima_model *m, const float *row, flo
   prima_mm_run(t, &mm, 1, 1);
   if (m->hp.final_softcap > 0) {
     prima_pool_barrier(t);
-    if (t->ith == 0) softcap(logits, m->hp.n_vocab, m->hp.final_softcap);
+    if (t->ith == 0) prima_softcap(logits, m->hp.n_vocab, m->hp.final_softcap);
   }
 }
 
-/* Blocked online softmax: scores for ATT_BLOCK cached positions at a time, one rescale of the
- * accumulators per block instead of per position. */
-#define ATT_BLOCK 128
-
-static size_t att_scratch_floats(int ratio, int d) { return (size_t)ratio * (2 * (size_t)d + 2 + ATT_BLOCK); }
-
+/* Each thread takes (token, KV head) pairs: the token's query heads of that group attend to its own
+ * sequence's cache (kv_cache.c), causally, a sliding-window layer to its last `window` positions. */
 static void attention(const prima_task *t, prima_window *w, int li, const fwd_job *j, int n) {
   const prima_hparams *hp = &w->m->hp;
   const int D = hp->head_dim, G = hp->n_head_kv, ratio = hp->n_head / G;
-  const size_t qdim = (size_t)hp->n_head * D, kvdim = (size_t)G * D;
-  const float q_scale = hp->q_scale, scale = hp->kq_scale;
+  const size_t qdim = (size_t)hp->n_head * D;
   const int window = w->m->layer_window[w->first + li];
-  float *q = w->att_acc + (size_t)t->ith * att_scratch_floats(ratio, D);
-  float *acc = q + (size_t)ratio * D, *M = acc + (size_t)ratio * D, *S = M + ratio, *s = S + ratio;
+  const int simd = prima_simd_level();
+  void *scratch = (char *)w->att_acc + (size_t)t->ith * w->att_scratch_bytes;
+  float *q = w->q; /* scaled in place by the model's query scale, row by row, before attention reads it */
   for (int task = t->ith; task < n * G; task = prima_pool_next_chunk(t)) {
     const int tok = task / G, g = task % G;
     const prima_window *kw = row_win(j, tok); /* the token's own sequence: it sees no other's cache */
-    const uint16_t *K = kw->k_cache + (size_t)li * kw->n_ctx * kvdim;
-    const uint16_t *V = kw->v_cache + (size_t)li * kw->n_ctx * kvdim;
-    const float *qsrc = w->q + (size_t)tok * qdim + (size_t)g * ratio * D;
-    /* llama.cpp rounds Q to F16 against an F16 cache; so do we, for the same scores. */
-    /* (gemma scales Q itself, before that rounding, as llama.cpp does) */
-    for (int i = 0; i < ratio * D; i++) q[i] = prima_fp16_to_fp32(prima_fp32_to_fp16(qsrc[i] * q_scale));
-    for (int h = 0; h < ratio; h++) {
-      M[h] = -INFINITY;
-      S[h] = 0.0f;
-    }
-    memset(acc, 0, sizeof(float) * (size_t)ratio * D);
+    const prima_kv_head K = { kw->k_type, kw->k_cache + (size_t)li * kw->n_ctx * kw->k_row_bytes + (size_t)g * (kw->k_row_bytes / G),
+                              kw->k_row_bytes };
+    const prima_kv_head V = { kw->v_type, kw->v_cache + (size_t)li * kw->n_ctx * kw->v_row_bytes + (size_t)g * (kw->v_row_bytes / G),
+                              kw->v_row_bytes };
     const int n_pos = row_pos(j, tok) + 1; /* causal: positions 0..its own */
     /* a sliding-window layer sees the last `window` positions (llama.cpp masks p0 when p1 - p0 >= n_swa) */
     const int lo = window > 0 && n_pos > window ? n_pos - window : 0;
-    for (int p0 = lo; p0 < n_pos; p0 += ATT_BLOCK) {
-      const int nb = n_pos - p0 < ATT_BLOCK ? n_pos - p0 : ATT_BLOCK;
-      const size_t off = (size_t)p0 * kvdim + (size_t)g * D;
-      prima_attn_scores(q, ratio, D, K + off, kvdim, nb, scale, s);
-      if (hp->attn_softcap > 0) softcap(s, ratio * nb, hp->attn_softcap);
-      for (int h = 0; h < ratio; h++) {
-        float *sh = s + (size_t)h * nb;
-        float mb = sh[0];
-        for (int j = 1; j < nb; j++) mb = sh[j] > mb ? sh[j] : mb;
-        const float mnew = mb > M[h] ? mb : M[h];
-        const float ms = expf(M[h] - mnew);
-        const float sum = prima_exp_sum(sh, nb, mnew);
-        S[h] = S[h] * ms + sum;
-        if (ms != 1.0f) prima_scale(acc + (size_t)h * D, D, ms);
-        M[h] = mnew;
-      }
-      prima_attn_accum(acc, s, ratio, D, V + off, kvdim, nb);
-    }
-    float *out = w->att + (size_t)tok * qdim + (size_t)g * ratio * D;
-    for (int h = 0; h < ratio; h++) {
-      const float inv = 1.0f / S[h];
-      for (int d = 0; d < D; d++) out[(size_t)h * D + d] = acc[(size_t)h * D + d] * inv;
-    }
+    const size_t off = (size_t)tok * qdim + (size_t)g * ratio * D;
+    prima_kv_attend(&K, &V, q + off, ratio, D, lo, n_pos, hp->kq_scale, hp->attn_softcap, w->att + off, scratch, simd);
   }
-}
-
-static void store_f16(const float *x, uint16_t *y, int n) {
-  prima_act_quantizer(PRIMA_F16)(x, y, n);
 }
 
 static int advise_release(prima_window *w, uint8_t *p, size_t len, void *arg);
@@ -825,8 +798,8 @@ static void attention_block(const prima_task *t, prima_window *w, int l, float *
   for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
     prima_window *kw = row_win(j, r);
     const int pos = row_pos(j, r);
-    uint16_t *Kl = kw->k_cache + (size_t)li * kw->n_ctx * kvdim;
-    uint16_t *Vl = kw->v_cache + (size_t)li * kw->n_ctx * kvdim;
+    uint8_t *Kl = kw->k_cache + (size_t)li * kw->n_ctx * kw->k_row_bytes;
+    uint8_t *Vl = kw->v_cache + (size_t)li * kw->n_ctx * kw->v_row_bytes;
     float *q = w->q + (size_t)r * qdim, *k = w->k + (size_t)r * kvdim, *v = w->v + (size_t)r * kvdim;
     if (L->bq.data) {
       prima_add(q, (const float *)L->bq.data, (int)qdim);
@@ -840,8 +813,10 @@ static void attention_block(const prima_task *t, prima_window *w, int l, float *
     const float *c = rope_cos + (size_t)pos * half, *s = rope_sin + (size_t)pos * half;
     prima_rope_apply(q, hp->n_head, D, hp->rope_dims, hp->rope_neox, c, s);
     prima_rope_apply(k, hp->n_head_kv, D, hp->rope_dims, hp->rope_neox, c, s);
-    store_f16(k, Kl + (size_t)pos * kvdim, (int)kvdim);
-    store_f16(v, Vl + (size_t)pos * kvdim, (int)kvdim);
+    prima_kv_store(kw->k_type, k, Kl + (size_t)pos * kw->k_row_bytes, (int)kvdim);
+    prima_kv_store(kw->v_type, v, Vl + (size_t)pos * kw->v_row_bytes, (int)kvdim);
+    /* gemma scales Q itself, before the cache's rounding of Q, as llama.cpp does */
+    if (hp->q_scale != 1.0f) prima_scale(q, (int)qdim, hp->q_scale);
   }
   prima_pool_barrier(t);
   attention(t, w, li, j, n);
@@ -1088,7 +1063,7 @@ static void forward_job(const prima_task *t, void *ctx) {
     prima_mm_run(t, &mm, 1, n);
     if (hp->final_softcap > 0) {
       prima_pool_barrier(t);
-      for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) softcap(j->logits + (size_t)r * V, (int)V, hp->final_softcap);
+      for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) prima_softcap(j->logits + (size_t)r * V, (int)V, hp->final_softcap);
     }
   }
 }
@@ -1298,15 +1273,21 @@ typedef struct {
   int32_t n_layers, kv_dim, n_filled, first;
 } kv_header;
 
+/* kv_type: the cache's type as it was (1, F16, for a cache of F16 K and V), or both as k | v << 8 */
+static uint32_t kv_type_code(const prima_window *w) {
+  return w->k_type == w->v_type ? (uint32_t)w->k_type : (uint32_t)w->k_type | (uint32_t)w->v_type << 8;
+}
+
 int prima_window_kv_save(prima_window *w, const char *path, char *err, size_t err_len) {
   const size_t kvdim = (size_t)w->m->hp.n_head_kv * w->m->hp.head_dim;
-  const kv_header h = { KV_MAGIC, (uint32_t)w->kv_type, w->end - w->first, (int32_t)kvdim, w->n_filled, w->first };
+  const kv_header h = { KV_MAGIC, kv_type_code(w), w->end - w->first, (int32_t)kvdim, w->n_filled, w->first };
   FILE *f = fopen(path, "wb");
   if (!f) return prima_fail(err, err_len, "cannot write %s: %s", path, strerror(errno));
   int ok = fwrite(&h, sizeof h, 1, f) == 1;
   for (int li = 0; ok && li < h.n_layers; li++) {
-    const size_t off = (size_t)li * w->n_ctx * kvdim, len = (size_t)w->n_filled * kvdim;
-    ok = fwrite(w->k_cache + off, sizeof(uint16_t), len, f) == len && fwrite(w->v_cache + off, sizeof(uint16_t), len, f) == len;
+    const size_t k_len = (size_t)w->n_filled * w->k_row_bytes, v_len = (size_t)w->n_filled * w->v_row_bytes;
+    ok = fwrite(w->k_cache + (size_t)li * w->n_ctx * w->k_row_bytes, 1, k_len, f) == k_len &&
+         fwrite(w->v_cache + (size_t)li * w->n_ctx * w->v_row_bytes, 1, v_len, f) == v_len;
   }
   if (fclose(f) != 0) ok = 0;
   return ok ? 0 : prima_fail(err, err_len, "writing %s failed", path);
@@ -1320,14 +1301,15 @@ int prima_window_kv_load(prima_window *w, const char *path, char *err, size_t er
   int rc = 0;
   if (fread(&h, sizeof h, 1, f) != 1 || h.magic != KV_MAGIC) {
     rc = prima_fail(err, err_len, "%s is not a prima KV cache file", path);
-  } else if (h.kv_type != (uint32_t)w->kv_type || h.n_layers != w->end - w->first || h.kv_dim != (int32_t)kvdim || h.first != w->first) {
+  } else if (h.kv_type != kv_type_code(w) || h.n_layers != w->end - w->first || h.kv_dim != (int32_t)kvdim || h.first != w->first) {
     rc = prima_fail(err, err_len, "%s holds the cache of another window or model", path);
   } else if (h.n_filled < 0 || h.n_filled > w->n_ctx) {
     rc = prima_fail(err, err_len, "%s holds %d positions, more than the context of %d", path, h.n_filled, w->n_ctx);
   } else {
     for (int li = 0; rc == 0 && li < h.n_layers; li++) {
-      const size_t off = (size_t)li * w->n_ctx * kvdim, len = (size_t)h.n_filled * kvdim;
-      if (fread(w->k_cache + off, sizeof(uint16_t), len, f) != len || fread(w->v_cache + off, sizeof(uint16_t), len, f) != len)
+      const size_t k_len = (size_t)h.n_filled * w->k_row_bytes, v_len = (size_t)h.n_filled * w->v_row_bytes;
+      if (fread(w->k_cache + (size_t)li * w->n_ctx * w->k_row_bytes, 1, k_len, f) != k_len ||
+          fread(w->v_cache + (size_t)li * w->n_ctx * w->v_row_bytes, 1, v_len, f) != v_len)
         rc = prima_fail(err, err_len, "%s is truncated", path);
     }
     if (rc == 0) w->n_filled = h.n_filled;

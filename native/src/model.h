@@ -90,16 +90,19 @@ typedef struct prima_window {
   prima_model *m;
   int first, end; /* layers [first, end) */
   int n_ctx, max_batch;
-  int kv_type;    /* PRIMA_F16 for now */
+  int k_type, v_type;          /* the cache's element types: PRIMA_F16, PRIMA_Q8_0 or PRIMA_Q4_0 (kv_cache.h) */
+  size_t k_row_bytes, v_row_bytes; /* one layer's row of one position: n_head_kv * head_dim elements */
   int n_filled;   /* positions [0, n_filled) of the cache hold data */
-  uint16_t *k_cache, *v_cache; /* [layer][n_ctx][kv_dim] */
+  uint8_t *k_cache, *v_cache;  /* [layer][n_ctx][row bytes] */
+  size_t kv_bytes;             /* both caches: layers x n_ctx x (k_row_bytes + v_row_bytes) */
   float *rope_cos, *rope_sin;  /* [n_ctx][rope_dims/2] */
   float *rope_cos_swa, *rope_sin_swa; /* the same for sliding-window layers (NULL: the window has none) */
   /* scratch, max_batch rows each */
   float *h, *q, *k, *v, *att, *gate, *up;
   void *act_a;                 /* quantized activations: up to 3 formats x max_batch rows */
   size_t act_row_bytes;        /* stride of a row in act_a/act_b */
-  float *att_acc;              /* per thread: query, accumulators and scores of a group of heads */
+  void *att_acc;               /* per thread: prima_kv_attend's scratch, att_scratch_bytes apart */
+  size_t att_scratch_bytes;
   void *head_act;              /* max_batch rows of the head's activations: made by the first step of
                                   several sequences this window leads (prima_window_forward_seqs) */
   size_t anon_bytes;           /* KV + scratch: what the window costs in anonymous memory */
@@ -133,7 +136,10 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
                               const prima_hparams *hp, int n_threads, int idle_spin_us, char *err, size_t err_len);
 void prima_model_close(prima_model *m);
 
-prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, char *err, size_t err_len);
+/* k_type, v_type: the KV cache's types (PRIMA_F16, PRIMA_Q8_0 or PRIMA_Q4_0); another, or a quantized
+ * type whose blocks do not divide the head size, fails naming it. */
+prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, int k_type, int v_type,
+                                  char *err, size_t err_len);
 void prima_window_destroy(prima_window *w);
 
 /* Runs the window's layers on n_tokens activation rows (n_embd floats each, updated in place) at
