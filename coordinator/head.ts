@@ -1,8 +1,8 @@
 // The head's model and the cluster around it, from the options run, chat and serve share.
 import { LocalModel } from "../engine/index.js";
-import { Tokenizer } from "../model/index.js";
+import { Tokenizer, kvCacheProblem } from "../model/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
-import type { ClusterArgs } from "./args.js";
+import { UsageError, type ClusterArgs } from "./args.js";
 import { Cluster } from "./cluster.js";
 import { PromptRenderer, chatTemplateChoice } from "./prompt.js";
 
@@ -25,8 +25,11 @@ export function openHeadModel(a: ClusterArgs): LocalModel {
 }
 
 export function clusterFor(a: ClusterArgs, model: LocalModel, log: (line: string) => void, extra: { name?: string; plannedTokens?: number; maxQueue?: number; parallel?: number; autoPlace?: boolean; rotateToken?: boolean; allowAdvertise?: boolean } = {}): Cluster {
+  const kvProblem = kvCacheProblem(model.desc.hparams, a.kvCacheTypes);
+  if (kvProblem) throw new UsageError(`${kvProblem}: use --cache-type-k/-v f16 with this model`);
   return new Cluster({
     modelPath: a.model, model, name: extra.name ?? "prima", ctx: Math.min(a.ctx, model.desc.hparams.nCtxTrain), batch: a.batch,
+    kvCacheTypes: a.kvCacheTypes,
     prefetch: a.prefetch, reprofile: a.reprofile, layerWindows: a.layerWindows, cycles: a.cycles, keepAll: a.keepAll,
     plannedTokens: extra.plannedTokens, maxQueue: extra.maxQueue, parallel: extra.parallel, autoPlace: extra.autoPlace, minWorkers: a.minWorkers, log,
     rotateToken: extra.rotateToken, allowAdvertise: extra.allowAdvertise,
