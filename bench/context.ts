@@ -1,7 +1,8 @@
 // npm run bench -- --only context: what each KV cache type (--cache-type-k/-v) costs and saves. Per
 // model: KV bytes per token of context (the rule, model/kv-cache.ts, which the native window allocates)
 // and, with `prima-coord perplexity --kl-divergence` on test/fixtures/story.txt against the F16 cache's
-// log-probabilities, the perplexity delta and KL divergence of q8_0 and q4_0. Quality, not speed: the
+// log-probabilities, the perplexity delta and KL divergence of q8_0 and q4_0, plain and rotated by a
+// Hadamard matrix (q8_0-rot, q4_0-rot, as llama.cpp rotates a quantized cache). Quality, not speed: the
 // figures do not depend on the machine's load.
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -10,7 +11,9 @@ import { describeModel, kvBytesPerTokenLayer, kvCacheProblem, readGguf, type KvC
 import { coordCli, root, start } from "./procs.js";
 
 const TEXT = `${root}test/fixtures/story.txt`;
-const TYPES: KvCacheTypes[] = [{ k: "q8_0", v: "q8_0" }, { k: "q8_0", v: "q4_0" }, { k: "q4_0", v: "q4_0" }];
+const TYPES: KvCacheTypes[] = [
+  { k: "q8_0", v: "q8_0" }, { k: "q8_0", v: "q4_0" }, { k: "q4_0", v: "q4_0" }, { k: "q8_0-rot", v: "q8_0-rot" }, { k: "q4_0-rot", v: "q4_0-rot" },
+];
 
 interface KlReport {
   ppl: number;

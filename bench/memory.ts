@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { LocalModel, Sampler } from "../engine/index.js";
-import { DEFAULT_KV_CACHE_TYPES, kvBytesPerTokenLayer, kvCacheGgmlType, parseKvCacheType, layerWeightBytes, rowBytes, type KvCacheTypes } from "../model/index.js";
+import { DEFAULT_KV_CACHE_TYPES, kvBytesPerTokenLayer, kvCacheGgmlType, kvCacheRotated, parseKvCacheType, layerWeightBytes, rowBytes, type KvCacheTypes } from "../model/index.js";
 import { anonRssBytes, peakAnonTracker } from "../profiler/index.js";
 import { root } from "./procs.js";
 
@@ -46,11 +46,12 @@ function filePmdMappedBytes(): number {
  * blocks are valid Q8_0/Q4_0 blocks too). */
 function fullCacheFile(dir: string, layers: number, kvDim: number, filled: number, types: KvCacheTypes): string {
   const k = kvCacheGgmlType(types.k), v = kvCacheGgmlType(types.v);
+  const code = (k === v ? k : k | (v << 8)) | (kvCacheRotated(types.k) ? 1 << 16 : 0) | (kvCacheRotated(types.v) ? 1 << 17 : 0);
   const path = join(dir, "full.kv");
   const fd = openSync(path, "w");
   const header = Buffer.alloc(24);
   header.writeUInt32LE(0x31564b50, 0); // "PKV1"
-  header.writeUInt32LE(k === v ? k : k | (v << 8), 4); // the cache's types
+  header.writeUInt32LE(code, 4); // the cache's types (native/src/model.c kv_type_code)
   header.writeInt32LE(layers, 8);
   header.writeInt32LE(kvDim, 12);
   header.writeInt32LE(filled, 16);

@@ -2,7 +2,8 @@
 // them, and what the dashboard shows of the KV cache. The rule for the bytes is model/kv-cache.ts's.
 import { DEFAULT_KV_CACHE_TYPES, kvBytesPerTokenLayer, parseKvCacheType, type KvCacheTypes } from "../model/index.js";
 
-export const KV_CACHE_HELP = `  -ctk, --cache-type-k T    KV cache type of K: f16 (default), q8_0 or q4_0 (llama.cpp's names)
+export const KV_CACHE_HELP = `  -ctk, --cache-type-k T    KV cache type of K: f16 (default), q8_0 or q4_0 (llama.cpp's names), or
+                            q8_0-rot / q4_0-rot: rotated by a Hadamard matrix, as llama.cpp does
   -ctv, --cache-type-v T    the same for V`;
 
 export const KV_CACHE_OPTIONS = {

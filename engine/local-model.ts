@@ -1,6 +1,6 @@
 // A GGUF file opened for running: its checked description (model/) and the native mapping (native/).
 // Windows of layers are made from it; the head's embed and output layer run on it directly.
-import { describeModel, kvCacheGgmlType, kvCacheProblem, readGguf, type GgufFile, type KvCacheTypes, type ModelDescription, type TensorRef } from "../model/index.js";
+import { describeModel, kvCacheNativeType, kvCacheProblem, readGguf, type GgufFile, type KvCacheTypes, type ModelDescription, type TensorRef } from "../model/index.js";
 import { openNativeModel, type NativeHParams, type NativeModel, type NativeTensorDesc, type NativeWindow } from "../native/index.js";
 import { availableParallelism } from "node:os";
 
@@ -61,7 +61,7 @@ export class LocalModel {
     }
     return this.native.window(firstLayer, endLayer, {
       ctx: options.ctx, maxBatch: options.maxBatch ?? 128,
-      ...(types ? { cacheTypeK: kvCacheGgmlType(types.k), cacheTypeV: kvCacheGgmlType(types.v) } : {}),
+      ...(types ? { cacheTypeK: kvCacheNativeType(types.k), cacheTypeV: kvCacheNativeType(types.v) } : {}),
     });
   }
 

@@ -11,6 +11,7 @@
 
 extern "C" {
 #include "kernels.h"
+#include "kv_cache.h"
 #include "lane.h"
 #include "model.h"
 }
@@ -450,8 +451,8 @@ Window::Window(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Window>(info) 
   int64_t kv_types[2] = {PRIMA_F16, PRIMA_F16};
   const char *kv_keys[2] = {"cacheTypeK", "cacheTypeV"};
   for (int i = 0; i < 2; i++) {
-    if (!o.Get(kv_keys[i]).IsUndefined() && !IntArg(o.Get(kv_keys[i]), 0, PRIMA_TYPE_COUNT - 1, &kv_types[i])) {
-      ThrowType(env, std::string("window options.") + kv_keys[i] + " must be a ggml type id");
+    if (!o.Get(kv_keys[i]).IsUndefined() && !IntArg(o.Get(kv_keys[i]), 0, PRIMA_KV_ROTATED | 0xFF, &kv_types[i])) {
+      ThrowType(env, std::string("window options.") + kv_keys[i] + " must be a ggml type id (| 0x100: rotated)");
       return;
     }
   }
@@ -674,8 +675,8 @@ Napi::Value Window::Info(const Napi::CallbackInfo &info) {
   o.Set("filled", w->n_filled);
   o.Set("anonBytes", Napi::Number::New(env, (double)w->anon_bytes));
   o.Set("kvBytes", Napi::Number::New(env, (double)w->kv_bytes));
-  o.Set("cacheTypeK", w->k_type);
-  o.Set("cacheTypeV", w->v_type);
+  o.Set("cacheTypeK", w->k_type | (w->k_rot ? PRIMA_KV_ROTATED : 0));
+  o.Set("cacheTypeV", w->v_type | (w->v_rot ? PRIMA_KV_ROTATED : 0));
   if (w->expert_hits) {
     // per layer of the window: how many tokens each expert has run (routing seen from outside)
     const int X = w->m->hp.n_expert;

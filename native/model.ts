@@ -53,7 +53,7 @@ export interface WindowInfo {
   readonly anonBytes: number;
   /** The KV cache alone: layers x ctx x (a K row + a V row in their types). */
   readonly kvBytes: number;
-  /** The KV cache's element types (ggml type ids: F16, Q8_0 or Q4_0). */
+  /** The KV cache's element types (ggml type ids: F16, Q8_0 or Q4_0; | 0x100 when rotated). */
   readonly cacheTypeK: number;
   readonly cacheTypeV: number;
   /** Mixture of experts: per layer of the window, the tokens each expert has run since it was made. */
@@ -98,7 +98,8 @@ export interface NativeWindow {
 }
 
 export interface NativeModel {
-  /** cacheTypeK/V: the KV cache's ggml type ids (F16, Q8_0 or Q4_0; default F16). */
+  /** cacheTypeK/V: the KV cache's ggml type ids (F16, Q8_0 or Q4_0, a quantized one | 0x100 to rotate it
+   * by a Hadamard matrix as llama.cpp does; default F16). */
   window(firstLayer: number, endLayer: number, options: { ctx: number; maxBatch?: number; cacheTypeK?: number; cacheTypeV?: number }): NativeWindow;
   embed(tokens: Int32Array, out: Float32Array): void;
   /** Output norm + head on the last row of acts. */

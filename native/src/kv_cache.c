@@ -29,6 +29,29 @@ void prima_kv_store(int type, const float *x, void *dst, int n) {
   else prima_act_quantizer(type)(x, dst, n); /* F16: round to nearest even; Q8_0: quantize_row_q8_0 */
 }
 
+int prima_kv_rotation_chunk(int head_dim, int is_k) {
+  if (head_dim <= 0 || head_dim % 64 != 0) return 0;
+  if (!is_k) return 64; /* llama.cpp: smaller rotations seem better for V */
+  int n = 64;
+  while (head_dim % (2 * n) == 0) n *= 2;
+  return n;
+}
+
+void prima_hadamard(float *x, int n, int chunk) {
+  const float c = (float)(1.0 / (double)sqrtf((float)chunk)); /* ggml_gen_hadamard's entry */
+  for (int base = 0; base + chunk <= n; base += chunk) {
+    float *v = x + base;
+    for (int h = 1; h < chunk; h *= 2)
+      for (int i = 0; i < chunk; i += 2 * h)
+        for (int j = i; j < i + h; j++) {
+          const float a = v[j], b = v[j + h];
+          v[j] = a + b;
+          v[j + h] = a - b;
+        }
+    for (int i = 0; i < chunk; i++) v[i] *= c;
+  }
+}
+
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 size_t prima_kv_attend_scratch_bytes(int ratio, int d) {

@@ -15,6 +15,19 @@
 extern "C" {
 #endif
 
+/* A quantized cache type may carry this flag: Q and K (K's flag) or V and the attention's output (V's)
+ * are rotated by an orthonormal Walsh-Hadamard matrix around the cache, as llama.cpp does by default
+ * for a quantized cache (llama-kv-cache.cpp attn_rot_k/v): the rotation spreads an outlier over its
+ * chunk, so the block's scale fits the rest better, and q·k and the output are unchanged. */
+#define PRIMA_KV_ROTATED 0x100
+
+/* The rotation's chunk for heads of head_dim elements (llama.cpp's nrot): K the largest power of two
+ * from 64 that divides the head, V 64. 0 when head_dim is no multiple of 64. */
+int prima_kv_rotation_chunk(int head_dim, int is_k);
+/* x = H x on each consecutive chunk of n (a multiple of chunk, a power of two): H the Sylvester
+ * Hadamard matrix scaled by 1/sqrt(chunk), which is its own inverse. */
+void prima_hadamard(float *x, int n, int chunk);
+
 /* 1 for a type a KV cache may hold (PRIMA_F16, PRIMA_Q8_0, PRIMA_Q4_0). */
 int prima_kv_type_ok(int type);
 /* NULL when a cache of this type can hold heads of head_dim elements, else why not (a quantized type's

@@ -457,9 +457,14 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
     prima_fail(err, err_len, "batch of %d tokens is out of range", max_batch);
     return NULL;
   }
+  const int rotated[2] = { (k_type & PRIMA_KV_ROTATED) != 0, (v_type & PRIMA_KV_ROTATED) != 0 };
+  k_type &= ~PRIMA_KV_ROTATED;
+  v_type &= ~PRIMA_KV_ROTATED;
   const int kv_types[2] = { k_type, v_type };
   for (int i = 0; i < 2; i++) {
     const char *why = prima_kv_type_problem(kv_types[i], hp->head_dim);
+    if (!why && rotated[i] && (kv_types[i] == PRIMA_F16 || !prima_kv_rotation_chunk(hp->head_dim, i == 0)))
+      why = "cannot be rotated: rotation needs a quantized type and a head size that is a multiple of 64";
     if (why) {
       const char *name = prima_type_name(kv_types[i]);
       prima_fail(err, err_len, "%s cache type %s %s (%d)", i ? "V" : "K", name ? name : "(unknown)", why, hp->head_dim);
@@ -478,6 +483,8 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   w->max_batch = max_batch;
   w->k_type = k_type;
   w->v_type = v_type;
+  w->k_rot = rotated[0] ? prima_kv_rotation_chunk(hp->head_dim, 1) : 0;
+  w->v_rot = rotated[1] ? prima_kv_rotation_chunk(hp->head_dim, 0) : 0;
   const int E = hp->n_embd, D = hp->head_dim, nth = prima_pool_threads(m->pool);
   const size_t qdim = (size_t)hp->n_head * D, kvdim = (size_t)hp->n_head_kv * D;
   const size_t nl = (size_t)(end - first), B = (size_t)max_batch, half = (size_t)hp->rope_dims / 2;
@@ -813,6 +820,12 @@ static void attention_block(const prima_task *t, prima_window *w, int l, float *
     const float *c = rope_cos + (size_t)pos * half, *s = rope_sin + (size_t)pos * half;
     prima_rope_apply(q, hp->n_head, D, hp->rope_dims, hp->rope_neox, c, s);
     prima_rope_apply(k, hp->n_head_kv, D, hp->rope_dims, hp->rope_neox, c, s);
+    /* a rotated cache holds H k and H v; H q meets H k, and the output is rotated back below */
+    if (kw->k_rot) {
+      prima_hadamard(q, (int)qdim, kw->k_rot);
+      prima_hadamard(k, (int)kvdim, kw->k_rot);
+    }
+    if (kw->v_rot) prima_hadamard(v, (int)kvdim, kw->v_rot);
     prima_kv_store(kw->k_type, k, Kl + (size_t)pos * kw->k_row_bytes, (int)kvdim);
     prima_kv_store(kw->v_type, v, Vl + (size_t)pos * kw->v_row_bytes, (int)kvdim);
     /* gemma scales Q itself, before the cache's rounding of Q, as llama.cpp does */
@@ -820,6 +833,11 @@ static void attention_block(const prima_task *t, prima_window *w, int l, float *
   }
   prima_pool_barrier(t);
   attention(t, w, li, j, n);
+  prima_pool_barrier(t);
+  for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+    const prima_window *kw = row_win(j, r);
+    if (kw->v_rot) prima_hadamard(w->att + (size_t)r * qdim, (int)qdim, kw->v_rot);
+  }
   prima_pool_barrier(t);
   act_set o;
   const prima_tensor *o_w[1] = { &L->wo };
@@ -1275,7 +1293,8 @@ typedef struct {
 
 /* kv_type: the cache's type as it was (1, F16, for a cache of F16 K and V), or both as k | v << 8 */
 static uint32_t kv_type_code(const prima_window *w) {
-  return w->k_type == w->v_type ? (uint32_t)w->k_type : (uint32_t)w->k_type | (uint32_t)w->v_type << 8;
+  const uint32_t rot = (w->k_rot ? 1u << 16 : 0) | (w->v_rot ? 1u << 17 : 0);
+  return (w->k_type == w->v_type ? (uint32_t)w->k_type : (uint32_t)w->k_type | (uint32_t)w->v_type << 8) | rot;
 }
 
 int prima_window_kv_save(prima_window *w, const char *path, char *err, size_t err_len) {

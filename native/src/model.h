@@ -91,6 +91,7 @@ typedef struct prima_window {
   int first, end; /* layers [first, end) */
   int n_ctx, max_batch;
   int k_type, v_type;          /* the cache's element types: PRIMA_F16, PRIMA_Q8_0 or PRIMA_Q4_0 (kv_cache.h) */
+  int k_rot, v_rot;            /* Hadamard rotation chunk of Q/K and of V/output (0: none; PRIMA_KV_ROTATED) */
   size_t k_row_bytes, v_row_bytes; /* one layer's row of one position: n_head_kv * head_dim elements */
   int n_filled;   /* positions [0, n_filled) of the cache hold data */
   uint8_t *k_cache, *v_cache;  /* [layer][n_ctx][row bytes] */
@@ -136,8 +137,9 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
                               const prima_hparams *hp, int n_threads, int idle_spin_us, char *err, size_t err_len);
 void prima_model_close(prima_model *m);
 
-/* k_type, v_type: the KV cache's types (PRIMA_F16, PRIMA_Q8_0 or PRIMA_Q4_0); another, or a quantized
- * type whose blocks do not divide the head size, fails naming it. */
+/* k_type, v_type: the KV cache's types (PRIMA_F16, PRIMA_Q8_0 or PRIMA_Q4_0, a quantized one optionally
+ * with PRIMA_KV_ROTATED); another, a quantized type whose blocks do not divide the head size, or a
+ * rotation of a head that is no multiple of 64, fails naming it. */
 prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, int k_type, int v_type,
                                   char *err, size_t err_len);
 void prima_window_destroy(prima_window *w);

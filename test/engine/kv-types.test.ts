@@ -15,9 +15,13 @@ import { generateModel } from "../../modelgen/index.js";
 import { TOL_FIRST_POSITION, TOL_FLOOR, compare, loadOracle, oracleLogits } from "./oracle-harness.js";
 
 // llama.cpp rotates Q, K and V by a Hadamard matrix when the cache is quantized and the head size a
-// multiple of 64 (llama-kv-cache.cpp attn_rot_k/v, on by default since 2026); prima's q8_0 and q4_0 are
-// the plain types (the rotated q4_0 is refused by name), so llama.cpp is asked for those.
-process.env.LLAMA_ATTN_ROT_DISABLE = "1";
+// multiple of 64 (llama-kv-cache.cpp attn_rot_k/v, on by default since 2026) unless
+// LLAMA_ATTN_ROT_DISABLE=1 (read as each context is made): prima's q8_0-rot and q4_0-rot are the
+// former, its plain q8_0 and q4_0 the latter.
+function llamaRotates(types: KvCacheTypes): void {
+  if (types.k.endsWith("-rot") || types.v.endsWith("-rot")) delete process.env.LLAMA_ATTN_ROT_DISABLE;
+  else process.env.LLAMA_ATTN_ROT_DISABLE = "1";
+}
 
 const dir = mkdtempSync(join(tmpdir(), "prima-kvtypes-"));
 const root = join(import.meta.dirname, "..", "..");
@@ -28,10 +32,11 @@ beforeAll(async () => {
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 const PROMPT = [1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 300, 301, 302, 303, 304, 305, 306, 307];
-const ggml = (t: KvCacheType) => t.toUpperCase() as "F16" | "Q8_0" | "Q4_0";
+const ggml = (t: KvCacheType) => t.replace("-rot", "").toUpperCase() as "F16" | "Q8_0" | "Q4_0";
 
 async function theirContext(path: string, types: KvCacheTypes, size: number) {
   const model = await llama.loadModel({ modelPath: path, gpuLayers: 0 });
+  llamaRotates(types);
   try {
     const context = await model.createContext({
       contextSize: size, batchSize: size, threads: 2, flashAttention: true,
@@ -97,7 +102,10 @@ async function ourGreedy(path: string, prompt: readonly number[], types: KvCache
   return Array.from(got.ids);
 }
 
-const TYPES: KvCacheTypes[] = [{ k: "q8_0", v: "q8_0" }, { k: "q4_0", v: "q4_0" }, { k: "q8_0", v: "q4_0" }, { k: "f16", v: "q8_0" }];
+const TYPES: KvCacheTypes[] = [
+  { k: "q8_0", v: "q8_0" }, { k: "q4_0", v: "q4_0" }, { k: "q8_0", v: "q4_0" }, { k: "f16", v: "q8_0" },
+  { k: "q8_0-rot", v: "q8_0-rot" }, { k: "q4_0-rot", v: "q4_0-rot" }, { k: "f16", v: "q4_0-rot" },
+];
 
 describe("each KV cache type agrees with llama.cpp's on generated models", () => {
   // tiny-llama: head size 64, two query heads per KV head; tiny-qwen3: head size 128 with Q/K norms.
@@ -143,7 +151,7 @@ describe("each KV cache type agrees with llama.cpp's on generated models", () =>
       }
     }
     rmSync(path);
-  }, 240_000);
+  }, 480_000);
 });
 
 describe("the shipped model (head size 8)", () => {
