@@ -1291,7 +1291,8 @@ typedef struct {
   int32_t n_layers, kv_dim, n_filled, first;
 } kv_header;
 
-/* kv_type: the cache's type as it was (1, F16, for a cache of F16 K and V), or both as k | v << 8 */
+/* kv_type: the cache's type as it was (1, F16, for a cache of F16 K and V), or both as k | v << 8; bits 16
+ * and 17 for a rotated K and V */
 static uint32_t kv_type_code(const prima_window *w) {
   const uint32_t rot = (w->k_rot ? 1u << 16 : 0) | (w->v_rot ? 1u << 17 : 0);
   return (w->k_type == w->v_type ? (uint32_t)w->k_type : (uint32_t)w->k_type | (uint32_t)w->v_type << 8) | rot;
