@@ -1,6 +1,6 @@
 // The head's model and the cluster around it, from the options run, chat and serve share.
 import { LocalModel } from "../engine/index.js";
-import { Tokenizer, kvCacheProblem } from "../model/index.js";
+import { Tokenizer, kvBytesPerTokenLayer, kvCacheLabel, kvCacheProblem } from "../model/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 import { UsageError, type ClusterArgs } from "./args.js";
 import { Cluster } from "./cluster.js";
@@ -27,6 +27,11 @@ export function openHeadModel(a: ClusterArgs): LocalModel {
 export function clusterFor(a: ClusterArgs, model: LocalModel, log: (line: string) => void, extra: { name?: string; plannedTokens?: number; maxQueue?: number; parallel?: number; autoPlace?: boolean; rotateToken?: boolean; allowAdvertise?: boolean } = {}): Cluster {
   const kvProblem = kvCacheProblem(model.desc.hparams, a.kvCacheTypes);
   if (kvProblem) throw new UsageError(`${kvProblem}: use --cache-type-k/-v f16 with this model`);
+  const hp = model.desc.hparams, ctx = Math.min(a.ctx, hp.nCtxTrain);
+  if (a.kvCacheTypes.k !== "f16" || a.kvCacheTypes.v !== "f16") {
+    const perToken = kvBytesPerTokenLayer(hp, a.kvCacheTypes) * hp.nLayers;
+    log(`KV cache ${kvCacheLabel(a.kvCacheTypes)} (K/V) on every device: ${perToken} bytes per token, ${(perToken * ctx / 2 ** 20).toFixed(1)} MiB at ${ctx} tokens (F16: ${(kvBytesPerTokenLayer(hp) * hp.nLayers * ctx / 2 ** 20).toFixed(1)} MiB)`);
+  }
   return new Cluster({
     modelPath: a.model, model, name: extra.name ?? "prima", ctx: Math.min(a.ctx, model.desc.hparams.nCtxTrain), batch: a.batch,
     kvCacheTypes: a.kvCacheTypes,
