@@ -19,6 +19,7 @@
         "native/src/threadpool.c",
         "native/src/matmul.c",
         "native/src/ops.c",
+        "native/src/kv_cache.c",
         "native/src/model.c",
         "native/src/lane.c",
         "native/src/seal.c",

@@ -2,7 +2,9 @@
 // adds its own; a usage error is a UsageError whose message is what to print.
 import { parseArgs, type ParseArgsConfig } from "node:util";
 import { Sampler } from "../engine/index.js";
+import type { KvCacheTypes } from "../model/index.js";
 import type { LayerWindowsArg } from "./cluster.js";
+import { KV_CACHE_HELP, KV_CACHE_OPTIONS, expandKvCacheShortFlags, kvCacheTypesFrom } from "./kv-cache-options.js";
 
 export class UsageError extends Error {
   override name = "UsageError";
@@ -30,6 +32,7 @@ export const SAMPLING_HELP = `      --temp X             temperature, 0 = greedy
 export const ENGINE_HELP = `  -t, --threads N          compute threads (default: all cores)
   -c, --ctx N              context size in tokens (default 2048, at most the model's)
   -b, --batch N            prompt batch size (default 128)
+${KV_CACHE_HELP}
       --chat-template T    for a model without a template: chatml or llama2, or a Jinja file`;
 
 export const RING_HELP = `      --min-workers N      wait for N workers before running (default 0: run alone)
@@ -59,6 +62,7 @@ const SHARED_OPTIONS = {
   "no-prefetch": { type: "boolean" },
   reprofile: { type: "boolean" },
   "join-timeout": { type: "string" },
+  ...KV_CACHE_OPTIONS,
   help: { type: "boolean", short: "h" },
 } as const satisfies NonNullable<ParseArgsConfig["options"]>;
 
@@ -69,6 +73,8 @@ export interface ClusterArgs {
   readonly threads?: number;
   readonly ctx: number;
   readonly batch: number;
+  /** --cache-type-k/-v: the KV cache's types on every device. */
+  readonly kvCacheTypes: KvCacheTypes;
   readonly chatTemplate?: string;
   readonly minWorkers: number;
   readonly layerWindows?: LayerWindowsArg;
@@ -104,7 +110,7 @@ type Extra = NonNullable<ParseArgsConfig["options"]>;
 /** Parses the shared options plus `extra`; exactly one positional (the model file) is required.
  * Throws UsageError (with the help text for -h). */
 export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help: string, command: string) {
-  const { values, positionals } = parseArgs({ args: argv, allowPositionals: true, options: { ...SHARED_OPTIONS, ...extra } });
+  const { values, positionals } = parseArgs({ args: expandKvCacheShortFlags(argv), allowPositionals: true, options: { ...SHARED_OPTIONS, ...extra } });
   const v = values as Record<string, string | boolean | undefined>;
   if (v.help) throw new UsageError(help);
   if (positionals.length !== 1) throw new UsageError(`${command} needs exactly one model file\n${help}`);
@@ -122,12 +128,19 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
   } catch (e) {
     throw new UsageError((e as Error).message);
   }
+  let kvCacheTypes: KvCacheTypes;
+  try {
+    kvCacheTypes = kvCacheTypesFrom(v);
+  } catch (e) {
+    throw new UsageError((e as Error).message);
+  }
   const cluster: ClusterArgs = {
     model: positionals[0],
     samplerOptions,
     threads: str("threads") === undefined ? undefined : intArg("threads", str("threads"), 1, 1, 1024),
     ctx: intArg("ctx", str("ctx"), 2048, 1),
     batch: intArg("batch", str("batch"), 128, 1),
+    kvCacheTypes,
     chatTemplate: str("chat-template"),
     minWorkers: intArg("min-workers", str("min-workers"), 0),
     layerWindows: str("layer-windows") === undefined ? undefined : parseLayerWindows(str("layer-windows")!),

@@ -6,7 +6,7 @@ import { EventEmitter } from "node:events";
 import { basename, dirname, extname, join, resolve } from "node:path";
 import type { Status } from "../control/index.js";
 import { LocalPipeline, SeqSlots, generate, type GenerationResult, type LocalModel, type Sampler } from "../engine/index.js";
-import { ggmlTypeName, metaString, modelFingerprint, rowBytes } from "../model/index.js";
+import { ggmlTypeName, kvBytesPerTokenLayer, metaString, modelFingerprint, rowBytes, type KvCacheTypes } from "../model/index.js";
 import { defaultCacheDir, memoryPressureTracker, settleMemory, profileDevice, systemInfo, RereadStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
 import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
 import {
@@ -17,6 +17,7 @@ import { serveChunks, windowChunkHashes } from "./model-store.js";
 import { WorkerRegistry, type WorkerHandle } from "./registry.js";
 import { TrustStore } from "../trust/index.js";
 import { HEAD_ID, Ring, headStatus } from "./ring-setup.js";
+import { kvCacheState } from "./kv-cache-options.js";
 import { SequenceScheduler, type SlotState } from "./parallel.js";
 import {
   STATE_VERSION, type ClusterState, type DeviceState, type DeviceStateName, type EventState, type MeasuredMs, type PlanState,
@@ -33,6 +34,8 @@ export interface ClusterOptions {
   readonly name: string;
   readonly ctx: number;
   readonly batch: number;
+  /** The KV cache's types on every device (--cache-type-k/-v); default f16. */
+  readonly kvCacheTypes?: KvCacheTypes;
   readonly prefetch: boolean;
   readonly reprofile: boolean;
   readonly layerWindows?: LayerWindowsArg;
@@ -442,7 +445,7 @@ export class Cluster extends EventEmitter {
         model, modelPath: this.o.modelPath, fingerprint: this.fingerprint, workers, head: this.headReport, ctx: this.o.ctx,
         // A recovery plans with the last timed passes: a request is paused until it is placed.
         retime: !recovering, retimeHead: recovering ? undefined : async () => (this.headReport = await this.profileHead(true)),
-        maxBatch: this.o.batch, tokens: this.o.plannedTokens ?? this.o.ctx, log,
+        maxBatch: this.o.batch, tokens: this.o.plannedTokens ?? this.o.ctx, log, kvCacheTypes: this.o.kvCacheTypes,
         options: { k: this.o.cycles, ...(this.o.keepAll ? { keepAll: true } : {}) }, rereads: this.rereads,
       });
       log(formatPlan(placement, placement.labels));
@@ -472,7 +475,7 @@ export class Cluster extends EventEmitter {
     for (const m of members) this.setDevice(m.worker, "loading", "receiving its windows", 0);
     const ring = await Ring.build({
       members, headWindows, headReleaseAfterUse: releaseAfterUse(workers.length), cycles: plan.cycles, ctx: this.o.ctx,
-      maxBatch: this.o.batch, prefetch: this.o.prefetch,
+      maxBatch: this.o.batch, prefetch: this.o.prefetch, kvCacheTypes: this.o.kvCacheTypes,
     }, {
       model, fingerprint: this.fingerprint, registry: this.registry, log,
       weights: async (layers) => ({ chunkBytes: this.modelSource.info.chunkBytes, chunks: await windowChunkHashes(this.modelSource, model.gguf, layers) }),
@@ -500,17 +503,17 @@ export class Cluster extends EventEmitter {
   }
 
   private useLocal(leftOut: { device: string; reason: string }[], why: string, generation = this.generation): void {
-    const pipeline = new LocalPipeline(this.o.model, this.o.ctx, this.o.batch);
+    const pipeline = new LocalPipeline(this.o.model, this.o.ctx, this.o.batch, this.o.kvCacheTypes);
     if (this.parallel > 1) {
       // slot 0 is the pipeline's window; the others each a KV cache of their own: N x ctx in all
       let slots: SeqSlots;
       try {
-        slots = new SeqSlots(this.o.model, this.parallel, this.o.ctx, this.o.batch, pipeline.window);
+        slots = new SeqSlots(this.o.model, this.parallel, this.o.ctx, this.o.batch, pipeline.window, this.o.kvCacheTypes);
       } catch (e) {
         pipeline.close();
         throw e;
       }
-      // K and V in F16 for every layer of every slot, as the windows hold them (sliding-window layers a ring)
+      // K and V in their types for every layer of every slot, as the windows hold them (sliding-window layers a ring)
       const kvBytes = slots.windows.reduce((a, w) => a + w.info().kvBytes, 0);
       const anonBytes = slots.windows.reduce((a, w) => a + w.info().anonBytes, 0);
       const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
@@ -994,6 +997,7 @@ export class Cluster extends EventEmitter {
         name: basename(this.o.modelPath, extname(this.o.modelPath)), path: this.o.modelPath,
         architecture: metaString(model.gguf, "general.architecture") ?? "unknown", layers: model.nLayers, sizeBytes: model.desc.fileBytes,
         quantization: quantizationOf(model), fingerprint: this.fingerprint, contextTokens: this.o.ctx,
+        kvCache: kvCacheState(model.desc.hparams, this.o.kvCacheTypes),
       }),
       server: {
         startedUnixMs: this.startedUnixMs, nowUnixMs: Date.now(), ready: readiness.ok,

@@ -168,7 +168,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const modelId = basename(file, extname(file));
   let parallel = a.parallel;
   if (parallel === undefined) {
-    const auto = autoParallel(model, clusterCtx(a, model), a.batch);
+    const auto = autoParallel(model, clusterCtx(a, model), a.batch, a.kvCacheTypes);
     log(auto.why);
     parallel = auto.n;
   }

@@ -1,5 +1,6 @@
 // engine/: running a model on this device: open a GGUF, make windows, generate and sample.
 export { LocalModel, nativeTensorTable, nativeHParams, type OpenOptions, type WindowOptions } from "./local-model.js";
+export type { KvCacheTypes } from "../model/index.js";
 export { LocalPipeline } from "./local-pipeline.js";
 export { INLINE_MAX_MS, NonFiniteError, QuickForward, checkFinite } from "./quick-forward.js";
 export { generate, type Pipeline, type Embedder, type GenerateOptions, type GenerationResult, type StopReason } from "./generate.js";

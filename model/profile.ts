@@ -5,6 +5,7 @@
 
 import type { HParams, LayerTensors, ModelDescription, ModelTensors, TensorRef } from "./architecture.js";
 import { ggmlTypeInfo, ggmlTypeName } from "./ggml-types.js";
+import { DEFAULT_KV_CACHE_TYPES, kvBytesPerTokenLayer, type KvCacheTypes } from "./kv-cache.js";
 import { planTensors, type FileTypeName } from "./quant-mix.js";
 import type { ModelShape } from "./shapes.js";
 import { familyOf, layerFromTable, shapeHParams } from "./arch/index.js";
@@ -42,8 +43,10 @@ export interface ModelProfile {
   readonly outputBytes: number;
   /** F^out_q: FLOPs per token of the output norm, the output matmul and the softmax. */
   readonly outputFlops: PerWeightType;
-  /** Bytes of one token's K and V rows in one layer (F16 cache). */
+  /** Bytes of one token's K and V rows in one layer, in the cache's types (model/kv-cache.ts). */
   readonly kvBytesPerTokenLayer: number;
+  /** The KV cache's types the profile counts (f16 when absent). */
+  readonly kvCacheTypes?: KvCacheTypes;
   /** Every tensor's bytes: the size of the weights a device maps when it holds everything. */
   readonly weightBytesTotal: number;
   /** Mixture of experts (absent for a dense model): what a token reads of a layer, and how skewed the
@@ -114,6 +117,8 @@ export interface ModelProfileOptions {
   readonly flashAttention?: boolean;
   /** A label for reports; default the file path. */
   readonly name?: string;
+  /** The KV cache's types (--cache-type-k/-v); default f16. */
+  readonly kvCacheTypes?: KvCacheTypes;
 }
 
 /** Rows of K (and of V) each layer's KV cache holds: nCtx, or for a sliding-window layer a ring of its
@@ -252,7 +257,8 @@ export function modelProfile(desc: ModelDescription, opts: ModelProfileOptions):
     inputBytes: t.tokenEmbd.nBytes,
     outputBytes: t.outputNorm.nBytes + t.output.nBytes,
     outputFlops,
-    kvBytesPerTokenLayer: 2 * (hp.nHeadKv * hp.headDimK + hp.nHeadKv * hp.headDimV),
+    kvBytesPerTokenLayer: kvBytesPerTokenLayer(hp, opts.kvCacheTypes),
+    kvCacheTypes: opts.kvCacheTypes ?? DEFAULT_KV_CACHE_TYPES,
     weightBytesTotal,
     ...(moe ? { moe } : {}),
   };

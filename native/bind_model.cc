@@ -11,6 +11,7 @@
 
 extern "C" {
 #include "kernels.h"
+#include "kv_cache.h"
 #include "lane.h"
 #include "model.h"
 }
@@ -477,8 +478,18 @@ Window::Window(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Window>(info) 
     ThrowType(env, "window options.maxBatch must be an integer from 1 to 4096");
     return;
   }
+  // the KV cache's types as ggml type ids (F16 when absent); prima_window_create names a wrong one
+  int64_t kv_types[2] = {PRIMA_F16, PRIMA_F16};
+  const char *kv_keys[2] = {"cacheTypeK", "cacheTypeV"};
+  for (int i = 0; i < 2; i++) {
+    if (!o.Get(kv_keys[i]).IsUndefined() && !IntArg(o.Get(kv_keys[i]), 0, PRIMA_KV_ROTATED | 0xFF, &kv_types[i])) {
+      ThrowType(env, std::string("window options.") + kv_keys[i] + " must be a ggml type id (| 0x100: rotated)");
+      return;
+    }
+  }
   char err[kErrLen] = {0};
-  w = prima_window_create(model->st->m, (int)first, (int)end, (int)ctx, (int)batch, err, sizeof err);
+  w = prima_window_create(model->st->m, (int)first, (int)end, (int)ctx, (int)batch, (int)kv_types[0], (int)kv_types[1], err,
+                          sizeof err);
   if (!w) {
     ThrowErr(env, err);
     return;
@@ -702,8 +713,10 @@ Napi::Value Window::Info(const Napi::CallbackInfo &info) {
   o.Set("maxBatch", w->max_batch);
   o.Set("filled", w->n_filled);
   o.Set("anonBytes", Napi::Number::New(env, (double)w->anon_bytes));
-  // K and V rows of F16 over all the window's layers (sliding-window layers hold a ring, not n_ctx)
-  o.Set("kvBytes", Napi::Number::New(env, (double)(2 * prima_window_kv_rows(w) * (size_t)w->m->hp.n_head_kv * w->m->hp.head_dim * sizeof(uint16_t))));
+  // K and V rows in their types over all the window's layers (sliding-window layers hold a ring, not n_ctx)
+  o.Set("kvBytes", Napi::Number::New(env, (double)w->kv_bytes));
+  o.Set("cacheTypeK", w->k_type | (w->k_rot ? PRIMA_KV_ROTATED : 0));
+  o.Set("cacheTypeV", w->v_type | (w->v_rot ? PRIMA_KV_ROTATED : 0));
   if (w->expert_hits) {
     // per layer of the window: how many tokens each expert has run (routing seen from outside)
     const int X = w->m->hp.n_expert;

@@ -2,7 +2,7 @@
 // activation frame from its predecessor: run the window of that frame's cycle, pass the rows on,
 // then advise the OS about the next window (prefetch) and, if memory is short, drop the one it used.
 // The head (last in ring order) also closes each cycle: it starts the next one or delivers the result.
-import { QuickForward, type LocalModel } from "../engine/index.js";
+import { QuickForward, type KvCacheTypes, type LocalModel } from "../engine/index.js";
 import { descheduledMs, threadClock, type NativeWindow } from "../native/index.js";
 import type { ActivationsFrame, ErrorFrame } from "./frame.js";
 
@@ -61,6 +61,8 @@ export interface RingNodeOptions {
   readonly cycles: number;
   readonly ctx: number;
   readonly maxBatch: number;
+  /** The KV cache's types (the coordinator's --cache-type-k/-v); default f16. */
+  readonly kvCacheTypes?: KvCacheTypes;
   readonly prefetch: boolean;
   /** Bytes of weights memory can hold now (default: unlimited). It bounds how far the next window is
    * paged in ahead, and when it is less than this device's windows, decode steps stay off the event
@@ -107,7 +109,7 @@ export class RingNode {
     this.releaseAfterUse = o.releaseAfterUse;
     for (const spec of o.windows) {
       if (this.slots.has(spec.cycle)) throw new Error(`two windows for cycle ${spec.cycle}`);
-      const window = o.model.window(spec.firstLayer, spec.endLayer, { ctx: o.ctx, maxBatch: o.maxBatch });
+      const window = o.model.window(spec.firstLayer, spec.endLayer, { ctx: o.ctx, maxBatch: o.maxBatch, kvCacheTypes: o.kvCacheTypes });
       const slot: Slot = {
         spec, window, lastFaults: 0, stats: { ...spec, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 },
         // Inline only while the window's pages are all there: no faults last time, none released since.

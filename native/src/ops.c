@@ -314,6 +314,11 @@ void prima_scale(float *x, int n, float s) {
   for (int i = 0; i < n; i++) x[i] *= s;
 }
 
+void prima_softcap(float *x, int n, float cap) {
+  const float inv = 1.0f / cap;
+  for (int i = 0; i < n; i++) x[i] = tanhf(x[i] * inv) * cap;
+}
+
 void prima_add(float *x, const float *y, int n) {
   for (int i = 0; i < n; i++) x[i] += y[i];
 }

@@ -42,6 +42,8 @@ void prima_attn_scores(const float *q, int ratio, int d, const uint16_t *k, size
                        float *s);
 void prima_attn_accum(float *acc, const float *p, int ratio, int d, const uint16_t *v, size_t v_stride, int n_pos);
 void prima_scale(float *x, int n, float s);
+/* x = cap * tanh(x / cap), as ggml computes it (scale by 1/cap, tanh, scale by cap). */
+void prima_softcap(float *x, int n, float cap);
 void prima_add(float *x, const float *y, int n);
 
 void prima_ops_init(void);
