@@ -1,5 +1,5 @@
-// Quantized KV caches in a sliding-window layer's ring: on a generated gemma3 model with a 4-token
-// window and a batch of 4 (rings of 8 rows in a 96-token context), a prompt and a greedy continuation
+// Quantized KV caches in a sliding-window layer's ring: on generated gemma3 and gpt-oss (attention sinks,
+// YaRN) models with a 4-token window and a batch of 4 (rings of 8 rows in a 96-token context), a prompt and a greedy continuation
 // far past the ring give llama.cpp's logits at every position with the same cache types (q8_0, q4_0 K
 // with q8_0 V, and q8_0 rotated; flash attention on, as llama.cpp needs for a quantized V); the window's KV
 // bytes are model/'s one rule (rows by type x ring rows).
@@ -65,17 +65,17 @@ async function ringLogits(m: LocalModel, tokens: readonly number[], types: KvCac
 }
 
 // (K f16 with V q4_0, plain or rotated, is 1.6x the tolerance on this model with or without a ring, and
-// K q8_0-rot with V f16 1.07x: a gap of the mixed types on gemma3, not of the ring; left out here)
+// K q8_0-rot with V f16 1.07x on gemma3: a gap of the mixed types there, not of the ring; left out here)
 const TYPES: KvCacheTypes[] = [{ k: "q8_0", v: "q8_0" }, { k: "q4_0", v: "q8_0" }, { k: "q8_0-rot", v: "q8_0-rot" }];
 
-describe("tiny-gemma3: quantized caches in sliding-window rings", () => {
-  const path = join(dir, "tiny-gemma3.gguf");
+describe.each(["tiny-gemma3", "tiny-gpt-oss"])("%s: quantized caches in sliding-window rings", (shape) => {
+  const path = join(dir, `${shape}.gguf`);
   let m: LocalModel;
   let prompt: number[];
   let tol: number;
 
   beforeAll(async () => {
-    await generateModel({ shape: "tiny-gemma3", type: "F32", out: path, pure: true, seed: 7, weightStd: 0.05 });
+    await generateModel({ shape, type: "F32", out: path, pure: true, seed: 7, weightStd: 0.05 });
     m = LocalModel.open(path, { threads: 2 });
     prompt = [1, ...Tokenizer.fromGguf(path).encode(TEXT)];
     // as kv-types.test.ts: twice llama.cpp's own flash-attention noise, at least TOL_FLOOR
@@ -126,6 +126,6 @@ describe("tiny-gemma3: quantized caches in sliding-window rings", () => {
     }
     const whole = compare(await ringLogits(m, seq, types), theirs, tol);
     expect(whole.maxRelErr).toBeLessThan(tol);
-    console.log(`tiny-gemma3 K ${types.k} V ${types.v}: max |ours - llama.cpp| ${whole.maxRelErr.toExponential(2)} over ${seq.length} positions (tolerance ${tol.toExponential(2)})`);
+    console.log(`${shape} K ${types.k} V ${types.v}: max |ours - llama.cpp| ${whole.maxRelErr.toExponential(2)} over ${seq.length} positions (tolerance ${tol.toExponential(2)})`);
   }, 180_000);
 });
