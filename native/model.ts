@@ -86,6 +86,9 @@ export interface NativeWindow {
   residency(): Residency;
   kvClear(): void;
   kvTruncate(pos: number): void;
+  /** Context shift: drops positions [p0, p0 + nDiscard) and moves [p0 + nDiscard, nPast) down by nDiscard,
+   * re-rotating their keys (native/src/kv_shift.h). The cache then holds nPast - nDiscard positions. */
+  kvShift(p0: number, nDiscard: number, nPast: number): void;
   kvSave(path: string): void;
   kvLoad(path: string): void;
   info(): WindowInfo;

@@ -439,6 +439,10 @@ void prima_model_close(prima_model *m) {
 
 /* ---- windows ------------------------------------------------------------------------------ */
 
+const prima_tensor *prima_rope_factors(const prima_model *m, int n_ctx) {
+  return m->rope_freqs.data ? &m->rope_freqs : n_ctx > m->hp.n_ctx_orig && m->rope_long.data ? &m->rope_long : &m->rope_short;
+}
+
 static int act_type_of(const prima_tensor *w) { return prima_kernels(w->type)->act_type; }
 static size_t att_scratch_floats(int ratio, int d);
 
@@ -546,8 +550,7 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   /* llama.cpp's get_rope_factors: rope_freqs when the file has them, else phi3's long factors for a
    * context longer than the original one, else its short ones (its context is padded to 256: equal
    * choices for contexts that are multiples of 256) */
-  const prima_tensor *factors = m->rope_freqs.data ? &m->rope_freqs
-                                : n_ctx > hp->n_ctx_orig && m->rope_long.data ? &m->rope_long : &m->rope_short;
+  const prima_tensor *factors = prima_rope_factors(m, n_ctx);
   prima_rope_table(w->rope_cos, w->rope_sin, n_ctx, hp->rope_dims, hp->rope_base, hp->rope_freq_scale,
                    factors->data ? (const float *)factors->data : NULL);
   if (hp->rope_attn_factor != 1.0f) {

@@ -135,6 +135,8 @@ void prima_model_close(prima_model *m);
 
 prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, char *err, size_t err_len);
 void prima_window_destroy(prima_window *w);
+/* The RoPE frequency factors a window of n_ctx tokens uses (its tensor's data is NULL: none). */
+const prima_tensor *prima_rope_factors(const prima_model *m, int n_ctx);
 
 /* Runs the window's layers on n_tokens activation rows (n_embd floats each, updated in place) at
  * positions pos..pos+n_tokens-1. If logits is non-NULL, also applies the output norm and head to

@@ -18,20 +18,25 @@ void prima_rmsnorm(const float *x, const float *w, float *y, int n, float eps) {
   for (int i = 0; i < n; i++) y[i] = (x[i] * scale) * w[i];
 }
 
+void prima_rope_row(float *cos_out, float *sin_out, int pos, int rope_dims, float base, float freq_scale,
+                    const float *freq_factors) {
+  const int half = rope_dims / 2;
+  const float theta_scale = powf(base, -2.0f / (float)rope_dims);
+  float theta = (float)pos;
+  for (int i = 0; i < half; i++) {
+    const float ff = freq_factors ? freq_factors[i] : 1.0f;
+    const float t = freq_scale * (theta / ff);
+    cos_out[i] = cosf(t);
+    sin_out[i] = sinf(t);
+    theta *= theta_scale;
+  }
+}
+
 void prima_rope_table(float *cos_out, float *sin_out, int n_pos, int rope_dims, float base, float freq_scale,
                       const float *freq_factors) {
   const int half = rope_dims / 2;
-  const float theta_scale = powf(base, -2.0f / (float)rope_dims);
-  for (int p = 0; p < n_pos; p++) {
-    float theta = (float)p;
-    for (int i = 0; i < half; i++) {
-      const float ff = freq_factors ? freq_factors[i] : 1.0f;
-      const float t = freq_scale * (theta / ff);
-      cos_out[(int64_t)p * half + i] = cosf(t);
-      sin_out[(int64_t)p * half + i] = sinf(t);
-      theta *= theta_scale;
-    }
-  }
+  for (int p = 0; p < n_pos; p++)
+    prima_rope_row(cos_out + (int64_t)p * half, sin_out + (int64_t)p * half, p, rope_dims, base, freq_scale, freq_factors);
 }
 
 void prima_rope_apply(float *x, int n_heads, int head_dim, int rope_dims, int neox, const float *c, const float *s) {

@@ -12,6 +12,9 @@ void prima_rmsnorm(const float *x, const float *w, float *y, int n, float eps);
  * built with the same float recurrence as ggml's rope cache so angles match bit for bit. */
 void prima_rope_table(float *cos_out, float *sin_out, int n_pos, int rope_dims, float base, float freq_scale,
                       const float *freq_factors);
+/* One row of that table: the angles of position pos (negative: a rotation backwards, as a KV shift's). */
+void prima_rope_row(float *cos_out, float *sin_out, int pos, int rope_dims, float base, float freq_scale,
+                    const float *freq_factors);
 /* Rotates the first rope_dims of each of n_heads heads (head_dim apart) at one position. */
 void prima_rope_apply(float *x, int n_heads, int head_dim, int rope_dims, int neox, const float *cos_row,
                       const float *sin_row);
