@@ -24,6 +24,10 @@ export class LocalPipeline implements Pipeline {
     this.window.kvTruncate(Math.min(pos, this.window.info().filled));
   }
 
+  async shift(p0: number, nDiscard: number, nPast: number): Promise<void> {
+    this.window.kvShift(p0, nDiscard, nPast);
+  }
+
   close(): void {
     this.window.close();
   }

@@ -2,7 +2,7 @@
 // at once, so a long prompt's batches are on different devices at the same time) into cycle 0 and
 // resolves when the last batch has gone through every cycle; the head applies the output layer.
 import type { LocalModel, Pipeline } from "../engine/index.js";
-import type { ActivationsFrame } from "./frame.js";
+import type { ActivationsFrame, KvShiftFrame } from "./frame.js";
 import type { RingNode } from "./node.js";
 import type { PayloadDtype } from "./validation.js";
 
@@ -26,6 +26,7 @@ export class RingPipeline implements Pipeline {
   readonly nCtx: number;
   private requestId = 0;
   private pending: Pending | undefined;
+  private pendingShift: { readonly requestId: number; readonly resolve: () => void; readonly reject: (e: Error) => void } | undefined;
   private failure: Error | undefined;
   private readonly logits: Float32Array;
 
@@ -36,7 +37,7 @@ export class RingPipeline implements Pipeline {
 
   async forward(acts: Float32Array, pos: number, nTokens: number): Promise<Float32Array> {
     if (this.failure) throw this.failure;
-    if (this.pending) throw new Error("the ring runs one request at a time");
+    if (this.pending || this.pendingShift) throw new Error("the ring runs one request at a time");
     const E = this.o.model.nEmbd;
     const requestId = (this.requestId = (this.requestId + 1) >>> 0);
     const done = new Promise<Float32Array>((resolve, reject) => {
@@ -62,6 +63,32 @@ export class RingPipeline implements Pipeline {
 
   /** Positions are carried by every frame: a forward at position p overwrites from p on every device. */
   truncate(_pos: number): void {}
+
+  /** A KV_SHIFT frame round the ring, in order with the rows: each device shifts every window it
+   * holds and passes it on; resolves when it is back at the head (which shifted its own). */
+  async shift(p0: number, nDiscard: number, nPast: number): Promise<void> {
+    if (this.failure) throw this.failure;
+    if (this.pending || this.pendingShift) throw new Error("the ring runs one request at a time");
+    const requestId = (this.requestId = (this.requestId + 1) >>> 0);
+    const done = new Promise<void>((resolve, reject) => {
+      this.pendingShift = { requestId, resolve, reject };
+    });
+    try {
+      await this.o.node.send({ type: "kvShift", requestId, p0, nDiscard, nPast });
+    } catch (e) {
+      this.fail(e instanceof Error ? e : new Error(String(e)));
+    }
+    try {
+      await done;
+    } finally {
+      this.pendingShift = undefined;
+    }
+  }
+
+  /** A shift that went round the whole ring (from the head's node). */
+  shifted(frame: KvShiftFrame): void {
+    if (this.pendingShift?.requestId === frame.requestId) this.pendingShift.resolve();
+  }
 
   /** The buffer for the output layer when the frame is the request's last batch (the head's window
    * computes the logits in the same native call). */
@@ -94,5 +121,6 @@ export class RingPipeline implements Pipeline {
   fail(e: Error): void {
     this.failure ??= e;
     this.pending?.reject(this.failure);
+    this.pendingShift?.reject(this.failure);
   }
 }
