@@ -685,6 +685,7 @@ export class Cluster extends EventEmitter {
           replay = false;
           parts.push(await generate(this.o.model, meter, input, {
             startPos, maxTokens: left, sampler: req.sampler, isEnd: req.isEnd, yieldEveryMs: YIELD_EVERY_MS, journal, contextShift: req.contextShift,
+            onShift: (keep, d, pos) => this.o.log(`context full: shifted the KV cache on every device (kept ${keep}, dropped ${d}, ${pos} left)`),
             onToken: (id) => {
               const now = performance.now();
               if (ctrl.firstAt === null) ctrl.firstAt = now;

@@ -40,6 +40,8 @@ export interface GenerateOptions {
   readonly contextShift?: ContextShift;
   /** Records every forward and shift (the prompt cache, failover replay). */
   readonly journal?: KvJournal;
+  /** Called after each context shift with what it kept and dropped, and the positions left. */
+  readonly onShift?: (keep: number, discarded: number, pos: number) => void;
 }
 
 export type StopReason = "length" | "end" | "context" | "caller";
@@ -74,6 +76,7 @@ export async function generate(embedder: Embedder, pipeline: Pipeline, prompt: I
     pos -= d;
     shifts++;
     discarded += d;
+    o.onShift?.(shift!.keep, d, pos);
     return true;
   };
   pipeline.truncate(startPos);
