@@ -20,11 +20,14 @@ static void delta_row(const prima_model *m, int l, int n_ctx, int delta, float *
  * to F16: ggml's in-place RoPE of an F16 cache rounds the same way. */
 static void rotate_rows(const prima_hparams *hp, uint16_t *rows, size_t stride, int n_rows, const float *c, const float *s, float *tmp) {
   const int kvdim = hp->n_head_kv * hp->head_dim;
+  /* the conversions the forward pass stores keys with (model.c store_f16), SIMD where there is one */
+  const prima_type_kernels *f16 = prima_kernels(PRIMA_F16);
+  const prima_quantize_fn store = prima_act_quantizer(PRIMA_F16);
   for (int r = 0; r < n_rows; r++) {
     uint16_t *row = rows + (size_t)r * stride;
-    for (int i = 0; i < kvdim; i++) tmp[i] = prima_fp16_to_fp32(row[i]);
+    f16->dequantize(row, tmp, kvdim);
     prima_rope_apply(tmp, hp->n_head_kv, hp->head_dim, hp->rope_dims, hp->rope_neox, c, s);
-    for (int i = 0; i < kvdim; i++) row[i] = prima_fp32_to_fp16(tmp[i]);
+    store(tmp, row, kvdim);
   }
 }
 
