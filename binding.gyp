@@ -20,6 +20,7 @@
         "native/src/matmul.c",
         "native/src/ops.c",
         "native/src/model.c",
+        "native/src/kv_shift.c",
         "native/src/lane.c",
         "native/src/seal.c",
         "native/src/profile.c"

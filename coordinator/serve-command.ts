@@ -141,7 +141,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const modelId = basename(file, extname(file));
   const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, parallel: a.parallel, autoPlace: true, rotateToken: a.rotateToken, allowAdvertise: a.allowAdvertise });
   const api = new ApiServer({
-    cluster, tok, prompts, modelId, nPredict: a.nPredict,
+    cluster, tok, prompts, modelId, nPredict: a.nPredict, contextShift: a.contextShift, nKeep: a.nKeep,
     apiKeys: a.apiKeys, allowHosts: a.allowHosts, corsOrigins: a.corsOrigins,
     log, staticFiles: await dashboardFiles(log),
   });
