@@ -5,13 +5,14 @@
 // shifts an iSWA cache only when its SWA part is as large as the context, swaFullCache, whose masked
 // rows are what our ring keeps). A shift whose next window needs positions the ring lost is refused by
 // name, and the head's copy of the rule (model/ kvAfterShift, kvResumablePosition) agrees with the
-// native one over random forwards, truncations and shifts.
+// native one over random forwards, truncations and shifts; after a shift, a prompt reuses the cache only
+// where the KV journal and the rings both allow it.
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Llama } from "node-llama-cpp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { LocalModel, LocalPipeline, Sampler, discardFor, generate, type ContextShift } from "../../engine/index.js";
+import { KvJournal, LocalModel, LocalPipeline, Sampler, discardFor, generate, type ContextShift } from "../../engine/index.js";
 import { kvAfterShift, kvCacheRows, kvResumablePosition } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
 import { mulberry32 } from "../helpers/random.js";
@@ -169,6 +170,30 @@ describe("context shift on sliding-window rings (tiny-gemma3, window 4)", () => 
     expect(shifts).toBeGreaterThan(3);
     expect(refused).toBeGreaterThan(0);
     w.close();
+    m.close();
+  }, 60_000);
+
+  it("a shifted cache is continued, or its prefix reused, only where the journal and the rings both allow it", async () => {
+    const m = LocalModel.open(path, { threads: 2 });
+    const pipe = new LocalPipeline(m, CTX, BATCH);
+    const journal = new KvJournal();
+    const r = await generate(m, pipe, PROMPT, { maxTokens: 70, sampler: new Sampler({ temperature: 0 }), isEnd: () => false, contextShift: { keep: 2 }, journal });
+    expect(r.shifts).toBe(1);
+    const history = [...PROMPT, ...r.ids.slice(0, -1)]; // the last token sampled was not forwarded
+    // the conversation goes on: the whole history and more continues the cache where it is
+    const next = journal.continueWith(Int32Array.from([...history, 7, 8]), (p) => pipe.resumable(p));
+    expect(next.startPos).toBe(r.endPos);
+    expect(Array.from(next.rest)).toEqual([7, 8]);
+    // another prompt sharing the kept prefix: the journal would keep 2 positions, but the rings lost
+    // what position 2's window needs (only the last positions were moved down), so it starts at 0
+    expect(journal.continueWith(Int32Array.from([...PROMPT.subarray(0, 2), 9, 9, 9]))).toMatchObject({ startPos: 2 });
+    const j2 = new KvJournal();
+    j2.forwarded(history);
+    j2.shift(2, r.discarded);
+    expect(pipe.resumable(2)).toBe(0);
+    expect(j2.continueWith(Int32Array.from([...PROMPT.subarray(0, 2), 9, 9, 9]), (p) => pipe.resumable(p)).startPos).toBe(0);
+    expect(j2.tokens).toEqual([]);
+    pipe.close();
     m.close();
   }, 60_000);
 });
