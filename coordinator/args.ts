@@ -1,7 +1,7 @@
 // Command-line options shared by run, chat and serve: the engine, sampling and the ring. Each command
 // adds its own; a usage error is a UsageError whose message is what to print.
 import { parseArgs, type ParseArgsConfig } from "node:util";
-import { Sampler } from "../engine/index.js";
+import { Sampler, resolveKeep, type ContextShift } from "../engine/index.js";
 import type { KvCacheTypes } from "../model/index.js";
 import type { LayerWindowsArg } from "./cluster.js";
 import { KV_CACHE_HELP, KV_CACHE_OPTIONS, expandKvCacheShortFlags, kvCacheTypesFrom } from "./kv-cache-options.js";
@@ -33,7 +33,9 @@ export const ENGINE_HELP = `  -t, --threads N          compute threads (default:
   -c, --ctx N              context size in tokens (default 2048, at most the model's)
   -b, --batch N            prompt batch size (default 128)
 ${KV_CACHE_HELP}
-      --chat-template T    for a model without a template: chatml or llama2, or a Jinja file`;
+      --chat-template T    for a model without a template: chatml or llama2, or a Jinja file
+      --keep N             past the context, keep the first N tokens after BOS (-1: the whole prompt; default 0)
+      --no-context-shift   stop when the context is full instead of shifting it (--context-shift: the default)`;
 
 export const RING_HELP = `      --min-workers N      wait for N workers before running (default 0: run alone)
       --layer-windows LIST layers per device per cycle: in ring order (workers by name, then the head),
@@ -55,6 +57,10 @@ const SHARED_OPTIONS = {
   ctx: { type: "string", short: "c" },
   batch: { type: "string", short: "b" },
   "chat-template": { type: "string" },
+  keep: { type: "string" },
+  "context-shift": { type: "boolean" },
+  "no-context-shift": { type: "boolean" },
+  "kv-evict": { type: "string" },
   "min-workers": { type: "string" },
   "layer-windows": { type: "string" },
   cycles: { type: "string", short: "k" },
@@ -76,6 +82,9 @@ export interface ClusterArgs {
   /** --cache-type-k/-v: the KV cache's types on every device. */
   readonly kvCacheTypes: KvCacheTypes;
   readonly chatTemplate?: string;
+  /** Past the context: shift it (--no-context-shift: stop), keeping --keep tokens after BOS. */
+  readonly contextShift: boolean;
+  readonly nKeep: number;
   readonly minWorkers: number;
   readonly layerWindows?: LayerWindowsArg;
   readonly cycles?: number;
@@ -134,6 +143,9 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
   } catch (e) {
     throw new UsageError((e as Error).message);
   }
+  if (v["context-shift"] && v["no-context-shift"]) throw new UsageError("give --context-shift or --no-context-shift, not both");
+  // H2O heavy-hitter eviction (issue #33) needs attention statistics the kernel does not gather yet.
+  if (str("kv-evict") !== undefined) throw new UsageError(`--kv-evict ${JSON.stringify(str("kv-evict")).slice(0, 40)}: not supported; past the context prima shifts it (--keep N)`);
   const cluster: ClusterArgs = {
     model: positionals[0],
     samplerOptions,
@@ -142,6 +154,8 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
     batch: intArg("batch", str("batch"), 128, 1),
     kvCacheTypes,
     chatTemplate: str("chat-template"),
+    contextShift: !v["no-context-shift"],
+    nKeep: intArg("keep", str("keep"), 0, -1),
     minWorkers: intArg("min-workers", str("min-workers"), 0),
     layerWindows: str("layer-windows") === undefined ? undefined : parseLayerWindows(str("layer-windows")!),
     cycles: str("cycles") === undefined ? undefined : intArg("cycles", str("cycles"), 1, 1),
@@ -151,6 +165,13 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
     joinTimeoutS: intArg("join-timeout", str("join-timeout"), 60, 1),
   };
   return { cluster, values: v };
+}
+
+/** A request's context shift (undefined: --no-context-shift): nKeep tokens after BOS stay (-1: the
+ * whole prompt), as llama-server resolves n_keep (engine resolveKeep). */
+export function contextShiftFor(a: Pick<ClusterArgs, "contextShift" | "nKeep">, promptTokens: number, addBos: boolean, ctx: number,
+  nKeep = a.nKeep, nDiscard?: number): ContextShift | undefined {
+  return a.contextShift ? { keep: resolveKeep(nKeep, promptTokens, addBos, ctx), discard: nDiscard } : undefined;
 }
 
 /** Runs a command's body, turning a UsageError into its message and exit code 2. */

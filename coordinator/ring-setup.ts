@@ -94,6 +94,7 @@ export class Ring {
         await this.link.send(f);
       },
       deliver: (f, logits) => void pipelineRef.p?.deliver(f, logits),
+      shifted: (f) => pipelineRef.p?.shifted(f),
       logitsFor: (f) => pipelineRef.p?.logitsFor(f),
       onError: (message) => this.fail(new Error(message)),
     });

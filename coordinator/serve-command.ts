@@ -174,7 +174,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   }
   const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, parallel, autoPlace: true, rotateToken: a.rotateToken, allowAdvertise: a.allowAdvertise });
   const api = new ApiServer({
-    cluster, tok, prompts, modelId, nPredict: a.nPredict, pooling: a.pooling,
+    cluster, tok, prompts, modelId, nPredict: a.nPredict, pooling: a.pooling, contextShift: a.contextShift, nKeep: a.nKeep,
     apiKeys: a.apiKeys, allowHosts: a.allowHosts, corsOrigins: a.corsOrigins,
     log, staticFiles: await dashboardFiles(log),
   });

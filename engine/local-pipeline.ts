@@ -29,6 +29,10 @@ export class LocalPipeline implements Pipeline {
     return this.window.kvResumable(pos);
   }
 
+  async shift(p0: number, nDiscard: number, nPast: number): Promise<void> {
+    this.window.kvShift(p0, nDiscard, nPast);
+  }
+
   close(): void {
     this.window.close();
   }

@@ -98,6 +98,9 @@ export interface NativeWindow {
   /** The largest position <= pos (and <= filled) a forward can continue from: sliding-window layers keep
    * only their last positions, so going back further than they hold restarts at 0. */
   kvResumable(pos: number): number;
+  /** Context shift: drops positions [p0, p0 + nDiscard) and moves [p0 + nDiscard, nPast) down by nDiscard,
+   * re-rotating their keys (native/src/kv_shift.h). The cache then holds nPast - nDiscard positions. */
+  kvShift(p0: number, nDiscard: number, nPast: number): void;
   kvSave(path: string): void;
   kvLoad(path: string): void;
   info(): WindowInfo;

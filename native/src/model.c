@@ -497,17 +497,22 @@ int prima_window_kv_resumable(const prima_window *w, int pos) {
     if (w->kv_cells[li] == w->n_ctx) continue; /* the whole context: every position is kept */
     const int window = w->m->layer_window[w->first + li];
     const int need = pos > window ? pos - window + 1 : 0; /* the first position pos attends to */
-    if (need < w->kv_end - w->kv_cells[li]) return 0;
+    if (need < w->kv_end - w->kv_cells[li] || need < w->kv_floor) return 0;
   }
   return pos;
 }
 
 /* After positions [pos, pos + n) are written. */
 static void kv_wrote(prima_window *w, int pos, int n) {
+  if (pos == 0) w->kv_floor = 0;
   if (pos == 0 || pos + n > w->kv_end) w->kv_end = pos + n;
 }
 
 /* ---- windows ------------------------------------------------------------------------------ */
+
+const prima_tensor *prima_rope_factors(const prima_model *m, int n_ctx) {
+  return m->rope_freqs.data ? &m->rope_freqs : n_ctx > m->hp.n_ctx_orig && m->rope_long.data ? &m->rope_long : &m->rope_short;
+}
 
 static int act_type_of(const prima_tensor *w) { return prima_kernels(w->type)->act_type; }
 
@@ -642,8 +647,7 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   /* llama.cpp's get_rope_factors: rope_freqs when the file has them, else phi3's long factors for a
    * context longer than the original one, else its short ones (its context is padded to 256: equal
    * choices for contexts that are multiples of 256) */
-  const prima_tensor *factors = m->rope_freqs.data ? &m->rope_freqs
-                                : n_ctx > hp->n_ctx_orig && m->rope_long.data ? &m->rope_long : &m->rope_short;
+  const prima_tensor *factors = prima_rope_factors(m, n_ctx);
   if (hp->rope_yarn_ext > 0)
     prima_rope_table_yarn(w->rope_cos, w->rope_sin, n_ctx, hp->rope_dims, hp->rope_base, hp->rope_freq_scale,
                           factors->data ? (const float *)factors->data : NULL, hp->rope_yarn_ext, hp->n_ctx_orig,
@@ -1449,7 +1453,7 @@ int prima_window_kv_save(prima_window *w, const char *path, char *err, size_t er
   const kv_header h = { KV_MAGIC, kv_type_code(w), w->end - w->first, (int32_t)kvdim, w->n_filled, w->first };
   /* the file holds every position of every layer: a ring that has wrapped no longer has them */
   for (int li = 0; li < h.n_layers; li++)
-    if (w->kv_cells[li] < w->n_ctx && w->n_filled > 0 && w->kv_end > w->kv_cells[li])
+    if (w->kv_cells[li] < w->n_ctx && w->n_filled > 0 && (w->kv_end > w->kv_cells[li] || w->kv_floor > 0))
       return prima_fail(err, err_len, "layer %d keeps only its last %d positions (a sliding window): its cache cannot be saved whole",
                         w->first + li, w->kv_cells[li]);
   FILE *f = fopen(path, "wb");
@@ -1488,6 +1492,7 @@ int prima_window_kv_load(prima_window *w, const char *path, char *err, size_t er
         }
       }
     w->kv_end = h.n_filled; /* rows were overwritten even when the file fell short */
+    w->kv_floor = 0;
     if (rc == 0) w->n_filled = h.n_filled;
     else w->n_filled = 0;
   }

@@ -115,6 +115,7 @@ typedef struct prima_window {
   int kv_end;     /* end of the furthest write since the cache last started at position 0: a ring holds
                      positions [kv_end - cells, kv_end) at most (prima_window_kv_resumable) */
   size_t kv_bytes;             /* both caches: rows over all layers x (k_row_bytes + v_row_bytes) */
+  int kv_floor;   /* after a context shift of a wrapped ring, positions below this are lost too (kv_shift.c) */
   float *rope_cos, *rope_sin;  /* [n_ctx][rope_dims/2] */
   float *rope_cos_swa, *rope_sin_swa; /* the same for sliding-window layers (NULL: the window has none) */
   /* scratch, max_batch rows each */
@@ -162,6 +163,8 @@ void prima_model_close(prima_model *m);
 prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, int k_type, int v_type,
                                   char *err, size_t err_len);
 void prima_window_destroy(prima_window *w);
+/* The RoPE frequency factors a window of n_ctx tokens uses (its tensor's data is NULL: none). */
+const prima_tensor *prima_rope_factors(const prima_model *m, int n_ctx);
 
 /* Runs the window's layers on n_tokens activation rows (n_embd floats each, updated in place) at
  * positions pos..pos+n_tokens-1. If logits is non-NULL, also applies the output norm and head to
