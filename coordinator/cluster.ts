@@ -5,8 +5,8 @@
 import { EventEmitter } from "node:events";
 import { basename, dirname, extname, join, resolve } from "node:path";
 import type { Status } from "../control/index.js";
-import { LocalPipeline, SeqSlots, generate, type GenerationResult, type LocalModel, type Sampler } from "../engine/index.js";
-import { ggmlTypeName, metaString, modelFingerprint, rowBytes } from "../model/index.js";
+import { KvJournal, LocalPipeline, SeqSlots, generate, replayJournal, type ContextShift, type GenerationResult, type LocalModel, type Sampler } from "../engine/index.js";
+import { ggmlTypeName, metaString, modelFingerprint, rowBytes, type KvCacheTypes } from "../model/index.js";
 import { defaultCacheDir, memoryPressureTracker, settleMemory, profileDevice, systemInfo, RereadStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
 import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
 import {
@@ -17,6 +17,7 @@ import { serveChunks, windowChunkHashes } from "./model-store.js";
 import { WorkerRegistry, type WorkerHandle } from "./registry.js";
 import { TrustStore } from "../trust/index.js";
 import { HEAD_ID, Ring, headStatus } from "./ring-setup.js";
+import { kvCacheState } from "./kv-cache-options.js";
 import { SequenceScheduler, type SlotState } from "./parallel.js";
 import {
   STATE_VERSION, type ClusterState, type DeviceState, type DeviceStateName, type EventState, type MeasuredMs, type PlanState,
@@ -33,6 +34,8 @@ export interface ClusterOptions {
   readonly name: string;
   readonly ctx: number;
   readonly batch: number;
+  /** The KV cache's types on every device (--cache-type-k/-v); default f16. */
+  readonly kvCacheTypes?: KvCacheTypes;
   readonly prefetch: boolean;
   readonly reprofile: boolean;
   readonly layerWindows?: LayerWindowsArg;
@@ -88,6 +91,8 @@ export interface GenerationRequest {
   /** The prompt's rows after every layer, from position `fromPos` (the cache held those before), once
    * its pass is done (again after a failover's replay): what an embedding pools (embeddings.ts). */
   readonly onPrompt?: (rows: Float32Array, fromPos: number) => void;
+  /** Past the context: shift it and go on (undefined: stop when it is full). */
+  readonly contextShift?: ContextShift;
 }
 
 /** A device's counters per decode step, as run's report shows them. */
@@ -169,9 +174,9 @@ export class Cluster extends EventEmitter {
   private readonly devices = new Map<string, DeviceInfo>();
   private readonly lost: { handle: WorkerHandle; info: DeviceInfo }[] = [];
   private readonly events: EventState[] = [];
-  /** Tokens whose KV cache the current pipeline holds at positions 0..n-1. */
-  private cachedIds: number[] = [];
-  /** The scope of the request that left cachedIds (GenerationRequest.cacheScope). */
+  /** What the current pipeline's KV cache holds (engine/context-shift.ts). */
+  private journal = new KvJournal();
+  /** The scope of the request that left the journal (GenerationRequest.cacheScope). */
   private cachedScope: string | undefined;
   private tail: Promise<unknown> = Promise.resolve();
   private waiting = 0;
@@ -300,7 +305,7 @@ export class Cluster extends EventEmitter {
     }
     this.stats.lost++;
     this.event("lost", `device ${w.label} lost: ${reason}`);
-    if (this.current?.kind === "ring" && this.current.ring.spec.members.some((m) => m.worker === w)) this.cachedIds = [];
+    if (this.current?.kind === "ring" && this.current.ring.spec.members.some((m) => m.worker === w)) this.journal = new KvJournal();
     this.markDirty();
   }
 
@@ -376,7 +381,7 @@ export class Cluster extends EventEmitter {
   private async takeDown(): Promise<void> {
     const c = this.current;
     this.current = undefined;
-    this.cachedIds = [];
+    this.journal = new KvJournal();
     if (this.sequences) {
       await this.sequences.scheduler.close();
       this.sequences.slots.close();
@@ -442,7 +447,7 @@ export class Cluster extends EventEmitter {
         model, modelPath: this.o.modelPath, fingerprint: this.fingerprint, workers, head: this.headReport, ctx: this.o.ctx,
         // A recovery plans with the last timed passes: a request is paused until it is placed.
         retime: !recovering, retimeHead: recovering ? undefined : async () => (this.headReport = await this.profileHead(true)),
-        maxBatch: this.o.batch, tokens: this.o.plannedTokens ?? this.o.ctx, log,
+        maxBatch: this.o.batch, tokens: this.o.plannedTokens ?? this.o.ctx, log, kvCacheTypes: this.o.kvCacheTypes,
         options: { k: this.o.cycles, ...(this.o.keepAll ? { keepAll: true } : {}) }, rereads: this.rereads,
       });
       log(formatPlan(placement, placement.labels));
@@ -472,7 +477,7 @@ export class Cluster extends EventEmitter {
     for (const m of members) this.setDevice(m.worker, "loading", "receiving its windows", 0);
     const ring = await Ring.build({
       members, headWindows, headReleaseAfterUse: releaseAfterUse(workers.length), cycles: plan.cycles, ctx: this.o.ctx,
-      maxBatch: this.o.batch, prefetch: this.o.prefetch,
+      maxBatch: this.o.batch, prefetch: this.o.prefetch, kvCacheTypes: this.o.kvCacheTypes,
     }, {
       model, fingerprint: this.fingerprint, registry: this.registry, log,
       weights: async (layers) => ({ chunkBytes: this.modelSource.info.chunkBytes, chunks: await windowChunkHashes(this.modelSource, model.gguf, layers) }),
@@ -500,17 +505,17 @@ export class Cluster extends EventEmitter {
   }
 
   private useLocal(leftOut: { device: string; reason: string }[], why: string, generation = this.generation): void {
-    const pipeline = new LocalPipeline(this.o.model, this.o.ctx, this.o.batch);
+    const pipeline = new LocalPipeline(this.o.model, this.o.ctx, this.o.batch, this.o.kvCacheTypes);
     if (this.parallel > 1) {
       // slot 0 is the pipeline's window; the others each a KV cache of their own: N x ctx in all
       let slots: SeqSlots;
       try {
-        slots = new SeqSlots(this.o.model, this.parallel, this.o.ctx, this.o.batch, pipeline.window);
+        slots = new SeqSlots(this.o.model, this.parallel, this.o.ctx, this.o.batch, pipeline.window, this.o.kvCacheTypes);
       } catch (e) {
         pipeline.close();
         throw e;
       }
-      // K and V in F16 for every layer of every slot, as the windows hold them (sliding-window layers a ring)
+      // K and V in their types for every layer of every slot, as the windows hold them (sliding-window layers a ring)
       const kvBytes = slots.windows.reduce((a, w) => a + w.info().kvBytes, 0);
       const anonBytes = slots.windows.reduce((a, w) => a + w.info().anonBytes, 0);
       const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
@@ -637,15 +642,15 @@ export class Cluster extends EventEmitter {
     let current = this.current!;
     req.onStart?.();
     const prompt = req.prompt;
-    // The longest prefix whose KV cache is already in place; at least one token must go through the
-    // layers to give logits.
-    let cached = 0;
-    if (req.cacheScope !== this.cachedScope) this.cachedIds = [];
-    while (cached < this.cachedIds.length && cached < prompt.length && this.cachedIds[cached] === prompt[cached]) cached++;
-    if (cached === prompt.length) cached--;
+    // What of the prompt the KV cache already holds (at least one token goes through the layers, for
+    // logits); the request's journal records the rest, to be replayed after a failure.
+    if (req.cacheScope !== this.cachedScope) this.journal = new KvJournal();
+    const journal = this.journal;
+    this.journal = new KvJournal(); // until the request ends well
     // sliding-window layers may hold too little of an older prefix to continue from it
-    cached = (current.kind === "ring" ? current.ring.pipeline : current.pipeline).resumable?.(cached) ?? cached;
-    this.cachedIds = [];
+    const pipeline = current.kind === "ring" ? current.ring.pipeline : current.pipeline;
+    const continued = journal.continueWith(prompt, pipeline.resumable?.bind(pipeline));
+    const cached = prompt.length - continued.rest.length;
     const started = performance.now();
     const ctrl = { tokens: 0, firstAt: null as number | null, startedAt: started };
     this.active = {
@@ -665,8 +670,9 @@ export class Cluster extends EventEmitter {
     const parts: GenerationResult[] = [];
     let before: Promise<Awaited<ReturnType<Ring["statuses"]>> | undefined> | undefined;
     let meter!: DecodeMeter;
-    let input = prompt.subarray(cached);
-    let startPos = cached;
+    let input = continued.rest;
+    let startPos = continued.startPos;
+    let replay = false;
     // A device that joins during the request is placed at the next token: the ring is re-placed and
     // the prompt and the tokens sent so far replayed, as after a loss (without counting as one).
     let arrivalsSeen = this.arrivals;
@@ -682,8 +688,12 @@ export class Cluster extends EventEmitter {
         try {
           const left = req.maxTokens - emitted.length;
           if (left <= 0) break;
+          if (replay) ({ startPos, input } = await replayJournal(journal, this.o.model, meter, [...prompt, ...emitted]));
+          replay = false;
           parts.push(await generate(this.o.model, meter, input, {
             startPos, maxTokens: left, sampler: req.sampler, isEnd: req.isEnd, yieldEveryMs: YIELD_EVERY_MS, onPrompt: req.onPrompt && ((rows) => req.onPrompt!(rows, startPos)),
+            journal, contextShift: req.contextShift,
+            onShift: (keep, d, pos) => this.o.log(`context full: shifted the KV cache on every device (kept ${keep}, dropped ${d}, ${pos} left)`),
             onToken: (id) => {
               const now = performance.now();
               if (ctrl.firstAt === null) ctrl.firstAt = now;
@@ -708,8 +718,7 @@ export class Cluster extends EventEmitter {
           this.event("info", `placing the layers again for a device that joined during the request; replaying ${prompt.length + emitted.length} tokens`);
           await this.recoverRing();
           current = this.current!;
-          input = Int32Array.from([...prompt, ...emitted]);
-          startPos = 0;
+          replay = true;
         } catch (e) {
           const failure = await ring?.failureWithin();
           if (!failure || req.signal?.aborted || recoveries++ >= MAX_RECOVERIES) throw e;
@@ -721,8 +730,7 @@ export class Cluster extends EventEmitter {
           arrivalsSeen = this.arrivals; // this placement takes every device there is
           await this.recoverRing();
           current = this.current!;
-          input = Int32Array.from([...prompt, ...emitted]);
-          startPos = 0;
+          replay = true;
           replayFrom = performance.now();
         }
       }
@@ -739,9 +747,10 @@ export class Cluster extends EventEmitter {
     const result: GenerationResult = {
       ids: emitted, stopReason: last?.stopReason ?? "length", promptTokens: prompt.length - cached, promptMs: parts[0]?.promptMs ?? 0,
       decodeSteps: parts.reduce((a, r) => a + r.decodeSteps, 0), decodeMs: parts.reduce((a, r) => a + r.decodeMs, 0), endPos: last?.endPos ?? startPos,
+      shifts: parts.reduce((a, r) => a + r.shifts, 0), discarded: parts.reduce((a, r) => a + r.discarded, 0),
     };
     // What went through the layers is in every device's KV cache: the next request may reuse it.
-    this.cachedIds = [...prompt, ...emitted].slice(0, result.endPos);
+    this.journal = journal;
     this.cachedScope = req.cacheScope;
     const firstTokenMs = ctrl.firstAt === null ? null : ctrl.firstAt - started;
     this.stats.completed++;
@@ -994,6 +1003,7 @@ export class Cluster extends EventEmitter {
         name: basename(this.o.modelPath, extname(this.o.modelPath)), path: this.o.modelPath,
         architecture: metaString(model.gguf, "general.architecture") ?? "unknown", layers: model.nLayers, sizeBytes: model.desc.fileBytes,
         quantization: quantizationOf(model), fingerprint: this.fingerprint, contextTokens: this.o.ctx,
+        kvCache: kvCacheState(model.desc.hparams, this.o.kvCacheTypes),
       }),
       server: {
         startedUnixMs: this.startedUnixMs, nowUnixMs: Date.now(), ready: readiness.ok,

@@ -12,6 +12,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from "node:net";
 import { Sampler } from "../engine/index.js";
 import { StreamingDecoder, printable, type Tokenizer } from "../model/index.js";
+import { contextShiftFor } from "./args.js";
 import { CancelledError, QueueFullError, type Cluster } from "./cluster.js";
 import { formatMetrics, newRequestOutcomes, type RequestOutcomes } from "./metrics.js";
 import { ApiError, StopMatcher, openAiDialect, renamedParam, usage, type FinishReason, type TokenLogprobs } from "./openai.js";
@@ -38,6 +39,9 @@ export interface ApiServerOptions extends GuardOptions, Served {
   readonly nPredict?: number;
   /** serve --pooling (embeddings.ts); undefined: the model file's, else last. */
   readonly pooling?: Pooling;
+  /** Past the context: shift it (serve --keep, --no-context-shift). */
+  readonly contextShift?: boolean;
+  readonly nKeep?: number;
   readonly maxBodyBytes?: number;
   readonly log: (line: string) => void;
   /** Serves the dashboard's files; returns false when the path is not one of them. */
@@ -465,8 +469,12 @@ export class ApiServer {
       text += t;
       send(parser ? parser.push(t) : [{ kind: "content", text: t }]);
     };
+    // A request that names no max_tokens fills the context (or takes --n-predict); shifting the context,
+    // one may name more, up to --n-predict.
     const room = cluster.o.ctx - ids.length;
-    const maxTokens = Math.min(p.maxTokens ?? room, this.o.nPredict ?? room, room);
+    const shift = contextShiftFor({ contextShift: this.o.contextShift ?? false, nKeep: this.o.nKeep ?? 0 }, ids.length, tok.addBos, cluster.o.ctx, p.nKeep, p.nDiscard);
+    const maxTokens = shift ? Math.min(p.maxTokens ?? this.o.nPredict ?? room, this.o.nPredict ?? Infinity)
+      : Math.min(p.maxTokens ?? room, this.o.nPredict ?? room, room);
     const sampler = new Sampler({ ...p.sampler, constraint, closeAfter: closingStart(maxTokens), logprobs: p.logprobs });
     // Numbered as it is queued (cluster.generate queues synchronously), so the log shows the order.
     const tag = `request ${++this.received} (${w.id})`;
@@ -474,7 +482,7 @@ export class ApiServer {
     try {
       const out = await cluster.generate({
         kind: p.kind, prompt: ids, maxTokens, sampler, isEnd: (id) => tok.isEog(id),
-        signal: abort.signal, cacheScope,
+        signal: abort.signal, cacheScope, contextShift: shift,
         onStart: () => w.start(),
         onToken: (id) => {
           pending.push(id);

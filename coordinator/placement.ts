@@ -8,7 +8,7 @@
 import { TIMED_STATUS_TIMEOUT_MS, type Status } from "../control/index.js";
 import type { LocalModel, Pipeline } from "../engine/index.js";
 import { effectiveDiskBytesPerS, selectDevices, type DeviceLatencyMs, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "../halda/index.js";
-import { kvBytesPerLayer, modelProfile } from "../model/index.js";
+import { kvBytesPerLayer, modelProfile, type KvCacheTypes } from "../model/index.js";
 import {
   measureLink, reclaimIdlePages, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, windowOverheadMs, observedRereadBytesPerS, rereadKey, rereadFigure,
   RECENT_REREAD_MS, type DeviceReport, type LinkMeasurement, type RereadStore,
@@ -248,6 +248,11 @@ export class DecodeMeter implements Pipeline {
     this.inner.truncate(pos);
   }
 
+  shift(p0: number, nDiscard: number, nPast: number): Promise<void> {
+    if (!this.inner.shift) return Promise.reject(new Error("this pipeline cannot shift its context"));
+    return this.inner.shift(p0, nDiscard, nPast);
+  }
+
   /** Decode steps timed, and their mean wall time through the whole ring (ms). */
   get decodeSteps(): number {
     return this.steps;
@@ -275,6 +280,8 @@ export interface RingPlanInput {
   readonly retime?: boolean;
   readonly ctx: number;
   readonly maxBatch: number;
+  /** The KV cache's types (f16 when absent): a window's memory counts its cache in them. */
+  readonly kvCacheTypes?: KvCacheTypes;
   /** Tokens the run will hold: prompt + generated (sets the attention FLOPs). */
   readonly tokens: number;
   readonly options: HaldaOptions;
@@ -322,8 +329,8 @@ export function recordRereads(p: RingPlan, rows: readonly { haldaIndex: number; 
 }
 
 /** Scratch of one window (activations, RoPE tables): the engine's compute buffer, measured. */
-function windowScratchBytes(model: LocalModel, ctx: number, maxBatch: number): number {
-  const w = model.window(0, 1, { ctx, maxBatch });
+function windowScratchBytes(model: LocalModel, ctx: number, maxBatch: number, kvCacheTypes?: KvCacheTypes): number {
+  const w = model.window(0, 1, { ctx, maxBatch, kvCacheTypes });
   try {
     const info = w.info();
     return Math.max(0, info.anonBytes - info.kvBytes);
@@ -352,8 +359,10 @@ const lastTimed = new WeakMap<WorkerHandle, DeviceReport>();
  * each worker, and runs Halda. Throws an Error naming the device or the reason when no plan exists.
  */
 export async function planRing(i: RingPlanInput): Promise<RingPlan> {
-  const profileModel = modelProfile(i.model.desc, { nCtx: i.ctx, maxBatch: i.maxBatch, nPredict: Math.max(1, Math.min(i.ctx, i.tokens)), name: i.modelPath });
-  const scratch = windowScratchBytes(i.model, i.ctx, i.maxBatch);
+  const profileModel = modelProfile(i.model.desc, {
+    nCtx: i.ctx, maxBatch: i.maxBatch, nPredict: Math.max(1, Math.min(i.ctx, i.tokens)), name: i.modelPath, kvCacheTypes: i.kvCacheTypes,
+  });
+  const scratch = windowScratchBytes(i.model, i.ctx, i.maxBatch, i.kvCacheTypes);
   const linkOptions = {
     identity: { deviceId: "head", modelFingerprint: i.fingerprint, hiddenSize: i.model.nEmbd }, bulkTokens: Math.min(512, i.maxBatch),
   };
