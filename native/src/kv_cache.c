@@ -93,6 +93,22 @@ static void accum_quant_scalar(int type, float *acc, const float *p, int ratio, 
 }
 
 #ifdef PRIMA_X86
+/* A Q8_0 or Q4_0 block's 32 levels as int8 (elements 0..15 in lo, 16..31 in hi) and its scale: what
+ * the AVX2 and AVX-512 V accumulations below both read. */
+__attribute__((target("avx2,f16c"))) static inline float kv_block_levels(int type, const uint8_t *blk, __m128i *lo, __m128i *hi) {
+  if (type == PRIMA_Q8_0) {
+    const block_q8_0 *b = (const block_q8_0 *)blk;
+    *lo = _mm_loadu_si128((const __m128i *)b->qs);
+    *hi = _mm_loadu_si128((const __m128i *)(b->qs + 16));
+    return prima_fp16_to_fp32(b->d);
+  }
+  const block_q4_0 *b = (const block_q4_0 *)blk;
+  const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs), m4 = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8);
+  *lo = _mm_sub_epi8(_mm_and_si128(raw, m4), eight);
+  *hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), eight);
+  return prima_fp16_to_fp32(b->d);
+}
+
 /* The scalar's arithmetic in 8 lanes: the same products, accumulated with a fused multiply-add (each
  * element's sum is the scalar's up to that rounding; AVX-512 below gives the AVX2 twin's bits). */
 __attribute__((target("avx2,fma,f16c"))) static void accum_quant_avx2(int type, float *acc, const float *p, int ratio, int d,
@@ -103,19 +119,7 @@ __attribute__((target("avx2,fma,f16c"))) static void accum_quant_avx2(int type, 
     const uint8_t *vj = v + (size_t)j * vs;
     for (int ib = 0; ib < nblk; ib++) {
       __m128i lo, hi; /* elements 0..15 and 16..31 as int8 */
-      float dh;
-      if (type == PRIMA_Q8_0) {
-        const block_q8_0 *b = (const block_q8_0 *)(vj + ib * bb);
-        lo = _mm_loadu_si128((const __m128i *)b->qs);
-        hi = _mm_loadu_si128((const __m128i *)(b->qs + 16));
-        dh = prima_fp16_to_fp32(b->d);
-      } else {
-        const block_q4_0 *b = (const block_q4_0 *)(vj + ib * bb);
-        const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs), m4 = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8);
-        lo = _mm_sub_epi8(_mm_and_si128(raw, m4), eight);
-        hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), eight);
-        dh = prima_fp16_to_fp32(b->d);
-      }
+      const float dh = kv_block_levels(type, vj + ib * bb, &lo, &hi);
       const __m256 dv = _mm256_set1_ps(dh);
       __m256 x[4];
       x[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), dv);
@@ -139,20 +143,8 @@ __attribute__((target("avx512f,avx2,fma,f16c"))) static void accum_quant_avx512(
   for (int j = 0; j < n_pos; j++) {
     const uint8_t *vj = v + (size_t)j * vs;
     for (int ib = 0; ib < nblk; ib++) {
-      __m128i lo, hi;
-      float dh;
-      if (type == PRIMA_Q8_0) {
-        const block_q8_0 *b = (const block_q8_0 *)(vj + ib * bb);
-        lo = _mm_loadu_si128((const __m128i *)b->qs);
-        hi = _mm_loadu_si128((const __m128i *)(b->qs + 16));
-        dh = prima_fp16_to_fp32(b->d);
-      } else {
-        const block_q4_0 *b = (const block_q4_0 *)(vj + ib * bb);
-        const __m128i raw = _mm_loadu_si128((const __m128i *)b->qs), m4 = _mm_set1_epi8(0xF), eight = _mm_set1_epi8(8);
-        lo = _mm_sub_epi8(_mm_and_si128(raw, m4), eight);
-        hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), eight);
-        dh = prima_fp16_to_fp32(b->d);
-      }
+      __m128i lo, hi; /* elements 0..15 and 16..31 as int8 */
+      const float dh = kv_block_levels(type, vj + ib * bb, &lo, &hi);
       const __m512 dv = _mm512_set1_ps(dh);
       const __m512 x0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), dv);
       const __m512 x1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), dv);
