@@ -19,7 +19,9 @@
         "native/src/threadpool.c",
         "native/src/matmul.c",
         "native/src/ops.c",
+        "native/src/kv_cache.c",
         "native/src/model.c",
+        "native/src/kv_shift.c",
         "native/src/lane.c",
         "native/src/seal.c",
         "native/src/profile.c"

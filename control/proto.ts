@@ -48,6 +48,9 @@ export interface Assignment {
    * device refuses to run them on other bytes. */
   windowChunks?: ChunkHash[];
   chunkBytes?: number;
+  /** The KV cache's types by llama.cpp's names (f16, q8_0, q4_0); empty or absent: f16. */
+  cacheTypeK?: string;
+  cacheTypeV?: string;
 }
 export interface LoadProgress { fraction: number; stage: string }
 export interface Ready { anonBytes: number }

@@ -1,8 +1,10 @@
 // Command-line options shared by run, chat and serve: the engine, sampling and the ring. Each command
 // adds its own; a usage error is a UsageError whose message is what to print.
 import { parseArgs, type ParseArgsConfig } from "node:util";
-import { Sampler } from "../engine/index.js";
+import { Sampler, resolveKeep, type ContextShift } from "../engine/index.js";
+import type { KvCacheTypes } from "../model/index.js";
 import type { LayerWindowsArg } from "./cluster-options.js";
+import { KV_CACHE_HELP, KV_CACHE_OPTIONS, expandKvCacheShortFlags, kvCacheTypesFrom } from "./kv-cache-options.js";
 
 export class UsageError extends Error {
   override name = "UsageError";
@@ -30,7 +32,10 @@ export const SAMPLING_HELP = `      --temp X             temperature, 0 = greedy
 export const ENGINE_HELP = `  -t, --threads N          compute threads (default: all cores)
   -c, --ctx N              context size in tokens (default 2048, at most the model's)
   -b, --batch N            prompt batch size (default 128)
-      --chat-template T    for a model without a template: chatml or llama2, or a Jinja file`;
+${KV_CACHE_HELP}
+      --chat-template T    for a model without a template: chatml or llama2, or a Jinja file
+      --keep N             past the context, keep the first N tokens after BOS (-1: the whole prompt; default 0)
+      --no-context-shift   stop when the context is full instead of shifting it (--context-shift: the default)`;
 
 export const RING_HELP = `      --min-workers N      wait for N workers before running (default 0: run alone)
       --layer-windows LIST layers per device per cycle: in ring order (workers by name, then the head),
@@ -52,6 +57,10 @@ const SHARED_OPTIONS = {
   ctx: { type: "string", short: "c" },
   batch: { type: "string", short: "b" },
   "chat-template": { type: "string" },
+  keep: { type: "string" },
+  "context-shift": { type: "boolean" },
+  "no-context-shift": { type: "boolean" },
+  "kv-evict": { type: "string" },
   "min-workers": { type: "string" },
   "layer-windows": { type: "string" },
   cycles: { type: "string", short: "k" },
@@ -59,6 +68,7 @@ const SHARED_OPTIONS = {
   "no-prefetch": { type: "boolean" },
   reprofile: { type: "boolean" },
   "join-timeout": { type: "string" },
+  ...KV_CACHE_OPTIONS,
   help: { type: "boolean", short: "h" },
 } as const satisfies NonNullable<ParseArgsConfig["options"]>;
 
@@ -69,7 +79,12 @@ export interface ClusterArgs {
   readonly threads?: number;
   readonly ctx: number;
   readonly batch: number;
+  /** --cache-type-k/-v: the KV cache's types on every device. */
+  readonly kvCacheTypes: KvCacheTypes;
   readonly chatTemplate?: string;
+  /** Past the context: shift it (--no-context-shift: stop), keeping --keep tokens after BOS. */
+  readonly contextShift: boolean;
+  readonly nKeep: number;
   readonly minWorkers: number;
   readonly layerWindows?: LayerWindowsArg;
   readonly cycles?: number;
@@ -104,7 +119,7 @@ type Extra = NonNullable<ParseArgsConfig["options"]>;
 /** Parses the shared options plus `extra`; exactly one positional (the model file) is required.
  * Throws UsageError (with the help text for -h). */
 export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help: string, command: string) {
-  const { values, positionals } = parseArgs({ args: argv, allowPositionals: true, options: { ...SHARED_OPTIONS, ...extra } });
+  const { values, positionals } = parseArgs({ args: expandKvCacheShortFlags(argv), allowPositionals: true, options: { ...SHARED_OPTIONS, ...extra } });
   const v = values as Record<string, string | boolean | undefined>;
   if (v.help) throw new UsageError(help);
   if (positionals.length !== 1) throw new UsageError(`${command} needs exactly one model file\n${help}`);
@@ -122,13 +137,25 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
   } catch (e) {
     throw new UsageError((e as Error).message);
   }
+  let kvCacheTypes: KvCacheTypes;
+  try {
+    kvCacheTypes = kvCacheTypesFrom(v);
+  } catch (e) {
+    throw new UsageError((e as Error).message);
+  }
+  if (v["context-shift"] && v["no-context-shift"]) throw new UsageError("give --context-shift or --no-context-shift, not both");
+  // H2O heavy-hitter eviction (issue #33) needs attention statistics the kernel does not gather yet.
+  if (str("kv-evict") !== undefined) throw new UsageError(`--kv-evict ${JSON.stringify(str("kv-evict")).slice(0, 40)}: not supported; past the context prima shifts it (--keep N)`);
   const cluster: ClusterArgs = {
     model: positionals[0],
     samplerOptions,
     threads: str("threads") === undefined ? undefined : intArg("threads", str("threads"), 1, 1, 1024),
     ctx: intArg("ctx", str("ctx"), 2048, 1),
     batch: intArg("batch", str("batch"), 128, 1),
+    kvCacheTypes,
     chatTemplate: str("chat-template"),
+    contextShift: !v["no-context-shift"],
+    nKeep: intArg("keep", str("keep"), 0, -1),
     minWorkers: intArg("min-workers", str("min-workers"), 0),
     layerWindows: str("layer-windows") === undefined ? undefined : parseLayerWindows(str("layer-windows")!),
     cycles: str("cycles") === undefined ? undefined : intArg("cycles", str("cycles"), 1, 1),
@@ -138,6 +165,13 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
     joinTimeoutS: intArg("join-timeout", str("join-timeout"), 60, 1),
   };
   return { cluster, values: v };
+}
+
+/** A request's context shift (undefined: --no-context-shift): nKeep tokens after BOS stay (-1: the
+ * whole prompt), as llama-server resolves n_keep (engine resolveKeep). */
+export function contextShiftFor(a: Pick<ClusterArgs, "contextShift" | "nKeep">, promptTokens: number, addBos: boolean, ctx: number,
+  nKeep = a.nKeep, nDiscard?: number): ContextShift | undefined {
+  return a.contextShift ? { keep: resolveKeep(nKeep, promptTokens, addBos, ctx), discard: nDiscard } : undefined;
 }
 
 /** Runs a command's body, turning a UsageError into its message and exit code 2. */

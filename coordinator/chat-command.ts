@@ -6,7 +6,7 @@ import { createInterface } from "node:readline";
 import { Sampler } from "../engine/index.js";
 import type { ChatMessage } from "../model/index.js";
 import { StreamingDecoder } from "../model/index.js";
-import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
+import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, contextShiftFor, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
 import { CancelledError } from "./queue.js";
 import { clusterFor, log, openHead } from "./head.js";
 import { ConversationTokens } from "./prompt.js";
@@ -86,7 +86,8 @@ export async function chatWith(a: ClusterArgs & { system?: string; nPredict: num
       messages.push({ role: "user", content: line });
       const promptText = prompts.chatText(messages);
       const { ids } = conversation.ids("", promptText);
-      if (ids.length >= cluster.o.ctx) {
+      // Shifting, a conversation goes on past the context: the cache continues the last turn's shifted one.
+      if (ids.length >= cluster.o.ctx && !a.contextShift) {
         console.error(`prima-coord: the conversation has ${ids.length} tokens, the context only ${cluster.o.ctx}: /reset, or raise --ctx`);
         messages.pop();
         continue;
@@ -97,6 +98,7 @@ export async function chatWith(a: ClusterArgs & { system?: string; nPredict: num
       try {
         const out = await cluster.generate({
           kind: "chat", prompt: ids, maxTokens: a.nPredict, sampler: new Sampler(a.samplerOptions), isEnd: (id) => tok.isEog(id),
+          contextShift: contextShiftFor(a, ids.length, tok.addBos, cluster.o.ctx),
           signal: current.signal,
           onToken: (id) => {
             const piece = stream.push(id);

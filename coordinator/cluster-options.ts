@@ -1,6 +1,7 @@
 // What a cluster is made with: the model, the device's limits, how layers are placed and how many
 // requests wait or run at once (serve-command.ts, run-command.ts and chat-command.ts fill it in).
 import type { LocalModel } from "../engine/index.js";
+import type { KvCacheTypes } from "../model/index.js";
 
 /** --layer-windows: in ring order, or by device name (`laptop=8,phone=4,head=10`). */
 export type LayerWindowsArg = { readonly list: readonly number[] } | { readonly byName: ReadonlyMap<string, number> };
@@ -12,6 +13,8 @@ export interface ClusterOptions {
   readonly name: string;
   readonly ctx: number;
   readonly batch: number;
+  /** The KV cache's types on every device (--cache-type-k/-v); default f16. */
+  readonly kvCacheTypes?: KvCacheTypes;
   readonly prefetch: boolean;
   readonly reprofile: boolean;
   readonly layerWindows?: LayerWindowsArg;

@@ -3,13 +3,14 @@
 // the queue and the counters. The cluster takes the snapshot; nothing here reads a clock or a device.
 import type { Status } from "../control/index.js";
 import type { LocalModel } from "../engine/index.js";
-import { ggmlTypeName, metaString, rowBytes } from "../model/index.js";
+import { ggmlTypeName, metaString, rowBytes, type KvCacheTypes } from "../model/index.js";
 import type { DeviceReport, SystemInfo } from "../profiler/index.js";
 import type { DeviceRecord, DeviceRecords } from "./devices.js";
 import type { Seat } from "./placement.js";
 import type { RingPlan } from "./plan-ring.js";
 import type { WorkerHandle } from "./registry.js";
 import { HEAD_ID } from "./ring-setup.js";
+import { kvCacheState } from "./kv-cache-options.js";
 import { STATE_VERSION, type ClusterState, type DeviceState, type EventState, type PlanState } from "./state.js";
 
 export interface StateSnapshot {
@@ -106,11 +107,11 @@ function windowStates(plan: PlanState | null, deviceId: string, status: Status |
 }
 
 /** The state's model part (it never changes). */
-export function modelState(model: LocalModel, path: string, name: string, fingerprint: string, contextTokens: number): ClusterState["model"] {
+export function modelState(model: LocalModel, path: string, name: string, fingerprint: string, contextTokens: number, kvCacheTypes?: KvCacheTypes): ClusterState["model"] {
   return {
     // The name /v1/models lists (the file's), which the dashboard's chat sends back.
     name, path, architecture: metaString(model.gguf, "general.architecture") ?? "unknown", layers: model.nLayers, sizeBytes: model.desc.fileBytes,
-    quantization: quantizationOf(model), fingerprint, contextTokens,
+    quantization: quantizationOf(model), fingerprint, contextTokens, kvCache: kvCacheState(model.desc.hparams, kvCacheTypes),
   };
 }
 

@@ -256,7 +256,7 @@ export class Cluster extends EventEmitter {
     });
     if (this.parallel > 1 && placed.current.kind === "local") {
       try {
-        this.sequences = openSequences(this.o.model, placed.current.pipeline, { parallel: this.parallel, ctx: this.o.ctx, batch: this.o.batch, maxQueue: this.maxQueue, log: this.o.log }, {
+        this.sequences = openSequences(this.o.model, placed.current.pipeline, { parallel: this.parallel, ctx: this.o.ctx, batch: this.o.batch, kvCacheTypes: this.o.kvCacheTypes, maxQueue: this.maxQueue, log: this.o.log }, {
           token: () => this.activity.token(),
           step: (rows) => this.stats.batchStep(rows),
           finished: (out, promptTokens) => this.recordParallel(out, promptTokens),
@@ -328,10 +328,8 @@ export class Cluster extends EventEmitter {
       await this.recoverRing();
     }
     req.onStart?.();
-    // sliding-window layers may hold too little of an older prefix to continue from it
     const placed = this.current!;
-    const cached = this.promptCache.take(req.prompt, req.cacheScope);
-    const run = new RequestRun(this.runHost(), req, (placed.kind === "ring" ? placed.ring.pipeline : placed.pipeline).resumable?.(cached) ?? cached);
+    const run = new RequestRun(this.runHost(), req, this.promptCache.take(req.prompt, req.cacheScope, placed.kind === "ring" ? placed.ring.pipeline : placed.pipeline));
     this.active = run;
     this.devices.busy();
     this.changed();
@@ -350,7 +348,7 @@ export class Cluster extends EventEmitter {
     pressure.sample();
     const { current, result } = decoded;
     // What went through the layers is in every device's KV cache: the next request may reuse it.
-    this.promptCache.keep([...req.prompt, ...run.emitted].slice(0, result.endPos), req.cacheScope);
+    this.promptCache.keep(run.journal, req.cacheScope);
     this.stats.finished(result, req.prompt.length, run.cached, run.firstTokenMs);
     const perDevice = await measureRun({
       current, run, headPressure: pressure.pressure(), result, report: req.report ?? false, seats: this.seats, devices: this.devices,
@@ -374,7 +372,7 @@ export class Cluster extends EventEmitter {
         await this.recoverRing();
         return this.current!;
       },
-      event: (kind, message) => this.event(kind, message), token: () => this.activity.token(),
+      event: (kind, message) => this.event(kind, message), log: (line) => this.o.log(line), token: () => this.activity.token(),
     };
   }
 
@@ -440,7 +438,7 @@ export class Cluster extends EventEmitter {
     const headStatusNow = this.current?.kind === "local" ? aloneStatus(this.current.pipeline, this.o.model.nLayers, pressureSeen) : headStatus(this.current?.ring.node, pressureSeen);
     return clusterState({
       cluster: this.o.name,
-      model: (this.modelState ??= modelState(this.o.model, this.o.modelPath, basename(this.o.modelPath, extname(this.o.modelPath)), this.fingerprint, this.o.ctx)),
+      model: (this.modelState ??= modelState(this.o.model, this.o.modelPath, basename(this.o.modelPath, extname(this.o.modelPath)), this.fingerprint, this.o.ctx, this.o.kvCacheTypes)),
       server: { startedUnixMs: this.startedUnixMs, nowUnixMs: Date.now(), ready: readiness.ok, status: readiness.status, clusterPort: this.clusterPort },
       plan: this.planState, placement: this.placement, seats: this.seats, workers: this.workersInOrder(), devices: this.devices,
       head: { report: this.headReport, system: (this.headSystem ??= systemInfo()), threads: this.o.model.threads, status: headStatusNow, joinedUnixMs: this.startedUnixMs },

@@ -6,6 +6,7 @@ import type { IncomingMessage, ServerResponse } from "node:http";
 import { Sampler } from "../engine/index.js";
 import { closingStart, type GrammarConstraint } from "../grammar/index.js";
 import { printable } from "../model/index.js";
+import { contextShiftFor } from "./args.js";
 import { sendJson, type Dialect, type GenerationAsk, type ReplyWriter } from "./http-reply.js";
 import type { ApiServerOptions } from "./http-server.js";
 import type { RequestOutcomes } from "./metrics.js";
@@ -110,8 +111,12 @@ export class Generations {
     res.on("close", () => {
       if (!done) abort.abort();
     });
+    // A request that names no max_tokens fills the context (or takes --n-predict); shifting the context,
+    // one may name more, up to --n-predict.
     const room = cluster.o.ctx - ids.length;
-    const maxTokens = Math.min(p.maxTokens ?? room, this.c.o.nPredict ?? room, room);
+    const shift = contextShiftFor({ contextShift: this.c.o.contextShift ?? false, nKeep: this.c.o.nKeep ?? 0 }, ids.length, tok.addBos, cluster.o.ctx, p.nKeep, p.nDiscard);
+    const maxTokens = shift ? Math.min(p.maxTokens ?? this.c.o.nPredict ?? room, this.c.o.nPredict ?? Infinity)
+      : Math.min(p.maxTokens ?? room, this.c.o.nPredict ?? room, room);
     const sampler = new Sampler({ ...p.sampler, constraint, closeAfter: closingStart(maxTokens), logprobs: p.logprobs });
     const reply = new ReplyStream(tok, p.stop, p.logprobs !== undefined, plan.parser(), w, sampler);
     // Numbered as it is queued (cluster.generate queues synchronously), so the log shows the order.
@@ -120,7 +125,7 @@ export class Generations {
     try {
       const out = await cluster.generate({
         kind: p.kind, prompt: ids, maxTokens, sampler, isEnd: (id) => tok.isEog(id),
-        signal: abort.signal, cacheScope,
+        signal: abort.signal, cacheScope, contextShift: shift,
         onStart: () => w.start(),
         onToken: (id) => reply.push(id),
       });

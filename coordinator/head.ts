@@ -1,8 +1,8 @@
 // The head's model and the cluster around it, from the options run, chat and serve share.
 import { LocalModel } from "../engine/index.js";
-import { Tokenizer } from "../model/index.js";
+import { Tokenizer, kvBytesPerLayer, kvBytesPerTokenLayer, kvCacheLabel, kvCacheProblem, modelProfile, type KvCacheTypes } from "../model/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
-import type { ClusterArgs } from "./args.js";
+import { UsageError, type ClusterArgs } from "./args.js";
 import { Cluster } from "./cluster.js";
 import { PromptRenderer, chatTemplateChoice } from "./prompt.js";
 
@@ -30,8 +30,18 @@ export function clusterCtx(a: ClusterArgs, model: LocalModel): number {
 }
 
 export function clusterFor(a: ClusterArgs, model: LocalModel, log: (line: string) => void, extra: { name?: string; plannedTokens?: number; maxQueue?: number; parallel?: number; autoPlace?: boolean; rotateToken?: boolean; allowAdvertise?: boolean } = {}): Cluster {
+  const kvProblem = kvCacheProblem(model.desc.hparams, a.kvCacheTypes);
+  if (kvProblem) throw new UsageError(`${kvProblem}: use --cache-type-k/-v f16 with this model`);
+  const hp = model.desc.hparams, ctx = clusterCtx(a, model);
+  if (a.kvCacheTypes.k !== "f16" || a.kvCacheTypes.v !== "f16") {
+    // the one rule (model/profile.ts kvBytesPerLayer): bytes per token by type, sliding-window layers a ring
+    const total = (kvCacheTypes?: KvCacheTypes) => kvBytesPerLayer(modelProfile(model.desc, { nCtx: ctx, maxBatch: a.batch, kvCacheTypes })) * hp.nLayers;
+    const perToken = kvBytesPerTokenLayer(hp, a.kvCacheTypes) * hp.nLayers;
+    log(`KV cache ${kvCacheLabel(a.kvCacheTypes)} (K/V) on every device: ${perToken} bytes per token, ${(total(a.kvCacheTypes) / 2 ** 20).toFixed(1)} MiB at ${ctx} tokens (F16: ${(total() / 2 ** 20).toFixed(1)} MiB)`);
+  }
   return new Cluster({
     modelPath: a.model, model, name: extra.name ?? "prima", ctx: clusterCtx(a, model), batch: a.batch,
+    kvCacheTypes: a.kvCacheTypes,
     prefetch: a.prefetch, reprofile: a.reprofile, layerWindows: a.layerWindows, cycles: a.cycles, keepAll: a.keepAll,
     plannedTokens: extra.plannedTokens, maxQueue: extra.maxQueue, parallel: extra.parallel, autoPlace: extra.autoPlace, minWorkers: a.minWorkers, log,
     rotateToken: extra.rotateToken, allowAdvertise: extra.allowAdvertise,

@@ -37,6 +37,9 @@ export interface ApiServerOptions extends GuardOptions, Served {
   readonly nPredict?: number;
   /** serve --pooling (embeddings.ts); undefined: the model file's, else last. */
   readonly pooling?: Pooling;
+  /** Past the context: shift it (serve --keep, --no-context-shift). */
+  readonly contextShift?: boolean;
+  readonly nKeep?: number;
   readonly maxBodyBytes?: number;
   readonly log: (line: string) => void;
   /** Serves the dashboard's files; returns false when the path is not one of them. */

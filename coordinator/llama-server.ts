@@ -18,6 +18,8 @@ const COMPLETION_FIELDS = new Set([
   "presence_penalty", "frequency_penalty", "json_schema", "return_tokens", "model", "n_probs", "logprobs", "post_sampling_probs", "logit_bias", "grammar",
   // Every request reuses its client's prompt cache, and there is one slot (id 0).
   "cache_prompt", "id_slot",
+  // Past the context: what a shift keeps and drops.
+  "n_keep", "n_discard",
 ]);
 
 /** The OpenAI path's parameter names as /completion's, for its error messages. */

@@ -42,10 +42,11 @@ function ollamaLogprobs(tok: Tokenizer, entries: readonly TokenLogprobs[]): unkn
 export const SAMPLING_OPTIONS: Readonly<Record<string, string>> = {
   temperature: "temperature", top_k: "top_k", top_p: "top_p", min_p: "min_p", seed: "seed", num_predict: "max_tokens", stop: "stop",
   repeat_penalty: "repeat_penalty", repeat_last_n: "repeat_last_n", presence_penalty: "presence_penalty", frequency_penalty: "frequency_penalty",
+  num_keep: "n_keep",
 };
 /** options about how Ollama loads and runs a model: serve's own flags decide those, and the answer is the
- * same either way, so they are accepted and have no effect (num_keep: serve never shifts the context). */
-export const LOAD_OPTIONS = new Set(["num_batch", "num_thread", "num_gpu", "main_gpu", "use_mmap", "use_mlock", "numa", "low_vram", "num_keep"]);
+ * same either way, so they are accepted and have no effect. */
+export const LOAD_OPTIONS = new Set(["num_batch", "num_thread", "num_gpu", "main_gpu", "use_mmap", "use_mlock", "numa", "low_vram"]);
 /** Samplers this server does not have: accepted only at the value that turns them off. */
 export const NEUTRAL_OPTIONS: Readonly<Record<string, unknown>> = { typical_p: 1, mirostat: 0, tfs_z: 1, penalize_newline: false };
 
@@ -83,8 +84,8 @@ function commonFields(b: Json, ctx: number): Json {
       else if (k === "num_ctx") {
         if (typeof v !== "number" || !Number.isInteger(v) || v < 1) throw bad("options.num_ctx", "must be a whole number >= 1");
         if (v > ctx) throw bad("options.num_ctx", `${v} is more than this server's context of ${ctx} tokens (serve --ctx)`);
-        // Smaller: the context stays serve's. A prompt that fits num_ctx fits it too, and serve never
-        // shifts the context, so only a reply longer than num_ctx allows could differ: it is not cut.
+        // Smaller: the context stays serve's. A prompt that fits num_ctx fits it too; only a reply
+        // longer than num_ctx allows could differ (it shifts later, or not at all).
       } else if (LOAD_OPTIONS.has(k)) continue;
       else if (Object.hasOwn(NEUTRAL_OPTIONS, k)) {
         if (v !== NEUTRAL_OPTIONS[k]) throw new ApiError(400, `options.${k}: not supported (only ${JSON.stringify(NEUTRAL_OPTIONS[k])}, which turns it off)`, "invalid_request_error", "unsupported_parameter", `options.${k}`);

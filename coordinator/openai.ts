@@ -43,6 +43,10 @@ export interface ParsedRequest {
   /** Log probabilities asked for: how many alternatives per token (chat: logprobs with top_logprobs;
    * completions: logprobs N). Undefined: none. */
   readonly logprobs?: number;
+  /** Past the context (serve's context shift): llama.cpp's n_keep (-1: the whole prompt) and
+   * n_discard (0: half); undefined: serve's --keep, and half. */
+  readonly nKeep?: number;
+  readonly nDiscard?: number;
 }
 
 /** What checking a request needs to know about the served model. */
@@ -268,6 +272,8 @@ function common(b: Json, kind: "chat" | "completion", limits: RequestLimits): Om
     model: (b.model ?? undefined) as string | undefined,
     responseFormat: parseResponseFormat(b),
     logprobs: parseLogprobs(b, kind),
+    nKeep: optInt(b, "n_keep", -1, 1e9),
+    nDiscard: optInt(b, "n_discard", 0, 1e9),
   };
 }
 

@@ -3,9 +3,10 @@
 // that one pass), then every step takes the next token of each active sequence through one pass over
 // the weights (SeqSlots.step). Each slot keeps the tokens its KV cache holds: a request takes the free
 // slot whose cache shares the longest prefix with its prompt (llama-server's slots do the same).
-import { NonFiniteError, SeqSlots, type GenerationResult, type LocalModel, type LocalPipeline, type StopReason } from "../engine/index.js";
+import { NonFiniteError, SeqSlots, discardFor, type GenerationResult, type LocalModel, type LocalPipeline, type StopReason } from "../engine/index.js";
 import type { GenerationOutcome, GenerationRequest } from "./request-run.js";
 import { CancelledError, QueueFullError } from "./queue.js";
+import type { KvCacheTypes } from "../model/index.js";
 import type { RequestState, SlotState } from "./state.js";
 
 export type { SlotState };
@@ -42,6 +43,9 @@ interface Seq extends Pending {
   firstAt: number | null;
   promptMs: number;
   decodeSteps: number;
+  /** Context shifts made in the slot's cache, and the tokens they dropped. */
+  shifts: number;
+  discarded: number;
 }
 
 export class SequenceScheduler {
@@ -193,7 +197,7 @@ export class SequenceScheduler {
       const startedAt = performance.now();
       const s: Seq = {
         ...p, slot, cached, queueMs: startedAt - p.queuedAt, startedAt, startedUnixMs: Date.now(), history: Array.from(prompt), ids: [],
-        pos: cached, next: undefined, firstAt: null, promptMs: 0, decodeSteps: 0,
+        pos: cached, next: undefined, firstAt: null, promptMs: 0, decodeSteps: 0, shifts: 0, discarded: 0,
       };
       this.seqs[slot] = s;
       this.o.hooks.changed();
@@ -251,6 +255,15 @@ export class SequenceScheduler {
     this.o.hooks.token();
     if (req.signal?.aborted || req.onToken(id) === false) return this.finish(s, "caller");
     if (s.ids.length >= req.maxTokens) return this.finish(s, "length");
+    // past the context: the slot's cache shifts as engine/generate's does (n_past + 1 >= n_ctx)
+    const shift = req.contextShift;
+    const d = shift && s.pos + 1 >= this.slots.nCtx ? discardFor(s.pos, shift) : 0;
+    if (d > 0) {
+      this.slots.windows[s.slot].kvShift(shift!.keep, d, s.pos);
+      s.pos -= d;
+      s.shifts++;
+      s.discarded += d;
+    }
     if (s.pos >= this.slots.nCtx) return this.finish(s, "context");
     s.next = id;
   }
@@ -259,11 +272,14 @@ export class SequenceScheduler {
     if (this.seqs[s.slot] !== s) return;
     this.seqs[s.slot] = undefined;
     // what went through the layers stays in the slot's cache: a later request may continue from it
-    this.cache[s.slot] = { ids: [...s.req.prompt, ...s.ids].slice(0, s.pos), scope: s.req.cacheScope, usedAt: ++this.uses };
+    // (after a shift, only the positions no shift moved: those before keep)
+    const kept = s.shifts > 0 ? Math.min(s.pos, s.req.contextShift!.keep) : s.pos;
+    this.cache[s.slot] = { ids: [...s.req.prompt, ...s.ids].slice(0, kept), scope: s.req.cacheScope, usedAt: ++this.uses };
     const now = performance.now();
     const decodeMs = s.firstAt === null ? 0 : now - s.firstAt;
     const result: GenerationResult = {
       ids: s.ids, stopReason, promptTokens: s.req.prompt.length - s.cached, promptMs: s.promptMs, decodeSteps: s.decodeSteps, decodeMs, endPos: s.pos,
+      shifts: s.shifts, discarded: s.discarded,
     };
     const outcome: GenerationOutcome = {
       result, cachedTokens: s.cached, queueMs: s.queueMs, firstTokenMs: s.firstAt === null ? null : s.firstAt - s.startedAt, devices: 1, cycles: 1,
@@ -287,10 +303,10 @@ export class SequenceScheduler {
 /** serve --parallel N > 1: N sequence slots beside the head's pipeline (slot 0 is its window, the
  * others each a KV cache of their own: N x ctx in all) and their scheduler; says what they hold. */
 export function openSequences(
-  model: LocalModel, pipeline: LocalPipeline, o: { parallel: number; ctx: number; batch: number; maxQueue: number; log: (line: string) => void }, hooks: SchedulerHooks,
+  model: LocalModel, pipeline: LocalPipeline, o: { parallel: number; ctx: number; batch: number; kvCacheTypes?: KvCacheTypes; maxQueue: number; log: (line: string) => void }, hooks: SchedulerHooks,
 ): { slots: SeqSlots; scheduler: SequenceScheduler } {
-  const slots = new SeqSlots(model, o.parallel, o.ctx, o.batch, pipeline.window);
-  // K and V in F16 for every layer of every slot, as the windows hold them (sliding-window layers a ring)
+  const slots = new SeqSlots(model, o.parallel, o.ctx, o.batch, pipeline.window, o.kvCacheTypes);
+  // K and V in their types for every layer of every slot, as the windows hold them (sliding-window layers a ring)
   const kvBytes = slots.windows.reduce((a, w) => a + w.info().kvBytes, 0);
   const anonBytes = slots.windows.reduce((a, w) => a + w.info().anonBytes, 0);
   const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;

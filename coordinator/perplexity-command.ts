@@ -8,8 +8,9 @@ import {
   KlStats, LocalModel, LocalPipeline, baseRowSlots, decodeBaseHeader, encodeBaseHeader, encodeBaseRow, perplexity,
   scoredPerChunk, summarizeKl, type KlSummary, type PerplexityResult,
 } from "../engine/index.js";
-import { Tokenizer, printable } from "../model/index.js";
+import { Tokenizer, kvCacheProblem, printable, type KvCacheTypes } from "../model/index.js";
 import { UsageError, intArg, usageExit } from "./args.js";
+import { KV_CACHE_HELP, KV_CACHE_OPTIONS, expandKvCacheShortFlags, kvCacheTypesFrom } from "./kv-cache-options.js";
 
 const HELP = `usage: prima-coord perplexity model.gguf -f text.txt [options]
 
@@ -18,6 +19,7 @@ const HELP = `usage: prima-coord perplexity model.gguf -f text.txt [options]
                                each chunk is scored, and the text needs at least 2 chunks
   -b, --batch N                rows per pass (default: the chunk, at most 512)
   -t, --threads N              compute threads (default: all cores)
+${KV_CACHE_HELP}
       --chunks N               score at most N chunks
       --kl-divergence-base F   also write the log-probabilities to F (llama-perplexity's format)
       --kl-divergence          compare with the base file F instead (its tokens and ctx; no -f)
@@ -33,15 +35,16 @@ interface PerplexityArgs {
   readonly klBase?: string;
   readonly klCompare: boolean;
   readonly json: boolean;
+  readonly kvCacheTypes: KvCacheTypes;
 }
 
 export function parsePerplexityArgs(argv: string[]): PerplexityArgs {
   const { values, positionals } = parseArgs({
-    args: argv, allowPositionals: true,
+    args: expandKvCacheShortFlags(argv), allowPositionals: true,
     options: {
       file: { type: "string", short: "f" }, ctx: { type: "string", short: "c" }, batch: { type: "string", short: "b" },
       threads: { type: "string", short: "t" }, chunks: { type: "string" }, "kl-divergence-base": { type: "string" },
-      "kl-divergence": { type: "boolean" }, json: { type: "boolean" }, help: { type: "boolean", short: "h" },
+      "kl-divergence": { type: "boolean" }, json: { type: "boolean" }, help: { type: "boolean", short: "h" }, ...KV_CACHE_OPTIONS,
     },
   });
   if (values.help) throw new UsageError(HELP);
@@ -49,10 +52,17 @@ export function parsePerplexityArgs(argv: string[]): PerplexityArgs {
   const klCompare = values["kl-divergence"] ?? false;
   if (klCompare && !values["kl-divergence-base"]) throw new UsageError("--kl-divergence needs --kl-divergence-base FILE (the base's log-probabilities)");
   if (!klCompare && !values.file) throw new UsageError(`perplexity needs a text: -f FILE\n${HELP}`);
+  let kvCacheTypes: KvCacheTypes;
+  try {
+    kvCacheTypes = kvCacheTypesFrom(values);
+  } catch (e) {
+    throw new UsageError((e as Error).message);
+  }
   const opt = (k: "batch" | "threads" | "chunks", min: number) => values[k] === undefined ? undefined : intArg(k, values[k], 0, min);
   return {
     model: positionals[0], file: values.file, ctx: intArg("ctx", values.ctx, 512, 4), batch: opt("batch", 1),
     threads: opt("threads", 1), chunks: opt("chunks", 1), klBase: values["kl-divergence-base"], klCompare, json: values.json ?? false,
+    kvCacheTypes,
   };
 }
 
@@ -88,7 +98,9 @@ export async function perplexityCommand(argv: string[]): Promise<number> {
   }
   if (ctx > model.desc.hparams.nCtxTrain) throw new Error(`--ctx ${ctx} is beyond the model's context of ${model.desc.hparams.nCtxTrain}`);
   const batch = Math.min(a.batch ?? 512, ctx);
-  const pipeline = new LocalPipeline(model, ctx, batch);
+  const kvProblem = kvCacheProblem(model.desc.hparams, a.kvCacheTypes);
+  if (kvProblem) throw new Error(kvProblem);
+  const pipeline = new LocalPipeline(model, ctx, batch, a.kvCacheTypes);
   const slots = baseRowSlots(nVocab);
   const kl = base ? new KlStats() : undefined;
   const scored = scoredPerChunk(ctx);

@@ -83,7 +83,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
       model, modelPath: o.modelPath, fingerprint: i.fingerprint, workers, head: i.headReport, ctx: o.ctx,
       // A recovery plans with the last timed passes: a request is paused until it is placed.
       retime: !i.recovering, retimeHead: i.recovering ? undefined : i.retimeHead,
-      maxBatch: o.batch, tokens: o.plannedTokens ?? o.ctx, log,
+      maxBatch: o.batch, tokens: o.plannedTokens ?? o.ctx, log, kvCacheTypes: o.kvCacheTypes,
       options: { k: o.cycles, ...(o.keepAll ? { keepAll: true } : {}) }, rereads: i.rereads,
     });
     log(formatPlan(placement, placement.labels));
@@ -111,7 +111,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
   for (const m of members) devices.set(m.worker, "loading", "receiving its windows", 0);
   const ring = await Ring.build({
     members, headWindows, headReleaseAfterUse: releaseAfterUse(workers.length), cycles: plan.cycles, ctx: o.ctx,
-    maxBatch: o.batch, prefetch: o.prefetch,
+    maxBatch: o.batch, prefetch: o.prefetch, kvCacheTypes: o.kvCacheTypes,
   }, {
     model, fingerprint: i.fingerprint, registry: i.registry, log,
     weights: async (layers) => ({ chunkBytes: i.modelSource.info.chunkBytes, chunks: await windowChunkHashes(i.modelSource, model.gguf, layers) }),
@@ -140,7 +140,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
 function local(i: PlaceInput, placement: RingPlan | undefined, leftOut: LeftOut, why: string): Placed {
   const L = i.o.model.nLayers;
   return {
-    current: { kind: "local", pipeline: new LocalPipeline(i.o.model, i.o.ctx, i.o.batch), devices: 1 }, placement, perCycle: placement ? placement.perCycle : [L],
+    current: { kind: "local", pipeline: new LocalPipeline(i.o.model, i.o.ctx, i.o.batch, i.o.kvCacheTypes), devices: 1 }, placement, perCycle: placement ? placement.perCycle : [L],
     planState: {
       generation: i.generation, planner: placement ? `Halda (${placement.plan.planner})` : "alone", cycles: 1, ringOrder: [HEAD_ID], layersPerCycle: [L],
       predictedMsPerToken: placement?.plan.latencyMs ?? null, windows: [{ device: HEAD_ID, firstLayer: 0, endLayer: L, cycle: 0 }], leftOut,

@@ -5,9 +5,10 @@ import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 import { baselineNames, baselinePlan, halda, HaldaError, parseDeviceProfiles, type DeviceProfile, type HaldaOptions, type Plan } from "../halda/index.js";
 import {
-  describeModel, FILE_TYPE_NAMES, GgufError, kvBytesPerLayer, modelProfile, modelShapeByName, modelShapes, parseFileType, readGguf,
-  syntheticModelDescription, type ModelDescription, type ModelProfile,
+  describeModel, FILE_TYPE_NAMES, GgufError, kvBytesPerLayer, kvCacheProblem, modelProfile, modelShapeByName, modelShapes, parseFileType, readGguf,
+  syntheticModelDescription, type KvCacheTypes, type ModelDescription, type ModelProfile,
 } from "../model/index.js";
+import { KV_CACHE_OPTIONS, expandKvCacheShortFlags, kvCacheTypesFrom } from "./kv-cache-options.js";
 import { LocalModel } from "../engine/index.js";
 import { measureExpertRouting } from "../profiler/index.js";
 
@@ -18,6 +19,7 @@ const HELP = `usage: prima-coord plan model.gguf --devices devices.json [options
   --shape NAME        plan a model that is not on disk: ${modelShapes.map((s) => s.name).join(", ")}
   --type TYPE         its file type: ${FILE_TYPE_NAMES.join(", ")}
   -c, --ctx N         KV cache size in tokens (default 1024)
+  -ctk, -ctv T        the KV cache's types (--cache-type-k/-v: f16, q8_0, q4_0, q8_0-rot, q4_0-rot)
   -k, --k N           ring cycles per token (default: Halda chooses)
   --mode MODE         exact (default: the model's global optimum) or prima (prima.cpp's Algorithm 1)
   --prefetch-guard    one overloaded window must fit in RAM (makes k > 1 worth it when memory is short)
@@ -38,6 +40,7 @@ interface PlanArgs {
   readonly type?: string;
   readonly devices: string;
   readonly ctx: number;
+  readonly kvCacheTypes: KvCacheTypes;
   readonly options: HaldaOptions;
   readonly json: boolean;
   readonly measureRouting: boolean;
@@ -54,7 +57,7 @@ export function parsePlanArgs(argv: string[]): PlanArgs | "help" {
   let parsed;
   try {
     parsed = parseArgs({
-      args: argv,
+      args: expandKvCacheShortFlags(argv),
       allowPositionals: true,
       options: {
         devices: { type: "string" },
@@ -69,6 +72,7 @@ export function parsePlanArgs(argv: string[]): PlanArgs | "help" {
         json: { type: "boolean" },
         "measure-routing": { type: "boolean" },
         help: { type: "boolean", short: "h" },
+        ...KV_CACHE_OPTIONS,
       },
     });
   } catch (e) {
@@ -82,11 +86,18 @@ export function parsePlanArgs(argv: string[]): PlanArgs | "help" {
   if (model === undefined && (v.shape === undefined || v.type === undefined)) throw new UsageError("missing the model: give model.gguf, or --shape NAME --type TYPE");
   if (v.devices === undefined) throw new UsageError("missing --devices FILE");
   if (v["measure-routing"] && model === undefined) throw new UsageError("--measure-routing runs the model: give a model file, not --shape");
+  let kvCacheTypes: KvCacheTypes;
+  try {
+    kvCacheTypes = kvCacheTypesFrom(v);
+  } catch (e) {
+    throw new UsageError((e as Error).message);
+  }
   const mode = v.mode ?? "exact";
   if (mode !== "exact" && mode !== "prima") throw new UsageError(`--mode must be exact or prima (got "${mode}")`);
   return {
     model, shape: v.shape, type: v.type, devices: v.devices,
     ctx: intArg("ctx", v.ctx, 1024, 1),
+    kvCacheTypes,
     json: v.json ?? false,
     measureRouting: v["measure-routing"] ?? false,
     options: {
@@ -164,7 +175,7 @@ function report(label: string, profile: ModelProfile, plan: Plan, baselines: Bas
   const bp = profile.layerBytes + kvBytesPerLayer(profile);
   const out: string[] = [];
   for (const w of warnings) out.push(`warning: ${w}`);
-  out.push(`model   ${label}: ${profile.nLayers} layers of ${(profile.layerBytes / GiB).toFixed(3)} GiB + ${(bp - profile.layerBytes) / 2 ** 20} MiB KV at ctx ${profile.nCtx}`);
+  out.push(`model   ${label}: ${profile.nLayers} layers of ${(profile.layerBytes / GiB).toFixed(3)} GiB + ${(bp - profile.layerBytes) / 2 ** 20} MiB KV at ctx ${profile.nCtx}${profile.kvCacheTypes && (profile.kvCacheTypes.k !== "f16" || profile.kvCacheTypes.v !== "f16") ? ` (${profile.kvCacheTypes.k}/${profile.kvCacheTypes.v})` : ""}`);
   const x = profile.moe;
   if (x) {
     // A token reads k of a layer's n experts: Halda prices compute and rereads on the active bytes,
@@ -207,7 +218,9 @@ export async function planCommand(argv: string[]): Promise<number> {
     const a = args;
     const { desc, label } = loadModel(a);
     const { devices, warnings } = loadDevices(a.devices);
-    let profile = modelProfile(desc, { nCtx: a.ctx, name: label });
+    const kvProblem = kvCacheProblem(desc.hparams, a.kvCacheTypes);
+    if (kvProblem) throw new UsageError(kvProblem);
+    let profile = modelProfile(desc, { nCtx: a.ctx, name: label, kvCacheTypes: a.kvCacheTypes });
     if (a.measureRouting && profile.moe) {
       const m = LocalModel.open(a.model!);
       try {

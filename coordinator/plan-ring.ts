@@ -4,7 +4,7 @@
 import { TIMED_STATUS_TIMEOUT_MS } from "../control/index.js";
 import type { LocalModel } from "../engine/index.js";
 import { effectiveDiskBytesPerS, type DeviceProfile, type HaldaOptions, type ModelProfile } from "../halda/index.js";
-import { modelProfile } from "../model/index.js";
+import { modelProfile, type KvCacheTypes } from "../model/index.js";
 import {
   measureLink, reclaimIdlePages, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, windowOverheadMs, rereadKey, rereadFigure,
   RECENT_REREAD_MS, type DeviceReport, type LinkMeasurement, type RereadStore,
@@ -27,6 +27,8 @@ export interface RingPlanInput {
   readonly retime?: boolean;
   readonly ctx: number;
   readonly maxBatch: number;
+  /** The KV cache's types (f16 when absent): a window's memory counts its cache in them. */
+  readonly kvCacheTypes?: KvCacheTypes;
   /** Tokens the run will hold: prompt + generated (sets the attention FLOPs). */
   readonly tokens: number;
   readonly options: HaldaOptions;
@@ -56,8 +58,8 @@ function withObservedRereads(r: DeviceReport, label: string, store: RereadStore 
 }
 
 /** Scratch of one window (activations, RoPE tables): the engine's compute buffer, measured. */
-function windowScratchBytes(model: LocalModel, ctx: number, maxBatch: number): number {
-  const w = model.window(0, 1, { ctx, maxBatch });
+function windowScratchBytes(model: LocalModel, ctx: number, maxBatch: number, kvCacheTypes?: KvCacheTypes): number {
+  const w = model.window(0, 1, { ctx, maxBatch, kvCacheTypes });
   try {
     const info = w.info();
     return Math.max(0, info.anonBytes - info.kvBytes);
@@ -86,8 +88,10 @@ const lastTimed = new WeakMap<WorkerHandle, DeviceReport>();
  * each worker, and runs Halda. Throws an Error naming the device or the reason when no plan exists.
  */
 export async function planRing(i: RingPlanInput): Promise<RingPlan> {
-  const profileModel = modelProfile(i.model.desc, { nCtx: i.ctx, maxBatch: i.maxBatch, nPredict: Math.max(1, Math.min(i.ctx, i.tokens)), name: i.modelPath });
-  const scratch = windowScratchBytes(i.model, i.ctx, i.maxBatch);
+  const profileModel = modelProfile(i.model.desc, {
+    nCtx: i.ctx, maxBatch: i.maxBatch, nPredict: Math.max(1, Math.min(i.ctx, i.tokens)), name: i.modelPath, kvCacheTypes: i.kvCacheTypes,
+  });
+  const scratch = windowScratchBytes(i.model, i.ctx, i.maxBatch, i.kvCacheTypes);
   const linkOptions = {
     identity: { deviceId: "head", modelFingerprint: i.fingerprint, hiddenSize: i.model.nEmbd }, bulkTokens: Math.min(512, i.maxBatch),
   };

@@ -169,6 +169,11 @@ export class DecodeMeter implements Pipeline {
     this.inner.truncate(pos);
   }
 
+  shift(p0: number, nDiscard: number, nPast: number): Promise<void> {
+    if (!this.inner.shift) return Promise.reject(new Error("this pipeline cannot shift its context"));
+    return this.inner.shift(p0, nDiscard, nPast);
+  }
+
   /** Decode steps timed, and their mean wall time through the whole ring (ms). */
   get decodeSteps(): number {
     return this.steps;

@@ -3,7 +3,7 @@
 // serving, one joins) the layers placed again and the prompt and every token sent so far replayed on
 // the new ring, so the client's stream only pauses. What the request did goes into the counters.
 import type { Status } from "../control/index.js";
-import { generate, type GenerationResult, type LocalModel, type LocalPipeline, type Sampler } from "../engine/index.js";
+import { KvJournal, generate, replayJournal, type ContextShift, type GenerationResult, type LocalModel, type LocalPipeline, type Pipeline, type Sampler } from "../engine/index.js";
 import type { ClusterCounters } from "./metrics.js";
 import type { RereadStore } from "../profiler/index.js";
 import type { DeviceRecords } from "./devices.js";
@@ -41,6 +41,8 @@ export interface GenerationRequest {
   /** The prompt's rows after every layer, from position `fromPos` (the cache held those before), once
    * its pass is done (again after a failover's replay): what an embedding pools (embeddings.ts). */
   readonly onPrompt?: (rows: Float32Array, fromPos: number) => void;
+  /** Past the context: shift it and go on (undefined: stop when it is full). */
+  readonly contextShift?: ContextShift;
 }
 
 /** A device's counters per decode step, as run's report shows them. */
@@ -127,30 +129,38 @@ export class ServiceCounters implements ClusterCounters {
   }
 }
 
-/** The tokens whose KV cache the pipeline holds at positions 0..n-1, and the scope of the request that
- * left them (GenerationRequest.cacheScope). */
+/** Where a request starts: its journal (what the KV cache holds, engine/context-shift.ts), the
+ * position its first token goes to and the prompt's tokens the cache does not hold. */
+export interface RunStart {
+  readonly journal: KvJournal;
+  readonly startPos: number;
+  readonly rest: Int32Array;
+}
+
+/** What the pipeline's KV cache holds (a journal, shifts included), and the scope of the request that
+ * left it (GenerationRequest.cacheScope). */
 export class PromptCache {
-  private ids: number[] = [];
+  private journal = new KvJournal();
   private scope: string | undefined;
 
-  /** The longest prefix of the prompt whose KV cache is in place for this scope (at least one token
-   * must go through the layers to give logits). The cache is forgotten: the run overwrites it. */
-  take(prompt: Int32Array, scope: string | undefined): number {
-    if (scope !== this.scope) this.ids = [];
-    let cached = 0;
-    while (cached < this.ids.length && cached < prompt.length && this.ids[cached] === prompt[cached]) cached++;
-    if (cached === prompt.length) cached--;
-    this.ids = [];
-    return cached;
+  /** The request's start: the longest prefix of its prompt whose KV cache is in place for this scope (at
+   * least one token goes through the layers, for logits; sliding-window layers may hold too little of an
+   * older prefix to continue from it: `pipeline.resumable`). The cache is forgotten until the run ends
+   * well (keep): the run overwrites it. */
+  take(prompt: Int32Array, scope: string | undefined, pipeline: Pipeline): RunStart {
+    if (scope !== this.scope) this.journal = new KvJournal();
+    const journal = this.journal;
+    this.journal = new KvJournal();
+    return { journal, ...journal.continueWith(prompt, pipeline.resumable?.bind(pipeline)) };
   }
 
-  keep(ids: number[], scope: string | undefined): void {
-    this.ids = ids;
+  keep(journal: KvJournal, scope: string | undefined): void {
+    this.journal = journal;
     this.scope = scope;
   }
 
   clear(): void {
-    this.ids = [];
+    this.journal = new KvJournal();
   }
 }
 
@@ -165,6 +175,7 @@ export interface RunHost {
   /** Places the layers again on the devices that answer; resolves with what runs them. */
   replace(): Promise<Current>;
   event(kind: EventState["kind"], message: string): void;
+  log(line: string): void;
   /** A token went to the client (the state's tokens/s). */
   token(): void;
 }
@@ -182,6 +193,12 @@ export class RequestRun {
   private readonly parts: GenerationResult[] = [];
   private input: Int32Array;
   private startPos: number;
+  /** The next pass replays the journal on a pipeline placed again (its KV caches empty). */
+  private replaying = false;
+  /** Prompt tokens whose KV cache was reused from the previous request. */
+  readonly cached: number;
+  /** What the KV cache holds, kept for the next request once this one ends well. */
+  readonly journal: KvJournal;
   // A device that joins during the request is placed at the next token: the ring is re-placed and
   // the prompt and the tokens sent so far replayed, as after a loss (without counting as one).
   private arrivalsSeen: number;
@@ -190,9 +207,11 @@ export class RequestRun {
   meter!: DecodeMeter;
   private before: Promise<RingStatuses | undefined> | undefined;
 
-  constructor(private readonly host: RunHost, private readonly req: GenerationRequest, readonly cached: number) {
-    this.input = req.prompt.subarray(cached);
-    this.startPos = cached;
+  constructor(private readonly host: RunHost, private readonly req: GenerationRequest, start: RunStart) {
+    this.journal = start.journal;
+    this.input = start.rest;
+    this.startPos = start.startPos;
+    this.cached = req.prompt.length - start.rest.length;
     this.arrivalsSeen = host.arrivals();
   }
 
@@ -225,9 +244,13 @@ export class RequestRun {
       try {
         const left = req.maxTokens - this.emitted.length;
         if (left <= 0) break;
+        if (this.replaying) ({ startPos: this.startPos, input: this.input } = await replayJournal(this.journal, this.host.model, this.meter, [...req.prompt, ...this.emitted]));
+        this.replaying = false;
         this.parts.push(await generate(this.host.model, this.meter, this.input, {
           startPos: this.startPos, maxTokens: left, sampler: req.sampler, isEnd: req.isEnd, yieldEveryMs: YIELD_EVERY_MS,
           onPrompt: req.onPrompt && ((rows) => req.onPrompt!(rows, this.startPos)),
+          journal: this.journal, contextShift: req.contextShift,
+          onShift: (keep, d, pos) => this.host.log(`context full: shifted the KV cache on every device (kept ${keep}, dropped ${d}, ${pos} left)`),
           onToken: (id) => this.onToken(id),
         }));
         if (!this.rejoining) break;
@@ -263,8 +286,7 @@ export class RequestRun {
 
   private async replay(): Promise<Current> {
     const current = await this.host.replace();
-    this.input = Int32Array.from([...this.req.prompt, ...this.emitted]);
-    this.startPos = 0;
+    this.replaying = true;
     return current;
   }
 
@@ -297,6 +319,7 @@ export class RequestRun {
     return {
       ids: this.emitted, stopReason: last?.stopReason ?? "length", promptTokens: this.req.prompt.length - this.cached, promptMs: parts[0]?.promptMs ?? 0,
       decodeSteps: parts.reduce((a, r) => a + r.decodeSteps, 0), decodeMs: parts.reduce((a, r) => a + r.decodeMs, 0), endPos: last?.endPos ?? this.startPos,
+      shifts: parts.reduce((a, r) => a + r.shifts, 0), discarded: parts.reduce((a, r) => a + r.discarded, 0),
     };
   }
 }

@@ -3,7 +3,7 @@
 // ends (run); placing layers is placement.ts's business, using the ring cluster.ts's.
 import { randomBytes, randomUUID } from "node:crypto";
 import type { ChunkHash, Status } from "../control/index.js";
-import type { LocalModel, LocalPipeline } from "../engine/index.js";
+import type { KvCacheTypes, LocalModel, LocalPipeline } from "../engine/index.js";
 import { WeightRoom, anonRssBytes, deviceMemory, storageReadBytes } from "../profiler/index.js";
 import {
   RingListener, RingNode, RingPipeline, dialSuccessor, type NodeStats, type RingLink, type WindowSpec,
@@ -28,6 +28,8 @@ export interface RingSpec {
   readonly cycles: number;
   readonly ctx: number;
   readonly maxBatch: number;
+  /** The KV cache's types, the head's and every member's (their Assignment's cacheTypeK/V). */
+  readonly kvCacheTypes?: KvCacheTypes;
   readonly prefetch: boolean;
 }
 
@@ -85,13 +87,14 @@ export class Ring {
     const room = new WeightRoom(() => this.node?.residentWeightBytes() ?? 0);
     const pipelineRef: { p?: RingPipeline } = {};
     this.node = new RingNode({
-      model, windows: spec.headWindows, cycles: spec.cycles, ctx: spec.ctx, maxBatch: spec.maxBatch, prefetch: spec.prefetch,
+      model, windows: spec.headWindows, cycles: spec.cycles, ctx: spec.ctx, maxBatch: spec.maxBatch, prefetch: spec.prefetch, kvCacheTypes: spec.kvCacheTypes,
       weightRoomBytes: () => room.bytes(), releaseAfterUse: spec.headReleaseAfterUse, isHead: true,
       send: async (f) => {
         if (!this.link) throw new Error("the ring is not connected");
         await this.link.send(f);
       },
       deliver: (f, logits) => void pipelineRef.p?.deliver(f, logits),
+      shifted: (f) => pipelineRef.p?.shifted(f),
       logitsFor: (f) => pipelineRef.p?.logitsFor(f),
       onError: (message) => this.fail(new Error(message)),
     });
@@ -177,6 +180,7 @@ export class Ring {
       return m.worker.assign({
         ringId: this.ringId, windows: [...m.windows], successorUrl, ctx: spec.ctx, maxBatch: spec.maxBatch, cycles: spec.cycles,
         prefetch: spec.prefetch, releaseAfterUse: m.releaseAfterUse, threads: 0, ringOrder: order, wireDtype: 0,
+        ...(spec.kvCacheTypes ? { cacheTypeK: spec.kvCacheTypes.k, cacheTypeV: spec.kvCacheTypes.v } : {}),
         ...(plaintextLinks ? { plaintextLinks } : { predecessorLinkKey: keys[i], successorLinkKey: keys[i + 1] }),
         ...(weights ? { windowChunks: weights.chunks, chunkBytes: weights.chunkBytes } : {}),
       }, (fraction, stage) => o.onProgress?.(m.worker, fraction, stage))

@@ -6,7 +6,7 @@ import { Sampler } from "../engine/index.js";
 import { GrammarSet, closingStart, type ConstraintSpec, type GrammarConstraint } from "../grammar/index.js";
 import { Tokenizer, StreamingDecoder } from "../model/index.js";
 import { peakAnonTracker } from "../profiler/index.js";
-import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, UsageError, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
+import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, UsageError, contextShiftFor, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
 import type { Cluster } from "./cluster.js";
 import type { GenerationOutcome } from "./request-run.js";
 import { clusterFor, log, openHead } from "./head.js";
@@ -211,6 +211,7 @@ async function generateOnce(a: RunArgs, cluster: Cluster, tok: Tokenizer, ids: I
   const sampler = new Sampler({ ...a.samplerOptions, constraint, closeAfter: closingStart(a.nPredict) });
   const out = await cluster.generate({
     kind: a.chat ? "chat" : "completion", report: true, prompt: ids, maxTokens: a.nPredict, sampler,
+    contextShift: contextShiftFor(a, ids.length, tok.addBos, cluster.o.ctx),
     isEnd: (id) => tok.isEog(id),
     onToken: (id) => {
       const piece = stream.push(id);

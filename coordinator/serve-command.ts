@@ -168,13 +168,13 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const modelId = basename(file, extname(file));
   let parallel = a.parallel;
   if (parallel === undefined) {
-    const auto = autoParallel(model, clusterCtx(a, model), a.batch);
+    const auto = autoParallel(model, clusterCtx(a, model), a.batch, a.kvCacheTypes);
     log(auto.why);
     parallel = auto.n;
   }
   const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, parallel, autoPlace: true, rotateToken: a.rotateToken, allowAdvertise: a.allowAdvertise });
   const api = new ApiServer({
-    cluster, tok, prompts, modelId, nPredict: a.nPredict, pooling: a.pooling,
+    cluster, tok, prompts, modelId, nPredict: a.nPredict, pooling: a.pooling, contextShift: a.contextShift, nKeep: a.nKeep,
     apiKeys: a.apiKeys, allowHosts: a.allowHosts, corsOrigins: a.corsOrigins,
     log, staticFiles: await dashboardFiles(log),
   });

@@ -3,7 +3,7 @@
 // sharing one KV cache of --ctx tokens (kv_unified); here each slot has a KV cache of its own of --ctx
 // tokens (engine/seq-slots.ts), N x ctx in all, so the number is what the memory allows, not a fixed 4.
 import type { LocalModel } from "../engine/index.js";
-import { kvBytesPerLayer, modelProfile } from "../model/index.js";
+import { kvBytesPerLayer, modelProfile, type KvCacheTypes } from "../model/index.js";
 import { layerRoomBytes, readMemory } from "../profiler/index.js";
 
 /** At most this many slots by default: llama-server's default number of slots. */
@@ -17,18 +17,18 @@ export interface SlotBytes {
   readonly ctx: number;
 }
 
-/** A sequence's KV cache at ctx tokens, every layer: the rule Halda prices KV by (model/profile.ts). */
-export function kvBytesPerSequence(model: LocalModel, ctx: number, batch: number): number {
-  return kvBytesPerLayer(modelProfile(model.desc, { nCtx: ctx, maxBatch: batch })) * model.nLayers;
+/** A sequence's KV cache at ctx tokens in its types, every layer: the rule Halda prices KV by (model/profile.ts). */
+export function kvBytesPerSequence(model: LocalModel, ctx: number, batch: number, kvCacheTypes?: KvCacheTypes): number {
+  return kvBytesPerLayer(modelProfile(model.desc, { nCtx: ctx, maxBatch: batch, kvCacheTypes })) * model.nLayers;
 }
 
 /** One sequence slot's memory: a window of every layer with a KV cache of ctx tokens. */
-export function slotBytes(model: LocalModel, ctx: number, batch: number): SlotBytes {
-  const kv = kvBytesPerSequence(model, ctx, batch);
+export function slotBytes(model: LocalModel, ctx: number, batch: number, kvCacheTypes?: KvCacheTypes): SlotBytes {
+  const kv = kvBytesPerSequence(model, ctx, batch, kvCacheTypes);
   // Beside its KV a window holds scratch shared by its layers plus a little per layer: windows of one
   // and two layers tell the two apart without allocating every layer's cache.
   const beyondKv = (layers: number) => {
-    const w = model.window(0, layers, { ctx, maxBatch: batch });
+    const w = model.window(0, layers, { ctx, maxBatch: batch, kvCacheTypes });
     try {
       return w.info().anonBytes - w.info().kvBytes;
     } finally {
@@ -62,7 +62,7 @@ export function parallelForRoom(roomBytes: number, weightBytes: number, slot: Sl
 /** serve's default number of slots on this device, from its memory now (a memory cgroup's limit where
  * one binds: profiler/'s layerRoomBytes, the room Halda gives a device for layers and KV). Under a
  * cgroup the weights' pages already mapped count as held and again as weights: a conservative count. */
-export function autoParallel(model: LocalModel, ctx: number, batch: number): { n: number; why: string } {
+export function autoParallel(model: LocalModel, ctx: number, batch: number, kvCacheTypes?: KvCacheTypes): { n: number; why: string } {
   const weights = modelProfile(model.desc, { nCtx: ctx }).weightBytesTotal;
-  return parallelForRoom(layerRoomBytes(readMemory()), weights, slotBytes(model, ctx, batch), Math.min(AUTO_PARALLEL_CAP, batch));
+  return parallelForRoom(layerRoomBytes(readMemory()), weights, slotBytes(model, ctx, batch, kvCacheTypes), Math.min(AUTO_PARALLEL_CAP, batch));
 }

@@ -125,6 +125,8 @@ export interface ClusterState {
     readonly quantization: string;
     readonly fingerprint: string;
     readonly contextTokens: number;
+    /** The KV cache's types and its bytes per token of context over every layer (model/kv-cache.ts). */
+    readonly kvCache?: { readonly typeK: string; readonly typeV: string; readonly bytesPerToken: number };
   };
   readonly server: {
     readonly startedUnixMs: number;

@@ -168,6 +168,11 @@ function deviceLines(s: ClusterState, d: DeviceState, st: Style): string[] {
   return out;
 }
 
+/** "q8_0" or "K q8_0, V q4_0" (names from the state: escaped as any string from it). */
+function kvLabel(k: { typeK: string; typeV: string }): string {
+  return k.typeK === k.typeV ? t(k.typeK, 20) : `K ${t(k.typeK, 20)}, V ${t(k.typeV, 20)}`;
+}
+
 /** The state as lines of text for a terminal (no trailing newline). */
 export function renderStatus(s: ClusterState, base: URL, tty = false): string {
   const st = style(tty);
@@ -177,7 +182,8 @@ export function renderStatus(s: ClusterState, base: URL, tty = false): string {
   lines.push(`${st.bold(`prima cluster ${t(s.cluster, 60)}`)}  ${srv.ready ? st.green("ready") : st.yellow("not ready")}: ${t(srv.status, 120)}` +
     `  ${st.dim(`(${base.host}, up ${ago(srv.nowUnixMs - srv.startedUnixMs)})`)}`);
   const m = s.model;
-  lines.push(`model    ${t(m.name, 80)} · ${t(m.architecture, 20)} · ${m.layers} layers · ${bytes(m.sizeBytes)} · ${t(m.quantization, 20)} · context ${m.contextTokens}`);
+  lines.push(`model    ${t(m.name, 80)} · ${t(m.architecture, 20)} · ${m.layers} layers · ${bytes(m.sizeBytes)} · ${t(m.quantization, 20)} · context ${m.contextTokens}` +
+    (m.kvCache && num(m.kvCache.bytesPerToken) ? ` · KV ${kvLabel(m.kvCache)} ${bytes(m.kvCache.bytesPerToken)}/token` : ""));
   const plan = s.plan;
   if (plan) {
     lines.push(`plan     k = ${plan.cycles} (each token goes ${TIMES[plan.cycles] ?? `${plan.cycles} times`} around the ring) · ${t(plan.planner, 30)}, generation ${plan.generation}` +

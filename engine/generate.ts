@@ -1,5 +1,6 @@
 // The token loop, independent of where the layers run: a Pipeline runs every layer (one local window,
 // or a ring of devices) and returns the last row's logits; this file embeds, samples and streams.
+import { discardFor, type ContextShift, type KvJournal } from "./context-shift.js";
 import { Sampler } from "./sampler.js";
 
 export interface Pipeline {
@@ -13,6 +14,9 @@ export interface Pipeline {
   /** The largest position <= pos a forward can continue from (sliding-window layers keep only their
    * last positions: a prefix reused from further back restarts at 0). Absent: pos. */
   resumable?(pos: number): number;
+  /** Context shift on every device: drops positions [p0, p0 + nDiscard) and moves [p0 + nDiscard,
+   * nPast) down by nDiscard, their keys re-rotated (native kvShift). Absent: the pipeline cannot. */
+  shift?(p0: number, nDiscard: number, nPast: number): Promise<void>;
 }
 
 /** Turns token ids into activation rows (the head's embedding). */
@@ -37,6 +41,13 @@ export interface GenerateOptions {
   /** The prompt's rows after every layer (before the output norm; from startPos), once its pass is
    * done: what an embedding pools (engine/embedding.ts). */
   readonly onPrompt?: (rows: Float32Array) => void;
+  /** When the context is full, shift it and go on (engine/context-shift.ts); undefined: stop there
+   * (stopReason "context"). */
+  readonly contextShift?: ContextShift;
+  /** Records every forward and shift (the prompt cache, failover replay). */
+  readonly journal?: KvJournal;
+  /** Called after each context shift with what it kept and dropped, and the positions left. */
+  readonly onShift?: (keep: number, discarded: number, pos: number) => void;
 }
 
 export type StopReason = "length" | "end" | "context" | "caller";
@@ -51,19 +62,40 @@ export interface GenerationResult {
   readonly decodeMs: number;
   /** Position after the last token that went through the layers. */
   readonly endPos: number;
+  /** Context shifts made, and the tokens they dropped from the cache. */
+  readonly shifts: number;
+  readonly discarded: number;
 }
 
 export async function generate(embedder: Embedder, pipeline: Pipeline, prompt: Int32Array, o: GenerateOptions): Promise<GenerationResult> {
   const startPos = o.startPos ?? 0;
   if (prompt.length === 0) throw new Error("the prompt has no tokens");
-  if (startPos + prompt.length > pipeline.nCtx) {
-    throw new Error(`prompt of ${prompt.length} tokens at position ${startPos} does not fit the context of ${pipeline.nCtx} tokens`);
-  }
-  pipeline.truncate(startPos);
+  const shift = o.contextShift && pipeline.shift ? o.contextShift : undefined;
   let pos = startPos;
+  let shifts = 0, discarded = 0;
+  /** One context shift, as llama.cpp makes it; false: nothing can be dropped. */
+  const shiftContext = async (): Promise<boolean> => {
+    const d = discardFor(pos, shift!);
+    if (d <= 0) return false;
+    await pipeline.shift!(shift!.keep, d, pos);
+    o.journal?.shift(shift!.keep, d);
+    pos -= d;
+    shifts++;
+    discarded += d;
+    o.onShift?.(shift!.keep, d, pos);
+    return true;
+  };
+  pipeline.truncate(startPos);
   const t0 = performance.now();
+  // A prompt that continues a cache (a conversation's next turn) makes room first, as llama.cpp's
+  // completion does before a batch (n_past + n >= n_ctx); a prompt alone must fit.
+  if (shift && startPos > 0) while (pos + prompt.length >= pipeline.nCtx && (await shiftContext()));
+  if (pos + prompt.length > pipeline.nCtx) {
+    throw new Error(`prompt of ${prompt.length} tokens at position ${pos} does not fit the context of ${pipeline.nCtx} tokens`);
+  }
   const rows = embedder.embed(prompt);
   let logits = await pipeline.forward(rows, pos, prompt.length);
+  o.journal?.forwarded(prompt);
   o.onPrompt?.(rows);
   pos += prompt.length;
   const t1 = performance.now();
@@ -99,14 +131,17 @@ export async function generate(embedder: Embedder, pipeline: Pipeline, prompt: I
       break;
     }
     if (ids.length >= o.maxTokens) break;
+    // llama.cpp shifts when the next token would take the last position (n_past + 1 >= n_ctx)
+    if (shift && pos + 1 >= pipeline.nCtx) await shiftContext();
     if (pos >= pipeline.nCtx) {
       stopReason = "context";
       break;
     }
     tok[0] = id;
     logits = await pipeline.forward(embedder.embed(tok, row), pos, 1);
+    o.journal?.forwarded(tok);
     pos++;
     steps++;
   }
-  return { ids, stopReason, promptTokens: prompt.length, promptMs: t1 - t0, decodeSteps: steps, decodeMs: performance.now() - t1, endPos: pos };
+  return { ids, stopReason, promptTokens: prompt.length, promptMs: t1 - t0, decodeSteps: steps, decodeMs: performance.now() - t1, endPos: pos, shifts, discarded };
 }

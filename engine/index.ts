@@ -1,7 +1,9 @@
 // engine/: running a model on this device: open a GGUF, make windows, generate and sample.
 export { LocalModel, nativeTensorTable, nativeHParams, type OpenOptions, type WindowOptions } from "./local-model.js";
+export type { KvCacheTypes } from "../model/index.js";
 export { LocalPipeline } from "./local-pipeline.js";
 export { INLINE_MAX_MS, NonFiniteError, QuickForward, checkFinite } from "./quick-forward.js";
+export { KvJournal, discardFor, replayJournal, resolveKeep, type ContextShift } from "./context-shift.js";
 export { generate, type Pipeline, type Embedder, type GenerateOptions, type GenerationResult, type StopReason } from "./generate.js";
 export { logSumExp, stepLogprobs, topLogprobs, type StepLogprobs, type TokenLogprob } from "./logprobs.js";
 export { Sampler, SamplerError, Rng, argmax, type SamplerOptions, type TokenConstraint } from "./sampler.js";

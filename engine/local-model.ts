@@ -1,6 +1,6 @@
 // A GGUF file opened for running: its checked description (model/) and the native mapping (native/).
 // Windows of layers are made from it; the head's embed and output layer run on it directly.
-import { describeModel, readGguf, type GgufFile, type ModelDescription, type TensorRef } from "../model/index.js";
+import { describeModel, kvCacheNativeType, kvCacheProblem, readGguf, type GgufFile, type KvCacheTypes, type ModelDescription, type TensorRef } from "../model/index.js";
 import { openNativeModel, type NativeHParams, type NativeModel, type NativeTensorDesc, type NativeWindow } from "../native/index.js";
 import { availableParallelism } from "node:os";
 
@@ -18,6 +18,8 @@ export interface WindowOptions {
   readonly ctx: number;
   /** Most tokens one native call processes (prompt batches are split to this). Default 128. */
   readonly maxBatch?: number;
+  /** The KV cache's element types (--cache-type-k/-v); default f16 for both. */
+  readonly kvCacheTypes?: KvCacheTypes;
 }
 
 export class LocalModel {
@@ -52,7 +54,15 @@ export class LocalModel {
 
   /** Layers [firstLayer, endLayer) with their own KV cache. */
   window(firstLayer: number, endLayer: number, options: WindowOptions): NativeWindow {
-    return this.native.window(firstLayer, endLayer, { ctx: options.ctx, maxBatch: options.maxBatch ?? 128 });
+    const types = options.kvCacheTypes;
+    if (types) {
+      const problem = kvCacheProblem(this.desc.hparams, types);
+      if (problem) throw new Error(problem);
+    }
+    return this.native.window(firstLayer, endLayer, {
+      ctx: options.ctx, maxBatch: options.maxBatch ?? 128,
+      ...(types ? { cacheTypeK: kvCacheNativeType(types.k), cacheTypeV: kvCacheNativeType(types.v) } : {}),
+    });
   }
 
   /** nTokens x nEmbd activations for the tokens. */

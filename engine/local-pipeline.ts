@@ -1,4 +1,5 @@
 // One device, every layer: a single window over the whole model, logits from the same native call.
+import type { KvCacheTypes } from "../model/index.js";
 import type { NativeWindow } from "../native/index.js";
 import type { Pipeline } from "./generate.js";
 import type { LocalModel } from "./local-model.js";
@@ -9,8 +10,8 @@ export class LocalPipeline implements Pipeline {
   private readonly logits: Float32Array;
   private readonly runner: QuickForward;
 
-  constructor(model: LocalModel, readonly nCtx: number, maxBatch = 128) {
-    this.window = model.window(0, model.nLayers, { ctx: nCtx, maxBatch });
+  constructor(model: LocalModel, readonly nCtx: number, maxBatch = 128, kvCacheTypes?: KvCacheTypes) {
+    this.window = model.window(0, model.nLayers, { ctx: nCtx, maxBatch, kvCacheTypes });
     this.logits = new Float32Array(model.nVocab);
     this.runner = new QuickForward(this.window);
   }
@@ -26,6 +27,10 @@ export class LocalPipeline implements Pipeline {
 
   resumable(pos: number): number {
     return this.window.kvResumable(pos);
+  }
+
+  async shift(p0: number, nDiscard: number, nPast: number): Promise<void> {
+    this.window.kvShift(p0, nDiscard, nPast);
   }
 
   close(): void {

@@ -2,6 +2,7 @@
 // own KV cache of nCtx tokens, decoded together. A step takes the next token of every active sequence
 // through ONE pass over the weights (the matmuls take N rows; attention runs per sequence over its own
 // cache: NativeWindow.forwardSeqs); a new sequence's prompt is prefilled on its own slot alone.
+import type { KvCacheTypes } from "../model/index.js";
 import type { NativeWindow } from "../native/index.js";
 import type { LocalModel } from "./local-model.js";
 import { NonFiniteError, QuickForward, checkFinite } from "./quick-forward.js";
@@ -22,11 +23,12 @@ export class SeqSlots {
   private stepActs: Float32Array;
 
   /** first: a window over every layer of nCtx tokens to use as slot 0 (the caller keeps closing it). */
-  constructor(readonly model: LocalModel, readonly size: number, readonly nCtx: number, maxBatch = 128, first?: NativeWindow) {
+  constructor(readonly model: LocalModel, readonly size: number, readonly nCtx: number, maxBatch = 128, first?: NativeWindow,
+    kvCacheTypes?: KvCacheTypes) {
     if (!Number.isInteger(size) || size < 1 || size > maxBatch) throw new RangeError(`sequence slots: from 1 to ${maxBatch} (the batch), not ${size}`);
     try {
       for (let i = 0; i < size; i++) {
-        const w = i === 0 && first ? first : model.window(0, model.nLayers, { ctx: nCtx, maxBatch });
+        const w = i === 0 && first ? first : model.window(0, model.nLayers, { ctx: nCtx, maxBatch, kvCacheTypes });
         this.windows.push(w);
         this.owned.push(!(i === 0 && first));
         this.runners.push(new QuickForward(w));

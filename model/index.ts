@@ -1,9 +1,10 @@
 // model/: what a GGUF file says (header, hyper-parameters, tensor table), with no side effects.
 export * from "./gguf.js";
 export * from "./ggml-types.js";
+export * from "./kv-cache.js";
 export * from "./architecture.js";
 export { shapeHParams, shapeKeys, type ShapeKey } from "./arch/index.js";
-export { modelProfile, kvCacheRows, kvBytesPerLayer, kvResumablePosition, syntheticModelDescription, layerWeightBytes, layerReadBytes, routingShareFromHits, withMeasuredRouting } from "./profile.js";
+export { modelProfile, kvCacheRows, kvBytesPerLayer, kvResumablePosition, kvAfterShift, syntheticModelDescription, layerWeightBytes, layerReadBytes, routingShareFromHits, withMeasuredRouting } from "./profile.js";
 export type { ModelProfile, ModelProfileOptions, MoeProfile, PerWeightType } from "./profile.js";
 export { modelShapes, modelShapeByName, shapeProblems, type ModelShape } from "./shapes.js";
 export {

@@ -5,6 +5,7 @@
 
 import type { HParams, LayerTensors, ModelDescription, ModelTensors, TensorRef } from "./architecture.js";
 import { ggmlTypeInfo, ggmlTypeName } from "./ggml-types.js";
+import { DEFAULT_KV_CACHE_TYPES, kvBytesPerTokenLayer, type KvCacheTypes } from "./kv-cache.js";
 import { planTensors, type FileTypeName } from "./quant-mix.js";
 import type { ModelShape } from "./shapes.js";
 import { familyOf, layerFromTable, shapeHParams } from "./arch/index.js";
@@ -42,8 +43,10 @@ export interface ModelProfile {
   readonly outputBytes: number;
   /** F^out_q: FLOPs per token of the output norm, the output matmul and the softmax. */
   readonly outputFlops: PerWeightType;
-  /** Bytes of one token's K and V rows in one layer (F16 cache). */
+  /** Bytes of one token's K and V rows in one layer, in the cache's types (model/kv-cache.ts). */
   readonly kvBytesPerTokenLayer: number;
+  /** The KV cache's types the profile counts (f16 when absent). */
+  readonly kvCacheTypes?: KvCacheTypes;
   /** Every tensor's bytes: the size of the weights a device maps when it holds everything. */
   readonly weightBytesTotal: number;
   /** Mixture of experts (absent for a dense model): what a token reads of a layer, and how skewed the
@@ -114,6 +117,8 @@ export interface ModelProfileOptions {
   readonly flashAttention?: boolean;
   /** A label for reports; default the file path. */
   readonly name?: string;
+  /** The KV cache's types (--cache-type-k/-v); default f16. */
+  readonly kvCacheTypes?: KvCacheTypes;
 }
 
 /** Rows of K (and of V) each layer's KV cache holds: nCtx, or for a sliding-window layer a ring of its
@@ -125,16 +130,34 @@ export function kvCacheRows(layerWindow: readonly number[], nCtx: number, maxBat
 
 /** native prima_window_kv_resumable for a cache tracked from outside (the ring's head): the largest
  * position <= pos a forward can continue from, given `kvEnd`, the end of the furthest write since the
- * cache last started at 0 (a ring holds at most [kvEnd - rows, kvEnd)). Same rule, held together by
+ * cache last started at 0 (a ring holds at most [kvEnd - rows, kvEnd)), and `kvFloor`, below which a
+ * context shift left a ring nothing (kvAfterShift). Same rule, held together by
  * test/engine/swa-ring.test.ts. */
-export function kvResumablePosition(pos: number, kvEnd: number, layerWindow: readonly number[], rows: readonly number[], nCtx: number): number {
+export function kvResumablePosition(pos: number, kvEnd: number, layerWindow: readonly number[], rows: readonly number[], nCtx: number, kvFloor = 0): number {
   if (pos <= 0) return 0;
   for (let l = 0; l < layerWindow.length; l++) {
     if (rows[l] === nCtx) continue;
     const need = pos > layerWindow[l] ? pos - layerWindow[l] + 1 : 0;
-    if (need < kvEnd - rows[l]) return 0;
+    if (need < kvEnd - rows[l] || need < kvFloor) return 0;
   }
   return pos;
+}
+
+/** native prima_window_kv_shift's effect on kvEnd and kvFloor (native/src/kv_shift.c): a ring held
+ * [max(kvEnd - rows, kvFloor), kvEnd); after positions [p0, p0 + nDiscard) of nPast are dropped it
+ * holds from the lowest of those kept, in the new numbering, to nPast - nDiscard. */
+export function kvAfterShift(
+  kv: { readonly kvEnd: number; readonly kvFloor: number }, p0: number, nDiscard: number, nPast: number,
+  layerWindow: readonly number[], rows: readonly number[], nCtx: number,
+): { kvEnd: number; kvFloor: number } {
+  let floor = kv.kvFloor, rings = false;
+  for (let l = 0; l < layerWindow.length; l++) {
+    if (rows[l] === nCtx) continue;
+    rings = true;
+    const low = Math.max(0, kv.kvEnd - rows[l], kv.kvFloor);
+    floor = Math.max(floor, low <= p0 ? low : low <= p0 + nDiscard ? p0 : low - nDiscard);
+  }
+  return rings ? { kvEnd: nPast - nDiscard, kvFloor: floor } : { kvEnd: kv.kvEnd, kvFloor: kv.kvFloor };
 }
 
 /** The one rule for a layer's KV bytes in a plan (Halda's b' = layerBytes + this): its mean rows times a row's K and V. */
@@ -252,7 +275,8 @@ export function modelProfile(desc: ModelDescription, opts: ModelProfileOptions):
     inputBytes: t.tokenEmbd.nBytes,
     outputBytes: t.outputNorm.nBytes + t.output.nBytes,
     outputFlops,
-    kvBytesPerTokenLayer: 2 * (hp.nHeadKv * hp.headDimK + hp.nHeadKv * hp.headDimV),
+    kvBytesPerTokenLayer: kvBytesPerTokenLayer(hp, opts.kvCacheTypes),
+    kvCacheTypes: opts.kvCacheTypes ?? DEFAULT_KV_CACHE_TYPES,
     weightBytesTotal,
     ...(moe ? { moe } : {}),
   };

@@ -17,6 +17,7 @@
 extern "C" {
 #include "kernels.h"
 #include "ops.h"
+#include "kv_cache.h"
 }
 
 namespace {
@@ -294,6 +295,54 @@ Napi::Value DotRows(const Napi::CallbackInfo &info) {
   return env.Undefined();
 }
 
+// kvStore(type, x: Float32Array, dst: Uint8Array): one cache row, quantized as a window writes it.
+Napi::Value KvStore(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int64_t type;
+  Bytes x, dst;
+  if (!GetInt(env, info[0], "type", 0, PRIMA_TYPE_COUNT - 1, type) || !GetTyped(env, info[1], napi_float32_array, "x", x, true) ||
+      !GetTyped(env, info[2], napi_uint8_array, "dst", dst, false))
+    return env.Undefined();
+  if (!prima_kv_type_ok((int)type)) return Fail(env, "kvStore: " + TypeLabel((int)type) + " is not a KV cache type"), env.Undefined();
+  size_t bytes;
+  if (!CheckRow(env, "kvStore", (int)type, (int64_t)(x.length / 4), dst.length, "dst", bytes)) return env.Undefined();
+  prima_kv_store((int)type, reinterpret_cast<const float *>(x.data), dst.data, (int)(x.length / 4));
+  dst.CopyOut();
+  return env.Undefined();
+}
+
+// kvAttend(kType, vType, k: Uint8Array, v: Uint8Array, nPos, ratio, d, q: Float32Array, scale, softcap, out: Float32Array,
+// level?): the attention of ratio query heads over nPos cached rows of one KV head (rows back to back), as a window's
+// attention computes it at that level.
+Napi::Value KvAttend(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int64_t kt, vt, nPos, ratio, d;
+  int level;
+  Bytes k, v, q, out;
+  if (!GetInt(env, info[0], "kType", 0, PRIMA_TYPE_COUNT - 1, kt) || !GetInt(env, info[1], "vType", 0, PRIMA_TYPE_COUNT - 1, vt) ||
+      !GetTyped(env, info[2], napi_uint8_array, "k", k, true) || !GetTyped(env, info[3], napi_uint8_array, "v", v, true) ||
+      !GetInt(env, info[4], "nPos", 1, 1 << 20, nPos) || !GetInt(env, info[5], "ratio", 1, 64, ratio) ||
+      !GetInt(env, info[6], "d", 1, 1024, d) || !GetTyped(env, info[7], napi_float32_array, "q", q, true) ||
+      !info[8].IsNumber() || !info[9].IsNumber() || !GetTyped(env, info[10], napi_float32_array, "out", out, false) ||
+      !GetLevel(env, info[11], level))
+    return env.Undefined();
+  const char *why = prima_kv_type_problem((int)kt, (int)d);
+  if (!why) why = prima_kv_type_problem((int)vt, (int)d);
+  if (why) return Fail(env, std::string("kvAttend: a cache type ") + why), env.Undefined();
+  const size_t kRow = prima_row_bytes((int)kt, d), vRow = prima_row_bytes((int)vt, d);
+  if (k.length != kRow * (size_t)nPos || v.length != vRow * (size_t)nPos || q.length != 4 * (size_t)(ratio * d) ||
+      out.length != 4 * (size_t)(ratio * d))
+    return Fail(env, "kvAttend: k, v must hold nPos rows of their type, q and out ratio x d floats"), env.Undefined();
+  std::vector<uint8_t> scratch(prima_kv_attend_scratch_bytes((int)ratio, (int)d) + 64);
+  void *aligned = reinterpret_cast<void *>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t(63));
+  const prima_kv_head K = {(int)kt, k.data, kRow, 0}, V = {(int)vt, v.data, vRow, 0};
+  prima_kv_attend(&K, &V, reinterpret_cast<const float *>(q.data), (int)ratio, (int)d, 0, (int)nPos,
+                  (float)info[8].As<Napi::Number>().DoubleValue(), (float)info[9].As<Napi::Number>().DoubleValue(), nullptr,
+                  reinterpret_cast<float *>(out.data), aligned, level);
+  out.CopyOut();
+  return env.Undefined();
+}
+
 // All threads of a benchmark wait here between passes (spinning: a pass can be microseconds).
 class SpinBarrier {
  public:
@@ -442,6 +491,8 @@ void RegisterKernels(Napi::Env env, Napi::Object exports) {
   k.Set("fp32ToHalf", Napi::Function::New(env, Fp32ToHalf, "fp32ToHalf"));
   k.Set("halfToFp32", Napi::Function::New(env, HalfToFp32, "halfToFp32"));
   k.Set("geglu", Napi::Function::New(env, Geglu, "geglu"));
+  k.Set("kvStore", Napi::Function::New(env, KvStore, "kvStore"));
+  k.Set("kvAttend", Napi::Function::New(env, KvAttend, "kvAttend"));
   k.Set("maxNc", Napi::Number::New(env, PRIMA_MAX_NC));
   exports.Set("kernels", k);
 }

@@ -11,6 +11,8 @@
 
 extern "C" {
 #include "kernels.h"
+#include "kv_cache.h"
+#include "kv_shift.h"
 #include "lane.h"
 #include "model.h"
 }
@@ -58,6 +60,7 @@ class Window : public Napi::ObjectWrap<Window> {
   Napi::Value KvClear(const Napi::CallbackInfo &info);
   Napi::Value KvTruncate(const Napi::CallbackInfo &info);
   Napi::Value KvResumable(const Napi::CallbackInfo &info);
+  Napi::Value KvShift(const Napi::CallbackInfo &info);
   Napi::Value KvSave(const Napi::CallbackInfo &info);
   Napi::Value KvLoad(const Napi::CallbackInfo &info);
   Napi::Value Info(const Napi::CallbackInfo &info);
@@ -446,6 +449,7 @@ Napi::Function Window::Define(Napi::Env env) {
                       InstanceMethod("streamBeyond", &Window::StreamBeyond), InstanceMethod("residency", &Window::Residency),
                       InstanceMethod("kvClear", &Window::KvClear), InstanceMethod("kvTruncate", &Window::KvTruncate),
                       InstanceMethod("kvResumable", &Window::KvResumable),
+                      InstanceMethod("kvShift", &Window::KvShift),
                       InstanceMethod("kvSave", &Window::KvSave), InstanceMethod("kvLoad", &Window::KvLoad),
                       InstanceMethod("info", &Window::Info), InstanceMethod("close", &Window::Close)});
 }
@@ -477,8 +481,18 @@ Window::Window(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Window>(info) 
     ThrowType(env, "window options.maxBatch must be an integer from 1 to 4096");
     return;
   }
+  // the KV cache's types as ggml type ids (F16 when absent); prima_window_create names a wrong one
+  int64_t kv_types[2] = {PRIMA_F16, PRIMA_F16};
+  const char *kv_keys[2] = {"cacheTypeK", "cacheTypeV"};
+  for (int i = 0; i < 2; i++) {
+    if (!o.Get(kv_keys[i]).IsUndefined() && !IntArg(o.Get(kv_keys[i]), 0, PRIMA_KV_ROTATED | 0xFF, &kv_types[i])) {
+      ThrowType(env, std::string("window options.") + kv_keys[i] + " must be a ggml type id (| 0x100: rotated)");
+      return;
+    }
+  }
   char err[kErrLen] = {0};
-  w = prima_window_create(model->st->m, (int)first, (int)end, (int)ctx, (int)batch, err, sizeof err);
+  w = prima_window_create(model->st->m, (int)first, (int)end, (int)ctx, (int)batch, (int)kv_types[0], (int)kv_types[1], err,
+                          sizeof err);
   if (!w) {
     ThrowErr(env, err);
     return;
@@ -672,6 +686,22 @@ Napi::Value Window::KvResumable(const Napi::CallbackInfo &info) {
   return Napi::Number::New(env, prima_window_kv_resumable(w, (int)pos));
 }
 
+// kvShift(p0, nDiscard, nPast): context shift (native/src/kv_shift.h).
+static bool ShiftArgs(const Napi::CallbackInfo &info, int64_t *p0, int64_t *d, int64_t *n_past) {
+  return info.Length() >= 3 && IntArg(info[0], 0, 1 << 30, p0) && IntArg(info[1], 1, 1 << 30, d) && IntArg(info[2], 1, 1 << 30, n_past);
+}
+
+Napi::Value Window::KvShift(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Alive(env)) return env.Undefined();
+  if (busy > 0) return ThrowErr(env, "window is busy");
+  int64_t p0, d, n_past;
+  if (!ShiftArgs(info, &p0, &d, &n_past)) return ThrowType(env, "kvShift(p0, nDiscard, nPast) expected (nDiscard >= 1)");
+  char err[kErrLen] = {0};
+  if (prima_window_kv_shift(w, (int)p0, (int)d, (int)n_past, err, sizeof err)) return ThrowErr(env, err);
+  return env.Undefined();
+}
+
 Napi::Value Window::KvSave(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   if (!Alive(env)) return env.Undefined();
@@ -702,8 +732,10 @@ Napi::Value Window::Info(const Napi::CallbackInfo &info) {
   o.Set("maxBatch", w->max_batch);
   o.Set("filled", w->n_filled);
   o.Set("anonBytes", Napi::Number::New(env, (double)w->anon_bytes));
-  // K and V rows of F16 over all the window's layers (sliding-window layers hold a ring, not n_ctx)
-  o.Set("kvBytes", Napi::Number::New(env, (double)(2 * prima_window_kv_rows(w) * (size_t)w->m->hp.n_head_kv * w->m->hp.head_dim * sizeof(uint16_t))));
+  // K and V rows in their types over all the window's layers (sliding-window layers hold a ring, not n_ctx)
+  o.Set("kvBytes", Napi::Number::New(env, (double)w->kv_bytes));
+  o.Set("cacheTypeK", w->k_type | (w->k_rot ? PRIMA_KV_ROTATED : 0));
+  o.Set("cacheTypeV", w->v_type | (w->v_rot ? PRIMA_KV_ROTATED : 0));
   if (w->expert_hits) {
     // per layer of the window: how many tokens each expert has run (routing seen from outside)
     const int X = w->m->hp.n_expert;
@@ -756,6 +788,7 @@ class Lane : public Napi::ObjectWrap<Lane> {
   Napi::Value ResetStats(const Napi::CallbackInfo &info);
   Napi::Value KvClear(const Napi::CallbackInfo &info);
   Napi::Value KvTruncate(const Napi::CallbackInfo &info);
+  Napi::Value KvShift(const Napi::CallbackInfo &info);
   Napi::Value StopJs(const Napi::CallbackInfo &info);
   Napi::Value RunFrame(const Napi::CallbackInfo &info);
   friend class LaneRunWorker;
@@ -777,6 +810,7 @@ Napi::Function Lane::Define(Napi::Env env) {
                       InstanceMethod("setReleaseAfterUse", &Lane::SetReleaseAfterUse),
                       InstanceMethod("stats", &Lane::Stats), InstanceMethod("resetStats", &Lane::ResetStats),
                       InstanceMethod("kvClear", &Lane::KvClear), InstanceMethod("kvTruncate", &Lane::KvTruncate),
+                      InstanceMethod("kvShift", &Lane::KvShift),
                       InstanceMethod("runFrame", &Lane::RunFrame), InstanceMethod("stop", &Lane::StopJs)});
 }
 
@@ -1059,6 +1093,31 @@ Napi::Value Lane::KvTruncate(const Napi::CallbackInfo &info) {
   if (info.Length() < 1 || !IntArg(info[0], 0, 1 << 30, &pos)) return ThrowType(env, "kvTruncate(position) expected");
   KvJob job = {&windows, pos};
   prima_lane_exclusive(lane, RunKv, &job);
+  return env.Undefined();
+}
+
+struct KvShiftJob {
+  std::vector<Window *> *windows;
+  int p0, d, n_past;
+  char err[kErrLen];
+  int rc;
+};
+
+static void RunKvShift(void *arg) {
+  KvShiftJob *job = (KvShiftJob *)arg;
+  for (Window *w : *job->windows)
+    if (job->rc == 0) job->rc = prima_window_kv_shift(w->w, job->p0, job->d, job->n_past, job->err, sizeof job->err);
+}
+
+// kvShift(p0, nDiscard, nPast): every window's context shift, between frames.
+Napi::Value Lane::KvShift(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Running(env)) return env.Undefined();
+  int64_t p0, d, n_past;
+  if (!ShiftArgs(info, &p0, &d, &n_past)) return ThrowType(env, "kvShift(p0, nDiscard, nPast) expected (nDiscard >= 1)");
+  KvShiftJob job = {&windows, (int)p0, (int)d, (int)n_past, {0}, 0};
+  prima_lane_exclusive(lane, RunKvShift, &job);
+  if (job.rc != 0) return ThrowErr(env, job.err);
   return env.Undefined();
 }
 

@@ -49,6 +49,9 @@ interface KernelsAddon {
   fp32ToHalf(src: Float32Array, dst: Uint16Array, kind: "f16" | "bf16"): void;
   halfToFp32(src: Uint16Array, dst: Float32Array, kind: "f16" | "bf16"): void;
   geglu(gate: Float32Array, up: Float32Array, level?: SimdLevel): void;
+  kvStore(type: number, x: Float32Array, dst: Uint8Array): void;
+  kvAttend(kType: number, vType: number, k: Uint8Array, v: Uint8Array, nPos: number, ratio: number, d: number, q: Float32Array,
+    scale: number, softcap: number, out: Float32Array, level?: SimdLevel): void;
   maxNc: number;
 }
 
@@ -135,4 +138,21 @@ export function halfToFp32(src: Uint16Array, kind: "f16" | "bf16", dst = new Flo
 export function geglu(gate: Float32Array, up: Float32Array, level?: SimdLevel): Float32Array {
   k.geglu(gate, up, level);
   return gate;
+}
+
+/** One KV cache row (F16, Q8_0 or Q4_0) as a window writes it (native/src/kv_cache.h prima_kv_store). */
+export function kvStore(type: number | GgmlTypeName, x: Float32Array, dst?: Uint8Array): Uint8Array {
+  const id = typeId(type);
+  const out = dst ?? new Uint8Array(k.rowBytes(id, x.length));
+  k.kvStore(id, x, out);
+  return out;
+}
+
+/** A window's attention of `ratio` query heads (q: ratio x d floats) over nPos cached rows of one KV head,
+ * the rows of k and v back to back in their cache types: softmax(scale * q·K, soft-capped when softcap > 0)·V. */
+export function kvAttend(kType: number | GgmlTypeName, vType: number | GgmlTypeName, kRows: Uint8Array, vRows: Uint8Array, nPos: number,
+  ratio: number, d: number, q: Float32Array, scale: number, softcap = 0, level?: SimdLevel): Float32Array {
+  const out = new Float32Array(ratio * d);
+  k.kvAttend(typeId(kType), typeId(vType), kRows, vRows, nPos, ratio, d, q, scale, softcap, out, level);
+  return out;
 }

@@ -82,6 +82,8 @@ export interface NativeLane {
   resetStats(): void;
   kvClear(): void;
   kvTruncate(position: number): void;
+  /** Every window's context shift (NativeWindow.kvShift), between frames. */
+  kvShift(p0: number, nDiscard: number, nPast: number): void;
   /** Ends the thread and its sockets (no close frames). The windows are usable from JS again. */
   stop(): void;
 }

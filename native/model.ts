@@ -55,8 +55,11 @@ export interface WindowInfo {
   readonly filled: number;
   /** KV cache + scratch: the window's anonymous memory. */
   readonly anonBytes: number;
-  /** The KV cache's own bytes (a sliding-window layer holds a ring of its window and a batch, model/'s kvCacheRows). */
+  /** The KV cache's own bytes: K and V rows in their types (a sliding-window layer holds a ring of its window and a batch, model/'s kvCacheRows). */
   readonly kvBytes: number;
+  /** The KV cache's element types (ggml type ids: F16, Q8_0 or Q4_0; | 0x100 when rotated). */
+  readonly cacheTypeK: number;
+  readonly cacheTypeV: number;
   /** Mixture of experts: per layer of the window, the tokens each expert has run since it was made. */
   readonly expertHits?: readonly (readonly number[])[];
 }
@@ -95,6 +98,9 @@ export interface NativeWindow {
   /** The largest position <= pos (and <= filled) a forward can continue from: sliding-window layers keep
    * only their last positions, so going back further than they hold restarts at 0. */
   kvResumable(pos: number): number;
+  /** Context shift: drops positions [p0, p0 + nDiscard) and moves [p0 + nDiscard, nPast) down by nDiscard,
+   * re-rotating their keys (native/src/kv_shift.h). The cache then holds nPast - nDiscard positions. */
+  kvShift(p0: number, nDiscard: number, nPast: number): void;
   kvSave(path: string): void;
   kvLoad(path: string): void;
   info(): WindowInfo;
@@ -102,7 +108,9 @@ export interface NativeWindow {
 }
 
 export interface NativeModel {
-  window(firstLayer: number, endLayer: number, options: { ctx: number; maxBatch?: number }): NativeWindow;
+  /** cacheTypeK/V: the KV cache's ggml type ids (F16, Q8_0 or Q4_0, a quantized one | 0x100 to rotate it
+   * by a Hadamard matrix as llama.cpp does; default F16). */
+  window(firstLayer: number, endLayer: number, options: { ctx: number; maxBatch?: number; cacheTypeK?: number; cacheTypeV?: number }): NativeWindow;
   embed(tokens: Int32Array, out: Float32Array): void;
   /** Output norm + head on the last row of acts. */
   logits(acts: Float32Array, out: Float32Array): Promise<void>;

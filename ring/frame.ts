@@ -10,7 +10,7 @@
 import { FrameError } from "./errors.js";
 import { f16ToF32, f32ToF16 } from "./f16.js";
 import {
-  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC_BYTES, FrameTypeId, PAYLOAD_DTYPE_BYTES,
+  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC_BYTES, FrameTypeId, KV_SHIFT_PAYLOAD_BYTES, PAYLOAD_DTYPE_BYTES,
   PayloadDtypeId, U16_MAX, U32_MAX, validateHeader, validateHello,
   type FrameHeader, type FrameLimits, type Hello, type PayloadDtype,
 } from "./validation.js";
@@ -54,7 +54,18 @@ export interface ErrorFrame {
   message: string;
 }
 
-export type Frame = HelloFrame | ActivationsFrame | ErrorFrame;
+/** Context shift (engine Pipeline.shift): every device drops positions [p0, p0 + nDiscard) of its
+ * windows' caches and moves [p0 + nDiscard, nPast) down, re-rotating the keys. It goes round the ring
+ * in order with the activations, once: each device shifts all its windows and passes it on. */
+export interface KvShiftFrame {
+  type: "kvShift";
+  requestId: number;
+  p0: number;
+  nDiscard: number;
+  nPast: number;
+}
+
+export type Frame = HelloFrame | ActivationsFrame | ErrorFrame | KvShiftFrame;
 
 const utf8Encoder = new TextEncoder();
 const utf8Decoder = new TextDecoder("utf-8", { fatal: true });
@@ -182,6 +193,21 @@ export function encodeFrame(frame: Frame): Buffer {
       else f32ToF16(frame.activations, new Uint16Array(buf.buffer, at, values));
       return buf;
     }
+    case "kvShift": {
+      checkUint("request id", frame.requestId, U32_MAX);
+      checkUint("position", frame.p0, U32_MAX);
+      checkUint("tokens discarded", frame.nDiscard, U32_MAX);
+      checkUint("positions held", frame.nPast, U32_MAX);
+      const buf = allocFrame(KV_SHIFT_PAYLOAD_BYTES);
+      writeHeader(buf, {
+        frameType: FrameTypeId.kvShift, requestId: frame.requestId, firstTokenPosition: frame.p0, nTokens: 0, cycle: 0,
+        payloadDtype: 0, rowWidth: 0, payloadBytes: KV_SHIFT_PAYLOAD_BYTES,
+      });
+      const v = new DataView(buf.buffer, buf.byteOffset + FRAME_HEADER_BYTES, KV_SHIFT_PAYLOAD_BYTES);
+      v.setUint32(0, frame.nDiscard, true);
+      v.setUint32(4, frame.nPast, true);
+      return buf;
+    }
     default:
       throw new FrameError("frame type", `cannot encode frame type ${String((frame as { type: unknown }).type)}`);
   }
@@ -247,6 +273,14 @@ export function decodeFrame(buf: Uint8Array, limits: FrameLimits): Frame {
         type, requestId: header.requestId, firstTokenPosition: header.firstTokenPosition, nTokens: header.nTokens,
         cycle: header.cycle, rowWidth: header.rowWidth, dtype, activations,
       };
+    }
+    case "kvShift": {
+      const v = new DataView(buf.buffer, buf.byteOffset + FRAME_HEADER_BYTES, KV_SHIFT_PAYLOAD_BYTES);
+      const nDiscard = v.getUint32(0, true), nPast = v.getUint32(4, true);
+      if (nDiscard === 0 || header.firstTokenPosition + nDiscard > nPast) {
+        throw new FrameError("payload", `a kv shift of ${nDiscard} tokens from position ${header.firstTokenPosition} out of ${nPast} is not a range of the cache`);
+      }
+      return { type, requestId: header.requestId, p0: header.firstTokenPosition, nDiscard, nPast };
     }
   }
 }

@@ -8,7 +8,7 @@ export { FrameError, RingLinkError, type RingLinkErrorKind } from "./errors.js";
 export { f16ToF32, f32ToF16 } from "./f16.js";
 export {
   decodeFrame, encodeFrame, readFrameHeader,
-  type ActivationsFrame, type ErrorFrame, type Frame, type HelloFrame,
+  type ActivationsFrame, type ErrorFrame, type Frame, type HelloFrame, type KvShiftFrame,
 } from "./frame.js";
 export {
   CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, PAYLOAD_DTYPE_BYTES,
@@ -28,6 +28,6 @@ export { dialSuccessor, dialSuccessorWithin } from "./dial.js";
 export { RingListener, RingPort, type DroppedPeer, type RingListenerOptions } from "./listener.js";
 // The piped-ring driver (the lead's): a device's node, the head's pipeline, windows per cycle.
 export { RingLane, type RingLaneOptions } from "./lane.js";
-export { RING_COMPUTE_OPTIONS, RingNode, type NodeStats, type RingNodeOptions, type WindowSpec, type WindowStats } from "./node.js";
+export { RING_COMPUTE_OPTIONS, RingNode, type NodeStats, type RingFrame, type RingNodeOptions, type WindowSpec, type WindowStats } from "./node.js";
 export { RingPipeline, type RingPipelineOptions } from "./pipeline.js";
 export { PlanError, evenLayerWindows, ringWindows, type RingWindows } from "./windows.js";

@@ -11,7 +11,7 @@ import { encodeFrame, type Frame } from "./frame.js";
 import { FRAME_HEADER_BYTES } from "./wire.js";
 import { CLOSE_GRACE_MS, type RingLink } from "./link.js";
 import { livenessRules } from "./liveness.js";
-import { noWindowMessage, type NodeStats, type RingNode } from "./node.js";
+import { errorFrameFor, noWindowMessage, type NodeStats, type RingNode } from "./node.js";
 import type { ResolvedLinkOptions } from "./options.js";
 
 export interface RingLaneOptions {
@@ -89,6 +89,17 @@ export class RingLane {
   takeFrame(frame: Frame): void {
     if (this.stopped) return;
     if (frame.type === "error") this.lane.send(encodeFrame(frame));
+    else if (frame.type === "kvShift") {
+      // between frames (the lane waits for resume): every window shifts, then the frame goes on
+      try {
+        this.lane.kvShift(frame.p0, frame.nDiscard, frame.nPast);
+        this.lane.send(encodeFrame(frame));
+      } catch (e) {
+        const message = (e as Error).message;
+        this.o.onError(message);
+        this.lane.send(encodeFrame(errorFrameFor(frame, message)));
+      }
+    }
     else if (frame.type === "activations") {
       // Valid (the codec passed it) yet not run: no window of this device is in that cycle.
       const message = noWindowMessage(frame.cycle);

@@ -2,9 +2,9 @@
 // activation frame from its predecessor: run the window of that frame's cycle, pass the rows on,
 // then advise the OS about the next window (prefetch) and, if memory is short, drop the one it used.
 // The head (last in ring order) also closes each cycle: it starts the next one or delivers the result.
-import { QuickForward, type LocalModel } from "../engine/index.js";
+import { QuickForward, type KvCacheTypes, type LocalModel } from "../engine/index.js";
 import { descheduledMs, threadClock, type NativeWindow } from "../native/index.js";
-import type { ActivationsFrame, ErrorFrame } from "./frame.js";
+import type { ActivationsFrame, ErrorFrame, KvShiftFrame } from "./frame.js";
 
 /** Why a device cannot run a frame (it passes an ERROR frame on instead). */
 export function noWindowMessage(cycle: number): string {
@@ -61,6 +61,8 @@ export interface RingNodeOptions {
   readonly cycles: number;
   readonly ctx: number;
   readonly maxBatch: number;
+  /** The KV cache's types (the coordinator's --cache-type-k/-v); default f16. */
+  readonly kvCacheTypes?: KvCacheTypes;
   readonly prefetch: boolean;
   /** Bytes of weights memory can hold now (default: unlimited). It bounds how far the next window is
    * paged in ahead, and when it is less than this device's windows, decode steps stay off the event
@@ -70,13 +72,25 @@ export interface RingNodeOptions {
   /** The head is last in ring order: it wraps cycles and delivers finished rows. */
   readonly isHead: boolean;
   /** Sends a frame to the successor (resolves when it is handed to the socket). */
-  readonly send: (frame: ActivationsFrame | ErrorFrame) => Promise<void>;
+  readonly send: (frame: RingFrame) => Promise<void>;
   /** Head only: rows that finished their last cycle; `logits` is set when logitsFor asked for them. */
   readonly deliver?: (frame: ActivationsFrame, logits?: Float32Array) => void;
+  /** Head only: a context shift went round the ring (every device, the head too, shifted its caches). */
+  readonly shifted?: (frame: KvShiftFrame) => void;
   /** Head only: a buffer when this frame's last row needs the output layer (fused into the window's call). */
   readonly logitsFor?: (frame: ActivationsFrame) => Float32Array | undefined;
   /** A frame could not be processed (the error was also passed on to the successor). */
-  readonly onError: (message: string, frame: ActivationsFrame | ErrorFrame) => void;
+  readonly onError: (message: string, frame: RingFrame) => void;
+}
+
+/** What travels the ring after the handshake. */
+export type RingFrame = ActivationsFrame | ErrorFrame | KvShiftFrame;
+
+/** The ERROR frame that stands for a frame that failed (its request, and its rows when it has any). */
+export function errorFrameFor(frame: RingFrame, message: string): ErrorFrame {
+  const rows = frame.type === "kvShift" ? { firstTokenPosition: frame.p0, nTokens: 0, cycle: 0 }
+    : { firstTokenPosition: frame.firstTokenPosition, nTokens: frame.nTokens, cycle: frame.cycle };
+  return { type: "error", requestId: frame.requestId, ...rows, message };
 }
 
 interface Slot {
@@ -92,7 +106,7 @@ interface Slot {
 
 export class RingNode {
   private readonly slots = new Map<number, Slot>();
-  private queue: (ActivationsFrame | ErrorFrame)[] = [];
+  private queue: RingFrame[] = [];
   private busy = false;
   private lastDoneMs = 0;
   private stats: Omit<NodeStats, "windows"> = { waitMs: 0, sendMs: 0, descheduledMs: 0, frames: 0 };
@@ -107,7 +121,7 @@ export class RingNode {
     this.releaseAfterUse = o.releaseAfterUse;
     for (const spec of o.windows) {
       if (this.slots.has(spec.cycle)) throw new Error(`two windows for cycle ${spec.cycle}`);
-      const window = o.model.window(spec.firstLayer, spec.endLayer, { ctx: o.ctx, maxBatch: o.maxBatch });
+      const window = o.model.window(spec.firstLayer, spec.endLayer, { ctx: o.ctx, maxBatch: o.maxBatch, kvCacheTypes: o.kvCacheTypes });
       const slot: Slot = {
         spec, window, lastFaults: 0, stats: { ...spec, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 },
         // Inline only while the window's pages are all there: no faults last time, none released since.
@@ -157,7 +171,7 @@ export class RingNode {
   }
 
   /** Takes a frame from the predecessor; frames are processed one at a time, in arrival order. */
-  receive(frame: ActivationsFrame | ErrorFrame): void {
+  receive(frame: RingFrame): void {
     if (this.closed) return;
     // Idle until now, this device's compute threads sleep: wake them at once, so their wake-up (0.05-0.5
     // ms on a virtual CPU) overlaps the rest of this turn rather than the pass's first layer.
@@ -181,7 +195,7 @@ export class RingNode {
    * rows come round again: its threads stop spinning now, before the write completes (that can take
    * milliseconds), since the successor starts as soon as the bytes arrive and on a loopback ring
    * needs the same cores. */
-  async send(frame: ActivationsFrame | ErrorFrame): Promise<void> {
+  async send(frame: RingFrame): Promise<void> {
     const c0 = threadClock(), t0 = performance.now();
     if (this.queue.length === 0) this.o.model.relax();
     // A link with nothing queued encodes the frame and writes it to the socket before it returns.
@@ -219,7 +233,7 @@ export class RingNode {
         const message = e instanceof Error ? e.message : String(e);
         this.o.onError(message, frame);
         if (!this.closed) {
-          await this.o.send({ type: "error", requestId: frame.requestId, firstTokenPosition: frame.firstTokenPosition, nTokens: frame.nTokens, cycle: frame.cycle, message }).catch(() => {});
+          await this.o.send(errorFrameFor(frame, message)).catch(() => {});
         }
       }
     }
@@ -227,10 +241,21 @@ export class RingNode {
     this.lastDoneMs = performance.now();
   }
 
-  private async process(frame: ActivationsFrame | ErrorFrame): Promise<void> {
+  /** Every window's cache shifts (in cycle order; a device holds the same positions in each). */
+  shiftWindows(frame: KvShiftFrame): void {
+    for (const s of this.slotWindows) s.window.kvShift(frame.p0, frame.nDiscard, frame.nPast);
+  }
+
+  private async process(frame: RingFrame): Promise<void> {
     if (frame.type === "error") {
       // Pass the failure on so it reaches the head, which ends the request.
       if (this.o.isHead) this.o.onError(frame.message, frame);
+      else await this.send(frame);
+      return;
+    }
+    if (frame.type === "kvShift") {
+      this.shiftWindows(frame);
+      if (this.o.isHead) this.o.shifted?.(frame);
       else await this.send(frame);
       return;
     }
@@ -273,7 +298,7 @@ export class RingNode {
    * more rows for the same window are already waiting (a long prompt's batches). */
   private advise(slot: Slot, frame: ActivationsFrame): void {
     const next = this.queue[0];
-    if (next && next.cycle === frame.cycle) return;
+    if (next && next.type !== "kvShift" && next.cycle === frame.cycle) return;
     // With one window, the next window is this one again: releasing all of it would only thrash, and
     // advice could only page its first layers back in at the cost of its last (measured slower, and
     // the advice itself costs a walk over every page on each token).

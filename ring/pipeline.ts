@@ -2,8 +2,8 @@
 // at once, so a long prompt's batches are on different devices at the same time) into cycle 0 and
 // resolves when the last batch has gone through every cycle; the head applies the output layer.
 import type { LocalModel, Pipeline } from "../engine/index.js";
-import { kvCacheRows, kvResumablePosition } from "../model/index.js";
-import type { ActivationsFrame } from "./frame.js";
+import { kvAfterShift, kvCacheRows, kvResumablePosition } from "../model/index.js";
+import type { ActivationsFrame, KvShiftFrame } from "./frame.js";
 import type { RingNode } from "./node.js";
 import type { PayloadDtype } from "./validation.js";
 
@@ -31,12 +31,14 @@ export class RingPipeline implements Pipeline {
   readonly nCtx: number;
   private requestId = 0;
   private pending: Pending | undefined;
+  private pendingShift: { readonly requestId: number; readonly resolve: () => void; readonly reject: (e: Error) => void } | undefined;
   private failure: Error | undefined;
   private readonly logits: Float32Array;
   /** The devices' caches as the frames sent fill them: positions held, and the end of the furthest
    * write since position 0 (for the sliding-window layers' rings, model/'s kvResumablePosition). */
   private filled = 0;
   private kvEnd = 0;
+  private kvFloor = 0;
   private readonly kvRows: number[];
 
   constructor(private readonly o: RingPipelineOptions) {
@@ -47,7 +49,7 @@ export class RingPipeline implements Pipeline {
 
   async forward(acts: Float32Array, pos: number, nTokens: number): Promise<Float32Array> {
     if (this.failure) throw this.failure;
-    if (this.pending) throw new Error("the ring runs one request at a time");
+    if (this.pending || this.pendingShift) throw new Error("the ring runs one request at a time");
     const E = this.o.model.nEmbd;
     const requestId = (this.requestId = (this.requestId + 1) >>> 0);
     const done = new Promise<Float32Array>((resolve, reject) => {
@@ -55,6 +57,7 @@ export class RingPipeline implements Pipeline {
     });
     this.filled = pos + nTokens;
     this.kvEnd = pos === 0 ? nTokens : Math.max(this.kvEnd, pos + nTokens);
+    if (pos === 0) this.kvFloor = 0;
     try {
       for (let off = 0; off < nTokens; off += this.o.maxBatch) {
         const n = Math.min(this.o.maxBatch, nTokens - off);
@@ -79,7 +82,36 @@ export class RingPipeline implements Pipeline {
   }
 
   resumable(pos: number): number {
-    return kvResumablePosition(Math.min(pos, this.filled), this.kvEnd, this.o.model.desc.hparams.layerWindow, this.kvRows, this.nCtx);
+    return kvResumablePosition(Math.min(pos, this.filled), this.kvEnd, this.o.model.desc.hparams.layerWindow, this.kvRows, this.nCtx, this.kvFloor);
+  }
+
+  /** A KV_SHIFT frame round the ring, in order with the rows: each device shifts every window it
+   * holds and passes it on; resolves when it is back at the head (which shifted its own). */
+  async shift(p0: number, nDiscard: number, nPast: number): Promise<void> {
+    if (this.failure) throw this.failure;
+    if (this.pending || this.pendingShift) throw new Error("the ring runs one request at a time");
+    const requestId = (this.requestId = (this.requestId + 1) >>> 0);
+    const done = new Promise<void>((resolve, reject) => {
+      this.pendingShift = { requestId, resolve, reject };
+    });
+    try {
+      await this.o.node.send({ type: "kvShift", requestId, p0, nDiscard, nPast });
+    } catch (e) {
+      this.fail(e instanceof Error ? e : new Error(String(e)));
+    }
+    try {
+      await done;
+    } finally {
+      this.pendingShift = undefined;
+    }
+    // the devices shifted (a refusal fails the ring above): their rings as kv_shift.c leaves them
+    ({ kvEnd: this.kvEnd, kvFloor: this.kvFloor } = kvAfterShift({ kvEnd: this.kvEnd, kvFloor: this.kvFloor }, p0, nDiscard, nPast, this.o.model.desc.hparams.layerWindow, this.kvRows, this.nCtx));
+    this.filled = nPast - nDiscard;
+  }
+
+  /** A shift that went round the whole ring (from the head's node). */
+  shifted(frame: KvShiftFrame): void {
+    if (this.pendingShift?.requestId === frame.requestId) this.pendingShift.resolve();
   }
 
   /** The buffer for the output layer when the frame is the request's last batch (the head's window
@@ -117,5 +149,6 @@ export class RingPipeline implements Pipeline {
   fail(e: Error): void {
     this.failure ??= e;
     this.pending?.reject(this.failure);
+    this.pendingShift?.reject(this.failure);
   }
 }

@@ -3,8 +3,8 @@
 // JSON. Each failure is a FrameError naming the field. Pure functions, no I/O.
 import { FrameError } from "./errors.js";
 import {
-  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, PAYLOAD_DTYPE_BYTES,
-  PayloadDtypeId, U16_MAX, U32_MAX,
+  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, KV_SHIFT_PAYLOAD_BYTES,
+  PAYLOAD_DTYPE_BYTES, PayloadDtypeId, U16_MAX, U32_MAX,
 } from "./wire.js";
 
 /** Header fields as read from the wire (numbers, not yet trusted). */
@@ -48,7 +48,7 @@ export interface Hello {
 }
 
 export {
-  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, PAYLOAD_DTYPE_BYTES,
+  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, KV_SHIFT_PAYLOAD_BYTES, PAYLOAD_DTYPE_BYTES,
   PROTOCOL_VERSION, PayloadDtypeId, U16_MAX, U32_MAX,
 } from "./wire.js";
 export const FRAME_MAGIC_BYTES: Uint8Array = new TextEncoder().encode(FRAME_MAGIC);
@@ -56,7 +56,7 @@ export type FrameTypeName = keyof typeof FrameTypeId;
 export type PayloadDtype = keyof typeof PayloadDtypeId;
 
 export function frameTypeName(id: number): FrameTypeName | undefined {
-  return id === 1 ? "hello" : id === 2 ? "activations" : id === 3 ? "error" : undefined;
+  return id === 1 ? "hello" : id === 2 ? "activations" : id === 3 ? "error" : id === 4 ? "kvShift" : undefined;
 }
 
 export function payloadDtypeName(id: number): PayloadDtype | undefined {
@@ -90,7 +90,7 @@ export function validateHeader(h: FrameHeader, bufferBytes: number, limits: Fram
   }
   const type = frameTypeName(h.frameType);
   if (type === undefined) {
-    throw new FrameError("frame type", `frame type ${h.frameType} is unknown (1 hello, 2 activations, 3 error)`);
+    throw new FrameError("frame type", `frame type ${h.frameType} is unknown (1 hello, 2 activations, 3 error, 4 kv shift)`);
   }
   const dtype = payloadDtypeName(h.payloadDtype);
   if (dtype === undefined) {
@@ -127,6 +127,15 @@ export function validateHeader(h: FrameHeader, bufferBytes: number, limits: Fram
     if (h.payloadBytes > limits.maxPayloadBytes) {
       throw new FrameError("payload length",
         `payload length ${h.payloadBytes} exceeds this link's limit of ${limits.maxPayloadBytes} bytes`);
+    }
+  } else if (type === "kvShift") {
+    // A context shift for every device's cache: the range dropped starts at the position field.
+    mustBeZero(type, "number of tokens", h.nTokens);
+    mustBeZero(type, "cycle", h.cycle);
+    mustBeZero(type, "payload dtype", h.payloadDtype);
+    mustBeZero(type, "row width", h.rowWidth);
+    if (h.payloadBytes !== KV_SHIFT_PAYLOAD_BYTES) {
+      throw new FrameError("payload length", `a kvShift frame's payload is ${KV_SHIFT_PAYLOAD_BYTES} bytes, got ${h.payloadBytes}`);
     }
   } else {
     // HELLO and ERROR carry no rows; HELLO no request either. Zero fields keep the header unambiguous.

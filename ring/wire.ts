@@ -11,14 +11,17 @@ export const HeaderField = {
 export const FRAME_MAGIC = "PRMA";
 export const FRAME_HEADER_VERSION = 1;
 export const FRAME_HEADER_BYTES = 32;
-/** Version of the ring protocol (frame types and handshake), carried in HELLO. 2: keyed links (seal.ts). */
-export const PROTOCOL_VERSION = 2;
+/** Version of the ring protocol (frame types and handshake), carried in HELLO. 2: keyed links (seal.ts);
+ * 3: KV_SHIFT frames (context shift). */
+export const PROTOCOL_VERSION = 3;
 /** Most payload bytes of a HELLO or ERROR frame (JSON, message text). */
 export const CONTROL_PAYLOAD_MAX_BYTES = 64 * 1024;
 export const U16_MAX = 0xffff;
 export const U32_MAX = 0xffffffff;
 /** Frame type ids on the wire. 0 is never a frame, so a zeroed buffer is refused. */
-export const FrameTypeId = { hello: 1, activations: 2, error: 3 } as const;
+export const FrameTypeId = { hello: 1, activations: 2, error: 3, kvShift: 4 } as const;
+/** A KV_SHIFT frame's payload: u32 tokens discarded, u32 positions the cache holds (nPast). */
+export const KV_SHIFT_PAYLOAD_BYTES = 8;
 /** Payload dtype ids on the wire and their sizes. */
 export const PayloadDtypeId = { f32: 0, f16: 1 } as const;
 export const PAYLOAD_DTYPE_BYTES = { f32: 4, f16: 2 } as const;

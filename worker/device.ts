@@ -2,7 +2,8 @@
 // predecessor, dials its successor, pages its windows in (reporting progress), and then runs every
 // activation frame that arrives through its ring node.
 import type { Assignment, KvCommand, Status } from "../control/index.js";
-import type { LocalModel } from "../engine/index.js";
+import type { KvCacheTypes, LocalModel } from "../engine/index.js";
+import { parseKvCacheType } from "../model/index.js";
 import { WeightRoom, anonRssBytes, deviceMemory, storageReadBytes, idleLayerRoomBytes, memoryPressureTracker } from "../profiler/index.js";
 import {
   RingLane, RingListener, RingNode, RingPort, dialSuccessorWithin, resolveLinkOptions, type RingLink, type RingLinkOptions,
@@ -45,6 +46,11 @@ export async function reserveDataPort(port: number, host: string, log: (line: st
   }
 }
 
+/** The KV cache's types the coordinator chose (empty: f16, as from a coordinator without the fields). */
+function assignedKvCacheTypes(a: Assignment): KvCacheTypes {
+  return { k: parseKvCacheType("cache type K", a.cacheTypeK || "f16"), v: parseKvCacheType("cache type V", a.cacheTypeV || "f16") };
+}
+
 /** This device's two link keys from the assignment (ring/seal.ts). An assignment without them is
  * refused, never linked in the clear, unless it asks for plaintext links (benchmarks only). */
 function linkKeys(a: Assignment, log: (line: string) => void): { in?: Uint8Array; out?: Uint8Array } {
@@ -77,6 +83,7 @@ export class WorkerDevice implements SessionHandler {
     await this.reset("new assignment");
     this.room.forget();
     const { model } = this.o;
+    const kvCacheTypes = assignedKvCacheTypes(a); // an unknown name fails the assignment, naming it
     const keys = linkKeys(a, this.o.log);
     // The plan names this device's neighbours: only they may link, each only with its link's key.
     const me = a.ringOrder.indexOf(deviceId);
@@ -95,6 +102,7 @@ export class WorkerDevice implements SessionHandler {
       cycles: a.cycles,
       ctx: a.ctx,
       maxBatch: a.maxBatch,
+      kvCacheTypes,
       prefetch: a.prefetch,
       weightRoomBytes: () => this.room.bytes(),
       releaseAfterUse: a.releaseAfterUse,

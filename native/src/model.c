@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "kernels.h"
+#include "kv_cache.h"
 #include "matmul.h"
 #include "ops.h"
 
@@ -480,8 +481,8 @@ size_t prima_window_kv_rows(const prima_window *w) {
 }
 
 /* Layer li's K and V rows, and the row of a position in them. */
-static inline uint16_t *kv_k_rows(const prima_window *w, int li, size_t kvdim) { return w->k_cache + w->kv_off[li] * kvdim; }
-static inline uint16_t *kv_v_rows(const prima_window *w, int li, size_t kvdim) { return w->v_cache + w->kv_off[li] * kvdim; }
+static inline uint8_t *kv_k_rows(const prima_window *w, int li) { return w->k_cache + w->kv_off[li] * w->k_row_bytes; }
+static inline uint8_t *kv_v_rows(const prima_window *w, int li) { return w->v_cache + w->kv_off[li] * w->v_row_bytes; }
 static inline int kv_row(const prima_window *w, int li, int pos) { return pos % w->kv_cells[li]; }
 /* Positions from p on in contiguous rows of layer li, at most n of them (a ring wraps at its end). */
 static inline int kv_run(const prima_window *w, int li, int p, int n) {
@@ -496,22 +497,27 @@ int prima_window_kv_resumable(const prima_window *w, int pos) {
     if (w->kv_cells[li] == w->n_ctx) continue; /* the whole context: every position is kept */
     const int window = w->m->layer_window[w->first + li];
     const int need = pos > window ? pos - window + 1 : 0; /* the first position pos attends to */
-    if (need < w->kv_end - w->kv_cells[li]) return 0;
+    if (need < w->kv_end - w->kv_cells[li] || need < w->kv_floor) return 0;
   }
   return pos;
 }
 
 /* After positions [pos, pos + n) are written. */
 static void kv_wrote(prima_window *w, int pos, int n) {
+  if (pos == 0) w->kv_floor = 0;
   if (pos == 0 || pos + n > w->kv_end) w->kv_end = pos + n;
 }
 
 /* ---- windows ------------------------------------------------------------------------------ */
 
-static int act_type_of(const prima_tensor *w) { return prima_kernels(w->type)->act_type; }
-static size_t att_scratch_floats(int ratio, int d);
+const prima_tensor *prima_rope_factors(const prima_model *m, int n_ctx) {
+  return m->rope_freqs.data ? &m->rope_freqs : n_ctx > m->hp.n_ctx_orig && m->rope_long.data ? &m->rope_long : &m->rope_short;
+}
 
-prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, char *err, size_t err_len) {
+static int act_type_of(const prima_tensor *w) { return prima_kernels(w->type)->act_type; }
+
+prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, int k_type, int v_type,
+                                  char *err, size_t err_len) {
   const prima_hparams *hp = &m->hp;
   if (first < 0 || end > hp->n_layers || first >= end) {
     prima_fail(err, err_len, "window [%d, %d) is not inside the model's %d layers", first, end, hp->n_layers);
@@ -525,6 +531,20 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
     prima_fail(err, err_len, "batch of %d tokens is out of range", max_batch);
     return NULL;
   }
+  const int rotated[2] = { (k_type & PRIMA_KV_ROTATED) != 0, (v_type & PRIMA_KV_ROTATED) != 0 };
+  k_type &= ~PRIMA_KV_ROTATED;
+  v_type &= ~PRIMA_KV_ROTATED;
+  const int kv_types[2] = { k_type, v_type };
+  for (int i = 0; i < 2; i++) {
+    const char *why = prima_kv_type_problem(kv_types[i], hp->head_dim);
+    if (!why && rotated[i] && (kv_types[i] == PRIMA_F16 || !prima_kv_rotation_chunk(hp->head_dim, i == 0)))
+      why = "cannot be rotated: rotation needs a quantized type and a head size that is a multiple of 64";
+    if (why) {
+      const char *name = prima_type_name(kv_types[i]);
+      prima_fail(err, err_len, "%s cache type %s %s (%d)", i ? "V" : "K", name ? name : "(unknown)", why, hp->head_dim);
+      return NULL;
+    }
+  }
   prima_window *w = calloc(1, sizeof *w);
   if (!w) {
     prima_fail(err, err_len, "out of memory");
@@ -535,7 +555,10 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   w->end = end;
   w->n_ctx = n_ctx;
   w->max_batch = max_batch;
-  w->kv_type = PRIMA_F16;
+  w->k_type = k_type;
+  w->v_type = v_type;
+  w->k_rot = rotated[0] ? prima_kv_rotation_chunk(hp->head_dim, 1) : 0;
+  w->v_rot = rotated[1] ? prima_kv_rotation_chunk(hp->head_dim, 0) : 0;
   const int E = hp->n_embd, D = hp->head_dim, nth = prima_pool_threads(m->pool);
   const size_t qdim = (size_t)hp->n_head * D, kvdim = (size_t)hp->n_head_kv * D;
   const size_t nl = (size_t)(end - first), B = (size_t)max_batch, half = (size_t)hp->rope_dims / 2;
@@ -570,9 +593,12 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
     prima_window_destroy(w);
     return NULL;
   }
-  const size_t kv_rows = prima_window_kv_rows(w), kv_bytes = 2 * kv_rows * kvdim * sizeof(uint16_t);
-  w->k_cache = calloc(kv_rows * kvdim, sizeof(uint16_t));
-  w->v_cache = calloc(kv_rows * kvdim, sizeof(uint16_t));
+  w->k_row_bytes = prima_row_bytes(k_type, (int64_t)kvdim);
+  w->v_row_bytes = prima_row_bytes(v_type, (int64_t)kvdim);
+  const size_t kv_rows = prima_window_kv_rows(w), kv_bytes = kv_rows * (w->k_row_bytes + w->v_row_bytes);
+  w->kv_bytes = kv_bytes;
+  w->k_cache = calloc(kv_rows, w->k_row_bytes);
+  w->v_cache = calloc(kv_rows, w->v_row_bytes);
   w->rope_cos = malloc(sizeof(float) * (size_t)n_ctx * half);
   w->rope_sin = malloc(sizeof(float) * (size_t)n_ctx * half);
   w->h = malloc(sizeof(float) * B * E);
@@ -583,7 +609,8 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   w->gate = malloc(sizeof(float) * B * hp->n_ff);
   w->up = malloc(sizeof(float) * B * hp->n_ff);
   w->act_a = malloc(act_row * B * MAX_ACT_FORMATS);
-  w->att_acc = malloc(sizeof(float) * (size_t)nth * att_scratch_floats(ratio, D));
+  w->att_scratch_bytes = (prima_kv_attend_scratch_bytes(ratio, D) + 63) & ~(size_t)63;
+  w->att_acc = aligned_alloc(64, (size_t)nth * w->att_scratch_bytes);
   int has_moe = 0;
   for (int l = first; l < end; l++) has_moe |= m->layers[l].gate_inp.data != NULL;
   size_t moe_bytes = 0;
@@ -620,8 +647,7 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   /* llama.cpp's get_rope_factors: rope_freqs when the file has them, else phi3's long factors for a
    * context longer than the original one, else its short ones (its context is padded to 256: equal
    * choices for contexts that are multiples of 256) */
-  const prima_tensor *factors = m->rope_freqs.data ? &m->rope_freqs
-                                : n_ctx > hp->n_ctx_orig && m->rope_long.data ? &m->rope_long : &m->rope_short;
+  const prima_tensor *factors = prima_rope_factors(m, n_ctx);
   if (hp->rope_yarn_ext > 0)
     prima_rope_table_yarn(w->rope_cos, w->rope_sin, n_ctx, hp->rope_dims, hp->rope_base, hp->rope_freq_scale,
                           factors->data ? (const float *)factors->data : NULL, hp->rope_yarn_ext, hp->n_ctx_orig,
@@ -755,12 +781,6 @@ static void quantize_for(const prima_task *t, prima_window *w, const act_set *s,
   }
 }
 
-/* x = cap * tanh(x / cap), as ggml computes it (scale by 1/cap, tanh, scale by cap). */
-static void softcap(float *x, int n, float cap) {
-  const float inv = 1.0f / cap;
-  for (int i = 0; i < n; i++) x[i] = tanhf(x[i] * inv) * cap;
-}
-
 /* Output norm and head on one row, on the pool; the final soft-cap after every thread's rows. */
 static void head_rows(const prima_task *t, prima_model *m, const float *row, float *logits) {
   const int E = m->hp.n_embd;
@@ -773,70 +793,33 @@ static void head_rows(const prima_task *t, prima_model *m, const float *row, flo
   prima_mm_run(t, &mm, 1, 1);
   if (m->hp.final_softcap > 0) {
     prima_pool_barrier(t);
-    if (t->ith == 0) softcap(logits, m->hp.n_vocab, m->hp.final_softcap);
+    if (t->ith == 0) prima_softcap(logits, m->hp.n_vocab, m->hp.final_softcap);
   }
 }
 
-/* Blocked online softmax: scores for ATT_BLOCK cached positions at a time, one rescale of the
- * accumulators per block instead of per position. */
-#define ATT_BLOCK 128
-
-static size_t att_scratch_floats(int ratio, int d) { return (size_t)ratio * (2 * (size_t)d + 2 + ATT_BLOCK); }
-
+/* Each thread takes (token, KV head) pairs: the token's query heads of that group attend to its own
+ * sequence's cache (kv_cache.c), causally, a sliding-window layer to its last `window` positions. */
 static void attention(const prima_task *t, prima_window *w, int li, const fwd_job *j, int n) {
   const prima_hparams *hp = &w->m->hp;
   const int D = hp->head_dim, G = hp->n_head_kv, ratio = hp->n_head / G;
-  const size_t qdim = (size_t)hp->n_head * D, kvdim = (size_t)G * D;
-  const float q_scale = hp->q_scale, scale = hp->kq_scale;
+  const size_t qdim = (size_t)hp->n_head * D;
   const int window = w->m->layer_window[w->first + li];
-  float *q = w->att_acc + (size_t)t->ith * att_scratch_floats(ratio, D);
-  float *acc = q + (size_t)ratio * D, *M = acc + (size_t)ratio * D, *S = M + ratio, *s = S + ratio;
+  const int simd = prima_simd_level();
+  void *scratch = (char *)w->att_acc + (size_t)t->ith * w->att_scratch_bytes;
+  float *q = w->q; /* scaled in place by the model's query scale, row by row, before attention reads it */
   for (int task = t->ith; task < n * G; task = prima_pool_next_chunk(t)) {
     const int tok = task / G, g = task % G;
     const prima_window *kw = row_win(j, tok); /* the token's own sequence: it sees no other's cache */
-    const uint16_t *K = kv_k_rows(kw, li, kvdim), *V = kv_v_rows(kw, li, kvdim);
-    const float *qsrc = w->q + (size_t)tok * qdim + (size_t)g * ratio * D;
-    /* llama.cpp rounds Q to F16 against an F16 cache; so do we, for the same scores. */
-    /* (gemma scales Q itself, before that rounding, as llama.cpp does) */
-    for (int i = 0; i < ratio * D; i++) q[i] = prima_fp16_to_fp32(prima_fp32_to_fp16(qsrc[i] * q_scale));
-    /* a sink is one more score in the softmax (its exp counts in the sum) with no value: start from it */
+    /* a sink is one more score in the softmax with no value (gpt-oss), one per query head */
     const float *sink = w->m->layers[w->first + li].sinks.data ? (const float *)w->m->layers[w->first + li].sinks.data + (size_t)g * ratio : NULL;
-    for (int h = 0; h < ratio; h++) {
-      M[h] = sink ? sink[h] : -INFINITY;
-      S[h] = sink ? 1.0f : 0.0f;
-    }
-    memset(acc, 0, sizeof(float) * (size_t)ratio * D);
+    const prima_kv_head K = { kw->k_type, kv_k_rows(kw, li) + (size_t)g * (kw->k_row_bytes / G), kw->k_row_bytes, kw->kv_cells[li] };
+    const prima_kv_head V = { kw->v_type, kv_v_rows(kw, li) + (size_t)g * (kw->v_row_bytes / G), kw->v_row_bytes, kw->kv_cells[li] };
     const int n_pos = row_pos(j, tok) + 1; /* causal: positions 0..its own */
     /* a sliding-window layer sees the last `window` positions (llama.cpp masks p0 when p1 - p0 >= n_swa) */
     const int lo = window > 0 && n_pos > window ? n_pos - window : 0;
-    for (int p0 = lo, nb; p0 < n_pos; p0 += nb) {
-      nb = kv_run(kw, li, p0, n_pos - p0 < ATT_BLOCK ? n_pos - p0 : ATT_BLOCK);
-      const size_t off = (size_t)kv_row(kw, li, p0) * kvdim + (size_t)g * D;
-      prima_attn_scores(q, ratio, D, K + off, kvdim, nb, scale, s);
-      if (hp->attn_softcap > 0) softcap(s, ratio * nb, hp->attn_softcap);
-      for (int h = 0; h < ratio; h++) {
-        float *sh = s + (size_t)h * nb;
-        float mb = sh[0];
-        for (int j = 1; j < nb; j++) mb = sh[j] > mb ? sh[j] : mb;
-        const float mnew = mb > M[h] ? mb : M[h];
-        const float ms = expf(M[h] - mnew);
-        const float sum = prima_exp_sum(sh, nb, mnew);
-        S[h] = S[h] * ms + sum;
-        if (ms != 1.0f) prima_scale(acc + (size_t)h * D, D, ms);
-        M[h] = mnew;
-      }
-      prima_attn_accum(acc, s, ratio, D, V + off, kvdim, nb);
-    }
-    float *out = w->att + (size_t)tok * qdim + (size_t)g * ratio * D;
-    for (int h = 0; h < ratio; h++) {
-      const float inv = 1.0f / S[h];
-      for (int d = 0; d < D; d++) out[(size_t)h * D + d] = acc[(size_t)h * D + d] * inv;
-    }
+    const size_t off = (size_t)tok * qdim + (size_t)g * ratio * D;
+    prima_kv_attend(&K, &V, q + off, ratio, D, lo, n_pos, hp->kq_scale, hp->attn_softcap, sink, w->att + off, scratch, simd);
   }
-}
-
-static void store_f16(const float *x, uint16_t *y, int n) {
-  prima_act_quantizer(PRIMA_F16)(x, y, n);
 }
 
 static int advise_release(prima_window *w, uint8_t *p, size_t len, void *arg);
@@ -917,8 +900,8 @@ static void attention_block(const prima_task *t, prima_window *w, int l, float *
   for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
     prima_window *kw = row_win(j, r);
     const int pos = row_pos(j, r);
-    uint16_t *Kl = kv_k_rows(kw, li, kvdim) + (size_t)kv_row(kw, li, pos) * kvdim;
-    uint16_t *Vl = kv_v_rows(kw, li, kvdim) + (size_t)kv_row(kw, li, pos) * kvdim;
+    uint8_t *Kl = kv_k_rows(kw, li) + (size_t)kv_row(kw, li, pos) * kw->k_row_bytes;
+    uint8_t *Vl = kv_v_rows(kw, li) + (size_t)kv_row(kw, li, pos) * kw->v_row_bytes;
     float *q = w->q + (size_t)r * qdim, *k = w->k + (size_t)r * kvdim, *v = w->v + (size_t)r * kvdim;
     if (L->bq.data) {
       prima_add(q, (const float *)L->bq.data, (int)qdim);
@@ -932,11 +915,24 @@ static void attention_block(const prima_task *t, prima_window *w, int l, float *
     const float *c = rope_cos + (size_t)pos * half, *s = rope_sin + (size_t)pos * half;
     prima_rope_apply(q, hp->n_head, D, hp->rope_dims, hp->rope_neox, c, s);
     prima_rope_apply(k, hp->n_head_kv, D, hp->rope_dims, hp->rope_neox, c, s);
-    store_f16(k, Kl, (int)kvdim);
-    store_f16(v, Vl, (int)kvdim);
+    /* a rotated cache holds H k and H v; H q meets H k, and the output is rotated back below */
+    if (kw->k_rot) {
+      prima_hadamard(q, (int)qdim, kw->k_rot);
+      prima_hadamard(k, (int)kvdim, kw->k_rot);
+    }
+    if (kw->v_rot) prima_hadamard(v, (int)kvdim, kw->v_rot);
+    prima_kv_store(kw->k_type, k, Kl, (int)kvdim);
+    prima_kv_store(kw->v_type, v, Vl, (int)kvdim);
+    /* gemma scales Q itself, before the cache's rounding of Q, as llama.cpp does */
+    if (hp->q_scale != 1.0f) prima_scale(q, (int)qdim, hp->q_scale);
   }
   prima_pool_barrier(t);
   attention(t, w, li, j, n);
+  prima_pool_barrier(t);
+  for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+    const prima_window *kw = row_win(j, r);
+    if (kw->v_rot) prima_hadamard(w->att + (size_t)r * qdim, (int)qdim, kw->v_rot);
+  }
   prima_pool_barrier(t);
   act_set o;
   const prima_tensor *o_w[1] = { &L->wo };
@@ -1224,7 +1220,7 @@ static void forward_job(const prima_task *t, void *ctx) {
     prima_mm_run(t, &mm, 1, n);
     if (hp->final_softcap > 0) {
       prima_pool_barrier(t);
-      for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) softcap(j->logits + (size_t)r * V, (int)V, hp->final_softcap);
+      for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) prima_softcap(j->logits + (size_t)r * V, (int)V, hp->final_softcap);
     }
   }
 }
@@ -1445,20 +1441,28 @@ typedef struct {
   int32_t n_layers, kv_dim, n_filled, first;
 } kv_header;
 
+/* kv_type: the cache's type as it was (1, F16, for a cache of F16 K and V), or both as k | v << 8; bits 16
+ * and 17 for a rotated K and V */
+static uint32_t kv_type_code(const prima_window *w) {
+  const uint32_t rot = (w->k_rot ? 1u << 16 : 0) | (w->v_rot ? 1u << 17 : 0);
+  return (w->k_type == w->v_type ? (uint32_t)w->k_type : (uint32_t)w->k_type | (uint32_t)w->v_type << 8) | rot;
+}
+
 int prima_window_kv_save(prima_window *w, const char *path, char *err, size_t err_len) {
   const size_t kvdim = (size_t)w->m->hp.n_head_kv * w->m->hp.head_dim;
-  const kv_header h = { KV_MAGIC, (uint32_t)w->kv_type, w->end - w->first, (int32_t)kvdim, w->n_filled, w->first };
+  const kv_header h = { KV_MAGIC, kv_type_code(w), w->end - w->first, (int32_t)kvdim, w->n_filled, w->first };
   /* the file holds every position of every layer: a ring that has wrapped no longer has them */
   for (int li = 0; li < h.n_layers; li++)
-    if (w->kv_cells[li] < w->n_ctx && w->n_filled > 0 && w->kv_end > w->kv_cells[li])
+    if (w->kv_cells[li] < w->n_ctx && w->n_filled > 0 && (w->kv_end > w->kv_cells[li] || w->kv_floor > 0))
       return prima_fail(err, err_len, "layer %d keeps only its last %d positions (a sliding window): its cache cannot be saved whole",
                         w->first + li, w->kv_cells[li]);
   FILE *f = fopen(path, "wb");
   if (!f) return prima_fail(err, err_len, "cannot write %s: %s", path, strerror(errno));
   int ok = fwrite(&h, sizeof h, 1, f) == 1;
   for (int li = 0; ok && li < h.n_layers; li++) {
-    const size_t len = (size_t)w->n_filled * kvdim; /* positions 0.. sit in rows 0.. of a ring that has not wrapped */
-    ok = fwrite(kv_k_rows(w, li, kvdim), sizeof(uint16_t), len, f) == len && fwrite(kv_v_rows(w, li, kvdim), sizeof(uint16_t), len, f) == len;
+    /* positions 0.. sit in rows 0.. of a ring that has not wrapped */
+    const size_t k_len = (size_t)w->n_filled * w->k_row_bytes, v_len = (size_t)w->n_filled * w->v_row_bytes;
+    ok = fwrite(kv_k_rows(w, li), 1, k_len, f) == k_len && fwrite(kv_v_rows(w, li), 1, v_len, f) == v_len;
   }
   if (fclose(f) != 0) ok = 0;
   return ok ? 0 : prima_fail(err, err_len, "writing %s failed", path);
@@ -1472,21 +1476,23 @@ int prima_window_kv_load(prima_window *w, const char *path, char *err, size_t er
   int rc = 0;
   if (fread(&h, sizeof h, 1, f) != 1 || h.magic != KV_MAGIC) {
     rc = prima_fail(err, err_len, "%s is not a prima KV cache file", path);
-  } else if (h.kv_type != (uint32_t)w->kv_type || h.n_layers != w->end - w->first || h.kv_dim != (int32_t)kvdim || h.first != w->first) {
+  } else if (h.kv_type != kv_type_code(w) || h.n_layers != w->end - w->first || h.kv_dim != (int32_t)kvdim || h.first != w->first) {
     rc = prima_fail(err, err_len, "%s holds the cache of another window or model", path);
   } else if (h.n_filled < 0 || h.n_filled > w->n_ctx) {
     rc = prima_fail(err, err_len, "%s holds %d positions, more than the context of %d", path, h.n_filled, w->n_ctx);
   } else {
     for (int li = 0; rc == 0 && li < h.n_layers; li++)
       for (int c = 0; rc == 0 && c < 2; c++) { /* K then V; a ring keeps the last positions */
-        uint16_t *rows = c ? kv_v_rows(w, li, kvdim) : kv_k_rows(w, li, kvdim);
+        uint8_t *rows = c ? kv_v_rows(w, li) : kv_k_rows(w, li);
+        const size_t rb = c ? w->v_row_bytes : w->k_row_bytes;
         for (int p = 0, n; rc == 0 && p < h.n_filled; p += n) {
           n = kv_run(w, li, p, h.n_filled - p);
-          if (fread(rows + (size_t)kv_row(w, li, p) * kvdim, sizeof(uint16_t), (size_t)n * kvdim, f) != (size_t)n * kvdim)
+          if (fread(rows + (size_t)kv_row(w, li, p) * rb, rb, (size_t)n, f) != (size_t)n)
             rc = prima_fail(err, err_len, "%s is truncated", path);
         }
       }
     w->kv_end = h.n_filled; /* rows were overwritten even when the file fell short */
+    w->kv_floor = 0;
     if (rc == 0) w->n_filled = h.n_filled;
     else w->n_filled = 0;
   }

@@ -104,21 +104,26 @@ typedef struct prima_window {
   prima_model *m;
   int first, end; /* layers [first, end) */
   int n_ctx, max_batch;
-  int kv_type;    /* PRIMA_F16 for now */
+  int k_type, v_type;          /* the cache's element types: PRIMA_F16, PRIMA_Q8_0 or PRIMA_Q4_0 (kv_cache.h) */
+  int k_rot, v_rot;            /* Hadamard rotation chunk of Q/K and of V/output (0: none; PRIMA_KV_ROTATED) */
+  size_t k_row_bytes, v_row_bytes; /* one layer's row of one position: n_head_kv * head_dim elements */
   int n_filled;   /* positions [0, n_filled) of the cache hold data */
-  uint16_t *k_cache, *v_cache; /* per layer of the window, kv_cells[li] rows of kv_dim from row kv_off[li] */
+  uint8_t *k_cache, *v_cache;  /* per layer of the window, kv_cells[li] rows of row bytes from row kv_off[li] */
   int *kv_cells;  /* per layer: n_ctx, or for a sliding-window layer a ring of min(n_ctx, window + max_batch)
                      rows where position p sits in row p % cells (llama.cpp's iSWA cache size) */
   size_t *kv_off;
   int kv_end;     /* end of the furthest write since the cache last started at position 0: a ring holds
                      positions [kv_end - cells, kv_end) at most (prima_window_kv_resumable) */
+  size_t kv_bytes;             /* both caches: rows over all layers x (k_row_bytes + v_row_bytes) */
+  int kv_floor;   /* after a context shift of a wrapped ring, positions below this are lost too (kv_shift.c) */
   float *rope_cos, *rope_sin;  /* [n_ctx][rope_dims/2] */
   float *rope_cos_swa, *rope_sin_swa; /* the same for sliding-window layers (NULL: the window has none) */
   /* scratch, max_batch rows each */
   float *h, *q, *k, *v, *att, *gate, *up;
   void *act_a;                 /* quantized activations: up to 3 formats x max_batch rows */
   size_t act_row_bytes;        /* stride of a row in act_a/act_b */
-  float *att_acc;              /* per thread: query, accumulators and scores of a group of heads */
+  void *att_acc;               /* per thread: prima_kv_attend's scratch, att_scratch_bytes apart */
+  size_t att_scratch_bytes;
   void *head_act;              /* max_batch rows of the head's activations: made by the first step of
                                   several sequences this window leads (prima_window_forward_seqs) */
   size_t anon_bytes;           /* KV + scratch: what the window costs in anonymous memory */
@@ -152,8 +157,14 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
                               const prima_hparams *hp, int n_threads, int idle_spin_us, char *err, size_t err_len);
 void prima_model_close(prima_model *m);
 
-prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, char *err, size_t err_len);
+/* k_type, v_type: the KV cache's types (PRIMA_F16, PRIMA_Q8_0 or PRIMA_Q4_0, a quantized one optionally
+ * with PRIMA_KV_ROTATED); another, a quantized type whose blocks do not divide the head size, or a
+ * rotation of a head that is no multiple of 64, fails naming it. */
+prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, int k_type, int v_type,
+                                  char *err, size_t err_len);
 void prima_window_destroy(prima_window *w);
+/* The RoPE frequency factors a window of n_ctx tokens uses (its tensor's data is NULL: none). */
+const prima_tensor *prima_rope_factors(const prima_model *m, int n_ctx);
 
 /* Runs the window's layers on n_tokens activation rows (n_embd floats each, updated in place) at
  * positions pos..pos+n_tokens-1. If logits is non-NULL, also applies the output norm and head to

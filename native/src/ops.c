@@ -18,20 +18,25 @@ void prima_rmsnorm(const float *x, const float *w, float *y, int n, float eps) {
   for (int i = 0; i < n; i++) y[i] = (x[i] * scale) * w[i];
 }
 
+void prima_rope_row(float *cos_out, float *sin_out, int pos, int rope_dims, float base, float freq_scale,
+                    const float *freq_factors) {
+  const int half = rope_dims / 2;
+  const float theta_scale = powf(base, -2.0f / (float)rope_dims);
+  float theta = (float)pos;
+  for (int i = 0; i < half; i++) {
+    const float ff = freq_factors ? freq_factors[i] : 1.0f;
+    const float t = freq_scale * (theta / ff);
+    cos_out[i] = cosf(t);
+    sin_out[i] = sinf(t);
+    theta *= theta_scale;
+  }
+}
+
 void prima_rope_table(float *cos_out, float *sin_out, int n_pos, int rope_dims, float base, float freq_scale,
                       const float *freq_factors) {
   const int half = rope_dims / 2;
-  const float theta_scale = powf(base, -2.0f / (float)rope_dims);
-  for (int p = 0; p < n_pos; p++) {
-    float theta = (float)p;
-    for (int i = 0; i < half; i++) {
-      const float ff = freq_factors ? freq_factors[i] : 1.0f;
-      const float t = freq_scale * (theta / ff);
-      cos_out[(int64_t)p * half + i] = cosf(t);
-      sin_out[(int64_t)p * half + i] = sinf(t);
-      theta *= theta_scale;
-    }
-  }
+  for (int p = 0; p < n_pos; p++)
+    prima_rope_row(cos_out + (int64_t)p * half, sin_out + (int64_t)p * half, p, rope_dims, base, freq_scale, freq_factors);
 }
 
 /* ggml_rope_yarn_corr_dim: the dim whose wavelength turns n_rot times over the original context. */
@@ -39,32 +44,39 @@ static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) 
   return n_dims * logf(n_ctx_orig / (n_rot * 2 * (float)M_PI)) / (2 * logf(base));
 }
 
-void prima_rope_table_yarn(float *cos_out, float *sin_out, int n_pos, int rope_dims, float base, float freq_scale,
-                           const float *freq_factors, float ext_factor, int n_ctx_orig, float beta_fast, float beta_slow,
-                           float mscale) {
+void prima_rope_row_yarn(float *cos_out, float *sin_out, int pos, int rope_dims, float base, float freq_scale,
+                         const float *freq_factors, float ext_factor, int n_ctx_orig, float beta_fast, float beta_slow,
+                         float mag) {
   const int half = rope_dims / 2;
   const float theta_scale = powf(base, -2.0f / (float)rope_dims);
   const float start = floorf(yarn_corr_dim(rope_dims, n_ctx_orig, beta_fast, base));
   const float end = ceilf(yarn_corr_dim(rope_dims, n_ctx_orig, beta_slow, base));
   const float lo = start > 0 ? start : 0, hi = end < rope_dims - 1 ? end : (float)(rope_dims - 1);
-  const float mag = ext_factor != 0.0f ? mscale * (1.0f + 0.1f * logf(1.0f / freq_scale)) : mscale;
-  for (int p = 0; p < n_pos; p++) {
-    float theta = (float)p;
-    for (int i = 0; i < half; i++) {
-      const float ff = freq_factors ? freq_factors[i] : 1.0f;
-      const float extrap = theta / ff, interp = freq_scale * extrap;
-      float t = interp;
-      if (ext_factor != 0.0f) {
-        const float y = (i - lo) / (hi - lo > 0.001f ? hi - lo : 0.001f);
-        const float ramp = 1 - (y > 1 ? 1 : y < 0 ? 0 : y);
-        const float mix = ramp * ext_factor;
-        t = interp * (1 - mix) + extrap * mix;
-      }
-      cos_out[(int64_t)p * half + i] = cosf(t) * mag;
-      sin_out[(int64_t)p * half + i] = sinf(t) * mag;
-      theta *= theta_scale;
+  float theta = (float)pos;
+  for (int i = 0; i < half; i++) {
+    const float ff = freq_factors ? freq_factors[i] : 1.0f;
+    const float extrap = theta / ff, interp = freq_scale * extrap;
+    float t = interp;
+    if (ext_factor != 0.0f) {
+      const float y = (i - lo) / (hi - lo > 0.001f ? hi - lo : 0.001f);
+      const float ramp = 1 - (y > 1 ? 1 : y < 0 ? 0 : y);
+      const float mix = ramp * ext_factor;
+      t = interp * (1 - mix) + extrap * mix;
     }
+    cos_out[i] = cosf(t) * mag;
+    sin_out[i] = sinf(t) * mag;
+    theta *= theta_scale;
   }
+}
+
+void prima_rope_table_yarn(float *cos_out, float *sin_out, int n_pos, int rope_dims, float base, float freq_scale,
+                           const float *freq_factors, float ext_factor, int n_ctx_orig, float beta_fast, float beta_slow,
+                           float mscale) {
+  const int half = rope_dims / 2;
+  const float mag = ext_factor != 0.0f ? mscale * (1.0f + 0.1f * logf(1.0f / freq_scale)) : mscale;
+  for (int p = 0; p < n_pos; p++)
+    prima_rope_row_yarn(cos_out + (int64_t)p * half, sin_out + (int64_t)p * half, p, rope_dims, base, freq_scale, freq_factors,
+                        ext_factor, n_ctx_orig, beta_fast, beta_slow, mag);
 }
 
 void prima_rope_apply(float *x, int n_heads, int head_dim, int rope_dims, int neox, const float *c, const float *s) {
@@ -312,6 +324,11 @@ void prima_attn_accum(float *acc, const float *p, int ratio, int d, const uint16
 
 void prima_scale(float *x, int n, float s) {
   for (int i = 0; i < n; i++) x[i] *= s;
+}
+
+void prima_softcap(float *x, int n, float cap) {
+  const float inv = 1.0f / cap;
+  for (int i = 0; i < n; i++) x[i] = tanhf(x[i] * inv) * cap;
 }
 
 void prima_add(float *x, const float *y, int n) {

@@ -18,6 +18,14 @@ void prima_rope_table(float *cos_out, float *sin_out, int n_pos, int rope_dims, 
 void prima_rope_table_yarn(float *cos_out, float *sin_out, int n_pos, int rope_dims, float base, float freq_scale,
                            const float *freq_factors, float ext_factor, int n_ctx_orig, float beta_fast, float beta_slow,
                            float mscale);
+/* One row of prima_rope_table: the angles of position pos (negative: a rotation backwards, as a KV shift's). */
+void prima_rope_row(float *cos_out, float *sin_out, int pos, int rope_dims, float base, float freq_scale,
+                    const float *freq_factors);
+/* One row of the YaRN table with its magnitude given whole (mag: the table's mscale * (1 + 0.1 ln(1 / freq_scale));
+ * 1 for a rotation by a delta, as a KV shift's, whose key already carries it once). */
+void prima_rope_row_yarn(float *cos_out, float *sin_out, int pos, int rope_dims, float base, float freq_scale,
+                         const float *freq_factors, float ext_factor, int n_ctx_orig, float beta_fast, float beta_slow,
+                         float mag);
 /* Rotates the first rope_dims of each of n_heads heads (head_dim apart) at one position. */
 void prima_rope_apply(float *x, int n_heads, int head_dim, int rope_dims, int neox, const float *cos_row,
                       const float *sin_row);
@@ -42,6 +50,8 @@ void prima_attn_scores(const float *q, int ratio, int d, const uint16_t *k, size
                        float *s);
 void prima_attn_accum(float *acc, const float *p, int ratio, int d, const uint16_t *v, size_t v_stride, int n_pos);
 void prima_scale(float *x, int n, float s);
+/* x = cap * tanh(x / cap), as ggml computes it (scale by 1/cap, tanh, scale by cap). */
+void prima_softcap(float *x, int n, float cap);
 void prima_add(float *x, const float *y, int n);
 
 void prima_ops_init(void);

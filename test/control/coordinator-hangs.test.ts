@@ -26,7 +26,7 @@ async function exitedWithin(p: { exited: Promise<number | null> }, ms: number): 
 
 describe("prima-coord run never hangs on a worker", () => {
   it("a worker frozen mid-run (SIGSTOP) is named, and the coordinator exits within 3 s of the loss", async () => {
-    const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "1", "--layer-windows", "3,2", "-n", "100000", "--ctx", "2048", "--temp", "0"]);
+    const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "1", "--layer-windows", "3,2", "-n", "100000", "--ctx", "2048", "--temp", "0", "--no-context-shift"]);
     const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
     const w = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "frosty", "--once", "--threads", "1"]);
     await coord.waitFor(/Once upon a time.{20}/s);

@@ -91,4 +91,17 @@ describe("prima-coord chat", () => {
     expect(turns[0].prompt).toBe(Tokenizer.fromGguf(model).encode(text, { addSpecial: true, parseSpecial: true }).length);
     expect(turns[1].prompt).toBeGreaterThan(turns[0].prompt + turns[0].generated);
   });
+
+  it("goes on past the context: a turn that overflows it shifts, and the next continues the shifted cache", async () => {
+    const r = await chat(["chat", MODEL, "--temp", "0", "-n", "80", "--ctx", "64", "--threads", "1"], "Tell me about a dog.\nAnd a cat?\n");
+    expect(r.code, r.err).toBe(0);
+    const turns = turnsOf(r.err);
+    expect(turns, r.err).toHaveLength(2);
+    expect(turns[0].generated).toBe(80); // more than the context holds
+    expect(r.err).toMatch(/context full: shifted the KV cache/);
+    // the whole conversation (longer than the context) continues the cache as it was left
+    expect(turns[1].prompt, r.err).toBeGreaterThan(64);
+    expect(turns[1].cached, r.err).toBe(turns[0].prompt + 79);
+    expect(turns[1].generated).toBeGreaterThan(0);
+  });
 });

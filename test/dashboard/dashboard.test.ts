@@ -91,7 +91,8 @@ describe.skipIf(chromiumMissing !== null)(chromiumMissing ? `dashboard in chromi
     const bands = await expectBandsMatch(d.page, state.model.layers, state.plan!);
     expect(bands.map((b) => [b.cycle, b.first, b.end])).toEqual([[0, 0, 11], [1, 11, 22]]);
     const text = await d.page.$eval("main", (m) => (m as HTMLElement).innerText);
-    for (const want of ["tinyllama-1.1b-chat", "llama", "Q4_K_M", "638 MiB", "k = 2", "18.4", "420 ms", "1.90 ms", "re-planned on 3 devices"]) {
+    for (const want of ["tinyllama-1.1b-chat", "llama", "Q4_K_M", "638 MiB", "k = 2", "18.4", "420 ms", "1.90 ms", "re-planned on 3 devices",
+      "q8_0 \u00b7 11.7 KiB per token, 23.4 MiB at 2,048"]) {
       expect(text).toContain(want);
     }
     expect(await d.page.$eval("[data-stat=queue] .stat-value", (e) => e.textContent)).toBe("2");

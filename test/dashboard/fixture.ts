@@ -68,6 +68,8 @@ export function sampleState(now = Date.now()): ClusterState {
       quantization: "Q4_K_M",
       fingerprint: "9f2c1e7a55b04d1e8c3a2f6b7d9e0a1b",
       contextTokens: 2048,
+      // q8_0 K and V: 22 layers x 2 rows of 4 heads x 64 in blocks of 34 bytes per 32
+      kvCache: { typeK: "q8_0", typeV: "q8_0", bytesPerToken: 22 * 2 * 256 * 34 / 32 },
     },
     server: { startedUnixMs: now - 3_700_000, nowUnixMs: now, ready: true, status: "serving: 1 request running", clusterPort: 7400 },
     plan,

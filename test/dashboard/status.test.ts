@@ -55,6 +55,7 @@ describe("prima-coord status", () => {
       "windows  cycle 1: 0-4, cycle 2: 11-15", "M3: its window does not fit in RAM: streamed from disk each token",
       "loading 62%", "lost: no heartbeat for 2.1 s", "left out: disk 35 MB/s", "predicted 27.2 ms", "waiting 18.0 ms",
       "212.4 page faults/token", "laptop -> phone 1.9 ms", "queue 2", "18.4 tok/s", "first token 420 ms", "re-planned on 3 devices",
+      "context 2048 · KV q8_0 11.7 KiB/token",
     ]) expect(out, want).toContain(want);
     expect(out).not.toMatch(CONTROL);
   });

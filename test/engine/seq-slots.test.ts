@@ -7,7 +7,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { LocalModel, SeqSlots, argmax } from "../../engine/index.js";
-import { modelShapeByName, type ModelShape } from "../../model/index.js";
+import { modelShapeByName, type KvCacheTypes, type ModelShape } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
 import { root } from "../helpers/process.js";
 
@@ -34,8 +34,8 @@ const JOIN = [0, 0, 3, 5];
 interface Seq { ids: number[]; logits: Float32Array[] }
 
 /** Each prompt alone in its own window, decoded greedily one token at a time. */
-async function alone(m: LocalModel, prompt: number[], steps: number): Promise<Seq> {
-  const w = m.window(0, m.nLayers, { ctx: 64 });
+async function alone(m: LocalModel, prompt: number[], steps: number, kvCacheTypes?: KvCacheTypes): Promise<Seq> {
+  const w = m.window(0, m.nLayers, { ctx: 64, kvCacheTypes });
   const out: Seq = { ids: [], logits: [] };
   try {
     const logits = new Float32Array(m.nVocab);
@@ -55,8 +55,8 @@ async function alone(m: LocalModel, prompt: number[], steps: number): Promise<Se
 
 /** All of them through four slots: each joins at its step (its prompt prefilled alone), then every
  * active sequence's next token goes through one shared pass per step until it has its steps. */
-async function together(m: LocalModel): Promise<{ seqs: Seq[]; widest: number }> {
-  const slots = new SeqSlots(m, 4, 64);
+async function together(m: LocalModel, kvCacheTypes?: KvCacheTypes): Promise<{ seqs: Seq[]; widest: number }> {
+  const slots = new SeqSlots(m, 4, 64, 128, undefined, kvCacheTypes);
   const seqs: Seq[] = PROMPTS.map(() => ({ ids: [], logits: [] }));
   const state: { pos: number; next: number }[] = [];
   let widest = 0;
@@ -97,13 +97,13 @@ function firstDiff(a: Float32Array, b: Float32Array): number {
   return -1;
 }
 
-async function check(path: string): Promise<void> {
+async function check(path: string, kvCacheTypes?: KvCacheTypes): Promise<void> {
   const m = LocalModel.open(path, { threads: 2 });
   try {
-    const { seqs, widest } = await together(m);
+    const { seqs, widest } = await together(m, kvCacheTypes);
     expect(widest).toBe(4);
     for (let i = 0; i < PROMPTS.length; i++) {
-      const a = await alone(m, PROMPTS[i], STEPS[i]);
+      const a = await alone(m, PROMPTS[i], STEPS[i], kvCacheTypes);
       expect(seqs[i].ids, `sequence ${i}: greedy ids`).toEqual(a.ids);
       seqs[i].logits.forEach((l, s) => expect(firstDiff(l, a.logits[s]), `sequence ${i}, token ${s}: first differing logit`).toBe(-1));
     }
@@ -117,6 +117,13 @@ describe("parallel sequences: a shared decode step equals each sequence alone, b
     const out = join(dir, `llama-${type}.gguf`);
     await generateModel({ shape: SHAPE, type, out, pure: true, seed: 5 });
     await check(out);
+  }, 60_000);
+
+  // quantized KV caches (--cache-type-k/-v), plain and rotated: each sequence's rows go to its own cache
+  it.each([[{ k: "q8_0", v: "q4_0" }], [{ k: "q4_0-rot", v: "q8_0-rot" }]] as [KvCacheTypes][])("llama Q8_0, KV cache %o", async (types) => {
+    const out = join(dir, "llama-kv.gguf");
+    await generateModel({ shape: SHAPE, type: "Q8_0", out, pure: true, seed: 5 });
+    await check(out, types);
   }, 60_000);
 
   it("mixture of experts, Q4_K_M", async () => {

@@ -51,6 +51,17 @@ describe("prima-coord plan", () => {
     expect(Object.keys(j.baselines)).toEqual(["even", "memory", "flops"]);
   });
 
+  test("-ctk/-ctv: Halda counts the KV cache in its types", async () => {
+    const code = await planCommand(["--shape", "llama3-8b", "--type", "Q4_K_M", "--devices", "deploy/devices/paper-d1-d6.json", "--json", "--ctx", "8192", "-ctk", "q8_0", "-ctv", "q4_0"]);
+    expect(code).toBe(0);
+    const j = JSON.parse(out.join("\n"));
+    const hp = modelShapeByName("llama3-8b")!, d = hp.nEmbd / hp.nHead;
+    // per layer and token: a K row of 8 heads x 128 in Q8_0 (34 bytes per 32) and a V row in Q4_0 (18)
+    expect(j.model.kvBytesPerTokenLayer).toBe(hp.nHeadKv * d * 34 / 32 + hp.nHeadKv * d * 18 / 32);
+    const model = modelProfile(syntheticModelDescription(hp, "Q4_K_M"), { nCtx: 8192, kvCacheTypes: { k: "q8_0", v: "q4_0" } });
+    expect(j.plan.latencyMs).toBeCloseTo(selectDevices(parseDeviceProfiles(JSON.parse(readFileSync("deploy/devices/paper-d1-d6.json", "utf8"))).devices, model).latencyMs, 9);
+  });
+
   describe("dropped devices on the paper's D1-D6 with Llama 3-70B", () => {
     const args = ["--shape", "llama3-70b", "--type", "Q4_K_M", "--devices", "deploy/devices/paper-d1-d6.json"];
     const devices = parseDeviceProfiles(JSON.parse(readFileSync("deploy/devices/paper-d1-d6.json", "utf8"))).devices;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "kv_cache.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -206,6 +207,43 @@ int main(void) {
         free(w);
         free(acts);
       }
+    }
+  }
+  /* 5. attention over quantized KV caches (kv_cache.c): each level's (its Q8_0 dots on K, its V
+   * accumulation) against the scalar one, within float summation order */
+  {
+    const int kv_types[2] = {PRIMA_Q8_0, PRIMA_Q4_0};
+    const int d = 128, ratio = 2, n_pos = 200;
+    for (int level = 1; level < 4; level++) {
+      if (!prima_simd_available(level)) continue;
+      for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++) {
+          const int kt = kv_types[a], vt = kv_types[b];
+          const size_t kr = prima_row_bytes(kt, d), vr = prima_row_bytes(vt, d);
+          uint8_t *K = malloc(kr * n_pos), *V = malloc(vr * n_pos);
+          float row[128], q[256], out_s[256], out_l[256];
+          for (int p = 0; p < n_pos; p++) {
+            for (int i = 0; i < d; i++) row[i] = normal();
+            prima_kv_store(kt, row, K + p * kr, d);
+            for (int i = 0; i < d; i++) row[i] = normal();
+            prima_kv_store(vt, row, V + p * vr, d);
+          }
+          for (int i = 0; i < ratio * d; i++) q[i] = 2 * normal();
+          void *scratch = aligned_alloc(64, (prima_kv_attend_scratch_bytes(ratio, d) + 63) & ~(size_t)63);
+          const prima_kv_head kh = {kt, K, kr, 0}, vh = {vt, V, vr, 0};
+          prima_kv_attend(&kh, &vh, q, ratio, d, 0, n_pos, 0.088f, 0, NULL, out_s, scratch, PRIMA_SIMD_SCALAR);
+          prima_kv_attend(&kh, &vh, q, ratio, d, 0, n_pos, 0.088f, 0, NULL, out_l, scratch, level);
+          float err = 0, mag = 0;
+          for (int i = 0; i < ratio * d; i++) {
+            err = fmaxf(err, fabsf(out_s[i] - out_l[i]));
+            mag = fmaxf(mag, fabsf(out_s[i]));
+          }
+          CHECK(err <= 1e-5f * mag, "kv attention K %s V %s: %s differs from scalar by %g of %g", prima_type_name(kt), prima_type_name(vt),
+                prima_simd_name(level), err, mag);
+          free(scratch);
+          free(K);
+          free(V);
+        }
     }
   }
   printf("checked %d, failed %d\n", checks, failures);

@@ -213,3 +213,30 @@ describe("encoder refusals", () => {
     expect(back.message).toBe("é".repeat(32768));
   });
 });
+
+describe("KV_SHIFT frames (context shift round the ring)", () => {
+  it("round-trip with the range in the position field and the payload", () => {
+    const f: Frame = { type: "kvShift", requestId: 7, p0: 5, nDiscard: 29, nPast: 63 };
+    const buf = encodeFrame(f);
+    const t = readTable(buf);
+    expect(t).toMatchObject({ type: 4, requestId: 7, position: 5, nTokens: 0, cycle: 0, dtype: 0, rowWidth: 0, payloadBytes: 8 });
+    const v = new DataView(buf.buffer, buf.byteOffset + 32, 8);
+    expect([v.getUint32(0, true), v.getUint32(4, true)]).toEqual([29, 63]);
+    expect(decodeFrame(buf, limits)).toEqual(f);
+  });
+
+  it("refuse a range the cache cannot hold, a wrong payload length and rows fields by name", () => {
+    const good = encodeFrame({ type: "kvShift", requestId: 1, p0: 5, nDiscard: 29, nPast: 63 });
+    const patch = (at: number, value: number, bytes: 2 | 4) => {
+      const b = Buffer.from(good);
+      if (bytes === 2) b.writeUInt16LE(value, at);
+      else b.writeUInt32LE(value, at);
+      return b;
+    };
+    expect(() => decodeFrame(patch(32, 0, 4), limits)).toThrow(/not a range of the cache/); // nothing discarded
+    expect(() => decodeFrame(patch(36, 20, 4), limits)).toThrow(/not a range of the cache/); // past nPast
+    expect(() => decodeFrame(patch(16, 3, 2), limits)).toThrow(/must have number of tokens 0/);
+    expect(() => decodeFrame(patch(24, H, 4), limits)).toThrow(/must have row width 0/);
+    expect(() => decodeFrame(Buffer.concat([patch(28, 12, 4), Buffer.alloc(4)]), limits)).toThrow(/payload is 8 bytes, got 12/);
+  });
+});

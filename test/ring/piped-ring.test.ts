@@ -46,7 +46,7 @@ describe("piped ring on stories260K (5 layers)", () => {
   }, 60_000);
 
   it("a worker killed mid-generation is named within 2 s, and the run goes on without it to the same tokens", async () => {
-    const args = ["-n", "100000", "--ctx", "2048", "--temp", "0"];
+    const args = ["-n", "100000", "--ctx", "2048", "--temp", "0", "--no-context-shift"];
     const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "2", "--layer-windows", "2,2,1", "--json", ...args]);
     const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
     const a = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "alpha", "--once", "--threads", "1"]);

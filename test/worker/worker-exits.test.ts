@@ -115,7 +115,7 @@ describe("prima-worker keeps trying what may fix itself, and stops on the first 
   }, 30_000);
 
   it("stops on the first SIGTERM in the middle of a run, and the coordinator hears it at once", async () => {
-    const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "1", "--layer-windows", "3,2", "-n", "100000", "--ctx", "2048", "--temp", "0"]);
+    const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "1", "--layer-windows", "3,2", "-n", "100000", "--ctx", "2048", "--temp", "0", "--no-context-shift"]);
     const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
     const w = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "leaver", "--threads", "1"]);
     await coord.waitFor(/Once upon a time.{20}/s);
@@ -131,7 +131,7 @@ describe("a model file that changes under a running worker", () => {
   it("truncated mid-run: the worker names the file, leaves the ring and exits with code 5 (no SIGBUS)", async () => {
     const copy = join(dir, "worker-copy.gguf");
     copyFileSync(`${root}${model}`, copy);
-    const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "1", "--layer-windows", "3,2", "-n", "100000", "--ctx", "2048", "--temp", "0"]);
+    const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "1", "--layer-windows", "3,2", "-n", "100000", "--ctx", "2048", "--temp", "0", "--no-context-shift"]);
     const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
     const w = startWorker(["--join", `127.0.0.1:${port}`, "--model", copy, "--name", "victim", "--threads", "1"]);
     await coord.waitFor(/Once upon a time.{20}/s);

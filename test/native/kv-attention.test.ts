@@ -1,0 +1,106 @@
+// Attention over a quantized KV cache (native/src/kv_cache.c) reads the blocks directly: Q·K is the
+// kernels' dot of Q8_0-quantized Q against the K blocks, and V is accumulated from the V blocks. It must
+// equal attention computed in double precision over the dequantized cache (Q rounded as the kernel
+// rounds it: to F16 against an F16 K, to Q8_0 against a quantized K), at every SIMD level.
+import { describe, expect, it } from "vitest";
+import { GgmlTypeId, dequantize, fp32ToHalf, halfToFp32, kvAttend, kvStore, quantizeAct, quantizeRef, rowBytes, simdLevels } from "../../native/index.js";
+
+let seed = 12345;
+function normal(): number {
+  // xorshift + Box-Muller: a fixed sequence
+  const u = () => {
+    seed ^= seed << 13;
+    seed ^= seed >>> 17;
+    seed ^= seed << 5;
+    return ((seed >>> 0) + 1) / 4294967297;
+  };
+  return Math.sqrt(-2 * Math.log(u())) * Math.cos(2 * Math.PI * u());
+}
+const randoms = (n: number, scale = 1) => Float32Array.from({ length: n }, () => normal() * scale);
+
+type KvName = "F16" | "Q8_0" | "Q4_0";
+
+/** The cache's rows as the window stores them, and as floats again. */
+function cacheOf(type: KvName, x: Float32Array, d: number, nPos: number) {
+  const row = rowBytes(type, d), bytes = new Uint8Array(row * nPos), floats = new Float32Array(d * nPos);
+  for (let p = 0; p < nPos; p++) {
+    const dst = bytes.subarray(p * row, (p + 1) * row);
+    kvStore(type, x.subarray(p * d, (p + 1) * d), dst);
+    if (type === "F16") halfToFp32(new Uint16Array(dst.slice().buffer), "f16", floats.subarray(p * d, (p + 1) * d));
+    else dequantize(type, dst.slice(), floats.subarray(p * d, (p + 1) * d));
+  }
+  return { bytes, floats };
+}
+
+/** softmax(scale * q·K)·V in double over float rows, the query rounded as the kernel rounds it. */
+function reference(kType: KvName, K: Float32Array, V: Float32Array, q: Float32Array, ratio: number, d: number, nPos: number, scale: number, softcap: number) {
+  const qr = kType === "F16"
+    ? halfToFp32(fp32ToHalf(q, "f16"), "f16")
+    : dequantize("Q8_0", quantizeAct("Q8_0", q), new Float32Array(q.length));
+  const out = new Float32Array(ratio * d);
+  for (let h = 0; h < ratio; h++) {
+    const s = new Float64Array(nPos);
+    for (let p = 0; p < nPos; p++) {
+      let dot = 0;
+      for (let i = 0; i < d; i++) dot += qr[h * d + i] * K[p * d + i];
+      s[p] = softcap > 0 ? Math.tanh((dot * scale) / softcap) * softcap : dot * scale;
+    }
+    const m = Math.max(...s);
+    let sum = 0;
+    for (let p = 0; p < nPos; p++) sum += (s[p] = Math.exp(s[p] - m));
+    for (let i = 0; i < d; i++) {
+      let acc = 0;
+      for (let p = 0; p < nPos; p++) acc += s[p] * V[p * d + i];
+      out[h * d + i] = acc / sum;
+    }
+  }
+  return out;
+}
+
+function maxRelErr(a: Float32Array, b: Float32Array): number {
+  let err = 0, mag = 0;
+  for (let i = 0; i < a.length; i++) {
+    err = Math.max(err, Math.abs(a[i] - b[i]));
+    mag = Math.max(mag, Math.abs(b[i]));
+  }
+  return err / mag;
+}
+
+const TYPES: KvName[] = ["F16", "Q8_0", "Q4_0"];
+
+describe("attention over the quantized cache equals attention over the dequantized cache", () => {
+  const cases: [kType: KvName, vType: KvName, ratio: number, d: number, nPos: number, softcap: number][] = [];
+  for (const k of TYPES) for (const v of TYPES) cases.push([k, v, 2, 64, 300, 0]);
+  cases.push(["Q8_0", "Q4_0", 4, 128, 129, 0], ["Q4_0", "Q8_0", 1, 32, 7, 0], ["Q8_0", "Q8_0", 3, 96, 260, 30]);
+  it.each(cases)("K %s V %s, %d heads of %d over %d positions, softcap %d", (kType, vType, ratio, d, nPos, softcap) => {
+    const scale = 1 / Math.sqrt(d);
+    const K = cacheOf(kType, randoms(d * nPos), d, nPos), V = cacheOf(vType, randoms(d * nPos), d, nPos);
+    const q = randoms(ratio * d, 2);
+    const want = reference(kType, K.floats, V.floats, q, ratio, d, nPos, scale, softcap);
+    for (const level of simdLevels()) {
+      const got = kvAttend(kType, vType, K.bytes, V.bytes, nPos, ratio, d, q, scale, softcap, level);
+      // float summation against double: a few ulp of the output's magnitude
+      expect(maxRelErr(got, want), `${level}`).toBeLessThan(2e-5);
+    }
+    // the reference is not trivially close to anything: without the V blocks' scales it is far off
+    if (vType !== "F16") {
+      const wrong = reference(kType, K.floats, V.floats.map((x) => x * 1.01), q, ratio, d, nPos, scale, softcap);
+      expect(maxRelErr(wrong, want)).toBeGreaterThan(1e-3);
+    }
+  });
+});
+
+describe("cache rows are quantized as llama.cpp writes them", () => {
+  it("Q8_0 as the CPU backend's quantize_row_q8_0, Q4_0 as quantize_row_q4_0_ref, F16 rounded to nearest even", () => {
+    const x = randoms(32 * 64, 3);
+    expect(kvStore("Q8_0", x)).toEqual(quantizeAct("Q8_0", x));
+    expect(kvStore("Q4_0", x)).toEqual(quantizeRef("Q4_0", x));
+    expect(kvStore("F16", x)).toEqual(quantizeAct("F16", x));
+  });
+
+  it("other types are refused by name", () => {
+    expect(() => kvStore("Q4_K", randoms(256))).toThrow(/Q4_K is not a KV cache type/);
+    expect(() => kvAttend(GgmlTypeId.Q8_0, GgmlTypeId.F16, new Uint8Array(34), new Uint8Array(16), 1, 1, 8, randoms(8), 1))
+      .toThrow(/blocks of 32/);
+  });
+});

@@ -1,0 +1,67 @@
+// Context shift on a ring (issue #33): the head sends a KV_SHIFT frame round the ring in order with
+// the rows, every device shifts the windows it holds: the same tokens as one device, on the native
+// lane and through JS, with several windows per device (k cycles), and after a worker dies
+// mid-generation the journal's replay (the same forwards and shifts) goes on to the same tokens.
+import { execFileSync } from "node:child_process";
+import { join } from "node:path";
+import { afterEach, describe, expect, it } from "vitest";
+import { generateModel } from "../../modelgen/index.js";
+import { modelShapeByName } from "../../model/index.js";
+import { killAll, runRing, startCoordinator, startWorker } from "./cluster.js";
+import { tempDir } from "../helpers/temp.js";
+
+afterEach(killAll);
+
+const model = "models/stories260K.gguf";
+// 4x the context: 3 shifts and more
+const gen = ["-p", "Once upon a time", "-n", "256", "--ctx", "64", "--keep", "2", "--temp", "0"];
+
+function singleDevice(path: string, args: string[]): number[] {
+  const out = execFileSync(process.execPath, ["dist/coordinator/cli.js", "run", path, "--json", ...args], { encoding: "utf8" });
+  return JSON.parse(out).generated_ids;
+}
+
+describe("context shift on a two-worker loopback ring", () => {
+  const expected = singleDevice(model, gen);
+
+  it("one device generates 4x its context", () => {
+    expect(expected.length).toBe(256);
+  });
+
+  it.each([[[] as string[]], [["--no-native-lane"]]])("stories260K, windows 2,2,1 (worker args %j): the single device's tokens", async (workerArgs) => {
+    const r = await runRing(model, [...gen, "--layer-windows", "2,2,1"], 2, workerArgs);
+    expect(r.code, r.coordinator.stderr).toBe(0);
+    expect(r.report?.devices).toBe(3);
+    expect(r.report?.generated_ids).toEqual(expected);
+  }, 90_000);
+
+  it("a 6-layer qwen2 (neox) in 2 cycles: each device shifts both its windows", async () => {
+    const path = join(tempDir("prima-shift-ring-"), "qwen2-6.gguf");
+    await generateModel({ shape: { ...modelShapeByName("tiny-qwen2")!, nLayers: 6 }, type: "Q8_0", out: path, seed: 3, weightStd: 0.08 });
+    const args = ["-p", "Once upon a time", "-n", "200", "--ctx", "64", "--temp", "0"];
+    const want = singleDevice(path, args);
+    expect(want.length).toBe(200);
+    const r = await runRing(path, [...args, "--layer-windows", "1,1,1", "-k", "2"], 2);
+    expect(r.code, r.coordinator.stderr).toBe(0);
+    expect(r.report?.cycles).toBe(2);
+    expect(r.report?.generated_ids).toEqual(want);
+  }, 90_000);
+
+  it("a worker killed after shifts: the replay rebuilds the shifted caches and the run ends with the same tokens", async () => {
+    const args = ["-n", "3000", "--ctx", "64", "--keep", "2", "--temp", "0"];
+    const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "2", "--layer-windows", "2,2,1", "--json", ...args]);
+    const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
+    startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "alpha", "--once", "--threads", "1"]);
+    await coord.waitFor(/"alpha" .*joined/);
+    const b = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "bravo", "--once", "--threads", "1"]);
+    await coord.waitFor(/device w2 "bravo" .* ready/);
+    await coord.waitFor(/context full: shifted the KV cache on every device \(kept 3, dropped 30, 33 left\)[^]*context full/, 60_000);
+    b.child.kill("SIGKILL");
+    const code = await coord.exited;
+    expect(code, coord.stderr.slice(-1500)).toBe(0);
+    expect(coord.stderr).toMatch(/recovering the request|spreading the layers evenly/);
+    const report = JSON.parse(coord.stdout.split("\n").find((l) => l.startsWith("{"))!) as { generated_ids: number[] };
+    expect(report.generated_ids.length).toBe(3000);
+    expect(report.generated_ids).toEqual(singleDevice(model, args));
+  }, 120_000);
+});

@@ -1,0 +1,51 @@
+// --cache-type-k/-v reach every device of a ring: a ring of two loopback workers and the head with a
+// q8_0 cache gives the single device's tokens with the same cache, and each worker's window holds its
+// KV cache in q8_0 (the memory it reports shrinks by what the rule says).
+import { execFileSync } from "node:child_process";
+import { join } from "node:path";
+import { afterEach, describe, expect, it } from "vitest";
+import { generateModel } from "../../modelgen/index.js";
+import { kvBytesPerTokenLayer, modelShapeByName } from "../../model/index.js";
+import { killAll, runRing } from "./cluster.js";
+import { tempDir } from "../helpers/temp.js";
+
+afterEach(killAll);
+
+const CTX = 4096;
+const gen = ["-p", "Once upon a time", "-n", "24", "--temp", "0", "--ctx", String(CTX)];
+
+function singleDevice(path: string, args: string[]): number[] {
+  const out = execFileSync(process.execPath, ["dist/coordinator/cli.js", "run", path, "--json", ...args], { encoding: "utf8" });
+  return JSON.parse(out).generated_ids;
+}
+
+/** MiB each worker said its windows take (KV and scratch), in join order. */
+function readyMiB(stderr: string): number[] {
+  return [...stderr.matchAll(/device \S+ "dev\d+" .*?ready \(([\d.]+) MiB for KV and scratch\)/g)].map((m) => Number(m[1]));
+}
+
+describe("a ring with a q8_0 KV cache", () => {
+  const dir = tempDir("prima-kv-ring-");
+  it("two workers and the head, windows 2,2,2: the single device's tokens, the workers' caches in q8_0", async () => {
+    const path = join(dir, "kv-ring.gguf");
+    const shape = { ...modelShapeByName("tiny-llama")!, nLayers: 6, contextLength: CTX };
+    await generateModel({ shape, type: "Q8_0", out: path, seed: 3, weightStd: 0.08 });
+    const q8 = ["-ctk", "q8_0", "-ctv", "q8_0"];
+    const expected = singleDevice(path, [...gen, ...q8]);
+    expect(expected.length).toBe(24);
+    const r = await runRing(path, [...gen, ...q8, "--layer-windows", "2,2,2"], 2);
+    expect(r.code, r.coordinator.stderr).toBe(0);
+    expect(r.report?.devices).toBe(3);
+    expect(r.report?.generated_ids).toEqual(expected);
+
+    // the same ring with the default F16 cache: each worker's window (2 layers) is larger by the rule's difference
+    const f16 = await runRing(path, [...gen, "--layer-windows", "2,2,2"], 2);
+    expect(f16.code, f16.coordinator.stderr).toBe(0);
+    const hp = { nHeadKv: shape.nHeadKv, headDimK: shape.nEmbd / shape.nHead, headDimV: shape.nEmbd / shape.nHead };
+    const savedMiB = (kvBytesPerTokenLayer(hp) - kvBytesPerTokenLayer(hp, { k: "q8_0", v: "q8_0" })) * 2 * CTX / 2 ** 20;
+    const [a, b] = [readyMiB(r.coordinator.stderr), readyMiB(f16.coordinator.stderr)];
+    expect(a.length, r.coordinator.stderr).toBe(2);
+    expect(b.length, f16.coordinator.stderr).toBe(2);
+    for (let i = 0; i < 2; i++) expect(Math.abs(b[i] - a[i] - savedMiB), `worker ${i + 1}: f16 ${b[i]} MiB, q8_0 ${a[i]} MiB`).toBeLessThan(0.11);
+  }, 180_000);
+});
