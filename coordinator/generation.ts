@@ -7,6 +7,7 @@ import { Sampler } from "../engine/index.js";
 import { closingStart, type GrammarConstraint } from "../grammar/index.js";
 import { printable } from "../model/index.js";
 import { contextShiftFor } from "./args.js";
+import { bodyTypeRefusal } from "./http-guard.js";
 import { sendJson, type Dialect, type GenerationAsk, type ReplyWriter } from "./http-reply.js";
 import type { ApiServerOptions } from "./http-server.js";
 import type { RequestOutcomes } from "./metrics.js";
@@ -37,14 +38,12 @@ export class Generations {
   /** A generation request in dialect `d`: checked, queued, generated, answered in its shape. */
   async generation(req: IncomingMessage, res: ServerResponse, d: Dialect, scope: string): Promise<void> {
     const fail = (e: ApiError, headers: Record<string, string> = {}) => sendJson(res, e.status, d.errorBody(renamedParam(e, d.params ?? {})), headers);
-    // Only JSON is parsed as JSON: a text/plain form or a no-cors fetch from a web page cannot send it.
-    const type = (req.headers["content-type"] ?? "").split(";")[0].trim().toLowerCase();
-    if (type !== "application/json") {
+    // A web page's text/plain form or no-cors fetch runs nothing (http-guard.ts).
+    const refusal = bodyTypeRefusal(req);
+    if (refusal) {
       req.resume();
       this.c.outcomes.invalid++;
-      const got = type === "" ? "no Content-Type" : `Content-Type ${printable(type, 80)}`;
-      fail(new ApiError(415, `the request body must be JSON sent as Content-Type: application/json (got ${got}; with curl: -H 'Content-Type: application/json')`,
-        "invalid_request_error", "unsupported_media_type"));
+      fail(new ApiError(415, refusal, "invalid_request_error", "unsupported_media_type"));
       return;
     }
     const health = this.c.healthy();

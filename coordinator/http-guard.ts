@@ -169,3 +169,20 @@ export class RequestGuard {
     return m ? found : -1;
   }
 }
+
+/**
+ * Why a request's body may not be read as JSON, or undefined when it may. A browser page (it sends
+ * Origin or Sec-Fetch-Site) must send application/json, which a cross-site form or no-cors fetch cannot;
+ * other clients may send any type, as llama-server and Ollama accept (`curl -d` sends
+ * application/x-www-form-urlencoded, and Ollama's own examples rely on it).
+ */
+export function bodyTypeRefusal(req: IncomingMessage): string | undefined {
+  const type = (req.headers["content-type"] ?? "").split(";")[0].trim().toLowerCase();
+  if (type === "application/json") return undefined;
+  // Browsers send Origin on every POST and Sec-Fetch-Site on every request (Node's fetch sends only
+  // Sec-Fetch-Mode, so that one does not tell).
+  const browser = req.headers.origin !== undefined || req.headers["sec-fetch-site"] !== undefined;
+  if (!browser) return undefined;
+  const got = type === "" ? "no Content-Type" : `Content-Type ${printable(type, 80)}`;
+  return `a request from a web page must send its body as Content-Type: application/json (got ${got})`;
+}

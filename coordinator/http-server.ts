@@ -20,7 +20,7 @@ import { sendJson, type Served } from "./http-reply.js";
 import { ollamaDialect, ollamaErrorBody, ps, show, tags } from "./ollama.js";
 import { detokenize, llamaCompletionDialect, llamaErrorBody, props, slots, tokenize } from "./llama-server.js";
 import { ConversationTokens, type PromptRenderer } from "./prompt.js";
-import { RequestGuard, type GuardOptions } from "./http-guard.js";
+import { RequestGuard, bodyTypeRefusal, type GuardOptions } from "./http-guard.js";
 import { Constraints } from "./structured.js";
 import type { Pooling } from "../engine/index.js";
 import { EMBEDDING_PATHS, embeddingErrorBody, serveEmbeddings } from "./embeddings.js";
@@ -297,13 +297,13 @@ export class ApiServer {
   }
 
   /** A small JSON request (not a generation): its body through `answer`, or undefined once an error
-   * was sent. Content-Type must be JSON, as for generations (a web page's form cannot send it). */
+   * was sent. A web page must send it as JSON, as for generations (http-guard.ts). */
   private async readJson(req: IncomingMessage, res: ServerResponse, fail: (e: ApiError) => void, answer: (body: unknown) => unknown): Promise<unknown> {
-    const type = (req.headers["content-type"] ?? "").split(";")[0].trim().toLowerCase();
+    const refusal = bodyTypeRefusal(req);
     try {
-      if (type !== "application/json") {
+      if (refusal) {
         req.resume();
-        throw new ApiError(415, "the request body must be JSON sent as Content-Type: application/json", "invalid_request_error", "unsupported_media_type");
+        throw new ApiError(415, refusal, "invalid_request_error", "unsupported_media_type");
       }
       const body = await this.jsonBody(req);
       return answer(body);

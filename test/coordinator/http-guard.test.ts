@@ -231,14 +231,26 @@ describe("Host, Content-Type and API keys, without a browser", () => {
     expect(answer).toMatch(/^HTTP\/1\.1 403 /);
   });
 
-  it("parses a body as JSON only when it is sent as application/json (415 otherwise)", async () => {
+  it("parses a browser's body as JSON only when sent as application/json (415 otherwise); other clients' whatever its type, as llama-server and Ollama do", async () => {
     const body = JSON.stringify({ prompt: STORY, max_tokens: 2 });
+    // What a page of this server's own origin sends (Origin, Sec-Fetch-*), with a form's or a no-cors fetch's type.
+    const pageHeaders = [{ Origin: s.url }, { "Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "no-cors" }];
     for (const type of [undefined, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"]) {
-      const r = await fetch(`${s.url}/v1/completions`, { method: "POST", body, headers: type ? { "Content-Type": type } : {} });
-      expect(r.status, String(type)).toBe(415);
-      expect(((await r.json()) as { error: { code: string } }).error.code).toBe("unsupported_media_type");
+      for (const page of pageHeaders) {
+        const r = await fetch(`${s.url}/v1/completions`, { method: "POST", body, headers: { ...page, ...(type ? { "Content-Type": type } : {}) } });
+        expect(r.status, `${type} ${JSON.stringify(page)}`).toBe(415);
+        expect(((await r.json()) as { error: { code: string } }).error.code).toBe("unsupported_media_type");
+      }
+      // curl -d sends application/x-www-form-urlencoded: Ollama's and llama-server's examples work.
+      const asks: [string, object][] = [
+        ["/v1/completions", { prompt: STORY, max_tokens: 2 }], ["/api/generate", { prompt: STORY, stream: false, options: { num_predict: 2 } }], ["/completion", { prompt: STORY, n_predict: 2 }],
+      ];
+      for (const [path, ask] of asks) {
+        const r = await fetch(`${s.url}${path}`, { method: "POST", body: JSON.stringify(ask), headers: type ? { "Content-Type": type } : {} });
+        expect(r.status, `${path} ${type}: ${await r.clone().text()}`).toBe(200);
+      }
     }
-    const ok = await fetch(`${s.url}/v1/completions`, { method: "POST", body, headers: { "Content-Type": "Application/JSON; charset=utf-8" } });
+    const ok = await fetch(`${s.url}/v1/completions`, { method: "POST", body, headers: { Origin: s.url, "Content-Type": "Application/JSON; charset=utf-8" } });
     expect(ok.status).toBe(200);
   });
 
