@@ -38,16 +38,22 @@ describe("structured output and tools through the clients, on a generated qwen3 
   });
 
   describe("through a ring of two loopback workers and the head", () => {
+    const counter = async (name: string) => Number(new RegExp(`^${name} (\\S+)$`, "m").exec(await (await fetch(`${s.url}/metrics`)).text())?.[1]);
+    let replans = 0;
     beforeAll(async () => {
       joinWorker(s.clusterPort, "w1", model);
       joinWorker(s.clusterPort, "w2", model);
       await until<{ plan: { ringOrder: string[] } | null }>(`${s.url}/api/state`, (_, b) => (b.plan?.ringOrder.length ?? 0) === 3, 90_000);
+      replans = await counter("prima_replans_total");
     }, 120_000);
     it("the Vercel AI SDK", () => checkAiSdk(s), 120_000);
     it("LangChain", () => checkLangChain(s), 120_000);
     it("the ring stayed in place: every request ran on three devices", async () => {
       const state = (await (await fetch(`${s.url}/api/state`)).json()) as { plan: { ringOrder: string[] } };
       expect(state.plan.ringOrder).toHaveLength(3);
+      // No device lost and no placement since the ring formed.
+      expect(await counter("prima_devices_lost_total")).toBe(0);
+      expect(await counter("prima_replans_total")).toBe(replans);
     });
   });
 });

@@ -6,7 +6,7 @@
 import { expect } from "vitest";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import { generateObject, generateText, jsonSchema, stepCountIs, streamObject, streamText, tool, wrapLanguageModel } from "ai";
-import { AIMessageChunk, HumanMessage, ToolMessage, type AIMessage } from "@langchain/core/messages";
+import { HumanMessage, ToolMessage, type AIMessage, type AIMessageChunk } from "@langchain/core/messages";
 import { ChatOpenAI } from "@langchain/openai";
 import { z } from "zod";
 import { schemaErrors } from "../grammar/validate.js";
@@ -174,6 +174,7 @@ export async function checkLangChain(s: Served): Promise<void> {
   const results = called.tool_calls!.map((c) => new ToolMessage({ tool_call_id: c.id!, content: JSON.stringify(WEATHER_RESULT) }));
   const reply = await chat(0, TEXT_MAX).bindTools([WEATHER]).invoke([question, called, ...results]);
   expect(reply.usage_metadata!.input_tokens).toBeGreaterThan(called.usage_metadata!.input_tokens + 10);
+  expect(reply.invalid_tool_calls ?? [], JSON.stringify(reply.invalid_tool_calls)).toEqual([]);
   if (reply.tool_calls?.length) expectWeatherCalls(reply, "after the result");
   else expect(typeof reply.content).toBe("string");
 }
