@@ -6,50 +6,13 @@
 // accepted, and refused by keyword where not.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { APIError } from "openai";
-import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
-import { generateObject, generateText, jsonSchema, streamObject, tool } from "ai";
-import { ChatOpenAI } from "@langchain/openai";
-import { z } from "zod";
 import { killAll } from "../ring/cluster.js";
 import { CORPUS, schemaErrors } from "../grammar/validate.js";
 import { PLACEMENT_SHAPE, testModel } from "../profiler/models.js";
 import { joinWorker, startServe, until, type Served } from "./serve-harness.js";
+import { MAX, PERSON, TOOLS, WEATHER, ask, checkAiSdk, checkLangChain, toolSchema } from "./structured-clients.js";
 
 afterAll(() => killAll());
-
-const PERSON = {
-  type: "object",
-  properties: {
-    name: { type: "string", maxLength: 40 },
-    age: { type: "integer", minimum: 0, maximum: 120 },
-    email: { type: "string", format: "email" },
-    mood: { enum: ["happy", "sad", null] },
-    tags: { type: "array", items: { type: "string", maxLength: 20 }, maxItems: 3 },
-    home: { type: "object", properties: { city: { type: "string" }, zip: { type: "string", pattern: "^[0-9]{5}$" } }, required: ["city", "zip"], additionalProperties: false },
-  },
-  required: ["name", "age", "email", "mood", "tags", "home"],
-  additionalProperties: false,
-} as const;
-
-const WEATHER = {
-  type: "function" as const,
-  function: {
-    name: "get_weather",
-    description: "The weather in a city now",
-    parameters: { type: "object", properties: { city: { type: "string", maxLength: 30 }, unit: { enum: ["c", "f"] } }, required: ["city", "unit"], additionalProperties: false },
-  },
-};
-const ADD = {
-  type: "function" as const,
-  function: { name: "add", description: "Adds two numbers", parameters: { type: "object", properties: { a: { type: "integer" }, b: { type: "integer" } }, required: ["a", "b"], additionalProperties: false } },
-};
-const TOOLS = [WEATHER, ADD];
-const MAX = 400;
-const ask = [{ role: "user" as const, content: "Tell me about a girl who found a cat." }];
-
-function toolSchema(name: string): unknown {
-  return TOOLS.find((t) => t.function.name === name)!.function.parameters;
-}
 
 describe("serve: structured output and tools on the shipped model", () => {
   let s: Served;
@@ -163,55 +126,9 @@ describe("serve: structured output and tools on the shipped model", () => {
     expect(third.choices[0].finish_reason).toMatch(/stop|length/);
   });
 
-  it("the Vercel AI SDK: generateObject and streamObject at temperature 0 and 1, and tool calls", async () => {
-    const provider = createOpenAICompatible({ name: "prima", baseURL: `${s.url}/v1`, apiKey: "unused", supportsStructuredOutputs: true });
-    const model = provider.chatModel("stories260K");
-    const Person = z.object({ name: z.string().max(30), age: z.number().int().min(0).max(99), pets: z.array(z.enum(["cat", "dog"])).max(2) });
-    for (const temperature of [0, 1]) {
-      const { object } = await generateObject({ model, schema: Person, prompt: "A girl and her pets", temperature, seed: 2, maxOutputTokens: MAX, maxRetries: 0 });
-      expect(Person.safeParse(object).success).toBe(true);
-      // Streamed: the partial objects come as the JSON grows, the last one whole and valid.
-      const streamed = streamObject({ model, schema: Person, prompt: "A boy and his pets", temperature, seed: 3, maxOutputTokens: MAX, maxRetries: 0 });
-      let partials = 0;
-      for await (const partial of streamed.partialObjectStream) if (partial) partials++;
-      expect(partials).toBeGreaterThan(1);
-      expect(Person.safeParse(await streamed.object).success).toBe(true);
-    }
-    const r = await generateText({
-      model, prompt: "Weather in Rome?", toolChoice: "required", maxOutputTokens: MAX, maxRetries: 0,
-      tools: { get_weather: tool({ description: "weather", inputSchema: jsonSchema(WEATHER.function.parameters as never) }) },
-    });
-    expect(r.toolCalls.length).toBeGreaterThan(0);
-    for (const c of r.toolCalls) {
-      expect(c.toolName).toBe("get_weather");
-      expect(schemaErrors(WEATHER.function.parameters, c.input)).toBe("");
-    }
-  });
+  it("the Vercel AI SDK: generateObject and streamObject at temperature 0 and 1, tool calls streamed and not, a tool loop", () => checkAiSdk(s));
 
-  it("LangChain: withStructuredOutput (JSON Schema and function calling) at temperature 0 and 1, streamed, and bindTools", async () => {
-    const llm = new ChatOpenAI({ model: "stories260K", apiKey: "unused", configuration: { baseURL: `${s.url}/v1` }, temperature: 1, maxTokens: MAX, maxRetries: 0 });
-    const Answer = z.object({ answer: z.string().max(40), confidence: z.number().min(0).max(1) });
-    for (const temperature of [0, 1]) {
-      const at = new ChatOpenAI({ model: "stories260K", apiKey: "unused", configuration: { baseURL: `${s.url}/v1` }, temperature, maxTokens: MAX, maxRetries: 0 });
-      for (const method of ["jsonSchema", "functionCalling"] as const) {
-        const out = await at.withStructuredOutput(Answer, { method }).invoke("Why is the sky blue?");
-        expect(Answer.safeParse(out).success, `t=${temperature} ${method}: ${JSON.stringify(out)}`).toBe(true);
-      }
-    }
-    // Streamed (the chunks' text joined is the JSON answer).
-    let streamed = "";
-    for await (const chunk of await llm.withConfig({ response_format: { type: "json_schema", json_schema: { name: "answer", schema: { type: "object", properties: { answer: { type: "string", maxLength: 40 } }, required: ["answer"], additionalProperties: false } } } }).stream("Why?")) {
-      streamed += typeof chunk.content === "string" ? chunk.content : "";
-    }
-    expect(JSON.parse(streamed)).toMatchObject({ answer: expect.any(String) });
-    const bound = llm.bindTools([WEATHER], { tool_choice: "required" });
-    const msg = await bound.invoke("Weather in Oslo?");
-    expect(msg.tool_calls?.length).toBeGreaterThan(0);
-    for (const c of msg.tool_calls ?? []) {
-      expect(c.name).toBe("get_weather");
-      expect(schemaErrors(WEATHER.function.parameters, c.args)).toBe("");
-    }
-  });
+  it("LangChain: withStructuredOutput (JSON Schema and function calling) at temperature 0 and 1, streamed and not, bindTools, a tool result", () => checkLangChain(s));
 
   it("the schema corpus: accepted ones answered validly, the rest refused by keyword; /metrics shows the constraint's time", async () => {
     let accepted = 0;
