@@ -12,6 +12,7 @@
         "native/addon.cc",
         "native/bind_kernels.cc",
         "native/bind_model.cc",
+        "native/bind_lane.cc",
         "native/bind_profile.cc",
         "native/bind_io.cc",
         "native/src/kernels.c",
