@@ -23,6 +23,7 @@
         "native/src/kv_cache.c",
         "native/src/model.c",
         "native/src/kv_shift.c",
+        "native/src/ws_codec.c",
         "native/src/lane.c",
         "native/src/seal.c",
         "native/src/profile.c"
