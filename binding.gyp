@@ -12,6 +12,7 @@
         "native/addon.cc",
         "native/bind_kernels.cc",
         "native/bind_model.cc",
+        "native/bind_lane.cc",
         "native/bind_profile.cc",
         "native/bind_io.cc",
         "native/src/kernels.c",
@@ -22,6 +23,7 @@
         "native/src/kv_cache.c",
         "native/src/model.c",
         "native/src/kv_shift.c",
+        "native/src/ws_codec.c",
         "native/src/lane.c",
         "native/src/seal.c",
         "native/src/profile.c"

@@ -39,11 +39,9 @@ export interface Assignment {
   ringOrder: string[];
   wireDtype: number;
   /** Keys of the links from the predecessor and to the successor (32 bytes each; empty on a message
-   * without them). A worker refuses an assignment without both unless plaintextLinks is set. */
+   * without them). A worker refuses an assignment without both: it never links in the clear. */
   predecessorLinkKey?: Uint8Array;
   successorLinkKey?: Uint8Array;
-  /** Frames in clear, for benchmarks of the encryption's cost only. */
-  plaintextLinks?: boolean;
   /** The coordinator's digest (transfer's chunkDigest) of every chunk (of chunkBytes) holding this device's windows; the
    * device refuses to run them on other bytes. */
   windowChunks?: ChunkHash[];

@@ -154,11 +154,9 @@ export class Ring {
     const identity = { deviceId: HEAD_ID, modelFingerprint: o.fingerprint, hiddenSize: o.model.nEmbd, ringId: this.ringId };
     const linkOpts = { identity, maxTokensPerFrame: spec.maxBatch, log: o.log };
     // A fresh key per link (keys[i]: the link into member i; the last: into the head), handed only to
-    // the link's two ends over the control plane (ring/seal.ts). Plaintext only when a benchmark asks.
-    const plaintextLinks = process.env.PRIMA_BENCH_PLAINTEXT_LINKS === "1";
-    if (plaintextLinks) o.log("ring links are NOT encrypted (PRIMA_BENCH_PLAINTEXT_LINKS=1, for measuring what encryption costs)");
+    // the link's two ends over the control plane (ring/seal.ts).
     const keys = spec.members.map(() => randomBytes(32)).concat(randomBytes(32));
-    const keyOf = (i: number) => (plaintextLinks ? {} : { linkKey: keys[i] });
+    const keyOf = (i: number) => ({ linkKey: keys[i] });
     const last = spec.members[spec.members.length - 1].worker.id;
     this.listener = await RingListener.listen({
       port: 0, ...linkOpts, ...keyOf(spec.members.length), expectedPeerDeviceId: last, singlePeer: true,
@@ -181,7 +179,7 @@ export class Ring {
         ringId: this.ringId, windows: [...m.windows], successorUrl, ctx: spec.ctx, maxBatch: spec.maxBatch, cycles: spec.cycles,
         prefetch: spec.prefetch, releaseAfterUse: m.releaseAfterUse, threads: 0, ringOrder: order, wireDtype: 0,
         ...(spec.kvCacheTypes ? { cacheTypeK: spec.kvCacheTypes.k, cacheTypeV: spec.kvCacheTypes.v } : {}),
-        ...(plaintextLinks ? { plaintextLinks } : { predecessorLinkKey: keys[i], successorLinkKey: keys[i + 1] }),
+        predecessorLinkKey: keys[i], successorLinkKey: keys[i + 1],
         ...(weights ? { windowChunks: weights.chunks, chunkBytes: weights.chunkBytes } : {}),
       }, (fraction, stage) => o.onProgress?.(m.worker, fraction, stage))
         .then((ready) => o.log(`device ${m.worker.label} ready (${(ready.anonBytes / 2 ** 20).toFixed(1)} MiB for KV and scratch)`));

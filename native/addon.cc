@@ -3,12 +3,14 @@
 
 void RegisterKernels(Napi::Env env, Napi::Object exports);
 void RegisterModel(Napi::Env env, Napi::Object exports);
+void RegisterLane(Napi::Env env, Napi::Object exports);
 void RegisterProfile(Napi::Env env, Napi::Object exports);
 void RegisterIo(Napi::Env env, Napi::Object exports);
 
 static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   RegisterKernels(env, exports);
   RegisterModel(env, exports);
+  RegisterLane(env, exports);
   RegisterProfile(env, exports);
   RegisterIo(env, exports);
   return exports;

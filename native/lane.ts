@@ -1,4 +1,4 @@
-// Typed surface of the native lane (bind_model.cc, src/lane.h): a ring worker's data path on a thread
+// Typed surface of the native lane (bind_lane.cc, src/lane.h): a ring worker's data path on a thread
 // of its own. ring/lane.ts is its only user.
 import { addon } from "./binding.js";
 import type { NativeModel, NativeWindow } from "./model.js";

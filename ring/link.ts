@@ -12,6 +12,7 @@ import { LivenessWatch } from "./liveness.js";
 import { CloseCode, closeReason, type ResolvedLinkOptions } from "./options.js";
 import { RecordError, type LinkCipher, type SealDirection } from "./seal.js";
 import { PAYLOAD_DTYPE_BYTES, type Hello } from "./validation.js";
+import { receiverIdle, socketFd } from "./ws-internals.js";
 
 /** How a link handed to the native lane is closed (code 0: at once, without a close frame). */
 export interface LaneSide {
@@ -182,11 +183,10 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
    * read bytes it has not made a message of yet.
    */
   socketForLane(): number | null {
-    const receiver = (this.ws as unknown as { _receiver?: { _bufferedBytes?: number; _state?: number; _fragmented?: number } })._receiver;
-    const fd = (this.socket as unknown as { _handle?: { fd?: number } })._handle?.fd;
-    if (!this.isOpen || this.lane || typeof fd !== "number" || fd < 0) return null;
+    const fd = socketFd(this.socket);
+    if (!this.isOpen || this.lane || fd === null) return null;
     if (this.ws.bufferedAmount !== 0 || this.socket.readableLength !== 0) return null;
-    if (!receiver || receiver._bufferedBytes !== 0 || receiver._state !== 0 || receiver._fragmented !== 0) return null;
+    if (!receiverIdle(this.ws)) return null;
     return fd;
   }
 

@@ -52,13 +52,9 @@ function assignedKvCacheTypes(a: Assignment): KvCacheTypes {
 }
 
 /** This device's two link keys from the assignment (ring/seal.ts). An assignment without them is
- * refused, never linked in the clear, unless it asks for plaintext links (benchmarks only). */
-function linkKeys(a: Assignment, log: (line: string) => void): { in?: Uint8Array; out?: Uint8Array } {
-  if (a.plaintextLinks) {
-    log("ring links are NOT encrypted: the coordinator asked for plaintext links (a benchmark)");
-    return {};
-  }
-  const ok = (k: Uint8Array | undefined) => k instanceof Uint8Array && k.length === 32;
+ * refused, never linked in the clear. */
+function linkKeys(a: Assignment): { in: Uint8Array; out: Uint8Array } {
+  const ok = (k: Uint8Array | undefined): k is Uint8Array => k instanceof Uint8Array && k.length === 32;
   if (!ok(a.predecessorLinkKey) || !ok(a.successorLinkKey)) {
     throw new Error("the assignment carries no keys for this device's ring links (a coordinator of another version?): not linking in the clear");
   }
@@ -84,7 +80,7 @@ export class WorkerDevice implements SessionHandler {
     this.room.forget();
     const { model } = this.o;
     const kvCacheTypes = assignedKvCacheTypes(a); // an unknown name fails the assignment, naming it
-    const keys = linkKeys(a, this.o.log);
+    const keys = linkKeys(a);
     // The plan names this device's neighbours: only they may link, each only with its link's key.
     const me = a.ringOrder.indexOf(deviceId);
     const neighbour = (step: number) => (me >= 0 && a.ringOrder.length > 1 ? a.ringOrder[(me + step + a.ringOrder.length) % a.ringOrder.length] : undefined);

@@ -1,8 +1,7 @@
 /* The lane: a ring worker's data path on its own thread (lane.h says why). One thread, one poll loop:
  * commands from JS arrive through a pipe; each link is a non-blocking socket with a buffer of
- * unparsed bytes and a queue of whole WebSocket frames to write. The WebSocket rules are RFC 6455's
- * as ws applies them to our links: no extensions, binary messages only, a client masks (our
- * successor link: a zero key, as ring/dial.ts asks of ws), a server does not. */
+ * unparsed bytes and a queue of whole WebSocket frames to write. The frames' bytes are ws_codec.c's
+ * business; this file keeps each link's state (messages, close handshake, liveness) and runs them. */
 #define _GNU_SOURCE
 #include "lane.h"
 
@@ -24,6 +23,7 @@
 #include "kernels.h"
 #include "threadpool.h"
 #include "wire.h"
+#include "ws_codec.h"
 
 #ifndef MSG_NOSIGNAL
 #define MSG_NOSIGNAL 0
@@ -61,7 +61,7 @@ typedef struct {
   double last_heard, last_write, buffered_since, ping_flushed_at, next_tick;
   int ping_outstanding;
   int close_sent, close_received, close_code;
-  char close_reason[124];
+  char close_reason[PRIMA_WS_CLOSE_REASON_BYTES];
   double close_deadline;
   int sealed; /* a keyed link: data messages are records (seal.h) */
   prima_seal tx, rx;
@@ -73,7 +73,7 @@ typedef struct command {
   int type, link, fd, code;
   int sealed; /* CMD_ATTACH of a keyed link: tx and rx are set up */
   prima_seal tx, rx;
-  char reason[124];
+  char reason[PRIMA_WS_CLOSE_REASON_BYTES];
   size_t len;
   uint8_t data[];
 } command;
@@ -117,28 +117,16 @@ static void emit(prima_lane *l, prima_lane_event_kind kind, int link, int code, 
 
 /* ---- writing ---------------------------------------------------------------------------------- */
 
-/* One WebSocket frame as a chunk: a client masks with a zero key (nothing to XOR). */
+/* One WebSocket frame as a chunk (a client's: masked, with a zero key). */
 static chunk *ws_frame(const conn *c, int fin, int op, const uint8_t *payload, size_t len) {
-  size_t hl = len < 126 ? 2 : len < 65536 ? 4 : 10;
-  size_t ml = c->server ? 0 : 4;
-  chunk *k = malloc(sizeof(chunk) + hl + ml + len);
+  uint8_t h[PRIMA_WS_MAX_HEADER_BYTES];
+  size_t hl = prima_ws_header(h, fin, op, len, !c->server);
+  chunk *k = malloc(sizeof(chunk) + hl + len);
   if (!k) return NULL;
-  uint8_t *h = k->data;
-  h[0] = (uint8_t)((fin ? 0x80 : 0) | op);
-  uint8_t mbit = c->server ? 0 : 0x80;
-  if (len < 126) h[1] = mbit | (uint8_t)len;
-  else if (len < 65536) {
-    h[1] = mbit | 126;
-    h[2] = (uint8_t)(len >> 8);
-    h[3] = (uint8_t)len;
-  } else {
-    h[1] = mbit | 127;
-    for (int i = 0; i < 8; i++) h[2 + i] = (uint8_t)((uint64_t)len >> (56 - 8 * i));
-  }
-  memset(h + hl, 0, ml);
-  if (len) memcpy(h + hl + ml, payload, len);
+  memcpy(k->data, h, hl);
+  if (len) memcpy(k->data + hl, payload, len);
   k->next = NULL;
-  k->len = hl + ml + len;
+  k->len = hl + len;
   k->off = 0;
   k->ping = 0;
   return k;
@@ -203,12 +191,8 @@ static void flush(prima_lane *l, int link) {
 static void send_close(prima_lane *l, int link, int code, const char *reason) {
   conn *c = &l->c[link];
   if (c->close_sent || c->fd < 0) return;
-  uint8_t body[125];
-  size_t rl = strnlen(reason, 123);
-  body[0] = (uint8_t)(code >> 8);
-  body[1] = (uint8_t)code;
-  memcpy(body + 2, reason, rl);
-  enqueue(c, ws_frame(c, 1, 8, body, 2 + rl), 1);
+  uint8_t body[PRIMA_WS_MAX_CONTROL_BYTES];
+  enqueue(c, ws_frame(c, 1, PRIMA_WS_CLOSE, body, prima_ws_close_body(body, code, reason)), 1);
   c->close_sent = 1;
   c->close_deadline = now_ms() + l->cfg.close_grace_ms;
   flush(l, link);
@@ -234,7 +218,7 @@ static void send_message(prima_lane *l, const uint8_t *p, size_t len) {
   size_t off = 0;
   do {
     size_t n = len - off < step ? len - off : step;
-    enqueue(c, ws_frame(c, off + n == len, off == 0 ? 2 : 0, p + off, n), 0);
+    enqueue(c, ws_frame(c, off + n == len, off == 0 ? PRIMA_WS_BINARY : PRIMA_WS_CONTINUATION, p + off, n), 0);
     off += n;
   } while (off < len);
   free(record);
@@ -520,64 +504,43 @@ static int grow(uint8_t **buf, size_t *cap, size_t need) {
   return 0;
 }
 
-/* Parses one WebSocket frame from the link's buffer: 1 done, 0 needs more bytes, -1 the link ended. */
+/* Takes one WebSocket frame from the link's buffer: 1 done, 0 needs more bytes, -1 the link ended. */
 static int parse_frame(prima_lane *l, int link) {
   conn *c = &l->c[link];
-  const uint8_t *b = c->rbuf;
-  if (c->rlen < 2) return 0;
-  int fin = b[0] >> 7, rsv = b[0] & 0x70, op = b[0] & 15, masked = b[1] >> 7;
-  uint64_t len = b[1] & 127;
-  size_t hl = 2;
-  if (rsv) return fail_conn(l, link, "protocol", "broke the WebSocket protocol (RSV bits set, no extension agreed)"), -1;
-  if (masked != c->server)
-    return fail_conn(l, link, "protocol", "broke the WebSocket protocol (%s)", c->server ? "an unmasked frame from a client" : "a masked frame from a server"), -1;
-  if (op != 0 && op != 1 && op != 2 && op != 8 && op != 9 && op != 10)
-    return fail_conn(l, link, "protocol", "broke the WebSocket protocol (invalid opcode %d)", op), -1;
-  if (len == 126) {
-    if (c->rlen < 4) return 0;
-    len = (uint64_t)b[2] << 8 | b[3];
-    hl = 4;
-  } else if (len == 127) {
-    if (c->rlen < 10) return 0;
-    len = 0;
-    for (int i = 0; i < 8; i++) len = len << 8 | b[2 + i];
-    hl = 10;
-    if (len >> 63) return fail_conn(l, link, "protocol", "broke the WebSocket protocol (a 64-bit length with its top bit set)"), -1;
-  }
-  if (op >= 8 && (!fin || len > 125))
-    return fail_conn(l, link, "protocol", "broke the WebSocket protocol (a fragmented or over-long control frame)"), -1;
-  if (op == 1) return fail_conn(l, link, "protocol", "sent a text message; the data plane carries binary frames only"), -1;
-  if (op == 0 && !c->in_msg) return fail_conn(l, link, "protocol", "broke the WebSocket protocol (a continuation frame with no message)"), -1;
-  if (op == 2 && c->in_msg) return fail_conn(l, link, "protocol", "broke the WebSocket protocol (a new message inside a fragmented one)"), -1;
-  if (op < 8 && c->msg_len + len > l->cfg.max_message_bytes)
+  prima_ws_head h;
+  char why[96];
+  int got = prima_ws_parse_head(c->rbuf, c->rlen, c->server, &h, why, sizeof why);
+  if (got < 0) return fail_conn(l, link, "protocol", "broke the WebSocket protocol (%s)", why), -1;
+  if (got == 0) return 0;
+  int op = h.opcode, fin = h.fin;
+  uint64_t len = h.len;
+  if (op == PRIMA_WS_TEXT) return fail_conn(l, link, "protocol", "sent a text message; the data plane carries binary frames only"), -1;
+  if (op == PRIMA_WS_CONTINUATION && !c->in_msg)
+    return fail_conn(l, link, "protocol", "broke the WebSocket protocol (a continuation frame with no message)"), -1;
+  if (op == PRIMA_WS_BINARY && c->in_msg)
+    return fail_conn(l, link, "protocol", "broke the WebSocket protocol (a new message inside a fragmented one)"), -1;
+  if (op < PRIMA_WS_CLOSE && c->msg_len + len > l->cfg.max_message_bytes)
     return fail_conn(l, link, "protocol", "sent a message over this link's limit of %llu bytes", (unsigned long long)l->cfg.max_message_bytes), -1;
-  size_t ml = masked ? 4 : 0;
-  if (c->rlen < hl + ml + len) return 0;
-  uint8_t mask[4] = {0, 0, 0, 0};
-  if (masked) memcpy(mask, b + hl, 4);
-  uint8_t *p = c->rbuf + hl + ml;
-  if (mask[0] | mask[1] | mask[2] | mask[3])
-    for (uint64_t i = 0; i < len; i++) p[i] ^= mask[i & 3];
-  size_t used = hl + ml + (size_t)len;
-  if (op >= 8) {
-    uint8_t body[125];
+  size_t used = h.header_bytes + h.mask_bytes + (size_t)len;
+  if (c->rlen < used) return 0;
+  uint8_t *p = c->rbuf + h.header_bytes + h.mask_bytes;
+  if (h.masked) prima_ws_unmask(p, len, c->rbuf + h.header_bytes);
+  if (op >= PRIMA_WS_CLOSE) {
+    uint8_t body[PRIMA_WS_MAX_CONTROL_BYTES];
     memcpy(body, p, (size_t)len);
     memmove(c->rbuf, c->rbuf + used, c->rlen - used);
     c->rlen -= used;
-    if (op == 9) {
-      if (!c->close_sent) enqueue(c, ws_frame(c, 1, 10, body, (size_t)len), 1);
+    if (op == PRIMA_WS_PING) {
+      if (!c->close_sent) enqueue(c, ws_frame(c, 1, PRIMA_WS_PONG, body, (size_t)len), 1);
       flush(l, link);
-    } else if (op == 10) {
+    } else if (op == PRIMA_WS_PONG) {
       c->ping_outstanding = 0;
       c->ping_flushed_at = -1;
     } else {
       c->close_received = 1;
-      c->close_code = len >= 2 ? body[0] << 8 | body[1] : 1005;
-      size_t rl = len > 2 ? (size_t)len - 2 : 0;
-      memcpy(c->close_reason, body + 2, rl);
-      c->close_reason[rl] = 0;
+      c->close_code = prima_ws_read_close(body, (size_t)len, c->close_reason);
       /* Answer with the same code (ws does) and end once it is written. */
-      if (!c->close_sent) send_close(l, link, c->close_code == 1005 ? 1000 : c->close_code, "");
+      if (!c->close_sent) send_close(l, link, c->close_code == PRIMA_WS_NO_STATUS ? 1000 : c->close_code, "");
       else flush(l, link);
       return -1;
     }
@@ -658,7 +621,7 @@ static void tick(prima_lane *l, int link, double now) {
   if (!c->ping_outstanding && !c->close_sent && now - c->last_heard >= l->cfg.quiet_ms) {
     c->ping_outstanding = 1;
     c->ping_flushed_at = -1;
-    chunk *k = ws_frame(c, 1, 9, NULL, 0);
+    chunk *k = ws_frame(c, 1, PRIMA_WS_PING, NULL, 0);
     if (k) k->ping = 1;
     enqueue(c, k, 1);
     flush(l, link);

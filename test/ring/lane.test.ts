@@ -222,6 +222,11 @@ describe("native lane", () => {
       const { deadAfterMs: __, ...noTiming } = good;
       expect(() => startNativeLane(model.native, [w], [0], noTiming as typeof good, () => {})).toThrow(/options\.deadAfterMs must be a number of ms/);
       expect(() => startNativeLane(model.native, [w], [0], { ...good, cycles: 0 }, () => {})).toThrow(/options\.cycles must be a whole number from 1/);
+      // Another kind of native object where a model or a window belongs is refused, not read as one.
+      const asAny = (x: unknown) => x as typeof w;
+      expect(() => startNativeLane(model.native, [asAny(model.native)], [0], good, () => {})).toThrow(/windows must be open windows of this model/);
+      expect(() => startNativeLane(asAny(w) as unknown as typeof model.native, [w], [0], good, () => {})).toThrow(/not a NativeModel/);
+      expect(() => startNativeLane(model.native, [asAny({})], [0], good, () => {})).toThrow(/windows must be open windows of this model/);
       const lane = startNativeLane(model.native, [w], [0], good, () => {});
       lane.stop();
     } finally {
