@@ -23,7 +23,7 @@ import { ConversationTokens, type PromptRenderer } from "./prompt.js";
 import { RequestGuard, type GuardOptions } from "./http-guard.js";
 import { Constraints, planStructured, type StructuredPlan } from "./structured.js";
 import { closingStart, type GrammarConstraint } from "../grammar/index.js";
-import type { ReplyEvent } from "../tools/index.js";
+import type { ReasoningFormat, ReplyEvent } from "../tools/index.js";
 import type { Pooling } from "../engine/index.js";
 import { EMBEDDING_PATHS, embeddingErrorBody, serveEmbeddings } from "./embeddings.js";
 
@@ -39,6 +39,8 @@ export interface ApiServerOptions extends GuardOptions, Served {
   readonly nPredict?: number;
   /** serve --pooling (embeddings.ts); undefined: the model file's, else last. */
   readonly pooling?: Pooling;
+  /** serve --reasoning-format: the model's reasoning apart from its answer (auto, the default) or left in it (none). */
+  readonly reasoningFormat?: ReasoningFormat;
   /** Past the context: shift it (serve --keep, --no-context-shift). */
   readonly contextShift?: boolean;
   readonly nKeep?: number;
@@ -392,8 +394,8 @@ export class ApiServer {
       ask = parsed;
       const p = ask.request;
       const chat = p.kind === "chat";
-      const template = chat && p.tools ? this.o.prompts.chat : undefined;
-      plan = planStructured(p, template?.source, template?.isFallback ?? false);
+      const template = chat ? this.templateSource() : undefined;
+      plan = planStructured(p, template, template === undefined, this.o.reasoningFormat);
       if (ask.promptIds) ids = ask.promptIds;
       else {
         try {
@@ -436,7 +438,7 @@ export class ApiServer {
     const decoder = new StreamingDecoder(tok);
     const stops = new StopMatcher(p.stop);
     let text = "";
-    const parser = plan.parser();
+    const parser = plan.parser(promptText);
     // Tokens generated since the last piece was handed on (a piece held back for a stop string or a
     // split character waits for the next token).
     let pending: number[] = [];
@@ -519,7 +521,7 @@ export class ApiServer {
         (constraint && constraint.steps > 0 ? `, the constraint ${(constraint.ms / constraint.steps).toFixed(2)} ms/token` : "");
       this.o.log(`${tag}: ${ids.length} prompt tokens (${out.cachedTokens} cached) + ${r.ids.length} generated (${finish}) in ${Math.round(total)} ms, ${Math.round(out.queueMs)} of them queued${speed}`);
       w.finish({
-        content: reply ? reply.content : text, calls, finish,
+        content: reply ? reply.content : text, reasoning: reply?.reasoning ?? null, calls, finish,
         stopType: stops.stopped ? "word" : r.stopReason === "end" ? "eos" : "limit", stoppingWord: stops.word,
         prompt: ids, generated: r.ids, usage: u, logprobs: entries,
         ms: { queue: out.queueMs, prompt: promptMs, eval: Math.max(0, total - out.queueMs - promptMs), total },

@@ -331,8 +331,13 @@ export function parseChatRequest(body: unknown, limits: RequestLimits = {}): Par
     const msg = raw as Json;
     if (typeof msg !== "object" || msg === null) throw bad(`messages[${i}]`, "must be an object");
     if (typeof msg.role !== "string" || !ROLES.has(msg.role)) throw bad(`messages[${i}].role`, `must be one of ${[...ROLES].join(", ")}`);
-    const out: ChatMessage & { tool_calls?: unknown; tool_call_id?: string; name?: string } = { role: msg.role, content: contentText(msg.content, i) };
+    const out: ChatMessage & { tool_calls?: unknown; tool_call_id?: string; name?: string; reasoning_content?: string } = { role: msg.role, content: contentText(msg.content, i) };
     if (msg.role === "assistant" && msg.tool_calls !== undefined && msg.tool_calls !== null) out.tool_calls = messageToolCalls(msg.tool_calls, i);
+    // An earlier reply's reasoning, as this server (and llama-server) gave it: templates that keep it read it.
+    if (msg.role === "assistant" && msg.reasoning_content !== undefined && msg.reasoning_content !== null) {
+      if (typeof msg.reasoning_content !== "string") throw bad(`messages[${i}].reasoning_content`, "must be a string");
+      out.reasoning_content = msg.reasoning_content;
+    }
     if (msg.role === "tool") {
       if (msg.tool_call_id !== undefined && typeof msg.tool_call_id !== "string") throw bad(`messages[${i}].tool_call_id`, "must be a string");
       if (typeof msg.tool_call_id === "string") out.tool_call_id = msg.tool_call_id;
@@ -446,9 +451,10 @@ export class ResponseShaper {
     return { id: this.id, object, created: this.created, model: this.model, system_fingerprint: "prima" };
   }
 
-  full(text: string | null, finish: FinishReason, u: Usage, toolCalls: readonly ToolCall[] = [], logprobs: Logprobs = null) {
+  full(text: string | null, finish: FinishReason, u: Usage, toolCalls: readonly ToolCall[] = [], logprobs: Logprobs = null, reasoning: string | null = null) {
     const calls = toolCalls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } }));
-    const message = { role: "assistant", content: text, ...(calls.length ? { tool_calls: calls } : {}) };
+    // The reasoning as llama-server gives it (reasoning_content), only when there is some.
+    const message = { role: "assistant", content: text, ...(reasoning ? { reasoning_content: reasoning } : {}), ...(calls.length ? { tool_calls: calls } : {}) };
     return this.kind === "chat"
       ? { ...this.base("chat.completion"), choices: [{ index: 0, message, logprobs, finish_reason: finish }], usage: u }
       : { ...this.base("text_completion"), choices: [{ index: 0, text, logprobs, finish_reason: finish }], usage: u };
@@ -456,9 +462,9 @@ export class ResponseShaper {
 
   /** A stream chunk: text (the first chat chunk also carries the role), or the finish reason; with the
    * log probabilities of the tokens it carries. */
-  chunk(text: string | null, finish: FinishReason | null, first = false, logprobs: Logprobs = null) {
+  chunk(text: string | null, finish: FinishReason | null, first = false, logprobs: Logprobs = null, field: "content" | "reasoning_content" = "content") {
     if (this.kind === "chat") {
-      const delta = text === null ? {} : first ? { role: "assistant", content: text } : { content: text };
+      const delta = text === null ? {} : first ? { role: "assistant", [field]: text } : { [field]: text };
       return { ...this.base("chat.completion.chunk"), choices: [{ index: 0, delta, logprobs, finish_reason: finish }] };
     }
     return { ...this.base("text_completion"), choices: [{ index: 0, text: text ?? "", logprobs, finish_reason: finish }] };
@@ -573,7 +579,7 @@ class OpenAiWriter implements ReplyWriter {
     if (!this.p.stream) return;
     let lp = this.format(logprobs);
     for (const e of events) {
-      if (e.kind === "content") this.write(this.shaper.chunk(e.text, null, this.first, lp));
+      if (e.kind === "content" || e.kind === "reasoning") this.write(this.shaper.chunk(e.text, null, this.first, lp, e.kind === "content" ? "content" : "reasoning_content"));
       else this.write(this.shaper.toolChunk(e.index, e.kind === "call" ? e : { arguments: e.text }, this.first, lp));
       lp = null;
     }
@@ -581,7 +587,7 @@ class OpenAiWriter implements ReplyWriter {
 
   finish(f: Finished): void {
     if (!this.p.stream) {
-      sendJson(this.res, 200, this.shaper.full(f.content, f.finish, f.usage, f.calls, f.logprobs ? formatLogprobs(this.p.kind, f.logprobs, this.piece) : null));
+      sendJson(this.res, 200, this.shaper.full(f.content, f.finish, f.usage, f.calls, f.logprobs ? formatLogprobs(this.p.kind, f.logprobs, this.piece) : null, f.reasoning));
       return;
     }
     if (this.first && this.p.kind === "chat") this.write(this.shaper.chunk("", null, true));

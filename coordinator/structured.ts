@@ -4,7 +4,7 @@
 // instructions and earlier calls and results as plain turns), and how the reply is read back.
 import { GrammarError, GrammarSet, SchemaError, type ConstraintSpec, type GrammarConstraint } from "../grammar/index.js";
 import type { ChatMessage, Tokenizer } from "../model/index.js";
-import { ToolCallParser, detectFormat, genericToolPrompt, toolGrammar, type CallFormat } from "../tools/index.js";
+import { detectFormat, detectReasoning, genericToolPrompt, replyParser, toolGrammar, type CallFormat, type ReasoningFormat, type ReplyParser } from "../tools/index.js";
 import { ApiError, type ParsedRequest } from "./openai.js";
 
 export interface StructuredPlan {
@@ -12,29 +12,45 @@ export interface StructuredPlan {
   readonly messages: readonly ChatMessage[];
   readonly templateTools?: readonly unknown[];
   readonly spec?: ConstraintSpec;
-  /** Reads calls out of the reply (tools given and not "none"). */
-  parser(): ToolCallParser | undefined;
+  /** Reads the reply's calls and reasoning out of its text as it streams, given the rendered prompt
+   * (undefined: the text is all content). */
+  parser(promptText: string | undefined): ReplyParser | undefined;
 }
 
 /** Works out the plan for a parsed chat or completion request under this template. */
-export function planStructured(p: ParsedRequest, templateSource: string | undefined, templateIsFallback: boolean): StructuredPlan {
-  const messages = p.messages ?? [];
+export function planStructured(p: ParsedRequest, templateSource: string | undefined, templateIsFallback: boolean, reasoningFormat: ReasoningFormat = "auto"): StructuredPlan {
+  const reasoning = p.kind === "chat" && !templateIsFallback ? detectReasoning(templateSource) : undefined;
+  const split = reasoningFormat !== "none";
+  const messages = reasoning === "harmony" ? harmonyMessages(p.messages ?? []) : p.messages ?? [];
+  const textOnly = (promptText: string | undefined) => replyParser({ names: [], reasoning, split, promptText });
   if (p.responseFormat) {
     const spec: ConstraintSpec = p.responseFormat.kind === "json-object" ? { kind: "json-object" } : { kind: "json-schema", schema: p.responseFormat.schema };
-    return { messages, spec, parser: () => undefined };
+    return { messages, spec, parser: textOnly };
   }
-  if (!p.tools || p.tools.length === 0) return { messages, parser: () => undefined };
+  if (!p.tools || p.tools.length === 0) return { messages, parser: textOnly };
   const format: CallFormat = templateIsFallback ? detectFormat(undefined) : detectFormat(templateSource);
   const choice = p.toolChoice ?? "auto";
   const tag = toolGrammar(format, p.tools, choice, p.parallelToolCalls ?? true);
   const spec: ConstraintSpec | undefined = tag === undefined ? undefined : { kind: "structural-tag", tag };
   const names = p.tools.map((t) => t.name);
-  const parser = () => (choice === "none" ? undefined : new ToolCallParser(format, names));
+  const parser = (promptText: string | undefined) => replyParser({ format: choice === "none" ? undefined : format, names, reasoning, split, promptText });
   if (format.name !== "generic") {
     const templateTools = p.tools.map((t) => ({ type: "function", function: { name: t.name, description: t.description ?? "", parameters: t.parameters } }));
     return { messages, templateTools, spec, parser };
   }
   return { messages: genericMessages(messages, genericToolPrompt(p.tools, choice)), spec, parser };
+}
+
+/** gpt-oss's template reads an earlier turn's reasoning as `thinking` (it keeps it for a turn that
+ * called a tool, until a final answer follows) and refuses a turn with both content and thinking beside
+ * calls: the content gives way, as llama.cpp's gpt-oss handler does. */
+function harmonyMessages(messages: readonly ChatMessage[]): ChatMessage[] {
+  return messages.map((m) => {
+    if (m.role !== "assistant" || typeof m.reasoning_content !== "string" || m.reasoning_content === "") return m;
+    const { reasoning_content: thinking, ...rest } = m;
+    const calls = m.tool_calls as unknown[] | undefined;
+    return calls?.length ? { ...rest, content: "", thinking } : { ...rest, thinking };
+  });
 }
 
 /** Earlier calls and results as turns any template renders: calls as the generic format's JSON lines,

@@ -5,7 +5,7 @@
 // reply described to the model in a system message.
 import { randomBytes } from "node:crypto";
 
-export type FormatName = "hermes" | "llama3" | "mistral" | "generic";
+export type FormatName = "hermes" | "llama3" | "mistral" | "harmony" | "generic";
 
 export interface ToolDef {
   readonly name: string;
@@ -58,6 +58,14 @@ export const FORMATS: Readonly<Record<FormatName, CallFormat>> = {
     name: "mistral", trigger: "[TOOL_CALLS]", begin: (fn) => `[TOOL_CALLS][{"name": ${JSON.stringify(fn)}, "arguments": `, end: "}]",
     separator: "", parallel: false, newId: () => alnum(9),
   },
+  // gpt-oss (OpenAI's harmony format): a message to a function on the commentary channel, its arguments
+  // JSON, ended by <|call|> (an end-of-generation token, so no text of its own); one call per reply, as
+  // the template renders them. The model may also name the function in the role header instead; the
+  // parser (harmony.ts) reads both, the grammar writes this one.
+  harmony: {
+    name: "harmony", trigger: "<|channel|>commentary to=functions.", begin: (fn) => `<|channel|>commentary to=functions.${fn} <|constrain|>json<|message|>`, end: "",
+    separator: "", parallel: false, newId: openAiId,
+  },
   // Templates with no tool support: {"tool_call": {"name": ..., "arguments": {...}}} per line, or {"response": "..."}.
   generic: {
     name: "generic", trigger: "{\"tool_call\": ", begin: (fn) => `{"tool_call": {"name": ${JSON.stringify(fn)}, "arguments": `, end: "}}",
@@ -68,6 +76,8 @@ export const FORMATS: Readonly<Record<FormatName, CallFormat>> = {
 /** The format a chat template's model writes its calls in. */
 export function detectFormat(templateSource: string | undefined): CallFormat {
   const s = templateSource ?? "";
+  // gpt-oss's template describes its tools in its own way; its channels are its mark (as chat.cpp finds it).
+  if (s.includes("<|channel|>")) return FORMATS.harmony;
   if (!/\btools\b/.test(s)) return FORMATS.generic;
   if (s.includes("<tool_call>")) return FORMATS.hermes;
   if (s.includes("[TOOL_CALLS]")) return FORMATS.mistral;
