@@ -395,11 +395,11 @@ export class ApiServer {
       const p = ask.request;
       const chat = p.kind === "chat";
       const template = chat ? this.templateSource() : undefined;
-      plan = planStructured(p, template, template === undefined, this.o.reasoningFormat);
+      plan = planStructured(p, template, template === undefined, p.reasoningFormat ?? this.o.reasoningFormat);
       if (ask.promptIds) ids = ask.promptIds;
       else {
         try {
-          promptText = chat ? this.o.prompts.chatText(plan.messages, plan.templateTools) : p.prompt!;
+          promptText = chat ? this.o.prompts.chatText(plan.messages, plan.templateTools, p.templateVars) : p.prompt!;
           ids = this.conversations.ids(scope, promptText).ids;
         } catch (e) {
           throw new ApiError(400, `the prompt could not be rendered: ${(e as Error).message}`, "invalid_request_error", "invalid_prompt");

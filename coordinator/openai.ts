@@ -7,6 +7,7 @@ import { Sampler, SamplerError, type SamplerOptions, type StepLogprobs } from ".
 import { SchemaError, checkSchema } from "../grammar/index.js";
 import type { ReplyEvent, ToolCall, ToolChoice, ToolDef } from "../tools/index.js";
 import type { ServerResponse } from "node:http";
+import { parseChatOptions, type ChatOptions } from "./chat-options.js";
 import { sendJson, type Dialect, type Finished, type GenerationAsk, type ReplyWriter, type Served } from "./http-reply.js";
 
 export class ApiError extends Error {
@@ -43,6 +44,9 @@ export interface ParsedRequest {
   readonly tools?: readonly ToolDef[];
   readonly toolChoice?: ToolChoice;
   readonly parallelToolCalls?: boolean;
+  /** Chat only: the template's variables and the reasoning split (chat-options.ts). */
+  readonly templateVars?: ChatOptions["templateVars"];
+  readonly reasoningFormat?: ChatOptions["reasoningFormat"];
   /** Log probabilities asked for: how many alternatives per token (chat: logprobs with top_logprobs;
    * completions: logprobs N). Undefined: none. */
   readonly logprobs?: number;
@@ -345,7 +349,7 @@ export function parseChatRequest(body: unknown, limits: RequestLimits = {}): Par
     if (typeof msg.name === "string") out.name = msg.name;
     return out;
   });
-  const parsed = { ...common(b, "chat", limits), messages, ...parseTools(b) };
+  const parsed = { ...common(b, "chat", limits), messages, ...parseTools(b), ...parseChatOptions(b) };
   if (parsed.tools && parsed.toolChoice !== "none" && parsed.responseFormat) {
     throw new ApiError(400, "response_format: cannot be combined with tools (use tool_choice \"none\", or leave one out)", "invalid_request_error", "unsupported_value", "response_format");
   }
