@@ -68,12 +68,15 @@ function refuseUnknown(b: Json, known: Set<string>, where: string): void {
 /** The fields every generation shares (options, format, think, keep_alive) as OpenAI-path fields. */
 function commonFields(b: Json, ctx: number): Json {
   const out: Json = { model: b.model, stream: optBool(b, "stream") ?? true };
-  // think: the reply's thinking comes apart from its content whatever it is (serve --reasoning-format);
-  // false asks the template not to think (enable_thinking), a level sets gpt-oss's reasoning effort.
+  // think: true or a level (gpt-oss's reasoning effort) gives the thinking apart from the content
+  // (message.thinking); false asks the template not to think (enable_thinking); unset: serve's
+  // --reasoning-format decides.
   const think = b.think;
   if (think === false) out.chat_template_kwargs = { enable_thinking: false };
-  else if (think === "low" || think === "medium" || think === "high") out.reasoning_effort = think;
-  else if (think !== undefined && think !== null && think !== true) throw bad("think", "must be true, false, \"low\", \"medium\" or \"high\"");
+  else if (think === true || think === "low" || think === "medium" || think === "high") {
+    out.reasoning_format = "auto";
+    if (think !== true) out.reasoning_effort = think;
+  } else if (think !== undefined && think !== null) throw bad("think", "must be true, false, \"low\", \"medium\" or \"high\"");
   // keep_alive: the model stays loaded for as long as serve runs, whatever a client asks.
   const ka = b.keep_alive;
   if (ka !== undefined && ka !== null && typeof ka !== "string" && typeof ka !== "number") throw bad("keep_alive", "must be a duration such as \"5m\" or a number of seconds");

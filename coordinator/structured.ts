@@ -25,7 +25,8 @@ export function planStructured(p: ParsedRequest, templateSource: string | undefi
   const textOnly = (promptText: string | undefined) => replyParser({ names: [], reasoning, split, promptText });
   if (p.responseFormat) {
     const spec: ConstraintSpec = p.responseFormat.kind === "json-object" ? { kind: "json-object" } : { kind: "json-schema", schema: p.responseFormat.schema };
-    return { messages, spec, parser: textOnly };
+    // The grammar holds from the first token: no <think> block the template opened is being written.
+    return { messages, spec, parser: () => textOnly(undefined) };
   }
   if (!p.tools || p.tools.length === 0) return { messages, parser: textOnly };
   const format: CallFormat = templateIsFallback ? detectFormat(undefined) : detectFormat(templateSource);
@@ -33,7 +34,11 @@ export function planStructured(p: ParsedRequest, templateSource: string | undefi
   const tag = toolGrammar(format, p.tools, choice, p.parallelToolCalls ?? true);
   const spec: ConstraintSpec | undefined = tag === undefined ? undefined : { kind: "structural-tag", tag };
   const names = p.tools.map((t) => t.name);
-  const parser = (promptText: string | undefined) => replyParser({ format: choice === "none" ? undefined : format, names, reasoning, split, promptText });
+  // With a grammar from the first token (calls required, or the generic format's JSON reply) the reply
+  // starts outside any <think> block the template opened.
+  const fromFirst = tag !== undefined && (choice !== "auto" || format.name === "generic");
+  const parser = (promptText: string | undefined) =>
+    replyParser({ format: choice === "none" ? undefined : format, names, reasoning, split, promptText: fromFirst ? undefined : promptText });
   if (format.name !== "generic") {
     const templateTools = p.tools.map((t) => ({ type: "function", function: { name: t.name, description: t.description ?? "", parameters: t.parameters } }));
     return { messages, templateTools, spec, parser };

@@ -7,8 +7,8 @@
 // ( to=functions.NAME<|channel|>commentary json). These are the shapes llama.cpp's gpt-oss parser
 // accepts (common/parsers/gpt-oss.cpp), stray "<|channel|>commentary to=assistant" prefixes included;
 // a call to a recipient that is not a given function (the model's built-in browser or python) is
-// dropped, as there. Output with no harmony header at all (JSON forced from the first token) is
-// content as it is.
+// dropped, as there. Text outside any message (JSON forced from the first token, a tiny model's words)
+// is content as it is, up to where a message begins.
 import { FORMATS } from "./format.js";
 import type { ReplyEvent, ReplyParser, ToolCall } from "./parse.js";
 
@@ -18,6 +18,8 @@ const ANALYSIS = "<|channel|>analysis<|message|>";
 const TERMINATORS = ["<|end|>", "<|call|>", "<|return|>"];
 /** How a header may begin: a new message's role, its channel, or a recipient in the role header. */
 const HEADER_STARTS = ["<|start|>", "<|channel|>", " to="];
+/** Where a message may begin in text outside one (" to=" is too common in text to count there). */
+const RESUME = ["<|start|>", "<|channel|>"];
 /** Longer than any header the format has: past it without <|message|>, the text is not a header. */
 const MAX_HEADER = 512;
 
@@ -47,6 +49,8 @@ export class HarmonyParser implements ReplyParser {
   private buf = "";
   private content = "";
   private reasoning = "";
+  /** A call's arguments so far: their nesting depth, inside a string, after a backslash, begun. */
+  private json = { depth: 0, inString: false, escaped: false, started: false };
 
   /**
    * @param names the functions a call may name (none: calls are dropped, as with tool_choice none)
@@ -97,15 +101,33 @@ export class HarmonyParser implements ReplyParser {
   /** One move; false when it needs more text. */
   private step(out: ReplyEvent[]): boolean {
     switch (this.state) {
-      case "plain":
-        this.emit(this.buf, out);
-        this.buf = "";
+      case "plain": {
+        // Text outside any message, up to where a message may begin (a call the grammar let through
+        // after free text, with tool_choice auto).
+        let at = -1;
+        for (const h of RESUME) {
+          const i = this.buf.indexOf(h);
+          if (i >= 0 && (at < 0 || i < at)) at = i;
+        }
+        if (at >= 0) {
+          this.emit(this.buf.slice(0, at), out);
+          this.buf = this.buf.slice(at);
+          this.state = "head";
+          return true;
+        }
+        const hold = heldBack(this.buf, RESUME);
+        this.emit(this.buf.slice(0, this.buf.length - hold), out);
+        this.buf = this.buf.slice(this.buf.length - hold);
         return false;
+      }
       case "head": {
         const at = this.buf.indexOf(MESSAGE);
         const header = at < 0 ? this.buf : this.buf.slice(0, at);
         if (!mayBeHeader(header)) {
+          // Not a header after all: its first character is content, the rest is read afresh.
           this.state = "plain";
+          this.emit(this.buf[0], out);
+          this.buf = this.buf.slice(1);
           return true;
         }
         if (at < 0) return false;
@@ -115,6 +137,7 @@ export class HarmonyParser implements ReplyParser {
         return true;
       }
       case "body": {
+        if (this.body.kind === "call") return this.stepArguments(out);
         let at = -1;
         let end = "";
         for (const t of TERMINATORS) {
@@ -136,6 +159,50 @@ export class HarmonyParser implements ReplyParser {
     }
   }
 
+  /** A call's arguments: they end where their JSON value closes (strings and escapes followed, so an
+   * end marker inside a string is text), or at an end marker outside a string; what follows the value
+   * up to the end marker is no part of them. */
+  private stepArguments(out: ReplyEvent[]): boolean {
+    const j = this.json;
+    for (let i = 0; i < this.buf.length; i++) {
+      const c = this.buf[i];
+      if (j.inString) {
+        if (j.escaped) j.escaped = false;
+        else if (c === "\\") j.escaped = true;
+        else if (c === "\"") j.inString = false;
+        continue;
+      }
+      if (c === "<") {
+        const rest = this.buf.slice(i);
+        const end = TERMINATORS.find((t) => rest.startsWith(t));
+        if (end) {
+          this.emit(this.buf.slice(0, i), out);
+          this.buf = rest.slice(end.length);
+          this.state = "head";
+          return true;
+        }
+        if (TERMINATORS.some((t) => t.startsWith(rest))) {
+          this.emit(this.buf.slice(0, i), out);
+          this.buf = rest;
+          return false;
+        }
+      }
+      if (c === "\"") j.inString = true;
+      else if (c === "{" || c === "[") j.depth++;
+      else if (c === "}" || c === "]") j.depth--;
+      if (!/\s/.test(c)) j.started = true;
+      if (j.started && j.depth === 0 && !j.inString && (c === "}" || c === "]" || c === "\"")) {
+        this.emit(this.buf.slice(0, i + 1), out);
+        this.buf = this.buf.slice(i + 1);
+        this.body = { kind: "drop" };
+        return true;
+      }
+    }
+    this.emit(this.buf, out);
+    this.buf = "";
+    return false;
+  }
+
   /** What the message with this header is: its last channel and its first recipient that is not the assistant. */
   private openBody(header: string, out: ReplyEvent[]): void {
     const channels = [...header.matchAll(/<\|channel\|>([A-Za-z0-9_.-]*)/g)].map((m) => m[1]);
@@ -150,6 +217,7 @@ export class HarmonyParser implements ReplyParser {
       const id = FORMATS.harmony.newId();
       this.calls.push({ id, name, arguments: "" });
       this.body = { kind: "call", index: this.calls.length - 1 };
+      this.json = { depth: 0, inString: false, escaped: false, started: false };
       out.push({ kind: "call", index: this.calls.length - 1, id, name });
       return;
     }

@@ -30,7 +30,8 @@ function parse(o: ReplyParserOptions, text: string): Parsed {
     events.push(...end.events);
     const r: Parsed = { content: end.content, reasoning: end.reasoning, calls: p.calls.map((c) => [c.name, c.arguments]) };
     const joined = (kind: string) => events.filter((e) => e.kind === kind).map((e) => (e as { text: string }).text).join("");
-    expect(joined("content"), `size ${size}`).toBe(r.content ?? "");
+    // beside calls the content is trimmed as a whole (a stream has sent its whitespace already)
+    expect(r.calls.length > 0 ? joined("content").trim() : joined("content"), `size ${size}`).toBe(r.content ?? "");
     expect(joined("reasoning"), `size ${size}`).toBe(r.reasoning ?? "");
     for (const [i, c] of p.calls.entries()) {
       expect(events.filter((e) => e.kind === "call" && e.index === i)).toHaveLength(1);
@@ -107,7 +108,15 @@ describe("gpt-oss's harmony replies, as llama.cpp's gpt-oss tests read them", ()
   });
 
   it("output with no harmony header (JSON forced from the first token, a tiny model's words) is content as it is", () => {
-    for (const text of ["{\"a\": 1}", "Once upon a time <|end|> there", ""]) expect(parse(tools, text)).toEqual({ content: text, reasoning: null, calls: [] });
+    for (const text of ["{\"a\": 1}", "Once upon a time <|end|> there", "a <|chan", ""]) expect(parse(tools, text)).toEqual({ content: text, reasoning: null, calls: [] });
+    // a call after free text (the grammar's trigger, with tool_choice auto)
+    expect(parse(tools, `Once upon a time ${FORMATS.harmony.begin("special_function")}{"arg1": 1}`)).toEqual({ content: "Once upon a time", reasoning: null, calls: [CALL] });
+  });
+
+  it("a call's arguments end where their JSON closes: an end marker inside a string is text", () => {
+    const args = "{\"s\": \"a<|end|>b \\\"<|call|>\"}";
+    expect(parse(tools, `<|channel|>commentary to=functions.edit <|constrain|>json<|message|>${args}<|call|>`)).toEqual({ content: null, reasoning: null, calls: [["edit", args]] });
+    expect(parse(tools, `<|channel|>commentary to=functions.edit<|message|>${args} <|end|><|start|>assistant<|channel|>final<|message|>ok`)).toEqual({ content: "ok", reasoning: null, calls: [["edit", args]] });
   });
 });
 
