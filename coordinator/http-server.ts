@@ -410,7 +410,7 @@ export class ApiServer {
       if (ids.length >= ctx) {
         throw new ApiError(400, `the prompt has ${ids.length} tokens; the context holds ${ctx}, and at least one must be left to generate`, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt");
       }
-      if (plan.spec) constraint = await this.constraints.start(plan.spec);
+      if (plan.spec) constraint = await this.constraints.start(plan.spec, plan.param);
     } catch (e) {
       this.outcomes.invalid++;
       if (e instanceof ApiError) {

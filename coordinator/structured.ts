@@ -4,7 +4,7 @@
 // instructions and earlier calls and results as plain turns), and how the reply is read back.
 import { GrammarError, GrammarSet, SchemaError, type ConstraintSpec, type GrammarConstraint } from "../grammar/index.js";
 import type { ChatMessage, Tokenizer } from "../model/index.js";
-import { detectFormat, detectReasoning, genericToolPrompt, replyParser, toolGrammar, type CallFormat, type ReasoningFormat, type ReplyParser } from "../tools/index.js";
+import { FORMATS, answerGrammar, detectFormat, detectReasoning, genericToolPrompt, replyParser, toolGrammar, type CallFormat, type ReasoningFormat, type ReplyParser } from "../tools/index.js";
 import { ApiError, type ParsedRequest } from "./openai.js";
 
 export interface StructuredPlan {
@@ -12,6 +12,8 @@ export interface StructuredPlan {
   readonly messages: readonly ChatMessage[];
   readonly templateTools?: readonly unknown[];
   readonly spec?: ConstraintSpec;
+  /** The request's field the grammar comes from, as a refusal names it. */
+  readonly param?: "response_format" | "tools";
   /** Reads the reply's calls and reasoning out of its text as it streams, given the rendered prompt
    * (undefined: the text is all content). */
   parser(promptText: string | undefined): ReplyParser | undefined;
@@ -24,9 +26,13 @@ export function planStructured(p: ParsedRequest, templateSource: string | undefi
   const messages = reasoning === "harmony" ? harmonyMessages(p.messages ?? []) : p.messages ?? [];
   const textOnly = (promptText: string | undefined) => replyParser({ names: [], reasoning, split, promptText });
   if (p.responseFormat) {
-    const spec: ConstraintSpec = p.responseFormat.kind === "json-object" ? { kind: "json-object" } : { kind: "json-schema", schema: p.responseFormat.schema };
+    const rf = p.responseFormat;
+    // gpt-oss answers a schema in its final channel's JSON message; other models (and JSON mode, whose
+    // any-object grammar is the engine's own) with the bare JSON.
+    const tag = reasoning === "harmony" && rf.kind === "json-schema" ? answerGrammar(FORMATS.harmony, rf.schema) : undefined;
+    const spec: ConstraintSpec = tag !== undefined ? { kind: "structural-tag", tag } : rf.kind === "json-object" ? { kind: "json-object" } : { kind: "json-schema", schema: rf.schema };
     // The grammar holds from the first token: no <think> block the template opened is being written.
-    return { messages, spec, parser: () => textOnly(undefined) };
+    return { messages, spec, param: "response_format", parser: () => textOnly(undefined) };
   }
   if (!p.tools || p.tools.length === 0) return { messages, parser: textOnly };
   const format: CallFormat = templateIsFallback ? detectFormat(undefined) : detectFormat(templateSource);
@@ -85,7 +91,7 @@ export class Constraints {
   constructor(private readonly tok: Tokenizer) {}
 
   /** A matcher for the spec; a grammar the engine refuses is a 400. */
-  async start(spec: ConstraintSpec): Promise<GrammarConstraint> {
+  async start(spec: ConstraintSpec, param: string = spec.kind === "structural-tag" ? "tools" : "response_format"): Promise<GrammarConstraint> {
     // A setup that failed (the engine's thread died or hung) is tried afresh by the next request.
     this.set ??= GrammarSet.forTokenizer(this.tok).catch((e: unknown) => {
       this.set = undefined;
@@ -96,7 +102,6 @@ export class Constraints {
       return await set.constraint(spec);
     } catch (e) {
       if (e instanceof SchemaError || e instanceof GrammarError) {
-        const param = spec.kind === "structural-tag" ? "tools" : "response_format";
         throw new ApiError(400, `${param}: ${e.message}`, "invalid_request_error", "unsupported_schema", param);
       }
       throw e;

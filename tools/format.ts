@@ -108,6 +108,16 @@ export function toolGrammar(f: CallFormat, tools: readonly ToolDef[], choice: To
   return { type: "structural_tag", format: { type: "triggered_tags", triggers: [f.trigger], tags, at_least_one: false, stop_after_first: stopAfterFirst } };
 }
 
+/** gpt-oss's structured answer: a final message constrained to JSON, as its template's models write
+ * one (llama.cpp's gpt-oss response-format rule, without the analysis before it). */
+export const HARMONY_FINAL_JSON = "<|channel|>final <|constrain|>json<|message|>";
+
+/** XGrammar's structural tag for a JSON answer in the format's own message (undefined: the bare JSON). */
+export function answerGrammar(f: CallFormat, schema: unknown): unknown {
+  if (f.name !== "harmony") return undefined;
+  return { type: "structural_tag", format: { type: "tag", begin: HARMONY_FINAL_JSON, content: { type: "json_schema", json_schema: schema }, end: "" } };
+}
+
 /** The system message that describes the tools and the generic format to a model whose template cannot. */
 export function genericToolPrompt(tools: readonly ToolDef[], choice: ToolChoice): string {
   const list = tools.map((t) => JSON.stringify({ name: t.name, description: t.description ?? "", parameters: t.parameters })).join("\n");

@@ -13,6 +13,7 @@ import { Ollama } from "ollama";
 import type OpenAI from "openai";
 import { Tokenizer, renderChat } from "../../dist/model/index.js";
 import { generateModel } from "../../dist/modelgen/index.js";
+import { HARMONY_FINAL_JSON } from "../../dist/tools/index.js";
 import { LLAMA_CPP_SOURCE } from "../global-setup.js";
 import { schemaErrors } from "../grammar/validate.js";
 import { tempDir } from "../helpers/temp.js";
@@ -109,6 +110,26 @@ describe("serve: gpt-oss's tool calls (harmony)", () => {
     }
     const none = await s.client.chat.completions.create({ messages: [{ role: "user", content: "x" }], tools: TOOLS, tool_choice: "none", max_tokens: 20 });
     expect(none.choices[0].message.tool_calls ?? []).toEqual([]);
+  });
+
+  it("response_format json_schema: the answer is gpt-oss's final JSON message, its content valid (ajv), streamed and not", async () => {
+    const schema = { type: "object", properties: { name: { type: "string", maxLength: 20 }, age: { type: "integer", minimum: 0, maximum: 120 } }, required: ["name", "age"], additionalProperties: false };
+    for (const temperature of [0, 1]) {
+      const body = { messages: [{ role: "user" as const, content: "Who are you?" }], temperature, seed: 4, max_tokens: MAX, response_format: { type: "json_schema" as const, json_schema: { name: "who", schema, strict: true } } };
+      const r = await s.client.chat.completions.create(body);
+      const text = r.choices[0].message.content!;
+      expect(r.choices[0].finish_reason, text).toBe("stop");
+      expect(text.startsWith("{"), text).toBe(true); // the harmony header is markup, not content
+      expect(schemaErrors(schema, JSON.parse(text)), text).toBe("");
+      const st = await streamed(s.client, body);
+      expect(schemaErrors(schema, JSON.parse(st.content)), st.content).toBe("");
+      if (temperature === 0) expect(st.content).toBe(text);
+    }
+    // what the model wrote, token by token (log probabilities list every generated token): the final
+    // message's header, then the JSON that is the content
+    const r = await s.client.chat.completions.create({ messages: [{ role: "user", content: "x" }], temperature: 0, max_tokens: MAX, logprobs: true, response_format: { type: "json_schema", json_schema: { name: "who", schema } } });
+    const written = Buffer.from(r.choices[0].logprobs!.content!.flatMap((t) => t.bytes!)).toString("utf8");
+    expect(written).toBe(`${HARMONY_FINAL_JSON}${r.choices[0].message.content}`);
   });
 
   it("a follow-up turn with the call (and its reasoning) and the tool's result renders through gpt-oss's own template", async () => {
