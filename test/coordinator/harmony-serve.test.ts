@@ -6,6 +6,7 @@
 // model's own template, token for token. The reasoning split end to end: the shipped model under QwQ's
 // template (which opens the <think> block itself) writes nothing but reasoning, which must come back
 // as reasoning_content / thinking, equal to the raw text that reasoning_format none returns.
+import { spawnSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -16,6 +17,7 @@ import { generateModel } from "../../dist/modelgen/index.js";
 import { HARMONY_FINAL_JSON } from "../../dist/tools/index.js";
 import { LLAMA_CPP_SOURCE } from "../global-setup.js";
 import { schemaErrors } from "../grammar/validate.js";
+import { root } from "../helpers/process.js";
 import { tempDir } from "../helpers/temp.js";
 import { killAll } from "../ring/cluster.js";
 import { startServe, type Served } from "./serve-harness.js";
@@ -158,6 +160,33 @@ describe("serve: gpt-oss's tool calls (harmony)", () => {
     const m = second.choices[0].message;
     for (const c of m.tool_calls ?? []) if (c.type === "function") expect(schemaErrors(schemaOf(c.function.name), JSON.parse(c.function.arguments))).toBe("");
     expect(m.content !== null || (m.tool_calls?.length ?? 0) > 0).toBe(true);
+  });
+
+  it("reasoning_effort and chat_template_kwargs reach the template (its prompt, token for token); bad values are refused by name", async () => {
+    const tok = Tokenizer.fromGguf(model);
+    const messages = [{ role: "user" as const, content: "hi" }];
+    const cases: [Record<string, unknown>, Record<string, unknown>][] = [
+      [{ reasoning_effort: "low" }, { reasoning_effort: "low" }],
+      [{ chat_template_kwargs: { reasoning_effort: "as long as it takes, and then some more" } }, { reasoning_effort: "as long as it takes, and then some more" }],
+    ];
+    for (const [field, vars] of cases) {
+      const r = await s.client.chat.completions.create({ messages, max_tokens: 1, ...field } as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming);
+      const text = renderChat(model, messages, { extra: vars });
+      expect(text).toContain(`Reasoning: ${vars.reasoning_effort as string}\n`);
+      expect(r.usage!.prompt_tokens).toBe(tok.encode(text, { addSpecial: true, parseSpecial: true }).length);
+    }
+    for (const [field, param] of [
+      [{ reasoning_format: "deepseek-legacy" }, "reasoning_format"], [{ reasoning_effort: "max" }, "reasoning_effort"],
+      [{ chat_template_kwargs: [1] }, "chat_template_kwargs"], [{ chat_template_kwargs: { enable_thinking: "no" } }, "chat_template_kwargs.enable_thinking"],
+    ] as const) {
+      const e = await s.client.chat.completions.create({ messages, max_tokens: 1, ...field } as OpenAI.Chat.ChatCompletionCreateParamsNonStreaming).then(() => undefined, (x: unknown) => x as { status: number; message: string });
+      expect(e?.status, JSON.stringify(field)).toBe(400);
+      expect(e?.message).toContain(`${param}: `);
+    }
+    // serve's flag: a value it does not know is a usage error naming it
+    const bad = spawnSync(process.execPath, [`${root}dist/coordinator/cli.js`, "serve", model, "--reasoning-format", "legacy"], { encoding: "utf8", timeout: 30_000 });
+    expect(bad.status).toBe(2);
+    expect(bad.stderr).toMatch(/--reasoning-format takes auto, deepseek, none, not "legacy"/);
   });
 });
 
