@@ -242,6 +242,10 @@ describe("serve: the reasoning split (a template that opens <think>)", () => {
     const plain = await ollama.chat({ ...ask, stream: false });
     expect(plain.message.thinking).toBeUndefined();
     expect(plain.message.content).toBe(rawText);
+    // /api/generate renders the prompt as a user turn: its thinking comes as `thinking`
+    const g = await ollama.generate({ model: "x", prompt: body.messages[0].content, think: true, stream: false, options: ask.options });
+    expect(g.thinking).toBe(thought);
+    expect(g.response).toBe("");
   });
 
   it("a call forced from the first token is no reasoning, though the template opened the block", async () => {
