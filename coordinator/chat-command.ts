@@ -10,11 +10,15 @@ import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, contextShiftFor, intArg, parseCl
 import { CancelledError } from "./queue.js";
 import { clusterFor, log, openHead } from "./head.js";
 import { ConversationTokens } from "./prompt.js";
+import { detectReasoning, replyParser, type ReplyEvent } from "../tools/index.js";
 
 const HELP = `usage: prima-coord chat model.gguf [options]
 
 A conversation in the terminal: type a message and press Enter. /reset starts over, /exit (or Ctrl-D)
 leaves; Ctrl-C stops a reply that is being written.
+
+The model's reasoning (gpt-oss's analysis, a <think> block) goes to stderr, its answer to stdout; only
+the answer joins the conversation, as the API's clients send it back.
 
       --system TEXT        system message
   -n, --n-predict N        most tokens per reply (default 512)
@@ -53,6 +57,7 @@ function printable(s: string): string {
 export async function chatWith(a: ClusterArgs & { system?: string; nPredict: number; port: number }): Promise<number> {
   const { model, tok, prompts } = openHead(a, "chatml");
   if (prompts.chat.isFallback) log(`the model has no chat template: using ${a.chatTemplate ?? "chatml"}`);
+  const reasoning = prompts.chat.isFallback ? undefined : detectReasoning(prompts.chat.source);
   const cluster = clusterFor(a, model, log);
   const rl = createInterface({ input: process.stdin, output: process.stdout, terminal: process.stdin.isTTY === true });
   let current: AbortController | undefined;
@@ -94,6 +99,14 @@ export async function chatWith(a: ClusterArgs & { system?: string; nPredict: num
       }
       const stream = new StreamingDecoder(tok);
       let reply = "";
+      const parser = replyParser({ names: [], reasoning, split: true, promptText });
+      const show = (events: readonly ReplyEvent[]) => {
+        for (const e of events) {
+          if (e.kind === "content") process.stdout.write(printable(e.text));
+          else if (e.kind === "reasoning") process.stderr.write(printable(e.text));
+        }
+      };
+      const write = (piece: string) => (parser ? show(parser.push(piece)) : process.stdout.write(printable(piece)));
       current = new AbortController();
       try {
         const out = await cluster.generate({
@@ -103,17 +116,21 @@ export async function chatWith(a: ClusterArgs & { system?: string; nPredict: num
           onToken: (id) => {
             const piece = stream.push(id);
             reply += piece;
-            process.stdout.write(printable(piece));
+            write(piece);
           },
         });
         const tail = stream.flush();
         reply += tail;
-        process.stdout.write(`${printable(tail)}\n`);
+        write(tail);
+        const parts = parser?.finish();
+        if (parts) show(parts.events);
+        if (parts?.reasoning) process.stderr.write("\n");
+        process.stdout.write("\n");
         const r = out.result;
         log(`${r.ids.length} tokens, ${r.decodeSteps > 0 ? (r.decodeSteps / (r.decodeMs / 1000)).toFixed(1) : "-"} tok/s, ` +
           `first token after ${(out.firstTokenMs ?? 0).toFixed(0)} ms (${out.cachedTokens} of ${ids.length} prompt tokens cached)`);
         conversation.remember("", promptText, ids, reply, r.ids);
-        messages.push({ role: "assistant", content: reply });
+        messages.push({ role: "assistant", content: parts ? parts.content ?? "" : reply });
       } catch (e) {
         conversation.forget("");
         if (e instanceof CancelledError) continue;

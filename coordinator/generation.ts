@@ -26,6 +26,8 @@ export interface GenerationContext {
   readonly conversations: ConversationTokens;
   readonly constraints: Constraints;
   healthy(): { ok: boolean; status: string };
+  /** The chat template's source, or undefined when the model has none (a fallback is used). */
+  templateSource(): string | undefined;
   jsonBody(req: IncomingMessage): Promise<unknown>;
 }
 
@@ -68,12 +70,12 @@ export class Generations {
       ask = parsed;
       const p = ask.request;
       const chat = p.kind === "chat";
-      const template = chat && p.tools ? this.c.o.prompts.chat : undefined;
-      plan = planStructured(p, template?.source, template?.isFallback ?? false);
+      const template = chat ? this.c.templateSource() : undefined;
+      plan = planStructured(p, template, template === undefined, p.reasoningFormat ?? this.c.o.reasoningFormat);
       if (ask.promptIds) ids = ask.promptIds;
       else {
         try {
-          promptText = chat ? this.c.o.prompts.chatText(plan.messages, plan.templateTools) : p.prompt!;
+          promptText = chat ? this.c.o.prompts.chatText(plan.messages, plan.templateTools, p.templateVars) : p.prompt!;
           ids = this.c.conversations.ids(scope, promptText).ids;
         } catch (e) {
           throw new ApiError(400, `the prompt could not be rendered: ${(e as Error).message}`, "invalid_request_error", "invalid_prompt");
@@ -84,7 +86,7 @@ export class Generations {
       if (ids.length >= ctx) {
         throw new ApiError(400, `the prompt has ${ids.length} tokens; the context holds ${ctx}, and at least one must be left to generate`, "invalid_request_error", "context_length_exceeded", chat ? "messages" : "prompt");
       }
-      if (plan.spec) constraint = await this.c.constraints.start(plan.spec);
+      if (plan.spec) constraint = await this.c.constraints.start(plan.spec, plan.param);
     } catch (e) {
       this.c.outcomes.invalid++;
       if (e instanceof ApiError) {
@@ -117,7 +119,7 @@ export class Generations {
     const maxTokens = shift ? Math.min(p.maxTokens ?? this.c.o.nPredict ?? room, this.c.o.nPredict ?? Infinity)
       : Math.min(p.maxTokens ?? room, this.c.o.nPredict ?? room, room);
     const sampler = new Sampler({ ...p.sampler, constraint, closeAfter: closingStart(maxTokens), logprobs: p.logprobs });
-    const reply = new ReplyStream(tok, p.stop, p.logprobs !== undefined, plan.parser(), w, sampler);
+    const reply = new ReplyStream(tok, p.stop, p.logprobs !== undefined, plan.parser(promptText), w, sampler);
     // Numbered as it is queued (cluster.generate queues synchronously), so the log shows the order.
     const tag = `request ${++this.received} (${w.id})`;
     const startedAt = performance.now();
@@ -154,7 +156,7 @@ export class Generations {
         (constraint && constraint.steps > 0 ? `, the constraint ${(constraint.ms / constraint.steps).toFixed(2)} ms/token` : "");
       this.c.o.log(`${tag}: ${ids.length} prompt tokens (${out.cachedTokens} cached) + ${r.ids.length} generated (${finish}) in ${Math.round(total)} ms, ${Math.round(out.queueMs)} of them queued${speed}`);
       w.finish({
-        content: parsed ? parsed.content : text, calls, finish,
+        content: parsed ? parsed.content : text, reasoning: parsed?.reasoning ?? null, calls, finish,
         stopType: stops.stopped ? "word" : r.stopReason === "end" ? "eos" : "limit", stoppingWord: stops.word,
         prompt: ids, generated: r.ids, usage: u, logprobs: entries,
         ms: { queue: out.queueMs, prompt: promptMs, eval: Math.max(0, total - out.queueMs - promptMs), total },

@@ -39,6 +39,8 @@ export interface GenerationAsk {
 export interface Finished {
   /** The reply's text (tool calls taken out; null when only calls came). */
   readonly content: string | null;
+  /** The model's reasoning apart from the content (chat, with the split on), null when there is none. */
+  readonly reasoning: string | null;
   readonly calls: readonly ToolCall[];
   readonly finish: FinishReason;
   /** As llama-server says it: the end token, a stop string, or the token limit. */

@@ -22,6 +22,7 @@ import { detokenize, llamaCompletionDialect, llamaErrorBody, props, slots, token
 import { ConversationTokens, type PromptRenderer } from "./prompt.js";
 import { RequestGuard, bodyTypeRefusal, type GuardOptions } from "./http-guard.js";
 import { Constraints } from "./structured.js";
+import type { ReasoningFormat } from "../tools/index.js";
 import type { Pooling } from "../engine/index.js";
 import { EMBEDDING_PATHS, embeddingErrorBody, serveEmbeddings } from "./embeddings.js";
 
@@ -37,6 +38,8 @@ export interface ApiServerOptions extends GuardOptions, Served {
   readonly nPredict?: number;
   /** serve --pooling (embeddings.ts); undefined: the model file's, else last. */
   readonly pooling?: Pooling;
+  /** serve --reasoning-format: the model's reasoning apart from its answer (auto, the default) or left in it (none). */
+  readonly reasoningFormat?: ReasoningFormat;
   /** Past the context: shift it (serve --keep, --no-context-shift). */
   readonly contextShift?: boolean;
   readonly nKeep?: number;
@@ -107,7 +110,7 @@ export class ApiServer {
     this.constraints = new Constraints(o.tok);
     this.generations = new Generations({
       o, outcomes: this.outcomes, conversations: this.conversations, constraints: this.constraints,
-      healthy: () => this.healthy(), jsonBody: (req) => this.jsonBody(req),
+      healthy: () => this.healthy(), jsonBody: (req) => this.jsonBody(req), templateSource: () => this.templateSource(),
     });
     this.server = createServer((req, res) => {
       this.handle(req, res).catch((e: unknown) => {

@@ -69,9 +69,15 @@ function refuseUnknown(b: Json, known: Set<string>, where: string): void {
 /** The fields every generation shares (options, format, think, keep_alive) as OpenAI-path fields. */
 function commonFields(b: Json, ctx: number): Json {
   const out: Json = { model: b.model, stream: optBool(b, "stream") ?? true };
-  if (b.think !== undefined && b.think !== null && b.think !== false) {
-    throw new ApiError(400, "think: this server does not separate the model's thinking from its answer", "invalid_request_error", "unsupported_parameter", "think");
-  }
+  // think: true or a level (gpt-oss's reasoning effort) gives the thinking apart from the content
+  // (message.thinking); false asks the template not to think (enable_thinking); unset: serve's
+  // --reasoning-format decides.
+  const think = b.think;
+  if (think === false) out.chat_template_kwargs = { enable_thinking: false };
+  else if (think === true || think === "low" || think === "medium" || think === "high") {
+    out.reasoning_format = "auto";
+    if (think !== true) out.reasoning_effort = think;
+  } else if (think !== undefined && think !== null) throw bad("think", "must be true, false, \"low\", \"medium\" or \"high\"");
   // keep_alive: the model stays loaded for as long as serve runs, whatever a client asks.
   const ka = b.keep_alive;
   if (ka !== undefined && ka !== null && typeof ka !== "string" && typeof ka !== "number") throw bad("keep_alive", "must be a duration such as \"5m\" or a number of seconds");
@@ -132,9 +138,10 @@ function chatMessages(raw: unknown): unknown[] {
       answered = 0;
     }
     const callId = msg.role === "tool" ? callIds[answered++] : undefined;
-    // An earlier reply's `thinking` is left out, as chat templates leave out a reply's reasoning.
+    // An earlier reply's `thinking` goes to the templates that keep it (gpt-oss's beside a call, Qwen3's in a tool loop).
+    const thinking = msg.role === "assistant" && typeof msg.thinking === "string" && msg.thinking ? { reasoning_content: msg.thinking } : {};
     return {
-      role: msg.role, content: msg.content ?? "", tool_calls: calls,
+      role: msg.role, content: msg.content ?? "", tool_calls: calls, ...thinking,
       ...(typeof msg.tool_name === "string" ? { name: msg.tool_name } : {}),
       ...(callId ? { tool_call_id: callId } : {}),
     };
@@ -207,10 +214,12 @@ class OllamaWriter implements ReplyWriter {
     return { logprobs: ollamaLogprobs(this.tok, entries) };
   }
 
-  private object(text: string, done: boolean, calls: readonly { name: string; arguments: string }[] = []): Json {
+  private object(text: string, done: boolean, calls: readonly { name: string; arguments: string }[] = [], thinking = ""): Json {
     const base = { model: this.model, created_at: new Date().toISOString() };
-    if (this.kind === "generate") return { ...base, response: text, done };
-    const message = { role: "assistant", content: text, ...(calls.length ? { tool_calls: calls.map(callOut) } : {}) };
+    // The model's thinking as Ollama gives it: message.thinking (/api/chat), thinking (/api/generate).
+    const thought = thinking ? { thinking } : {};
+    if (this.kind === "generate") return { ...base, response: text, ...thought, done };
+    const message = { role: "assistant", content: text, ...thought, ...(calls.length ? { tool_calls: calls.map(callOut) } : {}) };
     return { ...base, message, done };
   }
 
@@ -227,11 +236,12 @@ class OllamaWriter implements ReplyWriter {
   events(events: readonly ReplyEvent[], _ids: readonly number[], logprobs?: readonly TokenLogprobs[]): void {
     if (!this.p.stream) return;
     const text = events.map((e) => (e.kind === "content" ? e.text : "")).join("");
+    const thinking = events.map((e) => (e.kind === "reasoning" ? e.text : "")).join("");
     this.received += logprobs?.length ?? 0;
     this.held.push(...(logprobs ?? []));
     // Tokens of a call's text: their entries wait for the next line.
-    if (text) {
-      this.line({ ...this.object(text, false), ...this.logprobs(this.held) });
+    if (text || thinking) {
+      this.line({ ...this.object(text, false, [], thinking), ...this.logprobs(this.held) });
       this.held = [];
     }
   }
@@ -251,7 +261,7 @@ class OllamaWriter implements ReplyWriter {
     };
     const calls: readonly ToolCall[] = f.calls;
     if (!this.p.stream) {
-      sendJson(this.res, 200, { ...this.object(f.content ?? "", true, calls), ...end, ...this.logprobs(f.logprobs) });
+      sendJson(this.res, 200, { ...this.object(f.content ?? "", true, calls, f.reasoning ?? ""), ...end, ...this.logprobs(f.logprobs) });
       return;
     }
     // Entries not sent with text yet (a call's tokens, a character still incomplete) ride with the

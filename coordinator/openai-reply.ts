@@ -75,9 +75,10 @@ export class ResponseShaper {
     return { id: this.id, object, created: this.created, model: this.model, system_fingerprint: "prima" };
   }
 
-  full(text: string | null, finish: FinishReason, u: Usage, toolCalls: readonly ToolCall[] = [], logprobs: Logprobs = null) {
+  full(text: string | null, finish: FinishReason, u: Usage, toolCalls: readonly ToolCall[] = [], logprobs: Logprobs = null, reasoning: string | null = null) {
     const calls = toolCalls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } }));
-    const message = { role: "assistant", content: text, ...(calls.length ? { tool_calls: calls } : {}) };
+    // The reasoning as llama-server gives it (reasoning_content), only when there is some.
+    const message = { role: "assistant", content: text, ...(reasoning ? { reasoning_content: reasoning } : {}), ...(calls.length ? { tool_calls: calls } : {}) };
     return this.kind === "chat"
       ? { ...this.base("chat.completion"), choices: [{ index: 0, message, logprobs, finish_reason: finish }], usage: u }
       : { ...this.base("text_completion"), choices: [{ index: 0, text, logprobs, finish_reason: finish }], usage: u };
@@ -85,9 +86,9 @@ export class ResponseShaper {
 
   /** A stream chunk: text (the first chat chunk also carries the role), or the finish reason; with the
    * log probabilities of the tokens it carries. */
-  chunk(text: string | null, finish: FinishReason | null, first = false, logprobs: Logprobs = null) {
+  chunk(text: string | null, finish: FinishReason | null, first = false, logprobs: Logprobs = null, field: "content" | "reasoning_content" = "content") {
     if (this.kind === "chat") {
-      const delta = text === null ? {} : first ? { role: "assistant", content: text } : { content: text };
+      const delta = text === null ? {} : first ? { role: "assistant", [field]: text } : { [field]: text };
       return { ...this.base("chat.completion.chunk"), choices: [{ index: 0, delta, logprobs, finish_reason: finish }] };
     }
     return { ...this.base("text_completion"), choices: [{ index: 0, text: text ?? "", logprobs, finish_reason: finish }] };
@@ -202,7 +203,7 @@ class OpenAiWriter implements ReplyWriter {
     if (!this.p.stream) return;
     let lp = this.format(logprobs);
     for (const e of events) {
-      if (e.kind === "content") this.write(this.shaper.chunk(e.text, null, this.first, lp));
+      if (e.kind === "content" || e.kind === "reasoning") this.write(this.shaper.chunk(e.text, null, this.first, lp, e.kind === "content" ? "content" : "reasoning_content"));
       else this.write(this.shaper.toolChunk(e.index, e.kind === "call" ? e : { arguments: e.text }, this.first, lp));
       lp = null;
     }
@@ -210,7 +211,7 @@ class OpenAiWriter implements ReplyWriter {
 
   finish(f: Finished): void {
     if (!this.p.stream) {
-      sendJson(this.res, 200, this.shaper.full(f.content, f.finish, f.usage, f.calls, f.logprobs ? formatLogprobs(this.p.kind, f.logprobs, this.piece) : null));
+      sendJson(this.res, 200, this.shaper.full(f.content, f.finish, f.usage, f.calls, f.logprobs ? formatLogprobs(this.p.kind, f.logprobs, this.piece) : null, f.reasoning));
       return;
     }
     if (this.first && this.p.kind === "chat") this.write(this.shaper.chunk("", null, true));

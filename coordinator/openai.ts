@@ -5,6 +5,7 @@ import type { ChatMessage } from "../model/index.js";
 import { Sampler, SamplerError, type SamplerOptions } from "../engine/index.js";
 import { SchemaError, checkSchema } from "../grammar/index.js";
 import type { ToolChoice, ToolDef } from "../tools/index.js";
+import { parseChatOptions, type ChatOptions } from "./chat-options.js";
 
 export class ApiError extends Error {
   override name = "ApiError";
@@ -40,6 +41,9 @@ export interface ParsedRequest {
   readonly tools?: readonly ToolDef[];
   readonly toolChoice?: ToolChoice;
   readonly parallelToolCalls?: boolean;
+  /** Chat only: the template's variables and the reasoning split (chat-options.ts). */
+  readonly templateVars?: ChatOptions["templateVars"];
+  readonly reasoningFormat?: ChatOptions["reasoningFormat"];
   /** Log probabilities asked for: how many alternatives per token (chat: logprobs with top_logprobs;
    * completions: logprobs N). Undefined: none. */
   readonly logprobs?: number;
@@ -328,8 +332,13 @@ export function parseChatRequest(body: unknown, limits: RequestLimits = {}): Par
     const msg = raw as Json;
     if (typeof msg !== "object" || msg === null) throw bad(`messages[${i}]`, "must be an object");
     if (typeof msg.role !== "string" || !ROLES.has(msg.role)) throw bad(`messages[${i}].role`, `must be one of ${[...ROLES].join(", ")}`);
-    const out: ChatMessage & { tool_calls?: unknown; tool_call_id?: string; name?: string } = { role: msg.role, content: contentText(msg.content, i) };
+    const out: ChatMessage & { tool_calls?: unknown; tool_call_id?: string; name?: string; reasoning_content?: string } = { role: msg.role, content: contentText(msg.content, i) };
     if (msg.role === "assistant" && msg.tool_calls !== undefined && msg.tool_calls !== null) out.tool_calls = messageToolCalls(msg.tool_calls, i);
+    // An earlier reply's reasoning, as this server (and llama-server) gave it: templates that keep it read it.
+    if (msg.role === "assistant" && msg.reasoning_content !== undefined && msg.reasoning_content !== null) {
+      if (typeof msg.reasoning_content !== "string") throw bad(`messages[${i}].reasoning_content`, "must be a string");
+      out.reasoning_content = msg.reasoning_content;
+    }
     if (msg.role === "tool") {
       if (msg.tool_call_id !== undefined && typeof msg.tool_call_id !== "string") throw bad(`messages[${i}].tool_call_id`, "must be a string");
       if (typeof msg.tool_call_id === "string") out.tool_call_id = msg.tool_call_id;
@@ -337,7 +346,7 @@ export function parseChatRequest(body: unknown, limits: RequestLimits = {}): Par
     if (typeof msg.name === "string") out.name = msg.name;
     return out;
   });
-  const parsed = { ...common(b, "chat", limits), messages, ...parseTools(b) };
+  const parsed = { ...common(b, "chat", limits), messages, ...parseTools(b), ...parseChatOptions(b) };
   if (parsed.tools && parsed.toolChoice !== "none" && parsed.responseFormat) {
     throw new ApiError(400, "response_format: cannot be combined with tools (use tool_choice \"none\", or leave one out)", "invalid_request_error", "unsupported_value", "response_format");
   }

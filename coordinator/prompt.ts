@@ -30,8 +30,8 @@ export class PromptRenderer {
   }
 
   /** The text chatIds tokenizes. */
-  chatText(messages: readonly ChatMessage[], tools?: readonly unknown[]): string {
-    return this.chat.render(messages, { addGenerationPrompt: true, tools });
+  chatText(messages: readonly ChatMessage[], tools?: readonly unknown[], extra?: Readonly<Record<string, unknown>>): string {
+    return this.chat.render(messages, { addGenerationPrompt: true, tools, extra });
   }
 
   /** Text that continues a conversation's tokens: no BOS, special tokens parsed. */

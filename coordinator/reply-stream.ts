@@ -4,7 +4,7 @@
 // dialect's writer with the log probabilities of the tokens whose text it reaches.
 import type { Sampler } from "../engine/index.js";
 import { StreamingDecoder, type Tokenizer } from "../model/index.js";
-import type { ReplyEvent, ToolCallParser } from "../tools/index.js";
+import type { ReplyEvent, ReplyParser } from "../tools/index.js";
 import type { ReplyWriter } from "./http-reply.js";
 import { StopMatcher, type TokenLogprobs } from "./openai-reply.js";
 
@@ -23,7 +23,7 @@ export class ReplyStream {
   private entriesSent = 0;
 
   constructor(
-    tok: Tokenizer, stop: readonly string[], logprobs: boolean, readonly parser: ToolCallParser | undefined,
+    tok: Tokenizer, stop: readonly string[], logprobs: boolean, readonly parser: ReplyParser | undefined,
     private readonly w: ReplyWriter, private readonly sampler: Sampler,
   ) {
     this.decoder = new StreamingDecoder(tok);

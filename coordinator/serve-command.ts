@@ -6,7 +6,8 @@ import { basename, extname } from "node:path";
 import { hostname } from "node:os";
 import { PROTOCOL_VERSION } from "../control/index.js";
 import { publishCluster, type Publication } from "../discovery/index.js";
-import { metaString } from "../model/index.js";
+import { metaString, printable } from "../model/index.js";
+import { REASONING_FORMATS, type ReasoningFormat } from "../tools/index.js";
 import { POOLINGS, embeddingPooling, type Pooling } from "../engine/index.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, UsageError, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
 import { checkApiKey } from "./http-guard.js";
@@ -43,6 +44,9 @@ const HELP = `usage: prima-coord serve model.gguf [options]
                            one vector per token, on llama-server's /embedding only). Default: the model
                            file's <arch>.pooling_type, else last
   --embeddings             accepted for llama-server's command lines: embeddings are always on
+  --reasoning-format F     auto (default; deepseek is the same): a chat reply's reasoning (gpt-oss's
+                           analysis channel, a <think> block) comes apart from its content, as
+                           reasoning_content (Ollama: thinking); none: it stays in the content as written
   -n, --n-predict N        tokens a request generates when it names no max_tokens, and the most it may
                            name (default -1: until the context is full, as llama-server)
 ${ENGINE_HELP}
@@ -68,6 +72,7 @@ interface ServeArgs extends ClusterArgs {
   readonly rotateToken: boolean;
   readonly allowAdvertise: boolean;
   readonly pooling?: Pooling;
+  readonly reasoningFormat: ReasoningFormat;
 }
 
 function parseServeArgs(argv: string[]): ServeArgs {
@@ -76,7 +81,7 @@ function parseServeArgs(argv: string[]): ServeArgs {
     "api-key": { type: "string", multiple: true }, "allow-host": { type: "string", multiple: true }, cors: { type: "string", multiple: true },
     "no-discovery": { type: "boolean" }, queue: { type: "string" }, parallel: { type: "string" }, "n-predict": { type: "string", short: "n" },
     "rotate-token": { type: "boolean" }, "allow-advertise": { type: "boolean" },
-    pooling: { type: "string" }, embeddings: { type: "boolean" },
+    pooling: { type: "string" }, embeddings: { type: "boolean" }, "reasoning-format": { type: "string" },
   }, HELP, "serve");
   const str = (k: string) => values[k] as string | undefined;
   const apiKeys = apiKeysOf(values["api-key"] as unknown as string[] | undefined);
@@ -95,8 +100,11 @@ function parseServeArgs(argv: string[]): ServeArgs {
   if (pooling !== undefined && !(POOLINGS as readonly string[]).includes(pooling)) {
     throw new UsageError(`--pooling takes ${POOLINGS.join(", ")} (rank needs a classifier head, which this engine does not run), not "${pooling}"`);
   }
+  const reasoningFormat = str("reasoning-format") ?? "auto";
+  if (!(REASONING_FORMATS as readonly string[]).includes(reasoningFormat)) throw new UsageError(`--reasoning-format takes ${REASONING_FORMATS.join(", ")}, not "${printable(reasoningFormat, 40)}"`);
   return {
     ...cluster,
+    reasoningFormat: reasoningFormat as ReasoningFormat,
     host: str("host") ?? "127.0.0.1",
     port: intArg("port", str("port"), 8080, 0, 65535),
     clusterPort: intArg("cluster-port", str("cluster-port"), 7400, 0, 65535),
@@ -174,7 +182,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   }
   const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, parallel, autoPlace: true, rotateToken: a.rotateToken, allowAdvertise: a.allowAdvertise });
   const api = new ApiServer({
-    cluster, tok, prompts, modelId, nPredict: a.nPredict, pooling: a.pooling, contextShift: a.contextShift, nKeep: a.nKeep,
+    cluster, tok, prompts, modelId, nPredict: a.nPredict, pooling: a.pooling, reasoningFormat: a.reasoningFormat, contextShift: a.contextShift, nKeep: a.nKeep,
     apiKeys: a.apiKeys, allowHosts: a.allowHosts, corsOrigins: a.corsOrigins,
     log, staticFiles: await dashboardFiles(log),
   });

@@ -5,7 +5,7 @@
 // reply described to the model in a system message.
 import { randomBytes } from "node:crypto";
 
-export type FormatName = "hermes" | "llama3" | "mistral" | "generic";
+export type FormatName = "hermes" | "llama3" | "mistral" | "harmony" | "generic";
 
 export interface ToolDef {
   readonly name: string;
@@ -58,6 +58,14 @@ export const FORMATS: Readonly<Record<FormatName, CallFormat>> = {
     name: "mistral", trigger: "[TOOL_CALLS]", begin: (fn) => `[TOOL_CALLS][{"name": ${JSON.stringify(fn)}, "arguments": `, end: "}]",
     separator: "", parallel: false, newId: () => alnum(9),
   },
+  // gpt-oss (OpenAI's harmony format): a message to a function on the commentary channel, its arguments
+  // JSON, ended by <|call|> (an end-of-generation token, so no text of its own); one call per reply, as
+  // the template renders them. The model may also name the function in the role header instead; the
+  // parser (harmony.ts) reads both, the grammar writes this one.
+  harmony: {
+    name: "harmony", trigger: "<|channel|>commentary to=functions.", begin: (fn) => `<|channel|>commentary to=functions.${fn} <|constrain|>json<|message|>`, end: "",
+    separator: "", parallel: false, newId: openAiId,
+  },
   // Templates with no tool support: {"tool_call": {"name": ..., "arguments": {...}}} per line, or {"response": "..."}.
   generic: {
     name: "generic", trigger: "{\"tool_call\": ", begin: (fn) => `{"tool_call": {"name": ${JSON.stringify(fn)}, "arguments": `, end: "}}",
@@ -68,6 +76,8 @@ export const FORMATS: Readonly<Record<FormatName, CallFormat>> = {
 /** The format a chat template's model writes its calls in. */
 export function detectFormat(templateSource: string | undefined): CallFormat {
   const s = templateSource ?? "";
+  // gpt-oss's template describes its tools in its own way; its channels are its mark (as chat.cpp finds it).
+  if (s.includes("<|channel|>")) return FORMATS.harmony;
   if (!/\btools\b/.test(s)) return FORMATS.generic;
   if (s.includes("<tool_call>")) return FORMATS.hermes;
   if (s.includes("[TOOL_CALLS]")) return FORMATS.mistral;
@@ -96,6 +106,16 @@ export function toolGrammar(f: CallFormat, tools: readonly ToolDef[], choice: To
     return { type: "structural_tag", format: { type: "tags_with_separator", tags: [...tags, text], separator: f.separator, at_least_one: true, stop_after_first: stopAfterFirst } };
   }
   return { type: "structural_tag", format: { type: "triggered_tags", triggers: [f.trigger], tags, at_least_one: false, stop_after_first: stopAfterFirst } };
+}
+
+/** gpt-oss's structured answer: a final message constrained to JSON, as its template's models write
+ * one (llama.cpp's gpt-oss response-format rule, without the analysis before it). */
+export const HARMONY_FINAL_JSON = "<|channel|>final <|constrain|>json<|message|>";
+
+/** XGrammar's structural tag for a JSON answer in the format's own message (undefined: the bare JSON). */
+export function answerGrammar(f: CallFormat, schema: unknown): unknown {
+  if (f.name !== "harmony") return undefined;
+  return { type: "structural_tag", format: { type: "tag", begin: HARMONY_FINAL_JSON, content: { type: "json_schema", json_schema: schema }, end: "" } };
 }
 
 /** The system message that describes the tools and the generic format to a model whose template cannot. */

@@ -12,12 +12,22 @@ export interface ToolCall {
 
 export type ReplyEvent =
   | { readonly kind: "content"; readonly text: string }
+  /** The model's reasoning (harmony's analysis channel, a <think> block), apart from its answer. */
+  | { readonly kind: "reasoning"; readonly text: string }
   | { readonly kind: "call"; readonly index: number; readonly id: string; readonly name: string }
   | { readonly kind: "arguments"; readonly index: number; readonly text: string };
 
+/** Reads a reply as it streams: its content, its reasoning and its calls, as events. */
+export interface ReplyParser {
+  readonly calls: readonly ToolCall[];
+  push(piece: string): ReplyEvent[];
+  /** The end of the reply: what is left, the content and the reasoning as wholes (null when there is none). */
+  finish(): { events: ReplyEvent[]; content: string | null; reasoning: string | null };
+}
+
 type State = "text" | "begin" | "args" | "end";
 
-export class ToolCallParser {
+export class ToolCallParser implements ReplyParser {
   readonly calls: ToolCall[] = [];
   private state: State = "text";
   private buf = "";
@@ -44,7 +54,7 @@ export class ToolCallParser {
   }
 
   /** The end of the reply: what is left, and the content as a whole (null when there is none). */
-  finish(): { events: ReplyEvent[]; content: string | null } {
+  finish(): { events: ReplyEvent[]; content: string | null; reasoning: null } {
     const events: ReplyEvent[] = [];
     if (this.state === "text" || this.state === "begin") this.addContent(this.buf, events);
     else if (this.state === "args" && this.buf) this.addArgs(this.buf, events);
@@ -56,7 +66,7 @@ export class ToolCallParser {
     }
     // Beside calls, the whitespace between them is no content.
     if (this.calls.length > 0) content = content.trim() || null;
-    return { events, content };
+    return { events, content, reasoning: null };
   }
 
   private addContent(text: string, out: ReplyEvent[]): void {

@@ -92,6 +92,18 @@ describe("prima-coord chat", () => {
     expect(turns[1].prompt).toBeGreaterThan(turns[0].prompt + turns[0].generated);
   });
 
+  it("a model's reasoning goes to stderr, its answer to stdout (QwQ's template opens <think>: the shipped model only reasons)", async () => {
+    const qwq = join(LLAMA_CPP_SOURCE, "models", "templates", "Qwen-QwQ-32B.jinja");
+    const r = await chat(["chat", MODEL, "--chat-template", qwq, "--temp", "0", "-n", "16", "--threads", "1"], "Tell me about a dog.\nAnd a cat?\n");
+    expect(r.code, r.err).toBe(0);
+    expect(turnsOf(r.err), r.err).toHaveLength(2);
+    const first = runOnce(["--chat", "--chat-template", qwq, "-p", "Tell me about a dog.", "-n", "16", "--temp", "0"]);
+    const thought = first.text.trim();
+    expect(thought.length).toBeGreaterThan(0);
+    expect(r.err).toContain(thought);
+    expect(r.out).toBe("\n\n"); // two turns, no answer outside the block
+  });
+
   it("goes on past the context: a turn that overflows it shifts, and the next continues the shifted cache", async () => {
     const r = await chat(["chat", MODEL, "--temp", "0", "-n", "80", "--ctx", "64", "--threads", "1"], "Tell me about a dog.\nAnd a cat?\n");
     expect(r.code, r.err).toBe(0);

@@ -202,7 +202,7 @@ describe("serve: Ollama's API and llama-server's beside the OpenAI one", () => {
       [() => ollama.chat({ model: "x", messages: msgs, options: { num_ctx: CTX * 2 } }), 400, /^options\.num_ctx: .*512/],
       [() => ollama.chat({ model: "x", messages: msgs, options: { mirostat: 2 } }), 400, /^options\.mirostat: not supported/],
       [() => ollama.chat({ model: "x", messages: msgs, options: { typo_option: 1 } as never }), 400, /^options\.typo_option: not supported/],
-      [() => ollama.chat({ model: "x", messages: msgs, think: true }), 400, /^think: /],
+      [() => ollama.chat({ model: "x", messages: msgs, think: "very" as never }), 400, /^think: /],
       [() => ollama.chat({ model: "x", messages: [{ role: "user", content: "hi", images: ["aGk="] }] }), 400, /^messages\[0\]\.images: /],
       [() => ollama.chat({ model: "x", messages: [{ role: "robot", content: "hi" }] }), 400, /^messages\[0\]\.role: /],
       [() => ollama.chat({ model: "x", messages: msgs, format: "yaml" }), 400, /^format: /],

@@ -5,7 +5,7 @@ import { describe, expect, it } from "vitest";
 import { Rng } from "../../dist/engine/index.js";
 import { GrammarSet, closingStart } from "../../dist/grammar/index.js";
 import { Tokenizer } from "../../dist/model/index.js";
-import { FORMATS, ToolCallParser, detectFormat, toolGrammar, type CallFormat, type FormatName, type ReplyEvent, type ToolDef } from "../../dist/tools/index.js";
+import { FORMATS, HarmonyParser, ToolCallParser, detectFormat, toolGrammar, type CallFormat, type FormatName, type ReplyEvent, type ToolDef } from "../../dist/tools/index.js";
 import { schemaErrors } from "../grammar/validate.js";
 
 const TOOLS: ToolDef[] = [
@@ -16,7 +16,7 @@ const NAMES = TOOLS.map((t) => t.name);
 
 /** Feeds text in pieces of `size` characters; returns the content, the calls and the events. */
 function parse(f: CallFormat, text: string, size: number) {
-  const p = new ToolCallParser(f, NAMES);
+  const p = f.name === "harmony" ? new HarmonyParser(NAMES) : new ToolCallParser(f, NAMES);
   const events: ReplyEvent[] = [];
   for (let i = 0; i < text.length; i += size) events.push(...p.push(text.slice(i, i + size)));
   const end = p.finish();
@@ -29,6 +29,7 @@ describe("reading calls back", () => {
     ["hermes", 'Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"city": "P \\"}\\n</tool_call>", "unit": "c"}}\n</tool_call>\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', "Let me look."],
     ["llama3", '{"name": "add", "parameters": {"a": 1, "b": 2}}', null],
     ["mistral", '[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}]', null],
+    ["harmony", '<|channel|>final<|message|>Let me look.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "P \\"}<|end|>", "unit": "c"}', "Let me look."],
     ["generic", '{"tool_call": {"name": "add", "arguments": {"a": 1, "b": 2}}}\n{"tool_call": {"name": "get_weather", "arguments": {"city": "x", "unit": "f"}}}', null],
   ];
   for (const [name, text, content] of replies) {
@@ -76,7 +77,7 @@ describe("the grammar of each format over the shipped vocabulary", () => {
     const set = await GrammarSet.forTokenizer(tok);
     const BUDGET = 600;
     let seed = 1;
-    for (const name of ["hermes", "llama3", "mistral", "generic"] as FormatName[]) {
+    for (const name of ["hermes", "llama3", "mistral", "harmony", "generic"] as FormatName[]) {
       for (const choice of ["required", { name: "add" }, "auto"] as const) {
         for (const parallel of [true, false]) {
           const f = FORMATS[name];
