@@ -216,8 +216,8 @@ describe("serve: Ollama's API and llama-server's beside the OpenAI one", () => {
       expect(e.status_code, e.message).toBe(status);
       expect(e.message).toMatch(message);
     }
-    // Not JSON, a wrong method: the same {error: "..."} shape.
-    const plain = await fetch(`${s.url}/api/chat`, { method: "POST", headers: { "Content-Type": "text/plain" }, body: "{}" });
+    // Not JSON from a web page (its Origin), a wrong method: the same {error: "..."} shape.
+    const plain = await fetch(`${s.url}/api/chat`, { method: "POST", headers: { "Content-Type": "text/plain", Origin: s.url }, body: "{}" });
     expect(plain.status).toBe(415);
     expect(typeof ((await plain.json()) as { error: unknown }).error).toBe("string");
     const get = await fetch(`${s.url}/api/generate`);
