@@ -126,8 +126,10 @@ export class GrammarSet {
       case "json-object":
         return { key: "o", engineSpec: spec };
       case "json-schema": {
-        const key = `s${checkSchema(spec.schema)}`;
-        return { key, engineSpec: { kind: "json-schema", schema: JSON.stringify(forEngine(spec.schema)) } };
+        checkSchema(spec.schema);
+        // Keyed by what the engine reads: schemas that differ only in annotations share a grammar.
+        const schema = JSON.stringify(forEngine(spec.schema));
+        return { key: `s${schema}`, engineSpec: { kind: "json-schema", schema } };
       }
       case "grammar":
         return { key: `g${spec.grammar}`, engineSpec: spec };

@@ -88,7 +88,12 @@ function combine(o: Json, at: string, ctx: Ctx): Json {
   return o;
 }
 
+const ANNOTATIONS = ["title", "description", "$comment", "examples", "default", "deprecated", "readOnly", "writeOnly", "$schema"];
+
 function rewriteOwn(o: Json, at: string, ctx: Ctx): Json {
+  // Annotations constrain nothing: without them the same schema from two clients (LangChain titles
+  // every subschema, the AI SDK names the draft) is one grammar, compiled once (constraint.ts's key).
+  for (const k of ANNOTATIONS) delete o[k];
   if (has(o, "oneOf")) checkDisjoint(o.oneOf as unknown[], at, ctx.root);
   if (has(o, "const") || has(o, "enum")) o = valuesOnly(o, at);
   if (o.type === undefined && !["$ref", "enum", "const", "anyOf", "oneOf"].some((k) => has(o, k))) {

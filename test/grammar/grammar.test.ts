@@ -3,7 +3,7 @@
 // (ajv), and an end token must be allowed exactly where the text so far is a complete valid value.
 // Keywords the engine does not enforce are refused by name, and hostile schemas cost little.
 import { describe, expect, it } from "vitest";
-import { GrammarSet, SchemaError, checkSchema, closingStart } from "../../dist/grammar/index.js";
+import { GrammarSet, SchemaError, checkSchema, closingStart, forEngine } from "../../dist/grammar/index.js";
 import { takes, tok, walk } from "./walk.js";
 
 describe("schemas the engine cannot honour are refused by keyword", () => {
@@ -43,6 +43,25 @@ describe("schemas the engine cannot honour are refused by keyword", () => {
     expect(() => checkSchema({ type: "string", "x-deep": hidden })).toThrow(/nests too deeply/);
     // Annotations and keywords JSON Schema does not know are left alone, as the standard says.
     expect(() => checkSchema({ type: "string", title: "t", "x-vendor": { not: 1 }, examples: ["a"] })).not.toThrow();
+  });
+});
+
+describe("what the engine reads of a schema", () => {
+  it("leaves annotations out (LangChain's titles, the AI SDK's $schema), so clients' copies of one schema share a grammar; properties named like annotations stay", () => {
+    const bare = { type: "object", properties: { title: { type: "string" }, description: { type: "integer" }, tags: { type: "array", items: { type: "string" } } }, required: ["title"] };
+    const annotated = {
+      $schema: "http://json-schema.org/draft-07/schema#", title: "Book", description: "a book", examples: [{}], $comment: "x",
+      type: "object", required: ["title"],
+      properties: {
+        title: { type: "string", title: "Title", default: "" }, description: { type: "integer", description: "pages", deprecated: false },
+        tags: { type: "array", title: "Tags", items: { type: "string", readOnly: true, writeOnly: false } },
+      },
+    };
+    const engine = forEngine(bare) as { properties: Record<string, unknown> };
+    expect(forEngine(annotated)).toEqual(engine);
+    expect(Object.keys(engine.properties)).toEqual(["title", "description", "tags"]);
+    // The client's own schema is left as it was.
+    expect(annotated.title).toBe("Book");
   });
 });
 
