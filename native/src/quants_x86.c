@@ -642,7 +642,7 @@ DISPATCH_NC(dot_iq4_xs)
 #ifdef __AVX512F__
 #define GEMM_T 8
 #else
-#define GEMM_T 4
+#define GEMM_T 6
 #endif
 
 /* One super-block of 8 IQ4_XS rows: q[g][k] holds levels 4k..4k+3 of group g of row r at bytes 4r..4r+3;
@@ -752,16 +752,10 @@ static void gemm_iq4_xs(int n, const void *w, size_t ws, int nr, const void *a, 
         iq4xs_panel_decode(wr, ws, i, &p);
         int t = 0;
         for (; t + GEMM_T <= tb; t += GEMM_T) iq4xs_tile(&p, at + (size_t)t * as, as, i, GEMM_T, facc + t);
-        switch (tb - t) { /* constant T each, so the token loops unroll */
-#if GEMM_T > 4
-        case 7: iq4xs_tile(&p, at + (size_t)t * as, as, i, 7, facc + t); break;
-        case 6: iq4xs_tile(&p, at + (size_t)t * as, as, i, 6, facc + t); break;
-        case 5: iq4xs_tile(&p, at + (size_t)t * as, as, i, 5, facc + t); break;
-        case 4: iq4xs_tile(&p, at + (size_t)t * as, as, i, 4, facc + t); break;
-#endif
-        case 3: iq4xs_tile(&p, at + (size_t)t * as, as, i, 3, facc + t); break;
-        case 2: iq4xs_tile(&p, at + (size_t)t * as, as, i, 2, facc + t); break;
-        case 1: iq4xs_tile(&p, at + (size_t)t * as, as, i, 1, facc + t); break;
+        switch (tb - t) { /* the tail: a constant T each, so the token loops unroll */
+#define TAIL_TILE(k) case k: if (k < GEMM_T) iq4xs_tile(&p, at + (size_t)t * as, as, i, k < GEMM_T ? k : 1, facc + t); break;
+          TAIL_TILE(7) TAIL_TILE(6) TAIL_TILE(5) TAIL_TILE(4) TAIL_TILE(3) TAIL_TILE(2) TAIL_TILE(1)
+#undef TAIL_TILE
         default: break;
         }
       }
