@@ -129,7 +129,7 @@ Napi::Value SimdLevels(const Napi::CallbackInfo &info) {
   return a;
 }
 
-// typeInfo(type, level?) -> { name, blockElems, blockBytes, actType, dotSimd } or null
+// typeInfo(type, level?) -> { name, blockElems, blockBytes, actType, dotSimd, dotRows, gemm } or null
 Napi::Value TypeInfo(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   int64_t type;
@@ -144,6 +144,7 @@ Napi::Value TypeInfo(const Napi::CallbackInfo &info) {
   o.Set("actType", k->act_type);
   o.Set("dotSimd", prima_simd_name(k->dot_simd));
   o.Set("dotRows", k->dot_rows != nullptr);
+  o.Set("gemm", k->gemm != nullptr);
   return o;
 }
 
@@ -291,6 +292,40 @@ Napi::Value DotRows(const Napi::CallbackInfo &info) {
                          std::to_string(need)), env.Undefined();
   if (out.length < (size_t)nr * 4) return Fail(env, "dotRows: out holds fewer than nr floats"), env.Undefined();
   prima_dot_rows(k, (int)n, w.data, (size_t)wStride, (int)nr, a.data, reinterpret_cast<float *>(out.data));
+  out.CopyOut();
+  return env.Undefined();
+}
+
+// gemm(type, n, w: Uint8Array, wStride, nr, a: Uint8Array, aStride, nt, out: Float32Array, outStride, accumulate, level?):
+// out[t * outStride + r] (+)= dot(weight row r, activation row t), a prompt's product (the level's gemm, or its dot).
+Napi::Value Gemm(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int level;
+  int64_t n, wStride, nr, aStride, nt, outStride;
+  const prima_type_kernels *k;
+  Bytes w, a, out;
+  if (!GetLevel(env, info[11], level) || !GetKernels(env, info[0], level, "gemm", k) ||
+      !GetInt(env, info[1], "n", 1, INT32_MAX, n) || !GetTyped(env, info[2], napi_uint8_array, "w", w, true) ||
+      !GetInt(env, info[3], "wStride", 0, INT64_C(1) << 40, wStride) || !GetInt(env, info[4], "nr", 1, 1 << 20, nr) ||
+      !GetTyped(env, info[5], napi_uint8_array, "a", a, true) ||
+      !GetInt(env, info[6], "aStride", 0, INT64_C(1) << 40, aStride) || !GetInt(env, info[7], "nt", 1, 1 << 20, nt) ||
+      !GetTyped(env, info[8], napi_float32_array, "gemm: out", out, true) ||
+      !GetInt(env, info[9], "outStride", 0, INT64_C(1) << 40, outStride))
+    return env.Undefined();
+  if (!info[10].IsBoolean()) return Fail(env, "gemm: accumulate must be a boolean"), env.Undefined();
+  size_t wRow, aRow;
+  if (!CheckRow(env, "gemm", k->type, n, prima_row_bytes(k->type, n), "a weight row", wRow) ||
+      !CheckRow(env, "gemm", k->act_type, n, prima_row_bytes(k->act_type, n), "an activation row", aRow))
+    return env.Undefined();
+  if ((size_t)wStride < wRow || (size_t)aStride < aRow || outStride < nr)
+    return Fail(env, "gemm: a stride is shorter than its row (wStride " + std::to_string(wStride) + " < " + std::to_string(wRow) +
+                         ", aStride " + std::to_string(aStride) + " < " + std::to_string(aRow) + " or outStride " +
+                         std::to_string(outStride) + " < nr " + std::to_string(nr) + ")"), env.Undefined();
+  if (w.length < (size_t)(nr - 1) * (size_t)wStride + wRow || a.length < (size_t)(nt - 1) * (size_t)aStride + aRow ||
+      out.length / 4 < (size_t)(nt - 1) * (size_t)outStride + (size_t)nr)
+    return Fail(env, "gemm: w, a or out is shorter than nr rows, nt activation rows or nt output rows need"), env.Undefined();
+  prima_gemm(k, (int)n, w.data, (size_t)wStride, (int)nr, a.data, (size_t)aStride, (int)nt, reinterpret_cast<float *>(out.data),
+             (size_t)outStride, info[10].As<Napi::Boolean>().Value());
   out.CopyOut();
   return env.Undefined();
 }
@@ -487,6 +522,7 @@ void RegisterKernels(Napi::Env env, Napi::Object exports) {
   k.Set("quantizeAct", Napi::Function::New(env, QuantizeAct, "quantizeAct"));
   k.Set("dot", Napi::Function::New(env, Dot, "dot"));
   k.Set("dotRows", Napi::Function::New(env, DotRows, "dotRows"));
+  k.Set("gemm", Napi::Function::New(env, Gemm, "gemm"));
   k.Set("benchDot", Napi::Function::New(env, BenchDot, "benchDot"));
   k.Set("fp32ToHalf", Napi::Function::New(env, Fp32ToHalf, "fp32ToHalf"));
   k.Set("halfToFp32", Napi::Function::New(env, HalfToFp32, "halfToFp32"));

@@ -30,6 +30,9 @@ export interface KernelTypeInfo {
   /** Whether the level has a rows kernel (decode's streaming matrix-vector product) for the type; without
    * one, dotRows calls the dot row by row. */
   dotRows: boolean;
+  /** Whether the level has a prompt kernel (gemm: blocks of weight rows against many tokens) for the type;
+   * without one, gemm runs the dot over the tokens. */
+  gemm: boolean;
 }
 
 interface KernelsAddon {
@@ -44,6 +47,8 @@ interface KernelsAddon {
     level?: SimdLevel): void;
   dotRows(type: number, n: number, w: Uint8Array, wStride: number, nr: number, a: Uint8Array, out: Float32Array,
     level?: SimdLevel): void;
+  gemm(type: number, n: number, w: Uint8Array, wStride: number, nr: number, a: Uint8Array, aStride: number, nt: number,
+    out: Float32Array, outStride: number, accumulate: boolean, level?: SimdLevel): void;
   benchDot(type: number, n: number, w: Uint8Array, a: Uint8Array, aStride: number, nc: number, rows: number,
     minSeconds: number, level?: SimdLevel, threads?: number): BenchTiming;
   fp32ToHalf(src: Float32Array, dst: Uint16Array, kind: "f16" | "bf16"): void;
@@ -114,6 +119,15 @@ export function dot(type: number | GgmlTypeName, n: number, w: Uint8Array, a: Ui
 export function dotRows(type: number | GgmlTypeName, n: number, w: Uint8Array, wStride: number, nr: number, a: Uint8Array,
   out: Float32Array, level?: SimdLevel): Float32Array {
   k.dotRows(typeId(type), n, w, wStride, nr, a, out, level);
+  return out;
+}
+
+/** A prompt's product: out[t * outStride + r] = dot(weight row r, activation row t) (added to out when
+ * accumulate) for nr weight rows wStride bytes apart and nt activation rows aStride bytes apart: the
+ * level's gemm, or its dot over the tokens; either equals the dot (nc = 1) bit for bit. */
+export function gemm(type: number | GgmlTypeName, n: number, w: Uint8Array, wStride: number, nr: number, a: Uint8Array,
+  aStride: number, nt: number, out: Float32Array, outStride: number, accumulate: boolean, level?: SimdLevel): Float32Array {
+  k.gemm(typeId(type), n, w, wStride, nr, a, aStride, nt, out, outStride, accumulate, level);
   return out;
 }
 

@@ -39,6 +39,12 @@ typedef void (*prima_dot_fn)(int n, const void *w, const void *a, size_t a_strid
  * bytes ahead of it (through and past the last row: a matrix is read front to back by chunks of rows),
  * which on one token is what bounds the speed, not arithmetic. */
 typedef void (*prima_dot_rows_fn)(int n, const void *w, size_t w_stride, int nr, const void *a, float *out);
+/* A prompt's product over a block of rows: out[t * out_stride + r] = dot(weight row r, activation row t)
+ * (added to out when accumulate) for r < nr, t < nt, weight rows w_stride and activation rows a_stride
+ * bytes apart. Each value equals the level's dot (nc = 1) on that row and token bit for bit (decode and
+ * a prompt give the same hidden state); only how work is blocked differs. */
+typedef void (*prima_gemm_fn)(int n, const void *w, size_t w_stride, int nr, const void *a, size_t a_stride, int nt,
+                              float *out, size_t out_stride, int accumulate);
 
 typedef struct {
   int type;
@@ -51,11 +57,17 @@ typedef struct {
   prima_dot_fn dot;
   int dot_simd;                    /* level the dot was written for (SCALAR where a level has no twin yet) */
   prima_dot_rows_fn dot_rows;      /* NULL where the level has none: prima_dot_rows calls dot row by row */
+  prima_gemm_fn gemm;              /* NULL where the level has none: prima_gemm calls dot over the tokens */
 } prima_type_kernels;
 
 /* out[r] = dot(row r, a) for nr rows w_stride bytes apart: the level's rows kernel, or its dot row by row
  * (the reference: the two agree bit for bit). */
 void prima_dot_rows(const prima_type_kernels *k, int n, const void *w, size_t w_stride, int nr, const void *a, float *out);
+
+/* The level's gemm, or its dot PRIMA_MAX_NC tokens at a time row by row (the reference: the two agree
+ * bit for bit). */
+void prima_gemm(const prima_type_kernels *k, int n, const void *w, size_t w_stride, int nr, const void *a, size_t a_stride,
+                int nt, float *out, size_t out_stride, int accumulate);
 
 /* Selects the best kernels this CPU runs (idempotent; also called lazily). */
 void prima_kernels_init(void);

@@ -40,27 +40,15 @@ static void mv_chunk(const prima_mm *it, const prima_type_kernels *k, int64_t r0
   for (int r = 0; r < nr; r++) it->out[r0 + r] += tmp[r];
 }
 
+/* Several tokens: the level's gemm (or its dot over the tokens, PRIMA_MAX_NC at a time). */
 static void mm_chunk(const prima_mm *it, const prima_type_kernels *k, int64_t r0, int64_t r1, int n_tokens) {
   const prima_tensor *w = it->w;
-  const int n = (int)w->ne0;
-  float tmp[PRIMA_MAX_NC];
   if (n_tokens == 1) {
     mv_chunk(it, k, r0, r1);
     return;
   }
-  for (int t0 = 0; t0 < n_tokens; t0 += PRIMA_MAX_NC) {
-    const int nc = n_tokens - t0 < PRIMA_MAX_NC ? n_tokens - t0 : PRIMA_MAX_NC;
-    const char *a = (const char *)it->act + (size_t)t0 * it->act_stride;
-    float *o = it->out + (size_t)t0 * it->out_stride;
-    for (int64_t r = r0; r < r1; r++) {
-      k->dot(n, w->data + (size_t)r * w->row_bytes, a, it->act_stride, nc, tmp);
-      if (it->accumulate) {
-        for (int c = 0; c < nc; c++) o[(size_t)c * it->out_stride + r] += tmp[c];
-      } else {
-        for (int c = 0; c < nc; c++) o[(size_t)c * it->out_stride + r] = tmp[c];
-      }
-    }
-  }
+  prima_gemm(k, (int)w->ne0, w->data + (size_t)r0 * w->row_bytes, w->row_bytes, (int)(r1 - r0), it->act, it->act_stride,
+             n_tokens, it->out + r0, it->out_stride, it->accumulate);
 }
 
 void prima_mm_run(const prima_task *t, const prima_mm *items, int n_items, int n_tokens) {

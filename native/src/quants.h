@@ -104,6 +104,7 @@ typedef struct {
   prima_dequantize_fn dequantize[PRIMA_TYPE_COUNT];
   prima_dot_fn dot[PRIMA_TYPE_COUNT];
   prima_dot_rows_fn dot_rows[PRIMA_TYPE_COUNT]; /* only next to that level's own dot of the type */
+  prima_gemm_fn gemm[PRIMA_TYPE_COUNT];         /* likewise; a prompt kernel where blocking rows pays */
   prima_quantize_fn act_quantize[PRIMA_TYPE_COUNT];
 } prima_level_fns;
 

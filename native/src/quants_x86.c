@@ -317,6 +317,7 @@ typedef __m512i vint;
  * AVX2's: a zmm float accumulator summed other lanes in another order, and on a random-weight Q4_K_M
  * model that rounding flipped a Q8 activation level and greedy tokens parted from AVX2's */
 #define vi_to_ps8(v) _mm256_cvtepi32_ps(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)))
+#define vi_hsum32 _mm512_reduce_add_epi32
 
 /* int16 lanes 0..7 of v (a group's scale each) spread over the 32 lanes: lanes 8k..8k+7 (16 elements'
  * pair sums) get scale g[k]. */
@@ -389,6 +390,11 @@ typedef __m256i vint;
 #define vi_dot16(q, a, s) _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), s)
 #define vi_or _mm256_or_si256
 #define vi_to_ps8 _mm256_cvtepi32_ps
+ALWAYS_INLINE int vi_hsum32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
+}
 
 ALWAYS_INLINE vint scales16(__m128i s16) { return _mm256_broadcastsi128_si256(s16); }
 
@@ -590,14 +596,20 @@ ALWAYS_INLINE __m128i iq4xs_scales(const block_iq4_xs *b) {
   return _mm_sub_epi16(_mm_or_si128(low4, _mm_slli_epi16(high2, 4)), _mm_set1_epi16(32));
 }
 
+/* acc + a super-block's integer sum times d_w * d_a, fused (one rounding): the step both the IQ4_XS dot
+ * and its gemm take per super-block, row and token, so decode and a prompt give the same bits. */
+ALWAYS_INLINE float iq4xs_sum(int isum, float dw, float da, float acc) {
+  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_cvtsi32_ss(_mm_setzero_ps(), isum), _mm_set_ss(dw * da), _mm_set_ss(acc)));
+}
+
 /* IQ4_XS: signed grid levels (-127..113) in 8 groups of 32 with signed 6-bit scales, no offset or min:
  * per row sumi += scale * (|q| . (a with q's signs)), which maddubs takes without saturating
  * (2 * 127 * 127 < 32767). */
 ALWAYS_INLINE void dot_iq4_xs_nc(int n, const void *vw, const void *a, size_t as, const int NC, float *out, const int PF) {
   const block_iq4_xs *w = vw;
-  /* 8 float lanes at every level, as the K-quant dots: AVX-512 then rounds as AVX2 does */
-  __m256 acc[PRIMA_MAX_NC];
-  for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+  /* one float per row, summed as gemm_iq4_xs sums each of its lanes (iq4xs_sum): the same bits */
+  float acc[PRIMA_MAX_NC];
+  for (int c = 0; c < NC; c++) acc[c] = 0.0f;
   for (int i = 0; i < n / QK_K; i++) {
     const block_iq4_xs *b = &w[i];
     PREFETCH(b, (int)sizeof(block_iq4_xs));
@@ -610,14 +622,162 @@ ALWAYS_INLINE void dot_iq4_xs_nc(int n, const void *vw, const void *a, size_t as
       for (int c = 0; c < NC; c++)
         sumi[c] = vi_add32(sumi[c], vi_dot16(absq, vi_sign8(vi_load(act_k(a, as, c, i)->qs + VB * v), q), s));
     }
-    for (int c = 0; c < NC; c++) {
-      const block_q8_K *x = act_k(a, as, c, i);
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), vi_to_ps8(sumi[c]), acc[c]);
-    }
+    for (int c = 0; c < NC; c++) acc[c] = iq4xs_sum(vi_hsum32(sumi[c]), d, act_k(a, as, c, i)->d, acc[c]);
   }
-  for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);
+  for (int c = 0; c < NC; c++) out[c] = acc[c];
 }
 DISPATCH_NC(dot_iq4_xs)
+
+/* ---------------------------------------------------------------- prompt kernels (gemm)
+ * A prompt multiplies every weight row with many tokens. The dots above decode a weight block once per
+ * PRIMA_MAX_NC tokens and keep a sum per token; for IQ4_XS that is more sums than registers (they lived
+ * on the stack) and a sign per token and vector. The gemm decodes one super-block of 8 weight rows at a
+ * time into a 2.3 KiB panel on the stack (the file's mapping is only read) with 4 consecutive levels of
+ * each of the 8 rows in one vector, and runs GEMM_T tokens against it: 4 activation bytes broadcast,
+ * one vector's 8 lanes are the 8 rows' sums. Each row, token and super-block gets the dot's integer sum,
+ * added to the float sum as the dot adds it (iq4xs_sum, super-block after super-block), so every output
+ * equals the level's dot (nc = 1, decode's) bit for bit. */
+
+/* Tokens per tile: their sums and the panel's vectors fit the 16 ymm registers (32 with AVX-512). */
+#ifdef __AVX512F__
+#define GEMM_T 8
+#else
+#define GEMM_T 6
+#endif
+
+/* One super-block of 8 IQ4_XS rows: q[g][k] holds levels 4k..4k+3 of group g of row r at bytes 4r..4r+3;
+ * sc[g] the group's scale of row r in int16 lanes 2r and 2r+1 (madd's pairs); d the rows' d. */
+typedef struct {
+  int8_t q[QK_K / 32][8][32];
+  int16_t sc[QK_K / 32][16];
+  float d[8];
+} __attribute__((aligned(32))) iq4xs_panel;
+
+/* v[r] holds 8 dwords of row r; out[k] gets dword k of each row, row r at dword r. */
+ALWAYS_INLINE void transpose_dwords8(const __m256i v[8], __m256i *out) {
+  __m256i t[8], u[8];
+  for (int j = 0; j < 4; j++) {
+    t[2 * j] = _mm256_unpacklo_epi32(v[2 * j], v[2 * j + 1]);     /* rows 2j, 2j+1: dwords 0, 1 | 4, 5 */
+    t[2 * j + 1] = _mm256_unpackhi_epi32(v[2 * j], v[2 * j + 1]); /* dwords 2, 3 | 6, 7 */
+  }
+  for (int h = 0; h < 2; h++) { /* rows 4h..4h+3 */
+    u[4 * h] = _mm256_unpacklo_epi64(t[4 * h], t[4 * h + 2]);         /* dword 0 | 4 */
+    u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h], t[4 * h + 2]);     /* dword 1 | 5 */
+    u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]); /* dword 2 | 6 */
+    u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]); /* dword 3 | 7 */
+  }
+  for (int k = 0; k < 4; k++) {
+    _mm256_store_si256(&out[k], _mm256_permute2x128_si256(u[k], u[4 + k], 0x20));
+    _mm256_store_si256(&out[k + 4], _mm256_permute2x128_si256(u[k], u[4 + k], 0x31));
+  }
+}
+
+/* Super-block i of the 8 rows at w (ws bytes apart) into p. */
+ALWAYS_INLINE void iq4xs_panel_decode(const uint8_t *w, size_t ws, int i, iq4xs_panel *p) {
+  const __m256i grid = _mm256_broadcastsi128_si256(iq4_grid128());
+  const block_iq4_xs *b[8];
+  int16_t sc[8][8];
+  for (int r = 0; r < 8; r++) {
+    b[r] = (const block_iq4_xs *)(w + (size_t)r * ws) + i;
+    _mm_storeu_si128((__m128i *)sc[r], iq4xs_scales(b[r]));
+    p->d[r] = h2f(b[r]->d);
+  }
+  for (int g = 0; g < QK_K / 32; g++) {
+    __m256i v[8];
+    for (int r = 0; r < 8; r++) v[r] = _mm256_shuffle_epi8(grid, nibbles32(b[r]->qs + 16 * g));
+    transpose_dwords8(v, (__m256i *)p->q[g]);
+    for (int r = 0; r < 8; r++) p->sc[g][2 * r] = p->sc[g][2 * r + 1] = sc[r][g];
+  }
+}
+
+/* T tokens (activation rows as bytes apart, block i) against the panel: facc[t][r] gets row r's sum. */
+ALWAYS_INLINE void iq4xs_tile(const iq4xs_panel *p, const void *a, size_t as, int i, const int T, float (*facc)[8]) {
+  __m256i acc[GEMM_T];
+  const int8_t *x[GEMM_T];
+  for (int t = 0; t < T; t++) {
+    acc[t] = _mm256_setzero_si256();
+    x[t] = act_k(a, as, t, i)->qs;
+  }
+  for (int g = 0; g < QK_K / 32; g++) {
+    const __m256i s = _mm256_load_si256((const __m256i *)p->sc[g]);
+#ifdef __AVX512VNNI__
+    /* four products straight into int32 per row; the group's sum then times its scale (the same integers) */
+    __m256i gsum[GEMM_T];
+    for (int t = 0; t < T; t++) gsum[t] = _mm256_setzero_si256();
+#endif
+    for (int k = 0; k < 8; k++) {
+      const __m256i q = _mm256_load_si256((const __m256i *)p->q[g][k]), absq = _mm256_abs_epi8(q);
+      for (int t = 0; t < T; t++) {
+        int32_t four;
+        memcpy(&four, x[t] + 32 * g + 4 * k, 4);
+        const __m256i xv = _mm256_sign_epi8(_mm256_set1_epi32(four), q);
+#ifdef __AVX512VNNI__
+        gsum[t] = _mm256_dpbusd_epi32(gsum[t], absq, xv);
+#else
+        acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(absq, xv), s));
+#endif
+      }
+    }
+#ifdef __AVX512VNNI__
+    const __m256i s32 = _mm256_srai_epi32(s, 16); /* lanes 2r and 2r+1 hold the same scale */
+    for (int t = 0; t < T; t++) acc[t] = _mm256_add_epi32(acc[t], _mm256_mullo_epi32(gsum[t], s32));
+#endif
+  }
+  const __m256 dw = _mm256_load_ps(p->d);
+  for (int t = 0; t < T; t++) {
+    /* lane r: fmaf((float)isum, d_w * d_a, acc), as iq4xs_sum */
+    const __m256 dd = _mm256_mul_ps(dw, _mm256_set1_ps(act_k(a, as, t, i)->d));
+    _mm256_store_ps(facc[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t]), dd, _mm256_load_ps(facc[t])));
+  }
+}
+
+/* Tokens per facc block (its sums stay on the stack between super-blocks; a panel is decoded once per block). */
+#define GEMM_TB 64
+
+static void gemm_iq4_xs(int n, const void *w, size_t ws, int nr, const void *a, size_t as, int nt, float *out, size_t os,
+                        int accumulate) {
+  const int nb = n / QK_K;
+  int r0 = 0;
+  for (; r0 + 8 <= nr; r0 += 8) {
+    const uint8_t *wr = (const uint8_t *)w + (size_t)r0 * ws;
+    for (int t0 = 0; t0 < nt; t0 += GEMM_TB) {
+      const int tb = nt - t0 < GEMM_TB ? nt - t0 : GEMM_TB;
+      const uint8_t *at = ACT_ROW(t0);
+      float facc[GEMM_TB][8] __attribute__((aligned(32)));
+      memset(facc, 0, sizeof facc);
+      iq4xs_panel p;
+      for (int i = 0; i < nb; i++) {
+        if (i + 1 < nb) /* the next super-block of each row */
+          for (int r = 0; r < 8; r++) _mm_prefetch((const char *)((const block_iq4_xs *)(wr + (size_t)r * ws) + i + 1), _MM_HINT_T0);
+        iq4xs_panel_decode(wr, ws, i, &p);
+        int t = 0;
+        for (; t + GEMM_T <= tb; t += GEMM_T) iq4xs_tile(&p, at + (size_t)t * as, as, i, GEMM_T, facc + t);
+        switch (tb - t) { /* the tail: a constant T each, so the token loops unroll */
+#define TAIL_TILE(k) case k: if (k < GEMM_T) iq4xs_tile(&p, at + (size_t)t * as, as, i, k < GEMM_T ? k : 1, facc + t); break;
+          TAIL_TILE(7) TAIL_TILE(6) TAIL_TILE(5) TAIL_TILE(4) TAIL_TILE(3) TAIL_TILE(2) TAIL_TILE(1)
+#undef TAIL_TILE
+        default: break;
+        }
+      }
+      for (int t = 0; t < tb; t++)
+        for (int r = 0; r < 8; r++) {
+          float *o = out + (size_t)(t0 + t) * os + r0 + r;
+          *o = accumulate ? *o + facc[t][r] : facc[t][r];
+        }
+    }
+  }
+  /* rows past the last 8: the dot, a row at a time over the tokens */
+  for (; r0 < nr; r0++)
+    for (int t0 = 0; t0 < nt; t0 += PRIMA_MAX_NC) {
+      const int nc = nt - t0 < PRIMA_MAX_NC ? nt - t0 : PRIMA_MAX_NC;
+      float tmp[PRIMA_MAX_NC];
+      dot_iq4_xs(n, (const uint8_t *)w + (size_t)r0 * ws, ACT_ROW(t0), as, nc, tmp);
+      for (int c = 0; c < nc; c++) {
+        float *o = out + (size_t)(t0 + c) * os + r0;
+        *o = accumulate ? *o + tmp[c] : tmp[c];
+      }
+    }
+}
 
 /* ---------------------------------------------------------------- activation quantizers
  * Byte-identical to quants.c's (the tests compare them): products are rounded by cvtps_epi32, which
@@ -759,6 +919,7 @@ void LEVEL_FNS(prima_level_fns *f) {
   for (int h = 0; h < (1 << 16); h++) f16_table[h] = _cvtsh_ss((unsigned short)h);
   PRIMA_SET_DOTS(f);
   PRIMA_SET_DOT_ROWS(f);
+  f->gemm[PRIMA_IQ4_XS] = gemm_iq4_xs;
   f->act_quantize[PRIMA_F16] = quantize_act_f16;
   f->act_quantize[PRIMA_BF16] = quantize_act_bf16;
   f->act_quantize[PRIMA_Q8_0] = quantize_act_q8_0;

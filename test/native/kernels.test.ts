@@ -5,7 +5,7 @@ import { spawnSync } from "node:child_process";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import {
-  GgmlTypeId, MAX_NC, WEIGHT_TYPES, dequantize, dot, dotRows, fp32ToHalf, geglu, halfToFp32, quantizeAct, quantizeRef, rowBytes,
+  GgmlTypeId, MAX_NC, WEIGHT_TYPES, dequantize, dot, dotRows, fp32ToHalf, gemm, geglu, halfToFp32, quantizeAct, quantizeRef, rowBytes,
   simdLevel, simdLevels, typeInfo, type GgmlTypeName, type SimdLevel,
 } from "../../native/kernels.js";
 import {
@@ -211,6 +211,10 @@ describe("kernel table", () => {
 
   it("has a SIMD dot for every weight type at every SIMD level", () => {
     for (const l of simdOnly) for (const t of WEIGHT_TYPES) expect(typeInfo(t, l)!.dotSimd, `${t} at ${l}`).toBe(l);
+  });
+
+  it("has a prompt kernel (gemm) for IQ4_XS at every x86 SIMD level; the scalar level's is its dot", () => {
+    for (const l of levels) expect(typeInfo("IQ4_XS", l)!.gemm, `IQ4_XS at ${l}`).toBe(l === "avx2" || l === "avx512");
   });
 
   it("decodes through a rows kernel for every weight type on AVX2; the scalar level's rows are its dot row by row", () => {
@@ -467,6 +471,44 @@ describe("dots", () => {
     }
   });
 
+  it("a gemm (a prompt's product) equals the level's dot (nc = 1) bit for bit on every row and token, and scalar within tolerance", () => {
+    // The matmul runs a gemm on prompt batches and the rows kernel (= the dot at nc = 1) on one token:
+    // a level's gemm must give each row and token decode's bits, whatever its blocking of rows and tokens.
+    // 19 rows and 70 tokens: whole and partial panels of rows, token blocks and tiles with tails.
+    const nr = 19, nt = 70;
+    for (const l of levels) {
+      for (const t of WEIGHT_TYPES) {
+        const info = typeInfo(t, l)!;
+        const n = K_TYPES.has(t) ? 3 * 256 : 7 * 32;
+        const rowLen = rowBytes(t, n), wStride = rowLen + info.blockBytes + 5;
+        const w = weightRows(t, n, nr, wStride, 800 + n);
+        const actRow = rowBytes(info.actType, n), aStride = actRow + 24;
+        const rows = Array.from({ length: nt }, (_, c) => quantizeAct(info.actType, normals(n, 810 + c, 0.5 + (c % 5))));
+        const acts = stackRows(rows, aStride);
+        const outStride = nr + 3;
+        const got = gemm(t, n, w, wStride, nr, acts, aStride, nt, new Float32Array(nt * outStride), outStride, false, l);
+        const base = normals(nt * outStride, 820);
+        const added = gemm(t, n, w, wStride, nr, acts, aStride, nt, base.slice(), outStride, true, l);
+        for (let r = 0; r < nr; r++) {
+          const row = w.slice(r * wStride, r * wStride + rowLen);
+          const wf = dequantize(t, row, new Float32Array(n));
+          for (let c = 0; c < nt; c++) {
+            const at = c * outStride + r;
+            const alone = dot(t, n, row, rows[c], actRow, 1, new Float32Array(1), l)[0];
+            expect(sameBits(got.subarray(at, at + 1), Float32Array.of(alone)), `${t} at ${l} row ${r} token ${c}: gemm ${got[at]} dot ${alone}`).toBe(true);
+            expect(sameBits(added.subarray(at, at + 1), Float32Array.of(base[at] + alone)), `${t} at ${l} row ${r} token ${c}: accumulate`).toBe(true);
+            if (l === "scalar" || c % 7) continue; // against the scalar twin: a sample of tokens
+            const scalar = dot(t, n, row, rows[c], actRow, 1, new Float32Array(1), "scalar")[0];
+            const { abs } = exactDot(wf, actToFloats(info.actType, rows[c], n));
+            expect(Math.abs(got[at] - scalar), `${t} at ${l} row ${r} token ${c}: gemm ${got[at]} scalar ${scalar}`).toBeLessThanOrEqual(abs * 1e-5 + 1e-30);
+          }
+        }
+        // the gaps between output rows are left alone
+        for (let c = 0; c < nt; c++) for (let r = nr; r < outStride; r++) expect(got[c * outStride + r]).toBe(0);
+      }
+    }
+  });
+
   it("SIMD dequantizers and activation quantizers equal the scalar ones on every level", () => {
     for (const l of simdOnly) {
       for (const t of WEIGHT_TYPES) {
@@ -510,6 +552,14 @@ describe("bad input gives a clear error", () => {
     expect(() => dotRows("Q4_K", n, w, w.length, 1, a.subarray(1), out)).toThrow(/needs 292/);
     expect(() => dotRows("Q4_K", n, w, w.length, 1, a, new Float32Array(0))).toThrow(/out/);
     expect(() => dotRows("Q4_K", 100, w, w.length, 1, a, out)).toThrow(/whole number of Q4_K blocks/);
+    expect(() => gemm("Q4_K", n, w, w.length, 2, a, a.length, 1, out, 2, false)).toThrow(/shorter than nr rows/);
+    expect(() => gemm("Q4_K", n, w, w.length, 1, a, a.length, 2, out, 1, false)).toThrow(/shorter than nr rows/);
+    expect(() => gemm("Q4_K", n, w, w.length, 1, a, a.length, 1, new Float32Array(0), 1, false)).toThrow(/shorter than nr rows/);
+    expect(() => gemm("Q4_K", n, w, w.length, 2, a, a.length, 1, out, 1, false)).toThrow(/outStride 1 < nr 2/);
+    expect(() => gemm("Q4_K", n, w, w.length - 1, 1, a, a.length, 1, out, 1, false)).toThrow(/wStride 143 < 144/);
+    expect(() => gemm("Q4_K", n, w, w.length, 0, a, a.length, 1, out, 1, false)).toThrow(/nr must be/);
+    expect(() => gemm("Q4_K", n, w, w.length, 1, a, a.length, 1, out, 1, 1 as unknown as boolean)).toThrow(/accumulate must be a boolean/);
+    expect(() => gemm("IQ4_XS", 100, w, w.length, 1, a, a.length, 1, out, 1, false)).toThrow(/whole number of IQ4_XS blocks/);
     expect(() => quantizeRef("Q4_K", new Float32Array(100))).toThrow(/whole number/);
     expect(() => quantizeRef("Q8_K", new Float32Array(256))).toThrow(/not a weight type/);
     expect(() => quantizeAct("Q4_K", new Float32Array(256))).toThrow(/not an activation format/);

@@ -201,6 +201,35 @@ int main(void) {
           }
           free(m);
         }
+        { /* the gemm (a prompt's product): each row and token equals the level's dot (nc = 1) bit for bit,
+           * over whole and partial panels of rows and tiles of tokens, and adds into out when asked */
+          enum { NR = 11, NT = 13, OS = NR + 2 };
+          uint8_t *m = malloc(wbytes * NR), *ta = malloc(stride * NT);
+          for (int r = 0; r < NR; r++) {
+            for (int i = 0; i < n; i++) x[i] = 0.02f * normal();
+            ks->quantize_ref(x, m + r * wbytes, n);
+          }
+          for (int t = 0; t < NT; t++) {
+            for (int i = 0; i < n; i++) x[i] = (1 + t % 3) * normal();
+            prima_act_quantizer_at(ks->act_type, level)(x, ta + t * stride, n);
+          }
+          float out[NT * OS], sum[NT * OS], init[NT * OS];
+          for (int i = 0; i < NT * OS; i++) init[i] = sum[i] = out[i] = normal();
+          prima_gemm(kv, n, m, wbytes, NR, ta, stride, NT, out, OS, 0);
+          prima_gemm(kv, n, m, wbytes, NR, ta, stride, NT, sum, OS, 1);
+          for (int r = 0; r < NR; r++)
+            for (int t = 0; t < NT; t++) {
+              float one;
+              kv->dot(n, m + r * wbytes, ta + t * stride, 0, 1, &one);
+              const float added = init[t * OS + r] + one;
+              CHECK(memcmp(&added, &sum[t * OS + r], sizeof one) == 0, "%s n=%d row %d token %d: %s gemm accumulate %.9g != %.9g",
+                    ks->name, n, r, t, prima_simd_name(level), sum[t * OS + r], added);
+              CHECK(memcmp(&one, &out[t * OS + r], sizeof one) == 0, "%s n=%d row %d token %d: %s gemm %.9g != its dot %.9g", ks->name,
+                    n, r, t, prima_simd_name(level), out[t * OS + r], one);
+            }
+          free(m);
+          free(ta);
+        }
         free(deq_s);
         free(deq_v);
         free(x);
