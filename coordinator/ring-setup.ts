@@ -31,6 +31,8 @@ export interface RingSpec {
   /** The KV cache's types, the head's and every member's (their Assignment's cacheTypeK/V). */
   readonly kvCacheTypes?: KvCacheTypes;
   readonly prefetch: boolean;
+  /** The head's own MoE windows predict and advise their experts (a worker decides for itself). */
+  readonly expertPrefetch?: boolean;
 }
 
 export interface RingOptions {
@@ -87,7 +89,7 @@ export class Ring {
     const room = new WeightRoom(() => this.node?.residentWeightBytes() ?? 0);
     const pipelineRef: { p?: RingPipeline } = {};
     this.node = new RingNode({
-      model, windows: spec.headWindows, cycles: spec.cycles, ctx: spec.ctx, maxBatch: spec.maxBatch, prefetch: spec.prefetch, kvCacheTypes: spec.kvCacheTypes,
+      model, windows: spec.headWindows, cycles: spec.cycles, ctx: spec.ctx, maxBatch: spec.maxBatch, prefetch: spec.prefetch, expertPrefetch: spec.expertPrefetch, kvCacheTypes: spec.kvCacheTypes,
       weightRoomBytes: () => room.bytes(), releaseAfterUse: spec.headReleaseAfterUse, isHead: true,
       send: async (f) => {
         if (!this.link) throw new Error("the ring is not connected");

@@ -26,6 +26,8 @@ export interface DeviceOptions {
   readonly fail: (e: unknown) => void;
   /** Run the ring links' frames on the native lane (ring/lane.ts; default true); false keeps them in JS. */
   readonly nativeLane?: boolean;
+  /** Its MoE windows predict and advise their experts while they do not fit in memory (--expert-prefetch). */
+  readonly expertPrefetch?: boolean;
 }
 
 /** The longest a reset waits for the one before it (WorkerDevice.reset). */
@@ -100,6 +102,7 @@ export class WorkerDevice implements SessionHandler {
       maxBatch: a.maxBatch,
       kvCacheTypes,
       prefetch: a.prefetch,
+      expertPrefetch: this.o.expertPrefetch,
       weightRoomBytes: () => this.room.bytes(),
       releaseAfterUse: a.releaseAfterUse,
       isHead: false,

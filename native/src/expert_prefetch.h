@@ -1,0 +1,56 @@
+/* Expert prefetch of a mixture-of-experts window: before a MoE layer computes, its router is applied to
+ * the layer's input, the experts it will probably use are predicted, and their bytes (each one's
+ * gate, up and down rows) are advised to the OS (MADV_WILLNEED), so that on a device short of memory
+ * the pages are read while the layer's attention computes. Prediction never changes a result: it
+ * writes only scratch that the layer overwrites before reading, and its own flags. */
+#ifndef PRIMA_EXPERT_PREFETCH_H
+#define PRIMA_EXPERT_PREFETCH_H
+
+#include <stdint.h>
+
+#include "model.h"
+#include "threadpool.h"
+
+/* When a layer's experts are predicted:
+ * - AHEAD: from the layer's input x (the previous layer's output), before its attention. The router
+ *   reads ffn_norm(x + attention(x)); the predictor takes ffn_norm(x): the cheapest honest stand-in,
+ *   the attention's residual left out (the residual stream changes little in one layer).
+ * - EXACT: from the router's own input, after the attention (the prediction is the routing itself: a
+ *   check of the predictor, and a bound on its hit rate; too late to hide any read). */
+enum { PRIMA_XP_OFF = 0, PRIMA_XP_AHEAD = 1, PRIMA_XP_EXACT = 2 };
+
+typedef struct {
+  uint64_t layers;        /* MoE layer passes predicted */
+  uint64_t predicted;     /* experts predicted (a layer pass: the union over its tokens) */
+  uint64_t hits;          /* of them, routed to by the pass */
+  uint64_t misses;        /* routed to, not predicted */
+  uint64_t advised_bytes; /* bytes advised (the predicted experts' gate, up and down) */
+  uint64_t used_bytes;    /* of them, an expert's that was routed to */
+  uint64_t wasted_bytes;  /* of them, an expert's that was not */
+} prima_xp_counters;
+
+typedef struct prima_expert_prefetch {
+  int mode;               /* PRIMA_XP_* */
+  int pred_layer;         /* the layer pred is for, -1: none */
+  unsigned char *pred;    /* [n_expert] */
+  prima_xp_counters c;
+} prima_expert_prefetch;
+
+/* Sets the window's mode (a window without experts accepts only OFF). 0, or -1 with a message. */
+int prima_window_expert_prefetch(prima_window *w, int mode, char *err, size_t err_len);
+/* The window's counters since it was made (zeros when never enabled). */
+prima_xp_counters prima_window_expert_prefetch_counters(const prima_window *w);
+void prima_expert_prefetch_free(prima_window *w);
+
+/* In the forward pass, on every thread: predicts MoE layer l's experts from rows x (n of them) and
+ * advises their bytes, when the window's mode is `when`. Uses w->h, the activation scratch and the
+ * router scratch, which the layer's own blocks overwrite before reading. */
+void prima_expert_prefetch_predict(const prima_task *t, prima_window *w, int l, const float *x, int n, int when);
+/* Thread 0, once layer l has routed its tokens (first: moe_block's per-expert row starts): scores the
+ * prediction against the routing. */
+void prima_expert_prefetch_score(prima_window *w, int l, const int *first);
+
+/* model.c's routing of one token (the predictor routes as the layer does). */
+void prima_moe_route(const prima_hparams *hp, const prima_layer *L, float *logits, int *sel, float *wt);
+
+#endif
