@@ -9,6 +9,36 @@
 #include "matmul.h"
 #include "ops.h"
 
+/* Takes the latest request and advises its ranges, until told to stop. */
+static void *advise_thread(void *arg) {
+  prima_expert_prefetch *xp = arg;
+  uint64_t *mine = NULL;
+  size_t cap = 0;
+  pthread_mutex_lock(&xp->lock);
+  for (;;) {
+    while (!xp->stop && xp->n_pending == 0) pthread_cond_wait(&xp->wake, &xp->lock);
+    if (xp->stop) break;
+    const int n = xp->n_pending;
+    if ((size_t)n > cap) {
+      uint64_t *grown = realloc(mine, sizeof(uint64_t) * 2 * (size_t)n);
+      if (!grown) { /* advice is optional: drop this request */
+        xp->n_pending = 0;
+        continue;
+      }
+      mine = grown;
+      cap = (size_t)n;
+    }
+    memcpy(mine, xp->pending, sizeof(uint64_t) * 2 * (size_t)n);
+    xp->n_pending = 0;
+    pthread_mutex_unlock(&xp->lock);
+    for (int i = 0; i < n; i++) madvise(xp->map + mine[2 * i], (size_t)(mine[2 * i + 1] - mine[2 * i]), MADV_WILLNEED);
+    pthread_mutex_lock(&xp->lock);
+  }
+  pthread_mutex_unlock(&xp->lock);
+  free(mine);
+  return NULL;
+}
+
 int prima_window_expert_prefetch(prima_window *w, int mode, char *err, size_t err_len) {
   if (mode != PRIMA_XP_OFF && mode != PRIMA_XP_AHEAD && mode != PRIMA_XP_EXACT)
     return prima_fail(err, err_len, "expert prefetch mode %d is not off (0), ahead (1) or exact (2)", mode);
@@ -17,12 +47,26 @@ int prima_window_expert_prefetch(prima_window *w, int mode, char *err, size_t er
   if (!w->xp) {
     if (mode == PRIMA_XP_OFF) return 0;
     prima_expert_prefetch *xp = calloc(1, sizeof *xp);
-    if (xp) xp->pred = calloc((size_t)w->m->hp.n_expert, 1);
-    if (!xp || !xp->pred) {
-      if (xp) free(xp);
+    if (!xp) return prima_fail(err, err_len, "out of memory for the expert prefetch of a window");
+    xp->pred = calloc((size_t)w->m->hp.n_expert, 1);
+    xp->pending = calloc((size_t)w->m->hp.n_expert * 3 * 2, sizeof(uint64_t));
+    xp->pred_layer = -1;
+    xp->map = w->m->map;
+    if (!xp->pred || !xp->pending || pthread_mutex_init(&xp->lock, NULL) != 0) {
+      free(xp->pred);
+      free(xp->pending);
+      free(xp);
       return prima_fail(err, err_len, "out of memory for the expert prefetch of a window");
     }
-    xp->pred_layer = -1;
+    pthread_cond_init(&xp->wake, NULL);
+    if (pthread_create(&xp->thread, NULL, advise_thread, xp) != 0) {
+      pthread_cond_destroy(&xp->wake);
+      pthread_mutex_destroy(&xp->lock);
+      free(xp->pred);
+      free(xp->pending);
+      free(xp);
+      return prima_fail(err, err_len, "cannot start the expert prefetch thread of a window");
+    }
     w->xp = xp;
   }
   /* a pass running now sees the new mode at its next layer */
@@ -36,7 +80,16 @@ prima_xp_counters prima_window_expert_prefetch_counters(const prima_window *w) {
 }
 
 void prima_expert_prefetch_free(prima_window *w) {
-  if (!w->xp) return;
+  prima_expert_prefetch *xp = w->xp;
+  if (!xp) return;
+  pthread_mutex_lock(&xp->lock);
+  xp->stop = 1;
+  pthread_cond_signal(&xp->wake);
+  pthread_mutex_unlock(&xp->lock);
+  pthread_join(xp->thread, NULL);
+  pthread_cond_destroy(&xp->wake);
+  pthread_mutex_destroy(&xp->lock);
+  free(xp->pending);
   free(w->xp->pred);
   free(w->xp);
   w->xp = NULL;
@@ -53,9 +106,10 @@ static uint64_t expert_bytes(const prima_window *w, const prima_layer *L) {
   return (uint64_t)F * (L->gate_exps.row_bytes + L->up_exps.row_bytes) + (uint64_t)E * L->down_exps.row_bytes;
 }
 
-/* MADV_WILLNEED over expert e's gate, up and down rows (each widened to whole pages). */
-static void advise_expert(prima_window *w, const prima_layer *L, int e) {
+/* Expert e's gate, up and down rows (each widened to whole pages) appended to ranges ([lo, hi) pairs). */
+static int expert_ranges(const prima_window *w, const prima_layer *L, int e, uint64_t *ranges, int n) {
   const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  const uint64_t map_end = ((uint64_t)w->m->map_bytes + page - 1) & ~(page - 1);
   const int64_t F = w->m->hp.n_ff_exp, E = w->m->hp.n_embd;
   const prima_tensor *ts[3] = { &L->gate_exps, &L->up_exps, &L->down_exps };
   const int64_t rows[3] = { F, F, E };
@@ -64,9 +118,13 @@ static void advise_expert(prima_window *w, const prima_layer *L, int e) {
     expert_span(ts[i], e, rows[i], &lo, &bytes);
     uint64_t hi = (lo + bytes + page - 1) & ~(page - 1);
     lo &= ~(page - 1);
-    if (hi > (uint64_t)w->m->map_bytes) hi = ((uint64_t)w->m->map_bytes + page - 1) & ~(page - 1);
-    if (hi > lo) madvise(w->m->map + lo, (size_t)(hi - lo), MADV_WILLNEED); /* advice: a failure costs nothing */
+    if (hi > map_end) hi = map_end;
+    if (hi <= lo) continue;
+    ranges[2 * n] = lo;
+    ranges[2 * n + 1] = hi;
+    n++;
   }
+  return n;
 }
 
 void prima_expert_prefetch_predict(const prima_task *t, prima_window *w, int l, const float *x, int n, int when) {
@@ -96,12 +154,17 @@ void prima_expert_prefetch_predict(const prima_task *t, prima_window *w, int l, 
     for (int j = 0; j < K; j++) xp->pred[w->moe_sel[(size_t)r * K + j]] = 1;
   }
   const uint64_t each = expert_bytes(w, L);
+  pthread_mutex_lock(&xp->lock);
+  int nr = 0;
   for (int e = 0; e < X; e++) {
     if (!xp->pred[e]) continue;
-    advise_expert(w, L, e);
+    nr = expert_ranges(w, L, e, xp->pending, nr);
     xp->c.predicted++;
     xp->c.advised_bytes += each;
   }
+  xp->n_pending = nr; /* replaces a request not taken yet: its layer is computing by now */
+  pthread_cond_signal(&xp->wake);
+  pthread_mutex_unlock(&xp->lock);
   xp->c.layers++;
   xp->pred_layer = l;
 }

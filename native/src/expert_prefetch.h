@@ -6,6 +6,7 @@
 #ifndef PRIMA_EXPERT_PREFETCH_H
 #define PRIMA_EXPERT_PREFETCH_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "model.h"
@@ -29,11 +30,21 @@ typedef struct {
   uint64_t wasted_bytes;  /* of them, an expert's that was not */
 } prima_xp_counters;
 
+/* The advice goes to a thread of its own: MADV_WILLNEED on a file mapping allocates the pages and
+ * submits their reads before it returns, which on the compute thread delayed the layer it was meant to
+ * hide behind (measured: decode slower with the advice inline than without it). A newer layer's
+ * request replaces one the thread has not taken yet: the older layer is computing by then. */
 typedef struct prima_expert_prefetch {
   int mode;               /* PRIMA_XP_* */
   int pred_layer;         /* the layer pred is for, -1: none */
   unsigned char *pred;    /* [n_expert] */
   prima_xp_counters c;
+  pthread_t thread;
+  pthread_mutex_t lock;
+  pthread_cond_t wake;
+  int stop, n_pending;    /* under lock */
+  uint8_t *map;           /* the model's mapping */
+  uint64_t *pending;      /* [3 * n_expert][2]: page-aligned byte ranges [lo, hi) of the file to advise */
 } prima_expert_prefetch;
 
 /* Sets the window's mode (a window without experts accepts only OFF). 0, or -1 with a message. */
