@@ -2,7 +2,8 @@
 // page cache). Expert prefetch on a memory-capped device (issue #29): the MoE benchmark model
 // (bench/moe.ts) as one window over every layer, in a cgroup v1 memory group of capMiB (default 200,
 // about half its weights), streamed past its room as a ring device's only window is; greedy one-token
-// decode passes with the expert prefetch off, then ahead. Per mode: decode tokens/s, MiB read from
+// decode passes with the expert prefetch off, ahead (before each layer's attention) and early (a
+// layer before), twice in turn. Per mode: decode tokens/s, MiB read from
 // the file a token (/proc/self/io), and the prefetch's counters (experts predicted, routed; bytes
 // advised, used, wasted). The page cache is dropped before each mode and the group removed after.
 import { spawn } from "node:child_process";
@@ -79,7 +80,7 @@ async function main(capMiB: number, tokens: number): Promise<void> {
   console.log(`## expert prefetch: ${MODEL} (12 layers, 32 experts, 4 used) in ${capMiB} MiB, ${tokens} greedy tokens\n`);
   console.log("| expert prefetch | decode tok/s | ms a token (median) | MiB read a token | predicted | routed of them | MiB advised | used | wasted |");
   console.log("|---|---|---|---|---|---|---|---|---|");
-  for (const mode of ["off", "ahead", "off", "ahead"] as const) {
+  for (const mode of ["off", "ahead", "early", "off", "ahead", "early"] as const) {
     const r = await capped(mode, capMiB, tokens);
     const c = r.counters;
     console.log(`| ${mode} | ${r.tokS.toFixed(2)} | ${r.msPerToken.toFixed(1)} | ${r.readMiBPerToken.toFixed(1)} | ${c.predicted} | ${c.hits} (${c.predicted ? ((100 * c.hits) / c.predicted).toFixed(0) : 0}%) | ` +

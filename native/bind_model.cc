@@ -592,13 +592,13 @@ Napi::Value Window::StreamBeyond(const Napi::CallbackInfo &info) {
   return info.Env().Undefined();
 }
 
-// expertPrefetch("off" | "ahead" | "exact"): when a MoE layer's experts are predicted and advised
+// expertPrefetch("off" | "ahead" | "early" | "exact"): when a MoE layer's experts are predicted and advised
 Napi::Value Window::ExpertPrefetch(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   if (!Alive(env)) return env.Undefined();
   const std::string mode = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value() : "";
-  const int m = mode == "off" ? PRIMA_XP_OFF : mode == "ahead" ? PRIMA_XP_AHEAD : mode == "exact" ? PRIMA_XP_EXACT : -1;
-  if (m < 0) return ThrowType(env, "expertPrefetch(mode) needs \"off\", \"ahead\" or \"exact\"");
+  const int m = mode == "off" ? PRIMA_XP_OFF : mode == "ahead" ? PRIMA_XP_AHEAD : mode == "exact" ? PRIMA_XP_EXACT : mode == "early" ? PRIMA_XP_EARLY : -1;
+  if (m < 0) return ThrowType(env, "expertPrefetch(mode) needs \"off\", \"ahead\", \"early\" or \"exact\"");
   char err[kErrLen] = {0};
   if (prima_window_expert_prefetch(w, m, err, sizeof err)) return ThrowErr(env, err);
   return env.Undefined();

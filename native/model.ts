@@ -84,9 +84,10 @@ export interface ExpertPrefetchCounters {
 }
 
 /** When a MoE layer's experts are predicted and advised: never; ahead, from the layer's input before
- * its attention (ffn_norm(x) stands in for ffn_norm(x + attention(x))); exact, from the router's own
+ * its attention (ffn_norm(x) stands in for ffn_norm(x + attention(x))); early, layer l + 1's from
+ * layer l's state after its attention (more time to read, a rougher guess); exact, from the router's own
  * input (a check of the predictor: it then predicts the routing itself, too late to hide a read). */
-export type ExpertPrefetchMode = "off" | "ahead" | "exact";
+export type ExpertPrefetchMode = "off" | "ahead" | "early" | "exact";
 
 export interface Residency {
   readonly residentBytes: number;

@@ -40,17 +40,17 @@ static void *advise_thread(void *arg) {
 }
 
 int prima_window_expert_prefetch(prima_window *w, int mode, char *err, size_t err_len) {
-  if (mode != PRIMA_XP_OFF && mode != PRIMA_XP_AHEAD && mode != PRIMA_XP_EXACT)
-    return prima_fail(err, err_len, "expert prefetch mode %d is not off (0), ahead (1) or exact (2)", mode);
+  if (mode < PRIMA_XP_OFF || mode > PRIMA_XP_EARLY)
+    return prima_fail(err, err_len, "expert prefetch mode %d is not off (0), ahead (1), exact (2) or early (3)", mode);
   if (mode != PRIMA_XP_OFF && !w->moe_logits)
     return prima_fail(err, err_len, "window [%d, %d) has no mixture-of-experts layer to prefetch experts for", w->first, w->end);
   if (!w->xp) {
     if (mode == PRIMA_XP_OFF) return 0;
     prima_expert_prefetch *xp = calloc(1, sizeof *xp);
     if (!xp) return prima_fail(err, err_len, "out of memory for the expert prefetch of a window");
-    xp->pred = calloc((size_t)w->m->hp.n_expert, 1);
+    xp->pred = calloc((size_t)w->m->hp.n_expert, 2);
     xp->pending = calloc((size_t)w->m->hp.n_expert * 3 * 2, sizeof(uint64_t));
-    xp->pred_layer = -1;
+    xp->pred_layer[0] = xp->pred_layer[1] = -1;
     xp->map = w->m->map;
     if (!xp->pred || !xp->pending || pthread_mutex_init(&xp->lock, NULL) != 0) {
       free(xp->pred);
@@ -127,9 +127,8 @@ static int expert_ranges(const prima_window *w, const prima_layer *L, int e, uin
   return n;
 }
 
-void prima_expert_prefetch_predict(const prima_task *t, prima_window *w, int l, const float *x, int n, int when) {
+static void predict(const prima_task *t, prima_window *w, int l, const float *x, int n) {
   prima_expert_prefetch *xp = w->xp;
-  if (!xp || __atomic_load_n(&xp->mode, __ATOMIC_RELAXED) != when) return;
   const prima_layer *L = &w->m->layers[l];
   if (!L->gate_inp.data) return;
   const prima_hparams *hp = &w->m->hp;
@@ -148,16 +147,17 @@ void prima_expert_prefetch_predict(const prima_task *t, prima_window *w, int l, 
   /* thread 0 routes and advises while the others go on into the layer (which does not touch the
    * router's scratch before its own router runs, a barrier later) */
   if (t->ith != 0) return;
-  memset(xp->pred, 0, (size_t)X);
+  unsigned char *pred = xp->pred + (size_t)(l & 1) * X;
+  memset(pred, 0, (size_t)X);
   for (int r = 0; r < n; r++) {
     prima_moe_route(hp, L, w->moe_logits + (size_t)r * X, w->moe_sel + (size_t)r * K, w->moe_wt + (size_t)r * K);
-    for (int j = 0; j < K; j++) xp->pred[w->moe_sel[(size_t)r * K + j]] = 1;
+    for (int j = 0; j < K; j++) pred[w->moe_sel[(size_t)r * K + j]] = 1;
   }
   const uint64_t each = expert_bytes(w, L);
   pthread_mutex_lock(&xp->lock);
   int nr = 0;
   for (int e = 0; e < X; e++) {
-    if (!xp->pred[e]) continue;
+    if (!pred[e]) continue;
     nr = expert_ranges(w, L, e, xp->pending, nr);
     xp->c.predicted++;
     xp->c.advised_bytes += each;
@@ -166,23 +166,33 @@ void prima_expert_prefetch_predict(const prima_task *t, prima_window *w, int l, 
   pthread_cond_signal(&xp->wake);
   pthread_mutex_unlock(&xp->lock);
   xp->c.layers++;
-  xp->pred_layer = l;
+  xp->pred_layer[l & 1] = l;
+}
+
+void prima_expert_prefetch_hook(const prima_task *t, prima_window *w, int l, const float *x, int n, int after) {
+  if (!w->xp) return;
+  const int mode = __atomic_load_n(&w->xp->mode, __ATOMIC_RELAXED);
+  if (mode == PRIMA_XP_AHEAD && !after) predict(t, w, l, x, n);
+  else if (mode == PRIMA_XP_EXACT && after) predict(t, w, l, x, n);
+  else if (mode == PRIMA_XP_EARLY && !after && l == w->first) predict(t, w, l, x, n);
+  else if (mode == PRIMA_XP_EARLY && after && l + 1 < w->end) predict(t, w, l + 1, x, n);
 }
 
 void prima_expert_prefetch_score(prima_window *w, int l, const int *first) {
   prima_expert_prefetch *xp = w->xp;
-  if (!xp || xp->pred_layer != l) return;
+  if (!xp || xp->pred_layer[l & 1] != l) return;
+  const unsigned char *pred = xp->pred + (size_t)(l & 1) * w->m->hp.n_expert;
   const uint64_t each = expert_bytes(w, &w->m->layers[l]);
   for (int e = 0; e < w->m->hp.n_expert; e++) {
     const int routed = first[e + 1] > first[e];
-    if (xp->pred[e] && routed) {
+    if (pred[e] && routed) {
       xp->c.hits++;
       xp->c.used_bytes += each;
-    } else if (xp->pred[e]) {
+    } else if (pred[e]) {
       xp->c.wasted_bytes += each;
     } else if (routed) {
       xp->c.misses++;
     }
   }
-  xp->pred_layer = -1;
+  xp->pred_layer[l & 1] = -1;
 }

@@ -12,13 +12,16 @@
 #include "model.h"
 #include "threadpool.h"
 
-/* When a layer's experts are predicted:
+/* When a layer's experts are predicted (model.c calls the hook before and after each layer's attention):
  * - AHEAD: from the layer's input x (the previous layer's output), before its attention. The router
  *   reads ffn_norm(x + attention(x)); the predictor takes ffn_norm(x): the cheapest honest stand-in,
  *   the attention's residual left out (the residual stream changes little in one layer).
  * - EXACT: from the router's own input, after the attention (the prediction is the routing itself: a
- *   check of the predictor, and a bound on its hit rate; too late to hide any read). */
-enum { PRIMA_XP_OFF = 0, PRIMA_XP_AHEAD = 1, PRIMA_XP_EXACT = 2 };
+ *   check of the predictor, and a bound on its hit rate; too late to hide any read).
+ * - EARLY: layer l + 1's from layer l's state after its attention (l + 1's ffn_norm and router on it:
+ *   its own FFN and l + 1's attention left out), so its reads have layer l's experts and layer
+ *   l + 1's attention to hide behind; the window's first layer as AHEAD. */
+enum { PRIMA_XP_OFF = 0, PRIMA_XP_AHEAD = 1, PRIMA_XP_EXACT = 2, PRIMA_XP_EARLY = 3 };
 
 typedef struct {
   uint64_t layers;        /* MoE layer passes predicted */
@@ -36,8 +39,8 @@ typedef struct {
  * request replaces one the thread has not taken yet: the older layer is computing by then. */
 typedef struct prima_expert_prefetch {
   int mode;               /* PRIMA_XP_* */
-  int pred_layer;         /* the layer pred is for, -1: none */
-  unsigned char *pred;    /* [n_expert] */
+  int pred_layer[2];      /* the layer pred[i] is for (layer % 2), -1: none */
+  unsigned char *pred;    /* [2][n_expert] */
   prima_xp_counters c;
   pthread_t thread;
   pthread_mutex_t lock;
@@ -53,10 +56,11 @@ int prima_window_expert_prefetch(prima_window *w, int mode, char *err, size_t er
 prima_xp_counters prima_window_expert_prefetch_counters(const prima_window *w);
 void prima_expert_prefetch_free(prima_window *w);
 
-/* In the forward pass, on every thread: predicts MoE layer l's experts from rows x (n of them) and
- * advises their bytes, when the window's mode is `when`. Uses w->h, the activation scratch and the
- * router scratch, which the layer's own blocks overwrite before reading. */
-void prima_expert_prefetch_predict(const prima_task *t, prima_window *w, int l, const float *x, int n, int when);
+/* In the forward pass, on every thread, before (after = 0) and after (1) layer l's attention: predicts
+ * the experts of the MoE layer the window's mode says from rows x (n of them) and advises their bytes.
+ * Uses w->h, the activation scratch and the router scratch, which the layer's own blocks overwrite
+ * before reading. */
+void prima_expert_prefetch_hook(const prima_task *t, prima_window *w, int l, const float *x, int n, int after);
 /* Thread 0, once layer l has routed its tokens (first: moe_block's per-expert row starts): scores the
  * prediction against the routing. */
 void prima_expert_prefetch_score(prima_window *w, int l, const int *first);

@@ -1196,10 +1196,10 @@ static void forward_job(const prima_task *t, void *ctx) {
   float *x = j->x;
 
   for (int l = w->first; l < w->end; l++) {
-    /* a MoE layer's probable experts are advised before its attention, which hides their reads */
-    prima_expert_prefetch_predict(t, w, l, x, n, PRIMA_XP_AHEAD);
+    /* a MoE layer's probable experts are advised before it needs them (expert_prefetch.h) */
+    prima_expert_prefetch_hook(t, w, l, x, n, 0);
     attention_block(t, w, l, x, j, n);
-    prima_expert_prefetch_predict(t, w, l, x, n, PRIMA_XP_EXACT);
+    prima_expert_prefetch_hook(t, w, l, x, n, 1);
     if (m->layers[l].gate_inp.data) moe_block(t, w, l, x, n);
     else ffn_block(t, w, l, x, n);
     /* every thread is past this layer: a streamed one goes now, so that the window never holds more
