@@ -6,7 +6,7 @@ import type { ChunkHash, Status } from "../control/index.js";
 import type { KvCacheTypes, LocalModel, LocalPipeline } from "../engine/index.js";
 import { WeightRoom, anonRssBytes, deviceMemory, storageReadBytes } from "../profiler/index.js";
 import {
-  RingListener, RingNode, RingPipeline, dialSuccessor, type NodeStats, type RingLink, type WindowSpec,
+  RingListener, RingNode, RingPipeline, dialSuccessor, expertPrefetchStatus, type NodeStats, type RingLink, type WindowSpec,
 } from "../ring/index.js";
 import type { WorkerHandle, WorkerRegistry } from "./registry.js";
 
@@ -65,7 +65,7 @@ export function headStatus(node: RingNode | undefined, pressure: number): Status
   return {
     windows: (s?.windows ?? []).map((w, i) => {
       const r = node!.windows[i].residency();
-      return { ...w, residentBytes: r.residentBytes, totalBytes: r.totalBytes };
+      return { ...w, residentBytes: r.residentBytes, totalBytes: r.totalBytes, ...expertPrefetchStatus(node!.windows[i]) };
     }),
     waitMs: s?.waitMs ?? 0, sendMs: s?.sendMs ?? 0, descheduledMs: s?.descheduledMs ?? 0, frames: s?.frames ?? 0, anonRssBytes: anonRssBytes(), readBytes: storageReadBytes(), memTotalBytes: mem.totalBytes,
     memAvailableBytes: mem.availableBytes, memPressure: pressure, layerRoomBytes: 0,

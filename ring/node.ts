@@ -86,6 +86,12 @@ export interface RingNodeOptions {
   readonly onError: (message: string, frame: RingFrame) => void;
 }
 
+/** A window's expert prefetch counters as a device's Status carries them (zeros: none, or never on). */
+export function expertPrefetchStatus(window: NativeWindow): { expertsPredicted: number; expertsRouted: number; expertBytesUsed: number; expertBytesWasted: number } {
+  const c = window.info().expertPrefetch;
+  return { expertsPredicted: c?.predicted ?? 0, expertsRouted: c?.hits ?? 0, expertBytesUsed: c?.usedBytes ?? 0, expertBytesWasted: c?.wastedBytes ?? 0 };
+}
+
 /** What travels the ring after the handshake. */
 export type RingFrame = ActivationsFrame | ErrorFrame | KvShiftFrame;
 

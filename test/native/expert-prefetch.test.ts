@@ -12,7 +12,8 @@ import { LocalModel } from "../../engine/index.js";
 import { modelShapeByName, Tokenizer } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
 import type { ExpertPrefetchCounters, ExpertPrefetchMode } from "../../native/index.js";
-import { RingNode } from "../../ring/index.js";
+import { coordinatorService } from "../../control/index.js";
+import { RingNode, expertPrefetchStatus } from "../../ring/index.js";
 
 const dir = mkdtempSync(join(tmpdir(), "prima-expert-prefetch-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -132,6 +133,15 @@ it("a ring device predicts experts only while its windows do not fit in memory",
   expect(await pass(1)).toBe(m.nLayers);
   room = node.weightBytes;
   expect(await pass(2)).toBe(m.nLayers); // fits again: off
+  // a device's Status carries the window's counters to the coordinator (protos/prima.proto)
+  const c = w.info().expertPrefetch!;
+  const xp = expertPrefetchStatus(w);
+  expect(xp).toEqual({ expertsPredicted: c.predicted, expertsRouted: c.hits, expertBytesUsed: c.usedBytes, expertBytesWasted: c.wastedBytes });
+  expect(xp.expertsPredicted).toBe(m.nLayers * modelShapeByName("tiny-qwen3moe")!.nExpertUsed!);
+  const session = coordinatorService().Session;
+  const window = { firstLayer: 0, endLayer: m.nLayers, cycle: 0, residentBytes: 0, totalBytes: 0, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0, ...xp };
+  const back = session.requestDeserialize(session.requestSerialize({ status: { windows: [window], waitMs: 0, sendMs: 0, anonRssBytes: 0, memTotalBytes: 0 } })) as { status: { windows: typeof window[] } };
+  expect(back.status.windows[0]).toMatchObject(xp);
   node.close();
   m.close();
 });
