@@ -67,9 +67,10 @@ int prima_window_expert_prefetch(prima_window *w, int mode, char *err, size_t er
       free(xp);
       return prima_fail(err, err_len, "cannot start the expert prefetch thread of a window");
     }
-    w->xp = xp;
+    /* published whole: a pass running now may see it (with pass_mode off until its next pass) */
+    __atomic_store_n(&w->xp, xp, __ATOMIC_RELEASE);
   }
-  /* a pass running now sees the new mode at its next layer */
+  /* the next pass runs with it (prima_expert_prefetch_begin) */
   __atomic_store_n(&w->xp->mode, mode, __ATOMIC_RELAXED);
   return 0;
 }
@@ -169,9 +170,14 @@ static void predict(const prima_task *t, prima_window *w, int l, const float *x,
   xp->pred_layer[l & 1] = l;
 }
 
+void prima_expert_prefetch_begin(prima_window *w) {
+  if (w->xp) w->xp->pass_mode = __atomic_load_n(&w->xp->mode, __ATOMIC_RELAXED);
+}
+
 void prima_expert_prefetch_hook(const prima_task *t, prima_window *w, int l, const float *x, int n, int after) {
-  if (!w->xp) return;
-  const int mode = __atomic_load_n(&w->xp->mode, __ATOMIC_RELAXED);
+  const prima_expert_prefetch *xp = __atomic_load_n(&w->xp, __ATOMIC_ACQUIRE);
+  if (!xp) return;
+  const int mode = xp->pass_mode; /* set before the pool started: the same on every thread */
   if (mode == PRIMA_XP_AHEAD && !after) predict(t, w, l, x, n);
   else if (mode == PRIMA_XP_EXACT && after) predict(t, w, l, x, n);
   else if (mode == PRIMA_XP_EARLY && !after && l == w->first) predict(t, w, l, x, n);

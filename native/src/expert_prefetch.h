@@ -38,7 +38,9 @@ typedef struct {
  * hide behind (measured: decode slower with the advice inline than without it). A newer layer's
  * request replaces one the thread has not taken yet: the older layer is computing by then. */
 typedef struct prima_expert_prefetch {
-  int mode;               /* PRIMA_XP_* */
+  int mode;               /* PRIMA_XP_*, as last set (any thread, any time) */
+  int pass_mode;          /* the mode of the pass running: every thread of a pass must see the same,
+                             or some would meet the predictor's barriers and others not */
   int pred_layer[2];      /* the layer pred[i] is for (layer % 2), -1: none */
   unsigned char *pred;    /* [2][n_expert] */
   prima_xp_counters c;
@@ -60,6 +62,8 @@ void prima_expert_prefetch_free(prima_window *w);
  * the experts of the MoE layer the window's mode says from rows x (n of them) and advises their bytes.
  * Uses w->h, the activation scratch and the router scratch, which the layer's own blocks overwrite
  * before reading. */
+/* Before a pass starts its threads: fixes the mode it runs with. */
+void prima_expert_prefetch_begin(prima_window *w);
 void prima_expert_prefetch_hook(const prima_task *t, prima_window *w, int l, const float *x, int n, int after);
 /* Thread 0, once layer l has routed its tokens (first: moe_block's per-expert row starts): scores the
  * prediction against the routing. */

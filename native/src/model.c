@@ -1245,6 +1245,7 @@ int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, fl
   for (int done = 0; done < n_tokens;) {
     const int n = n_tokens - done < w->max_batch ? n_tokens - done : w->max_batch;
     fwd_job j = { w, acts + (size_t)done * E, pos + done, n, done + n == n_tokens ? logits : NULL, NULL, NULL };
+    prima_expert_prefetch_begin(w);
     /* One token through small layers is a few microseconds of work per step: meeting other threads at
      * ten barriers per layer would cost more than it saves. */
     if (n == 1 && w->layer_bytes < SMALL_LAYER_BYTES) prima_pool_run_alone(w->m->pool, forward_job, &j);
@@ -1280,6 +1281,7 @@ int prima_window_forward_seqs(prima_window *w, prima_window *const *seqs, const 
     w->anon_bytes += prima_row_bytes(PRIMA_F32, w->m->hp.n_embd) * (size_t)w->max_batch;
   }
   fwd_job j = { w, acts, 0, n, logits, seqs, pos };
+  prima_expert_prefetch_begin(w);
   /* the same choice of threads as a lone decode step (prima_window_forward) */
   if (n == 1 && w->layer_bytes < SMALL_LAYER_BYTES) prima_pool_run_alone(w->m->pool, forward_job, &j);
   else prima_pool_run(w->m->pool, forward_job, &j);
