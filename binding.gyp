@@ -22,6 +22,7 @@
         "native/src/ops.c",
         "native/src/kv_cache.c",
         "native/src/model.c",
+        "native/src/expert_prefetch.c",
         "native/src/kv_shift.c",
         "native/src/ws_codec.c",
         "native/src/lane.c",

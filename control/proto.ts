@@ -57,6 +57,8 @@ export interface KvCommand { op: "CLEAR" | "TRUNCATE"; position: number }
 export interface WindowStatus {
   firstLayer: number; endLayer: number; cycle: number; residentBytes: number; totalBytes: number;
   frames: number; tokens: number; computeMs: number; majorFaults: number;
+  /** Expert prefetch of a MoE window (RingNode's expertPrefetchStatus); 0 otherwise. */
+  expertsPredicted?: number; expertsRouted?: number; expertBytesUsed?: number; expertBytesWasted?: number;
 }
 export interface Status {
   windows: WindowStatus[]; waitMs: number; sendMs: number; anonRssBytes: number; memTotalBytes: number;

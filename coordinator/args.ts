@@ -44,6 +44,8 @@ export const RING_HELP = `      --min-workers N      wait for N workers before r
       --keep-all           place layers on every device, even those Halda would leave out
       --reprofile          measure this device again instead of using its cached profile
       --no-prefetch        do not advise the OS to page in the next window
+      --expert-prefetch    MoE: advise the OS about each layer's predicted experts while it computes,
+                           on devices whose windows do not fit in memory (off by default)
       --join-timeout S     seconds to wait for workers (default 60)`;
 
 const SHARED_OPTIONS = {
@@ -66,6 +68,7 @@ const SHARED_OPTIONS = {
   cycles: { type: "string", short: "k" },
   "keep-all": { type: "boolean" },
   "no-prefetch": { type: "boolean" },
+  "expert-prefetch": { type: "boolean" },
   reprofile: { type: "boolean" },
   "join-timeout": { type: "string" },
   ...KV_CACHE_OPTIONS,
@@ -90,6 +93,7 @@ export interface ClusterArgs {
   readonly cycles?: number;
   readonly keepAll: boolean;
   readonly prefetch: boolean;
+  readonly expertPrefetch: boolean;
   readonly reprofile: boolean;
   readonly joinTimeoutS: number;
 }
@@ -161,6 +165,7 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
     cycles: str("cycles") === undefined ? undefined : intArg("cycles", str("cycles"), 1, 1),
     keepAll: (v["keep-all"] as boolean | undefined) ?? false,
     prefetch: !v["no-prefetch"],
+    expertPrefetch: (v["expert-prefetch"] as boolean | undefined) ?? false,
     reprofile: (v.reprofile as boolean | undefined) ?? false,
     joinTimeoutS: intArg("join-timeout", str("join-timeout"), 60, 1),
   };

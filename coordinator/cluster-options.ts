@@ -16,6 +16,8 @@ export interface ClusterOptions {
   /** The KV cache's types on every device (--cache-type-k/-v); default f16. */
   readonly kvCacheTypes?: KvCacheTypes;
   readonly prefetch: boolean;
+  /** The head's own MoE windows predict and advise their experts (--expert-prefetch; RingNode). */
+  readonly expertPrefetch?: boolean;
   readonly reprofile: boolean;
   readonly layerWindows?: LayerWindowsArg;
   readonly cycles?: number;

@@ -111,7 +111,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
   for (const m of members) devices.set(m.worker, "loading", "receiving its windows", 0);
   const ring = await Ring.build({
     members, headWindows, headReleaseAfterUse: releaseAfterUse(workers.length), cycles: plan.cycles, ctx: o.ctx,
-    maxBatch: o.batch, prefetch: o.prefetch, kvCacheTypes: o.kvCacheTypes,
+    maxBatch: o.batch, prefetch: o.prefetch, expertPrefetch: o.expertPrefetch, kvCacheTypes: o.kvCacheTypes,
   }, {
     model, fingerprint: i.fingerprint, registry: i.registry, log,
     weights: async (layers) => ({ chunkBytes: i.modelSource.info.chunkBytes, chunks: await windowChunkHashes(i.modelSource, model.gguf, layers) }),

@@ -6,7 +6,7 @@ import type { ChunkHash, Status } from "../control/index.js";
 import type { KvCacheTypes, LocalModel, LocalPipeline } from "../engine/index.js";
 import { WeightRoom, anonRssBytes, deviceMemory, storageReadBytes } from "../profiler/index.js";
 import {
-  RingListener, RingNode, RingPipeline, dialSuccessor, type NodeStats, type RingLink, type WindowSpec,
+  RingListener, RingNode, RingPipeline, dialSuccessor, expertPrefetchStatus, type NodeStats, type RingLink, type WindowSpec,
 } from "../ring/index.js";
 import type { WorkerHandle, WorkerRegistry } from "./registry.js";
 
@@ -31,6 +31,8 @@ export interface RingSpec {
   /** The KV cache's types, the head's and every member's (their Assignment's cacheTypeK/V). */
   readonly kvCacheTypes?: KvCacheTypes;
   readonly prefetch: boolean;
+  /** The head's own MoE windows predict and advise their experts (a worker decides for itself). */
+  readonly expertPrefetch?: boolean;
 }
 
 export interface RingOptions {
@@ -63,7 +65,7 @@ export function headStatus(node: RingNode | undefined, pressure: number): Status
   return {
     windows: (s?.windows ?? []).map((w, i) => {
       const r = node!.windows[i].residency();
-      return { ...w, residentBytes: r.residentBytes, totalBytes: r.totalBytes };
+      return { ...w, residentBytes: r.residentBytes, totalBytes: r.totalBytes, ...expertPrefetchStatus(node!.windows[i]) };
     }),
     waitMs: s?.waitMs ?? 0, sendMs: s?.sendMs ?? 0, descheduledMs: s?.descheduledMs ?? 0, frames: s?.frames ?? 0, anonRssBytes: anonRssBytes(), readBytes: storageReadBytes(), memTotalBytes: mem.totalBytes,
     memAvailableBytes: mem.availableBytes, memPressure: pressure, layerRoomBytes: 0,
@@ -87,7 +89,7 @@ export class Ring {
     const room = new WeightRoom(() => this.node?.residentWeightBytes() ?? 0);
     const pipelineRef: { p?: RingPipeline } = {};
     this.node = new RingNode({
-      model, windows: spec.headWindows, cycles: spec.cycles, ctx: spec.ctx, maxBatch: spec.maxBatch, prefetch: spec.prefetch, kvCacheTypes: spec.kvCacheTypes,
+      model, windows: spec.headWindows, cycles: spec.cycles, ctx: spec.ctx, maxBatch: spec.maxBatch, prefetch: spec.prefetch, expertPrefetch: spec.expertPrefetch, kvCacheTypes: spec.kvCacheTypes,
       weightRoomBytes: () => room.bytes(), releaseAfterUse: spec.headReleaseAfterUse, isHead: true,
       send: async (f) => {
         if (!this.link) throw new Error("the ring is not connected");

@@ -8,6 +8,7 @@
 #include <vector>
 
 extern "C" {
+#include "expert_prefetch.h"
 #include "kernels.h"
 #include "kv_cache.h"
 #include "kv_shift.h"
@@ -385,7 +386,8 @@ Napi::Function Window::Define(Napi::Env env) {
                       InstanceMethod("forwardSeqs", &Window::ForwardSeqs),
                       InstanceMethod("prefetch", &Window::Prefetch),
                       InstanceMethod("release", &Window::Release),
-                      InstanceMethod("streamBeyond", &Window::StreamBeyond), InstanceMethod("residency", &Window::Residency),
+                      InstanceMethod("streamBeyond", &Window::StreamBeyond),
+                      InstanceMethod("expertPrefetch", &Window::ExpertPrefetch), InstanceMethod("residency", &Window::Residency),
                       InstanceMethod("kvClear", &Window::KvClear), InstanceMethod("kvTruncate", &Window::KvTruncate),
                       InstanceMethod("kvResumable", &Window::KvResumable),
                       InstanceMethod("kvShift", &Window::KvShift),
@@ -590,6 +592,18 @@ Napi::Value Window::StreamBeyond(const Napi::CallbackInfo &info) {
   return info.Env().Undefined();
 }
 
+// expertPrefetch("off" | "ahead" | "early" | "exact"): when a MoE layer's experts are predicted and advised
+Napi::Value Window::ExpertPrefetch(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Alive(env)) return env.Undefined();
+  const std::string mode = info.Length() > 0 && info[0].IsString() ? info[0].As<Napi::String>().Utf8Value() : "";
+  const int m = mode == "off" ? PRIMA_XP_OFF : mode == "ahead" ? PRIMA_XP_AHEAD : mode == "exact" ? PRIMA_XP_EXACT : mode == "early" ? PRIMA_XP_EARLY : -1;
+  if (m < 0) return ThrowType(env, "expertPrefetch(mode) needs \"off\", \"ahead\", \"early\" or \"exact\"");
+  char err[kErrLen] = {0};
+  if (prima_window_expert_prefetch(w, m, err, sizeof err)) return ThrowErr(env, err);
+  return env.Undefined();
+}
+
 Napi::Value Window::Residency(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   if (!Alive(env)) return env.Undefined();
@@ -688,6 +702,17 @@ Napi::Value Window::Info(const Napi::CallbackInfo &info) {
       layers.Set((uint32_t)li, hits);
     }
     o.Set("expertHits", layers);
+    // the expert prefetch's prediction against the routing (expert_prefetch.h)
+    const prima_xp_counters c = prima_window_expert_prefetch_counters(w);
+    Napi::Object xp = Napi::Object::New(env);
+    xp.Set("layers", Napi::Number::New(env, (double)c.layers));
+    xp.Set("predicted", Napi::Number::New(env, (double)c.predicted));
+    xp.Set("hits", Napi::Number::New(env, (double)c.hits));
+    xp.Set("misses", Napi::Number::New(env, (double)c.misses));
+    xp.Set("advisedBytes", Napi::Number::New(env, (double)c.advised_bytes));
+    xp.Set("usedBytes", Napi::Number::New(env, (double)c.used_bytes));
+    xp.Set("wastedBytes", Napi::Number::New(env, (double)c.wasted_bytes));
+    o.Set("expertPrefetch", xp);
   }
   return o;
 }

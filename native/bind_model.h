@@ -47,6 +47,7 @@ class Window : public Napi::ObjectWrap<Window> {
   Napi::Value Prefetch(const Napi::CallbackInfo &info);
   Napi::Value Release(const Napi::CallbackInfo &info);
   Napi::Value StreamBeyond(const Napi::CallbackInfo &info);
+  Napi::Value ExpertPrefetch(const Napi::CallbackInfo &info);
   Napi::Value Residency(const Napi::CallbackInfo &info);
   Napi::Value KvClear(const Napi::CallbackInfo &info);
   Napi::Value KvTruncate(const Napi::CallbackInfo &info);

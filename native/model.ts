@@ -62,7 +62,32 @@ export interface WindowInfo {
   readonly cacheTypeV: number;
   /** Mixture of experts: per layer of the window, the tokens each expert has run since it was made. */
   readonly expertHits?: readonly (readonly number[])[];
+  /** Mixture of experts: the expert prefetch's predictions against the routing, since the window was
+   * made (expertPrefetch; all zero while it was never on). */
+  readonly expertPrefetch?: ExpertPrefetchCounters;
 }
+
+/** A window's expert prefetch: each predicted MoE layer pass advises the union of its tokens' predicted
+ * experts (native/src/expert_prefetch.h). */
+export interface ExpertPrefetchCounters {
+  /** MoE layer passes predicted. */
+  readonly layers: number;
+  /** Experts predicted, and of them routed to (hits); routed to but not predicted (misses). */
+  readonly predicted: number;
+  readonly hits: number;
+  readonly misses: number;
+  /** Bytes advised (the predicted experts' gate, up and down rows), and of them an expert's that was
+   * routed to (used) or not (wasted). */
+  readonly advisedBytes: number;
+  readonly usedBytes: number;
+  readonly wastedBytes: number;
+}
+
+/** When a MoE layer's experts are predicted and advised: never; ahead, from the layer's input before
+ * its attention (ffn_norm(x) stands in for ffn_norm(x + attention(x))); early, layer l + 1's from
+ * layer l's state after its attention (more time to read, a rougher guess); exact, from the router's own
+ * input (a check of the predictor: it then predicts the routing itself, too late to hide a read). */
+export type ExpertPrefetchMode = "off" | "ahead" | "early" | "exact";
 
 export interface Residency {
   readonly residentBytes: number;
@@ -92,6 +117,9 @@ export interface NativeWindow {
    * computing it: it rereads only that tail each pass (native/src/model.h). roomBytes >= its weights:
    * nothing is dropped. */
   streamBeyond(roomBytes: number): void;
+  /** Predicts each MoE layer's experts with its router and advises their bytes (MADV_WILLNEED) while the
+   * layer computes (ExpertPrefetchMode); results never change. A window without experts takes only "off". */
+  expertPrefetch(mode: ExpertPrefetchMode): void;
   residency(): Residency;
   kvClear(): void;
   kvTruncate(pos: number): void;

@@ -28,6 +28,6 @@ export { dialSuccessor, dialSuccessorWithin } from "./dial.js";
 export { RingListener, RingPort, type DroppedPeer, type RingListenerOptions } from "./listener.js";
 // The piped-ring driver (the lead's): a device's node, the head's pipeline, windows per cycle.
 export { RingLane, type RingLaneOptions } from "./lane.js";
-export { RING_COMPUTE_OPTIONS, RingNode, type NodeStats, type RingFrame, type RingNodeOptions, type WindowSpec, type WindowStats } from "./node.js";
+export { RING_COMPUTE_OPTIONS, RingNode, expertPrefetchStatus, type NodeStats, type RingFrame, type RingNodeOptions, type WindowSpec, type WindowStats } from "./node.js";
 export { RingPipeline, type RingPipelineOptions } from "./pipeline.js";
 export { PlanError, evenLayerWindows, ringWindows, type RingWindows } from "./windows.js";

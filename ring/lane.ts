@@ -53,7 +53,10 @@ export class RingLane {
     o.predecessor.handOverToLane(side("in"));
     o.successor.handOverToLane(side("out"));
     // What memory can hold decides whether a pass may run on the lane thread (lane.c, quick()).
-    const renew = () => lane.setWeightRoom(o.node.weightRoomBytes());
+    const renew = () => {
+      lane.setWeightRoom(o.node.weightRoomBytes());
+      o.node.updateExpertPrefetch();
+    };
     renew();
     this.roomTimer = setInterval(renew, ROOM_RENEW_MS);
     this.roomTimer.unref();

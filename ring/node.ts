@@ -3,7 +3,7 @@
 // then advise the OS about the next window (prefetch) and, if memory is short, drop the one it used.
 // The head (last in ring order) also closes each cycle: it starts the next one or delivers the result.
 import { QuickForward, type KvCacheTypes, type LocalModel } from "../engine/index.js";
-import { descheduledMs, threadClock, type NativeWindow } from "../native/index.js";
+import { descheduledMs, threadClock, type ExpertPrefetchMode, type NativeWindow } from "../native/index.js";
 import type { ActivationsFrame, ErrorFrame, KvShiftFrame } from "./frame.js";
 
 /** Why a device cannot run a frame (it passes an ERROR frame on instead). */
@@ -64,6 +64,9 @@ export interface RingNodeOptions {
   /** The KV cache's types (the coordinator's --cache-type-k/-v); default f16. */
   readonly kvCacheTypes?: KvCacheTypes;
   readonly prefetch: boolean;
+  /** Predict each MoE layer's experts with its router and advise their bytes while the layer computes
+   * (NativeWindow.expertPrefetch), while this device's windows do not fit in memory. Default off. */
+  readonly expertPrefetch?: boolean;
   /** Bytes of weights memory can hold now (default: unlimited). It bounds how far the next window is
    * paged in ahead, and when it is less than this device's windows, decode steps stay off the event
    * loop: paging a window in can take seconds, and a blocked event loop would look dead to the ring. */
@@ -81,6 +84,12 @@ export interface RingNodeOptions {
   readonly logitsFor?: (frame: ActivationsFrame) => Float32Array | undefined;
   /** A frame could not be processed (the error was also passed on to the successor). */
   readonly onError: (message: string, frame: RingFrame) => void;
+}
+
+/** A window's expert prefetch counters as a device's Status carries them (zeros: none, or never on). */
+export function expertPrefetchStatus(window: NativeWindow): { expertsPredicted: number; expertsRouted: number; expertBytesUsed: number; expertBytesWasted: number } {
+  const c = window.info().expertPrefetch;
+  return { expertsPredicted: c?.predicted ?? 0, expertsRouted: c?.hits ?? 0, expertBytesUsed: c?.usedBytes ?? 0, expertBytesWasted: c?.wastedBytes ?? 0 };
 }
 
 /** What travels the ring after the handshake. */
@@ -102,6 +111,9 @@ interface Slot {
   lastFaults: number;
   /** The room the window was last given (streamBeyond); given again only when it changes. */
   streamRoom?: number;
+  /** The window has MoE layers; its expert prefetch mode as last set (set again only when it changes). */
+  readonly moe: boolean;
+  expertPrefetch: ExpertPrefetchMode;
 }
 
 export class RingNode {
@@ -123,7 +135,7 @@ export class RingNode {
       if (this.slots.has(spec.cycle)) throw new Error(`two windows for cycle ${spec.cycle}`);
       const window = o.model.window(spec.firstLayer, spec.endLayer, { ctx: o.ctx, maxBatch: o.maxBatch, kvCacheTypes: o.kvCacheTypes });
       const slot: Slot = {
-        spec, window, lastFaults: 0, stats: { ...spec, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 },
+        spec, window, lastFaults: 0, moe: window.info().expertHits !== undefined, expertPrefetch: "off", stats: { ...spec, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 },
         // Inline only while the window's pages are all there: no faults last time, none released since.
         runner: new QuickForward(window, () => slot.lastFaults === 0 && !this.releaseAfterUse && this.windowsFitInMemory()),
       };
@@ -147,6 +159,17 @@ export class RingNode {
 
   get prefetch(): boolean {
     return this.o.prefetch;
+  }
+
+  /** Expert prefetch on each MoE window while the windows do not fit in memory (RingNodeOptions
+   * .expertPrefetch): with every page resident there is nothing to read ahead. Cheap when nothing
+   * changes: called before each pass, and by the native lane with each renewal of the room. */
+  updateExpertPrefetch(): void {
+    if (!this.o.expertPrefetch) return;
+    const mode: ExpertPrefetchMode = this.windowsFitInMemory() ? "off" : "ahead";
+    for (const s of this.slots.values()) {
+      if (s.moe && s.expertPrefetch !== mode) s.window.expertPrefetch((s.expertPrefetch = mode));
+    }
   }
 
   /** Bytes of this device's weights in memory now (mincore over its windows: not for every token). */
@@ -264,6 +287,7 @@ export class RingNode {
     const last = frame.cycle + 1 >= this.o.cycles;
     const logits = this.o.isHead && last && slot ? this.o.logitsFor?.(frame) : undefined;
     if (slot) {
+      this.updateExpertPrefetch();
       const faults0 = process.resourceUsage().majorPageFault;
       const c0 = threadClock(), t0 = performance.now();
       // Inline, the rows go on to the successor in this same turn, without an await in between.

@@ -46,6 +46,8 @@ const HELP = `usage: prima-worker --join [host:port] [--model model.gguf] [optio
   --name NAME          device name in plans and logs (default: the host name)
   --threads N          compute threads (default: all cores)
   --once               exit when the first session ends instead of rejoining
+  --expert-prefetch    MoE: advise the OS about each layer's predicted experts while it computes,
+                       while this device's windows do not fit in its memory (off by default)
   --no-native-lane     pass ring frames through JS instead of the native lane (a C thread; for comparison)
   --reprofile          measure this device again instead of using its cached profile
 
@@ -61,7 +63,7 @@ async function main(argv: string[]): Promise<number> {
   const values = parseWorkerArgs(allowBare(argv, "join"), {
     join: { type: "string" }, cluster: { type: "string" }, token: { type: "string" }, "token-file": { type: "string" }, model: { type: "string" }, port: { type: "string" }, advertise: { type: "string" },
     name: { type: "string" }, threads: { type: "string", short: "t" }, once: { type: "boolean" }, reprofile: { type: "boolean" },
-    "no-native-lane": { type: "boolean" }, "model-cache": { type: "string" }, "cache-limit": { type: "string" }, "allow-cache-link": { type: "boolean" },
+    "no-native-lane": { type: "boolean" }, "expert-prefetch": { type: "boolean" }, "model-cache": { type: "string" }, "cache-limit": { type: "string" }, "allow-cache-link": { type: "boolean" },
     help: { type: "boolean", short: "h" },
   }, HELP);
   if (typeof values === "number") return values;
@@ -160,7 +162,7 @@ async function main(argv: string[]): Promise<number> {
     const device = new WorkerDevice({
       get model() { return model(); }, fingerprint, deviceName: name, dataPort, dataHost: values.advertise ?? "", log,
       get coordinatorHost() { return address.slice(0, address.lastIndexOf(":")).replace(/^\[(.*)\]$/, "$1"); },
-      fail: (e) => session?.fail(e), nativeLane: !values["no-native-lane"],
+      fail: (e) => session?.fail(e), nativeLane: !values["no-native-lane"], expertPrefetch: values["expert-prefetch"] ?? false,
     });
     const worker = new WorkerSession({
       coordinator: lookup ?? address,

@@ -6,7 +6,7 @@ import type { KvCacheTypes, LocalModel } from "../engine/index.js";
 import { parseKvCacheType } from "../model/index.js";
 import { WeightRoom, anonRssBytes, deviceMemory, storageReadBytes, idleLayerRoomBytes, memoryPressureTracker } from "../profiler/index.js";
 import {
-  RingLane, RingListener, RingNode, RingPort, dialSuccessorWithin, resolveLinkOptions, type RingLink, type RingLinkOptions,
+  RingLane, RingListener, RingNode, RingPort, dialSuccessorWithin, expertPrefetchStatus, resolveLinkOptions, type RingLink, type RingLinkOptions,
 } from "../ring/index.js";
 import { EXIT_PORT_UNAVAILABLE, WorkerExit } from "./exit.js";
 import type { SessionHandler } from "./session.js";
@@ -26,6 +26,8 @@ export interface DeviceOptions {
   readonly fail: (e: unknown) => void;
   /** Run the ring links' frames on the native lane (ring/lane.ts; default true); false keeps them in JS. */
   readonly nativeLane?: boolean;
+  /** Its MoE windows predict and advise their experts while they do not fit in memory (--expert-prefetch). */
+  readonly expertPrefetch?: boolean;
 }
 
 /** The longest a reset waits for the one before it (WorkerDevice.reset). */
@@ -100,6 +102,7 @@ export class WorkerDevice implements SessionHandler {
       maxBatch: a.maxBatch,
       kvCacheTypes,
       prefetch: a.prefetch,
+      expertPrefetch: this.o.expertPrefetch,
       weightRoomBytes: () => this.room.bytes(),
       releaseAfterUse: a.releaseAfterUse,
       isHead: false,
@@ -185,7 +188,7 @@ export class WorkerDevice implements SessionHandler {
     return {
       windows: (s?.windows ?? []).map((w, i) => {
         const r = this.node!.windows[i].residency();
-        return { ...w, residentBytes: r.residentBytes, totalBytes: r.totalBytes };
+        return { ...w, residentBytes: r.residentBytes, totalBytes: r.totalBytes, ...expertPrefetchStatus(this.node!.windows[i]) };
       }),
       waitMs: s?.waitMs ?? 0,
       sendMs: s?.sendMs ?? 0,

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "expert_prefetch.h"
 #include "kernels.h"
 #include "kv_cache.h"
 #include "matmul.h"
@@ -728,6 +729,7 @@ void prima_window_destroy(prima_window *w) {
   free(w->moe_mm);
   free(w->moe_mm_tokens);
   free(w->expert_hits);
+  prima_expert_prefetch_free(w);
   free(w);
 }
 
@@ -1034,7 +1036,7 @@ static void route_topk_softmax(const float *logits, int X, int K, int *sel, floa
 }
 
 /* A token's experts and their weights from its router logits (bias added first, as ggml_add). */
-static void route(const prima_hparams *hp, const prima_layer *L, float *logits, int *sel, float *wt) {
+void prima_moe_route(const prima_hparams *hp, const prima_layer *L, float *logits, int *sel, float *wt) {
   if (L->gate_inp_b.data) prima_add(logits, (const float *)L->gate_inp_b.data, hp->n_expert);
   if (hp->moe_gating == PRIMA_MOE_TOPK_SOFTMAX) route_topk_softmax(logits, hp->n_expert, hp->n_expert_used, sel, wt);
   else route_token(logits, hp->n_expert, hp->n_expert_used, sel, wt);
@@ -1077,7 +1079,7 @@ static void moe_block(const prima_task *t, prima_window *w, int l, float *x, int
   /* one token (decode): thread 0 routes it with the grouping below, a step and a barrier fewer */
   if (n > 1) {
     for (int r = t->ith; r < n; r = prima_pool_next_chunk(t))
-      route(hp, L, w->moe_logits + (size_t)r * X, w->moe_sel + (size_t)r * K, w->moe_wt + (size_t)r * K);
+      prima_moe_route(hp, L, w->moe_logits + (size_t)r * X, w->moe_sel + (size_t)r * K, w->moe_wt + (size_t)r * K);
     prima_pool_barrier(t);
   }
   /* the gate and up inputs of expert row p, grouped by expert (then the down input, in the first) */
@@ -1087,13 +1089,14 @@ static void moe_block(const prima_task *t, prima_window *w, int l, float *x, int
   const int gather = n > 1;
   const char *src_gate = in.buf[in.slot[1]], *src_up = in.buf[in.slot[2]];
   if (t->ith == 0) {
-    if (n == 1) route(hp, L, w->moe_logits, w->moe_sel, w->moe_wt);
+    if (n == 1) prima_moe_route(hp, L, w->moe_logits, w->moe_sel, w->moe_wt);
     int *first = w->moe_first;
     memset(first, 0, sizeof(int) * (size_t)(X + 1));
     for (int i = 0; i < NK; i++) first[w->moe_sel[i] + 1]++;
     for (int e = 0; e < X; e++) first[e + 1] += first[e];
     uint64_t *hits = w->expert_hits + (size_t)(l - w->first) * X;
     for (int e = 0; e < X; e++) hits[e] += (uint64_t)(first[e + 1] - first[e]);
+    prima_expert_prefetch_score(w, l, first);
     int *fill = w->moe_mm_tokens; /* a cursor per expert here; the items' token counts below */
     for (int e = 0; e < X; e++) fill[e] = first[e];
     for (int i = 0; i < NK; i++) w->moe_slot[fill[w->moe_sel[i]]++] = i;
@@ -1193,7 +1196,10 @@ static void forward_job(const prima_task *t, void *ctx) {
   float *x = j->x;
 
   for (int l = w->first; l < w->end; l++) {
+    /* a MoE layer's probable experts are advised before it needs them (expert_prefetch.h) */
+    prima_expert_prefetch_hook(t, w, l, x, n, 0);
     attention_block(t, w, l, x, j, n);
+    prima_expert_prefetch_hook(t, w, l, x, n, 1);
     if (m->layers[l].gate_inp.data) moe_block(t, w, l, x, n);
     else ffn_block(t, w, l, x, n);
     /* every thread is past this layer: a streamed one goes now, so that the window never holds more
@@ -1239,6 +1245,7 @@ int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, fl
   for (int done = 0; done < n_tokens;) {
     const int n = n_tokens - done < w->max_batch ? n_tokens - done : w->max_batch;
     fwd_job j = { w, acts + (size_t)done * E, pos + done, n, done + n == n_tokens ? logits : NULL, NULL, NULL };
+    prima_expert_prefetch_begin(w);
     /* One token through small layers is a few microseconds of work per step: meeting other threads at
      * ten barriers per layer would cost more than it saves. */
     if (n == 1 && w->layer_bytes < SMALL_LAYER_BYTES) prima_pool_run_alone(w->m->pool, forward_job, &j);
@@ -1274,6 +1281,7 @@ int prima_window_forward_seqs(prima_window *w, prima_window *const *seqs, const 
     w->anon_bytes += prima_row_bytes(PRIMA_F32, w->m->hp.n_embd) * (size_t)w->max_batch;
   }
   fwd_job j = { w, acts, 0, n, logits, seqs, pos };
+  prima_expert_prefetch_begin(w);
   /* the same choice of threads as a lone decode step (prima_window_forward) */
   if (n == 1 && w->layer_bytes < SMALL_LAYER_BYTES) prima_pool_run_alone(w->m->pool, forward_job, &j);
   else prima_pool_run(w->m->pool, forward_job, &j);

@@ -146,6 +146,7 @@ typedef struct prima_window {
   prima_tensor *moe_view;      /* [3 * n_expert] their experts' 2-D slices */
   int *moe_mm_tokens;          /* [3 * n_expert] tokens of each item */
   uint64_t *expert_hits;       /* [layers of the window][n_expert]: tokens routed to each expert */
+  struct prima_expert_prefetch *xp; /* expert prefetch (expert_prefetch.h); NULL: never enabled */
   int stream_from;             /* layers from here on are dropped right after each pass computes them
                                   (prima_window_stream_beyond); end: none */
   uint64_t stream_keep;        /* bytes at the start of layer stream_from kept all the same */

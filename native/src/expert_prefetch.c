@@ -1,0 +1,204 @@
+#include "expert_prefetch.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "kernels.h"
+#include "matmul.h"
+#include "ops.h"
+
+/* Takes the latest request and advises its ranges, until told to stop. */
+static void *advise_thread(void *arg) {
+  prima_expert_prefetch *xp = arg;
+  uint64_t *mine = NULL;
+  size_t cap = 0;
+  pthread_mutex_lock(&xp->lock);
+  for (;;) {
+    while (!xp->stop && xp->n_pending == 0) pthread_cond_wait(&xp->wake, &xp->lock);
+    if (xp->stop) break;
+    const int n = xp->n_pending;
+    if ((size_t)n > cap) {
+      uint64_t *grown = realloc(mine, sizeof(uint64_t) * 2 * (size_t)n);
+      if (!grown) { /* advice is optional: drop this request */
+        xp->n_pending = 0;
+        continue;
+      }
+      mine = grown;
+      cap = (size_t)n;
+    }
+    memcpy(mine, xp->pending, sizeof(uint64_t) * 2 * (size_t)n);
+    xp->n_pending = 0;
+    pthread_mutex_unlock(&xp->lock);
+    for (int i = 0; i < n; i++) madvise(xp->map + mine[2 * i], (size_t)(mine[2 * i + 1] - mine[2 * i]), MADV_WILLNEED);
+    pthread_mutex_lock(&xp->lock);
+  }
+  pthread_mutex_unlock(&xp->lock);
+  free(mine);
+  return NULL;
+}
+
+int prima_window_expert_prefetch(prima_window *w, int mode, char *err, size_t err_len) {
+  if (mode < PRIMA_XP_OFF || mode > PRIMA_XP_EARLY)
+    return prima_fail(err, err_len, "expert prefetch mode %d is not off (0), ahead (1), exact (2) or early (3)", mode);
+  if (mode != PRIMA_XP_OFF && !w->moe_logits)
+    return prima_fail(err, err_len, "window [%d, %d) has no mixture-of-experts layer to prefetch experts for", w->first, w->end);
+  if (!w->xp) {
+    if (mode == PRIMA_XP_OFF) return 0;
+    prima_expert_prefetch *xp = calloc(1, sizeof *xp);
+    if (!xp) return prima_fail(err, err_len, "out of memory for the expert prefetch of a window");
+    xp->pred = calloc((size_t)w->m->hp.n_expert, 2);
+    xp->pending = calloc((size_t)w->m->hp.n_expert * 3 * 2, sizeof(uint64_t));
+    xp->pred_layer[0] = xp->pred_layer[1] = -1;
+    xp->map = w->m->map;
+    if (!xp->pred || !xp->pending || pthread_mutex_init(&xp->lock, NULL) != 0) {
+      free(xp->pred);
+      free(xp->pending);
+      free(xp);
+      return prima_fail(err, err_len, "out of memory for the expert prefetch of a window");
+    }
+    pthread_cond_init(&xp->wake, NULL);
+    if (pthread_create(&xp->thread, NULL, advise_thread, xp) != 0) {
+      pthread_cond_destroy(&xp->wake);
+      pthread_mutex_destroy(&xp->lock);
+      free(xp->pred);
+      free(xp->pending);
+      free(xp);
+      return prima_fail(err, err_len, "cannot start the expert prefetch thread of a window");
+    }
+    /* published whole: a pass running now may see it (with pass_mode off until its next pass) */
+    __atomic_store_n(&w->xp, xp, __ATOMIC_RELEASE);
+  }
+  /* the next pass runs with it (prima_expert_prefetch_begin) */
+  __atomic_store_n(&w->xp->mode, mode, __ATOMIC_RELAXED);
+  return 0;
+}
+
+prima_xp_counters prima_window_expert_prefetch_counters(const prima_window *w) {
+  prima_xp_counters none = { 0 };
+  return w->xp ? w->xp->c : none;
+}
+
+void prima_expert_prefetch_free(prima_window *w) {
+  prima_expert_prefetch *xp = w->xp;
+  if (!xp) return;
+  pthread_mutex_lock(&xp->lock);
+  xp->stop = 1;
+  pthread_cond_signal(&xp->wake);
+  pthread_mutex_unlock(&xp->lock);
+  pthread_join(xp->thread, NULL);
+  pthread_cond_destroy(&xp->wake);
+  pthread_mutex_destroy(&xp->lock);
+  free(xp->pending);
+  free(w->xp->pred);
+  free(w->xp);
+  w->xp = NULL;
+}
+
+/* Expert e's rows in one of its layer's 3-D tensors (rows_each rows per expert): [lo, lo + bytes). */
+static void expert_span(const prima_tensor *all, int e, int64_t rows_each, uint64_t *lo, uint64_t *bytes) {
+  *bytes = (uint64_t)rows_each * all->row_bytes;
+  *lo = all->offset + (uint64_t)e * *bytes;
+}
+
+static uint64_t expert_bytes(const prima_window *w, const prima_layer *L) {
+  const int64_t F = w->m->hp.n_ff_exp, E = w->m->hp.n_embd;
+  return (uint64_t)F * (L->gate_exps.row_bytes + L->up_exps.row_bytes) + (uint64_t)E * L->down_exps.row_bytes;
+}
+
+/* Expert e's gate, up and down rows (each widened to whole pages) appended to ranges ([lo, hi) pairs). */
+static int expert_ranges(const prima_window *w, const prima_layer *L, int e, uint64_t *ranges, int n) {
+  const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  const uint64_t map_end = ((uint64_t)w->m->map_bytes + page - 1) & ~(page - 1);
+  const int64_t F = w->m->hp.n_ff_exp, E = w->m->hp.n_embd;
+  const prima_tensor *ts[3] = { &L->gate_exps, &L->up_exps, &L->down_exps };
+  const int64_t rows[3] = { F, F, E };
+  for (int i = 0; i < 3; i++) {
+    uint64_t lo, bytes;
+    expert_span(ts[i], e, rows[i], &lo, &bytes);
+    uint64_t hi = (lo + bytes + page - 1) & ~(page - 1);
+    lo &= ~(page - 1);
+    if (hi > map_end) hi = map_end;
+    if (hi <= lo) continue;
+    ranges[2 * n] = lo;
+    ranges[2 * n + 1] = hi;
+    n++;
+  }
+  return n;
+}
+
+static void predict(const prima_task *t, prima_window *w, int l, const float *x, int n) {
+  prima_expert_prefetch *xp = w->xp;
+  const prima_layer *L = &w->m->layers[l];
+  if (!L->gate_inp.data) return;
+  const prima_hparams *hp = &w->m->hp;
+  const int E = hp->n_embd, X = hp->n_expert, K = hp->n_expert_used;
+  const int fmt = prima_kernels(L->gate_inp.type)->act_type;
+  const size_t stride = w->act_row_bytes;
+  /* the router's input as the layer computes it, from x: norm, then its activation format */
+  for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
+    prima_rmsnorm(x + (size_t)r * E, (const float *)L->ffn_norm.data, w->h + (size_t)r * E, E, hp->norm_eps);
+    prima_act_quantize_rows(fmt, w->h, E, w->act_a, stride, E, r, r + 1);
+  }
+  prima_pool_barrier(t);
+  const prima_mm mm = { &L->gate_inp, w->act_a, stride, w->moe_logits, (size_t)X, 0 };
+  prima_mm_run(t, &mm, 1, n);
+  prima_pool_barrier(t);
+  /* thread 0 routes and advises while the others go on into the layer (which does not touch the
+   * router's scratch before its own router runs, a barrier later) */
+  if (t->ith != 0) return;
+  unsigned char *pred = xp->pred + (size_t)(l & 1) * X;
+  memset(pred, 0, (size_t)X);
+  for (int r = 0; r < n; r++) {
+    prima_moe_route(hp, L, w->moe_logits + (size_t)r * X, w->moe_sel + (size_t)r * K, w->moe_wt + (size_t)r * K);
+    for (int j = 0; j < K; j++) pred[w->moe_sel[(size_t)r * K + j]] = 1;
+  }
+  const uint64_t each = expert_bytes(w, L);
+  pthread_mutex_lock(&xp->lock);
+  int nr = 0;
+  for (int e = 0; e < X; e++) {
+    if (!pred[e]) continue;
+    nr = expert_ranges(w, L, e, xp->pending, nr);
+    xp->c.predicted++;
+    xp->c.advised_bytes += each;
+  }
+  xp->n_pending = nr; /* replaces a request not taken yet: its layer is computing by now */
+  pthread_cond_signal(&xp->wake);
+  pthread_mutex_unlock(&xp->lock);
+  xp->c.layers++;
+  xp->pred_layer[l & 1] = l;
+}
+
+void prima_expert_prefetch_begin(prima_window *w) {
+  if (w->xp) w->xp->pass_mode = __atomic_load_n(&w->xp->mode, __ATOMIC_RELAXED);
+}
+
+void prima_expert_prefetch_hook(const prima_task *t, prima_window *w, int l, const float *x, int n, int after) {
+  const prima_expert_prefetch *xp = __atomic_load_n(&w->xp, __ATOMIC_ACQUIRE);
+  if (!xp) return;
+  const int mode = xp->pass_mode; /* set before the pool started: the same on every thread */
+  if (mode == PRIMA_XP_AHEAD && !after) predict(t, w, l, x, n);
+  else if (mode == PRIMA_XP_EXACT && after) predict(t, w, l, x, n);
+  else if (mode == PRIMA_XP_EARLY && !after && l == w->first) predict(t, w, l, x, n);
+  else if (mode == PRIMA_XP_EARLY && after && l + 1 < w->end) predict(t, w, l + 1, x, n);
+}
+
+void prima_expert_prefetch_score(prima_window *w, int l, const int *first) {
+  prima_expert_prefetch *xp = w->xp;
+  if (!xp || xp->pred_layer[l & 1] != l) return;
+  const unsigned char *pred = xp->pred + (size_t)(l & 1) * w->m->hp.n_expert;
+  const uint64_t each = expert_bytes(w, &w->m->layers[l]);
+  for (int e = 0; e < w->m->hp.n_expert; e++) {
+    const int routed = first[e + 1] > first[e];
+    if (pred[e] && routed) {
+      xp->c.hits++;
+      xp->c.used_bytes += each;
+    } else if (pred[e]) {
+      xp->c.wasted_bytes += each;
+    } else if (routed) {
+      xp->c.misses++;
+    }
+  }
+  xp->pred_layer[l & 1] = -1;
+}
