@@ -69,6 +69,22 @@ async function servedModel(s: Served): Promise<string> {
 
 /** The Vercel AI SDK (`ai` + `@ai-sdk/openai-compatible`): generateObject and streamObject at
  * temperature 0 and 1, tool calls by generateText and streamText, and a tool loop of two steps. */
+/** The AI SDK's object at temperature 0, whole and then streamed with `lose` called at its 5th partial
+ * object (a failover test kills a worker there): both for the caller to compare. */
+export async function aiSdkObjectAcrossLoss(s: Served, lose: () => void): Promise<{ whole: unknown; streamed: unknown }> {
+  const provider = createOpenAICompatible({ name: "prima", baseURL: `${s.url}/v1`, apiKey: "unused", supportsStructuredOutputs: true });
+  const model = provider.chatModel(await servedModel(s));
+  const asked = { model, schema: Pet, prompt: "A girl and her pets", temperature: 0, maxOutputTokens: MAX, maxRetries: 0 };
+  const { object: whole } = await generateObject(asked);
+  const streamed = streamObject(asked);
+  let partials = 0;
+  for await (const partial of streamed.partialObjectStream) if (partial && ++partials === 5) lose();
+  expect(partials).toBeGreaterThan(5);
+  const last = await streamed.object;
+  expect(schemaErrors(PET, last), JSON.stringify(last)).toBe("");
+  return { whole, streamed: last };
+}
+
 export async function checkAiSdk(s: Served): Promise<void> {
   const provider = createOpenAICompatible({ name: "prima", baseURL: `${s.url}/v1`, apiKey: "unused", supportsStructuredOutputs: true });
   const model = provider.chatModel(await servedModel(s));

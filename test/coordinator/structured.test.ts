@@ -10,7 +10,7 @@ import { killAll } from "../ring/cluster.js";
 import { CORPUS, schemaErrors } from "../grammar/validate.js";
 import { PLACEMENT_SHAPE, testModel } from "../profiler/models.js";
 import { joinWorker, startServe, until, type Served } from "./serve-harness.js";
-import { MAX, PERSON, TOOLS, WEATHER, ask, checkAiSdk, checkLangChain, toolSchema } from "./structured-clients.js";
+import { MAX, PERSON, TOOLS, WEATHER, aiSdkObjectAcrossLoss, ask, checkAiSdk, checkLangChain, toolSchema } from "./structured-clients.js";
 
 afterAll(() => killAll());
 
@@ -212,11 +212,11 @@ describe("serve with two workers: the head constrains the ring's output", () => 
 });
 
 describe("failover during constrained streamed requests (12 layers of 1024, Q8_0, three workers)", () => {
-  it("a worker killed mid-stream, once in a JSON answer and once in a tool call: each goes on and equals the uninterrupted one", async () => {
+  it("a worker killed mid-stream, in a JSON answer, in a tool call and in the AI SDK's streamObject: each goes on and equals the uninterrupted one", async () => {
     const model = await testModel(PLACEMENT_SHAPE, "Q8_0");
     const s = await startServe(["--ctx", "512", "--min-workers", "3", "--layer-windows", "alpha=3,bravo=3,charlie=3,head=3"], { model, waitReady: false });
     try {
-      joinWorker(s.clusterPort, "alpha", model);
+      const alpha = joinWorker(s.clusterPort, "alpha", model);
       const bravo = joinWorker(s.clusterPort, "bravo", model);
       const charlie = joinWorker(s.clusterPort, "charlie", model);
       await until<{ plan: { ringOrder: string[] } | null }>(`${s.url}/api/state`, (_, b) => (b.plan?.ringOrder.length ?? 0) === 4, 60_000);
@@ -255,6 +255,13 @@ describe("failover during constrained streamed requests (12 layers of 1024, Q8_0
       expect(calls, s.proc.stderr.slice(-3000)).toEqual(expected);
       for (const c of calls) expect(schemaErrors(WEATHER.function.parameters, JSON.parse(c.args)), c.args).toBe("");
       expect(await (await fetch(`${s.url}/metrics`)).text()).toMatch(/prima_recovery_seconds_count [2-9]/);
+
+      // The AI SDK's streamObject, alpha lost in it (the head alone goes on): the object it gets is
+      // the one its generateObject got.
+      const sdk = await aiSdkObjectAcrossLoss(s, () => alpha.child.kill("SIGKILL"));
+      await s.proc.waitFor(/device w\d "alpha" .*lost/, 5000);
+      expect(sdk.streamed, s.proc.stderr.slice(-3000)).toEqual(sdk.whole);
+      expect(await (await fetch(`${s.url}/metrics`)).text()).toMatch(/prima_recovery_seconds_count [3-9]/);
     } finally {
       s.proc.child.kill("SIGKILL");
     }
