@@ -11,7 +11,7 @@ import { Tokenizer } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
 import { simdLevels } from "../../native/index.js";
 import { killAll, root, startNode } from "../helpers/process.js";
-import { TOL_FIRST_POSITION, TOL_FLOOR, agreement, compare, loadOracle, oracleLogits, ourLogits } from "./oracle-harness.js";
+import { TOL_FIRST_POSITION, TOL_FLOOR, ORACLE_THREADS, agreement, compare, loadOracle, oracleLogits, ourLogits } from "./oracle-harness.js";
 
 const dir = mkdtempSync(join(tmpdir(), "prima-oracle-"));
 let llama: Llama;
@@ -51,7 +51,7 @@ describe("llama.cpp agrees with us on generated models", () => {
 /** llama.cpp's greedy continuation of the prompt (temperature 0: the argmax at every step). */
 async function oracleGreedy(path: string, prompt: readonly number[], n: number): Promise<number[]> {
   const model = await llama.loadModel({ modelPath: path, gpuLayers: 0 });
-  const context = await model.createContext({ contextSize: 64, batchSize: 64, threads: 2 });
+  const context = await model.createContext({ contextSize: 64, batchSize: 64, threads: ORACLE_THREADS });
   try {
     const out: number[] = [];
     for await (const t of context.getSequence().evaluate(prompt as never, { temperature: 0 })) {
