@@ -295,10 +295,10 @@ describe("serve with two workers: the head constrains the ring's output", () => 
 });
 
 describe("failover during constrained streamed requests (12 layers of 1024, Q8_0, three workers)", () => {
-  // Short answers (a JSON one of 65 tokens where PERSON's takes 288, one call with a city of at most
-  // 8 characters where WEATHER's two parallel calls take 228): a token of this model costs the ring
-  // ~25 ms of CPU, and the loss still comes early in each. PERSON's and WEATHER's answers are checked
-  // above, on the shipped model and through a ring.
+  // Short answers (a JSON one of 65 tokens where PERSON's took 288; one call, its city at most 8
+  // characters, where WEATHER's parallel calls took 228): a token of this model costs the ring ~25 ms
+  // of CPU, and the loss still comes early in each. PERSON's and WEATHER's answers are checked above,
+  // on the shipped model and through a ring.
   const SHORT = { type: "object", properties: { name: PERSON.properties.name, age: PERSON.properties.age, mood: PERSON.properties.mood }, required: ["name", "age", "mood"], additionalProperties: false } as const;
   const SHORT_WEATHER = { type: "function" as const, function: { ...WEATHER.function, parameters: { ...WEATHER.function.parameters, properties: { ...WEATHER.function.parameters.properties, city: { type: "string", maxLength: 8 } } } } };
   it("a worker killed mid-stream, once in a JSON answer and once in a tool call: each goes on and equals the uninterrupted one", async () => {
