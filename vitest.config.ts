@@ -1,7 +1,8 @@
 import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { join, relative } from "node:path";
 import { defineConfig } from "vitest/config";
+import { BaseSequencer, type TestSpecification } from "vitest/node";
 
 // Everything the suite writes under HOME-relative folders (profiles, the model cache, join tokens)
 // goes to one temporary folder per run, never the user's own ~/.cache or ~/.config; global-setup.ts
@@ -11,6 +12,33 @@ import { defineConfig } from "vitest/config";
 // layers against layers in memory) run alone, after the rest: beside other files a neighbour's burst
 // falls on one of the two timings and not the other (forward.test.ts's ratio failed so once under load).
 const TIMED_ALONE = ["test/ring/placement.test.ts", "test/profiler/forward.test.ts"];
+
+// Started first where vitest has no durations of its own yet (a fresh clone): it then starts bigger
+// files first, and a short file with long tests (families-ring, 43 lines, 54 s) ran last while the
+// other worker had nothing left to do. Only the order changes; a file missing here runs anyway.
+const SLOW_FIRST = [
+  "test/ring/piped-ring.test.ts", "test/coordinator/failover.test.ts", "test/ring/families-ring.test.ts",
+  "test/coordinator/structured.test.ts", "test/modelgen/modelgen.test.ts", "test/coordinator/serve.test.ts",
+  "test/native/simd.test.ts", "test/control/registry-limits.test.ts", "test/ring/context-shift-ring.test.ts",
+];
+
+class SlowFirst extends BaseSequencer {
+  override async sort(files: TestSpecification[]): Promise<TestSpecification[]> {
+    const rank = (f: TestSpecification): number => {
+      const at = SLOW_FIRST.findIndex((p) => f.moduleId.endsWith(p));
+      const timed = this.ctx.cache.getFileTestResults(`${f.project.name}:${relative(this.ctx.config.root, f.moduleId)}`);
+      return at < 0 || timed ? SLOW_FIRST.length : at;
+    };
+    // vitest's order, then within each project's files the listed ones first, stably.
+    const runs: TestSpecification[][] = [];
+    for (const f of await super.sort(files)) {
+      const last = runs.at(-1);
+      if (last && last[0].project.name === f.project.name) last.push(f);
+      else runs.push([f]);
+    }
+    return runs.flatMap((run) => run.map((f, i) => ({ f, i, r: rank(f) })).sort((a, b) => a.r - b.r || a.i - b.i).map(({ f }) => f));
+  }
+}
 
 const testHome = mkdtempSync(join(tmpdir(), "prima-test-home-"));
 
@@ -27,6 +55,7 @@ export default defineConfig({
     hookTimeout: 120_000,
     // Native kernels and child processes share 2 cores: keep files from starving each other.
     maxWorkers: 2,
+    sequence: { sequencer: SlowFirst },
     // TIMED_ALONE's files run after the rest, one at a time (see above).
     projects: [
       { extends: true, test: { name: "suite", include: ["test/**/*.test.ts"], exclude: TIMED_ALONE } },

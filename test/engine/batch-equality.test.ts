@@ -3,17 +3,13 @@
 // generated one at a time where a cold run computes the same positions in a batch, and failover replays
 // generated tokens as a batch: greedy output must be the same. Generated models whose rows span several
 // super-blocks (1024 and 2048 wide), every weight type, every matrix that type (--pure).
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterAll, afterEach, describe, expect, it } from "vitest";
+import { afterEach, describe, expect, it } from "vitest";
 import { LocalModel } from "../../engine/index.js";
 import { modelShapeByName, type ModelShape } from "../../model/index.js";
-import { generateModel } from "../../modelgen/index.js";
+import { generatedModel } from "../helpers/models.js";
 import { killAll, root, startProcess } from "../helpers/process.js";
 
-const dir = mkdtempSync(join(tmpdir(), "prima-batch-eq-"));
-afterAll(() => rmSync(dir, { recursive: true, force: true }));
 afterEach(killAll);
 
 const SHAPE: ModelShape = {
@@ -32,10 +28,8 @@ const MOE_SHAPE: ModelShape = {
 // gpt-oss: sinks, biases, YaRN, a window on two of three layers, MXFP4 experts (MXFP4_MOE, not pure).
 const GPT_OSS_SHAPE: ModelShape = { ...modelShapeByName("tiny-gpt-oss")!, name: "wide-gpt-oss", nEmbd: 1024, nFfExp: 512, nFf: 512 };
 
-async function model(type: string, shape: ModelShape = SHAPE): Promise<string> {
-  const out = join(dir, `${shape.name}-${type}.gguf`);
-  await generateModel({ shape, type, out, pure: type !== "MXFP4_MOE", seed: 5 });
-  return out;
+function model(type: string, shape: ModelShape = SHAPE): Promise<string> {
+  return generatedModel({ shape, type, pure: type !== "MXFP4_MOE", seed: 5 });
 }
 
 interface Run {

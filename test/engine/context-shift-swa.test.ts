@@ -16,7 +16,7 @@ import { KvJournal, LocalModel, LocalPipeline, Sampler, discardFor, generate, ty
 import { kvAfterShift, kvCacheRows, kvResumablePosition } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
 import { mulberry32 } from "../helpers/random.js";
-import { loadOracle } from "./oracle-harness.js";
+import { ORACLE_THREADS, loadOracle } from "./oracle-harness.js";
 
 const dir = mkdtempSync(join(tmpdir(), "prima-context-shift-swa-"));
 let llama: Llama;
@@ -46,7 +46,7 @@ class Recording extends Sampler {
 /** llama.cpp fed `forced` tokens in a context of CTX, shifting as llama.cpp's completion does: its logits at each step. */
 async function theirs(prompt: Int32Array, shift: ContextShift, forced: readonly number[]): Promise<Float32Array[]> {
   const model = await llama.loadModel({ modelPath: path, gpuLayers: 0 });
-  const context = await model.createContext({ contextSize: CTX, batchSize: CTX, threads: 2, flashAttention: false, swaFullCache: true });
+  const context = await model.createContext({ contextSize: CTX, batchSize: CTX, threads: ORACLE_THREADS, flashAttention: false, swaFullCache: true });
   try {
     const seq = context.getSequence();
     const step = async (tokens: number[]) => {

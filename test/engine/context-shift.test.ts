@@ -13,7 +13,7 @@ import { KvJournal, LocalModel, LocalPipeline, Sampler, discardFor, generate, re
 import { Tokenizer, modelShapeByName } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
 import { root } from "../helpers/process.js";
-import { loadOracle } from "./oracle-harness.js";
+import { ORACLE_THREADS, loadOracle } from "./oracle-harness.js";
 
 const dir = mkdtempSync(join(tmpdir(), "prima-context-shift-"));
 let llama: Llama;
@@ -62,7 +62,7 @@ const argmax = (l: Map<number, number>): number => {
  * does (or fed `forced` tokens instead of its own: its logits at each step). */
 async function theirs(path: string, prompt: Int32Array, shift: ContextShift, forced?: readonly number[], n = N): Promise<{ ids: number[]; margins: number[]; logits: Float32Array[] }> {
   const model = await llama.loadModel({ modelPath: path, gpuLayers: 0 });
-  const context = await model.createContext({ contextSize: CTX, batchSize: CTX, threads: 2, flashAttention: false });
+  const context = await model.createContext({ contextSize: CTX, batchSize: CTX, threads: ORACLE_THREADS, flashAttention: false });
   try {
     const seq = context.getSequence();
     const step = async (tokens: number[]) => {

@@ -18,7 +18,7 @@ import type { Llama } from "node-llama-cpp";
 import { LocalModel, LocalPipeline, embeddingPooling, normalizeEmbedding, poolRows, type Pooling } from "../../engine/index.js";
 import { kv, Tokenizer } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
-import { TOL_FLOOR, loadOracle } from "./oracle-harness.js";
+import { ORACLE_THREADS, TOL_FLOOR, loadOracle } from "./oracle-harness.js";
 import { tempDir } from "../helpers/temp.js";
 
 const SHIPPED = "models/stories260K.gguf";
@@ -41,7 +41,7 @@ async function pooledModel(type: number): Promise<string> {
 
 async function theirs(path: string, text: string, flashAttention = false): Promise<Float32Array> {
   const model = await llama.loadModel({ modelPath: path, gpuLayers: 0, defaultContextFlashAttention: flashAttention });
-  const ctx = await model.createEmbeddingContext({ contextSize: 256, threads: 2 });
+  const ctx = await model.createEmbeddingContext({ contextSize: 256, threads: ORACLE_THREADS });
   try {
     return Float32Array.from((await ctx.getEmbeddingFor(text)).vector);
   } finally {

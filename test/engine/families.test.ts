@@ -6,23 +6,18 @@
 // their routers sending the prompt's tokens to different experts. tiny-gpt-oss adds attention sinks,
 // biases, YaRN, a 4-token window on 2 of 3 layers, the clamped SwiGLU, top-k-then-softmax routing and
 // MXFP4 experts (its release file type, MXFP4_MOE).
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import type { Llama } from "node-llama-cpp";
-import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { beforeAll, describe, expect, it } from "vitest";
 import { LocalModel, LocalPipeline, Sampler, generate } from "../../engine/index.js";
 import { Tokenizer, modelShapeByName, supportedArchitectures } from "../../model/index.js";
-import { generateModel } from "../../modelgen/index.js";
+import { generatedModel } from "../helpers/models.js";
 import { TOL_FIRST_POSITION, agreement, compare, loadOracle, oracleLogits, ourLogits } from "./oracle-harness.js";
 
-const dir = mkdtempSync(join(tmpdir(), "prima-families-"));
 let llama: Llama;
 
 beforeAll(async () => {
   llama = await loadOracle();
 }, 60_000);
-afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 const TEXT = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends.";
 const GREEDY_TOKENS = 16;
@@ -63,8 +58,7 @@ const cases: [shape: string, type: string, pure: boolean][] = [
 
 describe("mixture-of-experts routing is not degenerate", () => {
   it.each(["tiny-qwen3moe", "tiny-mixtral", "tiny-gpt-oss"])("%s: the prompt's tokens go to different experts, k each", async (shape) => {
-    const out = join(dir, `${shape}-routing.gguf`);
-    await generateModel({ shape, type: "F32", out, pure: true, seed: 7, weightStd: 0.05 });
+    const out = await generatedModel({ shape, type: "F32", pure: true, seed: 7, weightStd: 0.05 });
     const prompt = Int32Array.from([1, ...Tokenizer.fromGguf(out).encode(TEXT)]);
     const m = LocalModel.open(out, { threads: 2 });
     const w = m.window(0, m.nLayers, { ctx: 64 });
@@ -80,7 +74,6 @@ describe("mixture-of-experts routing is not degenerate", () => {
     }
     w.close();
     m.close();
-    rmSync(out);
   });
 });
 
@@ -92,8 +85,7 @@ describe("every family agrees with llama.cpp", () => {
   });
 
   it.each(cases)("%s %s", async (shape, type, pure) => {
-    const out = join(dir, `${shape}-${type}.gguf`);
-    await generateModel({ shape, type, out, pure, seed: 7, weightStd: 0.05 });
+    const out = await generatedModel({ shape, type, pure, seed: 7, weightStd: 0.05 });
 
     const theirModel = await llama.loadModel({ modelPath: out, gpuLayers: 0 });
     const theirIds = Array.from(theirModel.tokenize(TEXT));
@@ -127,6 +119,5 @@ describe("every family agrees with llama.cpp", () => {
     }
     const withContinuation = compare(await ourLogits(out, seq), ref, tol);
     expect(withContinuation.maxRelErr, "logits over the prompt and the continuation").toBeLessThan(tol);
-    rmSync(out);
   }, 120_000);
 });

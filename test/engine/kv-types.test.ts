@@ -12,7 +12,7 @@ import type { MemoryReport } from "../../bench/memory.js";
 import { LocalModel, LocalPipeline, Sampler, generate } from "../../engine/index.js";
 import { kvBytesPerTokenLayer, modelShapeByName, type KvCacheType, type KvCacheTypes } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
-import { TOL_FIRST_POSITION, TOL_FLOOR, compare, loadOracle, oracleLogits } from "./oracle-harness.js";
+import { TOL_FIRST_POSITION, ORACLE_THREADS, TOL_FLOOR, compare, loadOracle, oracleLogits } from "./oracle-harness.js";
 
 // llama.cpp rotates Q, K and V by a Hadamard matrix when the cache is quantized and the head size a
 // multiple of 64 (llama-kv-cache.cpp attn_rot_k/v, on by default since 2026) unless
@@ -39,7 +39,7 @@ async function theirContext(path: string, types: KvCacheTypes, size: number) {
   llamaRotates(types);
   try {
     const context = await model.createContext({
-      contextSize: size, batchSize: size, threads: 2, flashAttention: true,
+      contextSize: size, batchSize: size, threads: ORACLE_THREADS, flashAttention: true,
       experimentalKvCacheKeyType: ggml(types.k), experimentalKvCacheValueType: ggml(types.v),
     });
     return { model, context };

@@ -4,15 +4,23 @@
 import { getLlama, type Llama } from "node-llama-cpp";
 import { LocalModel } from "../../engine/index.js";
 
+/** llama.cpp's CPU threads meet at a spinning barrier after every op: two of them on a busy 2-core
+ * machine (the suite runs two files side by side) wait out each other's time slices, and stories260K
+ * token by token took 0.9 s a step where one thread takes 25 ms. So every oracle runs on one thread
+ * (node-llama-cpp's own default is 4). The logits do not depend on it: ggml splits each op's rows
+ * between threads, and splits a sum only in flash attention over 512 or more cached F16/F32 rows,
+ * which no oracle context here holds. */
+export const ORACLE_THREADS = 1;
+
 export async function loadOracle(): Promise<Llama> {
-  return getLlama({ gpu: false, build: "never", skipDownload: true, logLevel: "error" as never });
+  return getLlama({ gpu: false, build: "never", skipDownload: true, logLevel: "error" as never, maxThreads: ORACLE_THREADS });
 }
 
 /** llama.cpp's logits at every prompt position, all positions in one batch. */
 export async function oracleLogits(llama: Llama, path: string, prompt: readonly number[], flashAttention: boolean): Promise<Float32Array[]> {
   const model = await llama.loadModel({ modelPath: path, gpuLayers: 0 });
   const contextSize = Math.max(64, Math.ceil(prompt.length / 64) * 64);
-  const context = await model.createContext({ contextSize, batchSize: contextSize, threads: 2, flashAttention });
+  const context = await model.createContext({ contextSize, batchSize: contextSize, threads: ORACLE_THREADS, flashAttention });
   try {
     const seq = context.getSequence();
     const out = await seq.controlledEvaluate(prompt.map((t) => [t, { generateNext: { logits: true } }] as const) as never);

@@ -1,25 +1,21 @@
 // llama.cpp (through node-llama-cpp) as the live oracle: it loads models our generator writes, in
 // every weight type and in llama and qwen2 shapes, and its logits at every prompt position must
 // agree with ours. This checks our GGUF writer, our quantizers and our kernels against llama.cpp's.
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Llama } from "node-llama-cpp";
-import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import { afterEach, beforeAll, describe, expect, it } from "vitest";
 import { LocalModel, LocalPipeline, Sampler, generate } from "../../engine/index.js";
 import { Tokenizer } from "../../model/index.js";
-import { generateModel } from "../../modelgen/index.js";
 import { simdLevels } from "../../native/index.js";
+import { generatedModel } from "../helpers/models.js";
 import { killAll, root, startNode } from "../helpers/process.js";
-import { TOL_FIRST_POSITION, TOL_FLOOR, agreement, compare, loadOracle, oracleLogits, ourLogits } from "./oracle-harness.js";
+import { TOL_FIRST_POSITION, TOL_FLOOR, ORACLE_THREADS, agreement, compare, loadOracle, oracleLogits, ourLogits } from "./oracle-harness.js";
 
-const dir = mkdtempSync(join(tmpdir(), "prima-oracle-"));
 let llama: Llama;
 
 beforeAll(async () => {
   llama = await loadOracle();
 }, 60_000);
-afterAll(() => rmSync(dir, { recursive: true, force: true }));
 afterEach(() => killAll());
 
 /** A fixed prompt of vocabulary ids (BOS first), long enough to exercise attention over positions. */
@@ -38,20 +34,18 @@ describe("llama.cpp agrees with us on generated models", () => {
     ["tiny-qwen2", "Q4_K_M", false],
   ];
   it.each(cases)("%s %s", async (shape, type, pure) => {
-    const out = join(dir, `${shape}-${type}.gguf`);
-    await generateModel({ shape, type, out, pure, seed: 7, weightStd: 0.05 });
+    const out = await generatedModel({ shape, type, pure, seed: 7, weightStd: 0.05 });
     const { first, noise, tol, all } = await agreement(llama, out, PROMPT);
     expect(first.maxRelErr, "first position: kernels and formats alone").toBeLessThan(TOL_FIRST_POSITION);
     expect(all.top1Mismatches, `top-1 differs at positions ${all.top1Mismatches.join(",")} (tolerance ${tol})`).toEqual([]);
     expect(all.maxRelErr, `llama.cpp's own flash-attention noise is ${noise}`).toBeLessThan(tol);
-    rmSync(out);
   }, 60_000);
 });
 
 /** llama.cpp's greedy continuation of the prompt (temperature 0: the argmax at every step). */
 async function oracleGreedy(path: string, prompt: readonly number[], n: number): Promise<number[]> {
   const model = await llama.loadModel({ modelPath: path, gpuLayers: 0 });
-  const context = await model.createContext({ contextSize: 64, batchSize: 64, threads: 2 });
+  const context = await model.createContext({ contextSize: 64, batchSize: 64, threads: ORACLE_THREADS });
   try {
     const out: number[] = [];
     for await (const t of context.getSequence().evaluate(prompt as never, { temperature: 0 })) {
@@ -70,8 +64,7 @@ describe("the IQ4 types end to end: a text prompt, its logits and its greedy con
   const GREEDY = 24;
   it.each([["tiny-llama", "IQ4_NL", true], ["tiny-llama", "IQ4_XS", true], ["tiny-llama", "IQ4_XS", false]] as const)(
     "%s %s (pure %s)", async (shape, type, pure) => {
-      const out = join(dir, `text-${shape}-${type}-${pure}.gguf`);
-      await generateModel({ shape, type, out, pure, seed: 3, weightStd: 0.05 });
+      const out = await generatedModel({ shape, type, pure, seed: 3, weightStd: 0.05 });
       // prompt ids: our tokenizer against llama.cpp's
       const theirsModel = await llama.loadModel({ modelPath: out, gpuLayers: 0 });
       const theirText = Array.from(theirsModel.tokenize(TEXT), Number);
@@ -117,7 +110,6 @@ describe("the IQ4 types end to end: a text prompt, its logits and its greedy con
           `llama.cpp's margin ${margin.toExponential(2)} of the logit spread (tolerance ${tol.toExponential(2)})`);
         expect(Math.abs(margin), `greedy token ${k}: ours ${ours2[k]}, llama.cpp ${want[k]}`).toBeLessThan(tol);
       }
-      rmSync(out);
     }, 120_000);
 });
 
@@ -146,8 +138,7 @@ async function ourLogitsAt(path: string, level: string): Promise<Float32Array[]>
 // it apart), so every level this CPU runs is held to llama.cpp here (AVX-512 on a host that has it).
 describe("llama.cpp agrees with us at every SIMD level", () => {
   it.each([["tiny-llama", "Q4_1", true], ["small-llama", "Q4_K_M", false]] as const)("%s %s", async (shape, type, pure) => {
-    const out = join(dir, `${shape}-${type}-levels.gguf`);
-    await generateModel({ shape, type, out, pure, seed: 7, weightStd: 0.05 });
+    const out = await generatedModel({ shape, type, pure, seed: 7, weightStd: 0.05 });
     const ref = await oracleLogits(llama, out, PROMPT, false);
     const noise = compare(await oracleLogits(llama, out, PROMPT, true), ref, 0).maxRelErr;
     const tol = Math.max(2 * noise, TOL_FLOOR);
@@ -159,6 +150,5 @@ describe("llama.cpp agrees with us at every SIMD level", () => {
       expect(all.top1Mismatches, `${level}: top-1 differs at positions ${all.top1Mismatches.join(",")}`).toEqual([]);
       expect(all.maxRelErr, `${level}: llama.cpp's own flash-attention noise is ${noise}`).toBeLessThan(tol);
     }
-    rmSync(out);
   }, 120_000);
 });

@@ -5,12 +5,13 @@ import { execFile } from "node:child_process";
 import { readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { promisify } from "node:util";
-import { getLlama, type Llama } from "node-llama-cpp";
+import type { Llama } from "node-llama-cpp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { KlStats, baseRowSlots, encodeBaseRow, negLogProb, summarizeKl } from "../../engine/index.js";
 import { generateModel } from "../../modelgen/index.js";
 import { root } from "../helpers/process.js";
 import { tempDir } from "../helpers/temp.js";
+import { ORACLE_THREADS, loadOracle } from "./oracle-harness.js";
 
 const run = promisify(execFile);
 const CLI = join(root, "dist/coordinator/cli.js");
@@ -21,7 +22,7 @@ const dir = tempDir("prima-perplexity-");
 let llama: Llama;
 
 beforeAll(async () => {
-  llama = await getLlama({ gpu: false, build: "never", skipDownload: true, logLevel: "error" as never });
+  llama = await loadOracle();
 }, 60_000);
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
@@ -34,7 +35,7 @@ async function ours(model: string, ...extra: string[]): Promise<{ ppl: number; n
  * does it, with the negative log-likelihood written out plainly here (not engine/perplexity.ts). */
 async function oraclePerplexity(path: string): Promise<{ ppl: number; nChunks: number; scored: number }> {
   const model = await llama.loadModel({ modelPath: path, gpuLayers: 0 });
-  const context = await model.createContext({ contextSize: CTX, batchSize: CTX, threads: 2 });
+  const context = await model.createContext({ contextSize: CTX, batchSize: CTX, threads: ORACLE_THREADS });
   try {
     const bos = model.tokens.bos;
     if (bos === null || !model.tokens.shouldPrependBosToken) throw new Error("expected a model that starts with BOS");

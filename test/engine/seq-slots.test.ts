@@ -2,17 +2,13 @@
 // sequence exactly what it gets decoded alone, token for token and logits bit for bit, with sequences
 // joining and leaving between steps. Attention stays per sequence (its own KV cache); the matmuls take
 // the N rows together, and are batch-invariant (batch-equality.test.ts).
-import { mkdtempSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { afterAll, describe, expect, it } from "vitest";
+import { describe, expect, it } from "vitest";
 import { LocalModel, SeqSlots, argmax } from "../../engine/index.js";
 import { modelShapeByName, type KvCacheTypes, type ModelShape } from "../../model/index.js";
-import { generateModel } from "../../modelgen/index.js";
+import { generatedModel } from "../helpers/models.js";
 import { root } from "../helpers/process.js";
 
-const dir = mkdtempSync(join(tmpdir(), "prima-seq-slots-"));
-afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
 const SHAPE: ModelShape = {
   name: "wide-llama", arch: "llama", nEmbd: 1024, nLayers: 2, nHead: 8, nHeadKv: 2, nFf: 2048, nVocab: 512,
@@ -114,35 +110,30 @@ async function check(path: string, kvCacheTypes?: KvCacheTypes): Promise<void> {
 
 describe("parallel sequences: a shared decode step equals each sequence alone, bit for bit", () => {
   it.each(["Q4_K_M", "Q8_0", "F16"])("llama %s", async (type) => {
-    const out = join(dir, `llama-${type}.gguf`);
-    await generateModel({ shape: SHAPE, type, out, pure: true, seed: 5 });
+    const out = await generatedModel({ shape: SHAPE, type, pure: true, seed: 5 });
     await check(out);
   }, 60_000);
 
   // quantized KV caches (--cache-type-k/-v), plain and rotated: each sequence's rows go to its own cache
   it.each([[{ k: "q8_0", v: "q4_0" }], [{ k: "q4_0-rot", v: "q8_0-rot" }]] as [KvCacheTypes][])("llama Q8_0, KV cache %o", async (types) => {
-    const out = join(dir, "llama-kv.gguf");
-    await generateModel({ shape: SHAPE, type: "Q8_0", out, pure: true, seed: 5 });
+    const out = await generatedModel({ shape: SHAPE, type: "Q8_0", pure: true, seed: 5 });
     await check(out, types);
   }, 60_000);
 
   it("mixture of experts, Q4_K_M", async () => {
-    const out = join(dir, "moe-Q4_K_M.gguf");
-    await generateModel({ shape: MOE_SHAPE, type: "Q4_K_M", out, pure: true, seed: 5 });
+    const out = await generatedModel({ shape: MOE_SHAPE, type: "Q4_K_M", pure: true, seed: 5 });
     await check(out);
   }, 60_000);
 
   // soft caps (gemma2), sliding windows with their own RoPE (gemma3), QKV biases (qwen2), experts
   it.each(["tiny-gemma2", "tiny-gemma3", "tiny-qwen2", "tiny-mixtral"])("%s Q8_0", async (name) => {
-    const out = join(dir, `${name}.gguf`);
-    await generateModel({ shape: modelShapeByName(name), type: "Q8_0", out, pure: true, seed: 5 });
+    const out = await generatedModel({ shape: modelShapeByName(name), type: "Q8_0", pure: true, seed: 5 });
     await check(out);
   }, 60_000);
 
   // sinks, biases, YaRN, windows and MXFP4 experts (gpt-oss's release mix)
   it("tiny-gpt-oss MXFP4_MOE", async () => {
-    const out = join(dir, "tiny-gpt-oss.gguf");
-    await generateModel({ shape: "tiny-gpt-oss", type: "MXFP4_MOE", out, seed: 5 });
+    const out = await generatedModel({ shape: "tiny-gpt-oss", type: "MXFP4_MOE", seed: 5 });
     await check(out);
   }, 60_000);
 

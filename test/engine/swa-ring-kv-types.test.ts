@@ -11,7 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LocalModel, LocalPipeline, Sampler, generate } from "../../engine/index.js";
 import { Tokenizer, kvBytesPerLayer, kvBytesPerTokenLayer, kvCacheRows, modelProfile, type KvCacheType, type KvCacheTypes } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
-import { TOL_FIRST_POSITION, TOL_FLOOR, compare, loadOracle, oracleLogits } from "./oracle-harness.js";
+import { TOL_FIRST_POSITION, ORACLE_THREADS, TOL_FLOOR, compare, loadOracle, oracleLogits } from "./oracle-harness.js";
 
 const dir = mkdtempSync(join(tmpdir(), "prima-swa-kvtypes-"));
 let llama: Llama;
@@ -34,7 +34,7 @@ async function theirLogits(path: string, tokens: readonly number[], types: KvCac
   else process.env.LLAMA_ATTN_ROT_DISABLE = "1";
   try {
     const context = await model.createContext({
-      contextSize: CTX, batchSize: CTX, threads: 2, flashAttention: true,
+      contextSize: CTX, batchSize: CTX, threads: ORACLE_THREADS, flashAttention: true,
       experimentalKvCacheKeyType: ggml(types.k), experimentalKvCacheValueType: ggml(types.v),
     });
     try {

@@ -13,6 +13,7 @@ import { GgmlTypeId } from "../../native/kernels.js";
 import { generateModel, ModelGenError } from "../../modelgen/index.js";
 import { FILE_TYPES, FILE_TYPE_NAMES, modelShapeByName, planTensors, type FileTypeName, type ModelShape } from "../../model/index.js";
 import { parseMakeModelArgs } from "../../coordinator/make-model-command.js";
+import { ORACLE_THREADS } from "../engine/oracle-harness.js";
 
 const root = join(import.meta.dirname, "..", "..");
 const dir = mkdtempSync(join(tmpdir(), "prima-modelgen-"));
@@ -49,7 +50,7 @@ async function make(shape: ModelShape, type: string, pure = false, seed = 7) {
 
 let llama: Llama;
 beforeAll(async () => {
-  llama = await getLlama({ gpu: false, build: "never", skipDownload: true, logLevel: LlamaLogLevel.disabled });
+  llama = await getLlama({ gpu: false, build: "never", skipDownload: true, logLevel: LlamaLogLevel.disabled, maxThreads: ORACLE_THREADS });
 }, 120_000);
 
 /** llama.cpp loads the file and evaluates a few tokens (every weight is used); returns the first

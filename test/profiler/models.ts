@@ -1,9 +1,8 @@
 // Generated test models, made once per machine in the temp directory (a few seconds) and reused.
-import { closeSync, copyFileSync, existsSync, fsyncSync, openSync, linkSync, mkdirSync, rmSync, statSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { closeSync, copyFileSync, fsyncSync, openSync } from "node:fs";
 import { basename, join } from "node:path";
 import { LocalModel } from "../../engine/index.js";
-import { generateModel } from "../../modelgen/index.js";
+import { generatedModel } from "../helpers/models.js";
 import { describeModel, modelProfile, readGguf, type ModelShape } from "../../model/index.js";
 
 /** 12 llama layers of 1024 wide, Q8_0 (145 MB): enough work per token that latency is not overhead. */
@@ -12,24 +11,9 @@ export const PLACEMENT_SHAPE: ModelShape = {
   tiedEmbeddings: false, qkvBias: false, contextLength: 1024, ropeFreqBase: 10000, normEps: 1e-5, defaultVocab: "stories260K",
 };
 
-/** The model file for a shape and type, generated on first use. */
-export async function testModel(shape: ModelShape, type: string): Promise<string> {
-  const dir = join(tmpdir(), "prima-test-models");
-  mkdirSync(dir, { recursive: true });
-  const path = join(dir, `${shape.name}-${shape.nEmbd}x${shape.nLayers}-${type}.gguf`);
-  if (existsSync(path) && statSync(path).size > 0) return path;
-  const tmp = `${path}.${process.pid}.tmp`;
-  await generateModel({ shape, type, out: tmp, seed: 7, pure: true });
-  // Linked, never renamed over: test files run side by side, and another may have made the same model
-  // meanwhile and be running it; replacing its file under it ends its run ("replaced by another file").
-  try {
-    linkSync(tmp, path);
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e;
-  } finally {
-    rmSync(tmp, { force: true });
-  }
-  return path;
+/** The model file for a shape and type, generated on first use (cached by content: generatedModel). */
+export function testModel(shape: ModelShape, type: string): Promise<string> {
+  return generatedModel({ shape, type, seed: 7, pure: true });
 }
 
 /** A copy of a model file of the caller's own (in `dir`), for a test whose devices' memory cgroups

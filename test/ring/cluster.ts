@@ -26,16 +26,14 @@ export interface RingRun {
   };
 }
 
-/** Runs `prima-coord run` with n workers joined in order, and waits for it to end. */
+/** Runs `prima-coord run` with n workers (dev1..devN, in that ring order), and waits for it to end. */
 export async function runRing(model: string, coordArgs: string[], nWorkers: number, workerArgs: string[] = []): Promise<RingRun> {
   const coordinator = startCoordinator(["run", model, "--port", "0", "--min-workers", String(nWorkers), "--json", ...coordArgs]);
   const port = (await coordinator.waitFor(/listening for workers on port (\d+)/))[1];
-  const workers: Proc[] = [];
-  for (let i = 0; i < nWorkers; i++) {
-    const w = startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", `dev${i + 1}`, "--once", "--threads", "1", ...workerArgs]);
-    workers.push(w);
-    await coordinator.waitFor(new RegExp(`"dev${i + 1}" .*joined`));
-  }
+  // All started at once: the ring orders workers by name, not by who joined first, so nothing waits
+  // for one worker's start-up and profile before the next one's begins.
+  const workers = Array.from({ length: nWorkers }, (_, i) =>
+    startWorker(["--join", `127.0.0.1:${port}`, "--model", model, "--name", `dev${i + 1}`, "--once", "--threads", "1", ...workerArgs]));
   const code = await coordinator.exited;
   await Promise.all(workers.map((w) => Promise.race([w.exited, new Promise((r) => setTimeout(r, 5000))])));
   for (const w of workers) w.child.kill("SIGKILL");

@@ -3,12 +3,10 @@
 // lane and through JS, with several windows per device (k cycles), and after a worker dies
 // mid-generation the journal's replay (the same forwards and shifts) goes on to the same tokens.
 import { execFileSync } from "node:child_process";
-import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
-import { generateModel } from "../../modelgen/index.js";
 import { modelShapeByName } from "../../model/index.js";
 import { killAll, runRing, startCoordinator, startWorker } from "./cluster.js";
-import { tempDir } from "../helpers/temp.js";
+import { generatedModel } from "../helpers/models.js";
 
 afterEach(killAll);
 
@@ -36,8 +34,7 @@ describe("context shift on a two-worker loopback ring", () => {
   }, 90_000);
 
   it("a 6-layer qwen2 (neox) in 2 cycles: each device shifts both its windows", async () => {
-    const path = join(tempDir("prima-shift-ring-"), "qwen2-6.gguf");
-    await generateModel({ shape: { ...modelShapeByName("tiny-qwen2")!, nLayers: 6 }, type: "Q8_0", out: path, seed: 3, weightStd: 0.08 });
+    const path = await generatedModel({ shape: { ...modelShapeByName("tiny-qwen2")!, nLayers: 6 }, type: "Q8_0", seed: 3, weightStd: 0.08 });
     const args = ["-p", "Once upon a time", "-n", "200", "--ctx", "64", "--temp", "0"];
     const want = singleDevice(path, args);
     expect(want.length).toBe(200);

@@ -4,12 +4,10 @@
 // mixture-of-experts layer's experts all in its window; gpt-oss's sinks, alternating windows and MXFP4
 // experts), and gemma3's sliding-window rings wrap on the workers.
 import { execFileSync } from "node:child_process";
-import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
-import { generateModel } from "../../modelgen/index.js";
 import { modelShapeByName } from "../../model/index.js";
 import { killAll, runRing } from "./cluster.js";
-import { tempDir } from "../helpers/temp.js";
+import { generatedModel } from "../helpers/models.js";
 
 afterEach(killAll);
 
@@ -21,11 +19,9 @@ function singleDevice(path: string, args: string[]): number[] {
 }
 
 describe("two-worker ring per family", () => {
-  const dir = tempDir("prima-family-ring-");
   it.each(["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-mixtral", "tiny-gemma2", "tiny-gemma3", "tiny-mistral3", "tiny-phi3", "tiny-gpt-oss"])("%s, 6 layers in windows 2,2,2: the same tokens as one device", async (shape) => {
-    const path = join(dir, `${shape}.gguf`);
     // gpt-oss in its release type: MXFP4 experts, the rest Q8_0
-    await generateModel({ shape: { ...modelShapeByName(shape)!, nLayers: 6 }, type: shape === "tiny-gpt-oss" ? "MXFP4_MOE" : "Q8_0", out: path, seed: 3, weightStd: 0.08 });
+    const path = await generatedModel({ shape: { ...modelShapeByName(shape)!, nLayers: 6 }, type: shape === "tiny-gpt-oss" ? "MXFP4_MOE" : "Q8_0", seed: 3, weightStd: 0.08 });
     const expected = singleDevice(path, gen);
     expect(expected.length).toBe(24);
     const r = await runRing(path, [...gen, "--layer-windows", "2,2,2"], 2);
@@ -35,8 +31,7 @@ describe("two-worker ring per family", () => {
   }, 90_000);
 
   it("tiny-gemma3 at a batch of 4: its sliding-window layers' rings of 8 rows wrap on every device, the same tokens as one device", async () => {
-    const path = join(dir, "tiny-gemma3-rings.gguf");
-    await generateModel({ shape: { ...modelShapeByName("tiny-gemma3")!, nLayers: 6 }, type: "Q8_0", out: path, seed: 3, weightStd: 0.08 });
+    const path = await generatedModel({ shape: { ...modelShapeByName("tiny-gemma3")!, nLayers: 6 }, type: "Q8_0", seed: 3, weightStd: 0.08 });
     const args = [...gen, "--batch", "4", "--ctx", "64"];
     const expected = singleDevice(path, args);
     expect(expected.length).toBe(24);

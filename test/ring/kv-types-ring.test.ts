@@ -2,12 +2,10 @@
 // q8_0 cache gives the single device's tokens with the same cache, and each worker's window holds its
 // KV cache in q8_0 (the memory it reports shrinks by what the rule says).
 import { execFileSync } from "node:child_process";
-import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
-import { generateModel } from "../../modelgen/index.js";
 import { kvBytesPerTokenLayer, modelShapeByName } from "../../model/index.js";
 import { killAll, runRing } from "./cluster.js";
-import { tempDir } from "../helpers/temp.js";
+import { generatedModel } from "../helpers/models.js";
 
 afterEach(killAll);
 
@@ -25,11 +23,9 @@ function readyMiB(stderr: string): number[] {
 }
 
 describe("a ring with a q8_0 KV cache", () => {
-  const dir = tempDir("prima-kv-ring-");
   it("two workers and the head, windows 2,2,2: the single device's tokens, the workers' caches in q8_0", async () => {
-    const path = join(dir, "kv-ring.gguf");
     const shape = { ...modelShapeByName("tiny-llama")!, nLayers: 6, contextLength: CTX };
-    await generateModel({ shape, type: "Q8_0", out: path, seed: 3, weightStd: 0.08 });
+    const path = await generatedModel({ shape, type: "Q8_0", seed: 3, weightStd: 0.08 });
     const q8 = ["-ctk", "q8_0", "-ctv", "q8_0"];
     const expected = singleDevice(path, [...gen, ...q8]);
     expect(expected.length).toBe(24);

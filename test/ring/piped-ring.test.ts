@@ -2,12 +2,10 @@
 // tokens (workers' frames on the native lane, and through JS with --no-native-lane), and a worker
 // killed mid-generation is named by the coordinator within 2 seconds.
 import { execFileSync } from "node:child_process";
-import { join } from "node:path";
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
-import { generateModel } from "../../modelgen/index.js";
 import { modelShapeByName } from "../../model/index.js";
 import { killAll, runRing, startCoordinator, startWorker } from "./cluster.js";
-import { tempDir } from "../helpers/temp.js";
+import { generatedModel } from "../helpers/models.js";
 
 afterEach(killAll);
 
@@ -70,10 +68,10 @@ describe("piped ring on stories260K (5 layers)", () => {
 });
 
 describe("piped ring with k cycles on a generated 12-layer Q4_K_M model", () => {
-  const path = join(tempDir("prima-ring-"), "ring12.gguf");
+  let path = "";
   let expected: number[] = [];
   beforeAll(async () => {
-    await generateModel({ shape: { ...modelShapeByName("tiny-llama")!, name: "ring12", nLayers: 12 }, type: "Q4_K_M", out: path, seed: 3, weightStd: 0.08 });
+    path = await generatedModel({ shape: { ...modelShapeByName("tiny-llama")!, name: "ring12", nLayers: 12 }, type: "Q4_K_M", seed: 3, weightStd: 0.08 });
     expected = singleDevice(path, gen);
   }, 60_000);
 
