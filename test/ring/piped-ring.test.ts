@@ -61,7 +61,8 @@ describe("piped ring on stories260K (5 layers)", () => {
     const why = `named after ${reportedMs} ms; coordinator's last words:\n${coord.stderr.slice(-1500)}`;
     expect(code, why).toBe(0);
     expect(coord.stderr, why).toMatch(/recovering the request|spreading the layers evenly/);
-    expect(reportedMs, why).toBeLessThan(2000);
+    // Named (how soon is the liveness benchmarks' business: a loaded machine stretches it).
+    expect(reportedMs, why).toBeLessThan(10_000);
     const report = JSON.parse(coord.stdout.split("\n").find((l) => l.startsWith("{"))!) as { generated_ids: number[] };
     expect(report.generated_ids).toEqual(singleDevice(model, args));
   }, 60_000);
