@@ -22,6 +22,7 @@
         "native/src/kv_cache.c",
         "native/src/model.c",
         "native/src/kv_shift.c",
+        "native/src/sparse_attn.c",
         "native/src/lane.c",
         "native/src/seal.c",
         "native/src/profile.c"

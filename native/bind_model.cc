@@ -490,10 +490,32 @@ Window::Window(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Window>(info) 
       return;
     }
   }
+  // sparse attention of the full-attention layers: {window, sinks, logStride, block} (absent: dense)
+  prima_sparse_cfg sparse = {0, 0, 0, 0};
+  if (!o.Get("sparse").IsUndefined()) {
+    if (!o.Get("sparse").IsObject()) {
+      ThrowType(env, "window options.sparse must be {window, sinks, logStride, block}");
+      return;
+    }
+    Napi::Object so = o.Get("sparse").As<Napi::Object>();
+    int64_t sw, ss, sb;
+    if (!IntArg(so.Get("window"), 1, 1 << 22, &sw) || !IntArg(so.Get("sinks"), 0, 1 << 22, &ss) ||
+        !IntArg(so.Get("block"), 0, 1 << 22, &sb) || !so.Get("logStride").IsBoolean()) {
+      ThrowType(env, "window options.sparse must be {window >= 1, sinks >= 0, logStride: boolean, block >= 0}");
+      return;
+    }
+    sparse = {(int)sw, (int)ss, so.Get("logStride").As<Napi::Boolean>().Value() ? 1 : 0, (int)sb};
+  }
   char err[kErrLen] = {0};
   w = prima_window_create(model->st->m, (int)first, (int)end, (int)ctx, (int)batch, (int)kv_types[0], (int)kv_types[1], err,
                           sizeof err);
   if (!w) {
+    ThrowErr(env, err);
+    return;
+  }
+  if (sparse.window > 0 && prima_window_set_sparse(w, &sparse, err, sizeof err) != 0) {
+    prima_window_destroy(w);
+    w = nullptr;
     ThrowErr(env, err);
     return;
   }

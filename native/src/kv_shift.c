@@ -143,6 +143,7 @@ int prima_window_kv_shift(prima_window *w, int p0, int n_discard, int n_past, ch
   free(j.scratch);
   free(j.held);
   w->n_filled = next;
+  if (w->sparse.block > 0 && w->lm_done > p0 / w->sparse.block) w->lm_done = p0 / w->sparse.block; /* rows moved */
   if (ring_rows > 0) {
     w->kv_end = next;
     w->kv_floor = new_floor;

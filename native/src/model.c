@@ -504,6 +504,7 @@ int prima_window_kv_resumable(const prima_window *w, int pos) {
 
 /* After positions [pos, pos + n) are written. */
 static void kv_wrote(prima_window *w, int pos, int n) {
+  if (w->sparse.block > 0 && w->lm_done > pos / w->sparse.block) w->lm_done = pos / w->sparse.block;
   if (pos == 0) w->kv_floor = 0;
   if (pos == 0 || pos + n > w->kv_end) w->kv_end = pos + n;
 }
@@ -694,8 +695,45 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   return w;
 }
 
+int prima_window_set_sparse(prima_window *w, const prima_sparse_cfg *c, char *err, size_t err_len) {
+  const prima_hparams *hp = &w->m->hp;
+  const prima_sparse_cfg dense = { 0, 0, 0, 0 };
+  if (c->window > 0) {
+    const char *why = prima_sparse_problem(c);
+    if (why) return prima_fail(err, err_len, "sparse attention: %s", why);
+    if (hp->head_dim > 1024) return prima_fail(err, err_len, "sparse attention: heads of %d elements are more than 1024", hp->head_dim);
+  }
+  const size_t old = sizeof(float) * 2 * (size_t)(w->end - w->first) * (size_t)hp->n_head_kv * (size_t)w->lm_blocks * (size_t)hp->head_dim;
+  free(w->lm_k);
+  free(w->lm_v);
+  w->lm_k = w->lm_v = NULL;
+  w->anon_bytes -= old;
+  w->lm_blocks = w->lm_done = 0;
+  w->sparse = c->window > 0 ? *c : dense;
+  if (w->sparse.block > 0) {
+    w->lm_blocks = w->n_ctx / w->sparse.block;
+    const size_t n = (size_t)(w->end - w->first) * (size_t)hp->n_head_kv * (size_t)w->lm_blocks * (size_t)hp->head_dim;
+    if (n > 0) {
+      w->lm_k = malloc(sizeof(float) * n);
+      w->lm_v = malloc(sizeof(float) * n);
+      if (!w->lm_k || !w->lm_v) {
+        free(w->lm_k);
+        free(w->lm_v);
+        w->lm_k = w->lm_v = NULL;
+        w->lm_blocks = 0;
+        w->sparse = dense;
+        return prima_fail(err, err_len, "out of memory for the landmarks of sparse attention");
+      }
+      w->anon_bytes += sizeof(float) * 2 * n;
+    }
+  }
+  return 0;
+}
+
 void prima_window_destroy(prima_window *w) {
   if (!w) return;
+  free(w->lm_k);
+  free(w->lm_v);
   free(w->k_cache);
   free(w->v_cache);
   free(w->kv_cells);
@@ -818,7 +856,34 @@ static void attention(const prima_task *t, prima_window *w, int li, const fwd_jo
     /* a sliding-window layer sees the last `window` positions (llama.cpp masks p0 when p1 - p0 >= n_swa) */
     const int lo = window > 0 && n_pos > window ? n_pos - window : 0;
     const size_t off = (size_t)tok * qdim + (size_t)g * ratio * D;
-    prima_kv_attend(&K, &V, q + off, ratio, D, lo, n_pos, hp->kq_scale, hp->attn_softcap, sink, w->att + off, scratch, simd);
+    if (window == 0 && kw->sparse.window > 0) {
+      const size_t lm = (((size_t)li * G + g) * (size_t)kw->lm_blocks) * D;
+      prima_sparse_attend(&kw->sparse, &K, &V, kw->lm_k ? kw->lm_k + lm : NULL, kw->lm_v ? kw->lm_v + lm : NULL, q + off, ratio, D,
+                          n_pos - 1, hp->kq_scale, hp->attn_softcap, sink, w->att + off, scratch, simd);
+    } else {
+      prima_kv_attend(&K, &V, q + off, ratio, D, lo, n_pos, hp->kq_scale, hp->attn_softcap, sink, w->att + off, scratch, simd);
+    }
+  }
+}
+
+/* Sparse attention's landmarks of layer li for every whole block a row's sequence now holds that has
+ * none yet (blocks [lm_done, (pos + 1) / block)): the last row of a pass of one sequence, every row of
+ * a step of several (each its own sequence), threads taking (row, KV head) pairs. */
+static void sparse_landmarks(const prima_task *t, prima_window *w, int li, const fwd_job *j, int n) {
+  const prima_hparams *hp = &w->m->hp;
+  const int D = hp->head_dim, G = hp->n_head_kv;
+  const int first = j->seqs ? 0 : n - 1;
+  for (int task = t->ith; task < (n - first) * G; task = prima_pool_next_chunk(t)) {
+    const int r = first + task / G, g = task % G;
+    prima_window *kw = row_win(j, r);
+    const int B = kw->sparse.block;
+    if (B <= 0) continue;
+    const int end = (row_pos(j, r) + 1) / B;
+    const prima_kv_head K = { kw->k_type, kv_k_rows(kw, li) + (size_t)g * (kw->k_row_bytes / G), kw->k_row_bytes, kw->kv_cells[li] };
+    const prima_kv_head V = { kw->v_type, kv_v_rows(kw, li) + (size_t)g * (kw->v_row_bytes / G), kw->v_row_bytes, kw->kv_cells[li] };
+    const size_t lm = (((size_t)li * G + g) * (size_t)kw->lm_blocks) * D;
+    for (int b = kw->lm_done; b < end && b < kw->lm_blocks; b++)
+      prima_sparse_landmark(&K, &V, b * B, B, D, kw->lm_k + lm + (size_t)b * D, kw->lm_v + lm + (size_t)b * D);
   }
 }
 
@@ -927,6 +992,10 @@ static void attention_block(const prima_task *t, prima_window *w, int l, float *
     if (hp->q_scale != 1.0f) prima_scale(q, (int)qdim, hp->q_scale);
   }
   prima_pool_barrier(t);
+  if (!swa && w->sparse.block > 0) {
+    sparse_landmarks(t, w, li, j, n);
+    prima_pool_barrier(t);
+  }
   attention(t, w, li, j, n);
   prima_pool_barrier(t);
   for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
@@ -1244,6 +1313,7 @@ int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, fl
     if (n == 1 && w->layer_bytes < SMALL_LAYER_BYTES) prima_pool_run_alone(w->m->pool, forward_job, &j);
     else prima_pool_run(w->m->pool, forward_job, &j);
     done += n;
+    if (w->sparse.block > 0) w->lm_done = (pos + done) / w->sparse.block; /* every layer has them now */
   }
   /* a read that faulted during the pass left zeros in it: refuse its result */
   if (__atomic_load_n(&w->m->file_state, __ATOMIC_ACQUIRE) != PRIMA_FILE_OK) return prima_model_check_file(w->m, 0, err, err_len);
@@ -1278,7 +1348,10 @@ int prima_window_forward_seqs(prima_window *w, prima_window *const *seqs, const 
   if (n == 1 && w->layer_bytes < SMALL_LAYER_BYTES) prima_pool_run_alone(w->m->pool, forward_job, &j);
   else prima_pool_run(w->m->pool, forward_job, &j);
   if (__atomic_load_n(&w->m->file_state, __ATOMIC_ACQUIRE) != PRIMA_FILE_OK) return prima_model_check_file(w->m, 0, err, err_len);
-  for (int i = 0; i < n; i++) seqs[i]->n_filled = pos[i] + 1;
+  for (int i = 0; i < n; i++) {
+    seqs[i]->n_filled = pos[i] + 1;
+    if (seqs[i]->sparse.block > 0) seqs[i]->lm_done = (pos[i] + 1) / seqs[i]->sparse.block;
+  }
   return 0;
 }
 
@@ -1492,6 +1565,7 @@ int prima_window_kv_load(prima_window *w, const char *path, char *err, size_t er
         }
       }
     w->kv_end = h.n_filled; /* rows were overwritten even when the file fell short */
+    w->lm_done = 0;
     w->kv_floor = 0;
     if (rc == 0) w->n_filled = h.n_filled;
     else w->n_filled = 0;

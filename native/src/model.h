@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sparse_attn.h"
 #include "threadpool.h"
 
 typedef struct {
@@ -149,6 +150,13 @@ typedef struct prima_window {
   int stream_from;             /* layers from here on are dropped right after each pass computes them
                                   (prima_window_stream_beyond); end: none */
   uint64_t stream_keep;        /* bytes at the start of layer stream_from kept all the same */
+  /* Sparse attention of the full-attention layers (sparse_attn.h; window 0: dense). A landmark per
+   * layer, KV head and whole block of positions: lm_k/lm_v [layer][n_head_kv][lm_blocks][head_dim];
+   * blocks [0, lm_done) hold the means of the rows the cache holds now (a write, shift or load below a
+   * block's end lowers it; the next pass computes them again). */
+  prima_sparse_cfg sparse;
+  float *lm_k, *lm_v;
+  int lm_blocks, lm_done;
 } prima_window;
 
 /* Opens and maps the file; validates the table against the file and hyper-parameters.
@@ -163,6 +171,9 @@ void prima_model_close(prima_model *m);
 prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, int k_type, int v_type,
                                   char *err, size_t err_len);
 void prima_window_destroy(prima_window *w);
+/* Attention of the window's full-attention layers from now on: sparse by c (window 0: dense again).
+ * Sliding-window layers keep their own window. 0, or -1 naming what is wrong (settings, memory). */
+int prima_window_set_sparse(prima_window *w, const prima_sparse_cfg *c, char *err, size_t err_len);
 /* The RoPE frequency factors a window of n_ctx tokens uses (its tensor's data is NULL: none). */
 const prima_tensor *prima_rope_factors(const prima_model *m, int n_ctx);
 
