@@ -11,7 +11,7 @@ import { tempDir } from "../helpers/temp.js";
 
 afterEach(killAll);
 
-const CTX = 256;
+const CTX = 1024;
 const gen = ["-p", "Once upon a time", "-n", "80", "--temp", "0", "--ctx", String(CTX)];
 const SPARSE = { window: 16, sinks: 2, logStride: true, block: 8 };
 const sparse = ["--attention", "sparse", "--sparse-window", "16", "--sparse-sinks", "2", "--sparse-block", "8"];
@@ -45,6 +45,7 @@ describe("a ring with sparse attention", () => {
     const lmMiB = landmarkBytesPerTokenLayer({ nHeadKv: shape.nHeadKv, headDimK: d, headDimV: d }, SPARSE) * 2 * CTX / 2 ** 20;
     const [a, b] = [readyMiB(r.coordinator.stderr), readyMiB(dense.coordinator.stderr)];
     expect(a.length, r.coordinator.stderr).toBe(2);
-    for (let i = 0; i < 2; i++) expect(Math.abs(a[i] - b[i] - lmMiB), `worker ${i + 1}: sparse ${a[i]} MiB, dense ${b[i]} MiB`).toBeLessThan(0.051);
+    // MiB are printed to 0.1: each side rounds by up to 0.05 (the landmarks are 0.25 MiB here)
+    for (let i = 0; i < 2; i++) expect(Math.abs(a[i] - b[i] - lmMiB), `worker ${i + 1}: sparse ${a[i]} MiB, dense ${b[i]} MiB`).toBeLessThan(0.101);
   }, 180_000);
 });
