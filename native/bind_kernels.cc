@@ -438,6 +438,54 @@ Napi::Value KvAttendSparse(const Napi::CallbackInfo &info) {
   return env.Undefined();
 }
 
+// kvAttendBench(kType, vType, k, v, i, ratio, d, q, scale, sparse | null, lmK, lmV, minSeconds): microseconds one query's
+// attention at position i takes (dense over rows 0..i, or sparse with those settings and landmarks), timed in a loop here
+// so that no copy of the arguments counts.
+Napi::Value KvAttendBench(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int64_t kt, vt, i, ratio, d;
+  prima_sparse_cfg c = {0, 0, 0, 0};
+  Bytes k, v, q, lk, lv;
+  if (!GetInt(env, info[0], "kType", 0, PRIMA_TYPE_COUNT - 1, kt) || !GetInt(env, info[1], "vType", 0, PRIMA_TYPE_COUNT - 1, vt) ||
+      !GetTyped(env, info[2], napi_uint8_array, "k", k, true) || !GetTyped(env, info[3], napi_uint8_array, "v", v, true) ||
+      !GetInt(env, info[4], "i", 0, 1 << 22, i) || !GetInt(env, info[5], "ratio", 1, 64, ratio) ||
+      !GetInt(env, info[6], "d", 1, 1024, d) || !GetTyped(env, info[7], napi_float32_array, "q", q, true) || !info[8].IsNumber() ||
+      (!info[9].IsNull() && !GetSparse(env, info[9], c)) ||
+      !GetTyped(env, info[10], napi_float32_array, "lmK", lk, true) || !GetTyped(env, info[11], napi_float32_array, "lmV", lv, true) ||
+      !info[12].IsNumber())
+    return env.Undefined();
+  const char *why = prima_kv_type_problem((int)kt, (int)d);
+  if (!why) why = prima_kv_type_problem((int)vt, (int)d);
+  if (why) return Fail(env, std::string("kvAttendBench: a cache type ") + why), env.Undefined();
+  const size_t kRow = prima_row_bytes((int)kt, d), vRow = prima_row_bytes((int)vt, d), nPos = (size_t)i + 1;
+  int sink_end, wlo, n_blocks = 0, rungs[PRIMA_SPARSE_MAX_RUNGS];
+  if (c.window > 0) prima_sparse_select(&c, (int)i, &sink_end, &wlo, rungs, &n_blocks);
+  if (k.length < kRow * nPos || v.length < vRow * nPos || q.length != 4 * (size_t)(ratio * d) || lk.length < 4 * (size_t)n_blocks * d ||
+      lv.length < 4 * (size_t)n_blocks * d)
+    return Fail(env, "kvAttendBench: k, v must hold i + 1 rows, q ratio x d floats, lmK and lmV the landmarks below the window"), env.Undefined();
+  std::vector<uint8_t> scratch(prima_kv_attend_scratch_bytes((int)ratio, (int)d) + 64);
+  void *aligned = reinterpret_cast<void *>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t(63));
+  std::vector<float> out((size_t)(ratio * d));
+  const prima_kv_head K = {(int)kt, k.data, kRow, 0}, V = {(int)vt, v.data, vRow, 0};
+  const float scale = (float)info[8].As<Napi::Number>().DoubleValue();
+  const double min_s = info[12].As<Napi::Number>().DoubleValue();
+  const int level = prima_simd_level();
+  int64_t n = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double el = 0;
+  do {
+    if (c.window > 0)
+      prima_sparse_attend(&c, &K, &V, reinterpret_cast<const float *>(lk.data), reinterpret_cast<const float *>(lv.data),
+                          reinterpret_cast<const float *>(q.data), (int)ratio, (int)d, (int)i, scale, 0, nullptr, out.data(), aligned, level);
+    else
+      prima_kv_attend(&K, &V, reinterpret_cast<const float *>(q.data), (int)ratio, (int)d, 0, (int)nPos, scale, 0, nullptr, out.data(),
+                      aligned, level);
+    n++;
+    el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (el < min_s);
+  return Napi::Number::New(env, el * 1e6 / (double)n);
+}
+
 // All threads of a benchmark wait here between passes (spinning: a pass can be microseconds).
 class SpinBarrier {
  public:
@@ -591,6 +639,7 @@ void RegisterKernels(Napi::Env env, Napi::Object exports) {
   k.Set("kvAttendSparse", Napi::Function::New(env, KvAttendSparse, "kvAttendSparse"));
   k.Set("sparseLandmarks", Napi::Function::New(env, SparseLandmarks, "sparseLandmarks"));
   k.Set("sparseSelect", Napi::Function::New(env, SparseSelect, "sparseSelect"));
+  k.Set("kvAttendBench", Napi::Function::New(env, KvAttendBench, "kvAttendBench"));
   k.Set("maxNc", Napi::Number::New(env, PRIMA_MAX_NC));
   exports.Set("kernels", k);
 }

@@ -57,6 +57,8 @@ interface KernelsAddon {
   sparseLandmarks(kType: number, vType: number, k: Uint8Array, v: Uint8Array, nBlocks: number, d: number, block: number,
     lmK: Float32Array, lmV: Float32Array): void;
   sparseSelect(sparse: SparseSettings, i: number): SparseSelection;
+  kvAttendBench(kType: number, vType: number, k: Uint8Array, v: Uint8Array, i: number, ratio: number, d: number, q: Float32Array,
+    scale: number, sparse: SparseSettings | null, lmK: Float32Array, lmV: Float32Array, minSeconds: number): number;
   maxNc: number;
 }
 
@@ -200,4 +202,12 @@ export function kvAttendSparse(kType: number | GgmlTypeName, vType: number | Ggm
   softcap = 0, level?: SimdLevel, out = new Float32Array(ratio * d)): Float32Array {
   k.kvAttendSparse(typeId(kType), typeId(vType), kRows, vRows, i, ratio, d, q, scale, softcap, sparse, landmarks.k, landmarks.v, out, level);
   return out;
+}
+
+/** Microseconds one query's attention at position i takes at the selected level, dense (sparse null) or
+ * sparse with the landmarks sparseLandmarks made: timed in a native loop of at least minSeconds. */
+export function kvAttendBench(kType: number | GgmlTypeName, vType: number | GgmlTypeName, kRows: Uint8Array, vRows: Uint8Array, i: number,
+  ratio: number, d: number, q: Float32Array, scale: number, sparse: SparseSettings | null,
+  landmarks: { k: Float32Array; v: Float32Array } = { k: new Float32Array(0), v: new Float32Array(0) }, minSeconds = 0.02): number {
+  return k.kvAttendBench(typeId(kType), typeId(vType), kRows, vRows, i, ratio, d, q, scale, sparse, landmarks.k, landmarks.v, minSeconds);
 }
