@@ -64,6 +64,7 @@ export class LocalModel {
       ctx: options.ctx, maxBatch: options.maxBatch ?? 128,
       ...(types ? { cacheTypeK: kvCacheNativeType(types.k), cacheTypeV: kvCacheNativeType(types.v) } : {}),
       ...(types?.attention ? { sparse: types.attention } : {}),
+      ...(types?.evict === "h2o" ? { h2o: true } : {}),
     });
   }
 

@@ -20,6 +20,8 @@ export interface KvCacheTypes {
   /** How attention reads the cache: sparse with these settings (model/attention.ts; they travel with
    * the types to every window and worker), or dense when absent. */
   readonly attention?: SparseAttention;
+  /** "h2o": the windows gather H2O's attention statistics (--kv-evict h2o; engine/h2o.ts evicts by them). */
+  readonly evict?: "h2o";
 }
 
 export const DEFAULT_KV_CACHE_TYPES: KvCacheTypes = { k: "f16", v: "f16" };

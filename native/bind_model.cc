@@ -62,6 +62,7 @@ class Window : public Napi::ObjectWrap<Window> {
   Napi::Value KvResumable(const Napi::CallbackInfo &info);
   Napi::Value KvShift(const Napi::CallbackInfo &info);
   Napi::Value KvSave(const Napi::CallbackInfo &info);
+  Napi::Value H2oScores(const Napi::CallbackInfo &info);
   Napi::Value KvLoad(const Napi::CallbackInfo &info);
   Napi::Value Info(const Napi::CallbackInfo &info);
   Napi::Value Close(const Napi::CallbackInfo &info);
@@ -449,7 +450,7 @@ Napi::Function Window::Define(Napi::Env env) {
                       InstanceMethod("streamBeyond", &Window::StreamBeyond), InstanceMethod("residency", &Window::Residency),
                       InstanceMethod("kvClear", &Window::KvClear), InstanceMethod("kvTruncate", &Window::KvTruncate),
                       InstanceMethod("kvResumable", &Window::KvResumable),
-                      InstanceMethod("kvShift", &Window::KvShift),
+                      InstanceMethod("kvShift", &Window::KvShift), InstanceMethod("h2oScores", &Window::H2oScores),
                       InstanceMethod("kvSave", &Window::KvSave), InstanceMethod("kvLoad", &Window::KvLoad),
                       InstanceMethod("info", &Window::Info), InstanceMethod("close", &Window::Close)});
 }
@@ -510,6 +511,18 @@ Window::Window(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Window>(info) 
   w = prima_window_create(model->st->m, (int)first, (int)end, (int)ctx, (int)batch, (int)kv_types[0], (int)kv_types[1], err,
                           sizeof err);
   if (!w) {
+    ThrowErr(env, err);
+    return;
+  }
+  if (!o.Get("h2o").IsUndefined() && !o.Get("h2o").IsBoolean()) {
+    prima_window_destroy(w);
+    w = nullptr;
+    ThrowType(env, "window options.h2o must be a boolean");
+    return;
+  }
+  if (o.Get("h2o").ToBoolean().Value() && prima_window_set_h2o(w, err, sizeof err) != 0) {
+    prima_window_destroy(w);
+    w = nullptr;
     ThrowErr(env, err);
     return;
   }
@@ -722,6 +735,17 @@ Napi::Value Window::KvShift(const Napi::CallbackInfo &info) {
   char err[kErrLen] = {0};
   if (prima_window_kv_shift(w, (int)p0, (int)d, (int)n_past, err, sizeof err)) return ThrowErr(env, err);
   return env.Undefined();
+}
+
+// h2oScores(): Float32Array of the positions the cache holds: H2O's accumulated attention (made with h2o: true), else null.
+Napi::Value Window::H2oScores(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Alive(env)) return env.Undefined();
+  if (busy > 0) return ThrowErr(env, "window is busy");
+  if (!w->h2o_acc) return env.Null();
+  Napi::Float32Array out = Napi::Float32Array::New(env, (size_t)w->n_filled);
+  prima_window_h2o_scores(w, out.Data());
+  return out;
 }
 
 Napi::Value Window::KvSave(const Napi::CallbackInfo &info) {

@@ -194,6 +194,8 @@ void prima_kv_attn_begin(prima_kv_attn *a, const prima_kv_head *k, const prima_k
   a->q8 = (uint8_t *)scratch + align64(sizeof(float) * (size_t)ratio * (2 * (size_t)d + 2 + ATT_BLOCK));
   a->q8_row = prima_row_bytes(PRIMA_Q8_0, d);
   a->kk = NULL;
+  a->raw = NULL;
+  a->raw_stride = 0;
   if (k->type == PRIMA_F16) {
     /* llama.cpp rounds Q to F16 against an F16 cache; so do we, for the same scores. */
     for (int i = 0; i < ratio * d; i++) a->q[i] = prima_fp16_to_fp32(prima_fp32_to_fp16(q_in[i]));
@@ -244,6 +246,8 @@ void prima_kv_attn_range(prima_kv_attn *a, int lo, int hi) {
       prima_scale(a->s, ratio * nb, a->scale);
     }
     if (a->softcap > 0) prima_softcap(a->s, ratio * nb, a->softcap);
+    if (a->raw) /* the scores as the softmax takes them, by position (H2O's statistics) */
+      for (int h = 0; h < ratio; h++) memcpy(a->raw + (size_t)h * a->raw_stride + p0, a->s + (size_t)h * nb, sizeof(float) * (size_t)nb);
     softmax_step(a, nb);
     if (v->type == PRIMA_F16) prima_attn_accum(a->acc, a->s, ratio, d, (const uint16_t *)vb, v->stride / sizeof(uint16_t), nb);
     else accum_quant(v->type, a->acc, a->s, ratio, d, vb, v->stride, nb, a->simd);

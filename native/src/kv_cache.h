@@ -73,6 +73,11 @@ typedef struct {
   float *q, *acc, *M, *S, *s;
   uint8_t *q8;
   size_t q8_row;
+  /* NULL (begin's default), or where a range leaves each head's score of each position: raw[h *
+   * raw_stride + p], after scale and soft-cap (H2O's statistics: with M and S after end, a position's
+   * probability is exp(raw - M[h]) / S[h]) */
+  float *raw;
+  size_t raw_stride;
 } prima_kv_attn;
 void prima_kv_attn_begin(prima_kv_attn *a, const prima_kv_head *k, const prima_kv_head *v, const float *q, int ratio, int d,
                          float scale, float softcap, const float *sink, void *scratch, int simd);

@@ -504,6 +504,8 @@ int prima_window_kv_resumable(const prima_window *w, int pos) {
 
 /* After positions [pos, pos + n) are written. */
 static void kv_wrote(prima_window *w, int pos, int n) {
+  if (w->h2o_acc) /* what attended to the positions from pos on is gone with them */
+    for (int t = 0; t < w->h2o_threads; t++) memset(w->h2o_acc + (size_t)t * w->n_ctx + pos, 0, sizeof(float) * (size_t)(w->n_ctx - pos));
   if (w->sparse.block > 0 && w->lm_done > pos / w->sparse.block) w->lm_done = pos / w->sparse.block;
   if (pos == 0) w->kv_floor = 0;
   if (pos == 0 || pos + n > w->kv_end) w->kv_end = pos + n;
@@ -698,6 +700,7 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
 int prima_window_set_sparse(prima_window *w, const prima_sparse_cfg *c, char *err, size_t err_len) {
   const prima_hparams *hp = &w->m->hp;
   const prima_sparse_cfg dense = { 0, 0, 0, 0 };
+  if (c->window > 0 && w->h2o_acc) return prima_fail(err, err_len, "sparse attention with H2O eviction: a landmark is no position to score");
   if (c->window > 0) {
     const char *why = prima_sparse_problem(c);
     if (why) return prima_fail(err, err_len, "sparse attention: %s", why);
@@ -730,8 +733,35 @@ int prima_window_set_sparse(prima_window *w, const prima_sparse_cfg *c, char *er
   return 0;
 }
 
+int prima_window_set_h2o(prima_window *w, char *err, size_t err_len) {
+  if (w->sparse.window > 0) return prima_fail(err, err_len, "H2O eviction with sparse attention: a landmark is no position to score");
+  if (w->h2o_acc) return 0;
+  const int nth = prima_pool_threads(w->m->pool), ratio = w->m->hp.n_head / w->m->hp.n_head_kv;
+  w->h2o_acc = calloc((size_t)nth * w->n_ctx, sizeof(float));
+  w->h2o_raw = malloc(sizeof(float) * (size_t)nth * ratio * w->n_ctx);
+  if (!w->h2o_acc || !w->h2o_raw) {
+    free(w->h2o_acc);
+    free(w->h2o_raw);
+    w->h2o_acc = w->h2o_raw = NULL;
+    return prima_fail(err, err_len, "out of memory for H2O's attention statistics");
+  }
+  w->h2o_threads = nth;
+  w->anon_bytes += sizeof(float) * (size_t)nth * (size_t)(1 + ratio) * w->n_ctx;
+  return 0;
+}
+
+void prima_window_h2o_scores(const prima_window *w, float *out) {
+  for (int p = 0; p < w->n_filled; p++) {
+    double sum = 0;
+    for (int t = 0; w->h2o_acc && t < w->h2o_threads; t++) sum += w->h2o_acc[(size_t)t * w->n_ctx + p];
+    out[p] = (float)sum;
+  }
+}
+
 void prima_window_destroy(prima_window *w) {
   if (!w) return;
+  free(w->h2o_acc);
+  free(w->h2o_raw);
   free(w->lm_k);
   free(w->lm_v);
   free(w->k_cache);
@@ -860,6 +890,19 @@ static void attention(const prima_task *t, prima_window *w, int li, const fwd_jo
       const size_t lm = (((size_t)li * G + g) * (size_t)kw->lm_blocks) * D;
       prima_sparse_attend(&kw->sparse, &K, &V, kw->lm_k ? kw->lm_k + lm : NULL, kw->lm_v ? kw->lm_v + lm : NULL, q + off, ratio, D,
                           n_pos - 1, hp->kq_scale, hp->attn_softcap, sink, w->att + off, scratch, simd);
+    } else if (kw->h2o_acc) {
+      /* H2O: the probabilities this query's heads give each position, into this thread's sums */
+      prima_kv_attn a;
+      prima_kv_attn_begin(&a, &K, &V, q + off, ratio, D, hp->kq_scale, hp->attn_softcap, sink, scratch, simd);
+      a.raw = kw->h2o_raw + (size_t)t->ith * ratio * kw->n_ctx;
+      a.raw_stride = (size_t)kw->n_ctx;
+      prima_kv_attn_range(&a, lo, n_pos);
+      prima_kv_attn_end(&a, w->att + off);
+      float *acc = kw->h2o_acc + (size_t)t->ith * kw->n_ctx;
+      for (int h = 0; h < ratio; h++) {
+        const float *raw = a.raw + (size_t)h * kw->n_ctx, m = a.M[h], inv = 1.0f / a.S[h];
+        for (int p = lo; p < n_pos; p++) acc[p] += expf(raw[p] - m) * inv;
+      }
     } else {
       prima_kv_attend(&K, &V, q + off, ratio, D, lo, n_pos, hp->kq_scale, hp->attn_softcap, sink, w->att + off, scratch, simd);
     }
@@ -1566,6 +1609,7 @@ int prima_window_kv_load(prima_window *w, const char *path, char *err, size_t er
       }
     w->kv_end = h.n_filled; /* rows were overwritten even when the file fell short */
     w->lm_done = 0;
+    if (w->h2o_acc) memset(w->h2o_acc, 0, sizeof(float) * (size_t)w->h2o_threads * w->n_ctx); /* unknown: start again */
     w->kv_floor = 0;
     if (rc == 0) w->n_filled = h.n_filled;
     else w->n_filled = 0;
