@@ -9,6 +9,7 @@ import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describeModel, kvBytesPerTokenLayer, kvCacheProblem, readGguf, type KvCacheTypes } from "../model/index.js";
+import { h2oQuality } from "./context-h2o.js";
 import { attentionCurve, sparseQuality, type KlReport } from "./context-sparse.js";
 import { coordCli, root, start } from "./procs.js";
 
@@ -72,6 +73,7 @@ export async function main(threads: number, log: (s: string) => void): Promise<v
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
+  await h2oQuality(models, TEXT, threads, log);
   attentionCurve();
   console.log("\nKV bytes per token: every layer's K and V rows in their types (model/kv-cache.ts; test/engine/kv-types.test.ts measures the same in the process's memory). Generated models have random weights: their perplexity is high, the delta and KL divergence still measure how far a cache type moves the model from its F16 cache.");
 }
