@@ -25,6 +25,7 @@
         "native/src/expert_prefetch.c",
         "native/src/kv_shift.c",
         "native/src/ws_codec.c",
+        "native/src/sparse_attn.c",
         "native/src/lane.c",
         "native/src/seal.c",
         "native/src/profile.c"

@@ -3,11 +3,14 @@
 // and, with `prima-coord perplexity --kl-divergence` on test/fixtures/story.txt against the F16 cache's
 // log-probabilities, the perplexity delta and KL divergence of q8_0 and q4_0, plain and rotated by a
 // Hadamard matrix (q8_0-rot, q4_0-rot, as llama.cpp rotates a quantized cache). Quality, not speed: the
-// figures do not depend on the machine's load.
+// figures do not depend on the machine's load. Then sparse attention (context-sparse.ts): its quality on
+// longer chunks and its cost curve against dense attention (speed: that one depends on the load).
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describeModel, kvBytesPerTokenLayer, kvCacheProblem, readGguf, type KvCacheTypes } from "../model/index.js";
+import { h2oQuality } from "./context-h2o.js";
+import { attentionCurve, sparseQuality, type KlReport } from "./context-sparse.js";
 import { coordCli, root, start } from "./procs.js";
 
 const TEXT = `${root}test/fixtures/story.txt`;
@@ -15,10 +18,6 @@ const TYPES: KvCacheTypes[] = [
   { k: "q8_0", v: "q8_0" }, { k: "q8_0", v: "q4_0" }, { k: "q4_0", v: "q4_0" }, { k: "q8_0-rot", v: "q8_0-rot" }, { k: "q4_0-rot", v: "q4_0-rot" },
 ];
 
-interface KlReport {
-  ppl: number;
-  kl: { pplBase: number; lnPplRatio: number; meanKld: number; sameTop: number };
-}
 
 async function perplexity(args: string[]): Promise<KlReport> {
   const p = start(coordCli, ["perplexity", ...args, "--json"]);
@@ -70,8 +69,11 @@ export async function main(threads: number, log: (s: string) => void): Promise<v
         console.log(`| ${m.name} | ${types.k} / ${types.v} | ${bytes} | ${(100 * bytes / f16Bytes).toFixed(0)}% | ${r.ppl.toFixed(4)} | ${delta >= 0 ? "+" : ""}${delta.toFixed(3)}% | ${r.kl.meanKld.toExponential(2)} | ${(100 * r.kl.sameTop).toFixed(1)}% |`);
       }
     }
+    await sparseQuality(models, TEXT, (path) => [path, "-t", String(threads)], join(dir, "base512.kld"), perplexity, log);
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
+  await h2oQuality(models, TEXT, threads, log);
+  attentionCurve();
   console.log("\nKV bytes per token: every layer's K and V rows in their types (model/kv-cache.ts; test/engine/kv-types.test.ts measures the same in the process's memory). Generated models have random weights: their perplexity is high, the delta and KL divergence still measure how far a cache type moves the model from its F16 cache.");
 }

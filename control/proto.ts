@@ -49,6 +49,8 @@ export interface Assignment {
   /** The KV cache's types by llama.cpp's names (f16, q8_0, q4_0); empty or absent: f16. */
   cacheTypeK?: string;
   cacheTypeV?: string;
+  /** Sparse attention's settings (model/attention.ts attentionSpec); empty or absent: dense. */
+  attention?: string;
 }
 export interface LoadProgress { fraction: number; stage: string }
 export interface Ready { anonBytes: number }

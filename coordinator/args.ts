@@ -35,7 +35,10 @@ export const ENGINE_HELP = `  -t, --threads N          compute threads (default:
 ${KV_CACHE_HELP}
       --chat-template T    for a model without a template: chatml or llama2, or a Jinja file
       --keep N             past the context, keep the first N tokens after BOS (-1: the whole prompt; default 0)
-      --no-context-shift   stop when the context is full instead of shifting it (--context-shift: the default)`;
+      --no-context-shift   stop when the context is full instead of shifting it (--context-shift: the default)
+      --kv-evict h2o       past the context, keep the --keep tokens, the most recent and the most attended
+                           (H2O heavy hitters) instead of dropping the oldest half; run and chat, one device
+      --kv-budget F        H2O: the fraction of the context kept (default 0.2)`;
 
 export const RING_HELP = `      --min-workers N      wait for N workers before running (default 0: run alone)
       --layer-windows LIST layers per device per cycle: in ring order (workers by name, then the head),
@@ -63,6 +66,7 @@ const SHARED_OPTIONS = {
   "context-shift": { type: "boolean" },
   "no-context-shift": { type: "boolean" },
   "kv-evict": { type: "string" },
+  "kv-budget": { type: "string" },
   "min-workers": { type: "string" },
   "layer-windows": { type: "string" },
   cycles: { type: "string", short: "k" },
@@ -85,6 +89,8 @@ export interface ClusterArgs {
   /** --cache-type-k/-v: the KV cache's types on every device. */
   readonly kvCacheTypes: KvCacheTypes;
   readonly chatTemplate?: string;
+  /** --kv-evict h2o: past the context, evict by H2O keeping this fraction of it (--kv-budget). */
+  readonly h2oBudget?: number;
   /** Past the context: shift it (--no-context-shift: stop), keeping --keep tokens after BOS. */
   readonly contextShift: boolean;
   readonly nKeep: number;
@@ -148,8 +154,18 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
     throw new UsageError((e as Error).message);
   }
   if (v["context-shift"] && v["no-context-shift"]) throw new UsageError("give --context-shift or --no-context-shift, not both");
-  // H2O heavy-hitter eviction (issue #33) needs attention statistics the kernel does not gather yet.
-  if (str("kv-evict") !== undefined) throw new UsageError(`--kv-evict ${JSON.stringify(str("kv-evict")).slice(0, 40)}: not supported; past the context prima shifts it (--keep N)`);
+  const kvEvict = str("kv-evict");
+  if (kvEvict !== undefined && kvEvict !== "h2o") throw new UsageError(`--kv-evict ${JSON.stringify(kvEvict.slice(0, 40))}: the eviction prima has is h2o`);
+  if (kvEvict === undefined && str("kv-budget") !== undefined) throw new UsageError("--kv-budget needs --kv-evict h2o");
+  if (kvEvict) {
+    // serve's requests shift by their own rules (n_keep, n_discard, --parallel slots): H2O is not wired there
+    if (command !== "run" && command !== "chat") throw new UsageError(`--kv-evict h2o: ${command} does not evict by H2O (run and chat do)`);
+    if (v["no-context-shift"]) throw new UsageError("--kv-evict h2o works past the context: not with --no-context-shift");
+    if (kvCacheTypes.attention) throw new UsageError("--kv-evict h2o with --attention sparse: a landmark is no position to score; choose one");
+    kvCacheTypes = { ...kvCacheTypes, evict: "h2o" };
+  }
+  const kvBudget = str("kv-budget") === undefined ? 0.2 : numArg("kv-budget", str("kv-budget"));
+  if (kvBudget === undefined || !(kvBudget > 0 && kvBudget < 1)) throw new UsageError(`--kv-budget ${JSON.stringify(String(str("kv-budget")).slice(0, 40))}: a fraction between 0 and 1`);
   const cluster: ClusterArgs = {
     model: positionals[0],
     samplerOptions,
@@ -160,6 +176,7 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
     chatTemplate: str("chat-template"),
     contextShift: !v["no-context-shift"],
     nKeep: intArg("keep", str("keep"), 0, -1),
+    ...(kvEvict ? { h2oBudget: kvBudget } : {}),
     minWorkers: intArg("min-workers", str("min-workers"), 0),
     layerWindows: str("layer-windows") === undefined ? undefined : parseLayerWindows(str("layer-windows")!),
     cycles: str("cycles") === undefined ? undefined : intArg("cycles", str("cycles"), 1, 1),
@@ -174,9 +191,11 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
 
 /** A request's context shift (undefined: --no-context-shift): nKeep tokens after BOS stay (-1: the
  * whole prompt), as llama-server resolves n_keep (engine resolveKeep). */
-export function contextShiftFor(a: Pick<ClusterArgs, "contextShift" | "nKeep">, promptTokens: number, addBos: boolean, ctx: number,
-  nKeep = a.nKeep, nDiscard?: number): ContextShift | undefined {
-  return a.contextShift ? { keep: resolveKeep(nKeep, promptTokens, addBos, ctx), discard: nDiscard } : undefined;
+export function contextShiftFor(a: Pick<ClusterArgs, "contextShift" | "nKeep"> & { readonly h2oBudget?: number }, promptTokens: number, addBos: boolean,
+  ctx: number, nKeep = a.nKeep, nDiscard?: number): ContextShift | undefined {
+  return a.contextShift
+    ? { keep: resolveKeep(nKeep, promptTokens, addBos, ctx), discard: nDiscard, ...(a.h2oBudget !== undefined ? { h2o: a.h2oBudget } : {}) }
+    : undefined;
 }
 
 /** Runs a command's body, turning a UsageError into its message and exit code 2. */

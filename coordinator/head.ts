@@ -1,6 +1,6 @@
 // The head's model and the cluster around it, from the options run, chat and serve share.
 import { LocalModel } from "../engine/index.js";
-import { Tokenizer, kvBytesPerLayer, kvBytesPerTokenLayer, kvCacheLabel, kvCacheProblem, modelProfile, type KvCacheTypes } from "../model/index.js";
+import { Tokenizer, attentionLabel, kvBytesPerLayer, kvBytesPerTokenLayer, kvCacheLabel, kvCacheProblem, modelProfile, type KvCacheTypes } from "../model/index.js";
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 import { UsageError, type ClusterArgs } from "./args.js";
 import { Cluster } from "./cluster.js";
@@ -39,6 +39,7 @@ export function clusterFor(a: ClusterArgs, model: LocalModel, log: (line: string
     const perToken = kvBytesPerTokenLayer(hp, a.kvCacheTypes) * hp.nLayers;
     log(`KV cache ${kvCacheLabel(a.kvCacheTypes)} (K/V) on every device: ${perToken} bytes per token, ${(total(a.kvCacheTypes) / 2 ** 20).toFixed(1)} MiB at ${ctx} tokens (F16: ${(total() / 2 ** 20).toFixed(1)} MiB)`);
   }
+  if (a.kvCacheTypes.attention) log(`attention ${attentionLabel(a.kvCacheTypes.attention)} on every device (the full-attention layers)`);
   return new Cluster({
     modelPath: a.model, model, name: extra.name ?? "prima", ctx: clusterCtx(a, model), batch: a.batch,
     kvCacheTypes: a.kvCacheTypes,

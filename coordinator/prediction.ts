@@ -174,6 +174,10 @@ export class DecodeMeter implements Pipeline {
     return this.inner.shift(p0, nDiscard, nPast);
   }
 
+  h2oScores(): Float32Array | null {
+    return this.inner.h2oScores?.() ?? null;
+  }
+
   /** Decode steps timed, and their mean wall time through the whole ring (ms). */
   get decodeSteps(): number {
     return this.steps;

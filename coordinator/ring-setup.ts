@@ -4,6 +4,7 @@
 import { randomBytes, randomUUID } from "node:crypto";
 import type { ChunkHash, Status } from "../control/index.js";
 import type { KvCacheTypes, LocalModel, LocalPipeline } from "../engine/index.js";
+import { attentionSpec } from "../model/index.js";
 import { WeightRoom, anonRssBytes, deviceMemory, storageReadBytes } from "../profiler/index.js";
 import {
   RingListener, RingNode, RingPipeline, dialSuccessor, expertPrefetchStatus, type NodeStats, type RingLink, type WindowSpec,
@@ -180,7 +181,7 @@ export class Ring {
       return m.worker.assign({
         ringId: this.ringId, windows: [...m.windows], successorUrl, ctx: spec.ctx, maxBatch: spec.maxBatch, cycles: spec.cycles,
         prefetch: spec.prefetch, releaseAfterUse: m.releaseAfterUse, threads: 0, ringOrder: order, wireDtype: 0,
-        ...(spec.kvCacheTypes ? { cacheTypeK: spec.kvCacheTypes.k, cacheTypeV: spec.kvCacheTypes.v } : {}),
+        ...(spec.kvCacheTypes ? { cacheTypeK: spec.kvCacheTypes.k, cacheTypeV: spec.kvCacheTypes.v, attention: attentionSpec(spec.kvCacheTypes.attention) } : {}),
         predecessorLinkKey: keys[i], successorLinkKey: keys[i + 1],
         ...(weights ? { windowChunks: weights.chunks, chunkBytes: weights.chunkBytes } : {}),
       }, (fraction, stage) => o.onProgress?.(m.worker, fraction, stage))

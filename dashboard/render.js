@@ -78,6 +78,7 @@ export function renderModel(el, state) {
       ["context", `${fmtInt(m.contextTokens)} tokens`],
       m.kvCache && isNum(m.kvCache.bytesPerToken) && ["KV cache",
         `${m.kvCache.typeK === m.kvCache.typeV ? m.kvCache.typeK : `K ${m.kvCache.typeK}, V ${m.kvCache.typeV}`} \u00b7 ${fmtBytes(m.kvCache.bytesPerToken)} per token, ${fmtBytes(m.kvCache.bytesPerToken * m.contextTokens)} at ${fmtInt(m.contextTokens)}`],
+      m.kvCache && typeof m.kvCache.attention === "string" && m.kvCache.attention !== "dense" && ["attention", m.kvCache.attention],
       ["file", h("span", { class: "mono wrap" }, m.path)],
       ["fingerprint", h("span", { class: "mono", title: m.fingerprint }, String(m.fingerprint).slice(0, 16))],
     ]));

@@ -10,6 +10,9 @@ export interface ContextShift {
   readonly keep: number;
   /** Tokens dropped per shift; 0 or undefined: half of those after `keep` (llama-server's n_discard). */
   readonly discard?: number;
+  /** H2O eviction instead (engine/h2o.ts): keep this fraction of the context (--kv-budget), the first
+   * `keep` positions, the most recent and the most attended; `discard` does not apply. */
+  readonly h2o?: number;
 }
 
 /** llama-server's n_keep: -1 keeps the whole prompt, else N tokens after the BOS (which is always

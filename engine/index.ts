@@ -3,6 +3,7 @@ export { LocalModel, nativeTensorTable, nativeHParams, type OpenOptions, type Wi
 export type { KvCacheTypes } from "../model/index.js";
 export { LocalPipeline } from "./local-pipeline.js";
 export { INLINE_MAX_MS, NonFiniteError, QuickForward, checkFinite } from "./quick-forward.js";
+export { h2oBudget, h2oDrops, h2oEvict, h2oKept } from "./h2o.js";
 export { KvJournal, discardFor, replayJournal, resolveKeep, type ContextShift } from "./context-shift.js";
 export { generate, type Pipeline, type Embedder, type GenerateOptions, type GenerationResult, type StopReason } from "./generate.js";
 export { logSumExp, stepLogprobs, topLogprobs, type StepLogprobs, type TokenLogprob } from "./logprobs.js";

@@ -18,7 +18,8 @@ export interface WindowOptions {
   readonly ctx: number;
   /** Most tokens one native call processes (prompt batches are split to this). Default 128. */
   readonly maxBatch?: number;
-  /** The KV cache's element types (--cache-type-k/-v); default f16 for both. */
+  /** The KV cache's element types (--cache-type-k/-v) and how attention reads it (--attention); default
+   * f16 for both, dense. */
   readonly kvCacheTypes?: KvCacheTypes;
 }
 
@@ -62,6 +63,8 @@ export class LocalModel {
     return this.native.window(firstLayer, endLayer, {
       ctx: options.ctx, maxBatch: options.maxBatch ?? 128,
       ...(types ? { cacheTypeK: kvCacheNativeType(types.k), cacheTypeV: kvCacheNativeType(types.v) } : {}),
+      ...(types?.attention ? { sparse: types.attention } : {}),
+      ...(types?.evict === "h2o" ? { h2o: true } : {}),
     });
   }
 

@@ -33,6 +33,10 @@ export class LocalPipeline implements Pipeline {
     this.window.kvShift(p0, nDiscard, nPast);
   }
 
+  h2oScores(): Float32Array | null {
+    return this.window.h2oScores();
+  }
+
   close(): void {
     this.window.close();
   }

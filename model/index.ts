@@ -2,6 +2,7 @@
 export * from "./gguf.js";
 export * from "./ggml-types.js";
 export * from "./kv-cache.js";
+export * from "./attention.js";
 export * from "./architecture.js";
 export { shapeHParams, shapeKeys, type ShapeKey } from "./arch/index.js";
 export { modelProfile, kvCacheRows, kvBytesPerLayer, kvResumablePosition, kvAfterShift, syntheticModelDescription, layerWeightBytes, layerReadBytes, routingShareFromHits, withMeasuredRouting } from "./profile.js";

@@ -5,6 +5,7 @@
 // n_head_kv x head_dim elements in their types. The profiler, Halda's memory model, serve's log, the
 // dashboard and the benches count KV bytes with kvBytesPerTokenLayer; the native window computes the same
 // from its own type table (test/engine/kv-types.test.ts holds the two together).
+import { landmarkBytesPerTokenLayer, type SparseAttention } from "./attention.js";
 import { GgmlType, rowBytes } from "./ggml-types.js";
 
 export const KV_CACHE_TYPES = ["f16", "q8_0", "q4_0", "q8_0-rot", "q4_0-rot"] as const;
@@ -16,6 +17,11 @@ const NOT_SUPPORTED = ["f32", "bf16", "q4_1", "iq4_nl", "q5_0", "q5_1"];
 export interface KvCacheTypes {
   readonly k: KvCacheType;
   readonly v: KvCacheType;
+  /** How attention reads the cache: sparse with these settings (model/attention.ts; they travel with
+   * the types to every window and worker), or dense when absent. */
+  readonly attention?: SparseAttention;
+  /** "h2o": the windows gather H2O's attention statistics (--kv-evict h2o; engine/h2o.ts evicts by them). */
+  readonly evict?: "h2o";
 }
 
 export const DEFAULT_KV_CACHE_TYPES: KvCacheTypes = { k: "f16", v: "f16" };
@@ -71,9 +77,11 @@ export function kvCacheProblem(hp: KvShape, types: KvCacheTypes): string | null 
   return null;
 }
 
-/** Bytes of KV cache per token of context and per layer: a K row and a V row in their types. */
+/** Bytes of KV cache per token of context and per layer: a K row and a V row in their types, and with
+ * sparse attention its landmarks' share. */
 export function kvBytesPerTokenLayer(hp: KvShape, types: KvCacheTypes = DEFAULT_KV_CACHE_TYPES): number {
-  return rowBytes(kvCacheGgmlType(types.k), hp.nHeadKv * hp.headDimK) + rowBytes(kvCacheGgmlType(types.v), hp.nHeadKv * hp.headDimV);
+  return rowBytes(kvCacheGgmlType(types.k), hp.nHeadKv * hp.headDimK) + rowBytes(kvCacheGgmlType(types.v), hp.nHeadKv * hp.headDimV) +
+    landmarkBytesPerTokenLayer(hp, types.attention);
 }
 
 /** "f16" or "q8_0/q4_0" (K/V) for logs and the dashboard. */

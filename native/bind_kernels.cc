@@ -18,6 +18,7 @@ extern "C" {
 #include "kernels.h"
 #include "ops.h"
 #include "kv_cache.h"
+#include "sparse_attn.h"
 }
 
 namespace {
@@ -378,6 +379,148 @@ Napi::Value KvAttend(const Napi::CallbackInfo &info) {
   return env.Undefined();
 }
 
+// {window, sinks, logStride, block} as sparse attention's settings, checked by prima_sparse_problem.
+static bool GetSparse(Napi::Env env, const Napi::Value &v, prima_sparse_cfg &c) {
+  if (!v.IsObject()) return Fail(env, "sparse settings must be {window, sinks, logStride, block}");
+  Napi::Object o = v.As<Napi::Object>();
+  int64_t w, s, b;
+  if (!GetInt(env, o.Get("window"), "sparse.window", 1, 1 << 22, w) || !GetInt(env, o.Get("sinks"), "sparse.sinks", 0, 1 << 22, s) ||
+      !GetInt(env, o.Get("block"), "sparse.block", 0, 1 << 22, b))
+    return false;
+  if (!o.Get("logStride").IsBoolean()) return Fail(env, "sparse.logStride must be a boolean");
+  c = {(int)w, (int)s, o.Get("logStride").As<Napi::Boolean>().Value() ? 1 : 0, (int)b};
+  const char *why = prima_sparse_problem(&c);
+  return why ? Fail(env, std::string("sparse: ") + why) : true;
+}
+
+// sparseSelect(sparse, i): {sinkEnd, windowStart, rungs: number[], blocks}: what a query at position i sees (prima_sparse_select).
+Napi::Value SparseSelect(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  prima_sparse_cfg c;
+  int64_t i;
+  if (!GetSparse(env, info[0], c) || !GetInt(env, info[1], "i", 0, 1 << 30, i)) return env.Undefined();
+  int sink_end, wlo, n_blocks, rungs[PRIMA_SPARSE_MAX_RUNGS];
+  const int n = prima_sparse_select(&c, (int)i, &sink_end, &wlo, rungs, &n_blocks);
+  Napi::Object o = Napi::Object::New(env);
+  Napi::Array r = Napi::Array::New(env, n);
+  for (int j = 0; j < n; j++) r.Set(j, rungs[j]);
+  o.Set("sinkEnd", sink_end);
+  o.Set("windowStart", wlo);
+  o.Set("rungs", r);
+  o.Set("blocks", n_blocks);
+  return o;
+}
+
+// sparseLandmarks(kType, vType, k, v, nBlocks, d, block, lmK: Float32Array, lmV: Float32Array): the landmarks of blocks
+// [0, nBlocks) of one KV head's rows (back to back), nBlocks x d floats each, as a window keeps them.
+Napi::Value SparseLandmarks(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int64_t kt, vt, nb, d, block;
+  Bytes k, v, lk, lv;
+  if (!GetInt(env, info[0], "kType", 0, PRIMA_TYPE_COUNT - 1, kt) || !GetInt(env, info[1], "vType", 0, PRIMA_TYPE_COUNT - 1, vt) ||
+      !GetTyped(env, info[2], napi_uint8_array, "k", k, true) || !GetTyped(env, info[3], napi_uint8_array, "v", v, true) ||
+      !GetInt(env, info[4], "nBlocks", 0, 1 << 20, nb) || !GetInt(env, info[5], "d", 1, 1024, d) ||
+      !GetInt(env, info[6], "block", 2, 1 << 20, block) || !GetTyped(env, info[7], napi_float32_array, "lmK", lk, false) ||
+      !GetTyped(env, info[8], napi_float32_array, "lmV", lv, false))
+    return env.Undefined();
+  const char *why = prima_kv_type_problem((int)kt, (int)d);
+  if (!why) why = prima_kv_type_problem((int)vt, (int)d);
+  if (why) return Fail(env, std::string("sparseLandmarks: a cache type ") + why), env.Undefined();
+  const size_t kRow = prima_row_bytes((int)kt, d), vRow = prima_row_bytes((int)vt, d), rows = (size_t)(nb * block);
+  if (k.length < kRow * rows || v.length < vRow * rows || lk.length != 4 * (size_t)(nb * d) || lv.length != 4 * (size_t)(nb * d))
+    return Fail(env, "sparseLandmarks: k, v must hold nBlocks x block rows, lmK and lmV nBlocks x d floats"), env.Undefined();
+  const prima_kv_head K = {(int)kt, k.data, kRow, 0}, V = {(int)vt, v.data, vRow, 0};
+  float *mk = reinterpret_cast<float *>(lk.data), *mv = reinterpret_cast<float *>(lv.data);
+  for (int b = 0; b < (int)nb; b++) prima_sparse_landmark(&K, &V, b * (int)block, (int)block, (int)d, mk + (size_t)b * d, mv + (size_t)b * d);
+  lk.CopyOut();
+  lv.CopyOut();
+  return env.Undefined();
+}
+
+// kvAttendSparse(kType, vType, k, v, i, ratio, d, q, scale, softcap, sparse, lmK, lmV, out, level?): the sparse attention of a
+// query at position i over rows 0..i of one KV head (back to back), the landmarks those sparseLandmarks makes.
+Napi::Value KvAttendSparse(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int64_t kt, vt, i, ratio, d;
+  int level;
+  prima_sparse_cfg c;
+  Bytes k, v, q, lk, lv, out;
+  if (!GetInt(env, info[0], "kType", 0, PRIMA_TYPE_COUNT - 1, kt) || !GetInt(env, info[1], "vType", 0, PRIMA_TYPE_COUNT - 1, vt) ||
+      !GetTyped(env, info[2], napi_uint8_array, "k", k, true) || !GetTyped(env, info[3], napi_uint8_array, "v", v, true) ||
+      !GetInt(env, info[4], "i", 0, 1 << 22, i) || !GetInt(env, info[5], "ratio", 1, 64, ratio) ||
+      !GetInt(env, info[6], "d", 1, 1024, d) || !GetTyped(env, info[7], napi_float32_array, "q", q, true) ||
+      !info[8].IsNumber() || !info[9].IsNumber() || !GetSparse(env, info[10], c) ||
+      !GetTyped(env, info[11], napi_float32_array, "lmK", lk, true) || !GetTyped(env, info[12], napi_float32_array, "lmV", lv, true) ||
+      !GetTyped(env, info[13], napi_float32_array, "out", out, false) || !GetLevel(env, info[14], level))
+    return env.Undefined();
+  const char *why = prima_kv_type_problem((int)kt, (int)d);
+  if (!why) why = prima_kv_type_problem((int)vt, (int)d);
+  if (why) return Fail(env, std::string("kvAttendSparse: a cache type ") + why), env.Undefined();
+  const size_t kRow = prima_row_bytes((int)kt, d), vRow = prima_row_bytes((int)vt, d), nPos = (size_t)i + 1;
+  int sink_end, wlo, n_blocks, rungs[PRIMA_SPARSE_MAX_RUNGS];
+  prima_sparse_select(&c, (int)i, &sink_end, &wlo, rungs, &n_blocks);
+  if (k.length < kRow * nPos || v.length < vRow * nPos || q.length != 4 * (size_t)(ratio * d) || out.length != 4 * (size_t)(ratio * d) ||
+      lk.length < 4 * (size_t)n_blocks * d || lv.length < 4 * (size_t)n_blocks * d)
+    return Fail(env, "kvAttendSparse: k, v must hold i + 1 rows, q and out ratio x d floats, lmK and lmV the landmarks below the window"),
+           env.Undefined();
+  std::vector<uint8_t> scratch(prima_kv_attend_scratch_bytes((int)ratio, (int)d) + 64);
+  void *aligned = reinterpret_cast<void *>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t(63));
+  const prima_kv_head K = {(int)kt, k.data, kRow, 0}, V = {(int)vt, v.data, vRow, 0};
+  prima_sparse_attend(&c, &K, &V, reinterpret_cast<const float *>(lk.data), reinterpret_cast<const float *>(lv.data),
+                      reinterpret_cast<const float *>(q.data), (int)ratio, (int)d, (int)i, (float)info[8].As<Napi::Number>().DoubleValue(),
+                      (float)info[9].As<Napi::Number>().DoubleValue(), nullptr, reinterpret_cast<float *>(out.data), aligned, level);
+  out.CopyOut();
+  return env.Undefined();
+}
+
+// kvAttendBench(kType, vType, k, v, i, ratio, d, q, scale, sparse | null, lmK, lmV, minSeconds): microseconds one query's
+// attention at position i takes (dense over rows 0..i, or sparse with those settings and landmarks), timed in a loop here
+// so that no copy of the arguments counts.
+Napi::Value KvAttendBench(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int64_t kt, vt, i, ratio, d;
+  prima_sparse_cfg c = {0, 0, 0, 0};
+  Bytes k, v, q, lk, lv;
+  if (!GetInt(env, info[0], "kType", 0, PRIMA_TYPE_COUNT - 1, kt) || !GetInt(env, info[1], "vType", 0, PRIMA_TYPE_COUNT - 1, vt) ||
+      !GetTyped(env, info[2], napi_uint8_array, "k", k, true) || !GetTyped(env, info[3], napi_uint8_array, "v", v, true) ||
+      !GetInt(env, info[4], "i", 0, 1 << 22, i) || !GetInt(env, info[5], "ratio", 1, 64, ratio) ||
+      !GetInt(env, info[6], "d", 1, 1024, d) || !GetTyped(env, info[7], napi_float32_array, "q", q, true) || !info[8].IsNumber() ||
+      (!info[9].IsNull() && !GetSparse(env, info[9], c)) ||
+      !GetTyped(env, info[10], napi_float32_array, "lmK", lk, true) || !GetTyped(env, info[11], napi_float32_array, "lmV", lv, true) ||
+      !info[12].IsNumber())
+    return env.Undefined();
+  const char *why = prima_kv_type_problem((int)kt, (int)d);
+  if (!why) why = prima_kv_type_problem((int)vt, (int)d);
+  if (why) return Fail(env, std::string("kvAttendBench: a cache type ") + why), env.Undefined();
+  const size_t kRow = prima_row_bytes((int)kt, d), vRow = prima_row_bytes((int)vt, d), nPos = (size_t)i + 1;
+  int sink_end, wlo, n_blocks = 0, rungs[PRIMA_SPARSE_MAX_RUNGS];
+  if (c.window > 0) prima_sparse_select(&c, (int)i, &sink_end, &wlo, rungs, &n_blocks);
+  if (k.length < kRow * nPos || v.length < vRow * nPos || q.length != 4 * (size_t)(ratio * d) || lk.length < 4 * (size_t)n_blocks * d ||
+      lv.length < 4 * (size_t)n_blocks * d)
+    return Fail(env, "kvAttendBench: k, v must hold i + 1 rows, q ratio x d floats, lmK and lmV the landmarks below the window"), env.Undefined();
+  std::vector<uint8_t> scratch(prima_kv_attend_scratch_bytes((int)ratio, (int)d) + 64);
+  void *aligned = reinterpret_cast<void *>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t(63));
+  std::vector<float> out((size_t)(ratio * d));
+  const prima_kv_head K = {(int)kt, k.data, kRow, 0}, V = {(int)vt, v.data, vRow, 0};
+  const float scale = (float)info[8].As<Napi::Number>().DoubleValue();
+  const double min_s = info[12].As<Napi::Number>().DoubleValue();
+  const int level = prima_simd_level();
+  int64_t n = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double el = 0;
+  do {
+    if (c.window > 0)
+      prima_sparse_attend(&c, &K, &V, reinterpret_cast<const float *>(lk.data), reinterpret_cast<const float *>(lv.data),
+                          reinterpret_cast<const float *>(q.data), (int)ratio, (int)d, (int)i, scale, 0, nullptr, out.data(), aligned, level);
+    else
+      prima_kv_attend(&K, &V, reinterpret_cast<const float *>(q.data), (int)ratio, (int)d, 0, (int)nPos, scale, 0, nullptr, out.data(),
+                      aligned, level);
+    n++;
+    el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (el < min_s);
+  return Napi::Number::New(env, el * 1e6 / (double)n);
+}
+
 // All threads of a benchmark wait here between passes (spinning: a pass can be microseconds).
 class SpinBarrier {
  public:
@@ -529,6 +672,10 @@ void RegisterKernels(Napi::Env env, Napi::Object exports) {
   k.Set("geglu", Napi::Function::New(env, Geglu, "geglu"));
   k.Set("kvStore", Napi::Function::New(env, KvStore, "kvStore"));
   k.Set("kvAttend", Napi::Function::New(env, KvAttend, "kvAttend"));
+  k.Set("kvAttendSparse", Napi::Function::New(env, KvAttendSparse, "kvAttendSparse"));
+  k.Set("sparseLandmarks", Napi::Function::New(env, SparseLandmarks, "sparseLandmarks"));
+  k.Set("sparseSelect", Napi::Function::New(env, SparseSelect, "sparseSelect"));
+  k.Set("kvAttendBench", Napi::Function::New(env, KvAttendBench, "kvAttendBench"));
   k.Set("maxNc", Napi::Number::New(env, PRIMA_MAX_NC));
   exports.Set("kernels", k);
 }

@@ -390,7 +390,7 @@ Napi::Function Window::Define(Napi::Env env) {
                       InstanceMethod("expertPrefetch", &Window::ExpertPrefetch), InstanceMethod("residency", &Window::Residency),
                       InstanceMethod("kvClear", &Window::KvClear), InstanceMethod("kvTruncate", &Window::KvTruncate),
                       InstanceMethod("kvResumable", &Window::KvResumable),
-                      InstanceMethod("kvShift", &Window::KvShift),
+                      InstanceMethod("kvShift", &Window::KvShift), InstanceMethod("h2oScores", &Window::H2oScores),
                       InstanceMethod("kvSave", &Window::KvSave), InstanceMethod("kvLoad", &Window::KvLoad),
                       InstanceMethod("info", &Window::Info), InstanceMethod("close", &Window::Close)});
 }
@@ -435,10 +435,44 @@ Window::Window(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Window>(info) 
       return;
     }
   }
+  // sparse attention of the full-attention layers: {window, sinks, logStride, block} (absent: dense)
+  prima_sparse_cfg sparse = {0, 0, 0, 0};
+  if (!o.Get("sparse").IsUndefined()) {
+    if (!o.Get("sparse").IsObject()) {
+      ThrowType(env, "window options.sparse must be {window, sinks, logStride, block}");
+      return;
+    }
+    Napi::Object so = o.Get("sparse").As<Napi::Object>();
+    int64_t sw, ss, sb;
+    if (!IntArg(so.Get("window"), 1, 1 << 22, &sw) || !IntArg(so.Get("sinks"), 0, 1 << 22, &ss) ||
+        !IntArg(so.Get("block"), 0, 1 << 22, &sb) || !so.Get("logStride").IsBoolean()) {
+      ThrowType(env, "window options.sparse must be {window >= 1, sinks >= 0, logStride: boolean, block >= 0}");
+      return;
+    }
+    sparse = {(int)sw, (int)ss, so.Get("logStride").As<Napi::Boolean>().Value() ? 1 : 0, (int)sb};
+  }
   char err[kErrLen] = {0};
   w = prima_window_create(model->m, (int)first, (int)end, (int)ctx, (int)batch, (int)kv_types[0], (int)kv_types[1], err,
                           sizeof err);
   if (!w) {
+    ThrowErr(env, err);
+    return;
+  }
+  if (!o.Get("h2o").IsUndefined() && !o.Get("h2o").IsBoolean()) {
+    prima_window_destroy(w);
+    w = nullptr;
+    ThrowType(env, "window options.h2o must be a boolean");
+    return;
+  }
+  if (o.Get("h2o").ToBoolean().Value() && prima_window_set_h2o(w, err, sizeof err) != 0) {
+    prima_window_destroy(w);
+    w = nullptr;
+    ThrowErr(env, err);
+    return;
+  }
+  if (sparse.window > 0 && prima_window_set_sparse(w, &sparse, err, sizeof err) != 0) {
+    prima_window_destroy(w);
+    w = nullptr;
     ThrowErr(env, err);
     return;
   }
@@ -656,6 +690,17 @@ Napi::Value Window::KvShift(const Napi::CallbackInfo &info) {
   char err[kErrLen] = {0};
   if (prima_window_kv_shift(w, (int)p0, (int)d, (int)n_past, err, sizeof err)) return ThrowErr(env, err);
   return env.Undefined();
+}
+
+// h2oScores(): Float32Array of the positions the cache holds: H2O's accumulated attention (made with h2o: true), else null.
+Napi::Value Window::H2oScores(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Alive(env)) return env.Undefined();
+  if (busy > 0) return ThrowErr(env, "window is busy");
+  if (!w->h2o_acc) return env.Null();
+  Napi::Float32Array out = Napi::Float32Array::New(env, (size_t)w->n_filled);
+  prima_window_h2o_scores(w, out.Data());
+  return out;
 }
 
 Napi::Value Window::KvSave(const Napi::CallbackInfo &info) {

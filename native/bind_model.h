@@ -53,6 +53,7 @@ class Window : public Napi::ObjectWrap<Window> {
   Napi::Value KvTruncate(const Napi::CallbackInfo &info);
   Napi::Value KvResumable(const Napi::CallbackInfo &info);
   Napi::Value KvShift(const Napi::CallbackInfo &info);
+  Napi::Value H2oScores(const Napi::CallbackInfo &info);
   Napi::Value KvSave(const Napi::CallbackInfo &info);
   Napi::Value KvLoad(const Napi::CallbackInfo &info);
   Napi::Value Info(const Napi::CallbackInfo &info);

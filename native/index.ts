@@ -2,8 +2,8 @@
 export * from "./model.js";
 export * from "./lane.js";
 export {
-  GgmlTypeId, MAX_NC, WEIGHT_TYPES, benchDot, dequantize, dot, dotRows, fp32ToHalf, gemm, geglu, halfToFp32, kvAttend, kvStore, quantizeAct, quantizeRef, rowBytes,
-  simdLevel, simdLevels, typeInfo, type GgmlTypeName, type KernelTypeInfo, type SimdLevel,
+  GgmlTypeId, MAX_NC, WEIGHT_TYPES, benchDot, dequantize, dot, dotRows, fp32ToHalf, gemm, geglu, halfToFp32, kvAttend, kvAttendBench, kvAttendSparse, kvStore, quantizeAct, quantizeRef, rowBytes,
+  simdLevel, simdLevels, sparseLandmarks, sparseSelect, typeInfo, type SparseSelection, type SparseSettings, type GgmlTypeName, type KernelTypeInfo, type SimdLevel,
 } from "./kernels.js";
 export { alignGap, streamSeal, type StreamSeal } from "./io.js";
 export * from "./profile.js";

@@ -57,7 +57,31 @@ interface KernelsAddon {
   kvStore(type: number, x: Float32Array, dst: Uint8Array): void;
   kvAttend(kType: number, vType: number, k: Uint8Array, v: Uint8Array, nPos: number, ratio: number, d: number, q: Float32Array,
     scale: number, softcap: number, out: Float32Array, level?: SimdLevel): void;
+  kvAttendSparse(kType: number, vType: number, k: Uint8Array, v: Uint8Array, i: number, ratio: number, d: number, q: Float32Array,
+    scale: number, softcap: number, sparse: SparseSettings, lmK: Float32Array, lmV: Float32Array, out: Float32Array, level?: SimdLevel): void;
+  sparseLandmarks(kType: number, vType: number, k: Uint8Array, v: Uint8Array, nBlocks: number, d: number, block: number,
+    lmK: Float32Array, lmV: Float32Array): void;
+  sparseSelect(sparse: SparseSettings, i: number): SparseSelection;
+  kvAttendBench(kType: number, vType: number, k: Uint8Array, v: Uint8Array, i: number, ratio: number, d: number, q: Float32Array,
+    scale: number, sparse: SparseSettings | null, lmK: Float32Array, lmV: Float32Array, minSeconds: number): number;
   maxNc: number;
+}
+
+/** Sparse attention's settings as the native window takes them (native/src/sparse_attn.h). */
+export interface SparseSettings {
+  readonly window: number;
+  readonly sinks: number;
+  readonly logStride: boolean;
+  readonly block: number;
+}
+
+/** What a query at position i attends to (native prima_sparse_select): positions [0, sinkEnd), the rungs,
+ * [windowStart, i], and the landmarks of blocks [0, blocks). */
+export interface SparseSelection {
+  readonly sinkEnd: number;
+  readonly windowStart: number;
+  readonly rungs: number[];
+  readonly blocks: number;
 }
 
 const k = addon.kernels as KernelsAddon;
@@ -169,4 +193,35 @@ export function kvAttend(kType: number | GgmlTypeName, vType: number | GgmlTypeN
   const out = new Float32Array(ratio * d);
   k.kvAttend(typeId(kType), typeId(vType), kRows, vRows, nPos, ratio, d, q, scale, softcap, out, level);
   return out;
+}
+
+/** The native rule of what a query at position i attends to under sparse settings. */
+export function sparseSelect(sparse: SparseSettings, i: number): SparseSelection {
+  return k.sparseSelect(sparse, i);
+}
+
+/** The landmarks (block means of keys and values, as attention reads the rows) of blocks [0, nBlocks) of
+ * one KV head's rows back to back, nBlocks x d floats each: what a window keeps per layer and head. */
+export function sparseLandmarks(kType: number | GgmlTypeName, vType: number | GgmlTypeName, kRows: Uint8Array, vRows: Uint8Array,
+  nBlocks: number, d: number, block: number): { k: Float32Array; v: Float32Array } {
+  const lk = new Float32Array(nBlocks * d), lv = new Float32Array(nBlocks * d);
+  k.sparseLandmarks(typeId(kType), typeId(vType), kRows, vRows, nBlocks, d, block, lk, lv);
+  return { k: lk, v: lv };
+}
+
+/** A window's sparse attention of `ratio` query heads at position i over rows 0..i of one KV head, with
+ * the landmarks sparseLandmarks made from the same rows. */
+export function kvAttendSparse(kType: number | GgmlTypeName, vType: number | GgmlTypeName, kRows: Uint8Array, vRows: Uint8Array, i: number,
+  ratio: number, d: number, q: Float32Array, scale: number, sparse: SparseSettings, landmarks: { k: Float32Array; v: Float32Array },
+  softcap = 0, level?: SimdLevel, out = new Float32Array(ratio * d)): Float32Array {
+  k.kvAttendSparse(typeId(kType), typeId(vType), kRows, vRows, i, ratio, d, q, scale, softcap, sparse, landmarks.k, landmarks.v, out, level);
+  return out;
+}
+
+/** Microseconds one query's attention at position i takes at the selected level, dense (sparse null) or
+ * sparse with the landmarks sparseLandmarks made: timed in a native loop of at least minSeconds. */
+export function kvAttendBench(kType: number | GgmlTypeName, vType: number | GgmlTypeName, kRows: Uint8Array, vRows: Uint8Array, i: number,
+  ratio: number, d: number, q: Float32Array, scale: number, sparse: SparseSettings | null,
+  landmarks: { k: Float32Array; v: Float32Array } = { k: new Float32Array(0), v: new Float32Array(0) }, minSeconds = 0.02): number {
+  return k.kvAttendBench(typeId(kType), typeId(vType), kRows, vRows, i, ratio, d, q, scale, sparse, landmarks.k, landmarks.v, minSeconds);
 }

@@ -1,5 +1,6 @@
 // Typed surface of the native model and its windows (bind_model.cc). The engine is its only user.
 import { addon } from "./binding.js";
+import type { SparseSettings } from "./kernels.js";
 
 export interface NativeHParams {
   readonly nVocab: number;
@@ -131,14 +132,18 @@ export interface NativeWindow {
   kvShift(p0: number, nDiscard: number, nPast: number): void;
   kvSave(path: string): void;
   kvLoad(path: string): void;
+  /** H2O's statistics of a window made with h2o: per position the cache holds, the attention
+   * probability every query of every layer and head gave it, summed; null for another window. */
+  h2oScores(): Float32Array | null;
   info(): WindowInfo;
   close(): void;
 }
 
 export interface NativeModel {
   /** cacheTypeK/V: the KV cache's ggml type ids (F16, Q8_0 or Q4_0, a quantized one | 0x100 to rotate it
-   * by a Hadamard matrix as llama.cpp does; default F16). */
-  window(firstLayer: number, endLayer: number, options: { ctx: number; maxBatch?: number; cacheTypeK?: number; cacheTypeV?: number }): NativeWindow;
+   * by a Hadamard matrix as llama.cpp does; default F16). sparse: sparse attention of the full-attention
+   * layers (native/src/sparse_attn.h; absent: dense). h2o: gather H2O's attention statistics (h2oScores). */
+  window(firstLayer: number, endLayer: number, options: { ctx: number; maxBatch?: number; cacheTypeK?: number; cacheTypeV?: number; sparse?: SparseSettings; h2o?: boolean }): NativeWindow;
   embed(tokens: Int32Array, out: Float32Array): void;
   /** Output norm + head on the last row of acts. */
   logits(acts: Float32Array, out: Float32Array): Promise<void>;

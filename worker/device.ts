@@ -3,7 +3,7 @@
 // activation frame that arrives through its ring node.
 import type { Assignment, KvCommand, Status } from "../control/index.js";
 import type { KvCacheTypes, LocalModel } from "../engine/index.js";
-import { parseKvCacheType } from "../model/index.js";
+import { parseAttentionSpec, parseKvCacheType } from "../model/index.js";
 import { WeightRoom, anonRssBytes, deviceMemory, storageReadBytes, idleLayerRoomBytes, memoryPressureTracker } from "../profiler/index.js";
 import {
   RingLane, RingListener, RingNode, RingPort, dialSuccessorWithin, expertPrefetchStatus, resolveLinkOptions, type RingLink, type RingLinkOptions,
@@ -50,7 +50,8 @@ export async function reserveDataPort(port: number, host: string, log: (line: st
 
 /** The KV cache's types the coordinator chose (empty: f16, as from a coordinator without the fields). */
 function assignedKvCacheTypes(a: Assignment): KvCacheTypes {
-  return { k: parseKvCacheType("cache type K", a.cacheTypeK || "f16"), v: parseKvCacheType("cache type V", a.cacheTypeV || "f16") };
+  const attention = parseAttentionSpec(a.attention ?? "");
+  return { k: parseKvCacheType("cache type K", a.cacheTypeK || "f16"), v: parseKvCacheType("cache type V", a.cacheTypeV || "f16"), ...(attention ? { attention } : {}) };
 }
 
 /** This device's two link keys from the assignment (ring/seal.ts). An assignment without them is

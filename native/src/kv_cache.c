@@ -176,29 +176,63 @@ static void accum_quant(int type, float *acc, const float *p, int ratio, int d, 
 
 /* ---- attention ----------------------------------------------------------------------------- */
 
-void prima_kv_attend(const prima_kv_head *k, const prima_kv_head *v, const float *q_in, int ratio, int d, int lo, int hi,
-                     float scale, float softcap, const float *sink, float *out, void *scratch, int simd) {
-  float *q = scratch;
-  float *acc = q + (size_t)ratio * d, *M = acc + (size_t)ratio * d, *S = M + ratio, *s = S + ratio;
-  uint8_t *q8 = (uint8_t *)scratch + align64(sizeof(float) * (size_t)ratio * (2 * (size_t)d + 2 + ATT_BLOCK));
-  const size_t q8_row = prima_row_bytes(PRIMA_Q8_0, d);
-  const prima_type_kernels *kk = NULL;
+void prima_kv_attn_begin(prima_kv_attn *a, const prima_kv_head *k, const prima_kv_head *v, const float *q_in, int ratio, int d,
+                         float scale, float softcap, const float *sink, void *scratch, int simd) {
+  a->k = k;
+  a->v = v;
+  a->q_in = q_in;
+  a->ratio = ratio;
+  a->d = d;
+  a->scale = scale;
+  a->softcap = softcap;
+  a->simd = simd;
+  a->q = scratch;
+  a->acc = a->q + (size_t)ratio * d;
+  a->M = a->acc + (size_t)ratio * d;
+  a->S = a->M + ratio;
+  a->s = a->S + ratio;
+  a->q8 = (uint8_t *)scratch + align64(sizeof(float) * (size_t)ratio * (2 * (size_t)d + 2 + ATT_BLOCK));
+  a->q8_row = prima_row_bytes(PRIMA_Q8_0, d);
+  a->kk = NULL;
+  a->raw = NULL;
+  a->raw_stride = 0;
   if (k->type == PRIMA_F16) {
     /* llama.cpp rounds Q to F16 against an F16 cache; so do we, for the same scores. */
-    for (int i = 0; i < ratio * d; i++) q[i] = prima_fp16_to_fp32(prima_fp32_to_fp16(q_in[i]));
+    for (int i = 0; i < ratio * d; i++) a->q[i] = prima_fp16_to_fp32(prima_fp32_to_fp16(q_in[i]));
   } else {
     /* and to Q8_0 against a quantized one (the vec_dot_type of Q8_0 and Q4_0) */
-    kk = prima_kernels_at(k->type, simd);
-    if (!kk) kk = prima_kernels(k->type);
+    a->kk = prima_kernels_at(k->type, simd);
+    if (!a->kk) a->kk = prima_kernels(k->type);
     prima_quantize_fn qz = prima_act_quantizer_at(PRIMA_Q8_0, simd);
-    (qz ? qz : prima_act_quantizer(PRIMA_Q8_0))(q_in, q8, (int64_t)ratio * d);
+    (qz ? qz : prima_act_quantizer(PRIMA_Q8_0))(q_in, a->q8, (int64_t)ratio * d);
   }
   /* a sink is one more score in the softmax (its exp counts in the sum) with no value: start from it */
   for (int h = 0; h < ratio; h++) {
-    M[h] = sink ? sink[h] : -INFINITY;
-    S[h] = sink ? 1.0f : 0.0f;
+    a->M[h] = sink ? sink[h] : -INFINITY;
+    a->S[h] = sink ? 1.0f : 0.0f;
   }
-  memset(acc, 0, sizeof(float) * (size_t)ratio * d);
+  memset(a->acc, 0, sizeof(float) * (size_t)ratio * d);
+}
+
+/* The online softmax's step over nb new scores per head (s: ratio x nb): the running maxima and sums
+ * move on, the accumulators are rescaled, and s becomes the weights exp(s - max). */
+static void softmax_step(prima_kv_attn *a, int nb) {
+  for (int h = 0; h < a->ratio; h++) {
+    float *sh = a->s + (size_t)h * nb;
+    float mb = sh[0];
+    for (int j = 1; j < nb; j++) mb = sh[j] > mb ? sh[j] : mb;
+    const float mnew = mb > a->M[h] ? mb : a->M[h];
+    const float ms = expf(a->M[h] - mnew);
+    const float sum = prima_exp_sum(sh, nb, mnew);
+    a->S[h] = a->S[h] * ms + sum;
+    if (ms != 1.0f) prima_scale(a->acc + (size_t)h * a->d, a->d, ms);
+    a->M[h] = mnew;
+  }
+}
+
+void prima_kv_attn_range(prima_kv_attn *a, int lo, int hi) {
+  const prima_kv_head *k = a->k, *v = a->v;
+  const int ratio = a->ratio, d = a->d;
   for (int p0 = lo, nb; p0 < hi; p0 += nb) {
     nb = hi - p0 < ATT_BLOCK ? hi - p0 : ATT_BLOCK;
     /* a ring's rows are contiguous up to its end: a block stops there (K and V share the ring) */
@@ -206,28 +240,56 @@ void prima_kv_attend(const prima_kv_head *k, const prima_kv_head *v, const float
     if (k->cells > 0 && nb > k->cells - row) nb = k->cells - row;
     const uint8_t *kb = k->base + (size_t)row * k->stride, *vb = v->base + (size_t)row * v->stride;
     if (k->type == PRIMA_F16) {
-      prima_attn_scores(q, ratio, d, (const uint16_t *)kb, k->stride / sizeof(uint16_t), nb, scale, s);
+      prima_attn_scores(a->q, ratio, d, (const uint16_t *)kb, k->stride / sizeof(uint16_t), nb, a->scale, a->s);
     } else {
-      for (int h = 0; h < ratio; h++) prima_dot_rows(kk, d, kb, k->stride, nb, q8 + (size_t)h * q8_row, s + (size_t)h * nb);
-      prima_scale(s, ratio * nb, scale);
+      for (int h = 0; h < ratio; h++) prima_dot_rows(a->kk, d, kb, k->stride, nb, a->q8 + (size_t)h * a->q8_row, a->s + (size_t)h * nb);
+      prima_scale(a->s, ratio * nb, a->scale);
     }
-    if (softcap > 0) prima_softcap(s, ratio * nb, softcap);
+    if (a->softcap > 0) prima_softcap(a->s, ratio * nb, a->softcap);
+    if (a->raw) /* the scores as the softmax takes them, by position (H2O's statistics) */
+      for (int h = 0; h < ratio; h++) memcpy(a->raw + (size_t)h * a->raw_stride + p0, a->s + (size_t)h * nb, sizeof(float) * (size_t)nb);
+    softmax_step(a, nb);
+    if (v->type == PRIMA_F16) prima_attn_accum(a->acc, a->s, ratio, d, (const uint16_t *)vb, v->stride / sizeof(uint16_t), nb);
+    else accum_quant(v->type, a->acc, a->s, ratio, d, vb, v->stride, nb, a->simd);
+  }
+}
+
+void prima_kv_attn_entries(prima_kv_attn *a, const float *kx, const float *vx, int n, float bias) {
+  const int ratio = a->ratio, d = a->d;
+  for (int e0 = 0, nb; e0 < n; e0 += nb) {
+    nb = n - e0 < ATT_BLOCK ? n - e0 : ATT_BLOCK;
     for (int h = 0; h < ratio; h++) {
-      float *sh = s + (size_t)h * nb;
-      float mb = sh[0];
-      for (int j = 1; j < nb; j++) mb = sh[j] > mb ? sh[j] : mb;
-      const float mnew = mb > M[h] ? mb : M[h];
-      const float ms = expf(M[h] - mnew);
-      const float sum = prima_exp_sum(sh, nb, mnew);
-      S[h] = S[h] * ms + sum;
-      if (ms != 1.0f) prima_scale(acc + (size_t)h * d, d, ms);
-      M[h] = mnew;
+      const float *qh = a->q_in + (size_t)h * d;
+      for (int j = 0; j < nb; j++) {
+        const float *kj = kx + (size_t)(e0 + j) * d;
+        float dot = 0;
+        for (int i = 0; i < d; i++) dot += qh[i] * kj[i];
+        a->s[(size_t)h * nb + j] = dot * a->scale;
+      }
     }
-    if (v->type == PRIMA_F16) prima_attn_accum(acc, s, ratio, d, (const uint16_t *)vb, v->stride / sizeof(uint16_t), nb);
-    else accum_quant(v->type, acc, s, ratio, d, vb, v->stride, nb, simd);
+    if (a->softcap > 0) prima_softcap(a->s, ratio * nb, a->softcap);
+    for (int i = 0; i < ratio * nb; i++) a->s[i] += bias;
+    softmax_step(a, nb);
+    for (int h = 0; h < ratio; h++)
+      for (int j = 0; j < nb; j++) {
+        const float w = a->s[(size_t)h * nb + j], *vj = vx + (size_t)(e0 + j) * d;
+        float *acc = a->acc + (size_t)h * d;
+        for (int i = 0; i < d; i++) acc[i] += w * vj[i];
+      }
   }
-  for (int h = 0; h < ratio; h++) {
-    const float inv = 1.0f / S[h];
-    for (int i = 0; i < d; i++) out[(size_t)h * d + i] = acc[(size_t)h * d + i] * inv;
+}
+
+void prima_kv_attn_end(prima_kv_attn *a, float *out) {
+  for (int h = 0; h < a->ratio; h++) {
+    const float inv = 1.0f / a->S[h];
+    for (int i = 0; i < a->d; i++) out[(size_t)h * a->d + i] = a->acc[(size_t)h * a->d + i] * inv;
   }
+}
+
+void prima_kv_attend(const prima_kv_head *k, const prima_kv_head *v, const float *q_in, int ratio, int d, int lo, int hi,
+                     float scale, float softcap, const float *sink, float *out, void *scratch, int simd) {
+  prima_kv_attn a;
+  prima_kv_attn_begin(&a, k, v, q_in, ratio, d, scale, softcap, sink, scratch, simd);
+  prima_kv_attn_range(&a, lo, hi);
+  prima_kv_attn_end(&a, out);
 }

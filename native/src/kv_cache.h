@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -58,6 +60,33 @@ size_t prima_kv_attend_scratch_bytes(int ratio, int d);
  * for the model; tests pass each level). scratch: prima_kv_attend_scratch_bytes, 64-byte aligned. */
 void prima_kv_attend(const prima_kv_head *k, const prima_kv_head *v, const float *q, int ratio, int d, int lo, int hi,
                      float scale, float softcap, const float *sink, float *out, void *scratch, int simd);
+
+/* The same in parts, for attention over more than one range of positions (sparse_attn.c): begin,
+ * then any number of ranges and of f32 entries, then end; the online softmax is one over all of them.
+ * prima_kv_attend is begin, one range, end. */
+typedef struct {
+  const prima_kv_head *k, *v;
+  const float *q_in;
+  int ratio, d, simd;
+  float scale, softcap;
+  const prima_type_kernels *kk;
+  float *q, *acc, *M, *S, *s;
+  uint8_t *q8;
+  size_t q8_row;
+  /* NULL (begin's default), or where a range leaves each head's score of each position: raw[h *
+   * raw_stride + p], after scale and soft-cap (H2O's statistics: with M and S after end, a position's
+   * probability is exp(raw - M[h]) / S[h]) */
+  float *raw;
+  size_t raw_stride;
+} prima_kv_attn;
+void prima_kv_attn_begin(prima_kv_attn *a, const prima_kv_head *k, const prima_kv_head *v, const float *q, int ratio, int d,
+                         float scale, float softcap, const float *sink, void *scratch, int simd);
+/* cached positions [lo, hi) */
+void prima_kv_attn_range(prima_kv_attn *a, int lo, int hi);
+/* n entries that are no cached position: keys kx and values vx, n x d floats each (in the cache's rotated
+ * space for a -rot type), scored with the unrounded q: score = softcap(scale * q·k) + bias */
+void prima_kv_attn_entries(prima_kv_attn *a, const float *kx, const float *vx, int n, float bias);
+void prima_kv_attn_end(prima_kv_attn *a, float *out);
 
 #ifdef __cplusplus
 }

@@ -143,6 +143,12 @@ int prima_window_kv_shift(prima_window *w, int p0, int n_discard, int n_past, ch
   free(j.scratch);
   free(j.held);
   w->n_filled = next;
+  if (w->sparse.block > 0 && w->lm_done > p0 / w->sparse.block) w->lm_done = p0 / w->sparse.block; /* rows moved */
+  for (int t = 0; w->h2o_acc && t < w->h2o_threads; t++) { /* H2O's sums move with their rows */
+    float *acc = w->h2o_acc + (size_t)t * w->n_ctx;
+    memmove(acc + p0, acc + p0 + n_discard, sizeof(float) * (size_t)(n_past - p0 - n_discard));
+    memset(acc + next, 0, sizeof(float) * (size_t)(w->n_ctx - next));
+  }
   if (ring_rows > 0) {
     w->kv_end = next;
     w->kv_floor = new_floor;

@@ -505,6 +505,9 @@ int prima_window_kv_resumable(const prima_window *w, int pos) {
 
 /* After positions [pos, pos + n) are written. */
 static void kv_wrote(prima_window *w, int pos, int n) {
+  if (w->h2o_acc) /* what attended to the positions from pos on is gone with them */
+    for (int t = 0; t < w->h2o_threads; t++) memset(w->h2o_acc + (size_t)t * w->n_ctx + pos, 0, sizeof(float) * (size_t)(w->n_ctx - pos));
+  if (w->sparse.block > 0 && w->lm_done > pos / w->sparse.block) w->lm_done = pos / w->sparse.block;
   if (pos == 0) w->kv_floor = 0;
   if (pos == 0 || pos + n > w->kv_end) w->kv_end = pos + n;
 }
@@ -695,8 +698,73 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   return w;
 }
 
+int prima_window_set_sparse(prima_window *w, const prima_sparse_cfg *c, char *err, size_t err_len) {
+  const prima_hparams *hp = &w->m->hp;
+  const prima_sparse_cfg dense = { 0, 0, 0, 0 };
+  if (c->window > 0 && w->h2o_acc) return prima_fail(err, err_len, "sparse attention with H2O eviction: a landmark is no position to score");
+  if (c->window > 0) {
+    const char *why = prima_sparse_problem(c);
+    if (why) return prima_fail(err, err_len, "sparse attention: %s", why);
+    if (hp->head_dim > 1024) return prima_fail(err, err_len, "sparse attention: heads of %d elements are more than 1024", hp->head_dim);
+  }
+  const size_t old = sizeof(float) * 2 * (size_t)(w->end - w->first) * (size_t)hp->n_head_kv * (size_t)w->lm_blocks * (size_t)hp->head_dim;
+  free(w->lm_k);
+  free(w->lm_v);
+  w->lm_k = w->lm_v = NULL;
+  w->anon_bytes -= old;
+  w->lm_blocks = w->lm_done = 0;
+  w->sparse = c->window > 0 ? *c : dense;
+  if (w->sparse.block > 0) {
+    w->lm_blocks = w->n_ctx / w->sparse.block;
+    const size_t n = (size_t)(w->end - w->first) * (size_t)hp->n_head_kv * (size_t)w->lm_blocks * (size_t)hp->head_dim;
+    if (n > 0) {
+      w->lm_k = malloc(sizeof(float) * n);
+      w->lm_v = malloc(sizeof(float) * n);
+      if (!w->lm_k || !w->lm_v) {
+        free(w->lm_k);
+        free(w->lm_v);
+        w->lm_k = w->lm_v = NULL;
+        w->lm_blocks = 0;
+        w->sparse = dense;
+        return prima_fail(err, err_len, "out of memory for the landmarks of sparse attention");
+      }
+      w->anon_bytes += sizeof(float) * 2 * n;
+    }
+  }
+  return 0;
+}
+
+int prima_window_set_h2o(prima_window *w, char *err, size_t err_len) {
+  if (w->sparse.window > 0) return prima_fail(err, err_len, "H2O eviction with sparse attention: a landmark is no position to score");
+  if (w->h2o_acc) return 0;
+  const int nth = prima_pool_threads(w->m->pool), ratio = w->m->hp.n_head / w->m->hp.n_head_kv;
+  w->h2o_acc = calloc((size_t)nth * w->n_ctx, sizeof(float));
+  w->h2o_raw = malloc(sizeof(float) * (size_t)nth * ratio * w->n_ctx);
+  if (!w->h2o_acc || !w->h2o_raw) {
+    free(w->h2o_acc);
+    free(w->h2o_raw);
+    w->h2o_acc = w->h2o_raw = NULL;
+    return prima_fail(err, err_len, "out of memory for H2O's attention statistics");
+  }
+  w->h2o_threads = nth;
+  w->anon_bytes += sizeof(float) * (size_t)nth * (size_t)(1 + ratio) * w->n_ctx;
+  return 0;
+}
+
+void prima_window_h2o_scores(const prima_window *w, float *out) {
+  for (int p = 0; p < w->n_filled; p++) {
+    double sum = 0;
+    for (int t = 0; w->h2o_acc && t < w->h2o_threads; t++) sum += w->h2o_acc[(size_t)t * w->n_ctx + p];
+    out[p] = (float)sum;
+  }
+}
+
 void prima_window_destroy(prima_window *w) {
   if (!w) return;
+  free(w->h2o_acc);
+  free(w->h2o_raw);
+  free(w->lm_k);
+  free(w->lm_v);
   free(w->k_cache);
   free(w->v_cache);
   free(w->kv_cells);
@@ -820,7 +888,47 @@ static void attention(const prima_task *t, prima_window *w, int li, const fwd_jo
     /* a sliding-window layer sees the last `window` positions (llama.cpp masks p0 when p1 - p0 >= n_swa) */
     const int lo = window > 0 && n_pos > window ? n_pos - window : 0;
     const size_t off = (size_t)tok * qdim + (size_t)g * ratio * D;
-    prima_kv_attend(&K, &V, q + off, ratio, D, lo, n_pos, hp->kq_scale, hp->attn_softcap, sink, w->att + off, scratch, simd);
+    if (window == 0 && kw->sparse.window > 0) {
+      const size_t lm = (((size_t)li * G + g) * (size_t)kw->lm_blocks) * D;
+      prima_sparse_attend(&kw->sparse, &K, &V, kw->lm_k ? kw->lm_k + lm : NULL, kw->lm_v ? kw->lm_v + lm : NULL, q + off, ratio, D,
+                          n_pos - 1, hp->kq_scale, hp->attn_softcap, sink, w->att + off, scratch, simd);
+    } else if (kw->h2o_acc) {
+      /* H2O: the probabilities this query's heads give each position, into this thread's sums */
+      prima_kv_attn a;
+      prima_kv_attn_begin(&a, &K, &V, q + off, ratio, D, hp->kq_scale, hp->attn_softcap, sink, scratch, simd);
+      a.raw = kw->h2o_raw + (size_t)t->ith * ratio * kw->n_ctx;
+      a.raw_stride = (size_t)kw->n_ctx;
+      prima_kv_attn_range(&a, lo, n_pos);
+      prima_kv_attn_end(&a, w->att + off);
+      float *acc = kw->h2o_acc + (size_t)t->ith * kw->n_ctx;
+      for (int h = 0; h < ratio; h++) {
+        const float *raw = a.raw + (size_t)h * kw->n_ctx, m = a.M[h], inv = 1.0f / a.S[h];
+        for (int p = lo; p < n_pos; p++) acc[p] += expf(raw[p] - m) * inv;
+      }
+    } else {
+      prima_kv_attend(&K, &V, q + off, ratio, D, lo, n_pos, hp->kq_scale, hp->attn_softcap, sink, w->att + off, scratch, simd);
+    }
+  }
+}
+
+/* Sparse attention's landmarks of layer li for every whole block a row's sequence now holds that has
+ * none yet (blocks [lm_done, (pos + 1) / block)): the last row of a pass of one sequence, every row of
+ * a step of several (each its own sequence), threads taking (row, KV head) pairs. */
+static void sparse_landmarks(const prima_task *t, prima_window *w, int li, const fwd_job *j, int n) {
+  const prima_hparams *hp = &w->m->hp;
+  const int D = hp->head_dim, G = hp->n_head_kv;
+  const int first = j->seqs ? 0 : n - 1;
+  for (int task = t->ith; task < (n - first) * G; task = prima_pool_next_chunk(t)) {
+    const int r = first + task / G, g = task % G;
+    prima_window *kw = row_win(j, r);
+    const int B = kw->sparse.block;
+    if (B <= 0) continue;
+    const int end = (row_pos(j, r) + 1) / B;
+    const prima_kv_head K = { kw->k_type, kv_k_rows(kw, li) + (size_t)g * (kw->k_row_bytes / G), kw->k_row_bytes, kw->kv_cells[li] };
+    const prima_kv_head V = { kw->v_type, kv_v_rows(kw, li) + (size_t)g * (kw->v_row_bytes / G), kw->v_row_bytes, kw->kv_cells[li] };
+    const size_t lm = (((size_t)li * G + g) * (size_t)kw->lm_blocks) * D;
+    for (int b = kw->lm_done; b < end && b < kw->lm_blocks; b++)
+      prima_sparse_landmark(&K, &V, b * B, B, D, kw->lm_k + lm + (size_t)b * D, kw->lm_v + lm + (size_t)b * D);
   }
 }
 
@@ -929,6 +1037,10 @@ static void attention_block(const prima_task *t, prima_window *w, int l, float *
     if (hp->q_scale != 1.0f) prima_scale(q, (int)qdim, hp->q_scale);
   }
   prima_pool_barrier(t);
+  if (!swa && w->sparse.block > 0) {
+    sparse_landmarks(t, w, li, j, n);
+    prima_pool_barrier(t);
+  }
   attention(t, w, li, j, n);
   prima_pool_barrier(t);
   for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) {
@@ -1251,6 +1363,7 @@ int prima_window_forward(prima_window *w, float *acts, int pos, int n_tokens, fl
     if (n == 1 && w->layer_bytes < SMALL_LAYER_BYTES) prima_pool_run_alone(w->m->pool, forward_job, &j);
     else prima_pool_run(w->m->pool, forward_job, &j);
     done += n;
+    if (w->sparse.block > 0) w->lm_done = (pos + done) / w->sparse.block; /* every layer has them now */
   }
   /* a read that faulted during the pass left zeros in it: refuse its result */
   if (__atomic_load_n(&w->m->file_state, __ATOMIC_ACQUIRE) != PRIMA_FILE_OK) return prima_model_check_file(w->m, 0, err, err_len);
@@ -1286,7 +1399,10 @@ int prima_window_forward_seqs(prima_window *w, prima_window *const *seqs, const 
   if (n == 1 && w->layer_bytes < SMALL_LAYER_BYTES) prima_pool_run_alone(w->m->pool, forward_job, &j);
   else prima_pool_run(w->m->pool, forward_job, &j);
   if (__atomic_load_n(&w->m->file_state, __ATOMIC_ACQUIRE) != PRIMA_FILE_OK) return prima_model_check_file(w->m, 0, err, err_len);
-  for (int i = 0; i < n; i++) seqs[i]->n_filled = pos[i] + 1;
+  for (int i = 0; i < n; i++) {
+    seqs[i]->n_filled = pos[i] + 1;
+    if (seqs[i]->sparse.block > 0) seqs[i]->lm_done = (pos[i] + 1) / seqs[i]->sparse.block;
+  }
   return 0;
 }
 
@@ -1500,6 +1616,8 @@ int prima_window_kv_load(prima_window *w, const char *path, char *err, size_t er
         }
       }
     w->kv_end = h.n_filled; /* rows were overwritten even when the file fell short */
+    w->lm_done = 0;
+    if (w->h2o_acc) memset(w->h2o_acc, 0, sizeof(float) * (size_t)w->h2o_threads * w->n_ctx); /* unknown: start again */
     w->kv_floor = 0;
     if (rc == 0) w->n_filled = h.n_filled;
     else w->n_filled = 0;

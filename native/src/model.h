@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sparse_attn.h"
 #include "threadpool.h"
 
 typedef struct {
@@ -150,6 +151,18 @@ typedef struct prima_window {
   int stream_from;             /* layers from here on are dropped right after each pass computes them
                                   (prima_window_stream_beyond); end: none */
   uint64_t stream_keep;        /* bytes at the start of layer stream_from kept all the same */
+  /* Sparse attention of the full-attention layers (sparse_attn.h; window 0: dense). A landmark per
+   * layer, KV head and whole block of positions: lm_k/lm_v [layer][n_head_kv][lm_blocks][head_dim];
+   * blocks [0, lm_done) hold the means of the rows the cache holds now (a write, shift or load below a
+   * block's end lowers it; the next pass computes them again). */
+  prima_sparse_cfg sparse;
+  float *lm_k, *lm_v;
+  int lm_blocks, lm_done;
+  /* H2O's statistics (prima_window_set_h2o; NULL: not gathered): per compute thread, per position, the
+   * attention probability every query of every layer and head gave it, accumulated (h2o_acc: threads x
+   * n_ctx), and each thread's scores of one query's heads (h2o_raw: threads x n_head/n_head_kv x n_ctx) */
+  float *h2o_acc, *h2o_raw;
+  int h2o_threads;
 } prima_window;
 
 /* Opens and maps the file; validates the table against the file and hyper-parameters.
@@ -164,6 +177,15 @@ void prima_model_close(prima_model *m);
 prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx, int max_batch, int k_type, int v_type,
                                   char *err, size_t err_len);
 void prima_window_destroy(prima_window *w);
+/* Attention of the window's full-attention layers from now on: sparse by c (window 0: dense again).
+ * Sliding-window layers keep their own window. 0, or -1 naming what is wrong (settings, memory). */
+int prima_window_set_sparse(prima_window *w, const prima_sparse_cfg *c, char *err, size_t err_len);
+/* Gathers H2O's statistics from now on: every query's attention probabilities, summed per position
+ * over queries, layers and heads (a write at a position clears its sum and those after it, a shift
+ * moves them with the rows). 0, or -1 (memory; with sparse attention, refused: landmarks are no position). */
+int prima_window_set_h2o(prima_window *w, char *err, size_t err_len);
+/* The sums for positions [0, n_filled) into out (n_filled floats). */
+void prima_window_h2o_scores(const prima_window *w, float *out);
 /* The RoPE frequency factors a window of n_ctx tokens uses (its tensor's data is NULL: none). */
 const prima_tensor *prima_rope_factors(const prima_model *m, int n_ctx);
 

@@ -3,7 +3,7 @@
 import { describe, expect, it } from "vitest";
 import { parseClusterArgs } from "../../coordinator/args.js";
 import { parsePerplexityArgs } from "../../coordinator/perplexity-command.js";
-import { kvCacheNativeType, kvCacheTypeOf, KV_CACHE_TYPES } from "../../model/index.js";
+import { DEFAULT_SPARSE_ATTENTION, attentionSpec, kvCacheNativeType, kvCacheTypeOf, KV_CACHE_TYPES, parseAttentionSpec } from "../../model/index.js";
 
 const cluster = (argv: string[]) => parseClusterArgs(["m.gguf", ...argv], {}, "help", "run").cluster.kvCacheTypes;
 
@@ -25,5 +25,33 @@ describe("--cache-type-k / --cache-type-v", () => {
   it("each type has its own native type argument", () => {
     for (const t of KV_CACHE_TYPES) expect(kvCacheTypeOf(kvCacheNativeType(t))).toBe(t);
     expect(new Set(KV_CACHE_TYPES.map(kvCacheNativeType)).size).toBe(KV_CACHE_TYPES.length);
+  });
+});
+
+describe("--attention and the --sparse-* settings", () => {
+  it("dense unless told; sparse with the defaults or the settings given, in run and perplexity", () => {
+    expect(cluster([]).attention).toBeUndefined();
+    expect(cluster(["--attention", "dense"]).attention).toBeUndefined();
+    expect(cluster(["--attention", "sparse"]).attention).toEqual(DEFAULT_SPARSE_ATTENTION);
+    expect(cluster(["--attention", "sparse", "--sparse-window", "256", "--sparse-sinks", "0", "--sparse-log-stride", "off", "--sparse-block", "0"]).attention)
+      .toEqual({ window: 256, sinks: 0, logStride: false, block: 0 });
+    expect(parsePerplexityArgs(["m.gguf", "-f", "t.txt", "--attention", "sparse", "--sparse-window", "32"]).kvCacheTypes.attention)
+      .toEqual({ ...DEFAULT_SPARSE_ATTENTION, window: 32 });
+  });
+
+  it("refuses bad values by name", () => {
+    expect(() => cluster(["--attention", "sparse", "--sparse-window", "0"])).toThrow(/--attention sparse: the window must be/);
+    expect(() => cluster(["--attention", "sparse", "--sparse-window", "1.5"])).toThrow(/--sparse-window "1.5" is not a whole number/);
+    expect(() => cluster(["--attention", "sparse", "--sparse-log-stride", "yes"])).toThrow(/--sparse-log-stride "yes": use on or off/);
+    expect(() => cluster(["--sparse-block", "8"])).toThrow(/--sparse-block needs --attention sparse/);
+    expect(() => cluster(["--attention", "\u001b[31mx"])).toThrow(/--attention "\\u001b\[31mx": use dense or sparse/);
+  });
+
+  it("the settings reach a worker as a spec it reads back; a spec it cannot read is refused by name", () => {
+    const a = { window: 77, sinks: 3, logStride: false, block: 9 };
+    expect(parseAttentionSpec(attentionSpec(a))).toEqual(a);
+    expect(parseAttentionSpec(attentionSpec(undefined))).toBeUndefined();
+    expect(() => parseAttentionSpec("sparse:window=0,sinks=1,log-stride=1,block=8")).toThrow(/sparse attention: the window/);
+    expect(() => parseAttentionSpec("lsh:buckets=8")).toThrow(/attention "lsh:buckets=8" is not "dense" or sparse settings/);
   });
 });

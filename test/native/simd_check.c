@@ -9,6 +9,7 @@
 
 #include "kernels.h"
 #include "kv_cache.h"
+#include "sparse_attn.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -273,6 +274,44 @@ int main(void) {
           free(K);
           free(V);
         }
+    }
+  }
+  /* 6. sparse attention (sparse_attn.c): a query beyond its window (sinks, rungs, landmarks and the
+   * window through each level's kernels) against the scalar one */
+  {
+    const int types[3] = {PRIMA_F16, PRIMA_Q8_0, PRIMA_Q4_0};
+    const int d = 64, ratio = 2, i = 700;
+    const prima_sparse_cfg c = {128, 4, 1, 64};
+    for (int level = 1; level < 4; level++) {
+      if (!prima_simd_available(level)) continue;
+      for (int a = 0; a < 3; a++) {
+        const int kt = types[a], vt = types[(a + 1) % 3];
+        const size_t kr = prima_row_bytes(kt, d), vr = prima_row_bytes(vt, d);
+        uint8_t *K = malloc(kr * (i + 1)), *V = malloc(vr * (i + 1));
+        float row[64], q[128], out_s[128], out_l[128], lm_k[10 * 64], lm_v[10 * 64];
+        for (int p = 0; p <= i; p++) {
+          for (int e = 0; e < d; e++) row[e] = normal();
+          prima_kv_store(kt, row, K + p * kr, d);
+          for (int e = 0; e < d; e++) row[e] = normal();
+          prima_kv_store(vt, row, V + p * vr, d);
+        }
+        for (int e = 0; e < ratio * d; e++) q[e] = 2 * normal();
+        const prima_kv_head kh = {kt, K, kr, 0}, vh = {vt, V, vr, 0};
+        for (int b = 0; b < 10; b++) prima_sparse_landmark(&kh, &vh, b * 64, 64, d, lm_k + b * d, lm_v + b * d);
+        void *scratch = aligned_alloc(64, (prima_kv_attend_scratch_bytes(ratio, d) + 63) & ~(size_t)63);
+        prima_sparse_attend(&c, &kh, &vh, lm_k, lm_v, q, ratio, d, i, 0.125f, 0, NULL, out_s, scratch, PRIMA_SIMD_SCALAR);
+        prima_sparse_attend(&c, &kh, &vh, lm_k, lm_v, q, ratio, d, i, 0.125f, 0, NULL, out_l, scratch, level);
+        float err = 0, mag = 0;
+        for (int e = 0; e < ratio * d; e++) {
+          err = fmaxf(err, fabsf(out_s[e] - out_l[e]));
+          mag = fmaxf(mag, fabsf(out_s[e]));
+        }
+        CHECK(err <= 1e-5f * mag, "sparse attention K %s V %s: %s differs from scalar by %g of %g", prima_type_name(kt), prima_type_name(vt),
+              prima_simd_name(level), err, mag);
+        free(scratch);
+        free(K);
+        free(V);
+      }
     }
   }
   printf("checked %d, failed %d\n", checks, failures);
