@@ -148,6 +148,22 @@ export async function checkAiSdk(s: Served): Promise<void> {
 
 /** LangChain (`@langchain/openai`): withStructuredOutput by JSON Schema and by function calling at
  * temperature 0 and 1, streamed and not; bindTools invoked and streamed; a tool result sent back. */
+/** LangChain's structured output at temperature 0, whole and then streamed with `lose` called at its 5th
+ * partial object: both for the caller to compare. */
+export async function langChainObjectAcrossLoss(s: Served, lose: () => void): Promise<{ whole: unknown; streamed: unknown }> {
+  const llm = new ChatOpenAI({ model: await servedModel(s), apiKey: "unused", configuration: { baseURL: `${s.url}/v1` }, temperature: 0, maxTokens: MAX, maxRetries: 0 });
+  const structured = llm.withStructuredOutput(PLAIN_PET, { method: "jsonSchema" });
+  const whole = await structured.invoke("A boy and his pets");
+  let parts = 0, last: unknown;
+  for await (const part of await structured.stream("A boy and his pets")) {
+    last = part;
+    if (++parts === 5) lose();
+  }
+  expect(parts).toBeGreaterThan(5);
+  expect(schemaErrors(PET, last), JSON.stringify(last)).toBe("");
+  return { whole, streamed: last };
+}
+
 export async function checkLangChain(s: Served): Promise<void> {
   const name = await servedModel(s);
   const chat = (temperature: number, maxTokens = MAX) => new ChatOpenAI({ model: name, apiKey: "unused", configuration: { baseURL: `${s.url}/v1` }, temperature, maxTokens, maxRetries: 0 });

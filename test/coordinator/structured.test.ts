@@ -10,7 +10,7 @@ import { killAll } from "../ring/cluster.js";
 import { CORPUS, schemaErrors } from "../grammar/validate.js";
 import { PLACEMENT_SHAPE, testModel } from "../profiler/models.js";
 import { joinWorker, startServe, until, type Served } from "./serve-harness.js";
-import { MAX, PERSON, TOOLS, WEATHER, aiSdkObjectAcrossLoss, ask, checkAiSdk, checkLangChain, toolSchema } from "./structured-clients.js";
+import { MAX, PERSON, TOOLS, WEATHER, aiSdkObjectAcrossLoss, ask, checkAiSdk, checkLangChain, langChainObjectAcrossLoss, toolSchema } from "./structured-clients.js";
 
 afterAll(() => killAll());
 
@@ -211,21 +211,22 @@ describe("serve with two workers: the head constrains the ring's output", () => 
   });
 });
 
-describe("failover during constrained streamed requests (12 layers of 1024, Q8_0, three workers)", () => {
+describe("failover during constrained streamed requests (12 layers of 1024, Q8_0, four workers)", () => {
   // Short answers (a JSON one of 65 tokens where PERSON's took 288; one call, its city at most 8
   // characters, where WEATHER's parallel calls took 228): a token of this model costs the ring ~25 ms
   // of CPU, and the loss still comes early in each. PERSON's and WEATHER's answers are checked above,
   // on the shipped model and through a ring.
   const SHORT = { type: "object", properties: { name: PERSON.properties.name, age: PERSON.properties.age, mood: PERSON.properties.mood }, required: ["name", "age", "mood"], additionalProperties: false } as const;
   const SHORT_WEATHER = { type: "function" as const, function: { ...WEATHER.function, parameters: { ...WEATHER.function.parameters, properties: { ...WEATHER.function.parameters.properties, city: { type: "string", maxLength: 8 } } } } };
-  it("a worker killed mid-stream, in a JSON answer, in a tool call and in the AI SDK's streamObject: each goes on and equals the uninterrupted one", async () => {
+  it("a worker killed mid-stream, in a JSON answer, in a tool call, in the AI SDK's streamObject and in LangChain's streamed structured output: each goes on and equals the uninterrupted one", async () => {
     const model = await testModel(PLACEMENT_SHAPE, "Q8_0");
-    const s = await startServe(["--ctx", "512", "--min-workers", "3", "--layer-windows", "alpha=3,bravo=3,charlie=3,head=3"], { model, waitReady: false });
+    const s = await startServe(["--ctx", "512", "--min-workers", "4", "--layer-windows", "alpha=3,bravo=3,charlie=2,delta=2,head=2"], { model, waitReady: false });
     try {
       const alpha = joinWorker(s.clusterPort, "alpha", model);
       const bravo = joinWorker(s.clusterPort, "bravo", model);
       const charlie = joinWorker(s.clusterPort, "charlie", model);
-      await until<{ plan: { ringOrder: string[] } | null }>(`${s.url}/api/state`, (_, b) => (b.plan?.ringOrder.length ?? 0) === 4, 60_000);
+      const delta = joinWorker(s.clusterPort, "delta", model);
+      await until<{ plan: { ringOrder: string[] } | null }>(`${s.url}/api/state`, (_, b) => (b.plan?.ringOrder.length ?? 0) === 5, 60_000);
       const body = { messages: ask, temperature: 0, max_tokens: 300, response_format: { type: "json_schema" as const, json_schema: { name: "person", schema: SHORT } } };
       const whole = (await s.client.chat.completions.create(body)).choices[0].message.content ?? "";
       expect(schemaErrors(SHORT, JSON.parse(whole)), whole).toBe("");
@@ -262,12 +263,18 @@ describe("failover during constrained streamed requests (12 layers of 1024, Q8_0
       for (const c of calls) expect(schemaErrors(SHORT_WEATHER.function.parameters, JSON.parse(c.args)), c.args).toBe("");
       expect(await (await fetch(`${s.url}/metrics`)).text()).toMatch(/prima_recovery_seconds_count [2-9]/);
 
-      // The AI SDK's streamObject, alpha lost in it (the head alone goes on): the object it gets is
+      // The AI SDK's streamObject, alpha lost in it: the object it gets is
       // the one its generateObject got.
       const sdk = await aiSdkObjectAcrossLoss(s, () => alpha.child.kill("SIGKILL"));
       await s.proc.waitFor(/device w\d "alpha" .*lost/, 5000);
       expect(sdk.streamed, s.proc.stderr.slice(-3000)).toEqual(sdk.whole);
       expect(await (await fetch(`${s.url}/metrics`)).text()).toMatch(/prima_recovery_seconds_count [3-9]/);
+
+      // LangChain's streamed structured output, delta lost in it: the object its invoke got.
+      const lc = await langChainObjectAcrossLoss(s, () => delta.child.kill("SIGKILL"));
+      await s.proc.waitFor(/device w\d "delta" .*lost/, 5000);
+      expect(lc.streamed, s.proc.stderr.slice(-3000)).toEqual(lc.whole);
+      expect(await (await fetch(`${s.url}/metrics`)).text()).toMatch(/prima_recovery_seconds_count [4-9]/);
     } finally {
       s.proc.child.kill("SIGKILL");
     }

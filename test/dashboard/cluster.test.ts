@@ -116,7 +116,7 @@ describe.skipIf(chromiumMissing !== null)(chromiumMissing ? `dashboard on a real
     expect(main).toContain(state.model.name);
     expect(main).toContain(`k = ${plan.cycles}`);
     // the KV cache in its type: stories260K's 5 layers x (K + V) x 4 heads x 8 in F16, 512 tokens of context
-    expect(state.model.kvCache).toEqual({ typeK: "f16", typeV: "f16", bytesPerToken: 5 * 2 * 32 * 2 });
+    expect(state.model.kvCache).toEqual({ typeK: "f16", typeV: "f16", bytesPerToken: 5 * 2 * 32 * 2, attention: "dense" });
     expect(main).toContain("f16 \u00b7 640 B per token, 320 KiB at 512");
     expect(await bannerVisible(d.page)).toBe(false);
     expect(d.errors).toEqual([]);
