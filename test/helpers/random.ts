@@ -11,3 +11,16 @@ export function mulberry32(seed: number): () => number {
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
 }
+
+/** Normal floats from a fixed sequence (xorshift32 into Box-Muller), `scale` times N(0, 1). */
+export function normalFloats(seed: number): (n: number, scale?: number) => Float32Array {
+  let s = seed;
+  const u = () => {
+    s ^= s << 13;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    return ((s >>> 0) + 1) / 4294967297;
+  };
+  const normal = () => Math.sqrt(-2 * Math.log(u())) * Math.cos(2 * Math.PI * u());
+  return (n, scale = 1) => Float32Array.from({ length: n }, () => normal() * scale);
+}

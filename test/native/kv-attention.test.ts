@@ -4,19 +4,9 @@
 // rounds it: to F16 against an F16 K, to Q8_0 against a quantized K), at every SIMD level.
 import { describe, expect, it } from "vitest";
 import { GgmlTypeId, dequantize, fp32ToHalf, halfToFp32, kvAttend, kvStore, quantizeAct, quantizeRef, rowBytes, simdLevels } from "../../native/index.js";
+import { normalFloats } from "../helpers/random.js";
 
-let seed = 12345;
-function normal(): number {
-  // xorshift + Box-Muller: a fixed sequence
-  const u = () => {
-    seed ^= seed << 13;
-    seed ^= seed >>> 17;
-    seed ^= seed << 5;
-    return ((seed >>> 0) + 1) / 4294967297;
-  };
-  return Math.sqrt(-2 * Math.log(u())) * Math.cos(2 * Math.PI * u());
-}
-const randoms = (n: number, scale = 1) => Float32Array.from({ length: n }, () => normal() * scale);
+const randoms = normalFloats(12345);
 
 type KvName = "F16" | "Q8_0" | "Q4_0";
 

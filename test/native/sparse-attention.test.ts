@@ -8,18 +8,9 @@ import {
   dequantize, fp32ToHalf, halfToFp32, kvAttend, kvAttendSparse, kvStore, quantizeAct, rowBytes, simdLevels, sparseLandmarks, sparseSelect,
   type SparseSettings,
 } from "../../native/index.js";
+import { normalFloats } from "../helpers/random.js";
 
-let seed = 987654;
-function normal(): number {
-  const u = () => {
-    seed ^= seed << 13;
-    seed ^= seed >>> 17;
-    seed ^= seed << 5;
-    return ((seed >>> 0) + 1) / 4294967297;
-  };
-  return Math.sqrt(-2 * Math.log(u())) * Math.cos(2 * Math.PI * u());
-}
-const randoms = (n: number, scale = 1) => Float32Array.from({ length: n }, () => normal() * scale);
+const randoms = normalFloats(987654);
 
 type KvName = "F16" | "Q8_0" | "Q4_0";
 
