@@ -4,7 +4,8 @@
 // log-probabilities, the perplexity delta and KL divergence of q8_0 and q4_0, plain and rotated by a
 // Hadamard matrix (q8_0-rot, q4_0-rot, as llama.cpp rotates a quantized cache). Quality, not speed: the
 // figures do not depend on the machine's load. Then sparse attention (context-sparse.ts): its quality on
-// longer chunks and its cost curve against dense attention (speed: that one depends on the load).
+// longer chunks and its cost curve against dense attention (speed: that one depends on the load). The
+// engine's speed at depth against llama-bench -d is its own part, `--only depth` (context-depth.ts).
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";

@@ -2,30 +2,40 @@
 // from position 0 (logits of the last row), decode = D single-token steps from position 0, each with
 // its embedding, forward, logits and a greedy pick: our whole per-token loop counts.
 import { LocalModel, LocalPipeline, Rng, Sampler } from "../engine/index.js";
-import { runLlamaBench, type PeerResult } from "./llama-bench.js";
+import { runLlamaBench, type DepthOptions, type PeerResult } from "./llama-bench.js";
 
 export interface EngineResult {
   readonly promptTokS: number;
   readonly decodeTokS: number;
 }
 
-export async function benchEngine(path: string, o: { threads: number; prompt: number; decode: number; reps: number }): Promise<EngineResult> {
+export async function benchEngine(path: string, o: { threads: number; prompt: number; decode: number; reps: number } & DepthOptions): Promise<EngineResult> {
   const model = LocalModel.open(path, { threads: o.threads });
-  const pipe = new LocalPipeline(model, Math.max(o.prompt, o.decode) + 1, 512);
+  // At a depth, the cache first holds `depth` tokens (not timed), as llama-bench -d fills it.
+  const depth = o.depth ?? 0;
+  const pipe = new LocalPipeline(model, depth + Math.max(o.prompt, o.decode) + 1, 512, o.kvCacheTypes);
   const rng = new Rng(42);
   const randomTokens = (n: number) => Int32Array.from({ length: n }, () => Math.floor(rng.next() * model.nVocab));
   const sampler = new Sampler({ temperature: 0 });
+  const fill = async () => {
+    pipe.truncate(0);
+    for (let pos = 0; pos < depth; pos += 512) {
+      const n = Math.min(512, depth - pos);
+      await pipe.forward(model.embed(randomTokens(n)), pos, n);
+    }
+  };
+  if (depth > 0) await fill();
   const run = async () => {
-    pipe.truncate(0);
+    pipe.truncate(depth);
     const t0 = performance.now();
-    await pipe.forward(model.embed(randomTokens(o.prompt)), 0, o.prompt);
+    await pipe.forward(model.embed(randomTokens(o.prompt)), depth, o.prompt);
     const pp = (o.prompt / (performance.now() - t0)) * 1000;
-    pipe.truncate(0);
+    pipe.truncate(depth);
     const row = new Float32Array(model.nEmbd);
     const tok = randomTokens(1);
     const t1 = performance.now();
     for (let i = 0; i < o.decode; i++) {
-      const logits = await pipe.forward(model.embed(tok, row), i, 1);
+      const logits = await pipe.forward(model.embed(tok, row), depth + i, 1);
       tok[0] = sampler.sample(logits);
     }
     const tg = (o.decode / (performance.now() - t1)) * 1000;
@@ -46,7 +56,7 @@ export async function benchEngine(path: string, o: { threads: number; prompt: nu
 /** prima and llama-bench on one file in alternating rounds (one rep each, `reps` times), averaged: run
  * one after the other, load that came and went during one engine's turn decided single runs (the moe
  * part's 1.9x and 2.7x on a loaded host were 0.92-1.21x quiet). */
-export async function versusLlamaBench(path: string, o: { threads: number; prompt: number; decode: number; reps: number }): Promise<{ ours: EngineResult; peer: PeerResult }> {
+export async function versusLlamaBench(path: string, o: { threads: number; prompt: number; decode: number; reps: number } & DepthOptions): Promise<{ ours: EngineResult; peer: PeerResult }> {
   let pp = 0, tg = 0, ppPeer = 0, tgPeer = 0, build = "";
   for (let r = 0; r < o.reps; r++) {
     const ours = await benchEngine(path, { ...o, reps: 1 });

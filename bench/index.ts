@@ -1,4 +1,4 @@
-// npm run bench [-- --only engine,memory,ring,halda,kernels,standin,passnoise,handoff,capped,crypto,serve,transfer,chaos,structured,moe,families,context] [--threads N] [--reps N] [--chaos-seconds S] [--caps 256,200]
+// npm run bench [-- --only engine,memory,ring,halda,kernels,standin,passnoise,handoff,capped,crypto,serve,transfer,chaos,structured,moe,families,context,depth] [--threads N] [--reps N] [--chaos-seconds S] [--caps 256,200]
 // Every part measures us and a peer in the same run and prints ratios (absolute numbers on a shared
 // machine mean little). The latest results and their commands go in BENCHMARKS.md, earlier ones in
 // bench/history/.
@@ -19,7 +19,7 @@ const { values } = parseArgs({
     caps: { type: "string", default: "256,200" },
   },
 });
-const parts = new Set((values.only ?? "engine,memory,ring,halda,kernels,standin,passnoise,handoff,capped,crypto,serve,transfer,chaos,structured,moe,families,context").split(","));
+const parts = new Set((values.only ?? "engine,memory,ring,halda,kernels,standin,passnoise,handoff,capped,crypto,serve,transfer,chaos,structured,moe,families,context,depth").split(","));
 const threads = Number(values.threads);
 const reps = Number(values.reps);
 const log = (s: string) => console.error(s);
@@ -57,6 +57,7 @@ async function main(): Promise<void> {
   if (parts.has("moe")) await (await import("./moe.js")).main(threads, reps, log);
   if (parts.has("families")) await (await import("./families.js")).main(threads, reps, log);
   if (parts.has("context")) await (await import("./context.js")).main(threads, log);
+  if (parts.has("depth")) await (await import("./context-depth.js")).depthSpeed(threads, log);
   const model = ["memory", "ring", "serve", "transfer", "chaos", "standin", "passnoise", "handoff", "capped", "crypto", "structured"].some((p) => parts.has(p)) ? await benchmarkModel() : "";
   // Each part prints its own table; they live in dist/bench/ and also run alone.
   if (parts.has("memory")) await (await import("./memory.js")).main();

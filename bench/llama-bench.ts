@@ -3,6 +3,7 @@
 import { execFileSync, spawnSync } from "node:child_process";
 import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
+import type { KvCacheTypes } from "../model/index.js";
 import { root } from "./procs.js";
 
 export interface PeerResult {
@@ -42,10 +43,19 @@ interface LlamaBenchRow {
   cpu_info?: string;
 }
 
+/** What a run is measured at beyond its batch sizes: tokens already in the cache (llama-bench -d, with
+ * flash attention on, as prima's attention is) and the cache's types. */
+export interface DepthOptions {
+  readonly depth?: number;
+  readonly kvCacheTypes?: KvCacheTypes;
+}
+
 /** Runs llama-bench for prompt and decode speed on one model with the given threads. */
-export function runLlamaBench(model: string, opts: { threads: number; prompt: number; decode: number; reps: number }): PeerResult {
+export function runLlamaBench(model: string, opts: { threads: number; prompt: number; decode: number; reps: number } & DepthOptions): PeerResult {
+  const deep = opts.depth ? ["-d", String(opts.depth), "-fa", "on"] : [];
+  const types = opts.kvCacheTypes ? ["-ctk", opts.kvCacheTypes.k, "-ctv", opts.kvCacheTypes.v, ...(opts.depth ? [] : ["-fa", "on"])] : [];
   const out = execFileSync(llamaBenchPath, ["-m", model, "-t", String(opts.threads), "-p", String(opts.prompt), "-n", String(opts.decode),
-    "-r", String(opts.reps), "-o", "json"], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], maxBuffer: 1 << 24 });
+    "-r", String(opts.reps), ...deep, ...types, "-o", "json"], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], maxBuffer: 1 << 24 });
   const rows = JSON.parse(out) as LlamaBenchRow[];
   const pp = rows.find((r) => r.n_prompt > 0 && r.n_gen === 0);
   const tg = rows.find((r) => r.n_gen > 0 && r.n_prompt === 0);
