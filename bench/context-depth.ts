@@ -2,17 +2,18 @@
 // goal >= 1.0x decode, >= 0.9x prompt): prima's engine and llama-bench -d on the same file, with the
 // cache holding 512, 2048 and 8192 tokens before the timed prompt (128 tokens) and decode (32 steps),
 // F16 and q8_0 caches, flash attention on for llama.cpp (prima's attention is a tiled online softmax).
-// One round each, alternating: a depth of 8192 costs each engine about a minute to fill.
+// One round each, alternating. Filling the cache is not timed but takes long: at 8192 several minutes
+// an engine on 2 threads (`--depths 512,2048` for a shorter run).
 import { existsSync } from "node:fs";
 import type { KvCacheTypes } from "../model/index.js";
 import { versusLlamaBench, versusRow } from "./engine.js";
 import { ensureLlamaBench } from "./llama-bench.js";
 import { root } from "./procs.js";
 
-const DEPTHS = [512, 2048, 8192];
 const TYPES: KvCacheTypes[] = [{ k: "f16", v: "f16" }, { k: "q8_0", v: "q8_0" }];
 
-export async function depthSpeed(threads: number, log: (s: string) => void): Promise<void> {
+export async function depthSpeed(threads: number, depths: readonly number[], log: (s: string) => void): Promise<void> {
+  if (depths.some((d) => !Number.isInteger(d) || d < 1)) throw new Error(`--depths takes whole numbers of tokens (got ${depths.join(",")})`);
   // the families bench's qwen3 (generated there): a real head size (128) and GQA, fast enough to fill 8k
   const path = `${root}.cache/bench-qwen3-0.6b-Q4_K_M.gguf`;
   if (!existsSync(path)) {
@@ -25,8 +26,8 @@ export async function depthSpeed(threads: number, log: (s: string) => void): Pro
   console.log("| depth, K / V | prima prompt tok/s | llama.cpp prompt tok/s | ratio (goal) | prima decode tok/s | llama.cpp decode tok/s | ratio (goal) |");
   console.log("|---|---|---|---|---|---|---|");
   let build = "";
-  for (const kvCacheTypes of TYPES) {
-    for (const depth of DEPTHS) {
+  for (const depth of depths) {
+    for (const kvCacheTypes of TYPES) {
       log(`context: depth ${depth}, K ${kvCacheTypes.k} V ${kvCacheTypes.v}`);
       const { ours, peer } = await versusLlamaBench(path, { threads, prompt, decode, reps: 1, depth, kvCacheTypes });
       build = peer.build;

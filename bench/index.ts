@@ -1,4 +1,4 @@
-// npm run bench [-- --only engine,memory,ring,halda,kernels,standin,passnoise,handoff,capped,crypto,serve,transfer,chaos,structured,moe,families,context,depth] [--threads N] [--reps N] [--chaos-seconds S] [--caps 256,200]
+// npm run bench [-- --only engine,memory,ring,halda,kernels,standin,passnoise,handoff,capped,crypto,serve,transfer,chaos,structured,moe,families,context,depth] [--threads N] [--reps N] [--chaos-seconds S] [--caps 256,200] [--depths 512,2048,8192]
 // Every part measures us and a peer in the same run and prints ratios (absolute numbers on a shared
 // machine mean little). The latest results and their commands go in BENCHMARKS.md, earlier ones in
 // bench/history/.
@@ -17,6 +17,7 @@ const { values } = parseArgs({
     "chaos-seconds": { type: "string", default: "180" },
     // capped: the memory cap of each device in MiB, one setup per cap
     caps: { type: "string", default: "256,200" },
+    depths: { type: "string", default: "512,2048,8192" },
   },
 });
 const parts = new Set((values.only ?? "engine,memory,ring,halda,kernels,standin,passnoise,handoff,capped,crypto,serve,transfer,chaos,structured,moe,families,context,depth").split(","));
@@ -57,7 +58,7 @@ async function main(): Promise<void> {
   if (parts.has("moe")) await (await import("./moe.js")).main(threads, reps, log);
   if (parts.has("families")) await (await import("./families.js")).main(threads, reps, log);
   if (parts.has("context")) await (await import("./context.js")).main(threads, log);
-  if (parts.has("depth")) await (await import("./context-depth.js")).depthSpeed(threads, log);
+  if (parts.has("depth")) await (await import("./context-depth.js")).depthSpeed(threads, values.depths.split(",").map(Number), log);
   const model = ["memory", "ring", "serve", "transfer", "chaos", "standin", "passnoise", "handoff", "capped", "crypto", "structured"].some((p) => parts.has(p)) ? await benchmarkModel() : "";
   // Each part prints its own table; they live in dist/bench/ and also run alone.
   if (parts.has("memory")) await (await import("./memory.js")).main();
