@@ -11,7 +11,7 @@ import { existsSync, mkdirSync, readFileSync, rmdirSync, writeFileSync } from "n
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { ExpertPrefetchCounters, ExpertPrefetchMode } from "../native/index.js";
-import { median, root } from "./procs.js";
+import { median, root, useTemporaryHome } from "./procs.js";
 
 const cgBase = "/sys/fs/cgroup/memory";
 const MiB = 2 ** 20;
@@ -89,4 +89,8 @@ async function main(capMiB: number, tokens: number): Promise<void> {
 }
 
 if (process.argv[2] === "--child") void child(process.argv[3] as ExpertPrefetchMode, Number(process.argv[4]));
-else void main(Number(process.argv[2] ?? 200), Number(process.argv[3] ?? 32));
+else {
+  // Profiles and caches go to a temporary home (its child inherits it), never the user's ~/.cache/prima.
+  useTemporaryHome();
+  void main(Number(process.argv[2] ?? 200), Number(process.argv[3] ?? 32));
+}
