@@ -1,5 +1,6 @@
 // model/: what a GGUF file says (header, hyper-parameters, tensor table), with no side effects.
 export * from "./gguf.js";
+export * from "./gguf-writer.js";
 export * from "./ggml-types.js";
 export * from "./kv-cache.js";
 export * from "./attention.js";

@@ -5,7 +5,8 @@
 // not their scores: SentencePiece's BPE trainer scores each piece by its rank (falling with the id),
 // so -id keeps the order of merges; byte and special pieces score 0 as in tokenizer.model.
 
-import { kv, type GgufKV } from "./gguf.js";
+import type { GgufKV } from "./gguf.js";
+import { kv } from "./gguf-writer.js";
 import { looksSpecial, specialVocabMetadata, type HfAddedToken, type HfTokenizerConfig, type HfTokenizerJson, type TokenizerJsonOptions } from "./tokenizer-export.js";
 import { TokenizerError, TokenType } from "./tokenizer-vocab.js";
 

@@ -3,7 +3,8 @@
 // and gguf-py's SpecialVocab); SentencePiece ones are in tokenizer-export-spm.ts, the vocabularies
 // the project has at hand in tokenizer-bundled.ts.
 
-import { kv, type GgufFile, type GgufKV } from "./gguf.js";
+import type { GgufFile, GgufKV } from "./gguf.js";
+import { kv } from "./gguf-writer.js";
 import { SUPPORTED_PRE_TOKENIZERS, TokenizerError, TokenType } from "./tokenizer-vocab.js";
 
 /** Every tokenizer.* key of a GGUF file, in file order. */
