@@ -13,6 +13,7 @@ import { join } from "node:path";
 import type { Llama } from "node-llama-cpp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { KvJournal, LocalModel, LocalPipeline, Sampler, discardFor, generate, type ContextShift } from "../../engine/index.js";
+import { RecordingSampler as Recording } from "../helpers/recording-sampler.js";
 import { kvAfterShift, kvCacheRows, kvResumablePosition } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
 import { mulberry32 } from "../helpers/random.js";
@@ -32,16 +33,6 @@ const BATCH = 4;
 const N = 2 * CTX;
 const PROMPT = Int32Array.from([2, 403, 407, 261, 378, 432, 383, 286]);
 
-class Recording extends Sampler {
-  readonly rows: Float32Array[] = [];
-  constructor() {
-    super({ temperature: 0 });
-  }
-  override sample(logits: Float32Array, history: readonly number[]): number {
-    this.rows.push(logits.slice());
-    return super.sample(logits, history);
-  }
-}
 
 /** llama.cpp fed `forced` tokens in a context of CTX, shifting as llama.cpp's completion does: its logits at each step. */
 async function theirs(prompt: Int32Array, shift: ContextShift, forced: readonly number[]): Promise<Float32Array[]> {

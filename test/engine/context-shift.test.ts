@@ -10,6 +10,7 @@ import { join } from "node:path";
 import type { Llama } from "node-llama-cpp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { KvJournal, LocalModel, LocalPipeline, Sampler, discardFor, generate, replayJournal, resolveKeep, type ContextShift } from "../../engine/index.js";
+import { RecordingSampler as Recording } from "../helpers/recording-sampler.js";
 import { Tokenizer, modelShapeByName } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
 import { root } from "../helpers/process.js";
@@ -29,17 +30,6 @@ const N_QWEN = 2 * CTX;
 const STORIES = join(root, "models/stories260K.gguf");
 const PROMPT = Int32Array.from([1, 403, 407, 261, 378, 432, 383, 286]);
 
-/** Greedy, keeping each step's logits. */
-class Recording extends Sampler {
-  readonly rows: Float32Array[] = [];
-  constructor() {
-    super({ temperature: 0 });
-  }
-  override sample(logits: Float32Array, history: readonly number[]): number {
-    this.rows.push(logits.slice());
-    return super.sample(logits, history);
-  }
-}
 
 async function ours(path: string, prompt: Int32Array, shift: ContextShift, journal?: KvJournal) {
   const m = LocalModel.open(path, { threads: 2 });
