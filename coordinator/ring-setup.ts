@@ -222,7 +222,7 @@ export class Ring {
     this.unsubscribe();
     this.pipeline.fail(new Error("the ring was taken down"));
     await Promise.allSettled([this.link?.close("ring closed"), this.listener?.close()]);
-    this.node.close();
+    await this.node.close();
   }
 }
 

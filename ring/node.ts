@@ -123,6 +123,8 @@ export class RingNode {
   private lastDoneMs = 0;
   private stats: Omit<NodeStats, "windows"> = { waitMs: 0, sendMs: 0, descheduledMs: 0, frames: 0 };
   private closed = false;
+  /** Settles once close() has closed every window (see close). */
+  private closing: Promise<void> = Promise.resolve();
   /** Drop a window's pages after running it (a device short of memory with several windows). */
   releaseAfterUse: boolean;
 
@@ -233,17 +235,18 @@ export class RingNode {
     this.stats.descheduledMs += descheduledMs(c0, waited ? threadClock() : c1, ms);
   }
 
-  close(): void {
+  /** Closes every window. One still busy with a forward pass (the native lane's, or one awaited here)
+   * closes as soon as that pass ends: the model refuses to close while any window is open, so a window
+   * left to "the model's close" would leak and make that close fail. Settles once all are closed, or
+   * after BUSY_CLOSE_LIMIT_MS with the windows still busy (a pass that never ends), never rejects. */
+  close(): Promise<void> {
+    if (this.closed) return this.closing;
     this.closed = true;
     this.queue = [];
-    for (const s of this.slots.values()) {
-      try {
-        s.window.close();
-      } catch {
-        // busy: a forward is still running; its window is freed with the model
-      }
-    }
+    const busy = [...this.slots.values()].map((s) => s.window).filter((w) => !tryClose(w));
     this.slots.clear();
+    if (busy.length > 0) this.closing = closeWhenIdle(busy);
+    return this.closing;
   }
 
   private async drain(): Promise<void> {
@@ -338,5 +341,26 @@ export class RingNode {
     }
     if (this.releaseAfterUse) slot.window.release();
     if (this.o.prefetch) following.window.prefetch(this.o.weightRoomBytes?.());
+  }
+}
+
+/** How long close() keeps trying a window busy with a pass, polling every BUSY_CLOSE_POLL_MS. */
+const BUSY_CLOSE_LIMIT_MS = 60_000, BUSY_CLOSE_POLL_MS = 5;
+
+function tryClose(w: NativeWindow): boolean {
+  try {
+    w.close();
+    return true;
+  } catch {
+    return false; // busy: a forward pass is still running on it
+  }
+}
+
+async function closeWhenIdle(windows: NativeWindow[]): Promise<void> {
+  const until = performance.now() + BUSY_CLOSE_LIMIT_MS;
+  let open = windows;
+  while (open.length > 0 && performance.now() < until) {
+    await new Promise((r) => setTimeout(r, BUSY_CLOSE_POLL_MS));
+    open = open.filter((w) => !tryClose(w));
   }
 }

@@ -221,10 +221,8 @@ export class WorkerDevice implements SessionHandler {
     const lane = this.lane;
     this.lane = this.laneSetup = undefined;
     await lane?.close("run ended");
-    this.node?.close();
-    this.node = undefined;
-    const closing = [this.successor?.close("run ended"), this.predecessor?.close("run ended"), this.listener?.close()];
-    this.successor = this.predecessor = undefined;
+    const closing = [this.node?.close(), this.successor?.close("run ended"), this.predecessor?.close("run ended"), this.listener?.close()];
+    this.node = this.successor = this.predecessor = undefined;
     this.listener = undefined;
     await Promise.allSettled(closing);
   }

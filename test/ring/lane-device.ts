@@ -32,8 +32,7 @@ export function startLane(o: {
   o.inLink.on("frame", (f) => lane!.takeFrame(f));
   o.cleanups.push(async () => {
     lane!.stop();
-    o.node.close();
-    await Promise.allSettled([o.predecessor.close(), o.successor.close()]);
+    await Promise.allSettled([o.node.close(), o.predecessor.close(), o.successor.close()]);
   });
   const received: Frame[] = [];
   o.successor.on("frame", (f) => received.push(f));

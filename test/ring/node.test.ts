@@ -90,4 +90,19 @@ describe("RingNode", () => {
       node.close();
     }
   });
+
+  it("close() during a window's pass closes that window once the pass ends, so the model can then close", async () => {
+    const own = LocalModel.open("models/stories260K.gguf", { threads: 1 });
+    const node = new RingNode({
+      model: own, windows: [{ firstLayer: 0, endLayer: own.desc.hparams.nLayers, cycle: 0 }], cycles: 1, ctx: 16, maxBatch: 8,
+      prefetch: false, releaseAfterUse: false, isHead: false, send: async () => {}, onError: () => {},
+    });
+    // The first pass has no timing yet, so it runs on a libuv thread: the window is busy until its
+    // completion reaches this thread, which cannot happen before the next await.
+    node.receive(frame(0));
+    const closing = node.close();
+    expect(() => own.close()).toThrow(/busy|open windows/);
+    await closing;
+    own.close(); // throws if a window were left open
+  });
 });
