@@ -7,11 +7,10 @@ import { BaseSequencer, type TestSpecification } from "vitest/node";
 // Everything the suite writes under HOME-relative folders (profiles, the model cache, join tokens)
 // goes to one temporary folder per run, never the user's own ~/.cache or ~/.config; global-setup.ts
 // removes it at the end. Child processes inherit it through the environment.
-// Files whose tests compare timings taken side by side (a predicted token time with a measured one;
-// the profiler's stand-in pass with the real layers', the output layer on top of a pass, streamed
-// layers against layers in memory) run alone, after the rest: beside other files a neighbour's burst
+// Files whose tests compare timings taken side by side (the profiler's stand-in pass with the real
+// layers', the output layer on top of a pass, streamed layers against layers in memory) run alone, after the rest: beside other files a neighbour's burst
 // falls on one of the two timings and not the other (forward.test.ts's ratio failed so once under load).
-const TIMED_ALONE = ["test/ring/placement.test.ts", "test/profiler/forward.test.ts"];
+const TIMED_ALONE = ["test/profiler/forward.test.ts"];
 
 // Started first where vitest has no durations of its own yet (a fresh clone): it then starts bigger
 // files first, and a short file with long tests (families-ring, 43 lines, 54 s) ran last while the
@@ -19,7 +18,7 @@ const TIMED_ALONE = ["test/ring/placement.test.ts", "test/profiler/forward.test.
 const SLOW_FIRST = [
   "test/ring/piped-ring.test.ts", "test/coordinator/failover.test.ts", "test/ring/families-ring.test.ts",
   "test/coordinator/structured.test.ts", "test/modelgen/modelgen.test.ts", "test/coordinator/serve.test.ts",
-  "test/native/simd.test.ts", "test/control/registry-limits.test.ts", "test/ring/context-shift-ring.test.ts",
+  "test/native/simd.test.ts", "test/control/registry-limits.test.ts", "test/ring/context-shift-ring.test.ts", "test/ring/placement.test.ts",
 ];
 
 class SlowFirst extends BaseSequencer {

@@ -76,11 +76,11 @@ describe("piped ring with k cycles on a generated 12-layer Q4_K_M model", () => 
     expected = singleDevice(path, gen);
   }, 60_000);
 
-  // devices, cycles, layers per device per cycle (ring order: workers, then the head)
+  // devices, cycles, layers per device per cycle (ring order: workers, then the head). One cycle is
+  // every other ring test's case; these cover k = 2 and 3 on two, three and four devices, with
+  // uneven windows and a window of one layer per device.
   it.each([
-    [2, 1, "6,6"], [2, 2, "3,3"], [2, 3, "2,2"],
-    [3, 1, "4,4,4"], [3, 2, "2,3,1"], [3, 3, "1,2,1"],
-    [4, 1, "3,3,3,3"], [4, 2, "2,1,2,1"], [4, 3, "1,1,1,1"],
+    [2, 3, "2,2"], [3, 2, "2,3,1"], [4, 2, "2,1,2,1"], [4, 3, "1,1,1,1"],
   ])("%i devices, k = %i (windows %s): the same tokens as one device", async (devices, k, windows) => {
     const r = await runRing(path, [...gen, "--layer-windows", windows, "-k", String(k)], devices - 1);
     expect(r.code, r.coordinator.stderr).toBe(0);
