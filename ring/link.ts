@@ -2,17 +2,22 @@
 // link to the successor, listener.ts the one from the predecessor). It sends frames in order with
 // backpressure, decodes what arrives (any invalid frame drops the link), and watches the peer's
 // liveness. Every failure ends in one 'close' carrying the error; nothing escapes as an uncaught
-// exception or an unhandled rejection. On a keyed link every frame travels sealed (seal.ts).
+// exception or an unhandled rejection. On a keyed link every frame travels sealed (seal.ts). Sending
+// (fragments, order, backpressure) is frame-writer.ts; reading frames as an iterator, link-frames.ts.
 import { EventEmitter } from "node:events";
 import type { Socket } from "node:net";
 import type WebSocket from "ws";
 import { FrameError, RingLinkError, type RingLinkErrorKind } from "./errors.js";
 import { decodeFrame, encodeFrame, type Frame } from "./frame.js";
+import { FrameWriter, handled, type FrameSendStats } from "./frame-writer.js";
+import { frameIterator } from "./link-frames.js";
 import { LivenessWatch } from "./liveness.js";
 import { CloseCode, closeReason, type ResolvedLinkOptions } from "./options.js";
 import { RecordError, type LinkCipher, type SealDirection } from "./seal.js";
 import { PAYLOAD_DTYPE_BYTES, type Hello } from "./validation.js";
 import { receiverIdle, socketFd } from "./ws-internals.js";
+
+export type { FrameSendStats };
 
 /** How a link handed to the native lane is closed (code 0: at once, without a close frame). */
 export interface LaneSide {
@@ -21,20 +26,6 @@ export interface LaneSide {
 
 /** What the peer is to this device. */
 export type PeerRole = "successor" | "predecessor";
-
-/** Timing and size of one sent frame (for per-hop timings). */
-export interface FrameSendStats {
-  /** Frame bytes (header + payload; WebSocket framing excluded). */
-  bytes: number;
-  /** Checks and encoding (the copy, or the f16 conversion). */
-  encodeMs: number;
-  /** Waiting for earlier frames on this link to be handed to the socket. */
-  queuedMs: number;
-  /** From the first fragment's write until the last one left this process (to the kernel), backpressure included. */
-  writeMs: number;
-  /** From send() until the last fragment left this process. */
-  totalMs: number;
-}
 
 export interface RingLinkClosed {
   /** WebSocket close code (1000 normal, 1006 lost without a close frame, 4001-4003 see CloseCode). */
@@ -58,16 +49,8 @@ interface RingLinkEvents {
   close: [closed: RingLinkClosed];
 }
 
-const FRAGMENTS_IN_FLIGHT = 2;
 /** How long a close handshake may take before the connection is ended (the native lane too). */
 export const CLOSE_GRACE_MS = 1000;
-
-/** Returns p, marked as handled: its caller still sees the rejection, but one that nobody awaits
- * (an ignored send, a fragment after an earlier failure) is not an unhandled rejection. */
-function handled<T>(p: Promise<T>): Promise<T> {
-  p.catch(() => {});
-  return p;
-}
 
 function toBuffer(data: WebSocket.RawData): Buffer {
   if (Buffer.isBuffer(data)) return data;
@@ -93,12 +76,7 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
   private failure: RingLinkError | null = null;
   private closingOnPurpose = false;
   private terminateTimer: NodeJS.Timeout | null = null;
-  /** Resolves when the previous frame's fragments are all handed to ws (frames never interleave). */
-  private sendTurn: Promise<void> = Promise.resolve();
-  /** Frames waiting for their turn or still handing fragments to ws (a new frame may skip the queue only when 0). */
-  private framesQueued = 0;
-  private fragmentsInFlight = 0;
-  private slotWaiters: Array<() => void> = [];
+  private readonly writer: FrameWriter;
   /** Frames that arrived while nobody listened (delivered to the first 'frame' listener or iterator). */
   private backlog: Frame[] = [];
   private backlogFlushScheduled = false;
@@ -121,6 +99,14 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
     this.options = options;
     this.closed = new Promise((r) => (this.resolveClosed = r));
     this.liveness = new LivenessWatch(ws, socket, options.livenessTimeoutMs, (reason) => this.fail("dead", reason, null));
+    this.writer = new FrameWriter({
+      ws, fragmentBytes: options.fragmentBytes, checkOpen: () => this.checkOpen(), onFlushed: () => this.liveness.noteWriteProgress(),
+      writeFailed: (err) => new RingLinkError("closed", this.peerName, `the connection closed before a frame was sent (${err.message})`),
+      onSent: (bytes) => {
+        this.counters.framesSent++;
+        this.counters.bytesSent += bytes;
+      },
+    });
     ws.on("message", (data, isBinary) => this.onMessage(data, isBinary));
     ws.on("error", (err) => this.onWsError(err));
     ws.on("close", (code, reason) => this.onClose(code, reason.toString()));
@@ -163,18 +149,7 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
     } catch (e) {
       return handled(Promise.reject(e));
     }
-    const encodedAt = performance.now();
-    // Nothing queued and the frame fits one fragment with a slot free: hand it to the socket now
-    // rather than a few microtasks later, after whatever else this event-loop turn still runs (a
-    // one-token frame of the ring's decode waited ~70 us that way on every hop).
-    if (this.framesQueued === 0 && this.fragmentsInFlight < FRAGMENTS_IN_FLIGHT && buf.length <= this.options.fragmentBytes) {
-      return handled(this.finishFrame(buf, [handled(this.writeFragment(buf, true))], calledAt, encodedAt, encodedAt));
-    }
-    const turn = this.sendTurn;
-    let releaseTurn!: () => void;
-    this.framesQueued++;
-    this.sendTurn = new Promise<void>((r) => (releaseTurn = r));
-    return handled(turn.then(() => this.writeFrame(buf, calledAt, encodedAt, releaseTurn)));
+    return this.writer.write(buf, calledAt, performance.now());
   }
 
   /**
@@ -226,102 +201,28 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
 
   /** Frames as they arrive; ends when the link closes cleanly, throws its RingLinkError when it fails. */
   frames(): AsyncIterableIterator<Frame> {
-    const queue: Frame[] = this.backlog.splice(0);
-    let waiter: { resolve: (r: IteratorResult<Frame>) => void; reject: (e: unknown) => void } | null = null;
-    let finished = false;
-    let errorThrown = false;
-    const onFrame = (f: Frame) => {
-      if (waiter) {
-        const w = waiter;
-        waiter = null;
-        w.resolve({ value: f, done: false });
-      } else queue.push(f);
-    };
-    const onClose = () => {
-      if (!waiter) return;
-      const w = waiter;
-      waiter = null;
-      settleEnd(w.resolve, w.reject);
-    };
-    const cleanup = () => {
-      finished = true;
-      this.off("frame", onFrame);
-      this.off("close", onClose);
-    };
-    const settleEnd = (resolve: (r: IteratorResult<Frame>) => void, reject: (e: unknown) => void) => {
-      const error = this.closedInfo?.error ?? null;
-      cleanup();
-      if (error && !errorThrown) {
-        errorThrown = true;
-        reject(error);
-      } else resolve({ value: undefined, done: true });
-    };
-    this.on("frame", onFrame);
-    this.on("close", onClose);
-    const iterator: AsyncIterableIterator<Frame> = {
-      next: () =>
-        new Promise<IteratorResult<Frame>>((resolve, reject) => {
-          if (queue.length > 0) return resolve({ value: queue.shift()!, done: false });
-          if (finished) return resolve({ value: undefined, done: true });
-          if (this.closedInfo) return settleEnd(resolve, reject);
-          waiter = { resolve, reject };
-        }),
-      return: () => {
-        cleanup();
-        if (waiter) waiter.resolve({ value: undefined, done: true });
-        waiter = null;
-        return Promise.resolve({ value: undefined, done: true });
+    return frameIterator({
+      waiting: this.backlog.splice(0),
+      subscribe: (onFrame, onClose) => {
+        this.on("frame", onFrame);
+        this.on("close", onClose);
+        return () => {
+          this.off("frame", onFrame);
+          this.off("close", onClose);
+        };
       },
-      [Symbol.asyncIterator]() {
-        return iterator;
-      },
-    };
-    return iterator;
+      closedWith: () => this.closedInfo,
+    });
   }
 
   /** Closes the link (code 1000). Frames not yet handed to the socket fail with "closed". */
   close(reason = "closing"): Promise<RingLinkClosed> {
     if (!this.closedInfo && !this.closingOnPurpose && !this.failure) {
       this.closingOnPurpose = true;
-      this.wakeSlotWaiters();
+      this.writer.wake();
       this.closeSocket(CloseCode.normal, reason);
     }
     return this.closed;
-  }
-
-  private async writeFrame(buf: Buffer, calledAt: number, encodedAt: number, releaseTurn: () => void): Promise<FrameSendStats> {
-    let released = false;
-    const release = () => {
-      if (released) return;
-      released = true;
-      this.framesQueued--;
-      releaseTurn();
-    };
-    try {
-      const turnAt = performance.now();
-      const flushed: Promise<void>[] = [];
-      for (let offset = 0; offset < buf.length; offset += this.options.fragmentBytes) {
-        await this.fragmentSlot();
-        const end = Math.min(buf.length, offset + this.options.fragmentBytes);
-        flushed.push(handled(this.writeFragment(buf.subarray(offset, end), end === buf.length)));
-      }
-      release();
-      return await this.finishFrame(buf, flushed, calledAt, encodedAt, turnAt);
-    } finally {
-      release(); // lets the next frame go even when this one failed
-    }
-  }
-
-  /** Waits until the frame's fragments have left this process; counts it and times it. */
-  private async finishFrame(buf: Buffer, flushed: Promise<void>[], calledAt: number, encodedAt: number, turnAt: number): Promise<FrameSendStats> {
-    await Promise.all(flushed);
-    const doneAt = performance.now();
-    this.counters.framesSent++;
-    this.counters.bytesSent += buf.length;
-    return {
-      bytes: buf.length, encodeMs: encodedAt - calledAt, queuedMs: turnAt - encodedAt, writeMs: doneAt - turnAt,
-      totalMs: doneAt - calledAt,
-    };
   }
 
   private checkOpen(): void {
@@ -346,34 +247,6 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
       throw new FrameError("payload length",
         `payload of ${payloadBytes} bytes exceeds ${this.peerName}'s limit of ${this.peer.maxPayloadBytes} bytes`);
     }
-  }
-
-  /** Waits until fewer than FRAGMENTS_IN_FLIGHT fragments are unflushed: this is the backpressure. */
-  private async fragmentSlot(): Promise<void> {
-    while (this.fragmentsInFlight >= FRAGMENTS_IN_FLIGHT) {
-      this.checkOpen();
-      await new Promise<void>((r) => this.slotWaiters.push(r));
-    }
-    this.checkOpen();
-  }
-
-  private wakeSlotWaiters(): void {
-    const waiters = this.slotWaiters;
-    this.slotWaiters = [];
-    for (const w of waiters) w();
-  }
-
-  private writeFragment(bytes: Buffer, last: boolean): Promise<void> {
-    this.fragmentsInFlight++;
-    return new Promise<void>((resolve, reject) => {
-      this.ws.send(bytes, { binary: true, fin: last, compress: false }, (err) => {
-        this.fragmentsInFlight--;
-        this.liveness.noteWriteProgress();
-        this.wakeSlotWaiters();
-        if (err) reject(new RingLinkError("closed", this.peerName, `the connection closed before a frame was sent (${err.message})`));
-        else resolve();
-      });
-    });
   }
 
   private onMessage(data: WebSocket.RawData, isBinary: boolean): void {
@@ -454,7 +327,7 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
     const error = new RingLinkError(kind, this.peerName, reason);
     this.failure = error;
     this.liveness.stop();
-    this.wakeSlotWaiters();
+    this.writer.wake();
     this.options.log(`prima ring: ${error.message}`);
     if (this.listenerCount("error") > 0) this.safeEmit("error", error);
     if (closeCode === null) this.terminate();
@@ -492,7 +365,7 @@ export class RingLink extends EventEmitter<RingLinkEvents> {
       if (this.listenerCount("error") > 0) this.safeEmit("error", error);
     }
     this.closedInfo = { code, reason, error };
-    this.wakeSlotWaiters();
+    this.writer.wake();
     this.resolveClosed(this.closedInfo);
     this.safeEmit("close", this.closedInfo);
   }
