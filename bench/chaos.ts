@@ -50,6 +50,25 @@ async function streamOnce(url: string, signal: AbortSignal): Promise<string> {
   return text;
 }
 
+/** Where the pauses went, from the recovered events' parts ("... pause (1.20 s of it replaying 40
+ * tokens; detection 0.50 s, re-placing 0.90 s: take-down 0.01 s, ...)"): each part's median and worst. */
+function pauseParts(messages: string[]): string {
+  const parts = new Map<string, number[]>();
+  for (const m of messages) {
+    const seen = new Map<string, number>();
+    const replay = /pause \(([\d.]+) s of it replaying/.exec(m);
+    if (replay) seen.set("replay", Number(replay[1]));
+    for (const p of (/tokens; (.*)\)$/.exec(m)?.[1] ?? "").matchAll(/([a-z][a-z' -]*?):? ([\d.]+) s/g)) {
+      const name = p[1].replace(/^then /, "");
+      seen.set(name, (seen.get(name) ?? 0) + Number(p[2]));
+    }
+    for (const [n, v] of seen) parts.set(n, [...(parts.get(n) ?? []), v * 1000]);
+  }
+  if (parts.size === 0) return "- where the pauses went: no recovered event says";
+  const rows = [...parts].map(([n, v]) => `${n} ${median(v).toFixed(0)} / ${Math.max(...v).toFixed(0)}`);
+  return `- where the pauses went, median / worst ms over ${messages.length} (a part absent from a recovery counts in neither): ${rows.join(", ")}`;
+}
+
 export async function main(model: string, seconds = 180): Promise<void> {
   const ref = start(coordCli, ["run", model, "--json", "-p", PROMPT, "-n", String(TOKENS), "--temp", "0", "--ctx", "256", "--threads", "1"]);
   await ref.exited;
@@ -63,7 +82,7 @@ export async function main(model: string, seconds = 180): Promise<void> {
   const story: string[] = [];
   serve.child.stderr!.on("data", (d: Buffer) => {
     for (const line of d.toString().split("\n")) {
-      if (/ lost: |recover|placing|plan: |held for|did not answer|reports: |the ring broke/.test(line)) story.push(`${((performance.now() - t0) / 1000).toFixed(1)} s ${line.slice(0, 300)}`);
+      if (/ lost: |recover|placing|placed again|plan: |held for|did not answer|reports: |the ring broke| ready in /.test(line)) story.push(`${((performance.now() - t0) / 1000).toFixed(1)} s ${line.slice(0, 300)}`);
     }
   });
   try {
@@ -77,6 +96,12 @@ export async function main(model: string, seconds = 180): Promise<void> {
       const w = start(workerCli, ["--join", `127.0.0.1:${clusterPort}`, "--model", model, "--name", name, "--threads", "1", "--token-file", tokenFile]);
       workers.set(name, w);
       procs.push(w);
+      // What the worker's side of a re-placement cost (worker/device.ts, worker/cli.ts say it).
+      w.child.stderr!.on("data", (d: Buffer) => {
+        for (const line of d.toString().split("\n")) {
+          if (/windows set up in|checked this device's weights in|held for|session ended/.test(line)) story.push(`${((performance.now() - t0) / 1000).toFixed(1)} s ${name}: ${line.slice(0, 300)}`);
+        }
+      });
     };
     join("alpha");
     join("bravo");
@@ -153,7 +178,9 @@ export async function main(model: string, seconds = 180): Promise<void> {
     const placing = state.events.filter((e) => e.kind === "recovered").map((e) => /after a ([\d.]+) s pause \(([\d.]+) s of it replaying/.exec(e.message))
       .filter((m) => m !== null).map((m) => (Number(m[1]) - Number(m[2])) * 1000);
     if (placing.length) console.log(`- the pauses less their replay (goal < 3 s): median ${median(placing).toFixed(0)} ms, worst ${Math.max(...placing).toFixed(0)} ms, of ${placing.length}`);
+    console.log(pauseParts(state.events.filter((e) => e.kind === "recovered").map((e) => e.message)));
     console.error(`chaos: what the server said about losses and recoveries:\n${story.join("\n")}`);
+    for (const e of state.events.filter((x) => x.kind === "recovered")) console.error(`chaos: recovered: ${e.message}`);
     // Event-loop stalls past the heartbeat limit that each process logged (control/limits.ts stallNote).
     const held = (p: Proc) => [...p.err.matchAll(/event loop was held for ([\d.]+) s/g)].map((m) => Number(m[1]));
     const stalls = [serve, ...workers.values(), ...retired].flatMap(held);
