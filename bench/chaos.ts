@@ -179,8 +179,12 @@ export async function main(model: string, seconds = 180): Promise<void> {
       .filter((m) => m !== null).map((m) => (Number(m[1]) - Number(m[2])) * 1000);
     if (placing.length) console.log(`- the pauses less their replay (goal < 3 s): median ${median(placing).toFixed(0)} ms, worst ${Math.max(...placing).toFixed(0)} ms, of ${placing.length}`);
     console.log(pauseParts(state.events.filter((e) => e.kind === "recovered").map((e) => e.message)));
+    // A restarted worker rejoins during a request: placing it pauses the stream too (not a loss).
+    const joins = state.events.filter((e) => / pause to place a device that joined /.test(e.message)).map((e) => e.message);
+    const joinPauses = joins.map((m) => Number(/after a ([\d.]+) s pause/.exec(m)?.[1]) * 1000);
+    if (joins.length) console.log(`- pauses to place a device that rejoined mid-request: median ${median(joinPauses).toFixed(0)} ms, worst ${Math.max(...joinPauses).toFixed(0)} ms, of ${joins.length}; ${pauseParts(joins).replace(/^- where the pauses went, /, "where they went, ")}`);
     console.error(`chaos: what the server said about losses and recoveries:\n${story.join("\n")}`);
-    for (const e of state.events.filter((x) => x.kind === "recovered")) console.error(`chaos: recovered: ${e.message}`);
+    for (const e of state.events.filter((x) => x.kind === "recovered" || / pause to place a device that joined /.test(x.message))) console.error(`chaos: ${e.kind}: ${e.message}`);
     // Event-loop stalls past the heartbeat limit that each process logged (control/limits.ts stallNote).
     const held = (p: Proc) => [...p.err.matchAll(/event loop was held for ([\d.]+) s/g)].map((m) => Number(m[1]));
     const stalls = [serve, ...workers.values(), ...retired].flatMap(held);

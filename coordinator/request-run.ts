@@ -208,6 +208,8 @@ export class RequestRun {
   // the prompt and the tokens sent so far replayed, as after a loss (without counting as one).
   private arrivalsSeen: number;
   private rejoining = false;
+  /** A pause to place a device that joined: from the token before it, with where its time went. */
+  private joinPause: { at: number; parts: string } | null = null;
   /** Times the decode steps of the pipeline last run. */
   meter!: DecodeMeter;
   private before: Promise<RingStatuses | undefined> | undefined;
@@ -261,9 +263,15 @@ export class RequestRun {
         if (!this.rejoining) break;
         this.rejoining = false;
         this.arrivalsSeen = this.host.arrivals();
-        this.host.event("info", `placing the layers again for a device that joined during the request; replaying ${req.prompt.length + this.emitted.length} tokens`);
-        current = (await this.replay()).current;
+        this.replayTokens = req.prompt.length + this.emitted.length;
+        this.host.event("info", `placing the layers again for a device that joined during the request; replaying ${this.replayTokens} tokens`);
+        const pausedAt = this.lastTokenAt;
+        const placed = await this.replay();
+        current = placed.current;
+        this.replayFrom = performance.now();
+        this.joinPause = { at: pausedAt, parts: placed.placing };
       } catch (e) {
+        this.joinPause = null; // a loss meanwhile: the recovery's pause counts from the same token
         const failure = await ring?.failureWithin();
         if (!failure || req.signal?.aborted || recoveries++ >= MAX_RECOVERIES) throw e;
         // A device or link of the ring failed mid-request: place the layers on the devices left,
@@ -307,7 +315,12 @@ export class RequestRun {
     const now = performance.now();
     if (this.firstAt === null) this.firstAt = now;
     if (this.lostAt !== null) this.recovered(now - this.lostAt, now - this.replayFrom);
+    else if (this.joinPause) {
+      this.host.event("info", `the request went on after a ${((now - this.joinPause.at) / 1000).toFixed(2)} s pause to place a device that joined ` +
+        `(${((now - this.replayFrom) / 1000).toFixed(2)} s of it replaying ${this.replayTokens} tokens; ${this.joinPause.parts})`);
+    }
     this.lostAt = null;
+    this.joinPause = null;
     this.lastTokenAt = now;
     this.host.token();
     this.emitted.push(id);
