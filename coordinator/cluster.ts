@@ -8,7 +8,7 @@ import { EventEmitter } from "node:events";
 import { basename, dirname, extname, join, resolve } from "node:path";
 import type { LocalModel, SeqSlots } from "../engine/index.js";
 import { modelFingerprint } from "../model/index.js";
-import { defaultCacheDir, memoryPressureTracker, settleMemory, profileDevice, systemInfo, RereadStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
+import { defaultCacheDir, memoryPressureTracker, settleMemory, profileDevice, refreshMemory, systemInfo, RereadStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
 import { seatsOf, type Seat } from "./placement.js";
 import { settleHeadMemory, type RingPlan } from "./plan-ring.js";
 import { decodePrediction } from "./prediction.js";
@@ -242,11 +242,13 @@ export class Cluster extends EventEmitter {
   }
 
   private async place(recovering = false, phases = new Phases()): Promise<void> {
-    // A recovery asks who answers and plans from their answers; the head settles its memory meanwhile.
+    // A recovery asks who answers and plans from their answers; the head settles and reads its memory meanwhile.
+    let headNow: DeviceReport | undefined;
     const settle = async () => {
       const t0 = performance.now();
       await settleHeadMemory();
-      phases.meanwhile("collecting garbage", performance.now() - t0);
+      headNow = refreshMemory(this.headReport!, this.o.modelPath);
+      phases.meanwhile("the head's memory settled and read", performance.now() - t0);
     };
     const halda = this.headReport !== undefined && this.o.layerWindows === undefined;
     const answered = recovering ? await phases.time("answering", () => answering(this.workersInOrder(), this.o.log, halda ? settle : undefined)) : undefined;
@@ -256,7 +258,7 @@ export class Cluster extends EventEmitter {
     this.placement = undefined;
     const placed = await placeLayers({
       o: this.o, fingerprint: this.fingerprint, registry: this.registry, modelSource: this.modelSource, rereads: this.rereads, devices: this.devices,
-      workers, seats, recovering, generation, headReport: this.headReport, phases, statuses: halda ? answered?.statuses : undefined,
+      workers, seats, recovering, generation, headReport: headNow ?? this.headReport, phases, statuses: headNow ? answered?.statuses : undefined,
       retimeHead: async () => (this.headReport = await this.profileHead(true)),
       onBroken: (e) => {
         this.event("error", `the ring broke: ${e.message}`);

@@ -39,7 +39,8 @@ export interface RingPlanInput {
   /** Where planning's time goes (statuses, link probes, the head, Halda). */
   readonly phases?: Phases;
   /** The workers' statuses (in `workers`' order) a recovery just read while it asked who answers,
-   * the head's memory settled meanwhile (settleHeadMemory): they are not asked, nor is it settled, again. */
+   * the head's memory settled (settleHeadMemory) and read into `head` meanwhile: they are not asked,
+   * nor is it settled or read, again. */
   readonly statuses?: readonly Status[];
 }
 
@@ -171,7 +172,7 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   // Its pass timed last, after the workers' (timing a window's pass leaves garbage too).
   const headReport = withObservedRereads(i.retimeHead ? await phases.time("head's pass", i.retimeHead) : i.head, "head (this coordinator)", i.rereads, i.log);
   if (!i.statuses) await phases.time("collecting garbage", settleHeadMemory);
-  const head = await phases.time("head's memory", () => refreshMemory(headReport, i.modelPath));
+  const head = i.statuses ? headReport : await phases.time("head's memory", () => refreshMemory(headReport, i.modelPath));
   // The head's hop goes to the first worker of the ring.
   links[0] = links[1] ?? null;
   // ξ, what a window costs besides its layers: the hop to the successor and, where the forward pass did
