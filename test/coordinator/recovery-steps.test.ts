@@ -4,7 +4,8 @@
 // - only the newest assignment of a worker is answered: a Ready names its ring, an older assignment's
 //   wait ends when a newer one is sent, and the worker's session drops the older one unanswered;
 // - a recovery plans from the statuses it read while asking who answers, and from each hop as it was
-//   last probed: it asks the workers nothing more and probes nothing.
+//   last probed: it asks the workers nothing more and probes nothing;
+// - a worker device stops an assignment a newer one replaced before it makes windows or links.
 import { afterEach, describe, expect, it } from "vitest";
 import type { Assignment, CoordinatorMessage, Status, WorkerMessage } from "../../control/index.js";
 import { planRing } from "../../coordinator/plan-ring.js";
@@ -14,6 +15,8 @@ import { LocalModel } from "../../engine/index.js";
 import { modelFingerprint, readGguf } from "../../model/index.js";
 import { LinkProbeServer, parseDeviceReport } from "../../profiler/index.js";
 import { WorkerSession, type SessionHandler } from "../../worker/session.js";
+import { WorkerDevice } from "../../worker/device.js";
+import type { RingPort } from "../../ring/index.js";
 import { root } from "../helpers/process.js";
 import { testIdentity, testTrust } from "../helpers/trust.js";
 import { fakeWorker, type FakeWorker } from "../control/fake-worker.js";
@@ -159,6 +162,21 @@ describe("a worker's assignments", () => {
     expect((await second).anonBytes).toBe(22);
     await w.status(5000); // anything the worker sent before its status answer has been read
     expect(readies.map((m) => m.msg === "ready" && m.ready)).toEqual([{ anonBytes: 22, ringId: "ring-2" }]);
+  });
+});
+
+describe("a worker device given an assignment that a newer one replaces", () => {
+  it("stops before it makes windows or links, saying why", async () => {
+    // Nothing past the check may run: the model and port are never touched.
+    const device = new WorkerDevice({
+      model: {} as LocalModel, fingerprint: "f", deviceName: "w1", dataPort: {} as RingPort, dataHost: "127.0.0.1", coordinatorHost: "127.0.0.1",
+      log: () => {}, fail: () => {},
+    });
+    const dropped = new AbortController();
+    const setting = device.assign({ ...assignment("ring-1"), predecessorLinkKey: new Uint8Array(32), successorLinkKey: new Uint8Array(32) }, () => {}, "w1", dropped.signal);
+    dropped.abort(); // the newer assignment arrives while this one drops the last windows
+    await expect(setting).rejects.toThrow(/a newer assignment replaced this one/);
+    expect(device.idle).toBe(true);
   });
 });
 
