@@ -13,8 +13,6 @@ import { coordCli, median, readSse, runAlone, start, stop, waitFor, workerCli, t
 const PROMPT = "Once upon a time";
 const TOKENS = 48;
 const REQUEST_LIMIT_MS = 60_000;
-/** Busy processes beside the cluster for the whole run. */
-const HOGS = 2;
 
 /** A process that spins on one core until it is killed. */
 function hog(): Proc {
@@ -69,7 +67,9 @@ function pauseParts(messages: string[]): string {
   return `- where the pauses went, median / worst ms over ${messages.length} (a part absent from a recovery counts in neither): ${rows.join(", ")}`;
 }
 
-export async function main(model: string, seconds = 180): Promise<void> {
+/** `hogs`: busy processes beside the cluster for the whole run (a build on the same machine). */
+export async function main(model: string, seconds = 180, hogs = 2): Promise<void> {
+  if (!(Number.isInteger(hogs) && hogs >= 0 && hogs <= 64)) throw new Error(`--chaos-hogs ${hogs}: a whole number from 0 to 64 is expected`);
   const ref = start(coordCli, ["run", model, "--json", "-p", PROMPT, "-n", String(TOKENS), "--temp", "0", "--ctx", "256", "--threads", "1"]);
   await ref.exited;
   const expected = (JSON.parse(ref.out.split("\n").find((l) => l.startsWith("{"))!) as { text: string }).text;
@@ -112,7 +112,7 @@ export async function main(model: string, seconds = 180): Promise<void> {
       await new Promise((r) => setTimeout(r, 250));
     }
     await streamOnce(url, AbortSignal.timeout(REQUEST_LIMIT_MS)); // warm-up
-    for (let i = 0; i < HOGS; i++) procs.push(hog());
+    for (let i = 0; i < hogs; i++) procs.push(hog());
     const lostBefore = lossesByName(serve.err);
     const killed = new Map<string, number>();
     const rss0 = rssMiB(serve.child.pid!), fds0 = openFiles(serve.child.pid!);
@@ -168,7 +168,7 @@ export async function main(model: string, seconds = 180): Promise<void> {
     // Each kill loses its device once; any other loss is a device that fell out with it (or alone).
     let extraLosses = 0;
     for (const [name, n] of lossesByName(serve.err)) extraLosses += Math.max(0, n - (lostBefore.get(name) ?? 0) - (killed.get(name) ?? 0));
-    console.log(`\n## chaos: ${seconds} s of streamed requests (${TOKENS} tokens each) on serve + 2 workers, a worker killed or frozen every ~20 s, ${HOGS} busy processes beside them\n`);
+    console.log(`\n## chaos: ${seconds} s of streamed requests (${TOKENS} tokens each) on serve + 2 workers, a worker killed or frozen every ~20 s, ${hogs} busy processes beside them\n`);
     console.log("| kills | correct | failed (clear error) | wrong (goal 0) | hung (goal 0) | recoveries | pause median ms (latest) | pause worst ms (latest) | other devices lost (goal 0) | server RSS MiB start -> end | open files start -> end |");
     console.log("|---|---|---|---|---|---|---|---|---|---|---|");
     console.log(`| ${counts.kills} | ${counts.correct} | ${counts.failed} | ${counts.wrong} | ${counts.hung} | ${recoveries} | ${median(pauses).toFixed(0)} of ${pauses.length} | ` +
