@@ -111,8 +111,18 @@ function timedProfile(json: string | undefined, label: string, log: (line: strin
 
 /** Each worker's profile as its pass was last timed (planRing without `retime` plans with it). */
 const lastTimed = new WeakMap<WorkerHandle, DeviceReport>();
-/** The hop to each worker as last probed (planRing without `retime` reuses it). */
-const lastLink = new WeakMap<WorkerHandle, LinkMeasurement>();
+/** The hop to each device as last probed (planRing without `retime` reuses it), by its hardware and
+ * address: a worker restarted on the same device and network (rejoining during a request) has the same
+ * hop. At most MAX_HOPS_KEPT, the oldest forgotten first. */
+const lastLink = new Map<string, LinkMeasurement>();
+const MAX_HOPS_KEPT = 256;
+const hopKey = (w: WorkerHandle) => JSON.stringify([w.join.hardwareId, w.dataHost]);
+
+function keepHop(w: WorkerHandle, link: LinkMeasurement): void {
+  lastLink.delete(hopKey(w));
+  lastLink.set(hopKey(w), link);
+  if (lastLink.size > MAX_HOPS_KEPT) lastLink.delete(lastLink.keys().next().value!);
+}
 
 /**
  * Gathers the workers' profiles (memory read afresh through a status request), measures the hop to
@@ -154,12 +164,12 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     reports.push({ ...r, profile: { ...r.profile, ramTotalBytes: s.memTotalBytes, ramAvailableBytes: room } });
     // A recovery prices each hop as it was last probed (a probe costs the paused request a round of
     // frames per device, slower the more loaded the host); a device never probed is probed now.
-    let link: LinkMeasurement | null = retime ? null : (lastLink.get(w) ?? null);
+    let link: LinkMeasurement | null = retime ? null : (lastLink.get(hopKey(w)) ?? null);
     if (!link && r.linkProbePort) {
       try {
         const host = w.dataHost.includes(":") ? `[${w.dataHost}]` : w.dataHost;
         link = await phases.time("link probes", () => measureLink(`ws://${host}:${r.linkProbePort}`, { ...linkOptions, ...(r.linkProbeKey ? { linkKey: Buffer.from(r.linkProbeKey, "hex") } : {}) }));
-        lastLink.set(w, link);
+        keepHop(w, link);
       } catch (e) {
         i.log(`device ${w.label}: link probe failed (${(e as Error).message}); planning without its hop cost`);
       }

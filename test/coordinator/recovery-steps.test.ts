@@ -4,7 +4,8 @@
 // - only the newest assignment of a worker is answered: a Ready names its ring, an older assignment's
 //   wait ends when a newer one is sent, and the worker's session drops the older one unanswered;
 // - a recovery plans from the statuses it read while asking who answers, and from each hop as it was
-//   last probed: it asks the workers nothing more and probes nothing;
+//   last probed (a worker restarted on the same device and address too): it asks the workers nothing
+//   more and probes nothing;
 // - a worker device stops an assignment a newer one replaced before it makes windows or links.
 import { afterEach, describe, expect, it } from "vitest";
 import type { Assignment, CoordinatorMessage, Status, WorkerMessage } from "../../control/index.js";
@@ -54,7 +55,7 @@ async function setup() {
   return { reg, address: `127.0.0.1:${port}`, token: (await testIdentity()).token };
 }
 
-function joined(address: string, token: Awaited<ReturnType<typeof setup>>["token"], name: string, join: { profileJson?: string } = {}): FakeWorker {
+function joined(address: string, token: Awaited<ReturnType<typeof setup>>["token"], name: string, join: { profileJson?: string; hardwareId?: string } = {}): FakeWorker {
   const f = fakeWorker({ address, name, fingerprint: FP, token, join });
   cleanups.push(() => f.close());
   return f;
@@ -202,5 +203,19 @@ describe("a recovery's plan", () => {
     expect(log.join("\n")).not.toMatch(/link probe failed/);
     expect(f.received.filter((m: CoordinatorMessage) => m.msg === "statusRequest").length).toBe(asked);
     expect(again.devices.find((d) => d.name === w.id)!.ramAvailableBytes).toBe(3e9);
+    // The same device restarted (same hardware, same address) rejoins during the request: its hop is
+    // the one probed before; another device at the same address is probed, and with no probe there, said.
+    f.close();
+    joined(address, token, "probed", { profileJson: profileJson("probed", probe.port) });
+    joined(address, token, "other", { profileJson: profileJson("other", probe.port), hardwareId: "another" });
+    const newcomers = () => reg.live().filter((x) => x !== w).sort((x, y) => x.join.deviceName.localeCompare(y.join.deviceName));
+    for (let i = 0; i < 500 && newcomers().length < 2; i++) await new Promise((r) => setTimeout(r, 10));
+    const live = newcomers();
+    expect(live.map((x) => x.join.deviceName)).toEqual(["other", "probed"]);
+    const log2: string[] = [];
+    const rejoined = await planRing({ ...base, workers: live, log: (l) => log2.push(l), retime: false, statuses: [idleStatus(), idleStatus()] });
+    expect(rejoined.links[2]).toEqual(first.links[1]);
+    expect(log2.join("\n")).toMatch(new RegExp(`device ${live[0].id} "other" \\(127\\.0\\.0\\.1\\): link probe failed`));
+    expect(log2.join("\n")).not.toMatch(/"probed".*link probe failed/);
   });
 });
