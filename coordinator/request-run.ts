@@ -209,7 +209,7 @@ export class RequestRun {
   private arrivalsSeen: number;
   private rejoining = false;
   /** A pause to place a device that joined: from the token before it, with where its time went. */
-  private joinPause: { at: number; parts: string } | null = null;
+  private joinPause: { readonly at: number; parts: string } | null = null;
   /** Times the decode steps of the pipeline last run. */
   meter!: DecodeMeter;
   private before: Promise<RingStatuses | undefined> | undefined;
@@ -265,13 +265,16 @@ export class RequestRun {
         this.arrivalsSeen = this.host.arrivals();
         this.replayTokens = req.prompt.length + this.emitted.length;
         this.host.event("info", `placing the layers again for a device that joined during the request; replaying ${this.replayTokens} tokens`);
-        const pausedAt = this.lastTokenAt;
+        this.joinPause = { at: this.lastTokenAt, parts: "" };
         const placed = await this.replay();
         current = placed.current;
         this.replayFrom = performance.now();
-        this.joinPause = { at: pausedAt, parts: placed.placing };
+        this.joinPause.parts = placed.placing;
       } catch (e) {
-        this.joinPause = null; // a loss meanwhile: the recovery's pause counts from the same token
+        // A loss while a device that joined was placed or replayed for: that work, cut short, is part of
+        // the recovery's pause (which counts from the same token), not its detection.
+        const joinCut = this.joinPause;
+        this.joinPause = null;
         const failure = await ring?.failureWithin();
         if (!failure || req.signal?.aborted || recoveries++ >= MAX_RECOVERIES) throw e;
         // A device or link of the ring failed mid-request: place the layers on the devices left,
@@ -287,7 +290,10 @@ export class RequestRun {
         current = placed.current;
         this.replayFrom = performance.now();
         // A second loss before the first token: its parts follow the first's.
-        const parts = `${firstLoss ? "" : `${this.pauseParts}; then `}detection ${((detectedAt - this.lostAt) / 1000).toFixed(2)} s, ${placed.placing}`;
+        const found = joinCut
+          ? `placing a device that joined and replaying until the loss was found ${((detectedAt - joinCut.at) / 1000).toFixed(2)} s`
+          : `detection ${((detectedAt - this.lostAt) / 1000).toFixed(2)} s`;
+        const parts = `${firstLoss ? "" : `${this.pauseParts}; then `}${found}, ${placed.placing}`;
         this.pauseParts = parts;
       }
     }
