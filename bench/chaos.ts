@@ -13,8 +13,6 @@ import { coordCli, median, readSse, runAlone, start, stop, waitFor, workerCli, t
 const PROMPT = "Once upon a time";
 const TOKENS = 48;
 const REQUEST_LIMIT_MS = 60_000;
-/** Busy processes beside the cluster for the whole run. */
-const HOGS = 2;
 
 /** A process that spins on one core until it is killed. */
 function hog(): Proc {
@@ -50,7 +48,28 @@ async function streamOnce(url: string, signal: AbortSignal): Promise<string> {
   return text;
 }
 
-export async function main(model: string, seconds = 180): Promise<void> {
+/** Where the pauses went, from the recovered events' parts ("... pause (1.20 s of it replaying 40
+ * tokens; detection 0.50 s, re-placing 0.90 s: take-down 0.01 s, ...)"): each part's median and worst. */
+function pauseParts(messages: string[]): string {
+  const parts = new Map<string, number[]>();
+  for (const m of messages) {
+    const seen = new Map<string, number>();
+    const replay = /pause \(([\d.]+) s of it replaying/.exec(m);
+    if (replay) seen.set("replay", Number(replay[1]));
+    for (const p of (/tokens; (.*)\)$/.exec(m)?.[1] ?? "").matchAll(/([a-z][a-z' -]*?):? ([\d.]+) s/g)) {
+      const name = p[1].replace(/^then /, "");
+      seen.set(name, (seen.get(name) ?? 0) + Number(p[2]));
+    }
+    for (const [n, v] of seen) parts.set(n, [...(parts.get(n) ?? []), v * 1000]);
+  }
+  if (parts.size === 0) return "- where the pauses went: no recovered event says";
+  const rows = [...parts].map(([n, v]) => `${n} ${median(v).toFixed(0)} / ${Math.max(...v).toFixed(0)}`);
+  return `- where the pauses went, median / worst ms over ${messages.length} (a part absent from a recovery counts in neither): ${rows.join(", ")}`;
+}
+
+/** `hogs`: busy processes beside the cluster for the whole run (a build on the same machine). */
+export async function main(model: string, seconds = 180, hogs = 2): Promise<void> {
+  if (!(Number.isInteger(hogs) && hogs >= 0 && hogs <= 64)) throw new Error(`--chaos-hogs ${hogs}: a whole number from 0 to 64 is expected`);
   const ref = start(coordCli, ["run", model, "--json", "-p", PROMPT, "-n", String(TOKENS), "--temp", "0", "--ctx", "256", "--threads", "1"]);
   await ref.exited;
   const expected = (JSON.parse(ref.out.split("\n").find((l) => l.startsWith("{"))!) as { text: string }).text;
@@ -63,7 +82,7 @@ export async function main(model: string, seconds = 180): Promise<void> {
   const story: string[] = [];
   serve.child.stderr!.on("data", (d: Buffer) => {
     for (const line of d.toString().split("\n")) {
-      if (/ lost: |recover|placing|plan: |held for|did not answer|reports: |the ring broke/.test(line)) story.push(`${((performance.now() - t0) / 1000).toFixed(1)} s ${line.slice(0, 300)}`);
+      if (/ lost: |recover|placing|placed again|plan: |held for|did not answer|reports: |the ring broke| ready in /.test(line)) story.push(`${((performance.now() - t0) / 1000).toFixed(1)} s ${line.slice(0, 300)}`);
     }
   });
   try {
@@ -77,6 +96,12 @@ export async function main(model: string, seconds = 180): Promise<void> {
       const w = start(workerCli, ["--join", `127.0.0.1:${clusterPort}`, "--model", model, "--name", name, "--threads", "1", "--token-file", tokenFile]);
       workers.set(name, w);
       procs.push(w);
+      // What the worker's side of a re-placement cost (worker/device.ts, worker/cli.ts say it).
+      w.child.stderr!.on("data", (d: Buffer) => {
+        for (const line of d.toString().split("\n")) {
+          if (/windows set up in|checked this device's weights in|held for|session ended/.test(line)) story.push(`${((performance.now() - t0) / 1000).toFixed(1)} s ${name}: ${line.slice(0, 300)}`);
+        }
+      });
     };
     join("alpha");
     join("bravo");
@@ -87,7 +112,7 @@ export async function main(model: string, seconds = 180): Promise<void> {
       await new Promise((r) => setTimeout(r, 250));
     }
     await streamOnce(url, AbortSignal.timeout(REQUEST_LIMIT_MS)); // warm-up
-    for (let i = 0; i < HOGS; i++) procs.push(hog());
+    for (let i = 0; i < hogs; i++) procs.push(hog());
     const lostBefore = lossesByName(serve.err);
     const killed = new Map<string, number>();
     const rss0 = rssMiB(serve.child.pid!), fds0 = openFiles(serve.child.pid!);
@@ -143,7 +168,7 @@ export async function main(model: string, seconds = 180): Promise<void> {
     // Each kill loses its device once; any other loss is a device that fell out with it (or alone).
     let extraLosses = 0;
     for (const [name, n] of lossesByName(serve.err)) extraLosses += Math.max(0, n - (lostBefore.get(name) ?? 0) - (killed.get(name) ?? 0));
-    console.log(`\n## chaos: ${seconds} s of streamed requests (${TOKENS} tokens each) on serve + 2 workers, a worker killed or frozen every ~20 s, ${HOGS} busy processes beside them\n`);
+    console.log(`\n## chaos: ${seconds} s of streamed requests (${TOKENS} tokens each) on serve + 2 workers, a worker killed or frozen every ~20 s, ${hogs} busy processes beside them\n`);
     console.log("| kills | correct | failed (clear error) | wrong (goal 0) | hung (goal 0) | recoveries | pause median ms (latest) | pause worst ms (latest) | other devices lost (goal 0) | server RSS MiB start -> end | open files start -> end |");
     console.log("|---|---|---|---|---|---|---|---|---|---|---|");
     console.log(`| ${counts.kills} | ${counts.correct} | ${counts.failed} | ${counts.wrong} | ${counts.hung} | ${recoveries} | ${median(pauses).toFixed(0)} of ${pauses.length} | ` +
@@ -153,7 +178,13 @@ export async function main(model: string, seconds = 180): Promise<void> {
     const placing = state.events.filter((e) => e.kind === "recovered").map((e) => /after a ([\d.]+) s pause \(([\d.]+) s of it replaying/.exec(e.message))
       .filter((m) => m !== null).map((m) => (Number(m[1]) - Number(m[2])) * 1000);
     if (placing.length) console.log(`- the pauses less their replay (goal < 3 s): median ${median(placing).toFixed(0)} ms, worst ${Math.max(...placing).toFixed(0)} ms, of ${placing.length}`);
+    console.log(pauseParts(state.events.filter((e) => e.kind === "recovered").map((e) => e.message)));
+    // A restarted worker rejoins during a request: placing it pauses the stream too (not a loss).
+    const joins = state.events.filter((e) => / pause to place a device that joined /.test(e.message)).map((e) => e.message);
+    const joinPauses = joins.map((m) => Number(/after a ([\d.]+) s pause/.exec(m)?.[1]) * 1000);
+    if (joins.length) console.log(`- pauses to place a device that rejoined mid-request: median ${median(joinPauses).toFixed(0)} ms, worst ${Math.max(...joinPauses).toFixed(0)} ms, of ${joins.length}; ${pauseParts(joins).replace(/^- where the pauses went, /, "where they went, ")}`);
     console.error(`chaos: what the server said about losses and recoveries:\n${story.join("\n")}`);
+    for (const e of state.events.filter((x) => x.kind === "recovered" || / pause to place a device that joined /.test(x.message))) console.error(`chaos: ${e.kind}: ${e.message}`);
     // Event-loop stalls past the heartbeat limit that each process logged (control/limits.ts stallNote).
     const held = (p: Proc) => [...p.err.matchAll(/event loop was held for ([\d.]+) s/g)].map((m) => Number(m[1]));
     const stalls = [serve, ...workers.values(), ...retired].flatMap(held);

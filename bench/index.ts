@@ -1,4 +1,4 @@
-// npm run bench [-- --only engine,memory,ring,halda,kernels,standin,passnoise,handoff,capped,crypto,serve,transfer,chaos,structured,moe,families,context,depth] [--threads N] [--reps N] [--chaos-seconds S] [--caps 256,200] [--depths 512,2048,8192]
+// npm run bench [-- --only engine,memory,ring,halda,kernels,standin,passnoise,handoff,capped,crypto,serve,transfer,chaos,structured,moe,families,context,depth] [--threads N] [--reps N] [--chaos-seconds S] [--chaos-hogs N] [--caps 256,200] [--depths 512,2048,8192]
 // Every part measures us and a peer in the same run and prints ratios (absolute numbers on a shared
 // machine mean little). The latest results and their commands go in BENCHMARKS.md, earlier ones in
 // bench/history/.
@@ -15,6 +15,8 @@ const { values } = parseArgs({
     threads: { type: "string", default: "2" },
     reps: { type: "string", default: "3" },
     "chaos-seconds": { type: "string", default: "180" },
+    // chaos: busy processes beside the cluster (a build on the same machine); 0 for a quiet run
+    "chaos-hogs": { type: "string", default: "2" },
     // capped: the memory cap of each device in MiB, one setup per cap
     caps: { type: "string", default: "256,200" },
     depths: { type: "string", default: "512,2048,8192" },
@@ -74,7 +76,7 @@ async function main(): Promise<void> {
   // A round takes a fraction of a second and the plain copy swings from round to round: 9 at least.
   if (parts.has("transfer")) await (await import("./transfer.js")).main(model, Math.max(reps, 9));
   if (parts.has("structured")) await (await import("./structured.js")).main(model, threads, Math.max(reps, 5));
-  if (parts.has("chaos")) await (await import("./chaos.js")).main(model, Number(values["chaos-seconds"]));
+  if (parts.has("chaos")) await (await import("./chaos.js")).main(model, Number(values["chaos-seconds"]), Number(values["chaos-hogs"]));
 }
 
 main().catch((e: unknown) => {

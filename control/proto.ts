@@ -53,7 +53,7 @@ export interface Assignment {
   attention?: string;
 }
 export interface LoadProgress { fraction: number; stage: string }
-export interface Ready { anonBytes: number }
+export interface Ready { anonBytes: number; ringId?: string }
 export interface Heartbeat { sentUnixMs: number }
 export interface KvCommand { op: "CLEAR" | "TRUNCATE"; position: number }
 export interface WindowStatus {

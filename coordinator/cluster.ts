@@ -8,9 +8,9 @@ import { EventEmitter } from "node:events";
 import { basename, dirname, extname, join, resolve } from "node:path";
 import type { LocalModel, SeqSlots } from "../engine/index.js";
 import { modelFingerprint } from "../model/index.js";
-import { defaultCacheDir, memoryPressureTracker, settleMemory, profileDevice, systemInfo, RereadStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
+import { defaultCacheDir, memoryPressureTracker, settleMemory, profileDevice, refreshMemory, systemInfo, RereadStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
 import { seatsOf, type Seat } from "./placement.js";
-import type { RingPlan } from "./plan-ring.js";
+import { settleHeadMemory, type RingPlan } from "./plan-ring.js";
 import { decodePrediction } from "./prediction.js";
 import { ModelSource, defaultModelCacheDir } from "../transfer/index.js";
 import { serveChunks } from "./model-store.js";
@@ -22,6 +22,7 @@ import { Activity, HISTORY_INTERVAL_MS } from "./activity.js";
 import type { ClusterOptions } from "./cluster-options.js";
 import { DeviceRecords } from "./devices.js";
 import { RequestQueue } from "./queue.js";
+import { Phases } from "./phases.js";
 import {
   PromptCache, RequestRun, ServiceCounters, MAX_RECOVERIES, measureRun, type Current, type GenerationOutcome, type GenerationRequest, type RunHost,
 } from "./request-run.js";
@@ -213,12 +214,12 @@ export class Cluster extends EventEmitter {
 
   /** Takes the ring down and places the layers on the devices there are now. When recovering, layers
    * placed by hand that name a device no longer there are spread evenly over the devices left. */
-  private async replace(recovering: boolean): Promise<void> {
+  private async replace(recovering: boolean, phases = new Phases()): Promise<void> {
     if (this.closed) throw new Error("the cluster is shutting down");
     this.dirty = false;
-    await this.takeDown();
+    await phases.time("take-down", () => this.takeDown());
     try {
-      await this.place(recovering);
+      await this.place(recovering, phases);
       this.stats.replans++;
     } catch (e) {
       this.dirty = true;
@@ -240,14 +241,31 @@ export class Cluster extends EventEmitter {
     if (c?.kind === "ring") await c.ring.close();
   }
 
-  private async place(recovering = false): Promise<void> {
-    const workers = recovering ? await answering(this.workersInOrder(), this.o.log) : this.workersInOrder();
+  private async place(recovering = false, phases = new Phases()): Promise<void> {
+    // A recovery asks who answers and plans from their answers; the head reads its memory meanwhile,
+    // and settles it first (a collection on its event loop, 0.1-0.5 s on a loaded host) only where that
+    // could change the plan: the garbage it frees (tens of MiB) cannot where the head has room for the
+    // whole model twice over.
+    let headNow: DeviceReport | undefined;
+    const settle = async () => {
+      const t0 = performance.now();
+      headNow = refreshMemory(this.headReport!, this.o.modelPath);
+      const plenty = headNow.profile.ramAvailableBytes >= 2 * this.o.model.gguf.fileBytes;
+      if (!plenty) {
+        await settleHeadMemory();
+        headNow = refreshMemory(this.headReport!, this.o.modelPath);
+      }
+      phases.meanwhile(plenty ? "the head's memory read" : "the head's memory settled and read", performance.now() - t0);
+    };
+    const halda = this.headReport !== undefined && this.o.layerWindows === undefined;
+    const answered = recovering ? await phases.time("answering", () => answering(this.workersInOrder(), this.o.log, halda ? settle : undefined)) : undefined;
+    const workers = answered?.workers ?? this.workersInOrder();
     const seats = (this.seats = seatsOf(workers));
     const generation = ++this.generation;
     this.placement = undefined;
     const placed = await placeLayers({
       o: this.o, fingerprint: this.fingerprint, registry: this.registry, modelSource: this.modelSource, rereads: this.rereads, devices: this.devices,
-      workers, seats, recovering, generation, headReport: this.headReport,
+      workers, seats, recovering, generation, headReport: headNow ?? this.headReport, phases, statuses: headNow ? answered?.statuses : undefined,
       retimeHead: async () => (this.headReport = await this.profileHead(true)),
       onBroken: (e) => {
         this.event("error", `the ring broke: ${e.message}`);
@@ -369,20 +387,24 @@ export class Cluster extends EventEmitter {
     return {
       model: this.o.model, autoPlace: this.o.autoPlace ?? false, counters: this.stats, arrivals: () => this.arrivals,
       replace: async () => {
-        await this.recoverRing();
-        return this.current!;
+        const placing = await this.recoverRing();
+        return { current: this.current!, placing };
       },
       event: (kind, message) => this.event(kind, message), log: (line) => this.o.log(line), token: () => this.activity.token(),
     };
   }
 
   /** Places the layers again after the ring failed mid-request. A device can fail to answer while
-   * that happens (a dead one not yet declared lost): then once more, without it. */
-  private async recoverRing(): Promise<void> {
+   * that happens (a dead one not yet declared lost): then once more, without it. Resolves with where
+   * the time went (Phases), for the request's recovered event. */
+  private async recoverRing(): Promise<string> {
+    const phases = new Phases();
     for (let attempt = 1; ; attempt++) {
       try {
-        await this.replace(true);
-        return;
+        await this.replace(true, phases);
+        const said = `re-placing ${(phases.elapsedMs / 1000).toFixed(2)} s: ${phases}`;
+        this.o.log(`the layers were placed again for a waiting request: ${said}`);
+        return said;
       } catch (e) {
         if (attempt >= MAX_RECOVERIES || this.closed) throw e;
         this.o.log(`re-placing the layers failed (${(e as Error).message}); trying again with the devices that answer`);

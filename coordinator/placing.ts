@@ -1,6 +1,7 @@
 // Placing the layers on the devices there are: Halda's plan from their profiles (planRing), or the
 // windows given by hand (--layer-windows), or every layer on the head; then the ring wired to the
 // members (ring-setup.ts) or the head's own pipeline. The cluster decides when; this is how.
+import type { Status } from "../control/index.js";
 import { LocalPipeline } from "../engine/index.js";
 import { settleMemory, type DeviceReport, type RereadStore } from "../profiler/index.js";
 import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
@@ -14,6 +15,7 @@ import type { WorkerHandle, WorkerRegistry } from "./registry.js";
 import type { Current } from "./request-run.js";
 import { HEAD_ID, Ring } from "./ring-setup.js";
 import type { PlanState } from "./state.js";
+import type { Phases } from "./phases.js";
 
 export interface PlaceInput {
   readonly o: ClusterOptions;
@@ -35,6 +37,10 @@ export interface PlaceInput {
   readonly retimeHead: () => Promise<DeviceReport>;
   /** The ring broke after it was placed. */
   readonly onBroken: (e: Error) => void;
+  /** Where the time goes (planning, wiring), for a recovery's event. */
+  readonly phases?: Phases;
+  /** The workers' statuses just read (a recovery's `answering`), the head's garbage collected meanwhile. */
+  readonly statuses?: readonly Status[];
 }
 
 export interface Placed {
@@ -53,17 +59,24 @@ type LeftOut = PlanState["leftOut"];
 /** After a failure, a worker that does not answer a status request this fast is left out. */
 const RESPONSIVE_WITHIN_MS = 1000;
 
-/** The workers that answer a status request within the limit: after a failure a silent one is not
- * waited for (the registry declares it lost, as its status limit does). */
-export async function answering(workers: readonly WorkerHandle[], log: (line: string) => void): Promise<WorkerHandle[]> {
+/** The workers that answer a status request within the limit, with their answers (the plan reads
+ * their memory from them): after a failure a silent one is not waited for (the registry declares it
+ * lost, as its status limit does). `meanwhile` runs once the requests are out: the head's own work
+ * (collecting its garbage) then overlaps the workers' answers instead of adding to the pause. */
+export async function answering(workers: readonly WorkerHandle[], log: (line: string) => void, meanwhile?: () => Promise<void>): Promise<{ workers: WorkerHandle[]; statuses: Status[] }> {
   // A device whose messages come late lately (starved by other work) gets as long as its lateness.
   const limitMs = (w: WorkerHandle) => Math.round(Math.max(RESPONSIVE_WITHIN_MS, 2 * w.recentGapMs));
-  const answers = await Promise.all(workers.map((w) => w.status(limitMs(w)).then(() => true, () => false)));
+  const asked = Promise.all(workers.map((w) => w.status(limitMs(w)).catch(() => undefined)));
+  if (meanwhile) {
+    await new Promise((r) => setImmediate(r)); // the requests leave before the head's own work holds it
+    await meanwhile();
+  }
+  const answers = await asked;
   const silent = workers.filter((_, i) => !answers[i]);
   for (const w of silent) {
     log(`device ${w.label} did not answer within ${limitMs(w)} ms: leaving it out of this placement`);
   }
-  return workers.filter((_, i) => answers[i]);
+  return { workers: workers.filter((_, i) => answers[i]), statuses: answers.filter((s): s is Status => s !== undefined) };
 }
 export async function placeLayers(i: PlaceInput): Promise<Placed> {
   const { o, workers, seats, devices } = i;
@@ -84,7 +97,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
       // A recovery plans with the last timed passes: a request is paused until it is placed.
       retime: !i.recovering, retimeHead: i.recovering ? undefined : i.retimeHead,
       maxBatch: o.batch, tokens: o.plannedTokens ?? o.ctx, log, kvCacheTypes: o.kvCacheTypes,
-      options: { k: o.cycles, ...(o.keepAll ? { keepAll: true } : {}) }, rereads: i.rereads,
+      options: { k: o.cycles, ...(o.keepAll ? { keepAll: true } : {}) }, rereads: i.rereads, phases: i.phases, statuses: i.statuses,
     });
     log(formatPlan(placement, placement.labels));
     perCycle = [...placement.perCycle];
@@ -116,13 +129,17 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
     model, fingerprint: i.fingerprint, registry: i.registry, log,
     weights: async (layers) => ({ chunkBytes: i.modelSource.info.chunkBytes, chunks: await windowChunkHashes(i.modelSource, model.gguf, layers) }),
     onProgress: (w, fraction, stage) => devices.set(w, "loading", stage, fraction),
-    onBroken: i.onBroken,
+    onBroken: i.onBroken, phases: i.phases,
+    // Setting the ring up (the workers' windows' chunk hashes above all) left garbage the plan did not
+    // count; the head's room for its window is read from its group on the first tokens (WeightRoom), and
+    // read with it a capped head streamed part of a window that fitted. No window runs yet: it is
+    // collected while the workers set their windows up (their own work, which the head only waits for).
+    // Not in a recovery: its collection while the workers answered is a moment old, and since then
+    // only the plan and at most a 4 MiB hashing buffer per member were made (a second one cost the
+    // paused request 0.1-0.5 s of a loaded host's CPU).
+    whileAssigning: i.statuses ? undefined : settleMemory,
   });
   for (const m of members) devices.set(m.worker, "ready", null);
-  // Setting the ring up (the workers' windows' chunk hashes above all) left garbage the plan did not
-  // count; the head's room for its window is read from its group on the first tokens (WeightRoom), and
-  // read with it a capped head streamed part of a window that fitted. No window runs yet: collect it.
-  settleMemory();
   const windows = [...members.map((m) => ({ id: m.worker.id, ws: m.windows })), { id: HEAD_ID, ws: headWindows }]
     .flatMap(({ id, ws }) => ws.map((w) => ({ device: id, firstLayer: w.firstLayer, endLayer: w.endLayer, cycle: w.cycle })));
   const planState: PlanState = {

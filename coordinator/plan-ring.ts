@@ -1,7 +1,7 @@
 // Gathering what Halda plans from: each worker's profile with its memory read afresh (and its pass
 // timed again), the hop to it probed, the head's own profile last, and reread speeds seen in earlier
 // rings; then the plan (placement.ts). Throws naming the device or the reason when there is none.
-import { TIMED_STATUS_TIMEOUT_MS } from "../control/index.js";
+import { TIMED_STATUS_TIMEOUT_MS, type Status } from "../control/index.js";
 import type { LocalModel } from "../engine/index.js";
 import { effectiveDiskBytesPerS, type DeviceProfile, type HaldaOptions, type ModelProfile } from "../halda/index.js";
 import { modelProfile, type KvCacheTypes } from "../model/index.js";
@@ -11,6 +11,7 @@ import {
 } from "../profiler/index.js";
 import { placeRing, type Placement } from "./placement.js";
 import { checkedProfile, type WorkerHandle } from "./registry.js";
+import { Phases } from "./phases.js";
 
 export interface RingPlanInput {
   readonly model: LocalModel;
@@ -23,7 +24,7 @@ export interface RingPlanInput {
   readonly retimeHead?: () => Promise<DeviceReport>;
   /** Time every worker's pass again (default). Off when a request waits for the plan (a recovery):
    * each timing costs the device a second or more and stalls its event loop, so the last timed
-   * profiles are used, and only memory is read afresh. */
+   * profiles and the last probed hops are used, and only memory is read afresh. */
   readonly retime?: boolean;
   readonly ctx: number;
   readonly maxBatch: number;
@@ -35,6 +36,19 @@ export interface RingPlanInput {
   readonly log: (line: string) => void;
   /** Devices' reread speeds seen in earlier rings: where a device has some, they price its rereads. */
   readonly rereads?: RereadStore;
+  /** Where planning's time goes (statuses, link probes, the head, Halda). */
+  readonly phases?: Phases;
+  /** The workers' statuses (in `workers`' order) a recovery just read while it asked who answers,
+   * the head's memory settled (settleHeadMemory) and read into `head` meanwhile: they are not asked,
+   * nor is it settled or read, again. */
+  readonly statuses?: readonly Status[];
+}
+
+/** The head's garbage collected and its group's idle pages reclaimed, before its room is read: what it
+ * holds is then what it will hold besides the plan's windows. */
+export async function settleHeadMemory(): Promise<void> {
+  settleMemory();
+  await reclaimIdlePages();
 }
 
 export interface RingPlan extends Placement {
@@ -57,8 +71,23 @@ function withObservedRereads(r: DeviceReport, label: string, store: RereadStore 
   return { ...r, profile: { ...r.profile, diskSeqReadBytesPerS: rate, diskRandReadBytesPerS: rate } };
 }
 
+/** Each model's window scratch by its settings: measured once (a window made and closed, garbage
+ * that would stand in the head's room reading), the same on every plan after. */
+const scratchMeasured = new WeakMap<LocalModel, Map<string, number>>();
+
 /** Scratch of one window (activations, RoPE tables): the engine's compute buffer, measured. */
 function windowScratchBytes(model: LocalModel, ctx: number, maxBatch: number, kvCacheTypes?: KvCacheTypes): number {
+  const known = scratchMeasured.get(model) ?? new Map<string, number>();
+  scratchMeasured.set(model, known);
+  const key = JSON.stringify([ctx, maxBatch, kvCacheTypes ?? null]);
+  const seen = known.get(key);
+  if (seen !== undefined) return seen;
+  const bytes = measureScratch(model, ctx, maxBatch, kvCacheTypes);
+  known.set(key, bytes);
+  return bytes;
+}
+
+function measureScratch(model: LocalModel, ctx: number, maxBatch: number, kvCacheTypes?: KvCacheTypes): number {
   const w = model.window(0, 1, { ctx, maxBatch, kvCacheTypes });
   try {
     const info = w.info();
@@ -82,6 +111,18 @@ function timedProfile(json: string | undefined, label: string, log: (line: strin
 
 /** Each worker's profile as its pass was last timed (planRing without `retime` plans with it). */
 const lastTimed = new WeakMap<WorkerHandle, DeviceReport>();
+/** The hop to each device as last probed (planRing without `retime` reuses it), by its hardware and
+ * address: a worker restarted on the same device and network (rejoining during a request) has the same
+ * hop. At most MAX_HOPS_KEPT, the oldest forgotten first. */
+const lastLink = new Map<string, LinkMeasurement>();
+const MAX_HOPS_KEPT = 256;
+const hopKey = (w: WorkerHandle) => JSON.stringify([w.join.hardwareId, w.dataHost]);
+
+function keepHop(w: WorkerHandle, link: LinkMeasurement): void {
+  lastLink.delete(hopKey(w));
+  lastLink.set(hopKey(w), link);
+  if (lastLink.size > MAX_HOPS_KEPT) lastLink.delete(lastLink.keys().next().value!);
+}
 
 /**
  * Gathers the workers' profiles (memory read afresh through a status request), measures the hop to
@@ -91,13 +132,18 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   const profileModel = modelProfile(i.model.desc, {
     nCtx: i.ctx, maxBatch: i.maxBatch, nPredict: Math.max(1, Math.min(i.ctx, i.tokens)), name: i.modelPath, kvCacheTypes: i.kvCacheTypes,
   });
-  const scratch = windowScratchBytes(i.model, i.ctx, i.maxBatch, i.kvCacheTypes);
+  const phases = i.phases ?? new Phases();
+  const scratch = await phases.time("scratch window", () => windowScratchBytes(i.model, i.ctx, i.maxBatch, i.kvCacheTypes));
   const linkOptions = {
     identity: { deviceId: "head", modelFingerprint: i.fingerprint, hiddenSize: i.model.nEmbd }, bulkTokens: Math.min(512, i.maxBatch),
   };
   const reports: DeviceReport[] = [];
   const links: (LinkMeasurement | null)[] = [null];
-  for (const w of i.workers) {
+  const retime = i.retime ?? true;
+  // Without timing (a recovery) every worker is asked at once: the answers come from memory.
+  const statuses = i.statuses ? Promise.resolve(i.statuses) : retime ? undefined : phases.time("statuses", () => Promise.all(i.workers.map((w) => w.status())));
+  statuses?.catch(() => undefined); // awaited below; a throw before that must not leave it unhandled
+  for (const [j, w] of i.workers.entries()) {
     let r: DeviceReport;
     try {
       r = parseDeviceReport(w.join.profileJson);
@@ -110,18 +156,20 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     // And its pass timed now, each device in turn: a device's speed moves with its load and, on a
     // shared host, from second to second (a pass timed at a worker's join once read 12% slower than
     // its twin's, which then computed alike in the ring).
-    const retime = i.retime ?? true;
-    const s = retime ? await w.status(TIMED_STATUS_TIMEOUT_MS, true) : await w.status();
+    const s = statuses ? (await statuses)[j] : await phases.time("timed passes", () => w.status(TIMED_STATUS_TIMEOUT_MS, true));
     const timed = retime ? timedProfile(s.profileJson, w.label, i.log) : lastTimed.get(w);
     if (timed) lastTimed.set(w, timed);
     r = withObservedRereads(timed ?? r, w.label, i.rereads, i.log);
     const room = Number(s.layerRoomBytes ?? 0) > 0 ? Number(s.layerRoomBytes) : sharedRoomBytes(Number(s.memAvailableBytes));
     reports.push({ ...r, profile: { ...r.profile, ramTotalBytes: s.memTotalBytes, ramAvailableBytes: room } });
-    let link: LinkMeasurement | null = null;
-    if (r.linkProbePort) {
+    // A recovery prices each hop as it was last probed (a probe costs the paused request a round of
+    // frames per device, slower the more loaded the host); a device never probed is probed now.
+    let link: LinkMeasurement | null = retime ? null : (lastLink.get(hopKey(w)) ?? null);
+    if (!link && r.linkProbePort) {
       try {
         const host = w.dataHost.includes(":") ? `[${w.dataHost}]` : w.dataHost;
-        link = await measureLink(`ws://${host}:${r.linkProbePort}`, { ...linkOptions, ...(r.linkProbeKey ? { linkKey: Buffer.from(r.linkProbeKey, "hex") } : {}) });
+        link = await phases.time("link probes", () => measureLink(`ws://${host}:${r.linkProbePort}`, { ...linkOptions, ...(r.linkProbeKey ? { linkKey: Buffer.from(r.linkProbeKey, "hex") } : {}) }));
+        keepHop(w, link);
       } catch (e) {
         i.log(`device ${w.label}: link probe failed (${(e as Error).message}); planning without its hop cost`);
       }
@@ -132,10 +180,9 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   // link probes' frames) collected (settleMemory) and its group's idle pages reclaimed (reclaimIdlePages):
   // what it holds is what it will hold besides the plan's windows.
   // Its pass timed last, after the workers' (timing a window's pass leaves garbage too).
-  const headReport = withObservedRereads(i.retimeHead ? await i.retimeHead() : i.head, "head (this coordinator)", i.rereads, i.log);
-  settleMemory();
-  await reclaimIdlePages();
-  const head = refreshMemory(headReport, i.modelPath);
+  const headReport = withObservedRereads(i.retimeHead ? await phases.time("head's pass", i.retimeHead) : i.head, "head (this coordinator)", i.rereads, i.log);
+  if (!i.statuses) await phases.time("collecting garbage", settleHeadMemory);
+  const head = i.statuses ? headReport : await phases.time("head's memory", () => refreshMemory(headReport, i.modelPath));
   // The head's hop goes to the first worker of the ring.
   links[0] = links[1] ?? null;
   // ξ, what a window costs besides its layers: the hop to the successor and, where the forward pass did
@@ -158,7 +205,7 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   }
   let placement: Placement;
   try {
-    placement = placeRing(headProfile, workerProfiles, profileModel, i.options);
+    placement = await phases.time("halda", () => placeRing(headProfile, workerProfiles, profileModel, i.options));
   } catch (e) {
     throw new Error(`no plan: ${(e as Error).message}`);
   }

@@ -172,8 +172,9 @@ export interface RunHost {
   readonly counters: ServiceCounters;
   /** Devices that joined since the cluster started. */
   arrivals(): number;
-  /** Places the layers again on the devices that answer; resolves with what runs them. */
-  replace(): Promise<Current>;
+  /** Places the layers again on the devices that answer; resolves with what runs them and where the
+   * time went (Phases). */
+  replace(): Promise<{ current: Current; placing: string }>;
   event(kind: EventState["kind"], message: string): void;
   log(line: string): void;
   /** A token went to the client (the state's tokens/s). */
@@ -189,6 +190,10 @@ export class RequestRun {
   private lostAt: number | null = null;
   /** When the last recovery's replay began (its ring placed): the pause's part that replays. */
   private replayFrom = 0;
+  /** The pause's parts before the replay: the loss found (detection) and the layers placed again. */
+  private pauseParts = "";
+  /** Tokens the last recovery replays (the prompt and every token sent before the loss). */
+  private replayTokens = 0;
   private lastTokenAt = performance.now();
   private readonly parts: GenerationResult[] = [];
   private input: Int32Array;
@@ -203,6 +208,8 @@ export class RequestRun {
   // the prompt and the tokens sent so far replayed, as after a loss (without counting as one).
   private arrivalsSeen: number;
   private rejoining = false;
+  /** A pause to place a device that joined: from the token before it, with where its time went. */
+  private joinPause: { readonly at: number; parts: string } | null = null;
   /** Times the decode steps of the pipeline last run. */
   meter!: DecodeMeter;
   private before: Promise<RingStatuses | undefined> | undefined;
@@ -256,19 +263,38 @@ export class RequestRun {
         if (!this.rejoining) break;
         this.rejoining = false;
         this.arrivalsSeen = this.host.arrivals();
-        this.host.event("info", `placing the layers again for a device that joined during the request; replaying ${req.prompt.length + this.emitted.length} tokens`);
-        current = await this.replay();
+        this.replayTokens = req.prompt.length + this.emitted.length;
+        this.host.event("info", `placing the layers again for a device that joined during the request; replaying ${this.replayTokens} tokens`);
+        this.joinPause = { at: this.lastTokenAt, parts: "" };
+        const placed = await this.replay();
+        current = placed.current;
+        this.replayFrom = performance.now();
+        this.joinPause.parts = placed.placing;
       } catch (e) {
+        // A loss while a device that joined was placed or replayed for: that work, cut short, is part of
+        // the recovery's pause (which counts from the same token), not its detection.
+        const joinCut = this.joinPause;
+        this.joinPause = null;
         const failure = await ring?.failureWithin();
         if (!failure || req.signal?.aborted || recoveries++ >= MAX_RECOVERIES) throw e;
         // A device or link of the ring failed mid-request: place the layers on the devices left,
         // rebuild their KV caches by replaying the prompt and every token sent so far, and go on.
         // The pause the client sees: from the last token before the loss to the next one.
+        const firstLoss = this.lostAt === null;
         this.lostAt ??= this.lastTokenAt;
-        this.host.event("info", `recovering the request: ${failure.message}; replaying ${req.prompt.length + this.emitted.length} tokens on the devices left`);
+        const detectedAt = performance.now();
+        this.replayTokens = req.prompt.length + this.emitted.length;
+        this.host.event("info", `recovering the request: ${failure.message}; replaying ${this.replayTokens} tokens on the devices left`);
         this.arrivalsSeen = this.host.arrivals(); // this placement takes every device there is
-        current = await this.replay();
+        const placed = await this.replay();
+        current = placed.current;
         this.replayFrom = performance.now();
+        // A second loss before the first token: its parts follow the first's.
+        const found = joinCut
+          ? `placing a device that joined and replaying until the loss was found ${((detectedAt - joinCut.at) / 1000).toFixed(2)} s`
+          : `detection ${((detectedAt - this.lostAt) / 1000).toFixed(2)} s`;
+        const parts = `${firstLoss ? "" : `${this.pauseParts}; then `}${found}, ${placed.placing}`;
+        this.pauseParts = parts;
       }
     }
     return { current, result: this.result() };
@@ -284,10 +310,10 @@ export class RequestRun {
     });
   }
 
-  private async replay(): Promise<Current> {
-    const current = await this.host.replace();
+  private async replay(): Promise<{ current: Current; placing: string }> {
+    const placed = await this.host.replace();
     this.replaying = true;
-    return current;
+    return placed;
   }
 
   /** Each token on its way to the client; false stops the generation. */
@@ -295,7 +321,12 @@ export class RequestRun {
     const now = performance.now();
     if (this.firstAt === null) this.firstAt = now;
     if (this.lostAt !== null) this.recovered(now - this.lostAt, now - this.replayFrom);
+    else if (this.joinPause) {
+      this.host.event("info", `the request went on after a ${((now - this.joinPause.at) / 1000).toFixed(2)} s pause to place a device that joined ` +
+        `(${((now - this.replayFrom) / 1000).toFixed(2)} s of it replaying ${this.replayTokens} tokens; ${this.joinPause.parts})`);
+    }
     this.lostAt = null;
+    this.joinPause = null;
     this.lastTokenAt = now;
     this.host.token();
     this.emitted.push(id);
@@ -310,7 +341,7 @@ export class RequestRun {
 
   private recovered(pauseMs: number, replayMs: number): void {
     this.host.counters.recovered(pauseMs);
-    this.host.event("recovered", `the request went on after a ${(pauseMs / 1000).toFixed(2)} s pause (${(replayMs / 1000).toFixed(2)} s of it replaying ${this.input.length} tokens)`);
+    this.host.event("recovered", `the request went on after a ${(pauseMs / 1000).toFixed(2)} s pause (${(replayMs / 1000).toFixed(2)} s of it replaying ${this.replayTokens} tokens; ${this.pauseParts})`);
   }
 
   private result(): GenerationResult {

@@ -10,6 +10,7 @@ import {
   RingListener, RingNode, RingPipeline, dialSuccessor, expertPrefetchStatus, type NodeStats, type RingLink, type WindowSpec,
 } from "../ring/index.js";
 import type { WorkerHandle, WorkerRegistry } from "./registry.js";
+import { Phases } from "./phases.js";
 
 /** How long to wait for the session loss that usually follows a neighbour's link failure. */
 const FAILURE_GRACE_MS = 300;
@@ -48,6 +49,10 @@ export interface RingOptions {
   readonly onProgress?: (worker: WorkerHandle, fraction: number, stage: string) => void;
   /** The ring broke (a device or link failed); the error names the device. Called once. */
   readonly onBroken?: (e: Error) => void;
+  /** Where wiring's time goes (window hashes, assignments, the dial). */
+  readonly phases?: Phases;
+  /** Run once every member has its assignment, while they set their windows up. */
+  readonly whileAssigning?: () => void;
 }
 
 /** Rewrites the ring links' names for their peers (`successor "w2" (ws://10.0.0.2:9000)`, by ring id)
@@ -81,6 +86,9 @@ export class Ring {
   private listener: RingListener | undefined;
   private failures: { error: Error; lost: boolean }[] = [];
   private broken: Error | undefined;
+  private failureTimer: NodeJS.Timeout | undefined;
+  /** Set while build() waits for the wiring: a failure meanwhile ends it. */
+  private brokenWhileWired: ((e: Error) => void) | undefined;
   private closed = false;
   private readonly unsubscribe: () => void;
 
@@ -122,7 +130,12 @@ export class Ring {
   static async build(spec: RingSpec, o: RingOptions): Promise<Ring> {
     const ring = new Ring(spec, o);
     try {
-      await ring.wire();
+      // A member lost (or failing) while the ring is wired ends the wiring at once: what it still
+      // waits for (an assignment, a dial to the lost device) would only run out its own limit.
+      const wiring = ring.wire();
+      wiring.catch(() => undefined);
+      await Promise.race([wiring, new Promise<never>((_, reject) => (ring.brokenWhileWired = reject))]);
+      ring.brokenWhileWired = undefined;
       return ring;
     } catch (e) {
       await ring.close();
@@ -174,37 +187,64 @@ export class Ring {
       });
     });
     const order = this.order;
-    await Promise.all(spec.members.map(async (m, i) => {
-      const successorUrl = i + 1 < spec.members.length ? spec.members[i + 1].worker.dataUrl : `ws://:${this.listener!.port}`;
+    const phases = o.phases ?? new Phases();
+    // The chunk hashes of every member's windows (kept once computed: after the first plan, none is read).
+    const weights = await phases.time("window hashes", () => Promise.all(spec.members.map((m) => {
       const layers = m.windows.flatMap((w) => Array.from({ length: w.endLayer - w.firstLayer }, (_, j) => w.firstLayer + j));
-      const weights = o.weights ? await o.weights(layers) : undefined;
+      return o.weights ? o.weights(layers) : undefined;
+    })));
+    const assigned = phases.time("assignments", () => Promise.all(spec.members.map(async (m, i) => {
+      const successorUrl = i + 1 < spec.members.length ? spec.members[i + 1].worker.dataUrl : `ws://:${this.listener!.port}`;
+      const sent = performance.now();
       return m.worker.assign({
         ringId: this.ringId, windows: [...m.windows], successorUrl, ctx: spec.ctx, maxBatch: spec.maxBatch, cycles: spec.cycles,
         prefetch: spec.prefetch, releaseAfterUse: m.releaseAfterUse, threads: 0, ringOrder: order, wireDtype: 0,
         ...(spec.kvCacheTypes ? { cacheTypeK: spec.kvCacheTypes.k, cacheTypeV: spec.kvCacheTypes.v, attention: attentionSpec(spec.kvCacheTypes.attention) } : {}),
         predecessorLinkKey: keys[i], successorLinkKey: keys[i + 1],
-        ...(weights ? { windowChunks: weights.chunks, chunkBytes: weights.chunkBytes } : {}),
+        ...(weights[i] ? { windowChunks: weights[i]!.chunks, chunkBytes: weights[i]!.chunkBytes } : {}),
       }, (fraction, stage) => o.onProgress?.(m.worker, fraction, stage))
-        .then((ready) => o.log(`device ${m.worker.label} ready (${(ready.anonBytes / 2 ** 20).toFixed(1)} MiB for KV and scratch)`));
-    }));
-    this.link = await dialSuccessor(spec.members[0].worker.dataUrl, { ...linkOpts, ...keyOf(0), expectedPeerDeviceId: spec.members[0].worker.id });
+        .then((ready) => o.log(`device ${m.worker.label} ready in ${((performance.now() - sent) / 1000).toFixed(2)} s (${(ready.anonBytes / 2 ** 20).toFixed(1)} MiB for KV and scratch)`));
+    })));
+    assigned.catch(() => undefined); // awaited below, after the head's own work meanwhile
+    if (o.whileAssigning) {
+      await new Promise((r) => setImmediate(r)); // the assignments leave before the head's own work holds it
+      const t0 = performance.now();
+      o.whileAssigning();
+      phases.meanwhile("collecting garbage", performance.now() - t0);
+    }
+    await assigned;
+    if (this.closed) throw new Error("the ring was taken down while it was wired");
+    const link = await phases.time("dial", () => dialSuccessor(spec.members[0].worker.dataUrl, { ...linkOpts, ...keyOf(0), expectedPeerDeviceId: spec.members[0].worker.id }));
+    if (this.closed) {
+      void link.close("ring closed");
+      throw new Error("the ring was taken down while it was wired");
+    }
+    this.link = link;
     this.link.on("close", (c) => {
       if (c.error) this.fail(new Error(this.named(`link to ${this.link!.peerName} failed: ${c.error.message}`)));
     });
   }
 
   /** When a device dies, its neighbours' links fail too, often first. Collect what fails for a short
-   * moment and name the device whose session was lost, if one was: that is the device to look at. */
+   * moment and name the device whose session was lost, if one was: that is the device to look at.
+   * A lost session names it at once: the request waiting on the ring need not wait out the moment. */
   private fail(error: Error, lost = false): void {
-    if (this.closed) return;
+    if (this.closed || this.broken) return;
     this.failures.push({ error, lost });
+    if (lost) return this.decideFailure();
     if (this.failures.length > 1) return;
-    setTimeout(() => {
-      const chosen = (this.failures.find((f) => f.lost) ?? this.failures[0]).error;
-      this.broken = chosen;
-      this.pipeline.fail(chosen);
-      this.o.onBroken?.(chosen);
-    }, FAILURE_GRACE_MS).unref();
+    this.failureTimer = setTimeout(() => this.decideFailure(), FAILURE_GRACE_MS);
+    this.failureTimer.unref();
+  }
+
+  private decideFailure(): void {
+    clearTimeout(this.failureTimer);
+    if (this.broken || this.closed) return;
+    const chosen = (this.failures.find((f) => f.lost) ?? this.failures[0]).error;
+    this.broken = chosen;
+    this.pipeline.fail(chosen);
+    if (this.brokenWhileWired) return this.brokenWhileWired(chosen);
+    this.o.onBroken?.(chosen);
   }
 
   /** Every member's status, in ring order, then the head's. */
@@ -219,6 +259,7 @@ export class Ring {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    clearTimeout(this.failureTimer);
     this.unsubscribe();
     this.pipeline.fail(new Error("the ring was taken down"));
     await Promise.allSettled([this.link?.close("ring closed"), this.listener?.close()]);

@@ -28,6 +28,8 @@ interface Waiter {
   resolve: (v: never) => void;
   reject: (e: Error) => void;
   onProgress?: (f: number, stage: string) => void;
+  /** The assignment a "ready" waiter waits for. */
+  ringId?: string;
   /** Starts (again) the time the worker has to answer. */
   arm: () => void;
   timer?: NodeJS.Timeout;
@@ -71,7 +73,10 @@ export class WorkerHandle {
   /** Sends the assignment; resolves when the worker reports Ready. Every progress report gives the
    * worker another ASSIGN_SILENCE_MS; silence for that long loses it. */
   assign(a: Assignment, onProgress?: (fraction: number, stage: string) => void, silenceMs = ASSIGN_SILENCE_MS): Promise<Ready> {
-    const p = this.wait<Ready>("ready", silenceMs, `sent no progress on its assignment for ${seconds(silenceMs)}`, onProgress);
+    // The worker drops an assignment a newer one reaches while it is set up (it answers only the
+    // newest): an earlier one still waited for is over (a ring given up on after another device failed).
+    for (const w of this.waiters.filter((x) => x.kind === "ready")) this.take(this.waiters.indexOf(w)).reject(new Error(`device ${this.label}: its assignment was replaced by a newer one`));
+    const p = this.wait<Ready>("ready", silenceMs, `sent no progress on its assignment for ${seconds(silenceMs)}`, onProgress, a.ringId);
     this.send({ assignment: a });
     return p;
   }
@@ -107,11 +112,11 @@ export class WorkerHandle {
     if (!this.lost) this.stream.end();
   }
 
-  private wait<T>(kind: "ready" | "status", limitMs: number, silence: string, onProgress?: (f: number, stage: string) => void): Promise<T> {
+  private wait<T>(kind: "ready" | "status", limitMs: number, silence: string, onProgress?: (f: number, stage: string) => void, ringId?: string): Promise<T> {
     if (this.lost) return Promise.reject(new WorkerLostError(this, this.lost));
     return new Promise<T>((resolve, reject) => {
       const w: Waiter = {
-        kind, resolve: resolve as (v: never) => void, reject, onProgress,
+        kind, resolve: resolve as (v: never) => void, reject, onProgress, ringId,
         arm: () => {
           clearTimeout(w.timer);
           w.timer = setTimeout(() => this.unanswered(w, silence), limitMs);
@@ -153,9 +158,12 @@ export class WorkerHandle {
           w.onProgress?.(m.progress.fraction, printable(m.progress.stage));
         }
         return null;
-      case "ready":
-        this.settle("ready", m.ready);
+      case "ready": {
+        // The answer to the assignment it names (a worker of an older version names none: the oldest).
+        const i = this.waiters.findIndex((w) => w.kind === "ready" && (!m.ready.ringId || w.ringId === m.ready.ringId));
+        if (i >= 0) this.take(i).resolve(m.ready as never);
         return null;
+      }
       case "status": {
         // Placement plans with the memory a status reports: a device that claims more than it has is let go.
         const bad = statusProblem(m.status);

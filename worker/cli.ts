@@ -180,7 +180,7 @@ async function main(argv: string[]): Promise<number> {
         const problem = remote ? remote.fileProblem() : own!.native.fileProblem();
         return problem ? new WorkerExit(EXIT_MODEL_CHANGED, `${problem}; left the ring: restart the worker to map the file again`) : null;
       },
-    }, handlerFor(device, remote, modelPath, () => model().gguf, profile));
+    }, handlerFor(device, remote, modelPath, () => model().gguf, profile, log));
     session = worker;
     log(`model ${modelPath} (${model().nLayers} layers), data plane port ${dataPort.port}`);
     try {
@@ -249,7 +249,7 @@ async function fetchHeader(
 
 /** What runs an assignment: the windows' chunks fetched first (without --model), then checked
  * against the coordinator's hashes, then set up. */
-function handlerFor(device: WorkerDevice, remote: RemoteModel | undefined, path: string, gguf: () => GgufFile, profile: JoinProfile): SessionHandler {
+function handlerFor(device: WorkerDevice, remote: RemoteModel | undefined, path: string, gguf: () => GgufFile, profile: JoinProfile, log: (line: string) => void): SessionHandler {
   const hasher = new ChunkHasher(path, !remote);
   // Asked before a plan: the pass timed now, while the device holds no windows (the coordinator times
   // each device in turn, so that on a shared host one's timing never competes with another's).
@@ -258,9 +258,11 @@ function handlerFor(device: WorkerDevice, remote: RemoteModel | undefined, path:
     return { ...device.status(), ...(timed ? { profileJson: profile.json() } : {}) };
   };
   const checked: SessionHandler = {
-    assign: async (a, progress, deviceId) => {
+    assign: async (a, progress, deviceId, dropped) => {
       try {
-        await hasher.verify(a.windowChunks ?? [], a.chunkBytes ?? 0, gguf(), progress);
+        const t0 = performance.now();
+        const hashed = await hasher.verify(a.windowChunks ?? [], a.chunkBytes ?? 0, gguf(), progress, dropped);
+        if (hashed > 0) log(`checked this device's weights in ${((performance.now() - t0) / 1000).toFixed(2)} s (${hashed} chunks hashed, the rest known)`);
       } catch (e) {
         if (!(e instanceof WeightsMismatchError)) throw e;
         // A fetched copy is made right by fetching again; a copy of one's own needs another file.
@@ -269,7 +271,7 @@ function handlerFor(device: WorkerDevice, remote: RemoteModel | undefined, path:
         hasher.forget(e.chunks);
         throw new Error(`${e.message}; they will be fetched again`);
       }
-      return device.assign(a, progress, deviceId);
+      return device.assign(a, progress, deviceId, dropped);
     },
     kv: (cmd) => device.kv(cmd),
     status,
@@ -282,13 +284,13 @@ function handlerFor(device: WorkerDevice, remote: RemoteModel | undefined, path:
 function fetchingFirst(device: WorkerDevice, next: SessionHandler, remote: RemoteModel, hasher: ChunkHasher): SessionHandler {
   const { status } = next;
   return {
-    assign: async (a, progress, deviceId) => {
+    assign: async (a, progress, deviceId, dropped) => {
       await device.reset("fetching this device's windows"); // the old mapping goes before the file changes
       const layers = a.windows.flatMap((w) => Array.from({ length: w.endLayer - w.firstLayer }, (_, i) => w.firstLayer + i));
       // Hashed again after the fetch: what it writes (all of it, or part when it is cut off).
       hasher.forget(remote.missingFor(layers));
       await remote.fetchLayers(layers, progress);
-      return next.assign(a, progress, deviceId);
+      return next.assign(a, progress, deviceId, dropped);
     },
     kv: (cmd) => device.kv(cmd),
     status,

@@ -78,8 +78,20 @@ export class WorkerDevice implements SessionHandler {
 
   constructor(private readonly o: DeviceOptions) {}
 
-  async assign(a: Assignment, progress: (fraction: number, stage: string) => void, deviceId: string): Promise<number> {
+  async assign(a: Assignment, progress: (fraction: number, stage: string) => void, deviceId: string, dropped?: AbortSignal): Promise<number> {
+    // Where an assignment's time goes (a recovery waits for it): logged when it is done.
+    const took: [string, number][] = [];
+    let since = performance.now();
+    const lap = (what: string) => {
+      const now = performance.now();
+      took.push([what, now - since]);
+      since = now;
+    };
+    if (dropped?.aborted) throw new Error("a newer assignment replaced this one");
     await this.reset("new assignment");
+    lap("dropping the last windows");
+    // A newer assignment arrived meanwhile: it owns the device (its reset follows this one's).
+    if (dropped?.aborted) throw new Error("a newer assignment replaced this one");
     this.room.forget();
     const { model } = this.o;
     const kvCacheTypes = assignedKvCacheTypes(a); // an unknown name fails the assignment, naming it
@@ -118,11 +130,19 @@ export class WorkerDevice implements SessionHandler {
     });
     this.listener.on("link", (link) => this.attachPredecessor(link));
     const url = a.successorUrl.replace(/^ws:\/\/:/, `ws://${this.o.coordinatorHost}:`);
+    lap("windows");
     progress(0, "dialling the successor");
-    this.successor = await dialSuccessorWithin(url, { ...linkOptions(deviceId), linkKey: keys.out, expectedPeerDeviceId: neighbour(1) }, 5000);
+    const successor = await dialSuccessorWithin(url, { ...linkOptions(deviceId), linkKey: keys.out, expectedPeerDeviceId: neighbour(1) }, 5000);
+    if (dropped?.aborted) {
+      // The newer assignment's reset closed this one's node and listener; this link is closed here.
+      void successor.close("the assignment was replaced");
+      throw new Error("a newer assignment replaced this one");
+    }
+    this.successor = successor;
     this.successor.on("close", (c) => {
       if (c.error) this.o.fail(new Error(`link to ${this.successor?.peerName ?? url} failed: ${c.error.message}`));
     });
+    lap("dialling the successor");
     const node = this.node;
     this.laneSetup = () => {
       // A device without layers only passes frames on: JS does that.
@@ -155,9 +175,11 @@ export class WorkerDevice implements SessionHandler {
       room -= take;
       progress((i + 1) / windows.length, `prefetching window ${i + 1} of ${windows.length}`);
     }
+    lap("paging in");
     this.pressure?.stop();
     this.pressure = memoryPressureTracker();
     this.laneSetup();
+    this.o.log(`windows set up in ${(took.reduce((t, [, ms]) => t + ms, 0) / 1000).toFixed(2)} s (${took.map(([w, ms]) => `${w} ${(ms / 1000).toFixed(2)} s`).join(", ")})`);
     return this.node.anonBytes();
   }
 

@@ -29,8 +29,10 @@ const RESET_LIMIT_MS = 2000;
 
 /** What the session asks of the device while it is joined. */
 export interface SessionHandler {
-  /** Sets up the assigned windows and links; reports load progress; resolves with anonymous bytes. */
-  assign(a: Assignment, progress: (fraction: number, stage: string) => void, deviceId: string): Promise<number>;
+  /** Sets up the assigned windows and links; reports load progress; resolves with anonymous bytes.
+   * `dropped` aborts when a newer assignment arrives: this one then stops at its next step (and
+   * leaves the device to the newer one); what it resolves or rejects with is not reported. */
+  assign(a: Assignment, progress: (fraction: number, stage: string) => void, deviceId: string, dropped: AbortSignal): Promise<number>;
   kv(cmd: KvCommand): void;
   /** With request.timePass: times the one-token pass first, where the device holds no windows. */
   status(request?: StatusRequest): Status | Promise<Status>;
@@ -77,6 +79,8 @@ export class WorkerSession {
   private readonly stopping = new AbortController();
   /** Set by leave(): run() rejects with it. */
   private exit: WorkerExit | null = null;
+  /** Aborted when a newer assignment arrives (or the session ends): the one being set up is dropped. */
+  private assignment: AbortController | undefined;
 
   constructor(private readonly o: SessionOptions, private readonly handler: SessionHandler) {}
 
@@ -288,18 +292,30 @@ export class WorkerSession {
         const a = m.assignment;
         const layers = a.windows.map((w) => `${w.firstLayer}-${w.endLayer - 1}`).join(", ");
         this.o.log(`assigned layers ${layers} (${a.cycles} cycle${a.cycles === 1 ? "" : "s"}), successor ${printable(a.successorUrl)}`);
+        // Only the newest assignment is set up and answered: the coordinator gave up on an older one
+        // (another device of its ring failed while it was wired) and waits for this one alone.
+        this.assignment?.abort();
+        const dropped = new AbortController();
+        this.assignment = dropped;
         let last = { fraction: 0, stage: "received the assignment" };
         const progress = (fraction: number, stage: string) => {
           last = { fraction, stage };
-          this.send({ progress: last });
+          if (!dropped.signal.aborted) this.send({ progress: last });
         };
         progress(0, last.stage);
         session.assigning(true, () => last);
         this.handler
-          .assign(a, progress, this.deviceId)
-          .then((anonBytes) => this.send({ ready: { anonBytes } }))
-          .catch((e: unknown) => this.fail(e))
-          .finally(() => session.assigning(false, () => last));
+          .assign(a, progress, this.deviceId, dropped.signal)
+          .then((anonBytes) => {
+            if (!dropped.signal.aborted) this.send({ ready: { anonBytes, ringId: a.ringId } });
+          })
+          .catch((e: unknown) => {
+            if (dropped.signal.aborted) this.o.log(`dropped the assignment of layers ${layers}: a newer one came`);
+            else this.fail(e);
+          })
+          .finally(() => {
+            if (this.assignment === dropped) session.assigning(false, () => last);
+          });
         return;
       }
       case "kv":

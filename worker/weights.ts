@@ -81,8 +81,9 @@ export class ChunkHasher {
   /**
    * Checks the file's chunks against the coordinator's hashes; throws a WeightsMismatchError naming
    * the chunks that differ and the layers in them. Progress is reported as chunks are hashed.
+   * Resolves with how many chunks it hashed now (the others were known); `stop` ends it between chunks.
    */
-  async verify(expected: readonly ChunkHash[], chunkBytes: number, file: GgufFile, progress?: (fraction: number, stage: string) => void): Promise<void> {
+  async verify(expected: readonly ChunkHash[], chunkBytes: number, file: GgufFile, progress?: (fraction: number, stage: string) => void, stop?: AbortSignal): Promise<number> {
     if (!(chunkBytes > 0) || expected.length === 0) throw new Error("the assignment carries no hashes of this device's weights (is the coordinator older than this worker?)");
     this.sync(chunkBytes);
     const todo = expected.filter((c) => !this.hashes.has(c.index));
@@ -92,6 +93,7 @@ export class ChunkHasher {
         const buf = Buffer.allocUnsafe(chunkBytes);
         let done = 0;
         for (const c of todo) {
+          if (stop?.aborted) throw new Error("the weights check was stopped (a newer assignment came)");
           const start = c.index * chunkBytes;
           let got = 0;
           for (;;) {
@@ -110,7 +112,7 @@ export class ChunkHasher {
       this.save();
     }
     const bad = expected.filter((c) => this.hashes.get(c.index) !== Buffer.from(c.digest).toString("hex"));
-    if (bad.length === 0) return;
+    if (bad.length === 0) return todo.length;
     const first = bad[0].index;
     const layers = layersIn(file, first * chunkBytes, (first + 1) * chunkBytes);
     throw new WeightsMismatchError(

@@ -65,6 +65,14 @@ describe("failover during a streamed request (12 layers of 1024, Q8_0, two worke
       expect(Number.isFinite(pauseS)).toBe(true);
       expect(metrics).toMatch(/prima_recovery_seconds_count 1\n/);
       expect(metrics).toMatch(/prima_devices_lost_total 1\n/);
+      // The event says where the pause went: detection, each step of re-placing, the replay of the
+      // prompt and the 10 tokens or more sent before the loss (bench/chaos.ts sums these parts).
+      const events = ((await (await fetch(`${s.url}/api/state`)).json()) as { events: { kind: string; message: string }[] }).events;
+      const said = events.find((e) => e.kind === "recovered")?.message ?? "";
+      const parts = /pause \([\d.]+ s of it replaying (\d+) tokens; detection [\d.]+ s, re-placing [\d.]+ s: (.*)\)$/.exec(said);
+      expect(parts, said).not.toBeNull();
+      expect(Number(parts![1])).toBeGreaterThanOrEqual(10);
+      for (const step of ["take-down", "answering", "assignments", "dial"]) expect(parts![2]).toMatch(new RegExp(`\\b${step} [\\d.]+ s`));
       if (signal === "SIGSTOP") bravo.child.kill("SIGKILL");
       // The server stays up and serves the next request on the devices left.
       const next = await s.client.completions.create({ prompt: PROMPT, max_tokens: N, temperature: 0 });
