@@ -3,10 +3,9 @@
 // that one pass), then every step takes the next token of each active sequence through one pass over
 // the weights (SeqSlots.step). Each slot keeps the tokens its KV cache holds: a request takes the free
 // slot whose cache shares the longest prefix with its prompt (llama-server's slots do the same).
-import { NonFiniteError, SeqSlots, discardFor, type GenerationResult, type LocalModel, type LocalPipeline, type StopReason } from "../engine/index.js";
+import { NonFiniteError, discardFor, type GenerationResult, type SeqSlots, type StopReason } from "../engine/index.js";
 import type { GenerationOutcome, GenerationRequest } from "./request-run.js";
 import { CancelledError, QueueFullError } from "./queue.js";
-import type { KvCacheTypes } from "../model/index.js";
 import type { RequestState, SlotState } from "./state.js";
 
 export type { SlotState };
@@ -298,19 +297,4 @@ export class SequenceScheduler {
     this.o.hooks.changed();
     s.reject(e);
   }
-}
-
-/** serve --parallel N > 1: N sequence slots beside the head's pipeline (slot 0 is its window, the
- * others each a KV cache of their own: N x ctx in all) and their scheduler; says what they hold. */
-export function openSequences(
-  model: LocalModel, pipeline: LocalPipeline, o: { parallel: number; ctx: number; batch: number; kvCacheTypes?: KvCacheTypes; maxQueue: number; log: (line: string) => void }, hooks: SchedulerHooks,
-): { slots: SeqSlots; scheduler: SequenceScheduler } {
-  const slots = new SeqSlots(model, o.parallel, o.ctx, o.batch, pipeline.window, o.kvCacheTypes);
-  // K and V in their types for every layer of every slot, as the windows hold them (sliding-window layers a ring)
-  const kvBytes = slots.windows.reduce((a, w) => a + w.info().kvBytes, 0);
-  const anonBytes = slots.windows.reduce((a, w) => a + w.info().anonBytes, 0);
-  const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
-  o.log(`--parallel ${o.parallel}: ${o.parallel} sequence slots of ${o.ctx} tokens each (${o.parallel * o.ctx} tokens of KV cache: ${mib(kvBytes)}; ${mib(anonBytes)} with the slots' scratch)`);
-  const scheduler = new SequenceScheduler(slots, { maxQueue: o.maxQueue, layers: model.nLayers, hooks });
-  return { slots, scheduler };
 }

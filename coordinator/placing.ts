@@ -53,6 +53,19 @@ type LeftOut = PlanState["leftOut"];
 /** After a failure, a worker that does not answer a status request this fast is left out. */
 const RESPONSIVE_WITHIN_MS = 1000;
 
+/** place() once more when it fails (a device that does not answer, not yet declared lost, is left
+ * out the next time), up to `attempts` in all; `stop` ends the retries at once. */
+export async function placeRetrying(place: () => Promise<void>, attempts: number, stop: () => boolean, log: (line: string) => void): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await place();
+    } catch (e) {
+      if (attempt >= attempts || stop()) throw e;
+      log(`re-placing the layers failed (${(e as Error).message}); trying again with the devices that answer`);
+    }
+  }
+}
+
 /** The workers that answer a status request within the limit: after a failure a silent one is not
  * waited for (the registry declares it lost, as its status limit does). */
 export async function answering(workers: readonly WorkerHandle[], log: (line: string) => void): Promise<WorkerHandle[]> {
