@@ -89,6 +89,7 @@ export class Cluster extends EventEmitter {
       this.sequences = new ParallelSequences({
         model: o.model, parallel: o.parallel!, ctx: o.ctx, batch: o.batch, kvCacheTypes: o.kvCacheTypes, maxQueue: this.maxQueue, log: o.log,
         counters: this.stats, token: () => this.activity.token(), changed: () => this.changed(), closing: () => this.closed,
+        idle: () => this.dirty && this.markDirty(),
       });
     }
     this.historyTimer = setInterval(() => this.sampleHistory(), HISTORY_INTERVAL_MS);
@@ -160,7 +161,7 @@ export class Cluster extends EventEmitter {
     if (!this.o.autoPlace) return;
     this.settleTimer = setTimeout(() => {
       const enough = this.readiness().ok;
-      if (this.dirty && enough && !this.active && this.queue.waiting === 0 && !this.closed) {
+      if (this.dirty && enough && !this.active && !this.sequences?.busy && this.queue.waiting === 0 && !this.closed) {
         this.queue.exclusive(() => this.prepare()).catch((e: unknown) => this.o.log(`placing layers failed: ${(e as Error).message}`));
       }
     }, REPLAN_SETTLE_MS);
@@ -180,13 +181,9 @@ export class Cluster extends EventEmitter {
 
   /** Makes sure the pipeline matches the devices there are now (inside exclusive()). */
   async prepare(): Promise<void> {
-    // parallel sequences run here alone, for good: re-placing would close slots that are decoding
-    if (this.sequences && this.current) {
-      this.dirty = false;
-      this.devices.leaveOutJoining(this.sequences.ringRefusal);
-      return;
-    }
     const broken = this.current?.kind === "ring" && this.current.ring.failure !== undefined;
+    // re-placing would close sequence slots that are decoding: devices that came wait until they are idle
+    if (this.sequences?.busy && this.current && !broken) return this.devices.leaveOutJoining(this.sequences.joinRefusal);
     if (!this.dirty && this.current && !broken) return;
     await this.replace(false);
   }

@@ -1,11 +1,12 @@
-// serve --parallel N > 1 as the cluster holds it: the N sequence slots beside the head's pipeline,
-// opened when the layers are placed on this device alone and closed when they are taken down, their
-// scheduler (parallel.ts), and the service counters each finished request feeds. The slots run on one
-// device only: a ring's data plane carries one sequence (ParallelSequences.ringRefusal says so).
+// serve --parallel N > 1 as the cluster holds it: the N sequence slots beside the pipeline, opened when
+// the layers are placed and closed when they are taken down, their scheduler (parallel.ts), and the
+// service counters each finished request feeds. On this device alone the slots are engine SeqSlots;
+// on a ring every device holds a KV cache per slot and the rows go round tagged (ring RingSeqSlots).
 import { SeqSlots, type LocalModel } from "../engine/index.js";
+import { RingSeqSlots } from "../ring/index.js";
 import type { KvCacheTypes } from "../model/index.js";
 import { settleMemory } from "../profiler/index.js";
-import { SequenceScheduler, type SlotState } from "./parallel.js";
+import { SequenceScheduler, type SequenceSlots, type SlotState } from "./parallel.js";
 import type { Current, GenerationOutcome, GenerationRequest, ServiceCounters } from "./request-run.js";
 import type { RequestState } from "./state.js";
 
@@ -25,17 +26,24 @@ export interface ParallelOptions {
   readonly changed: () => void;
   /** The cluster is shutting down (no memory settling then). */
   readonly closing: () => boolean;
+  /** The last sequence left and none waits (devices that came meanwhile may be placed now). */
+  readonly idle: () => void;
 }
 
 export class ParallelSequences {
-  private open: { slots: SeqSlots; scheduler: SequenceScheduler } | undefined;
+  private open: { slots: SequenceSlots; close: () => void; scheduler: SequenceScheduler } | undefined;
 
   constructor(private readonly o: ParallelOptions) {}
 
-  /** Why joining workers are left out while the slots are open: the data plane's frames carry the
-   * rows of one sequence, and re-placing the layers would close slots that are decoding. */
-  get ringRefusal(): string {
-    return `--parallel ${this.o.parallel} runs on this device alone (a ring carries one sequence at a time)`;
+  /** Why joining workers are left out while the slots are open: re-placing the layers would close
+   * slots that are decoding. */
+  get joinRefusal(): string {
+    return `--parallel ${this.o.parallel}: waits until no sequence slot is decoding to place the layers again`;
+  }
+
+  /** A sequence decodes or waits for a slot. */
+  get busy(): boolean {
+    return this.activeCount > 0 || this.waiting > 0;
   }
 
   get opened(): boolean {
@@ -52,12 +60,16 @@ export class ParallelSequences {
     return this.open?.scheduler.waiting ?? 0;
   }
 
-  /** The slots beside the pipeline placed on this device alone (none beside a ring): slot 0 is its
-   * window, the others each a KV cache of their own (N x ctx tokens in all); says what they hold.
-   * When they cannot be made, the pipeline is closed too (the placement fails as a whole). */
+  /** The slots beside the pipeline: on this device alone, slot 0 is its window and the others each a
+   * KV cache of their own (N x ctx tokens in all; when they cannot be made, the pipeline is closed
+   * too: the placement fails as a whole); on a ring, each device made its slots with its windows. */
   openBeside(current: Current): void {
-    if (current.kind !== "local") return;
     const { model, parallel, ctx, batch, kvCacheTypes } = this.o;
+    if (current.kind === "ring") {
+      this.start(new RingSeqSlots(model, current.ring.pipeline, parallel, ctx), () => {});
+      this.o.log(`--parallel ${parallel}: ${parallel} sequence slots of ${ctx} tokens each on every device of the ring`);
+      return;
+    }
     let slots: SeqSlots;
     try {
       slots = new SeqSlots(model, parallel, ctx, batch, current.pipeline.window, kvCacheTypes);
@@ -70,8 +82,12 @@ export class ParallelSequences {
     const anonBytes = slots.windows.reduce((a, w) => a + w.info().anonBytes, 0);
     const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
     this.o.log(`--parallel ${parallel}: ${parallel} sequence slots of ${ctx} tokens each (${parallel * ctx} tokens of KV cache: ${mib(kvBytes)}; ${mib(anonBytes)} with the slots' scratch)`);
+    this.start(slots, () => slots.close());
+  }
+
+  private start(slots: SequenceSlots, close: () => void): void {
     const scheduler = new SequenceScheduler(slots, {
-      maxQueue: this.o.maxQueue, layers: model.nLayers,
+      maxQueue: this.o.maxQueue, layers: this.o.model.nLayers,
       hooks: {
         token: () => this.o.token(),
         step: (rows) => this.o.counters.batchStep(rows),
@@ -79,7 +95,7 @@ export class ParallelSequences {
         changed: () => this.o.changed(),
       },
     });
-    this.open = { slots, scheduler };
+    this.open = { slots, close, scheduler };
   }
 
   /** Fails what waits or runs (after the pass in flight), then frees the slots. */
@@ -88,7 +104,7 @@ export class ParallelSequences {
     this.open = undefined;
     if (!open) return;
     await open.scheduler.close();
-    open.slots.close();
+    open.close();
   }
 
   /** A request takes a sequence slot and decodes beside the others. */
@@ -115,7 +131,11 @@ export class ParallelSequences {
     // the last sequence left: hand back what the requests' traffic grew, as a lone request does
     if (this.activeCount === 0) {
       const idle = () => this.activeCount === 0 && this.waiting === 0 && !this.o.closing();
-      setImmediate(() => idle() && settleMemory());
+      setImmediate(() => {
+        if (!idle()) return;
+        settleMemory();
+        this.o.idle();
+      });
     }
   }
 }

@@ -83,10 +83,6 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
   const { model, log } = o;
   const parallel = o.parallel ?? 1;
   if (workers.length === 0) return local(i, undefined, [], "no workers: every layer runs on this device");
-  if (parallel > 1) {
-    for (const w of workers) devices.set(w, "left-out", `--parallel ${parallel} runs on this device alone`);
-    return local(i, undefined, workers.map((w) => ({ device: w.id, reason: `--parallel ${parallel} runs on one device` })), `--parallel ${parallel}: every layer runs on this device; workers are not used`);
-  }
   let perCycle: number[];
   let cycles: number | undefined;
   let placement: RingPlan | undefined;
@@ -96,7 +92,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
       model, modelPath: o.modelPath, fingerprint: i.fingerprint, workers, head: i.headReport, ctx: o.ctx,
       // A recovery plans with the last timed passes: a request is paused until it is placed.
       retime: !i.recovering, retimeHead: i.recovering ? undefined : i.retimeHead,
-      maxBatch: o.batch, tokens: o.plannedTokens ?? o.ctx, log, kvCacheTypes: o.kvCacheTypes,
+      maxBatch: o.batch, tokens: o.plannedTokens ?? o.ctx, log, kvCacheTypes: o.kvCacheTypes, seqSlots: parallel,
       options: { k: o.cycles, ...(o.keepAll ? { keepAll: true } : {}) }, rereads: i.rereads,
     });
     log(formatPlan(placement, placement.labels));
@@ -124,7 +120,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
   for (const m of members) devices.set(m.worker, "loading", "receiving its windows", 0);
   const ring = await Ring.build({
     members, headWindows, headReleaseAfterUse: releaseAfterUse(workers.length), cycles: plan.cycles, ctx: o.ctx,
-    maxBatch: o.batch, prefetch: o.prefetch, expertPrefetch: o.expertPrefetch, kvCacheTypes: o.kvCacheTypes,
+    maxBatch: o.batch, prefetch: o.prefetch, expertPrefetch: o.expertPrefetch, kvCacheTypes: o.kvCacheTypes, seqSlots: parallel,
   }, {
     model, fingerprint: i.fingerprint, registry: i.registry, log,
     weights: async (layers) => ({ chunkBytes: i.modelSource.info.chunkBytes, chunks: await windowChunkHashes(i.modelSource, model.gguf, layers) }),

@@ -29,6 +29,8 @@ export interface RingPlanInput {
   readonly maxBatch: number;
   /** The KV cache's types (f16 when absent): a window's memory counts its cache in them. */
   readonly kvCacheTypes?: KvCacheTypes;
+  /** Sequence slots (serve --parallel): every device holds a KV cache of ctx positions per slot. */
+  readonly seqSlots?: number;
   /** Tokens the run will hold: prompt + generated (sets the attention FLOPs). */
   readonly tokens: number;
   readonly options: HaldaOptions;
@@ -89,7 +91,8 @@ const lastTimed = new WeakMap<WorkerHandle, DeviceReport>();
  */
 export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   const profileModel = modelProfile(i.model.desc, {
-    nCtx: i.ctx, maxBatch: i.maxBatch, nPredict: Math.max(1, Math.min(i.ctx, i.tokens)), name: i.modelPath, kvCacheTypes: i.kvCacheTypes,
+    // N slots hold N caches of ctx positions: Halda counts their memory as one cache of N x ctx
+    nCtx: i.ctx * (i.seqSlots ?? 1), maxBatch: i.maxBatch, nPredict: Math.max(1, Math.min(i.ctx, i.tokens)), name: i.modelPath, kvCacheTypes: i.kvCacheTypes,
   });
   const scratch = windowScratchBytes(i.model, i.ctx, i.maxBatch, i.kvCacheTypes);
   const linkOptions = {
