@@ -85,13 +85,10 @@ export class Cluster extends EventEmitter {
     ({ modelSource: this.modelSource, registry: this.registry } = workerSide(o, this.fingerprint, trust));
     this.registry.on("joined", (w: WorkerHandle) => this.onJoined(w));
     this.registry.on("lost", (w: WorkerHandle, reason: string) => this.onLost(w, reason));
-    if ((o.parallel ?? 1) > 1) {
-      this.sequences = new ParallelSequences({
-        model: o.model, parallel: o.parallel!, ctx: o.ctx, batch: o.batch, kvCacheTypes: o.kvCacheTypes, maxQueue: this.maxQueue, log: o.log,
-        counters: this.stats, token: () => this.activity.token(), changed: () => this.changed(), closing: () => this.closed,
-        idle: () => this.dirty && this.markDirty(),
-      });
-    }
+    this.sequences = (o.parallel ?? 1) > 1 ? new ParallelSequences({
+      ...o, parallel: o.parallel!, maxQueue: this.maxQueue, counters: this.stats, token: () => this.activity.token(), changed: () => this.changed(),
+      closing: () => this.closed, idle: () => this.dirty && this.markDirty(), recover: () => this.recoverSequences(),
+    }) : undefined;
     this.historyTimer = setInterval(() => this.sampleHistory(), HISTORY_INTERVAL_MS);
     this.historyTimer.unref();
   }
@@ -238,6 +235,13 @@ export class Cluster extends EventEmitter {
   }
 
   // ---- requests --------------------------------------------------------------------------------
+
+  /** serve --parallel: a pass failed; when the ring broke, placed again (the slots replay on it). */
+  private async recoverSequences(): Promise<boolean> {
+    if (this.current?.kind !== "ring" || !(await this.current.ring.failureWithin()) || this.closed) return false;
+    await this.recoverRing();
+    return true;
+  }
 
   get parallel(): number {
     return this.o.parallel ?? 1;

@@ -2,12 +2,12 @@
 // the layers are placed and closed when they are taken down, their scheduler (parallel.ts), and the
 // service counters each finished request feeds. On this device alone the slots are engine SeqSlots;
 // on a ring every device holds a KV cache per slot and the rows go round tagged (ring RingSeqSlots).
-import { SeqSlots, type LocalModel } from "../engine/index.js";
+import { SeqSlots, type LocalModel, type NonFiniteError, type SeqRow } from "../engine/index.js";
 import { RingSeqSlots } from "../ring/index.js";
 import type { KvCacheTypes } from "../model/index.js";
 import { settleMemory } from "../profiler/index.js";
 import { SequenceScheduler, type SequenceSlots, type SlotState } from "./parallel.js";
-import type { Current, GenerationOutcome, GenerationRequest, ServiceCounters } from "./request-run.js";
+import { MAX_RECOVERIES, type Current, type GenerationOutcome, type GenerationRequest, type ServiceCounters } from "./request-run.js";
 import type { RequestState } from "./state.js";
 
 export interface ParallelOptions {
@@ -28,10 +28,82 @@ export interface ParallelOptions {
   readonly closing: () => boolean;
   /** The last sequence left and none waits (devices that came meanwhile may be placed now). */
   readonly idle: () => void;
+  /** A pass failed: when the ring broke, the layers are placed again (openBeside is called with the
+   * new pipeline while the slots stay open) and this resolves true; false for any other failure. */
+  readonly recover: () => Promise<boolean>;
+}
+
+/** The slots the scheduler decodes on, kept across a re-placement: they remember the tokens each slot's
+ * cache holds, and when a pass fails because the ring broke, they have the layers placed again, every
+ * slot's tokens replayed on the new pipeline (every sequence in flight, and the prefixes kept for
+ * reuse), and the pass run again, so a client only sees a pause. */
+class ReplayingSlots {
+  private readonly written: number[][];
+
+  constructor(private inner: SequenceSlots, private readonly recover: () => Promise<boolean>) {
+    this.written = Array.from({ length: inner.size }, () => []);
+  }
+
+  get size(): number {
+    return this.inner.size;
+  }
+
+  get nCtx(): number {
+    return this.inner.nCtx;
+  }
+
+  /** The new placement's slots (empty caches: the next pass replays into them first). */
+  swap(inner: SequenceSlots): void {
+    this.inner = inner;
+  }
+
+  resumable(slot: number, pos: number): number {
+    return this.inner.resumable(slot, pos);
+  }
+
+  async prefill(slot: number, tokens: Int32Array, pos: number, onRows?: (rows: Float32Array) => void): Promise<Float32Array> {
+    const logits = await this.retrying(() => this.inner.prefill(slot, tokens, pos, onRows));
+    this.written[slot] = [...this.written[slot].slice(0, pos), ...tokens];
+    return logits;
+  }
+
+  async step(rows: readonly SeqRow[]): Promise<(Float32Array | NonFiniteError)[]> {
+    const out = await this.retrying(() => this.inner.step(rows));
+    for (const r of rows) {
+      this.written[r.slot].length = r.pos;
+      this.written[r.slot].push(r.token);
+    }
+    return out;
+  }
+
+  async shift(slot: number, p0: number, nDiscard: number, nPast: number): Promise<void> {
+    await this.inner.shift(slot, p0, nDiscard, nPast);
+    const w = this.written[slot];
+    w.splice(p0, nDiscard);
+    w.length = Math.min(w.length, nPast - nDiscard);
+  }
+
+  private async retrying<T>(pass: () => Promise<T>): Promise<T> {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await pass();
+      } catch (e) {
+        if (attempt >= MAX_RECOVERIES || !(await this.recover())) throw e;
+        // a replay that fails too (another device lost) goes round this loop again
+        try {
+          for (let s = 0; s < this.written.length; s++) if (this.written[s].length > 0) await this.inner.prefill(s, Int32Array.from(this.written[s]), 0);
+        } catch {
+          continue;
+        }
+      }
+    }
+  }
 }
 
 export class ParallelSequences {
-  private open: { slots: SequenceSlots; close: () => void; scheduler: SequenceScheduler } | undefined;
+  private open: { slots: ReplayingSlots; close: () => void; scheduler: SequenceScheduler } | undefined;
+  /** The ring broke under the slots and the layers are being placed again: they stay open, to move. */
+  private moving = false;
 
   constructor(private readonly o: ParallelOptions) {}
 
@@ -62,7 +134,8 @@ export class ParallelSequences {
 
   /** The slots beside the pipeline: on this device alone, slot 0 is its window and the others each a
    * KV cache of their own (N x ctx tokens in all; when they cannot be made, the pipeline is closed
-   * too: the placement fails as a whole); on a ring, each device made its slots with its windows. */
+   * too: the placement fails as a whole); on a ring, each device made its slots with its windows.
+   * Open already (a re-placement after the ring broke): the slots move to the new pipeline. */
   openBeside(current: Current): void {
     const { model, parallel, ctx, batch, kvCacheTypes } = this.o;
     if (current.kind === "ring") {
@@ -85,7 +158,21 @@ export class ParallelSequences {
     this.start(slots, () => slots.close());
   }
 
-  private start(slots: SequenceSlots, close: () => void): void {
+  private start(backend: SequenceSlots, close: () => void): void {
+    if (this.open) {
+      this.open.close();
+      this.open.slots.swap(backend);
+      this.open.close = close;
+      return;
+    }
+    const slots = new ReplayingSlots(backend, async () => {
+      this.moving = true;
+      try {
+        return await this.o.recover();
+      } finally {
+        this.moving = false;
+      }
+    });
     const scheduler = new SequenceScheduler(slots, {
       maxQueue: this.o.maxQueue, layers: this.o.model.nLayers,
       hooks: {
@@ -98,8 +185,10 @@ export class ParallelSequences {
     this.open = { slots, close, scheduler };
   }
 
-  /** Fails what waits or runs (after the pass in flight), then frees the slots. */
+  /** Fails what waits or runs (after the pass in flight), then frees the slots; not while they move
+   * to a new placement after a loss (the cluster takes the old one down first). */
   async close(): Promise<void> {
+    if (this.moving && !this.o.closing()) return;
     const open = this.open;
     this.open = undefined;
     if (!open) return;
