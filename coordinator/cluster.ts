@@ -371,7 +371,7 @@ export class Cluster extends EventEmitter {
     const headStatusNow = this.current?.kind === "local" ? aloneStatus(this.current.pipeline, this.o.model.nLayers, pressureSeen) : headStatus(this.current?.ring.node, pressureSeen);
     return clusterState({
       cluster: this.o.name,
-      model: (this.modelState ??= modelState(this.o.model, this.o.modelPath, basename(this.o.modelPath, extname(this.o.modelPath)), this.fingerprint, this.o.ctx, this.o.kvCacheTypes)),
+      model: (this.modelState ??= modelState(this.o.model, this.o.modelPath, basename(this.o.modelPath, extname(this.o.modelPath)), this.fingerprint, this.o.ctx, this.o.kvCacheTypes, this.parallel)),
       server: { startedUnixMs: this.startedUnixMs, nowUnixMs: Date.now(), ready: readiness.ok, status: readiness.status, clusterPort: this.clusterPort },
       plan: this.planState, placement: this.placement, seats: this.seats, workers: this.workersInOrder(), devices: this.devices,
       head: { report: this.headReport, system: (this.headSystem ??= systemInfo()), threads: this.o.model.threads, status: headStatusNow, joinedUnixMs: this.startedUnixMs },

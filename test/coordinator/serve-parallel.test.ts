@@ -102,7 +102,10 @@ describe("serve --parallel 4", () => {
 });
 
 describe("serve --parallel 3 on a two-worker ring", () => {
-  type St = { devices: { name: string; state: string; detail: string | null }[]; plan: { ringOrder: string[] } | null; requests: { slots: unknown[] } };
+  type St = {
+    devices: { name: string; state: string; detail: string | null }[]; plan: { ringOrder: string[] } | null; requests: { slots: unknown[] };
+    model: { kvCache: { sequenceSlots?: number } };
+  };
   const prompts = PROMPTS.slice(0, 3);
   let s: Served;
   let workers: Proc[];
@@ -128,6 +131,7 @@ describe("serve --parallel 3 on a two-worker ring", () => {
     const st = (await (await fetch(`${s.url}/api/state`)).json()) as St;
     expect(st.plan?.ringOrder).toHaveLength(3);
     expect(st.requests.slots).toHaveLength(3);
+    expect(st.model.kvCache.sequenceSlots).toBe(3); // the dashboard counts KV for the 3 slots
     expect(s.proc.stderr).toMatch(/--parallel 3: 3 sequence slots of 512 tokens each on every device of the ring/);
   }, 60_000);
 
