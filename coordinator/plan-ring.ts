@@ -90,10 +90,11 @@ const lastTimed = new WeakMap<WorkerHandle, DeviceReport>();
  * each worker, and runs Halda. Throws an Error naming the device or the reason when no plan exists.
  */
 export async function planRing(i: RingPlanInput): Promise<RingPlan> {
-  const profileModel = modelProfile(i.model.desc, {
-    // N slots hold N caches of ctx positions: Halda counts their memory as one cache of N x ctx
-    nCtx: i.ctx * (i.seqSlots ?? 1), maxBatch: i.maxBatch, nPredict: Math.max(1, Math.min(i.ctx, i.tokens)), name: i.modelPath, kvCacheTypes: i.kvCacheTypes,
+  const oneSlot = modelProfile(i.model.desc, {
+    nCtx: i.ctx, maxBatch: i.maxBatch, nPredict: Math.max(1, Math.min(i.ctx, i.tokens)), name: i.modelPath, kvCacheTypes: i.kvCacheTypes,
   });
+  // N sequence slots hold N caches (each ctx positions, or a sliding-window layer's ring) on every device
+  const profileModel = { ...oneSlot, kvTokensPerLayer: (oneSlot.kvTokensPerLayer ?? oneSlot.nCtx) * (i.seqSlots ?? 1) };
   const scratch = windowScratchBytes(i.model, i.ctx, i.maxBatch, i.kvCacheTypes);
   const linkOptions = {
     identity: { deviceId: "head", modelFingerprint: i.fingerprint, hiddenSize: i.model.nEmbd }, bulkTokens: Math.min(512, i.maxBatch),
