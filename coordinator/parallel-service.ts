@@ -40,7 +40,8 @@ export interface ParallelOptions {
 class ReplayingSlots {
   private readonly written: number[][];
 
-  constructor(private inner: SequenceSlots, private readonly recover: () => Promise<boolean>) {
+  /** recovered: a pass went through after a loss, `pauseMs` after it began (the streams' pause). */
+  constructor(private inner: SequenceSlots, private readonly recover: () => Promise<boolean>, private readonly recovered: (pauseMs: number) => void) {
     this.written = Array.from({ length: inner.size }, () => []);
   }
 
@@ -84,9 +85,12 @@ class ReplayingSlots {
   }
 
   private async retrying<T>(pass: () => Promise<T>): Promise<T> {
+    const began = performance.now();
     for (let attempt = 0; ; attempt++) {
       try {
-        return await pass();
+        const out = await pass();
+        if (attempt > 0) this.recovered(performance.now() - began);
+        return out;
       } catch (e) {
         if (attempt >= MAX_RECOVERIES || !(await this.recover())) throw e;
         // a replay that fails too (another device lost) goes round this loop again
@@ -172,7 +176,7 @@ export class ParallelSequences {
       } finally {
         this.moving = false;
       }
-    });
+    }, (ms) => this.o.counters.recovered(ms));
     const scheduler = new SequenceScheduler(slots, {
       maxQueue: this.o.maxQueue, layers: this.o.model.nLayers,
       hooks: {

@@ -153,6 +153,7 @@ describe("serve --parallel 3 on a two-worker ring", () => {
     await s.proc.waitFor(/device w\d "w2" .*lost/, 10_000);
     const metrics = await (await fetch(`${s.url}/metrics`)).text();
     expect(metrics).toMatch(/prima_devices_lost_total 1\n/);
+    expect(metrics).toMatch(/prima_recovery_seconds_count [1-9]\d*\n/); // each pass that went on after the loss
     // the layers were placed again while the streams ran (they went on, replayed, on the new ring)
     expect(await metric(s.url, "prima_replans_total")).toBeGreaterThan(replansBefore);
     const st = (await (await fetch(`${s.url}/api/state`)).json()) as St;
