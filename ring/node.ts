@@ -5,6 +5,7 @@
 import { QuickForward, type KvCacheTypes, type LocalModel } from "../engine/index.js";
 import { descheduledMs, threadClock, type ExpertPrefetchMode, type NativeWindow } from "../native/index.js";
 import type { ActivationsFrame, ErrorFrame, KvShiftFrame, SeqActivationsFrame } from "./frame.js";
+import { closeWhenIdle, tryClose } from "./window-close.js";
 
 /** Why a device cannot run a frame (it passes an ERROR frame on instead). */
 export function noWindowMessage(cycle: number): string {
@@ -388,26 +389,5 @@ export class RingNode {
     }
     if (this.releaseAfterUse) slot.window.release();
     if (this.o.prefetch) following.window.prefetch(this.o.weightRoomBytes?.());
-  }
-}
-
-/** How long close() keeps trying a window busy with a pass, polling every BUSY_CLOSE_POLL_MS. */
-const BUSY_CLOSE_LIMIT_MS = 60_000, BUSY_CLOSE_POLL_MS = 5;
-
-function tryClose(w: NativeWindow): boolean {
-  try {
-    w.close();
-    return true;
-  } catch {
-    return false; // busy: a forward pass is still running on it
-  }
-}
-
-async function closeWhenIdle(windows: NativeWindow[]): Promise<void> {
-  const until = performance.now() + BUSY_CLOSE_LIMIT_MS;
-  let open = windows;
-  while (open.length > 0 && performance.now() < until) {
-    await new Promise((r) => setTimeout(r, BUSY_CLOSE_POLL_MS));
-    open = open.filter((w) => !tryClose(w));
   }
 }
