@@ -7,8 +7,9 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 
 /** 2: TLS pinned by the join token, a Challenge before the Join, weights checked per chunk. 3: chunk
- * digests are BLAKE3, not SHA-256. */
-export const PROTOCOL_VERSION = 3;
+ * digests are BLAKE3, not SHA-256. 4: sequence slots (Assignment.seqSlots, the ring's SEQ_ACTIVATIONS
+ * frames): an older worker would hold one slot and fail a --parallel ring's rows. */
+export const PROTOCOL_VERSION = 4;
 
 export interface Join {
   protocolVersion: number;
@@ -51,6 +52,8 @@ export interface Assignment {
   cacheTypeV?: string;
   /** Sparse attention's settings (model/attention.ts attentionSpec); empty or absent: dense. */
   attention?: string;
+  /** Sequence slots (serve --parallel on a ring): a KV cache per slot for every window; 0 or absent: 1. */
+  seqSlots?: number;
 }
 export interface LoadProgress { fraction: number; stage: string }
 export interface Ready { anonBytes: number; ringId?: string }

@@ -107,11 +107,11 @@ function windowStates(plan: PlanState | null, deviceId: string, status: Status |
 }
 
 /** The state's model part (it never changes). */
-export function modelState(model: LocalModel, path: string, name: string, fingerprint: string, contextTokens: number, kvCacheTypes?: KvCacheTypes): ClusterState["model"] {
+export function modelState(model: LocalModel, path: string, name: string, fingerprint: string, contextTokens: number, kvCacheTypes?: KvCacheTypes, sequenceSlots = 1): ClusterState["model"] {
   return {
     // The name /v1/models lists (the file's), which the dashboard's chat sends back.
     name, path, architecture: metaString(model.gguf, "general.architecture") ?? "unknown", layers: model.nLayers, sizeBytes: model.desc.fileBytes,
-    quantization: quantizationOf(model), fingerprint, contextTokens, kvCache: kvCacheState(model.desc.hparams, kvCacheTypes),
+    quantization: quantizationOf(model), fingerprint, contextTokens, kvCache: { ...kvCacheState(model.desc.hparams, kvCacheTypes), ...(sequenceSlots > 1 ? { sequenceSlots } : {}) },
   };
 }
 

@@ -2,32 +2,35 @@
 // the pipeline now (a ring, or the head alone), and when to place the layers again: after devices
 // joined or left, between requests, never in the middle of one (but for a request recovering from a
 // loss). Its rooms: devices.ts (the device records), queue.ts (one task at a time), request-run.ts (a
-// request's run, its replay after a loss, its counters), placing.ts (how the layers are placed),
-// cluster-state.ts (the state, from a snapshot) and activity.ts (events and tokens/s over time).
+// request's run, its replay after a loss, its counters), run-outcome.ts (what a run cost), placing.ts
+// (how the layers are placed), head-device.ts (this device's profile, what workers join),
+// parallel-service.ts (serve --parallel's slots), cluster-state.ts (the state, from a snapshot) and
+// activity.ts (events and tokens/s over time).
 import { EventEmitter } from "node:events";
-import { basename, dirname, extname, join, resolve } from "node:path";
-import type { LocalModel, SeqSlots } from "../engine/index.js";
+import { basename, extname } from "node:path";
+import type { LocalModel } from "../engine/index.js";
 import { modelFingerprint } from "../model/index.js";
-import { defaultCacheDir, memoryPressureTracker, settleMemory, profileDevice, refreshMemory, systemInfo, RereadStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
+import { defaultCacheDir, memoryPressureTracker, settleMemory, systemInfo, RereadStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
 import { seatsOf, type Seat } from "./placement.js";
-import { settleHeadMemory, type RingPlan } from "./plan-ring.js";
-import { decodePrediction } from "./prediction.js";
-import { ModelSource, defaultModelCacheDir } from "../transfer/index.js";
-import { serveChunks } from "./model-store.js";
-import { WorkerRegistry, type WorkerHandle } from "./registry.js";
+import type { RingPlan } from "./plan-ring.js";
+import { measuredOutcome } from "./run-outcome.js";
+import type { ModelSource } from "../transfer/index.js";
+import type { WorkerHandle, WorkerRegistry } from "./registry.js";
+import { profileHead, sayJoinCommand, workerSide } from "./head-device.js";
 import { TrustStore } from "../trust/index.js";
-import { HEAD_ID, aloneStatus, headStatus } from "./ring-setup.js";
-import { answering, placeLayers } from "./placing.js";
+import { aloneStatus, headStatus } from "./ring-setup.js";
+import { answering, headMemoryNow, placeLayers, placeRetrying } from "./placing.js";
 import { Activity, HISTORY_INTERVAL_MS } from "./activity.js";
 import type { ClusterOptions } from "./cluster-options.js";
 import { DeviceRecords } from "./devices.js";
 import { RequestQueue } from "./queue.js";
 import { Phases } from "./phases.js";
 import {
-  PromptCache, RequestRun, ServiceCounters, MAX_RECOVERIES, measureRun, type Current, type GenerationOutcome, type GenerationRequest, type RunHost,
+  PromptCache, RequestRun, ServiceCounters, MAX_RECOVERIES, type Current, type GenerationOutcome, type GenerationRequest, type RunHost,
 } from "./request-run.js";
 import { clusterState, modelState } from "./cluster-state.js";
-import { openSequences, type SequenceScheduler, type SlotState } from "./parallel.js";
+import type { SlotState } from "./parallel.js";
+import { ParallelSequences } from "./parallel-service.js";
 import type { ClusterState, EventState, PlanState, RequestState } from "./state.js";
 
 /** After a join or a loss, wait this long for more before re-placing an idle cluster. */
@@ -60,8 +63,8 @@ export class Cluster extends EventEmitter {
   private readonly queue = new RequestQueue(() => this.changed());
   private active: RequestRun | null = null;
   private readonly stats = new ServiceCounters();
-  /** serve --parallel N > 1: the sequence slots and their scheduler (made with the local pipeline). */
-  private sequences: { slots: SeqSlots; scheduler: SequenceScheduler } | undefined;
+  /** serve --parallel N > 1: the sequence slots, opened with the local pipeline (parallel-service.ts). */
+  private readonly sequences: ParallelSequences | undefined;
   private readonly historyTimer: NodeJS.Timeout;
   /** Devices' reread speeds seen in this cluster's rings, kept beside this device's profile. */
   private readonly rereads = new RereadStore(defaultCacheDir());
@@ -76,21 +79,17 @@ export class Cluster extends EventEmitter {
   constructor(readonly o: ClusterOptions) {
     super();
     this.fingerprint = modelFingerprint(o.model.gguf);
-    // Workers without their own copy fetch their windows' chunks from this file (transfer/).
-    this.modelSource = new ModelSource({
-      path: o.modelPath, fileBytes: o.model.gguf.fileBytes, dataOffset: o.model.gguf.dataOffset, fingerprint: this.fingerprint,
-      name: basename(o.modelPath), hashDir: join(dirname(defaultModelCacheDir()), "chunk-hashes"),
-    });
     const trust = () => {
       if (!this.trustStore) throw new Error("the cluster's identity is opened by start()");
       return this.trustStore;
     };
-    this.registry = new WorkerRegistry({
-      modelFingerprint: this.fingerprint, log: o.log, chunks: serveChunks(this.modelSource, o.log), allowAdvertise: o.allowAdvertise,
-      trust: { get identity() { return trust().identity; }, refresh: () => trust().refresh() },
-    });
+    ({ modelSource: this.modelSource, registry: this.registry } = workerSide(o, this.fingerprint, trust));
     this.registry.on("joined", (w: WorkerHandle) => this.onJoined(w));
     this.registry.on("lost", (w: WorkerHandle, reason: string) => this.onLost(w, reason));
+    this.sequences = (o.parallel ?? 1) > 1 ? new ParallelSequences({
+      ...o, parallel: o.parallel!, maxQueue: this.maxQueue, counters: this.stats, token: () => this.activity.token(), changed: () => this.changed(),
+      closing: () => this.closed, idle: () => this.dirty && this.markDirty(), recover: () => this.recoverSequences(),
+    }) : undefined;
     this.historyTimer = setInterval(() => this.sampleHistory(), HISTORY_INTERVAL_MS);
     this.historyTimer.unref();
   }
@@ -101,39 +100,18 @@ export class Cluster extends EventEmitter {
   async start(port: number, host = "0.0.0.0"): Promise<number> {
     if (this.o.layerWindows === undefined) {
       this.devices.head = { state: "profiling", detail: "measuring this device" };
-      this.headReport = await this.profileHead(false);
+      this.headReport = await profileHead(this.o, false);
     }
     this.devices.head = { state: "ready", detail: null };
     this.trustStore = await TrustStore.open(this.o.name, { rotate: this.o.rotateToken });
     this.clusterPort = await this.registry.listen(port, host);
-    this.sayJoinCommand();
+    sayJoinCommand(this.o, this.trustStore, this.clusterPort);
     this.changed();
     return this.clusterPort;
   }
 
   get port(): number {
     return this.clusterPort;
-  }
-
-  /** This device's profile: measured (or read from the cache) at start; `again` before each plan, from
-   * the cache but for the pass and the output layer, timed anew, and the hand-off to a successor (only
-   * a ring has one), saying only those. */
-  private profileHead(again: boolean): Promise<DeviceReport> {
-    return profileDevice({
-      name: HEAD_ID, model: this.o.model, outputLayer: true, handOff: again, threads: this.o.model.threads,
-      diskDirs: [dirname(resolve(this.o.modelPath))], nCtx: this.o.ctx, reprofile: this.o.reprofile && !again,
-      progress: (l) => (!again || /^forward pass|^output layer|^hand-off/.test(l) ? this.o.log(`profile: ${l}`) : undefined),
-    });
-  }
-
-  /** How workers join: the token file always; the token itself only when it is new or a person
-   * watches (logs are kept and shared, and the token lets a device into the ring). */
-  private sayJoinCommand(): void {
-    const t = this.trustStore!;
-    const model = `--model <their copy of ${basename(this.o.modelPath)}> (or none: they fetch their layers)`;
-    if (t.created) this.o.log(`made a new join token for cluster "${this.o.name}" (${t.tokenFile}); workers with an older one are refused`);
-    this.o.log(`workers join with: prima-worker --join HOST:${this.clusterPort} --token-file ${t.tokenFile} ${model}; HOST is this machine's address`);
-    if (t.created || process.stderr.isTTY) this.o.log(`or: prima-worker --join HOST:${this.clusterPort} --token ${t.identity.tokenText}`);
   }
 
   get model(): LocalModel {
@@ -181,7 +159,7 @@ export class Cluster extends EventEmitter {
     if (!this.o.autoPlace) return;
     this.settleTimer = setTimeout(() => {
       const enough = this.readiness().ok;
-      if (this.dirty && enough && !this.active && this.queue.waiting === 0 && !this.closed) {
+      if (this.dirty && enough && !this.active && !this.sequences?.busy && this.queue.waiting === 0 && !this.closed) {
         this.queue.exclusive(() => this.prepare()).catch((e: unknown) => this.o.log(`placing layers failed: ${(e as Error).message}`));
       }
     }, REPLAN_SETTLE_MS);
@@ -201,13 +179,9 @@ export class Cluster extends EventEmitter {
 
   /** Makes sure the pipeline matches the devices there are now (inside exclusive()). */
   async prepare(): Promise<void> {
-    // parallel sequences run here alone, for good: re-placing would close slots that are decoding
-    if (this.parallel > 1 && this.current) {
-      this.dirty = false;
-      this.devices.leaveOutJoining(`--parallel ${this.parallel} runs on this device alone`);
-      return;
-    }
     const broken = this.current?.kind === "ring" && this.current.ring.failure !== undefined;
+    // re-placing would close sequence slots that are decoding: devices that came wait until they are idle
+    if (this.sequences?.busy && this.current && !broken) return this.devices.leaveOutJoining(this.sequences.joinRefusal);
     if (!this.dirty && this.current && !broken) return;
     await this.replace(false);
   }
@@ -232,31 +206,15 @@ export class Cluster extends EventEmitter {
     const c = this.current;
     this.current = undefined;
     this.promptCache.clear();
-    if (this.sequences) {
-      await this.sequences.scheduler.close();
-      this.sequences.slots.close();
-      this.sequences = undefined;
-    }
+    await this.sequences?.close();
     if (c?.kind === "local") c.pipeline.close();
     if (c?.kind === "ring") await c.ring.close();
   }
 
   private async place(recovering = false, phases = new Phases()): Promise<void> {
-    // A recovery asks who answers and plans from their answers; the head reads its memory meanwhile,
-    // and settles it first (a collection on its event loop, 0.1-0.5 s on a loaded host) only where that
-    // could change the plan: the garbage it frees (tens of MiB) cannot where the head has room for the
-    // whole model twice over.
+    // A recovery asks who answers and plans from their answers; the head reads its memory meanwhile.
     let headNow: DeviceReport | undefined;
-    const settle = async () => {
-      const t0 = performance.now();
-      headNow = refreshMemory(this.headReport!, this.o.modelPath);
-      const plenty = headNow.profile.ramAvailableBytes >= 2 * this.o.model.gguf.fileBytes;
-      if (!plenty) {
-        await settleHeadMemory();
-        headNow = refreshMemory(this.headReport!, this.o.modelPath);
-      }
-      phases.meanwhile(plenty ? "the head's memory read" : "the head's memory settled and read", performance.now() - t0);
-    };
+    const settle = async () => void (headNow = await headMemoryNow(this.headReport!, this.o.modelPath, this.o.model.gguf.fileBytes, phases));
     const halda = this.headReport !== undefined && this.o.layerWindows === undefined;
     const answered = recovering ? await phases.time("answering", () => answering(this.workersInOrder(), this.o.log, halda ? settle : undefined)) : undefined;
     const workers = answered?.workers ?? this.workersInOrder();
@@ -266,25 +224,13 @@ export class Cluster extends EventEmitter {
     const placed = await placeLayers({
       o: this.o, fingerprint: this.fingerprint, registry: this.registry, modelSource: this.modelSource, rereads: this.rereads, devices: this.devices,
       workers, seats, recovering, generation, headReport: headNow ?? this.headReport, phases, statuses: headNow ? answered?.statuses : undefined,
-      retimeHead: async () => (this.headReport = await this.profileHead(true)),
+      retimeHead: async () => (this.headReport = await profileHead(this.o, true)),
       onBroken: (e) => {
         this.event("error", `the ring broke: ${e.message}`);
         this.markDirty();
       },
     });
-    if (this.parallel > 1 && placed.current.kind === "local") {
-      try {
-        this.sequences = openSequences(this.o.model, placed.current.pipeline, { parallel: this.parallel, ctx: this.o.ctx, batch: this.o.batch, kvCacheTypes: this.o.kvCacheTypes, maxQueue: this.maxQueue, log: this.o.log }, {
-          token: () => this.activity.token(),
-          step: (rows) => this.stats.batchStep(rows),
-          finished: (out, promptTokens) => this.recordParallel(out, promptTokens),
-          changed: () => this.changed(),
-        });
-      } catch (e) {
-        placed.current.pipeline.close();
-        throw e;
-      }
-    }
+    this.sequences?.openBeside(placed.current);
     ({ current: this.current, placement: this.placement, planState: this.planState, perCycle: this.perCycle } = placed);
     this.event("replan", placed.said);
   }
@@ -296,38 +242,28 @@ export class Cluster extends EventEmitter {
 
   // ---- requests --------------------------------------------------------------------------------
 
+  /** serve --parallel: a pass failed; when the ring broke, placed again (the slots replay on it). */
+  private async recoverSequences(): Promise<boolean> {
+    if (this.current?.kind !== "ring" || !(await this.current.ring.failureWithin()) || this.closed) return false;
+    await this.recoverRing();
+    return true;
+  }
+
   get parallel(): number {
     return this.o.parallel ?? 1;
   }
 
   /** The sequence slots (serve --parallel N > 1), else undefined. */
   slotStates(): SlotState[] | undefined {
-    return this.sequences?.scheduler.slotStates();
-  }
-
-  /** serve --parallel: a request takes a sequence slot and decodes beside the others (parallel.ts). */
-  private async generateParallel(req: GenerationRequest): Promise<GenerationOutcome> {
-    if (!this.sequences) await this.queue.exclusive(() => this.prepare());
-    if (!this.sequences) throw new Error("the sequence slots are not there (the layers were not placed)");
-    return this.sequences.scheduler.submit(req);
-  }
-
-  private recordParallel(out: GenerationOutcome | undefined, promptTokens: number): void {
-    if (!out) {
-      this.stats.failed++;
-      return;
-    }
-    this.stats.finished(out.result, promptTokens, out.cachedTokens, out.firstTokenMs);
-    if (!this.sequences?.scheduler.activeCount) {
-      const idle = () => !this.sequences?.scheduler.activeCount && !this.sequences?.scheduler.waiting && !this.closed;
-      setImmediate(() => idle() && settleMemory());
-    }
+    return this.sequences?.slotStates();
   }
 
   /** Queues a generation; it runs when the requests before it are done. */
   generate(req: GenerationRequest): Promise<GenerationOutcome> {
     if (this.closed) return Promise.reject(new Error("the server is shutting down"));
-    if (this.parallel > 1) return this.generateParallel(req);
+    // serve --parallel: a request takes a sequence slot and decodes beside the others
+    const seqs = this.sequences;
+    if (seqs) return (seqs.opened ? Promise.resolve() : this.queue.exclusive(() => this.prepare())).then(() => seqs.submit(req));
     return this.queue.enqueue(this.maxQueue, this.active !== null, req.signal, (queueMs) => this.run(req, queueMs)).finally(() => {
       // Nothing waiting: hand back what the request's traffic grew (V8's young generation can reach
       // tens of MiB), memory the plan gave the windows (profiler's settleMemory, ~15 ms).
@@ -368,18 +304,13 @@ export class Cluster extends EventEmitter {
     // What went through the layers is in every device's KV cache: the next request may reuse it.
     this.promptCache.keep(run.journal, req.cacheScope);
     this.stats.finished(result, req.prompt.length, run.cached, run.firstTokenMs);
-    const perDevice = await measureRun({
+    const outcome = await measuredOutcome({
       current, run, headPressure: pressure.pressure(), result, report: req.report ?? false, seats: this.seats, devices: this.devices,
       placement: this.placement, rereads: this.rereads, nLayers: this.o.model.nLayers, log: this.o.log,
+      queueMs, cycles: this.planState?.cycles ?? 1, perCycle: this.perCycle,
     });
     this.finishActive();
-    const { meter } = run;
-    return {
-      result, cachedTokens: run.cached, queueMs, firstTokenMs: run.firstTokenMs, devices: current.devices, cycles: this.planState?.cycles ?? 1,
-      layersPerCycle: this.perCycle, placement: this.placement, perDevice,
-      prediction: this.placement && meter.decodeSteps > 0 ? decodePrediction(this.placement, perDevice, current.kind === "ring", meter) : undefined,
-      meanDecodeMs: meter.meanDecodeMs,
-    };
+    return outcome;
   }
 
   /** What a request's run needs of the cluster. */
@@ -394,25 +325,16 @@ export class Cluster extends EventEmitter {
     };
   }
 
-  /** Places the layers again after the ring failed mid-request. A device can fail to answer while
-   * that happens (a dead one not yet declared lost): then once more, without it. Resolves with where
-   * the time went (Phases), for the request's recovered event. */
+  /** Places the layers again after the ring failed mid-request (once more without a device that
+   * fails to answer meanwhile, a dead one not yet declared lost). Resolves with where the time went
+   * (Phases), for the request's recovered event. */
   private async recoverRing(): Promise<string> {
     const phases = new Phases();
-    for (let attempt = 1; ; attempt++) {
-      try {
-        await this.replace(true, phases);
-        const said = `re-placing ${(phases.elapsedMs / 1000).toFixed(2)} s: ${phases}`;
-        this.o.log(`the layers were placed again for a waiting request: ${said}`);
-        return said;
-      } catch (e) {
-        if (attempt >= MAX_RECOVERIES || this.closed) throw e;
-        this.o.log(`re-placing the layers failed (${(e as Error).message}); trying again with the devices that answer`);
-      }
-    }
+    await placeRetrying(() => this.replace(true, phases), MAX_RECOVERIES, () => this.closed, this.o.log);
+    const said = `re-placing ${(phases.elapsedMs / 1000).toFixed(2)} s: ${phases}`;
+    this.o.log(`the layers were placed again for a waiting request: ${said}`);
+    return said;
   }
-
-
 
   private finishActive(): void {
     this.active = null;
@@ -442,7 +364,7 @@ export class Cluster extends EventEmitter {
     const live = this.registry.live().length, min = this.o.minWorkers ?? 0;
     if (live >= min) this.formed = true;
     if (!this.formed) return { ok: false, status: `waiting for workers (${live} of ${min} joined)` };
-    return { ok: true, status: this.active || this.sequences?.scheduler.activeCount ? "generating" : this.dirty && (this.o.autoPlace ?? false) ? "re-placing layers" : "ready" };
+    return { ok: true, status: this.active || this.sequences?.activeCount ? "generating" : this.dirty && (this.o.autoPlace ?? false) ? "re-placing layers" : "ready" };
   }
 
   private sampleHistory(): void {
@@ -450,7 +372,7 @@ export class Cluster extends EventEmitter {
   }
 
   private activeState(): RequestState | null {
-    if (this.sequences) return this.sequences.scheduler.activeState();
+    if (this.sequences) return this.sequences.activeState();
     return this.active?.state() ?? null;
   }
 
@@ -460,13 +382,13 @@ export class Cluster extends EventEmitter {
     const headStatusNow = this.current?.kind === "local" ? aloneStatus(this.current.pipeline, this.o.model.nLayers, pressureSeen) : headStatus(this.current?.ring.node, pressureSeen);
     return clusterState({
       cluster: this.o.name,
-      model: (this.modelState ??= modelState(this.o.model, this.o.modelPath, basename(this.o.modelPath, extname(this.o.modelPath)), this.fingerprint, this.o.ctx, this.o.kvCacheTypes)),
+      model: (this.modelState ??= modelState(this.o.model, this.o.modelPath, basename(this.o.modelPath, extname(this.o.modelPath)), this.fingerprint, this.o.ctx, this.o.kvCacheTypes, this.parallel)),
       server: { startedUnixMs: this.startedUnixMs, nowUnixMs: Date.now(), ready: readiness.ok, status: readiness.status, clusterPort: this.clusterPort },
       plan: this.planState, placement: this.placement, seats: this.seats, workers: this.workersInOrder(), devices: this.devices,
       head: { report: this.headReport, system: (this.headSystem ??= systemInfo()), threads: this.o.model.threads, status: headStatusNow, joinedUnixMs: this.startedUnixMs },
       requests: {
-        queueLength: this.queue.waiting + (this.sequences?.scheduler.waiting ?? 0), active: this.activeState(),
-        ...(this.sequences ? { slots: this.sequences.scheduler.slotStates() } : {}), completed: this.stats.completed, failed: this.stats.failed,
+        queueLength: this.queue.waiting + (this.sequences?.waiting ?? 0), active: this.activeState(),
+        ...(this.sequences?.opened ? { slots: this.sequences.slotStates() } : {}), completed: this.stats.completed, failed: this.stats.failed,
         generatedTokens: this.stats.generatedTokens, history: [...this.activity.history],
       },
       events: this.activity.events,

@@ -3,13 +3,27 @@
 // that one pass), then every step takes the next token of each active sequence through one pass over
 // the weights (SeqSlots.step). Each slot keeps the tokens its KV cache holds: a request takes the free
 // slot whose cache shares the longest prefix with its prompt (llama-server's slots do the same).
-import { NonFiniteError, SeqSlots, discardFor, type GenerationResult, type LocalModel, type LocalPipeline, type StopReason } from "../engine/index.js";
+import { NonFiniteError, discardFor, type GenerationResult, type SeqRow, type StopReason } from "../engine/index.js";
 import type { GenerationOutcome, GenerationRequest } from "./request-run.js";
 import { CancelledError, QueueFullError } from "./queue.js";
-import type { KvCacheTypes } from "../model/index.js";
 import type { RequestState, SlotState } from "./state.js";
 
 export type { SlotState };
+
+/** What the scheduler decodes on: N sequence slots, each a KV cache of nCtx positions (engine's
+ * SeqSlots on this device; the shape a ring's slots would take too). */
+export interface SequenceSlots {
+  readonly size: number;
+  readonly nCtx: number;
+  /** The largest position <= pos a slot's cache can continue from. */
+  resumable(slot: number, pos: number): number;
+  /** Tokens at pos.. through one slot alone (positions >= pos forgotten first): the last row's logits. */
+  prefill(slot: number, tokens: Int32Array, pos: number, onRows?: (rows: Float32Array) => void): Promise<Float32Array>;
+  /** One pass for every row's next token: one logits row each, or the NonFiniteError of a row that overflowed. */
+  step(rows: readonly SeqRow[]): Promise<(Float32Array | NonFiniteError)[]>;
+  /** Context shift in one slot's cache (Pipeline.shift's p0, nDiscard, nPast). */
+  shift(slot: number, p0: number, nDiscard: number, nPast: number): void | Promise<void>;
+}
 
 export interface SchedulerHooks {
   /** A token was handed to a client. */
@@ -59,7 +73,7 @@ export class SequenceScheduler {
   private closed = false;
   private uses = 0;
 
-  constructor(private readonly slots: SeqSlots, private readonly o: { maxQueue: number; layers: number; hooks: SchedulerHooks }) {
+  constructor(private readonly slots: SequenceSlots, private readonly o: { maxQueue: number; layers: number; hooks: SchedulerHooks }) {
     this.seqs = new Array<Seq | undefined>(slots.size).fill(undefined);
     this.cache = Array.from({ length: slots.size }, () => ({ ids: [], scope: undefined, usedAt: 0 }));
   }
@@ -259,7 +273,7 @@ export class SequenceScheduler {
     const shift = req.contextShift;
     const d = shift && s.pos + 1 >= this.slots.nCtx ? discardFor(s.pos, shift) : 0;
     if (d > 0) {
-      this.slots.windows[s.slot].kvShift(shift!.keep, d, s.pos);
+      await this.slots.shift(s.slot, shift!.keep, d, s.pos);
       s.pos -= d;
       s.shifts++;
       s.discarded += d;
@@ -298,19 +312,4 @@ export class SequenceScheduler {
     this.o.hooks.changed();
     s.reject(e);
   }
-}
-
-/** serve --parallel N > 1: N sequence slots beside the head's pipeline (slot 0 is its window, the
- * others each a KV cache of their own: N x ctx in all) and their scheduler; says what they hold. */
-export function openSequences(
-  model: LocalModel, pipeline: LocalPipeline, o: { parallel: number; ctx: number; batch: number; kvCacheTypes?: KvCacheTypes; maxQueue: number; log: (line: string) => void }, hooks: SchedulerHooks,
-): { slots: SeqSlots; scheduler: SequenceScheduler } {
-  const slots = new SeqSlots(model, o.parallel, o.ctx, o.batch, pipeline.window, o.kvCacheTypes);
-  // K and V in their types for every layer of every slot, as the windows hold them (sliding-window layers a ring)
-  const kvBytes = slots.windows.reduce((a, w) => a + w.info().kvBytes, 0);
-  const anonBytes = slots.windows.reduce((a, w) => a + w.info().anonBytes, 0);
-  const mib = (b: number) => `${(b / 2 ** 20).toFixed(1)} MiB`;
-  o.log(`--parallel ${o.parallel}: ${o.parallel} sequence slots of ${o.ctx} tokens each (${o.parallel * o.ctx} tokens of KV cache: ${mib(kvBytes)}; ${mib(anonBytes)} with the slots' scratch)`);
-  const scheduler = new SequenceScheduler(slots, { maxQueue: o.maxQueue, layers: model.nLayers, hooks });
-  return { slots, scheduler };
 }

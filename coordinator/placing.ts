@@ -3,14 +3,14 @@
 // members (ring-setup.ts) or the head's own pipeline. The cluster decides when; this is how.
 import type { Status } from "../control/index.js";
 import { LocalPipeline } from "../engine/index.js";
-import { settleMemory, type DeviceReport, type RereadStore } from "../profiler/index.js";
+import { refreshMemory, settleMemory, type DeviceReport, type RereadStore } from "../profiler/index.js";
 import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
 import type { ModelSource } from "../transfer/index.js";
 import type { ClusterOptions } from "./cluster-options.js";
 import type { DeviceRecords } from "./devices.js";
 import { windowChunkHashes } from "./model-store.js";
 import { formatPlan, type Seat } from "./placement.js";
-import { planRing, type RingPlan } from "./plan-ring.js";
+import { planRing, settleHeadMemory, type RingPlan } from "./plan-ring.js";
 import type { WorkerHandle, WorkerRegistry } from "./registry.js";
 import type { Current } from "./request-run.js";
 import { HEAD_ID, Ring } from "./ring-setup.js";
@@ -59,6 +59,34 @@ type LeftOut = PlanState["leftOut"];
 /** After a failure, a worker that does not answer a status request this fast is left out. */
 const RESPONSIVE_WITHIN_MS = 1000;
 
+/** place() once more when it fails (a device that does not answer, not yet declared lost, is left
+ * out the next time), up to `attempts` in all; `stop` ends the retries at once. */
+export async function placeRetrying(place: () => Promise<void>, attempts: number, stop: () => boolean, log: (line: string) => void): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await place();
+    } catch (e) {
+      if (attempt >= attempts || stop()) throw e;
+      log(`re-placing the layers failed (${(e as Error).message}); trying again with the devices that answer`);
+    }
+  }
+}
+
+/** The head's memory read for a recovery's plan, while the workers answer: settled first (a collection
+ * on its event loop, 0.1-0.5 s on a loaded host) only where that could change the plan; the garbage it
+ * frees (tens of MiB) cannot where the head has room for the whole model twice over. */
+export async function headMemoryNow(head: DeviceReport, modelPath: string, modelBytes: number, phases: Phases): Promise<DeviceReport> {
+  const t0 = performance.now();
+  let now = refreshMemory(head, modelPath);
+  const plenty = now.profile.ramAvailableBytes >= 2 * modelBytes;
+  if (!plenty) {
+    await settleHeadMemory();
+    now = refreshMemory(head, modelPath);
+  }
+  phases.meanwhile(plenty ? "the head's memory read" : "the head's memory settled and read", performance.now() - t0);
+  return now;
+}
+
 /** The workers that answer a status request within the limit, with their answers (the plan reads
  * their memory from them): after a failure a silent one is not waited for (the registry declares it
  * lost, as its status limit does). `meanwhile` runs once the requests are out: the head's own work
@@ -83,10 +111,6 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
   const { model, log } = o;
   const parallel = o.parallel ?? 1;
   if (workers.length === 0) return local(i, undefined, [], "no workers: every layer runs on this device");
-  if (parallel > 1) {
-    for (const w of workers) devices.set(w, "left-out", `--parallel ${parallel} runs on this device alone`);
-    return local(i, undefined, workers.map((w) => ({ device: w.id, reason: `--parallel ${parallel} runs on one device` })), `--parallel ${parallel}: every layer runs on this device; workers are not used`);
-  }
   let perCycle: number[];
   let cycles: number | undefined;
   let placement: RingPlan | undefined;
@@ -96,7 +120,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
       model, modelPath: o.modelPath, fingerprint: i.fingerprint, workers, head: i.headReport, ctx: o.ctx,
       // A recovery plans with the last timed passes: a request is paused until it is placed.
       retime: !i.recovering, retimeHead: i.recovering ? undefined : i.retimeHead,
-      maxBatch: o.batch, tokens: o.plannedTokens ?? o.ctx, log, kvCacheTypes: o.kvCacheTypes,
+      maxBatch: o.batch, tokens: o.plannedTokens ?? o.ctx, log, kvCacheTypes: o.kvCacheTypes, seqSlots: parallel,
       options: { k: o.cycles, ...(o.keepAll ? { keepAll: true } : {}) }, rereads: i.rereads, phases: i.phases, statuses: i.statuses,
     });
     log(formatPlan(placement, placement.labels));
@@ -124,7 +148,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
   for (const m of members) devices.set(m.worker, "loading", "receiving its windows", 0);
   const ring = await Ring.build({
     members, headWindows, headReleaseAfterUse: releaseAfterUse(workers.length), cycles: plan.cycles, ctx: o.ctx,
-    maxBatch: o.batch, prefetch: o.prefetch, expertPrefetch: o.expertPrefetch, kvCacheTypes: o.kvCacheTypes,
+    maxBatch: o.batch, prefetch: o.prefetch, expertPrefetch: o.expertPrefetch, kvCacheTypes: o.kvCacheTypes, seqSlots: parallel,
   }, {
     model, fingerprint: i.fingerprint, registry: i.registry, log,
     weights: async (layers) => ({ chunkBytes: i.modelSource.info.chunkBytes, chunks: await windowChunkHashes(i.modelSource, model.gguf, layers) }),

@@ -30,6 +30,8 @@ export interface RingPlanInput {
   readonly maxBatch: number;
   /** The KV cache's types (f16 when absent): a window's memory counts its cache in them. */
   readonly kvCacheTypes?: KvCacheTypes;
+  /** Sequence slots (serve --parallel): every device holds a KV cache of ctx positions per slot. */
+  readonly seqSlots?: number;
   /** Tokens the run will hold: prompt + generated (sets the attention FLOPs). */
   readonly tokens: number;
   readonly options: HaldaOptions;
@@ -129,10 +131,12 @@ function keepHop(w: WorkerHandle, link: LinkMeasurement): void {
  * each worker, and runs Halda. Throws an Error naming the device or the reason when no plan exists.
  */
 export async function planRing(i: RingPlanInput): Promise<RingPlan> {
-  const profileModel = modelProfile(i.model.desc, {
+  const oneSlot = modelProfile(i.model.desc, {
     nCtx: i.ctx, maxBatch: i.maxBatch, nPredict: Math.max(1, Math.min(i.ctx, i.tokens)), name: i.modelPath, kvCacheTypes: i.kvCacheTypes,
   });
   const phases = i.phases ?? new Phases();
+  // N sequence slots hold N caches (each ctx positions, or a sliding-window layer's ring) on every device
+  const profileModel = { ...oneSlot, kvTokensPerLayer: (oneSlot.kvTokensPerLayer ?? oneSlot.nCtx) * (i.seqSlots ?? 1) };
   const scratch = await phases.time("scratch window", () => windowScratchBytes(i.model, i.ctx, i.maxBatch, i.kvCacheTypes));
   const linkOptions = {
     identity: { deviceId: "head", modelFingerprint: i.fingerprint, hiddenSize: i.model.nEmbd }, bulkTokens: Math.min(512, i.maxBatch),

@@ -5,13 +5,10 @@
 import type { Status } from "../control/index.js";
 import { KvJournal, generate, replayJournal, type ContextShift, type GenerationResult, type LocalModel, type LocalPipeline, type Pipeline, type Sampler } from "../engine/index.js";
 import type { ClusterCounters } from "./metrics.js";
-import type { RereadStore } from "../profiler/index.js";
-import type { DeviceRecords } from "./devices.js";
-import type { Seat } from "./placement.js";
 import type { RingPlan } from "./plan-ring.js";
-import { DecodeMeter, costPerStep, recordRereads, type PredictionReport, type StepCost } from "./prediction.js";
-import { HEAD_ID, aloneStatus, type Ring } from "./ring-setup.js";
-import type { EventState, MeasuredMs, RequestState } from "./state.js";
+import { DecodeMeter, type PredictionReport, type StepCost } from "./prediction.js";
+import type { Ring } from "./ring-setup.js";
+import type { EventState, RequestState } from "./state.js";
 
 /** Re-placements one request may go through before it gives up. */
 export const MAX_RECOVERIES = 3;
@@ -77,7 +74,7 @@ export type Current =
   | { readonly kind: "local"; readonly pipeline: LocalPipeline; readonly devices: 1 }
   | { readonly kind: "ring"; readonly ring: Ring; readonly devices: number };
 
-type RingStatuses = Awaited<ReturnType<Ring["statuses"]>>;
+export type RingStatuses = Awaited<ReturnType<Ring["statuses"]>>;
 
 /** What the cluster counts for every front door (/metrics). */
 export class ServiceCounters implements ClusterCounters {
@@ -353,64 +350,4 @@ export class RequestRun {
       shifts: parts.reduce((a, r) => a + r.shifts, 0), discarded: parts.reduce((a, r) => a + r.discarded, 0),
     };
   }
-}
-
-export interface MeasureInput {
-  readonly current: Current;
-  readonly run: RequestRun;
-  readonly headPressure: number;
-  readonly result: GenerationResult;
-  /** Run's report waits for the counters; without it they are read beside the reply. */
-  readonly report: boolean;
-  readonly seats: readonly Seat[];
-  /** Where each device's measurements are kept for the state. */
-  readonly devices: DeviceRecords;
-  readonly placement: RingPlan | undefined;
-  readonly rereads: RereadStore;
-  readonly nLayers: number;
-  readonly log: (line: string) => void;
-}
-
-/** Every device's counters after a run (per decode step where decoding was timed), kept in its record;
- * what streaming devices reread at goes to the reread store. */
-export async function measureRun(i: MeasureInput): Promise<DeviceDecodeRow[]> {
-  const { placement, current, log } = i;
-  const { meter } = i.run;
-  const measuring = (async () => {
-    const rows = await measure(i, await i.run.countersAtDecode);
-    // What streaming devices really reread at: the next plans price their rereads by it.
-    if (placement && current.kind === "ring" && meter.decodeSteps > 0) {
-      try {
-        for (const line of recordRereads(placement, rows, i.rereads)) log(line);
-      } catch (e) {
-        log(`could not keep the devices' reread speeds: ${(e as Error).message}`);
-      }
-    }
-    return rows;
-  })();
-  if (i.report) return measuring;
-  measuring.catch((e: unknown) => log(`reading the devices' counters failed: ${(e as Error).message}`));
-  return [];
-}
-
-async function measure(i: MeasureInput, before: RingStatuses | undefined): Promise<DeviceDecodeRow[]> {
-  const { current, headPressure, devices, result } = i;
-  const { meter } = i.run;
-  if (current.kind === "local") {
-    const status = aloneStatus(current.pipeline, i.nLayers, headPressure);
-    const cost = { computeMs: meter.meanDecodeMs, waitMs: 0, sendMs: 0, descheduledMs: 0, majorFaults: 0, readBytes: 0 };
-    devices.measured(HEAD_ID, { computeMs: cost.computeMs, waitMs: 0, sendMs: 0, majorFaultsPerToken: 0, tokens: meter.decodeSteps }, status, true);
-    return [{ id: HEAD_ID, label: `${HEAD_ID} (this coordinator)`, status, haldaIndex: 0, cost }];
-  }
-  const after = await current.ring.statuses(headPressure).catch(() => undefined);
-  if (!after) return [];
-  const decodeOnly = meter.decodeSteps > 0 && before !== undefined;
-  const steps = decodeOnly ? meter.decodeSteps : result.ids.length + result.promptTokens;
-  return after.map((s) => {
-    const b = decodeOnly ? before!.find((x) => x.id === s.id)?.status : undefined;
-    const cost = costPerStep(b, s.status, steps);
-    const measured: MeasuredMs = { computeMs: cost.computeMs, waitMs: cost.waitMs, sendMs: cost.sendMs, descheduledMs: cost.descheduledMs, majorFaultsPerToken: cost.majorFaults / Math.max(1, steps), tokens: steps };
-    devices.measured(s.id, measured, s.status, s.id === HEAD_ID);
-    return { id: s.id, label: s.label, status: s.status, haldaIndex: i.seats.find((x) => x.id === s.id)?.haldaIndex ?? -1, before: b, cost };
-  });
 }

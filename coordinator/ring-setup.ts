@@ -32,6 +32,8 @@ export interface RingSpec {
   readonly maxBatch: number;
   /** The KV cache's types, the head's and every member's (their Assignment's cacheTypeK/V). */
   readonly kvCacheTypes?: KvCacheTypes;
+  /** Sequence slots (serve --parallel): every device holds a KV cache per slot for each window. */
+  readonly seqSlots?: number;
   readonly prefetch: boolean;
   /** The head's own MoE windows predict and advise their experts (a worker decides for itself). */
   readonly expertPrefetch?: boolean;
@@ -99,7 +101,7 @@ export class Ring {
     const pipelineRef: { p?: RingPipeline } = {};
     this.node = new RingNode({
       model, windows: spec.headWindows, cycles: spec.cycles, ctx: spec.ctx, maxBatch: spec.maxBatch, prefetch: spec.prefetch, expertPrefetch: spec.expertPrefetch, kvCacheTypes: spec.kvCacheTypes,
-      weightRoomBytes: () => room.bytes(), releaseAfterUse: spec.headReleaseAfterUse, isHead: true,
+      seqSlots: spec.seqSlots, weightRoomBytes: () => room.bytes(), releaseAfterUse: spec.headReleaseAfterUse, isHead: true,
       send: async (f) => {
         if (!this.link) throw new Error("the ring is not connected");
         await this.link.send(f);
@@ -107,6 +109,8 @@ export class Ring {
       deliver: (f, logits) => void pipelineRef.p?.deliver(f, logits),
       shifted: (f) => pipelineRef.p?.shifted(f),
       logitsFor: (f) => pipelineRef.p?.logitsFor(f),
+      seqDeliver: (f, logits) => void pipelineRef.p?.seqDeliver(f, logits),
+      seqLogitsFor: (f) => pipelineRef.p?.seqLogitsFor(f),
       onError: (message) => this.fail(new Error(message)),
     });
     this.pipeline = new RingPipeline({ model, node: this.node, nCtx: spec.ctx, maxBatch: spec.maxBatch, wireDtype: "f32" });
@@ -200,7 +204,7 @@ export class Ring {
         ringId: this.ringId, windows: [...m.windows], successorUrl, ctx: spec.ctx, maxBatch: spec.maxBatch, cycles: spec.cycles,
         prefetch: spec.prefetch, releaseAfterUse: m.releaseAfterUse, threads: 0, ringOrder: order, wireDtype: 0,
         ...(spec.kvCacheTypes ? { cacheTypeK: spec.kvCacheTypes.k, cacheTypeV: spec.kvCacheTypes.v, attention: attentionSpec(spec.kvCacheTypes.attention) } : {}),
-        predecessorLinkKey: keys[i], successorLinkKey: keys[i + 1],
+        predecessorLinkKey: keys[i], successorLinkKey: keys[i + 1], ...(spec.seqSlots && spec.seqSlots > 1 ? { seqSlots: spec.seqSlots } : {}),
         ...(weights[i] ? { windowChunks: weights[i]!.chunks, chunkBytes: weights[i]!.chunkBytes } : {}),
       }, (fraction, stage) => o.onProgress?.(m.worker, fraction, stage))
         .then((ready) => o.log(`device ${m.worker.label} ready in ${((performance.now() - sent) / 1000).toFixed(2)} s (${(ready.anonBytes / 2 ** 20).toFixed(1)} MiB for KV and scratch)`));

@@ -32,14 +32,15 @@ const HELP = `usage: prima-coord serve model.gguf [options]
                            (prima-coord token --rotate does it for a running serve)
   --allow-advertise        accept a worker's --advertise address other than the one it connects from
   --queue N                requests that may wait for the ring; more get 503 (default 16)
-  --parallel N|auto        decode up to N requests at once on this device, each in a sequence slot with
-                           a KV cache of --ctx tokens (N x ctx in all), their next tokens in one pass
-                           over the weights per step. Above 1 every layer runs on this device: it
-                           cannot be combined with --min-workers or --layer-windows, and workers that
-                           join are not used. At most --batch. auto: as many slots as memory holds
-                           beside the weights, at most 4 (1 with --min-workers, --layer-windows,
-                           --keep-all or --cycles, which ask for a ring). Default 1, so that workers
-                           that join take layers (a ring serves one request at a time for now)
+  --parallel N|auto        decode up to N requests at once, each in a sequence slot with a KV cache of
+                           --ctx tokens (N x ctx in all) on every device, their next tokens in one
+                           pass over each device's weights per step (on a ring, the rows of all of
+                           them go round together). Above 1 the layers stay where they were first
+                           placed (workers join before the first request, or --min-workers); a
+                           request in flight when a ring device fails fails with it. At most --batch.
+                           auto: as many slots as this device's memory holds beside the weights, at
+                           most 4 (1 with --min-workers, --layer-windows, --keep-all or --cycles,
+                           which ask for a ring). Default 1
   --pooling TYPE           how embeddings pool the final hidden states: mean, cls, last or none (none:
                            one vector per token, on llama-server's /embedding only). Default: the model
                            file's <arch>.pooling_type, else last
@@ -87,14 +88,11 @@ function parseServeArgs(argv: string[]): ServeArgs {
   const apiKeys = apiKeysOf(values["api-key"] as unknown as string[] | undefined);
   const corsOrigins = corsOriginsOf(values.cors as unknown as string[] | undefined);
   if (corsOrigins.includes("*") && apiKeys.length === 0) throw new UsageError("--cors '*' lets every web site use the API: it needs --api-key");
-  // auto: sized from memory once the model is open; 1 where the command line asks for a ring. The
-  // default stays 1 while --parallel cannot run on a ring: above 1, joining workers would be left out.
+  // auto: sized from this device's memory once the model is open; 1 where the command line asks for a
+  // ring (the workers' memory is known only once they join, and Halda then places N slots' KV).
   const ring = cluster.minWorkers > 0 || cluster.layerWindows !== undefined || cluster.keepAll || cluster.cycles !== undefined;
   const auto = str("parallel") === "auto";
   const parallel = auto ? (ring ? 1 : undefined) : intArg("parallel", str("parallel") ?? "1", 1, 1, 256);
-  if (parallel !== undefined && parallel > 1 && (cluster.minWorkers > 0 || cluster.layerWindows !== undefined)) {
-    throw new UsageError(`--parallel ${parallel} runs every layer on this device: it cannot be combined with ${cluster.minWorkers > 0 ? "--min-workers" : "--layer-windows"} (a ring serves one request at a time)`);
-  }
   if (parallel !== undefined && parallel > cluster.batch) throw new UsageError(`--parallel ${parallel} needs a --batch of at least ${parallel} (a step takes one row per sequence)`);
   const pooling = str("pooling");
   if (pooling !== undefined && !(POOLINGS as readonly string[]).includes(pooling)) {

@@ -126,7 +126,11 @@ export interface ClusterState {
     readonly fingerprint: string;
     readonly contextTokens: number;
     /** The KV cache's types and its bytes per token of context over every layer (model/kv-cache.ts). */
-    readonly kvCache?: { readonly typeK: string; readonly typeV: string; readonly bytesPerToken: number; readonly attention?: string };
+    readonly kvCache?: {
+      readonly typeK: string; readonly typeV: string; readonly bytesPerToken: number; readonly attention?: string;
+      /** serve --parallel N > 1: every device holds N caches of the context (absent: one). */
+      readonly sequenceSlots?: number;
+    };
   };
   readonly server: {
     readonly startedUnixMs: number;

@@ -77,7 +77,8 @@ export function renderModel(el, state) {
       ["quantization", m.quantization],
       ["context", `${fmtInt(m.contextTokens)} tokens`],
       m.kvCache && isNum(m.kvCache.bytesPerToken) && ["KV cache",
-        `${m.kvCache.typeK === m.kvCache.typeV ? m.kvCache.typeK : `K ${m.kvCache.typeK}, V ${m.kvCache.typeV}`} \u00b7 ${fmtBytes(m.kvCache.bytesPerToken)} per token, ${fmtBytes(m.kvCache.bytesPerToken * m.contextTokens)} at ${fmtInt(m.contextTokens)}`],
+        `${m.kvCache.typeK === m.kvCache.typeV ? m.kvCache.typeK : `K ${m.kvCache.typeK}, V ${m.kvCache.typeV}`} \u00b7 ${fmtBytes(m.kvCache.bytesPerToken)} per token, ${fmtBytes(m.kvCache.bytesPerToken * m.contextTokens)} at ${fmtInt(m.contextTokens)}` +
+          (isNum(m.kvCache.sequenceSlots) ? `, ${fmtBytes(m.kvCache.bytesPerToken * m.contextTokens * m.kvCache.sequenceSlots)} for ${fmtInt(m.kvCache.sequenceSlots)} sequence slots` : "")],
       m.kvCache && typeof m.kvCache.attention === "string" && m.kvCache.attention !== "dense" && ["attention", m.kvCache.attention],
       ["file", h("span", { class: "mono wrap" }, m.path)],
       ["fingerprint", h("span", { class: "mono", title: m.fingerprint }, String(m.fingerprint).slice(0, 16))],

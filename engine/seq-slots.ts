@@ -58,6 +58,12 @@ export class SeqSlots {
     w.kvTruncate(Math.min(pos, w.info().filled));
   }
 
+  /** Context shift in one slot's cache: drops [p0, p0 + nDiscard) and moves [p0 + nDiscard, nPast)
+   * down (NativeWindow.kvShift). */
+  shift(slot: number, p0: number, nDiscard: number, nPast: number): void {
+    this.windows[slot].kvShift(p0, nDiscard, nPast);
+  }
+
   /** A sequence's prompt (or the part of it not cached) through its slot alone, at pos..; the last
    * row's logits (reused by the next prefill). onRows: the rows after every layer (what an embedding pools). */
   async prefill(slot: number, tokens: Int32Array, pos: number, onRows?: (rows: Float32Array) => void): Promise<Float32Array> {

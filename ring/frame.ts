@@ -5,13 +5,14 @@
 //   20-21 payload dtype (0 f32, 1 f16)   22-23 reserved, zero   24-27 row width   28-31 payload bytes
 //
 // Frame types: HELLO (handshake, JSON), ACTIVATIONS (nTokens x rowWidth rows), ERROR (why a request
-// failed, UTF-8 text). decodeFrame validates the whole header (validation.ts) before it reads a
+// failed, UTF-8 text), KV_SHIFT (a context shift), SEQ_ACTIVATIONS (rows of several sequences: a tag
+// per row, u32 slot and u32 position, then the rows; the position field is 0). decodeFrame validates the whole header (validation.ts) before it reads a
 // payload byte, and returns f32 rows as a view on the received buffer when it is 4-byte aligned.
 import { FrameError } from "./errors.js";
 import { f16ToF32, f32ToF16 } from "./f16.js";
 import {
   CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC_BYTES, FrameTypeId, KV_SHIFT_PAYLOAD_BYTES, PAYLOAD_DTYPE_BYTES,
-  PayloadDtypeId, U16_MAX, U32_MAX, validateHeader, validateHello,
+  PayloadDtypeId, SEQ_TAG_BYTES, U16_MAX, U32_MAX, validateHeader, validateHello,
   type FrameHeader, type FrameLimits, type Hello, type PayloadDtype,
 } from "./validation.js";
 import { HeaderField as F } from "./wire.js";
@@ -65,7 +66,24 @@ export interface KvShiftFrame {
   nPast: number;
 }
 
-export type Frame = HelloFrame | ActivationsFrame | ErrorFrame | KvShiftFrame;
+/** Rows of several sequences (serve --parallel on a ring): row i is at position positions[i] of
+ * sequence slot slots[i], whose KV cache each device holds for its windows. */
+export interface SeqActivationsFrame {
+  type: "seqActivations";
+  requestId: number;
+  nTokens: number;
+  cycle: number;
+  rowWidth: number;
+  dtype: PayloadDtype;
+  slots: Int32Array;
+  positions: Int32Array;
+  activations: Float32Array;
+}
+
+/** Slots and positions travel as u32 but are used as int32 (NativeWindow.forwardSeqs). */
+const SEQ_TAG_MAX = 0x7fffffff;
+
+export type Frame = HelloFrame | ActivationsFrame | ErrorFrame | KvShiftFrame | SeqActivationsFrame;
 
 const utf8Encoder = new TextEncoder();
 const utf8Decoder = new TextDecoder("utf-8", { fatal: true });
@@ -193,6 +211,40 @@ export function encodeFrame(frame: Frame): Buffer {
       else f32ToF16(frame.activations, new Uint16Array(buf.buffer, at, values));
       return buf;
     }
+    case "seqActivations": {
+      checkUint("request id", frame.requestId, U32_MAX);
+      checkUint("number of tokens", frame.nTokens, U16_MAX);
+      checkUint("cycle", frame.cycle, U16_MAX);
+      checkUint("row width", frame.rowWidth, U32_MAX);
+      if (frame.nTokens === 0) throw new FrameError("number of tokens", "a seqActivations frame with 0 rows");
+      const dtypeBytes = PAYLOAD_DTYPE_BYTES[frame.dtype];
+      if (dtypeBytes === undefined) throw new FrameError("payload dtype", `payload dtype ${String(frame.dtype)} is unknown (f32, f16)`);
+      const n = frame.nTokens, values = n * frame.rowWidth;
+      if (frame.slots?.length !== n || frame.positions?.length !== n) throw new FrameError("payload", `a seqActivations frame needs one slot and one position per row (${n})`);
+      for (let i = 0; i < n; i++) {
+        checkUint("slot", frame.slots[i], SEQ_TAG_MAX);
+        checkUint("position", frame.positions[i], SEQ_TAG_MAX - 1);
+      }
+      if (!(frame.activations instanceof Float32Array) || frame.activations.length !== values) {
+        throw new FrameError("payload", `activations hold ${frame.activations?.length} floats, not ${n} rows x row width ${frame.rowWidth} = ${values}`);
+      }
+      const payloadBytes = n * SEQ_TAG_BYTES + values * dtypeBytes;
+      if (payloadBytes > U32_MAX) throw new FrameError("payload length", `payload of ${payloadBytes} bytes exceeds the u32 range`);
+      const buf = allocFrame(payloadBytes);
+      writeHeader(buf, {
+        frameType: FrameTypeId.seqActivations, requestId: frame.requestId, firstTokenPosition: 0, nTokens: n, cycle: frame.cycle,
+        payloadDtype: PayloadDtypeId[frame.dtype], rowWidth: frame.rowWidth, payloadBytes,
+      });
+      const tags = new DataView(buf.buffer, buf.byteOffset + FRAME_HEADER_BYTES, n * SEQ_TAG_BYTES);
+      for (let i = 0; i < n; i++) {
+        tags.setUint32(i * SEQ_TAG_BYTES, frame.slots[i], true);
+        tags.setUint32(i * SEQ_TAG_BYTES + 4, frame.positions[i], true);
+      }
+      const at = buf.byteOffset + FRAME_HEADER_BYTES + n * SEQ_TAG_BYTES;
+      if (frame.dtype === "f32") new Float32Array(buf.buffer, at, values).set(frame.activations);
+      else f32ToF16(frame.activations, new Uint16Array(buf.buffer, at, values));
+      return buf;
+    }
     case "kvShift": {
       checkUint("request id", frame.requestId, U32_MAX);
       checkUint("position", frame.p0, U32_MAX);
@@ -273,6 +325,20 @@ export function decodeFrame(buf: Uint8Array, limits: FrameLimits): Frame {
         type, requestId: header.requestId, firstTokenPosition: header.firstTokenPosition, nTokens: header.nTokens,
         cycle: header.cycle, rowWidth: header.rowWidth, dtype, activations,
       };
+    }
+    case "seqActivations": {
+      const n = header.nTokens, values = n * header.rowWidth;
+      const tags = new DataView(buf.buffer, buf.byteOffset + FRAME_HEADER_BYTES, n * SEQ_TAG_BYTES);
+      const slots = new Int32Array(n), positions = new Int32Array(n);
+      for (let i = 0; i < n; i++) {
+        const slot = tags.getUint32(i * SEQ_TAG_BYTES, true), pos = tags.getUint32(i * SEQ_TAG_BYTES + 4, true);
+        if (slot > SEQ_TAG_MAX || pos >= SEQ_TAG_MAX) throw new FrameError("payload", `row ${i}'s slot ${slot} or position ${pos} is out of range`);
+        slots[i] = slot;
+        positions[i] = pos;
+      }
+      const at = FRAME_HEADER_BYTES + n * SEQ_TAG_BYTES;
+      const activations = dtype === "f32" ? floatsAt(buf, at, values) : f16ToF32(halvesAt(buf, at, values));
+      return { type, requestId: header.requestId, nTokens: n, cycle: header.cycle, rowWidth: header.rowWidth, dtype, slots, positions, activations };
     }
     case "kvShift": {
       const v = new DataView(buf.buffer, buf.byteOffset + FRAME_HEADER_BYTES, KV_SHIFT_PAYLOAD_BYTES);

@@ -30,7 +30,7 @@ export function decodeHandshakeMessage(data: WebSocket.RawData, isBinary: boolea
   if (!isBinary) throw new FrameError("message", "sent a text message where a HELLO frame belongs");
   const buf = Buffer.isBuffer(data) ? data : Array.isArray(data) ? Buffer.concat(data) : Buffer.from(data);
   const frame = decodeFrame(buf, limits);
-  if (frame.type === "activations" || frame.type === "kvShift") throw new FrameError("frame type", `sent ${frame.type === "kvShift" ? "a kv shift" : "an activations"} frame before HELLO`);
+  if (frame.type !== "hello" && frame.type !== "error") throw new FrameError("frame type", `sent ${frame.type === "kvShift" ? "a kv shift" : `a ${frame.type}`} frame before HELLO`);
   return frame;
 }
 

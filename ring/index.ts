@@ -8,7 +8,7 @@ export { FrameError, RingLinkError, type RingLinkErrorKind } from "./errors.js";
 export { f16ToF32, f32ToF16 } from "./f16.js";
 export {
   decodeFrame, encodeFrame, readFrameHeader,
-  type ActivationsFrame, type ErrorFrame, type Frame, type HelloFrame, type KvShiftFrame,
+  type ActivationsFrame, type ErrorFrame, type Frame, type HelloFrame, type KvShiftFrame, type SeqActivationsFrame,
 } from "./frame.js";
 export {
   CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, PAYLOAD_DTYPE_BYTES,
@@ -30,4 +30,5 @@ export { RingListener, RingPort, type DroppedPeer, type RingListenerOptions } fr
 export { RingLane, type RingLaneOptions } from "./lane.js";
 export { RING_COMPUTE_OPTIONS, RingNode, expertPrefetchStatus, type NodeStats, type RingFrame, type RingNodeOptions, type WindowSpec, type WindowStats } from "./node.js";
 export { RingPipeline, type RingPipelineOptions } from "./pipeline.js";
+export { RingSeqSlots } from "./seq-slots.js";
 export { PlanError, evenLayerWindows, ringWindows, type RingWindows } from "./windows.js";

@@ -103,6 +103,12 @@ export class RingLane {
         this.lane.send(encodeFrame(errorFrameFor(frame, message)));
       }
     }
+    else if (frame.type === "seqActivations") {
+      // Rows of several sequence slots run in JS windows (RingNode), not on the lane's: refused by name.
+      const message = "this device runs a ring's rows on its native lane, which does not carry sequence slots (serve --parallel on a ring)";
+      this.o.onError(message);
+      this.lane.send(encodeFrame(errorFrameFor(frame, message)));
+    }
     else if (frame.type === "activations") {
       // Valid (the codec passed it) yet not run: no window of this device is in that cycle.
       const message = noWindowMessage(frame.cycle);

@@ -4,7 +4,8 @@
 // The head (last in ring order) also closes each cycle: it starts the next one or delivers the result.
 import { QuickForward, type KvCacheTypes, type LocalModel } from "../engine/index.js";
 import { descheduledMs, threadClock, type ExpertPrefetchMode, type NativeWindow } from "../native/index.js";
-import type { ActivationsFrame, ErrorFrame, KvShiftFrame } from "./frame.js";
+import type { ActivationsFrame, ErrorFrame, KvShiftFrame, SeqActivationsFrame } from "./frame.js";
+import { closeWhenIdle, tryClose } from "./window-close.js";
 
 /** Why a device cannot run a frame (it passes an ERROR frame on instead). */
 export function noWindowMessage(cycle: number): string {
@@ -82,6 +83,13 @@ export interface RingNodeOptions {
   readonly shifted?: (frame: KvShiftFrame) => void;
   /** Head only: a buffer when this frame's last row needs the output layer (fused into the window's call). */
   readonly logitsFor?: (frame: ActivationsFrame) => Float32Array | undefined;
+  /** Sequence slots (serve --parallel on a ring): each window has a KV cache per slot, the window
+   * itself for slot 0 and one more window of the same layers for each other slot. Default 1. */
+  readonly seqSlots?: number;
+  /** Head only: a SEQ_ACTIVATIONS frame's rows that finished their last cycle, with the logits when
+   * seqLogitsFor gave a buffer (every row's for a step of several slots, the last row's for one slot's rows). */
+  readonly seqDeliver?: (frame: SeqActivationsFrame, logits?: Float32Array) => void;
+  readonly seqLogitsFor?: (frame: SeqActivationsFrame) => Float32Array | undefined;
   /** A frame could not be processed (the error was also passed on to the successor). */
   readonly onError: (message: string, frame: RingFrame) => void;
 }
@@ -93,11 +101,12 @@ export function expertPrefetchStatus(window: NativeWindow): { expertsPredicted: 
 }
 
 /** What travels the ring after the handshake. */
-export type RingFrame = ActivationsFrame | ErrorFrame | KvShiftFrame;
+export type RingFrame = ActivationsFrame | ErrorFrame | KvShiftFrame | SeqActivationsFrame;
 
 /** The ERROR frame that stands for a frame that failed (its request, and its rows when it has any). */
 export function errorFrameFor(frame: RingFrame, message: string): ErrorFrame {
   const rows = frame.type === "kvShift" ? { firstTokenPosition: frame.p0, nTokens: 0, cycle: 0 }
+    : frame.type === "seqActivations" ? { firstTokenPosition: 0, nTokens: frame.nTokens, cycle: frame.cycle }
     : { firstTokenPosition: frame.firstTokenPosition, nTokens: frame.nTokens, cycle: frame.cycle };
   return { type: "error", requestId: frame.requestId, ...rows, message };
 }
@@ -105,6 +114,8 @@ export function errorFrameFor(frame: RingFrame, message: string): ErrorFrame {
 interface Slot {
   readonly spec: WindowSpec;
   readonly window: NativeWindow;
+  /** Per sequence slot, the window whose KV cache holds it (window itself first; RingNodeOptions.seqSlots). */
+  readonly seqWindows: NativeWindow[];
   readonly runner: QuickForward;
   readonly stats: WindowStats;
   /** Major page faults during this window's last call. */
@@ -136,8 +147,16 @@ export class RingNode {
     for (const spec of o.windows) {
       if (this.slots.has(spec.cycle)) throw new Error(`two windows for cycle ${spec.cycle}`);
       const window = o.model.window(spec.firstLayer, spec.endLayer, { ctx: o.ctx, maxBatch: o.maxBatch, kvCacheTypes: o.kvCacheTypes });
+      const seqWindows = [window];
+      try {
+        while (seqWindows.length < (o.seqSlots ?? 1)) seqWindows.push(o.model.window(spec.firstLayer, spec.endLayer, { ctx: o.ctx, maxBatch: o.maxBatch, kvCacheTypes: o.kvCacheTypes }));
+      } catch (e) {
+        for (const w of seqWindows) w.close();
+        for (const s of this.slots.values()) for (const w of s.seqWindows) w.close();
+        throw e;
+      }
       const slot: Slot = {
-        spec, window, lastFaults: 0, moe: window.info().expertHits !== undefined, expertPrefetch: "off", stats: { ...spec, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 },
+        spec, window, seqWindows, lastFaults: 0, moe: window.info().expertHits !== undefined, expertPrefetch: "off", stats: { ...spec, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 },
         // Inline only while the window's pages are all there: no faults last time, none released since.
         runner: new QuickForward(window, () => slot.lastFaults === 0 && !this.releaseAfterUse && this.windowsFitInMemory()),
       };
@@ -191,7 +210,7 @@ export class RingNode {
 
   anonBytes(): number {
     let total = 0;
-    for (const s of this.slots.values()) total += s.window.info().anonBytes;
+    for (const s of this.slots.values()) for (const w of s.seqWindows) total += w.info().anonBytes;
     return total;
   }
 
@@ -200,7 +219,7 @@ export class RingNode {
     if (this.closed) return;
     // Idle until now, this device's compute threads sleep: wake them at once, so their wake-up (0.05-0.5
     // ms on a virtual CPU) overlaps the rest of this turn rather than the pass's first layer.
-    if (!this.busy && frame.type === "activations" && this.slots.has(frame.cycle)) this.o.model.prewake();
+    if (!this.busy && (frame.type === "activations" || frame.type === "seqActivations") && this.slots.has(frame.cycle)) this.o.model.prewake();
     if (this.lastDoneMs > 0 && !this.busy && this.queue.length === 0) this.stats.waitMs += performance.now() - this.lastDoneMs;
     this.queue.push(frame);
     if (!this.busy) void this.drain();
@@ -243,7 +262,7 @@ export class RingNode {
     if (this.closed) return this.closing;
     this.closed = true;
     this.queue = [];
-    const busy = [...this.slots.values()].map((s) => s.window).filter((w) => !tryClose(w));
+    const busy = [...this.slots.values()].flatMap((s) => s.seqWindows).filter((w) => !tryClose(w));
     this.slots.clear();
     if (busy.length > 0) this.closing = closeWhenIdle(busy);
     return this.closing;
@@ -285,6 +304,7 @@ export class RingNode {
       else await this.send(frame);
       return;
     }
+    if (frame.type === "seqActivations") return this.processSeqs(frame);
     this.stats.frames++;
     const slot = this.slots.get(frame.cycle);
     const last = frame.cycle + 1 >= this.o.cycles;
@@ -311,6 +331,34 @@ export class RingNode {
     if (this.o.isHead && last) this.o.deliver?.(frame, logits);
     else await this.send(this.o.isHead ? { ...frame, cycle: frame.cycle + 1 } : frame);
     if (slot) this.advise(slot, frame);
+  }
+
+  /** Rows of several sequences: one slot's rows (a prompt) through its window; rows of distinct slots
+   * (a decode step) through one pass over the weights, each attending to its own slot's cache. */
+  private async processSeqs(frame: SeqActivationsFrame): Promise<void> {
+    this.stats.frames++;
+    const slot = this.slots.get(frame.cycle);
+    const last = frame.cycle + 1 >= this.o.cycles;
+    const logits = this.o.isHead && last && slot ? this.o.seqLogitsFor?.(frame) : undefined;
+    if (slot) {
+      const { slots, positions, nTokens: n } = frame;
+      const wins = Array.from(slots, (s) => {
+        const w = slot.seqWindows[s];
+        if (!w) throw new Error(`sequence slot ${s} is not on this device (it holds ${slot.seqWindows.length})`);
+        return w;
+      });
+      const oneSlot = slots.every((s, i) => s === slots[0] && positions[i] === positions[0] + i);
+      const t0 = performance.now();
+      if (oneSlot) await wins[0].forward(frame.activations, positions[0], n, logits);
+      else await wins[0].forwardSeqs(wins, frame.activations, positions, logits);
+      slot.stats.computeMs += performance.now() - t0;
+      slot.stats.frames++;
+      slot.stats.tokens += n;
+    } else if (!this.o.isHead) {
+      throw new Error(noWindowMessage(frame.cycle));
+    }
+    if (this.o.isHead && last) this.o.seqDeliver?.(frame, logits);
+    else await this.send(this.o.isHead ? { ...frame, cycle: frame.cycle + 1 } : frame);
   }
 
   private nextSlot(cycle: number): Slot | undefined {
@@ -341,26 +389,5 @@ export class RingNode {
     }
     if (this.releaseAfterUse) slot.window.release();
     if (this.o.prefetch) following.window.prefetch(this.o.weightRoomBytes?.());
-  }
-}
-
-/** How long close() keeps trying a window busy with a pass, polling every BUSY_CLOSE_POLL_MS. */
-const BUSY_CLOSE_LIMIT_MS = 60_000, BUSY_CLOSE_POLL_MS = 5;
-
-function tryClose(w: NativeWindow): boolean {
-  try {
-    w.close();
-    return true;
-  } catch {
-    return false; // busy: a forward pass is still running on it
-  }
-}
-
-async function closeWhenIdle(windows: NativeWindow[]): Promise<void> {
-  const until = performance.now() + BUSY_CLOSE_LIMIT_MS;
-  let open = windows;
-  while (open.length > 0 && performance.now() < until) {
-    await new Promise((r) => setTimeout(r, BUSY_CLOSE_POLL_MS));
-    open = open.filter((w) => !tryClose(w));
   }
 }

@@ -3,9 +3,23 @@
 // resolves when the last batch has gone through every cycle; the head applies the output layer.
 import type { LocalModel, Pipeline } from "../engine/index.js";
 import { kvAfterShift, kvCacheRows, kvResumablePosition } from "../model/index.js";
-import type { ActivationsFrame, KvShiftFrame } from "./frame.js";
+import type { ActivationsFrame, KvShiftFrame, SeqActivationsFrame } from "./frame.js";
 import type { RingNode } from "./node.js";
 import type { PayloadDtype } from "./validation.js";
+
+/** Rows of sequence slots round the ring (forwardSeqs), sent in `frames` frames in order. */
+interface PendingSeqs {
+  readonly requestId: number;
+  readonly frames: number;
+  delivered: number;
+  /** One slot's consecutive rows (a prompt: the last row's logits), else a step (every row's). */
+  readonly oneSlot: boolean;
+  /** The caller's rows: each frame's come back into them as it finishes (what an embedding pools). */
+  readonly acts: Float32Array;
+  readonly logits: Float32Array;
+  readonly resolve: (logits: Float32Array) => void;
+  readonly reject: (e: Error) => void;
+}
 
 interface Pending {
   readonly requestId: number;
@@ -32,6 +46,7 @@ export class RingPipeline implements Pipeline {
   private requestId = 0;
   private pending: Pending | undefined;
   private pendingShift: { readonly requestId: number; readonly resolve: () => void; readonly reject: (e: Error) => void } | undefined;
+  private pendingSeqs: PendingSeqs | undefined;
   private failure: Error | undefined;
   private readonly logits: Float32Array;
   /** The devices' caches as the frames sent fill them: positions held, and the end of the furthest
@@ -49,7 +64,7 @@ export class RingPipeline implements Pipeline {
 
   async forward(acts: Float32Array, pos: number, nTokens: number): Promise<Float32Array> {
     if (this.failure) throw this.failure;
-    if (this.pending || this.pendingShift) throw new Error("the ring runs one request at a time");
+    if (this.pending || this.pendingShift || this.pendingSeqs) throw new Error("the ring runs one request at a time");
     const E = this.o.model.nEmbd;
     const requestId = (this.requestId = (this.requestId + 1) >>> 0);
     const done = new Promise<Float32Array>((resolve, reject) => {
@@ -89,7 +104,7 @@ export class RingPipeline implements Pipeline {
    * holds and passes it on; resolves when it is back at the head (which shifted its own). */
   async shift(p0: number, nDiscard: number, nPast: number): Promise<void> {
     if (this.failure) throw this.failure;
-    if (this.pending || this.pendingShift) throw new Error("the ring runs one request at a time");
+    if (this.pending || this.pendingShift || this.pendingSeqs) throw new Error("the ring runs one request at a time");
     const requestId = (this.requestId = (this.requestId + 1) >>> 0);
     const done = new Promise<void>((resolve, reject) => {
       this.pendingShift = { requestId, resolve, reject };
@@ -145,9 +160,78 @@ export class RingPipeline implements Pipeline {
     }
   }
 
+  /** Rows of sequence slots (serve --parallel) round the ring: row i at positions[i] of slot slots[i]
+   * on every device (RingNodeOptions.seqSlots). One slot's consecutive rows (a prompt, in frames of
+   * maxBatch rows) give the last row's logits; rows of distinct slots (a decode step, at most maxBatch)
+   * give one logits row each. The result is a buffer the next call reuses. */
+  async forwardSeqs(slots: Int32Array, positions: Int32Array, acts: Float32Array): Promise<Float32Array> {
+    if (this.failure) throw this.failure;
+    if (this.pending || this.pendingShift || this.pendingSeqs) throw new Error("the ring runs one batch of rows at a time");
+    const n = slots.length, E = this.o.model.nEmbd, V = this.o.model.nVocab, B = this.o.maxBatch;
+    const oneSlot = slots.every((s, i) => s === slots[0] && positions[i] === positions[0] + i);
+    if (!oneSlot && n > B) throw new RangeError(`a step of ${n} sequences is more than the batch of ${B}`);
+    const requestId = (this.requestId = (this.requestId + 1) >>> 0);
+    const frames = Math.ceil(n / B);
+    const logits = this.seqLogits(oneSlot ? V : n * V);
+    const done = new Promise<Float32Array>((resolve, reject) => {
+      this.pendingSeqs = { requestId, frames, delivered: 0, oneSlot, acts, logits, resolve, reject };
+    });
+    try {
+      for (let off = 0; off < n; off += B) {
+        const m = Math.min(B, n - off);
+        await this.o.node.send({
+          type: "seqActivations", requestId, nTokens: m, cycle: 0, rowWidth: E, dtype: this.o.wireDtype,
+          slots: slots.subarray(off, off + m), positions: positions.subarray(off, off + m), activations: acts.subarray(off * E, (off + m) * E),
+        });
+      }
+    } catch (e) {
+      this.fail(e instanceof Error ? e : new Error(String(e)));
+    }
+    try {
+      return await done;
+    } finally {
+      this.pendingSeqs = undefined;
+    }
+  }
+
+  private seqLogitsBuf = new Float32Array(0);
+  private seqLogits(floats: number): Float32Array {
+    if (this.seqLogitsBuf.length < floats) this.seqLogitsBuf = new Float32Array(floats);
+    return this.seqLogitsBuf.subarray(0, floats);
+  }
+
+  /** The buffer for the output layer when the frame is the last of forwardSeqs' rows. */
+  seqLogitsFor(frame: SeqActivationsFrame): Float32Array | undefined {
+    const p = this.pendingSeqs;
+    return p && frame.requestId === p.requestId && p.delivered === p.frames - 1 ? p.logits : undefined;
+  }
+
+  /** forwardSeqs' rows back from their last cycle (from the head's node), with their logits when fused. */
+  async seqDeliver(frame: SeqActivationsFrame, logits?: Float32Array): Promise<void> {
+    const p = this.pendingSeqs;
+    if (!p || frame.requestId !== p.requestId) return;
+    const E = this.o.model.nEmbd, at = p.delivered * this.o.maxBatch * E, floats = frame.nTokens * E;
+    if (at + floats <= p.acts.length) p.acts.set(frame.activations.subarray(0, floats), at);
+    if (++p.delivered < p.frames) return;
+    try {
+      if (!logits) {
+        // the head holds no layer of the last cycle: the output layer here, on each row that needs it
+        const V = this.o.model.nVocab, n = frame.nTokens;
+        for (let i = p.oneSlot ? n - 1 : 0; i < n; i++) {
+          const out = p.oneSlot ? p.logits : p.logits.subarray(i * V, (i + 1) * V);
+          await this.o.model.logits(frame.activations.subarray(i * E, (i + 1) * E), out);
+        }
+      }
+      p.resolve(p.logits);
+    } catch (e) {
+      p.reject(e instanceof Error ? e : new Error(String(e)));
+    }
+  }
+
   /** Ends the current request (and every later one) with this error: a device failed. */
   fail(e: Error): void {
     this.failure ??= e;
+    this.pendingSeqs?.reject(this.failure);
     this.pending?.reject(this.failure);
     this.pendingShift?.reject(this.failure);
   }

@@ -4,7 +4,7 @@
 import { FrameError } from "./errors.js";
 import {
   CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, KV_SHIFT_PAYLOAD_BYTES,
-  PAYLOAD_DTYPE_BYTES, PayloadDtypeId, U16_MAX, U32_MAX,
+  PAYLOAD_DTYPE_BYTES, PayloadDtypeId, SEQ_TAG_BYTES, U16_MAX, U32_MAX,
 } from "./wire.js";
 
 /** Header fields as read from the wire (numbers, not yet trusted). */
@@ -49,14 +49,14 @@ export interface Hello {
 
 export {
   CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, KV_SHIFT_PAYLOAD_BYTES, PAYLOAD_DTYPE_BYTES,
-  PROTOCOL_VERSION, PayloadDtypeId, U16_MAX, U32_MAX,
+  PROTOCOL_VERSION, PayloadDtypeId, SEQ_TAG_BYTES, U16_MAX, U32_MAX,
 } from "./wire.js";
 export const FRAME_MAGIC_BYTES: Uint8Array = new TextEncoder().encode(FRAME_MAGIC);
 export type FrameTypeName = keyof typeof FrameTypeId;
 export type PayloadDtype = keyof typeof PayloadDtypeId;
 
 export function frameTypeName(id: number): FrameTypeName | undefined {
-  return id === 1 ? "hello" : id === 2 ? "activations" : id === 3 ? "error" : id === 4 ? "kvShift" : undefined;
+  return id === 1 ? "hello" : id === 2 ? "activations" : id === 3 ? "error" : id === 4 ? "kvShift" : id === 5 ? "seqActivations" : undefined;
 }
 
 export function payloadDtypeName(id: number): PayloadDtype | undefined {
@@ -90,7 +90,7 @@ export function validateHeader(h: FrameHeader, bufferBytes: number, limits: Fram
   }
   const type = frameTypeName(h.frameType);
   if (type === undefined) {
-    throw new FrameError("frame type", `frame type ${h.frameType} is unknown (1 hello, 2 activations, 3 error, 4 kv shift)`);
+    throw new FrameError("frame type", `frame type ${h.frameType} is unknown (1 hello, 2 activations, 3 error, 4 kv shift, 5 seq activations)`);
   }
   const dtype = payloadDtypeName(h.payloadDtype);
   if (dtype === undefined) {
@@ -127,6 +127,24 @@ export function validateHeader(h: FrameHeader, bufferBytes: number, limits: Fram
     if (h.payloadBytes > limits.maxPayloadBytes) {
       throw new FrameError("payload length",
         `payload length ${h.payloadBytes} exceeds this link's limit of ${limits.maxPayloadBytes} bytes`);
+    }
+  } else if (type === "seqActivations") {
+    // rows of several sequences, each tagged with its slot and position (the payload's first bytes)
+    mustBeZero(type, "position", h.firstTokenPosition);
+    if (h.rowWidth !== limits.hiddenSize) {
+      throw new FrameError("row width", `row width ${h.rowWidth} does not match the model's hidden size ${limits.hiddenSize}`);
+    }
+    if (h.nTokens === 0) throw new FrameError("number of tokens", "a seqActivations frame with 0 rows");
+    if (h.nTokens > limits.maxTokensPerFrame) {
+      throw new FrameError("number of tokens", `number of rows ${h.nTokens} exceeds this link's limit of ${limits.maxTokensPerFrame} per frame`);
+    }
+    const expected = h.nTokens * (SEQ_TAG_BYTES + h.rowWidth * PAYLOAD_DTYPE_BYTES[dtype]);
+    if (h.payloadBytes !== expected) {
+      throw new FrameError("payload length",
+        `payload length ${h.payloadBytes} is not ${h.nTokens} rows x (${SEQ_TAG_BYTES} tag bytes + row width ${h.rowWidth} x ${PAYLOAD_DTYPE_BYTES[dtype]} bytes) = ${expected}`);
+    }
+    if (h.payloadBytes > limits.maxPayloadBytes + h.nTokens * SEQ_TAG_BYTES) {
+      throw new FrameError("payload length", `payload length ${h.payloadBytes} exceeds this link's limit of ${limits.maxPayloadBytes} bytes (and the tags)`);
     }
   } else if (type === "kvShift") {
     // A context shift for every device's cache: the range dropped starts at the position field.

@@ -54,6 +54,13 @@ function assignedKvCacheTypes(a: Assignment): KvCacheTypes {
   return { k: parseKvCacheType("cache type K", a.cacheTypeK || "f16"), v: parseKvCacheType("cache type V", a.cacheTypeV || "f16"), ...(attention ? { attention } : {}) };
 }
 
+/** An assignment's sequence slots: 1 to its batch (a step carries one row per slot); 0 or absent: 1. */
+function assignedSeqSlots(a: Assignment): number {
+  const n = a.seqSlots || 1;
+  if (!Number.isInteger(n) || n < 1 || n > Math.max(1, a.maxBatch)) throw new Error(`sequence slots ${n}: from 1 to the batch (${a.maxBatch})`);
+  return n;
+}
+
 /** This device's two link keys from the assignment (ring/seal.ts). An assignment without them is
  * refused, never linked in the clear. */
 function linkKeys(a: Assignment): { in: Uint8Array; out: Uint8Array } {
@@ -114,6 +121,7 @@ export class WorkerDevice implements SessionHandler {
       ctx: a.ctx,
       maxBatch: a.maxBatch,
       kvCacheTypes,
+      seqSlots: assignedSeqSlots(a),
       prefetch: a.prefetch,
       expertPrefetch: this.o.expertPrefetch,
       weightRoomBytes: () => this.room.bytes(),
@@ -147,6 +155,8 @@ export class WorkerDevice implements SessionHandler {
     this.laneSetup = () => {
       // A device without layers only passes frames on: JS does that.
       if (this.o.nativeLane === false || this.lane || !this.predecessor || !this.successor || this.node !== node || node.weightBytes === 0) return;
+      // sequence slots' rows (SEQ_ACTIVATIONS) run in JS: the lane carries one sequence
+      if (assignedSeqSlots(a) > 1) return void this.o.log(`${assignedSeqSlots(a)} sequence slots: ring frames go through JS (the native lane carries one sequence)`);
       try {
         this.lane = RingLane.start({
           model: model.native, node, link: resolveLinkOptions({ ...linkOptions(deviceId), linkKey: keys.in }), predecessor: this.predecessor,

@@ -1,12 +1,11 @@
-// `prima-coord serve --parallel N` (issue #32): up to N requests decode together on one device, each
-// in a sequence slot of its own KV cache, one pass over the weights per step for all of them. Greedy
+// `prima-coord serve --parallel N` (issue #32): up to N requests decode together on one device or a
+// ring, each in a sequence slot of its own KV cache, one pass over the weights per step for all of them. Greedy
 // answers of concurrent requests equal each one run alone (`prima-coord run`), a client that leaves
 // leaves the others' answers unchanged, and past the slots and the queue requests get 503. That the
 // requests really shared steps is read from the server's counters, never from timing.
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { APIError } from "openai";
-import { killAll } from "../ring/cluster.js";
-import { root, startNode } from "../helpers/process.js";
+import { killAll, type Proc } from "../ring/cluster.js";
 import { MODEL, joinWorker, runOnce, startServe, until, type Served } from "./serve-harness.js";
 
 const greedy = { temperature: 0 } as const;
@@ -102,32 +101,64 @@ describe("serve --parallel 4", () => {
   }, 60_000);
 });
 
-describe("serve --parallel 2 and a worker", () => {
-  it("leaves a worker that joins out and goes on serving on this device", async () => {
-    const s = await startServe(["--ctx", "512", "--parallel", "2"]);
-    try {
-      const w = joinWorker(s.clusterPort, "laptop");
-      type St = { devices: { name: string; state: string; detail: string | null }[]; plan: { ringOrder: string[] } };
-      const st = await until<St>(`${s.url}/api/state`, (_, b) => b.devices.some((d) => d.name === "laptop" && d.state === "left-out"), 30_000);
-      expect(st.devices.find((d) => d.name === "laptop")!.detail).toMatch(/--parallel 2 runs on this device alone/);
-      const r = await s.client.completions.create({ prompt: PROMPTS[0], max_tokens: 20, ...greedy });
-      expect(r.choices[0].text).toBe(runOnce(["-p", PROMPTS[0], "-n", "20", "--temp", "0", "--ctx", "512"]).text);
-      expect(((await (await fetch(`${s.url}/api/state`)).json()) as St).plan.ringOrder).toEqual(["head"]);
-      w.child.kill("SIGKILL");
-    } finally {
-      s.proc.child.kill("SIGKILL");
-    }
-  }, 60_000);
-});
-
-describe("serve --parallel refuses a ring", () => {
-  it("with --min-workers or --layer-windows, by name", async () => {
-    for (const extra of [["--min-workers", "1"], ["--layer-windows", "3,2"]]) {
-      const p = startNode([`${root}dist/coordinator/cli.js`, "serve", MODEL, "--no-discovery", "--port", "0", "--parallel", "2", ...extra]);
-      expect(await p.exited).toBe(2);
-      expect(p.stderr).toMatch(new RegExp(`--parallel 2 runs every layer on this device: it cannot be combined with ${extra[0]}`));
-    }
+describe("serve --parallel 3 on a two-worker ring", () => {
+  type St = {
+    devices: { name: string; state: string; detail: string | null }[]; plan: { ringOrder: string[] } | null; requests: { slots: unknown[] };
+    model: { kvCache: { sequenceSlots?: number } };
+  };
+  const prompts = PROMPTS.slice(0, 3);
+  let s: Served;
+  let workers: Proc[];
+  beforeAll(async () => {
+    s = await startServe(["--ctx", "512", "--parallel", "3", "--min-workers", "2", "--layer-windows", "2,2,1"], { waitReady: false });
+    workers = [joinWorker(s.clusterPort, "w1"), joinWorker(s.clusterPort, "w2")];
+    // the layers placed on the ring (the head alone serves until the workers joined)
+    await until<St>(`${s.url}/api/state`, (_, b) => b.plan?.ringOrder.length === 3, 60_000);
+  }, 90_000);
+  afterAll(() => {
+    for (const w of workers) w.child.kill("SIGKILL");
+    s.proc.child.kill("SIGKILL");
   });
+
+  it("3 concurrent greedy requests give exactly the texts each gives alone on one device, in shared steps round the ring", async () => {
+    const n = 40;
+    const refs = prompts.map((p) => runOnce(["-p", p, "-n", String(n), "--temp", "0", "--ctx", "512"]).text);
+    const rowsBefore = await metric(s.url, "prima_batch_rows_total"), stepsBefore = await metric(s.url, "prima_batch_steps_total");
+    const outs = await Promise.all(prompts.map((prompt) => s.client.completions.create({ prompt, max_tokens: n, ...greedy })));
+    outs.forEach((o, i) => expect(o.choices[0].text, prompts[i]).toBe(refs[i]));
+    const rows = (await metric(s.url, "prima_batch_rows_total")) - rowsBefore, steps = (await metric(s.url, "prima_batch_steps_total")) - stepsBefore;
+    expect(rows).toBeGreaterThan(steps);
+    const st = (await (await fetch(`${s.url}/api/state`)).json()) as St;
+    expect(st.plan?.ringOrder).toHaveLength(3);
+    expect(st.requests.slots).toHaveLength(3);
+    expect(st.model.kvCache.sequenceSlots).toBe(3); // the dashboard counts KV for the 3 slots
+    expect(s.proc.stderr).toMatch(/--parallel 3: 3 sequence slots of 512 tokens each on every device of the ring/);
+  }, 60_000);
+
+  it("a worker killed while 3 requests stream: every sequence is replayed on the devices left and each text is the uninterrupted one", async () => {
+    const n = N;
+    const refs = prompts.map((p) => runOnce(["-p", p, "-n", String(n), "--temp", "0", "--ctx", "512"]).text);
+    const stream = async (prompt: string, fault?: () => void) => {
+      const st = await s.client.completions.create({ prompt, max_tokens: n, stream: true, ...greedy });
+      let text = "", chunks = 0;
+      for await (const c of st) {
+        text += c.choices[0]?.text ?? "";
+        if (++chunks === 10) fault?.();
+      }
+      return text;
+    };
+    const replansBefore = await metric(s.url, "prima_replans_total");
+    const texts = await Promise.all(prompts.map((p, i) => stream(p, i === 0 ? () => workers[1].child.kill("SIGKILL") : undefined)));
+    texts.forEach((t, i) => expect(t, `${prompts[i]}\n${s.proc.stderr.slice(-3000)}`).toBe(refs[i]));
+    await s.proc.waitFor(/device w\d "w2" .*lost/, 10_000);
+    const metrics = await (await fetch(`${s.url}/metrics`)).text();
+    expect(metrics).toMatch(/prima_devices_lost_total 1\n/);
+    expect(metrics).toMatch(/prima_recovery_seconds_count [1-9]\d*\n/); // each pass that went on after the loss
+    // the layers were placed again while the streams ran (they went on, replayed, on the new ring)
+    expect(await metric(s.url, "prima_replans_total")).toBeGreaterThan(replansBefore);
+    const st = (await (await fetch(`${s.url}/api/state`)).json()) as St;
+    expect(st.plan?.ringOrder).toHaveLength(2);
+  }, 90_000);
 });
 
 describe("serve --parallel auto", () => {
