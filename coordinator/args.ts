@@ -37,7 +37,7 @@ ${KV_CACHE_HELP}
       --keep N             past the context, keep the first N tokens after BOS (-1: the whole prompt; default 0)
       --no-context-shift   stop when the context is full instead of shifting it (--context-shift: the default)
       --kv-evict h2o       past the context, keep the --keep tokens, the most recent and the most attended
-                           (H2O heavy hitters) instead of dropping the oldest half; run and chat, one device
+                           (H2O heavy hitters) instead of dropping the oldest half; run, chat and serve, one device
       --kv-budget F        H2O: the fraction of the context kept (default 0.2)`;
 
 export const RING_HELP = `      --min-workers N      wait for N workers before running (default 0: run alone)
@@ -158,8 +158,7 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
   if (kvEvict !== undefined && kvEvict !== "h2o") throw new UsageError(`--kv-evict ${JSON.stringify(kvEvict.slice(0, 40))}: the eviction prima has is h2o`);
   if (kvEvict === undefined && str("kv-budget") !== undefined) throw new UsageError("--kv-budget needs --kv-evict h2o");
   if (kvEvict) {
-    // serve's requests shift by their own rules (n_keep, n_discard, --parallel slots): H2O is not wired there
-    if (command !== "run" && command !== "chat") throw new UsageError(`--kv-evict h2o: ${command} does not evict by H2O (run and chat do)`);
+    if (command !== "run" && command !== "chat" && command !== "serve") throw new UsageError(`--kv-evict h2o: ${command} does not evict by H2O (run, chat and serve do)`);
     if (v["no-context-shift"]) throw new UsageError("--kv-evict h2o works past the context: not with --no-context-shift");
     if (kvCacheTypes.attention) throw new UsageError("--kv-evict h2o with --attention sparse: a landmark is no position to score; choose one");
     kvCacheTypes = { ...kvCacheTypes, evict: "h2o" };
@@ -186,6 +185,10 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
     reprofile: (v.reprofile as boolean | undefined) ?? false,
     joinTimeoutS: intArg("join-timeout", str("join-timeout"), 60, 1),
   };
+  // H2O scores positions by one device's attention statistics: the head's window must hold every layer
+  if (kvEvict && (cluster.minWorkers > 0 || cluster.layerWindows !== undefined)) {
+    throw new UsageError(`--kv-evict h2o runs every layer on this device (it scores positions by one window's attention): not with ${cluster.minWorkers > 0 ? "--min-workers" : "--layer-windows"}`);
+  }
   return { cluster, values: v };
 }
 

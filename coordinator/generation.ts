@@ -115,7 +115,7 @@ export class Generations {
     // A request that names no max_tokens fills the context (or takes --n-predict); shifting the context,
     // one may name more, up to --n-predict.
     const room = cluster.o.ctx - ids.length;
-    const shift = contextShiftFor({ contextShift: this.c.o.contextShift ?? false, nKeep: this.c.o.nKeep ?? 0 }, ids.length, tok.addBos, cluster.o.ctx, p.nKeep, p.nDiscard);
+    const shift = contextShiftFor({ contextShift: this.c.o.contextShift ?? false, nKeep: this.c.o.nKeep ?? 0, h2oBudget: this.c.o.h2oBudget }, ids.length, tok.addBos, cluster.o.ctx, p.nKeep, p.nDiscard);
     const maxTokens = shift ? Math.min(p.maxTokens ?? this.c.o.nPredict ?? room, this.c.o.nPredict ?? Infinity)
       : Math.min(p.maxTokens ?? room, this.c.o.nPredict ?? room, room);
     const sampler = new Sampler({ ...p.sampler, constraint, closeAfter: closingStart(maxTokens), logprobs: p.logprobs });

@@ -43,6 +43,8 @@ export interface ApiServerOptions extends GuardOptions, Served {
   /** Past the context: shift it (serve --keep, --no-context-shift). */
   readonly contextShift?: boolean;
   readonly nKeep?: number;
+  /** serve --kv-evict h2o --kv-budget F: past the context, evict by H2O keeping this fraction of it. */
+  readonly h2oBudget?: number;
   readonly maxBodyBytes?: number;
   readonly log: (line: string) => void;
   /** Serves the dashboard's files; returns false when the path is not one of them. */

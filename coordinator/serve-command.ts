@@ -92,7 +92,9 @@ function parseServeArgs(argv: string[]): ServeArgs {
   // ring (the workers' memory is known only once they join, and Halda then places N slots' KV).
   const ring = cluster.minWorkers > 0 || cluster.layerWindows !== undefined || cluster.keepAll || cluster.cycles !== undefined;
   const auto = str("parallel") === "auto";
-  const parallel = auto ? (ring ? 1 : undefined) : intArg("parallel", str("parallel") ?? "1", 1, 1, 256);
+  // H2O evicts by one sequence's statistics: one slot (its scheduler's shifts are llama-server's)
+  const parallel = auto ? (ring || cluster.h2oBudget !== undefined ? 1 : undefined) : intArg("parallel", str("parallel") ?? "1", 1, 1, 256);
+  if (parallel !== undefined && parallel > 1 && cluster.h2oBudget !== undefined) throw new UsageError(`--kv-evict h2o evicts one sequence's cache: not with --parallel ${parallel}`);
   if (parallel !== undefined && parallel > cluster.batch) throw new UsageError(`--parallel ${parallel} needs a --batch of at least ${parallel} (a step takes one row per sequence)`);
   const pooling = str("pooling");
   if (pooling !== undefined && !(POOLINGS as readonly string[]).includes(pooling)) {
@@ -181,7 +183,7 @@ export async function serveCommand(argv: string[]): Promise<number> {
   const cluster = clusterFor(a, model, log, { name: a.name, maxQueue: a.queue, parallel, autoPlace: true, rotateToken: a.rotateToken, allowAdvertise: a.allowAdvertise });
   const api = new ApiServer({
     cluster, tok, prompts, modelId, nPredict: a.nPredict, pooling: a.pooling, reasoningFormat: a.reasoningFormat, contextShift: a.contextShift, nKeep: a.nKeep,
-    apiKeys: a.apiKeys, allowHosts: a.allowHosts, corsOrigins: a.corsOrigins,
+    h2oBudget: a.h2oBudget, apiKeys: a.apiKeys, allowHosts: a.allowHosts, corsOrigins: a.corsOrigins,
     log, staticFiles: await dashboardFiles(log),
   });
   let stopping: Promise<void> | undefined;

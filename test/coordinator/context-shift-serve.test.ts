@@ -5,7 +5,7 @@
 import { afterEach, describe, expect, it } from "vitest";
 import { Ollama } from "ollama";
 import { killAll } from "../ring/cluster.js";
-import { runOnce, startServe, type Served } from "./serve-harness.js";
+import { joinWorker, runOnce, startServe, until, type Served } from "./serve-harness.js";
 
 afterEach(killAll);
 
@@ -52,6 +52,23 @@ describe("serve past the context", () => {
       expect(r.usage.completion_tokens).toBe(3 * CTX);
       expect(r.choices[0].text).toBe(ref.text);
     }
+  }, 180_000);
+
+  it("--kv-evict h2o: past the context serve evicts by H2O, the tokens of run --kv-evict h2o, not those of a plain shift", async () => {
+    const s = await startServe(["--ctx", String(CTX), "--kv-evict", "h2o", "--kv-budget", "0.25"]);
+    const h2o = ["-p", PROMPT, "-n", String(3 * CTX), "--ctx", String(CTX), "--temp", "0"];
+    const ref = runOnce([...h2o, "--kv-evict", "h2o", "--kv-budget", "0.25"]);
+    const r = await completion(s, { max_tokens: 3 * CTX });
+    expect(r.usage.completion_tokens).toBe(3 * CTX);
+    expect(r.choices[0].text).toBe(ref.text);
+    expect(r.choices[0].text).not.toBe(runOnce(h2o).text); // the check tells H2O from a plain shift
+    // a worker that joins is left out (one window scores the positions); the next request reuses the
+    // cache the eviction left (the journal), with the same tokens
+    joinWorker(s.clusterPort, "w1");
+    await until<{ devices: { name: string; state: string; detail?: string | null }[] }>(`${s.url}/api/state`,
+      (_, b) => b.devices.some((d) => d.name === "w1" && d.state === "left-out"), 60_000);
+    const again = await completion(s, { max_tokens: 3 * CTX });
+    expect(again.choices[0].text).toBe(ref.text);
   }, 180_000);
 
   it("--no-context-shift: stops at the full context, as llama-server's default", async () => {
