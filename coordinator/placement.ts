@@ -56,7 +56,7 @@ export function seatsOf(workers: readonly WorkerHandle[]): Seat[] {
 }
 
 /**
- * Halda's plan for the head and the workers (join order), with the best subset of devices (HALDA.md
+ * Halda's plan for the head and the workers (in their seats' order: by name), with the best subset of devices (HALDA.md
  * §4.4), or every device with `options.keepAll` (what `--keep-all` passes); throws HaldaError when there
  * is none.
  */

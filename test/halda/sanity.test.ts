@@ -1,4 +1,4 @@
-// HALDA.md §7's sanity cases and §8's worked example on the paper's devices. Plan shapes are asserted
+// the original Halda specification's §7 (docs/HALDA.md §6)'s sanity cases and its §8 worked example on the paper's devices. Plan shapes are asserted
 // where the spec states them; latencies are checked against the independent evaluation in oracle.ts
 // and against the spec's quoted numbers. The spec's numbers are the solver's objective (the head's
 // window cost divided by masterPriority 1.01) with prima.cpp's one-layer head term, so those checks use
@@ -44,7 +44,7 @@ function oracleOfPlan(devices: readonly DeviceProfile[], model: ModelProfile, p:
   return oracleCost(kept, model, oracleOptions(o), p.k, w(p), n(p));
 }
 
-/** The figure HALDA.md §7 quotes for an exact-mode plan: its objective with the head's window cost scaled by 1/1.01. */
+/** The figure the original Halda specification's §7 (docs/HALDA.md §6) quotes for an exact-mode plan: its objective with the head's window cost scaled by 1/1.01. */
 function specObjective(devices: readonly DeviceProfile[], model: ModelProfile, p: Plan, o: HaldaOptions = SPEC): number {
   return oracleOfPlan(devices, model, p, o).objectiveMs;
 }

@@ -113,7 +113,7 @@ describe("synthetic Q4_K_M tensor tables", () => {
   }
 
   test("llama3-8b matches HALDA.md's F-8B fixture bytes", () => {
-    // HALDA.md §7 lists b, b', b_i and b_o of Llama 3-8B Q4_K_M; our typing must reproduce them.
+    // the original Halda specification's §7 (docs/HALDA.md §6) lists b, b', b_i and b_o of Llama 3-8B Q4_K_M; our typing must reproduce them.
     const p = modelProfile(syntheticModelDescription(modelShapeByName("llama3-8b")!, "Q4_K_M"), { nCtx: 1024 });
     expect(p.layerBytes).toBe(130_826_240);
     expect(p.layerBytes + p.kvBytesPerTokenLayer * 1024).toBe(135_020_544);
