@@ -1,4 +1,4 @@
-// the original Halda specification's §7 (docs/HALDA.md §6)'s sanity cases and its §8 worked example on the paper's devices. Plan shapes are asserted
+// The sanity cases (§7) and the worked example (§8) of the original Halda specification (docs/HALDA.md §6) on the paper's devices. Plan shapes are asserted
 // where the spec states them; latencies are checked against the independent evaluation in oracle.ts
 // and against the spec's quoted numbers. The spec's numbers are the solver's objective (the head's
 // window cost divided by masterPriority 1.01) with prima.cpp's one-layer head term, so those checks use
