@@ -1,5 +1,6 @@
 // Test harness: a coordinator and workers as real processes on loopback (the compiled CLIs in dist/,
 // built by `npm test`'s pretest step).
+import { execFileSync } from "node:child_process";
 import { killAll, root, startNode, type Proc } from "../helpers/process.js";
 
 const coordCli = `${root}dist/coordinator/cli.js`;
@@ -39,4 +40,15 @@ export async function runRing(model: string, coordArgs: string[], nWorkers: numb
   for (const w of workers) w.child.kill("SIGKILL");
   const line = coordinator.stdout.split("\n").find((l) => l.startsWith("{"));
   return { coordinator, workers, code, report: line ? JSON.parse(line) : undefined };
+}
+
+/** What one device generates (`prima-coord run --json`): the ids a ring must match. */
+export function singleDevice(path: string, args: string[]): number[] {
+  const out = execFileSync(process.execPath, [coordCli, "run", path, "--json", ...args], { encoding: "utf8", cwd: root });
+  return JSON.parse(out).generated_ids;
+}
+
+/** MiB each worker said its windows take (KV and scratch), in the order the coordinator logged them. */
+export function readyMiB(stderr: string): number[] {
+  return [...stderr.matchAll(/device \S+ "dev\d+" .*?ready (?:in [\d.]+ s )?\(([\d.]+) MiB for KV and scratch\)/g)].map((m) => Number(m[1]));
 }

@@ -2,10 +2,9 @@
 // the rows, every device shifts the windows it holds: the same tokens as one device, on the native
 // lane and through JS, with several windows per device (k cycles), and after a worker dies
 // mid-generation the journal's replay (the same forwards and shifts) goes on to the same tokens.
-import { execFileSync } from "node:child_process";
 import { afterEach, describe, expect, it } from "vitest";
 import { modelShapeByName } from "../../model/index.js";
-import { killAll, runRing, startCoordinator, startWorker } from "./cluster.js";
+import { killAll, runRing, startCoordinator, startWorker, singleDevice } from "./cluster.js";
 import { generatedModel } from "../helpers/models.js";
 
 afterEach(killAll);
@@ -14,10 +13,6 @@ const model = "models/stories260K.gguf";
 // 4x the context: 3 shifts and more
 const gen = ["-p", "Once upon a time", "-n", "256", "--ctx", "64", "--keep", "2", "--temp", "0"];
 
-function singleDevice(path: string, args: string[]): number[] {
-  const out = execFileSync(process.execPath, ["dist/coordinator/cli.js", "run", path, "--json", ...args], { encoding: "utf8" });
-  return JSON.parse(out).generated_ids;
-}
 
 describe("context shift on a two-worker loopback ring", () => {
   const expected = singleDevice(model, gen);

@@ -3,20 +3,15 @@
 // samples, each device runs its window of layers (gemma's sliding-window layers split across them; a
 // mixture-of-experts layer's experts all in its window; gpt-oss's sinks, alternating windows and MXFP4
 // experts), and gemma3's sliding-window rings wrap on the workers.
-import { execFileSync } from "node:child_process";
 import { afterEach, describe, expect, it } from "vitest";
 import { modelShapeByName } from "../../model/index.js";
-import { killAll, runRing } from "./cluster.js";
+import { killAll, runRing, singleDevice } from "./cluster.js";
 import { generatedModel } from "../helpers/models.js";
 
 afterEach(killAll);
 
 const gen = ["-p", "Once upon a time", "-n", "24", "--temp", "0"];
 
-function singleDevice(path: string, args: string[]): number[] {
-  const out = execFileSync(process.execPath, ["dist/coordinator/cli.js", "run", path, "--json", ...args], { encoding: "utf8" });
-  return JSON.parse(out).generated_ids;
-}
 
 describe("two-worker ring per family", () => {
   it.each(["tiny-qwen2", "tiny-qwen3", "tiny-qwen3moe", "tiny-mixtral", "tiny-gemma2", "tiny-gemma3", "tiny-mistral3", "tiny-phi3", "tiny-gpt-oss"])("%s, 6 layers in windows 2,2,2: the same tokens as one device", async (shape) => {

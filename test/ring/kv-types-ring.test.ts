@@ -1,10 +1,9 @@
 // --cache-type-k/-v reach every device of a ring: a ring of two loopback workers and the head with a
 // q8_0 cache gives the single device's tokens with the same cache, and each worker's window holds its
 // KV cache in q8_0 (the memory it reports shrinks by what the rule says).
-import { execFileSync } from "node:child_process";
 import { afterEach, describe, expect, it } from "vitest";
 import { kvBytesPerTokenLayer, modelShapeByName } from "../../model/index.js";
-import { killAll, runRing } from "./cluster.js";
+import { killAll, runRing, singleDevice, readyMiB } from "./cluster.js";
 import { generatedModel } from "../helpers/models.js";
 
 afterEach(killAll);
@@ -12,15 +11,7 @@ afterEach(killAll);
 const CTX = 4096;
 const gen = ["-p", "Once upon a time", "-n", "24", "--temp", "0", "--ctx", String(CTX)];
 
-function singleDevice(path: string, args: string[]): number[] {
-  const out = execFileSync(process.execPath, ["dist/coordinator/cli.js", "run", path, "--json", ...args], { encoding: "utf8" });
-  return JSON.parse(out).generated_ids;
-}
 
-/** MiB each worker said its windows take (KV and scratch), in join order. */
-function readyMiB(stderr: string): number[] {
-  return [...stderr.matchAll(/device \S+ "dev\d+" .*?ready \(([\d.]+) MiB for KV and scratch\)/g)].map((m) => Number(m[1]));
-}
 
 describe("a ring with a q8_0 KV cache", () => {
   it("two workers and the head, windows 2,2,2: the single device's tokens, the workers' caches in q8_0", async () => {

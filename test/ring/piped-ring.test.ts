@@ -1,10 +1,9 @@
 // The piped ring end to end: real worker processes on loopback give exactly the single-device
 // tokens (workers' frames on the native lane, and through JS with --no-native-lane), and a worker
 // killed mid-generation is named by the coordinator within 2 seconds.
-import { execFileSync } from "node:child_process";
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
 import { modelShapeByName } from "../../model/index.js";
-import { killAll, runRing, startCoordinator, startWorker } from "./cluster.js";
+import { killAll, runRing, startCoordinator, startWorker, singleDevice } from "./cluster.js";
 import { generatedModel } from "../helpers/models.js";
 
 afterEach(killAll);
@@ -12,10 +11,6 @@ afterEach(killAll);
 const model = "models/stories260K.gguf";
 const gen = ["-p", "Once upon a time", "-n", "24", "--temp", "0"];
 
-function singleDevice(path: string, args: string[]): number[] {
-  const out = execFileSync(process.execPath, ["dist/coordinator/cli.js", "run", path, "--json", ...args], { encoding: "utf8" });
-  return JSON.parse(out).generated_ids;
-}
 
 describe("piped ring on stories260K (5 layers)", () => {
   const expected = singleDevice(model, gen);

@@ -1,12 +1,11 @@
 // --attention sparse reaches every device of a ring (Assignment.attention, as the cache types travel): a
 // ring of two loopback workers and the head gives the single device's sparse tokens, which differ from
 // dense ones (so no device ran dense), and each worker's window holds the landmarks the rule counts.
-import { execFileSync } from "node:child_process";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { generateModel } from "../../modelgen/index.js";
 import { landmarkBytesPerTokenLayer, modelShapeByName } from "../../model/index.js";
-import { killAll, runRing } from "./cluster.js";
+import { killAll, runRing, singleDevice, readyMiB } from "./cluster.js";
 import { tempDir } from "../helpers/temp.js";
 
 afterEach(killAll);
@@ -16,14 +15,7 @@ const gen = ["-p", "Once upon a time", "-n", "80", "--temp", "0", "--ctx", Strin
 const SPARSE = { window: 16, sinks: 2, logStride: true, block: 8 };
 const sparse = ["--attention", "sparse", "--sparse-window", "16", "--sparse-sinks", "2", "--sparse-block", "8"];
 
-function singleDevice(path: string, args: string[]): number[] {
-  const out = execFileSync(process.execPath, ["dist/coordinator/cli.js", "run", path, "--json", ...args], { encoding: "utf8" });
-  return JSON.parse(out).generated_ids;
-}
 
-function readyMiB(stderr: string): number[] {
-  return [...stderr.matchAll(/device \S+ "dev\d+" .*?ready \(([\d.]+) MiB for KV and scratch\)/g)].map((m) => Number(m[1]));
-}
 
 describe("a ring with sparse attention", () => {
   const dir = tempDir("prima-sparse-ring-");
