@@ -77,32 +77,57 @@ __attribute__((target("avx2,fma"))) static void tile_scores(const float *Q, int 
   }
 }
 
-/* acc[r] += sum_j P[r][j] * V[j] for groups of four rows with any row active, 16 columns at a time:
- * eight accumulators of 8 lanes held over the block's positions. */
-__attribute__((target("avx2,fma"))) static void tile_accum(float *acc, const float *P, const int *active, int rp, int d, const float *V, int nb) {
-  for (int r = 0; r < rp; r += 4) {
-    if (!(active[r] | active[r + 1] | active[r + 2] | active[r + 3])) continue;
-    const float *p0 = P + (size_t)r * TILE_POS, *p1 = p0 + TILE_POS, *p2 = p1 + TILE_POS, *p3 = p2 + TILE_POS;
-    for (int i = 0; i < d; i += 16) {
-      float *c0 = acc + (size_t)r * d + i, *c1 = c0 + d, *c2 = c1 + d, *c3 = c2 + d;
-      __m256 a0 = _mm256_loadu_ps(c0), a1 = _mm256_loadu_ps(c0 + 8), b0 = _mm256_loadu_ps(c1), b1 = _mm256_loadu_ps(c1 + 8);
-      __m256 e0 = _mm256_loadu_ps(c2), e1 = _mm256_loadu_ps(c2 + 8), f0 = _mm256_loadu_ps(c3), f1 = _mm256_loadu_ps(c3 + 8);
-      for (int j = 0; j < nb; j++) {
-        const float *vj = V + (size_t)j * d + i;
-        const __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8);
-        __m256 w = _mm256_broadcast_ss(p0 + j);
-        a0 = _mm256_fmadd_ps(w, v0, a0), a1 = _mm256_fmadd_ps(w, v1, a1);
-        w = _mm256_broadcast_ss(p1 + j);
-        b0 = _mm256_fmadd_ps(w, v0, b0), b1 = _mm256_fmadd_ps(w, v1, b1);
-        w = _mm256_broadcast_ss(p2 + j);
-        e0 = _mm256_fmadd_ps(w, v0, e0), e1 = _mm256_fmadd_ps(w, v1, e1);
-        w = _mm256_broadcast_ss(p3 + j);
-        f0 = _mm256_fmadd_ps(w, v0, f0), f1 = _mm256_fmadd_ps(w, v1, f1);
-      }
-      _mm256_storeu_ps(c0, a0), _mm256_storeu_ps(c0 + 8, a1), _mm256_storeu_ps(c1, b0), _mm256_storeu_ps(c1 + 8, b1);
-      _mm256_storeu_ps(c2, e0), _mm256_storeu_ps(c2 + 8, e1), _mm256_storeu_ps(c3, f0), _mm256_storeu_ps(c3 + 8, f1);
+/* acc[r] += sum_j P[r][j] * V[j] over positions [j0, j1) for rows r0..r0+3, 16 columns at a time: eight
+ * accumulators of 8 lanes held over the positions. */
+__attribute__((target("avx2,fma"))) static void accum4(float *acc, const float *P, int r0, int d, const float *V, int j0, int j1) {
+  const float *p0 = P + (size_t)r0 * TILE_POS, *p1 = p0 + TILE_POS, *p2 = p1 + TILE_POS, *p3 = p2 + TILE_POS;
+  for (int i = 0; i < d; i += 16) {
+    float *c0 = acc + (size_t)r0 * d + i, *c1 = c0 + d, *c2 = c1 + d, *c3 = c2 + d;
+    __m256 a0 = _mm256_loadu_ps(c0), a1 = _mm256_loadu_ps(c0 + 8), b0 = _mm256_loadu_ps(c1), b1 = _mm256_loadu_ps(c1 + 8);
+    __m256 e0 = _mm256_loadu_ps(c2), e1 = _mm256_loadu_ps(c2 + 8), f0 = _mm256_loadu_ps(c3), f1 = _mm256_loadu_ps(c3 + 8);
+    for (int j = j0; j < j1; j++) {
+      const float *vj = V + (size_t)j * d + i;
+      const __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8);
+      __m256 w = _mm256_broadcast_ss(p0 + j);
+      a0 = _mm256_fmadd_ps(w, v0, a0), a1 = _mm256_fmadd_ps(w, v1, a1);
+      w = _mm256_broadcast_ss(p1 + j);
+      b0 = _mm256_fmadd_ps(w, v0, b0), b1 = _mm256_fmadd_ps(w, v1, b1);
+      w = _mm256_broadcast_ss(p2 + j);
+      e0 = _mm256_fmadd_ps(w, v0, e0), e1 = _mm256_fmadd_ps(w, v1, e1);
+      w = _mm256_broadcast_ss(p3 + j);
+      f0 = _mm256_fmadd_ps(w, v0, f0), f1 = _mm256_fmadd_ps(w, v1, f1);
     }
+    _mm256_storeu_ps(c0, a0), _mm256_storeu_ps(c0 + 8, a1), _mm256_storeu_ps(c1, b0), _mm256_storeu_ps(c1 + 8, b1);
+    _mm256_storeu_ps(c2, e0), _mm256_storeu_ps(c2 + 8, e1), _mm256_storeu_ps(c3, f0), _mm256_storeu_ps(c3 + 8, f1);
   }
+}
+
+/* The same for rows r0 and r0 + 1 (a tile's last pair; one token's heads when decoding), 32 columns at a time.
+ * Each element's sum is accum4's: the same products in the same order. */
+__attribute__((target("avx2,fma"))) static void accum2(float *acc, const float *P, int r0, int d, const float *V, int j0, int j1) {
+  const float *p0 = P + (size_t)r0 * TILE_POS, *p1 = p0 + TILE_POS;
+  for (int i = 0; i < d; i += 16) {
+    float *c0 = acc + (size_t)r0 * d + i, *c1 = c0 + d;
+    __m256 a0 = _mm256_loadu_ps(c0), a1 = _mm256_loadu_ps(c0 + 8), b0 = _mm256_loadu_ps(c1), b1 = _mm256_loadu_ps(c1 + 8);
+    for (int j = j0; j < j1; j++) {
+      const float *vj = V + (size_t)j * d + i;
+      const __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8);
+      __m256 w = _mm256_broadcast_ss(p0 + j);
+      a0 = _mm256_fmadd_ps(w, v0, a0), a1 = _mm256_fmadd_ps(w, v1, a1);
+      w = _mm256_broadcast_ss(p1 + j);
+      b0 = _mm256_fmadd_ps(w, v0, b0), b1 = _mm256_fmadd_ps(w, v1, b1);
+    }
+    _mm256_storeu_ps(c0, a0), _mm256_storeu_ps(c0 + 8, a1), _mm256_storeu_ps(c1, b0), _mm256_storeu_ps(c1 + 8, b1);
+  }
+}
+
+/* acc += P V for rp rows (a multiple of 2), skipping groups with no active row; positions [j0, j1)
+ * hold every active row's visible ones (the others' weights are exact zeros: adding them changes nothing). */
+static void tile_accum(float *acc, const float *P, const int *active, int rp, int d, const float *V, int j0, int j1) {
+  int r = 0;
+  for (; r + 4 <= rp; r += 4)
+    if (active[r] | active[r + 1] | active[r + 2] | active[r + 3]) accum4(acc, P, r, d, V, j0, j1);
+  if (r < rp && (active[r] | active[r + 1])) accum2(acc, P, r, d, V, j0, j1);
 }
 
 /* Q rounded to F16 and back, as llama.cpp rounds Q against an F16 cache (round to nearest even). */
@@ -115,7 +140,7 @@ __attribute__((target("avx2,f16c"))) static void round_q(const float *q, float *
 void prima_kv_attend_tile(const prima_kv_head *k, const prima_kv_head *v, const float *q, size_t q_stride, int n_tok, int pos0,
                           int window, int ratio, int d, float scale, float softcap, const float *sink, float *out, void *scratch) {
 #ifdef PRIMA_X86
-  const int R = n_tok * ratio, rp = (R + 3) & ~3;
+  const int R = n_tok * ratio, rp = (R + 1) & ~1;
   float *Q = scratch, *Kf = Q + (size_t)rp * d, *Vf = Kf + (size_t)TILE_POS * d, *S = Vf + (size_t)TILE_POS * d;
   float *acc = S + (size_t)rp * TILE_POS, *M = acc + (size_t)rp * d, *L = M + rp;
   int *active = (int *)(L + rp);
@@ -128,11 +153,14 @@ void prima_kv_attend_tile(const prima_kv_head *k, const prima_kv_head *v, const 
     L[r] = r < R && sink ? 1.0f : 0.0f;
     active[r] = 0;
   }
-  /* token t sees [lo(t), pos0 + t + 1): the tile reads the union, each row masks the rest */
+  /* token t sees [lo(t), pos0 + t + 1): the tile reads the union, each row masks the rest. Blocks end at
+   * multiples of TILE_POS (and of a ring's cells), wherever the tile starts: a row's blocks, and so its
+   * sums, are the same in any tile (decoded alone or in a prompt's batch: the same bits). */
   const int hi_end = pos0 + n_tok;
   const int lo_start = window > 0 && pos0 + 1 > window ? pos0 + 1 - window : 0;
   for (int p0 = lo_start, nb; p0 < hi_end; p0 += nb) {
-    nb = hi_end - p0 < TILE_POS ? hi_end - p0 : TILE_POS;
+    nb = TILE_POS - p0 % TILE_POS;
+    if (nb > hi_end - p0) nb = hi_end - p0;
     /* a ring's rows are contiguous up to its end: a block stops there (K and V share the ring) */
     const int row = k->cells > 0 ? p0 % k->cells : p0;
     if (k->cells > 0 && nb > k->cells - row) nb = k->cells - row;
@@ -140,6 +168,7 @@ void prima_kv_attend_tile(const prima_kv_head *k, const prima_kv_head *v, const 
     block_to_f32((const uint16_t *)(k->base + (size_t)row * k->stride), k->stride / sizeof(uint16_t), nb, np, d, Kf);
     block_to_f32((const uint16_t *)(v->base + (size_t)row * v->stride), v->stride / sizeof(uint16_t), nb, np, d, Vf);
     tile_scores(Q, rp, d, Kf, np, scale, S);
+    int j0 = nb, j1 = 0;
     for (int r = 0; r < rp; r++) {
       float *s = S + (size_t)r * TILE_POS;
       const int t = r / ratio, hi = pos0 + t + 1, lo = window > 0 && hi > window ? hi - window : 0;
@@ -149,6 +178,8 @@ void prima_kv_attend_tile(const prima_kv_head *k, const prima_kv_head *v, const 
         memset(s, 0, sizeof(float) * (size_t)nb);
         continue;
       }
+      j0 = a < j0 ? a : j0;
+      j1 = b > j1 ? b : j1;
       /* the online softmax's step over this row's visible scores, as kv_cache.c's softmax_step */
       if (softcap > 0) prima_softcap(s + a, b - a, softcap);
       float mb = s[a];
@@ -161,7 +192,7 @@ void prima_kv_attend_tile(const prima_kv_head *k, const prima_kv_head *v, const 
       memset(s, 0, sizeof(float) * (size_t)a);
       memset(s + b, 0, sizeof(float) * (size_t)(nb - b));
     }
-    tile_accum(acc, S, active, rp, d, Vf, nb);
+    if (j0 < j1) tile_accum(acc, S, active, rp, d, Vf, j0, j1);
   }
   for (int r = 0; r < R; r++) {
     const float inv = 1.0f / L[r];

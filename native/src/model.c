@@ -877,7 +877,7 @@ static int tiled_attention(const prima_task *t, prima_window *w, int li, const f
   const int D = hp->head_dim, G = hp->n_head_kv, ratio = hp->n_head / G;
   const int window = w->m->layer_window[w->first + li];
   const prima_window *kw = j->w;
-  if (n < 2 || j->seqs || kw->h2o_acc || (window == 0 && kw->sparse.window > 0)) return 0;
+  if (n < 2 || j->seqs || kw->h2o_acc || (window == 0 && kw->sparse.window > 0)) return 0; /* attention() takes these row by row */
   const prima_kv_head K0 = { kw->k_type, kv_k_rows(kw, li), kw->k_row_bytes, kw->kv_cells[li] };
   const prima_kv_head V0 = { kw->v_type, kv_v_rows(kw, li), kw->v_row_bytes, kw->kv_cells[li] };
   if (!prima_kv_tile_ok(&K0, &V0, D, prima_simd_level())) return 0;
@@ -935,6 +935,9 @@ static void attention(const prima_task *t, prima_window *w, int li, const fwd_jo
         const float *raw = a.raw + (size_t)h * kw->n_ctx, m = a.M[h], inv = 1.0f / a.S[h];
         for (int p = lo; p < n_pos; p++) acc[p] += expf(raw[p] - m) * inv;
       }
+    } else if (prima_kv_tile_ok(&K, &V, D, simd)) {
+      /* the kernel a batch uses, for the same bits as that token in a prompt's batch */
+      prima_kv_attend_tile(&K, &V, q + off, qdim, 1, n_pos - 1, window, ratio, D, hp->kq_scale, hp->attn_softcap, sink, w->att + off, scratch);
     } else {
       prima_kv_attend(&K, &V, q + off, ratio, D, lo, n_pos, hp->kq_scale, hp->attn_softcap, sink, w->att + off, scratch, simd);
     }

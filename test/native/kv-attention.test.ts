@@ -102,6 +102,14 @@ describe("a batch's tiled attention over an F16 cache equals each token's attent
       expect(tiled, `${level}`).toBe(level === "avx2" || level === "avx512");
       expect(maxRelErr(out, want), `${level}`).toBeLessThan(2e-5);
     }
+    // a token alone (decode) gets the bits it gets in the batch: the prompt cache and failover replay rely on it
+    for (const t of [0, nTok - 1]) {
+      const n = pos0 + t + 1, qt = q.subarray(t * ratio * d, (t + 1) * ratio * d);
+      const alone = kvAttendRows("F16", "F16", K.bytes.subarray(0, n * 2 * d), V.bytes.subarray(0, n * 2 * d), pos0 + t, 1, ratio, d, qt, scale,
+        { softcap, window });
+      const { out } = kvAttendRows("F16", "F16", K.bytes, V.bytes, pos0, nTok, ratio, d, q, scale, { softcap, window });
+      expect(alone.out, `token ${t}`).toEqual(out.subarray(t * ratio * d, (t + 1) * ratio * d));
+    }
     // the reference tells a window from none: attending to every position is far off
     if (window > 0) {
       const { out } = kvAttendRows("F16", "F16", K.bytes, V.bytes, pos0, nTok, ratio, d, q, scale, { softcap, level: levels[levels.length - 1] });
