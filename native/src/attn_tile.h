@@ -1,9 +1,11 @@
 /* Attention of a batch of query rows over an F16 KV cache, tiled as a flash attention: a block of
  * cached positions is converted from F16 to F32 once and used by every query row of the tile (up to
- * ATT_TILE_ROWS query heads: several tokens times the `ratio` heads that share the KV head), scores and
- * the V accumulation are small register-blocked matrix products, and the softmax is online per row.
+ * 64 query heads: several tokens times the `ratio` heads that share the KV head), scores and the V
+ * accumulation are small register-blocked matrix products, and the softmax is online per row.
  * The per-row path (kv_cache.c) converts each K and V row again for every token; at depth that
- * conversion and the one-query dot products were two thirds of a prompt's time. */
+ * conversion and the one-query dot products were two thirds of a prompt's time. Decode and steps of
+ * several sequences use this kernel too (one token per call): a token's blocks of positions do not
+ * depend on the tile it is in, so its result has the same bits alone as in a prompt's batch. */
 #ifndef PRIMA_ATTN_TILE_H
 #define PRIMA_ATTN_TILE_H
 
