@@ -21,6 +21,7 @@
         "native/src/matmul.c",
         "native/src/ops.c",
         "native/src/kv_cache.c",
+        "native/src/attn_tile.c",
         "native/src/model.c",
         "native/src/expert_prefetch.c",
         "native/src/kv_shift.c",

@@ -19,6 +19,7 @@ extern "C" {
 #include "ops.h"
 #include "kv_cache.h"
 #include "sparse_attn.h"
+#include "attn_tile.h"
 }
 
 namespace {
@@ -379,6 +380,51 @@ Napi::Value KvAttend(const Napi::CallbackInfo &info) {
   return env.Undefined();
 }
 
+// kvAttendRows(kType, vType, k, v, pos0, nTok, ratio, d, q, scale, softcap, window, out, level?): the attention of nTok
+// consecutive tokens at pos0.. (their ratio query heads each, nTok x ratio x d floats) over the causal rows of one KV head
+// (pos0 + nTok rows back to back), as a window's batch computes it at that level: tiled (attn_tile.c) where the tile
+// takes the cache, else row by row. Returns whether it ran tiled.
+Napi::Value KvAttendRows(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  int64_t kt, vt, pos0, nTok, ratio, d, window;
+  int level;
+  Bytes k, v, q, out;
+  if (!GetInt(env, info[0], "kType", 0, PRIMA_TYPE_COUNT - 1, kt) || !GetInt(env, info[1], "vType", 0, PRIMA_TYPE_COUNT - 1, vt) ||
+      !GetTyped(env, info[2], napi_uint8_array, "k", k, true) || !GetTyped(env, info[3], napi_uint8_array, "v", v, true) ||
+      !GetInt(env, info[4], "pos0", 0, 1 << 20, pos0) || !GetInt(env, info[5], "nTok", 1, 1 << 12, nTok) ||
+      !GetInt(env, info[6], "ratio", 1, 64, ratio) || !GetInt(env, info[7], "d", 1, 1024, d) ||
+      !GetTyped(env, info[8], napi_float32_array, "q", q, true) || !info[9].IsNumber() || !info[10].IsNumber() ||
+      !GetInt(env, info[11], "window", 0, 1 << 20, window) || !GetTyped(env, info[12], napi_float32_array, "out", out, false) ||
+      !GetLevel(env, info[13], level))
+    return env.Undefined();
+  const char *why = prima_kv_type_problem((int)kt, (int)d);
+  if (!why) why = prima_kv_type_problem((int)vt, (int)d);
+  if (why) return Fail(env, std::string("kvAttendRows: a cache type ") + why), env.Undefined();
+  const size_t kRow = prima_row_bytes((int)kt, d), vRow = prima_row_bytes((int)vt, d), n = (size_t)(pos0 + nTok), qdim = (size_t)(ratio * d);
+  if (k.length != kRow * n || v.length != vRow * n || q.length != 4 * qdim * (size_t)nTok || out.length != q.length)
+    return Fail(env, "kvAttendRows: k, v must hold pos0 + nTok rows of their type, q and out nTok x ratio x d floats"), env.Undefined();
+  const prima_kv_head K = {(int)kt, k.data, kRow, 0}, V = {(int)vt, v.data, vRow, 0};
+  const float scale = (float)info[9].As<Napi::Number>().DoubleValue(), softcap = (float)info[10].As<Napi::Number>().DoubleValue();
+  const float *qf = reinterpret_cast<const float *>(q.data);
+  float *of = reinterpret_cast<float *>(out.data);
+  const bool tiled = prima_kv_tile_ok(&K, &V, (int)d, level);
+  const size_t bytes = tiled ? prima_kv_tile_scratch_bytes((int)ratio, (int)d) : prima_kv_attend_scratch_bytes((int)ratio, (int)d);
+  std::vector<uint8_t> scratch(bytes + 64);
+  void *aligned = reinterpret_cast<void *>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t(63));
+  const int per = prima_kv_tile_tokens((int)ratio);
+  for (int t0 = 0; t0 < nTok; t0 += tiled ? per : 1) {
+    const int nt = tiled ? std::min<int>(per, (int)nTok - t0) : 1, hi = (int)pos0 + t0 + 1;
+    if (tiled)
+      prima_kv_attend_tile(&K, &V, qf + t0 * qdim, qdim, nt, (int)pos0 + t0, (int)window, (int)ratio, (int)d, scale, softcap, nullptr,
+                           of + t0 * qdim, aligned);
+    else
+      prima_kv_attend(&K, &V, qf + t0 * qdim, (int)ratio, (int)d, window > 0 && hi > window ? hi - (int)window : 0, hi, scale, softcap,
+                      nullptr, of + t0 * qdim, aligned, level);
+  }
+  out.CopyOut();
+  return Napi::Boolean::New(env, tiled);
+}
+
 // {window, sinks, logStride, block} as sparse attention's settings, checked by prima_sparse_problem.
 static bool GetSparse(Napi::Env env, const Napi::Value &v, prima_sparse_cfg &c) {
   if (!v.IsObject()) return Fail(env, "sparse settings must be {window, sinks, logStride, block}");
@@ -672,6 +718,7 @@ void RegisterKernels(Napi::Env env, Napi::Object exports) {
   k.Set("geglu", Napi::Function::New(env, Geglu, "geglu"));
   k.Set("kvStore", Napi::Function::New(env, KvStore, "kvStore"));
   k.Set("kvAttend", Napi::Function::New(env, KvAttend, "kvAttend"));
+  k.Set("kvAttendRows", Napi::Function::New(env, KvAttendRows, "kvAttendRows"));
   k.Set("kvAttendSparse", Napi::Function::New(env, KvAttendSparse, "kvAttendSparse"));
   k.Set("sparseLandmarks", Napi::Function::New(env, SparseLandmarks, "sparseLandmarks"));
   k.Set("sparseSelect", Napi::Function::New(env, SparseSelect, "sparseSelect"));

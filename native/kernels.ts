@@ -57,6 +57,8 @@ interface KernelsAddon {
   kvStore(type: number, x: Float32Array, dst: Uint8Array): void;
   kvAttend(kType: number, vType: number, k: Uint8Array, v: Uint8Array, nPos: number, ratio: number, d: number, q: Float32Array,
     scale: number, softcap: number, out: Float32Array, level?: SimdLevel): void;
+  kvAttendRows(kType: number, vType: number, k: Uint8Array, v: Uint8Array, pos0: number, nTok: number, ratio: number, d: number,
+    q: Float32Array, scale: number, softcap: number, window: number, out: Float32Array, level?: SimdLevel): boolean;
   kvAttendSparse(kType: number, vType: number, k: Uint8Array, v: Uint8Array, i: number, ratio: number, d: number, q: Float32Array,
     scale: number, softcap: number, sparse: SparseSettings, lmK: Float32Array, lmV: Float32Array, out: Float32Array, level?: SimdLevel): void;
   sparseLandmarks(kType: number, vType: number, k: Uint8Array, v: Uint8Array, nBlocks: number, d: number, block: number,
@@ -193,6 +195,18 @@ export function kvAttend(kType: number | GgmlTypeName, vType: number | GgmlTypeN
   const out = new Float32Array(ratio * d);
   k.kvAttend(typeId(kType), typeId(vType), kRows, vRows, nPos, ratio, d, q, scale, softcap, out, level);
   return out;
+}
+
+/** A batch's attention: nTok consecutive tokens at positions pos0.. (ratio query heads each, nTok x ratio x d
+ * floats) over the causal rows of one KV head (pos0 + nTok rows back to back), a sliding window of `window`
+ * positions when > 0, as a window's forward pass computes it at that level; `tiled` says whether the tiled
+ * kernel (native/src/attn_tile.c) ran rather than the per-row one. */
+export function kvAttendRows(kType: number | GgmlTypeName, vType: number | GgmlTypeName, kRows: Uint8Array, vRows: Uint8Array,
+  pos0: number, nTok: number, ratio: number, d: number, q: Float32Array, scale: number,
+  o: { softcap?: number; window?: number; level?: SimdLevel } = {}): { out: Float32Array; tiled: boolean } {
+  const out = new Float32Array(nTok * ratio * d);
+  const tiled = k.kvAttendRows(typeId(kType), typeId(vType), kRows, vRows, pos0, nTok, ratio, d, q, scale, o.softcap ?? 0, o.window ?? 0, out, o.level);
+  return { out, tiled };
 }
 
 /** The native rule of what a query at position i attends to under sparse settings. */

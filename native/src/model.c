@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "attn_tile.h"
 #include "expert_prefetch.h"
 #include "kernels.h"
 #include "kv_cache.h"
@@ -613,7 +614,8 @@ prima_window *prima_window_create(prima_model *m, int first, int end, int n_ctx,
   w->gate = malloc(sizeof(float) * B * hp->n_ff);
   w->up = malloc(sizeof(float) * B * hp->n_ff);
   w->act_a = malloc(act_row * B * MAX_ACT_FORMATS);
-  w->att_scratch_bytes = (prima_kv_attend_scratch_bytes(ratio, D) + 63) & ~(size_t)63;
+  const size_t row_scratch = prima_kv_attend_scratch_bytes(ratio, D), tile_scratch = prima_kv_tile_scratch_bytes(ratio, D);
+  w->att_scratch_bytes = ((row_scratch > tile_scratch ? row_scratch : tile_scratch) + 63) & ~(size_t)63;
   w->att_acc = aligned_alloc(64, (size_t)nth * w->att_scratch_bytes);
   int has_moe = 0;
   for (int l = first; l < end; l++) has_moe |= m->layers[l].gate_inp.data != NULL;
@@ -867,6 +869,33 @@ static void head_rows(const prima_task *t, prima_model *m, const float *row, flo
   }
 }
 
+/* A batch of one sequence's rows over a dense F16 cache (attn_tile.c): each thread takes (tile of tokens,
+ * KV head) pairs, the last tiles (the most positions, causally) first. 0 when this batch is no such
+ * batch (several sequences, sparse attention, H2O's statistics, another cache type or SIMD level). */
+static int tiled_attention(const prima_task *t, prima_window *w, int li, const fwd_job *j, int n) {
+  const prima_hparams *hp = &w->m->hp;
+  const int D = hp->head_dim, G = hp->n_head_kv, ratio = hp->n_head / G;
+  const int window = w->m->layer_window[w->first + li];
+  const prima_window *kw = j->w;
+  if (n < 2 || j->seqs || kw->h2o_acc || (window == 0 && kw->sparse.window > 0)) return 0; /* attention() takes these row by row */
+  const prima_kv_head K0 = { kw->k_type, kv_k_rows(kw, li), kw->k_row_bytes, kw->kv_cells[li] };
+  const prima_kv_head V0 = { kw->v_type, kv_v_rows(kw, li), kw->v_row_bytes, kw->kv_cells[li] };
+  if (!prima_kv_tile_ok(&K0, &V0, D, prima_simd_level())) return 0;
+  const size_t qdim = (size_t)hp->n_head * D;
+  const int TT = prima_kv_tile_tokens(ratio), n_tiles = (n + TT - 1) / TT;
+  void *scratch = (char *)w->att_acc + (size_t)t->ith * w->att_scratch_bytes;
+  const float *sinks = (const float *)w->m->layers[w->first + li].sinks.data;
+  for (int task = t->ith; task < n_tiles * G; task = prima_pool_next_chunk(t)) {
+    const int tile = n_tiles - 1 - task / G, g = task % G, t0 = tile * TT, nt = n - t0 < TT ? n - t0 : TT;
+    const prima_kv_head K = { K0.type, K0.base + (size_t)g * (kw->k_row_bytes / G), K0.stride, K0.cells };
+    const prima_kv_head V = { V0.type, V0.base + (size_t)g * (kw->v_row_bytes / G), V0.stride, V0.cells };
+    const size_t off = (size_t)t0 * qdim + (size_t)g * ratio * D;
+    prima_kv_attend_tile(&K, &V, w->q + off, qdim, nt, j->pos + t0, window, ratio, D, hp->kq_scale, hp->attn_softcap,
+                         sinks ? sinks + (size_t)g * ratio : NULL, w->att + off, scratch);
+  }
+  return 1;
+}
+
 /* Each thread takes (token, KV head) pairs: the token's query heads of that group attend to its own
  * sequence's cache (kv_cache.c), causally, a sliding-window layer to its last `window` positions. */
 static void attention(const prima_task *t, prima_window *w, int li, const fwd_job *j, int n) {
@@ -877,6 +906,7 @@ static void attention(const prima_task *t, prima_window *w, int li, const fwd_jo
   const int simd = prima_simd_level();
   void *scratch = (char *)w->att_acc + (size_t)t->ith * w->att_scratch_bytes;
   float *q = w->q; /* scaled in place by the model's query scale, row by row, before attention reads it */
+  if (tiled_attention(t, w, li, j, n)) return;
   for (int task = t->ith; task < n * G; task = prima_pool_next_chunk(t)) {
     const int tok = task / G, g = task % G;
     const prima_window *kw = row_win(j, tok); /* the token's own sequence: it sees no other's cache */
@@ -905,6 +935,9 @@ static void attention(const prima_task *t, prima_window *w, int li, const fwd_jo
         const float *raw = a.raw + (size_t)h * kw->n_ctx, m = a.M[h], inv = 1.0f / a.S[h];
         for (int p = lo; p < n_pos; p++) acc[p] += expf(raw[p] - m) * inv;
       }
+    } else if (prima_kv_tile_ok(&K, &V, D, simd)) {
+      /* the kernel a batch uses, for the same bits as that token in a prompt's batch */
+      prima_kv_attend_tile(&K, &V, q + off, qdim, 1, n_pos - 1, window, ratio, D, hp->kq_scale, hp->attn_softcap, sink, w->att + off, scratch);
     } else {
       prima_kv_attend(&K, &V, q + off, ratio, D, lo, n_pos, hp->kq_scale, hp->attn_softcap, sink, w->att + off, scratch, simd);
     }

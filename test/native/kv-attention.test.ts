@@ -3,7 +3,7 @@
 // equal attention computed in double precision over the dequantized cache (Q rounded as the kernel
 // rounds it: to F16 against an F16 K, to Q8_0 against a quantized K), at every SIMD level.
 import { describe, expect, it } from "vitest";
-import { GgmlTypeId, dequantize, fp32ToHalf, halfToFp32, kvAttend, kvStore, quantizeAct, quantizeRef, rowBytes, simdLevels } from "../../native/index.js";
+import { GgmlTypeId, dequantize, fp32ToHalf, halfToFp32, kvAttend, kvAttendRows, kvStore, quantizeAct, quantizeRef, rowBytes, simdLevels } from "../../native/index.js";
 import { normalFloats } from "../helpers/random.js";
 
 const randoms = normalFloats(12345);
@@ -76,6 +76,44 @@ describe("attention over the quantized cache equals attention over the dequantiz
     if (vType !== "F16") {
       const wrong = reference(kType, K.floats, V.floats.map((x) => x * 1.01), q, ratio, d, nPos, scale, softcap);
       expect(maxRelErr(wrong, want)).toBeGreaterThan(1e-3);
+    }
+  });
+});
+
+describe("a batch's tiled attention over an F16 cache equals each token's attention", () => {
+  // tokens at pos0.. attend causally (or to their last `window` positions): tiles of several tokens, blocks
+  // of cached positions that straddle the tokens' own, row padding (ratio 3), soft-capping
+  const cases: [ratio: number, d: number, pos0: number, nTok: number, window: number, softcap: number][] = [
+    [2, 128, 150, 70, 0, 0], [3, 64, 0, 45, 0, 0], [1, 256, 37, 5, 0, 0], [4, 32, 90, 40, 60, 0], [2, 64, 200, 33, 0, 30],
+  ];
+  it.each(cases)("%d heads of %d, %d cached + %d tokens, window %d, softcap %d", (ratio, d, pos0, nTok, window, softcap) => {
+    const scale = 1 / Math.sqrt(d), nPos = pos0 + nTok;
+    const K = cacheOf("F16", randoms(d * nPos, 5), d, nPos), V = cacheOf("F16", randoms(d * nPos, 6), d, nPos);
+    const q = randoms(nTok * ratio * d, 7);
+    const want = new Float32Array(nTok * ratio * d);
+    for (let t = 0; t < nTok; t++) {
+      const hi = pos0 + t + 1, lo = window > 0 && hi > window ? hi - window : 0;
+      want.set(reference("F16", K.floats.subarray(lo * d, hi * d), V.floats.subarray(lo * d, hi * d), q.subarray(t * ratio * d, (t + 1) * ratio * d),
+        ratio, d, hi - lo, scale, softcap), t * ratio * d);
+    }
+    const levels = simdLevels();
+    for (const level of levels) {
+      const { out, tiled } = kvAttendRows("F16", "F16", K.bytes, V.bytes, pos0, nTok, ratio, d, q, scale, { softcap, window, level });
+      expect(tiled, `${level}`).toBe(level === "avx2" || level === "avx512");
+      expect(maxRelErr(out, want), `${level}`).toBeLessThan(2e-5);
+    }
+    // a token alone (decode) gets the bits it gets in the batch: the prompt cache and failover replay rely on it
+    for (const t of [0, nTok - 1]) {
+      const n = pos0 + t + 1, qt = q.subarray(t * ratio * d, (t + 1) * ratio * d);
+      const alone = kvAttendRows("F16", "F16", K.bytes.subarray(0, n * 2 * d), V.bytes.subarray(0, n * 2 * d), pos0 + t, 1, ratio, d, qt, scale,
+        { softcap, window });
+      const { out } = kvAttendRows("F16", "F16", K.bytes, V.bytes, pos0, nTok, ratio, d, q, scale, { softcap, window });
+      expect(alone.out, `token ${t}`).toEqual(out.subarray(t * ratio * d, (t + 1) * ratio * d));
+    }
+    // the reference tells a window from none: attending to every position is far off
+    if (window > 0) {
+      const { out } = kvAttendRows("F16", "F16", K.bytes, V.bytes, pos0, nTok, ratio, d, q, scale, { softcap, level: levels[levels.length - 1] });
+      expect(maxRelErr(out, want)).toBeGreaterThan(1e-2);
     }
   });
 });

@@ -54,7 +54,7 @@ describe("SIMD twins in plain C", () => {
   it.skipIf(crossReason !== null)("NEON under qemu: equals scalar (bit for bit on quantized types), same quantizers", () => {
     const exe = join(dir, "simd_check_arm");
     let r = run("aarch64-linux-gnu-gcc", ["-O2", "-std=gnu11", "-DPRIMA_HAVE_NEON", `-I${src}`, "-static", "-o", exe, harness,
-      join(src, "quants.c"), join(src, "kernels.c"), join(src, "ops.c"), join(src, "kv_cache.c"), join(src, "sparse_attn.c"), join(src, "quants_neon.c"), "-lpthread", "-lm"]);
+      join(src, "quants.c"), join(src, "kernels.c"), join(src, "ops.c"), join(src, "kv_cache.c"), join(src, "attn_tile.c"), join(src, "sparse_attn.c"), join(src, "quants_neon.c"), "-lpthread", "-lm"]);
     expect(r.status, r.out).toBe(0);
     r = run(qemu!, [exe]);
     expect(r.status, r.out).toBe(0);

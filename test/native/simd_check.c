@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "attn_tile.h"
 #include "kv_cache.h"
 #include "sparse_attn.h"
 #if defined(__x86_64__)
@@ -275,6 +276,47 @@ int main(void) {
           free(V);
         }
     }
+  }
+  /* 5b. a batch's tiled attention over an F16 cache (attn_tile.c) at each level that takes it, against
+   * each token's scalar attention, within float summation order */
+  {
+    const int d = 128, ratio = 2, pos0 = 100, n_tok = 40, n_pos = pos0 + n_tok;
+    const size_t row = prima_row_bytes(PRIMA_F16, d), qdim = (size_t)ratio * d;
+    uint8_t *K = malloc(row * n_pos), *V = malloc(row * n_pos);
+    float *q = malloc(sizeof(float) * qdim * n_tok), *out_s = malloc(sizeof(float) * qdim * n_tok), *out_l = malloc(sizeof(float) * qdim * n_tok);
+    float x[128];
+    for (int p = 0; p < n_pos; p++) {
+      for (int i = 0; i < d; i++) x[i] = normal();
+      prima_kv_store(PRIMA_F16, x, K + p * row, d);
+      for (int i = 0; i < d; i++) x[i] = normal();
+      prima_kv_store(PRIMA_F16, x, V + p * row, d);
+    }
+    for (size_t i = 0; i < qdim * n_tok; i++) q[i] = 2 * normal();
+    const prima_kv_head kh = {PRIMA_F16, K, row, 0}, vh = {PRIMA_F16, V, row, 0};
+    const size_t sb = prima_kv_tile_scratch_bytes(ratio, d) > prima_kv_attend_scratch_bytes(ratio, d) ? prima_kv_tile_scratch_bytes(ratio, d)
+                                                                                                       : prima_kv_attend_scratch_bytes(ratio, d);
+    void *scratch = aligned_alloc(64, (sb + 63) & ~(size_t)63);
+    for (int t = 0; t < n_tok; t++)
+      prima_kv_attend(&kh, &vh, q + t * qdim, ratio, d, 0, pos0 + t + 1, 0.088f, 0, NULL, out_s + t * qdim, scratch, PRIMA_SIMD_SCALAR);
+    for (int level = 1; level < 4; level++) {
+      if (!prima_simd_available(level) || !prima_kv_tile_ok(&kh, &vh, d, level)) continue;
+      for (int t0 = 0; t0 < n_tok; t0 += prima_kv_tile_tokens(ratio)) {
+        const int nt = n_tok - t0 < prima_kv_tile_tokens(ratio) ? n_tok - t0 : prima_kv_tile_tokens(ratio);
+        prima_kv_attend_tile(&kh, &vh, q + t0 * qdim, qdim, nt, pos0 + t0, 0, ratio, d, 0.088f, 0, NULL, out_l + t0 * qdim, scratch);
+      }
+      float err = 0, mag = 0;
+      for (size_t i = 0; i < qdim * n_tok; i++) {
+        err = fmaxf(err, fabsf(out_s[i] - out_l[i]));
+        mag = fmaxf(mag, fabsf(out_s[i]));
+      }
+      CHECK(err <= 1e-5f * mag, "tiled F16 attention: %s differs from scalar by %g of %g", prima_simd_name(level), err, mag);
+    }
+    free(scratch);
+    free(K);
+    free(V);
+    free(q);
+    free(out_s);
+    free(out_l);
   }
   /* 6. sparse attention (sparse_attn.c): a query beyond its window (sinks, rungs, landmarks and the
    * window through each level's kernels) against the scalar one */

@@ -35,7 +35,7 @@ export function buildX86Check(dir: string, opts: { init?: boolean } = {}): strin
   });
   const exe = join(dir, opts.init ? "init" : "simd_check_x86");
   const harness = join(import.meta.dirname, "simd_check.c");
-  const kernels = [join(src, "quants.c"), join(src, "kernels.c"), join(src, "ops.c"), join(src, "kv_cache.c"), join(src, "sparse_attn.c"), ...objs, "-lpthread", "-lm"];
+  const kernels = [join(src, "quants.c"), join(src, "kernels.c"), join(src, "ops.c"), join(src, "kv_cache.c"), join(src, "attn_tile.c"), join(src, "sparse_attn.c"), ...objs, "-lpthread", "-lm"];
   if (opts.init) {
     // the harness's main becomes simd_check_main, called by bochs_init.c's main
     const harnessObj = join(dir, "simd_check.o");
