@@ -647,6 +647,11 @@ Napi::Value Window::Residency(const Napi::CallbackInfo &info) {
   Napi::Object o = Napi::Object::New(env);
   o.Set("residentBytes", Napi::Number::New(env, (double)resident));
   o.Set("totalBytes", Napi::Number::New(env, (double)total));
+  uint64_t xr = 0, xt = 0;
+  const int xrc = prima_window_expert_residency(w, &xr, &xt);
+  if (xrc) return ThrowErr(env, std::string("expert residency failed: ") + strerror(xrc));
+  o.Set("expertsResident", Napi::Number::New(env, (double)xr));
+  o.Set("expertsTotal", Napi::Number::New(env, (double)xt));
   return o;
 }
 

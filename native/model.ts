@@ -93,6 +93,10 @@ export type ExpertPrefetchMode = "off" | "ahead" | "early" | "exact";
 export interface Residency {
   readonly residentBytes: number;
   readonly totalBytes: number;
+  /** MoE layers' experts wholly in memory (every page of its gate, up and down rows), of all of them
+   * (one per layer and expert; 0 of 0 for a dense window). */
+  readonly expertsResident: number;
+  readonly expertsTotal: number;
 }
 
 export interface NativeWindow {

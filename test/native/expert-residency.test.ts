@@ -1,0 +1,65 @@
+// Expert residency of a MoE window (native Residency's expertsResident / expertsTotal, on the dashboard
+// and /metrics): an expert of a layer counts as resident when every page of its gate, up and down rows
+// is in memory. Checked on a generated tiny MoE model against the routing itself: after the window's
+// pages are released none is resident, after a run every expert the run routed to is, and the total is
+// the MoE layers times the experts; a dense window reports 0 of 0.
+import { closeSync, fsyncSync, mkdtempSync, openSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, expect, it } from "vitest";
+import { LocalModel } from "../../engine/index.js";
+import { Tokenizer } from "../../model/index.js";
+import { generateModel } from "../../modelgen/index.js";
+
+const dir = mkdtempSync(join(tmpdir(), "prima-expert-residency-"));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+const moe = join(dir, "tiny-qwen3moe.gguf"), dense = join(dir, "tiny-llama.gguf");
+
+beforeAll(async () => {
+  await generateModel({ shape: "tiny-qwen3moe", type: "Q8_0", out: moe, pure: true, seed: 5, weightStd: 0.05 });
+  await generateModel({ shape: "tiny-llama", type: "Q8_0", out: dense, pure: true, seed: 5 });
+  // written pages are dirty until written back, and only clean pages can be dropped by the release
+  for (const p of [moe, dense]) { const fd = openSync(p, "r"); fsyncSync(fd); closeSync(fd); }
+}, 120_000);
+
+it("counts the experts wholly in memory: none after a release, at least every routed one after a run", async () => {
+  const m = LocalModel.open(moe, { threads: 2 });
+  const w = m.window(0, m.nLayers, { ctx: 64 });
+  try {
+    w.release();
+    const cold = w.residency();
+    // one row per MoE layer, one entry per expert
+    const perLayer = w.info().expertHits ?? [];
+    expect(perLayer.length).toBeGreaterThan(0);
+    expect(cold.expertsTotal).toBe(perLayer.reduce((a, row) => a + row.length, 0));
+    expect(cold.expertsResident).toBe(0);
+
+    const prompt = Int32Array.from([1, ...Tokenizer.fromGguf(moe).encode("The cat sat on the mat and looked at the door.")]);
+    await w.forward(m.embed(prompt), 0, prompt.length, new Float32Array(m.nVocab));
+    const warm = w.residency();
+    const routed = (w.info().expertHits ?? []).flat().filter((n) => n > 0).length;
+    expect(routed).toBeGreaterThan(0);
+    expect(warm.expertsTotal).toBe(cold.expertsTotal);
+    expect(warm.expertsResident).toBeGreaterThanOrEqual(routed);
+    expect(warm.expertsResident).toBeLessThanOrEqual(warm.expertsTotal);
+
+    w.release();
+    expect(w.residency().expertsResident).toBe(0);
+  } finally {
+    w.close();
+    m.close();
+  }
+}, 60_000);
+
+it("reports 0 of 0 experts for a dense window", () => {
+  const m = LocalModel.open(dense, { threads: 2 });
+  try {
+    const w = m.window(0, m.nLayers, { ctx: 64 });
+    const r = w.residency();
+    expect(r).toMatchObject({ expertsResident: 0, expertsTotal: 0 });
+    expect(r.totalBytes).toBeGreaterThan(0);
+    w.close();
+  } finally {
+    m.close();
+  }
+});
