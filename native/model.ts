@@ -93,8 +93,11 @@ export type ExpertPrefetchMode = "off" | "ahead" | "early" | "exact";
 export interface Residency {
   readonly residentBytes: number;
   readonly totalBytes: number;
-  /** MoE layers' experts wholly in memory (every page of its gate, up and down rows), of all of them
-   * (one per layer and expert; 0 of 0 for a dense window). */
+}
+
+/** MoE layers' experts wholly in memory (every page of its gate, up and down rows), of all of them
+ * (one per layer and expert; 0 of 0 for a dense window). */
+export interface ExpertResidency {
   readonly expertsResident: number;
   readonly expertsTotal: number;
 }
@@ -126,6 +129,8 @@ export interface NativeWindow {
    * layer computes (ExpertPrefetchMode); results never change. A window without experts takes only "off". */
   expertPrefetch(mode: ExpertPrefetchMode): void;
   residency(): Residency;
+  /** A mincore per expert: for status reports, not for every token. */
+  expertResidency(): ExpertResidency;
   kvClear(): void;
   kvTruncate(pos: number): void;
   /** The largest position <= pos (and <= filled) a forward can continue from: sliding-window layers keep

@@ -27,7 +27,7 @@ it("counts the experts wholly in memory: none after a release, at least every ro
   const w = m.window(0, m.nLayers, { ctx: 64 });
   try {
     w.release();
-    const cold = w.residency();
+    const cold = w.expertResidency();
     // one row per MoE layer, one entry per expert
     const perLayer = w.info().expertHits ?? [];
     expect(perLayer.length).toBeGreaterThan(0);
@@ -36,7 +36,7 @@ it("counts the experts wholly in memory: none after a release, at least every ro
 
     const prompt = Int32Array.from([1, ...Tokenizer.fromGguf(moe).encode("The cat sat on the mat and looked at the door.")]);
     await w.forward(m.embed(prompt), 0, prompt.length, new Float32Array(m.nVocab));
-    const warm = w.residency();
+    const warm = w.expertResidency();
     const routed = (w.info().expertHits ?? []).flat().filter((n) => n > 0).length;
     expect(routed).toBeGreaterThan(0);
     expect(warm.expertsTotal).toBe(cold.expertsTotal);
@@ -44,7 +44,7 @@ it("counts the experts wholly in memory: none after a release, at least every ro
     expect(warm.expertsResident).toBeLessThanOrEqual(warm.expertsTotal);
 
     w.release();
-    expect(w.residency().expertsResident).toBe(0);
+    expect(w.expertResidency().expertsResident).toBe(0);
   } finally {
     w.close();
     m.close();
@@ -55,9 +55,8 @@ it("reports 0 of 0 experts for a dense window", () => {
   const m = LocalModel.open(dense, { threads: 2 });
   try {
     const w = m.window(0, m.nLayers, { ctx: 64 });
-    const r = w.residency();
-    expect(r).toMatchObject({ expertsResident: 0, expertsTotal: 0 });
-    expect(r.totalBytes).toBeGreaterThan(0);
+    expect(w.expertResidency()).toEqual({ expertsResident: 0, expertsTotal: 0 });
+    expect(w.residency().totalBytes).toBeGreaterThan(0);
     w.close();
   } finally {
     m.close();
