@@ -131,6 +131,9 @@ export interface NativeWindow {
   residency(): Residency;
   /** A mincore per expert: for status reports, not for every token. */
   expertResidency(): ExpertResidency;
+  /** MADV_RANDOM (true) or the default read-around (false) on the window's expert tensors, from now on
+   * (without it, streamBeyond sets MADV_RANDOM while the window does not fit its room). */
+  expertsRandom(random: boolean): void;
   kvClear(): void;
   kvTruncate(pos: number): void;
   /** The largest position <= pos (and <= filled) a forward can continue from: sliding-window layers keep

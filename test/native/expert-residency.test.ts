@@ -3,7 +3,7 @@
 // is in memory. Checked on a generated tiny MoE model against the routing itself: after the window's
 // pages are released none is resident, after a run every expert the run routed to is, and the total is
 // the MoE layers times the experts; a dense window reports 0 of 0.
-import { closeSync, fsyncSync, mkdtempSync, openSync, rmSync } from "node:fs";
+import { closeSync, fsyncSync, mkdtempSync, openSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, expect, it } from "vitest";
@@ -59,6 +59,37 @@ it("reports 0 of 0 experts for a dense window", () => {
     expect(w.residency().totalBytes).toBeGreaterThan(0);
     w.close();
   } finally {
+    m.close();
+  }
+});
+
+/** VmFlags of the process's mappings of `path` (smaps): one string per mapping. */
+function mappingFlags(path: string): string[] {
+  const out: string[] = [];
+  let mine = false;
+  for (const line of readFileSync("/proc/self/smaps", "utf8").split("\n")) {
+    if (/^[0-9a-f]+-[0-9a-f]+ /.test(line)) mine = line.endsWith(path);
+    else if (mine && line.startsWith("VmFlags:")) out.push(line);
+  }
+  return out;
+}
+
+it("reads the experts without read-around (MADV_RANDOM) while the window does not fit its room", () => {
+  const m = LocalModel.open(moe, { threads: 2 });
+  const w = m.window(0, m.nLayers, { ctx: 64 });
+  try {
+    const random = () => mappingFlags(moe).some((f) => / rr( |$)/.test(f));
+    expect(mappingFlags(moe).length).toBeGreaterThan(0);
+    expect(random()).toBe(false);
+    w.streamBeyond(1);
+    expect(random()).toBe(true);
+    w.streamBeyond(2 ** 52);
+    expect(random()).toBe(false);
+    w.expertsRandom(true); // pinned by the caller: streamBeyond leaves it
+    w.streamBeyond(2 ** 52);
+    expect(random()).toBe(true);
+  } finally {
+    w.close();
     m.close();
   }
 });
