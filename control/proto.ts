@@ -64,6 +64,8 @@ export interface WindowStatus {
   frames: number; tokens: number; computeMs: number; majorFaults: number;
   /** Expert prefetch of a MoE window (RingNode's expertPrefetchStatus); 0 otherwise. */
   expertsPredicted?: number; expertsRouted?: number; expertBytesUsed?: number; expertBytesWasted?: number;
+  /** A MoE window's experts wholly in memory, of all of them (native Residency); 0 of 0 otherwise. */
+  expertsResident?: number; expertsTotal?: number;
 }
 export interface Status {
   windows: WindowStatus[]; waitMs: number; sendMs: number; anonRssBytes: number; memTotalBytes: number;

@@ -102,7 +102,8 @@ function windowStates(plan: PlanState | null, deviceId: string, status: Status |
   const planned = plan?.windows.filter((w) => w.device === deviceId) ?? [];
   return planned.map((w) => {
     const s = status?.windows.find((x) => x.firstLayer === w.firstLayer && x.endLayer === w.endLayer);
-    return { firstLayer: w.firstLayer, endLayer: w.endLayer, cycle: w.cycle, residentBytes: s ? Number(s.residentBytes) : null, totalBytes: s ? Number(s.totalBytes) : null };
+    return { firstLayer: w.firstLayer, endLayer: w.endLayer, cycle: w.cycle, residentBytes: s ? Number(s.residentBytes) : null, totalBytes: s ? Number(s.totalBytes) : null,
+      ...(s && Number(s.expertsTotal ?? 0) > 0 ? { expertsResident: Number(s.expertsResident ?? 0), expertsTotal: Number(s.expertsTotal) } : {}) };
   });
 }
 

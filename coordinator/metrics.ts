@@ -84,5 +84,11 @@ export function formatMetrics(s: ClusterState, outcomes: RequestOutcomes, k: Clu
   metric("prima_device_preempted_ms_per_token", "gauge", "Of each device's compute and send: milliseconds per decode step another process had its CPU.", preempted);
   const predicted: [string, number][] = s.devices.filter((d) => d.predicted).map((d) => [`{device="${label(d.id)}",name="${label(d.name)}"}`, d.predicted!.totalMs]);
   metric("prima_device_predicted_ms_per_token", "gauge", "Halda's predicted milliseconds per token of each device.", predicted);
+  const windowSamples = (f: (w: ClusterState["devices"][number]["windows"][number]) => number | null | undefined) => s.devices.flatMap((d) =>
+    d.windows.filter((w) => typeof f(w) === "number").map((w): [string, number] => [`{device="${label(d.id)}",name="${label(d.name)}",layers="${w.firstLayer}-${w.endLayer}"}`, f(w)!]));
+  metric("prima_window_resident_bytes", "gauge", "Bytes of each window's weights in the page cache.", windowSamples((w) => w.residentBytes));
+  metric("prima_window_bytes", "gauge", "Bytes of each window's weights.", windowSamples((w) => w.totalBytes));
+  metric("prima_window_experts_resident", "gauge", "Experts (one per MoE layer and expert) of each MoE window wholly in the page cache.", windowSamples((w) => w.expertsResident));
+  metric("prima_window_experts", "gauge", "Experts (one per MoE layer and expert) of each MoE window.", windowSamples((w) => w.expertsTotal));
   return `${out.join("\n")}\n`;
 }

@@ -73,7 +73,7 @@ export function headStatus(node: RingNode | undefined, pressure: number): Status
   return {
     windows: (s?.windows ?? []).map((w, i) => {
       const r = node!.windows[i].residency();
-      return { ...w, residentBytes: r.residentBytes, totalBytes: r.totalBytes, ...expertPrefetchStatus(node!.windows[i]) };
+      return { ...w, residentBytes: r.residentBytes, totalBytes: r.totalBytes, ...node!.windows[i].expertResidency(), ...expertPrefetchStatus(node!.windows[i]) };
     }),
     waitMs: s?.waitMs ?? 0, sendMs: s?.sendMs ?? 0, descheduledMs: s?.descheduledMs ?? 0, frames: s?.frames ?? 0, anonRssBytes: anonRssBytes(), readBytes: storageReadBytes(), memTotalBytes: mem.totalBytes,
     memAvailableBytes: mem.availableBytes, memPressure: pressure, layerRoomBytes: 0,
@@ -275,5 +275,5 @@ export class Ring {
 export function aloneStatus(pipeline: LocalPipeline, nLayers: number, pressure: number): Status {
   const r = pipeline.window.residency();
   const base = headStatus(undefined, pressure);
-  return { ...base, windows: [{ firstLayer: 0, endLayer: nLayers, cycle: 0, residentBytes: r.residentBytes, totalBytes: r.totalBytes, frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 }] };
+  return { ...base, windows: [{ firstLayer: 0, endLayer: nLayers, cycle: 0, residentBytes: r.residentBytes, totalBytes: r.totalBytes, ...pipeline.window.expertResidency(), frames: 0, tokens: 0, computeMs: 0, majorFaults: 0 }] };
 }

@@ -14,6 +14,10 @@ export interface WindowState {
   /** Bytes of the window's weights in the page cache, out of totalBytes (null: not read yet). */
   readonly residentBytes: number | null;
   readonly totalBytes: number | null;
+  /** A MoE window's experts (one per layer and expert) wholly in memory, of all of them (null: not read
+   * yet, or a dense window). */
+  readonly expertsResident?: number | null;
+  readonly expertsTotal?: number | null;
 }
 
 /** Milliseconds per generated token, by where they go. */

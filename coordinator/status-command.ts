@@ -153,7 +153,9 @@ function deviceLines(s: ClusterState, d: DeviceState, st: Style): string[] {
     const total = d.windows.reduce((a, w) => a + (w.totalBytes ?? 0), 0);
     const known = d.windows.every((w) => num(w.residentBytes) && num(w.totalBytes));
     out.push(`    windows  ${d.windows.map((w) => `cycle ${w.cycle + 1}: ${range(w.firstLayer, w.endLayer)}`).join(", ")}` +
-      `  ${known && total > 0 ? `${pct(resident / total)} in RAM (${bytes(resident)} of ${bytes(total)})` : "not read yet"}`);
+      `  ${known && total > 0 ? `${pct(resident / total)} in RAM (${bytes(resident)} of ${bytes(total)})` : "not read yet"}` +
+      (d.windows.some((w) => num(w.expertsTotal) && w.expertsTotal > 0)
+        ? `, experts ${d.windows.reduce((a, w) => a + (w.expertsResident ?? 0), 0)} / ${d.windows.reduce((a, w) => a + (w.expertsTotal ?? 0), 0)} resident` : ""));
   }
   out.push(`    memory   ${bytes(d.ramAvailableBytes)} available of ${bytes(d.ramTotalBytes)} · anonymous ${bytes(d.anonRssBytes)}` +
     ` · pressure ${pct(d.memPressure)} · disk ${rate(d.diskReadBytesPerS)} · GPU ${d.gpu?.present ? `${d.gpu.name ? `${t(d.gpu.name, 40)}, ` : ""}${d.gpu.used ? "used" : "not used"}` : "none"}`);

@@ -215,7 +215,9 @@ function windowsBlock(d, state) {
       h("span", { class: "win-name" }, `cycle ${w.cycle + 1}: ${layerRange(w.firstLayer, w.endLayer)}`),
       h("span", { class: "muted" }, ` (${w.endLayer - w.firstLayer} of ${state.model.layers})`),
       meter(frac, "residency"),
-      h("span", { class: "win-res muted" }, frac === null ? "not read yet" : `${fmtPct(frac)} in RAM (${fmtBytes(w.residentBytes)} of ${fmtBytes(w.totalBytes)})`));
+      h("span", { class: "win-res muted" }, frac === null ? "not read yet" : `${fmtPct(frac)} in RAM (${fmtBytes(w.residentBytes)} of ${fmtBytes(w.totalBytes)})`),
+      isNum(w.expertsResident) && isNum(w.expertsTotal) && w.expertsTotal > 0
+        ? h("span", { class: "win-experts muted" }, `, experts ${w.expertsResident} / ${w.expertsTotal} resident`) : null);
   }));
 }
 

@@ -388,6 +388,7 @@ Napi::Function Window::Define(Napi::Env env) {
                       InstanceMethod("release", &Window::Release),
                       InstanceMethod("streamBeyond", &Window::StreamBeyond),
                       InstanceMethod("expertPrefetch", &Window::ExpertPrefetch), InstanceMethod("residency", &Window::Residency),
+                      InstanceMethod("expertResidency", &Window::ExpertResidency), InstanceMethod("expertsRandom", &Window::ExpertsRandom),
                       InstanceMethod("kvClear", &Window::KvClear), InstanceMethod("kvTruncate", &Window::KvTruncate),
                       InstanceMethod("kvResumable", &Window::KvResumable),
                       InstanceMethod("kvShift", &Window::KvShift), InstanceMethod("h2oScores", &Window::H2oScores),
@@ -647,6 +648,29 @@ Napi::Value Window::Residency(const Napi::CallbackInfo &info) {
   Napi::Object o = Napi::Object::New(env);
   o.Set("residentBytes", Napi::Number::New(env, (double)resident));
   o.Set("totalBytes", Napi::Number::New(env, (double)total));
+  return o;
+}
+
+Napi::Value Window::ExpertsRandom(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Alive(env)) return env.Undefined();
+  const int random = info.Length() > 0 && info[0].ToBoolean().Value() ? 1 : 0;
+  const int rc = prima_window_experts_random(w, random);
+  if (rc) return ThrowErr(env, std::string("madvise on the experts failed: ") + strerror(rc));
+  w->experts_random = random;
+  w->experts_random_pinned = 1;
+  return env.Undefined();
+}
+
+Napi::Value Window::ExpertResidency(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Alive(env)) return env.Undefined();
+  Napi::Object o = Napi::Object::New(env);
+  uint64_t xr = 0, xt = 0;
+  const int xrc = prima_window_expert_residency(w, &xr, &xt);
+  if (xrc) return ThrowErr(env, std::string("expert residency failed: ") + strerror(xrc));
+  o.Set("expertsResident", Napi::Number::New(env, (double)xr));
+  o.Set("expertsTotal", Napi::Number::New(env, (double)xt));
   return o;
 }
 

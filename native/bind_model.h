@@ -49,6 +49,8 @@ class Window : public Napi::ObjectWrap<Window> {
   Napi::Value StreamBeyond(const Napi::CallbackInfo &info);
   Napi::Value ExpertPrefetch(const Napi::CallbackInfo &info);
   Napi::Value Residency(const Napi::CallbackInfo &info);
+  Napi::Value ExpertResidency(const Napi::CallbackInfo &info);
+  Napi::Value ExpertsRandom(const Napi::CallbackInfo &info);
   Napi::Value KvClear(const Napi::CallbackInfo &info);
   Napi::Value KvTruncate(const Napi::CallbackInfo &info);
   Napi::Value KvResumable(const Napi::CallbackInfo &info);

@@ -95,6 +95,13 @@ export interface Residency {
   readonly totalBytes: number;
 }
 
+/** MoE layers' experts wholly in memory (every page of its gate, up and down rows), of all of them
+ * (one per layer and expert; 0 of 0 for a dense window). */
+export interface ExpertResidency {
+  readonly expertsResident: number;
+  readonly expertsTotal: number;
+}
+
 export interface NativeWindow {
   /** Runs the window's layers over nTokens rows of acts (in place) at positions pos..; fills logits
    * (output norm + head of the last row) when given. Rejects with a clear error on bad positions. */
@@ -122,6 +129,11 @@ export interface NativeWindow {
    * layer computes (ExpertPrefetchMode); results never change. A window without experts takes only "off". */
   expertPrefetch(mode: ExpertPrefetchMode): void;
   residency(): Residency;
+  /** A mincore per expert: for status reports, not for every token. */
+  expertResidency(): ExpertResidency;
+  /** MADV_RANDOM (true) or the default read-around (false) on the window's expert tensors, from now on
+   * (without it, streamBeyond sets MADV_RANDOM while the window does not fit its room). */
+  expertsRandom(random: boolean): void;
   kvClear(): void;
   kvTruncate(pos: number): void;
   /** The largest position <= pos (and <= filled) a forward can continue from: sliding-window layers keep

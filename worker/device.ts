@@ -221,7 +221,7 @@ export class WorkerDevice implements SessionHandler {
     return {
       windows: (s?.windows ?? []).map((w, i) => {
         const r = this.node!.windows[i].residency();
-        return { ...w, residentBytes: r.residentBytes, totalBytes: r.totalBytes, ...expertPrefetchStatus(this.node!.windows[i]) };
+        return { ...w, residentBytes: r.residentBytes, totalBytes: r.totalBytes, ...this.node!.windows[i].expertResidency(), ...expertPrefetchStatus(this.node!.windows[i]) };
       }),
       waitMs: s?.waitMs ?? 0,
       sendMs: s?.sendMs ?? 0,

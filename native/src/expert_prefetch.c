@@ -1,5 +1,6 @@
 #include "expert_prefetch.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -201,4 +202,51 @@ void prima_expert_prefetch_score(prima_window *w, int l, const int *first) {
     }
   }
   xp->pred_layer[l & 1] = -1;
+}
+
+/* An expert of a layer counts as resident when every page of its gate, up and down rows is in memory
+ * (mincore): a routed expert short of a page still waits on the disk. */
+int prima_window_expert_residency(prima_window *w, uint64_t *resident, uint64_t *total) {
+  *resident = *total = 0;
+  const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  unsigned char vec[4096];
+  for (int l = w->first; l < w->end; l++) {
+    const prima_layer *L = &w->m->layers[l];
+    if (!L->gate_inp.data || !L->gate_exps.data) continue;
+    for (int e = 0; e < w->m->hp.n_expert; e++) {
+      uint64_t ranges[6];
+      const int n = expert_ranges(w, L, e, ranges, 0);
+      int all_in = 1;
+      for (int i = 0; i < n && all_in; i++)
+        for (uint64_t lo = ranges[2 * i]; lo < ranges[2 * i + 1] && all_in; lo += sizeof vec * page) {
+          const uint64_t len = ranges[2 * i + 1] - lo < sizeof vec * page ? ranges[2 * i + 1] - lo : sizeof vec * page;
+          if (mincore(w->m->map + lo, (size_t)len, vec) != 0) return errno;
+          for (uint64_t p = 0; p < len / page; p++)
+            if (!(vec[p] & 1)) { all_in = 0; break; }
+        }
+      *resident += (uint64_t)all_in;
+      *total += 1;
+    }
+  }
+  return 0;
+}
+
+/* Read-around on a fault in an expert tensor pulls in the neighbouring experts' rows, which a token
+ * seldom routes to: MADV_RANDOM turns it off for the window's expert tensors (random != 0), or back to
+ * the default. 0, or an errno. */
+int prima_window_experts_random(prima_window *w, int random) {
+  const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  const uint64_t map_end = ((uint64_t)w->m->map_bytes + page - 1) & ~(page - 1);
+  for (int l = w->first; l < w->end; l++) {
+    const prima_layer *L = &w->m->layers[l];
+    const prima_tensor *ts[3] = { &L->gate_exps, &L->up_exps, &L->down_exps };
+    for (int i = 0; i < 3; i++) {
+      if (!ts[i]->data) continue;
+      const uint64_t lo = ts[i]->offset & ~(page - 1);
+      uint64_t hi = (ts[i]->offset + ts[i]->n_bytes + page - 1) & ~(page - 1);
+      if (hi > map_end) hi = map_end;
+      if (hi > lo && madvise(w->m->map + lo, (size_t)(hi - lo), random ? MADV_RANDOM : MADV_NORMAL) != 0) return errno;
+    }
+  }
+  return 0;
 }

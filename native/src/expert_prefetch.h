@@ -57,6 +57,11 @@ int prima_window_expert_prefetch(prima_window *w, int mode, char *err, size_t er
 /* The window's counters since it was made (zeros when never enabled). */
 prima_xp_counters prima_window_expert_prefetch_counters(const prima_window *w);
 void prima_expert_prefetch_free(prima_window *w);
+/* Experts of the window's MoE layers (a layer's expert counted once per layer) wholly in memory, of
+ * all of them (0 of 0 for a dense window). 0, or an errno. */
+int prima_window_expert_residency(prima_window *w, uint64_t *resident, uint64_t *total);
+/* MADV_RANDOM (random != 0) or MADV_NORMAL on the window's expert tensors. 0, or an errno. */
+int prima_window_experts_random(prima_window *w, int random);
 
 /* In the forward pass, on every thread, before (after = 0) and after (1) layer l's attention: predicts
  * the experts of the MoE layer the window's mode says from rows x (n of them) and advises their bytes.

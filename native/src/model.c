@@ -1576,6 +1576,11 @@ void prima_window_stream_beyond(prima_window *w, uint64_t room_bytes) {
     }
     if (from < w->end) keep = budget - sum;
   }
+  /* A window short of room rereads routed experts; read-around on those faults pulls in neighbouring
+   * experts a token seldom uses (bench/expert-prefetch.ts: 17% fewer bytes a token and faster decode,
+   * loaded, in 200 MiB), so their tensors are read without it until the window fits again. */
+  const int random = w->weight_bytes > room_bytes;
+  if (w->moe_logits && !w->experts_random_pinned && random != w->experts_random && prima_window_experts_random(w, random) == 0) w->experts_random = random;
   /* what stops being streamed stays as it is: what the next pass reads in, memory keeps */
   __atomic_store_n(&w->stream_keep, keep, __ATOMIC_RELAXED);
   __atomic_store_n(&w->stream_from, from, __ATOMIC_RELAXED);

@@ -150,6 +150,8 @@ typedef struct prima_window {
   struct prima_expert_prefetch *xp; /* expert prefetch (expert_prefetch.h); NULL: never enabled */
   int stream_from;             /* layers from here on are dropped right after each pass computes them
                                   (prima_window_stream_beyond); end: none */
+  int experts_random;          /* MADV_RANDOM on the expert tensors (set while the window does not fit) */
+  int experts_random_pinned;   /* set by the caller (expertsRandom): stream_beyond leaves it */
   uint64_t stream_keep;        /* bytes at the start of layer stream_from kept all the same */
   /* Sparse attention of the full-attention layers (sparse_attn.h; window 0: dense). A landmark per
    * layer, KV head and whole block of positions: lm_k/lm_v [layer][n_head_kv][lm_blocks][head_dim];
