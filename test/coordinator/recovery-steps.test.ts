@@ -15,7 +15,8 @@ import { Ring } from "../../coordinator/ring-setup.js";
 import { LocalModel } from "../../engine/index.js";
 import { modelFingerprint, readGguf } from "../../model/index.js";
 import { LinkProbeServer, parseDeviceReport } from "../../profiler/index.js";
-import { WorkerSession, type SessionHandler } from "../../worker/session.js";
+import type { SessionHandler } from "../../worker/session.js";
+import { startSession } from "../helpers/worker-session.js";
 import { WorkerDevice } from "../../worker/device.js";
 import type { RingPort } from "../../ring/index.js";
 import { root } from "../helpers/process.js";
@@ -137,15 +138,7 @@ describe("a worker's assignments", () => {
       status: () => idleStatus(),
       reset: async () => {},
     };
-    const session = new WorkerSession({
-      coordinator: address, token, log: () => {}, once: true,
-      join: { deviceName: "w", hardwareId: "t", dataHost: "", dataPort: 9, modelFingerprint: FP, modelPath: "m.gguf", profileJson: profileJson("w") },
-    }, handler);
-    const running = session.run();
-    cleanups.push(async () => {
-      session.stop();
-      await running.catch(() => {});
-    });
+    startSession({ address, token, name: "w", fingerprint: FP, profileJson: profileJson("w"), handler, cleanups });
     const [w] = await reg.waitFor(1, 5000);
     const readies: WorkerMessage[] = [];
     const receive = w.receive.bind(w);

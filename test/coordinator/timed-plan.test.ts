@@ -10,7 +10,8 @@ import { LocalModel } from "../../engine/index.js";
 import { modelFingerprint, readGguf } from "../../model/index.js";
 import { RereadStore, parseDeviceReport, rereadKey } from "../../profiler/index.js";
 import { tempDir } from "../helpers/temp.js";
-import { WorkerSession, type SessionHandler } from "../../worker/session.js";
+import type { SessionHandler } from "../../worker/session.js";
+import { startSession } from "../helpers/worker-session.js";
 import { root } from "../helpers/process.js";
 import { testIdentity, testTrust } from "../helpers/trust.js";
 import { fakeWorker } from "../control/fake-worker.js";
@@ -136,15 +137,7 @@ describe("a worker asked to time its pass", () => {
       },
       reset: async () => {},
     };
-    const session = new WorkerSession({
-      coordinator: address, token: (await testIdentity()).token, log: () => {}, once: true,
-      join: { deviceName: "timer", hardwareId: "t", dataHost: "", dataPort: 9, modelFingerprint: FP, modelPath: "m.gguf", profileJson: profileJson("timer", 30) },
-    }, handler);
-    const running = session.run();
-    cleanups.push(async () => {
-      session.stop();
-      await running.catch(() => {});
-    });
+    startSession({ address, token: (await testIdentity()).token, name: "timer", fingerprint: FP, profileJson: profileJson("timer", 30), handler, cleanups });
     const [w] = await reg.waitFor(1, 5000);
     const [timed, plain] = await Promise.all([w.status(5000, true), w.status(5000)]);
     expect(asked).toEqual([true, false]);
