@@ -4,10 +4,11 @@
 //     threads, in alternating rounds;
 //  2. a chat's second turn: time to first token with the first turn's KV cache reused, against the
 //     same request cold (after an unrelated request took the cache);
-//  3. serve --parallel 4: aggregate generated tokens/s of 1, 2 and 4 clients streaming at once, and
-//     the mean sequences per decode pass (/metrics).
+//  3. serve --parallel 8: aggregate generated tokens/s of 1, 2, 4 and 8 clients streaming at once,
+//     each client's time per token and the mean sequences per decode pass (/metrics), on one device
+//     and on a three-device loopback ring.
 //   node dist/bench/serve.js [model.gguf] [rounds]
-import { coordCli, median, readSse, runAlone, start, stop, waitFor } from "./procs.js";
+import { coordCli, median, type Proc, readSse, runAlone, start, stop, waitFor, workerCli } from "./procs.js";
 
 const PROMPT = "Once upon a time";
 const TOKENS = 64;
@@ -99,36 +100,66 @@ export async function main(model: string, rounds = 5): Promise<void> {
   await parallelClients(model, rounds);
 }
 
-/** serve --parallel 4: 1, 2 and 4 clients, each streaming `rounds` requests back to back. */
+/** Aggregate decode of 1, 2, 4 and 8 clients streaming at once into `serve --parallel 8`, each
+ *  sending `rounds` requests back to back: on one device, and on a three-device loopback ring
+ *  (serve and two workers, one thread each, since three processes share two cores). */
 export async function parallelClients(model: string, rounds = 3): Promise<void> {
-  const serve = start(coordCli, ["serve", model, "--no-discovery", "--port", "0", "--cluster-port", "0", "--ctx", "512", "--threads", THREADS, "--parallel", "4"]);
-  try {
-    const url = `http://127.0.0.1:${(await waitFor(serve, /listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]}`;
-    await waitFor(serve, /ready: /, 120_000);
-    await streamed(url, { prompt: PROMPT, max_tokens: 8, temperature: 0 });
-    const prompts = [PROMPT, "The little dog", "One day, a bird", "Tim and Sue went to"];
-    const batch = async () => {
-      const t = await (await fetch(`${url}/metrics`)).text();
-      const num = (name: string) => Number(new RegExp(`^${name} ([\\d.e+-]+)$`, "m").exec(t)?.[1] ?? NaN);
-      return { steps: num("prima_batch_steps_total"), rows: num("prima_batch_rows_total"), tokens: num("prima_generated_tokens_total") };
-    };
-    console.log(`\n## serve --parallel 4: aggregate decode with concurrent clients (${rounds} requests of ${TOKENS} tokens per client, ${THREADS} threads)\n`);
-    console.log("| clients | tokens | seconds | aggregate tokens/s | sequences per pass (mean) |");
-    console.log("|---|---|---|---|---|");
-    for (const clients of [1, 2, 4]) {
-      const before = await batch();
-      const t0 = performance.now();
-      await Promise.all(Array.from({ length: clients }, async (_, c) => {
-        for (let r = 0; r < rounds; r++) await streamed(url, { prompt: prompts[c % prompts.length], max_tokens: TOKENS, temperature: 0 });
-      }));
-      const s = (performance.now() - t0) / 1000;
-      const after = await batch();
-      const tokens = after.tokens - before.tokens;
-      console.log(`| ${clients} | ${tokens} | ${s.toFixed(2)} | ${(tokens / s).toFixed(1)} | ${((after.rows - before.rows) / (after.steps - before.steps)).toFixed(2)} |`);
+  const clientCounts = [1, 2, 4, 8];
+  const setups = [
+    { name: "one device", threads: THREADS, workers: 0, windows: "" },
+    // the layers in even thirds (Halda, seeing three processes share two cores, gives the head nearly all)
+    { name: "three-device loopback ring", threads: "1", workers: 2, windows: "w0=7,w1=7,head=8" },
+  ];
+  for (const setup of setups) {
+    const serve = start(coordCli, ["serve", model, "--no-discovery", "--port", "0", "--cluster-port", "0", "--ctx", "512", "--threads", setup.threads,
+      "--parallel", String(Math.max(...clientCounts)), ...(setup.windows ? ["--min-workers", String(setup.workers), "--layer-windows", setup.windows] : [])]);
+    const procs: Proc[] = [serve];
+    try {
+      const url = `http://127.0.0.1:${(await waitFor(serve, /listening on http:\/\/127\.0\.0\.1:(\d+)/))[1]}`;
+      if (setup.workers) {
+        const clusterPort = (await waitFor(serve, /listening for workers on port (\d+)/, 120_000))[1];
+        const tokenFile = (await waitFor(serve, /--token-file (\S+)/))[1];
+        for (let w = 0; w < setup.workers; w++) {
+          procs.push(start(workerCli, ["--join", `127.0.0.1:${clusterPort}`, "--model", model, "--name", `w${w}`, "--threads", setup.threads, "--token-file", tokenFile]));
+        }
+      }
+      await waitFor(serve, /ready: /, 180_000);
+      // serve says ready before its workers join; a ring answers once /health does
+      for (let t = 0; (await fetch(`${url}/health`).catch(() => undefined))?.status !== 200; t += 250) {
+        if (t > 180_000) throw new Error(`the ${setup.name} did not form within 180 s`);
+        await new Promise((r) => setTimeout(r, 250));
+      }
+      await streamed(url, { prompt: PROMPT, max_tokens: 8, temperature: 0 });
+      const prompts = [PROMPT, "The little dog", "One day, a bird", "Tim and Sue went to"];
+      console.log(`\n## serve --parallel ${Math.max(...clientCounts)}, ${setup.name}: concurrent clients (${rounds} requests of ${TOKENS} tokens each per client, ${setup.threads} thread${setup.threads === "1" ? "" : "s"} a device)\n`);
+      console.log("| clients | tokens | seconds | aggregate tokens/s | x one client's (goal at 4: >= " + (setup.workers ? "2" : "2.5") + ") | a client's ms/token (median) | x one client's (goal <= 1.5) | sequences per pass (mean) |");
+      console.log("|---|---|---|---|---|---|---|---|");
+      let alone: { rate: number; ms: number } | undefined;
+      for (const clients of clientCounts) {
+        const before = await batchCounters(url);
+        const perToken: number[] = [];
+        const t0 = performance.now();
+        await Promise.all(Array.from({ length: clients }, async (_, c) => {
+          for (let r = 0; r < rounds; r++) perToken.push((await streamed(url, { prompt: prompts[c % prompts.length], max_tokens: TOKENS, temperature: 0 })).msPerToken);
+        }));
+        const s = (performance.now() - t0) / 1000;
+        const after = await batchCounters(url);
+        const tokens = after.tokens - before.tokens;
+        const rate = tokens / s, ms = median(perToken);
+        alone ??= { rate, ms };
+        console.log(`| ${clients} | ${tokens} | ${s.toFixed(2)} | ${rate.toFixed(1)} | ${(rate / alone.rate).toFixed(2)} | ${ms.toFixed(1)} | ${(ms / alone.ms).toFixed(2)} | ${((after.rows - before.rows) / (after.steps - before.steps)).toFixed(2)} |`);
+      }
+    } finally {
+      for (const p of procs.reverse()) await stop(p);
     }
-  } finally {
-    await stop(serve);
   }
+}
+
+/** The server's batching counters (/metrics). */
+async function batchCounters(url: string): Promise<{ steps: number; rows: number; tokens: number }> {
+  const t = await (await fetch(`${url}/metrics`)).text();
+  const num = (name: string) => Number(new RegExp(`^${name} ([\\d.e+-]+)$`, "m").exec(t)?.[1] ?? NaN);
+  return { steps: num("prima_batch_steps_total"), rows: num("prima_batch_rows_total"), tokens: num("prima_generated_tokens_total") };
 }
 
 runAlone(import.meta, "serve", "[rounds]", main, 5);

@@ -263,7 +263,8 @@ export class Cluster extends EventEmitter {
     if (this.closed) return Promise.reject(new Error("the server is shutting down"));
     // serve --parallel: a request takes a sequence slot and decodes beside the others
     const seqs = this.sequences;
-    if (seqs) return (seqs.opened ? Promise.resolve() : this.queue.exclusive(() => this.prepare())).then(() => seqs.submit(req));
+    // (devices came since the slots opened: placed first unless a sequence decodes, as a lone request is)
+    if (seqs) return (seqs.opened && !this.dirty ? Promise.resolve() : this.queue.exclusive(() => this.prepare())).then(() => seqs.submit(req));
     return this.queue.enqueue(this.maxQueue, this.active !== null, req.signal, (queueMs) => this.run(req, queueMs)).finally(() => {
       // Nothing waiting: hand back what the request's traffic grew (V8's young generation can reach
       // tens of MiB), memory the plan gave the windows (profiler's settleMemory, ~15 ms).

@@ -29,6 +29,7 @@ export interface ClusterCounters {
   readonly batchSteps?: number;
   readonly batchRows?: number;
   readonly batchWidest?: number;
+  readonly batchInFlightMax?: number;
 }
 
 /** What constrained decoding (structured output, tools) cost: masks and accepts, and the tokens. */
@@ -59,6 +60,7 @@ export function formatMetrics(s: ClusterState, outcomes: RequestOutcomes, k: Clu
     metric("prima_batch_steps_total", "counter", "Decode passes of the parallel sequences (one token of each active sequence per pass).", [["", k.batchSteps ?? 0]]);
     metric("prima_batch_rows_total", "counter", "Sequences those passes took: rows / steps is the mean batch.", [["", k.batchRows ?? 0]]);
     metric("prima_batch_rows_max", "gauge", "The most sequences one pass took since the server started.", [["", k.batchWidest ?? 0]]);
+    metric("prima_batch_passes_in_flight_max", "gauge", "The most decode passes round the ring at once (groups of sequences on different devices) since the server started.", [["", k.batchInFlightMax ?? 0]]);
   }
   metric("prima_constraint_seconds_total", "counter", "Time the grammar constraint (structured output, tools) added to sampling.", [["", c.ms / 1000]]);
   metric("prima_constrained_tokens_total", "counter", "Tokens sampled under a grammar constraint.", [["", c.tokens]]);

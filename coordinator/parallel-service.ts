@@ -53,6 +53,10 @@ class ReplayingSlots {
     return this.inner.nCtx;
   }
 
+  get inFlight(): number {
+    return this.inner.inFlight ?? 1;
+  }
+
   /** The new placement's slots (empty caches: the next pass replays into them first). */
   swap(inner: SequenceSlots): void {
     this.inner = inner;
@@ -84,22 +88,52 @@ class ReplayingSlots {
     w.length = Math.min(w.length, nPast - nDiscard);
   }
 
+  /** Passes of distinct slots may be in flight at once (a ring's groups): when the ring breaks they all
+   * fail, and one recovery (placing the layers again, then replaying every slot) serves them all; a
+   * pass waits while one is under way, so that none reaches a slot its replay has not refilled. */
   private async retrying<T>(pass: () => Promise<T>): Promise<T> {
     const began = performance.now();
     for (let attempt = 0; ; attempt++) {
+      while (this.recovering) await this.recovering;
+      const placement = this.placements;
       try {
         const out = await pass();
         if (attempt > 0) this.recovered(performance.now() - began);
         return out;
       } catch (e) {
-        if (attempt >= MAX_RECOVERIES || !(await this.recover())) throw e;
-        // a replay that fails too (another device lost) goes round this loop again
+        if (attempt >= MAX_RECOVERIES) throw e;
+        // placed again since this pass began (another pass's recovery): only run it again
+        if (this.placements !== placement) continue;
+        if (!this.recovering) {
+          const r = (this.recovering = this.recoverAndReplay());
+          void r.finally(() => {
+            if (this.recovering === r) this.recovering = undefined;
+          });
+        }
+        if (!(await this.recovering)) throw e;
+      }
+    }
+  }
+
+  private recovering: Promise<boolean> | undefined;
+  /** Placements the slots have moved to (a pass that failed on an older one just runs again). */
+  private placements = 0;
+
+  private async recoverAndReplay(): Promise<boolean> {
+    try {
+      for (let attempt = 0; attempt < MAX_RECOVERIES; attempt++) {
+        if (!(await this.recover())) return false;
+        this.placements++;
         try {
           for (let s = 0; s < this.written.length; s++) if (this.written[s].length > 0) await this.inner.prefill(s, Int32Array.from(this.written[s]), 0);
+          return true;
         } catch {
-          continue;
+          // the replay failed too (another device lost): place again
         }
       }
+      return false;
+    } catch {
+      return false;
     }
   }
 }
@@ -143,8 +177,9 @@ export class ParallelSequences {
   openBeside(current: Current): void {
     const { model, parallel, ctx, batch, kvCacheTypes } = this.o;
     if (current.kind === "ring") {
-      this.start(new RingSeqSlots(model, current.ring.pipeline, parallel, ctx), () => {});
-      this.o.log(`--parallel ${parallel}: ${parallel} sequence slots of ${ctx} tokens each on every device of the ring`);
+      const slots = new RingSeqSlots(model, current.ring.pipeline, parallel, ctx, current.devices);
+      this.start(slots, () => {});
+      this.o.log(`--parallel ${parallel}: ${parallel} sequence slots of ${ctx} tokens each on every device of the ring, in ${slots.inFlight} groups whose steps go round at once`);
       return;
     }
     let slots: SeqSlots;
@@ -181,7 +216,7 @@ export class ParallelSequences {
       maxQueue: this.o.maxQueue, layers: this.o.model.nLayers,
       hooks: {
         token: () => this.o.token(),
-        step: (rows) => this.o.counters.batchStep(rows),
+        step: (rows, inFlight) => this.o.counters.batchStep(rows, inFlight),
         finished: (out, promptTokens) => this.record(out, promptTokens),
         changed: () => this.o.changed(),
       },

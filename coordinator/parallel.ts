@@ -3,6 +3,8 @@
 // that one pass), then every step takes the next token of each active sequence through one pass over
 // the weights (SeqSlots.step). Each slot keeps the tokens its KV cache holds: a request takes the free
 // slot whose cache shares the longest prefix with its prompt (llama-server's slots do the same).
+// On a ring the sequences are split into groups (lanes), one per device, each stepping on its own: their
+// passes are in flight at once, so while one device works on one group the others work on the rest.
 import { NonFiniteError, discardFor, type GenerationResult, type SeqRow, type StopReason } from "../engine/index.js";
 import type { GenerationOutcome, GenerationRequest } from "./request-run.js";
 import { CancelledError, QueueFullError } from "./queue.js";
@@ -23,13 +25,15 @@ export interface SequenceSlots {
   step(rows: readonly SeqRow[]): Promise<(Float32Array | NonFiniteError)[]>;
   /** Context shift in one slot's cache (Pipeline.shift's p0, nDiscard, nPast). */
   shift(slot: number, p0: number, nDiscard: number, nPast: number): void | Promise<void>;
+  /** Passes (on rows of distinct slots) that may be in flight at once: a ring's devices; 1 by default. */
+  readonly inFlight?: number;
 }
 
 export interface SchedulerHooks {
   /** A token was handed to a client. */
   token(): void;
-  /** A step ran `rows` sequences in one pass. */
-  step(rows: number): void;
+  /** A step ran `rows` sequences in one pass, begun while `inFlight` passes (itself too) ran. */
+  step(rows: number, inFlight: number): void;
   /** A request ended (its outcome), or failed (undefined). */
   finished(outcome: GenerationOutcome | undefined, promptTokens: number): void;
   /** Something /api/state shows changed. */
@@ -45,6 +49,8 @@ interface Pending {
 
 interface Seq extends Pending {
   readonly slot: number;
+  /** The group it steps with (one pass of that group at a time). */
+  readonly lane: number;
   readonly cached: number;
   readonly queueMs: number;
   readonly startedAt: number;
@@ -67,15 +73,25 @@ export class SequenceScheduler {
   private readonly seqs: (Seq | undefined)[];
   /** Per slot: the tokens its cache holds at 0..n-1, whose scope may reuse them, when last used. */
   private readonly cache: { ids: number[]; scope: string | undefined; usedAt: number }[];
-  private running = false;
-  /** Settles when the loop stops (close() waits for it). */
-  private stopped: Promise<void> = Promise.resolve();
+  /** Each group's stepping loop: whether it runs, and what settles when it stops (close() waits). */
+  private readonly lanes: { running: boolean; stopped: Promise<void> }[];
   private closed = false;
   private uses = 0;
+  /** Decode passes under way (one per group at most). */
+  private passes = 0;
 
   constructor(private readonly slots: SequenceSlots, private readonly o: { maxQueue: number; layers: number; hooks: SchedulerHooks }) {
     this.seqs = new Array<Seq | undefined>(slots.size).fill(undefined);
     this.cache = Array.from({ length: slots.size }, () => ({ ids: [], scope: undefined, usedAt: 0 }));
+    this.lanes = [];
+  }
+
+  /** Groups to step side by side now: the slots may move from this device to a ring and back (a
+   * placement), so this is asked each time; a group above it keeps stepping what it holds. */
+  private get laneCount(): number {
+    const n = Math.max(1, Math.min(this.slots.size, this.slots.inFlight ?? 1));
+    while (this.lanes.length < n) this.lanes.push({ running: false, stopped: Promise.resolve() });
+    return n;
   }
 
   get size(): number {
@@ -111,7 +127,7 @@ export class SequenceScheduler {
         reject(new CancelledError("the client went away while the request was queued"));
       }, { once: true });
       this.o.hooks.changed();
-      if (!this.running) this.start();
+      for (let l = 0; l < this.laneCount; l++) if (!this.lanes[l].running) this.start(l);
     });
   }
 
@@ -143,21 +159,28 @@ export class SequenceScheduler {
   async close(): Promise<void> {
     this.closed = true;
     for (const p of this.pending.splice(0)) p.reject(new Error("the server is shutting down"));
-    await this.stopped;
+    await Promise.all(this.lanes.map((l) => l.stopped));
     for (const s of this.seqs) if (s) this.fail(s, new Error("the server is shutting down"));
   }
 
-  private async loop(): Promise<void> {
+  private get hasFreeSlot(): boolean {
+    return this.seqs.some((s) => !s);
+  }
+
+  /** A group's loop: admits waiting requests (into any free slot, to the least busy group), then steps
+   * its own sequences, until it has none and no request can start. */
+  private async loop(lane: number): Promise<void> {
     try {
       for (;;) {
         await this.admit();
-        const active = this.seqs.filter((s): s is Seq => s !== undefined);
+        // sequences of this group ready to step (not those another loop is prefilling)
+        const mine = this.seqs.filter((s): s is Seq => s !== undefined && s.lane === lane && s.next !== undefined);
         // a client gone while others ran: it leaves before the step, its slot free for the next
-        for (const s of active) if (s.req.signal?.aborted) this.finish(s, "caller");
-        const rows = active.filter((s) => this.seqs[s.slot] === s && s.next !== undefined);
+        for (const s of mine) if (s.req.signal?.aborted) this.finish(s, "caller");
+        const rows = mine.filter((s) => this.seqs[s.slot] === s);
         if (this.closed) break;
         if (rows.length === 0) {
-          if (this.pending.length === 0 || this.closed) break;
+          if (this.pending.length === 0 || !this.hasFreeSlot) break;
           continue;
         }
         await this.step(rows);
@@ -165,19 +188,28 @@ export class SequenceScheduler {
         await new Promise((r) => setImmediate(r));
       }
     } finally {
-      this.running = false;
+      this.lanes[lane].running = false;
     }
-    // Something arrived after the last check (a submit that saw running): run again.
-    if (this.pending.length > 0 && !this.closed) this.start();
+    // Something arrived after the last check (a submit that saw this loop running): run again.
+    if (this.pending.length > 0 && this.hasFreeSlot && !this.closed) this.start(lane);
   }
 
-  private start(): void {
-    this.running = true;
+  private start(lane: number): void {
+    const l = this.lanes[lane];
+    if (l.running || this.closed) return;
+    l.running = true;
     // a fault of the loop itself fails what it holds instead of leaving its clients waiting forever
-    this.stopped = this.loop().catch((e: unknown) => {
+    l.stopped = this.loop(lane).catch((e: unknown) => {
       for (const s of this.seqs) if (s) this.fail(s, e);
       for (const p of this.pending.splice(0)) p.reject(e);
     });
+  }
+
+  /** The group a new sequence joins: the one with the fewest. */
+  private quietestLane(): number {
+    const counts = new Array<number>(this.laneCount).fill(0);
+    for (const s of this.seqs) if (s && s.lane < counts.length) counts[s.lane]++;
+    return counts.indexOf(Math.min(...counts));
   }
 
   /** Starts waiting requests in free slots, each prefilled alone, until no slot or no request is left. */
@@ -210,7 +242,7 @@ export class SequenceScheduler {
       this.cache[slot] = { ids: [], scope: undefined, usedAt: ++this.uses };
       const startedAt = performance.now();
       const s: Seq = {
-        ...p, slot, cached, queueMs: startedAt - p.queuedAt, startedAt, startedUnixMs: Date.now(), history: Array.from(prompt), ids: [],
+        ...p, slot, lane: this.quietestLane(), cached, queueMs: startedAt - p.queuedAt, startedAt, startedUnixMs: Date.now(), history: Array.from(prompt), ids: [],
         pos: cached, next: undefined, firstAt: null, promptMs: 0, decodeSteps: 0, shifts: 0, discarded: 0,
       };
       this.seqs[slot] = s;
@@ -225,6 +257,8 @@ export class SequenceScheduler {
         s.pos = prompt.length;
         s.promptMs = performance.now() - startedAt;
         await this.take(s, logits);
+        // its group steps it from now on (that group's loop may have stopped meanwhile)
+        if (this.seqs[slot] === s) this.start(s.lane);
       } catch (e) {
         this.fail(s, e);
       }
@@ -234,13 +268,16 @@ export class SequenceScheduler {
   /** One pass over the weights for every row's next token, then each samples its next. */
   private async step(rows: Seq[]): Promise<void> {
     let out: (Float32Array | NonFiniteError)[];
+    const inFlight = ++this.passes;
     try {
       out = await this.slots.step(rows.map((s) => ({ slot: s.slot, token: s.next!, pos: s.pos })));
     } catch (e) {
       for (const s of rows) this.fail(s, e);
       return;
+    } finally {
+      this.passes--;
     }
-    this.o.hooks.step(rows.length);
+    this.o.hooks.step(rows.length, inFlight);
     for (let i = 0; i < rows.length; i++) {
       const s = rows[i], l = out[i];
       s.pos++;

@@ -96,6 +96,7 @@ export class ServiceCounters implements ClusterCounters {
   batchSteps = 0;
   batchRows = 0;
   batchWidest = 0;
+  batchInFlightMax = 0;
 
   /** A request finished: its prompt's tokens, those of them reused from the cache, and what it made. */
   finished(result: GenerationResult, promptTokens: number, cachedTokens: number, firstTokenMs: number | null): void {
@@ -118,11 +119,12 @@ export class ServiceCounters implements ClusterCounters {
     this.recoveryMsLast = pauseMs;
   }
 
-  /** One decode pass of `rows` parallel sequences. */
-  batchStep(rows: number): void {
+  /** One decode pass of `rows` parallel sequences, begun while `inFlight` passes (itself too) ran. */
+  batchStep(rows: number, inFlight: number): void {
     this.batchSteps++;
     this.batchRows += rows;
     this.batchWidest = Math.max(this.batchWidest, rows);
+    this.batchInFlightMax = Math.max(this.batchInFlightMax, inFlight);
   }
 }
 

@@ -34,10 +34,10 @@ const HELP = `usage: prima-coord serve model.gguf [options]
   --queue N                requests that may wait for the ring; more get 503 (default 16)
   --parallel N|auto        decode up to N requests at once, each in a sequence slot with a KV cache of
                            --ctx tokens (N x ctx in all) on every device, their next tokens in one
-                           pass over each device's weights per step (on a ring, the rows of all of
-                           them go round together). Above 1 the layers stay where they were first
-                           placed (workers join before the first request, or --min-workers); a
-                           request in flight when a ring device fails fails with it. At most --batch.
+                           pass over each device's weights per step (on a ring, in a group per
+                           device whose steps are round the ring at once). Above 1 the layers stay
+                           where they were first placed while requests decode; a request in flight
+                           when a ring device fails is replayed on the devices left. At most --batch.
                            auto: as many slots as this device's memory holds beside the weights, at
                            most 4 (1 with --min-workers, --layer-windows, --keep-all or --cycles,
                            which ask for a ring). Default 1

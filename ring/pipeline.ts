@@ -46,7 +46,8 @@ export class RingPipeline implements Pipeline {
   private requestId = 0;
   private pending: Pending | undefined;
   private pendingShift: { readonly requestId: number; readonly resolve: () => void; readonly reject: (e: Error) => void } | undefined;
-  private pendingSeqs: PendingSeqs | undefined;
+  /** forwardSeqs calls in flight (several groups of sequences round the ring at once), by request. */
+  private readonly pendingSeqs = new Map<number, PendingSeqs>();
   private failure: Error | undefined;
   private readonly logits: Float32Array;
   /** The devices' caches as the frames sent fill them: positions held, and the end of the furthest
@@ -64,7 +65,7 @@ export class RingPipeline implements Pipeline {
 
   async forward(acts: Float32Array, pos: number, nTokens: number): Promise<Float32Array> {
     if (this.failure) throw this.failure;
-    if (this.pending || this.pendingShift || this.pendingSeqs) throw new Error("the ring runs one request at a time");
+    if (this.pending || this.pendingShift || this.pendingSeqs.size > 0) throw new Error("the ring runs one request at a time");
     const E = this.o.model.nEmbd;
     const requestId = (this.requestId = (this.requestId + 1) >>> 0);
     const done = new Promise<Float32Array>((resolve, reject) => {
@@ -104,7 +105,7 @@ export class RingPipeline implements Pipeline {
    * holds and passes it on; resolves when it is back at the head (which shifted its own). */
   async shift(p0: number, nDiscard: number, nPast: number): Promise<void> {
     if (this.failure) throw this.failure;
-    if (this.pending || this.pendingShift || this.pendingSeqs) throw new Error("the ring runs one request at a time");
+    if (this.pending || this.pendingShift || this.pendingSeqs.size > 0) throw new Error("the ring runs one request at a time");
     const requestId = (this.requestId = (this.requestId + 1) >>> 0);
     const done = new Promise<void>((resolve, reject) => {
       this.pendingShift = { requestId, resolve, reject };
@@ -163,18 +164,20 @@ export class RingPipeline implements Pipeline {
   /** Rows of sequence slots (serve --parallel) round the ring: row i at positions[i] of slot slots[i]
    * on every device (RingNodeOptions.seqSlots). One slot's consecutive rows (a prompt, in frames of
    * maxBatch rows) give the last row's logits; rows of distinct slots (a decode step, at most maxBatch)
-   * give one logits row each. The result is a buffer the next call reuses. */
+   * give one logits row each, in a buffer of their own. Several calls may be in flight at once (on rows
+   * of distinct slots): each device takes their frames in turn, so while one works on a group of
+   * sequences the others work on the rest (the pipeline is kept full). */
   async forwardSeqs(slots: Int32Array, positions: Int32Array, acts: Float32Array): Promise<Float32Array> {
     if (this.failure) throw this.failure;
-    if (this.pending || this.pendingShift || this.pendingSeqs) throw new Error("the ring runs one batch of rows at a time");
+    if (this.pending || this.pendingShift) throw new Error("the ring runs one request at a time");
     const n = slots.length, E = this.o.model.nEmbd, V = this.o.model.nVocab, B = this.o.maxBatch;
     const oneSlot = slots.every((s, i) => s === slots[0] && positions[i] === positions[0] + i);
     if (!oneSlot && n > B) throw new RangeError(`a step of ${n} sequences is more than the batch of ${B}`);
     const requestId = (this.requestId = (this.requestId + 1) >>> 0);
     const frames = Math.ceil(n / B);
-    const logits = this.seqLogits(oneSlot ? V : n * V);
+    const logits = new Float32Array(oneSlot ? V : n * V);
     const done = new Promise<Float32Array>((resolve, reject) => {
-      this.pendingSeqs = { requestId, frames, delivered: 0, oneSlot, acts, logits, resolve, reject };
+      this.pendingSeqs.set(requestId, { requestId, frames, delivered: 0, oneSlot, acts, logits, resolve, reject });
     });
     try {
       for (let off = 0; off < n; off += B) {
@@ -190,26 +193,20 @@ export class RingPipeline implements Pipeline {
     try {
       return await done;
     } finally {
-      this.pendingSeqs = undefined;
+      this.pendingSeqs.delete(requestId);
     }
-  }
-
-  private seqLogitsBuf = new Float32Array(0);
-  private seqLogits(floats: number): Float32Array {
-    if (this.seqLogitsBuf.length < floats) this.seqLogitsBuf = new Float32Array(floats);
-    return this.seqLogitsBuf.subarray(0, floats);
   }
 
   /** The buffer for the output layer when the frame is the last of forwardSeqs' rows. */
   seqLogitsFor(frame: SeqActivationsFrame): Float32Array | undefined {
-    const p = this.pendingSeqs;
-    return p && frame.requestId === p.requestId && p.delivered === p.frames - 1 ? p.logits : undefined;
+    const p = this.pendingSeqs.get(frame.requestId);
+    return p && p.delivered === p.frames - 1 ? p.logits : undefined;
   }
 
   /** forwardSeqs' rows back from their last cycle (from the head's node), with their logits when fused. */
   async seqDeliver(frame: SeqActivationsFrame, logits?: Float32Array): Promise<void> {
-    const p = this.pendingSeqs;
-    if (!p || frame.requestId !== p.requestId) return;
+    const p = this.pendingSeqs.get(frame.requestId);
+    if (!p) return;
     const E = this.o.model.nEmbd, at = p.delivered * this.o.maxBatch * E, floats = frame.nTokens * E;
     if (at + floats <= p.acts.length) p.acts.set(frame.activations.subarray(0, floats), at);
     if (++p.delivered < p.frames) return;
@@ -231,7 +228,7 @@ export class RingPipeline implements Pipeline {
   /** Ends the current request (and every later one) with this error: a device failed. */
   fail(e: Error): void {
     this.failure ??= e;
-    this.pendingSeqs?.reject(this.failure);
+    for (const p of this.pendingSeqs.values()) p.reject(this.failure);
     this.pending?.reject(this.failure);
     this.pendingShift?.reject(this.failure);
   }

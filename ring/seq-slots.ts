@@ -1,8 +1,9 @@
 // The head's view of a ring's sequence slots (serve --parallel on a ring): the shape the sequence
 // scheduler decodes on (coordinator/parallel.ts SequenceSlots, as engine/SeqSlots on one device). A
 // prompt's rows go round the ring tagged with their slot and positions (SEQ_ACTIVATIONS frames); a
-// decode step's rows, one per active sequence, go round together, so every device runs one pass over
-// its windows' weights for all of them (RingNode, each row attending to its slot's own cache).
+// decode step's rows, one per sequence of a group, go round together, so every device runs one pass
+// over its windows' weights for all of them (RingNode, each row attending to its slot's own cache).
+// Up to one group per device is in flight at once (`inFlight`): the devices work side by side.
 import type { LocalModel, SeqRow } from "../engine/index.js";
 import type { RingPipeline } from "./pipeline.js";
 
@@ -10,7 +11,11 @@ export class RingSeqSlots {
   /** Per slot: positions its caches hold on every device (the frames sent wrote them). */
   private readonly filled: number[];
 
-  constructor(private readonly model: LocalModel, private readonly pipeline: RingPipeline, readonly size: number, readonly nCtx: number) {
+  /** devices: the ring's, each able to work on one group of sequences while the others work on the rest. */
+  readonly inFlight: number;
+
+  constructor(private readonly model: LocalModel, private readonly pipeline: RingPipeline, readonly size: number, readonly nCtx: number, devices: number) {
+    this.inFlight = Math.max(1, Math.min(size, devices));
     this.filled = new Array<number>(size).fill(0);
   }
 

@@ -120,19 +120,18 @@ describe("serve --parallel 3 on a two-worker ring", () => {
     s.proc.child.kill("SIGKILL");
   });
 
-  it("3 concurrent greedy requests give exactly the texts each gives alone on one device, in shared steps round the ring", async () => {
+  it("3 concurrent greedy requests give exactly the texts each gives alone on one device, their passes round the ring at once", async () => {
     const n = 40;
     const refs = prompts.map((p) => runOnce(["-p", p, "-n", String(n), "--temp", "0", "--ctx", "512"]).text);
-    const rowsBefore = await metric(s.url, "prima_batch_rows_total"), stepsBefore = await metric(s.url, "prima_batch_steps_total");
     const outs = await Promise.all(prompts.map((prompt) => s.client.completions.create({ prompt, max_tokens: n, ...greedy })));
     outs.forEach((o, i) => expect(o.choices[0].text, prompts[i]).toBe(refs[i]));
-    const rows = (await metric(s.url, "prima_batch_rows_total")) - rowsBefore, steps = (await metric(s.url, "prima_batch_steps_total")) - stepsBefore;
-    expect(rows).toBeGreaterThan(steps);
+    // a group of sequences per device (3 here), each on a different device at once: the ring kept full
+    expect(await metric(s.url, "prima_batch_passes_in_flight_max")).toBeGreaterThanOrEqual(2);
     const st = (await (await fetch(`${s.url}/api/state`)).json()) as St;
     expect(st.plan?.ringOrder).toHaveLength(3);
     expect(st.requests.slots).toHaveLength(3);
     expect(st.model.kvCache.sequenceSlots).toBe(3); // the dashboard counts KV for the 3 slots
-    expect(s.proc.stderr).toMatch(/--parallel 3: 3 sequence slots of 512 tokens each on every device of the ring/);
+    expect(s.proc.stderr).toMatch(/--parallel 3: 3 sequence slots of 512 tokens each on every device of the ring, in 3 groups whose steps go round at once/);
   }, 60_000);
 
   it("a worker killed while 3 requests stream: every sequence is replayed on the devices left and each text is the uninterrupted one", async () => {

@@ -1,8 +1,9 @@
 // Sequence slots on a ring (serve --parallel's data plane): three devices in process (two "workers"
 // and the head, each a RingNode holding a window per slot), every frame through the wire codec. The
-// sequence scheduler over the ring's slots gives, for requests submitted together and sharing decode
-// steps, exactly the tokens each gives alone on one device (engine SeqSlots, one slot). The frame's
-// tags survive the codec, and a hostile tag is refused by name.
+// sequence scheduler over the ring's slots gives, for requests submitted together, exactly the tokens
+// each gives alone on one device (engine SeqSlots, one slot): in groups whose passes are round the ring
+// at once (one per device), and, with one group, sharing every decode step. The frame's tags survive the
+// codec, and a hostile tag is refused by name.
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LocalModel, Sampler, SeqSlots } from "../../engine/index.js";
@@ -31,13 +32,17 @@ function request(prompt: string): GenerationRequest {
   };
 }
 
-function scheduler(slots: SequenceSlots, steps: number[]): SequenceScheduler {
-  return new SequenceScheduler(slots, { maxQueue: 8, layers: model.nLayers, hooks: { token: () => {}, step: (n) => steps.push(n), finished: () => {}, changed: () => {} } });
+function scheduler(slots: SequenceSlots, steps: number[], inFlight: number[] = []): SequenceScheduler {
+  const step = (n: number, f: number) => {
+    steps.push(n);
+    inFlight.push(f);
+  };
+  return new SequenceScheduler(slots, { maxQueue: 8, layers: model.nLayers, hooks: { token: () => {}, step, finished: () => {}, changed: () => {} } });
 }
 
 /** Two workers and the head in ring order, their layers split in three, frames encoded and decoded
  * on every hop; the head's pipeline over it. */
-function ring(seqSlots: number) {
+function ring(seqSlots: number, groups = 3) {
   const L = model.nLayers, cut = [0, Math.floor(L / 3), Math.floor((2 * L) / 3), L];
   const nodes: RingNode[] = [];
   const hop = (i: number) => async (f: RingFrame) => {
@@ -63,11 +68,11 @@ function ring(seqSlots: number) {
     }));
   }
   pipeline = new RingPipeline({ model, node: nodes[2], nCtx: CTX, maxBatch: BATCH, wireDtype: "f32" });
-  return { pipeline, nodes, errors, slots: new RingSeqSlots(model, pipeline, seqSlots, CTX), close: () => Promise.all(nodes.map((n) => n.close())) };
+  return { pipeline, nodes, errors, slots: new RingSeqSlots(model, pipeline, seqSlots, CTX, groups), close: () => Promise.all(nodes.map((n) => n.close())) };
 }
 
 describe("sequence slots on a ring", () => {
-  it("requests submitted together share the ring's steps and each equals itself alone on one device", async () => {
+  it("requests submitted together go round the ring at once and each equals itself alone on one device", async () => {
     const alone: number[][] = [];
     {
       const local = new SeqSlots(model, 1, CTX, BATCH);
@@ -76,15 +81,30 @@ describe("sequence slots on a ring", () => {
       await one.close();
       local.close();
     }
+    // one group: every request was prefilled before the first step, which carried all three round the ring
+    {
+      const r = ring(PROMPTS.length, 1);
+      const steps: number[] = [];
+      const s = scheduler(r.slots, steps);
+      try {
+        const outs = await Promise.all(PROMPTS.map((p) => s.submit(request(p))));
+        outs.forEach((o, i) => expect(o.result.ids, PROMPTS[i]).toEqual(alone[i]));
+        expect(steps[0]).toBe(PROMPTS.length);
+      } finally {
+        await s.close();
+        await r.close();
+      }
+    }
+    // a group per device: each request steps in its own, their passes round the ring at once
     const r = ring(PROMPTS.length);
-    const steps: number[] = [];
-    const s = scheduler(r.slots, steps);
+    const steps: number[] = [], inFlight: number[] = [];
+    const s = scheduler(r.slots, steps, inFlight);
     try {
       const outs = await Promise.all(PROMPTS.map((p) => s.submit(request(p))));
       outs.forEach((o, i) => expect(o.result.ids, PROMPTS[i]).toEqual(alone[i]));
       expect(alone.every((ids) => ids.length > 5)).toBe(true);
-      // every request was prefilled before the first step, which carried all three round the ring
-      expect(steps[0]).toBe(PROMPTS.length);
+      expect(Math.max(...steps)).toBe(1);
+      expect(Math.max(...inFlight)).toBeGreaterThanOrEqual(2);
       // a prompt longer than a frame goes in frames of the batch, the last one giving the logits
       const long = request(PROMPTS.join(" "));
       expect(long.prompt.length).toBeGreaterThan(BATCH);
