@@ -9,6 +9,7 @@ import { accessSync, constants, readFileSync, statfsSync, statSync } from "node:
 import { platform } from "node:os";
 import { join } from "node:path";
 import { benchDisk } from "../native/index.js";
+import { removeLeftOverScratch } from "./scratch-files.js";
 import { diskThrottle, type DiskThrottle } from "./system.js";
 
 export interface DiskMeasurement {
@@ -119,6 +120,7 @@ export function measureDisk(dir: string, o: DiskBenchOptions): DiskMeasurement {
   const fit = Math.floor(fileBytes / 8 / 4096) * 4096;
   const seqBlock = Math.min(8 << 20, fit, Math.max(128 << 10, apple ? 1 << 20 : readAheadBytes(device)));
   const randBlock = Math.min(seqBlock, apple ? 16384 : 4096);
+  removeLeftOverScratch(dir, ".prima-disk-probe-");
   const path = join(dir, `.prima-disk-probe-${process.pid}-${Date.now()}.tmp`);
   const r = benchDisk(path, { fileBytes, seqBlock, randBlock, seqSeconds: o.seqSeconds, randSeconds: o.randSeconds, buffered: o.buffered });
   return {

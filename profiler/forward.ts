@@ -16,6 +16,7 @@ import { GgufValueType, layerWeightBytes, writeGguf, type GgufFile, type GgufKV,
 import { RING_COMPUTE_OPTIONS } from "../ring/index.js";
 import { layerSteps, stepFlops, stepKey, type StepTiming } from "./compute.js";
 import { timeHandOff } from "./link.js";
+import { removeLeftOverScratch } from "./scratch-files.js";
 
 /** A window's one-token pass over the stand-in's layers, as a ring device runs it. */
 export interface ForwardTiming {
@@ -209,6 +210,7 @@ export async function timePasses(w: NativeWindow, nEmbd: number, o: PassOptions)
  * layers in memory, and (with `streamedLayers`) of passes that drop each layer once computed, so that
  * the next pass reads it again. */
 export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers: number, o: ForwardOptions): Promise<ForwardTiming> {
+  removeLeftOverScratch(o.dir, "prima-forward-");
   const path = join(o.dir, `prima-forward-${process.pid}.gguf`);
   const streamedLayers = Math.min(desc.tensors.layers.length, o.streamedLayers ?? 0);
   try {
