@@ -6,8 +6,10 @@
 //     same request cold (after an unrelated request took the cache);
 //  3. serve --parallel 8: aggregate generated tokens/s of 1, 2, 4 and 8 clients streaming at once,
 //     each client's time per token and the mean sequences per decode pass (/metrics), on one device
-//     and on a three-device loopback ring.
+//     and on a three-device loopback ring; and what bounds the one-device figure, the cost of one
+//     pass of 1, 2, 4 and 8 sequences.
 //   node dist/bench/serve.js [model.gguf] [rounds]
+import { LocalModel, SeqSlots } from "../engine/index.js";
 import { coordCli, median, type Proc, readSse, runAlone, start, stop, waitFor, workerCli } from "./procs.js";
 
 const PROMPT = "Once upon a time";
@@ -97,6 +99,7 @@ export async function main(model: string, rounds = 5): Promise<void> {
   } finally {
     await stop(serve);
   }
+  await passCost(model);
   await parallelClients(model, rounds);
 }
 
@@ -152,6 +155,35 @@ export async function parallelClients(model: string, rounds = 3): Promise<void> 
     } finally {
       for (const p of procs.reverse()) await stop(p);
     }
+  }
+}
+
+/** What bounds the one-device figures: one decode pass of 1, 2, 4 and 8 sequences in engine SeqSlots
+ *  (no HTTP, no sampling), its time against one sequence's. Where a pass is bound by reading the weights
+ *  (more cores than memory bandwidth) 4 rows cost little more than 1; where by arithmetic, nearly 4x. */
+export async function passCost(model: string, steps = 12): Promise<void> {
+  const m = LocalModel.open(model, { threads: Number(THREADS) });
+  const slots = new SeqSlots(m, 8, 512);
+  try {
+    for (let i = 0; i < 8; i++) await slots.prefill(i, Int32Array.from([1, 100 + i, 200, 300]), 0);
+    console.log(`\n## serve --parallel: one decode pass of N sequences on one device (engine SeqSlots, median of ${steps}, ${THREADS} threads)\n`);
+    console.log("| sequences | ms a pass | x one sequence's | ms a sequence |");
+    console.log("|---|---|---|---|");
+    let one = 0;
+    for (const n of [1, 2, 4, 8]) {
+      const ms: number[] = [];
+      for (let k = 0; k < steps; k++) {
+        const t0 = performance.now();
+        await slots.step(Array.from({ length: n }, (_, i) => ({ slot: i, token: 500 + k, pos: slots.filled(i) })));
+        ms.push(performance.now() - t0);
+      }
+      const t = median(ms);
+      one ||= t;
+      console.log(`| ${n} | ${t.toFixed(1)} | ${(t / one).toFixed(2)} | ${(t / n).toFixed(1)} |`);
+    }
+  } finally {
+    slots.close();
+    m.close();
   }
 }
 
