@@ -8,8 +8,9 @@ import { fileURLToPath } from "node:url";
 
 /** 2: TLS pinned by the join token, a Challenge before the Join, weights checked per chunk. 3: chunk
  * digests are BLAKE3, not SHA-256. 4: sequence slots (Assignment.seqSlots, the ring's SEQ_ACTIVATIONS
- * frames): an older worker would hold one slot and fail a --parallel ring's rows. */
-export const PROTOCOL_VERSION = 4;
+ * frames): an older worker would hold one slot and fail a --parallel ring's rows. 5: a sequence slot's
+ * context shift (the ring's KV_SHIFT with a slot). */
+export const PROTOCOL_VERSION = 5;
 
 export interface Join {
   protocolVersion: number;

@@ -82,7 +82,8 @@ class ReplayingSlots {
   }
 
   async shift(slot: number, p0: number, nDiscard: number, nPast: number): Promise<void> {
-    await this.inner.shift(slot, p0, nDiscard, nPast);
+    // a ring broken meanwhile: the slot's tokens before the shift are replayed, then it shifts
+    await this.retrying(async () => this.inner.shift(slot, p0, nDiscard, nPast));
     const w = this.written[slot];
     w.splice(p0, nDiscard);
     w.length = Math.min(w.length, nPast - nDiscard);

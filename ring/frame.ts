@@ -11,7 +11,7 @@
 import { FrameError } from "./errors.js";
 import { f16ToF32, f32ToF16 } from "./f16.js";
 import {
-  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC_BYTES, FrameTypeId, KV_SHIFT_PAYLOAD_BYTES, PAYLOAD_DTYPE_BYTES,
+  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC_BYTES, FrameTypeId, KV_SHIFT_PAYLOAD_BYTES, KV_SHIFT_SLOT_PAYLOAD_BYTES, PAYLOAD_DTYPE_BYTES,
   PayloadDtypeId, SEQ_TAG_BYTES, U16_MAX, U32_MAX, validateHeader, validateHello,
   type FrameHeader, type FrameLimits, type Hello, type PayloadDtype,
 } from "./validation.js";
@@ -57,13 +57,15 @@ export interface ErrorFrame {
 
 /** Context shift (engine Pipeline.shift): every device drops positions [p0, p0 + nDiscard) of its
  * windows' caches and moves [p0 + nDiscard, nPast) down, re-rotating the keys. It goes round the ring
- * in order with the activations, once: each device shifts all its windows and passes it on. */
+ * in order with the activations, once: each device shifts all its windows and passes it on. With a
+ * slot, only that sequence slot's windows (serve --parallel). */
 export interface KvShiftFrame {
   type: "kvShift";
   requestId: number;
   p0: number;
   nDiscard: number;
   nPast: number;
+  slot?: number;
 }
 
 /** Rows of several sequences (serve --parallel on a ring): row i is at position positions[i] of
@@ -250,14 +252,17 @@ export function encodeFrame(frame: Frame): Buffer {
       checkUint("position", frame.p0, U32_MAX);
       checkUint("tokens discarded", frame.nDiscard, U32_MAX);
       checkUint("positions held", frame.nPast, U32_MAX);
-      const buf = allocFrame(KV_SHIFT_PAYLOAD_BYTES);
+      if (frame.slot !== undefined) checkUint("sequence slot", frame.slot, SEQ_TAG_MAX);
+      const bytes = frame.slot === undefined ? KV_SHIFT_PAYLOAD_BYTES : KV_SHIFT_SLOT_PAYLOAD_BYTES;
+      const buf = allocFrame(bytes);
       writeHeader(buf, {
         frameType: FrameTypeId.kvShift, requestId: frame.requestId, firstTokenPosition: frame.p0, nTokens: 0, cycle: 0,
-        payloadDtype: 0, rowWidth: 0, payloadBytes: KV_SHIFT_PAYLOAD_BYTES,
+        payloadDtype: 0, rowWidth: 0, payloadBytes: bytes,
       });
-      const v = new DataView(buf.buffer, buf.byteOffset + FRAME_HEADER_BYTES, KV_SHIFT_PAYLOAD_BYTES);
+      const v = new DataView(buf.buffer, buf.byteOffset + FRAME_HEADER_BYTES, bytes);
       v.setUint32(0, frame.nDiscard, true);
       v.setUint32(4, frame.nPast, true);
+      if (frame.slot !== undefined) v.setUint32(8, frame.slot, true);
       return buf;
     }
     default:
@@ -341,12 +346,18 @@ export function decodeFrame(buf: Uint8Array, limits: FrameLimits): Frame {
       return { type, requestId: header.requestId, nTokens: n, cycle: header.cycle, rowWidth: header.rowWidth, dtype, slots, positions, activations };
     }
     case "kvShift": {
-      const v = new DataView(buf.buffer, buf.byteOffset + FRAME_HEADER_BYTES, KV_SHIFT_PAYLOAD_BYTES);
+      const v = new DataView(buf.buffer, buf.byteOffset + FRAME_HEADER_BYTES, header.payloadBytes);
       const nDiscard = v.getUint32(0, true), nPast = v.getUint32(4, true);
       if (nDiscard === 0 || header.firstTokenPosition + nDiscard > nPast) {
         throw new FrameError("payload", `a kv shift of ${nDiscard} tokens from position ${header.firstTokenPosition} out of ${nPast} is not a range of the cache`);
       }
-      return { type, requestId: header.requestId, p0: header.firstTokenPosition, nDiscard, nPast };
+      const shift: KvShiftFrame = { type, requestId: header.requestId, p0: header.firstTokenPosition, nDiscard, nPast };
+      if (header.payloadBytes === KV_SHIFT_SLOT_PAYLOAD_BYTES) {
+        const slot = v.getUint32(8, true);
+        if (slot > SEQ_TAG_MAX) throw new FrameError("payload", `a kv shift's sequence slot ${slot} is out of range`);
+        shift.slot = slot;
+      }
+      return shift;
     }
   }
 }

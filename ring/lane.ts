@@ -95,6 +95,8 @@ export class RingLane {
     else if (frame.type === "kvShift") {
       // between frames (the lane waits for resume): every window shifts, then the frame goes on
       try {
+        // a device with sequence slots runs its frames in JS (RingNode), never on the lane
+        if (frame.slot !== undefined) throw new Error(`a kv shift of sequence slot ${frame.slot} reached the native lane, which holds one sequence`);
         this.lane.kvShift(frame.p0, frame.nDiscard, frame.nPast);
         this.lane.send(encodeFrame(frame));
       } catch (e) {

@@ -111,6 +111,13 @@ export function errorFrameFor(frame: RingFrame, message: string): ErrorFrame {
   return { type: "error", requestId: frame.requestId, ...rows, message };
 }
 
+/** A window's copy for one sequence slot (serve --parallel), or an error naming the slot. */
+function seqWindowOf(s: Slot, seqSlot: number): NativeWindow {
+  const w = s.seqWindows[seqSlot];
+  if (!w) throw new Error(`sequence slot ${seqSlot} is not on this device (it holds ${s.seqWindows.length})`);
+  return w;
+}
+
 interface Slot {
   readonly spec: WindowSpec;
   readonly window: NativeWindow;
@@ -200,7 +207,11 @@ export class RingNode {
 
   /** Each window with its spec, in cycle order (for the native lane, which runs them itself). */
   get slotWindows(): readonly { readonly spec: WindowSpec; readonly window: NativeWindow }[] {
-    return [...this.slots.values()].sort((a, b) => a.spec.cycle - b.spec.cycle).map((s) => ({ spec: s.spec, window: s.window }));
+    return this.slotsInOrder.map((s) => ({ spec: s.spec, window: s.window }));
+  }
+
+  private get slotsInOrder(): Slot[] {
+    return [...this.slots.values()].sort((a, b) => a.spec.cycle - b.spec.cycle);
   }
 
   /** Windows in cycle order. */
@@ -286,9 +297,13 @@ export class RingNode {
     this.lastDoneMs = performance.now();
   }
 
-  /** Every window's cache shifts (in cycle order; a device holds the same positions in each). */
+  /** Every window's cache shifts (in cycle order; a device holds the same positions in each), or with
+   * a sequence slot, that slot's window of each. */
   shiftWindows(frame: KvShiftFrame): void {
-    for (const s of this.slotWindows) s.window.kvShift(frame.p0, frame.nDiscard, frame.nPast);
+    const { slot } = frame;
+    for (const s of this.slotsInOrder) {
+      (slot === undefined ? s.window : seqWindowOf(s, slot)).kvShift(frame.p0, frame.nDiscard, frame.nPast);
+    }
   }
 
   private async process(frame: RingFrame): Promise<void> {
@@ -342,11 +357,7 @@ export class RingNode {
     const logits = this.o.isHead && last && slot ? this.o.seqLogitsFor?.(frame) : undefined;
     if (slot) {
       const { slots, positions, nTokens: n } = frame;
-      const wins = Array.from(slots, (s) => {
-        const w = slot.seqWindows[s];
-        if (!w) throw new Error(`sequence slot ${s} is not on this device (it holds ${slot.seqWindows.length})`);
-        return w;
-      });
+      const wins = Array.from(slots, (s) => seqWindowOf(slot, s));
       const oneSlot = slots.every((s, i) => s === slots[0] && positions[i] === positions[0] + i);
       const t0 = performance.now();
       if (oneSlot) await wins[0].forward(frame.activations, positions[0], n, logits);

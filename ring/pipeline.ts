@@ -45,7 +45,8 @@ export class RingPipeline implements Pipeline {
   readonly nCtx: number;
   private requestId = 0;
   private pending: Pending | undefined;
-  private pendingShift: { readonly requestId: number; readonly resolve: () => void; readonly reject: (e: Error) => void } | undefined;
+  /** Shifts round the ring: the request's (one at a time), or sequence slots' (beside their rows). */
+  private readonly pendingShifts = new Map<number, { readonly resolve: () => void; readonly reject: (e: Error) => void }>();
   /** forwardSeqs calls in flight (several groups of sequences round the ring at once), by request. */
   private readonly pendingSeqs = new Map<number, PendingSeqs>();
   private failure: Error | undefined;
@@ -65,7 +66,7 @@ export class RingPipeline implements Pipeline {
 
   async forward(acts: Float32Array, pos: number, nTokens: number): Promise<Float32Array> {
     if (this.failure) throw this.failure;
-    if (this.pending || this.pendingShift || this.pendingSeqs.size > 0) throw new Error("the ring runs one request at a time");
+    if (this.pending || this.pendingShifts.size > 0 || this.pendingSeqs.size > 0) throw new Error("the ring runs one request at a time");
     const E = this.o.model.nEmbd;
     const requestId = (this.requestId = (this.requestId + 1) >>> 0);
     const done = new Promise<Float32Array>((resolve, reject) => {
@@ -104,30 +105,41 @@ export class RingPipeline implements Pipeline {
   /** A KV_SHIFT frame round the ring, in order with the rows: each device shifts every window it
    * holds and passes it on; resolves when it is back at the head (which shifted its own). */
   async shift(p0: number, nDiscard: number, nPast: number): Promise<void> {
+    if (this.pending || this.pendingShifts.size > 0 || this.pendingSeqs.size > 0) throw new Error("the ring runs one request at a time");
+    await this.sendShift(p0, nDiscard, nPast);
+    // the devices shifted (a refusal fails the ring above): their rings as kv_shift.c leaves them
+    ({ kvEnd: this.kvEnd, kvFloor: this.kvFloor } = kvAfterShift({ kvEnd: this.kvEnd, kvFloor: this.kvFloor }, p0, nDiscard, nPast, this.o.model.desc.hparams.layerWindow, this.kvRows, this.nCtx));
+    this.filled = nPast - nDiscard;
+  }
+
+  /** A context shift in one sequence slot's caches (serve --parallel): beside other slots' rows in
+   * flight, in order with that slot's (its next step waits for this). */
+  async shiftSeq(slot: number, p0: number, nDiscard: number, nPast: number): Promise<void> {
+    if (this.pending) throw new Error("the ring runs one request at a time");
+    await this.sendShift(p0, nDiscard, nPast, slot);
+  }
+
+  private async sendShift(p0: number, nDiscard: number, nPast: number, slot?: number): Promise<void> {
     if (this.failure) throw this.failure;
-    if (this.pending || this.pendingShift || this.pendingSeqs.size > 0) throw new Error("the ring runs one request at a time");
     const requestId = (this.requestId = (this.requestId + 1) >>> 0);
     const done = new Promise<void>((resolve, reject) => {
-      this.pendingShift = { requestId, resolve, reject };
+      this.pendingShifts.set(requestId, { resolve, reject });
     });
     try {
-      await this.o.node.send({ type: "kvShift", requestId, p0, nDiscard, nPast });
+      await this.o.node.send({ type: "kvShift", requestId, p0, nDiscard, nPast, ...(slot === undefined ? {} : { slot }) });
     } catch (e) {
       this.fail(e instanceof Error ? e : new Error(String(e)));
     }
     try {
       await done;
     } finally {
-      this.pendingShift = undefined;
+      this.pendingShifts.delete(requestId);
     }
-    // the devices shifted (a refusal fails the ring above): their rings as kv_shift.c leaves them
-    ({ kvEnd: this.kvEnd, kvFloor: this.kvFloor } = kvAfterShift({ kvEnd: this.kvEnd, kvFloor: this.kvFloor }, p0, nDiscard, nPast, this.o.model.desc.hparams.layerWindow, this.kvRows, this.nCtx));
-    this.filled = nPast - nDiscard;
   }
 
   /** A shift that went round the whole ring (from the head's node). */
   shifted(frame: KvShiftFrame): void {
-    if (this.pendingShift?.requestId === frame.requestId) this.pendingShift.resolve();
+    this.pendingShifts.get(frame.requestId)?.resolve();
   }
 
   /** The buffer for the output layer when the frame is the request's last batch (the head's window
@@ -169,7 +181,7 @@ export class RingPipeline implements Pipeline {
    * sequences the others work on the rest (the pipeline is kept full). */
   async forwardSeqs(slots: Int32Array, positions: Int32Array, acts: Float32Array): Promise<Float32Array> {
     if (this.failure) throw this.failure;
-    if (this.pending || this.pendingShift) throw new Error("the ring runs one request at a time");
+    if (this.pending) throw new Error("the ring runs one request at a time");
     const n = slots.length, E = this.o.model.nEmbd, V = this.o.model.nVocab, B = this.o.maxBatch;
     const oneSlot = slots.every((s, i) => s === slots[0] && positions[i] === positions[0] + i);
     if (!oneSlot && n > B) throw new RangeError(`a step of ${n} sequences is more than the batch of ${B}`);
@@ -230,6 +242,6 @@ export class RingPipeline implements Pipeline {
     this.failure ??= e;
     for (const p of this.pendingSeqs.values()) p.reject(this.failure);
     this.pending?.reject(this.failure);
-    this.pendingShift?.reject(this.failure);
+    for (const p of this.pendingShifts.values()) p.reject(this.failure);
   }
 }

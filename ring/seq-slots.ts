@@ -43,7 +43,9 @@ export class RingSeqSlots {
     return rows.map((_, i) => logits.subarray(i * V, (i + 1) * V));
   }
 
-  shift(): never {
-    throw new Error("a context shift of one sequence slot does not go round a ring yet");
+  /** Context shift in one slot's caches on every device (a KV_SHIFT frame with the slot). */
+  async shift(slot: number, p0: number, nDiscard: number, nPast: number): Promise<void> {
+    await this.pipeline.shiftSeq(slot, p0, nDiscard, nPast);
+    this.filled[slot] = Math.min(this.filled[slot], nPast - nDiscard);
   }
 }

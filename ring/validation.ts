@@ -3,7 +3,7 @@
 // JSON. Each failure is a FrameError naming the field. Pure functions, no I/O.
 import { FrameError } from "./errors.js";
 import {
-  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, KV_SHIFT_PAYLOAD_BYTES,
+  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, KV_SHIFT_PAYLOAD_BYTES, KV_SHIFT_SLOT_PAYLOAD_BYTES,
   PAYLOAD_DTYPE_BYTES, PayloadDtypeId, SEQ_TAG_BYTES, U16_MAX, U32_MAX,
 } from "./wire.js";
 
@@ -48,7 +48,7 @@ export interface Hello {
 }
 
 export {
-  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, KV_SHIFT_PAYLOAD_BYTES, PAYLOAD_DTYPE_BYTES,
+  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, KV_SHIFT_PAYLOAD_BYTES, KV_SHIFT_SLOT_PAYLOAD_BYTES, PAYLOAD_DTYPE_BYTES,
   PROTOCOL_VERSION, PayloadDtypeId, SEQ_TAG_BYTES, U16_MAX, U32_MAX,
 } from "./wire.js";
 export const FRAME_MAGIC_BYTES: Uint8Array = new TextEncoder().encode(FRAME_MAGIC);
@@ -152,8 +152,8 @@ export function validateHeader(h: FrameHeader, bufferBytes: number, limits: Fram
     mustBeZero(type, "cycle", h.cycle);
     mustBeZero(type, "payload dtype", h.payloadDtype);
     mustBeZero(type, "row width", h.rowWidth);
-    if (h.payloadBytes !== KV_SHIFT_PAYLOAD_BYTES) {
-      throw new FrameError("payload length", `a kvShift frame's payload is ${KV_SHIFT_PAYLOAD_BYTES} bytes, got ${h.payloadBytes}`);
+    if (h.payloadBytes !== KV_SHIFT_PAYLOAD_BYTES && h.payloadBytes !== KV_SHIFT_SLOT_PAYLOAD_BYTES) {
+      throw new FrameError("payload length", `a kvShift frame's payload is ${KV_SHIFT_PAYLOAD_BYTES} bytes (${KV_SHIFT_SLOT_PAYLOAD_BYTES} for one sequence slot), got ${h.payloadBytes}`);
     }
   } else {
     // HELLO and ERROR carry no rows; HELLO no request either. Zero fields keep the header unambiguous.

@@ -237,6 +237,6 @@ describe("KV_SHIFT frames (context shift round the ring)", () => {
     expect(() => decodeFrame(patch(36, 20, 4), limits)).toThrow(/not a range of the cache/); // past nPast
     expect(() => decodeFrame(patch(16, 3, 2), limits)).toThrow(/must have number of tokens 0/);
     expect(() => decodeFrame(patch(24, H, 4), limits)).toThrow(/must have row width 0/);
-    expect(() => decodeFrame(Buffer.concat([patch(28, 12, 4), Buffer.alloc(4)]), limits)).toThrow(/payload is 8 bytes, got 12/);
+    expect(() => decodeFrame(Buffer.concat([patch(28, 16, 4), Buffer.alloc(8)]), limits)).toThrow(/payload is 8 bytes \(12 for one sequence slot\), got 16/);
   });
 });

@@ -3,7 +3,8 @@
 // sequence scheduler over the ring's slots gives, for requests submitted together, exactly the tokens
 // each gives alone on one device (engine SeqSlots, one slot): in groups whose passes are round the ring
 // at once (one per device), and, with one group, sharing every decode step. The frame's tags survive the
-// codec, and a hostile tag is refused by name.
+// codec, and a hostile tag is refused by name. Past the context, a slot's cache shifts round the ring
+// (a KV_SHIFT frame with its slot) beside the other slots' rows, and the tokens are one device's.
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { LocalModel, Sampler, SeqSlots } from "../../engine/index.js";
@@ -42,7 +43,7 @@ function scheduler(slots: SequenceSlots, steps: number[], inFlight: number[] = [
 
 /** Two workers and the head in ring order, their layers split in three, frames encoded and decoded
  * on every hop; the head's pipeline over it. */
-function ring(seqSlots: number, groups = 3) {
+function ring(seqSlots: number, groups = 3, ctx = CTX) {
   const L = model.nLayers, cut = [0, Math.floor(L / 3), Math.floor((2 * L) / 3), L];
   const nodes: RingNode[] = [];
   const hop = (i: number) => async (f: RingFrame) => {
@@ -54,7 +55,7 @@ function ring(seqSlots: number, groups = 3) {
   for (let i = 0; i < 3; i++) {
     const isHead = i === 2;
     nodes.push(new RingNode({
-      model, windows: [{ firstLayer: cut[i], endLayer: cut[i + 1], cycle: 0 }], cycles: 1, ctx: CTX, maxBatch: BATCH, seqSlots,
+      model, windows: [{ firstLayer: cut[i], endLayer: cut[i + 1], cycle: 0 }], cycles: 1, ctx, maxBatch: BATCH, seqSlots,
       prefetch: false, releaseAfterUse: false, isHead, send: hop(i),
       onError: (m) => {
         errors.push(m);
@@ -64,11 +65,12 @@ function ring(seqSlots: number, groups = 3) {
       ...(isHead ? {
         seqLogitsFor: (f) => pipeline!.seqLogitsFor(f),
         seqDeliver: (f, l) => void pipeline!.seqDeliver(f, l),
+        shifted: (f) => pipeline!.shifted(f),
       } : {}),
     }));
   }
-  pipeline = new RingPipeline({ model, node: nodes[2], nCtx: CTX, maxBatch: BATCH, wireDtype: "f32" });
-  return { pipeline, nodes, errors, slots: new RingSeqSlots(model, pipeline, seqSlots, CTX, groups), close: () => Promise.all(nodes.map((n) => n.close())) };
+  pipeline = new RingPipeline({ model, node: nodes[2], nCtx: ctx, maxBatch: BATCH, wireDtype: "f32" });
+  return { pipeline, nodes, errors, slots: new RingSeqSlots(model, pipeline, seqSlots, ctx, groups), close: () => Promise.all(nodes.map((n) => n.close())) };
 }
 
 describe("sequence slots on a ring", () => {
@@ -126,6 +128,33 @@ describe("sequence slots on a ring", () => {
     }
   });
 
+  it("past the context, each slot's cache shifts round the ring beside the other's rows: the tokens one device gives", async () => {
+    const ctx = 24;
+    const long = (p: string): GenerationRequest => ({ ...request(p), maxTokens: 48, contextShift: { keep: 1 } });
+    const alone: { ids: number[]; shifts: number }[] = [];
+    {
+      const local = new SeqSlots(model, 1, ctx, BATCH);
+      const one = scheduler(local, []);
+      for (const p of PROMPTS.slice(0, 2)) alone.push((await one.submit(long(p))).result);
+      await one.close();
+      local.close();
+    }
+    expect(alone.every((r) => r.shifts > 0 && r.ids.length > ctx)).toBe(true);
+    const r = ring(2, 2, ctx);
+    const s = scheduler(r.slots, []);
+    try {
+      const outs = await Promise.all(PROMPTS.slice(0, 2).map((p) => s.submit(long(p))));
+      outs.forEach((o, i) => {
+        expect(o.result.ids, PROMPTS[i]).toEqual(alone[i].ids);
+        expect(o.result.shifts).toBe(alone[i].shifts);
+      });
+      expect(r.errors).toEqual([]);
+    } finally {
+      await s.close();
+      await r.close();
+    }
+  });
+
   it("a slot a device does not hold fails the rows by name; the tags survive the codec and a hostile one is refused", async () => {
     const r = ring(2);
     try {
@@ -150,5 +179,12 @@ describe("sequence slots on a ring", () => {
     const untagged = Buffer.from(encodeFrame(f).subarray(0, encodeFrame(f).length - 16));
     untagged.writeUInt32LE(untagged.length - 32, 28);
     expect(() => decodeFrame(untagged, limits())).toThrow(/is not 2 rows x \(8 tag bytes/);
+    // a slot's context shift: its slot survives; one of every window has none; a hostile slot is refused
+    const shift = { type: "kvShift" as const, requestId: 9, p0: 1, nDiscard: 11, nPast: 23 };
+    expect(decodeFrame(encodeFrame({ ...shift, slot: 5 }), limits())).toEqual({ ...shift, slot: 5 });
+    expect(decodeFrame(encodeFrame(shift), limits())).toEqual(shift);
+    const hostile = encodeFrame({ ...shift, slot: 5 });
+    hostile.writeUInt32LE(0xffffffff, 32 + 8);
+    expect(() => decodeFrame(hostile, limits())).toThrow(/a kv shift's sequence slot 4294967295 is out of range/);
   });
 });
