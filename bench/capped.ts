@@ -81,19 +81,19 @@ interface RunJson {
 
 /** One ring run: head then two workers (dev-a, dev-b), each in a fresh cgroup of capMiB (or of its own
  * cap, head first). */
-async function ringRun(model: string, capMiB: number | readonly number[], windows: readonly number[] | null, tag: string): Promise<RunJson> {
+async function ringRun(model: string, capMiB: number | readonly number[], windows: readonly number[] | null, tag: string, flags: readonly string[] = []): Promise<RunJson> {
   const caps = typeof capMiB === "number" ? [capMiB, capMiB, capMiB] : capMiB;
   const groups = ["h", "a", "b"].map((n, i) => makeGroup(`prima-capped-${process.pid}-${tag}-${n}`, caps[i]));
   const procs: Proc[] = [];
   try {
     dropCaches();
     await new Promise((r) => setTimeout(r, 500));
-    const head = start(groups[0], [coordCli, "run", model, "--json", ...gen, "--port", "0", "--min-workers", "2", ...(windows ? ["--layer-windows", windows.join(",")] : [])]);
+    const head = start(groups[0], [coordCli, "run", model, "--json", ...gen, "--port", "0", "--min-workers", "2", ...(windows ? ["--layer-windows", windows.join(",")] : []), ...flags]);
     procs.push(head);
     const port = (await waitFor(head, /listening for workers on port (\d+)/, 120_000))[1];
     const tokenFile = (await waitFor(head, /--token-file (\S+)/, 5000))[1]; // the join token (trust/)
     for (const [i, name] of ["dev-a", "dev-b"].entries()) {
-      procs.push(start(groups[i + 1], [workerCli, "--join", `127.0.0.1:${port}`, "--model", model, "--name", name, "--once", "--token-file", tokenFile]));
+      procs.push(start(groups[i + 1], [workerCli, "--join", `127.0.0.1:${port}`, "--model", model, "--name", name, "--once", "--token-file", tokenFile, ...flags]));
       await waitFor(head, new RegExp(`"${name}" .*joined`), 120_000);
     }
     // unref'd: a pending limit must not keep the bench alive after its last run
@@ -175,9 +175,15 @@ function medianRun(runs: readonly RunJson[]): RunJson | undefined {
   return sorted[Math.floor((sorted.length - 1) / 2)];
 }
 
+/** Why capped setups cannot run here, or undefined. */
+export function cappedUnavailable(): string | undefined {
+  return existsSync(join(cgBase, "cgroup.procs")) ? undefined : `no cgroup v1 memory controller at ${cgBase}`;
+}
+
 export async function main(model: string, reps = 3, caps: readonly number[] = [256, 200]): Promise<void> {
-  if (!existsSync(join(cgBase, "cgroup.procs"))) {
-    console.log(`\n## capped devices: skipped (no cgroup v1 memory controller at ${cgBase})`);
+  const why = cappedUnavailable();
+  if (why) {
+    console.log(`\n## capped devices: skipped (${why})`);
     return;
   }
   const sweeps: Record<number, number[][]> = {
@@ -189,86 +195,101 @@ export async function main(model: string, reps = 3, caps: readonly number[] = [2
   const summary: string[] = [];
   for (const cap of caps) {
     if (!sweeps[cap]) throw new Error(`capped: no sweep of hand-made plans for ${cap} MiB (caps: ${Object.keys(sweeps).join(", ")})`);
-    console.log(`\n## capped devices: 3 x ${cap} MiB (memory cgroups), benchmark model, decode ${N_PREDICT} tokens, ctx ${CTX}, median of ${reps} rounds\n`);
-    // Rounds: the automatic plan and every hand-made one once each per round, so that a slow spell of
-    // this shared machine falls on all of them; each setup's median over the rounds counts.
-    const autoRuns: RunJson[] = [];
-    const handRuns = sweeps[cap].map(() => [] as RunJson[]);
-    const failures = sweeps[cap].map(() => "");
-    for (let r = 0; r < reps; r++) {
-      const auto = await ringRun(model, cap, null, `auto${cap}`);
-      autoRuns.push(auto);
-      // Every round's per-device counters (the table shows the median round's): ms per decode step.
-      console.error(`automatic round ${r + 1}: ${(1000 / auto.decode_tok_s).toFixed(2)} ms a token; ` +
-        auto.devices_decode.map((d) => `${d.device}: compute ${d.compute_ms.toFixed(2)}, send ${d.send_ms.toFixed(2)}, wait ${d.wait_ms.toFixed(2)}, preempted ${d.descheduled_ms.toFixed(2)}`).join("; "));
-      for (const [i, w] of sweeps[cap].entries()) {
-        try {
-          handRuns[i].push(await ringRun(model, cap, w, `hand${cap}`));
-        } catch (e) {
-          failures[i] = `failed: ${(e as Error).message.split("\n")[0]}`;
-        }
-      }
-    }
-    const auto = medianRun(autoRuns)!;
-    const best: { w: number[]; tokS: number } = { w: [], tokS: 0 };
-    const hand: string[] = [];
-    for (const [i, w] of sweeps[cap].entries()) {
-      const m = medianRun(handRuns[i]);
-      const tokS: number | string = m?.decode_tok_s ?? failures[i];
-      hand.push(`${w.join(",")}: ${fmt(tokS)} (${handRuns[i].map((x) => x.decode_tok_s.toFixed(1)).join(", ")})`);
-      if (typeof tokS === "number" && tokS > best.tokS) Object.assign(best, { w, tokS });
-    }
-    const alone = await aloneRun(model, cap);
-    const llama = await llamaRun(model, cap);
-    const pl = auto.placement!;
-    console.log("| setup | decode tok/s | ratio |");
-    console.log("|---|---|---|");
-    console.log(`| automatic (Halda) [${auto.layer_windows.join(",")}] (median of ${autoRuns.map((x) => `${x.decode_tok_s.toFixed(1)} [${x.layer_windows}]`).join(", ")}) | ${auto.decode_tok_s.toFixed(2)} | ${(auto.decode_tok_s / best.tokS).toFixed(2)}x the best hand-made (goal >= 0.95) |`);
-    console.log(`| best hand-made [${best.w.join(",")}] (of ${hand.join("; ")}) | ${best.tokS.toFixed(2)} | 1.00 |`);
-    console.log(`| prima alone in ${cap} MiB | ${fmt(alone)} | ${typeof alone === "number" ? `ring ${(auto.decode_tok_s / alone).toFixed(2)}x alone${cap === 256 ? " (goal >= 5)" : ""}` : "-"} |`);
-    console.log(`| llama-bench alone in ${cap} MiB (-n 32 -t 2) | ${fmt(llama)} | - |`);
-    // Each device's own work, as Halda prices it (compute, memory, disk) and as measured (compute and
-    // send, less the time another device's threads had its CPU: these three share one machine's 2
-    // vCPUs); the hops, Halda's comm terms, beside what no device's counters hold (coordinator/placement.ts).
-    console.log("\n| device (automatic plan) | set | window | predicted ms/token: own work (disk) | measured ms/token (compute+send-preempted) | error | major faults in decode | MiB read a token |");
-    console.log("|---|---|---|---|---|---|---|---|");
-    const pr = pl.prediction;
-    const rel = (measured: number, predicted: number) => (measured - predicted) / predicted;
-    const signed = (e: number | undefined) => (e === undefined ? "-" : `${e >= 0 ? "+" : ""}${(100 * e).toFixed(0)}%`);
-    const pct = (measured: number, predicted: number) => signed(rel(measured, predicted));
-    for (const row of pr.rows) {
-      const mm = row.measured, m = row.measuredMs;
-      const d = pl.plan.devices.find((x) => row.label.includes(x.name) || (row.label.startsWith("head") && x.name === "head"));
-      const dd = auto.devices_decode.find((x) => x.device === row.label);
-      const readMiB = dd?.read_bytes === undefined ? "-" : (dd.read_bytes / MiB).toFixed(1);
-      console.log(`| ${row.label} | ${d?.set ?? "-"} | ${row.windowLayers} | ${row.predictedMs.toFixed(2)} (${row.predicted.diskMs.toFixed(2)}) | ${m.toFixed(2)} (${mm.computeMs.toFixed(2)}+${mm.sendMs.toFixed(2)}-${mm.descheduledMs.toFixed(2)}) | ${pct(m, row.predictedMs)} | ${dd?.major_faults ?? "-"} | ${readMiB} |`);
-    }
-    console.log(`| hops (measured: the token less every device's own work) | | | ${pr.predictedHopsMs.toFixed(2)} | ${pr.measuredRestMs.toFixed(2)} | ${pct(pr.measuredRestMs, pr.predictedHopsMs)} | | |`);
-    console.log(`| token | | | ${pr.predictedTokenMs.toFixed(2)} | ${pr.measuredTokenMs.toFixed(2)} | ${pct(pr.measuredTokenMs, pr.predictedTokenMs)} | | |`);
-    // Every round planned and timed its devices anew: each round's errors, and each row's median of them.
-    const roundErrors = autoRuns.map((run) => run.placement!.prediction).map((p) => new Map([
-      ...p.rows.map((r) => [r.label, rel(r.measuredMs, r.predictedMs)] as const), ["token", rel(p.measuredTokenMs, p.predictedTokenMs)] as const]));
-    const labels = [...pr.rows.map((r) => r.label), "token"];
-    const short = (label: string) => label.split(" (")[0];
-    console.log(`\nerror by round (${labels.map(short).join(", ")}): ${roundErrors.map((es, r) => `round ${r + 1} ${labels.map((l) => signed(es.get(l))).join(", ")}`).join("; ")}; ` +
-      `each row's median over the rounds: ${labels.map((l) => `${short(l)} ${signed(median(roundErrors.flatMap((es) => es.get(l) ?? [])))}`).join(", ")}`);
-    // The disk-bound limit: what no plan can avoid rereading (the weights beyond every device's room
-    // together), at the measured disk speed, on top of the predicted compute.
-    const planReread = pl.plan.devices.reduce((s, d) => s + d.reloadBytesPerToken, 0);
-    const diskBps = pl.devices[0].diskSeqReadBytesPerS ?? 1e9;
-    const computeMs = pr.rows.reduce((s, r) => s + r.predicted.computeMs, 0);
-    const need = await modelWeightBytes(model);
-    const room = pl.plan.devices.reduce((s, d) => s + Math.max(0, d.ramLayerCapacityBytes), 0);
-    const minReread = Math.max(0, need.layers - room * (need.layerBytes / need.layerBytesWithKv));
-    const limitMs = computeMs + (1000 * minReread) / diskBps;
-    console.log(`\nreread per token: plan ${(planReread / MiB).toFixed(1)} MiB (predicted); the least any plan must reread ${(minReread / MiB).toFixed(1)} MiB ` +
-      `(${(need.layers / MiB).toFixed(1)} MiB of layers, room for ${(room / MiB).toFixed(1)} MiB of layers with their KV); disk ${(diskBps / 1e6).toFixed(0)} MB/s; ` +
-      `disk-bound limit ${limitMs.toFixed(1)} ms/token (${(1000 / limitMs).toFixed(2)} tok/s): measured ${pr.measuredTokenMs.toFixed(1)} ms, ${(pr.measuredTokenMs / limitMs).toFixed(2)}x the limit`);
-    summary.push(`${cap} MiB: automatic ${auto.decode_tok_s.toFixed(2)} tok/s, best hand-made ${best.tokS.toFixed(2)} [${best.w}], alone ${fmt(alone)}, llama-bench ${fmt(llama)}`);
+    summary.push(await cappedSetup(model, { name: "benchmark model", cap, sweep: sweeps[cap], reps, aloneGoal: cap === 256 }));
   }
   summary.push(await streamingNeighbour(model, reps));
   summary.push(...(await overflowingWindows(model)));
   console.log(`\n${summary.join("\n")}\nreproduce: npm run build && sudo node dist/bench/index.js --only capped`);
+}
+
+/** One capped setup: three loopback devices in memory cgroups of `cap` MiB each; the automatic plan and
+ * a sweep of hand-made ones, `reps` rounds of each; prima and llama-bench alone in one such cgroup;
+ * Halda's predictions against the measured ms per token. `flags` go to every process (--expert-prefetch);
+ * `autoVariant`: a second automatic plan run beside the first each round with these flags too (what a
+ * switch changes, e.g. MoE's expert prefetch). Returns the summary line. */
+export async function cappedSetup(model: string, o: { name: string; cap: number; sweep: readonly number[][]; reps: number; aloneGoal: boolean; flags?: readonly string[]; autoVariant?: { name: string; flags: readonly string[] } }): Promise<string> {
+  const { cap, sweep, reps, flags = [], autoVariant } = o;
+  console.log(`\n## capped devices: 3 x ${cap} MiB (memory cgroups), ${o.name}, decode ${N_PREDICT} tokens, ctx ${CTX}, median of ${reps} rounds\n`);
+  // Rounds: the automatic plan and every hand-made one once each per round, so that a slow spell of
+  // this shared machine falls on all of them; each setup's median over the rounds counts.
+  const autoRuns: RunJson[] = [], variantRuns: RunJson[] = [];
+  const handRuns = sweep.map(() => [] as RunJson[]);
+  const failures = sweep.map(() => "");
+  for (let r = 0; r < reps; r++) {
+    const auto = await ringRun(model, cap, null, `auto${cap}`, flags);
+    autoRuns.push(auto);
+    // Every round's per-device counters (the table shows the median round's): ms per decode step.
+    console.error(`automatic round ${r + 1}: ${(1000 / auto.decode_tok_s).toFixed(2)} ms a token; ` +
+      auto.devices_decode.map((d) => `${d.device}: compute ${d.compute_ms.toFixed(2)}, send ${d.send_ms.toFixed(2)}, wait ${d.wait_ms.toFixed(2)}, preempted ${d.descheduled_ms.toFixed(2)}`).join("; "));
+    if (autoVariant) variantRuns.push(await ringRun(model, cap, null, `var${cap}`, [...flags, ...autoVariant.flags]));
+    for (const [i, w] of sweep.entries()) {
+      try {
+        handRuns[i].push(await ringRun(model, cap, w, `hand${cap}`, flags));
+      } catch (e) {
+        failures[i] = `failed: ${(e as Error).message.split("\n")[0]}`;
+      }
+    }
+  }
+  const auto = medianRun(autoRuns)!;
+  const best: { w: number[]; tokS: number } = { w: [], tokS: 0 };
+  const hand: string[] = [];
+  for (const [i, w] of sweep.entries()) {
+    const m = medianRun(handRuns[i]);
+    const tokS: number | string = m?.decode_tok_s ?? failures[i];
+    hand.push(`${w.join(",")}: ${fmt(tokS)} (${handRuns[i].map((x) => x.decode_tok_s.toFixed(1)).join(", ")})`);
+    if (typeof tokS === "number" && tokS > best.tokS) Object.assign(best, { w, tokS });
+  }
+  const alone = await aloneRun(model, cap);
+  const llama = await llamaRun(model, cap);
+  const pl = auto.placement!;
+  console.log("| setup | decode tok/s | ratio |");
+  console.log("|---|---|---|");
+  console.log(`| automatic (Halda) [${auto.layer_windows.join(",")}] (median of ${autoRuns.map((x) => `${x.decode_tok_s.toFixed(1)} [${x.layer_windows}]`).join(", ")}) | ${auto.decode_tok_s.toFixed(2)} | ${(auto.decode_tok_s / best.tokS).toFixed(2)}x the best hand-made (goal >= 0.95) |`);
+  const variant = medianRun(variantRuns);
+  if (autoVariant && variant) {
+    console.log(`| automatic, ${autoVariant.name} [${variant.layer_windows.join(",")}] (median of ${variantRuns.map((x) => `${x.decode_tok_s.toFixed(1)} [${x.layer_windows}]`).join(", ")}) | ${variant.decode_tok_s.toFixed(2)} | ${(variant.decode_tok_s / auto.decode_tok_s).toFixed(2)}x without |`);
+  }
+  console.log(`| best hand-made [${best.w.join(",")}] (of ${hand.join("; ")}) | ${best.tokS.toFixed(2)} | 1.00 |`);
+  console.log(`| prima alone in ${cap} MiB | ${fmt(alone)} | ${typeof alone === "number" ? `ring ${(auto.decode_tok_s / alone).toFixed(2)}x alone${o.aloneGoal ? " (goal >= 5)" : ""}` : "-"} |`);
+  console.log(`| llama-bench alone in ${cap} MiB (-n 32 -t 2) | ${fmt(llama)} | - |`);
+  // Each device's own work, as Halda prices it (compute, memory, disk) and as measured (compute and
+  // send, less the time another device's threads had its CPU: these three share one machine's 2
+  // vCPUs); the hops, Halda's comm terms, beside what no device's counters hold (coordinator/placement.ts).
+  console.log("\n| device (automatic plan) | set | window | predicted ms/token: own work (disk) | measured ms/token (compute+send-preempted) | error | major faults in decode | MiB read a token |");
+  console.log("|---|---|---|---|---|---|---|---|");
+  const pr = pl.prediction;
+  const rel = (measured: number, predicted: number) => (measured - predicted) / predicted;
+  const signed = (e: number | undefined) => (e === undefined ? "-" : `${e >= 0 ? "+" : ""}${(100 * e).toFixed(0)}%`);
+  const pct = (measured: number, predicted: number) => signed(rel(measured, predicted));
+  for (const row of pr.rows) {
+    const mm = row.measured, m = row.measuredMs;
+    const d = pl.plan.devices.find((x) => row.label.includes(x.name) || (row.label.startsWith("head") && x.name === "head"));
+    const dd = auto.devices_decode.find((x) => x.device === row.label);
+    const readMiB = dd?.read_bytes === undefined ? "-" : (dd.read_bytes / MiB).toFixed(1);
+    console.log(`| ${row.label} | ${d?.set ?? "-"} | ${row.windowLayers} | ${row.predictedMs.toFixed(2)} (${row.predicted.diskMs.toFixed(2)}) | ${m.toFixed(2)} (${mm.computeMs.toFixed(2)}+${mm.sendMs.toFixed(2)}-${mm.descheduledMs.toFixed(2)}) | ${pct(m, row.predictedMs)} | ${dd?.major_faults ?? "-"} | ${readMiB} |`);
+  }
+  console.log(`| hops (measured: the token less every device's own work) | | | ${pr.predictedHopsMs.toFixed(2)} | ${pr.measuredRestMs.toFixed(2)} | ${pct(pr.measuredRestMs, pr.predictedHopsMs)} | | |`);
+  console.log(`| token | | | ${pr.predictedTokenMs.toFixed(2)} | ${pr.measuredTokenMs.toFixed(2)} | ${pct(pr.measuredTokenMs, pr.predictedTokenMs)} | | |`);
+  // Every round planned and timed its devices anew: each round's errors, and each row's median of them.
+  const roundErrors = autoRuns.map((run) => run.placement!.prediction).map((p) => new Map([
+    ...p.rows.map((r) => [r.label, rel(r.measuredMs, r.predictedMs)] as const), ["token", rel(p.measuredTokenMs, p.predictedTokenMs)] as const]));
+  const labels = [...pr.rows.map((r) => r.label), "token"];
+  const short = (label: string) => label.split(" (")[0];
+  console.log(`\nerror by round (${labels.map(short).join(", ")}): ${roundErrors.map((es, r) => `round ${r + 1} ${labels.map((l) => signed(es.get(l))).join(", ")}`).join("; ")}; ` +
+    `each row's median over the rounds: ${labels.map((l) => `${short(l)} ${signed(median(roundErrors.flatMap((es) => es.get(l) ?? [])))}`).join(", ")}`);
+  // The disk-bound limit: what no plan can avoid rereading (the weights beyond every device's room
+  // together), at the measured disk speed, on top of the predicted compute.
+  const planReread = pl.plan.devices.reduce((s, d) => s + d.reloadBytesPerToken, 0);
+  const diskBps = pl.devices[0].diskSeqReadBytesPerS ?? 1e9;
+  const computeMs = pr.rows.reduce((s, r) => s + r.predicted.computeMs, 0);
+  const need = await modelWeightBytes(model);
+  const room = pl.plan.devices.reduce((s, d) => s + Math.max(0, d.ramLayerCapacityBytes), 0);
+  const minReread = Math.max(0, need.layers - room * (need.layerBytes / need.layerBytesWithKv));
+  const limitMs = computeMs + (1000 * minReread) / diskBps;
+  console.log(`\nreread per token: plan ${(planReread / MiB).toFixed(1)} MiB (predicted); the least any plan must reread ${(minReread / MiB).toFixed(1)} MiB ` +
+    `(${(need.layers / MiB).toFixed(1)} MiB of layers, room for ${(room / MiB).toFixed(1)} MiB of layers with their KV); disk ${(diskBps / 1e6).toFixed(0)} MB/s; ` +
+    `disk-bound limit ${limitMs.toFixed(1)} ms/token (${(1000 / limitMs).toFixed(2)} tok/s): measured ${pr.measuredTokenMs.toFixed(1)} ms, ${(pr.measuredTokenMs / limitMs).toFixed(2)}x the limit`);
+  return `${o.name}, ${cap} MiB: automatic ${auto.decode_tok_s.toFixed(2)} tok/s, best hand-made ${best.tokS.toFixed(2)} [${best.w}], alone ${fmt(alone)}, llama-bench ${fmt(llama)}`;
 }
 
 /** The plan [6,12,4] with the head in 1024 MiB and w1 in 200, w2 in 200 MiB (it streams most of its

@@ -63,8 +63,10 @@ export function seatsOf(workers: readonly WorkerHandle[]): Seat[] {
 export function placeRing(head: DeviceProfile, workers: readonly DeviceProfile[], model: ModelProfile, options: HaldaOptions = {}): Placement {
   const devices = [head, ...workers];
   // Priced as the engine pages: a device whose one window does not fit streams the layers past its
-  // room (native streamBeyond), rereading its excess, one layer and a margin more each token ("stream").
-  const plan = selectDevices(devices, model, { overloadReload: "stream", ...options });
+  // room (native streamBeyond), rereading its excess, one layer and a margin more each token ("stream");
+  // a mixture of experts is not streamed: the page cache keeps the experts tokens use most, and a token
+  // rereads its routed experts that are not resident ("excess", docs/HALDA.md MoE-1).
+  const plan = selectDevices(devices, model, { overloadReload: model.moe ? "excess" : "stream", ...options });
   const n = workers.length;
   const perCycle = new Array<number>(n + 1).fill(0);
   const releaseAfterUse = new Array<boolean>(n + 1).fill(false);

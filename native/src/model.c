@@ -1581,6 +1581,14 @@ void prima_window_stream_beyond(prima_window *w, uint64_t room_bytes) {
    * loaded, in 200 MiB), so their tensors are read without it until the window fits again. */
   const int random = w->weight_bytes > room_bytes;
   if (w->moe_logits && !w->experts_random_pinned && random != w->experts_random && prima_window_experts_random(w, random) == 0) w->experts_random = random;
+  /* A mixture of experts is not streamed: dropping a layer's experts after each pass makes the next
+   * reread every routed expert of it, where the page cache, left alone, keeps the ones most tokens use
+   * (what Halda prices for MoE, moeRereadBytes; `npm run bench -- --only moe`, capped: a 6-layer window
+   * in 170 MiB read 72 MiB a token streamed). */
+  if (w->moe_logits) {
+    from = w->end;
+    keep = 0;
+  }
   /* what stops being streamed stays as it is: what the next pass reads in, memory keeps */
   __atomic_store_n(&w->stream_keep, keep, __ATOMIC_RELAXED);
   __atomic_store_n(&w->stream_from, from, __ATOMIC_RELAXED);
