@@ -207,7 +207,7 @@ export async function main(model: string, reps = 3, caps: readonly number[] = [2
  * Halda's predictions against the measured ms per token. `flags` go to every process (--expert-prefetch);
  * `autoVariant`: a second automatic plan run beside the first each round with these flags too (what a
  * switch changes, e.g. MoE's expert prefetch). Returns the summary line. */
-export async function cappedSetup(model: string, o: { name: string; cap: number; sweep: readonly number[][]; reps: number; aloneGoal: boolean; flags?: readonly string[]; autoVariant?: { name: string; flags: readonly string[] } }): Promise<string> {
+export async function cappedSetup(model: string, o: { name: string; cap: number; sweep: readonly number[][]; reps: number; aloneGoal: boolean; moe?: boolean; flags?: readonly string[]; autoVariant?: { name: string; flags: readonly string[] } }): Promise<string> {
   const { cap, sweep, reps, flags = [], autoVariant } = o;
   console.log(`\n## capped devices: 3 x ${cap} MiB (memory cgroups), ${o.name}, decode ${N_PREDICT} tokens, ctx ${CTX}, median of ${reps} rounds\n`);
   // Rounds: the automatic plan and every hand-made one once each per round, so that a slow spell of
@@ -279,6 +279,9 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
     `each row's median over the rounds: ${labels.map((l) => `${short(l)} ${signed(median(roundErrors.flatMap((es) => es.get(l) ?? [])))}`).join(", ")}`);
   // The disk-bound limit: what no plan can avoid rereading (the weights beyond every device's room
   // together), at the measured disk speed, on top of the predicted compute.
+  const summary = `${o.name}, ${cap} MiB: automatic ${auto.decode_tok_s.toFixed(2)} tok/s, best hand-made ${best.tokS.toFixed(2)} [${best.w}], alone ${fmt(alone)}, llama-bench ${fmt(llama)}`;
+  // (dense: every byte past the rooms comes back each token; a MoE token rereads only routed experts)
+  if (o.moe) return summary;
   const planReread = pl.plan.devices.reduce((s, d) => s + d.reloadBytesPerToken, 0);
   const diskBps = pl.devices[0].diskSeqReadBytesPerS ?? 1e9;
   const computeMs = pr.rows.reduce((s, r) => s + r.predicted.computeMs, 0);
@@ -289,7 +292,7 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
   console.log(`\nreread per token: plan ${(planReread / MiB).toFixed(1)} MiB (predicted); the least any plan must reread ${(minReread / MiB).toFixed(1)} MiB ` +
     `(${(need.layers / MiB).toFixed(1)} MiB of layers, room for ${(room / MiB).toFixed(1)} MiB of layers with their KV); disk ${(diskBps / 1e6).toFixed(0)} MB/s; ` +
     `disk-bound limit ${limitMs.toFixed(1)} ms/token (${(1000 / limitMs).toFixed(2)} tok/s): measured ${pr.measuredTokenMs.toFixed(1)} ms, ${(pr.measuredTokenMs / limitMs).toFixed(2)}x the limit`);
-  return `${o.name}, ${cap} MiB: automatic ${auto.decode_tok_s.toFixed(2)} tok/s, best hand-made ${best.tokS.toFixed(2)} [${best.w}], alone ${fmt(alone)}, llama-bench ${fmt(llama)}`;
+  return summary;
 }
 
 /** The plan [6,12,4] with the head in 1024 MiB and w1 in 200, w2 in 200 MiB (it streams most of its

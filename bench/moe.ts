@@ -51,7 +51,7 @@ export async function cappedMoe(model: string, reps: number, log: (s: string) =>
   }
   log(`capped MoE: 3 x ${cap} MiB, ${reps} rounds`);
   const sweep = [[4, 4, 4], [5, 4, 3], [4, 5, 3], [3, 4, 5], [6, 4, 2]];
-  console.log(`\n${await cappedSetup(model, { name: "MoE benchmark model (qwen3moe 12 x 1024, 32 experts, 4 used)", cap, sweep, reps, aloneGoal: true, autoVariant: { name: "--expert-prefetch", flags: ["--expert-prefetch"] } })}`);
+  console.log(`\n${await cappedSetup(model, { name: "MoE benchmark model (qwen3moe 12 x 1024, 32 experts, 4 used)", cap, sweep, reps, aloneGoal: true, moe: true, autoVariant: { name: "--expert-prefetch", flags: ["--expert-prefetch"] } })}`);
 }
 
 /** Each device's cap for the capped MoE setup: three sum to about 1.2x the model's 411 MiB. */
