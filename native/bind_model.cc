@@ -623,7 +623,8 @@ Napi::Value Window::StreamBeyond(const Napi::CallbackInfo &info) {
   if (!Alive(info.Env())) return info.Env().Undefined();
   int64_t room;
   if (!IntArg(info[0], 0, INT64_C(1) << 52, &room)) return ThrowType(info.Env(), "streamBeyond(roomBytes) needs a byte count >= 0");
-  prima_window_stream_beyond(w, (uint64_t)room);
+  const bool experts = info.Length() > 1 && info[1].IsBoolean() && info[1].As<Napi::Boolean>().Value();
+  prima_window_stream_beyond(w, (uint64_t)room, experts ? 1 : 0);
   return info.Env().Undefined();
 }
 

@@ -123,8 +123,9 @@ export interface NativeWindow {
   /** From the next pass on, a window whose weights are more than roomBytes keeps its first bytes (the
    * room less its largest layer and STREAM_MARGIN_BYTES) and drops the rest of each layer right after
    * computing it: it rereads only that tail each pass (native/src/model.h). roomBytes >= its weights:
-   * nothing is dropped. */
-  streamBeyond(roomBytes: number): void;
+   * nothing is dropped. A MoE window's layers are not dropped (the page cache keeps the experts tokens
+   * use) unless streamExperts: the profiler's stand-in, timing rereads from the disk. */
+  streamBeyond(roomBytes: number, streamExperts?: boolean): void;
   /** Predicts each MoE layer's experts with its router and advises their bytes (MADV_WILLNEED) while the
    * layer computes (ExpertPrefetchMode); results never change. A window without experts takes only "off". */
   expertPrefetch(mode: ExpertPrefetchMode): void;

@@ -242,7 +242,7 @@ export async function timeForward(gguf: GgufFile, desc: ModelDescription, layers
       const inMemoryMs = streamedLayers === layers ? windowMs
         : streamedLayers < layers ? await inMemory(streamedLayers)
         : (windowMs * standInBytes(desc, streamedLayers)) / standInBytes(desc, layers);
-      const streamed = await passes(streamedLayers, 1 + Math.ceil(o.passes / 3), 1, STREAM_SECONDS, o.gapMs, (w) => w.streamBeyond(0));
+      const streamed = await passes(streamedLayers, 1 + Math.ceil(o.passes / 3), 1, STREAM_SECONDS, o.gapMs, (w) => w.streamBeyond(0, true));
       return { layers, windowMs, streamedLayers, streamedMs: median(streamed.ms), inMemoryMs, streamedBytes: streamed.bytes, ...output };
     } finally {
       model.close();

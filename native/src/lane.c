@@ -386,7 +386,7 @@ static void advise(prima_lane *l, int wi, int more_for_this_window) {
   if (next < 0 || next == wi) {
     /* One window: it comes again next. If it does not fit, keep its first layers and stream the rest,
      * which is read again anyway (RingNode.advise). */
-    prima_window_stream_beyond(l->windows[wi].window, atomic_load(&l->room));
+    prima_window_stream_beyond(l->windows[wi].window, atomic_load(&l->room), 0);
     return;
   }
   if (atomic_load(&l->release_after_use)) prima_window_release(l->windows[wi].window);

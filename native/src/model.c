@@ -1555,7 +1555,7 @@ static int count_resident(prima_window *w, uint8_t *p, size_t len, void *arg) {
 
 int prima_window_prefetch(prima_window *w, uint64_t max_bytes) { return for_each_range(w, advise_willneed, &max_bytes); }
 int prima_window_release(prima_window *w) { return for_each_range(w, advise_release, NULL); }
-void prima_window_stream_beyond(prima_window *w, uint64_t room_bytes) {
+void prima_window_stream_beyond(prima_window *w, uint64_t room_bytes, int stream_experts) {
   /* The layer being read in shares the room with the kept bytes while it is computed: they get the
    * room less the largest layer and the margin, or reading each streamed layer makes reclaim take kept
    * pages, which the next pass reads again. The first streamed layer keeps what is left of that budget
@@ -1585,7 +1585,7 @@ void prima_window_stream_beyond(prima_window *w, uint64_t room_bytes) {
    * reread every routed expert of it, where the page cache, left alone, keeps the ones most tokens use
    * (what Halda prices for MoE, moeRereadBytes; `npm run bench -- --only moe`, capped: a 6-layer window
    * in 170 MiB read 72 MiB a token streamed). */
-  if (w->moe_logits) {
+  if (w->moe_logits && !stream_experts) {
     from = w->end;
     keep = 0;
   }

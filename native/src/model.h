@@ -239,7 +239,9 @@ int prima_window_release(prima_window *w);
  * (measured with /proc/<pid>/io). room_bytes >= its weights: nothing is dropped. Callable while a pass
  * runs: it takes effect at the next layer boundary (a layer released as the two fields change may keep
  * the other layer's share, once). */
-void prima_window_stream_beyond(prima_window *w, uint64_t room_bytes);
+/* A mixture of experts is not streamed unless stream_experts (the profiler's stand-in, which times
+ * rereads from the disk): its experts stay for the page cache to keep (model.c). */
+void prima_window_stream_beyond(prima_window *w, uint64_t room_bytes, int stream_experts);
 /* Bytes of the window's weights resident in memory, and the total. */
 int prima_window_residency(prima_window *w, uint64_t *resident, uint64_t *total);
 
