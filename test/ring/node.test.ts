@@ -67,25 +67,27 @@ describe("RingNode", () => {
   });
 
   it("counts as sending the hand-off to the socket, and the wait for the write only while a frame waits behind it", async () => {
-    // A link whose writes complete 40 ms after the bytes went out (the event loop's wait).
+    const DELAY = 300;
+    // A link whose writes complete DELAY ms after the bytes went out (the event loop's wait). The
+    // bounds are fractions of that delay, wide enough for a busy machine's scheduling.
     const node = new RingNode({
       model, windows: [{ firstLayer: 0, endLayer: 1, cycle: 0 }], cycles: 1, ctx: 16, maxBatch: 8, prefetch: false, releaseAfterUse: false, isHead: false,
-      send: () => new Promise((r) => setTimeout(r, 40)),
+      send: () => new Promise((r) => setTimeout(r, DELAY)),
       onError: (m) => {
         throw new Error(m);
       },
     });
-    const settle = () => new Promise((r) => setTimeout(r, 150));
+    const settle = () => new Promise((r) => setTimeout(r, 3 * DELAY));
     try {
       node.receive(frame(0));
       await settle();
-      expect(node.statsSnapshot().sendMs).toBeLessThan(20); // nothing waited: the successor's time, not this device's
+      expect(node.statsSnapshot().sendMs).toBeLessThan(DELAY / 2); // nothing waited: the successor's time, not this device's
       // A frame that arrives while the rows of the one before are still being written waits for it.
       node.receive(frame(1));
       node.receive(frame(2));
       await settle();
-      expect(node.statsSnapshot().sendMs).toBeGreaterThanOrEqual(35);
-      expect(node.statsSnapshot().sendMs).toBeLessThan(75);
+      expect(node.statsSnapshot().sendMs).toBeGreaterThanOrEqual(DELAY * 0.9);
+      expect(node.statsSnapshot().sendMs).toBeLessThan(DELAY * 1.9);
     } finally {
       node.close();
     }
