@@ -86,9 +86,10 @@ export class SequenceScheduler {
     this.lanes = [];
   }
 
-  /** Groups to step side by side now: the slots may move from this device to a ring and back (a
-   * placement), so this is asked each time; a group above it keeps stepping what it holds. */
-  private get laneCount(): number {
+  /** Groups to step side by side now (their loops made as needed): the slots may move from this device
+   * to a ring and back (a placement), so this is asked each time; a group above it keeps stepping what
+   * it holds. */
+  private lanesNow(): number {
     const n = Math.max(1, Math.min(this.slots.size, this.slots.inFlight ?? 1));
     while (this.lanes.length < n) this.lanes.push({ running: false, stopped: Promise.resolve() });
     return n;
@@ -127,7 +128,7 @@ export class SequenceScheduler {
         reject(new CancelledError("the client went away while the request was queued"));
       }, { once: true });
       this.o.hooks.changed();
-      for (let l = 0; l < this.laneCount; l++) if (!this.lanes[l].running) this.start(l);
+      for (let l = 0; l < this.lanesNow(); l++) this.start(l);
     });
   }
 
@@ -207,7 +208,7 @@ export class SequenceScheduler {
 
   /** The group a new sequence joins: the one with the fewest. */
   private quietestLane(): number {
-    const counts = new Array<number>(this.laneCount).fill(0);
+    const counts = new Array<number>(this.lanesNow()).fill(0);
     for (const s of this.seqs) if (s && s.lane < counts.length) counts[s.lane]++;
     return counts.indexOf(Math.min(...counts));
   }

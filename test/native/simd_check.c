@@ -27,6 +27,17 @@ static float normal(void) {
   return sqrtf(-2 * logf(u)) * cosf(6.2831853f * v);
 }
 
+/* A KV cache of n_pos positions of random rows (d <= 256), K in type kt and V in vt. */
+static void fill_kv(int kt, uint8_t *K, size_t kr, int vt, uint8_t *V, size_t vr, int d, int n_pos) {
+  float row[256];
+  for (int p = 0; p < n_pos; p++) {
+    for (int i = 0; i < d; i++) row[i] = normal();
+    prima_kv_store(kt, row, K + p * kr, d);
+    for (int i = 0; i < d; i++) row[i] = normal();
+    prima_kv_store(vt, row, V + p * vr, d);
+  }
+}
+
 static int failures = 0, checks = 0;
 #define CHECK(cond, ...)                 \
   do {                                   \
@@ -252,13 +263,8 @@ int main(void) {
           const int kt = kv_types[a], vt = kv_types[b];
           const size_t kr = prima_row_bytes(kt, d), vr = prima_row_bytes(vt, d);
           uint8_t *K = malloc(kr * n_pos), *V = malloc(vr * n_pos);
-          float row[128], q[256], out_s[256], out_l[256];
-          for (int p = 0; p < n_pos; p++) {
-            for (int i = 0; i < d; i++) row[i] = normal();
-            prima_kv_store(kt, row, K + p * kr, d);
-            for (int i = 0; i < d; i++) row[i] = normal();
-            prima_kv_store(vt, row, V + p * vr, d);
-          }
+          float q[256], out_s[256], out_l[256];
+          fill_kv(kt, K, kr, vt, V, vr, d, n_pos);
           for (int i = 0; i < ratio * d; i++) q[i] = 2 * normal();
           void *scratch = aligned_alloc(64, (prima_kv_attend_scratch_bytes(ratio, d) + 63) & ~(size_t)63);
           const prima_kv_head kh = {kt, K, kr, 0}, vh = {vt, V, vr, 0};
@@ -284,13 +290,7 @@ int main(void) {
     const size_t row = prima_row_bytes(PRIMA_F16, d), qdim = (size_t)ratio * d;
     uint8_t *K = malloc(row * n_pos), *V = malloc(row * n_pos);
     float *q = malloc(sizeof(float) * qdim * n_tok), *out_s = malloc(sizeof(float) * qdim * n_tok), *out_l = malloc(sizeof(float) * qdim * n_tok);
-    float x[128];
-    for (int p = 0; p < n_pos; p++) {
-      for (int i = 0; i < d; i++) x[i] = normal();
-      prima_kv_store(PRIMA_F16, x, K + p * row, d);
-      for (int i = 0; i < d; i++) x[i] = normal();
-      prima_kv_store(PRIMA_F16, x, V + p * row, d);
-    }
+    fill_kv(PRIMA_F16, K, row, PRIMA_F16, V, row, d, n_pos);
     for (size_t i = 0; i < qdim * n_tok; i++) q[i] = 2 * normal();
     const prima_kv_head kh = {PRIMA_F16, K, row, 0}, vh = {PRIMA_F16, V, row, 0};
     const size_t sb = prima_kv_tile_scratch_bytes(ratio, d) > prima_kv_attend_scratch_bytes(ratio, d) ? prima_kv_tile_scratch_bytes(ratio, d)
@@ -330,13 +330,8 @@ int main(void) {
         const int kt = types[a], vt = types[(a + 1) % 3];
         const size_t kr = prima_row_bytes(kt, d), vr = prima_row_bytes(vt, d);
         uint8_t *K = malloc(kr * (i + 1)), *V = malloc(vr * (i + 1));
-        float row[64], q[128], out_s[128], out_l[128], lm_k[10 * 64], lm_v[10 * 64];
-        for (int p = 0; p <= i; p++) {
-          for (int e = 0; e < d; e++) row[e] = normal();
-          prima_kv_store(kt, row, K + p * kr, d);
-          for (int e = 0; e < d; e++) row[e] = normal();
-          prima_kv_store(vt, row, V + p * vr, d);
-        }
+        float q[128], out_s[128], out_l[128], lm_k[10 * 64], lm_v[10 * 64];
+        fill_kv(kt, K, kr, vt, V, vr, d, i + 1);
         for (int e = 0; e < ratio * d; e++) q[e] = 2 * normal();
         const prima_kv_head kh = {kt, K, kr, 0}, vh = {vt, V, vr, 0};
         for (int b = 0; b < 10; b++) prima_sparse_landmark(&kh, &vh, b * 64, 64, d, lm_k + b * d, lm_v + b * d);
