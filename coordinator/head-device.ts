@@ -17,6 +17,8 @@ export function profileHead(o: ClusterOptions, again: boolean): Promise<DeviceRe
   return profileDevice({
     name: HEAD_ID, model: o.model, outputLayer: true, handOff: again, threads: o.model.threads,
     diskDirs: [dirname(resolve(o.modelPath))], nCtx: o.ctx, reprofile: o.reprofile && !again,
+    // At start a cached pass serves: every plan times the head again first (again = true).
+    passFromCache: !again,
     progress: (l) => (!again || /^forward pass|^output layer|^hand-off/.test(l) ? o.log(`profile: ${l}`) : undefined),
   });
 }

@@ -42,6 +42,10 @@ export type ProfileOptions = ProfileTarget & {
   readonly reprofile?: boolean;
   /** Shorter timings (tests). */
   readonly quick?: boolean;
+  /** Take a cached one-token pass as it is, and leave the output layer and hand-off untimed: for a
+   * profile that a ring plan times again before it plans with it (a worker's join, the coordinator's
+   * start). Without a cached pass, it is timed as usual. */
+  readonly passFromCache?: boolean;
   /** Default: defaultCacheDir(). */
   readonly cacheDir?: string;
   readonly progress?: (line: string) => void;
@@ -182,7 +186,13 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
     try {
       const cached = o.reprofile ? undefined : speeds.forward[fk];
       let timing: ForwardTiming;
-      if (cached) {
+      // A start-up profile's pass: ~0.6 s of timing (63 passes with their idle gaps), which the plan
+      // that uses it repeats anyway.
+      const timedNow = !(o.passFromCache && cached?.layers === layers);
+      if (!timedNow) {
+        timing = cached!;
+        say(`forward pass: ${describe(timing)} (cached; timed again before a plan)`);
+      } else if (cached) {
         // The pass is timed again on every profile (a quarter of a second): a device's speed moves
         // with its load and its heat, and a pass cached an hour before predicted a ring 9% fast on
         // this project's VM. The streamed passes, which write layers out, stay cached.
@@ -207,11 +217,11 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
         // The figure is the median of this device's recent timings (this one among them), as scales of
         // the kernels: they hold across the layers timed, which follow free memory.
         const now = Date.now();
-        const recent = recentPassScales(o.reprofile ? [] : speeds.passScales?.[fk], [{ scale: forward.scale, atMs: now }], now);
+        const recent = recentPassScales(o.reprofile ? [] : speeds.passScales?.[fk], timedNow ? [{ scale: forward.scale, atMs: now }] : [], now);
         (speeds.passScales ??= {})[fk] = recent;
-        scalesAdded = true;
-        const scale = median(recent.map((p) => p.scale));
-        if (recent.length > 1 && scale !== forward.scale) {
+        scalesAdded = timedNow;
+        const scale = recent.length ? median(recent.map((p) => p.scale)) : forward.scale;
+        if (recent.length > (timedNow ? 1 : 0) && scale !== forward.scale) {
           timing = { ...timing, windowMs: scale * forward.kernelMs + layers * kvCopyMs };
           forward = calibrateForward(timing, forward.kernelMs, kvCopyMs);
         }
@@ -227,7 +237,7 @@ export async function profileDevice(options: ProfileOptions): Promise<DeviceRepo
       // head's own memory, and the output's pages were refaulted every pass). Timed every time, never
       // cached: a worker's profile must not carry a head's figure. In one slice each: the two timings
       // are a difference taken back to back, and slicing them cost every plan 1.2 s more.
-      if (o.outputLayer && forward.applied) {
+      if (o.outputLayer && forward.applied && timedNow) {
         const need = standInBytes(desc, 1) + desc.tensors.output.nBytes;
         if (need > memory.availableBytes / 2) say(`output layer: not timed (it and one layer need ${(need / 2 ** 20).toFixed(0)} MiB, over half of what is free): its FLOPs at the layers' rate`);
         else {

@@ -85,6 +85,8 @@ export async function joinProfile(model: LocalModel, modelPath: string, fingerpr
     try {
       report = await profileDevice({
         name, model, threads: model.threads, diskDirs: [dirname(resolve(modelPath))], reprofile: reprofile && !again,
+        // At start a cached pass serves: the coordinator times it again before it plans (retime below).
+        passFromCache: !again,
         // Taken again, it says only what it timed anew.
         progress: (l) => (!again || /^forward pass|^profile done/.test(l) ? log(`profile: ${l}`) : undefined),
       });

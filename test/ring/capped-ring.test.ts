@@ -81,7 +81,9 @@ describe.skipIf(problem !== null)(`capped devices${problem ? ` (skipped: ${probl
       for (const win of s.status.windows) expect(win.residentBytes, `${s.device}\n${planText}`).toBe(win.totalBytes);
     }
     // The head reads each new token's embedding row once (it is not a window): a few faults at most.
-    for (const d of r.devices_decode) expect(d.major_faults, `${d.device}\n${planText}`).toBeLessThanOrEqual(d.device.startsWith("head") ? 8 : 0);
+    // A worker none from its window, which would fault on every token (48 here); a capped group may
+    // still evict a page of node's own code now and then (one fault once, on a loaded machine).
+    for (const d of r.devices_decode) expect(d.major_faults, `${d.device}\n${planText}`).toBeLessThanOrEqual(d.device.startsWith("head") ? 8 : 2);
     expect(r.generated_ids).toEqual(alone.generated_ids);
   }, 60_000);
 });

@@ -1,6 +1,6 @@
-// A worker daemon's profile as it joins: measured once at start, and before a join once it is older
-// than PROFILE_REFRESH_MS taken again, the cache serving all but the one-token pass (timed anew: a
-// daemon's speed moves with its load over hours).
+// A worker daemon's profile as it joins: measured once at start (a cached pass taken as it is: every
+// plan times it again), and before a join once it is older than PROFILE_REFRESH_MS taken again, the
+// cache serving all but the one-token pass (timed anew: a daemon's speed moves with its load over hours).
 import { afterAll, describe, expect, it, vi } from "vitest";
 import { LocalModel } from "../../engine/index.js";
 import { parseDeviceReport } from "../../profiler/index.js";
@@ -45,6 +45,22 @@ describe("a worker's join profile", async () => {
       expect(await p.retime()).toBe(true);
       expect(lines.some((l) => /^profile: forward pass: .*\(timed now; the streamed passes cached\)/.test(l))).toBe(true);
       expect(parseDeviceReport(p.json()).details.forward!.windowMs).not.toBe(again.details.forward!.windowMs);
+    } finally {
+      await p.close();
+    }
+  });
+
+  it("at a daemon's next start takes its pass from the cache (a plan times it again): nothing timed", async () => {
+    const lines: string[] = [];
+    const p = await joinProfile(model, modelPath, "fp", "unit", false, (l) => lines.push(l));
+    try {
+      expect(lines.some((l) => /^profile: forward pass: .*\(cached; timed again before a plan\)/.test(l)), lines.join("\n")).toBe(true);
+      expect(lines.some((l) => /timed now/.test(l))).toBe(false);
+      expect(parseDeviceReport(p.json()).details.measured).toEqual([]);
+      // and a plan's retime does time it
+      lines.length = 0;
+      expect(await p.retime()).toBe(true);
+      expect(lines.some((l) => /^profile: forward pass: .*\(timed now; the streamed passes cached\)/.test(l))).toBe(true);
     } finally {
       await p.close();
     }
