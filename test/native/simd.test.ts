@@ -49,7 +49,7 @@ describe("SIMD twins in plain C", () => {
     expect(r.out).not.toMatch(/ties away/); // a real CPU: F16 rounding ties are compared too
     nativeHash = hashOf(r.out);
     expect(nativeHash).toBeDefined();
-  }, 180_000); // three gcc builds of quants_x86.c and the check: past the 60 s default on a loaded 2-core VM
+  }, 180_000); // where the addon's objects are stale, three gcc builds of quants_x86.c: past the 60 s default on a loaded 2-core VM
 
   it.skipIf(crossReason !== null)("NEON under qemu: equals scalar (bit for bit on quantized types), same quantizers", () => {
     const exe = join(dir, "simd_check_arm");
