@@ -7,7 +7,7 @@ import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { reclaimIdlePages } from "../../profiler/index.js";
 import { tmpfsDir } from "../helpers/temp.js";
-import { PLACEMENT_SHAPE, testModel } from "./models.js";
+import { PLACEMENT_SHAPE, privateModelCopy, testModel } from "./models.js";
 import { blkioProblem, cgroupScope, controllerProblem, diskDeviceOf, distUrl, runScriptIn } from "./cgroup.js";
 
 const tag = `prima-test-${process.pid}`;
@@ -74,7 +74,8 @@ describe.skipIf(memProblem !== null)(`idle pages reclaimed before a room reading
   });
 
   it("mapped pages the process touched once and left count as room once reclaimIdlePages has run; nothing is killed, nothing kept", async () => {
-    const model = await testModel(PLACEMENT_SHAPE, "Q8_0");
+    // A copy of its own: the shared file's pages stay resident while other test files map it.
+    const model = privateModelCopy(await testModel(PLACEMENT_SHAPE, "Q8_0"), scope.tempDir("prima-limits-model-"));
     const limited = group("idle").add("memory", { "memory.limit_in_bytes": 200 * 2 ** 20 });
     // A window mapped and read once, then left mapped (as program start-up code is): pages the room
     // reading counts as held (it is not told they are this device's weights).
