@@ -700,9 +700,6 @@ Napi::Value HalfToFp32(const Napi::CallbackInfo &info) {
 }  // namespace
 
 void RegisterKernels(Napi::Env env, Napi::Object exports) {
-  // The ops' SIMD choices (attention's AVX2 scores and sums, ...) are made here, not only when a model
-  // opens: kvAttend and its bench otherwise ran the scalar attention until some model was opened.
-  prima_ops_init();
   prima_kernels_init();
   Napi::Object k = Napi::Object::New(env);
   k.Set("simdLevel", Napi::Function::New(env, SimdLevel, "simdLevel"));

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops.h"
 #include "quants.h"
 
 #define PRIMA_LEVELS 4
@@ -125,6 +126,7 @@ static void init_once(void) {
     if (g_level_ok[l]) best = l;
   int forced = simd_from_env();
   g_level = (forced >= 0 && g_level_ok[forced]) ? forced : best;
+  prima_ops_select(g_level); /* the ops' own SIMD choices follow, wherever the kernels are first used */
 }
 
 void prima_dot_rows(const prima_type_kernels *k, int n, const void *w, size_t w_stride, int nr, const void *a, float *out) {

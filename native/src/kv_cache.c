@@ -240,7 +240,7 @@ void prima_kv_attn_range(prima_kv_attn *a, int lo, int hi) {
     if (k->cells > 0 && nb > k->cells - row) nb = k->cells - row;
     const uint8_t *kb = k->base + (size_t)row * k->stride, *vb = v->base + (size_t)row * v->stride;
     if (k->type == PRIMA_F16) {
-      prima_attn_scores(a->q, ratio, d, (const uint16_t *)kb, k->stride / sizeof(uint16_t), nb, a->scale, a->s);
+      prima_attn_scores(a->q, ratio, d, (const uint16_t *)kb, k->stride / sizeof(uint16_t), nb, a->scale, a->s, a->simd);
     } else {
       for (int h = 0; h < ratio; h++) prima_dot_rows(a->kk, d, kb, k->stride, nb, a->q8 + (size_t)h * a->q8_row, a->s + (size_t)h * nb);
       prima_scale(a->s, ratio * nb, a->scale);
@@ -249,7 +249,7 @@ void prima_kv_attn_range(prima_kv_attn *a, int lo, int hi) {
     if (a->raw) /* the scores as the softmax takes them, by position (H2O's statistics) */
       for (int h = 0; h < ratio; h++) memcpy(a->raw + (size_t)h * a->raw_stride + p0, a->s + (size_t)h * nb, sizeof(float) * (size_t)nb);
     softmax_step(a, nb);
-    if (v->type == PRIMA_F16) prima_attn_accum(a->acc, a->s, ratio, d, (const uint16_t *)vb, v->stride / sizeof(uint16_t), nb);
+    if (v->type == PRIMA_F16) prima_attn_accum(a->acc, a->s, ratio, d, (const uint16_t *)vb, v->stride / sizeof(uint16_t), nb, a->simd);
     else accum_quant(v->type, a->acc, a->s, ratio, d, vb, v->stride, nb, a->simd);
   }
 }

@@ -300,11 +300,21 @@ __attribute__((target("avx2,fma,f16c"))) static void attn_accum_avx2(float *acc,
 }
 #endif
 
-static int g_attn_avx2 = 0;
 
-void prima_attn_scores(const float *q, int ratio, int d, const uint16_t *k, size_t ks, int n_pos, float scale, float *s) {
+/* The AVX2 attention where the caller's level takes it (as prima_geglu_at), whatever level the
+ * process chose: the SIMD check compares each level with scalar through these. */
+static int attn_avx2(int level, int d) {
 #ifdef PRIMA_X86
-  if (g_attn_avx2 && d % 8 == 0 && d <= 256) {
+  return (level == PRIMA_SIMD_AVX2 || level == PRIMA_SIMD_AVX512) && prima_simd_available(PRIMA_SIMD_AVX2) && d % 8 == 0 && d <= 256;
+#else
+  (void)level, (void)d;
+  return 0;
+#endif
+}
+
+void prima_attn_scores(const float *q, int ratio, int d, const uint16_t *k, size_t ks, int n_pos, float scale, float *s, int level) {
+#ifdef PRIMA_X86
+  if (attn_avx2(level, d)) {
     attn_scores_avx2(q, ratio, d, k, ks, n_pos, scale, s);
     return;
   }
@@ -312,9 +322,9 @@ void prima_attn_scores(const float *q, int ratio, int d, const uint16_t *k, size
   attn_scores_scalar(q, ratio, d, k, ks, n_pos, scale, s);
 }
 
-void prima_attn_accum(float *acc, const float *p, int ratio, int d, const uint16_t *v, size_t vs, int n_pos) {
+void prima_attn_accum(float *acc, const float *p, int ratio, int d, const uint16_t *v, size_t vs, int n_pos, int level) {
 #ifdef PRIMA_X86
-  if (g_attn_avx2 && d % 8 == 0 && d <= 256) {
+  if (attn_avx2(level, d)) {
     attn_accum_avx2(acc, p, ratio, d, v, vs, n_pos);
     return;
   }
@@ -335,15 +345,19 @@ void prima_add(float *x, const float *y, int n) {
   for (int i = 0; i < n; i++) x[i] += y[i];
 }
 
-void prima_ops_init(void) {
-  static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
-  pthread_once(&gelu_once, gelu_table_init);
+void prima_ops_select(int level) {
 #ifdef PRIMA_X86
-  g_attn_avx2 = prima_simd_level() >= PRIMA_SIMD_AVX2;
-  if (g_attn_avx2) {
+  if (level == PRIMA_SIMD_AVX2 || level == PRIMA_SIMD_AVX512) {
     swiglu_impl = swiglu_avx2;
     exp_sum_impl = exp_sum_avx2;
     geglu_impl = geglu_avx2;
   }
 #endif
+  (void)level;
+}
+
+void prima_ops_init(void) {
+  static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
+  pthread_once(&gelu_once, gelu_table_init);
+  prima_kernels_init(); /* which selects the ops above */
 }

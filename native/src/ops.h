@@ -47,13 +47,17 @@ float prima_exp_sum(float *x, int n, float m);
  * scores: s[h * n_pos + j] = scale * dot(q[h], K row j), K rows F16 and k_stride elements apart.
  * accum:  acc[h] += sum_j p[h * n_pos + j] * V row j. */
 void prima_attn_scores(const float *q, int ratio, int d, const uint16_t *k, size_t k_stride, int n_pos, float scale,
-                       float *s);
-void prima_attn_accum(float *acc, const float *p, int ratio, int d, const uint16_t *v, size_t v_stride, int n_pos);
+                       float *s, int level);
+void prima_attn_accum(float *acc, const float *p, int ratio, int d, const uint16_t *v, size_t v_stride, int n_pos, int level);
 void prima_scale(float *x, int n, float s);
 /* x = cap * tanh(x / cap), as ggml computes it (scale by 1/cap, tanh, scale by cap). */
 void prima_softcap(float *x, int n, float cap);
 void prima_add(float *x, const float *y, int n);
 
+/* The GELU table, and the kernels' init (which selects the ops' SIMD paths). */
 void prima_ops_init(void);
+/* Called once by prima_kernels_init with the level it chose: swiglu, geglu and exp_sum follow it (the
+ * attention scores and sums take the caller's level instead). */
+void prima_ops_select(int level);
 
 #endif

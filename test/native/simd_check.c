@@ -251,15 +251,15 @@ int main(void) {
       }
     }
   }
-  /* 5. attention over quantized KV caches (kv_cache.c): each level's (its Q8_0 dots on K, its V
-   * accumulation) against the scalar one, within float summation order */
+  /* 5. attention over F16 and quantized KV caches (kv_cache.c): each level's (its F16 scores and sums,
+   * its Q8_0 dots on K, its V accumulation) against the scalar one, within float summation order */
   {
-    const int kv_types[2] = {PRIMA_Q8_0, PRIMA_Q4_0};
+    const int kv_types[3] = {PRIMA_F16, PRIMA_Q8_0, PRIMA_Q4_0};
     const int d = 128, ratio = 2, n_pos = 200;
     for (int level = 1; level < 4; level++) {
       if (!prima_simd_available(level)) continue;
-      for (int a = 0; a < 2; a++)
-        for (int b = 0; b < 2; b++) {
+      for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
           const int kt = kv_types[a], vt = kv_types[b];
           const size_t kr = prima_row_bytes(kt, d), vr = prima_row_bytes(vt, d);
           uint8_t *K = malloc(kr * n_pos), *V = malloc(vr * n_pos);
