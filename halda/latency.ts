@@ -7,6 +7,7 @@ import {
   conservativeFlags, deviceTerms, flagsFromPlan, modelTerms, moeRereadBytes, resolveOptions, streamExtraBytes,
   type BufferFlags, type DeviceTerms, type ModelTerms, type ResolvedOptions,
 } from "./terms.js";
+import { keptShares, namedLayers, pricedByName, rereadFromPrefix } from "./named-reread.js";
 import { HaldaError, type DeviceLatencyMs, type DeviceProfile, type DeviceSet, type HaldaOptions, type ModelProfile } from "./types.js";
 
 export interface DeviceEvaluation {
@@ -17,8 +18,10 @@ export interface DeviceEvaluation {
   readonly problems: string[];
 }
 
-/** One device's share of the token latency for k cycles of windows of w layers, n of them on the GPU. */
-export function evaluateDevice(t: DeviceTerms, k: number, w: number, n: number, m: ModelTerms, o: ResolvedOptions): DeviceEvaluation {
+/** One device's share of the token latency for k cycles of windows of w layers, n of them on the GPU.
+ * `moeReread` prices an overloaded MoE window's rereads in its stead (MoE-3: a window of named layers). */
+export function evaluateDevice(t: DeviceTerms, k: number, w: number, n: number, m: ModelTerms, o: ResolvedOptions,
+  moeReread?: (ramLayers: number, capBytes: number) => number): DeviceEvaluation {
   const d = t.dev;
   const l = k * w, g = k * n;
   const bp = m.layerBytesWithKv;
@@ -33,7 +36,7 @@ export function evaluateDevice(t: DeviceTerms, k: number, w: number, n: number, 
     // ("excess", docs/HALDA.md ρ), or its share a/b of each streamed or reread layer.
     reload = d.isMetal ? l * m.layerBytes + headBytes
       : o.overloadReload === "window" ? ramLayers * m.layerReadBytes + headBytes
-      : o.overloadReload === "excess" && m.moe ? moeRereadBytes(m.moe, ramLayers, t.capBytes)
+      : o.overloadReload === "excess" && m.moe ? (moeReread ?? ((r, c) => moeRereadBytes(m.moe!, r, c)))(ramLayers, t.capBytes)
       : (ramLayers * bp - t.capBytes + (o.overloadReload === "stream" ? streamExtraBytes(m) : 0)) * (o.overloadReload === "stream" ? m.layerReadBytes / m.layerBytes : 1);
   } else if (t.isHead) {
     reload = m.inputRowBytes; // the one embedding row per token
@@ -58,6 +61,15 @@ export function evaluateDevice(t: DeviceTerms, k: number, w: number, n: number, 
     reloadBytesPerToken: reload,
     problems,
   };
+}
+
+/** A device's evaluation with its window named (MoE-3): offset is its first layer within each cycle;
+ * prefix: the window's merged shares, where the caller has them. */
+export function evaluateNamed(t: DeviceTerms, k: number, w: number, offset: number, m: ModelTerms, o: ResolvedOptions, prefix?: Float64Array): DeviceEvaluation {
+  const mt = m.moe!;
+  const cycleLayers = m.nLayers / k;
+  const p = prefix ?? keptShares(mt, namedLayers(k, cycleLayers, offset, w));
+  return evaluateDevice(t, k, w, 0, m, o, (r, room) => rereadFromPrefix(mt, p, r, room));
 }
 
 export function fmtGiB(bytes: number): string {
@@ -87,7 +99,16 @@ function termsWithBuffers(d: ResolvedDevice, isHead: boolean, flags: BufferFlags
   return deviceTerms(dd, isHead, flags, m, o);
 }
 
-/** Internal form on resolved inputs; `active` devices are those with w > 0, plus the head. */
+/** Each device's first layer within a cycle, its windows laid out in ring order (o.ringOrder). */
+export function ringOffsets(windowLayers: readonly number[], ringOrder: readonly number[]): number[] {
+  const offsets = new Array<number>(windowLayers.length).fill(0);
+  let at = 0;
+  for (const i of ringOrder) { offsets[i] = at; at += windowLayers[i]; }
+  return offsets;
+}
+
+/** Internal form on resolved inputs; `active` devices are those with w > 0, plus the head. A MoE model
+ * with each layer's routing measured prices each window by the layers it names (MoE-3). */
 export function predictResolved(devs: readonly ResolvedDevice[], a: Assignment, m: ModelTerms, o: ResolvedOptions, buffers: ComputeBufferChoice = "conservative"): LatencyPrediction {
   if (a.windowLayers.length !== devs.length || a.gpuLayers.length !== devs.length) {
     throw new HaldaError(`assignment has ${a.windowLayers.length} windows and ${a.gpuLayers.length} GPU counts for ${devs.length} devices`, "invalid-input");
@@ -95,6 +116,9 @@ export function predictResolved(devs: readonly ResolvedDevice[], a: Assignment, 
   if (!Number.isInteger(a.k) || a.k < 1) throw new HaldaError(`k must be a positive integer, got ${a.k}`, "invalid-input");
   const out: (DeviceEvaluation | null)[] = [];
   const problems: string[] = [];
+  if (o.ringOrder && o.ringOrder.length !== devs.length) throw new HaldaError(`ringOrder lists ${o.ringOrder.length} devices, there are ${devs.length}`, "invalid-input");
+  const named = pricedByName(m, o, a.gpuLayers) && Number.isInteger(m.nLayers / a.k);
+  const offsets = named ? ringOffsets(a.windowLayers, o.ringOrder ?? devs.map((_, i) => i)) : [];
   let total = 0, layers = 0;
   devs.forEach((d, i) => {
     const w = a.windowLayers[i], n = a.gpuLayers[i];
@@ -104,7 +128,8 @@ export function predictResolved(devs: readonly ResolvedDevice[], a: Assignment, 
     if (w === 0 && i !== 0) { out.push(null); return; }
     const flags = buffers === "fromPlan" ? flagsFromPlan(w, n) : conservativeFlags(d);
     const given = typeof buffers === "object" ? buffers[i] : undefined;
-    const ev = evaluateDevice(termsWithBuffers(d, i === 0, flags, m, o, given), a.k, w, n, m, o);
+    const t = termsWithBuffers(d, i === 0, flags, m, o, given);
+    const ev = named ? evaluateNamed(t, a.k, w, offsets[i], m, o) : evaluateDevice(t, a.k, w, n, m, o);
     out.push(ev);
     problems.push(...ev.problems);
     total += ev.latency.totalMs;

@@ -5,7 +5,9 @@ import { resolveDevice, type ResolvedDevice } from "./devices.js";
 import { ExactSolver, tieMs } from "./exact.js";
 import { solveFaithful } from "./faithful.js";
 import { deviceRows, type IlpSolution } from "./ilp.js";
-import { evaluateDevice, fmtGiB } from "./latency.js";
+import { evaluateDevice, fmtGiB, type DeviceEvaluation } from "./latency.js";
+import { bestNamedSplit } from "./named.js";
+import { pricedByName } from "./named-reread.js";
 import {
   allowedSets, conservativeFlags, deviceTerms, modelTerms, resolveOptions, validKs,
   type ModelTerms, type ResolvedOptions,
@@ -91,15 +93,34 @@ function explainInfeasible(devs: readonly ResolvedDevice[], m: ModelTerms, o: Re
   return `no assignment satisfies every device's memory limits at k ∈ {${validKs(L, M, o.userK).join(", ")}} (${detail})`;
 }
 
+/** The ILP's windows, or (MoE-3) the best split of its k over its devices with each window priced by
+ * the layers it names in ring order; each active device's windows and evaluation. */
+function namedWindows(devs: readonly ResolvedDevice[], active: readonly number[], solved: Solved, m: ModelTerms, o: ResolvedOptions, notes: string[]): { w: readonly number[]; evals: DeviceEvaluation[] } {
+  const sol = solved.solution;
+  const ilp = () => ({ w: sol.w, evals: active.map((_, j) => evaluateDevice(solved.terms[j], sol.k, sol.w[j], sol.n[j], m, o)) });
+  if (!pricedByName(m, o, sol.n)) return ilp();
+  const ring = (o.ringOrder ?? devs.map((_, i) => i)).map((i) => active.indexOf(i)).filter((j) => j >= 0);
+  const split = bestNamedSplit(ring.map((j) => solved.terms[j]), sol.k, m, o, ring.map((j) => sol.w[j]), tieMs);
+  if (!split) return ilp();
+  const w = new Array<number>(active.length), evals = new Array<DeviceEvaluation>(active.length);
+  ring.forEach((j, a) => { w[j] = split.windows[a]; evals[j] = split.evaluations[a]; });
+  if (ring.some((j) => w[j] !== sol.w[j])) {
+    const inRing = (ws: readonly number[]) => ring.map((j) => ws[j]).join(",");
+    notes.push(`windows named by layer (MoE-3): the layers' routing differs, so [${inRing(sol.w)}] in ring order became [${inRing(w)}]`);
+  }
+  return { w, evals };
+}
+
 function buildPlan(planner: Plan["planner"], devs: readonly ResolvedDevice[], active: readonly number[], solved: Solved, m: ModelTerms, o: ResolvedOptions, dropped: DroppedDevice[], notes: string[]): Plan {
   const sol = solved.solution;
+  const { w, evals } = namedWindows(devs, active, solved, m, o, notes);
   const devices: DevicePlan[] = active.map((di, j) => {
     const t = solved.terms[j];
-    const ev = evaluateDevice(t, sol.k, sol.w[j], sol.n[j], m, o);
+    const ev = evals[j];
     return {
       index: di, name: devs[di].name, set: ev.set,
-      windowLayers: sol.w[j], gpuLayers: sol.n[j],
-      layersPerToken: sol.k * sol.w[j], gpuLayersPerToken: sol.k * sol.n[j],
+      windowLayers: w[j], gpuLayers: sol.n[j],
+      layersPerToken: sol.k * w[j], gpuLayersPerToken: sol.k * sol.n[j],
       reloadBytesPerToken: ev.reloadBytesPerToken,
       ramLayerCapacityBytes: t.capBytes, gpuLayerCapacityBytes: t.capGpuBytes,
       cpuComputeBufferBytes: t.cCpuBytes, gpuComputeBufferBytes: t.cGpuBytes,
@@ -107,7 +128,7 @@ function buildPlan(planner: Plan["planner"], devs: readonly ResolvedDevice[], ac
     };
   });
   const latencyMs = devices.reduce((s, d) => s + d.latency.totalMs, 0);
-  if (Math.abs(latencyMs - sol.latencyMs) > 1e-6 * Math.max(1, latencyMs)) {
+  if (w === sol.w && Math.abs(latencyMs - sol.latencyMs) > 1e-6 * Math.max(1, latencyMs)) {
     notes.push(`the ILP's linear cost (${sol.latencyMs.toFixed(3)} ms) differs from the plan's evaluated latency (${latencyMs.toFixed(3)} ms): a device sits exactly on its memory boundary`);
   }
   let runnerUp: Plan["runnerUp"] = null;
@@ -129,6 +150,7 @@ export function halda(devices: readonly DeviceProfile[], model: ModelProfile, op
   const m = modelTerms(model, o);
   if (devices.length === 0) throw new HaldaError("no devices to plan for", "invalid-input");
   const devs = devices.map((d, i) => resolveDevice(d, i));
+  if (o.ringOrder && o.ringOrder.length !== devs.length) throw new HaldaError(`ringOrder lists ${o.ringOrder.length} devices, there are ${devs.length}`, "invalid-input");
   const names = devs.map((d) => d.name);
   const L = m.nLayers;
   if (o.userK > 0 && L % o.userK !== 0) throw new HaldaError(explainInfeasible(devs, m, o), "invalid-input");

@@ -23,6 +23,8 @@ export interface ResolvedOptions {
   readonly selection: "best" | "paper";
   readonly keepAll: boolean;
   readonly overloadReload: OverloadReload;
+  /** Input device indices in ring order (HaldaOptions.ringOrder); absent: as given. */
+  readonly ringOrder?: readonly number[];
 }
 
 export function resolveOptions(o: HaldaOptions = {}): ResolvedOptions {
@@ -42,6 +44,7 @@ export function resolveOptions(o: HaldaOptions = {}): ResolvedOptions {
     selection: o.selection ?? (o.mode === "prima" ? "paper" : "best"),
     keepAll: o.keepAll ?? false,
     overloadReload: o.overloadReload ?? "excess",
+    ...(o.ringOrder ? { ringOrder: [...o.ringOrder] } : {}),
   };
   if (r.mode !== "exact" && r.mode !== "prima") bad(`mode must be "exact" or "prima", got ${JSON.stringify(r.mode)}`);
   if (!Number.isInteger(r.userK) || r.userK < 0) bad(`k must be a non-negative integer, got ${r.userK}`);
@@ -52,6 +55,10 @@ export function resolveOptions(o: HaldaOptions = {}): ResolvedOptions {
   if (!["excess", "window", "stream"].includes(r.overloadReload)) bad(`overloadReload must be "excess", "window" or "stream", got ${JSON.stringify(r.overloadReload)}`);
   if (typeof r.keepAll !== "boolean") bad(`keepAll must be true or false, got ${JSON.stringify(r.keepAll)}`);
   if (!Number.isInteger(r.dropWindowLayers) || r.dropWindowLayers < 0) bad(`dropWindowLayers must be a non-negative integer, got ${r.dropWindowLayers}`);
+  const ring = r.ringOrder;
+  if (ring && (!ring.every((i) => Number.isInteger(i) && i >= 0 && i < ring.length) || new Set(ring).size !== ring.length)) {
+    bad(`ringOrder must list each device index once (0..${ring.length - 1}), got ${JSON.stringify(ring)}`);
+  }
   return r;
 }
 
@@ -105,6 +112,9 @@ export interface MoeTerms {
   readonly denseBytesWithKv: number;
   /** p̄ in groups of consecutive ranks, hottest first: `count` experts with `share` each. */
   readonly segments: readonly { readonly count: number; readonly share: number }[];
+  /** Each layer's shares, hottest first, where measured: a plan's windows are then priced by the layers
+   * they name (MoE-3, named.ts). */
+  readonly layerShares?: readonly (readonly number[])[];
 }
 
 /** p̄ as at most `max` segments: equal neighbours merge exactly; beyond `max`, ranks are grouped evenly
@@ -209,7 +219,20 @@ export function modelTerms(m: ModelProfile, o: ResolvedOptions): ModelTerms {
     // A token picks k distinct experts: no expert takes more than 1/k of the assignments.
     if (segments[0].share > (1 + 1e-9) / x.nExpertUsed) bad(`moe: the hottest expert takes ${segments[0].share.toFixed(4)} of the assignments, more than 1/${x.nExpertUsed}`);
     const layerBytesWithKv = m.layerBytes + kvBytesPerLayer(m);
-    moe = { nExpert: x.nExpert, nUsed: x.nExpertUsed, expertBytes: x.expertBytes, denseBytesWithKv: Math.max(0, layerBytesWithKv - x.nExpert * x.expertBytes), segments };
+    const byLayer = x.routingShareByLayer;
+    if (byLayer) {
+      if (byLayer.length !== m.nLayers) bad(`moe: routingShareByLayer has ${byLayer.length} layers, the model ${m.nLayers}`);
+      for (const [j, p] of byLayer.entries()) {
+        const sum = p.length === x.nExpert && p.every((v) => v >= 0 && Number.isFinite(v)) ? p.reduce((a, b) => a + b, 0) : NaN;
+        if (!(Math.abs(sum - 1) <= 1e-6)) bad(`moe: layer ${j}'s routing shares must be ${x.nExpert} non-negative shares summing to 1`);
+        if (p.some((v, i) => i > 0 && v > p[i - 1])) bad(`moe: layer ${j}'s routing shares must be sorted hottest first`);
+        if (p[0] > (1 + 1e-9) / x.nExpertUsed) bad(`moe: layer ${j}'s hottest expert takes ${p[0].toFixed(4)} of the assignments, more than 1/${x.nExpertUsed}`);
+      }
+    }
+    moe = {
+      nExpert: x.nExpert, nUsed: x.nExpertUsed, expertBytes: x.expertBytes, denseBytesWithKv: Math.max(0, layerBytesWithKv - x.nExpert * x.expertBytes), segments,
+      ...(byLayer ? { layerShares: byLayer } : {}),
+    };
   }
   return {
     nLayers: m.nLayers,

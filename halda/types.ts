@@ -111,6 +111,10 @@ export interface HaldaOptions {
   readonly dropWindowLayers?: number;
   /** "paper" rule: drop only when the smaller ring is predicted faster (HALDA.md §4.4 [EXT]). Default false. */
   readonly dropOnlyIfFaster?: boolean;
+  /** The devices' indices in ring order: the first runs each cycle's first layers. Default: as given
+   *  (the head first). Halda's counts do not depend on it; a MoE model with each layer's routing
+   *  measured prices windows by the layers they name (MoE-3), and then they do. */
+  readonly ringOrder?: readonly number[];
 }
 
 export interface DeviceLatencyMs {

@@ -69,6 +69,9 @@ export interface MoeProfile {
    * hit counts over `routingTokens` tokens (measureExpertRouting in profiler/). */
   readonly routing: "uniform" | "measured";
   readonly routingTokens?: number;
+  /** Each layer's own shares, hottest first (p_{j,(i)}; each sums to 1), where measured: Halda then
+   * prices a window by the layers it names (docs/HALDA.md MoE-3), since layers differ in skew. */
+  readonly routingShareByLayer?: readonly (readonly number[])[];
 }
 
 /** Bytes a token reads of one layer's weights: all of them for a dense layer, the active part for experts. */
@@ -82,19 +85,21 @@ export function layerReadBytes(p: ModelProfile): number {
  * which expert is hot differs by layer, and a device keeps whichever is hot in each of its layers.
  */
 export function routingShareFromHits(hits: readonly (readonly number[])[]): number[] {
-  let n = 0, used = 0;
-  let acc: number[] = [];
-  for (const layer of hits) {
-    const total = layer.reduce((a, b) => a + b, 0);
-    if (!(total > 0)) continue;
-    if (used === 0) { n = layer.length; acc = new Array<number>(n).fill(0); }
+  const routed = layerSharesFromHits(hits).filter((s): s is number[] => s !== null);
+  if (routed.length === 0) throw new Error("expert hits: no layer routed any token");
+  const n = routed[0].length;
+  return Array.from({ length: n }, (_, i) => routed.reduce((a, s) => a + s[i], 0) / routed.length);
+}
+
+/** Each layer's hit counts as shares, hottest first; null for a layer that routed no token. */
+function layerSharesFromHits(hits: readonly (readonly number[])[]): (number[] | null)[] {
+  const n = hits.find((l) => l.length > 0)?.length ?? 0;
+  return hits.map((layer) => {
     if (layer.length !== n) throw new Error(`expert hits: a layer has ${layer.length} experts, another ${n}`);
-    const sorted = layer.map((h) => h / total).sort((a, b) => b - a);
-    for (let i = 0; i < n; i++) acc[i] += sorted[i];
-    used++;
-  }
-  if (used === 0) throw new Error("expert hits: no layer routed any token");
-  return acc.map((x) => x / used);
+    if (layer.some((h) => !(h >= 0) || !Number.isFinite(h))) throw new Error("expert hits: a count is not a finite number >= 0");
+    const total = layer.reduce((a, b) => a + b, 0);
+    return total > 0 ? layer.map((h) => h / total).sort((a, b) => b - a) : null;
+  });
 }
 
 /** The profile with a measured routing distribution (from `routingShareFromHits`) over `tokens` tokens. */
@@ -102,7 +107,10 @@ export function withMeasuredRouting(p: ModelProfile, hits: readonly (readonly nu
   if (!p.moe) throw new Error(`${p.name} has no experts: there is no routing to measure`);
   const share = routingShareFromHits(hits);
   if (share.length !== p.moe.nExpert) throw new Error(`expert hits count ${share.length} experts, the model has ${p.moe.nExpert}`);
-  return { ...p, moe: { ...p.moe, routingShare: share, routing: "measured", routingTokens: tokens } };
+  if (hits.length !== p.nLayers) throw new Error(`expert hits count ${hits.length} layers, the model has ${p.nLayers}`);
+  // a layer no token reached (none in one pass through every layer) keeps the mean
+  const byLayer = layerSharesFromHits(hits).map((s) => s ?? share);
+  return { ...p, moe: { ...p.moe, routingShare: share, routing: "measured", routingTokens: tokens, routingShareByLayer: byLayer } };
 }
 
 export interface ModelProfileOptions {

@@ -15,4 +15,4 @@ export { detectOs, systemInfo, cpuName, armCores, type ArmCore, cgroupPaths, cpu
 export { defaultCacheDir } from "./cache.js";
 export { observedRereadBytesPerS, rereadKey, rereadFigure, recentRereads, RereadStore, MIN_OBSERVED_REREAD_BYTES, RECENT_REREAD_MS, type RereadObservation } from "./rereads.js";
 export { dropFileCache } from "../native/index.js";
-export { measureExpertRouting, ROUTING_TEXT, type RoutingOptions } from "./routing.js";
+export { measureExpertRouting, cachedExpertRouting, ROUTING_TEXT, type RoutingOptions } from "./routing.js";

@@ -3,8 +3,12 @@
 // profile's routing share (model/ routingShareFromHits). Halda prices an overloaded device's rereads
 // with it (docs/HALDA.md "Mixture of experts"). One prefill of a few dozen tokens: every weight is read
 // once, no decode loop, so it costs about one prompt.
+import { createHash } from "node:crypto";
+import { readFileSync, renameSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import type { LocalModel } from "../engine/index.js";
 import { Tokenizer, withMeasuredRouting, type ModelProfile } from "../model/index.js";
+import { defaultCacheDir, makeDirs } from "./cache.js";
 
 /** Varied prose, code and numbers, so the router sees more than one kind of token. */
 export const ROUTING_TEXT =
@@ -23,6 +27,11 @@ export interface RoutingOptions {
 /** The profile with its routing share measured on `model` (the same file); a dense model's comes back as is. */
 export async function measureExpertRouting(model: LocalModel, profile: ModelProfile, options: RoutingOptions = {}): Promise<ModelProfile> {
   if (!profile.moe) return profile;
+  const { hits, tokens } = await expertHits(model, profile, options);
+  return withMeasuredRouting(profile, hits, tokens);
+}
+
+async function expertHits(model: LocalModel, profile: ModelProfile, options: RoutingOptions): Promise<{ hits: number[][]; tokens: number }> {
   const max = options.maxTokens ?? 64;
   const all = options.tokens ?? Tokenizer.fromGguf(model.gguf).encode(ROUTING_TEXT);
   const tokens = all.subarray(0, Math.min(all.length, max));
@@ -31,9 +40,49 @@ export async function measureExpertRouting(model: LocalModel, profile: ModelProf
   try {
     await w.forward(model.embed(tokens), 0, tokens.length);
     const hits = w.info().expertHits;
-    if (!hits) throw new Error(`${model.path}: the engine reported no expert hits for a model with ${profile.moe.nExpert} experts`);
-    return withMeasuredRouting(profile, hits, tokens.length);
+    if (!hits) throw new Error(`${model.path}: the engine reported no expert hits for a model with ${profile.moe!.nExpert} experts`);
+    return { hits: hits.map((l) => [...l]), tokens: tokens.length };
   } finally {
     w.close();
   }
+}
+
+const ROUTING_CACHE_VERSION = 1;
+
+/** Each layer's hits as a file held: nLayers lists of nExpert counts (finite, >= 0), or null. */
+function cachedHits(file: string, fingerprint: string, profile: ModelProfile): { hits: number[][]; tokens: number } | null {
+  try {
+    const j = JSON.parse(readFileSync(file, "utf8")) as { version?: unknown; fingerprint?: unknown; tokens?: unknown; hits?: unknown };
+    const n = profile.moe!.nExpert;
+    const ok = j.version === ROUTING_CACHE_VERSION && j.fingerprint === fingerprint && Number.isInteger(j.tokens) && (j.tokens as number) > 0 &&
+      Array.isArray(j.hits) && j.hits.length === profile.nLayers &&
+      j.hits.every((l: unknown) => Array.isArray(l) && l.length === n && l.every((h: unknown) => typeof h === "number" && Number.isFinite(h) && h >= 0));
+    return ok ? { hits: j.hits as number[][], tokens: j.tokens as number } : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * The routing measured once per model (by its fingerprint) and kept in the profile cache beside the
+ * device's speeds: a ring's plan prices each window by its layers' routing (docs/HALDA.md MoE-3). A file
+ * that is not this model's hits counts as none and is measured again. A dense model comes back as is.
+ */
+export async function cachedExpertRouting(model: LocalModel, profile: ModelProfile, fingerprint: string, log: (line: string) => void, dir = defaultCacheDir()): Promise<ModelProfile> {
+  if (!profile.moe) return profile;
+  const file = join(dir, `routing-${createHash("sha256").update(fingerprint).digest("hex").slice(0, 24)}.json`);
+  const cached = cachedHits(file, fingerprint, profile);
+  if (cached) return withMeasuredRouting(profile, cached.hits, cached.tokens);
+  const t0 = performance.now();
+  const measured = await expertHits(model, profile, {});
+  log(`routing: each layer's expert hits measured over ${measured.tokens} tokens in ${((performance.now() - t0) / 1000).toFixed(1)} s (kept for this model)`);
+  try {
+    makeDirs(dir);
+    const tmp = `${file}.${process.pid}.tmp`;
+    writeFileSync(tmp, JSON.stringify({ version: ROUTING_CACHE_VERSION, fingerprint, ...measured }));
+    renameSync(tmp, file);
+  } catch (e) {
+    log(`routing: could not keep the measurement (${(e as Error).message}); it is measured again next time`);
+  }
+  return withMeasuredRouting(profile, measured.hits, measured.tokens);
 }

@@ -121,9 +121,13 @@ describe("a skewed MoE model overloaded on a device rereads less than its dense 
   });
 
   test("withMeasuredRouting stores the distribution and marks it measured", () => {
-    const p = withMeasuredRouting(uniform, [[5, 1, 0, 0, 0, 0, 0, 2]], 4);
+    // one layer routed, the rest saw no token: those keep the mean
+    const hits = [[5, 1, 0, 0, 0, 0, 0, 2], ...Array.from({ length: L - 1 }, () => new Array<number>(X).fill(0))];
+    const p = withMeasuredRouting(uniform, hits, 4);
     expect(p.moe!.routing).toBe("measured");
     expect(p.moe!.routingTokens).toBe(4);
     expect(p.moe!.routingShare).toEqual([0.625, 0.25, 0.125, 0, 0, 0, 0, 0]);
+    expect(p.moe!.routingShareByLayer).toEqual(new Array(L).fill([0.625, 0.25, 0.125, 0, 0, 0, 0, 0]));
+    expect(() => withMeasuredRouting(uniform, hits.slice(0, 15), 4)).toThrow(/15 layers, the model has 16/);
   });
 });

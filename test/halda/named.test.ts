@@ -1,0 +1,114 @@
+// MoE-3 (docs/HALDA.md): windows priced by the layers they name, where each layer's routing is measured.
+// The reread equals MoE-1 when the layers route alike and keeps the hottest experts of any of a window's
+// layers otherwise; Halda's split equals the best of every split in ring order; the ring order decides
+// which device gets the broadly routed layers.
+import { describe, expect, test } from "vitest";
+import {
+  halda, moeNamedRereadBytes, moeRereadBytes, moeTermsOf, predictLatency, routingSegments,
+  type DeviceProfile, type HaldaOptions, type ModelProfile, type MoeTerms,
+} from "../../halda/index.js";
+
+const terms = (layerShares: number[][], k: number, e: number, dense: number): MoeTerms => ({
+  nExpert: layerShares[0].length, nUsed: k, expertBytes: e, denseBytesWithKv: dense,
+  segments: routingSegments(layerShares[0].map((_, i) => layerShares.reduce((a, s) => a + s[i], 0) / layerShares.length)), layerShares,
+});
+
+describe("ρ of a window of named layers", () => {
+  test("layers that route alike: MoE-1 at every room", () => {
+    const shares = [0.3, 0.05, 0.2, 0.2, 0.1, 0.05, 0.05, 0.05].sort((a, b) => b - a);
+    const mt = terms(Array.from({ length: 6 }, () => shares), 3, 12, 200);
+    const bp = mt.denseBytesWithKv + mt.nExpert * mt.expertBytes;
+    for (let r = 1; r <= 6; r++) {
+      const layers = Array.from({ length: r }, (_, i) => i);
+      for (let room = -200; room <= 7 * bp; room += bp / 13) expect(moeNamedRereadBytes(mt, layers, room)).toBeCloseTo(moeRereadBytes(mt, r, room), 6);
+    }
+  });
+
+  test("the hottest experts of any of its layers stay: a steep layer's one hot expert before a flat layer's", () => {
+    // layer 0 routes evenly over 2 experts, layer 1 always to one; room for one expert
+    const mt = terms([[0.5, 0.5], [1, 0]], 1, 100, 0);
+    // named: layer 1's expert stays, every token misses in layer 0: 100 bytes
+    expect(moeNamedRereadBytes(mt, [0, 1], 100)).toBeCloseTo(100, 9);
+    // averaged over the layers ([0.75, 0.25]), half an expert a layer would miss 1.25 experts a token
+    expect(moeRereadBytes(mt, 2, 100)).toBeCloseTo(125, 9);
+    // room for two: layer 1's and one of layer 0's; half the tokens miss layer 0's other
+    expect(moeNamedRereadBytes(mt, [0, 1], 200)).toBeCloseTo(50, 9);
+  });
+});
+
+describe("Halda with each layer's routing measured", () => {
+  const MiB = 2 ** 20;
+  const L = 12, X = 16, k = 2, e = 2 * MiB, b = X * e + 4 * MiB;
+  // the first layers route over nearly every expert, the later ones over a few: as measured on the
+  // generated benchmark MoE (layer 0: 30 of 32 experts, layer 9: 7)
+  const layerShare = (j: number): number[] => {
+    const s = Array.from({ length: X }, (_, i) => Math.exp(-i * (0.05 + 0.05 * j)));
+    const sum = s.reduce((a, c) => a + c, 0);
+    return s.map((v) => v / sum); // the steepest's hottest takes 0.45 < 1/k
+  };
+  const byLayer = Array.from({ length: L }, (_, j) => layerShare(j));
+  const mean = byLayer[0].map((_, i) => byLayer.reduce((a, s) => a + s[i], 0) / L);
+  const model: ModelProfile = {
+    name: "moe", arch: "qwen3moe", nLayers: L, nVocab: 32000, nEmbd: 1024, nHead: 16, nHeadKv: 4, headDimK: 64, headDimV: 64, nFf: 2048,
+    nCtx: 256, nKvForFlops: 256, layerBytes: b, layerBytesEach: new Array<number>(L).fill(b),
+    layerFlops: { "*": 5e7 }, inputBytes: 32000 * 1024, outputBytes: 32000 * 1024, outputFlops: { "*": 2 * 32000 * 1024 },
+    kvBytesPerTokenLayer: 1024, weightBytesTotal: L * b,
+    moe: { nExpert: X, nExpertUsed: k, expertBytes: e, activeLayerBytes: b - (X - k) * e, routingShare: mean, routing: "measured", routingShareByLayer: byLayer },
+  };
+  const flat = { ...model, moe: { ...model.moe!, routingShareByLayer: undefined } };
+  // three alike devices, none holding a third of the model: each is overloaded
+  const device = (name: string, roomLayers: number): DeviceProfile => ({
+    name, os: "linux", cpuFlopsPerS: { "*": 2e10 }, ramAvailableBytes: roomLayers * b + 9 * MiB, diskSeqReadBytesPerS: 3e8, cpuComputeBufferBytes: 8 * MiB,
+  });
+  const devices = [device("head", 3.2), device("a", 3.2), device("b", 3.2)];
+  const options: HaldaOptions = { keepAll: true, k: 1, ringOrder: [1, 2, 0] };
+
+  function bestByBruteForce(devs: readonly DeviceProfile[], o: HaldaOptions): { ms: number; windows: number[] } {
+    let best = { ms: Infinity, windows: [] as number[] };
+    for (let a = 1; a < L; a++) {
+      for (let c = 1; a + c < L; c++) {
+        const windows = [L - a - c, a, c]; // by device index: head, a, b
+        const p = predictLatency(devs, model, { k: 1, windowLayers: windows, gpuLayers: [0, 0, 0] }, o);
+        if (p.problems.length === 0 && p.latencyMs < best.ms) best = { ms: p.latencyMs, windows };
+      }
+    }
+    return best;
+  }
+
+  test("the terms take each layer's shares, checked", () => {
+    expect(moeTermsOf(model)!.layerShares).toHaveLength(L);
+    expect(() => halda(devices, { ...model, moe: { ...model.moe!, routingShareByLayer: byLayer.slice(1) } }, options)).toThrow(/11 layers, the model 12/);
+    expect(() => halda(devices, { ...model, moe: { ...model.moe!, routingShareByLayer: byLayer.map((s) => [...s].reverse()) } }, options)).toThrow(/sorted hottest first/);
+    expect(() => halda(devices, model, { ...options, ringOrder: [0, 1] })).toThrow(/ringOrder lists 2 devices, there are 3/);
+  });
+
+  test("the plan is the best split in ring order, and predictLatency prices it the same", () => {
+    const plan = halda(devices, model, options);
+    const windows = plan.devices.map((d) => d.windowLayers);
+    const brute = bestByBruteForce(devices, options);
+    expect(plan.latencyMs).toBeCloseTo(brute.ms, 6);
+    expect(predictLatency(devices, model, { k: 1, windowLayers: windows, gpuLayers: [0, 0, 0] }, options).latencyMs).toBeCloseTo(plan.latencyMs, 9);
+    // the averaged profile cannot tell the two workers apart; named, the one running the broadly
+    // routed first layers (a: first in the ring) takes fewer of them than its twin
+    expect(windows[1]).toBeLessThan(windows[2]);
+    expect(plan.notes.join("\n")).toMatch(/windows named by layer \(MoE-3\)/);
+  });
+
+  test("another ring order moves the smaller window with the first layers", () => {
+    const plan = halda(devices, model, { ...options, ringOrder: [2, 1, 0] });
+    const windows = plan.devices.map((d) => d.windowLayers);
+    expect(windows[2]).toBeLessThan(windows[1]);
+    expect(plan.latencyMs).toBeCloseTo(bestByBruteForce(devices, { ...options, ringOrder: [2, 1, 0] }).ms, 6);
+  });
+
+  test("unlike devices: still the best split, and a flat profile's plan is the ILP's own", () => {
+    const devs = [device("head", 5), device("a", 2.5), device("b", 3.5)];
+    const plan = halda(devs, model, options);
+    expect(plan.latencyMs).toBeCloseTo(bestByBruteForce(devs, options).ms, 6);
+    const flatPlan = halda(devs, flat, options);
+    expect(flatPlan.notes.join("\n")).not.toMatch(/MoE-3/);
+    // the named plan is never priced above the flat plan's split priced by name
+    const flatSplit = flatPlan.devices.map((d) => d.windowLayers);
+    expect(plan.latencyMs).toBeLessThanOrEqual(predictLatency(devs, model, { k: 1, windowLayers: flatSplit, gpuLayers: [0, 0, 0] }, options).latencyMs + 1e-9);
+  });
+});
