@@ -45,6 +45,8 @@ export const RING_HELP = `      --min-workers N      wait for N workers before r
                            or by name (laptop=8,phone=4,head=10); default: Halda places the layers
   -k, --cycles N           ring cycles per token (with --layer-windows; default: layers / sum of windows)
       --keep-all           place layers on every device, even those Halda would leave out
+      --measure-routing    MoE: price the plan with each layer's expert routing measured on this device
+                           (once per model, then kept) instead of uniform routing (for experiments)
       --reprofile          measure this device again instead of using its cached profile
       --no-prefetch        do not advise the OS to page in the next window
       --expert-prefetch    MoE: advise the OS about each layer's predicted experts while it computes,
@@ -71,6 +73,7 @@ const SHARED_OPTIONS = {
   "layer-windows": { type: "string" },
   cycles: { type: "string", short: "k" },
   "keep-all": { type: "boolean" },
+  "measure-routing": { type: "boolean" },
   "no-prefetch": { type: "boolean" },
   "expert-prefetch": { type: "boolean" },
   reprofile: { type: "boolean" },
@@ -98,6 +101,7 @@ export interface ClusterArgs {
   readonly layerWindows?: LayerWindowsArg;
   readonly cycles?: number;
   readonly keepAll: boolean;
+  readonly measureRouting: boolean;
   readonly prefetch: boolean;
   readonly expertPrefetch: boolean;
   readonly reprofile: boolean;
@@ -180,6 +184,7 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
     layerWindows: str("layer-windows") === undefined ? undefined : parseLayerWindows(str("layer-windows")!),
     cycles: str("cycles") === undefined ? undefined : intArg("cycles", str("cycles"), 1, 1),
     keepAll: (v["keep-all"] as boolean | undefined) ?? false,
+    measureRouting: (v["measure-routing"] as boolean | undefined) ?? false,
     prefetch: !v["no-prefetch"],
     expertPrefetch: (v["expert-prefetch"] as boolean | undefined) ?? false,
     reprofile: (v.reprofile as boolean | undefined) ?? false,

@@ -23,6 +23,8 @@ export interface ClusterOptions {
   readonly cycles?: number;
   /** Place layers on every device, even where Halda would leave one out. */
   readonly keepAll?: boolean;
+  /** MoE: plan with each layer's routing measured on the head (kept per model) instead of uniform. */
+  readonly measureRouting?: boolean;
   /** Tokens a request is expected to hold (prompt + generated), for Halda's attention term. */
   readonly plannedTokens?: number;
   /** Re-place layers soon after devices join or leave while idle (serve), instead of only before the

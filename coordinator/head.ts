@@ -43,7 +43,7 @@ export function clusterFor(a: ClusterArgs, model: LocalModel, log: (line: string
   return new Cluster({
     modelPath: a.model, model, name: extra.name ?? "prima", ctx: clusterCtx(a, model), batch: a.batch,
     kvCacheTypes: a.kvCacheTypes,
-    prefetch: a.prefetch, expertPrefetch: a.expertPrefetch, reprofile: a.reprofile, layerWindows: a.layerWindows, cycles: a.cycles, keepAll: a.keepAll,
+    prefetch: a.prefetch, expertPrefetch: a.expertPrefetch, reprofile: a.reprofile, layerWindows: a.layerWindows, cycles: a.cycles, keepAll: a.keepAll, measureRouting: a.measureRouting,
     plannedTokens: extra.plannedTokens, maxQueue: extra.maxQueue, parallel: extra.parallel, autoPlace: extra.autoPlace, minWorkers: a.minWorkers, log,
     rotateToken: extra.rotateToken, allowAdvertise: extra.allowAdvertise,
   });

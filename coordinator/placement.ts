@@ -4,8 +4,9 @@
 // plan-ring.ts's job; setting it beside what the devices measured, prediction.ts's.
 //
 // Order: Halda's device 0 is the head; our ring runs the workers in ring order (by device name,
-// Cluster.workersInOrder) and then the head (which holds the last window of each cycle). Halda's
-// latency is a sum over devices, so the rotation does not change the plan: worker j is Halda device j + 1.
+// Cluster.workersInOrder) and then the head (which holds the last window of each cycle): worker j is
+// Halda device j + 1. Halda's counts do not depend on the rotation, but a MoE model's windows priced by
+// the layers they name (MoE-3) do, so Halda is told the ring order.
 import { selectDevices, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "../halda/index.js";
 import { kvBytesPerLayer } from "../model/index.js";
 import type { WorkerHandle } from "./registry.js";
@@ -66,7 +67,8 @@ export function placeRing(head: DeviceProfile, workers: readonly DeviceProfile[]
   // room (native streamBeyond), rereading its excess, one layer and a margin more each token ("stream");
   // a mixture of experts is not streamed: the page cache keeps the experts tokens use most, and a token
   // rereads its routed experts that are not resident ("excess", docs/HALDA.md MoE-1).
-  const plan = selectDevices(devices, model, { overloadReload: model.moe ? "excess" : "stream", ...options });
+  const ringOrder = [...workers.map((_, j) => j + 1), 0];
+  const plan = selectDevices(devices, model, { overloadReload: model.moe ? "excess" : "stream", ringOrder, ...options });
   const n = workers.length;
   const perCycle = new Array<number>(n + 1).fill(0);
   const releaseAfterUse = new Array<boolean>(n + 1).fill(false);

@@ -127,7 +127,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
       // A recovery plans with the last timed passes: a request is paused until it is placed.
       retime: !i.recovering, retimeHead: i.recovering ? undefined : i.retimeHead,
       maxBatch: o.batch, tokens: o.plannedTokens ?? o.ctx, log, kvCacheTypes: o.kvCacheTypes, seqSlots: parallel,
-      options: { k: o.cycles, ...(o.keepAll ? { keepAll: true } : {}) }, rereads: i.rereads, phases: i.phases, statuses: i.statuses,
+      measureRouting: o.measureRouting, options: { k: o.cycles, ...(o.keepAll ? { keepAll: true } : {}) }, rereads: i.rereads, phases: i.phases, statuses: i.statuses,
     });
     log(formatPlan(placement, placement.labels));
     perCycle = [...placement.perCycle];

@@ -6,7 +6,7 @@ import type { LocalModel } from "../engine/index.js";
 import { effectiveDiskBytesPerS, type DeviceProfile, type HaldaOptions, type ModelProfile } from "../halda/index.js";
 import { modelProfile, type KvCacheTypes } from "../model/index.js";
 import {
-  measureLink, reclaimIdlePages, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, windowOverheadMs, rereadKey, rereadFigure,
+  cachedExpertRouting, measureLink, reclaimIdlePages, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, windowOverheadMs, rereadKey, rereadFigure,
   RECENT_REREAD_MS, type DeviceReport, type LinkMeasurement, type RereadStore,
 } from "../profiler/index.js";
 import { placeRing, type Placement } from "./placement.js";
@@ -35,6 +35,8 @@ export interface RingPlanInput {
   /** Tokens the run will hold: prompt + generated (sets the attention FLOPs). */
   readonly tokens: number;
   readonly options: HaldaOptions;
+  /** MoE: price with each layer's routing measured on the head (cachedExpertRouting) instead of uniform. */
+  readonly measureRouting?: boolean;
   readonly log: (line: string) => void;
   /** Devices' reread speeds seen in earlier rings: where a device has some, they price its rereads. */
   readonly rereads?: RereadStore;
@@ -135,8 +137,12 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     nCtx: i.ctx, maxBatch: i.maxBatch, nPredict: Math.max(1, Math.min(i.ctx, i.tokens)), name: i.modelPath, kvCacheTypes: i.kvCacheTypes,
   });
   const phases = i.phases ?? new Phases();
+  // A mixture of experts is priced with uniform routing unless asked (--measure-routing: each layer's
+  // routing measured on the head once per model, then kept; first, so the head's memory is read after
+  // it): priced so, the benchmark's plans ran far slower than predicted (docs/HALDA.md MoE-3).
+  const routed = i.measureRouting ? await phases.time("routing", () => cachedExpertRouting(i.model, oneSlot, i.fingerprint, i.log)) : oneSlot;
   // N sequence slots hold N caches (each ctx positions, or a sliding-window layer's ring) on every device
-  const profileModel = { ...oneSlot, kvTokensPerLayer: (oneSlot.kvTokensPerLayer ?? oneSlot.nCtx) * (i.seqSlots ?? 1) };
+  const profileModel = { ...routed, kvTokensPerLayer: (routed.kvTokensPerLayer ?? routed.nCtx) * (i.seqSlots ?? 1) };
   const scratch = await phases.time("scratch window", () => windowScratchBytes(i.model, i.ctx, i.maxBatch, i.kvCacheTypes));
   const linkOptions = {
     identity: { deviceId: "head", modelFingerprint: i.fingerprint, hiddenSize: i.model.nEmbd }, bulkTokens: Math.min(512, i.maxBatch),

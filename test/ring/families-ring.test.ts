@@ -25,6 +25,16 @@ describe("two-worker ring per family", () => {
     expect(r.report?.generated_ids).toEqual(expected);
   }, 90_000);
 
+  it("tiny-qwen3moe placed by Halda with --measure-routing: each layer's routing measured on the head, the same tokens as one device", async () => {
+    const path = await generatedModel({ shape: { ...modelShapeByName("tiny-qwen3moe")!, nLayers: 6 }, type: "Q8_0", seed: 3, weightStd: 0.08 });
+    const expected = singleDevice(path, gen);
+    const r = await runRing(path, [...gen, "--measure-routing", "--keep-all"], 2);
+    expect(r.code, r.coordinator.stderr).toBe(0);
+    expect(r.coordinator.stderr).toMatch(/routing: each layer's expert hits measured over \d+ tokens/);
+    expect(r.report?.devices).toBe(3);
+    expect(r.report?.generated_ids).toEqual(expected);
+  }, 90_000);
+
   it("tiny-gemma3 at a batch of 4: its sliding-window layers' rings of 8 rows wrap on every device, the same tokens as one device", async () => {
     const path = await generatedModel({ shape: { ...modelShapeByName("tiny-gemma3")!, nLayers: 6 }, type: "Q8_0", seed: 3, weightStd: 0.08 });
     const args = [...gen, "--batch", "4", "--ctx", "64"];
