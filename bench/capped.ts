@@ -6,11 +6,13 @@
 // cgroup and llama.cpp's llama-bench alone in one; predicted against measured ms per token per device.
 // Then what a streaming device does to its neighbours' compute on one host (streamingNeighbour), and
 // one window larger than its memory, streamed or left to the kernel.
-// The page cache is dropped before each run and the head starts first, so each device pays for the
-// pages it reads (a page is charged to the cgroup that first reads it).
+// The page cache is dropped before each run, the head starts first and each device of a setup reads its
+// own copy of the model (as three machines would), so each device pays for the pages it reads (a page
+// is charged to the cgroup that first reads it).
 import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync, mkdirSync, readFileSync, rmdirSync, writeFileSync } from "node:fs";
-import { join } from "node:path";
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmdirSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { basename, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { llamaBenchPath } from "./llama-bench.js";
 import { coordCli, median, root, workerCli } from "./procs.js";
@@ -79,21 +81,44 @@ interface RunJson {
   placement?: { plan: { devices: { name: string; set: string; windowLayers: number; ramLayerCapacityBytes: number; reloadBytesPerToken: number }[] }; per_cycle: number[]; devices: { diskSeqReadBytesPerS?: number }[]; prediction: Prediction };
 }
 
+/** Each device's own copy of a model (head, dev-a, dev-b), as three machines each have their own disk:
+ * one file shared by three processes on one host puts a page on the bill of the cgroup that read it
+ * first (a worker's profile pass reads layers another device will run), and one device's reclaim then
+ * evicts another's pages. */
+const deviceFiles = new Map<string, readonly string[]>();
+
+async function withDeviceFiles<T>(model: string, body: () => Promise<T>): Promise<T> {
+  const dir = mkdtempSync(join(tmpdir(), "prima-capped-"));
+  try {
+    const copies = ["dev-a", "dev-b"].map((n) => join(dir, `${n}-${basename(model)}`));
+    for (const c of copies) copyFileSync(model, c);
+    deviceFiles.set(model, [model, ...copies]);
+    return await body();
+  } finally {
+    deviceFiles.delete(model);
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+/** Flags the coordinator takes and a worker does not (the others go to every process). */
+const HEAD_ONLY_FLAGS = new Set(["--measure-routing"]);
+
 /** One ring run: head then two workers (dev-a, dev-b), each in a fresh cgroup of capMiB (or of its own
  * cap, head first). */
 async function ringRun(model: string, capMiB: number | readonly number[], windows: readonly number[] | null, tag: string, flags: readonly string[] = []): Promise<RunJson> {
+  const files = deviceFiles.get(model) ?? [model, model, model];
   const caps = typeof capMiB === "number" ? [capMiB, capMiB, capMiB] : capMiB;
   const groups = ["h", "a", "b"].map((n, i) => makeGroup(`prima-capped-${process.pid}-${tag}-${n}`, caps[i]));
   const procs: Proc[] = [];
   try {
     dropCaches();
     await new Promise((r) => setTimeout(r, 500));
-    const head = start(groups[0], [coordCli, "run", model, "--json", ...gen, "--port", "0", "--min-workers", "2", ...(windows ? ["--layer-windows", windows.join(",")] : []), ...flags]);
+    const head = start(groups[0], [coordCli, "run", files[0], "--json", ...gen, "--port", "0", "--min-workers", "2", ...(windows ? ["--layer-windows", windows.join(",")] : []), ...flags]);
     procs.push(head);
     const port = (await waitFor(head, /listening for workers on port (\d+)/, 120_000))[1];
     const tokenFile = (await waitFor(head, /--token-file (\S+)/, 5000))[1]; // the join token (trust/)
     for (const [i, name] of ["dev-a", "dev-b"].entries()) {
-      procs.push(start(groups[i + 1], [workerCli, "--join", `127.0.0.1:${port}`, "--model", model, "--name", name, "--once", "--token-file", tokenFile, ...flags]));
+      procs.push(start(groups[i + 1], [workerCli, "--join", `127.0.0.1:${port}`, "--model", files[i + 1], "--name", name, "--once", "--token-file", tokenFile, ...flags.filter((f) => !HEAD_ONLY_FLAGS.has(f))]));
       await waitFor(head, new RegExp(`"${name}" .*joined`), 120_000);
     }
     // unref'd: a pending limit must not keep the bench alive after its last run
@@ -102,7 +127,7 @@ async function ringRun(model: string, capMiB: number | readonly number[], window
     const line = head.out.split("\n").find((l) => l.startsWith("{"));
     if (!line) throw new Error(`head printed no JSON:\n${head.err.slice(-3000)}`);
     if (!windows) {
-      console.error(head.err.split("\n").filter((l) => /for layers|^\S.* M\d |plan:|token latency|reread/.test(l)).join("\n"));
+      console.error(head.err.split("\n").filter((l) => /for layers|^\S.* M\d |plan:|token latency|reread|MoE-3|routing:/.test(l)).join("\n"));
       // Each worker's pass as it timed it for the plan (the last such lines): a device whose timing fell
       // in a slow moment shows here, with the median of its recent timings if that was used.
       for (const w of procs.slice(1)) console.error(w.err.split("\n").filter((l) => /profile: forward pass/.test(l)).slice(-2).join("\n"));
@@ -205,23 +230,23 @@ export async function main(model: string, reps = 3, caps: readonly number[] = [2
 /** One capped setup: three loopback devices in memory cgroups of `cap` MiB each; the automatic plan and
  * a sweep of hand-made ones, `reps` rounds of each; prima and llama-bench alone in one such cgroup;
  * Halda's predictions against the measured ms per token. `flags` go to every process (--expert-prefetch);
- * `autoVariant`: a second automatic plan run beside the first each round with these flags too (what a
+ * `autoVariants`: further automatic plans run beside the first each round, each with its flags too (what a
  * switch changes, e.g. MoE's expert prefetch). Returns the summary line. */
-export async function cappedSetup(model: string, o: { name: string; cap: number; sweep: readonly number[][]; reps: number; aloneGoal: boolean; moe?: boolean; flags?: readonly string[]; autoVariant?: { name: string; flags: readonly string[] } }): Promise<string> {
-  const { cap, sweep, reps, flags = [], autoVariant } = o;
+export async function cappedSetup(model: string, o: { name: string; cap: number; sweep: readonly number[][]; reps: number; aloneGoal: boolean; moe?: boolean; flags?: readonly string[]; autoVariants?: readonly { name: string; flags: readonly string[] }[] }): Promise<string> {
+  const { cap, sweep, reps, flags = [], autoVariants = [] } = o;
   console.log(`\n## capped devices: 3 x ${cap} MiB (memory cgroups), ${o.name}, decode ${N_PREDICT} tokens, ctx ${CTX}, median of ${reps} rounds\n`);
   // Rounds: the automatic plan and every hand-made one once each per round, so that a slow spell of
   // this shared machine falls on all of them; each setup's median over the rounds counts.
-  const autoRuns: RunJson[] = [], variantRuns: RunJson[] = [];
+  const autoRuns: RunJson[] = [], variantRuns = autoVariants.map(() => [] as RunJson[]);
   const handRuns = sweep.map(() => [] as RunJson[]);
   const failures = sweep.map(() => "");
-  for (let r = 0; r < reps; r++) {
+  await withDeviceFiles(model, async () => { for (let r = 0; r < reps; r++) {
     const auto = await ringRun(model, cap, null, `auto${cap}`, flags);
     autoRuns.push(auto);
     // Every round's per-device counters (the table shows the median round's): ms per decode step.
     console.error(`automatic round ${r + 1}: ${(1000 / auto.decode_tok_s).toFixed(2)} ms a token; ` +
       auto.devices_decode.map((d) => `${d.device}: compute ${d.compute_ms.toFixed(2)}, send ${d.send_ms.toFixed(2)}, wait ${d.wait_ms.toFixed(2)}, preempted ${d.descheduled_ms.toFixed(2)}`).join("; "));
-    if (autoVariant) variantRuns.push(await ringRun(model, cap, null, `var${cap}`, [...flags, ...autoVariant.flags]));
+    for (const [v, variant] of autoVariants.entries()) variantRuns[v].push(await ringRun(model, cap, null, `var${cap}`, [...flags, ...variant.flags]));
     for (const [i, w] of sweep.entries()) {
       try {
         handRuns[i].push(await ringRun(model, cap, w, `hand${cap}`, flags));
@@ -229,7 +254,7 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
         failures[i] = `failed: ${(e as Error).message.split("\n")[0]}`;
       }
     }
-  }
+  } });
   const auto = medianRun(autoRuns)!;
   const best: { w: number[]; tokS: number } = { w: [], tokS: 0 };
   const hand: string[] = [];
@@ -245,9 +270,12 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
   console.log("| setup | decode tok/s | ratio |");
   console.log("|---|---|---|");
   console.log(`| automatic (Halda) [${auto.layer_windows.join(",")}] (median of ${autoRuns.map((x) => `${x.decode_tok_s.toFixed(1)} [${x.layer_windows}]`).join(", ")}) | ${auto.decode_tok_s.toFixed(2)} | ${(auto.decode_tok_s / best.tokS).toFixed(2)}x the best hand-made (goal >= 0.95) |`);
-  const variant = medianRun(variantRuns);
-  if (autoVariant && variant) {
-    console.log(`| automatic, ${autoVariant.name} [${variant.layer_windows.join(",")}] (median of ${variantRuns.map((x) => `${x.decode_tok_s.toFixed(1)} [${x.layer_windows}]`).join(", ")}) | ${variant.decode_tok_s.toFixed(2)} | ${(variant.decode_tok_s / auto.decode_tok_s).toFixed(2)}x without |`);
+  for (const [v, { name }] of autoVariants.entries()) {
+    const variant = medianRun(variantRuns[v]);
+    if (!variant) continue;
+    const pr = variant.placement?.prediction;
+    const predicted = pr ? `; predicted ${pr.predictedTokenMs.toFixed(1)} ms a token, measured ${pr.measuredTokenMs.toFixed(1)}` : "";
+    console.log(`| automatic, ${name} [${variant.layer_windows.join(",")}] (median of ${variantRuns[v].map((x) => `${x.decode_tok_s.toFixed(1)} [${x.layer_windows}]`).join(", ")}) | ${variant.decode_tok_s.toFixed(2)} | ${(variant.decode_tok_s / auto.decode_tok_s).toFixed(2)}x without${predicted} |`);
   }
   console.log(`| best hand-made [${best.w.join(",")}] (of ${hand.join("; ")}) | ${best.tokS.toFixed(2)} | 1.00 |`);
   console.log(`| prima alone in ${cap} MiB | ${fmt(alone)} | ${typeof alone === "number" ? `ring ${(auto.decode_tok_s / alone).toFixed(2)}x alone${o.aloneGoal ? " (goal >= 5)" : ""}` : "-"} |`);
