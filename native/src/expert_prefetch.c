@@ -129,6 +129,17 @@ static int expert_ranges(const prima_window *w, const prima_layer *L, int e, uin
   return n;
 }
 
+void prima_expert_routed_willneed(prima_window *w, int l, const int *first) {
+  if (!w->experts_random) return;
+  const prima_layer *L = &w->m->layers[l];
+  uint64_t ranges[6];
+  for (int e = 0; e < w->m->hp.n_expert; e++) {
+    if (first[e + 1] == first[e]) continue;
+    const int n = expert_ranges(w, L, e, ranges, 0);
+    for (int i = 0; i < n; i++) madvise(w->m->map + ranges[2 * i], (size_t)(ranges[2 * i + 1] - ranges[2 * i]), MADV_WILLNEED);
+  }
+}
+
 static void predict(const prima_task *t, prima_window *w, int l, const float *x, int n) {
   prima_expert_prefetch *xp = w->xp;
   const prima_layer *L = &w->m->layers[l];
@@ -233,7 +244,10 @@ int prima_window_expert_residency(prima_window *w, uint64_t *resident, uint64_t 
 
 /* Read-around on a fault in an expert tensor pulls in the neighbouring experts' rows, which a token
  * seldom routes to: MADV_RANDOM turns it off for the window's expert tensors (random != 0), or back to
- * the default. 0, or an errno. */
+ * the default. The mapping's huge-page advice (model.c map_weights) comes off with it, or the kernel
+ * still reads and keeps 2 MiB folios around each fault, several experts each, whatever else it is told
+ * (as for the embedding table): a capped device then faults a folio of experts in for one and evicts
+ * hot experts with cold ones. 0, or an errno. */
 int prima_window_experts_random(prima_window *w, int random) {
   const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
   const uint64_t map_end = ((uint64_t)w->m->map_bytes + page - 1) & ~(page - 1);
@@ -245,7 +259,12 @@ int prima_window_experts_random(prima_window *w, int random) {
       const uint64_t lo = ts[i]->offset & ~(page - 1);
       uint64_t hi = (ts[i]->offset + ts[i]->n_bytes + page - 1) & ~(page - 1);
       if (hi > map_end) hi = map_end;
-      if (hi > lo && madvise(w->m->map + lo, (size_t)(hi - lo), random ? MADV_RANDOM : MADV_NORMAL) != 0) return errno;
+      if (hi <= lo) continue;
+#if defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
+      /* back to huge pages only where map_weights asked for them */
+      if (random || !getenv("PRIMA_NO_THP")) madvise(w->m->map + lo, (size_t)(hi - lo), random ? MADV_NOHUGEPAGE : MADV_HUGEPAGE);
+#endif
+      if (madvise(w->m->map + lo, (size_t)(hi - lo), random ? MADV_RANDOM : MADV_NORMAL) != 0) return errno;
     }
   }
   return 0;

@@ -63,6 +63,11 @@ int prima_window_expert_residency(prima_window *w, uint64_t *resident, uint64_t 
 /* MADV_RANDOM (random != 0) or MADV_NORMAL on the window's expert tensors. 0, or an errno. */
 int prima_window_experts_random(prima_window *w, int random);
 
+/* The experts layer l routes to this pass (first: per expert, the start of its rows, as the MoE step
+ * groups them), advised in whole (MADV_WILLNEED) where the window reads its experts without
+ * read-around or huge pages: one read of each slice where its faults would read it a page at a time. */
+void prima_expert_routed_willneed(prima_window *w, int l, const int *first);
+
 /* In the forward pass, on every thread, before (after = 0) and after (1) layer l's attention: predicts
  * the experts of the MoE layer the window's mode says from rows x (n of them) and advises their bytes.
  * Uses w->h, the activation scratch and the router scratch, which the layer's own blocks overwrite

@@ -1242,6 +1242,7 @@ static void moe_block(const prima_task *t, prima_window *w, int l, float *x, int
     uint64_t *hits = w->expert_hits + (size_t)(l - w->first) * X;
     for (int e = 0; e < X; e++) hits[e] += (uint64_t)(first[e + 1] - first[e]);
     prima_expert_prefetch_score(w, l, first);
+    prima_expert_routed_willneed(w, l, first);
     int *fill = w->moe_mm_tokens; /* a cursor per expert here; the items' token counts below */
     for (int e = 0; e < X; e++) fill[e] = first[e];
     for (int i = 0; i < NK; i++) w->moe_slot[fill[w->moe_sel[i]]++] = i;

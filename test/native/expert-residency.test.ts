@@ -78,6 +78,35 @@ it("a window short of room is not streamed: its routed experts stay in memory af
   }
 }, 120_000);
 
+it("a window short of room reads each routed expert whole and no other: no read-around, no huge pages", async () => {
+  const shape = { ...modelShapeByName("tiny-qwen3moe")!, name: "moe-routed", nEmbd: 512, nLayers: 2, nFfExp: 1024 };
+  const path = join(dir, "moe-routed.gguf");
+  await generateModel({ shape, type: "Q8_0", out: path, pure: true, seed: 9, weightStd: 0.05 });
+  const fd = openSync(path, "r");
+  fsyncSync(fd);
+  closeSync(fd);
+  const m = LocalModel.open(path, { threads: 2 });
+  const w = m.window(0, m.nLayers, { ctx: 64 });
+  try {
+    w.streamBeyond(1); // no room: the experts are read as routed
+    w.release();
+    expect(w.expertResidency().expertsResident).toBe(0);
+    await w.forward(m.embed(Int32Array.of(7)), 0, 1, new Float32Array(m.nVocab));
+    const routed = (w.info().expertHits ?? []).flat().filter((n) => n > 0).length;
+    expect(routed).toBeGreaterThanOrEqual(shape.nExpertUsed!);
+    // each routed expert's slices read whole (MADV_WILLNEED on them), hardly any of their neighbours
+    // (at most one a layer, where the page cache's folio at a slice's edge completes one): with the
+    // mapping's huge pages, all 16 were resident after this one token
+    const { expertsResident, expertsTotal } = w.expertResidency();
+    expect(expertsResident).toBeGreaterThanOrEqual(routed);
+    expect(expertsResident).toBeLessThanOrEqual(routed + shape.nLayers);
+    expect(expertsResident).toBeLessThan(expertsTotal);
+  } finally {
+    w.close();
+    m.close();
+  }
+}, 120_000);
+
 it("reports 0 of 0 experts for a dense window", () => {
   const m = LocalModel.open(dense, { threads: 2 });
   try {
@@ -106,12 +135,16 @@ it("reads the experts without read-around (MADV_RANDOM) while the window does no
   const w = m.window(0, m.nLayers, { ctx: 64 });
   try {
     const random = () => mappingFlags(moe).some((f) => / rr( |$)/.test(f));
+    // and without huge pages there: 2 MiB folios would read and keep several experts for one
+    const noHuge = () => mappingFlags(moe).some((f) => / rr /.test(f) && / nh( |$)/.test(f));
     expect(mappingFlags(moe).length).toBeGreaterThan(0);
     expect(random()).toBe(false);
     w.streamBeyond(1);
     expect(random()).toBe(true);
+    expect(noHuge()).toBe(true);
     w.streamBeyond(2 ** 52);
     expect(random()).toBe(false);
+    expect(mappingFlags(moe).some((f) => / nh( |$)/.test(f))).toBe(false);
     w.expertsRandom(true); // pinned by the caller: streamBeyond leaves it
     w.streamBeyond(2 ** 52);
     expect(random()).toBe(true);
