@@ -52,14 +52,21 @@ it("counts the experts wholly in memory: none after a release, at least every ro
   }
 }, 60_000);
 
-it("a window short of room is not streamed: its routed experts stay in memory after a pass", async () => {
-  // experts of 3 MiB a layer (tiny-qwen3moe's are too small for a drop, which works in 2 MiB blocks)
-  const shape = { ...modelShapeByName("tiny-qwen3moe")!, name: "moe-stream", nEmbd: 512, nLayers: 3, nFfExp: 1024 };
-  const path = join(dir, "moe-stream.gguf");
-  await generateModel({ shape, type: "Q8_0", out: path, pure: true, seed: 5, weightStd: 0.05 });
+/** tiny-qwen3moe with experts of about half a MiB a slice (nEmbd 512, 1024 wide), written back to disk:
+ * only clean pages can be dropped by a release. */
+async function widerMoe(name: string, nLayers: number, seed: number) {
+  const shape = { ...modelShapeByName("tiny-qwen3moe")!, name, nEmbd: 512, nLayers, nFfExp: 1024 };
+  const path = join(dir, `${name}.gguf`);
+  await generateModel({ shape, type: "Q8_0", out: path, pure: true, seed, weightStd: 0.05 });
   const fd = openSync(path, "r");
   fsyncSync(fd);
   closeSync(fd);
+  return { shape, path };
+}
+
+it("a window short of room is not streamed: its routed experts stay in memory after a pass", async () => {
+  // experts of 3 MiB a layer (tiny-qwen3moe's are too small for a drop, which works in 2 MiB blocks)
+  const { path } = await widerMoe("moe-stream", 3, 5);
   const m = LocalModel.open(path, { threads: 2 });
   const w = m.window(0, m.nLayers, { ctx: 64 });
   try {
@@ -79,12 +86,7 @@ it("a window short of room is not streamed: its routed experts stay in memory af
 }, 120_000);
 
 it("a window short of room reads each routed expert whole and no other: no read-around, no huge pages", async () => {
-  const shape = { ...modelShapeByName("tiny-qwen3moe")!, name: "moe-routed", nEmbd: 512, nLayers: 2, nFfExp: 1024 };
-  const path = join(dir, "moe-routed.gguf");
-  await generateModel({ shape, type: "Q8_0", out: path, pure: true, seed: 9, weightStd: 0.05 });
-  const fd = openSync(path, "r");
-  fsyncSync(fd);
-  closeSync(fd);
+  const { shape, path } = await widerMoe("moe-routed", 2, 9);
   const m = LocalModel.open(path, { threads: 2 });
   const w = m.window(0, m.nLayers, { ctx: 64 });
   try {
