@@ -10,6 +10,11 @@
 #include "matmul.h"
 #include "ops.h"
 
+/* MADV_WILLNEED on n [lo, hi) byte ranges of the mapping (advice only). */
+static void advise_ranges(uint8_t *map, const uint64_t *ranges, int n) {
+  for (int i = 0; i < n; i++) madvise(map + ranges[2 * i], (size_t)(ranges[2 * i + 1] - ranges[2 * i]), MADV_WILLNEED);
+}
+
 /* Takes the latest request and advises its ranges, until told to stop. */
 static void *advise_thread(void *arg) {
   prima_expert_prefetch *xp = arg;
@@ -32,7 +37,7 @@ static void *advise_thread(void *arg) {
     memcpy(mine, xp->pending, sizeof(uint64_t) * 2 * (size_t)n);
     xp->n_pending = 0;
     pthread_mutex_unlock(&xp->lock);
-    for (int i = 0; i < n; i++) madvise(xp->map + mine[2 * i], (size_t)(mine[2 * i + 1] - mine[2 * i]), MADV_WILLNEED);
+    advise_ranges(xp->map, mine, n);
     pthread_mutex_lock(&xp->lock);
   }
   pthread_mutex_unlock(&xp->lock);
@@ -135,8 +140,7 @@ void prima_expert_routed_willneed(prima_window *w, int l, const int *first) {
   uint64_t ranges[6];
   for (int e = 0; e < w->m->hp.n_expert; e++) {
     if (first[e + 1] == first[e]) continue;
-    const int n = expert_ranges(w, L, e, ranges, 0);
-    for (int i = 0; i < n; i++) madvise(w->m->map + ranges[2 * i], (size_t)(ranges[2 * i + 1] - ranges[2 * i]), MADV_WILLNEED);
+    advise_ranges(w->m->map, ranges, expert_ranges(w, L, e, ranges, 0));
   }
 }
 
@@ -243,11 +247,9 @@ int prima_window_expert_residency(prima_window *w, uint64_t *resident, uint64_t 
 }
 
 /* Read-around on a fault in an expert tensor pulls in the neighbouring experts' rows, which a token
- * seldom routes to: MADV_RANDOM turns it off for the window's expert tensors (random != 0), or back to
- * the default. The mapping's huge-page advice (model.c map_weights) comes off with it, or the kernel
- * still reads and keeps 2 MiB folios around each fault, several experts each, whatever else it is told
- * (as for the embedding table): a capped device then faults a folio of experts in for one and evicts
- * hot experts with cold ones. 0, or an errno. */
+ * seldom routes to, and a 2 MiB folio holds several experts: a capped device faulted a folio in for one
+ * and evicted hot experts with cold ones. The window's expert tensors are advised sparse (random != 0,
+ * prima_advise_sparse) or back to the default. 0, or an errno. */
 int prima_window_experts_random(prima_window *w, int random) {
   const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
   const uint64_t map_end = ((uint64_t)w->m->map_bytes + page - 1) & ~(page - 1);
@@ -259,12 +261,7 @@ int prima_window_experts_random(prima_window *w, int random) {
       const uint64_t lo = ts[i]->offset & ~(page - 1);
       uint64_t hi = (ts[i]->offset + ts[i]->n_bytes + page - 1) & ~(page - 1);
       if (hi > map_end) hi = map_end;
-      if (hi <= lo) continue;
-#if defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
-      /* back to huge pages only where map_weights asked for them */
-      if (random || !getenv("PRIMA_NO_THP")) madvise(w->m->map + lo, (size_t)(hi - lo), random ? MADV_NOHUGEPAGE : MADV_HUGEPAGE);
-#endif
-      if (madvise(w->m->map + lo, (size_t)(hi - lo), random ? MADV_RANDOM : MADV_NORMAL) != 0) return errno;
+      if (hi > lo && prima_advise_sparse(w->m->map + lo, (size_t)(hi - lo), random) != 0) return errno;
     }
   }
   return 0;

@@ -239,6 +239,19 @@ static int bind_tensor(prima_model *m, const prima_tensor_desc *all, int n, cons
   return 0;
 }
 
+/* Whether the weights map with huge pages (PRIMA_NO_THP turns them off). */
+static int huge_pages_wanted(void) { return getenv("PRIMA_NO_THP") == NULL; }
+
+int prima_advise_sparse(uint8_t *p, size_t len, int sparse) {
+#if defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
+  if (sparse || huge_pages_wanted()) madvise(p, len, sparse ? MADV_NOHUGEPAGE : MADV_HUGEPAGE); /* advice only */
+#endif
+#ifdef MADV_RANDOM
+  if (madvise(p, len, sparse ? MADV_RANDOM : MADV_NORMAL) != 0) return errno;
+#endif
+  return 0;
+}
+
 /* Maps the file read-only at a 2 MiB-aligned address and asks for huge pages: where the file system
  * keeps large folios (ext4 and xfs on recent Linux), the weights then map with 2 MiB pages, read in by
  * 2 MiB readahead, and a token's pass over them needs a few hundred TLB entries instead of a page-table
@@ -246,7 +259,7 @@ static int bind_tensor(prima_model *m, const prima_tensor_desc *all, int n, cons
 static uint8_t *map_weights(int fd, size_t bytes) {
   const size_t huge = (size_t)2 << 20;
 #if defined(MAP_FIXED) && defined(MADV_HUGEPAGE)
-  if (!getenv("PRIMA_NO_THP")) {
+  if (huge_pages_wanted()) {
     /* reserve one huge page more, map the file over the aligned part, give back the rest */
     uint8_t *span = mmap(NULL, bytes + huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (span != MAP_FAILED) {
@@ -325,22 +338,15 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
       bind_tensor(m, tensors, n_tensors, "rope_factors_short.weight", hp->rope_dims / 2, 1, 1, 1, &m->rope_short, err, err_len))
     goto bad;
   if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
-#ifdef MADV_RANDOM
   else if (m->tok_embd.data) {
     /* An untied embedding table is read a row per token, rows far apart: without readahead a row
      * costs its own pages instead of the 2 MiB read around it (test/native/paging.test.ts: 20 rows
-     * 6.5 MB before, 0.27 MB after; Halda counts one row). The huge-page advice of the mapping
-     * (map_weights) comes off first: the kernel reads 2 MiB around a fault there whatever else it is
-     * told. */
+     * 6.5 MB before, 0.27 MB after; Halda counts one row). */
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t lo = (uintptr_t)m->tok_embd.data & ~(page - 1);
     const uintptr_t hi = ((uintptr_t)m->tok_embd.data + m->tok_embd.n_bytes + page - 1) & ~(page - 1);
-#ifdef MADV_NOHUGEPAGE
-    madvise((void *)lo, hi - lo, MADV_NOHUGEPAGE);
-#endif
-    madvise((void *)lo, hi - lo, MADV_RANDOM); /* advice only */
+    prima_advise_sparse((uint8_t *)lo, hi - lo, 1); /* advice only */
   }
-#endif
   m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
   if (!m->layers) {
     prima_fail(err, err_len, "out of memory");
