@@ -5,7 +5,7 @@ export { baselinePlan, baselineNames, type BaselineName } from "./baselines.js";
 export { predictLatency, predictLatencyMs, type Assignment, type ComputeBufferChoice, type DeviceEvaluation, type LatencyPrediction } from "./latency.js";
 export { effectiveDiskBytesPerS, parseDeviceProfiles, resolveDevice, type ParsedDevices, type ResolvedDevice } from "./devices.js";
 export { validKs, STREAM_MARGIN_BYTES, MAX_ROUTING_SEGMENTS, moeRereadBytes, moeRereadLines, moeTermsOf, routingSegments, type MoeTerms } from "./terms.js";
-export { moeNamedRereadBytes, namedLayers } from "./named-reread.js";
+export { moeNamedRereadBytes } from "./named-reread.js";
 export {
   HaldaError,
   type DeviceLatencyMs, type DeviceOs, type DevicePlan, type DeviceProfile, type DeviceSet, type DroppedDevice,

@@ -100,7 +100,7 @@ function termsWithBuffers(d: ResolvedDevice, isHead: boolean, flags: BufferFlags
 }
 
 /** Each device's first layer within a cycle, its windows laid out in ring order (o.ringOrder). */
-export function ringOffsets(windowLayers: readonly number[], ringOrder: readonly number[]): number[] {
+function ringOffsets(windowLayers: readonly number[], ringOrder: readonly number[]): number[] {
   const offsets = new Array<number>(windowLayers.length).fill(0);
   let at = 0;
   for (const i of ringOrder) { offsets[i] = at; at += windowLayers[i]; }

@@ -3,12 +3,11 @@
 // profile's routing share (model/ routingShareFromHits). Halda prices an overloaded device's rereads
 // with it (docs/HALDA.md "Mixture of experts"). One prefill of a few dozen tokens: every weight is read
 // once, no decode loop, so it costs about one prompt.
-import { createHash } from "node:crypto";
-import { readFileSync, renameSync, writeFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { LocalModel } from "../engine/index.js";
 import { Tokenizer, withMeasuredRouting, type ModelProfile } from "../model/index.js";
-import { defaultCacheDir, makeDirs } from "./cache.js";
+import { cacheKey, defaultCacheDir, makeDirs, writeJsonAtomically } from "./cache.js";
 
 /** Varied prose, code and numbers, so the router sees more than one kind of token. */
 export const ROUTING_TEXT =
@@ -70,7 +69,7 @@ function cachedHits(file: string, fingerprint: string, profile: ModelProfile): {
  */
 export async function cachedExpertRouting(model: LocalModel, profile: ModelProfile, fingerprint: string, log: (line: string) => void, dir = defaultCacheDir()): Promise<ModelProfile> {
   if (!profile.moe) return profile;
-  const file = join(dir, `routing-${createHash("sha256").update(fingerprint).digest("hex").slice(0, 24)}.json`);
+  const file = join(dir, `routing-${cacheKey({ fingerprint })}.json`);
   const cached = cachedHits(file, fingerprint, profile);
   if (cached) return withMeasuredRouting(profile, cached.hits, cached.tokens);
   const t0 = performance.now();
@@ -78,9 +77,7 @@ export async function cachedExpertRouting(model: LocalModel, profile: ModelProfi
   log(`routing: each layer's expert hits measured over ${measured.tokens} tokens in ${((performance.now() - t0) / 1000).toFixed(1)} s (kept for this model)`);
   try {
     makeDirs(dir);
-    const tmp = `${file}.${process.pid}.tmp`;
-    writeFileSync(tmp, JSON.stringify({ version: ROUTING_CACHE_VERSION, fingerprint, ...measured }));
-    renameSync(tmp, file);
+    writeJsonAtomically(file, { version: ROUTING_CACHE_VERSION, fingerprint, ...measured });
   } catch (e) {
     log(`routing: could not keep the measurement (${(e as Error).message}); it is measured again next time`);
   }
