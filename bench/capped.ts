@@ -84,18 +84,14 @@ interface RunJson {
 /** Each device's own copy of a model (head, dev-a, dev-b), as three machines each have their own disk:
  * one file shared by three processes on one host puts a page on the bill of the cgroup that read it
  * first (a worker's profile pass reads layers another device will run), and one device's reclaim then
- * evicts another's pages. */
-const deviceFiles = new Map<string, readonly string[]>();
-
-async function withDeviceFiles<T>(model: string, body: () => Promise<T>): Promise<T> {
+ * evicts another's pages. The copies are removed after `body`. */
+async function withDeviceFiles<T>(model: string, body: (files: readonly string[]) => Promise<T>): Promise<T> {
   const dir = mkdtempSync(join(tmpdir(), "prima-capped-"));
   try {
     const copies = ["dev-a", "dev-b"].map((n) => join(dir, `${n}-${basename(model)}`));
     for (const c of copies) copyFileSync(model, c);
-    deviceFiles.set(model, [model, ...copies]);
-    return await body();
+    return await body([model, ...copies]);
   } finally {
-    deviceFiles.delete(model);
     rmSync(dir, { recursive: true, force: true });
   }
 }
@@ -104,9 +100,8 @@ async function withDeviceFiles<T>(model: string, body: () => Promise<T>): Promis
 const HEAD_ONLY_FLAGS = new Set(["--measure-routing"]);
 
 /** One ring run: head then two workers (dev-a, dev-b), each in a fresh cgroup of capMiB (or of its own
- * cap, head first). */
-async function ringRun(model: string, capMiB: number | readonly number[], windows: readonly number[] | null, tag: string, flags: readonly string[] = []): Promise<RunJson> {
-  const files = deviceFiles.get(model) ?? [model, model, model];
+ * cap, head first), each reading its file of `files` (in that order). */
+async function ringRun(files: readonly string[], capMiB: number | readonly number[], windows: readonly number[] | null, tag: string, flags: readonly string[] = []): Promise<RunJson> {
   const caps = typeof capMiB === "number" ? [capMiB, capMiB, capMiB] : capMiB;
   const groups = ["h", "a", "b"].map((n, i) => makeGroup(`prima-capped-${process.pid}-${tag}-${n}`, caps[i]));
   const procs: Proc[] = [];
@@ -240,16 +235,16 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
   const autoRuns: RunJson[] = [], variantRuns = autoVariants.map(() => [] as RunJson[]);
   const handRuns = sweep.map(() => [] as RunJson[]);
   const failures = sweep.map(() => "");
-  await withDeviceFiles(model, async () => { for (let r = 0; r < reps; r++) {
-    const auto = await ringRun(model, cap, null, `auto${cap}`, flags);
+  await withDeviceFiles(model, async (files) => { for (let r = 0; r < reps; r++) {
+    const auto = await ringRun(files, cap, null, `auto${cap}`, flags);
     autoRuns.push(auto);
     // Every round's per-device counters (the table shows the median round's): ms per decode step.
     console.error(`automatic round ${r + 1}: ${(1000 / auto.decode_tok_s).toFixed(2)} ms a token; ` +
       auto.devices_decode.map((d) => `${d.device}: compute ${d.compute_ms.toFixed(2)}, send ${d.send_ms.toFixed(2)}, wait ${d.wait_ms.toFixed(2)}, preempted ${d.descheduled_ms.toFixed(2)}`).join("; "));
-    for (const [v, variant] of autoVariants.entries()) variantRuns[v].push(await ringRun(model, cap, null, `var${cap}`, [...flags, ...variant.flags]));
+    for (const [v, variant] of autoVariants.entries()) variantRuns[v].push(await ringRun(files, cap, null, `var${cap}`, [...flags, ...variant.flags]));
     for (const [i, w] of sweep.entries()) {
       try {
-        handRuns[i].push(await ringRun(model, cap, w, `hand${cap}`, flags));
+        handRuns[i].push(await ringRun(files, cap, w, `hand${cap}`, flags));
       } catch (e) {
         failures[i] = `failed: ${(e as Error).message.split("\n")[0]}`;
       }
@@ -331,8 +326,8 @@ async function streamingNeighbour(model: string, reps: number): Promise<string> 
   const plan = [6, 12, 4];
   const runs: Record<"streams" | "holds", RunJson[]> = { streams: [], holds: [] };
   for (let r = 0; r < reps; r++) {
-    runs.streams.push(await ringRun(model, [1024, 200, 200], plan, "nbr"));
-    runs.holds.push(await ringRun(model, [1024, 200, 1024], plan, "nbr"));
+    runs.streams.push(await ringRun([model, model, model], [1024, 200, 200], plan, "nbr"));
+    runs.holds.push(await ringRun([model, model, model], [1024, 200, 1024], plan, "nbr"));
   }
   const devices = runs.holds[0].devices_decode.map((d) => d.device);
   // By device name, not position: every run lists its devices in its own order.
