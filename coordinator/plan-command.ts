@@ -187,6 +187,8 @@ function report(label: string, profile: ModelProfile, plan: Plan, baselines: Bas
     out.push(x.routing === "measured"
       ? `routing measured over ${x.routingTokens} tokens: the hottest ${top} experts of a layer take ${(100 * hot).toFixed(1)} % of its assignments (uniform: ${((100 * top) / x.nExpert).toFixed(1)} %)`
       : `routing uniform, not measured (--measure-routing measures it on a model file): an overloaded device is priced as if every expert were as hot`);
+    // layers differ in skew, and windows are priced by the layers they name (MoE-3)
+    if (x.routingShareByLayer) out.push(`experts reached by layer (of ${x.nExpert}): ${x.routingShareByLayer.map((p) => p.filter((v) => v > 0).length).join(", ")}`);
   }
   out.push(`plan    ${plan.planner}: k = ${plan.k} cycle${plan.k === 1 ? "" : "s"}, predicted ${ms(plan.latencyMs)} ms/token` +
     (plan.runnerUp ? ` (runner-up k = ${plan.runnerUp.k}: ${ms(plan.runnerUp.latencyMs)} ms)` : ""));

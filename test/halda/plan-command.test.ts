@@ -195,6 +195,11 @@ describe("prima-coord plan on a mixture of experts (#29)", () => {
     const one = file("one.json", JSON.stringify([{ name: "pi", os: "linux", cpuFlopsPerS: { "*": 2e10 }, ramAvailableBytes: 3e9, diskSeqReadBytesPerS: 5e8 }]));
     expect(await planCommand([path, "--devices", one, "--measure-routing"])).toBe(0);
     expect(out.join("\n")).toMatch(/^routing measured over \d+ tokens: the hottest 2 experts of a layer take [\d.]+ % of its assignments \(uniform: 25.0 %\)$/m);
+    // each layer's own reach: a count per layer, each between the k a token runs and all 8
+    const reach = /^experts reached by layer \(of 8\): ([\d, ]+)$/m.exec(out.join("\n"));
+    const counts = reach![1].split(", ").map(Number);
+    expect(counts).toHaveLength(modelShapeByName("tiny-qwen3moe")!.nLayers);
+    for (const c of counts) { expect(c).toBeGreaterThanOrEqual(2); expect(c).toBeLessThanOrEqual(8); }
     expect(await planCommand(["--shape", "qwen3-30b-a3b", "--type", "Q4_K_M", "--devices", one, "--measure-routing"])).toBe(2);
     expect(err.join("\n")).toMatch(/--measure-routing runs the model: give a model file/);
   });
