@@ -17,14 +17,14 @@ export interface NamedSplit {
 
 /**
  * The best split of k cycles' layers over these devices (ring order; each takes at least one layer a
- * cycle) with every window priced by name; among splits within `tieMs` of the best, `prefer` (the ILP's)
- * when it is one. A device whose window has a problem (it may not overload, say) cannot take it.
+ * cycle) with every window priced by name; `prefer` (the ILP's split, in ring order) where it is
+ * within `tieMs` of the best. A device whose window has a problem (it may not overload, say) cannot take it.
  * Null when no split is free of problems.
  */
 export function bestNamedSplit(terms: readonly DeviceTerms[], k: number, m: ModelTerms, o: ResolvedOptions, prefer: readonly number[], tieMs: (ms: number) => number): NamedSplit | null {
   const A = terms.length, W = m.nLayers / k;
   const mt = m.moe!;
-  // Each window's merged shares, built by adding a layer at a time from each start.
+  // Each window's merged shares, made once per (first layer, width): every device prices the same windows.
   const prefixes = new Map<number, Float64Array>();
   const prefixOf = (offset: number, w: number) => {
     const key = offset * (W + 1) + w;
@@ -58,9 +58,7 @@ export function bestNamedSplit(terms: readonly DeviceTerms[], k: number, m: Mode
     return { evs, ms: evs.reduce((s, e) => s + e.latency.totalMs, 0), ok: evs.every((e) => e.problems.length === 0) };
   };
   let chosen = evaluate(windows);
-  if (prefer.length === A && prefer.every((w) => w >= 1) && prefer.reduce((s, w) => s + w, 0) === W) {
-    const kept = evaluate(prefer);
-    if (kept.ok && kept.ms <= chosen.ms + tieMs(chosen.ms)) { windows = [...prefer]; chosen = kept; }
-  }
+  const kept = evaluate(prefer); // the ILP's split: one of the DP's, so never below it
+  if (kept.ok && kept.ms <= chosen.ms + tieMs(chosen.ms)) { windows = [...prefer]; chosen = kept; }
   return { windows, evaluations: chosen.evs, latencyMs: chosen.ms };
 }
