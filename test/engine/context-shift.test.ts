@@ -14,7 +14,7 @@ import { RecordingSampler as Recording } from "../helpers/recording-sampler.js";
 import { Tokenizer, modelShapeByName } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
 import { root } from "../helpers/process.js";
-import { ORACLE_THREADS, loadOracle } from "./oracle-harness.js";
+import { ORACLE_THREADS, TOL_FLOOR, loadOracle } from "./oracle-harness.js";
 
 const dir = mkdtempSync(join(tmpdir(), "prima-context-shift-"));
 let llama: Llama;
@@ -49,7 +49,8 @@ const argmax = (l: Map<number, number>): number => {
 };
 
 /** llama.cpp's greedy generation of N tokens in a context of CTX, shifting as llama.cpp's completion
- * does (or fed `forced` tokens instead of its own: its logits at each step). */
+ * does (or fed `forced` tokens instead of its own: its logits at each step), and at each step its top
+ * two's margin as a share of the logits' spread. */
 async function theirs(path: string, prompt: Int32Array, shift: ContextShift, forced?: readonly number[], n = N): Promise<{ ids: number[]; margins: number[]; logits: Float32Array[] }> {
   const model = await llama.loadModel({ modelPath: path, gpuLayers: 0 });
   const context = await model.createContext({ contextSize: CTX, batchSize: CTX, threads: ORACLE_THREADS, flashAttention: false });
@@ -64,7 +65,7 @@ async function theirs(path: string, prompt: Int32Array, shift: ContextShift, for
     while (ids.length < n) {
       const id = forced ? forced[ids.length] : argmax(logits);
       const sorted = [...logits.values()].sort((a, b) => b - a);
-      margins.push(sorted[0] - sorted[1]);
+      margins.push((sorted[0] - sorted[1]) / (sorted[0] - sorted[sorted.length - 1]));
       if (forced) {
         const row = new Float32Array(model.tokens.length ?? logits.size);
         for (const [t, v] of logits) row[t] = v;
@@ -89,12 +90,15 @@ function distinct(ids: readonly number[]): number {
   return new Set(ids).size;
 }
 
-/** Ours equals theirs; a difference only where llama.cpp's top two were a near tie (then the rest differs). */
+/** Ours equals theirs; a difference only where llama.cpp's top two were a near tie (then the rest
+ * differs): within TOL_FLOOR of the logits' spread, the near tie of every other oracle test. (Seen: a
+ * margin of 8e-5 of the spread after two shifts on an AVX-512 host, whose F32 kernels sum in
+ * another order than AVX2's, which gave llama.cpp's token there.) */
 function expectSame(a: readonly number[], b: { ids: number[]; margins: number[] }, label: string): void {
   const k = a.findIndex((t, i) => t !== b.ids[i]);
   if (k < 0) return;
-  console.log(`${label}: first difference at generated token ${k} (llama.cpp's top-2 margin there ${b.margins[k]})`);
-  expect(b.margins[k], `${label}: token ${k} differs: llama.cpp ${b.ids[k]}, prima ${a[k]}`).toBeLessThan(1e-3);
+  console.log(`${label}: first difference at generated token ${k} (llama.cpp's top-2 margin there ${b.margins[k]} of the spread)`);
+  expect(b.margins[k], `${label}: token ${k} differs: llama.cpp ${b.ids[k]}, prima ${a[k]}`).toBeLessThan(TOL_FLOOR);
 }
 
 describe("generation past the context (context shift)", () => {

@@ -68,6 +68,14 @@ async function ringLogits(m: LocalModel, tokens: readonly number[], types: KvCac
 // K q8_0-rot with V f16 1.07x on gemma3: a gap of the mixed types there, not of the ring; left out here)
 const TYPES: KvCacheTypes[] = [{ k: "q8_0", v: "q8_0" }, { k: "q4_0", v: "q8_0" }, { k: "q8_0-rot", v: "q8_0-rot" }];
 
+// A quantized cache rounds every value it stores: where the two engines' K or V differ in the last
+// bits, one value can round to the neighbouring level. Seen on an AVX-512 host (llama.cpp's kernels
+// there sum in another order): q4_0 K, the 4 positions of one batch at 2e-3 of the logit spread, every
+// other position within 2e-7. Such a flip moves the logits by a small part of what the cache type
+// does to them (0.35 of the spread for q4_0 K on tiny-gpt-oss); a format or kernel bug moves them by
+// the order of that. So a type's tolerance is at least 1% of llama.cpp's own shift from an f16 cache.
+const SHARE_OF_TYPE_SHIFT = 0.01;
+
 describe.each(["tiny-gemma3", "tiny-gpt-oss"])("%s: quantized caches in sliding-window rings", (shape) => {
   const path = join(dir, `${shape}.gguf`);
   let m: LocalModel;
@@ -99,11 +107,13 @@ describe.each(["tiny-gemma3", "tiny-gpt-oss"])("%s: quantized caches in sliding-
     expect(prompt.length).toBeGreaterThan(4 * (4 + BATCH)); // the rings wrap several times
     const ref = await theirLogits(path, prompt, types);
     const ours = await ringLogits(m, prompt, types);
+    const shift = compare(ref, await theirLogits(path, prompt, { k: "f16", v: "f16" }), 0).maxRelErr;
+    const typeTol = Math.max(tol, SHARE_OF_TYPE_SHIFT * shift);
     // the first position returns the one cached V row: equal only when both caches hold the same bytes
     expect(compare(ours.slice(0, 1), ref.slice(0, 1), TOL_FIRST_POSITION).maxRelErr).toBeLessThan(TOL_FIRST_POSITION);
-    const all = compare(ours, ref, tol);
+    const all = compare(ours, ref, typeTol);
     expect(all.top1Mismatches).toEqual([]);
-    expect(all.maxRelErr).toBeLessThan(tol);
+    expect(all.maxRelErr).toBeLessThan(typeTol);
     // the check tells the cache types apart: an F16 cache's logits are not within it at every position
     const f16 = await ringLogits(m, prompt, { k: "f16", v: "f16" });
     expect(compare(ours, f16, 0).maxRelErr).toBeGreaterThan(TOL_FIRST_POSITION);
@@ -122,10 +132,11 @@ describe.each(["tiny-gemma3", "tiny-gpt-oss"])("%s: quantized caches in sliding-
         if (r[i] > r[best]) best = i;
         min = Math.min(min, r[i]);
       }
-      if (best !== res.ids[k]) expect((r[best] - r[res.ids[k]]) / (r[best] - min), `greedy step ${k}: llama.cpp picks ${best}, we ${res.ids[k]}`).toBeLessThan(tol);
+      if (best !== res.ids[k]) expect((r[best] - r[res.ids[k]]) / (r[best] - min), `greedy step ${k}: llama.cpp picks ${best}, we ${res.ids[k]}`).toBeLessThan(typeTol);
     }
-    const whole = compare(await ringLogits(m, seq, types), theirs, tol);
-    expect(whole.maxRelErr).toBeLessThan(tol);
-    console.log(`${shape} K ${types.k} V ${types.v}: max |ours - llama.cpp| ${whole.maxRelErr.toExponential(2)} over ${seq.length} positions (tolerance ${tol.toExponential(2)})`);
+    const whole = compare(await ringLogits(m, seq, types), theirs, typeTol);
+    expect(whole.maxRelErr).toBeLessThan(typeTol);
+    console.log(`${shape} K ${types.k} V ${types.v}: max |ours - llama.cpp| ${whole.maxRelErr.toExponential(2)} over ${seq.length} positions ` +
+      `(tolerance ${typeTol.toExponential(2)}: llama.cpp's noise ${tol.toExponential(2)}, the type's shift from f16 ${shift.toExponential(2)})`);
   }, 180_000);
 });
