@@ -1,9 +1,10 @@
 /* x86 twins of quants.c. This one source is compiled once per x86 level, each into its own static
  * library, and a level's functions are only called after kernels.c saw the CPU run that level:
  *   AVX2 + FMA + F16C                      -> prima_avx2_fns
- *   + AVX-512 F/BW/DQ/VL                   -> prima_avx512_fns: 512-bit float and K-quant dots; the
- *                                             32-element blocks are the AVX2 code with EVEX's 32 registers
+ *   + AVX-512 F/BW/DQ/VL                   -> prima_avx512_fns: 512-bit float dots; the blocks are the
+ *                                             AVX2 code with EVEX's 32 registers
  *   + AVX-512 VNNI                         -> prima_avx512vnni_fns: also vpdpbusd for the 32-element blocks
+ *                                             and vpdpwssd for the K-quants' scale multiply-add
  *
  * Every dot decodes a weight block once and uses it for each of the nc activation rows, with integer
  * products (maddubs: unsigned weight levels x signed activations -> int16 pairs; madd: x group scale
@@ -300,94 +301,22 @@ ALWAYS_INLINE __m128i k4_scales_mins(const uint8_t *s) {
                        (int)((u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4)), (int)(u[0] & 0x3f3f3f3f));
 }
 
-/* K-quant dots at either width. A level vector holds VB bytes: 32 (ymm) or, with AVX-512, 64 (zmm:
- * two consecutive 32-element vectors of the ymm bodies, whose activations are contiguous, so one
- * multiply-add step covers 64 elements). The per-width parts are how a vector's levels and group
- * scales are gathered; the integer sums are the same either way. */
-#ifdef __AVX512BW__
-#define VB 64
-typedef __m512i vint;
-#define vi_zero _mm512_setzero_si512
-#define vi_add32 _mm512_add_epi32
-#define vi_load(p) _mm512_loadu_si512((const void *)(p))
-#define vi_from256 _mm512_zextsi256_si512 /* an 8-lane int32 term in the first lanes */
-#define vi_dot16(q, a, s) _mm512_madd_epi16(_mm512_maddubs_epi16(q, a), s)
-#define vi_or _mm512_or_si512
-/* the int32 sums folded to the 8 lanes the ymm bodies sum into (exact), so the float steps after are
- * AVX2's: a zmm float accumulator summed other lanes in another order, and on a random-weight Q4_K_M
- * model that rounding flipped a Q8 activation level and greedy tokens parted from AVX2's */
-#define vi_to_ps8(v) _mm256_cvtepi32_ps(_mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)))
-#define vi_hsum32 _mm512_reduce_add_epi32
-
-/* int16 lanes 0..7 of v (a group's scale each) spread over the 32 lanes: lanes 8k..8k+7 (16 elements'
- * pair sums) get scale g[k]. */
-ALWAYS_INLINE vint spread_scales(vint v, int g0, int g1, int g2, int g3) {
-  const __m256i lo = _mm256_set_m128i(_mm_set1_epi16((short)g1), _mm_set1_epi16((short)g0));
-  const __m256i hi = _mm256_set_m128i(_mm_set1_epi16((short)g3), _mm_set1_epi16((short)g2));
-  return _mm512_permutexvar_epi16(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), v);
-}
-/* The 32 bytes at p in both halves, the upper half shifted right by `upper_shift` bits (per 16-bit
- * lane: callers mask to bits that stay inside their byte). */
-ALWAYS_INLINE vint twice_shifted(const uint8_t *p, const int upper_shift) {
-  const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
-  return _mm512_mask_blend_epi64(0xF0, v, _mm512_srli_epi16(v, upper_shift));
-}
-/* Eight int16 scales (lanes 0..7, from int8 or uint8 s8) as the K bodies' scale source. */
-ALWAYS_INLINE vint scales16(__m128i s16) { return _mm512_castsi128_si512(s16); }
-
-/* Q4_K/Q5_K, 64-element chunk j (groups 2j, 2j+1): the low nibbles of qs[32j..] then the high ones;
- * Q5_K's fifth bits are bit 2j / 2j+1 of each qh byte. */
-ALWAYS_INLINE vint k4_levels(const uint8_t *qs, const uint8_t *qh, int j, int v) {
-  (void)v;
-  vint q = _mm512_and_si512(twice_shifted(qs + 32 * j, 4), _mm512_set1_epi8(0x0F));
-  if (qh) q = _mm512_or_si512(q, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(twice_shifted(qh, 1), 2 * j),
-                                                                    _mm512_set1_epi8(1)), 4));
-  return q;
-}
-ALWAYS_INLINE vint k4_scale(vint scales, int j, int v) { (void)v; return spread_scales(scales, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1); }
-
-/* Q6_K, half h, vector v (elements 128h + 64v ..): the low nibbles of ql[64h..64h+63] (v = 0) or their
- * high nibbles (v = 1), with qh[32h..] bits 0-1 / 2-3 (v = 0) or 4-5 / 6-7 (v = 1) as bits 4-5; groups
- * 4v..4v+3 of the half. */
-ALWAYS_INLINE vint q6_levels(const uint8_t *ql, const uint8_t *qh, int v) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-  const __m512i l = _mm512_loadu_si512((const void *)ql);
-  const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
-  const __m512i low4 = v == 0 ? _mm512_and_si512(l, m4) : _mm512_and_si512(_mm512_srli_epi16(l, 4), m4);
-  /* per-16-bit-lane shifts of qh, lower / upper half: left by 4 / 2 (v = 0), right by 0 / 2 (v = 1) */
-  const __m512i high2 = v == 0 ? _mm512_sllv_epi16(h, _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1))
-                               : _mm512_srlv_epi16(h, _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1));
-  return _mm512_or_si512(low4, _mm512_and_si512(high2, m30));
-}
-/* The scales of 16-element groups 4v..4v+3 of a 128-element half (Q6_K, Q3_K, Q2_K). */
-ALWAYS_INLINE vint g16_scale(vint scales, int v) { return spread_scales(scales, 4 * v, 4 * v + 1, 4 * v + 2, 4 * v + 3); }
-
-/* Q2_K/Q3_K, half h, vector v (elements 128h + 64v ..): bits 4v..4v+1 of qs[32h..] (lower half) and
- * 4v+2..4v+3 (upper); Q3_K's third bit is bit 4h+2v / 4h+2v+1 of each hmask byte. */
-ALWAYS_INLINE vint q2_levels(const uint8_t *qs, int v) {
-  return _mm512_and_si512(_mm512_srli_epi16(twice_shifted(qs, 2), 4 * v), _mm512_set1_epi8(3));
-}
-ALWAYS_INLINE vint q3_high_bits(const uint8_t *hmask, int h, int v) {
-  return _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(twice_shifted(hmask, 1), 4 * h + 2 * v), _mm512_set1_epi8(1)), 2);
-}
-
-/* IQ4_XS, vector v: the signed levels of groups 2v and 2v+1 (qs[32v..32v+31]), and their scales. */
-ALWAYS_INLINE vint iq4xs_levels(const uint8_t *qs, int v) {
-  const __m512i nib = _mm512_inserti64x4(_mm512_castsi256_si512(nibbles32(qs + 32 * v)), nibbles32(qs + 32 * v + 16), 1);
-  return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(iq4_grid128()), nib);
-}
-ALWAYS_INLINE vint iq4xs_scale(vint scales, int v) { return spread_scales(scales, 2 * v, 2 * v, 2 * v + 1, 2 * v + 1); }
-/* Signed levels q against activations x through maddubs (unsigned x signed): |q| and x negated where q < 0. */
-#define vi_abs8 _mm512_abs_epi8
-ALWAYS_INLINE vint vi_sign8(vint x, vint q) { return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(q), _mm512_setzero_si512(), x); }
-#else
+/* K-quant dots: a level vector holds VB = 32 bytes (a ymm) at every x86 level. 64-byte (zmm) bodies
+ * were slower at every K type, nc = 1 and nc = 8, on the one AVX-512 CPU measured (Zen 4, which runs a
+ * 512-bit op as two 256-bit halves): the gathering of levels and scales across 64 bytes costs shuffles
+ * the ymm bodies do not need (bench/kernels.ts: Q4_K nc = 1 8.6 against 6.3 ns a block). With
+ * AVX-512 VNNI (and VL) the scale multiply-add is one dpwssd. */
 #define VB 32
 typedef __m256i vint;
 #define vi_zero _mm256_setzero_si256
 #define vi_add32 _mm256_add_epi32
 #define vi_load(p) _mm256_loadu_si256((const __m256i *)(p))
 #define vi_from256(x) (x)
-#define vi_dot16(q, a, s) _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), s)
+#ifdef __AVX512VNNI__
+#define vi_dot16_add(acc, q, a, s) _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(q, a), s)
+#else
+#define vi_dot16_add(acc, q, a, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), s))
+#endif
 #define vi_or _mm256_or_si256
 #define vi_to_ps8 _mm256_cvtepi32_ps
 ALWAYS_INLINE int vi_hsum32(__m256i v) {
@@ -441,7 +370,18 @@ ALWAYS_INLINE vint iq4xs_levels(const uint8_t *qs, int v) {
 ALWAYS_INLINE vint iq4xs_scale(vint scales, int v) { return _mm256_shuffle_epi8(scales, bcast16_mask(v)); }
 #define vi_abs8 _mm256_abs_epi8
 #define vi_sign8 _mm256_sign_epi8
-#endif
+
+/* A super-block's integer sums per row, sumi[chain][row]. With VNNI a multiply-add into an accumulator
+ * is one instruction (dpwssd) whose latency (4-5 cycles) would chain a block's vectors one after the
+ * other for a lone row (decode): there the vectors take turns over SUMI_CHAINS accumulators, folded
+ * once a block (integer sums in any order: the same bits at every nc). */
+#define SUMI_CHAINS(NC) ((NC) == 1 ? 4 : (NC) == 2 ? 2 : 1)
+#define SUMI_ZERO(sumi)                                                                               \
+  for (int ch = 0; ch < SUMI_CHAINS(NC); ch++)                                                        \
+    for (int c = 0; c < NC; c++) sumi[ch][c] = vi_zero()
+#define SUMI_FOLD(sumi)                                                                               \
+  for (int ch = 1; ch < SUMI_CHAINS(NC); ch++)                                                        \
+    for (int c = 0; c < NC; c++) sumi[0][c] = vi_add32(sumi[0][c], sumi[ch][c])
 
 /* Q4_K and Q5_K: 8 groups of 32; group 2j = low nibbles of qs chunk j, 2j+1 = high nibbles. QH(b) is
  * the block's fifth bits, or NULL. Per block and row, two multiply-adds into the row's accumulator:
@@ -461,17 +401,19 @@ ALWAYS_INLINE vint iq4xs_scale(vint scales, int v) { return _mm256_shuffle_epi8(
       const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));                         \
       const vint scales = scales16(_mm_cvtepu8_epi16(scm));                                           \
       const float d = h2f(b->d), dmin = h2f(b->dmin);                                                 \
-      vint sumi[PRIMA_MAX_NC];                                                                        \
-      for (int c = 0; c < NC; c++) sumi[c] = vi_zero();                                               \
+      vint sumi[4][PRIMA_MAX_NC];                                                                     \
+      SUMI_ZERO(sumi);                                                                                \
       for (int j = 0; j < 4; j++)                                                                     \
         for (int v = 0; v < 64 / VB; v++) {                                                           \
           const vint q = k4_levels(b->qs, QH(b), j, v), s = k4_scale(scales, j, v);                   \
+          vint *chain = sumi[(j * (64 / VB) + v) % SUMI_CHAINS(NC)];                                  \
           for (int c = 0; c < NC; c++)                                                                \
-            sumi[c] = vi_add32(sumi[c], vi_dot16(q, vi_load(act_k(a, as, c, i)->qs + 64 * j + VB * v), s)); \
+            chain[c] = vi_dot16_add(chain[c], q, vi_load(act_k(a, as, c, i)->qs + 64 * j + VB * v), s); \
         }                                                                                             \
+      SUMI_FOLD(sumi);                                                                                \
       for (int c = 0; c < NC; c++) {                                                                  \
         const block_q8_K *x = act_k(a, as, c, i);                                                     \
-        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), vi_to_ps8(sumi[c]), acc[c]);               \
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), vi_to_ps8(sumi[0][c]), acc[c]);            \
         const __m256i mp = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x->bsums));    \
         acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(x->d * dmin), _mm256_cvtepi32_ps(mp), acc[c]);       \
       }                                                                                               \
@@ -485,13 +427,14 @@ ALWAYS_INLINE vint iq4xs_scale(vint scales, int v) { return _mm256_shuffle_epi8(
 K4_DOT(dot_q4_K, block_q4_K, NO_QH)
 K4_DOT(dot_q5_K, block_q5_K, Q5_QH)
 
-/* sumi[c] += one 128-element half h of a super-block in 16-element groups: 128 / VB level vectors
+/* sumi += one 128-element half h of a super-block in 16-element groups: 128 / VB level vectors
  * (LEVELS, an expression of v) against the activations, with the half's int16 `scales`. */
 #define HALF128_DOT(LEVELS)                                                                           \
   for (int v = 0; v < 128 / VB; v++) {                                                                \
     const vint q = (LEVELS), s = g16_scale(scales, v);                                                \
+    vint *chain = sumi[(h * (128 / VB) + v) % SUMI_CHAINS(NC)];                                       \
     for (int c = 0; c < NC; c++)                                                                      \
-      sumi[c] = vi_add32(sumi[c], vi_dot16(q, vi_load(act_k(a, as, c, i)->qs + 128 * h + VB * v), s)); \
+      chain[c] = vi_dot16_add(chain[c], q, vi_load(act_k(a, as, c, i)->qs + 128 * h + VB * v), s);   \
   }
 
 /* Q6_K and Q3_K: unsigned levels (q + 2^(OFFSET_SHIFT)) in 16 groups of 16 with int8 scales; the
@@ -508,19 +451,21 @@ K4_DOT(dot_q5_K, block_q5_K, Q5_QH)
       const __m128i sc8 = (SCALES8);                                                                  \
       const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);                                                 \
       const float d = h2f(b->d);                                                                      \
-      vint sumi[PRIMA_MAX_NC];                                                                        \
+      vint sumi[4][PRIMA_MAX_NC];                                                                     \
+      SUMI_ZERO(sumi);                                                                                \
       for (int c = 0; c < NC; c++) {                                                                  \
         const block_q8_K *x = act_k(a, as, c, i);                                                     \
         const __m256i bias = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x->bsums));  \
-        sumi[c] = vi_from256(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, OFFSET_SHIFT))); \
+        sumi[0][c] = vi_from256(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, OFFSET_SHIFT))); \
       }                                                                                               \
       for (int h = 0; h < 2; h++) {                                                                   \
         const vint scales = scales16(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));      \
         HALF128_DOT(LEVELS)                                                                           \
       }                                                                                               \
+      SUMI_FOLD(sumi);                                                                                \
       for (int c = 0; c < NC; c++) {                                                                  \
         const block_q8_K *x = act_k(a, as, c, i);                                                     \
-        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), vi_to_ps8(sumi[c]), acc[c]);              \
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), vi_to_ps8(sumi[0][c]), acc[c]);           \
       }                                                                                               \
     }                                                                                                 \
     for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);                                            \
@@ -544,23 +489,24 @@ ALWAYS_INLINE void dot_q2_K_nc(int n, const void *vw, const void *a, size_t as, 
     const __m128i sc8 = _mm_and_si128(sm, m4);
     const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4));
     const float d = h2f(b->d), dmin = h2f(b->dmin);
-    vint sumi[PRIMA_MAX_NC];
+    vint sumi[4][PRIMA_MAX_NC];
     float msum[PRIMA_MAX_NC];
+    SUMI_ZERO(sumi);
     for (int c = 0; c < NC; c++) {
       const block_q8_K *x = act_k(a, as, c, i);
       const __m256i mp = _mm256_madd_epi16(mins16, _mm256_loadu_si256((const __m256i *)x->bsums));
       const __m128i m128 = _mm_add_epi32(_mm256_castsi256_si128(mp), _mm256_extracti128_si256(mp, 1));
       const __m128i m64 = _mm_add_epi32(m128, _mm_unpackhi_epi64(m128, m128));
       msum[c] = (float)_mm_cvtsi128_si32(_mm_add_epi32(m64, _mm_shuffle_epi32(m64, 1)));
-      sumi[c] = vi_zero();
     }
     for (int h = 0; h < 2; h++) {
       const vint scales = scales16(_mm_cvtepu8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
       HALF128_DOT(q2_levels(b->qs + 32 * h, v))
     }
+    SUMI_FOLD(sumi);
     for (int c = 0; c < NC; c++) {
       const block_q8_K *x = act_k(a, as, c, i);
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), vi_to_ps8(sumi[c]), acc[c]);
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), vi_to_ps8(sumi[0][c]), acc[c]);
       acc[c] = _mm256_sub_ps(acc[c], _mm256_setr_ps((x->d * dmin) * msum[c], 0, 0, 0, 0, 0, 0, 0));
     }
   }
@@ -615,14 +561,16 @@ ALWAYS_INLINE void dot_iq4_xs_nc(int n, const void *vw, const void *a, size_t as
     PREFETCH(b, (int)sizeof(block_iq4_xs));
     const vint scales = scales16(iq4xs_scales(b));
     const float d = h2f(b->d);
-    vint sumi[PRIMA_MAX_NC];
-    for (int c = 0; c < NC; c++) sumi[c] = vi_zero();
+    vint sumi[4][PRIMA_MAX_NC];
+    SUMI_ZERO(sumi);
     for (int v = 0; v < QK_K / VB; v++) {
       const vint q = iq4xs_levels(b->qs, v), absq = vi_abs8(q), s = iq4xs_scale(scales, v);
+      vint *chain = sumi[v % SUMI_CHAINS(NC)];
       for (int c = 0; c < NC; c++)
-        sumi[c] = vi_add32(sumi[c], vi_dot16(absq, vi_sign8(vi_load(act_k(a, as, c, i)->qs + VB * v), q), s));
+        chain[c] = vi_dot16_add(chain[c], absq, vi_sign8(vi_load(act_k(a, as, c, i)->qs + VB * v), q), s);
     }
-    for (int c = 0; c < NC; c++) acc[c] = iq4xs_sum(vi_hsum32(sumi[c]), d, act_k(a, as, c, i)->d, acc[c]);
+    SUMI_FOLD(sumi);
+    for (int c = 0; c < NC; c++) acc[c] = iq4xs_sum(vi_hsum32(sumi[0][c]), d, act_k(a, as, c, i)->d, acc[c]);
   }
   for (int c = 0; c < NC; c++) out[c] = acc[c];
 }
