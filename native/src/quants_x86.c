@@ -292,13 +292,20 @@ ALWAYS_INLINE const block_q8_K *act_k(const void *a, size_t as, int c, int i) {
   return (const block_q8_K *)((const uint8_t *)a + (size_t)c * as) + i;
 }
 
-/* The 8 six-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K block. */
-/* (built in registers: storing four uint32 and loading them as one vector stalls store forwarding) */
+/* The 8 six-bit scales (bytes 0..7) and mins (bytes 8..15) of a Q4_K/Q5_K block, from its 12 scale
+ * bytes as dwords u0..u2: scales 0-3 and mins 0-3 are the low 6 bits of u0 and u1; scales and mins 4-7
+ * the low and high nibbles of u2, with their top 2 bits in the top bits of u0 and u1. Built in vector
+ * lanes (8 instructions, where scalars and inserts took about 20; 3% of the Q4_K dot). The 16-byte load
+ * reads 4 bytes past the scales, inside the block (its levels follow). */
 ALWAYS_INLINE __m128i k4_scales_mins(const uint8_t *s) {
-  uint32_t u[3];
-  memcpy(u, s, 12);
-  return _mm_set_epi32((int)(((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4)), (int)(u[1] & 0x3f3f3f3f),
-                       (int)((u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4)), (int)(u[0] & 0x3f3f3f3f));
+  const __m128i u = _mm_loadu_si128((const __m128i *)s);
+  /* lanes: scales 0-3 (u0), scales 4-7 (u2 low nibbles), mins 0-3 (u1), mins 4-7 (u2 high nibbles) */
+  const __m128i low = _mm_and_si128(_mm_srlv_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(2, 1, 2, 0)), _mm_setr_epi32(0, 0, 0, 4)),
+                                    _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+  /* the top 2 bits of scales and mins 4-7: bits 6-7 of each byte of u0 and u1, moved to bits 4-5 */
+  const __m128i top = _mm_and_si128(_mm_srli_epi32(_mm_shuffle_epi32(u, _MM_SHUFFLE(1, 0, 0, 0)), 2),
+                                    _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+  return _mm_or_si128(low, top);
 }
 
 /* K-quant dots: a level vector holds VB = 32 bytes (a ymm) at every x86 level. 64-byte (zmm) bodies
