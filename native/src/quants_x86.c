@@ -639,26 +639,35 @@ ALWAYS_INLINE void iq4xs_tile(const iq4xs_panel *p, const void *a, size_t as, in
   for (int g = 0; g < QK_K / 32; g++) {
     const __m256i s = _mm256_load_si256((const __m256i *)p->sc[g]);
 #ifdef __AVX512VNNI__
-    /* four products straight into int32 per row; the group's sum then times its scale (the same integers) */
+    /* four products straight into int32 per row, the levels made unsigned (q + 128, dpbusd's unsigned
+     * side) and 128 times the group's activations taken off after (their sum: two of the token's bsums);
+     * the group's sum then times its scale: the same integers as the dot's */
     __m256i gsum[GEMM_T];
     for (int t = 0; t < T; t++) gsum[t] = _mm256_setzero_si256();
-#endif
+    for (int k = 0; k < 8; k++) {
+      const __m256i qu = _mm256_xor_si256(_mm256_load_si256((const __m256i *)p->q[g][k]), _mm256_set1_epi8((char)0x80));
+      for (int t = 0; t < T; t++) {
+        int32_t four;
+        memcpy(&four, x[t] + 32 * g + 4 * k, 4);
+        gsum[t] = _mm256_dpbusd_epi32(gsum[t], qu, _mm256_set1_epi32(four));
+      }
+    }
+    const __m256i s32 = _mm256_srai_epi32(s, 16); /* lanes 2r and 2r+1 hold the same scale */
+    for (int t = 0; t < T; t++) {
+      const int16_t *bs = act_k(a, as, t, i)->bsums;
+      const __m256i offset = _mm256_set1_epi32(128 * ((int)bs[2 * g] + bs[2 * g + 1]));
+      acc[t] = _mm256_add_epi32(acc[t], _mm256_mullo_epi32(_mm256_sub_epi32(gsum[t], offset), s32));
+    }
+#else
     for (int k = 0; k < 8; k++) {
       const __m256i q = _mm256_load_si256((const __m256i *)p->q[g][k]), absq = _mm256_abs_epi8(q);
       for (int t = 0; t < T; t++) {
         int32_t four;
         memcpy(&four, x[t] + 32 * g + 4 * k, 4);
         const __m256i xv = _mm256_sign_epi8(_mm256_set1_epi32(four), q);
-#ifdef __AVX512VNNI__
-        gsum[t] = _mm256_dpbusd_epi32(gsum[t], absq, xv);
-#else
         acc[t] = _mm256_add_epi32(acc[t], _mm256_madd_epi16(_mm256_maddubs_epi16(absq, xv), s));
-#endif
       }
     }
-#ifdef __AVX512VNNI__
-    const __m256i s32 = _mm256_srai_epi32(s, 16); /* lanes 2r and 2r+1 hold the same scale */
-    for (int t = 0; t < T; t++) acc[t] = _mm256_add_epi32(acc[t], _mm256_mullo_epi32(gsum[t], s32));
 #endif
   }
   const __m256 dw = _mm256_load_ps(p->d);
