@@ -1,8 +1,8 @@
 /* x86 twins of quants.c. This one source is compiled once per x86 level, each into its own static
  * library, and a level's functions are only called after kernels.c saw the CPU run that level:
  *   AVX2 + FMA + F16C                      -> prima_avx2_fns
- *   + AVX-512 F/BW/DQ/VL                   -> prima_avx512_fns: 512-bit float dots; the blocks are the
- *                                             AVX2 code with EVEX's 32 registers
+ *   + AVX-512 F/BW/DQ/VL                   -> prima_avx512_fns: the AVX2 code with EVEX's 32 registers
+ *                                             (256-bit vectors: 512-bit bodies measured slower, below)
  *   + AVX-512 VNNI                         -> prima_avx512vnni_fns: also vpdpbusd for the 32-element blocks
  *                                             and vpdpwssd for the K-quants' scale multiply-add
  *
@@ -13,6 +13,7 @@
  * (K-quants add their offset through the activations' bsums), so maddubs never saturates:
  * 2 * 63 * 127 < 32767. */
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "quants.h"
@@ -81,37 +82,20 @@ ALWAYS_INLINE void prefetch_span(const void *p, const int bytes) {
 #define DISPATCH_NC(kernel) PRIMA_DISPATCH_NC(kernel) ROWS_FN(kernel)
 
 /* ---------------------------------------------------------------- float formats
- * A vector of VW floats: 16 (zmm) with AVX-512, else 8 (ymm). */
+ * A vector of VW = 8 floats (a ymm) at every x86 level: 16-float (zmm) bodies were slower on the AVX-512
+ * CPU measured (Zen 4: F16 nc = 1 0.06 against 0.04 ns an element, nc = 8 0.04 against 0.03). */
 
-#ifdef __AVX512F__
-#define VW 16
-typedef __m512 vfloat;
-#define vf_zero _mm512_setzero_ps
-#define vf_fmadd _mm512_fmadd_ps
-#define vf_add _mm512_add_ps
-#define vf_hsum _mm512_reduce_add_ps
-#define vf_set1 _mm512_set1_ps
-#define vf_fnmadd _mm512_fnmadd_ps
-ALWAYS_INLINE __m512 loadv_f32(const void *p) { return _mm512_loadu_ps(p); }
-ALWAYS_INLINE __m512 loadv_f16(const void *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
-ALWAYS_INLINE __m512 loadv_bf16(const void *p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-#else
 #define VW 8
 typedef __m256 vfloat;
 #define vf_zero _mm256_setzero_ps
 #define vf_fmadd _mm256_fmadd_ps
 #define vf_add _mm256_add_ps
 #define vf_hsum hsum256
-#define vf_set1 _mm256_set1_ps
-#define vf_fnmadd _mm256_fnmadd_ps
 ALWAYS_INLINE __m256 loadv_f32(const void *p) { return _mm256_loadu_ps((const float *)p); }
 ALWAYS_INLINE __m256 loadv_f16(const void *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 ALWAYS_INLINE __m256 loadv_bf16(const void *p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
-#endif
 ALWAYS_INLINE float load1_f32(const void *p, int i) { return ((const float *)p)[i]; }
 ALWAYS_INLINE float load1_f16(const void *p, int i) { return h2f(((const uint16_t *)p)[i]); }
 ALWAYS_INLINE float load1_bf16(const void *p, int i) { return prima_bf16_to_fp32(((const uint16_t *)p)[i]); }
@@ -124,7 +108,7 @@ ALWAYS_INLINE float load1_bf16(const void *p, int i) { return prima_bf16_to_fp32
  * than 2 accumulators per row for all 8 rows, which had nc = 1 and nc = 8 disagree). */
 #define FLOAT_U 4
 #ifdef __AVX512F__
-#define FLOAT_G 4 /* 16 of the 32 zmm */
+#define FLOAT_G 4 /* 16 of the 32 vector registers EVEX gives */
 #else
 #define FLOAT_G 2 /* 8 of the 16 ymm (3 measured slower: spills) */
 #endif
@@ -152,7 +136,9 @@ ALWAYS_INLINE float load1_bf16(const void *p, int i) { return prima_bf16_to_fp32
       vfloat t = acc[0][c];                                                                           \
       for (int u = 1; u < U; u++) t = vf_add(t, acc[u][c]);                                           \
       float s = vf_hsum(t);                                                                           \
-      for (int j = i; j < n; j++) s += LOAD1(w, j) * LOAD1(ACT_ROW(c), j);                            \
+      /* fused by hand: GCC vectorizes this tail at some nc (in-order adds of a vector of products,  \
+       * unfused) and not at others (fused), and nc = 1 must equal a batch bit for bit */            \
+      for (int j = i; j < n; j++) s = fmaf(LOAD1(w, j), LOAD1(ACT_ROW(c), j), s);                     \
       out[c] = s;                                                                                     \
     }                                                                                                 \
   }                                                                                                   \
