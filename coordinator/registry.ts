@@ -136,6 +136,9 @@ export class WorkerRegistry extends EventEmitter {
       tcp.listen(port, host.replace(/^\[(.*)\]$/, "$1"), () => {
         tcp.on("error", (err) => this.log(`control plane: ${err.message}`));
         this.tcp = tcp;
+        // The stall clock starts with the ticks: the time before listen (the head's first profile,
+        // seconds, awaited) is no stall of the event loop.
+        this.lastTickMs = Date.now();
         this.timer = setInterval(() => this.tick(), 250);
         this.timer.unref();
         resolve((tcp.address() as AddressInfo).port);

@@ -143,6 +143,21 @@ describe("control plane limits", () => {
     expect(reg.live()).toHaveLength(1);
   });
 
+  it("time between the registry's making and its listening (the head's first profile) is not logged as a stall", async () => {
+    const lines: string[] = [];
+    const reg = new WorkerRegistry({ modelFingerprint: FP, trust: await testTrust(), log: (l) => lines.push(l) });
+    cleanups.push(() => reg.close());
+    await new Promise((r) => setTimeout(r, HEARTBEAT_TIMEOUT_MS + 300)); // the loop free all along
+    await reg.listen(0, "127.0.0.1");
+    await new Promise((r) => setTimeout(r, 600)); // two ticks
+    expect(lines.filter((l) => /event loop was held/.test(l))).toEqual([]);
+    // and a real stall after listening still is logged
+    const until = Date.now() + HEARTBEAT_TIMEOUT_MS + 300;
+    while (Date.now() < until) { /* busy */ }
+    await new Promise((r) => setTimeout(r, 600));
+    expect(lines.filter((l) => /event loop was held/.test(l))).toHaveLength(1);
+  });
+
   it("a peer whose heartbeats come late (a device starved by a build) is kept through a longer gap; a silent one is still lost", async () => {
     const { reg, address } = await registry();
     const f = await fake(address, "starved", { heartbeats: false });
