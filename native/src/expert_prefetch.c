@@ -251,17 +251,12 @@ int prima_window_expert_residency(prima_window *w, uint64_t *resident, uint64_t 
  * and evicted hot experts with cold ones. The window's expert tensors are advised sparse (random != 0,
  * prima_advise_sparse) or back to the default. 0, or an errno. */
 int prima_window_experts_random(prima_window *w, int random) {
-  const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-  const uint64_t map_end = ((uint64_t)w->m->map_bytes + page - 1) & ~(page - 1);
   for (int l = w->first; l < w->end; l++) {
     const prima_layer *L = &w->m->layers[l];
     const prima_tensor *ts[3] = { &L->gate_exps, &L->up_exps, &L->down_exps };
     for (int i = 0; i < 3; i++) {
-      if (!ts[i]->data) continue;
-      const uint64_t lo = ts[i]->offset & ~(page - 1);
-      uint64_t hi = (ts[i]->offset + ts[i]->n_bytes + page - 1) & ~(page - 1);
-      if (hi > map_end) hi = map_end;
-      if (hi > lo && prima_advise_sparse(w->m->map + lo, (size_t)(hi - lo), random) != 0) return errno;
+      const int rc = ts[i]->data ? prima_advise_sparse(w->m, ts[i], random) : 0;
+      if (rc != 0) return rc;
     }
   }
   return 0;

@@ -60,7 +60,8 @@ void prima_expert_prefetch_free(prima_window *w);
 /* Experts of the window's MoE layers (a layer's expert counted once per layer) wholly in memory, of
  * all of them (0 of 0 for a dense window). 0, or an errno. */
 int prima_window_expert_residency(prima_window *w, uint64_t *resident, uint64_t *total);
-/* MADV_RANDOM (random != 0) or MADV_NORMAL on the window's expert tensors. 0, or an errno. */
+/* The window's expert tensors advised sparse (random != 0: no read-around, no huge pages) or back to
+ * the mapping's defaults (prima_advise_sparse). 0, or an errno. */
 int prima_window_experts_random(prima_window *w, int random);
 
 /* The experts layer l routes to this pass (first: per expert, the start of its rows, as the MoE step

@@ -242,7 +242,15 @@ static int bind_tensor(prima_model *m, const prima_tensor_desc *all, int n, cons
 /* Whether the weights map with huge pages (PRIMA_NO_THP turns them off). */
 static int huge_pages_wanted(void) { return getenv("PRIMA_NO_THP") == NULL; }
 
-int prima_advise_sparse(uint8_t *p, size_t len, int sparse) {
+int prima_advise_sparse(const prima_model *m, const prima_tensor *t, int sparse) {
+  const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+  const uint64_t map_end = ((uint64_t)m->map_bytes + page - 1) & ~(page - 1);
+  const uint64_t lo = t->offset & ~(page - 1);
+  uint64_t hi = (t->offset + t->n_bytes + page - 1) & ~(page - 1);
+  if (hi > map_end) hi = map_end;
+  if (hi <= lo) return 0;
+  uint8_t *p = m->map + lo;
+  const size_t len = (size_t)(hi - lo);
 #if defined(MADV_HUGEPAGE) && defined(MADV_NOHUGEPAGE)
   if (sparse || huge_pages_wanted()) madvise(p, len, sparse ? MADV_NOHUGEPAGE : MADV_HUGEPAGE); /* advice only */
 #endif
@@ -342,10 +350,7 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
     /* An untied embedding table is read a row per token, rows far apart: without readahead a row
      * costs its own pages instead of the 2 MiB read around it (test/native/paging.test.ts: 20 rows
      * 6.5 MB before, 0.27 MB after; Halda counts one row). */
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    const uintptr_t lo = (uintptr_t)m->tok_embd.data & ~(page - 1);
-    const uintptr_t hi = ((uintptr_t)m->tok_embd.data + m->tok_embd.n_bytes + page - 1) & ~(page - 1);
-    prima_advise_sparse((uint8_t *)lo, hi - lo, 1); /* advice only */
+    prima_advise_sparse(m, &m->tok_embd, 1); /* advice only */
   }
   m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
   if (!m->layers) {

@@ -173,11 +173,11 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
                               const prima_hparams *hp, int n_threads, int idle_spin_us, char *err, size_t err_len);
 void prima_model_close(prima_model *m);
 
-/* A range of the weights read sparsely (a row or an expert at a time) without read-around and without
+/* A tensor read sparsely (a row or an expert at a time): its pages without read-around and without
  * the mapping's huge pages (sparse != 0), or back to both (huge pages only where the mapping asked for
  * them): with huge pages the kernel reads and keeps 2 MiB around each fault whatever else it is told.
  * 0, or an errno. */
-int prima_advise_sparse(uint8_t *p, size_t len, int sparse);
+int prima_advise_sparse(const prima_model *m, const prima_tensor *t, int sparse);
 
 /* k_type, v_type: the KV cache's types (PRIMA_F16, PRIMA_Q8_0 or PRIMA_Q4_0, a quantized one optionally
  * with PRIMA_KV_ROTATED); another, a quantized type whose blocks do not divide the head size, or a
