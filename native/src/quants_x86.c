@@ -294,35 +294,28 @@ ALWAYS_INLINE __m128i k4_scales_mins(const uint8_t *s) {
   return _mm_or_si128(low, top);
 }
 
-/* K-quant dots: a level vector holds VB = 32 bytes (a ymm) at every x86 level. 64-byte (zmm) bodies
+/* K-quant dots: a level vector holds 32 bytes (a ymm) at every x86 level. 64-byte (zmm) bodies
  * were slower at every K type, nc = 1 and nc = 8, on the one AVX-512 CPU measured (Zen 4, which runs a
  * 512-bit op as two 256-bit halves): the gathering of levels and scales across 64 bytes costs shuffles
  * the ymm bodies do not need (bench/kernels.ts: Q4_K nc = 1 8.6 against 6.3 ns a block). With
  * AVX-512 VNNI (and VL) the scale multiply-add is one dpwssd. */
-#define VB 32
-typedef __m256i vint;
-#define vi_zero _mm256_setzero_si256
-#define vi_add32 _mm256_add_epi32
 #define vi_load(p) _mm256_loadu_si256((const __m256i *)(p))
-#define vi_from256(x) (x)
 #ifdef __AVX512VNNI__
 #define vi_dot16_add(acc, q, a, s) _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(q, a), s)
 #else
 #define vi_dot16_add(acc, q, a, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), s))
 #endif
-#define vi_or _mm256_or_si256
-#define vi_to_ps8 _mm256_cvtepi32_ps
 ALWAYS_INLINE int vi_hsum32(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
   return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
 }
 
-ALWAYS_INLINE vint scales16(__m128i s16) { return _mm256_broadcastsi128_si256(s16); }
+ALWAYS_INLINE __m256i scales16(__m128i s16) { return _mm256_broadcastsi128_si256(s16); }
 
 /* Q4_K/Q5_K, chunk j, vector v: group 2j + v = the low (v = 0) or high (v = 1) nibbles of qs[32j..];
  * Q5_K's fifth bit is bit 2j + v of each qh byte. */
-ALWAYS_INLINE vint k4_levels(const uint8_t *qs, const uint8_t *qh, int j, int v) {
+ALWAYS_INLINE __m256i k4_levels(const uint8_t *qs, const uint8_t *qh, int j, int v) {
   const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j)), m4 = _mm256_set1_epi8(0x0F);
   __m256i l = v == 0 ? _mm256_and_si256(q, m4) : _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
   if (qh)
@@ -330,13 +323,13 @@ ALWAYS_INLINE vint k4_levels(const uint8_t *qs, const uint8_t *qh, int j, int v)
                                                              _mm256_set1_epi8(1)), 4));
   return l;
 }
-ALWAYS_INLINE vint k4_scale(vint scales, int j, int v) { return _mm256_shuffle_epi8(scales, bcast16_mask(2 * j + v)); }
+ALWAYS_INLINE __m256i k4_scale(__m256i scales, int j, int v) { return _mm256_shuffle_epi8(scales, bcast16_mask(2 * j + v)); }
 
 /* Q6_K, half h, vector k (elements 128h + 32k + l, groups 2k and 2k+1 of the half): low nibbles of
  * ql[64h + 32(k&1)..] (k < 2) or their high nibbles, with bits 2k..2k+1 of qh[32h..] moved to bits
  * 4-5 (one shift and one mask; the shift crosses bytes inside each 16-bit lane, but the mask keeps only
  * bits that came from the same byte). */
-ALWAYS_INLINE vint q6_levels(const uint8_t *ql, const uint8_t *qh, int k) {
+ALWAYS_INLINE __m256i q6_levels(const uint8_t *ql, const uint8_t *qh, int k) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
   const __m256i lo = _mm256_loadu_si256((const __m256i *)(ql + 32 * (k & 1)));
   const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
@@ -345,36 +338,35 @@ ALWAYS_INLINE vint q6_levels(const uint8_t *ql, const uint8_t *qh, int k) {
   return _mm256_or_si256(low4, _mm256_and_si256(high2, m30));
 }
 /* The scales of 16-element groups 2k and 2k+1 of a 128-element half (Q6_K, Q3_K, Q2_K). */
-ALWAYS_INLINE vint g16_scale(vint scales, int k) { return _mm256_shuffle_epi8(scales, bcast16_mask2(2 * k, 2 * k + 1)); }
+ALWAYS_INLINE __m256i g16_scale(__m256i scales, int k) { return _mm256_shuffle_epi8(scales, bcast16_mask2(2 * k, 2 * k + 1)); }
 
 /* Q2_K/Q3_K, half h, vector s (elements 128h + 32s + l): bits 2s..2s+1 of qs[32h..]; Q3_K's third bit
  * is bit 4h+s of each hmask byte. */
-ALWAYS_INLINE vint q2_levels(const uint8_t *qs, int s) {
+ALWAYS_INLINE __m256i q2_levels(const uint8_t *qs, int s) {
   return _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)qs), 2 * s), _mm256_set1_epi8(3));
 }
-ALWAYS_INLINE vint q3_high_bits(const uint8_t *hmask, int h, int s) {
+ALWAYS_INLINE __m256i q3_high_bits(const uint8_t *hmask, int h, int s) {
   return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)hmask), 4 * h + s), _mm256_set1_epi8(1)), 2);
 }
 
 /* IQ4_XS, vector v = group v: its signed levels and scale. */
-ALWAYS_INLINE vint iq4xs_levels(const uint8_t *qs, int v) {
+ALWAYS_INLINE __m256i iq4xs_levels(const uint8_t *qs, int v) {
   return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(iq4_grid128()), nibbles32(qs + 16 * v));
 }
-ALWAYS_INLINE vint iq4xs_scale(vint scales, int v) { return _mm256_shuffle_epi8(scales, bcast16_mask(v)); }
-#define vi_abs8 _mm256_abs_epi8
-#define vi_sign8 _mm256_sign_epi8
+ALWAYS_INLINE __m256i iq4xs_scale(__m256i scales, int v) { return _mm256_shuffle_epi8(scales, bcast16_mask(v)); }
 
 /* A super-block's integer sums per row, sumi[chain][row]. With VNNI a multiply-add into an accumulator
  * is one instruction (dpwssd) whose latency (4-5 cycles) would chain a block's vectors one after the
  * other for a lone row (decode): there the vectors take turns over SUMI_CHAINS accumulators, folded
  * once a block (integer sums in any order: the same bits at every nc). */
-#define SUMI_CHAINS(NC) ((NC) == 1 ? 4 : (NC) == 2 ? 2 : 1)
+#define SUMI_MAX_CHAINS 4
+#define SUMI_CHAINS(NC) ((NC) == 1 ? SUMI_MAX_CHAINS : (NC) == 2 ? 2 : 1)
 #define SUMI_ZERO(sumi)                                                                               \
   for (int ch = 0; ch < SUMI_CHAINS(NC); ch++)                                                        \
-    for (int c = 0; c < NC; c++) sumi[ch][c] = vi_zero()
+    for (int c = 0; c < NC; c++) sumi[ch][c] = _mm256_setzero_si256()
 #define SUMI_FOLD(sumi)                                                                               \
   for (int ch = 1; ch < SUMI_CHAINS(NC); ch++)                                                        \
-    for (int c = 0; c < NC; c++) sumi[0][c] = vi_add32(sumi[0][c], sumi[ch][c])
+    for (int c = 0; c < NC; c++) sumi[0][c] = _mm256_add_epi32(sumi[0][c], sumi[ch][c])
 
 /* Q4_K and Q5_K: 8 groups of 32; group 2j = low nibbles of qs chunk j, 2j+1 = high nibbles. QH(b) is
  * the block's fifth bits, or NULL. Per block and row, two multiply-adds into the row's accumulator:
@@ -392,21 +384,21 @@ ALWAYS_INLINE vint iq4xs_scale(vint scales, int v) { return _mm256_shuffle_epi8(
       const __m128i scm = k4_scales_mins(b->scales);                                                  \
       /* min g in int16 lanes 2g and 2g+1, against the two bsums of group g */                        \
       const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));                         \
-      const vint scales = scales16(_mm_cvtepu8_epi16(scm));                                           \
+      const __m256i scales = scales16(_mm_cvtepu8_epi16(scm));                                           \
       const float d = h2f(b->d), dmin = h2f(b->dmin);                                                 \
-      vint sumi[4][PRIMA_MAX_NC];                                                                     \
+      __m256i sumi[SUMI_MAX_CHAINS][PRIMA_MAX_NC];                                                                     \
       SUMI_ZERO(sumi);                                                                                \
       for (int j = 0; j < 4; j++)                                                                     \
-        for (int v = 0; v < 64 / VB; v++) {                                                           \
-          const vint q = k4_levels(b->qs, QH(b), j, v), s = k4_scale(scales, j, v);                   \
-          vint *chain = sumi[(j * (64 / VB) + v) % SUMI_CHAINS(NC)];                                  \
+        for (int v = 0; v < 2; v++) {                                                           \
+          const __m256i q = k4_levels(b->qs, QH(b), j, v), s = k4_scale(scales, j, v);                   \
+          __m256i *chain = sumi[(j * (2) + v) % SUMI_CHAINS(NC)];                                  \
           for (int c = 0; c < NC; c++)                                                                \
-            chain[c] = vi_dot16_add(chain[c], q, vi_load(act_k(a, as, c, i)->qs + 64 * j + VB * v), s); \
+            chain[c] = vi_dot16_add(chain[c], q, vi_load(act_k(a, as, c, i)->qs + 64 * j + 32 * v), s); \
         }                                                                                             \
       SUMI_FOLD(sumi);                                                                                \
       for (int c = 0; c < NC; c++) {                                                                  \
         const block_q8_K *x = act_k(a, as, c, i);                                                     \
-        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), vi_to_ps8(sumi[0][c]), acc[c]);            \
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(sumi[0][c]), acc[c]);            \
         const __m256i mp = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x->bsums));    \
         acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(x->d * dmin), _mm256_cvtepi32_ps(mp), acc[c]);       \
       }                                                                                               \
@@ -420,14 +412,14 @@ ALWAYS_INLINE vint iq4xs_scale(vint scales, int v) { return _mm256_shuffle_epi8(
 K4_DOT(dot_q4_K, block_q4_K, NO_QH)
 K4_DOT(dot_q5_K, block_q5_K, Q5_QH)
 
-/* sumi += one 128-element half h of a super-block in 16-element groups: 128 / VB level vectors
+/* sumi += one 128-element half h of a super-block in 16-element groups: 4 level vectors
  * (LEVELS, an expression of v) against the activations, with the half's int16 `scales`. */
 #define HALF128_DOT(LEVELS)                                                                           \
-  for (int v = 0; v < 128 / VB; v++) {                                                                \
-    const vint q = (LEVELS), s = g16_scale(scales, v);                                                \
-    vint *chain = sumi[(h * (128 / VB) + v) % SUMI_CHAINS(NC)];                                       \
+  for (int v = 0; v < 4; v++) {                                                                \
+    const __m256i q = (LEVELS), s = g16_scale(scales, v);                                                \
+    __m256i *chain = sumi[(h * (4) + v) % SUMI_CHAINS(NC)];                                       \
     for (int c = 0; c < NC; c++)                                                                      \
-      chain[c] = vi_dot16_add(chain[c], q, vi_load(act_k(a, as, c, i)->qs + 128 * h + VB * v), s);   \
+      chain[c] = vi_dot16_add(chain[c], q, vi_load(act_k(a, as, c, i)->qs + 128 * h + 32 * v), s);   \
   }
 
 /* Q6_K and Q3_K: unsigned levels (q + 2^(OFFSET_SHIFT)) in 16 groups of 16 with int8 scales; the
@@ -444,21 +436,21 @@ K4_DOT(dot_q5_K, block_q5_K, Q5_QH)
       const __m128i sc8 = (SCALES8);                                                                  \
       const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);                                                 \
       const float d = h2f(b->d);                                                                      \
-      vint sumi[4][PRIMA_MAX_NC];                                                                     \
+      __m256i sumi[SUMI_MAX_CHAINS][PRIMA_MAX_NC];                                                                     \
       SUMI_ZERO(sumi);                                                                                \
       for (int c = 0; c < NC; c++) {                                                                  \
         const block_q8_K *x = act_k(a, as, c, i);                                                     \
         const __m256i bias = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)x->bsums));  \
-        sumi[0][c] = vi_from256(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, OFFSET_SHIFT))); \
+        sumi[0][c] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(bias, OFFSET_SHIFT)); \
       }                                                                                               \
       for (int h = 0; h < 2; h++) {                                                                   \
-        const vint scales = scales16(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));      \
+        const __m256i scales = scales16(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));      \
         HALF128_DOT(LEVELS)                                                                           \
       }                                                                                               \
       SUMI_FOLD(sumi);                                                                                \
       for (int c = 0; c < NC; c++) {                                                                  \
         const block_q8_K *x = act_k(a, as, c, i);                                                     \
-        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), vi_to_ps8(sumi[0][c]), acc[c]);           \
+        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(sumi[0][c]), acc[c]);           \
       }                                                                                               \
     }                                                                                                 \
     for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);                                            \
@@ -482,7 +474,7 @@ ALWAYS_INLINE void dot_q2_K_nc(int n, const void *vw, const void *a, size_t as, 
     const __m128i sc8 = _mm_and_si128(sm, m4);
     const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4));
     const float d = h2f(b->d), dmin = h2f(b->dmin);
-    vint sumi[4][PRIMA_MAX_NC];
+    __m256i sumi[SUMI_MAX_CHAINS][PRIMA_MAX_NC];
     float msum[PRIMA_MAX_NC];
     SUMI_ZERO(sumi);
     for (int c = 0; c < NC; c++) {
@@ -493,13 +485,13 @@ ALWAYS_INLINE void dot_q2_K_nc(int n, const void *vw, const void *a, size_t as, 
       msum[c] = (float)_mm_cvtsi128_si32(_mm_add_epi32(m64, _mm_shuffle_epi32(m64, 1)));
     }
     for (int h = 0; h < 2; h++) {
-      const vint scales = scales16(_mm_cvtepu8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
+      const __m256i scales = scales16(_mm_cvtepu8_epi16(h ? _mm_unpackhi_epi64(sc8, sc8) : sc8));
       HALF128_DOT(q2_levels(b->qs + 32 * h, v))
     }
     SUMI_FOLD(sumi);
     for (int c = 0; c < NC; c++) {
       const block_q8_K *x = act_k(a, as, c, i);
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), vi_to_ps8(sumi[0][c]), acc[c]);
+      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(sumi[0][c]), acc[c]);
       acc[c] = _mm256_sub_ps(acc[c], _mm256_setr_ps((x->d * dmin) * msum[c], 0, 0, 0, 0, 0, 0, 0));
     }
   }
@@ -520,7 +512,7 @@ ALWAYS_INLINE __m128i q3k_scales(const uint8_t *s) {
 
 /* Q3_K: levels 0..7 (2 low bits | high bit << 2) = q + 4. */
 SIGNED_SCALE_K_DOT(dot_q3_K, block_q3_K, q3k_scales(b->scales), 2,
-                   vi_or(q2_levels(b->qs + 32 * h, v), q3_high_bits(b->hmask, h, v)))
+                   _mm256_or_si256(q2_levels(b->qs + 32 * h, v), q3_high_bits(b->hmask, h, v)))
 
 /* The 8 signed group scales (ls - 32) of an IQ4_XS block as int16 (prima_iq4xs_scale, in registers): the
  * low nibbles of scales_l (groups 0,2,4,6) interleaved with the high ones (1,3,5,7), and bits 2g..2g+1
@@ -552,15 +544,15 @@ ALWAYS_INLINE void dot_iq4_xs_nc(int n, const void *vw, const void *a, size_t as
   for (int i = 0; i < n / QK_K; i++) {
     const block_iq4_xs *b = &w[i];
     PREFETCH(b, (int)sizeof(block_iq4_xs));
-    const vint scales = scales16(iq4xs_scales(b));
+    const __m256i scales = scales16(iq4xs_scales(b));
     const float d = h2f(b->d);
-    vint sumi[4][PRIMA_MAX_NC];
+    __m256i sumi[SUMI_MAX_CHAINS][PRIMA_MAX_NC];
     SUMI_ZERO(sumi);
-    for (int v = 0; v < QK_K / VB; v++) {
-      const vint q = iq4xs_levels(b->qs, v), absq = vi_abs8(q), s = iq4xs_scale(scales, v);
-      vint *chain = sumi[v % SUMI_CHAINS(NC)];
+    for (int v = 0; v < QK_K / 32; v++) {
+      const __m256i q = iq4xs_levels(b->qs, v), absq = _mm256_abs_epi8(q), s = iq4xs_scale(scales, v);
+      __m256i *chain = sumi[v % SUMI_CHAINS(NC)];
       for (int c = 0; c < NC; c++)
-        chain[c] = vi_dot16_add(chain[c], absq, vi_sign8(vi_load(act_k(a, as, c, i)->qs + VB * v), q), s);
+        chain[c] = vi_dot16_add(chain[c], absq, _mm256_sign_epi8(vi_load(act_k(a, as, c, i)->qs + 32 * v), q), s);
     }
     SUMI_FOLD(sumi);
     for (int c = 0; c < NC; c++) acc[c] = iq4xs_sum(vi_hsum32(sumi[0][c]), d, act_k(a, as, c, i)->d, acc[c]);
