@@ -18,11 +18,17 @@ afterEach(async () => {
   for (const c of cleanups.splice(0).reverse()) await c();
 });
 
-async function registry(): Promise<{ reg: WorkerRegistry; address: string; lines: string[] }> {
+/** A registry whose log lines are kept, not yet listening. */
+async function quietRegistry(): Promise<{ reg: WorkerRegistry; lines: string[] }> {
   const lines: string[] = [];
   const reg = new WorkerRegistry({ modelFingerprint: FP, trust: await testTrust(), log: (l) => lines.push(l) });
-  const port = await reg.listen(0, "127.0.0.1");
   cleanups.push(() => reg.close());
+  return { reg, lines };
+}
+
+async function registry(): Promise<{ reg: WorkerRegistry; address: string; lines: string[] }> {
+  const { reg, lines } = await quietRegistry();
+  const port = await reg.listen(0, "127.0.0.1");
   return { reg, address: `127.0.0.1:${port}`, lines };
 }
 
@@ -144,9 +150,7 @@ describe("control plane limits", () => {
   });
 
   it("time between the registry's making and its listening (the head's first profile) is not logged as a stall", async () => {
-    const lines: string[] = [];
-    const reg = new WorkerRegistry({ modelFingerprint: FP, trust: await testTrust(), log: (l) => lines.push(l) });
-    cleanups.push(() => reg.close());
+    const { reg, lines } = await quietRegistry();
     await new Promise((r) => setTimeout(r, HEARTBEAT_TIMEOUT_MS + 300)); // the loop free all along
     await reg.listen(0, "127.0.0.1");
     await new Promise((r) => setTimeout(r, 600)); // two ticks
