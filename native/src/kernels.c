@@ -93,6 +93,8 @@ static int simd_from_env(void) {
   return -1; /* unknown names are ignored: the best level is used */
 }
 
+static int g_avx512_vnni;
+
 static void init_once(void) {
   prima_level_fns scalar, fns;
   prima_quantize_fn quantize_ref[PRIMA_TYPE_COUNT];
@@ -107,7 +109,8 @@ static void init_once(void) {
     g_level_ok[PRIMA_SIMD_AVX2] = 1;
   }
   if (cpu_runs(PRIMA_SIMD_AVX512)) {
-    if (__builtin_cpu_supports("avx512vnni")) prima_avx512vnni_fns(&fns);
+    g_avx512_vnni = __builtin_cpu_supports("avx512vnni");
+    if (g_avx512_vnni) prima_avx512vnni_fns(&fns);
     else prima_avx512_fns(&fns);
     fill_level(PRIMA_SIMD_AVX512, &scalar, &fns, quantize_ref);
     g_level_ok[PRIMA_SIMD_AVX512] = 1;
@@ -208,6 +211,11 @@ int prima_simd_level(void) {
 int prima_simd_available(int simd) {
   prima_kernels_init();
   return simd >= 0 && simd < PRIMA_LEVELS && g_level_ok[simd];
+}
+
+int prima_avx512_vnni(void) {
+  prima_kernels_init();
+  return g_avx512_vnni;
 }
 
 const char *prima_simd_name(int simd) {

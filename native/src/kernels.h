@@ -93,6 +93,9 @@ int prima_simd_level(void);
 /* Whether a level is compiled in and this CPU runs it. */
 int prima_simd_available(int simd);
 const char *prima_simd_name(int simd);
+/* Whether the AVX-512 level runs its VNNI kernels: its K-quant dots then group products otherwise than
+ * AVX2's (the same integer block sums, other float rounding); without VNNI it equals AVX2 bit for bit. */
+int prima_avx512_vnni(void);
 
 /* Half and bfloat16 conversions used across the engine. */
 float prima_fp16_to_fp32(uint16_t h);

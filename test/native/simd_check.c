@@ -56,6 +56,9 @@ static const int TYPES[] = {PRIMA_F32, PRIMA_F16, PRIMA_BF16, PRIMA_Q4_0, PRIMA_
                             PRIMA_MXFP4};
 #define NTYPES (int)(sizeof TYPES / sizeof TYPES[0])
 
+/* Q2_K .. Q6_K: the dots with VNNI's own grouping at the AVX-512 level (kernels.h) */
+static int k_quant(int type) { return type >= PRIMA_Q2_K && type <= PRIMA_Q6_K; }
+
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
   const uint8_t *b = p;
   for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
@@ -188,8 +191,10 @@ int main(void) {
                   ks->name, n, nc, c, prima_simd_name(level), got[c], want[c]);
           }
           /* AVX-512 sums the quantized dots' integer lanes into AVX2's 8 and then rounds as AVX2 does:
-           * bit-identical, so the two x86 levels give the same greedy tokens */
-          if (level == PRIMA_SIMD_AVX512 && quantized && prima_simd_available(PRIMA_SIMD_AVX2)) {
+           * bit-identical, so the two x86 levels give the same greedy tokens; with VNNI the K-quant dots
+           * group each lane's products otherwise (kernels.h), the other types still equal AVX2 */
+          if (level == PRIMA_SIMD_AVX512 && quantized && prima_simd_available(PRIMA_SIMD_AVX2) &&
+              !(prima_avx512_vnni() && k_quant(TYPES[ti]))) {
             float avx2[PRIMA_MAX_NC];
             prima_kernels_at(TYPES[ti], PRIMA_SIMD_AVX2)->dot(n, w, acts, stride, nc, avx2);
             for (int c = 0; c < nc; c++)
