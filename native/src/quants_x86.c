@@ -28,6 +28,11 @@
  * costs an insert and a convert on the block's critical path (measured ~25% on the 32-element dots). */
 static float f16_table[1 << 16];
 ALWAYS_INLINE float h2f(prima_half h) { return f16_table[h]; }
+/* a * h2f(h) in every lane, from two broadcast loads and one multiply: the product's bits are those of
+ * the scalar a * h2f(h), where a scalar multiply and a register broadcast take two vector ops */
+ALWAYS_INLINE __m256 bcast_mul_h(const float *a, prima_half h) {
+  return _mm256_mul_ps(_mm256_broadcast_ss(a), _mm256_broadcast_ss(&f16_table[h]));
+}
 
 ALWAYS_INLINE float hsum256(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -433,16 +438,15 @@ ALWAYS_INLINE __m256i iq4xs_scale(__m256i scales, int v) { return _mm256_shuffle
       /* min g in int16 lanes 2g and 2g+1, against the two bsums of group g */                        \
       const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scm, scm));                         \
       const __m256i scales = scales16(_mm_cvtepu8_epi16(scm));                                           \
-      const float d = h2f(b->d), dmin = h2f(b->dmin);                                                 \
       __m256i sumi[SUMI_MAX_CHAINS][PRIMA_MAX_NC];                                                                     \
       SUMI_ZERO(sumi);                                                                                \
       K4_GROUPS(b, QH)                                                                                \
       SUMI_FOLD(sumi);                                                                                \
       for (int c = 0; c < NC; c++) {                                                                  \
         const block_q8_K *x = act_k(a, as, c, i);                                                     \
-        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(sumi[0][c]), acc[c]);            \
+        acc[c] = _mm256_fmadd_ps(bcast_mul_h(&x->d, b->d), _mm256_cvtepi32_ps(sumi[0][c]), acc[c]);    \
         const __m256i mp = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x->bsums));    \
-        acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(x->d * dmin), _mm256_cvtepi32_ps(mp), acc[c]);       \
+        acc[c] = _mm256_fnmadd_ps(bcast_mul_h(&x->d, b->dmin), _mm256_cvtepi32_ps(mp), acc[c]);       \
       }                                                                                               \
     }                                                                                                 \
     for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);                                            \
@@ -491,7 +495,6 @@ K4_DOT(dot_q5_K, block_q5_K, Q5_QH)
       PREFETCH(b, (int)sizeof(BLOCK));                                                                \
       const __m128i sc8 = (SCALES8);                                                                  \
       const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);                                                 \
-      const float d = h2f(b->d);                                                                      \
       __m256i sumi[SUMI_MAX_CHAINS][PRIMA_MAX_NC];                                                                     \
       SUMI_ZERO(sumi);                                                                                \
       for (int c = 0; c < NC; c++) {                                                                  \
@@ -506,7 +509,7 @@ K4_DOT(dot_q5_K, block_q5_K, Q5_QH)
       SUMI_FOLD(sumi);                                                                                \
       for (int c = 0; c < NC; c++) {                                                                  \
         const block_q8_K *x = act_k(a, as, c, i);                                                     \
-        acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(sumi[0][c]), acc[c]);           \
+        acc[c] = _mm256_fmadd_ps(bcast_mul_h(&x->d, b->d), _mm256_cvtepi32_ps(sumi[0][c]), acc[c]);    \
       }                                                                                               \
     }                                                                                                 \
     for (int c = 0; c < NC; c++) out[c] = hsum256(acc[c]);                                            \
@@ -529,7 +532,7 @@ ALWAYS_INLINE void dot_q2_K_nc(int n, const void *vw, const void *a, size_t as, 
     const __m128i sm = _mm_loadu_si128((const __m128i *)b->scales);
     const __m128i sc8 = _mm_and_si128(sm, m4);
     const __m256i mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), m4));
-    const float d = h2f(b->d), dmin = h2f(b->dmin);
+    const float dmin = h2f(b->dmin);
     __m256i sumi[SUMI_MAX_CHAINS][PRIMA_MAX_NC];
     float msum[PRIMA_MAX_NC];
     SUMI_ZERO(sumi);
@@ -547,7 +550,7 @@ ALWAYS_INLINE void dot_q2_K_nc(int n, const void *vw, const void *a, size_t as, 
     SUMI_FOLD(sumi);
     for (int c = 0; c < NC; c++) {
       const block_q8_K *x = act_k(a, as, c, i);
-      acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(x->d * d), _mm256_cvtepi32_ps(sumi[0][c]), acc[c]);
+      acc[c] = _mm256_fmadd_ps(bcast_mul_h(&x->d, b->d), _mm256_cvtepi32_ps(sumi[0][c]), acc[c]);
       acc[c] = _mm256_sub_ps(acc[c], _mm256_setr_ps((x->d * dmin) * msum[c], 0, 0, 0, 0, 0, 0, 0));
     }
   }
