@@ -2,6 +2,8 @@
 // from position 0 (logits of the last row), decode = D single-token steps from position 0, each with
 // its embedding, forward, logits and a greedy pick: our whole per-token loop counts.
 import { LocalModel, LocalPipeline, Rng, Sampler } from "../engine/index.js";
+import { describeModel, layerReadBytes, modelProfile, readGguf } from "../model/index.js";
+import { benchMemRead } from "../native/index.js";
 import { runLlamaBench, type DepthOptions, type PeerResult } from "./llama-bench.js";
 
 export interface EngineResult {
@@ -56,11 +58,13 @@ export async function benchEngine(path: string, o: { threads: number; prompt: nu
 /** prima and llama-bench on one file in alternating rounds (one rep each, `reps` times), averaged: run
  * one after the other, load that came and went during one engine's turn decided single runs (the moe
  * part's 1.9x and 2.7x on a loaded host were 0.92-1.21x quiet). */
-export async function versusLlamaBench(path: string, o: { threads: number; prompt: number; decode: number; reps: number } & DepthOptions): Promise<{ ours: EngineResult; peer: PeerResult }> {
-  let pp = 0, tg = 0, ppPeer = 0, tgPeer = 0, build = "";
+export async function versusLlamaBench(path: string, o: { threads: number; prompt: number; decode: number; reps: number } & DepthOptions): Promise<{ ours: EngineResult; peer: PeerResult; readBytesPerS: number }> {
+  let pp = 0, tg = 0, ppPeer = 0, tgPeer = 0, bw = 0, build = "";
   for (let r = 0; r < o.reps; r++) {
     const ours = await benchEngine(path, { ...o, reps: 1 });
     const peer = runLlamaBench(path, { ...o, reps: 1 });
+    // the machine's read bandwidth in the same round: on a shared host it moves by 2x over a day
+    bw += benchMemRead(READ_PROBE_BYTES, o.threads, 0.3);
     pp += ours.promptTokS;
     tg += ours.decodeTokS;
     ppPeer += peer.promptTokS;
@@ -68,7 +72,26 @@ export async function versusLlamaBench(path: string, o: { threads: number; promp
     build = peer.build;
   }
   const n = Math.max(1, o.reps);
-  return { ours: { promptTokS: pp / n, decodeTokS: tg / n }, peer: { promptTokS: ppPeer / n, decodeTokS: tgPeer / n, build } };
+  return { ours: { promptTokS: pp / n, decodeTokS: tg / n }, peer: { promptTokS: ppPeer / n, decodeTokS: tgPeer / n, build }, readBytesPerS: bw / n };
+}
+
+/** The read-bandwidth probe's buffer: well past the caches (the profiler's is 100 MiB). */
+const READ_PROBE_BYTES = 512 * 2 ** 20;
+
+/** Bytes of weights one decode step reads: every layer's (a mixture of experts: its active part), the
+ * output layer, and one row of the embedding table. */
+export function decodeReadBytes(path: string): number {
+  const p = modelProfile(describeModel(readGguf(path)), { nCtx: 512 });
+  return p.nLayers * layerReadBytes(p) + p.outputBytes + p.inputBytes / p.nVocab;
+}
+
+/** Decode's roofline: the bytes a token reads times tokens/s, as a share of the read bandwidth measured
+ * in the same rounds, for both engines. */
+export function rooflineLine(label: string, path: string, ours: EngineResult, peer: PeerResult, readBytesPerS: number): string {
+  const bytes = decodeReadBytes(path);
+  const share = (tokS: number) => `${((bytes * tokS) / 1e9).toFixed(1)} GB/s (${((100 * bytes * tokS) / readBytesPerS).toFixed(0)}%)`;
+  return `- ${label}: a decode step reads ${(bytes / 2 ** 20).toFixed(1)} MiB; read bandwidth ${(readBytesPerS / 1e9).toFixed(1)} GB/s ` +
+    `(plain reads, same threads, between rounds); decode reads prima ${share(ours.decodeTokS)}, llama.cpp ${share(peer.decodeTokS)}`;
 }
 
 /** A table row of prompt and decode speeds with their ratios against the goals. */

@@ -4,7 +4,7 @@
 // real ones), at Q4_K_M, and one IQ4_XS row. Generated once into .cache/.
 import { existsSync } from "node:fs";
 import { modelShapeByName, type ModelShape } from "../model/index.js";
-import { versusLlamaBench, versusRow } from "./engine.js";
+import { rooflineLine, versusLlamaBench, versusRow } from "./engine.js";
 import { ensureLlamaBench } from "./llama-bench.js";
 import { root } from "./procs.js";
 
@@ -37,11 +37,14 @@ export async function main(threads: number, reps: number, log: (s: string) => vo
   console.log("| model | prima prompt tok/s | llama.cpp prompt tok/s | ratio (goal) | prima decode tok/s | llama.cpp decode tok/s | ratio (goal) |");
   console.log("|---|---|---|---|---|---|---|");
   let build = "";
+  const roofline: string[] = [];
   for (const c of CASES) {
     const { path, label } = await familyModel(c.shape, c.layers, c.type, log);
-    const { ours, peer } = await versusLlamaBench(path, { threads, prompt, decode, reps });
+    const { ours, peer, readBytesPerS } = await versusLlamaBench(path, { threads, prompt, decode, reps });
     build = peer.build;
     console.log(versusRow(label, ours, peer, { pp: 0.9, tg: 1.0 }));
+    roofline.push(rooflineLine(label, path, ours, peer, readBytesPerS));
   }
   console.log(`\nllama-bench: -p ${prompt} -n ${decode} -t ${threads} -r 1, ${reps} rounds alternating with prima's (${build}); prima: the same batch and steps through engine/ (bench/engine.ts)`);
+  console.log(`\ndecode against the machine's read bandwidth:\n${roofline.join("\n")}`);
 }

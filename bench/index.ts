@@ -4,7 +4,7 @@
 // bench/history/.
 import { existsSync } from "node:fs";
 import { parseArgs } from "node:util";
-import { versusLlamaBench, versusRow } from "./engine.js";
+import { rooflineLine, versusLlamaBench, versusRow } from "./engine.js";
 import { ensureLlamaBench } from "./llama-bench.js";
 import { root, useTemporaryHome } from "./procs.js";
 
@@ -41,16 +41,20 @@ async function engineBench(): Promise<void> {
   ensureLlamaBench(log);
   const models = [
     { name: "stories260K (F32)", path: `${root}models/stories260K.gguf`, prompt: 128, decode: 256, goals: { pp: undefined, tg: 0.5 } },
-    { name: "tinyllama-1.1b Q4_K_M", path: await benchmarkModel(), prompt: 128, decode: 64, goals: { pp: 0.8 as number | undefined, tg: 1.0 } },
+    { name: "tinyllama-1.1b Q4_K_M", path: await benchmarkModel(), prompt: 128, decode: 64, goals: { pp: 0.8 as number | undefined, tg: 1.0 }, roofline: true },
   ];
   console.log(`\n## engine vs llama-bench (${threads} threads, ${reps} reps)\n`);
   console.log("| model | prima prompt tok/s | llama.cpp prompt tok/s | ratio (goal) | prima decode tok/s | llama.cpp decode tok/s | ratio (goal) |");
   console.log("|---|---|---|---|---|---|---|");
+  const roofline: string[] = [];
   for (const m of models) {
-    const { ours, peer } = await versusLlamaBench(m.path, { threads, prompt: m.prompt, decode: m.decode, reps });
+    const { ours, peer, readBytesPerS } = await versusLlamaBench(m.path, { threads, prompt: m.prompt, decode: m.decode, reps });
     console.log(versusRow(m.name, ours, peer, m.goals));
+    // stories260K's megabyte stays in the caches: no roofline to speak of
+    if ("roofline" in m) roofline.push(rooflineLine(m.name, m.path, ours, peer, readBytesPerS));
   }
   console.log(`\nllama-bench: -p P -n D -t ${threads} -r 1, ${reps} rounds alternating with prima's; prima: the same batch and steps through engine/ (bench/engine.ts)`);
+  console.log(`\ndecode against the machine's read bandwidth:\n${roofline.join("\n")}`);
 }
 
 async function main(): Promise<void> {
