@@ -58,13 +58,13 @@ export async function benchEngine(path: string, o: { threads: number; prompt: nu
 /** prima and llama-bench on one file in alternating rounds (one rep each, `reps` times), averaged: run
  * one after the other, load that came and went during one engine's turn decided single runs (the moe
  * part's 1.9x and 2.7x on a loaded host were 0.92-1.21x quiet). */
-export async function versusLlamaBench(path: string, o: { threads: number; prompt: number; decode: number; reps: number } & DepthOptions): Promise<{ ours: EngineResult; peer: PeerResult; readBytesPerS: number }> {
+export async function versusLlamaBench(path: string, o: { threads: number; prompt: number; decode: number; reps: number; roofline?: boolean } & DepthOptions): Promise<{ ours: EngineResult; peer: PeerResult; readBytesPerS: number }> {
   let pp = 0, tg = 0, ppPeer = 0, tgPeer = 0, bw = 0, build = "";
   for (let r = 0; r < o.reps; r++) {
     const ours = await benchEngine(path, { ...o, reps: 1 });
     const peer = runLlamaBench(path, { ...o, reps: 1 });
-    // the machine's read bandwidth in the same round: on a shared host it moves by 2x over a day
-    bw += benchMemRead(READ_PROBE_BYTES, o.threads, 0.3);
+    // for the roofline, the machine's read bandwidth in the same round: on a shared host it moves by 2x over a day
+    if (o.roofline) bw += benchMemRead(READ_PROBE_BYTES, o.threads, 0.3);
     pp += ours.promptTokS;
     tg += ours.decodeTokS;
     ppPeer += peer.promptTokS;
@@ -72,7 +72,7 @@ export async function versusLlamaBench(path: string, o: { threads: number; promp
     build = peer.build;
   }
   const n = Math.max(1, o.reps);
-  return { ours: { promptTokS: pp / n, decodeTokS: tg / n }, peer: { promptTokS: ppPeer / n, decodeTokS: tgPeer / n, build }, readBytesPerS: bw / n };
+  return { ours: { promptTokS: pp / n, decodeTokS: tg / n }, peer: { promptTokS: ppPeer / n, decodeTokS: tgPeer / n, build }, readBytesPerS: bw / n }; // 0 without roofline
 }
 
 /** The read-bandwidth probe's buffer: well past the caches (the profiler's is 100 MiB). */

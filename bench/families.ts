@@ -40,7 +40,7 @@ export async function main(threads: number, reps: number, log: (s: string) => vo
   const roofline: string[] = [];
   for (const c of CASES) {
     const { path, label } = await familyModel(c.shape, c.layers, c.type, log);
-    const { ours, peer, readBytesPerS } = await versusLlamaBench(path, { threads, prompt, decode, reps });
+    const { ours, peer, readBytesPerS } = await versusLlamaBench(path, { threads, prompt, decode, reps, roofline: true });
     build = peer.build;
     console.log(versusRow(label, ours, peer, { pp: 0.9, tg: 1.0 }));
     roofline.push(rooflineLine(label, path, ours, peer, readBytesPerS));

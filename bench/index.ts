@@ -48,7 +48,7 @@ async function engineBench(): Promise<void> {
   console.log("|---|---|---|---|---|---|---|");
   const roofline: string[] = [];
   for (const m of models) {
-    const { ours, peer, readBytesPerS } = await versusLlamaBench(m.path, { threads, prompt: m.prompt, decode: m.decode, reps });
+    const { ours, peer, readBytesPerS } = await versusLlamaBench(m.path, { threads, prompt: m.prompt, decode: m.decode, reps, roofline: "roofline" in m });
     console.log(versusRow(m.name, ours, peer, m.goals));
     // stories260K's megabyte stays in the caches: no roofline to speak of
     if ("roofline" in m) roofline.push(rooflineLine(m.name, m.path, ours, peer, readBytesPerS));
