@@ -93,7 +93,8 @@ export class WorkerRegistry extends EventEmitter {
   /** Per address: join allowance left (a token bucket) and when it was last topped up. */
   private readonly joinBudget = new Map<string, { left: number; atMs: number }>();
   private lastTrustCheckMs = 0;
-  private lastTickMs = Date.now();
+  /** When the last tick ran; set as the ticks start (listen), so the time before is no stall. */
+  private lastTickMs = 0;
   private trustGeneration = 0;
 
   constructor(private readonly o: RegistryOptions) {
@@ -136,9 +137,7 @@ export class WorkerRegistry extends EventEmitter {
       tcp.listen(port, host.replace(/^\[(.*)\]$/, "$1"), () => {
         tcp.on("error", (err) => this.log(`control plane: ${err.message}`));
         this.tcp = tcp;
-        // The stall clock starts with the ticks: the time before listen (the head's first profile,
-        // seconds, awaited) is no stall of the event loop.
-        this.lastTickMs = Date.now();
+        this.lastTickMs = Date.now(); // the head's first profile, awaited before listen, is no stall
         this.timer = setInterval(() => this.tick(), 250);
         this.timer.unref();
         resolve((tcp.address() as AddressInfo).port);
