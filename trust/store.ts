@@ -3,10 +3,12 @@
 // in a 0700 folder). `<name>.key` holds everything (the coordinator's); `<name>.token` holds the token
 // alone, to copy to workers (--token-file). A rotation replaces both key and secret: workers that
 // joined before must get the new token, and the running coordinator picks it up (refresh()).
+import { execFile } from "node:child_process";
 import { webcrypto, createPrivateKey, randomBytes, X509Certificate } from "node:crypto";
 import { chmodSync, linkSync, mkdirSync, readFileSync, renameSync, statSync, unlinkSync, writeFileSync } from "node:fs";
 import { homedir } from "node:os";
 import { join } from "node:path";
+import { packageRoot } from "../base/index.js";
 import { TrustError, formatToken, parseToken, sha256, type JoinToken } from "./token.js";
 
 /** $XDG_CONFIG_HOME/prima, else ~/.config/prima. */
@@ -64,6 +66,29 @@ export async function createIdentity(): Promise<ClusterIdentity> {
   return { token, tokenText: formatToken(token), keyPem, certPem };
 }
 
+/** Making an identity takes a fraction of a second; a loaded machine gets this long. */
+const MAKE_IDENTITY_TIMEOUT_MS = 60_000;
+
+/** createIdentity in a child process (make-identity.ts), as the key file holds it, checked. */
+function createIdentityApart(keyFile: string): Promise<string> {
+  const script = join(packageRoot(), "dist", "trust", "make-identity.js");
+  return new Promise((resolve, reject) => {
+    execFile(process.execPath, [script], { timeout: MAKE_IDENTITY_TIMEOUT_MS, maxBuffer: 1 << 20 }, (err, stdout, stderr) => {
+      if (err) {
+        const why = err.killed ? `it took more than ${MAKE_IDENTITY_TIMEOUT_MS / 1000} s` : (stderr.trim().split("\n").pop() ?? err.message);
+        reject(new TrustError(`cannot make the cluster's key and certificate for ${keyFile}: ${why}`));
+        return;
+      }
+      try {
+        parseSaved(stdout, "the identity just made");
+        resolve(stdout);
+      } catch (e) {
+        reject(e);
+      }
+    });
+  });
+}
+
 function parseSaved(text: string, file: string): ClusterIdentity {
   let s: Saved;
   try {
@@ -113,7 +138,7 @@ export class TrustStore {
     const keyFile = `${base}.key`, tokenFile = `${base}.token`;
     let created = false;
     if (o.rotate) {
-      writePrivate(keyFile, save(await createIdentity()), "replace");
+      writePrivate(keyFile, await createIdentityApart(keyFile), "replace");
       created = true;
     } else {
       let text: string | undefined;
@@ -124,7 +149,7 @@ export class TrustStore {
       }
       if (text === undefined) {
         try {
-          writePrivate(keyFile, save(await createIdentity()), "create");
+          writePrivate(keyFile, await createIdentityApart(keyFile), "create");
           created = true;
         } catch (e) {
           if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw new TrustError(`cannot write ${keyFile}: ${(e as Error).message}`);
@@ -168,7 +193,8 @@ export class TrustStore {
   }
 }
 
-function save(id: ClusterIdentity): string {
+/** The identity as its key file holds it. */
+export function savedIdentity(id: ClusterIdentity): string {
   const s: Saved = { version: 1, token: id.tokenText, key: id.keyPem, cert: id.certPem };
   return `${JSON.stringify(s)}\n`;
 }

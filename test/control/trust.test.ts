@@ -327,4 +327,18 @@ describe("the join token's store", () => {
     expect(a.refresh()).toBe(true);
     expect(a.identity.tokenText).toBe(rotated.identity.tokenText);
   });
+
+  it("a coordinator that makes its token does not keep the certificate library (its memory is room for layers)", async () => {
+    // In a process of its own: whether the library came in shows on the global Reflect, which its
+    // polyfill (reflect-metadata) extends.
+    const dir = tempDir("prima-trust-");
+    const p = startNode(["--input-type=module", "-e", `
+      import { TrustStore } from "${root}dist/trust/index.js";
+      const s = await TrustStore.open("home", { dir: ${JSON.stringify(dir)} });
+      console.log("made " + s.created + " loaded " + (typeof Reflect.getMetadata === "function") + " token " + s.identity.tokenText);`]);
+    const [, made, loaded, tokenText] = await p.waitFor(/made (\w+) loaded (\w+) token (\S+)/);
+    expect(made).toBe("true");
+    expect(loaded).toBe("false");
+    expect((await TrustStore.open("home", { dir })).identity.tokenText).toBe(tokenText);
+  });
 });
