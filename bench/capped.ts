@@ -24,9 +24,9 @@ const gen = ["-p", "Once upon a time", "-n", String(N_PREDICT), "--temp", "0", "
 
 interface Proc { child: ChildProcess; out: string; err: string; exited: Promise<number | null>; signal: () => NodeJS.Signals | null }
 
-function start(group: string | null, args: readonly string[], cmd = process.execPath): Proc {
+function start(group: string | null, args: readonly string[], cmd = process.execPath, env?: NodeJS.ProcessEnv): Proc {
   const enter = group ? `echo $$ > '${join(cgBase, group, "cgroup.procs")}' && ` : "";
-  const child = spawn("/bin/sh", ["-c", `${enter}exec "$0" "$@"`, cmd, ...args], { cwd: root, stdio: ["ignore", "pipe", "pipe"] });
+  const child = spawn("/bin/sh", ["-c", `${enter}exec "$0" "$@"`, cmd, ...args], { cwd: root, stdio: ["ignore", "pipe", "pipe"], env: env ?? process.env });
   const p: Proc = {
     child, out: "", err: "",
     exited: new Promise((r) => child.on("exit", (code) => r(code))),
@@ -81,14 +81,17 @@ interface RunJson {
   placement?: { plan: { devices: { name: string; set: string; windowLayers: number; ramLayerCapacityBytes: number; reloadBytesPerToken: number }[] }; per_cycle: number[]; devices: { diskSeqReadBytesPerS?: number }[]; prediction: Prediction };
 }
 
-/** Each device's own copy of a model (head, dev-a, dev-b), as three machines each have their own disk:
+/** The workers' names in ring order (dev-a, dev-b, ...): a setup of n devices has n - 1 of them. */
+const workerNames = (nWorkers: number) => Array.from({ length: nWorkers }, (_, i) => `dev-${String.fromCharCode(97 + i)}`);
+
+/** Each device's own copy of a model (head, dev-a, dev-b, ...), as machines each have their own disk:
  * one file shared by three processes on one host puts a page on the bill of the cgroup that read it
  * first (a worker's profile pass reads layers another device will run), and one device's reclaim then
  * evicts another's pages. The copies are removed after `body`. */
-async function withDeviceFiles<T>(model: string, body: (files: readonly string[]) => Promise<T>): Promise<T> {
+async function withDeviceFiles<T>(model: string, nDevices: number, body: (files: readonly string[]) => Promise<T>): Promise<T> {
   const dir = mkdtempSync(join(tmpdir(), "prima-capped-"));
   try {
-    const copies = ["dev-a", "dev-b"].map((n) => join(dir, `${n}-${basename(model)}`));
+    const copies = workerNames(nDevices - 1).map((n) => join(dir, `${n}-${basename(model)}`));
     for (const c of copies) copyFileSync(model, c);
     return await body([model, ...copies]);
   } finally {
@@ -99,21 +102,23 @@ async function withDeviceFiles<T>(model: string, body: (files: readonly string[]
 /** Flags the coordinator takes and a worker does not (the others go to every process). */
 const HEAD_ONLY_FLAGS = new Set(["--measure-routing"]);
 
-/** One ring run: head then two workers (dev-a, dev-b), each in a fresh cgroup of capMiB (or of its own
- * cap, head first), each reading its file of `files` (in that order). */
-async function ringRun(files: readonly string[], capMiB: number | readonly number[], windows: readonly number[] | null, tag: string, flags: readonly string[] = []): Promise<RunJson> {
-  const caps = typeof capMiB === "number" ? [capMiB, capMiB, capMiB] : capMiB;
-  const groups = ["h", "a", "b"].map((n, i) => makeGroup(`prima-capped-${process.pid}-${tag}-${n}`, caps[i]));
+/** One ring run: the head then a worker for each further file (dev-a, dev-b, ...), each in a fresh
+ * cgroup of capMiB (or of its own cap, head first), each reading its file of `files` (in that order).
+ * `env`: for every process (an empty profile cache: XDG_CACHE_HOME of a fresh folder). */
+async function ringRun(files: readonly string[], capMiB: number | readonly number[], windows: readonly number[] | null, tag: string, flags: readonly string[] = [], env?: NodeJS.ProcessEnv): Promise<RunJson> {
+  const names = workerNames(files.length - 1);
+  const caps = typeof capMiB === "number" ? files.map(() => capMiB) : capMiB;
+  const groups = ["h", ...names.map((n) => n.slice(4))].map((n, i) => makeGroup(`prima-capped-${process.pid}-${tag}-${n}`, caps[i]));
   const procs: Proc[] = [];
   try {
     dropCaches();
     await new Promise((r) => setTimeout(r, 500));
-    const head = start(groups[0], [coordCli, "run", files[0], "--json", ...gen, "--port", "0", "--min-workers", "2", ...(windows ? ["--layer-windows", windows.join(",")] : []), ...flags]);
+    const head = start(groups[0], [coordCli, "run", files[0], "--json", ...gen, "--port", "0", "--min-workers", String(names.length), ...(windows ? ["--layer-windows", windows.join(",")] : []), ...flags], process.execPath, env);
     procs.push(head);
     const port = (await waitFor(head, /listening for workers on port (\d+)/, 120_000))[1];
     const tokenFile = (await waitFor(head, /--token-file (\S+)/, 5000))[1]; // the join token (trust/)
-    for (const [i, name] of ["dev-a", "dev-b"].entries()) {
-      procs.push(start(groups[i + 1], [workerCli, "--join", `127.0.0.1:${port}`, "--model", files[i + 1], "--name", name, "--once", "--token-file", tokenFile, ...flags.filter((f) => !HEAD_ONLY_FLAGS.has(f))]));
+    for (const [i, name] of names.entries()) {
+      procs.push(start(groups[i + 1], [workerCli, "--join", `127.0.0.1:${port}`, "--model", files[i + 1], "--name", name, "--once", "--token-file", tokenFile, ...flags.filter((f) => !HEAD_ONLY_FLAGS.has(f))], process.execPath, env));
       await waitFor(head, new RegExp(`"${name}" .*joined`), 120_000);
     }
     // unref'd: a pending limit must not keep the bench alive after its last run
@@ -200,42 +205,61 @@ export function cappedUnavailable(): string | undefined {
   return existsSync(join(cgBase, "cgroup.procs")) ? undefined : `no cgroup v1 memory controller at ${cgBase}`;
 }
 
-export async function main(model: string, reps = 3, caps: readonly number[] = [256, 200]): Promise<void> {
+/** `--caps` entries: a cap in MiB for three devices ("256"), or devices x cap ("4x200"). */
+export async function main(model: string, reps = 3, caps: readonly string[] = ["256", "200", "4x200"]): Promise<void> {
   const why = cappedUnavailable();
   if (why) {
     console.log(`\n## capped devices: skipped (${why})`);
     return;
   }
-  const sweeps: Record<number, number[][]> = {
-    256: [[8, 8, 6], [9, 8, 5], [8, 9, 5], [7, 8, 7], [9, 9, 4]],
-    200: [[6, 12, 4], [12, 6, 4], [6, 6, 10], [7, 7, 8], [8, 8, 6]],
+  // hand-made plans in ring order (the workers, then the head, which also holds the output layer)
+  const sweeps: Record<string, number[][]> = {
+    "3x256": [[8, 8, 6], [9, 8, 5], [8, 9, 5], [7, 8, 7], [9, 9, 4]],
+    "3x200": [[6, 12, 4], [12, 6, 4], [6, 6, 10], [7, 7, 8], [8, 8, 6]],
     // the three rooms a little short of the model: some device must stream a layer or two
-    232: [[8, 8, 6], [9, 8, 5], [8, 9, 5], [10, 8, 4], [9, 9, 4]],
+    "3x232": [[8, 8, 6], [9, 8, 5], [8, 9, 5], [10, 8, 4], [9, 9, 4]],
+    // four devices with room to spare together (800 MiB for 637): how the layers are shared decides
+    "4x200": [[6, 6, 6, 4], [6, 6, 5, 5], [5, 6, 6, 5], [7, 6, 5, 4], [6, 5, 6, 5]],
   };
   const summary: string[] = [];
-  for (const cap of caps) {
-    if (!sweeps[cap]) throw new Error(`capped: no sweep of hand-made plans for ${cap} MiB (caps: ${Object.keys(sweeps).join(", ")})`);
-    summary.push(await cappedSetup(model, { name: "benchmark model", cap, sweep: sweeps[cap], reps, aloneGoal: cap === 256 }));
+  for (const entry of caps) {
+    const key = entry.includes("x") ? entry : `3x${entry}`;
+    if (!sweeps[key]) throw new Error(`capped: no sweep of hand-made plans for ${entry} (--caps takes ${Object.keys(sweeps).map((k) => k.replace(/^3x/, "")).join(", ")})`);
+    const [devices, cap] = key.split("x").map(Number);
+    summary.push(await cappedSetup(model, { name: "benchmark model", cap, devices, sweep: sweeps[key], reps, aloneGoal: key === "3x256" }));
   }
   summary.push(await streamingNeighbour(model, reps));
   summary.push(...(await overflowingWindows(model)));
   console.log(`\n${summary.join("\n")}\nreproduce: npm run build && sudo node dist/bench/index.js --only capped`);
 }
 
-/** One capped setup: three loopback devices in memory cgroups of `cap` MiB each; the automatic plan and
- * a sweep of hand-made ones, `reps` rounds of each; prima and llama-bench alone in one such cgroup;
- * Halda's predictions against the measured ms per token. `flags` go to every process (--expert-prefetch);
+/** One capped setup: `devices` loopback devices (3 unless said) in memory cgroups of `cap` MiB each; the
+ * automatic plan and a sweep of hand-made ones, `reps` rounds of each, the automatic plan once more
+ * before them with every device's profile cache empty (a household's first run); prima and llama-bench
+ * alone in one such cgroup; Halda's predictions against the measured ms per token. Issue #29's goals
+ * for the automatic plan: >= 0.95x the best hand-made in every round, the same plan in every round.
+ * `flags` go to every process (--expert-prefetch);
  * `autoVariants`: further automatic plans run beside the first each round, each with its flags too (what a
  * switch changes, e.g. MoE's expert prefetch). Returns the summary line. */
-export async function cappedSetup(model: string, o: { name: string; cap: number; sweep: readonly number[][]; reps: number; aloneGoal: boolean; moe?: boolean; flags?: readonly string[]; autoVariants?: readonly { name: string; flags: readonly string[] }[] }): Promise<string> {
-  const { cap, sweep, reps, flags = [], autoVariants = [] } = o;
-  console.log(`\n## capped devices: 3 x ${cap} MiB (memory cgroups), ${o.name}, decode ${N_PREDICT} tokens, ctx ${CTX}, median of ${reps} rounds\n`);
+export async function cappedSetup(model: string, o: { name: string; cap: number; devices?: number; sweep: readonly number[][]; reps: number; aloneGoal: boolean; moe?: boolean; flags?: readonly string[]; autoVariants?: readonly { name: string; flags: readonly string[] }[] }): Promise<string> {
+  const { cap, sweep, reps, flags = [], autoVariants = [], devices = 3 } = o;
+  const bad = sweep.find((w) => w.length !== devices);
+  if (bad) throw new Error(`capped: the hand-made plan [${bad}] does not have ${devices} windows`);
+  console.log(`\n## capped devices: ${devices} x ${cap} MiB (memory cgroups), ${o.name}, decode ${N_PREDICT} tokens, ctx ${CTX}, median of ${reps} rounds\n`);
   // Rounds: the automatic plan and every hand-made one once each per round, so that a slow spell of
   // this shared machine falls on all of them; each setup's median over the rounds counts.
   const autoRuns: RunJson[] = [], variantRuns = autoVariants.map(() => [] as RunJson[]);
   const handRuns = sweep.map(() => [] as RunJson[]);
   const failures = sweep.map(() => "");
-  await withDeviceFiles(model, async (files) => { for (let r = 0; r < reps; r++) {
+  let firstRun: RunJson | undefined;
+  await withDeviceFiles(model, devices, async (files) => {
+    const emptyCache = mkdtempSync(join(tmpdir(), "prima-capped-cache-"));
+    try {
+      firstRun = await ringRun(files, cap, null, `first${cap}`, flags, { ...process.env, XDG_CACHE_HOME: emptyCache });
+    } finally {
+      rmSync(emptyCache, { recursive: true, force: true });
+    }
+    for (let r = 0; r < reps; r++) {
     const auto = await ringRun(files, cap, null, `auto${cap}`, flags);
     autoRuns.push(auto);
     // Every round's per-device counters (the table shows the median round's): ms per decode step.
@@ -273,8 +297,14 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
     console.log(`| automatic, ${name} [${variant.layer_windows.join(",")}] (median of ${variantRuns[v].map((x) => `${x.decode_tok_s.toFixed(1)} [${x.layer_windows}]`).join(", ")}) | ${variant.decode_tok_s.toFixed(2)} | ${(variant.decode_tok_s / auto.decode_tok_s).toFixed(2)}x without${predicted} |`);
   }
   console.log(`| best hand-made [${best.w.join(",")}] (of ${hand.join("; ")}) | ${best.tokS.toFixed(2)} | 1.00 |`);
+  const rounds = [{ label: "first run (empty profile caches)", run: firstRun! }, ...autoRuns.map((run, r) => ({ label: `round ${r + 1}`, run }))];
+  const plans = new Set(rounds.map((x) => x.run.layer_windows.join(",")));
+  const worst = Math.min(...rounds.map((x) => x.run.decode_tok_s)) / best.tokS;
+  const stability = `automatic by round: ${rounds.map((x) => `${x.label} [${x.run.layer_windows}] ${(x.run.decode_tok_s / best.tokS).toFixed(2)}x`).join(", ")}; ` +
+    `the same plan in every round: ${plans.size === 1 ? "yes" : `no (${plans.size} plans)`}; worst round ${worst.toFixed(2)}x the best hand-made (goal >= 0.95 in every round)`;
   console.log(`| prima alone in ${cap} MiB | ${fmt(alone)} | ${typeof alone === "number" ? `ring ${(auto.decode_tok_s / alone).toFixed(2)}x alone${o.aloneGoal ? " (goal >= 5)" : ""}` : "-"} |`);
   console.log(`| llama-bench alone in ${cap} MiB (-n 32 -t 2) | ${fmt(llama)} | - |`);
+  console.log(`\n${stability}`);
   // Each device's own work, as Halda prices it (compute, memory, disk) and as measured (compute and
   // send, less the time another device's threads had its CPU: these three share one machine's 2
   // vCPUs); the hops, Halda's comm terms, beside what no device's counters hold (coordinator/placement.ts).
@@ -302,7 +332,8 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
     `each row's median over the rounds: ${labels.map((l) => `${short(l)} ${signed(median(roundErrors.flatMap((es) => es.get(l) ?? [])))}`).join(", ")}`);
   // The disk-bound limit: what no plan can avoid rereading (the weights beyond every device's room
   // together), at the measured disk speed, on top of the predicted compute.
-  const summary = `${o.name}, ${cap} MiB: automatic ${auto.decode_tok_s.toFixed(2)} tok/s, best hand-made ${best.tokS.toFixed(2)} [${best.w}], alone ${fmt(alone)}, llama-bench ${fmt(llama)}`;
+  const summary = `${o.name}, ${devices} x ${cap} MiB: automatic ${auto.decode_tok_s.toFixed(2)} tok/s, best hand-made ${best.tokS.toFixed(2)} [${best.w}], alone ${fmt(alone)}, llama-bench ${fmt(llama)}; ` +
+    `plans ${plans.size === 1 ? "the same" : `${plans.size} different`} in ${rounds.length} runs, worst ${worst.toFixed(2)}x`;
   // (dense: every byte past the rooms comes back each token; a MoE token rereads only routed experts)
   if (o.moe) return summary;
   const planReread = pl.plan.devices.reduce((s, d) => s + d.reloadBytesPerToken, 0);

@@ -1,4 +1,4 @@
-// npm run bench [-- --only engine,memory,ring,halda,kernels,standin,passnoise,handoff,capped,crypto,serve,transfer,chaos,structured,moe,families,context,depth] [--threads N] [--reps N] [--chaos-seconds S] [--chaos-hogs N] [--caps 256,200] [--depths 512,2048,8192]
+// npm run bench [-- --only engine,memory,ring,halda,kernels,standin,passnoise,handoff,capped,crypto,serve,transfer,chaos,structured,moe,families,context,depth] [--threads N] [--reps N] [--chaos-seconds S] [--chaos-hogs N] [--caps 256,200,4x200] [--depths 512,2048,8192]
 // Every part measures us and a peer in the same run and prints ratios (absolute numbers on a shared
 // machine mean little). The latest results and their commands go in BENCHMARKS.md, earlier ones in
 // bench/history/.
@@ -18,7 +18,7 @@ const { values } = parseArgs({
     // chaos: busy processes beside the cluster (a build on the same machine); 0 for a quiet run
     "chaos-hogs": { type: "string", default: "2" },
     // capped: the memory cap of each device in MiB, one setup per cap
-    caps: { type: "string", default: "256,200" },
+    caps: { type: "string", default: "256,200,4x200" },
     depths: { type: "string", default: "512,2048,8192" },
   },
 });
@@ -64,7 +64,7 @@ async function main(): Promise<void> {
   if (parts.has("moe")) await (await import("./moe.js")).main(threads, reps, log);
   if (parts.has("families")) await (await import("./families.js")).main(threads, reps, log);
   if (parts.has("context")) await (await import("./context.js")).main(threads, log);
-  if (parts.has("depth")) await (await import("./context-depth.js")).depthSpeed(threads, values.depths.split(",").map(Number), log);
+  if (parts.has("depth")) await (await import("./context-depth.js")).depthSpeed(threads, reps, values.depths.split(",").map(Number), log);
   const model = ["memory", "ring", "serve", "transfer", "chaos", "standin", "passnoise", "handoff", "capped", "crypto", "structured"].some((p) => parts.has(p)) ? await benchmarkModel() : "";
   // Each part prints its own table; they live in dist/bench/ and also run alone.
   if (parts.has("memory")) await (await import("./memory.js")).main();
@@ -74,7 +74,7 @@ async function main(): Promise<void> {
   if (parts.has("standin")) await (await import("./stand-in.js")).main(model);
   if (parts.has("passnoise")) await (await import("./pass-noise.js")).main(model);
   if (parts.has("handoff")) await (await import("./hand-off.js")).main(model);
-  if (parts.has("capped")) await (await import("./capped.js")).main(model, reps, values.caps.split(",").map(Number));
+  if (parts.has("capped")) await (await import("./capped.js")).main(model, reps, values.caps.split(","));
   if (parts.has("crypto")) await (await import("./crypto.js")).main(model);
   if (parts.has("serve")) await (await import("./serve.js")).main(model, Math.max(reps, 5));
   // A round takes a fraction of a second and the plain copy swings from round to round: 9 at least.
