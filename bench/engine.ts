@@ -4,7 +4,7 @@
 import { LocalModel, LocalPipeline, Rng, Sampler } from "../engine/index.js";
 import { describeModel, layerReadBytes, modelProfile, readGguf } from "../model/index.js";
 import { benchMemRead } from "../native/index.js";
-import { runLlamaBench, type DepthOptions, type PeerResult } from "./llama-bench.js";
+import { runLlamaBench, type DepthOptions, type PeerBuild, type PeerResult } from "./llama-bench.js";
 
 export interface EngineResult {
   readonly promptTokS: number;
@@ -58,7 +58,7 @@ export async function benchEngine(path: string, o: { threads: number; prompt: nu
 /** prima and llama-bench on one file in alternating rounds (one rep each, `reps` times), averaged: run
  * one after the other, load that came and went during one engine's turn decided single runs (the moe
  * part's 1.9x and 2.7x on a loaded host were 0.92-1.21x quiet). */
-export async function versusLlamaBench(path: string, o: { threads: number; prompt: number; decode: number; reps: number; roofline?: boolean } & DepthOptions): Promise<{ ours: EngineResult; peer: PeerResult; readBytesPerS: number }> {
+export async function versusLlamaBench(path: string, o: { threads: number; prompt: number; decode: number; reps: number; roofline?: boolean; peer?: PeerBuild } & DepthOptions): Promise<{ ours: EngineResult; peer: PeerResult; readBytesPerS: number }> {
   let pp = 0, tg = 0, ppPeer = 0, tgPeer = 0, bw = 0, build = "";
   for (let r = 0; r < o.reps; r++) {
     const ours = await benchEngine(path, { ...o, reps: 1 });

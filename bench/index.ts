@@ -1,11 +1,12 @@
-// npm run bench [-- --only engine,memory,ring,halda,kernels,standin,passnoise,handoff,capped,crypto,serve,transfer,chaos,structured,moe,families,context,depth] [--threads N] [--reps N] [--chaos-seconds S] [--chaos-hogs N] [--caps 256,200,4x200] [--depths 512,2048,8192]
+// npm run bench [-- --only engine,memory,ring,halda,kernels,standin,passnoise,handoff,capped,crypto,serve,transfer,chaos,structured,moe,families,context,depth] [--threads N] [--reps N] [--chaos-seconds S] [--chaos-hogs N] [--caps 256,200,4x200] [--depths 512,2048,8192] [--peer native|norepack|avx2]
 // Every part measures us and a peer in the same run and prints ratios (absolute numbers on a shared
 // machine mean little). The latest results and their commands go in BENCHMARKS.md, earlier ones in
 // bench/history/.
 import { existsSync } from "node:fs";
 import { parseArgs } from "node:util";
+import { simdLevel } from "../native/index.js";
 import { rooflineLine, versusLlamaBench, versusRow } from "./engine.js";
-import { ensureLlamaBench } from "./llama-bench.js";
+import { ensureLlamaBench, peerBuild, PEER_BUILDS } from "./llama-bench.js";
 import { root, useTemporaryHome } from "./procs.js";
 
 
@@ -17,8 +18,10 @@ const { values } = parseArgs({
     "chaos-seconds": { type: "string", default: "180" },
     // chaos: busy processes beside the cluster (a build on the same machine); 0 for a quiet run
     "chaos-hogs": { type: "string", default: "2" },
-    // capped: the memory cap of each device in MiB, one setup per cap
+    // capped: one setup per entry, three devices of that many MiB each, or NxMiB
     caps: { type: "string", default: "256,200,4x200" },
+    // engine: which build of llama-bench to measure against (bench/llama-bench.ts PEER_BUILDS)
+    peer: { type: "string", default: "native" },
     depths: { type: "string", default: "512,2048,8192" },
   },
 });
@@ -38,7 +41,8 @@ async function benchmarkModel(): Promise<string> {
 }
 
 async function engineBench(): Promise<void> {
-  ensureLlamaBench(log);
+  const peer = peerBuild(values.peer);
+  ensureLlamaBench(log, peer);
   const models = [
     { name: "stories260K (F32)", path: `${root}models/stories260K.gguf`, prompt: 128, decode: 256, goals: { pp: undefined, tg: 0.5 } },
     { name: "tinyllama-1.1b Q4_K_M", path: await benchmarkModel(), prompt: 128, decode: 64, goals: { pp: 0.8 as number | undefined, tg: 1.0 }, roofline: true },
@@ -48,18 +52,18 @@ async function engineBench(): Promise<void> {
   console.log("|---|---|---|---|---|---|---|");
   const roofline: string[] = [];
   for (const m of models) {
-    const { ours, peer, readBytesPerS } = await versusLlamaBench(m.path, { threads, prompt: m.prompt, decode: m.decode, reps, roofline: "roofline" in m });
-    console.log(versusRow(m.name, ours, peer, m.goals));
+    const r = await versusLlamaBench(m.path, { threads, prompt: m.prompt, decode: m.decode, reps, roofline: "roofline" in m, peer });
+    console.log(versusRow(m.name, r.ours, r.peer, m.goals));
     // stories260K's megabyte stays in the caches: no roofline to speak of
-    if ("roofline" in m) roofline.push(rooflineLine(m.name, m.path, ours, peer, readBytesPerS));
+    if ("roofline" in m) roofline.push(rooflineLine(m.name, m.path, r.ours, r.peer, r.readBytesPerS));
   }
-  console.log(`\nllama-bench: -p P -n D -t ${threads} -r 1, ${reps} rounds alternating with prima's; prima: the same batch and steps through engine/ (bench/engine.ts)`);
+  console.log(`\nllama-bench (${PEER_BUILDS[peer].says}): -p P -n D -t ${threads} -r 1, ${reps} rounds alternating with prima's; prima (SIMD ${simdLevel()}): the same batch and steps through engine/ (bench/engine.ts)`);
   console.log(`\ndecode against the machine's read bandwidth:\n${roofline.join("\n")}`);
 }
 
 async function main(): Promise<void> {
   useTemporaryHome();
-  console.log(`# npm run bench -- --only ${[...parts].join(",")} --threads ${threads} --reps ${reps}${parts.has("capped") ? ` --caps ${values.caps}` : ""}`);
+  console.log(`# npm run bench -- --only ${[...parts].join(",")} --threads ${threads} --reps ${reps}${parts.has("capped") ? ` --caps ${values.caps}` : ""}${values.peer !== "native" ? ` --peer ${values.peer}` : ""}`);
   if (parts.has("engine")) await engineBench();
   if (parts.has("moe")) await (await import("./moe.js")).main(threads, reps, log);
   if (parts.has("families")) await (await import("./families.js")).main(threads, reps, log);

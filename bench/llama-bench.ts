@@ -1,5 +1,8 @@
 // The speed peer: llama.cpp's own llama-bench, compiled for this CPU from the source node-llama-cpp
-// bundles, cached in .cache/ (ignored by git). Built once (about 15 minutes on 2 cores), then reused.
+// bundles, cached in .cache/ (ignored by git). Built once (about 6-15 minutes on 2 cores), then reused.
+// For the record (issue #35), two more builds on request (`--peer`): the same without its runtime
+// repacking of weights (GGML_CPU_REPACK off), and one for AVX2 only (what an AVX2 host's build does;
+// set PRIMA_SIMD=avx2 for prima beside it).
 import { execFileSync, spawnSync } from "node:child_process";
 import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
@@ -14,25 +17,46 @@ export interface PeerResult {
 }
 
 const srcDir = join(root, "node_modules/node-llama-cpp/llama/llama.cpp");
-const buildDir = join(root, ".cache/llama-build");
-export const llamaBenchPath = join(buildDir, "bin/llama-bench");
 
-export function ensureLlamaBench(log: (s: string) => void): string {
-  if (existsSync(llamaBenchPath)) return llamaBenchPath;
+/** The builds of llama-bench: each one's folder under .cache/ and its CMake switches. */
+export const PEER_BUILDS = {
+  native: { dir: "llama-build", flags: ["-DGGML_NATIVE=ON"], says: "built for this CPU" },
+  norepack: { dir: "llama-build-norepack", flags: ["-DGGML_NATIVE=ON", "-DGGML_CPU_REPACK=OFF"], says: "built for this CPU, its weight repacking off" },
+  avx2: {
+    dir: "llama-build-avx2", says: "built for AVX2 (no AVX-512)",
+    flags: ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF"],
+  },
+} as const;
+export type PeerBuild = keyof typeof PEER_BUILDS;
+
+const binOf = (peer: PeerBuild) => join(root, ".cache", PEER_BUILDS[peer].dir, "bin/llama-bench");
+export const llamaBenchPath = binOf("native");
+
+/** The --peer a bench was given, checked. */
+export function peerBuild(name: string): PeerBuild {
+  if (!(name in PEER_BUILDS)) throw new Error(`--peer takes ${Object.keys(PEER_BUILDS).join(", ")} (got "${name}")`);
+  return name as PeerBuild;
+}
+
+/** The peer's llama-bench, built first where it is not yet. */
+export function ensureLlamaBench(log: (s: string) => void, peer: PeerBuild = "native"): string {
+  const path = binOf(peer);
+  if (existsSync(path)) return path;
+  const buildDir = join(root, ".cache", PEER_BUILDS[peer].dir);
   if (!existsSync(join(srcDir, "CMakeLists.txt"))) {
     log("llama-bench: unpacking llama.cpp's source from node-llama-cpp (offline)");
     execFileSync("npx", ["--no-install", "node-llama-cpp", "source", "download", "--skipBuild", "--gpu", "false"], { cwd: root, stdio: "inherit" });
   }
   mkdirSync(buildDir, { recursive: true });
-  log(`llama-bench: building into ${buildDir} (once; about 15 minutes on 2 cores)`);
+  log(`llama-bench: building into ${buildDir}, ${PEER_BUILDS[peer].says} (once; about 6-15 minutes on 2 cores)`);
   const run = (args: string[]) => {
     const r = spawnSync("cmake", args, { cwd: root, stdio: "inherit" });
     if (r.status !== 0) throw new Error(`cmake ${args.join(" ")} failed (exit ${r.status})`);
   };
-  run(["-S", srcDir, "-B", buildDir, "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+  run(["-S", srcDir, "-B", buildDir, ...PEER_BUILDS[peer].flags, "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DCMAKE_BUILD_TYPE=Release"]);
   run(["--build", buildDir, "--target", "llama-bench", "-j2"]);
-  return llamaBenchPath;
+  return path;
 }
 
 interface LlamaBenchRow {
@@ -51,10 +75,10 @@ export interface DepthOptions {
 }
 
 /** Runs llama-bench for prompt and decode speed on one model with the given threads. */
-export function runLlamaBench(model: string, opts: { threads: number; prompt: number; decode: number; reps: number } & DepthOptions): PeerResult {
+export function runLlamaBench(model: string, opts: { threads: number; prompt: number; decode: number; reps: number; peer?: PeerBuild } & DepthOptions): PeerResult {
   const deep = opts.depth ? ["-d", String(opts.depth), "-fa", "on"] : [];
   const types = opts.kvCacheTypes ? ["-ctk", opts.kvCacheTypes.k, "-ctv", opts.kvCacheTypes.v, ...(opts.depth ? [] : ["-fa", "on"])] : [];
-  const out = execFileSync(llamaBenchPath, ["-m", model, "-t", String(opts.threads), "-p", String(opts.prompt), "-n", String(opts.decode),
+  const out = execFileSync(binOf(opts.peer ?? "native"), ["-m", model, "-t", String(opts.threads), "-p", String(opts.prompt), "-n", String(opts.decode),
     "-r", String(opts.reps), ...deep, ...types, "-o", "json"], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], maxBuffer: 1 << 24 });
   const rows = JSON.parse(out) as LlamaBenchRow[];
   const pp = rows.find((r) => r.n_prompt > 0 && r.n_gen === 0);
