@@ -7,7 +7,7 @@
 // Cluster.workersInOrder) and then the head (which holds the last window of each cycle): worker j is
 // Halda device j + 1. Halda's counts do not depend on the rotation, but a MoE model's windows priced by
 // the layers they name (MoE-3) do, so Halda is told the ring order.
-import { selectDevices, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "../halda/index.js";
+import { assignmentPlan, selectDevices, type Assignment, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "../halda/index.js";
 import { kvBytesPerLayer } from "../model/index.js";
 import type { WorkerHandle } from "./registry.js";
 import { HEAD_ID } from "./ring-setup.js";
@@ -56,19 +56,47 @@ export function seatsOf(workers: readonly WorkerHandle[]): Seat[] {
   return [...workers, null].map((worker, pos) => ({ worker, id: worker?.id ?? HEAD_ID, haldaIndex: haldaIndexAt(pos, n), ringPosition: pos }));
 }
 
+/** A plan in force is kept while it is priced within this fraction of Halda's new best (keptOrNew). */
+export const KEEP_PLAN_WITHIN = 0.05;
+
+/** Halda's new plan, or `previous` (the windows in force, by Halda index) where it is a plan for these
+ * devices priced within KEEP_PLAN_WITHIN of the new one: timings move a few percent from one
+ * measurement to the next, and near-equal plans then took turns from run to run (a MoE ring of three
+ * devices alternated [4,4,4] and [4,5,3], each run paying to move windows and warm pages anew, its
+ * speed no better for it). A change worth more than that is made. */
+export function keptOrNew(plan: Plan, previous: Assignment | undefined, devices: readonly DeviceProfile[], model: ModelProfile, options: HaldaOptions): Plan {
+  if (!previous || previous.windowLayers.length !== devices.length) return plan;
+  // what was asked for stands: cycles given (--cycles), every device in the ring (--keep-all)
+  if ((options.k && previous.k !== options.k) || (options.keepAll && previous.windowLayers.includes(0))) return plan;
+  const now = new Array<number>(devices.length).fill(0);
+  for (const d of plan.devices) now[d.index] = d.windowLayers;
+  if (previous.k === plan.k && previous.windowLayers.every((w, i) => w === now[i])) return plan;
+  let kept: Plan;
+  try {
+    kept = assignmentPlan(devices, model, previous, options, plan.planner);
+  } catch {
+    return plan; // not a plan for these devices (another model's layers, a device's count)
+  }
+  if (kept.problems.length > 0 || kept.latencyMs > plan.latencyMs * (1 + KEEP_PLAN_WITHIN)) return plan;
+  const inForce = (p: Plan) => `[${p.devices.map((d) => d.windowLayers).join(",")}] (k = ${p.k}, ${p.latencyMs.toFixed(2)} ms)`;
+  return { ...kept, runnerUp: plan.runnerUp, notes: [...plan.notes, `kept the plan in force ${inForce(kept)}: within ${KEEP_PLAN_WITHIN * 100}% of Halda's new best ${inForce(plan)}`] };
+}
+
 /**
  * Halda's plan for the head and the workers (in their seats' order: by name), with the best subset of devices (HALDA.md
  * §4.4), or every device with `options.keepAll` (what `--keep-all` passes); throws HaldaError when there
- * is none.
+ * is none. `previous`: the windows in force for these devices (by Halda index), kept where they are
+ * priced near the new best (keptOrNew).
  */
-export function placeRing(head: DeviceProfile, workers: readonly DeviceProfile[], model: ModelProfile, options: HaldaOptions = {}): Placement {
+export function placeRing(head: DeviceProfile, workers: readonly DeviceProfile[], model: ModelProfile, options: HaldaOptions = {}, previous?: Assignment): Placement {
   const devices = [head, ...workers];
   // Priced as the engine pages: a device whose one window does not fit streams the layers past its
   // room (native streamBeyond), rereading its excess, one layer and a margin more each token ("stream");
   // a mixture of experts is not streamed: the page cache keeps the experts tokens use most, and a token
   // rereads its routed experts that are not resident ("excess", docs/HALDA.md MoE-1).
   const ringOrder = [...workers.map((_, j) => j + 1), 0];
-  const plan = selectDevices(devices, model, { overloadReload: model.moe ? "excess" : "stream", ringOrder, ...options });
+  const haldaOptions: HaldaOptions = { overloadReload: model.moe ? "excess" : "stream", ringOrder, ...options };
+  const plan = keptOrNew(selectDevices(devices, model, haldaOptions), previous, devices, model, haldaOptions);
   const n = workers.length;
   const perCycle = new Array<number>(n + 1).fill(0);
   const releaseAfterUse = new Array<boolean>(n + 1).fill(false);

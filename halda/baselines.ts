@@ -5,12 +5,13 @@
 //           VRAM and the overflow left on the CPU: exo's split as prima.cpp improved it, the
 //           "prima.cpp w/o halda" planner (HALDA.md §4.7);
 //   flops   windows proportional to each device's speed on this model's layers (GPU if it has one).
+// And any given windows as a Plan (assignmentPlan): a plan kept in force is priced so.
 
 import { resolveDevice, type ResolvedDevice } from "./devices.js";
 import { initialWindows, memoryBudget } from "./faithful.js";
-import { evaluateDevice } from "./latency.js";
+import { predictResolved, type Assignment } from "./latency.js";
 import { conservativeFlags, deviceTerms, modelTerms, resolveOptions } from "./terms.js";
-import { HaldaError, type DevicePlan, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan } from "./types.js";
+import { HaldaError, type DevicePlan, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan, type PlannerName } from "./types.js";
 
 export type BaselineName = "even" | "memory" | "flops";
 export const baselineNames: readonly BaselineName[] = ["even", "memory", "flops"];
@@ -39,17 +40,32 @@ export function baselinePlan(name: BaselineName, devices: readonly DeviceProfile
   }
   const bp = m.layerBytesWithKv;
   const n = terms.map((t, i) => (t.dev.hasGpu ? Math.max(0, Math.min(w[i], Math.floor(t.capGpuBytes / (k * bp) + 1e-9))) : 0));
-  const problems: string[] = [];
-  const planDevices: DevicePlan[] = terms.map((t, i) => {
-    const ev = evaluateDevice(t, k, w[i], n[i], m, o);
-    problems.push(...ev.problems);
-    return {
-      index: i, name: t.dev.name, set: ev.set, windowLayers: w[i], gpuLayers: n[i],
-      layersPerToken: k * w[i], gpuLayersPerToken: k * n[i], reloadBytesPerToken: ev.reloadBytesPerToken,
+  return assignmentPlan(devices, model, { k, windowLayers: w, gpuLayers: n }, options, name);
+}
+
+/** These windows as a Plan, priced by the same latency model as Halda's (HALDA.md §2.6; a MoE model's
+ * windows by the layers they name where its routing is measured). A device given no layer (the head
+ * always has one) is listed as dropped. Its problems say what it violates; throws on an assignment
+ * that is not one (window counts, integers). */
+export function assignmentPlan(devices: readonly DeviceProfile[], model: ModelProfile, a: Assignment, options: HaldaOptions = {}, planner: PlannerName = "halda"): Plan {
+  const o = resolveOptions(options);
+  const m = modelTerms(model, o);
+  const devs: ResolvedDevice[] = devices.map((d, i) => resolveDevice(d, i));
+  const prediction = predictResolved(devs, a, m, o);
+  const planDevices: DevicePlan[] = [];
+  devs.forEach((d, i) => {
+    const ev = prediction.devices[i];
+    if (!ev) return;
+    const t = deviceTerms(d, i === 0, conservativeFlags(d), m, o);
+    const w = a.windowLayers[i], n = a.gpuLayers[i];
+    planDevices.push({
+      index: i, name: d.name, set: ev.set, windowLayers: w, gpuLayers: n,
+      layersPerToken: a.k * w, gpuLayersPerToken: a.k * n, reloadBytesPerToken: ev.reloadBytesPerToken,
       ramLayerCapacityBytes: t.capBytes, gpuLayerCapacityBytes: t.capGpuBytes,
       cpuComputeBufferBytes: t.cCpuBytes, gpuComputeBufferBytes: t.cGpuBytes, latency: ev.latency,
-    };
+    });
   });
-  const latencyMs = planDevices.reduce((s, d) => s + d.latency.totalMs, 0);
-  return { planner: name, nLayers: L, k, devices: planDevices, dropped: [], latencyMs, objectiveMs: latencyMs, runnerUp: null, problems, notes: [] };
+  const latencyMs = prediction.latencyMs;
+  const dropped = devs.flatMap((d, i) => (prediction.devices[i] ? [] : [{ index: i, name: d.name, reason: "these windows give it no layers", latencyWithMs: null, latencyWithoutMs: latencyMs }]));
+  return { planner, nLayers: m.nLayers, k: a.k, devices: planDevices, dropped, latencyMs, objectiveMs: latencyMs, runnerUp: null, problems: prediction.problems, notes: [] };
 }

@@ -12,7 +12,7 @@ export { measureDisk, blockDeviceOf, readAheadBytes, diskKey, probeBytes, MIN_PR
 export { LinkProbeServer, measureLink, timeHandOff, type HandOffOptions, type LinkMeasurement, type LinkOptions } from "./link.js";
 export { detectGpus, parseNvidiaSmi, type GpuInfo } from "./gpu.js";
 export { detectOs, systemInfo, cpuName, armCores, type ArmCore, cgroupPaths, cpuQuota, diskThrottle, lastLevelCacheBytes, parseCacheSize, type SystemInfo, type CgroupPaths, type DiskThrottle } from "./system.js";
-export { defaultCacheDir } from "./cache.js";
+export { defaultCacheDir, makeDirs, writeJsonAtomically } from "./cache.js";
 export { observedRereadBytesPerS, rereadKey, rereadFigure, recentRereads, RereadStore, MIN_OBSERVED_REREAD_BYTES, RECENT_REREAD_MS, type RereadObservation } from "./rereads.js";
 export { dropFileCache } from "../native/index.js";
 export { measureExpertRouting, cachedExpertRouting, ROUTING_TEXT, type RoutingOptions } from "./routing.js";

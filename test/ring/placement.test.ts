@@ -3,15 +3,18 @@
 // End to end on loopback with real processes, given different memory (memory cgroups), CPU (a CPU
 // quota) and disk (blkio throttling) so that Halda has something to choose between.
 import { execFileSync } from "node:child_process";
+import { writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { formatPlan, placeRing, ringPosition } from "../../coordinator/placement.js";
+import { KEEP_PLAN_WITHIN, formatPlan, placeRing, ringPosition, type Placement } from "../../coordinator/placement.js";
+import { PLANS_KEPT, recallPlan, rememberPlan } from "../../coordinator/plan-memory.js";
 import { DecodeMeter } from "../../coordinator/prediction.js";
-import { halda, selectDevices, type DeviceProfile, type Plan } from "../../halda/index.js";
+import { assignmentPlan, halda, selectDevices, type DeviceProfile, type Plan } from "../../halda/index.js";
 import { modelProfile, modelShapeByName, syntheticModelDescription } from "../../model/index.js";
 import { cgroupLimitForRoom, dropFileCache } from "../../profiler/index.js";
 import { blkioProblem, cgroupScope, controllerProblem, diskDeviceOf, root, startIn, type Cgroup } from "../profiler/cgroup.js";
 import { PLACEMENT_SHAPE, layerCosts, privateModelCopy, testModel } from "../profiler/models.js";
+import { tempDir } from "../helpers/temp.js";
 
 describe("placeRing: Halda's plan in ring order", () => {
   const model = modelProfile(syntheticModelDescription(modelShapeByName("llama3-8b")!, "Q4_K_M"), { nCtx: 1024 });
@@ -77,6 +80,51 @@ describe("placeRing: Halda's plan in ring order", () => {
     expect(all.perCycle.reduce((a, b) => a + b, 0) * all.cycles).toBe(model.nLayers);
     expect(all.plan.latencyMs).toBeGreaterThan(p.plan.latencyMs);
     expect(formatPlan(all, labels)).not.toContain("dropped");
+  });
+
+  it("keeps the plan in force where Halda prices it within 5% of its new best, and moves where the new one is worth more", () => {
+    // room to spare on every device: windows one layer apart cost nearly the same
+    const head = device("head", 1e11, 16, true);
+    const workers = [device("w1", 1e11, 16), device("w2", 1e11, 16)];
+    const fresh = placeRing(head, workers, model);
+    const windows = (p: Placement) => { const w = [0, 0, 0]; for (const d of p.plan.devices) w[d.index] = d.windowLayers; return w; };
+    const best = windows(fresh);
+    // the layers over all three devices: another plan (Halda leaves one out, a hop fewer), priced a little worse
+    const near = [11, 11, 10];
+    expect(best).not.toEqual(near);
+    const nearMs = assignmentPlan([head, ...workers], model, { k: fresh.cycles, windowLayers: near, gpuLayers: [0, 0, 0] }, { ringOrder: [1, 2, 0], overloadReload: "stream" }).latencyMs;
+    expect(nearMs).toBeGreaterThan(fresh.plan.latencyMs);
+    expect(nearMs).toBeLessThan(fresh.plan.latencyMs * (1 + KEEP_PLAN_WITHIN));
+    const kept = placeRing(head, workers, model, {}, { k: fresh.cycles, windowLayers: near, gpuLayers: [0, 0, 0] });
+    expect(windows(kept)).toEqual(near);
+    expect(kept.plan.latencyMs).toBeCloseTo(nearMs, 6);
+    expect(kept.plan.notes.join("\n")).toContain("kept the plan in force");
+    expect(kept.perCycle.reduce((a, b) => a + b, 0) * kept.cycles).toBe(model.nLayers);
+    // a plan that leaves a device short of room (it would stream) is worth moving from
+    const far = [model.nLayers - 2, 1, 1];
+    const moved = placeRing(head, workers, model, {}, { k: 1, windowLayers: far, gpuLayers: [0, 0, 0] });
+    expect(windows(moved)).toEqual(best);
+    // nor is a plan kept against what was asked (--keep-all with a device left out), nor one for other devices
+    expect(windows(placeRing(head, workers, model, { keepAll: true }, { k: 1, windowLayers: [...best.slice(0, 2), 0], gpuLayers: [0, 0, 0] }))).toEqual(windows(placeRing(head, workers, model, { keepAll: true })));
+    expect(windows(placeRing(head, workers, model, {}, { k: 1, windowLayers: [model.nLayers], gpuLayers: [0] }))).toEqual(best);
+  });
+
+  it("remembers the last plan per key in the profile folder, and a damaged file is no memory", () => {
+    const dir = tempDir("prima-plans-");
+    expect(recallPlan("a", dir)).toBeUndefined();
+    rememberPlan("a", { k: 1, windowLayers: [3, 4, 5] }, dir);
+    rememberPlan("b", { k: 2, windowLayers: [1, 2] }, dir);
+    expect(recallPlan("a", dir)).toEqual({ k: 1, windowLayers: [3, 4, 5], gpuLayers: [0, 0, 0] });
+    rememberPlan("a", { k: 1, windowLayers: [4, 4, 4] }, dir);
+    expect(recallPlan("a", dir)?.windowLayers).toEqual([4, 4, 4]);
+    expect(recallPlan("b", dir)?.k).toBe(2);
+    for (let i = 0; i < PLANS_KEPT; i++) rememberPlan(`x${i}`, { k: 1, windowLayers: [1] }, dir);
+    expect(recallPlan("a", dir)).toBeUndefined(); // the oldest forgotten first
+    writeFileSync(join(dir, "plans.json"), "{ not json");
+    expect(recallPlan("x1", dir)).toBeUndefined();
+    writeFileSync(join(dir, "plans.json"), JSON.stringify({ version: 1, plans: [{ key: "h", k: 1, windowLayers: [-1, 2] }, { key: "g", k: 1, windowLayers: [2, 2] }] }));
+    expect(recallPlan("h", dir)).toBeUndefined(); // a hostile entry is skipped, the others stand
+    expect(recallPlan("g", dir)?.windowLayers).toEqual([2, 2]);
   });
 
   it("releases windows after use on overloaded devices that run several windows per token", () => {
