@@ -15,7 +15,7 @@ import { tmpdir } from "node:os";
 import { basename, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { llamaBenchPath } from "./llama-bench.js";
-import { coordCli, median, root, workerCli } from "./procs.js";
+import { coordCli, median, root, useTemporaryHome, workerCli } from "./procs.js";
 
 const cgBase = "/sys/fs/cgroup/memory";
 const MiB = 2 ** 20;
@@ -466,6 +466,8 @@ async function overflowingWindows(model: string): Promise<string[]> {
 // node dist/bench/capped.js --window model.gguf: only the overflowing windows (root); --neighbour
 // model.gguf [reps]: only a streaming device's neighbours (root); --window-passes: the child --window
 // starts in the capped cgroup.
+// (each with its profiles in a temporary home, as the whole bench keeps them)
+if (process.argv[2] === "--window" || process.argv[2] === "--neighbour") useTemporaryHome();
 if (process.argv[2] === "--window-passes") void windowPasses(process.argv[3], JSON.parse(process.argv[5]) as WindowSetup, process.argv[4] === "streamed");
 else if (process.argv[2] === "--window") void overflowingWindows(process.argv[3]).then((lines) => console.log(`\n${lines.join("\n")}`));
 else if (process.argv[2] === "--neighbour") void streamingNeighbour(process.argv[3], Number(process.argv[4] ?? 3)).then((line) => console.log(`\n${line}`));

@@ -8,7 +8,7 @@ import type { ModelShape } from "../model/index.js";
 import { versusLlamaBench, versusRow } from "./engine.js";
 import { cappedSetup, cappedUnavailable } from "./capped.js";
 import { ensureLlamaBench } from "./llama-bench.js";
-import { root } from "./procs.js";
+import { root, useTemporaryHome } from "./procs.js";
 
 /** 12 layers of 1024 with 32 experts of 512 (4 used): ~0.7 B parameters, ~0.14 B active a token. */
 export const BENCH_MOE_SHAPE: ModelShape = {
@@ -56,3 +56,10 @@ export async function cappedMoe(model: string, reps: number, log: (s: string) =>
 
 /** Each device's cap for the capped MoE setup: three sum to about 1.2x the model's 411 MiB. */
 const MOE_CAP_MIB = 170;
+
+// node dist/bench/moe.js --capped [reps]: only the capped setup (root), its profiles and plans in a
+// temporary home as the whole bench keeps them
+if (process.argv[2] === "--capped") {
+  useTemporaryHome();
+  void moeModel(console.error).then((path) => cappedMoe(path, Number(process.argv[3] ?? 3), console.error));
+}
