@@ -69,13 +69,14 @@ export async function createIdentity(): Promise<ClusterIdentity> {
 /** Making an identity takes a fraction of a second; a loaded machine gets this long. */
 const MAKE_IDENTITY_TIMEOUT_MS = 60_000;
 
-/** createIdentity in a child process (make-identity.ts), as the key file holds it, checked. */
+/** createIdentity in a child process (make-identity.ts, run from dist/: the suite runs after tsc), as
+ * the key file holds it, checked. */
 function createIdentityApart(keyFile: string): Promise<string> {
   const script = join(packageRoot(), "dist", "trust", "make-identity.js");
   return new Promise((resolve, reject) => {
     execFile(process.execPath, [script], { timeout: MAKE_IDENTITY_TIMEOUT_MS, maxBuffer: 1 << 20 }, (err, stdout, stderr) => {
       if (err) {
-        const why = err.killed ? `it took more than ${MAKE_IDENTITY_TIMEOUT_MS / 1000} s` : (stderr.trim().split("\n").pop() ?? err.message);
+        const why = err.killed ? `it took more than ${MAKE_IDENTITY_TIMEOUT_MS / 1000} s` : (stderr.trim().split("\n").pop() || err.message);
         reject(new TrustError(`cannot make the cluster's key and certificate for ${keyFile}: ${why}`));
         return;
       }
@@ -148,8 +149,9 @@ export class TrustStore {
         if ((e as NodeJS.ErrnoException).code !== "ENOENT") throw new TrustError(`cannot read ${keyFile}: ${(e as Error).message}`);
       }
       if (text === undefined) {
+        const made = await createIdentityApart(keyFile);
         try {
-          writePrivate(keyFile, await createIdentityApart(keyFile), "create");
+          writePrivate(keyFile, made, "create");
           created = true;
         } catch (e) {
           if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw new TrustError(`cannot write ${keyFile}: ${(e as Error).message}`);
