@@ -56,6 +56,13 @@ export function seatsOf(workers: readonly WorkerHandle[]): Seat[] {
   return [...workers, null].map((worker, pos) => ({ worker, id: worker?.id ?? HEAD_ID, haldaIndex: haldaIndexAt(pos, n), ringPosition: pos }));
 }
 
+/** Each of `n` devices' window by Halda index (0: not in the ring). */
+export function windowsByIndex(plan: Plan, n: number): number[] {
+  const w = new Array<number>(n).fill(0);
+  for (const d of plan.devices) w[d.index] = d.windowLayers;
+  return w;
+}
+
 /** A plan in force is kept while it is priced within this fraction of Halda's new best (keptOrNew). */
 export const KEEP_PLAN_WITHIN = 0.05;
 
@@ -68,8 +75,7 @@ export function keptOrNew(plan: Plan, previous: Assignment | undefined, devices:
   if (!previous || previous.windowLayers.length !== devices.length) return plan;
   // what was asked for stands: cycles given (--cycles), every device in the ring (--keep-all)
   if ((options.k && previous.k !== options.k) || (options.keepAll && previous.windowLayers.includes(0))) return plan;
-  const now = new Array<number>(devices.length).fill(0);
-  for (const d of plan.devices) now[d.index] = d.windowLayers;
+  const now = windowsByIndex(plan, devices.length);
   if (previous.k === plan.k && previous.windowLayers.every((w, i) => w === now[i])) return plan;
   let kept: Plan;
   try {

@@ -9,10 +9,11 @@ import {
   cachedExpertRouting, hardwareId, measureLink, reclaimIdlePages, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, windowOverheadMs, rereadKey, rereadFigure,
   RECENT_REREAD_MS, type DeviceReport, type LinkMeasurement, type RereadStore,
 } from "../profiler/index.js";
-import { placeRing, type Placement } from "./placement.js";
+import { placeRing, windowsByIndex, type Placement } from "./placement.js";
 import { recallPlan, rememberPlan } from "./plan-memory.js";
 import { checkedProfile, type WorkerHandle } from "./registry.js";
 import { Phases } from "./phases.js";
+import { HEAD_ID } from "./ring-setup.js";
 
 export interface RingPlanInput {
   readonly model: LocalModel;
@@ -48,9 +49,6 @@ export interface RingPlanInput {
    * nor is it settled or read, again. */
   readonly statuses?: readonly Status[];
 }
-
-/** The head in a plan's memory key (workers go by their ids). */
-const HEAD_DEVICE = "head";
 
 /** The head's garbage collected and its group's idle pages reclaimed, before its room is read: what it
  * holds is then what it will hold besides the plan's windows. */
@@ -220,15 +218,13 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   // The windows last placed on these devices (by name and hardware, in Halda's order) for this model
   // and these settings: kept where Halda prices them near its new best (placement.ts keptOrNew).
   const planKey = JSON.stringify([i.fingerprint, i.ctx, i.maxBatch, i.kvCacheTypes ?? null, i.seqSlots ?? 1, i.measureRouting ?? false, i.options,
-    [HEAD_DEVICE, hardwareId()], ...i.workers.map((w) => [w.id, w.join.hardwareId])]);
+    [HEAD_ID, hardwareId()], ...i.workers.map((w) => [w.id, w.join.hardwareId])]);
   let placement: Placement;
   try {
     placement = await phases.time("halda", () => placeRing(headProfile, workerProfiles, profileModel, i.options, recallPlan(planKey)));
   } catch (e) {
     throw new Error(`no plan: ${(e as Error).message}`);
   }
-  const windows = new Array<number>(labels.length).fill(0);
-  for (const d of placement.plan.devices) windows[d.index] = d.windowLayers;
-  rememberPlan(planKey, { k: placement.cycles, windowLayers: windows }, undefined, i.log);
+  rememberPlan(planKey, { k: placement.cycles, windowLayers: windowsByIndex(placement.plan, labels.length) }, undefined, i.log);
   return { ...placement, handOffMs, labels, model: profileModel, links, rereadKeys: [head, ...reports].map(rereadKey) };
 }

@@ -6,7 +6,7 @@ import { execFileSync } from "node:child_process";
 import { writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { KEEP_PLAN_WITHIN, formatPlan, placeRing, ringPosition, type Placement } from "../../coordinator/placement.js";
+import { KEEP_PLAN_WITHIN, formatPlan, placeRing, ringPosition, windowsByIndex, type Placement } from "../../coordinator/placement.js";
 import { PLANS_KEPT, recallPlan, rememberPlan } from "../../coordinator/plan-memory.js";
 import { DecodeMeter } from "../../coordinator/prediction.js";
 import { assignmentPlan, halda, selectDevices, type DeviceProfile, type Plan } from "../../halda/index.js";
@@ -87,7 +87,7 @@ describe("placeRing: Halda's plan in ring order", () => {
     const head = device("head", 1e11, 16, true);
     const workers = [device("w1", 1e11, 16), device("w2", 1e11, 16)];
     const fresh = placeRing(head, workers, model);
-    const windows = (p: Placement) => { const w = [0, 0, 0]; for (const d of p.plan.devices) w[d.index] = d.windowLayers; return w; };
+    const windows = (p: Placement) => windowsByIndex(p.plan, 3);
     const best = windows(fresh);
     // the layers over all three devices: another plan (Halda leaves one out, a hop fewer), priced a little worse
     const near = [11, 11, 10];
