@@ -108,7 +108,7 @@ const HEAD_ONLY_FLAGS = new Set(["--measure-routing"]);
 async function ringRun(files: readonly string[], capMiB: number | readonly number[], windows: readonly number[] | null, tag: string, flags: readonly string[] = [], env?: NodeJS.ProcessEnv): Promise<RunJson> {
   const names = workerNames(files.length - 1);
   const caps = typeof capMiB === "number" ? files.map(() => capMiB) : capMiB;
-  const groups = ["h", ...names.map((n) => n.slice(4))].map((n, i) => makeGroup(`prima-capped-${process.pid}-${tag}-${n}`, caps[i]));
+  const groups = ["head", ...names].map((n, i) => makeGroup(`prima-capped-${process.pid}-${tag}-${n}`, caps[i]));
   const procs: Proc[] = [];
   try {
     dropCaches();
@@ -205,29 +205,35 @@ export function cappedUnavailable(): string | undefined {
   return existsSync(join(cgBase, "cgroup.procs")) ? undefined : `no cgroup v1 memory controller at ${cgBase}`;
 }
 
-/** `--caps` entries: a cap in MiB for three devices ("256"), or devices x cap ("4x200"). */
+/** The benchmark model's hand-made plans per setup, in ring order (the workers, then the head, which
+ * also holds the output layer). */
+const SWEEPS: Record<string, number[][]> = {
+  "3x256": [[8, 8, 6], [9, 8, 5], [8, 9, 5], [7, 8, 7], [9, 9, 4]],
+  "3x200": [[6, 12, 4], [12, 6, 4], [6, 6, 10], [7, 7, 8], [8, 8, 6]],
+  // the three rooms a little short of the model: some device must stream a layer or two
+  "3x232": [[8, 8, 6], [9, 8, 5], [8, 9, 5], [10, 8, 4], [9, 9, 4]],
+  // four devices with room to spare together (800 MiB for 637): how the layers are shared decides
+  "4x200": [[6, 6, 6, 4], [6, 6, 5, 5], [5, 6, 6, 5], [7, 6, 5, 4], [6, 5, 6, 5]],
+};
+
+/** One `--caps` entry on the benchmark model: a cap in MiB for three devices ("256"), or devices x cap
+ * ("4x200"). Returns its summary line. */
+async function benchmarkSetup(model: string, entry: string, reps: number): Promise<string> {
+  const key = entry.includes("x") ? entry : `3x${entry}`;
+  if (!SWEEPS[key]) throw new Error(`capped: no sweep of hand-made plans for ${entry} (--caps takes ${Object.keys(SWEEPS).map((k) => k.replace(/^3x/, "")).join(", ")})`);
+  const [devices, cap] = key.split("x").map(Number);
+  return cappedSetup(model, { name: "benchmark model", cap, devices, sweep: SWEEPS[key], reps, aloneGoal: key === "3x256" });
+}
+
+/** `--caps` entries: see benchmarkSetup. */
 export async function main(model: string, reps = 3, caps: readonly string[] = ["256", "200", "4x200"]): Promise<void> {
   const why = cappedUnavailable();
   if (why) {
     console.log(`\n## capped devices: skipped (${why})`);
     return;
   }
-  // hand-made plans in ring order (the workers, then the head, which also holds the output layer)
-  const sweeps: Record<string, number[][]> = {
-    "3x256": [[8, 8, 6], [9, 8, 5], [8, 9, 5], [7, 8, 7], [9, 9, 4]],
-    "3x200": [[6, 12, 4], [12, 6, 4], [6, 6, 10], [7, 7, 8], [8, 8, 6]],
-    // the three rooms a little short of the model: some device must stream a layer or two
-    "3x232": [[8, 8, 6], [9, 8, 5], [8, 9, 5], [10, 8, 4], [9, 9, 4]],
-    // four devices with room to spare together (800 MiB for 637): how the layers are shared decides
-    "4x200": [[6, 6, 6, 4], [6, 6, 5, 5], [5, 6, 6, 5], [7, 6, 5, 4], [6, 5, 6, 5]],
-  };
   const summary: string[] = [];
-  for (const entry of caps) {
-    const key = entry.includes("x") ? entry : `3x${entry}`;
-    if (!sweeps[key]) throw new Error(`capped: no sweep of hand-made plans for ${entry} (--caps takes ${Object.keys(sweeps).map((k) => k.replace(/^3x/, "")).join(", ")})`);
-    const [devices, cap] = key.split("x").map(Number);
-    summary.push(await cappedSetup(model, { name: "benchmark model", cap, devices, sweep: sweeps[key], reps, aloneGoal: key === "3x256" }));
-  }
+  for (const entry of caps) summary.push(await benchmarkSetup(model, entry, reps));
   summary.push(await streamingNeighbour(model, reps));
   summary.push(...(await overflowingWindows(model)));
   console.log(`\n${summary.join("\n")}\nreproduce: npm run build && sudo node dist/bench/index.js --only capped`);
@@ -251,29 +257,32 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
   const autoRuns: RunJson[] = [], variantRuns = autoVariants.map(() => [] as RunJson[]);
   const handRuns = sweep.map(() => [] as RunJson[]);
   const failures = sweep.map(() => "");
-  let firstRun: RunJson | undefined;
-  await withDeviceFiles(model, devices, async (files) => {
+  // A household's first run: every device's profile cache empty (and so no plan in force), then the rounds.
+  const firstRun = await withDeviceFiles(model, devices, async (files) => {
     const emptyCache = mkdtempSync(join(tmpdir(), "prima-capped-cache-"));
+    let first: RunJson;
     try {
-      firstRun = await ringRun(files, cap, null, `first${cap}`, flags, { ...process.env, XDG_CACHE_HOME: emptyCache });
+      first = await ringRun(files, cap, null, `first${cap}`, flags, { ...process.env, XDG_CACHE_HOME: emptyCache });
     } finally {
       rmSync(emptyCache, { recursive: true, force: true });
     }
     for (let r = 0; r < reps; r++) {
-    const auto = await ringRun(files, cap, null, `auto${cap}`, flags);
-    autoRuns.push(auto);
-    // Every round's per-device counters (the table shows the median round's): ms per decode step.
-    console.error(`automatic round ${r + 1}: ${(1000 / auto.decode_tok_s).toFixed(2)} ms a token; ` +
-      auto.devices_decode.map((d) => `${d.device}: compute ${d.compute_ms.toFixed(2)}, send ${d.send_ms.toFixed(2)}, wait ${d.wait_ms.toFixed(2)}, preempted ${d.descheduled_ms.toFixed(2)}`).join("; "));
-    for (const [v, variant] of autoVariants.entries()) variantRuns[v].push(await ringRun(files, cap, null, `var${cap}`, [...flags, ...variant.flags]));
-    for (const [i, w] of sweep.entries()) {
-      try {
-        handRuns[i].push(await ringRun(files, cap, w, `hand${cap}`, flags));
-      } catch (e) {
-        failures[i] = `failed: ${(e as Error).message.split("\n")[0]}`;
+      const auto = await ringRun(files, cap, null, `auto${cap}`, flags);
+      autoRuns.push(auto);
+      // Every round's per-device counters (the table shows the median round's): ms per decode step.
+      console.error(`automatic round ${r + 1}: ${(1000 / auto.decode_tok_s).toFixed(2)} ms a token; ` +
+        auto.devices_decode.map((d) => `${d.device}: compute ${d.compute_ms.toFixed(2)}, send ${d.send_ms.toFixed(2)}, wait ${d.wait_ms.toFixed(2)}, preempted ${d.descheduled_ms.toFixed(2)}`).join("; "));
+      for (const [v, variant] of autoVariants.entries()) variantRuns[v].push(await ringRun(files, cap, null, `var${cap}`, [...flags, ...variant.flags]));
+      for (const [i, w] of sweep.entries()) {
+        try {
+          handRuns[i].push(await ringRun(files, cap, w, `hand${cap}`, flags));
+        } catch (e) {
+          failures[i] = `failed: ${(e as Error).message.split("\n")[0]}`;
+        }
       }
     }
-  } });
+    return first;
+  });
   const auto = medianRun(autoRuns)!;
   const best: { w: number[]; tokS: number } = { w: [], tokS: 0 };
   const hand: string[] = [];
@@ -297,7 +306,7 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
     console.log(`| automatic, ${name} [${variant.layer_windows.join(",")}] (median of ${variantRuns[v].map((x) => `${x.decode_tok_s.toFixed(1)} [${x.layer_windows}]`).join(", ")}) | ${variant.decode_tok_s.toFixed(2)} | ${(variant.decode_tok_s / auto.decode_tok_s).toFixed(2)}x without${predicted} |`);
   }
   console.log(`| best hand-made [${best.w.join(",")}] (of ${hand.join("; ")}) | ${best.tokS.toFixed(2)} | 1.00 |`);
-  const rounds = [{ label: "first run (empty profile caches)", run: firstRun! }, ...autoRuns.map((run, r) => ({ label: `round ${r + 1}`, run }))];
+  const rounds = [{ label: "first run (empty profile caches)", run: firstRun }, ...autoRuns.map((run, r) => ({ label: `round ${r + 1}`, run }))];
   const plans = new Set(rounds.map((x) => x.run.layer_windows.join(",")));
   const worst = Math.min(...rounds.map((x) => x.run.decode_tok_s)) / best.tokS;
   const stability = `automatic by round: ${rounds.map((x) => `${x.label} [${x.run.layer_windows}] ${(x.run.decode_tok_s / best.tokS).toFixed(2)}x`).join(", ")}; ` +
@@ -464,10 +473,11 @@ async function overflowingWindows(model: string): Promise<string[]> {
 }
 
 // node dist/bench/capped.js --window model.gguf: only the overflowing windows (root); --neighbour
-// model.gguf [reps]: only a streaming device's neighbours (root); --window-passes: the child --window
-// starts in the capped cgroup.
+// model.gguf [reps]: only a streaming device's neighbours (root); --setup model.gguf 4x200 [reps]: only
+// that setup (root); --window-passes: the child --window starts in the capped cgroup.
 // (each with its profiles in a temporary home, as the whole bench keeps them)
-if (process.argv[2] === "--window" || process.argv[2] === "--neighbour") useTemporaryHome();
+if (["--window", "--neighbour", "--setup"].includes(process.argv[2])) useTemporaryHome();
 if (process.argv[2] === "--window-passes") void windowPasses(process.argv[3], JSON.parse(process.argv[5]) as WindowSetup, process.argv[4] === "streamed");
 else if (process.argv[2] === "--window") void overflowingWindows(process.argv[3]).then((lines) => console.log(`\n${lines.join("\n")}`));
+else if (process.argv[2] === "--setup") void benchmarkSetup(process.argv[3], process.argv[4], Number(process.argv[5] ?? 3)).then((line) => console.log(`\n${line}`));
 else if (process.argv[2] === "--neighbour") void streamingNeighbour(process.argv[3], Number(process.argv[4] ?? 3)).then((line) => console.log(`\n${line}`));

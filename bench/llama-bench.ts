@@ -29,7 +29,8 @@ export const PEER_BUILDS = {
 } as const;
 export type PeerBuild = keyof typeof PEER_BUILDS;
 
-const binOf = (peer: PeerBuild) => join(root, ".cache", PEER_BUILDS[peer].dir, "bin/llama-bench");
+const dirOf = (peer: PeerBuild) => join(root, ".cache", PEER_BUILDS[peer].dir);
+const binOf = (peer: PeerBuild) => join(dirOf(peer), "bin/llama-bench");
 export const llamaBenchPath = binOf("native");
 
 /** The --peer a bench was given, checked. */
@@ -42,7 +43,7 @@ export function peerBuild(name: string): PeerBuild {
 export function ensureLlamaBench(log: (s: string) => void, peer: PeerBuild = "native"): string {
   const path = binOf(peer);
   if (existsSync(path)) return path;
-  const buildDir = join(root, ".cache", PEER_BUILDS[peer].dir);
+  const buildDir = dirOf(peer);
   if (!existsSync(join(srcDir, "CMakeLists.txt"))) {
     log("llama-bench: unpacking llama.cpp's source from node-llama-cpp (offline)");
     execFileSync("npx", ["--no-install", "node-llama-cpp", "source", "download", "--skipBuild", "--gpu", "false"], { cwd: root, stdio: "inherit" });
