@@ -27,7 +27,6 @@ class Model : public Napi::ObjectWrap<Model> {
   explicit Model(const Napi::CallbackInfo &info);
 
   std::shared_ptr<ModelState> st = std::make_shared<ModelState>();
-  static Napi::FunctionReference ctor, windowCtor;
 
  private:
   Napi::Value MakeWindow(const Napi::CallbackInfo &info);
@@ -40,16 +39,25 @@ class Model : public Napi::ObjectWrap<Model> {
   Napi::Value Close(const Napi::CallbackInfo &info);
 };
 
-Napi::FunctionReference Model::ctor, Model::windowCtor;
+// The classes' constructors, one pair per environment that loads the addon (the main thread and each
+// worker thread or vm context): a reference made in one environment must not be used from another
+// (V8 aborts the process), so they live in the environment's instance data, not in statics.
+struct Constructors {
+  Napi::FunctionReference model, window;
+};
+
+static Constructors *ConstructorsOf(Napi::Env env) { return env.GetInstanceData<Constructors>(); }
 
 std::shared_ptr<ModelState> ModelStateOf(const Napi::Value &v) {
-  if (!v.IsObject() || Model::ctor.IsEmpty() || !v.As<Napi::Object>().InstanceOf(Model::ctor.Value())) return nullptr;
+  Constructors *c = ConstructorsOf(v.Env());
+  if (!v.IsObject() || !c || !v.As<Napi::Object>().InstanceOf(c->model.Value())) return nullptr;
   Model *model = Model::Unwrap(v.As<Napi::Object>());
   return model ? model->st : nullptr;
 }
 
 Window *WindowOf(const Napi::Value &v) {
-  if (!v.IsObject() || Model::windowCtor.IsEmpty() || !v.As<Napi::Object>().InstanceOf(Model::windowCtor.Value())) return nullptr;
+  Constructors *c = ConstructorsOf(v.Env());
+  if (!v.IsObject() || !c || !v.As<Napi::Object>().InstanceOf(c->window.Value())) return nullptr;
   return Window::Unwrap(v.As<Napi::Object>());
 }
 
@@ -280,7 +288,7 @@ Model::Model(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Model>(info) {
 Napi::Value Model::MakeWindow(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   if (!st->m) return ThrowErr(env, "model is closed");
-  return windowCtor.New({info.This(), info.Length() > 0 ? info[0] : env.Undefined(),
+  return ConstructorsOf(env)->window.New({info.This(), info.Length() > 0 ? info[0] : env.Undefined(),
                          info.Length() > 1 ? info[1] : env.Undefined(), info.Length() > 2 ? info[2] : env.Undefined()});
 }
 
@@ -799,11 +807,9 @@ Napi::Value Window::Close(const Napi::CallbackInfo &info) {
 using namespace prima_bind;
 
 void RegisterModel(Napi::Env env, Napi::Object exports) {
-  Model::ctor = Napi::Persistent(Model::Define(env));
-  Model::ctor.SuppressDestruct();
-  Model::windowCtor = Napi::Persistent(Window::Define(env));
-  Model::windowCtor.SuppressDestruct();
-  exports.Set("NativeModel", Model::ctor.Value());
-  exports.Set("NativeWindow", Model::windowCtor.Value());
+  auto *c = new Constructors{Napi::Persistent(Model::Define(env)), Napi::Persistent(Window::Define(env))};
+  env.SetInstanceData(c);  // deleted with the environment
+  exports.Set("NativeModel", c->model.Value());
+  exports.Set("NativeWindow", c->window.Value());
   exports.Set("streamMarginBytes", Napi::Number::New(env, (double)PRIMA_STREAM_MARGIN_BYTES));
 }
