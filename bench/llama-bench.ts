@@ -87,3 +87,19 @@ export function runLlamaBench(model: string, opts: { threads: number; prompt: nu
   if (!pp || !tg) throw new Error(`llama-bench printed no pp/tg rows: ${out.slice(0, 200)}`);
   return { promptTokS: pp.avg_ts, decodeTokS: tg.avg_ts, build: rows[0].build_commit ?? "?" };
 }
+
+/** llama.cpp's cost of one pass over a batch of n tokens (llama-bench -p n; for the weights, the
+ * arithmetic of n sequences' one token each) against its one-token decode step's, for each n. */
+export function llamaBatchCost(model: string, opts: { threads: number; sizes: readonly number[]; reps: number }): Map<number, number> {
+  const out = execFileSync(binOf("native"), ["-m", model, "-t", String(opts.threads), "-p", opts.sizes.join(","), "-n", "32", "-r", String(opts.reps), "-o", "json"],
+    { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], maxBuffer: 1 << 24 });
+  const rows = JSON.parse(out) as LlamaBenchRow[];
+  const tg = rows.find((r) => r.n_gen > 0 && r.n_prompt === 0);
+  if (!tg) throw new Error(`llama-bench printed no tg row: ${out.slice(0, 200)}`);
+  const cost = new Map<number, number>();
+  for (const n of opts.sizes) {
+    const pp = rows.find((r) => r.n_prompt === n && r.n_gen === 0);
+    if (pp) cost.set(n, (n / pp.avg_ts) / (1 / tg.avg_ts));
+  }
+  return cost;
+}

@@ -10,6 +10,7 @@
 //     pass of 1, 2, 4 and 8 sequences.
 //   node dist/bench/serve.js [model.gguf] [rounds]
 import { LocalModel, SeqSlots } from "../engine/index.js";
+import { ensureLlamaBench, llamaBatchCost } from "./llama-bench.js";
 import { coordCli, median, type Proc, readSse, runAlone, start, stop, waitFor, workerCli } from "./procs.js";
 
 const PROMPT = "Once upon a time";
@@ -160,17 +161,23 @@ export async function parallelClients(model: string, rounds = 3): Promise<void> 
 
 /** What bounds the one-device figures: one decode pass of 1, 2, 4 and 8 sequences in engine SeqSlots
  *  (no HTTP, no sampling), its time against one sequence's. Where a pass is bound by reading the weights
- *  (more cores than memory bandwidth) 4 rows cost little more than 1; where by arithmetic, nearly 4x. */
+ *  (more cores than memory bandwidth) 4 rows cost little more than 1; where by arithmetic, nearly 4x.
+ *  Beside it llama.cpp's batch of as many tokens against its one-token step (llama-bench): the bound
+ *  the host sets either engine. */
 export async function passCost(model: string, steps = 12): Promise<void> {
+  const sizes = [1, 2, 4, 8] as const;
+  ensureLlamaBench(console.log);
+  const peer = llamaBatchCost(model, { threads: Number(THREADS), sizes, reps: 3 });
   const m = LocalModel.open(model, { threads: Number(THREADS) });
   const slots = new SeqSlots(m, 8, 512);
   try {
     for (let i = 0; i < 8; i++) await slots.prefill(i, Int32Array.from([1, 100 + i, 200, 300]), 0);
     console.log(`\n## serve --parallel: one decode pass of N sequences on one device (engine SeqSlots, median of ${steps}, ${THREADS} threads)\n`);
-    console.log("| sequences | ms a pass | x one sequence's | ms a sequence |");
-    console.log("|---|---|---|---|");
+    console.log("| sequences | ms a pass | x one sequence's | ms a sequence | llama.cpp: a batch of as many tokens, x its one token's (llama-bench -p N) |");
+    console.log("|---|---|---|---|---|");
     let one = 0;
-    for (const n of [1, 2, 4, 8]) {
+    const cost = new Map<number, number>();
+    for (const n of sizes) {
       const ms: number[] = [];
       for (let k = 0; k < steps; k++) {
         const t0 = performance.now();
@@ -179,8 +186,12 @@ export async function passCost(model: string, steps = 12): Promise<void> {
       }
       const t = median(ms);
       one ||= t;
-      console.log(`| ${n} | ${t.toFixed(1)} | ${(t / one).toFixed(2)} | ${(t / n).toFixed(1)} |`);
+      cost.set(n, t / one);
+      console.log(`| ${n} | ${t.toFixed(1)} | ${(t / one).toFixed(2)} | ${(t / n).toFixed(1)} | ${peer.get(n)?.toFixed(2) ?? "-"} |`);
     }
+    // 4 clients' aggregate is at most 4 / (a pass of 4's cost) one client's: every pass full, nothing else.
+    const bound = (x: number | undefined) => (x ? `${(4 / x).toFixed(2)}x` : "-");
+    console.log(`\n4 clients' aggregate can be at most 4 / (a pass of 4's cost) one client's (goal 2.5x): prima ${bound(cost.get(4))}, llama.cpp ${bound(peer.get(4))}`);
   } finally {
     slots.close();
     m.close();
