@@ -5,7 +5,7 @@
 import { createInterface } from "node:readline";
 import { Sampler } from "../engine/index.js";
 import type { ChatMessage } from "../model/index.js";
-import { StreamingDecoder } from "../model/index.js";
+import { StreamingDecoder, type Tokenizer } from "../model/index.js";
 import { ENGINE_HELP, RING_HELP, SAMPLING_HELP, contextShiftFor, intArg, parseClusterArgs, usageExit, type ClusterArgs } from "./args.js";
 import { CancelledError } from "./queue.js";
 import { clusterFor, log, openHead } from "./head.js";
@@ -54,6 +54,36 @@ function printable(s: string): string {
   return s.replace(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/g, "");
 }
 
+/** Prints a reply as its tokens come, escaped: its answer to stdout, its reasoning (where the template
+ * has one) to stderr. finish() ends the line and gives the whole text and the answer alone. */
+function replyPrinter(tok: Tokenizer, reasoning: ReturnType<typeof detectReasoning>, promptText: string): { token(id: number): void; finish(): { text: string; content: string } } {
+  const stream = new StreamingDecoder(tok);
+  const parser = replyParser({ names: [], reasoning, split: true, promptText });
+  let text = "";
+  const show = (events: readonly ReplyEvent[]) => {
+    for (const e of events) {
+      if (e.kind === "content") process.stdout.write(printable(e.text));
+      else if (e.kind === "reasoning") process.stderr.write(printable(e.text));
+    }
+  };
+  const write = (piece: string) => {
+    text += piece;
+    if (parser) show(parser.push(piece));
+    else process.stdout.write(printable(piece));
+  };
+  return {
+    token: (id) => write(stream.push(id)),
+    finish: () => {
+      write(stream.flush());
+      const parts = parser?.finish();
+      if (parts) show(parts.events);
+      if (parts?.reasoning) process.stderr.write("\n");
+      process.stdout.write("\n");
+      return { text, content: parts ? parts.content ?? "" : text };
+    },
+  };
+}
+
 export async function chatWith(a: ClusterArgs & { system?: string; nPredict: number; port: number }): Promise<number> {
   const { model, tok, prompts } = openHead(a, "chatml");
   if (prompts.chat.isFallback) log(`the model has no chat template: using ${a.chatTemplate ?? "chatml"}`);
@@ -97,40 +127,21 @@ export async function chatWith(a: ClusterArgs & { system?: string; nPredict: num
         messages.pop();
         continue;
       }
-      const stream = new StreamingDecoder(tok);
-      let reply = "";
-      const parser = replyParser({ names: [], reasoning, split: true, promptText });
-      const show = (events: readonly ReplyEvent[]) => {
-        for (const e of events) {
-          if (e.kind === "content") process.stdout.write(printable(e.text));
-          else if (e.kind === "reasoning") process.stderr.write(printable(e.text));
-        }
-      };
-      const write = (piece: string) => (parser ? show(parser.push(piece)) : process.stdout.write(printable(piece)));
+      const printer = replyPrinter(tok, reasoning, promptText);
       current = new AbortController();
       try {
         const out = await cluster.generate({
           kind: "chat", prompt: ids, maxTokens: a.nPredict, sampler: new Sampler(a.samplerOptions), isEnd: (id) => tok.isEog(id),
           contextShift: contextShiftFor(a, ids.length, tok.addBos, cluster.o.ctx),
           signal: current.signal,
-          onToken: (id) => {
-            const piece = stream.push(id);
-            reply += piece;
-            write(piece);
-          },
+          onToken: (id) => printer.token(id),
         });
-        const tail = stream.flush();
-        reply += tail;
-        write(tail);
-        const parts = parser?.finish();
-        if (parts) show(parts.events);
-        if (parts?.reasoning) process.stderr.write("\n");
-        process.stdout.write("\n");
+        const reply = printer.finish();
         const r = out.result;
         log(`${r.ids.length} tokens, ${r.decodeSteps > 0 ? (r.decodeSteps / (r.decodeMs / 1000)).toFixed(1) : "-"} tok/s, ` +
           `first token after ${(out.firstTokenMs ?? 0).toFixed(0)} ms (${out.cachedTokens} of ${ids.length} prompt tokens cached)`);
-        conversation.remember("", promptText, ids, reply, r.ids);
-        messages.push({ role: "assistant", content: parts ? parts.content ?? "" : reply });
+        conversation.remember("", promptText, ids, reply.text, r.ids);
+        messages.push({ role: "assistant", content: reply.content });
       } catch (e) {
         conversation.forget("");
         if (e instanceof CancelledError) continue;

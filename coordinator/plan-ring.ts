@@ -130,6 +130,34 @@ function keepHop(w: WorkerHandle, link: LinkMeasurement): void {
   if (lastLink.size > MAX_HOPS_KEPT) lastLink.delete(lastLink.keys().next().value!);
 }
 
+/** How the head probes a hop (its identity, the bulk it sends); the device's key comes from its report. */
+type ProbeOptions = Omit<Parameters<typeof measureLink>[1], "linkKey">;
+
+/** The hop to a worker: probed now (each plan that times its devices), or as last probed (a recovery:
+ * a probe costs the paused request a round of frames per device, slower the more loaded the host; a
+ * device never probed is probed now). Null where it cannot be probed (said). */
+async function hopTo(w: WorkerHandle, r: DeviceReport, retime: boolean, phases: Phases, log: (line: string) => void, linkOptions: ProbeOptions): Promise<LinkMeasurement | null> {
+  const known = retime ? undefined : lastLink.get(hopKey(w));
+  if (known || !r.linkProbePort) return known ?? null;
+  try {
+    const host = w.dataHost.includes(":") ? `[${w.dataHost}]` : w.dataHost;
+    const link = await phases.time("link probes", () => measureLink(`ws://${host}:${r.linkProbePort}`, { ...linkOptions, ...(r.linkProbeKey ? { linkKey: Buffer.from(r.linkProbeKey, "hex") } : {}) }));
+    keepHop(w, link);
+    return link;
+  } catch (e) {
+    log(`device ${w.label}: link probe failed (${(e as Error).message}); planning without its hop cost`);
+    return null;
+  }
+}
+
+/** A device's figures as the plan takes them, for the log. */
+function profileLine(label: string, p: DeviceProfile, link: LinkMeasurement | null, handOffMs: number): string {
+  return `profile ${label}: ${Object.entries(p.cpuFlopsPerS).map(([t, f]) => `${t} ${(f / 1e9).toFixed(1)}`).join(", ")} GFLOP/s; ` +
+    `${(p.ramAvailableBytes / 2 ** 20).toFixed(0)} MiB for layers; disk ${((p.diskSeqReadBytesPerS ?? 0) / 1e6).toFixed(0)} MB/s` +
+    (link ? `; hop ${link.rttMs.toFixed(3)} ms round trip, ${(link.bytesPerS / 1e6).toFixed(0)} MB/s` : "") +
+    (handOffMs ? `; hand-off ${handOffMs.toFixed(2)} ms` : "");
+}
+
 /**
  * Gathers the workers' profiles (memory read afresh through a status request), measures the hop to
  * each worker, and runs Halda. Throws an Error naming the device or the reason when no plan exists.
@@ -146,9 +174,7 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   // N sequence slots hold N caches (each ctx positions, or a sliding-window layer's ring) on every device
   const profileModel = { ...routed, kvTokensPerLayer: (routed.kvTokensPerLayer ?? routed.nCtx) * (i.seqSlots ?? 1) };
   const scratch = await phases.time("scratch window", () => windowScratchBytes(i.model, i.ctx, i.maxBatch, i.kvCacheTypes));
-  const linkOptions = {
-    identity: { deviceId: "head", modelFingerprint: i.fingerprint, hiddenSize: i.model.nEmbd }, bulkTokens: Math.min(512, i.maxBatch),
-  };
+  const probe: ProbeOptions = { identity: { deviceId: "head", modelFingerprint: i.fingerprint, hiddenSize: i.model.nEmbd }, bulkTokens: Math.min(512, i.maxBatch) };
   const reports: DeviceReport[] = [];
   const links: (LinkMeasurement | null)[] = [null];
   const retime = i.retime ?? true;
@@ -174,19 +200,7 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     r = withObservedRereads(timed ?? r, w.label, i.rereads, i.log);
     const room = Number(s.layerRoomBytes ?? 0) > 0 ? Number(s.layerRoomBytes) : sharedRoomBytes(Number(s.memAvailableBytes));
     reports.push({ ...r, profile: { ...r.profile, ramTotalBytes: s.memTotalBytes, ramAvailableBytes: room } });
-    // A recovery prices each hop as it was last probed (a probe costs the paused request a round of
-    // frames per device, slower the more loaded the host); a device never probed is probed now.
-    let link: LinkMeasurement | null = retime ? null : (lastLink.get(hopKey(w)) ?? null);
-    if (!link && r.linkProbePort) {
-      try {
-        const host = w.dataHost.includes(":") ? `[${w.dataHost}]` : w.dataHost;
-        link = await phases.time("link probes", () => measureLink(`ws://${host}:${r.linkProbePort}`, { ...linkOptions, ...(r.linkProbeKey ? { linkKey: Buffer.from(r.linkProbeKey, "hex") } : {}) }));
-        keepHop(w, link);
-      } catch (e) {
-        i.log(`device ${w.label}: link probe failed (${(e as Error).message}); planning without its hop cost`);
-      }
-    }
-    links.push(link);
+    links.push(await hopTo(w, r, retime, phases, i.log, probe));
   }
   // The head's memory last, with the garbage of planning (a window made to measure its scratch, the
   // link probes' frames) collected (settleMemory) and its group's idle pages reclaimed (reclaimIdlePages):
@@ -207,14 +221,7 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   const headProfile = withLink(head, "head", links[0], handOffMs[0]);
   const workerProfiles = reports.map((r, j) => withLink(r, i.workers[j].id, links[j + 1]));
   const labels = ["head (this coordinator)", ...i.workers.map((w) => w.label)];
-  for (let j = 0; j < labels.length; j++) {
-    const p = j === 0 ? headProfile : workerProfiles[j - 1];
-    const l = links[j];
-    i.log(`profile ${labels[j]}: ${Object.entries(p.cpuFlopsPerS).map(([t, f]) => `${t} ${(f / 1e9).toFixed(1)}`).join(", ")} GFLOP/s; ` +
-      `${(p.ramAvailableBytes / 2 ** 20).toFixed(0)} MiB for layers; disk ${((p.diskSeqReadBytesPerS ?? 0) / 1e6).toFixed(0)} MB/s` +
-      (l ? `; hop ${l.rttMs.toFixed(3)} ms round trip, ${(l.bytesPerS / 1e6).toFixed(0)} MB/s` : "") +
-      (handOffMs[j] ? `; hand-off ${handOffMs[j].toFixed(2)} ms` : ""));
-  }
+  [headProfile, ...workerProfiles].forEach((p, j) => i.log(profileLine(labels[j], p, links[j], handOffMs[j])));
   // The windows last placed on these devices (by name and hardware, in Halda's order) for this model
   // and these settings: kept where Halda prices them near its new best (placement.ts keptOrNew).
   const planKey = JSON.stringify([i.fingerprint, i.ctx, i.maxBatch, i.kvCacheTypes ?? null, i.seqSlots ?? 1, i.measureRouting ?? false, i.options,
