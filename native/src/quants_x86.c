@@ -77,11 +77,14 @@ ALWAYS_INLINE void prefetch_span(const void *p, const int bytes) {
     kernel##_nc(n, w, a, as, k, out, 0);                                                                    \
   }
 /* A call starts a new stream (a thread's next chunk of rows is rarely where its last one ended): the
- * first PREFETCH_BYTES, which the in-loop prefetch never covers, are requested at once. */
+ * first PREFETCH_BYTES, which the in-loop prefetch never covers, are requested at once; its last rows
+ * prefetch nothing, as past the chunk's end lie rows another thread reads. */
 #define ROWS_FN(kernel)                                                                                     \
   static void kernel##_rows(int n, const void *w, size_t ws, int nr, const void *a, float *out) {           \
     prefetch_span(w, PREFETCH_BYTES);                                                                       \
-    for (int r = 0; r < nr; r++) kernel##_nc(n, (const uint8_t *)w + (size_t)r * ws, a, 0, 1, out + r, PREFETCH_BYTES); \
+    const int tail = (int)((PREFETCH_BYTES + ws - 1) / ws), lead = nr > tail ? nr - tail : 0;               \
+    for (int r = 0; r < lead; r++) kernel##_nc(n, (const uint8_t *)w + (size_t)r * ws, a, 0, 1, out + r, PREFETCH_BYTES); \
+    for (int r = lead; r < nr; r++) kernel##_nc(n, (const uint8_t *)w + (size_t)r * ws, a, 0, 1, out + r, 0); \
   }
 #define DISPATCH_NC(kernel) PRIMA_DISPATCH_NC(kernel) ROWS_FN(kernel)
 
