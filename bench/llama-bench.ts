@@ -75,27 +75,30 @@ export interface DepthOptions {
   readonly kvCacheTypes?: KvCacheTypes;
 }
 
+/** llama-bench's JSON rows for one model and thread count, and its decode (tg) row, which every run here has. */
+function llamaBenchRows(peer: PeerBuild, model: string, threads: number, args: readonly string[]): { rows: LlamaBenchRow[]; tg: LlamaBenchRow } {
+  const out = execFileSync(binOf(peer), ["-m", model, "-t", String(threads), ...args, "-o", "json"], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], maxBuffer: 1 << 24 });
+  const rows = JSON.parse(out) as LlamaBenchRow[];
+  const tg = rows.find((r) => r.n_gen > 0 && r.n_prompt === 0);
+  if (!tg) throw new Error(`llama-bench printed no tg row: ${out.slice(0, 200)}`);
+  return { rows, tg };
+}
+
 /** Runs llama-bench for prompt and decode speed on one model with the given threads. */
 export function runLlamaBench(model: string, opts: { threads: number; prompt: number; decode: number; reps: number; peer?: PeerBuild } & DepthOptions): PeerResult {
   const deep = opts.depth ? ["-d", String(opts.depth), "-fa", "on"] : [];
   const types = opts.kvCacheTypes ? ["-ctk", opts.kvCacheTypes.k, "-ctv", opts.kvCacheTypes.v, ...(opts.depth ? [] : ["-fa", "on"])] : [];
-  const out = execFileSync(binOf(opts.peer ?? "native"), ["-m", model, "-t", String(opts.threads), "-p", String(opts.prompt), "-n", String(opts.decode),
-    "-r", String(opts.reps), ...deep, ...types, "-o", "json"], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], maxBuffer: 1 << 24 });
-  const rows = JSON.parse(out) as LlamaBenchRow[];
+  const { rows, tg } = llamaBenchRows(opts.peer ?? "native", model, opts.threads,
+    ["-p", String(opts.prompt), "-n", String(opts.decode), "-r", String(opts.reps), ...deep, ...types]);
   const pp = rows.find((r) => r.n_prompt > 0 && r.n_gen === 0);
-  const tg = rows.find((r) => r.n_gen > 0 && r.n_prompt === 0);
-  if (!pp || !tg) throw new Error(`llama-bench printed no pp/tg rows: ${out.slice(0, 200)}`);
+  if (!pp) throw new Error(`llama-bench printed no pp row: ${JSON.stringify(rows).slice(0, 200)}`);
   return { promptTokS: pp.avg_ts, decodeTokS: tg.avg_ts, build: rows[0].build_commit ?? "?" };
 }
 
 /** llama.cpp's cost of one pass over a batch of n tokens (llama-bench -p n; for the weights, the
  * arithmetic of n sequences' one token each) against its one-token decode step's, for each n. */
 export function llamaBatchCost(model: string, opts: { threads: number; sizes: readonly number[]; reps: number }): Map<number, number> {
-  const out = execFileSync(binOf("native"), ["-m", model, "-t", String(opts.threads), "-p", opts.sizes.join(","), "-n", "32", "-r", String(opts.reps), "-o", "json"],
-    { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], maxBuffer: 1 << 24 });
-  const rows = JSON.parse(out) as LlamaBenchRow[];
-  const tg = rows.find((r) => r.n_gen > 0 && r.n_prompt === 0);
-  if (!tg) throw new Error(`llama-bench printed no tg row: ${out.slice(0, 200)}`);
+  const { rows, tg } = llamaBenchRows("native", model, opts.threads, ["-p", opts.sizes.join(","), "-n", "32", "-r", String(opts.reps)]);
   const cost = new Map<number, number>();
   for (const n of opts.sizes) {
     const pp = rows.find((r) => r.n_prompt === n && r.n_gen === 0);

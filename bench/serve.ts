@@ -164,9 +164,9 @@ export async function parallelClients(model: string, rounds = 3): Promise<void> 
  *  (more cores than memory bandwidth) 4 rows cost little more than 1; where by arithmetic, nearly 4x.
  *  Beside it llama.cpp's batch of as many tokens against its one-token step (llama-bench): the bound
  *  the host sets either engine. */
-export async function passCost(model: string, steps = 12): Promise<void> {
+export async function passCost(model: string, steps = 12, log: (s: string) => void = console.error): Promise<void> {
   const sizes = [1, 2, 4, 8] as const;
-  ensureLlamaBench(console.log);
+  ensureLlamaBench(log);
   const peer = llamaBatchCost(model, { threads: Number(THREADS), sizes, reps: 3 });
   const m = LocalModel.open(model, { threads: Number(THREADS) });
   const slots = new SeqSlots(m, 8, 512);
