@@ -16,8 +16,9 @@ void prima_act_quantize_rows(int act_type, const float *x, size_t x_stride, void
 /* Rows per chunk: on one token about four chunks a thread (8 to 64 rows), enough to balance them; a
  * chunk is a stream of its own (the next one a thread takes is rarely where its last ended), and
  * sixteen a thread cut a mixture of experts' small matrices (the benchmark's 512-row gate and up) into
- * 16-row streams whose start-up cost their reads: its decode on 2 threads went from 211 to 280-290
- * tok/s at four (Zen 4), dense decode unchanged. A few KiB of weights on batches. */
+ * 16-row streams whose start-up cost their reads: its decode on 2 threads went from 203 to 289 tok/s
+ * at four (`npm run bench -- --only moe`, Zen 4), dense decode unchanged (`--only engine`). A few KiB
+ * of weights on batches. */
 static int chunk_rows(int64_t rows, int n_tokens, int nth) {
   int cs;
   if (n_tokens == 1) {

@@ -2,12 +2,11 @@
 // app embedding the engine or a thread-pooled test runner loads it): each environment gets its own
 // class constructors. With them in C++ statics, the second environment's load replaced the first's,
 // and a window made on the main thread used a reference from the other: V8 aborted the process.
-import { writeFileSync } from "node:fs";
+import { rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Worker } from "node:worker_threads";
 import { afterAll, describe, expect, it } from "vitest";
-import { rmSync } from "node:fs";
 import { LocalModel, LocalPipeline, Sampler, generate } from "../../engine/index.js";
 import { root } from "../helpers/process.js";
 import { ownedDir } from "../helpers/temp.js";
