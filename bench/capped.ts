@@ -14,6 +14,8 @@ import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmdirSy
 import { tmpdir } from "node:os";
 import { basename, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import type { DeviceProfile, ModelProfile } from "../halda/index.js";
+import { priceRingWindows } from "../coordinator/index.js";
 import { llamaBenchPath } from "./llama-bench.js";
 import { coordCli, median, root, useTemporaryHome, workerCli } from "./procs.js";
 
@@ -78,7 +80,7 @@ interface RunJson {
   decode_tok_s: number;
   layer_windows: number[];
   devices_decode: { device: string; compute_ms: number; send_ms: number; wait_ms: number; descheduled_ms: number; major_faults: number; read_bytes?: number }[];
-  placement?: { plan: { devices: { name: string; set: string; windowLayers: number; ramLayerCapacityBytes: number; reloadBytesPerToken: number }[] }; per_cycle: number[]; devices: { diskSeqReadBytesPerS?: number }[]; prediction: Prediction };
+  placement?: { plan: { latencyMs: number; devices: { name: string; set: string; windowLayers: number; ramLayerCapacityBytes: number; reloadBytesPerToken: number }[] }; per_cycle: number[]; devices: DeviceProfile[]; model: ModelProfile; prediction: Prediction };
 }
 
 /** The workers' names in ring order (dev-a, dev-b, ...): a setup of n devices has n - 1 of them. */
@@ -306,6 +308,7 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
     console.log(`| automatic, ${name} [${variant.layer_windows.join(",")}] (median of ${variantRuns[v].map((x) => `${x.decode_tok_s.toFixed(1)} [${x.layer_windows}]`).join(", ")}) | ${variant.decode_tok_s.toFixed(2)} | ${(variant.decode_tok_s / auto.decode_tok_s).toFixed(2)}x without${predicted} |`);
   }
   console.log(`| best hand-made [${best.w.join(",")}] (of ${hand.join("; ")}) | ${best.tokS.toFixed(2)} | 1.00 |`);
+  const priced = handPrices(auto, sweep, handRuns);
   const rounds = [{ label: "first run (empty profile caches)", run: firstRun }, ...autoRuns.map((run, r) => ({ label: `round ${r + 1}`, run }))];
   const plans = new Set(rounds.map((x) => x.run.layer_windows.join(",")));
   const worst = Math.min(...rounds.map((x) => x.run.decode_tok_s)) / best.tokS;
@@ -314,6 +317,7 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
   console.log(`| prima alone in ${cap} MiB | ${fmt(alone)} | ${typeof alone === "number" ? `ring ${(auto.decode_tok_s / alone).toFixed(2)}x alone${o.aloneGoal ? " (goal >= 5)" : ""}` : "-"} |`);
   console.log(`| llama-bench alone in ${cap} MiB (-n 32 -t 2) | ${fmt(llama)} | - |`);
   console.log(`\n${stability}`);
+  if (priced) console.log(`\n${priced}`);
   // Each device's own work, as Halda prices it (compute, memory, disk) and as measured (compute and
   // send, less the time another device's threads had its CPU: these three share one machine's 2
   // vCPUs); the hops, Halda's comm terms, beside what no device's counters hold (coordinator/placement.ts).
@@ -356,6 +360,29 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
     `(${(need.layers / MiB).toFixed(1)} MiB of layers, room for ${(room / MiB).toFixed(1)} MiB of layers with their KV); disk ${(diskBps / 1e6).toFixed(0)} MB/s; ` +
     `disk-bound limit ${limitMs.toFixed(1)} ms/token (${(1000 / limitMs).toFixed(2)} tok/s): measured ${pr.measuredTokenMs.toFixed(1)} ms, ${(pr.measuredTokenMs / limitMs).toFixed(2)}x the limit`);
   return summary;
+}
+
+/** What Halda thinks of each hand-made plan: priced on the profiles the automatic median run was
+ * planned with (as it would have priced them then), beside its median measured ms a token, and where
+ * each device's share goes (compute+disk+comm), so a plan it ranks wrongly shows which term misled it. */
+function handPrices(auto: RunJson, sweep: readonly number[][], handRuns: readonly RunJson[][]): string | undefined {
+  const pl = auto.placement;
+  if (!pl?.devices || !pl.model) return undefined;
+  const n = pl.devices.length - 1;
+  const rows = sweep.map((w, i) => {
+    let plan;
+    try {
+      plan = priceRingWindows(pl.devices, pl.model, w);
+    } catch (e) {
+      return `[${w}] not priced (${(e as Error).message})`;
+    }
+    const m = medianRun(handRuns[i]);
+    const byPos = w.map((_, pos) => plan.devices.find((d) => d.index === (pos === n ? 0 : pos + 1)));
+    const parts = byPos.map((d) => (d ? `${d.latency.computeMs.toFixed(1)}+${d.latency.diskMs.toFixed(1)}+${d.latency.commMs.toFixed(1)}` : "-")).join(" | ");
+    return `[${w}] ${plan.latencyMs.toFixed(1)} ms (${parts})${plan.problems.length ? ` problems: ${plan.problems.join("; ")}` : ""}, measured ${m ? (1000 / m.decode_tok_s).toFixed(1) : "-"} ms`;
+  });
+  const own = `[${auto.layer_windows}] (the automatic plan) ${pl.plan.latencyMs.toFixed(1)} ms`;
+  return `Halda's price of each plan, ms a token (per device in ring order: compute+disk+comm), on the automatic median run's profiles: ${own}; ${rows.join("; ")}`;
 }
 
 /** The plan [6,12,4] with the head in 1024 MiB and w1 in 200, w2 in 200 MiB (it streams most of its

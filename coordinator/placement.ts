@@ -88,6 +88,26 @@ export function keptOrNew(plan: Plan, previous: Assignment | undefined, devices:
   return { ...kept, runnerUp: plan.runnerUp, notes: [...plan.notes, `kept the plan in force ${inForce(kept)}: within ${KEEP_PLAN_WITHIN * 100}% of Halda's new best ${inForce(plan)}`] };
 }
 
+/** Halda's options for a ring of the head and nWorkers workers. Priced as the engine pages: a device
+ * whose one window does not fit streams the layers past its room (native streamBeyond), rereading its
+ * excess, one layer and a margin more each token ("stream"); a mixture of experts is not streamed: the
+ * page cache keeps the experts tokens use most, and a token rereads its routed experts that are not
+ * resident ("excess", docs/HALDA.md MoE-1). */
+function ringOptions(model: ModelProfile, nWorkers: number, options: HaldaOptions): HaldaOptions {
+  const ringOrder = [...Array.from({ length: nWorkers }, (_, j) => j + 1), 0];
+  return { overloadReload: model.moe ? "excess" : "stream", ringOrder, ...options };
+}
+
+/** Windows given in ring order (workers, then the head; `cycles` of them) priced as placeRing prices
+ * its own plans, on the profiles a placement was made from (`devices`: Halda's input, the head first):
+ * what Halda thinks of a hand-made plan. */
+export function priceRingWindows(devices: readonly DeviceProfile[], model: ModelProfile, perCycle: readonly number[], cycles = 1, options: HaldaOptions = {}): Plan {
+  const n = devices.length - 1;
+  if (perCycle.length !== devices.length) throw new Error(`${perCycle.length} windows for ${devices.length} devices`);
+  const windowLayers = perCycle.map((_, hi) => perCycle[ringPosition(hi, n)]);
+  return assignmentPlan(devices, model, { k: cycles, windowLayers, gpuLayers: windowLayers.map(() => 0) }, ringOptions(model, n, options));
+}
+
 /**
  * Halda's plan for the head and the workers (in their seats' order: by name), with the best subset of devices (HALDA.md
  * §4.4), or every device with `options.keepAll` (what `--keep-all` passes); throws HaldaError when there
@@ -96,12 +116,7 @@ export function keptOrNew(plan: Plan, previous: Assignment | undefined, devices:
  */
 export function placeRing(head: DeviceProfile, workers: readonly DeviceProfile[], model: ModelProfile, options: HaldaOptions = {}, previous?: Assignment): Placement {
   const devices = [head, ...workers];
-  // Priced as the engine pages: a device whose one window does not fit streams the layers past its
-  // room (native streamBeyond), rereading its excess, one layer and a margin more each token ("stream");
-  // a mixture of experts is not streamed: the page cache keeps the experts tokens use most, and a token
-  // rereads its routed experts that are not resident ("excess", docs/HALDA.md MoE-1).
-  const ringOrder = [...workers.map((_, j) => j + 1), 0];
-  const haldaOptions: HaldaOptions = { overloadReload: model.moe ? "excess" : "stream", ringOrder, ...options };
+  const haldaOptions = ringOptions(model, workers.length, options);
   const plan = keptOrNew(selectDevices(devices, model, haldaOptions), previous, devices, model, haldaOptions);
   const n = workers.length;
   const perCycle = new Array<number>(n + 1).fill(0);

@@ -6,7 +6,7 @@ import { execFileSync } from "node:child_process";
 import { writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { KEEP_PLAN_WITHIN, formatPlan, placeRing, ringPosition, windowsByIndex, type Placement } from "../../coordinator/placement.js";
+import { KEEP_PLAN_WITHIN, formatPlan, placeRing, priceRingWindows, ringPosition, windowsByIndex, type Placement } from "../../coordinator/placement.js";
 import { PLANS_KEPT, recallPlan, rememberPlan } from "../../coordinator/plan-memory.js";
 import { DecodeMeter } from "../../coordinator/prediction.js";
 import { assignmentPlan, halda, selectDevices, type DeviceProfile, type Plan } from "../../halda/index.js";
@@ -92,7 +92,10 @@ describe("placeRing: Halda's plan in ring order", () => {
     // the layers over all three devices: another plan (Halda leaves one out, a hop fewer), priced a little worse
     const near = [11, 11, 10];
     expect(best).not.toEqual(near);
-    const nearMs = assignmentPlan([head, ...workers], model, { k: fresh.cycles, windowLayers: near, gpuLayers: [0, 0, 0] }, { ringOrder: [1, 2, 0], overloadReload: "stream" }).latencyMs;
+    // (priced as a hand-made plan is: windows in ring order, the workers then the head)
+    expect(priceRingWindows(fresh.devices, model, fresh.perCycle, fresh.cycles).latencyMs).toBeCloseTo(fresh.plan.latencyMs, 6);
+    const nearMs = priceRingWindows([head, ...workers], model, [near[1], near[2], near[0]], fresh.cycles).latencyMs;
+    expect(nearMs).toBeCloseTo(assignmentPlan([head, ...workers], model, { k: fresh.cycles, windowLayers: near, gpuLayers: [0, 0, 0] }, { ringOrder: [1, 2, 0], overloadReload: "stream" }).latencyMs, 6);
     expect(nearMs).toBeGreaterThan(fresh.plan.latencyMs);
     expect(nearMs).toBeLessThan(fresh.plan.latencyMs * (1 + KEEP_PLAN_WITHIN));
     const kept = placeRing(head, workers, model, {}, { k: fresh.cycles, windowLayers: near, gpuLayers: [0, 0, 0] });
