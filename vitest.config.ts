@@ -1,4 +1,3 @@
-import { mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
 import { defineConfig } from "vitest/config";
@@ -41,7 +40,9 @@ class SlowFirst extends BaseSequencer {
   }
 }
 
-const testHome = mkdtempSync(join(tmpdir(), "prima-test-home-"));
+// Named here, made by global-setup.ts: vitest evaluates this file more than once, and a folder made
+// here on each evaluation left an empty one behind on every run.
+const testHome = join(tmpdir(), `prima-test-home-${process.pid}-${Date.now().toString(36)}`);
 
 export default defineConfig({
   test: {

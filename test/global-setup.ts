@@ -1,11 +1,12 @@
 // Several suites compare against llama.cpp's own sources and test data (tokenizer vocabularies,
 // unicode tables, chat templates). node-llama-cpp ships them as a git bundle; a fresh install has
 // not unpacked it yet, so unpack it once (offline, a few seconds) before any suite runs.
-// The returned teardown removes the run's temporary HOME folders (vitest.config.ts makes them).
+// It makes the run's temporary HOME folder (vitest.config.ts names it) and its teardown removes it.
 import { execFileSync } from "node:child_process";
-import { existsSync, rmSync } from "node:fs";
+import { existsSync, mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import type { TestProject } from "vitest/node";
+import { unmountUnder } from "./helpers/mounts.js";
 
 export const LLAMA_CPP_SOURCE = "node_modules/node-llama-cpp/llama/llama.cpp";
 
@@ -15,5 +16,10 @@ export default function setup(project: TestProject): () => void {
       { stdio: "inherit" });
   }
   const testHome = project.config.env?.PRIMA_TEST_HOME;
-  return () => { if (testHome) rmSync(testHome, { recursive: true, force: true }); };
+  if (testHome) mkdirSync(testHome, { recursive: true, mode: 0o700 });
+  return () => {
+    if (!testHome) return;
+    unmountUnder(testHome); // small disks of test files killed before their own cleanup (helpers/temp.ts)
+    rmSync(testHome, { recursive: true, force: true });
+  };
 }

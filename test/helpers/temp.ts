@@ -7,6 +7,7 @@ import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll } from "vitest";
+import { unmount } from "./mounts.js";
 
 const made: string[] = [];
 const mounted: string[] = [];
@@ -15,23 +16,16 @@ afterAll(() => {
   for (const d of made.splice(0)) rmSync(d, { recursive: true, force: true });
 });
 
-/** Unmounts; a process killed a moment before may still hold a file there (EBUSY): then lazily, so
- * the mount goes as soon as it lets go and its folder can be removed now. */
-function unmount(dir: string): void {
-  try {
-    execFileSync("umount", [dir], { stdio: "ignore" });
-  } catch {
-    execFileSync("umount", ["-l", dir], { stdio: "ignore" });
-  }
-}
-
 /** Whether this process may mount a small file system (tmpfsDir). */
 export const canMount = process.getuid?.() === 0;
 
 /** A new temporary folder with a tmpfs of `size` (mount's notation: "8m") on it: a small disk. It is
- * unmounted and removed after this test file. Root only (canMount). */
+ * unmounted and removed after this test file. Root only (canMount). It lies in the run's temporary
+ * HOME (vitest.config.ts), whose teardown unmounts what a crashed test file left mounted. */
 export function tmpfsDir(prefix: string, size: string): string {
-  const d = tempDir(prefix);
+  const home = process.env.PRIMA_TEST_HOME;
+  const d = home ? mkdtempSync(join(ownedParent(join(home, "mounts")), prefix)) : tempDir(prefix);
+  if (home) made.push(d);
   execFileSync("mount", ["-t", "tmpfs", "-o", `size=${size},mode=0700`, "tmpfs", d]);
   mounted.push(d);
   return d;
@@ -49,5 +43,11 @@ export function tempDir(prefix: string): string {
 export function ownedDir(dir: string): string {
   mkdirSync(dir, { recursive: true, mode: 0o700 });
   made.push(dir);
+  return dir;
+}
+
+/** `dir` made (0700) if missing; not removed here (the run's teardown does). */
+function ownedParent(dir: string): string {
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
   return dir;
 }

@@ -1,7 +1,7 @@
 // transfer/: a device's sparse copy of only its windows, verified chunk by chunk, resumable, within
 // its disk and cache limits; the engine runs the windows from it exactly as from the whole file.
 import { execFileSync } from "node:child_process";
-import { closeSync, constants, existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, readSync, rmSync, statSync } from "node:fs";
+import { closeSync, constants, existsSync, mkdtempSync, openSync, readFileSync, readSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -9,6 +9,7 @@ import { LocalModel } from "../../engine/index.js";
 import { alignGap } from "../../native/index.js";
 import { modelFingerprint, modelShapeByName, readGguf, type GgufFile } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
+import { canMount, tmpfsDir } from "../helpers/temp.js";
 import {
   DIGEST_MODULE, DIRECT_WRITE_ALIGN, ModelCache, ModelSource, NATIVE_DIGEST, NoRoomError, chunkBuffer, chunkDigest, chunkRange, chunksFor, fetchChunks, rangesForLayers,
   type Chunk,
@@ -173,20 +174,14 @@ describe("transfer", () => {
   });
 
   it("too little disk: a clear error naming the bytes needed and the bytes free", async () => {
-    if (process.getuid?.() !== 0) return void console.warn("transfer: not root, cannot mount a small tmpfs: skipped");
-    const small = join(dir, "small");
-    mkdirSync(small);
-    execFileSync("mount", ["-t", "tmpfs", "-o", "size=256k", "tmpfs", small]);
-    try {
-      const src = source();
-      const cached = new ModelCache(small).open(src.info);
-      const wanted = chunksFor(rangesForLayers(file, [0, 1, 2, 3]), src.info);
-      expect(() => cached.checkRoom(wanted)).toThrow(NoRoomError);
-      expect(() => cached.checkRoom(wanted)).toThrow(/not enough room for this device's windows: \d+ bytes \([\d.]+ MiB\) needed, \d+ bytes \([\d.]+ MiB\) free on the disk of/);
-      await src.close();
-    } finally {
-      execFileSync("umount", [small]);
-    }
+    if (!canMount) return void console.warn("transfer: not root, cannot mount a small tmpfs: skipped");
+    const small = tmpfsDir("prima-small-disk-", "256k");
+    const src = source();
+    const cached = new ModelCache(small).open(src.info);
+    const wanted = chunksFor(rangesForLayers(file, [0, 1, 2, 3]), src.info);
+    expect(() => cached.checkRoom(wanted)).toThrow(NoRoomError);
+    expect(() => cached.checkRoom(wanted)).toThrow(/not enough room for this device's windows: \d+ bytes \([\d.]+ MiB\) needed, \d+ bytes \([\d.]+ MiB\) free on the disk of/);
+    await src.close();
   });
 
   it("the cache keeps under its limit by dropping the least recently used model", async () => {
