@@ -273,21 +273,28 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
     } finally {
       rmSync(emptyCache, { recursive: true, force: true });
     }
-    for (let r = 0; r < reps; r++) {
+    // Each round runs every plan once; every other round in the reverse order (ABBA), so that a drift
+    // of the host over a round, or what one run leaves to the next, does not fall on one plan each time.
+    const jobs: (() => Promise<void>)[] = [];
+    const round = { r: 0 };
+    jobs.push(async () => {
       const auto = await ringRun(files, cap, null, `auto${cap}`, flags);
       autoRuns.push(auto);
       // Every round's per-device counters (the table shows the median round's): ms per decode step.
-      console.error(`automatic round ${r + 1}: ${(1000 / auto.decode_tok_s).toFixed(2)} ms a token; ` +
+      console.error(`automatic round ${round.r + 1}: ${(1000 / auto.decode_tok_s).toFixed(2)} ms a token; ` +
         auto.devices_decode.map((d) => `${d.device}: compute ${d.compute_ms.toFixed(2)}, send ${d.send_ms.toFixed(2)}, wait ${d.wait_ms.toFixed(2)}, preempted ${d.descheduled_ms.toFixed(2)}`).join("; "));
-      for (const [v, variant] of autoVariants.entries()) variantRuns[v].push(await ringRun(files, cap, null, `var${cap}`, [...flags, ...variant.flags]));
-      for (const [i, w] of sweep.entries()) {
+    });
+    for (const [v, variant] of autoVariants.entries()) jobs.push(async () => void variantRuns[v].push(await ringRun(files, cap, null, `var${cap}`, [...flags, ...variant.flags])));
+    for (const [i, w] of sweep.entries()) {
+      jobs.push(async () => {
         try {
-          handRounds[i][r] = await ringRun(files, cap, w, `hand${cap}`, flags);
+          handRounds[i][round.r] = await ringRun(files, cap, w, `hand${cap}`, flags);
         } catch (e) {
           failures[i] = `failed: ${(e as Error).message.split("\n")[0]}`;
         }
-      }
+      });
     }
+    for (; round.r < reps; round.r++) for (const job of round.r % 2 === 0 ? jobs : [...jobs].reverse()) await job();
     // alone: on the head's copy, as the head's machine would run the model by itself
     return { first, alone: await aloneRun(files[0], cap), llama: await llamaRun(files[0], cap) };
   });
