@@ -334,6 +334,13 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
   console.log(`| prima alone in ${cap} MiB | ${fmt(alone)} | ${typeof alone === "number" ? `ring ${(auto.decode_tok_s / alone).toFixed(2)}x alone${o.aloneGoal ? " (goal >= 5)" : ""}` : "-"} |`);
   console.log(`| llama-bench alone in ${cap} MiB (-n 32 -t 2) | ${fmt(llama)} | - |`);
   console.log(`\n${stability}`);
+  // Halda's choice apart from the runs' noise: the automatic plan's windows run by hand in the same
+  // rounds (identical windows, two samples: on this shared host they differ by up to ~10% a run).
+  const twin = sweep.findIndex((w) => w.join(",") === auto.layer_windows.join(","));
+  const twinTokS = twin >= 0 ? medianRun(handRuns[twin])?.decode_tok_s : undefined;
+  const choice = twinTokS === undefined ? `the automatic plan [${auto.layer_windows}] is not among the hand-made ones`
+    : `the automatic plan's windows [${auto.layer_windows}] run by hand: ${twinTokS.toFixed(2)} tok/s, ${(twinTokS / best.tokS).toFixed(2)}x the best hand-made (Halda's choice); its automatic runs ${(auto.decode_tok_s / twinTokS).toFixed(2)}x its runs by hand (the same windows)`;
+  console.log(`\n${choice}`);
   if (priced) console.log(`\n${priced}`);
   // Each device's own work, as Halda prices it (compute, memory, disk) and as measured (compute and
   // send, less the time another device's threads had its CPU: these three share one machine's 2
@@ -363,7 +370,7 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
   // The disk-bound limit: what no plan can avoid rereading (the weights beyond every device's room
   // together), at the measured disk speed, on top of the predicted compute.
   const summary = `${o.name}, ${devices} x ${cap} MiB: automatic ${auto.decode_tok_s.toFixed(2)} tok/s, best hand-made ${best.tokS.toFixed(2)} [${best.w}], alone ${fmt(alone)}, llama-bench ${fmt(llama)}; ` +
-    `plans ${plans.size === 1 ? "the same" : `${plans.size} different`} in ${rounds.length} runs, worst ${worst.toFixed(2)}x`;
+    `plans ${plans.size === 1 ? "the same" : `${plans.size} different`} in ${rounds.length} runs, worst ${worst.toFixed(2)}x; ${choice}`;
   // (dense: every byte past the rooms comes back each token; a MoE token rereads only routed experts)
   if (o.moe) return summary;
   const planReread = pl.plan.devices.reduce((s, d) => s + d.reloadBytesPerToken, 0);
