@@ -264,31 +264,31 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
   // by round: a hand-made plan's run in round r (undefined where it failed)
   const handRounds = sweep.map(() => [] as (RunJson | undefined)[]);
   const failures = sweep.map(() => "");
-  // A household's first run: every device's profile cache empty (and so no plan in force), then the rounds.
+  // One household: its first run with every device's profile cache empty (and so no plan in force),
+  // then the rounds with what that run and the later ones left there (profiles, rereads seen, the plan
+  // in force), as a household's later runs have it. (With the first run's cache thrown away, round 1
+  // planned afresh too, and two plans Halda priced equal could differ between the two.)
+  const household = mkdtempSync(join(tmpdir(), "prima-capped-cache-"));
+  const env = { ...process.env, XDG_CACHE_HOME: household };
   const { first: firstRun, alone, llama } = await withDeviceFiles(model, devices, async (files) => {
-    const emptyCache = mkdtempSync(join(tmpdir(), "prima-capped-cache-"));
-    let first: RunJson;
-    try {
-      first = await ringRun(files, cap, null, `first${cap}`, flags, { ...process.env, XDG_CACHE_HOME: emptyCache });
-    } finally {
-      rmSync(emptyCache, { recursive: true, force: true });
-    }
+    const run = (windows: readonly number[] | null, tag: string, runFlags = flags) => ringRun(files, cap, windows, `${tag}${cap}`, runFlags, env);
+    const first = await run(null, "first");
     // Each round runs every plan once; every other round in the reverse order (ABBA), so that a drift
     // of the host over a round, or what one run leaves to the next, does not fall on one plan each time.
     const jobs: (() => Promise<void>)[] = [];
     const round = { r: 0 };
     jobs.push(async () => {
-      const auto = await ringRun(files, cap, null, `auto${cap}`, flags);
+      const auto = await run(null, "auto");
       autoRuns.push(auto);
       // Every round's per-device counters (the table shows the median round's): ms per decode step.
       console.error(`automatic round ${round.r + 1}: ${(1000 / auto.decode_tok_s).toFixed(2)} ms a token; ` +
         auto.devices_decode.map((d) => `${d.device}: compute ${d.compute_ms.toFixed(2)}, send ${d.send_ms.toFixed(2)}, wait ${d.wait_ms.toFixed(2)}, preempted ${d.descheduled_ms.toFixed(2)}`).join("; "));
     });
-    for (const [v, variant] of autoVariants.entries()) jobs.push(async () => void variantRuns[v].push(await ringRun(files, cap, null, `var${cap}`, [...flags, ...variant.flags])));
+    for (const [v, variant] of autoVariants.entries()) jobs.push(async () => void variantRuns[v].push(await run(null, "var", [...flags, ...variant.flags])));
     for (const [i, w] of sweep.entries()) {
       jobs.push(async () => {
         try {
-          handRounds[i][round.r] = await ringRun(files, cap, w, `hand${cap}`, flags);
+          handRounds[i][round.r] = await run(w, "hand");
         } catch (e) {
           failures[i] = `failed: ${(e as Error).message.split("\n")[0]}`;
         }
@@ -297,7 +297,7 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
     for (; round.r < reps; round.r++) for (const job of round.r % 2 === 0 ? jobs : [...jobs].reverse()) await job();
     // alone: on the head's copy, as the head's machine would run the model by itself
     return { first, alone: await aloneRun(files[0], cap), llama: await llamaRun(files[0], cap) };
-  });
+  }).finally(() => rmSync(household, { recursive: true, force: true }));
   const auto = medianRun(autoRuns)!;
   const handRuns = handRounds.map((rs) => rs.filter((x): x is RunJson => x !== undefined));
   const best: { w: number[]; tokS: number; i: number } = { w: [], tokS: 0, i: -1 };
