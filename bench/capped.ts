@@ -110,7 +110,7 @@ const HEAD_ONLY_FLAGS = new Set(["--measure-routing"]);
 
 /** One ring run: the head then a worker for each further file (dev-a, dev-b, ...), each in a fresh
  * cgroup of capMiB (or of its own cap, head first), each reading its file of `files` (in that order).
- * `env`: for every process (an empty profile cache: XDG_CACHE_HOME of a fresh folder). */
+ * `env`: for every process (a setup's own profile cache, its XDG_CACHE_HOME: cappedSetup). */
 async function ringRun(files: readonly string[], capMiB: number | readonly number[], windows: readonly number[] | null, tag: string, flags: readonly string[] = [], env?: NodeJS.ProcessEnv): Promise<RunJson> {
   const names = workerNames(files.length - 1);
   const caps = typeof capMiB === "number" ? files.map(() => capMiB) : capMiB;
