@@ -15,7 +15,7 @@ import { tmpdir } from "node:os";
 import { basename, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import type { DeviceProfile, ModelProfile } from "../halda/index.js";
-import { priceRingWindows } from "../coordinator/index.js";
+import { haldaIndexAt, priceRingWindows } from "../coordinator/index.js";
 import { llamaBenchPath } from "./llama-bench.js";
 import { coordCli, median, root, useTemporaryHome, workerCli } from "./procs.js";
 
@@ -91,9 +91,8 @@ const workerNames = (nWorkers: number) => Array.from({ length: nWorkers }, (_, i
  * first (a worker's profile pass reads layers another device will run), and one device's reclaim then
  * evicts another's pages. The head gets a copy too, made with the others: this VM's disk reads a file
  * written moments ago faster than one written hours ago (the host's own cache, which dropping ours
- * does not touch): with the model itself on the head, a head streaming 197 MiB a token took 98 ms of
- * own work, and with a fresh copy 73-82 ms, where the workers' fresh copies read at the latter speed
- * (3 x 200 MiB, 2026-11-29). The copies are removed after `body`. */
+ * does not touch): a head streaming ~197 MiB a token from the model file itself worked 7-20% longer
+ * than from a fresh copy (`--pairs`, windowPairs). The copies are removed after `body`. */
 async function withDeviceFiles<T>(model: string, nDevices: number, body: (files: readonly string[]) => Promise<T>): Promise<T> {
   const dir = mkdtempSync(join(tmpdir(), "prima-capped-"));
   try {
@@ -275,36 +274,35 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
     const first = await run(null, "first");
     // Each round runs every plan once; every other round in the reverse order (ABBA), so that a drift
     // of the host over a round, or what one run leaves to the next, does not fall on one plan each time.
-    const jobs: (() => Promise<void>)[] = [];
-    const round = { r: 0 };
-    jobs.push(async () => {
+    const jobs: ((round: number) => Promise<void>)[] = [];
+    jobs.push(async (round) => {
       const auto = await run(null, "auto");
       autoRuns.push(auto);
       // Every round's per-device counters (the table shows the median round's): ms per decode step.
-      console.error(`automatic round ${round.r + 1}: ${(1000 / auto.decode_tok_s).toFixed(2)} ms a token; ` +
+      console.error(`automatic round ${round + 1}: ${(1000 / auto.decode_tok_s).toFixed(2)} ms a token; ` +
         auto.devices_decode.map((d) => `${d.device}: compute ${d.compute_ms.toFixed(2)}, send ${d.send_ms.toFixed(2)}, wait ${d.wait_ms.toFixed(2)}, preempted ${d.descheduled_ms.toFixed(2)}`).join("; "));
     });
     for (const [v, variant] of autoVariants.entries()) jobs.push(async () => void variantRuns[v].push(await run(null, "var", [...flags, ...variant.flags])));
     for (const [i, w] of sweep.entries()) {
-      jobs.push(async () => {
+      jobs.push(async (round) => {
         try {
-          handRounds[i][round.r] = await run(w, "hand");
+          handRounds[i][round] = await run(w, "hand");
         } catch (e) {
           failures[i] = `failed: ${(e as Error).message.split("\n")[0]}`;
         }
       });
     }
-    for (; round.r < reps; round.r++) for (const job of round.r % 2 === 0 ? jobs : [...jobs].reverse()) await job();
+    for (let r = 0; r < reps; r++) for (const job of r % 2 === 0 ? jobs : [...jobs].reverse()) await job(r);
     // alone: on the head's copy, as the head's machine would run the model by itself
     return { first, alone: await aloneRun(files[0], cap), llama: await llamaRun(files[0], cap) };
   }).finally(() => rmSync(household, { recursive: true, force: true }));
   const auto = medianRun(autoRuns)!;
   const handRuns = handRounds.map((rs) => rs.filter((x): x is RunJson => x !== undefined));
+  const handMedians = handRuns.map(medianRun);
   const best: { w: number[]; tokS: number; i: number } = { w: [], tokS: 0, i: -1 };
   const hand: string[] = [];
   for (const [i, w] of sweep.entries()) {
-    const m = medianRun(handRuns[i]);
-    const tokS: number | string = m?.decode_tok_s ?? failures[i];
+    const tokS: number | string = handMedians[i]?.decode_tok_s ?? failures[i];
     hand.push(`${w.join(",")}: ${fmt(tokS)} (${handRuns[i].map((x) => x.decode_tok_s.toFixed(1)).join(", ")})`);
     if (typeof tokS === "number" && tokS > best.tokS) Object.assign(best, { w, tokS, i });
   }
@@ -320,7 +318,7 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
     console.log(`| automatic, ${name} [${variant.layer_windows.join(",")}] (median of ${variantRuns[v].map((x) => `${x.decode_tok_s.toFixed(1)} [${x.layer_windows}]`).join(", ")}) | ${variant.decode_tok_s.toFixed(2)} | ${(variant.decode_tok_s / auto.decode_tok_s).toFixed(2)}x without${predicted} |`);
   }
   console.log(`| best hand-made [${best.w.join(",")}] (of ${hand.join("; ")}) | ${best.tokS.toFixed(2)} | 1.00 |`);
-  const priced = handPrices(auto, sweep, handRuns);
+  const priced = handPrices(auto, sweep, handMedians);
   // A round's automatic run against the best hand-made plan's run in that round (a round runs every
   // plan once, back to back, so that a slow spell of this shared machine falls on all of them); the
   // first run, before the rounds, against that plan's median. Beside it, each against the median.
@@ -337,7 +335,7 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
   // Halda's choice apart from the runs' noise: the automatic plan's windows run by hand in the same
   // rounds (identical windows, two samples: on this shared host they differ by up to ~10% a run).
   const twin = sweep.findIndex((w) => w.join(",") === auto.layer_windows.join(","));
-  const twinTokS = twin >= 0 ? medianRun(handRuns[twin])?.decode_tok_s : undefined;
+  const twinTokS = handMedians[twin]?.decode_tok_s;
   const choice = twinTokS === undefined ? `the automatic plan [${auto.layer_windows}] is not among the hand-made ones`
     : `the automatic plan's windows [${auto.layer_windows}] run by hand: ${twinTokS.toFixed(2)} tok/s, ${(twinTokS / best.tokS).toFixed(2)}x the best hand-made (Halda's choice); its automatic runs ${(auto.decode_tok_s / twinTokS).toFixed(2)}x its runs by hand (the same windows)`;
   console.log(`\n${choice}`);
@@ -389,7 +387,7 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
 /** What Halda thinks of each hand-made plan: priced on the profiles the automatic median run was
  * planned with (as it would have priced them then), beside its median measured ms a token, and where
  * each device's share goes (compute+disk+comm), so a plan it ranks wrongly shows which term misled it. */
-function handPrices(auto: RunJson, sweep: readonly number[][], handRuns: readonly RunJson[][]): string | undefined {
+function handPrices(auto: RunJson, sweep: readonly number[][], handMedians: readonly (RunJson | undefined)[]): string | undefined {
   const pl = auto.placement;
   if (!pl?.devices || !pl.model) return undefined;
   const n = pl.devices.length - 1;
@@ -400,8 +398,8 @@ function handPrices(auto: RunJson, sweep: readonly number[][], handRuns: readonl
     } catch (e) {
       return `[${w}] not priced (${(e as Error).message})`;
     }
-    const m = medianRun(handRuns[i]);
-    const byPos = w.map((_, pos) => plan.devices.find((d) => d.index === (pos === n ? 0 : pos + 1)));
+    const m = handMedians[i];
+    const byPos = w.map((_, pos) => plan.devices.find((d) => d.index === haldaIndexAt(pos, n)));
     const parts = byPos.map((d) => (d ? `${d.latency.computeMs.toFixed(1)}+${d.latency.diskMs.toFixed(1)}+${d.latency.commMs.toFixed(1)}` : "-")).join(" | ");
     return `[${w}] ${plan.latencyMs.toFixed(1)} ms (${parts})${plan.problems.length ? ` problems: ${plan.problems.join("; ")}` : ""}, measured ${m ? (1000 / m.decode_tok_s).toFixed(1) : "-"} ms`;
   });
@@ -523,12 +521,44 @@ async function overflowingWindows(model: string): Promise<string[]> {
   return lines;
 }
 
+/** One setup's same windows three ways, `reps` rounds in ABBA order: the automatic plan, the windows by
+ * hand, and by hand with the head on the model file itself instead of a fresh copy. What separates two
+ * runs of identical windows (automatic or not), and what an old file costs a streaming head on a VM
+ * whose host caches what was just written (BENCHMARKS.md, capped). */
+async function windowPairs(model: string, cap: number, windows: readonly number[], reps: number): Promise<void> {
+  const household = mkdtempSync(join(tmpdir(), "prima-capped-cache-"));
+  const env = { ...process.env, XDG_CACHE_HOME: household };
+  console.log(`\n## the same windows three ways: ${windows.length} x ${cap} MiB, [${windows}], ${reps} rounds (ABBA)\n`);
+  console.log("| round | run | plan | ms a token | head's own ms a token | head's MiB read a token |");
+  console.log("|---|---|---|---|---|---|");
+  const ms = new Map<string, number[]>();
+  await withDeviceFiles(model, windows.length, async (files) => {
+    const kinds = [
+      { name: "automatic", files, w: null },
+      { name: "by hand", files, w: windows },
+      { name: "by hand, head on the model file itself", files: [model, ...files.slice(1)], w: windows },
+    ];
+    for (let r = 0; r < reps; r++) {
+      for (const k of r % 2 === 0 ? kinds : [...kinds].reverse()) {
+        const run = await ringRun(k.files, cap, k.w, "pair", [], env);
+        const head = run.devices_decode.find((d) => d.device.startsWith("head"))!;
+        const tokenMs = 1000 / run.decode_tok_s;
+        ms.set(k.name, [...(ms.get(k.name) ?? []), tokenMs]);
+        console.log(`| ${r + 1} | ${k.name} | [${run.layer_windows}] | ${tokenMs.toFixed(1)} | ${(head.compute_ms + head.send_ms - head.descheduled_ms).toFixed(1)} | ${((head.read_bytes ?? 0) / MiB).toFixed(1)} |`);
+      }
+    }
+  }).finally(() => rmSync(household, { recursive: true, force: true }));
+  console.log(`\nmedian ms a token: ${[...ms].map(([k, v]) => `${k} ${median(v).toFixed(1)}`).join(", ")}`);
+}
+
 // node dist/bench/capped.js --window model.gguf: only the overflowing windows (root); --neighbour
 // model.gguf [reps]: only a streaming device's neighbours (root); --setup model.gguf 4x200 [reps]: only
-// that setup (root); --window-passes: the child --window starts in the capped cgroup.
+// that setup (root); --pairs model.gguf 200 6,6,10 [reps]: those windows three ways (windowPairs, root);
+// --window-passes: the child --window starts in the capped cgroup.
 // (each with its profiles in a temporary home, as the whole bench keeps them)
-if (["--window", "--neighbour", "--setup"].includes(process.argv[2])) useTemporaryHome();
+if (["--window", "--neighbour", "--setup", "--pairs"].includes(process.argv[2])) useTemporaryHome();
 if (process.argv[2] === "--window-passes") void windowPasses(process.argv[3], JSON.parse(process.argv[5]) as WindowSetup, process.argv[4] === "streamed");
 else if (process.argv[2] === "--window") void overflowingWindows(process.argv[3]).then((lines) => console.log(`\n${lines.join("\n")}`));
 else if (process.argv[2] === "--setup") void benchmarkSetup(process.argv[3], process.argv[4], Number(process.argv[5] ?? 3)).then((line) => console.log(`\n${line}`));
+else if (process.argv[2] === "--pairs") void windowPairs(process.argv[3], Number(process.argv[4]), process.argv[5].split(",").map(Number), Number(process.argv[6] ?? 3));
 else if (process.argv[2] === "--neighbour") void streamingNeighbour(process.argv[3], Number(process.argv[4] ?? 3)).then((line) => console.log(`\n${line}`));

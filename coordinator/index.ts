@@ -7,7 +7,7 @@ export { Cluster } from "./cluster.js";
 export type { ClusterOptions, LayerWindowsArg } from "./cluster-options.js";
 export type { GenerationRequest, GenerationOutcome, DeviceDecodeRow } from "./request-run.js";
 export { QueueFullError, CancelledError } from "./queue.js";
-export { placeRing, priceRingWindows, formatPlan, type Placement } from "./placement.js";
+export { placeRing, priceRingWindows, haldaIndexAt, formatPlan, type Placement } from "./placement.js";
 export { planRing, type RingPlan } from "./plan-ring.js";
 export { predictionReport, formatPrediction, costPerStep, type PredictionReport } from "./prediction.js";
 export { ApiServer, type ApiServerOptions } from "./http-server.js";
