@@ -23,18 +23,16 @@ export const canMount = process.getuid?.() === 0;
  * unmounted and removed after this test file. Root only (canMount). It lies in the run's temporary
  * HOME (vitest.config.ts), whose teardown unmounts what a crashed test file left mounted. */
 export function tmpfsDir(prefix: string, size: string): string {
-  const home = process.env.PRIMA_TEST_HOME;
-  const d = home ? mkdtempSync(join(ownedParent(join(home, "mounts")), prefix)) : tempDir(prefix);
-  if (home) made.push(d);
+  const d = tempDir(prefix, process.env.PRIMA_TEST_HOME);
   execFileSync("mount", ["-t", "tmpfs", "-o", `size=${size},mode=0700`, "tmpfs", d]);
   mounted.push(d);
   return d;
 }
 
-/** A new directory under the system's temporary directory, named `${prefix}XXXXXX`, removed after
- * this test file. */
-export function tempDir(prefix: string): string {
-  const d = mkdtempSync(join(tmpdir(), prefix));
+/** A new directory under `parent` (default: the system's temporary directory), named
+ * `${prefix}XXXXXX`, removed after this test file. */
+export function tempDir(prefix: string, parent = tmpdir()): string {
+  const d = mkdtempSync(join(parent, prefix));
   made.push(d);
   return d;
 }
@@ -43,11 +41,5 @@ export function tempDir(prefix: string): string {
 export function ownedDir(dir: string): string {
   mkdirSync(dir, { recursive: true, mode: 0o700 });
   made.push(dir);
-  return dir;
-}
-
-/** `dir` made (0700) if missing; not removed here (the run's teardown does). */
-function ownedParent(dir: string): string {
-  mkdirSync(dir, { recursive: true, mode: 0o700 });
   return dir;
 }
