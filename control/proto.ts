@@ -53,6 +53,8 @@ export interface Assignment {
   cacheTypeV?: string;
   /** Sparse attention's settings (model/attention.ts attentionSpec); empty or absent: dense. */
   attention?: string;
+  /** "h2o": the windows gather H2O's attention statistics (--kv-evict h2o); empty or absent: none. */
+  kvEvict?: string;
   /** Sequence slots (serve --parallel on a ring): a KV cache per slot for every window; 0 or absent: 1. */
   seqSlots?: number;
 }

@@ -37,7 +37,7 @@ ${KV_CACHE_HELP}
       --keep N             past the context, keep the first N tokens after BOS (-1: the whole prompt; default 0)
       --no-context-shift   stop when the context is full instead of shifting it (--context-shift: the default)
       --kv-evict h2o       past the context, keep the --keep tokens, the most recent and the most attended
-                           (H2O heavy hitters) instead of dropping the oldest half; run, chat and serve, one device
+                           (H2O heavy hitters) instead of dropping the oldest half; run, chat and serve
       --kv-budget F        H2O: the fraction of the context kept (default 0.2)`;
 
 export const RING_HELP = `      --min-workers N      wait for N workers before running (default 0: run alone)
@@ -190,10 +190,6 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
     reprofile: (v.reprofile as boolean | undefined) ?? false,
     joinTimeoutS: intArg("join-timeout", str("join-timeout"), 60, 1),
   };
-  // H2O scores positions by one device's attention statistics: the head's window must hold every layer
-  if (kvEvict && (cluster.minWorkers > 0 || cluster.layerWindows !== undefined)) {
-    throw new UsageError(`--kv-evict h2o runs every layer on this device (it scores positions by one window's attention): not with ${cluster.minWorkers > 0 ? "--min-workers" : "--layer-windows"}`);
-  }
   return { cluster, values: v };
 }
 

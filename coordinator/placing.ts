@@ -111,12 +111,6 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
   const { model, log } = o;
   const parallel = o.parallel ?? 1;
   if (workers.length === 0) return local(i, undefined, [], "no workers: every layer runs on this device");
-  if (o.kvCacheTypes?.evict === "h2o") {
-    // H2O scores positions by one window's attention statistics: every layer stays on the head
-    const why = "--kv-evict h2o runs every layer on this device";
-    for (const w of workers) devices.set(w, "left-out", why);
-    return local(i, undefined, workers.map((w) => ({ device: w.id, reason: why })), `${why}; workers are not used`);
-  }
   let perCycle: number[];
   let cycles: number | undefined;
   let placement: RingPlan | undefined;

@@ -174,8 +174,8 @@ export class DecodeMeter implements Pipeline {
     return this.inner.shift(p0, nDiscard, nPast);
   }
 
-  h2oScores(): Float32Array | null {
-    return this.inner.h2oScores?.() ?? null;
+  async h2oScores(): Promise<Float32Array | null> {
+    return (await this.inner.h2oScores?.()) ?? null;
   }
 
   /** Decode steps timed, and their mean wall time through the whole ring (ms). */

@@ -256,7 +256,9 @@ export class RequestRun {
           startPos: this.startPos, maxTokens: left, sampler: req.sampler, isEnd: req.isEnd, yieldEveryMs: YIELD_EVERY_MS,
           onPrompt: req.onPrompt && ((rows) => req.onPrompt!(rows, this.startPos)),
           journal: this.journal, contextShift: req.contextShift,
-          onShift: (keep, d, pos) => this.host.log(`context full: shifted the KV cache on every device (kept ${keep}, dropped ${d}, ${pos} left)`),
+          onShift: (keep, d, pos) => this.host.log(req.contextShift?.h2o !== undefined
+            ? `context full: evicted by H2O on every device (the first ${keep}, the most recent and the most attended kept, ${d} dropped, ${pos} left)`
+            : `context full: shifted the KV cache on every device (kept ${keep}, dropped ${d}, ${pos} left)`),
           onToken: (id) => this.onToken(id),
         }));
         if (!this.rejoining) break;

@@ -108,12 +108,13 @@ export class Ring {
       },
       deliver: (f, logits) => void pipelineRef.p?.deliver(f, logits),
       shifted: (f) => pipelineRef.p?.shifted(f),
+      h2oScored: (f) => pipelineRef.p?.h2oScored(f),
       logitsFor: (f) => pipelineRef.p?.logitsFor(f),
       seqDeliver: (f, logits) => void pipelineRef.p?.seqDeliver(f, logits),
       seqLogitsFor: (f) => pipelineRef.p?.seqLogitsFor(f),
       onError: (message) => this.fail(new Error(message)),
     });
-    this.pipeline = new RingPipeline({ model, node: this.node, nCtx: spec.ctx, maxBatch: spec.maxBatch, wireDtype: "f32" });
+    this.pipeline = new RingPipeline({ model, node: this.node, nCtx: spec.ctx, maxBatch: spec.maxBatch, wireDtype: "f32", h2o: spec.kvCacheTypes?.evict === "h2o" });
     pipelineRef.p = this.pipeline;
     const inRing = (w: WorkerHandle) => spec.members.some((m) => m.worker === w);
     const onLost = (w: WorkerHandle, reason: string) => {
@@ -203,7 +204,7 @@ export class Ring {
       return m.worker.assign({
         ringId: this.ringId, windows: [...m.windows], successorUrl, ctx: spec.ctx, maxBatch: spec.maxBatch, cycles: spec.cycles,
         prefetch: spec.prefetch, releaseAfterUse: m.releaseAfterUse, threads: 0, ringOrder: order, wireDtype: 0,
-        ...(spec.kvCacheTypes ? { cacheTypeK: spec.kvCacheTypes.k, cacheTypeV: spec.kvCacheTypes.v, attention: attentionSpec(spec.kvCacheTypes.attention) } : {}),
+        ...(spec.kvCacheTypes ? { cacheTypeK: spec.kvCacheTypes.k, cacheTypeV: spec.kvCacheTypes.v, attention: attentionSpec(spec.kvCacheTypes.attention), kvEvict: spec.kvCacheTypes.evict ?? "" } : {}),
         predecessorLinkKey: keys[i], successorLinkKey: keys[i + 1], ...(spec.seqSlots && spec.seqSlots > 1 ? { seqSlots: spec.seqSlots } : {}),
         ...(weights[i] ? { windowChunks: weights[i]!.chunks, chunkBytes: weights[i]!.chunkBytes } : {}),
       }, (fraction, stage) => o.onProgress?.(m.worker, fraction, stage))

@@ -1,7 +1,7 @@
 // The token loop, independent of where the layers run: a Pipeline runs every layer (one local window,
 // or a ring of devices) and returns the last row's logits; this file embeds, samples and streams.
 import { discardFor, type ContextShift, type KvJournal } from "./context-shift.js";
-import { h2oEvict } from "./h2o.js";
+import { H2O_UNGATHERED, h2oEvict } from "./h2o.js";
 import { Sampler } from "./sampler.js";
 
 export interface Pipeline {
@@ -18,8 +18,9 @@ export interface Pipeline {
   /** Context shift on every device: drops positions [p0, p0 + nDiscard) and moves [p0 + nDiscard,
    * nPast) down by nDiscard, their keys re-rotated (native kvShift). Absent: the pipeline cannot. */
   shift?(p0: number, nDiscard: number, nPast: number): Promise<void>;
-  /** H2O's statistics (native h2oScores) of the positions the cache holds; absent or null: not gathered. */
-  h2oScores?(): Float32Array | null;
+  /** H2O's statistics (native h2oScores) of the positions the cache holds, summed over every layer
+   * (a ring's gathered round it); absent or null: not gathered. */
+  h2oScores?(): Float32Array | null | Promise<Float32Array | null>;
 }
 
 /** Turns token ids into activation rows (the head's embedding). */
@@ -76,7 +77,7 @@ export async function generate(embedder: Embedder, pipeline: Pipeline, prompt: I
   const shift = o.contextShift && pipeline.shift ? o.contextShift : undefined;
   let pos = startPos;
   let shifts = 0, discarded = 0;
-  if (shift?.h2o !== undefined && !pipeline.h2oScores?.()) throw new Error("H2O eviction (--kv-evict h2o) needs one device whose window gathers attention statistics");
+  if (shift?.h2o !== undefined && !pipeline.h2oScores) throw new Error(H2O_UNGATHERED);
   /** One context shift, as llama.cpp makes it, or H2O's eviction (several shifts); false: nothing can be dropped. */
   const shiftContext = async (): Promise<boolean> => {
     let d: number;

@@ -1,7 +1,7 @@
 // H2O heavy-hitter eviction (Zhang et al., "H2O: Heavy-Hitter Oracle", 2023) past a full context, as a
 // context shift with a chosen keep set: the first `keep` positions (sinks), the most recent ones and the
 // heavy hitters (the positions that received the most attention, summed over every query, layer and
-// head: native h2oScores), `budget` positions in all, half recent and half heavy; every other position
+// head: native h2oScores; on a ring, each device's summed round it in an H2O_SCORES frame), `budget` positions in all, half recent and half heavy; every other position
 // is dropped. Positions: the kept entries move down to consecutive positions with their keys re-rotated
 // (native kv_shift.c, one shift per dropped run), as llama.cpp's context shift keeps a cache's positions
 // consecutive; H2O's own code keeps each key at its original rotary position instead, which prima's
@@ -42,11 +42,13 @@ export function h2oBudget(fraction: number, nCtx: number): number {
   return Math.floor(fraction * nCtx);
 }
 
+export const H2O_UNGATHERED = "H2O eviction (--kv-evict h2o) needs windows that gather attention statistics";
+
 /** One eviction of a full cache of nPast positions: the statistics read, the rule applied, each dropped
  * run shifted out on the pipeline (and recorded in the journal). Returns the positions dropped. */
 export async function h2oEvict(pipeline: Pipeline, nPast: number, keep: number, fraction: number, journal?: KvJournal): Promise<number> {
-  const scores = pipeline.h2oScores?.();
-  if (!scores || !pipeline.shift) throw new Error("H2O eviction (--kv-evict h2o) needs one device whose window gathers attention statistics");
+  const scores = await pipeline.h2oScores?.();
+  if (!scores || !pipeline.shift) throw new Error(H2O_UNGATHERED);
   let d = 0;
   for (const r of h2oDrops(h2oKept(scores, nPast, keep, h2oBudget(fraction, pipeline.nCtx)), nPast)) {
     await pipeline.shift(r.p0, r.n, nPast - d);

@@ -5,6 +5,7 @@
 
 #include "napi_util.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -53,6 +54,7 @@ class Lane : public Napi::ObjectWrap<Lane> {
   Napi::Value KvClear(const Napi::CallbackInfo &info);
   Napi::Value KvTruncate(const Napi::CallbackInfo &info);
   Napi::Value KvShift(const Napi::CallbackInfo &info);
+  Napi::Value H2oScores(const Napi::CallbackInfo &info);
   Napi::Value StopJs(const Napi::CallbackInfo &info);
   Napi::Value RunFrame(const Napi::CallbackInfo &info);
   friend class LaneRunWorker;
@@ -74,7 +76,7 @@ Napi::Function Lane::Define(Napi::Env env) {
                       InstanceMethod("setReleaseAfterUse", &Lane::SetReleaseAfterUse),
                       InstanceMethod("stats", &Lane::Stats), InstanceMethod("resetStats", &Lane::ResetStats),
                       InstanceMethod("kvClear", &Lane::KvClear), InstanceMethod("kvTruncate", &Lane::KvTruncate),
-                      InstanceMethod("kvShift", &Lane::KvShift),
+                      InstanceMethod("kvShift", &Lane::KvShift), InstanceMethod("h2oScores", &Lane::H2oScores),
                       InstanceMethod("runFrame", &Lane::RunFrame), InstanceMethod("stop", &Lane::StopJs)});
 }
 
@@ -386,6 +388,40 @@ Napi::Value Lane::KvShift(const Napi::CallbackInfo &info) {
   prima_lane_exclusive(lane, RunKvShift, &job);
   if (job.rc != 0) return ThrowErr(env, job.err);
   return env.Undefined();
+}
+
+struct H2oJob {
+  std::vector<Window *> *windows;
+  std::vector<std::vector<float>> scores;  // empty for a window without the statistics
+  std::vector<bool> gathered;
+};
+
+static void RunH2oScores(void *arg) {
+  H2oJob *job = (H2oJob *)arg;
+  for (Window *w : *job->windows) {
+    job->gathered.push_back(w->w->h2o_acc != nullptr);
+    job->scores.emplace_back(w->w->h2o_acc ? (size_t)w->w->n_filled : 0);
+    if (w->w->h2o_acc) prima_window_h2o_scores(w->w, job->scores.back().data());
+  }
+}
+
+// h2oScores(): each window's H2O statistics (NativeWindow.h2oScores: null without them), read between frames.
+Napi::Value Lane::H2oScores(const Napi::CallbackInfo &info) {
+  Napi::Env env = info.Env();
+  if (!Running(env)) return env.Undefined();
+  H2oJob job = {&windows, {}, {}};
+  prima_lane_exclusive(lane, RunH2oScores, &job);
+  Napi::Array out = Napi::Array::New(env, job.scores.size());
+  for (size_t i = 0; i < job.scores.size(); i++) {
+    if (!job.gathered[i]) {
+      out.Set((uint32_t)i, env.Null());
+      continue;
+    }
+    Napi::Float32Array a = Napi::Float32Array::New(env, job.scores[i].size());
+    std::copy(job.scores[i].begin(), job.scores[i].end(), a.Data());
+    out.Set((uint32_t)i, a);
+  }
+  return out;
 }
 
 // Runs a frame the lane left to JS with code 1 on a libuv thread (prima_lane_run); the promise settles

@@ -84,6 +84,8 @@ export interface NativeLane {
   kvTruncate(position: number): void;
   /** Every window's context shift (NativeWindow.kvShift), between frames. */
   kvShift(p0: number, nDiscard: number, nPast: number): void;
+  /** Each window's H2O statistics (NativeWindow.h2oScores; null without them), between frames. */
+  h2oScores(): (Float32Array | null)[];
   /** Ends the thread and its sockets (no close frames). The windows are usable from JS again. */
   stop(): void;
 }

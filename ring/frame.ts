@@ -6,12 +6,13 @@
 //
 // Frame types: HELLO (handshake, JSON), ACTIVATIONS (nTokens x rowWidth rows), ERROR (why a request
 // failed, UTF-8 text), KV_SHIFT (a context shift), SEQ_ACTIVATIONS (rows of several sequences: a tag
-// per row, u32 slot and u32 position, then the rows; the position field is 0). decodeFrame validates the whole header (validation.ts) before it reads a
+// per row, u32 slot and u32 position, then the rows; the position field is 0), H2O_SCORES (H2O's
+// statistics: an f32 per position held, their count in the row width field). decodeFrame validates the whole header (validation.ts) before it reads a
 // payload byte, and returns f32 rows as a view on the received buffer when it is 4-byte aligned.
 import { FrameError } from "./errors.js";
 import { f16ToF32, f32ToF16 } from "./f16.js";
 import {
-  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC_BYTES, FrameTypeId, KV_SHIFT_PAYLOAD_BYTES, KV_SHIFT_SLOT_PAYLOAD_BYTES, PAYLOAD_DTYPE_BYTES,
+  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC_BYTES, FrameTypeId, H2O_SCORE_BYTES, KV_SHIFT_PAYLOAD_BYTES, KV_SHIFT_SLOT_PAYLOAD_BYTES, PAYLOAD_DTYPE_BYTES,
   PayloadDtypeId, SEQ_TAG_BYTES, U16_MAX, U32_MAX, validateHeader, validateHello,
   type FrameHeader, type FrameLimits, type Hello, type PayloadDtype,
 } from "./validation.js";
@@ -82,10 +83,20 @@ export interface SeqActivationsFrame {
   activations: Float32Array;
 }
 
+/** H2O's statistics gathered round the ring (--kv-evict h2o, engine/h2o.ts): the head sends zeros for
+ * the positions its cache holds; each device adds what its windows' layers gathered (the attention
+ * each position received, summed over queries and heads) and passes the frame on; back at the head,
+ * after its own windows', the sums are the whole model's. Every score is finite and >= 0. */
+export interface H2oScoresFrame {
+  type: "h2oScores";
+  requestId: number;
+  scores: Float32Array;
+}
+
 /** Slots and positions travel as u32 but are used as int32 (NativeWindow.forwardSeqs). */
 const SEQ_TAG_MAX = 0x7fffffff;
 
-export type Frame = HelloFrame | ActivationsFrame | ErrorFrame | KvShiftFrame | SeqActivationsFrame;
+export type Frame = HelloFrame | ActivationsFrame | ErrorFrame | KvShiftFrame | SeqActivationsFrame | H2oScoresFrame;
 
 const utf8Encoder = new TextEncoder();
 const utf8Decoder = new TextDecoder("utf-8", { fatal: true });
@@ -265,6 +276,19 @@ export function encodeFrame(frame: Frame): Buffer {
       if (frame.slot !== undefined) v.setUint32(8, frame.slot, true);
       return buf;
     }
+    case "h2oScores": {
+      checkUint("request id", frame.requestId, U32_MAX);
+      const n = frame.scores?.length ?? 0;
+      if (!(frame.scores instanceof Float32Array) || n === 0) throw new FrameError("payload", "an h2oScores frame needs a Float32Array of at least one position's score");
+      checkUint("positions", n, U32_MAX / H2O_SCORE_BYTES);
+      const buf = allocFrame(n * H2O_SCORE_BYTES);
+      writeHeader(buf, {
+        frameType: FrameTypeId.h2oScores, requestId: frame.requestId, firstTokenPosition: 0, nTokens: 0, cycle: 0,
+        payloadDtype: 0, rowWidth: n, payloadBytes: n * H2O_SCORE_BYTES,
+      });
+      new Float32Array(buf.buffer, buf.byteOffset + FRAME_HEADER_BYTES, n).set(frame.scores);
+      return buf;
+    }
     default:
       throw new FrameError("frame type", `cannot encode frame type ${String((frame as { type: unknown }).type)}`);
   }
@@ -358,6 +382,13 @@ export function decodeFrame(buf: Uint8Array, limits: FrameLimits): Frame {
         shift.slot = slot;
       }
       return shift;
+    }
+    case "h2oScores": {
+      // a copy: each device adds to the scores before passing them on
+      const scores = floatsAt(buf, FRAME_HEADER_BYTES, header.rowWidth).slice();
+      const bad = scores.findIndex((x) => !(x >= 0 && x < Infinity));
+      if (bad >= 0) throw new FrameError("payload", `position ${bad}'s H2O score ${scores[bad]} is not a finite count >= 0`);
+      return { type, requestId: header.requestId, scores };
     }
   }
 }

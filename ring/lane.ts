@@ -11,7 +11,7 @@ import { encodeFrame, type Frame } from "./frame.js";
 import { FRAME_HEADER_BYTES } from "./wire.js";
 import { CLOSE_GRACE_MS, type RingLink } from "./link.js";
 import { livenessRules } from "./liveness.js";
-import { errorFrameFor, noWindowMessage, type NodeStats, type RingNode } from "./node.js";
+import { addH2oScores, errorFrameFor, noWindowMessage, type NodeStats, type RingNode } from "./node.js";
 import type { ResolvedLinkOptions } from "./options.js";
 
 export interface RingLaneOptions {
@@ -92,12 +92,14 @@ export class RingLane {
   takeFrame(frame: Frame): void {
     if (this.stopped) return;
     if (frame.type === "error") this.lane.send(encodeFrame(frame));
-    else if (frame.type === "kvShift") {
-      // between frames (the lane waits for resume): every window shifts, then the frame goes on
+    else if (frame.type === "kvShift" || frame.type === "h2oScores") {
+      // between frames (the lane waits for resume): every window shifts, or adds its H2O statistics,
+      // then the frame goes on
       try {
+        if (frame.type === "h2oScores") addH2oScores(this.lane.h2oScores(), frame);
         // a device with sequence slots runs its frames in JS (RingNode), never on the lane
-        if (frame.slot !== undefined) throw new Error(`a kv shift of sequence slot ${frame.slot} reached the native lane, which holds one sequence`);
-        this.lane.kvShift(frame.p0, frame.nDiscard, frame.nPast);
+        else if (frame.slot !== undefined) throw new Error(`a kv shift of sequence slot ${frame.slot} reached the native lane, which holds one sequence`);
+        else this.lane.kvShift(frame.p0, frame.nDiscard, frame.nPast);
         this.lane.send(encodeFrame(frame));
       } catch (e) {
         const message = (e as Error).message;

@@ -4,7 +4,7 @@
 // The head (last in ring order) also closes each cycle: it starts the next one or delivers the result.
 import { QuickForward, type KvCacheTypes, type LocalModel } from "../engine/index.js";
 import { descheduledMs, threadClock, type ExpertPrefetchMode, type NativeWindow } from "../native/index.js";
-import type { ActivationsFrame, ErrorFrame, KvShiftFrame, SeqActivationsFrame } from "./frame.js";
+import type { ActivationsFrame, ErrorFrame, H2oScoresFrame, KvShiftFrame, SeqActivationsFrame } from "./frame.js";
 import { closeWhenIdle, tryClose } from "./window-close.js";
 
 /** Why a device cannot run a frame (it passes an ERROR frame on instead). */
@@ -81,6 +81,8 @@ export interface RingNodeOptions {
   readonly deliver?: (frame: ActivationsFrame, logits?: Float32Array) => void;
   /** Head only: a context shift went round the ring (every device, the head too, shifted its caches). */
   readonly shifted?: (frame: KvShiftFrame) => void;
+  /** Head only: H2O's statistics went round the ring (every device, the head too, added its windows'). */
+  readonly h2oScored?: (frame: H2oScoresFrame) => void;
   /** Head only: a buffer when this frame's last row needs the output layer (fused into the window's call). */
   readonly logitsFor?: (frame: ActivationsFrame) => Float32Array | undefined;
   /** Sequence slots (serve --parallel on a ring): each window has a KV cache per slot, the window
@@ -101,14 +103,27 @@ export function expertPrefetchStatus(window: NativeWindow): { expertsPredicted: 
 }
 
 /** What travels the ring after the handshake. */
-export type RingFrame = ActivationsFrame | ErrorFrame | KvShiftFrame | SeqActivationsFrame;
+export type RingFrame = ActivationsFrame | ErrorFrame | KvShiftFrame | SeqActivationsFrame | H2oScoresFrame;
 
 /** The ERROR frame that stands for a frame that failed (its request, and its rows when it has any). */
 export function errorFrameFor(frame: RingFrame, message: string): ErrorFrame {
   const rows = frame.type === "kvShift" ? { firstTokenPosition: frame.p0, nTokens: 0, cycle: 0 }
+    : frame.type === "h2oScores" ? { firstTokenPosition: 0, nTokens: 0, cycle: 0 }
     : frame.type === "seqActivations" ? { firstTokenPosition: 0, nTokens: frame.nTokens, cycle: frame.cycle }
     : { firstTokenPosition: frame.firstTokenPosition, nTokens: frame.nTokens, cycle: frame.cycle };
   return { type: "error", requestId: frame.requestId, ...rows, message };
+}
+
+/** Adds what a device's windows gathered for H2O (NativeWindow.h2oScores, one entry a window) to a
+ * frame's scores, or throws naming why they cannot: a window made without the statistics, or holding
+ * other positions than the head's cache. */
+export function addH2oScores(windowScores: readonly (Float32Array | null)[], frame: H2oScoresFrame): void {
+  const sum = frame.scores;
+  for (const s of windowScores) {
+    if (!s) throw new Error("this device's windows gather no H2O statistics (its assignment asked for no --kv-evict h2o)");
+    if (s.length !== sum.length) throw new Error(`this device's cache holds ${s.length} positions where the head's holds ${sum.length}: H2O cannot score them`);
+    for (let p = 0; p < sum.length; p++) sum[p] += s[p];
+  }
 }
 
 /** A window's copy for one sequence slot (serve --parallel), or an error naming the slot. */
@@ -319,6 +334,12 @@ export class RingNode {
       else await this.send(frame);
       return;
     }
+    if (frame.type === "h2oScores") {
+      addH2oScores(this.windows.map((w) => w.h2oScores()), frame);
+      if (this.o.isHead) this.o.h2oScored?.(frame);
+      else await this.send(frame);
+      return;
+    }
     if (frame.type === "seqActivations") return this.processSeqs(frame);
     this.stats.frames++;
     const slot = this.slots.get(frame.cycle);
@@ -384,7 +405,7 @@ export class RingNode {
    * more rows for the same window are already waiting (a long prompt's batches). */
   private advise(slot: Slot, frame: ActivationsFrame): void {
     const next = this.queue[0];
-    if (next && next.type !== "kvShift" && next.cycle === frame.cycle) return;
+    if (next && next.type !== "kvShift" && next.type !== "h2oScores" && next.cycle === frame.cycle) return;
     // With one window, the next window is this one again: releasing all of it would only thrash, and
     // advice could only page its first layers back in at the cost of its last (measured slower, and
     // the advice itself costs a walk over every page on each token).

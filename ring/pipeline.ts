@@ -3,7 +3,7 @@
 // resolves when the last batch has gone through every cycle; the head applies the output layer.
 import type { LocalModel, Pipeline } from "../engine/index.js";
 import { kvAfterShift, kvCacheRows, kvResumablePosition } from "../model/index.js";
-import type { ActivationsFrame, KvShiftFrame, SeqActivationsFrame } from "./frame.js";
+import type { ActivationsFrame, H2oScoresFrame, KvShiftFrame, SeqActivationsFrame } from "./frame.js";
 import type { RingNode } from "./node.js";
 import type { PayloadDtype } from "./validation.js";
 
@@ -39,6 +39,8 @@ export interface RingPipelineOptions {
   readonly nCtx: number;
   readonly maxBatch: number;
   readonly wireDtype: PayloadDtype;
+  /** Every device's windows gather H2O's statistics (--kv-evict h2o): h2oScores gathers them. */
+  readonly h2o?: boolean;
 }
 
 export class RingPipeline implements Pipeline {
@@ -47,6 +49,8 @@ export class RingPipeline implements Pipeline {
   private pending: Pending | undefined;
   /** Shifts round the ring: the request's (one at a time), or sequence slots' (beside their rows). */
   private readonly pendingShifts = new Map<number, { readonly resolve: () => void; readonly reject: (e: Error) => void }>();
+  /** H2O's statistics round the ring (one at a time, between a request's forwards). */
+  private pendingScores: { readonly requestId: number; readonly resolve: (s: Float32Array) => void; readonly reject: (e: Error) => void } | undefined;
   /** forwardSeqs calls in flight (several groups of sequences round the ring at once), by request. */
   private readonly pendingSeqs = new Map<number, PendingSeqs>();
   private failure: Error | undefined;
@@ -64,9 +68,14 @@ export class RingPipeline implements Pipeline {
     this.kvRows = kvCacheRows(o.model.desc.hparams.layerWindow, o.nCtx, o.maxBatch);
   }
 
+  /** Something of a request is round the ring: rows, a shift or H2O's statistics. */
+  private get inFlight(): boolean {
+    return !!this.pending || this.pendingShifts.size > 0 || this.pendingSeqs.size > 0 || !!this.pendingScores;
+  }
+
   async forward(acts: Float32Array, pos: number, nTokens: number): Promise<Float32Array> {
     if (this.failure) throw this.failure;
-    if (this.pending || this.pendingShifts.size > 0 || this.pendingSeqs.size > 0) throw new Error("the ring runs one request at a time");
+    if (this.inFlight) throw new Error("the ring runs one request at a time");
     const E = this.o.model.nEmbd;
     const requestId = (this.requestId = (this.requestId + 1) >>> 0);
     const done = new Promise<Float32Array>((resolve, reject) => {
@@ -105,7 +114,7 @@ export class RingPipeline implements Pipeline {
   /** A KV_SHIFT frame round the ring, in order with the rows: each device shifts every window it
    * holds and passes it on; resolves when it is back at the head (which shifted its own). */
   async shift(p0: number, nDiscard: number, nPast: number): Promise<void> {
-    if (this.pending || this.pendingShifts.size > 0 || this.pendingSeqs.size > 0) throw new Error("the ring runs one request at a time");
+    if (this.inFlight) throw new Error("the ring runs one request at a time");
     await this.sendShift(p0, nDiscard, nPast);
     // the devices shifted (a refusal fails the ring above): their rings as kv_shift.c leaves them
     ({ kvEnd: this.kvEnd, kvFloor: this.kvFloor } = kvAfterShift({ kvEnd: this.kvEnd, kvFloor: this.kvFloor }, p0, nDiscard, nPast, this.o.model.desc.hparams.layerWindow, this.kvRows, this.nCtx));
@@ -135,6 +144,34 @@ export class RingPipeline implements Pipeline {
     } finally {
       this.pendingShifts.delete(requestId);
     }
+  }
+
+  /** H2O's statistics of the positions the caches hold, summed over every device's layers: an
+   * H2O_SCORES frame round the ring, in order with the rows (null: the windows gather none). */
+  async h2oScores(): Promise<Float32Array | null> {
+    if (!this.o.h2o) return null;
+    if (this.failure) throw this.failure;
+    if (this.inFlight) throw new Error("the ring runs one request at a time");
+    if (this.filled === 0) return new Float32Array(0);
+    const requestId = (this.requestId = (this.requestId + 1) >>> 0);
+    const done = new Promise<Float32Array>((resolve, reject) => {
+      this.pendingScores = { requestId, resolve, reject };
+    });
+    try {
+      await this.o.node.send({ type: "h2oScores", requestId, scores: new Float32Array(this.filled) });
+    } catch (e) {
+      this.fail(e instanceof Error ? e : new Error(String(e)));
+    }
+    try {
+      return await done;
+    } finally {
+      this.pendingScores = undefined;
+    }
+  }
+
+  /** H2O's statistics back from every device (from the head's node). */
+  h2oScored(frame: H2oScoresFrame): void {
+    if (this.pendingScores?.requestId === frame.requestId) this.pendingScores.resolve(frame.scores);
   }
 
   /** A shift that went round the whole ring (from the head's node). */
@@ -243,5 +280,6 @@ export class RingPipeline implements Pipeline {
     for (const p of this.pendingSeqs.values()) p.reject(this.failure);
     this.pending?.reject(this.failure);
     for (const p of this.pendingShifts.values()) p.reject(this.failure);
+    this.pendingScores?.reject(this.failure);
   }
 }

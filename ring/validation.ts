@@ -3,8 +3,8 @@
 // JSON. Each failure is a FrameError naming the field. Pure functions, no I/O.
 import { FrameError } from "./errors.js";
 import {
-  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, KV_SHIFT_PAYLOAD_BYTES, KV_SHIFT_SLOT_PAYLOAD_BYTES,
-  PAYLOAD_DTYPE_BYTES, PayloadDtypeId, SEQ_TAG_BYTES, U16_MAX, U32_MAX,
+  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, H2O_SCORE_BYTES, KV_SHIFT_PAYLOAD_BYTES,
+  KV_SHIFT_SLOT_PAYLOAD_BYTES, PAYLOAD_DTYPE_BYTES, PayloadDtypeId, SEQ_TAG_BYTES, U16_MAX, U32_MAX,
 } from "./wire.js";
 
 /** Header fields as read from the wire (numbers, not yet trusted). */
@@ -48,15 +48,21 @@ export interface Hello {
 }
 
 export {
-  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, KV_SHIFT_PAYLOAD_BYTES, KV_SHIFT_SLOT_PAYLOAD_BYTES, PAYLOAD_DTYPE_BYTES,
-  PROTOCOL_VERSION, PayloadDtypeId, SEQ_TAG_BYTES, U16_MAX, U32_MAX,
+  CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC, FrameTypeId, H2O_SCORE_BYTES, KV_SHIFT_PAYLOAD_BYTES, KV_SHIFT_SLOT_PAYLOAD_BYTES,
+  PAYLOAD_DTYPE_BYTES, PROTOCOL_VERSION, PayloadDtypeId, SEQ_TAG_BYTES, U16_MAX, U32_MAX,
 } from "./wire.js";
 export const FRAME_MAGIC_BYTES: Uint8Array = new TextEncoder().encode(FRAME_MAGIC);
 export type FrameTypeName = keyof typeof FrameTypeId;
 export type PayloadDtype = keyof typeof PayloadDtypeId;
 
 export function frameTypeName(id: number): FrameTypeName | undefined {
-  return id === 1 ? "hello" : id === 2 ? "activations" : id === 3 ? "error" : id === 4 ? "kvShift" : id === 5 ? "seqActivations" : undefined;
+  return (Object.keys(FrameTypeId) as FrameTypeName[]).find((k) => FrameTypeId[k] === id);
+}
+
+/** Most positions one H2O_SCORES frame carries: its payload is bounded as a control frame's or an
+ * activations frame's, whichever is larger (the link's message limit already allows both). */
+export function maxH2oPositions(limits: FrameLimits): number {
+  return Math.floor(Math.max(limits.maxPayloadBytes, CONTROL_PAYLOAD_MAX_BYTES) / H2O_SCORE_BYTES);
 }
 
 export function payloadDtypeName(id: number): PayloadDtype | undefined {
@@ -90,7 +96,7 @@ export function validateHeader(h: FrameHeader, bufferBytes: number, limits: Fram
   }
   const type = frameTypeName(h.frameType);
   if (type === undefined) {
-    throw new FrameError("frame type", `frame type ${h.frameType} is unknown (1 hello, 2 activations, 3 error, 4 kv shift, 5 seq activations)`);
+    throw new FrameError("frame type", `frame type ${h.frameType} is unknown (${Object.entries(FrameTypeId).map(([k, v]) => `${v} ${k}`).join(", ")})`);
   }
   const dtype = payloadDtypeName(h.payloadDtype);
   if (dtype === undefined) {
@@ -154,6 +160,19 @@ export function validateHeader(h: FrameHeader, bufferBytes: number, limits: Fram
     mustBeZero(type, "row width", h.rowWidth);
     if (h.payloadBytes !== KV_SHIFT_PAYLOAD_BYTES && h.payloadBytes !== KV_SHIFT_SLOT_PAYLOAD_BYTES) {
       throw new FrameError("payload length", `a kvShift frame's payload is ${KV_SHIFT_PAYLOAD_BYTES} bytes (${KV_SHIFT_SLOT_PAYLOAD_BYTES} for one sequence slot), got ${h.payloadBytes}`);
+    }
+  } else if (type === "h2oScores") {
+    // H2O's statistics round the ring: one f32 per position held, the count in the row width field.
+    mustBeZero(type, "position", h.firstTokenPosition);
+    mustBeZero(type, "number of tokens", h.nTokens);
+    mustBeZero(type, "cycle", h.cycle);
+    mustBeZero(type, "payload dtype", h.payloadDtype);
+    if (h.rowWidth === 0) throw new FrameError("row width", "an h2oScores frame for 0 positions");
+    if (h.rowWidth > maxH2oPositions(limits)) {
+      throw new FrameError("row width", `an h2oScores frame for ${h.rowWidth} positions exceeds this link's limit of ${maxH2oPositions(limits)}`);
+    }
+    if (h.payloadBytes !== h.rowWidth * H2O_SCORE_BYTES) {
+      throw new FrameError("payload length", `payload length ${h.payloadBytes} is not ${h.rowWidth} positions x ${H2O_SCORE_BYTES} bytes`);
     }
   } else {
     // HELLO and ERROR carry no rows; HELLO no request either. Zero fields keep the header unambiguous.

@@ -13,20 +13,22 @@ export const FRAME_HEADER_VERSION = 1;
 export const FRAME_HEADER_BYTES = 32;
 /** Version of the ring protocol (frame types and handshake), carried in HELLO. 2: keyed links (seal.ts);
  * 3: KV_SHIFT frames (context shift); 4: SEQ_ACTIVATIONS frames (rows of several sequences); 5: a
- * KV_SHIFT of one sequence slot. */
-export const PROTOCOL_VERSION = 5;
+ * KV_SHIFT of one sequence slot; 6: H2O_SCORES frames (H2O's statistics gathered round the ring). */
+export const PROTOCOL_VERSION = 6;
 /** Most payload bytes of a HELLO or ERROR frame (JSON, message text). */
 export const CONTROL_PAYLOAD_MAX_BYTES = 64 * 1024;
 export const U16_MAX = 0xffff;
 export const U32_MAX = 0xffffffff;
 /** Frame type ids on the wire. 0 is never a frame, so a zeroed buffer is refused. */
-export const FrameTypeId = { hello: 1, activations: 2, error: 3, kvShift: 4, seqActivations: 5 } as const;
+export const FrameTypeId = { hello: 1, activations: 2, error: 3, kvShift: 4, seqActivations: 5, h2oScores: 6 } as const;
 /** A SEQ_ACTIVATIONS frame's payload starts with one tag per row: u32 sequence slot, u32 position. */
 export const SEQ_TAG_BYTES = 8;
 /** A KV_SHIFT frame's payload: u32 tokens discarded, u32 positions the cache holds (nPast); one of a
  * sequence slot's cache (serve --parallel) adds u32 slot. */
 export const KV_SHIFT_PAYLOAD_BYTES = 8;
 export const KV_SHIFT_SLOT_PAYLOAD_BYTES = 12;
+/** An H2O_SCORES frame's payload: one f32 per position the cache holds (its row width is that count). */
+export const H2O_SCORE_BYTES = 4;
 /** Payload dtype ids on the wire and their sizes. */
 export const PayloadDtypeId = { f32: 0, f16: 1 } as const;
 export const PAYLOAD_DTYPE_BYTES = { f32: 4, f16: 2 } as const;

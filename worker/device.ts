@@ -51,7 +51,12 @@ export async function reserveDataPort(port: number, host: string, log: (line: st
 /** The KV cache's types the coordinator chose (empty: f16, as from a coordinator without the fields). */
 function assignedKvCacheTypes(a: Assignment): KvCacheTypes {
   const attention = parseAttentionSpec(a.attention ?? "");
-  return { k: parseKvCacheType("cache type K", a.cacheTypeK || "f16"), v: parseKvCacheType("cache type V", a.cacheTypeV || "f16"), ...(attention ? { attention } : {}) };
+  const evict = a.kvEvict || undefined;
+  if (evict !== undefined && evict !== "h2o") throw new Error(`KV eviction ${JSON.stringify(evict.slice(0, 40))} is not one this worker knows (h2o)`);
+  return {
+    k: parseKvCacheType("cache type K", a.cacheTypeK || "f16"), v: parseKvCacheType("cache type V", a.cacheTypeV || "f16"),
+    ...(attention ? { attention } : {}), ...(evict ? { evict } : {}),
+  };
 }
 
 /** An assignment's sequence slots: 1 to its batch (a step carries one row per slot); 0 or absent: 1. */

@@ -240,3 +240,38 @@ describe("KV_SHIFT frames (context shift round the ring)", () => {
     expect(() => decodeFrame(Buffer.concat([patch(28, 16, 4), Buffer.alloc(8)]), limits)).toThrow(/payload is 8 bytes \(12 for one sequence slot\), got 16/);
   });
 });
+
+describe("H2O_SCORES frames (H2O's statistics round the ring)", () => {
+  const scores = Float32Array.from({ length: 40 }, (_, i) => i * 0.75 + 0.125);
+
+  it("round-trip with the count in the row width field and one f32 per position", () => {
+    const buf = encodeFrame({ type: "h2oScores", requestId: 9, scores });
+    expect(readTable(buf)).toMatchObject({ type: 6, requestId: 9, position: 0, nTokens: 0, cycle: 0, dtype: 0, rowWidth: 40, payloadBytes: 160 });
+    expect(new DataView(buf.buffer, buf.byteOffset + 32 + 4 * 3, 4).getFloat32(0, true)).toBe(scores[3]);
+    const back = decodeFrame(buf, limits) as Frame & { scores: Float32Array };
+    expect(back).toEqual({ type: "h2oScores", requestId: 9, scores });
+    // a copy: a device adds to it before passing it on, and must not write into the received bytes
+    back.scores[0] += 1;
+    expect((decodeFrame(buf, limits) as Frame & { scores: Float32Array }).scores[0]).toBe(scores[0]);
+  });
+
+  it("refuse a score that is no count, a count beyond the link's limit and rows fields by name", () => {
+    const good = encodeFrame({ type: "h2oScores", requestId: 1, scores });
+    const patched = (write: (b: Buffer) => void) => {
+      const b = Buffer.from(good);
+      write(b);
+      return b;
+    };
+    expect(() => decodeFrame(patched((b) => b.writeFloatLE(NaN, 40)), limits)).toThrow(/position 2's H2O score NaN is not a finite count >= 0/);
+    expect(() => decodeFrame(patched((b) => b.writeFloatLE(-1, 32)), limits)).toThrow(/position 0's H2O score -1/);
+    expect(() => decodeFrame(patched((b) => b.writeFloatLE(Infinity, 32 + 39 * 4)), limits)).toThrow(/position 39's H2O score Infinity/);
+    expect(() => decodeFrame(patched((b) => b.writeUInt16LE(2, 16)), limits)).toThrow(/must have number of tokens 0/);
+    expect(() => decodeFrame(patched((b) => b.writeUInt32LE(7, 12)), limits)).toThrow(/must have position 0/);
+    expect(() => decodeFrame(patched((b) => b.writeUInt32LE(41, 24)), limits)).toThrow(/payload length 160 is not 41 positions x 4 bytes/);
+    expect(() => decodeFrame(patched((b) => b.writeUInt32LE(0, 24)), limits)).toThrow(/for 0 positions/);
+    // the larger of a control frame's and an activations frame's payload: 64 KiB here
+    const big = encodeFrame({ type: "h2oScores", requestId: 1, scores: new Float32Array(16385) });
+    expect(() => decodeFrame(big, limits)).toThrow(/16385 positions exceeds this link's limit of 16384/);
+    expect(() => encodeFrame({ type: "h2oScores", requestId: 1, scores: new Float32Array(0) })).toThrow(/at least one position/);
+  });
+});
