@@ -612,10 +612,11 @@ Napi::Value Window::Prefetch(const Napi::CallbackInfo &info) {
   uint64_t maxBytes = UINT64_MAX;
   if (info.Length() > 0 && !info[0].IsUndefined()) {
     int64_t v;
-    if (!IntArg(info[0], 0, INT64_C(1) << 52, &v)) return ThrowType(info.Env(), "prefetch(maxBytes?) needs a byte count >= 0");
+    if (!IntArg(info[0], 0, INT64_C(1) << 52, &v)) return ThrowType(info.Env(), "prefetch(maxBytes?, background?) needs a byte count >= 0");
     maxBytes = (uint64_t)v;
   }
-  const int rc = prima_window_prefetch(w, maxBytes);
+  const bool background = info.Length() > 1 && info[1].IsBoolean() && info[1].As<Napi::Boolean>().Value();
+  const int rc = background ? prima_window_prefetch_background(w, maxBytes) : prima_window_prefetch(w, maxBytes);
   if (rc) return ThrowErr(info.Env(), std::string("prefetch failed: ") + strerror(rc));
   return info.Env().Undefined();
 }

@@ -116,8 +116,10 @@ export interface NativeWindow {
    * given, receives one vocabulary row per sequence, each the bits that sequence gets alone. */
   forwardSeqs(windows: readonly NativeWindow[], acts: Float32Array, positions: Int32Array, logits?: Float32Array): Promise<void>;
   /** MADV_WILLNEED over the window's weights, from its first layer on, at most maxBytes (default all):
-   * on a device short of memory, advice past what fits would be evicted before it is used. */
-  prefetch(maxBytes?: number): void;
+   * on a device short of memory, advice past what fits would be evicted before it is used. In the
+   * background, the model's advisor thread gives it and this returns at once; a newer background
+   * prefetch replaces one not yet done. */
+  prefetch(maxBytes?: number, background?: boolean): void;
   /** Drops the window's weight pages (MADV_DONTNEED + POSIX_FADV_DONTNEED). */
   release(): void;
   /** From the next pass on, a window whose weights are more than roomBytes keeps its first bytes (the

@@ -420,6 +420,8 @@ export class RingNode {
       return;
     }
     if (this.releaseAfterUse) slot.window.release();
-    if (this.o.prefetch) following.window.prefetch(this.o.weightRoomBytes?.());
+    // in the background: giving the advice takes as long as allocating the window's pages, and the
+    // next frame must not wait for it (native prima_window_prefetch_background)
+    if (this.o.prefetch) following.window.prefetch(this.o.weightRoomBytes?.(), true);
   }
 }

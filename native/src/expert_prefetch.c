@@ -3,16 +3,16 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
+#include <sys/mman.h> /* mincore */
 #include <unistd.h>
 
 #include "kernels.h"
 #include "matmul.h"
 #include "ops.h"
 
-/* MADV_WILLNEED on n [lo, hi) byte ranges of the mapping (advice only). */
-static void advise_ranges(uint8_t *map, const uint64_t *ranges, int n) {
-  for (int i = 0; i < n; i++) madvise(map + ranges[2 * i], (size_t)(ranges[2 * i + 1] - ranges[2 * i]), MADV_WILLNEED);
+/* MADV_WILLNEED on n [lo, hi) byte ranges of the model's mapping (advice only). */
+static void advise_ranges(const prima_model *m, const uint64_t *ranges, int n) {
+  for (int i = 0; i < n; i++) prima_willneed(m, m->map + ranges[2 * i], (size_t)(ranges[2 * i + 1] - ranges[2 * i]), NULL, 0);
 }
 
 /* Takes the latest request and advises its ranges, until told to stop. */
@@ -37,7 +37,7 @@ static void *advise_thread(void *arg) {
     memcpy(mine, xp->pending, sizeof(uint64_t) * 2 * (size_t)n);
     xp->n_pending = 0;
     pthread_mutex_unlock(&xp->lock);
-    advise_ranges(xp->map, mine, n);
+    advise_ranges(xp->model, mine, n);
     pthread_mutex_lock(&xp->lock);
   }
   pthread_mutex_unlock(&xp->lock);
@@ -57,7 +57,7 @@ int prima_window_expert_prefetch(prima_window *w, int mode, char *err, size_t er
     xp->pred = calloc((size_t)w->m->hp.n_expert, 2);
     xp->pending = calloc((size_t)w->m->hp.n_expert * 3 * 2, sizeof(uint64_t));
     xp->pred_layer[0] = xp->pred_layer[1] = -1;
-    xp->map = w->m->map;
+    xp->model = w->m;
     if (!xp->pred || !xp->pending || pthread_mutex_init(&xp->lock, NULL) != 0) {
       free(xp->pred);
       free(xp->pending);
@@ -140,7 +140,7 @@ void prima_expert_routed_willneed(prima_window *w, int l, const int *first) {
   uint64_t ranges[6];
   for (int e = 0; e < w->m->hp.n_expert; e++) {
     if (first[e + 1] == first[e]) continue;
-    advise_ranges(w->m->map, ranges, expert_ranges(w, L, e, ranges, 0));
+    advise_ranges(w->m, ranges, expert_ranges(w, L, e, ranges, 0));
   }
 }
 

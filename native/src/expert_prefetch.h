@@ -48,7 +48,7 @@ typedef struct prima_expert_prefetch {
   pthread_mutex_t lock;
   pthread_cond_t wake;
   int stop, n_pending;    /* under lock */
-  uint8_t *map;           /* the model's mapping */
+  const struct prima_model *model; /* whose mapping the ranges are of */
   uint64_t *pending;      /* [3 * n_expert][2]: page-aligned byte ranges [lo, hi) of the file to advise */
 } prima_expert_prefetch;
 

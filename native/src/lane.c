@@ -390,7 +390,7 @@ static void advise(prima_lane *l, int wi, int more_for_this_window) {
     return;
   }
   if (atomic_load(&l->release_after_use)) prima_window_release(l->windows[wi].window);
-  if (l->cfg.prefetch) prima_window_prefetch(l->windows[next].window, atomic_load(&l->room));
+  if (l->cfg.prefetch) prima_window_prefetch_background(l->windows[next].window, atomic_load(&l->room));
 }
 
 static void run_frame(prima_lane *l, message *m) {

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -288,6 +289,35 @@ static uint8_t *map_weights(int fd, size_t bytes) {
   return p == MAP_FAILED ? NULL : p;
 }
 
+/* The most bytes one MADV_WILLNEED reads on the disk behind st_dev: the kernel's force_page_cache_ra
+ * caps a call at max(bdi->io_pages, ra_pages), which sysfs shows as max_sectors_kb and read_ahead_kb
+ * (a partition's are its disk's). 128 KiB (the usual read_ahead_kb) where they cannot be read. */
+static size_t willneed_chunk_bytes(dev_t dev) {
+  size_t best = 0;
+  static const char *const files[] = {"queue/read_ahead_kb", "queue/max_sectors_kb", "../queue/read_ahead_kb", "../queue/max_sectors_kb"};
+  for (int i = 0; i < 4; i++) {
+    char path[96];
+    snprintf(path, sizeof path, "/sys/dev/block/%u:%u/%s", major(dev), minor(dev), files[i]);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    unsigned long kb = 0;
+    if (fscanf(f, "%lu", &kb) == 1 && kb * 1024 > best) best = kb * 1024;
+    fclose(f);
+  }
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  if (best == 0) best = 128 << 10;
+  if (best > (64u << 20)) best = 64u << 20;
+  return best < page ? page : best & ~(page - 1);
+}
+
+int prima_willneed(const prima_model *m, uint8_t *p, size_t len, const uint64_t *gen, uint64_t want) {
+  for (size_t done = 0; done < len && (!gen || __atomic_load_n(gen, __ATOMIC_ACQUIRE) == want); done += m->willneed_chunk) {
+    const size_t n = len - done < m->willneed_chunk ? len - done : m->willneed_chunk;
+    if (madvise(p + done, n, MADV_WILLNEED) != 0) return errno;
+  }
+  return 0;
+}
+
 prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors, int n_tensors,
                               const prima_hparams *hp, int n_threads, int idle_spin_us, char *err, size_t err_len) {
   prima_kernels_init();
@@ -323,6 +353,7 @@ prima_model *prima_model_open(const char *path, const prima_tensor_desc *tensors
     goto bad;
   }
   m->map_bytes = (size_t)st.st_size;
+  m->willneed_chunk = willneed_chunk_bytes(st.st_dev);
   m->map = map_weights(m->fd, m->map_bytes);
   if (!m->map) {
     prima_fail(err, err_len, "cannot map %s: %s", path, strerror(errno));
@@ -452,8 +483,11 @@ bad:
   return NULL;
 }
 
+static void advisor_stop(prima_model *m);
+
 void prima_model_close(prima_model *m) {
   if (!m) return;
+  advisor_stop(m);
   prima_pool_destroy(m->pool);
   free(m->layers);
   free(m->layer_window);
@@ -1526,12 +1560,11 @@ static int for_each_range(prima_window *w, int (*fn)(prima_window *, uint8_t *, 
 
 /* arg: bytes still allowed (advice stops there: what would not fit is evicted before it is used). */
 static int advise_willneed(prima_window *w, uint8_t *p, size_t len, void *arg) {
-  (void)w;
   uint64_t *left = arg;
   if (*left == 0) return 0;
   if (len > *left) len = (size_t)*left;
   *left -= len;
-  return madvise(p, len, MADV_WILLNEED) == 0 ? 0 : errno;
+  return prima_willneed(w->m, p, len, NULL, 0);
 }
 
 static int advise_release(prima_window *w, uint8_t *p, size_t len, void *arg) {
@@ -1566,6 +1599,120 @@ static int count_resident(prima_window *w, uint8_t *p, size_t len, void *arg) {
 }
 
 int prima_window_prefetch(prima_window *w, uint64_t max_bytes) { return for_each_range(w, advise_willneed, &max_bytes); }
+
+/* ---- the advisor: window prefetch off the caller's thread ------------------------------------ */
+
+struct prima_advisor {
+  pthread_t thread;
+  pthread_mutex_t lock;
+  pthread_cond_t wake;
+  int stop;                /* under lock */
+  uint64_t gen;            /* the latest request's number (atomic): a running one stops when it moves */
+  uint64_t taken;          /* the last request the thread took (under lock) */
+  byte_range *pending;     /* the latest request's runs (under lock) */
+  int n_pending, cap;
+};
+
+typedef struct {
+  uint64_t left;
+  byte_range *r;
+  int n, cap;
+} range_list;
+
+/* Collects the runs advise_willneed would advise (as many bytes, in the same order). */
+static int collect_range(prima_window *w, uint8_t *p, size_t len, void *arg) {
+  range_list *l = arg;
+  if (l->left == 0) return 0;
+  if (len > l->left) len = (size_t)l->left;
+  l->left -= len;
+  if (l->n == l->cap) {
+    const int cap = l->cap ? 2 * l->cap : 64;
+    byte_range *g = realloc(l->r, sizeof *g * (size_t)cap);
+    if (!g) return ENOMEM;
+    l->r = g, l->cap = cap;
+  }
+  l->r[l->n].lo = (uint64_t)(p - w->m->map);
+  l->r[l->n].hi = l->r[l->n].lo + len;
+  l->n++;
+  return 0;
+}
+
+static void *advisor_main(void *arg) {
+  prima_model *m = arg;
+  struct prima_advisor *a = m->advisor;
+  byte_range *mine = NULL;
+  int cap = 0;
+  pthread_mutex_lock(&a->lock);
+  for (;;) {
+    while (!a->stop && a->taken == __atomic_load_n(&a->gen, __ATOMIC_ACQUIRE)) pthread_cond_wait(&a->wake, &a->lock);
+    if (a->stop) break;
+    const uint64_t gen = a->taken = __atomic_load_n(&a->gen, __ATOMIC_ACQUIRE);
+    const int n = a->n_pending;
+    if (n > cap) {
+      byte_range *g = realloc(mine, sizeof *g * (size_t)n);
+      if (!g) continue; /* advice is optional: skip this request */
+      mine = g, cap = n;
+    }
+    memcpy(mine, a->pending, sizeof *mine * (size_t)n);
+    pthread_mutex_unlock(&a->lock);
+    for (int i = 0; i < n; i++) prima_willneed(m, m->map + mine[i].lo, (size_t)(mine[i].hi - mine[i].lo), &a->gen, gen);
+    pthread_mutex_lock(&a->lock);
+  }
+  pthread_mutex_unlock(&a->lock);
+  free(mine);
+  return NULL;
+}
+
+static struct prima_advisor *advisor_of(prima_model *m) {
+  if (m->advisor) return m->advisor;
+  struct prima_advisor *a = calloc(1, sizeof *a);
+  if (!a) return NULL;
+  pthread_mutex_init(&a->lock, NULL);
+  pthread_cond_init(&a->wake, NULL);
+  m->advisor = a;
+  if (pthread_create(&a->thread, NULL, advisor_main, m) != 0) {
+    pthread_cond_destroy(&a->wake);
+    pthread_mutex_destroy(&a->lock);
+    free(a);
+    m->advisor = NULL;
+  }
+  return m->advisor;
+}
+
+static void advisor_stop(prima_model *m) {
+  struct prima_advisor *a = m->advisor;
+  if (!a) return;
+  pthread_mutex_lock(&a->lock);
+  a->stop = 1;
+  __atomic_fetch_add(&a->gen, 1, __ATOMIC_ACQ_REL); /* stops a request under way too */
+  pthread_cond_signal(&a->wake);
+  pthread_mutex_unlock(&a->lock);
+  pthread_join(a->thread, NULL);
+  pthread_cond_destroy(&a->wake);
+  pthread_mutex_destroy(&a->lock);
+  free(a->pending);
+  free(a);
+  m->advisor = NULL;
+}
+
+int prima_window_prefetch_background(prima_window *w, uint64_t max_bytes) {
+  struct prima_advisor *a = advisor_of(w->m);
+  if (!a) return prima_window_prefetch(w, max_bytes); /* no thread: advise here */
+  range_list l = {max_bytes, NULL, 0, 0};
+  const int rc = for_each_range(w, collect_range, &l);
+  if (rc != 0) {
+    free(l.r);
+    return rc;
+  }
+  pthread_mutex_lock(&a->lock);
+  free(a->pending);
+  a->pending = l.r;
+  a->n_pending = l.n;
+  __atomic_fetch_add(&a->gen, 1, __ATOMIC_ACQ_REL);
+  pthread_cond_signal(&a->wake);
+  pthread_mutex_unlock(&a->lock);
+  return 0;
+}
 int prima_window_release(prima_window *w) { return for_each_range(w, advise_release, NULL); }
 void prima_window_stream_beyond(prima_window *w, uint64_t room_bytes, int stream_experts) {
   /* The layer being read in shares the room with the kept bytes while it is computed: they get the

@@ -81,6 +81,8 @@ typedef struct prima_model {
   int fd;
   uint8_t *map;
   size_t map_bytes;
+  size_t willneed_chunk; /* prima_willneed's unit for this file's disk */
+  struct prima_advisor *advisor; /* prima_window_prefetch_background's thread, made on first use */
   prima_hparams hp;
   prima_tensor tok_embd, output_norm, output, rope_freqs;
   prima_tensor rope_long, rope_short; /* phi3's LongRoPE frequency factors (absent elsewhere) */
@@ -228,6 +230,11 @@ void prima_model_embed(prima_model *m, const int32_t *tokens, int n, float *out)
 /* Paging of a window's weights: 0 on success, else errno. Prefetch advises at most max_bytes, from
  * the window's first layer on (the order the forward pass reads them). */
 int prima_window_prefetch(prima_window *w, uint64_t max_bytes);
+/* The same advice given by the model's advisor thread: returns at once. Advising a window's bytes
+ * takes as long as the kernel needs to allocate their pages and queue their reads (~25 ms for 100 MiB
+ * here, the whole read on a fast disk), which on a ring device's lane thread delayed the next frame.
+ * A newer request replaces one not yet done (the advisor stops the old one between chunks). */
+int prima_window_prefetch_background(prima_window *w, uint64_t max_bytes);
 int prima_window_release(prima_window *w);
 /* Room a streamed window leaves unused beyond its largest layer (which the layer being read needs):
  * the 2 MiB block a release takes on each side of a layer, and 8 MiB for the room's reading moving
@@ -261,5 +268,11 @@ int prima_window_kv_load(prima_window *w, const char *path, char *err, size_t er
 
 /* Formats a message into err (when given) and returns -1: the error convention of the native core. */
 int prima_fail(char *err, size_t err_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* MADV_WILLNEED over [p, p + len) of a model's mapping, in pieces of the model's willneed_chunk: the
+ * kernel reads at most its readahead window (the larger of the disk's read_ahead_kb and max_sectors_kb)
+ * per call and silently skips the rest (a 100 MiB call read 8 MiB here). With gen, it stops between
+ * pieces once *gen is no longer want (a newer request). Advice only: 0 or errno. */
+int prima_willneed(const prima_model *m, uint8_t *p, size_t len, const uint64_t *gen, uint64_t want);
 
 #endif
