@@ -54,6 +54,35 @@ it("release evicts a window's pages; prefetch brings them back before the window
   model.close();
 });
 
+/** Polls a window's residency until all of it is in memory, for at most limitMs; the bytes reached. */
+async function residentWithin(w: { residency(): { residentBytes: number; totalBytes: number } }, limitMs: number): Promise<number> {
+  const total = w.residency().totalBytes;
+  let resident = 0;
+  for (const t0 = Date.now(); Date.now() - t0 < limitMs && (resident = w.residency().residentBytes) < total;) await new Promise((r) => setTimeout(r, 20));
+  return resident;
+}
+
+it("prefetch pages in a window many times the disk's readahead window, here or in the background", async () => {
+  // One MADV_WILLNEED call reads at most the disk's readahead window (8 MiB on this project's VM) and
+  // skips the rest: the advice goes in pieces (native prima_willneed).
+  const path = privateCopy(await testModel(PLACEMENT_SHAPE, "Q8_0"));
+  const model = LocalModel.open(path, { threads: 1 });
+  const w = model.window(0, model.nLayers, { ctx: 8 });
+  try {
+    const total = w.residency().totalBytes;
+    expect(total).toBeGreaterThan(64 * 2 ** 20);
+    for (const background of [false, true]) {
+      w.release();
+      expect(w.residency().residentBytes / total).toBeLessThan(0.2);
+      w.prefetch(undefined, background);
+      expect(await residentWithin(w, 60_000)).toBe(total);
+    }
+  } finally {
+    w.close();
+    model.close();
+  }
+}, 90_000);
+
 it("streamBeyond keeps a window's first bytes and drops the rest of each later layer once a pass has computed it", async () => {
   // Layers of 11 MiB (PLACEMENT_SHAPE, Q8_0), a private copy: no other test holds its pages.
   const path = privateCopy(await testModel(PLACEMENT_SHAPE, "Q8_0"));
