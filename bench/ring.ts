@@ -4,40 +4,17 @@
 //  2. memory-starved workers (a memory cgroup each, smaller than their windows): prefetch on vs off,
 //     and k = 1 vs k = 2.
 //   node dist/bench/ring.js [model.gguf]
-import { spawn, type ChildProcess } from "node:child_process";
 import { existsSync, mkdirSync, rmdirSync, writeFileSync } from "node:fs";
-import { coordCli, root, runWhenMain, workerCli } from "./procs.js";
+import { blockDeviceOf } from "../profiler/index.js";
+import { coordCli, median, root, runWhenMain, start, waitFor, workerCli, type Proc } from "./procs.js";
 
 interface Report {
+  /** The coordinator's log (stderr), for what it chose. */
+  log: string;
   generated_ids: number[];
   devices_decode?: { device: string; compute_ms: number; wait_ms: number; send_ms: number }[];
   decode_tok_s: number;
   prompt_tok_s: number;
-}
-
-interface Proc {
-  child: ChildProcess;
-  out: string;
-  err: string;
-  exited: Promise<number | null>;
-}
-
-function start(cli: string, args: string[]): Proc {
-  const child = spawn(process.execPath, [cli, ...args], { stdio: ["ignore", "pipe", "pipe"] });
-  const p: Proc = { child, out: "", err: "", exited: new Promise((r) => child.on("exit", r)) };
-  child.stdout!.on("data", (d: Buffer) => (p.out += d.toString()));
-  child.stderr!.on("data", (d: Buffer) => (p.err += d.toString()));
-  return p;
-}
-
-async function waitFor(p: Proc, re: RegExp, timeoutMs = 60_000): Promise<RegExpMatchArray> {
-  const t0 = Date.now();
-  for (;;) {
-    const m = p.err.match(re);
-    if (m) return m;
-    if (Date.now() - t0 > timeoutMs) throw new Error(`timed out waiting for ${re}:\n${p.err}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
 }
 
 // 192 tokens (~6 s) per overhead run: with 64, one stall of the host moved a run's mean by several
@@ -52,8 +29,8 @@ async function single(model: string): Promise<Report> {
   return JSON.parse(p.out);
 }
 
-/** Runs a ring; `cgroups[i]` (optional) is a memory cgroup for worker i. */
-async function ring(model: string, windows: string, k: number, nWorkers: number, extra: string[] = [], cgroups: (string | undefined)[] = [], args = GEN,
+/** Runs a ring; `cgroups[i]` (optional) are the cgroups (memory, blkio) worker i runs in. */
+async function ring(model: string, windows: string, k: number, nWorkers: number, extra: string[] = [], cgroups: (readonly string[] | undefined)[] = [], args = GEN,
   workerArgs: string[] = []): Promise<Report> {
   const coord = start(coordCli, ["run", model, "--json", "--port", "0", "--min-workers", String(nWorkers), "--layer-windows", windows, "-k", String(k), ...args, ...extra]);
   const port = (await waitFor(coord, /listening for workers on port (\d+)/))[1];
@@ -62,31 +39,39 @@ async function ring(model: string, windows: string, k: number, nWorkers: number,
   try {
     for (let i = 0; i < nWorkers; i++) {
       const w = start(workerCli, ["--join", `127.0.0.1:${port}`, "--model", model, "--name", `bench${i + 1}`, "--once", "--token-file", tokenFile, ...workerArgs]);
-      const cg = cgroups[i];
-      if (cg) writeFileSync(`${cg}/cgroup.procs`, String(w.child.pid));
+      for (const cg of cgroups[i] ?? []) writeFileSync(`${cg}/cgroup.procs`, String(w.child.pid));
       workers.push(w);
       await waitFor(coord, new RegExp(`"bench${i + 1}" .*joined`));
     }
     const code = await coord.exited;
     if (code !== 0) throw new Error(`ring run failed:\n${coord.err}`);
-    return JSON.parse(coord.out.split("\n").find((l) => l.startsWith("{"))!);
+    return { ...JSON.parse(coord.out.split("\n").find((l) => l.startsWith("{"))!), log: coord.err };
   } finally {
     for (const w of workers) w.child.kill("SIGKILL");
     coord.child.kill("SIGKILL");
   }
 }
 
-const MEMCG = "/sys/fs/cgroup/memory";
-
-function makeCgroup(name: string, limitBytes: number): string | undefined {
-  if (!existsSync(`${MEMCG}/memory.limit_in_bytes`)) return undefined;
-  const dir = `${MEMCG}/${name}`;
+/** A v1 cgroup under `controller` with one setting written, or undefined where that cannot be done. */
+function makeCgroup(controller: "memory" | "blkio", name: string, file: string, value: string): string | undefined {
+  const dir = `/sys/fs/cgroup/${controller}/${name}`;
+  if (!existsSync(`/sys/fs/cgroup/${controller}/${file}`)) return undefined;
   try {
     mkdirSync(dir, { recursive: true });
-    writeFileSync(`${dir}/memory.limit_in_bytes`, String(limitBytes));
+    writeFileSync(`${dir}/${file}`, value);
     return dir;
   } catch {
     return undefined;
+  }
+}
+
+function removeCgroups(dirs: readonly (string | undefined)[]): void {
+  for (const dir of dirs) {
+    try {
+      if (dir) rmdirSync(dir);
+    } catch {
+      // still has a process for a moment; harmless
+    }
   }
 }
 
@@ -97,8 +82,6 @@ function dropCaches(): void {
     // not root: the first run reads from the page cache
   }
 }
-
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 
 export async function main(modelArg?: string, reps = 7): Promise<void> {
   const model = modelArg ?? `${root}.cache/bench-llama-Q4_K_M.gguf`;
@@ -151,32 +134,51 @@ export async function main(modelArg?: string, reps = 7): Promise<void> {
   // the same window after an idle gap.
   await (await import("./idle-gap.js")).main(model);
 
-  // Memory-starved workers: each holds a third of the model per cycle but may keep far less in RAM.
-  const limit = 160 * 2 ** 20;
-  const cgs = [makeCgroup("prima-bench-w1", limit), makeCgroup("prima-bench-w2", limit)];
-  if (!cgs[0] || !cgs[1]) {
-    console.log("\n(memory cgroups unavailable: skipping the memory-starved ring)");
-    return;
-  }
-  console.log(`\n## memory-starved workers (memory cgroup of ${limit / 2 ** 20} MiB each, ~210 MiB of weights each)\n`);
-  console.log("| cycles | prefetch | decode ms/token |");
-  console.log("|---|---|---|");
+  await starved(model);
+}
+
+/** Memory-starved workers: each holds a third of the model per cycle but may keep far less in RAM, on
+ * this machine's disk and on one throttled to a slow one's speed (blkio, each worker its own: separate
+ * devices' disks). With k = 2 each worker's two windows do not fit together, so it drops one after use
+ * and reads it again: prefetch reads the next one while the others compute (the paper's case for
+ * k > 1), forced on, forced off, and as the coordinator chooses (coordinator/prefetch-choice.ts: these
+ * devices share one machine's CPUs, so it reads ahead only where reading waits on the disk). */
+export async function starved(model: string, tokens = 32, slowTokens = 8): Promise<void> {
+  const limit = 160 * 2 ** 20, slowBps = 200_000_000;
+  const memory = [1, 2].map((i) => makeCgroup("memory", `prima-bench-w${i}`, "memory.limit_in_bytes", String(limit)));
+  const dev = blockDeviceOf(model);
+  const blkio = dev ? [1, 2].map((i) => makeCgroup("blkio", `prima-bench-w${i}`, "blkio.throttle.read_bps_device", `${dev} ${slowBps}`)) : [];
   try {
-    for (const [k, windows] of [[1, "8,7,7"], [2, "4,4,3"]] as const) {
-      for (const prefetch of [true, false]) {
+    if (!memory[0] || !memory[1]) {
+      console.log("\n(memory cgroups unavailable: skipping the memory-starved ring)");
+      return;
+    }
+    const disks = [{ name: "this machine's disk", groups: memory.map((m) => [m!]), tokens }];
+    if (blkio[0] && blkio[1]) disks.push({ name: `a disk of ${slowBps / 1e6} MB/s for each worker (blkio)`, groups: memory.map((m, i) => [m!, blkio[i]!]), tokens: slowTokens });
+    else console.log(`\n(blkio throttling unavailable for ${dev || "the model's disk"}: no slow-disk rows)`);
+    const setups = [
+      { name: "k=1 (one window a device: nothing to read ahead)", k: 1, windows: "8,7,7", flags: [] as string[] },
+      { name: "k=2, --no-prefetch", k: 2, windows: "4,4,3", flags: ["--no-prefetch"] },
+      { name: "k=2, --prefetch", k: 2, windows: "4,4,3", flags: ["--prefetch"] },
+      { name: "k=2, automatic", k: 2, windows: "4,4,3", flags: [] },
+    ];
+    for (const disk of disks) {
+      console.log(`\n## memory-starved workers (memory cgroup of ${limit / 2 ** 20} MiB each, ~210 MiB of weights each), ${disk.name}, ${disk.tokens} tokens\n`);
+      console.log("| setup | decode ms/token | prefetch on the workers |");
+      console.log("|---|---|---|");
+      const ms: number[] = [];
+      for (const s of setups) {
         dropCaches();
-        const r = await ring(model, windows, k, 2, prefetch ? [] : ["--no-prefetch"], cgs, gen(32));
-        console.log(`| k=${k} | ${prefetch ? "on" : "off"} | ${(1000 / r.decode_tok_s).toFixed(1)} |`);
+        const r = await ring(model, s.windows, s.k, 2, s.flags, disk.groups, gen(disk.tokens));
+        ms.push(1000 / r.decode_tok_s);
+        const chosen = [...r.log.matchAll(/prefetch (on|off) on (w\d+) "(bench\d)"/g)].map((m) => `${m[3]} ${m[1]}`).join(", ");
+        console.log(`| ${s.name} | ${ms[ms.length - 1].toFixed(1)} | ${s.k === 1 ? "-" : chosen || "?"} |`);
       }
+      const [, off, on, auto] = ms;
+      console.log(`\nprefetch on/off: ${(off / on).toFixed(2)}x faster with it; automatic against the faster of the two: ${(Math.min(on, off) / auto).toFixed(2)}x`);
     }
   } finally {
-    for (const cg of cgs) {
-      try {
-        rmdirSync(cg!);
-      } catch {
-        // still has a process for a moment; harmless
-      }
-    }
+    removeCgroups([...memory, ...blkio]);
   }
 }
 

@@ -4,6 +4,7 @@ import { parseArgs, type ParseArgsConfig } from "node:util";
 import { Sampler, resolveKeep, type ContextShift } from "../engine/index.js";
 import type { KvCacheTypes } from "../model/index.js";
 import type { LayerWindowsArg } from "./cluster-options.js";
+import type { PrefetchMode } from "./prefetch-choice.js";
 import { KV_CACHE_HELP, KV_CACHE_OPTIONS, expandKvCacheShortFlags, kvCacheTypesFrom } from "./kv-cache-options.js";
 
 export class UsageError extends Error {
@@ -48,7 +49,9 @@ export const RING_HELP = `      --min-workers N      wait for N workers before r
       --measure-routing    MoE: price the plan with each layer's expert routing measured on this device
                            (once per model, then kept) instead of uniform routing (for experiments)
       --reprofile          measure this device again instead of using its cached profile
-      --no-prefetch        do not advise the OS to page in the next window
+      --prefetch           read each device's next window ahead while the others compute
+      --no-prefetch        never read ahead (default: each device reads ahead unless it shares a
+                           machine's CPUs with another and its disk reads are CPU work)
       --expert-prefetch    MoE: advise the OS about each layer's predicted experts while it computes,
                            on devices whose windows do not fit in memory (off by default)
       --join-timeout S     seconds to wait for workers (default 60)`;
@@ -75,6 +78,7 @@ const SHARED_OPTIONS = {
   "keep-all": { type: "boolean" },
   "measure-routing": { type: "boolean" },
   "no-prefetch": { type: "boolean" },
+  prefetch: { type: "boolean" },
   "expert-prefetch": { type: "boolean" },
   reprofile: { type: "boolean" },
   "join-timeout": { type: "string" },
@@ -102,7 +106,7 @@ export interface ClusterArgs {
   readonly cycles?: number;
   readonly keepAll: boolean;
   readonly measureRouting: boolean;
-  readonly prefetch: boolean;
+  readonly prefetch: PrefetchMode;
   readonly expertPrefetch: boolean;
   readonly reprofile: boolean;
   readonly joinTimeoutS: number;
@@ -161,6 +165,7 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
   const kvEvict = str("kv-evict");
   if (kvEvict !== undefined && kvEvict !== "h2o") throw new UsageError(`--kv-evict ${JSON.stringify(kvEvict.slice(0, 40))}: the eviction prima has is h2o`);
   if (kvEvict === undefined && str("kv-budget") !== undefined) throw new UsageError("--kv-budget needs --kv-evict h2o");
+  if (v.prefetch && v["no-prefetch"]) throw new UsageError("--prefetch and --no-prefetch: choose one");
   if (kvEvict) {
     if (command !== "run" && command !== "chat" && command !== "serve") throw new UsageError(`--kv-evict h2o: ${command} does not evict by H2O (run, chat and serve do)`);
     if (v["no-context-shift"]) throw new UsageError("--kv-evict h2o works past the context: not with --no-context-shift");
@@ -185,7 +190,7 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
     cycles: str("cycles") === undefined ? undefined : intArg("cycles", str("cycles"), 1, 1),
     keepAll: (v["keep-all"] as boolean | undefined) ?? false,
     measureRouting: (v["measure-routing"] as boolean | undefined) ?? false,
-    prefetch: !v["no-prefetch"],
+    prefetch: v.prefetch ? "on" : v["no-prefetch"] ? "off" : "auto",
     expertPrefetch: (v["expert-prefetch"] as boolean | undefined) ?? false,
     reprofile: (v.reprofile as boolean | undefined) ?? false,
     joinTimeoutS: intArg("join-timeout", str("join-timeout"), 60, 1),

@@ -2,6 +2,7 @@
 // requests wait or run at once (serve-command.ts, run-command.ts and chat-command.ts fill it in).
 import type { LocalModel } from "../engine/index.js";
 import type { KvCacheTypes } from "../model/index.js";
+import type { PrefetchMode } from "./prefetch-choice.js";
 
 /** --layer-windows: in ring order, or by device name (`laptop=8,phone=4,head=10`). */
 export type LayerWindowsArg = { readonly list: readonly number[] } | { readonly byName: ReadonlyMap<string, number> };
@@ -15,7 +16,8 @@ export interface ClusterOptions {
   readonly batch: number;
   /** The KV cache's types on every device (--cache-type-k/-v); default f16. */
   readonly kvCacheTypes?: KvCacheTypes;
-  readonly prefetch: boolean;
+  /** Reading each device's next window ahead (coordinator/prefetch-choice.ts). */
+  readonly prefetch: PrefetchMode;
   /** The head's own MoE windows predict and advise their experts (--expert-prefetch; RingNode). */
   readonly expertPrefetch?: boolean;
   readonly reprofile: boolean;

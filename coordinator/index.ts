@@ -13,3 +13,4 @@ export { predictionReport, formatPrediction, costPerStep, type PredictionReport 
 export { ApiServer, type ApiServerOptions } from "./http-server.js";
 export type * from "./state.js";
 export { STATE_VERSION } from "./state.js";
+export { choosePrefetch, CPU_BOUND_READ_SHARE, type PrefetchChoice, type PrefetchDevice, type PrefetchMode } from "./prefetch-choice.js";

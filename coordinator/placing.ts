@@ -3,7 +3,7 @@
 // members (ring-setup.ts) or the head's own pipeline. The cluster decides when; this is how.
 import type { Status } from "../control/index.js";
 import { LocalPipeline } from "../engine/index.js";
-import { refreshMemory, settleMemory, type DeviceReport, type RereadStore } from "../profiler/index.js";
+import { parseDeviceReport, refreshMemory, settleMemory, systemInfo, type DeviceReport, type RereadStore } from "../profiler/index.js";
 import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
 import type { ModelSource } from "../transfer/index.js";
 import type { ClusterOptions } from "./cluster-options.js";
@@ -11,6 +11,7 @@ import type { DeviceRecords } from "./devices.js";
 import { windowChunkHashes } from "./model-store.js";
 import { formatPlan, type Seat } from "./placement.js";
 import { planRing, settleHeadMemory, type RingPlan } from "./plan-ring.js";
+import { choosePrefetch, type PrefetchDevice } from "./prefetch-choice.js";
 import type { WorkerHandle, WorkerRegistry } from "./registry.js";
 import type { Current } from "./request-run.js";
 import { HEAD_ID, Ring } from "./ring-setup.js";
@@ -106,6 +107,24 @@ export async function answering(workers: readonly WorkerHandle[], log: (line: st
   }
   return { workers: workers.filter((_, i) => answers[i]), statuses: answers.filter((s): s is Status => s !== undefined) };
 }
+/** Whether each ring device reads ahead (the head first, then the members), from their profiles;
+ * logged where it matters: with several windows a device (one window is streamed, never prefetched). */
+function prefetchChoices(o: ClusterOptions, headReport: DeviceReport | undefined, members: readonly WorkerHandle[], cycles: number, log: (line: string) => void): boolean[] {
+  const device = (label: string, r: DeviceReport | undefined, machineId: string): PrefetchDevice =>
+    ({ label, machineId: r?.details.system.machineId ?? machineId, readCpuShare: r?.details.disk.seqReadCpuShare });
+  const reportOf = (w: WorkerHandle): DeviceReport | undefined => {
+    try {
+      return parseDeviceReport(w.join.profileJson);
+    } catch {
+      return undefined; // no profile (layers placed by hand): its machine is unknown
+    }
+  };
+  const devices = [device(HEAD_ID, headReport, systemInfo().machineId), ...members.map((w) => device(w.label, reportOf(w), ""))];
+  const choices = choosePrefetch(o.prefetch, devices);
+  if (cycles > 1) for (const [j, c] of choices.entries()) log(`prefetch ${c.on ? "on" : "off"} on ${devices[j].label}: ${c.why}`);
+  return choices.map((c) => c.on);
+}
+
 export async function placeLayers(i: PlaceInput): Promise<Placed> {
   const { o, workers, seats, devices } = i;
   const { model, log } = o;
@@ -144,7 +163,9 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
     devices.set(w, "left-out", dropReason(w));
   }
   const leftOutState: LeftOut = leftOut.map((w) => ({ device: w.id, reason: dropReason(w) }));
-  const members = workers.flatMap((w, j) => (plan.perDevice[j].length > 0 ? [{ worker: w, windows: plan.perDevice[j], releaseAfterUse: releaseAfterUse(j) }] : []));
+  const inRing = workers.flatMap((w, j) => (plan.perDevice[j].length > 0 ? [{ worker: w, windows: plan.perDevice[j], releaseAfterUse: releaseAfterUse(j) }] : []));
+  const [headPrefetch, ...memberPrefetch] = prefetchChoices(o, i.headReport, inRing.map((m) => m.worker), plan.cycles, log);
+  const members = inRing.map((m, j) => ({ ...m, prefetch: memberPrefetch[j] }));
   if (members.length === 0) {
     if (!placement) throw new PlanError("no worker takes a layer: give the workers some layers in --layer-windows");
     for (const w of workers) log(`device ${w.label} takes no layers: Halda keeps every layer on this device`);
@@ -155,7 +176,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
   for (const m of members) devices.set(m.worker, "loading", "receiving its windows", 0);
   const ring = await Ring.build({
     members, headWindows, headReleaseAfterUse: releaseAfterUse(workers.length), cycles: plan.cycles, ctx: o.ctx,
-    maxBatch: o.batch, prefetch: o.prefetch, expertPrefetch: o.expertPrefetch, kvCacheTypes: o.kvCacheTypes, seqSlots: parallel,
+    maxBatch: o.batch, headPrefetch, expertPrefetch: o.expertPrefetch, kvCacheTypes: o.kvCacheTypes, seqSlots: parallel,
   }, {
     model, fingerprint: i.fingerprint, registry: i.registry, log,
     weights: async (layers) => ({ chunkBytes: i.modelSource.info.chunkBytes, chunks: await windowChunkHashes(i.modelSource, model.gguf, layers) }),

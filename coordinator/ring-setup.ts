@@ -20,6 +20,8 @@ export interface RingMember {
   readonly worker: WorkerHandle;
   readonly windows: readonly WindowSpec[];
   readonly releaseAfterUse: boolean;
+  /** It reads its next window ahead while the others compute (coordinator/prefetch-choice.ts). */
+  readonly prefetch: boolean;
 }
 
 export interface RingSpec {
@@ -34,7 +36,8 @@ export interface RingSpec {
   readonly kvCacheTypes?: KvCacheTypes;
   /** Sequence slots (serve --parallel): every device holds a KV cache per slot for each window. */
   readonly seqSlots?: number;
-  readonly prefetch: boolean;
+  /** The head reads its next window ahead (RingMember.prefetch). */
+  readonly headPrefetch: boolean;
   /** The head's own MoE windows predict and advise their experts (a worker decides for itself). */
   readonly expertPrefetch?: boolean;
 }
@@ -100,7 +103,7 @@ export class Ring {
     const room = new WeightRoom(() => this.node?.residentWeightBytes() ?? 0);
     const pipelineRef: { p?: RingPipeline } = {};
     this.node = new RingNode({
-      model, windows: spec.headWindows, cycles: spec.cycles, ctx: spec.ctx, maxBatch: spec.maxBatch, prefetch: spec.prefetch, expertPrefetch: spec.expertPrefetch, kvCacheTypes: spec.kvCacheTypes,
+      model, windows: spec.headWindows, cycles: spec.cycles, ctx: spec.ctx, maxBatch: spec.maxBatch, prefetch: spec.headPrefetch, expertPrefetch: spec.expertPrefetch, kvCacheTypes: spec.kvCacheTypes,
       seqSlots: spec.seqSlots, weightRoomBytes: () => room.bytes(), releaseAfterUse: spec.headReleaseAfterUse, isHead: true,
       send: async (f) => {
         if (!this.link) throw new Error("the ring is not connected");
@@ -203,7 +206,7 @@ export class Ring {
       const sent = performance.now();
       return m.worker.assign({
         ringId: this.ringId, windows: [...m.windows], successorUrl, ctx: spec.ctx, maxBatch: spec.maxBatch, cycles: spec.cycles,
-        prefetch: spec.prefetch, releaseAfterUse: m.releaseAfterUse, threads: 0, ringOrder: order, wireDtype: 0,
+        prefetch: m.prefetch, releaseAfterUse: m.releaseAfterUse, threads: 0, ringOrder: order, wireDtype: 0,
         ...(spec.kvCacheTypes ? { cacheTypeK: spec.kvCacheTypes.k, cacheTypeV: spec.kvCacheTypes.v, attention: attentionSpec(spec.kvCacheTypes.attention), kvEvict: spec.kvCacheTypes.evict ?? "" } : {}),
         predecessorLinkKey: keys[i], successorLinkKey: keys[i + 1], ...(spec.seqSlots && spec.seqSlots > 1 ? { seqSlots: spec.seqSlots } : {}),
         ...(weights[i] ? { windowChunks: weights[i]!.chunks, chunkBytes: weights[i]!.chunkBytes } : {}),

@@ -149,6 +149,7 @@ Napi::Value Disk(const Napi::CallbackInfo &info) {
     return Throw(env, err);
   Napi::Object o = Napi::Object::New(env);
   o.Set("seqBytesPerS", r.seq_bytes_per_s);
+  o.Set("seqCpuShare", r.seq_cpu_share);
   o.Set("randBytesPerS", r.rand_bytes_per_s);
   o.Set("seqBytesRead", (double)r.seq_bytes_read);
   o.Set("randReads", (double)r.rand_reads);

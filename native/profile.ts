@@ -11,6 +11,9 @@ export interface MatmulBench {
 
 export interface DiskBench {
   readonly seqBytesPerS: number;
+  /** The reading thread's CPU seconds per second of sequential reading: near 1 where reading is the
+   * CPU's work (a disk served from a host's cache), near 0 where the CPU waits for the disk. */
+  readonly seqCpuShare: number;
   readonly randBytesPerS: number;
   readonly seqBytesRead: number;
   readonly randReads: number;

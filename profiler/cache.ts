@@ -13,7 +13,7 @@ import type { StepTiming } from "./compute.js";
 import type { DiskMeasurement } from "./disk.js";
 import type { ForwardTiming } from "./forward.js";
 
-export const CACHE_VERSION = 4; // 4: forward passes (profiler/forward.ts), with the disk as they reread it
+export const CACHE_VERSION = 5; // 4: forward passes (profiler/forward.ts), with the disk as they reread it; 5: the disk's CPU share
 
 export interface CachedSpeeds {
   readonly version: number;

@@ -17,6 +17,10 @@ export interface DiskMeasurement {
   readonly dir: string;
   readonly device: string;
   readonly seqReadBytesPerS: number;
+  /** CPU seconds of the reading thread per second of sequential reading (native DiskBench.seqCpuShare):
+   * whether reading ahead in the background leaves the CPU to others (ring/'s prefetch choice).
+   * Absent in profiles cached before it was measured. */
+  readonly seqReadCpuShare?: number;
   readonly randReadBytesPerS: number;
   readonly seqBlockBytes: number;
   readonly randBlockBytes: number;
@@ -125,7 +129,7 @@ export function measureDisk(dir: string, o: DiskBenchOptions): DiskMeasurement {
   const r = benchDisk(path, { fileBytes, seqBlock, randBlock, seqSeconds: o.seqSeconds, randSeconds: o.randSeconds, buffered: o.buffered });
   return {
     dir, device,
-    seqReadBytesPerS: r.seqBytesPerS, randReadBytesPerS: r.randBytesPerS,
+    seqReadBytesPerS: r.seqBytesPerS, seqReadCpuShare: r.seqCpuShare, randReadBytesPerS: r.randBytesPerS,
     seqBlockBytes: seqBlock, randBlockBytes: randBlock,
     direct: r.direct, fileBytes, throttle: diskThrottle(device),
   };

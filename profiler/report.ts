@@ -151,7 +151,8 @@ export function formatReport(r: DeviceReport): string {
     ["disk sequential", d.forward?.streamedBytesPerS ? `${mbps(p.diskSeqReadBytesPerS)} (streamed layers reread by the forward pass; ${mbps(d.disk.seqReadBytesPerS)} in ${d.disk.seqBlockBytes >> 10} KiB reads)`
       : `${mbps(p.diskSeqReadBytesPerS)} (${d.disk.seqBlockBytes >> 10} KiB reads)`],
     ["disk random", `${mbps(p.diskRandReadBytesPerS)} (${d.disk.randBlockBytes >> 10} KiB reads)`],
-    ["disk", `${d.disk.device || "?"} under ${d.disk.dir}, ${d.disk.direct ? "O_DIRECT" : "page cache dropped"}${d.disk.throttle.readBytesPerS ? `, cgroup throttle ${mbps(d.disk.throttle.readBytesPerS)}` : ""}`],
+    ["disk", `${d.disk.device || "?"} under ${d.disk.dir}, ${d.disk.direct ? "O_DIRECT" : "page cache dropped"}${d.disk.throttle.readBytesPerS ? `, cgroup throttle ${mbps(d.disk.throttle.readBytesPerS)}` : ""}` +
+      (d.disk.seqReadCpuShare !== undefined ? `, reading takes ${(100 * d.disk.seqReadCpuShare).toFixed(0)}% of a CPU` : "")],
     ["measured now", d.measured.length ? d.measured.join(", ") : "nothing (all from the cache)"],
     ["cache", d.cacheFile ?? d.cacheKey],
   );

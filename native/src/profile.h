@@ -36,6 +36,7 @@ int prima_profile_kv_copy(int kv_floats, int n_ctx, double min_seconds, double *
 
 typedef struct {
   double seq_bytes_per_s;
+  double seq_cpu_share; /* the reading thread's CPU seconds per second of sequential reading */
   double rand_bytes_per_s;
   uint64_t seq_bytes_read;
   uint64_t rand_reads;

@@ -92,8 +92,8 @@ describe("a ring being wired", () => {
     void doomed.next("assignment", 10_000).then((m) => doomed.send({ ready: { anonBytes: 1, ringId: m.msg === "assignment" ? m.assignment.ringId : "" } }));
     const windows = (first: number, end: number) => [{ firstLayer: first, endLayer: end, cycle: 0 }];
     const building = Ring.build({
-      members: [{ worker: a, windows: windows(0, 1), releaseAfterUse: false }, { worker: b, windows: windows(1, 2), releaseAfterUse: false }],
-      headWindows: windows(2, model.nLayers), headReleaseAfterUse: false, cycles: 1, ctx: 16, maxBatch: 4, prefetch: false,
+      members: [{ worker: a, windows: windows(0, 1), releaseAfterUse: false, prefetch: false }, { worker: b, windows: windows(1, 2), releaseAfterUse: false, prefetch: false }],
+      headWindows: windows(2, model.nLayers), headReleaseAfterUse: false, cycles: 1, ctx: 16, maxBatch: 4, headPrefetch: false,
     }, { model, fingerprint: FP, registry: reg, log: (l) => /"b-doomed".* ready in/.test(l) && doomed.close() });
     await expect(building).rejects.toThrow(new RegExp(`device ${b.id} "b-doomed" \\(127\\.0\\.0\\.1\\) failed`));
     expect(a.lost).toBeNull();

@@ -5,6 +5,7 @@ import { execFileSync } from "node:child_process";
 import { writeFileSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
+import { CPU_BOUND_READ_SHARE } from "../../coordinator/index.js";
 import { reclaimIdlePages } from "../../profiler/index.js";
 import { tmpfsDir } from "../helpers/temp.js";
 import { PLACEMENT_SHAPE, privateModelCopy, testModel } from "./models.js";
@@ -148,7 +149,7 @@ describe.skipIf(diskProblem !== null)(`disk reads bypass the page cache${diskPro
     const src = (buffered: boolean) => `
       import { measureDisk } from ${JSON.stringify(profiler)};
       console.log(JSON.stringify(measureDisk(${JSON.stringify(scratch)}, { seqSeconds: 0.6, randSeconds: 0.2, fileBytes: 32 << 20, buffered: ${buffered} })));`;
-    type Disk = { seqReadBytesPerS: number; randReadBytesPerS: number; direct: boolean; throttle: { readBytesPerS?: number } };
+    type Disk = { seqReadBytesPerS: number; seqReadCpuShare: number; randReadBytesPerS: number; direct: boolean; throttle: { readBytesPerS?: number } };
     const throttled = await runScriptIn<Disk>([slow], src(false));
     const free = await runScriptIn<Disk>([], src(false));
     // Where O_DIRECT is refused the file's pages are dropped before reading: still the disk's speed.
@@ -162,6 +163,12 @@ describe.skipIf(diskProblem !== null)(`disk reads bypass the page cache${diskPro
     expect(throttled.randReadBytesPerS).toBeLessThan(20_000_000 * 1.5);
     expect(cachedBytesPerS).toBeGreaterThan(10 * throttled.seqReadBytesPerS);
     expect(free.seqReadBytesPerS).toBeGreaterThan(2 * throttled.seqReadBytesPerS);
+    // Waiting for a slow disk leaves the CPU idle: the share the prefetch choice reads
+    // (coordinator/prefetch-choice.ts) is far under its line, buffered or not.
+    for (const d of [throttled, buffered]) {
+      expect(d.seqReadCpuShare).toBeGreaterThanOrEqual(0);
+      expect(d.seqReadCpuShare).toBeLessThan(CPU_BOUND_READ_SHARE / 2);
+    }
   }, 30_000);
 });
 
