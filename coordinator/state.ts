@@ -49,7 +49,7 @@ export interface DeviceState {
   readonly address: string;
   readonly isHead: boolean;
   readonly state: DeviceStateName;
-  /** Why it is lost or left out, or what it is doing ("prefetching window 2 of 3"). */
+  /** Why it is lost or left out, or what it is doing ("paging in its first window"). */
   readonly detail: string | null;
   /** 0..1 while loading. */
   readonly loadProgress: number | null;

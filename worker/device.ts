@@ -182,14 +182,11 @@ export class WorkerDevice implements SessionHandler {
       this.lane?.setReleaseAfterUse(true);
       this.o.log(`overloaded: ${(windowBytes / 2 ** 20).toFixed(0)} MiB of windows, room for ${(budget / 2 ** 20).toFixed(0)} MiB: releasing each window after use`);
     }
-    // Page the windows in now rather than during the first token (as far as they fit).
-    let room = budget;
-    for (let i = 0; i < windows.length; i++) {
-      const take = Math.min(room, windows[i].residency().totalBytes);
-      windows[i].prefetch(take);
-      room -= take;
-      progress((i + 1) / windows.length, `prefetching window ${i + 1} of ${windows.length}`);
-    }
+    // Page the first window to run in while the ring is wired (as far as it fits), in the background:
+    // advice that reads, given here, would hold the event loop for as long as the disk takes to queue
+    // the window's reads (seconds for a large window on a slow disk), and with it the heartbeats.
+    if (windows.length > 0) windows[0].prefetch(Math.min(budget, windows[0].residency().totalBytes), true);
+    progress(1, "paging in its first window");
     lap("paging in");
     this.pressure?.stop();
     this.pressure = memoryPressureTracker();
