@@ -108,8 +108,9 @@ export async function answering(workers: readonly WorkerHandle[], log: (line: st
   return { workers: workers.filter((_, i) => answers[i]), statuses: answers.filter((s): s is Status => s !== undefined) };
 }
 /** Whether each ring device reads ahead (the head first, then the members), from their profiles;
- * logged where it matters: with several windows a device (one window is streamed, never prefetched). */
-function prefetchChoices(o: ClusterOptions, headReport: DeviceReport | undefined, members: readonly WorkerHandle[], cycles: number, log: (line: string) => void): boolean[] {
+ * noted (the log, the plan's notes on the dashboard) where it matters: with several windows a device
+ * (one window is streamed, never prefetched). */
+function prefetchChoices(o: ClusterOptions, headReport: DeviceReport | undefined, members: readonly WorkerHandle[], cycles: number, log: (line: string) => void): { on: boolean[]; notes: string[] } {
   const device = (label: string, r: DeviceReport | undefined, machineId: string): PrefetchDevice =>
     ({ label, machineId: r?.details.system.machineId ?? machineId, readCpuShare: r?.details.disk.seqReadCpuShare });
   const reportOf = (w: WorkerHandle): DeviceReport | undefined => {
@@ -121,8 +122,9 @@ function prefetchChoices(o: ClusterOptions, headReport: DeviceReport | undefined
   };
   const devices = [device(HEAD_ID, headReport, systemInfo().machineId), ...members.map((w) => device(w.label, reportOf(w), ""))];
   const choices = choosePrefetch(o.prefetch, devices);
-  if (cycles > 1) for (const [j, c] of choices.entries()) log(`prefetch ${c.on ? "on" : "off"} on ${devices[j].label}: ${c.why}`);
-  return choices.map((c) => c.on);
+  const notes = cycles > 1 ? choices.map((c, j) => `prefetch ${c.on ? "on" : "off"} on ${devices[j].label}: ${c.why}`) : [];
+  for (const n of notes) log(n);
+  return { on: choices.map((c) => c.on), notes };
 }
 
 export async function placeLayers(i: PlaceInput): Promise<Placed> {
@@ -164,7 +166,8 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
   }
   const leftOutState: LeftOut = leftOut.map((w) => ({ device: w.id, reason: dropReason(w) }));
   const inRing = workers.flatMap((w, j) => (plan.perDevice[j].length > 0 ? [{ worker: w, windows: plan.perDevice[j], releaseAfterUse: releaseAfterUse(j) }] : []));
-  const [headPrefetch, ...memberPrefetch] = prefetchChoices(o, i.headReport, inRing.map((m) => m.worker), plan.cycles, log);
+  const prefetch = prefetchChoices(o, i.headReport, inRing.map((m) => m.worker), plan.cycles, log);
+  const [headPrefetch, ...memberPrefetch] = prefetch.on;
   const members = inRing.map((m, j) => ({ ...m, prefetch: memberPrefetch[j] }));
   if (members.length === 0) {
     if (!placement) throw new PlanError("no worker takes a layer: give the workers some layers in --layer-windows");
@@ -197,7 +200,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
   const planState: PlanState = {
     generation: i.generation, planner: placement ? `Halda (${placement.plan.planner})` : "--layer-windows", cycles: plan.cycles, ringOrder: ring.order,
     layersPerCycle: [...members.map((m) => m.windows[0].endLayer - m.windows[0].firstLayer), headWindows.length ? headWindows[0].endLayer - headWindows[0].firstLayer : 0],
-    predictedMsPerToken: placement?.plan.latencyMs ?? null, windows, leftOut: leftOutState, notes: placement ? [...placement.plan.notes] : [], madeUnixMs: Date.now(),
+    predictedMsPerToken: placement?.plan.latencyMs ?? null, windows, leftOut: leftOutState, notes: [...(placement?.plan.notes ?? []), ...prefetch.notes], madeUnixMs: Date.now(),
   };
   return {
     current: { kind: "ring", ring, devices: members.length + 1 }, placement, planState, perCycle,

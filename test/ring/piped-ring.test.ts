@@ -90,12 +90,16 @@ describe("piped ring with k cycles on a generated 12-layer Q4_K_M model", () => 
     expect(r.code, r.coordinator.stderr).toBe(0);
     expect(r.report?.generated_ids).toEqual(expected);
     for (const w of r.workers) expect(w.stderr).not.toContain("native lane");
+    // with several windows a device, the coordinator says whether each reads ahead, and why (these
+    // share one machine: on or off by how much of a CPU reading this disk takes)
+    for (const d of ["head", "\"dev1\"", "\"dev2\""]) expect(r.coordinator.stderr).toMatch(new RegExp(`prefetch (on|off) on [^\n]*${d}[^\n]*: [^\n]*(\\d+% of a CPU|CPU share was not measured)`));
   }, 60_000);
 
   it("a long prompt in small batches: batches of one prompt are on different devices at once", async () => {
     const long = ["-p", "Once upon a time there was a little dog named Max who loved to run in the park with his friends", "-n", "12", "--temp", "0", "-b", "3"];
-    const r = await runRing(path, [...long, "--layer-windows", "2,3,1", "-k", "2"], 2);
+    const r = await runRing(path, [...long, "--layer-windows", "2,3,1", "-k", "2", "--prefetch"], 2);
     expect(r.code, r.coordinator.stderr).toBe(0);
+    expect(r.coordinator.stderr.match(/prefetch on on [^\n]*: --prefetch/g)).toHaveLength(3);
     expect(r.report!.prompt_ids.length).toBeGreaterThan(9);
     expect(r.report?.generated_ids).toEqual(singleDevice(path, long));
   }, 60_000);
