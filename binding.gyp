@@ -24,6 +24,7 @@
         "native/src/attn_tile.c",
         "native/src/model.c",
         "native/src/expert_prefetch.c",
+        "native/src/advisor.c",
         "native/src/kv_shift.c",
         "native/src/ws_codec.c",
         "native/src/sparse_attn.c",

@@ -68,6 +68,21 @@ export class RingPipeline implements Pipeline {
     this.kvRows = kvCacheRows(o.model.desc.hparams.layerWindow, o.nCtx, o.maxBatch);
   }
 
+  /** Sends a request's frames, then waits for its answer (`done`): a send that fails fails the ring, which
+   * rejects `done` with it; `settled` runs however it ends. */
+  private async roundTrip<T>(done: Promise<T>, send: () => Promise<void>, settled: () => void): Promise<T> {
+    try {
+      await send();
+    } catch (e) {
+      this.fail(e instanceof Error ? e : new Error(String(e)));
+    }
+    try {
+      return await done;
+    } finally {
+      settled();
+    }
+  }
+
   /** Something of a request is round the ring: rows, a shift or H2O's statistics. */
   private get inFlight(): boolean {
     return !!this.pending || this.pendingShifts.size > 0 || this.pendingSeqs.size > 0 || !!this.pendingScores;
@@ -84,7 +99,7 @@ export class RingPipeline implements Pipeline {
     this.filled = pos + nTokens;
     this.kvEnd = pos === 0 ? nTokens : Math.max(this.kvEnd, pos + nTokens);
     if (pos === 0) this.kvFloor = 0;
-    try {
+    return this.roundTrip(done, async () => {
       for (let off = 0; off < nTokens; off += this.o.maxBatch) {
         const n = Math.min(this.o.maxBatch, nTokens - off);
         await this.o.node.send({
@@ -92,14 +107,9 @@ export class RingPipeline implements Pipeline {
           dtype: this.o.wireDtype, activations: acts.subarray(off * E, (off + n) * E),
         });
       }
-    } catch (e) {
-      this.fail(e instanceof Error ? e : new Error(String(e)));
-    }
-    try {
-      return await done;
-    } finally {
+    }, () => {
       this.pending = undefined;
-    }
+    });
   }
 
   /** Positions are carried by every frame: a forward at position p overwrites from p on every device. */
@@ -134,16 +144,11 @@ export class RingPipeline implements Pipeline {
     const done = new Promise<void>((resolve, reject) => {
       this.pendingShifts.set(requestId, { resolve, reject });
     });
-    try {
+    await this.roundTrip(done, async () => {
       await this.o.node.send({ type: "kvShift", requestId, p0, nDiscard, nPast, ...(slot === undefined ? {} : { slot }) });
-    } catch (e) {
-      this.fail(e instanceof Error ? e : new Error(String(e)));
-    }
-    try {
-      await done;
-    } finally {
+    }, () => {
       this.pendingShifts.delete(requestId);
-    }
+    });
   }
 
   /** H2O's statistics of the positions the caches hold, summed over every device's layers: an
@@ -157,16 +162,11 @@ export class RingPipeline implements Pipeline {
     const done = new Promise<Float32Array>((resolve, reject) => {
       this.pendingScores = { requestId, resolve, reject };
     });
-    try {
+    return this.roundTrip(done, async () => {
       await this.o.node.send({ type: "h2oScores", requestId, scores: new Float32Array(this.filled) });
-    } catch (e) {
-      this.fail(e instanceof Error ? e : new Error(String(e)));
-    }
-    try {
-      return await done;
-    } finally {
+    }, () => {
       this.pendingScores = undefined;
-    }
+    });
   }
 
   /** H2O's statistics back from every device (from the head's node). */
@@ -228,7 +228,7 @@ export class RingPipeline implements Pipeline {
     const done = new Promise<Float32Array>((resolve, reject) => {
       this.pendingSeqs.set(requestId, { requestId, frames, delivered: 0, oneSlot, acts, logits, resolve, reject });
     });
-    try {
+    return this.roundTrip(done, async () => {
       for (let off = 0; off < n; off += B) {
         const m = Math.min(B, n - off);
         await this.o.node.send({
@@ -236,14 +236,9 @@ export class RingPipeline implements Pipeline {
           slots: slots.subarray(off, off + m), positions: positions.subarray(off, off + m), activations: acts.subarray(off * E, (off + m) * E),
         });
       }
-    } catch (e) {
-      this.fail(e instanceof Error ? e : new Error(String(e)));
-    }
-    try {
-      return await done;
-    } finally {
+    }, () => {
       this.pendingSeqs.delete(requestId);
-    }
+    });
   }
 
   /** The buffer for the output layer when the frame is the last of forwardSeqs' rows. */

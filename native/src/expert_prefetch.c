@@ -6,6 +6,7 @@
 #include <sys/mman.h> /* mincore */
 #include <unistd.h>
 
+#include "advisor.h"
 #include "kernels.h"
 #include "matmul.h"
 #include "ops.h"
@@ -13,36 +14,6 @@
 /* MADV_WILLNEED on n [lo, hi) byte ranges of the model's mapping (advice only). */
 static void advise_ranges(const prima_model *m, const uint64_t *ranges, int n) {
   for (int i = 0; i < n; i++) prima_willneed(m, m->map + ranges[2 * i], (size_t)(ranges[2 * i + 1] - ranges[2 * i]), NULL, 0);
-}
-
-/* Takes the latest request and advises its ranges, until told to stop. */
-static void *advise_thread(void *arg) {
-  prima_expert_prefetch *xp = arg;
-  uint64_t *mine = NULL;
-  size_t cap = 0;
-  pthread_mutex_lock(&xp->lock);
-  for (;;) {
-    while (!xp->stop && xp->n_pending == 0) pthread_cond_wait(&xp->wake, &xp->lock);
-    if (xp->stop) break;
-    const int n = xp->n_pending;
-    if ((size_t)n > cap) {
-      uint64_t *grown = realloc(mine, sizeof(uint64_t) * 2 * (size_t)n);
-      if (!grown) { /* advice is optional: drop this request */
-        xp->n_pending = 0;
-        continue;
-      }
-      mine = grown;
-      cap = (size_t)n;
-    }
-    memcpy(mine, xp->pending, sizeof(uint64_t) * 2 * (size_t)n);
-    xp->n_pending = 0;
-    pthread_mutex_unlock(&xp->lock);
-    advise_ranges(xp->model, mine, n);
-    pthread_mutex_lock(&xp->lock);
-  }
-  pthread_mutex_unlock(&xp->lock);
-  free(mine);
-  return NULL;
 }
 
 int prima_window_expert_prefetch(prima_window *w, int mode, char *err, size_t err_len) {
@@ -55,21 +26,17 @@ int prima_window_expert_prefetch(prima_window *w, int mode, char *err, size_t er
     prima_expert_prefetch *xp = calloc(1, sizeof *xp);
     if (!xp) return prima_fail(err, err_len, "out of memory for the expert prefetch of a window");
     xp->pred = calloc((size_t)w->m->hp.n_expert, 2);
-    xp->pending = calloc((size_t)w->m->hp.n_expert * 3 * 2, sizeof(uint64_t));
+    xp->ranges = calloc((size_t)w->m->hp.n_expert * 3 * 2, sizeof(uint64_t));
     xp->pred_layer[0] = xp->pred_layer[1] = -1;
-    xp->model = w->m;
-    if (!xp->pred || !xp->pending || pthread_mutex_init(&xp->lock, NULL) != 0) {
+    if (!xp->pred || !xp->ranges) {
       free(xp->pred);
-      free(xp->pending);
+      free(xp->ranges);
       free(xp);
       return prima_fail(err, err_len, "out of memory for the expert prefetch of a window");
     }
-    pthread_cond_init(&xp->wake, NULL);
-    if (pthread_create(&xp->thread, NULL, advise_thread, xp) != 0) {
-      pthread_cond_destroy(&xp->wake);
-      pthread_mutex_destroy(&xp->lock);
+    if (!(xp->advisor = prima_advisor_start(w->m))) {
       free(xp->pred);
-      free(xp->pending);
+      free(xp->ranges);
       free(xp);
       return prima_fail(err, err_len, "cannot start the expert prefetch thread of a window");
     }
@@ -89,14 +56,8 @@ prima_xp_counters prima_window_expert_prefetch_counters(const prima_window *w) {
 void prima_expert_prefetch_free(prima_window *w) {
   prima_expert_prefetch *xp = w->xp;
   if (!xp) return;
-  pthread_mutex_lock(&xp->lock);
-  xp->stop = 1;
-  pthread_cond_signal(&xp->wake);
-  pthread_mutex_unlock(&xp->lock);
-  pthread_join(xp->thread, NULL);
-  pthread_cond_destroy(&xp->wake);
-  pthread_mutex_destroy(&xp->lock);
-  free(xp->pending);
+  prima_advisor_stop(xp->advisor);
+  free(xp->ranges);
   free(w->xp->pred);
   free(w->xp);
   w->xp = NULL;
@@ -171,17 +132,14 @@ static void predict(const prima_task *t, prima_window *w, int l, const float *x,
     for (int j = 0; j < K; j++) pred[w->moe_sel[(size_t)r * K + j]] = 1;
   }
   const uint64_t each = expert_bytes(w, L);
-  pthread_mutex_lock(&xp->lock);
   int nr = 0;
   for (int e = 0; e < X; e++) {
     if (!pred[e]) continue;
-    nr = expert_ranges(w, L, e, xp->pending, nr);
+    nr = expert_ranges(w, L, e, xp->ranges, nr);
     xp->c.predicted++;
     xp->c.advised_bytes += each;
   }
-  xp->n_pending = nr; /* replaces a request not taken yet: its layer is computing by now */
-  pthread_cond_signal(&xp->wake);
-  pthread_mutex_unlock(&xp->lock);
+  prima_advisor_request(xp->advisor, xp->ranges, nr); /* replaces the older layer's: it is computing by now */
   xp->c.layers++;
   xp->pred_layer[l & 1] = l;
 }

@@ -6,7 +6,6 @@
 #ifndef PRIMA_EXPERT_PREFETCH_H
 #define PRIMA_EXPERT_PREFETCH_H
 
-#include <pthread.h>
 #include <stdint.h>
 
 #include "model.h"
@@ -33,10 +32,10 @@ typedef struct {
   uint64_t wasted_bytes;  /* of them, an expert's that was not */
 } prima_xp_counters;
 
-/* The advice goes to a thread of its own: MADV_WILLNEED on a file mapping allocates the pages and
- * submits their reads before it returns, which on the compute thread delayed the layer it was meant to
- * hide behind (measured: decode slower with the advice inline than without it). A newer layer's
- * request replaces one the thread has not taken yet: the older layer is computing by then. */
+/* The advice goes to an advisor thread of the window's own (advisor.h): MADV_WILLNEED on a file
+ * mapping allocates the pages and submits their reads before it returns, which on the compute thread
+ * delayed the layer it was meant to hide behind (measured: decode slower with the advice inline than
+ * without it). A newer layer's request replaces the older one's: that layer is computing by then. */
 typedef struct prima_expert_prefetch {
   int mode;               /* PRIMA_XP_*, as last set (any thread, any time) */
   int pass_mode;          /* the mode of the pass running: every thread of a pass must see the same,
@@ -44,12 +43,8 @@ typedef struct prima_expert_prefetch {
   int pred_layer[2];      /* the layer pred[i] is for (layer % 2), -1: none */
   unsigned char *pred;    /* [2][n_expert] */
   prima_xp_counters c;
-  pthread_t thread;
-  pthread_mutex_t lock;
-  pthread_cond_t wake;
-  int stop, n_pending;    /* under lock */
-  const struct prima_model *model; /* whose mapping the ranges are of */
-  uint64_t *pending;      /* [3 * n_expert][2]: page-aligned byte ranges [lo, hi) of the file to advise */
+  struct prima_advisor *advisor;
+  uint64_t *ranges;       /* [3 * n_expert][2]: page-aligned byte ranges [lo, hi) of the file to advise */
 } prima_expert_prefetch;
 
 /* Sets the window's mode (a window without experts accepts only OFF). 0, or -1 with a message. */

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "advisor.h"
 #include "attn_tile.h"
 #include "expert_prefetch.h"
 #include "kernels.h"
@@ -483,11 +484,9 @@ bad:
   return NULL;
 }
 
-static void advisor_stop(prima_model *m);
-
 void prima_model_close(prima_model *m) {
   if (!m) return;
-  advisor_stop(m);
+  prima_advisor_stop(m->advisor);
   prima_pool_destroy(m->pool);
   free(m->layers);
   free(m->layer_window);
@@ -1600,22 +1599,11 @@ static int count_resident(prima_window *w, uint8_t *p, size_t len, void *arg) {
 
 int prima_window_prefetch(prima_window *w, uint64_t max_bytes) { return for_each_range(w, advise_willneed, &max_bytes); }
 
-/* ---- the advisor: window prefetch off the caller's thread ------------------------------------ */
-
-struct prima_advisor {
-  pthread_t thread;
-  pthread_mutex_t lock;
-  pthread_cond_t wake;
-  int stop;                /* under lock */
-  uint64_t gen;            /* the latest request's number (atomic): a running one stops when it moves */
-  uint64_t taken;          /* the last request the thread took (under lock) */
-  byte_range *pending;     /* the latest request's runs (under lock) */
-  int n_pending, cap;
-};
+/* ---- window prefetch off the caller's thread (the model's advisor) ---------------------------- */
 
 typedef struct {
   uint64_t left;
-  byte_range *r;
+  uint64_t *r; /* [lo, hi) pairs of file offsets */
   int n, cap;
 } range_list;
 
@@ -1627,91 +1615,29 @@ static int collect_range(prima_window *w, uint8_t *p, size_t len, void *arg) {
   l->left -= len;
   if (l->n == l->cap) {
     const int cap = l->cap ? 2 * l->cap : 64;
-    byte_range *g = realloc(l->r, sizeof *g * (size_t)cap);
+    uint64_t *g = realloc(l->r, sizeof *g * 2 * (size_t)cap);
     if (!g) return ENOMEM;
     l->r = g, l->cap = cap;
   }
-  l->r[l->n].lo = (uint64_t)(p - w->m->map);
-  l->r[l->n].hi = l->r[l->n].lo + len;
+  l->r[2 * l->n] = (uint64_t)(p - w->m->map);
+  l->r[2 * l->n + 1] = l->r[2 * l->n] + len;
   l->n++;
   return 0;
 }
 
-static void *advisor_main(void *arg) {
-  prima_model *m = arg;
-  struct prima_advisor *a = m->advisor;
-  byte_range *mine = NULL;
-  int cap = 0;
-  pthread_mutex_lock(&a->lock);
-  for (;;) {
-    while (!a->stop && a->taken == __atomic_load_n(&a->gen, __ATOMIC_ACQUIRE)) pthread_cond_wait(&a->wake, &a->lock);
-    if (a->stop) break;
-    const uint64_t gen = a->taken = __atomic_load_n(&a->gen, __ATOMIC_ACQUIRE);
-    const int n = a->n_pending;
-    if (n > cap) {
-      byte_range *g = realloc(mine, sizeof *g * (size_t)n);
-      if (!g) continue; /* advice is optional: skip this request */
-      mine = g, cap = n;
-    }
-    memcpy(mine, a->pending, sizeof *mine * (size_t)n);
-    pthread_mutex_unlock(&a->lock);
-    for (int i = 0; i < n; i++) prima_willneed(m, m->map + mine[i].lo, (size_t)(mine[i].hi - mine[i].lo), &a->gen, gen);
-    pthread_mutex_lock(&a->lock);
-  }
-  pthread_mutex_unlock(&a->lock);
-  free(mine);
-  return NULL;
-}
-
-static struct prima_advisor *advisor_of(prima_model *m) {
-  if (m->advisor) return m->advisor;
-  struct prima_advisor *a = calloc(1, sizeof *a);
-  if (!a) return NULL;
-  pthread_mutex_init(&a->lock, NULL);
-  pthread_cond_init(&a->wake, NULL);
-  m->advisor = a;
-  if (pthread_create(&a->thread, NULL, advisor_main, m) != 0) {
-    pthread_cond_destroy(&a->wake);
-    pthread_mutex_destroy(&a->lock);
-    free(a);
-    m->advisor = NULL;
-  }
-  return m->advisor;
-}
-
-static void advisor_stop(prima_model *m) {
-  struct prima_advisor *a = m->advisor;
-  if (!a) return;
-  pthread_mutex_lock(&a->lock);
-  a->stop = 1;
-  __atomic_fetch_add(&a->gen, 1, __ATOMIC_ACQ_REL); /* stops a request under way too */
-  pthread_cond_signal(&a->wake);
-  pthread_mutex_unlock(&a->lock);
-  pthread_join(a->thread, NULL);
-  pthread_cond_destroy(&a->wake);
-  pthread_mutex_destroy(&a->lock);
-  free(a->pending);
-  free(a);
-  m->advisor = NULL;
-}
-
 int prima_window_prefetch_background(prima_window *w, uint64_t max_bytes) {
-  struct prima_advisor *a = advisor_of(w->m);
+  prima_model *m = w->m;
+  prima_advisor *a = __atomic_load_n(&m->advisor, __ATOMIC_ACQUIRE);
+  if (!a && (a = prima_advisor_start(m)) != NULL) {
+    prima_advisor *none = NULL; /* two threads' first calls: one advisor stays */
+    if (!__atomic_compare_exchange_n(&m->advisor, &none, a, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) prima_advisor_stop(a), a = none;
+  }
   if (!a) return prima_window_prefetch(w, max_bytes); /* no thread: advise here */
   range_list l = {max_bytes, NULL, 0, 0};
-  const int rc = for_each_range(w, collect_range, &l);
-  if (rc != 0) {
-    free(l.r);
-    return rc;
-  }
-  pthread_mutex_lock(&a->lock);
-  free(a->pending);
-  a->pending = l.r;
-  a->n_pending = l.n;
-  __atomic_fetch_add(&a->gen, 1, __ATOMIC_ACQ_REL);
-  pthread_cond_signal(&a->wake);
-  pthread_mutex_unlock(&a->lock);
-  return 0;
+  int rc = for_each_range(w, collect_range, &l);
+  if (rc == 0) rc = prima_advisor_request(a, l.r, l.n);
+  free(l.r);
+  return rc;
 }
 int prima_window_release(prima_window *w) { return for_each_range(w, advise_release, NULL); }
 void prima_window_stream_beyond(prima_window *w, uint64_t room_bytes, int stream_experts) {

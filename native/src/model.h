@@ -82,7 +82,7 @@ typedef struct prima_model {
   uint8_t *map;
   size_t map_bytes;
   size_t willneed_chunk; /* prima_willneed's unit for this file's disk */
-  struct prima_advisor *advisor; /* prima_window_prefetch_background's thread, made on first use */
+  struct prima_advisor *advisor; /* prima_window_prefetch_background's thread (advisor.h), made on first use */
   prima_hparams hp;
   prima_tensor tok_embd, output_norm, output, rope_freqs;
   prima_tensor rope_long, rope_short; /* phi3's LongRoPE frequency factors (absent elsewhere) */
