@@ -5,12 +5,16 @@
 //     and k = 1 vs k = 2.
 //   node dist/bench/ring.js [model.gguf]
 import { existsSync, mkdirSync, rmdirSync, writeFileSync } from "node:fs";
+import { priceRingWindows } from "../coordinator/index.js";
+import type { DeviceProfile, ModelProfile } from "../halda/index.js";
 import { blockDeviceOf } from "../profiler/index.js";
 import { coordCli, median, root, runWhenMain, start, waitFor, workerCli, type Proc } from "./procs.js";
 
 interface Report {
   /** The coordinator's log (stderr), for what it chose. */
   log: string;
+  /** Halda's plan, where it placed the layers. */
+  placement?: { plan: { k: number; latencyMs: number }; per_cycle: number[]; devices: DeviceProfile[]; model: ModelProfile };
   generated_ids: number[];
   devices_decode?: { device: string; compute_ms: number; wait_ms: number; send_ms: number }[];
   decode_tok_s: number;
@@ -29,10 +33,13 @@ async function single(model: string): Promise<Report> {
   return JSON.parse(p.out);
 }
 
-/** Runs a ring; `cgroups[i]` (optional) are the cgroups (memory, blkio) worker i runs in. */
+/** Runs a ring; `cgroups[i]` (optional) are the cgroups (memory, blkio) worker i runs in, `headGroups`
+ * the head's. Windows "" and k 0: Halda places the layers. */
 async function ring(model: string, windows: string, k: number, nWorkers: number, extra: string[] = [], cgroups: (readonly string[] | undefined)[] = [], args = GEN,
-  workerArgs: string[] = []): Promise<Report> {
-  const coord = start(coordCli, ["run", model, "--json", "--port", "0", "--min-workers", String(nWorkers), "--layer-windows", windows, "-k", String(k), ...args, ...extra]);
+  workerArgs: string[] = [], headGroups: readonly string[] = []): Promise<Report> {
+  const placing = [...(windows ? ["--layer-windows", windows] : []), ...(k ? ["-k", String(k)] : [])];
+  const coord = start(coordCli, ["run", model, "--json", "--port", "0", "--min-workers", String(nWorkers), ...placing, ...args, ...extra]);
+  for (const cg of headGroups) writeFileSync(`${cg}/cgroup.procs`, String(coord.child.pid));
   const port = (await waitFor(coord, /listening for workers on port (\d+)/))[1];
   const tokenFile = (await waitFor(coord, /--token-file (\S+)/))[1]; // the join token (trust/)
   const workers: Proc[] = [];
@@ -176,6 +183,47 @@ export async function starved(model: string, tokens = 32, slowTokens = 8): Promi
       }
       const [, off, on, auto] = ms;
       console.log(`\nprefetch on/off: ${(off / on).toFixed(2)}x faster with it; automatic against the faster of the two: ${(Math.min(on, off) / auto).toFixed(2)}x`);
+    }
+    if (disks.length > 1) await haldaWithPrefetch(model, dev, slowBps, slowTokens);
+  } finally {
+    removeCgroups([...memory, ...blkio]);
+  }
+}
+
+/** Halda's own plan where every device (the head too) is short of memory on a slow disk and reads
+ * ahead, against plans by hand, each with Halda's price (with the reads of devices that read ahead
+ * hidden at k > 1, HALDA.md §4.8) on the automatic run's profiles. */
+export async function haldaWithPrefetch(model: string, dev: string, bps: number, tokens: number): Promise<void> {
+  const limit = 200 * 2 ** 20;
+  const names = ["head", "w1", "w2"];
+  const memory = names.map((n) => makeCgroup("memory", `prima-bench-halda-${n}`, "memory.limit_in_bytes", String(limit)));
+  const blkio = names.map((n) => makeCgroup("blkio", `prima-bench-halda-${n}`, "blkio.throttle.read_bps_device", `${dev} ${bps}`));
+  try {
+    if (memory.some((g) => !g) || blkio.some((g) => !g)) return;
+    const groups = names.map((_, i) => [memory[i]!, blkio[i]!]);
+    console.log(`\n## Halda's plan, every device (the head too) in ${limit / 2 ** 20} MiB on a disk of ${bps / 1e6} MB/s, ${tokens} tokens\n`);
+    console.log("| plan (ring order: bench1, bench2, head) | Halda's ms/token | decode ms/token | prefetch on the devices |");
+    console.log("|---|---|---|---|");
+    const run = async (windows: string, k: number) => {
+      dropCaches();
+      return ring(model, windows, k, 2, [], groups.slice(1), gen(tokens), [], groups[0]);
+    };
+    const row = (name: string, r: Report, price: string) => {
+      const chosen = [...r.log.matchAll(/prefetch (on|off) on (head|w\d+ "bench\d")/g)].map((m) => `${m[2].replace(/^w\d+ /, "")} ${m[1]}`).join(", ");
+      console.log(`| ${name} | ${price} | ${(1000 / r.decode_tok_s).toFixed(1)} | ${chosen || "- (one window a device)"} |`);
+    };
+    const auto = await run("", 0);
+    const p = auto.placement!;
+    row(`Halda's choice: k=${p.plan.k} [${p.per_cycle}]`, auto, p.plan.latencyMs.toFixed(0));
+    for (const [windows, k] of [["8,7,7", 1], ["4,4,3", 2]] as const) {
+      const perCycle = windows.split(",").map(Number);
+      let price: string;
+      try {
+        price = priceRingWindows(p.devices, p.model, perCycle, k).latencyMs.toFixed(0);
+      } catch (e) {
+        price = `not priced (${(e as Error).message.slice(0, 80)})`;
+      }
+      row(`by hand: k=${k} [${windows}]`, await run(windows, k), price);
     }
   } finally {
     removeCgroups([...memory, ...blkio]);

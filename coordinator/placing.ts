@@ -107,20 +107,26 @@ export async function answering(workers: readonly WorkerHandle[], log: (line: st
   }
   return { workers: workers.filter((_, i) => answers[i]), statuses: answers.filter((s): s is Status => s !== undefined) };
 }
-/** Whether each ring device reads ahead (the head first, then the members), from their profiles;
- * noted (the log, the plan's notes on the dashboard) where it matters: with several windows a device
- * (one window is streamed, never prefetched). */
-function prefetchChoices(o: ClusterOptions, headReport: DeviceReport | undefined, members: readonly WorkerHandle[], cycles: number, log: (line: string) => void): { on: boolean[]; notes: string[] } {
+/** The head and these workers as the prefetch choice sees them (coordinator/prefetch-choice.ts), from
+ * their profiles (a worker without one: its machine unknown). */
+function prefetchDevices(headReport: DeviceReport | undefined, workers: readonly WorkerHandle[]): PrefetchDevice[] {
   const device = (label: string, r: DeviceReport | undefined, machineId: string): PrefetchDevice =>
     ({ label, machineId: r?.details.system.machineId ?? machineId, readCpuShare: r?.details.disk.seqReadCpuShare });
   const reportOf = (w: WorkerHandle): DeviceReport | undefined => {
     try {
       return parseDeviceReport(w.join.profileJson);
     } catch {
-      return undefined; // no profile (layers placed by hand): its machine is unknown
+      return undefined;
     }
   };
-  const devices = [device(HEAD_ID, headReport, systemInfo().machineId), ...members.map((w) => device(w.label, reportOf(w), ""))];
+  return [device(HEAD_ID, headReport, systemInfo().machineId), ...workers.map((w) => device(w.label, reportOf(w), ""))];
+}
+
+/** Whether each ring device reads ahead (the head first, then the members); noted (the log, the plan's
+ * notes on the dashboard) where it matters: with several windows a device (one window is streamed,
+ * never prefetched). */
+function prefetchChoices(o: ClusterOptions, headReport: DeviceReport | undefined, members: readonly WorkerHandle[], cycles: number, log: (line: string) => void): { on: boolean[]; notes: string[] } {
+  const devices = prefetchDevices(headReport, members);
   const choices = choosePrefetch(o.prefetch, devices);
   const notes = cycles > 1 ? choices.map((c, j) => `prefetch ${c.on ? "on" : "off"} on ${devices[j].label}: ${c.why}`) : [];
   for (const n of notes) log(n);
@@ -142,6 +148,8 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
       // A recovery plans with the last timed passes: a request is paused until it is placed.
       retime: !i.recovering, retimeHead: i.recovering ? undefined : i.retimeHead,
       maxBatch: o.batch, tokens: o.plannedTokens ?? o.ctx, log, kvCacheTypes: o.kvCacheTypes, seqSlots: parallel,
+      // Halda prices plans of k > 1 with these devices' reads hidden (HALDA.md §4.8)
+      prefetches: choosePrefetch(o.prefetch, prefetchDevices(i.headReport, workers)).map((c) => c.on),
       measureRouting: o.measureRouting, options: { k: o.cycles, ...(o.keepAll ? { keepAll: true } : {}) }, rereads: i.rereads, phases: i.phases, statuses: i.statuses,
     });
     log(formatPlan(placement, placement.labels));

@@ -37,6 +37,9 @@ export interface RingPlanInput {
   /** Tokens the run will hold: prompt + generated (sets the attention FLOPs). */
   readonly tokens: number;
   readonly options: HaldaOptions;
+  /** Which devices read ahead (the head, then the workers; coordinator/prefetch-choice.ts): Halda's
+   * DeviceProfile.prefetches. Absent: none. */
+  readonly prefetches?: readonly boolean[];
   /** MoE: price with each layer's routing measured on the head (cachedExpertRouting) instead of uniform. */
   readonly measureRouting?: boolean;
   readonly log: (line: string) => void;
@@ -213,18 +216,19 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   links[0] = links[1] ?? null;
   // ξ, what a window costs besides its layers: the hop to the successor and, where the forward pass did
   // not price it, waking the compute threads.
-  const withLink = (r: DeviceReport, name: string, link: LinkMeasurement | null, handOffMs = 0): DeviceProfile => ({
+  const withLink = (r: DeviceReport, name: string, link: LinkMeasurement | null, handOffMs = 0, prefetches = false): DeviceProfile => ({
     ...r.profile, name, cpuComputeBufferBytes: scratch, linkLatencyMs: (link?.linkLatencyMs ?? 0) + windowOverheadMs(r.details) + handOffMs,
+    ...(prefetches ? { prefetches } : {}),
   });
   // The head hands its tokens on in JS, timed by its profile; workers hand off in C on their lane.
   const handOffMs = [Math.max(0, head.details.handOffMs ?? 0), ...reports.map(() => 0)];
-  const headProfile = withLink(head, "head", links[0], handOffMs[0]);
-  const workerProfiles = reports.map((r, j) => withLink(r, i.workers[j].id, links[j + 1]));
+  const headProfile = withLink(head, "head", links[0], handOffMs[0], i.prefetches?.[0]);
+  const workerProfiles = reports.map((r, j) => withLink(r, i.workers[j].id, links[j + 1], 0, i.prefetches?.[j + 1]));
   const labels = ["head (this coordinator)", ...i.workers.map((w) => w.label)];
   [headProfile, ...workerProfiles].forEach((p, j) => i.log(profileLine(labels[j], p, links[j], handOffMs[j])));
   // The windows last placed on these devices (by name and hardware, in Halda's order) for this model
   // and these settings: kept where Halda prices them near its new best (placement.ts keptOrNew).
-  const planKey = JSON.stringify([i.fingerprint, i.ctx, i.maxBatch, i.kvCacheTypes ?? null, i.seqSlots ?? 1, i.measureRouting ?? false, i.options,
+  const planKey = JSON.stringify([i.fingerprint, i.ctx, i.maxBatch, i.kvCacheTypes ?? null, i.seqSlots ?? 1, i.measureRouting ?? false, i.options, i.prefetches ?? [],
     [HEAD_ID, hardwareId()], ...i.workers.map((w) => [w.id, w.join.hardwareId])]);
   let placement: Placement;
   try {

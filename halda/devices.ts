@@ -29,6 +29,7 @@ export interface ResolvedDevice {
   readonly outputLayerMs: number | undefined;
   readonly cpuComputeBufferBytes: number | undefined;
   readonly gpuComputeBufferBytes: number | undefined;
+  readonly prefetches: boolean;
 }
 
 const OSES: readonly DeviceOs[] = ["macos", "linux", "android"];
@@ -38,6 +39,7 @@ const KNOWN_FIELDS = new Set([
   "ramReadBytesPerS", "vramReadBytesPerS", "ramToVramMs", "vramToRamMs", "ramTotalBytes", "ramAvailableBytes",
   "swappableBytes", "swapTotalBytes", "swapAvailableBytes", "gpuFreeBytes", "gpuMemCapBytes",
   "diskSeqReadBytesPerS", "diskRandReadBytesPerS", "linkLatencyMs", "outputLayerMs", "cpuComputeBufferBytes", "gpuComputeBufferBytes",
+  "prefetches",
 ]);
 
 function fail(where: string, msg: string): never {
@@ -86,6 +88,7 @@ export function resolveDevice(p: DeviceProfile, index: number): ResolvedDevice {
   if (gpu === "metal" && p.os !== "macos") fail(where, `gpuBackend "metal" needs os "macos"`);
   if (gpu === "cuda" && p.os === "macos") fail(where, `gpuBackend "cuda" is not available on macos`);
   if (p.uma !== undefined && typeof p.uma !== "boolean") fail(where, "uma must be true or false");
+  if (p.prefetches !== undefined && typeof p.prefetches !== "boolean") fail(where, "prefetches must be true or false");
   const hasGpu = gpu !== "none";
   const num = (field: keyof DeviceProfile, required = false) => nonNegative(where, field, p[field], required);
   const seq = num("diskSeqReadBytesPerS");
@@ -116,6 +119,7 @@ export function resolveDevice(p: DeviceProfile, index: number): ResolvedDevice {
     outputLayerMs: num("outputLayerMs"),
     cpuComputeBufferBytes: num("cpuComputeBufferBytes"),
     gpuComputeBufferBytes: num("gpuComputeBufferBytes"),
+    prefetches: p.prefetches ?? false,
   };
 }
 

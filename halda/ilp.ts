@@ -14,8 +14,10 @@ export interface IlpSolution {
   /** What the solver minimised: the head's window coefficient divided by masterPriority, plus the constant
    *  (exact mode solves with masterPriority 1, so there it equals latencyMs). */
   readonly objectiveMs: number;
-  /** The model's latency of this solution: k·Σ(a·w + b·n + ξ) + κ with unscaled coefficients. */
+  /** The model's latency of this solution: k·Σ(a·w + b·n + ξ) + κ with unscaled coefficients; with
+   * `prefetched`, the price of its reads hidden behind the ring (overlap.ts, HALDA.md §4.8). */
   readonly latencyMs: number;
+  readonly prefetched?: boolean;
 }
 
 /** Integer bounds of the rows of one device (HALDA.md §2.4 C4, C5, and the §4.6 guard). */

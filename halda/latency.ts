@@ -8,6 +8,7 @@ import {
   type BufferFlags, type DeviceTerms, type ModelTerms, type ResolvedOptions,
 } from "./terms.js";
 import { keptShares, namedLayers, pricedByName, rereadFromPrefix } from "./named-reread.js";
+import { hiddenReadsLatencyMs, hidesReads, type PricedDevice } from "./overlap.js";
 import { HaldaError, type DeviceLatencyMs, type DeviceProfile, type DeviceSet, type HaldaOptions, type ModelProfile } from "./types.js";
 
 export interface DeviceEvaluation {
@@ -120,6 +121,7 @@ export function predictResolved(devs: readonly ResolvedDevice[], a: Assignment, 
   const named = pricedByName(m, o, a.gpuLayers) && Number.isInteger(m.nLayers / a.k);
   const offsets = named ? ringOffsets(a.windowLayers, o.ringOrder ?? devs.map((_, i) => i)) : [];
   let total = 0, layers = 0;
+  const priced: PricedDevice[] = [];
   devs.forEach((d, i) => {
     const w = a.windowLayers[i], n = a.gpuLayers[i];
     if (!Number.isInteger(w) || !Number.isInteger(n) || w < 0 || n < 0 || n > w) {
@@ -134,9 +136,11 @@ export function predictResolved(devs: readonly ResolvedDevice[], a: Assignment, 
     problems.push(...ev.problems);
     total += ev.latency.totalMs;
     layers += a.k * w;
+    priced.push({ dev: d, ev, ramLayers: a.k * (t.gpuLayersLeaveRam ? w - n : w), deltaMsPerByte: t.deltaMsPerByte });
   });
   if (layers !== m.nLayers) problems.push(`the windows cover ${layers} layers per token, the model has ${m.nLayers}`);
-  return { latencyMs: total, devices: out, problems };
+  // devices that read ahead, overloaded at k > 1, read while the others compute (HALDA.md §4.8)
+  return { latencyMs: hidesReads(a.k, priced) ? hiddenReadsLatencyMs(a.k, priced, m) : total, devices: out, problems };
 }
 
 /**

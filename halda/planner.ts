@@ -5,12 +5,12 @@ import { resolveDevice, type ResolvedDevice } from "./devices.js";
 import { ExactSolver, tieMs } from "./exact.js";
 import { solveFaithful } from "./faithful.js";
 import { deviceRows, type IlpSolution } from "./ilp.js";
-import { evaluateDevice, fmtGiB, type DeviceEvaluation } from "./latency.js";
+import { evaluateDevice, fmtGiB, predictResolved, type DeviceEvaluation } from "./latency.js";
 import { bestNamedSplit } from "./named.js";
 import { pricedByName } from "./named-reread.js";
 import {
   allowedSets, conservativeFlags, deviceTerms, modelTerms, resolveOptions, validKs,
-  type ModelTerms, type ResolvedOptions,
+  type DeviceTerms, type ModelTerms, type ResolvedOptions,
 } from "./terms.js";
 import {
   bestSubset, droppedDevice, localSelection, paperSelection, SELECTION_EXACT_MAX_DEVICES, subsetLowerBound, type Selection, type Solved,
@@ -39,9 +39,30 @@ function solveExactly(devs: readonly ResolvedDevice[], ks: readonly number[], m:
   let startSets: IlpSolution["sets"] | undefined;
   if (devs.length > 8) startSets = solveFaithful(devs, ks, m, { ...o, mode: "prima" })?.solution.sets;
   const ex = new ExactSolver(terms, m, o, ks, startSets);
-  const solution = pickBest(decidingKs(ks, o).map((k) => ex.bestAt(k)), o.masterPriority > 1);
+  let solution = pickBest(decidingKs(ks, o).map((k) => ex.bestAt(k)), o.masterPriority > 1);
   if (!solution) return null;
-  return { solution, terms, atK: (k) => ex.bestAt(k), notes };
+  const prefetched = o.userK === 0 && !o.prefetchGuard && devs.some((d) => d.prefetches) ? bestPrefetched(devs, terms, ks, m, o, startSets) : null;
+  if (prefetched && prefetched.latencyMs < solution.latencyMs - tieMs(solution.latencyMs)) {
+    notes.push(`k = ${prefetched.k} under the prefetch guard: ${devs.filter((d, i) => d.prefetches && prefetched.sets[i] !== "M4" && prefetched.w[i] > 0).map((d) => d.name).join(", ")} ` +
+      `read each window while the others compute (${prefetched.latencyMs.toFixed(1)} ms a token against ${solution.latencyMs.toFixed(1)} at k = ${solution.k}; HALDA.md §4.8)`);
+    solution = prefetched;
+  }
+  return { solution, terms, atK: (k) => (k === solution!.k ? solution : ex.bestAt(k)), notes };
+}
+
+/** §4.8 [EXT]: the best plan of k > 1 under the prefetch guard, priced with its prefetching devices'
+ * reads hidden (overlap.ts); its latencyMs is that price. null: none is feasible. */
+function bestPrefetched(devs: readonly ResolvedDevice[], terms: readonly DeviceTerms[], ks: readonly number[], m: ModelTerms, o: ResolvedOptions, startSets?: IlpSolution["sets"]): IlpSolution | null {
+  const guarded = new ExactSolver(terms, m, { ...o, prefetchGuard: true }, ks, startSets);
+  let best: IlpSolution | null = null;
+  for (const k of ks) {
+    if (k === 1) continue;
+    const s = guarded.bestAt(k);
+    if (!s) continue;
+    const latencyMs = predictResolved(devs, { k, windowLayers: s.w, gpuLayers: s.n }, m, o).latencyMs; // hidden reads priced (§4.8)
+    if (!best || latencyMs < best.latencyMs - tieMs(best.latencyMs)) best = { ...s, latencyMs, objectiveMs: latencyMs, prefetched: true };
+  }
+  return best;
 }
 
 function solveOnce(devs: readonly ResolvedDevice[], m: ModelTerms, o: ResolvedOptions): Solved | null {
@@ -127,7 +148,8 @@ function buildPlan(planner: Plan["planner"], devs: readonly ResolvedDevice[], ac
       latency: ev.latency,
     };
   });
-  const latencyMs = devices.reduce((s, d) => s + d.latency.totalMs, 0);
+  // a prefetched plan's token is not the sum of its devices' shares: their reads are hidden (§4.8)
+  const latencyMs = sol.prefetched ? sol.latencyMs : devices.reduce((s, d) => s + d.latency.totalMs, 0);
   if (w === sol.w && Math.abs(latencyMs - sol.latencyMs) > 1e-6 * Math.max(1, latencyMs)) {
     notes.push(`the ILP's linear cost (${sol.latencyMs.toFixed(3)} ms) differs from the plan's evaluated latency (${latencyMs.toFixed(3)} ms): a device sits exactly on its memory boundary`);
   }

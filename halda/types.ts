@@ -59,6 +59,9 @@ export interface DeviceProfile {
   /** Measured scratch memory of the forward pass (c_cpu, c_gpu). Default: prima.cpp's estimate (HALDA.md §1.4). */
   readonly cpuComputeBufferBytes?: number;
   readonly gpuComputeBufferBytes?: number;
+  /** It reads its next window ahead while the others compute (the coordinator's prefetch choice):
+   * plans of k > 1 are also priced with its rereads hidden (HALDA.md §4.8). Default false. */
+  readonly prefetches?: boolean;
 }
 
 export type DeviceSet = "M1" | "M2" | "M3" | "M4";
