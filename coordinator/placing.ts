@@ -148,7 +148,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
       // A recovery plans with the last timed passes: a request is paused until it is placed.
       retime: !i.recovering, retimeHead: i.recovering ? undefined : i.retimeHead,
       maxBatch: o.batch, tokens: o.plannedTokens ?? o.ctx, log, kvCacheTypes: o.kvCacheTypes, seqSlots: parallel,
-      // Halda prices plans of k > 1 with these devices' reads hidden (HALDA.md §4.8)
+      // Halda prices plans of k > 1 with these devices' reads hidden (HALDA.md §4.9)
       prefetches: choosePrefetch(o.prefetch, prefetchDevices(i.headReport, workers)).map((c) => c.on),
       measureRouting: o.measureRouting, options: { k: o.cycles, ...(o.keepAll ? { keepAll: true } : {}) }, rereads: i.rereads, phases: i.phases, statuses: i.statuses,
     });

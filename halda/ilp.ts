@@ -15,7 +15,7 @@ export interface IlpSolution {
    *  (exact mode solves with masterPriority 1, so there it equals latencyMs). */
   readonly objectiveMs: number;
   /** The model's latency of this solution: k·Σ(a·w + b·n + ξ) + κ with unscaled coefficients; with
-   * `prefetched`, the price of its reads hidden behind the ring (overlap.ts, HALDA.md §4.8). */
+   * `prefetched`, the price of its reads hidden behind the ring (overlap.ts, HALDA.md §4.9). */
   readonly latencyMs: number;
   readonly prefetched?: boolean;
 }

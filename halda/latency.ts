@@ -139,7 +139,7 @@ export function predictResolved(devs: readonly ResolvedDevice[], a: Assignment, 
     priced.push({ dev: d, ev, ramLayers: a.k * (t.gpuLayersLeaveRam ? w - n : w), deltaMsPerByte: t.deltaMsPerByte });
   });
   if (layers !== m.nLayers) problems.push(`the windows cover ${layers} layers per token, the model has ${m.nLayers}`);
-  // devices that read ahead, overloaded at k > 1, read while the others compute (HALDA.md §4.8)
+  // devices that read ahead, overloaded at k > 1, read while the others compute (HALDA.md §4.9)
   return { latencyMs: hidesReads(a.k, priced) ? hiddenReadsLatencyMs(a.k, priced, m) : total, devices: out, problems };
 }
 

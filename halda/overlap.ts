@@ -1,4 +1,4 @@
-// Prefetch's price (HALDA.md §4.8 [EXT]), in latency.ts's price of any plan. The paper's objective
+// Prefetch's price (HALDA.md §4.9 [EXT]), in latency.ts's price of any plan. The paper's objective
 // is a sum: no disk read is hidden, so a plan of k > 1 never beats one of k = 1 (§2.5). A device that
 // reads ahead (DeviceProfile.prefetches) and is overloaded in a plan of k > 1 under the prefetch guard
 // (each window within its room, all of them not) drops each window after its pass and reads the next

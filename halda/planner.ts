@@ -44,13 +44,13 @@ function solveExactly(devs: readonly ResolvedDevice[], ks: readonly number[], m:
   const prefetched = o.userK === 0 && !o.prefetchGuard && devs.some((d) => d.prefetches) ? bestPrefetched(devs, terms, ks, m, o, startSets) : null;
   if (prefetched && prefetched.latencyMs < solution.latencyMs - tieMs(solution.latencyMs)) {
     notes.push(`k = ${prefetched.k} under the prefetch guard: ${devs.filter((d, i) => d.prefetches && prefetched.sets[i] !== "M4" && prefetched.w[i] > 0).map((d) => d.name).join(", ")} ` +
-      `read each window while the others compute (${prefetched.latencyMs.toFixed(1)} ms a token against ${solution.latencyMs.toFixed(1)} at k = ${solution.k}; HALDA.md §4.8)`);
+      `read each window while the others compute (${prefetched.latencyMs.toFixed(1)} ms a token against ${solution.latencyMs.toFixed(1)} at k = ${solution.k}; HALDA.md §4.9)`);
     solution = prefetched;
   }
   return { solution, terms, atK: (k) => (k === solution!.k ? solution : ex.bestAt(k)), notes };
 }
 
-/** §4.8 [EXT]: the best plan of k > 1 under the prefetch guard, priced with its prefetching devices'
+/** §4.9 [EXT]: the best plan of k > 1 under the prefetch guard, priced with its prefetching devices'
  * reads hidden (overlap.ts); its latencyMs is that price. null: none is feasible. */
 function bestPrefetched(devs: readonly ResolvedDevice[], terms: readonly DeviceTerms[], ks: readonly number[], m: ModelTerms, o: ResolvedOptions, startSets?: IlpSolution["sets"]): IlpSolution | null {
   const guarded = new ExactSolver(terms, m, { ...o, prefetchGuard: true }, ks, startSets);
@@ -59,7 +59,7 @@ function bestPrefetched(devs: readonly ResolvedDevice[], terms: readonly DeviceT
     if (k === 1) continue;
     const s = guarded.bestAt(k);
     if (!s) continue;
-    const latencyMs = predictResolved(devs, { k, windowLayers: s.w, gpuLayers: s.n }, m, o).latencyMs; // hidden reads priced (§4.8)
+    const latencyMs = predictResolved(devs, { k, windowLayers: s.w, gpuLayers: s.n }, m, o).latencyMs; // hidden reads priced (§4.9)
     if (!best || latencyMs < best.latencyMs - tieMs(best.latencyMs)) best = { ...s, latencyMs, objectiveMs: latencyMs, prefetched: true };
   }
   return best;
@@ -148,7 +148,7 @@ function buildPlan(planner: Plan["planner"], devs: readonly ResolvedDevice[], ac
       latency: ev.latency,
     };
   });
-  // a prefetched plan's token is not the sum of its devices' shares: their reads are hidden (§4.8)
+  // a prefetched plan's token is not the sum of its devices' shares: their reads are hidden (§4.9)
   const latencyMs = sol.prefetched ? sol.latencyMs : devices.reduce((s, d) => s + d.latency.totalMs, 0);
   if (w === sol.w && Math.abs(latencyMs - sol.latencyMs) > 1e-6 * Math.max(1, latencyMs)) {
     notes.push(`the ILP's linear cost (${sol.latencyMs.toFixed(3)} ms) differs from the plan's evaluated latency (${latencyMs.toFixed(3)} ms): a device sits exactly on its memory boundary`);

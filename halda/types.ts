@@ -60,7 +60,7 @@ export interface DeviceProfile {
   readonly cpuComputeBufferBytes?: number;
   readonly gpuComputeBufferBytes?: number;
   /** It reads its next window ahead while the others compute (the coordinator's prefetch choice):
-   * plans of k > 1 are also priced with its rereads hidden (HALDA.md §4.8). Default false. */
+   * plans of k > 1 are also priced with its rereads hidden (HALDA.md §4.9). Default false. */
   readonly prefetches?: boolean;
 }
 

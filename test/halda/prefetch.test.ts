@@ -1,4 +1,4 @@
-// HALDA.md §4.8 [EXT]: devices that read ahead (DeviceProfile.prefetches) make plans of k > 1 worth
+// HALDA.md §4.9 [EXT]: devices that read ahead (DeviceProfile.prefetches) make plans of k > 1 worth
 // pricing: under the prefetch guard each overloaded device reads its next window while the others
 // compute, so its reads bound the token instead of adding to it.
 import { describe, expect, test } from "vitest";
@@ -15,7 +15,7 @@ function starved(diskGBps: number, prefetches: boolean, ramGiB = 0.9): DevicePro
   }));
 }
 
-/** The price §4.8 gives a plan, from the plan's own figures: the ring's work without the prefetching
+/** The price §4.9 gives a plan, from the plan's own figures: the ring's work without the prefetching
  * overloaded devices' reads, or one such device's work and its reads of every layer it runs. */
 function hiddenPrice(p: Plan, diskGBps: number): number {
   let ring = 0, slowest = 0;
@@ -30,7 +30,7 @@ function hiddenPrice(p: Plan, diskGBps: number): number {
   return Math.max(ring, slowest);
 }
 
-describe("prefetch's price (HALDA.md §4.8)", () => {
+describe("prefetch's price (HALDA.md §4.9)", () => {
   test("memory-starved devices on slow disks that read ahead get k > 1, priced with their reads hidden", () => {
     const plain = halda(starved(0.2, false), F8);
     const ahead = halda(starved(0.2, true), F8);
