@@ -59,7 +59,8 @@ function bestPrefetched(devs: readonly ResolvedDevice[], terms: readonly DeviceT
     if (k === 1) continue;
     const s = guarded.bestAt(k);
     if (!s) continue;
-    const latencyMs = predictResolved(devs, { k, windowLayers: s.w, gpuLayers: s.n }, m, o).latencyMs; // hidden reads priced (§4.9)
+    // hidden reads priced (§4.9); ringOrder numbers every input device, devs may be a subset of them
+    const latencyMs = predictResolved(devs, { k, windowLayers: s.w, gpuLayers: s.n }, m, { ...o, ringOrder: undefined }).latencyMs;
     if (!best || latencyMs < best.latencyMs - tieMs(best.latencyMs)) best = { ...s, latencyMs, objectiveMs: latencyMs, prefetched: true };
   }
   return best;

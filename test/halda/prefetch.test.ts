@@ -47,6 +47,15 @@ describe("prefetch's price (HALDA.md §4.9)", () => {
     expect(ahead.notes.join("\n")).toMatch(/k = \d+ under the prefetch guard: .*read each window while the others compute/);
   });
 
+  test("with a ring order and a device left out (the price of a subset of the devices)", () => {
+    const slow: DeviceProfile = { ...starved(0.02, true)[0], name: "old-desktop", cpuFlopsPerS: { "*": 1e7 } };
+    const devices = [...starved(0.2, true), slow];
+    // selection prices subsets of the devices, whose numbers are not the ring order's
+    const p = halda(devices, F8, { ringOrder: [1, 2, 3, 0] });
+    expect(p.dropped.map((d) => d.name)).toEqual(["old-desktop"]);
+    expect(p.k).toBeGreaterThan(1);
+  });
+
   test("where the model fits, or nobody reads ahead, or k is the user's, the plan is the paper's", () => {
     const roomy = halda(starved(0.2, true, 4), F8);
     expect(roomy.k).toBe(1);

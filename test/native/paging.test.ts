@@ -54,12 +54,12 @@ it("release evicts a window's pages; prefetch brings them back before the window
   model.close();
 });
 
-/** Polls a window's residency until all of it is in memory, for at most limitMs; the bytes reached. */
-async function residentWithin(w: { residency(): { residentBytes: number; totalBytes: number } }, limitMs: number): Promise<number> {
-  const total = w.residency().totalBytes;
-  let resident = 0;
-  for (const t0 = Date.now(); Date.now() - t0 < limitMs && (resident = w.residency().residentBytes) < total;) await new Promise((r) => setTimeout(r, 20));
-  return resident;
+/** Polls a window's residency until `share` of it is in memory, for at most limitMs; the share reached.
+ * (Not all of it: on a loaded machine reclaim may take a few pages back meanwhile.) */
+async function residentWithin(w: { residency(): { residentBytes: number; totalBytes: number } }, share: number, limitMs: number): Promise<number> {
+  const r = () => w.residency().residentBytes / w.residency().totalBytes;
+  for (const t0 = Date.now(); Date.now() - t0 < limitMs && r() < share;) await new Promise((res) => setTimeout(res, 20));
+  return r();
 }
 
 it("prefetch pages in a window many times the disk's readahead window, here or in the background", async () => {
@@ -75,7 +75,8 @@ it("prefetch pages in a window many times the disk's readahead window, here or i
       w.release();
       expect(w.residency().residentBytes / total).toBeLessThan(0.2);
       w.prefetch(undefined, background);
-      expect(await residentWithin(w, 60_000)).toBe(total);
+      // one advice call stopped at the readahead window: 8 MiB here, 6% of the window
+      expect(await residentWithin(w, 0.95, 60_000)).toBeGreaterThanOrEqual(0.95);
     }
   } finally {
     w.close();
