@@ -1,10 +1,10 @@
 // Test harness: cgroup v1 groups (memory, cpu, blkio) to give processes less memory, CPU or disk, and
 // processes started inside them. Each helper says why it cannot run, so a test skips with a reason.
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, rmdirSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, rmdirSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, afterEach } from "vitest";
-import { memoryGroupState, type CgroupHeld } from "../../profiler/index.js";
+import { blockDeviceOf, memoryGroupState, type CgroupHeld } from "../../profiler/index.js";
 import { killAll, root, startProcess, type Proc } from "../helpers/process.js";
 
 export { killAll, root, type Proc };
@@ -24,10 +24,11 @@ export function controllerProblem(controller: "memory" | "cpu" | "blkio"): strin
   }
 }
 
-/** major:minor of the disk holding path, as blkio wants it. */
+/** major:minor of the disk holding path, as blkio wants it (the profiler's reading of it). */
 export function diskDeviceOf(path: string): string {
-  const d = BigInt(statSync(path).dev);
-  return `${((d >> 8n) & 0xfffn) | ((d >> 32n) & 0xfffff000n)}:${(d & 0xffn) | ((d >> 12n) & 0xffffff00n)}`;
+  const dev = blockDeviceOf(path);
+  if (!dev) throw new Error(`cannot read the block device of ${path}`);
+  return dev;
 }
 
 /** Whether blkio read throttling of this device takes effect (it does not on some virtual disks). */
