@@ -62,13 +62,25 @@ describe("serve past the context", () => {
     expect(r.usage.completion_tokens).toBe(3 * CTX);
     expect(r.choices[0].text).toBe(ref.text);
     expect(r.choices[0].text).not.toBe(runOnce(h2o).text); // the check tells H2O from a plain shift
-    // a worker that joins is left out (one window scores the positions); the next request reuses the
-    // cache the eviction left (the journal), with the same tokens
+    // a worker that joins is placed (on a ring each device adds its statistics: H2O_SCORES frames, or
+    // Halda keeps the tiny model on this device); the next request gives the same tokens
     joinWorker(s.clusterPort, "w1");
     await until<{ devices: { name: string; state: string; detail?: string | null }[] }>(`${s.url}/api/state`,
-      (_, b) => b.devices.some((d) => d.name === "w1" && d.state === "left-out"), 60_000);
+      (_, b) => b.devices.some((d) => d.name === "w1" && (d.state === "left-out" || d.state === "ready")), 60_000);
     const again = await completion(s, { max_tokens: 3 * CTX });
     expect(again.choices[0].text).toBe(ref.text);
+  }, 180_000);
+
+  it("--kv-evict h2o on a two-device ring (windows by hand): the tokens of one device", async () => {
+    const s = await startServe(["--ctx", String(CTX), "--kv-evict", "h2o", "--kv-budget", "0.25", "--min-workers", "1", "--layer-windows", "2,3"], { waitReady: false });
+    joinWorker(s.clusterPort, "w1");
+    await until(`${s.url}/health`, (st) => st === 200, 60_000);
+    const ref = runOnce(["-p", PROMPT, "-n", String(3 * CTX), "--ctx", String(CTX), "--temp", "0", "--kv-evict", "h2o", "--kv-budget", "0.25"]);
+    const r = await completion(s, { max_tokens: 3 * CTX });
+    expect(r.usage.completion_tokens).toBe(3 * CTX);
+    expect(r.choices[0].text).toBe(ref.text);
+    expect(s.proc.stderr).toMatch(/plan: 1 cycle of \[2, 3\] layers/);
+    expect(s.proc.stderr).toMatch(/context full: evicted by H2O on every device/);
   }, 180_000);
 
   it("--no-context-shift: stops at the full context, as llama-server's default", async () => {
