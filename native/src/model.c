@@ -1557,15 +1557,6 @@ static int for_each_range(prima_window *w, int (*fn)(prima_window *, uint8_t *, 
   return rc;
 }
 
-/* arg: bytes still allowed (advice stops there: what would not fit is evicted before it is used). */
-static int advise_willneed(prima_window *w, uint8_t *p, size_t len, void *arg) {
-  uint64_t *left = arg;
-  if (*left == 0) return 0;
-  if (len > *left) len = (size_t)*left;
-  *left -= len;
-  return prima_willneed(w->m, p, len, NULL, 0);
-}
-
 static int advise_release(prima_window *w, uint8_t *p, size_t len, void *arg) {
   (void)arg;
   if (madvise(p, len, MADV_DONTNEED) != 0) return errno;
@@ -1597,9 +1588,8 @@ static int count_resident(prima_window *w, uint8_t *p, size_t len, void *arg) {
   return 0;
 }
 
-int prima_window_prefetch(prima_window *w, uint64_t max_bytes) { return for_each_range(w, advise_willneed, &max_bytes); }
 
-/* ---- window prefetch off the caller's thread (the model's advisor) ---------------------------- */
+/* ---- window prefetch: its runs advised here, or by the model's advisor thread ---------------- */
 
 typedef struct {
   uint64_t left;
@@ -1607,7 +1597,7 @@ typedef struct {
   int n, cap;
 } range_list;
 
-/* Collects the runs advise_willneed would advise (as many bytes, in the same order). */
+/* Collects the window's runs in file order until the byte budget (l->left) is spent. */
 static int collect_range(prima_window *w, uint8_t *p, size_t len, void *arg) {
   range_list *l = arg;
   if (l->left == 0) return 0;
@@ -1625,6 +1615,21 @@ static int collect_range(prima_window *w, uint8_t *p, size_t len, void *arg) {
   return 0;
 }
 
+/* The window's runs to advise, at most max_bytes from its first layer on (what would not fit is
+ * evicted before it is used), into l (its pairs freed by the caller). 0 or errno. */
+static int prefetch_ranges(prima_window *w, uint64_t max_bytes, range_list *l) {
+  *l = (range_list){max_bytes, NULL, 0, 0};
+  return for_each_range(w, collect_range, l);
+}
+
+int prima_window_prefetch(prima_window *w, uint64_t max_bytes) {
+  range_list l;
+  int rc = prefetch_ranges(w, max_bytes, &l);
+  for (int i = 0; rc == 0 && i < l.n; i++) rc = prima_willneed(w->m, w->m->map + l.r[2 * i], (size_t)(l.r[2 * i + 1] - l.r[2 * i]), NULL, 0);
+  free(l.r);
+  return rc;
+}
+
 int prima_window_prefetch_background(prima_window *w, uint64_t max_bytes) {
   prima_model *m = w->m;
   prima_advisor *a = __atomic_load_n(&m->advisor, __ATOMIC_ACQUIRE);
@@ -1633,8 +1638,8 @@ int prima_window_prefetch_background(prima_window *w, uint64_t max_bytes) {
     if (!__atomic_compare_exchange_n(&m->advisor, &none, a, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) prima_advisor_stop(a), a = none;
   }
   if (!a) return prima_window_prefetch(w, max_bytes); /* no thread: advise here */
-  range_list l = {max_bytes, NULL, 0, 0};
-  int rc = for_each_range(w, collect_range, &l);
+  range_list l;
+  int rc = prefetch_ranges(w, max_bytes, &l);
   if (rc == 0) rc = prima_advisor_request(a, l.r, l.n);
   free(l.r);
   return rc;

@@ -24,13 +24,6 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* CPU seconds of the calling thread (CLOCK_THREAD_CPUTIME_ID: Linux and macOS). */
-static double thread_cpu_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static uint64_t rng_next(uint64_t *s) {
   uint64_t x = *s;
   x ^= x << 13;
@@ -344,7 +337,8 @@ int prima_profile_disk(const char *path, uint64_t file_bytes, size_t seq_block, 
   if (!direct) drop_pages(fd, POSIX_FADV_SEQUENTIAL);
 #endif
   double start = now_s(), elapsed = 0;
-  const double cpu0 = thread_cpu_s();
+  prima_thread_clock cpu0, cpu1;
+  prima_thread_clock_read(&cpu0);
   uint64_t off = 0;
   do {
     if (pread(fd, buf, seq_block, (off_t)off) != (ssize_t)seq_block) {
@@ -356,7 +350,8 @@ int prima_profile_disk(const char *path, uint64_t file_bytes, size_t seq_block, 
   } while (off < file_bytes && elapsed < seq_seconds);
   out->seq_bytes_read = off;
   out->seq_bytes_per_s = (double)off / elapsed;
-  out->seq_cpu_share = (thread_cpu_s() - cpu0) / elapsed;
+  prima_thread_clock_read(&cpu1);
+  out->seq_cpu_share = (cpu1.cpu_ms - cpu0.cpu_ms) / 1000.0 / elapsed;
 
   /* Random reads of a page at block-aligned offsets, so no two share a read-ahead window. */
 #if defined(POSIX_FADV_RANDOM)
