@@ -39,7 +39,7 @@ function* assignments(options: readonly DeviceSet[][]): Generator<DeviceSet[]> {
  */
 export class ExactSolver {
   private base: { sets: DeviceSet[]; sol: IlpSolution }[] | null = null;
-  private readonly cache = new Map<number, IlpSolution | null>();
+  private readonly cache = new Map<string, IlpSolution | null>();
   private readonly xiSum: number;
   /** The options the ILPs see: no priority factor (it is the secondary key here). */
   private readonly o: ResolvedOptions;
@@ -77,16 +77,18 @@ export class ExactSolver {
     return base;
   }
 
-  /** The best solution at k over all set assignments (latency, then the head's window); null when none is feasible. */
-  bestAt(k: number): IlpSolution | null {
-    const hit = this.cache.get(k);
+  /** The best solution at k over all set assignments (latency, then the head's window); null when none is
+   * feasible. `guard`: with the prefetch guard or without (default: the options'); phase 1 is shared. */
+  bestAt(k: number, guard = this.o.prefetchGuard): IlpSolution | null {
+    const key = `${k}|${guard}`;
+    const hit = this.cache.get(key);
     if (hit !== undefined) return hit;
     let best: IlpSolution | null = null;
     const found: IlpSolution[] = [];
     for (const { sets, sol } of this.phase1()) {
       const lowerBound = sol.latencyMs + (k - 1) * this.xiSum;
       if (best && lowerBound > best.latencyMs + tieMs(best.latencyMs)) break; // ties are still collected
-      const s = k === 1 && !this.o.prefetchGuard ? sol : this.solve(sets, k, this.o.prefetchGuard);
+      const s = k === 1 && !guard ? sol : this.solve(sets, k, guard);
       if (!s) continue;
       found.push(s);
       if (!best || s.latencyMs < best.latencyMs) best = s;
@@ -96,11 +98,11 @@ export class ExactSolver {
       const most = this.m.nLayers / k - (this.terms.length - 1); // every other device keeps a layer
       for (const s of found) {
         if (s.latencyMs > cap || best.w[0] >= most) continue;
-        const t = this.solve(s.sets, k, this.o.prefetchGuard, cap) ?? s;
+        const t = this.solve(s.sets, k, guard, cap) ?? s;
         if (t.w[0] > best.w[0] || (t.w[0] === best.w[0] && t.latencyMs < best.latencyMs)) best = t;
       }
     }
-    this.cache.set(k, best);
+    this.cache.set(key, best);
     return best;
   }
 }

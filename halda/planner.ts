@@ -10,7 +10,7 @@ import { bestNamedSplit } from "./named.js";
 import { pricedByName } from "./named-reread.js";
 import {
   allowedSets, conservativeFlags, deviceTerms, modelTerms, resolveOptions, validKs,
-  type DeviceTerms, type ModelTerms, type ResolvedOptions,
+  type ModelTerms, type ResolvedOptions,
 } from "./terms.js";
 import {
   bestSubset, droppedDevice, localSelection, paperSelection, SELECTION_EXACT_MAX_DEVICES, subsetLowerBound, type Selection, type Solved,
@@ -41,7 +41,7 @@ function solveExactly(devs: readonly ResolvedDevice[], ks: readonly number[], m:
   const ex = new ExactSolver(terms, m, o, ks, startSets);
   let solution = pickBest(decidingKs(ks, o).map((k) => ex.bestAt(k)), o.masterPriority > 1);
   if (!solution) return null;
-  const prefetched = o.userK === 0 && !o.prefetchGuard && devs.some((d) => d.prefetches) ? bestPrefetched(devs, terms, ks, m, o, startSets) : null;
+  const prefetched = o.userK === 0 && !o.prefetchGuard && devs.some((d) => d.prefetches) ? bestPrefetched(devs, ex, ks, m, o) : null;
   if (prefetched && prefetched.latencyMs < solution.latencyMs - tieMs(solution.latencyMs)) {
     notes.push(`k = ${prefetched.k} under the prefetch guard: ${devs.filter((d, i) => d.prefetches && prefetched.sets[i] !== "M4" && prefetched.w[i] > 0).map((d) => d.name).join(", ")} ` +
       `read each window while the others compute (${prefetched.latencyMs.toFixed(1)} ms a token against ${solution.latencyMs.toFixed(1)} at k = ${solution.k}; HALDA.md §4.9)`);
@@ -52,12 +52,11 @@ function solveExactly(devs: readonly ResolvedDevice[], ks: readonly number[], m:
 
 /** §4.9 [EXT]: the best plan of k > 1 under the prefetch guard, priced with its prefetching devices'
  * reads hidden (overlap.ts); its latencyMs is that price. null: none is feasible. */
-function bestPrefetched(devs: readonly ResolvedDevice[], terms: readonly DeviceTerms[], ks: readonly number[], m: ModelTerms, o: ResolvedOptions, startSets?: IlpSolution["sets"]): IlpSolution | null {
-  const guarded = new ExactSolver(terms, m, { ...o, prefetchGuard: true }, ks, startSets);
+function bestPrefetched(devs: readonly ResolvedDevice[], ex: ExactSolver, ks: readonly number[], m: ModelTerms, o: ResolvedOptions): IlpSolution | null {
   let best: IlpSolution | null = null;
   for (const k of ks) {
     if (k === 1) continue;
-    const s = guarded.bestAt(k);
+    const s = ex.bestAt(k, true);
     if (!s) continue;
     // hidden reads priced (§4.9); ringOrder numbers every input device, devs may be a subset of them
     const latencyMs = predictResolved(devs, { k, windowLayers: s.w, gpuLayers: s.n }, m, { ...o, ringOrder: undefined }).latencyMs;
