@@ -11,7 +11,7 @@ import type { DeviceRecords } from "./devices.js";
 import { windowChunkHashes } from "./model-store.js";
 import { formatPlan, type Seat } from "./placement.js";
 import { planRing, settleHeadMemory, type RingPlan } from "./plan-ring.js";
-import { choosePrefetch, type PrefetchDevice } from "./prefetch-choice.js";
+import { choosePrefetch, type PrefetchChoice, type PrefetchDevice } from "./prefetch-choice.js";
 import type { WorkerHandle, WorkerRegistry } from "./registry.js";
 import type { Current } from "./request-run.js";
 import { HEAD_ID, Ring } from "./ring-setup.js";
@@ -107,9 +107,10 @@ export async function answering(workers: readonly WorkerHandle[], log: (line: st
   }
   return { workers: workers.filter((_, i) => answers[i]), statuses: answers.filter((s): s is Status => s !== undefined) };
 }
-/** The head and these workers as the prefetch choice sees them (coordinator/prefetch-choice.ts), from
- * their profiles (a worker without one: its machine unknown). */
-function prefetchDevices(headReport: DeviceReport | undefined, workers: readonly WorkerHandle[]): PrefetchDevice[] {
+/** Whether the head and each worker read ahead (coordinator/prefetch-choice.ts), from their profiles (a
+ * worker without one: its machine unknown), one choice a placement: Halda prices the plan with it and
+ * the ring runs with it. A worker the plan leaves out still counts as sharing its machine (it is idle). */
+function prefetchChoices(o: ClusterOptions, headReport: DeviceReport | undefined, workers: readonly WorkerHandle[]): (PrefetchChoice & { label: string })[] {
   const device = (label: string, r: DeviceReport | undefined, machineId: string): PrefetchDevice =>
     ({ label, machineId: r?.details.system.machineId ?? machineId, readCpuShare: r?.details.disk.seqReadCpuShare });
   const reportOf = (w: WorkerHandle): DeviceReport | undefined => {
@@ -119,18 +120,8 @@ function prefetchDevices(headReport: DeviceReport | undefined, workers: readonly
       return undefined;
     }
   };
-  return [device(HEAD_ID, headReport, systemInfo().machineId), ...workers.map((w) => device(w.label, reportOf(w), ""))];
-}
-
-/** Whether each ring device reads ahead (the head first, then the members); noted (the log, the plan's
- * notes on the dashboard) where it matters: with several windows a device (one window is streamed,
- * never prefetched). */
-function prefetchChoices(o: ClusterOptions, headReport: DeviceReport | undefined, members: readonly WorkerHandle[], cycles: number, log: (line: string) => void): { on: boolean[]; notes: string[] } {
-  const devices = prefetchDevices(headReport, members);
-  const choices = choosePrefetch(o.prefetch, devices);
-  const notes = cycles > 1 ? choices.map((c, j) => `prefetch ${c.on ? "on" : "off"} on ${devices[j].label}: ${c.why}`) : [];
-  for (const n of notes) log(n);
-  return { on: choices.map((c) => c.on), notes };
+  const devices = [device(HEAD_ID, headReport, systemInfo().machineId), ...workers.map((w) => device(w.label, reportOf(w), ""))];
+  return choosePrefetch(o.prefetch, devices).map((c, j) => ({ ...c, label: devices[j].label }));
 }
 
 export async function placeLayers(i: PlaceInput): Promise<Placed> {
@@ -138,6 +129,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
   const { model, log } = o;
   const parallel = o.parallel ?? 1;
   if (workers.length === 0) return local(i, undefined, [], "no workers: every layer runs on this device");
+  const prefetch = prefetchChoices(o, i.headReport, workers); // the head, then the workers
   let perCycle: number[];
   let cycles: number | undefined;
   let placement: RingPlan | undefined;
@@ -149,7 +141,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
       retime: !i.recovering, retimeHead: i.recovering ? undefined : i.retimeHead,
       maxBatch: o.batch, tokens: o.plannedTokens ?? o.ctx, log, kvCacheTypes: o.kvCacheTypes, seqSlots: parallel,
       // Halda prices plans of k > 1 with these devices' reads hidden (HALDA.md §4.9)
-      prefetches: choosePrefetch(o.prefetch, prefetchDevices(i.headReport, workers)).map((c) => c.on),
+      prefetches: prefetch.map((c) => c.on),
       measureRouting: o.measureRouting, options: { k: o.cycles, ...(o.keepAll ? { keepAll: true } : {}) }, rereads: i.rereads, phases: i.phases, statuses: i.statuses,
     });
     log(formatPlan(placement, placement.labels));
@@ -173,10 +165,11 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
     devices.set(w, "left-out", dropReason(w));
   }
   const leftOutState: LeftOut = leftOut.map((w) => ({ device: w.id, reason: dropReason(w) }));
-  const inRing = workers.flatMap((w, j) => (plan.perDevice[j].length > 0 ? [{ worker: w, windows: plan.perDevice[j], releaseAfterUse: releaseAfterUse(j) }] : []));
-  const prefetch = prefetchChoices(o, i.headReport, inRing.map((m) => m.worker), plan.cycles, log);
-  const [headPrefetch, ...memberPrefetch] = prefetch.on;
-  const members = inRing.map((m, j) => ({ ...m, prefetch: memberPrefetch[j] }));
+  const members = workers.flatMap((w, j) => (plan.perDevice[j].length > 0 ? [{ worker: w, windows: plan.perDevice[j], releaseAfterUse: releaseAfterUse(j), prefetch: prefetch[j + 1].on }] : []));
+  // said where it matters: with several windows a device (one window is streamed, never prefetched)
+  const inRing = [prefetch[0], ...workers.flatMap((_, j) => (plan.perDevice[j].length > 0 ? [prefetch[j + 1]] : []))];
+  const prefetchNotes = plan.cycles > 1 ? inRing.map((c) => `prefetch ${c.on ? "on" : "off"} on ${c.label}: ${c.why}`) : [];
+  for (const n of prefetchNotes) log(n);
   if (members.length === 0) {
     if (!placement) throw new PlanError("no worker takes a layer: give the workers some layers in --layer-windows");
     for (const w of workers) log(`device ${w.label} takes no layers: Halda keeps every layer on this device`);
@@ -187,7 +180,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
   for (const m of members) devices.set(m.worker, "loading", "receiving its windows", 0);
   const ring = await Ring.build({
     members, headWindows, headReleaseAfterUse: releaseAfterUse(workers.length), cycles: plan.cycles, ctx: o.ctx,
-    maxBatch: o.batch, headPrefetch, expertPrefetch: o.expertPrefetch, kvCacheTypes: o.kvCacheTypes, seqSlots: parallel,
+    maxBatch: o.batch, headPrefetch: prefetch[0].on, expertPrefetch: o.expertPrefetch, kvCacheTypes: o.kvCacheTypes, seqSlots: parallel,
   }, {
     model, fingerprint: i.fingerprint, registry: i.registry, log,
     weights: async (layers) => ({ chunkBytes: i.modelSource.info.chunkBytes, chunks: await windowChunkHashes(i.modelSource, model.gguf, layers) }),
@@ -208,7 +201,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
   const planState: PlanState = {
     generation: i.generation, planner: placement ? `Halda (${placement.plan.planner})` : "--layer-windows", cycles: plan.cycles, ringOrder: ring.order,
     layersPerCycle: [...members.map((m) => m.windows[0].endLayer - m.windows[0].firstLayer), headWindows.length ? headWindows[0].endLayer - headWindows[0].firstLayer : 0],
-    predictedMsPerToken: placement?.plan.latencyMs ?? null, windows, leftOut: leftOutState, notes: [...(placement?.plan.notes ?? []), ...prefetch.notes], madeUnixMs: Date.now(),
+    predictedMsPerToken: placement?.plan.latencyMs ?? null, windows, leftOut: leftOutState, notes: [...(placement?.plan.notes ?? []), ...prefetchNotes], madeUnixMs: Date.now(),
   };
   return {
     current: { kind: "ring", ring, devices: members.length + 1 }, placement, planState, perCycle,
