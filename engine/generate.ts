@@ -1,7 +1,7 @@
 // The token loop, independent of where the layers run: a Pipeline runs every layer (one local window,
 // or a ring of devices) and returns the last row's logits; this file embeds, samples and streams.
 import { discardFor, type ContextShift, type KvJournal } from "./context-shift.js";
-import { H2O_UNGATHERED, h2oEvict } from "./h2o.js";
+import { h2oEvict } from "./h2o.js";
 import { Sampler } from "./sampler.js";
 
 export interface Pipeline {
@@ -77,7 +77,6 @@ export async function generate(embedder: Embedder, pipeline: Pipeline, prompt: I
   const shift = o.contextShift && pipeline.shift ? o.contextShift : undefined;
   let pos = startPos;
   let shifts = 0, discarded = 0;
-  if (shift?.h2o !== undefined && !pipeline.h2oScores) throw new Error(H2O_UNGATHERED);
   /** One context shift, as llama.cpp makes it, or H2O's eviction (several shifts); false: nothing can be dropped. */
   const shiftContext = async (): Promise<boolean> => {
     let d: number;

@@ -42,13 +42,11 @@ export function h2oBudget(fraction: number, nCtx: number): number {
   return Math.floor(fraction * nCtx);
 }
 
-export const H2O_UNGATHERED = "H2O eviction (--kv-evict h2o) needs windows that gather attention statistics";
-
 /** One eviction of a full cache of nPast positions: the statistics read, the rule applied, each dropped
  * run shifted out on the pipeline (and recorded in the journal). Returns the positions dropped. */
 export async function h2oEvict(pipeline: Pipeline, nPast: number, keep: number, fraction: number, journal?: KvJournal): Promise<number> {
   const scores = await pipeline.h2oScores?.();
-  if (!scores || !pipeline.shift) throw new Error(H2O_UNGATHERED);
+  if (!scores || !pipeline.shift) throw new Error("H2O eviction (--kv-evict h2o) needs windows that gather attention statistics");
   let d = 0;
   for (const r of h2oDrops(h2oKept(scores, nPast, keep, h2oBudget(fraction, pipeline.nCtx)), nPast)) {
     await pipeline.shift(r.p0, r.n, nPast - d);

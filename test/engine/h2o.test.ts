@@ -109,6 +109,16 @@ describe("generation past the context", () => {
     }
   });
 
+  it("asked to evict by H2O, a pipeline whose windows gather no statistics fails at the first eviction, saying so", async () => {
+    const pipeline = new LocalPipeline(m, 64, 64, { k: "f16", v: "f16" });
+    try {
+      await expect(generate(m, pipeline, tokens.subarray(0, 20), { maxTokens: 150, sampler: new Sampler({ temperature: 0 }), contextShift: { keep: 1, h2o: 0.25 } }))
+        .rejects.toThrow(/needs windows that gather attention statistics/);
+    } finally {
+      pipeline.close();
+    }
+  });
+
   it("run --kv-evict h2o generates 4x the context; misuse is refused by name", async () => {
     const exec = promisify(execFile), cli = join(root, "dist/coordinator/cli.js");
     const { stdout } = await exec(process.execPath, [cli, "run", SHIPPED, "-p", "Once upon a time", "-n", "256", "--temp", "0", "--ctx", "64",
