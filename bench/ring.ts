@@ -59,6 +59,11 @@ async function ring(model: string, windows: string, k: number, nWorkers: number,
   }
 }
 
+/** What the coordinator said each device chose ("head on, bench1 off, ..."), from its log. */
+function prefetchChosen(log: string): string {
+  return [...log.matchAll(/prefetch (on|off) on (?:head|w\d+ "(bench\d)")/g)].map((m) => `${m[2] ?? "head"} ${m[1]}`).join(", ");
+}
+
 /** A v1 cgroup under `controller` with one setting written, or undefined where that cannot be done. */
 function makeCgroup(controller: "memory" | "blkio", name: string, file: string, value: string): string | undefined {
   const dir = `/sys/fs/cgroup/${controller}/${name}`;
@@ -171,14 +176,14 @@ export async function starved(model: string, tokens = 32, slowTokens = 8): Promi
     ];
     for (const disk of disks) {
       console.log(`\n## memory-starved workers (memory cgroup of ${limit / 2 ** 20} MiB each, ~210 MiB of weights each), ${disk.name}, ${disk.tokens} tokens\n`);
-      console.log("| setup | decode ms/token | prefetch on the workers |");
+      console.log("| setup | decode ms/token | prefetch on the devices |");
       console.log("|---|---|---|");
       const ms: number[] = [];
       for (const s of setups) {
         dropCaches();
         const r = await ring(model, s.windows, s.k, 2, s.flags, disk.groups, gen(disk.tokens));
         ms.push(1000 / r.decode_tok_s);
-        const chosen = [...r.log.matchAll(/prefetch (on|off) on (w\d+) "(bench\d)"/g)].map((m) => `${m[3]} ${m[1]}`).join(", ");
+        const chosen = prefetchChosen(r.log);
         console.log(`| ${s.name} | ${ms[ms.length - 1].toFixed(1)} | ${s.k === 1 ? "-" : chosen || "?"} |`);
       }
       const [, off, on, auto] = ms;
@@ -209,7 +214,7 @@ export async function haldaWithPrefetch(model: string, dev: string, bps: number,
       return ring(model, windows, k, 2, [], groups.slice(1), gen(tokens), [], groups[0]);
     };
     const row = (name: string, r: Report, price: string) => {
-      const chosen = [...r.log.matchAll(/prefetch (on|off) on (head|w\d+ "bench\d")/g)].map((m) => `${m[2].replace(/^w\d+ /, "")} ${m[1]}`).join(", ");
+      const chosen = prefetchChosen(r.log);
       console.log(`| ${name} | ${price} | ${(1000 / r.decode_tok_s).toFixed(1)} | ${chosen || "- (one window a device)"} |`);
     };
     const auto = await run("", 0);
