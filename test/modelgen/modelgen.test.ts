@@ -10,7 +10,7 @@ import { getLlama, LlamaLogLevel, type Llama } from "node-llama-cpp";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { describeModel, readGguf, metaNumber, metaString, type GgufFile } from "../../model/index.js";
 import { GgmlTypeId } from "../../native/kernels.js";
-import { generateModel, ModelGenError } from "../../modelgen/index.js";
+import { generateModel, ModelGenError, padHeads } from "../../modelgen/index.js";
 import { FILE_TYPES, FILE_TYPE_NAMES, modelShapeByName, planTensors, type FileTypeName, type ModelShape } from "../../model/index.js";
 import { parseMakeModelArgs } from "../../coordinator/make-model-command.js";
 import { ORACLE_THREADS } from "../engine/oracle-harness.js";
@@ -245,6 +245,20 @@ describe("bad input", () => {
     await expect(generateModel({ shape: { ...tiny, nHead: 3 }, type: "F16", out })).rejects.toThrow(/not a multiple of heads/);
     await expect(generateModel({ shape: { ...tiny, nVocab: 100 }, type: "F16", out })).rejects.toThrow(/more than the shape's vocabulary size/);
     await expect(generateModel({ shape: "tiny-llama", type: "F16", out, seed: -1 })).rejects.toThrow(ModelGenError);
+    expect(existsSync(out)).toBe(false);
+  });
+
+  it("padHeads refuses what it cannot pad, by name", async () => {
+    const out = join(dir, "padded.gguf");
+    const shipped = join(root, "models/stories260K.gguf");
+    expect(() => padHeads(shipped, out, 12)).toThrow(/head size 12 is not a multiple \(2x or more\) of the model's 8/);
+    expect(() => padHeads(shipped, out, 8)).toThrow(/not a multiple \(2x or more\)/);
+    const qwen = join(dir, "pad-qwen2.gguf");
+    await generateModel({ shape: "tiny-qwen2", type: "F32", out: qwen, seed: 3 });
+    expect(() => padHeads(qwen, out, 128)).toThrow(/needs a llama model \(RoPE on adjacent pairs\).*"qwen2"/);
+    const q8 = join(dir, "pad-q8.gguf");
+    await generateModel({ shape: "tiny-llama", type: "Q8_0", out: q8, seed: 3, pure: true });
+    expect(() => padHeads(q8, out, 128)).toThrow(/attn_q.weight is not F32/);
     expect(existsSync(out)).toBe(false);
   });
 
