@@ -12,16 +12,7 @@ import type { MemoryReport } from "../../bench/memory.js";
 import { LocalModel, LocalPipeline, Sampler, generate } from "../../engine/index.js";
 import { kvBytesPerTokenLayer, modelShapeByName, type KvCacheType, type KvCacheTypes } from "../../model/index.js";
 import { generateModel } from "../../modelgen/index.js";
-import { TOL_FIRST_POSITION, ORACLE_THREADS, TOL_FLOOR, compare, loadOracle, oracleLogits } from "./oracle-harness.js";
-
-// llama.cpp rotates Q, K and V by a Hadamard matrix when the cache is quantized and the head size a
-// multiple of 64 (llama-kv-cache.cpp attn_rot_k/v, on by default since 2026) unless
-// LLAMA_ATTN_ROT_DISABLE=1 (read as each context is made): prima's q8_0-rot and q4_0-rot are the
-// former, its plain q8_0 and q4_0 the latter.
-function llamaRotates(types: KvCacheTypes): void {
-  if (types.k.endsWith("-rot") || types.v.endsWith("-rot")) delete process.env.LLAMA_ATTN_ROT_DISABLE;
-  else process.env.LLAMA_ATTN_ROT_DISABLE = "1";
-}
+import { TOL_FIRST_POSITION, ORACLE_THREADS, TOL_FLOOR, compare, llamaRotates, loadOracle, oracleLogits } from "./oracle-harness.js";
 
 const dir = mkdtempSync(join(tmpdir(), "prima-kvtypes-"));
 const root = join(import.meta.dirname, "..", "..");

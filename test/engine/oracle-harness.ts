@@ -3,6 +3,7 @@
 // oracle test (every weight type) and the families test (every architecture).
 import { getLlama, type Llama } from "node-llama-cpp";
 import { LocalModel } from "../../engine/index.js";
+import type { KvCacheTypes } from "../../model/index.js";
 
 /** llama.cpp's CPU threads meet at a spinning barrier after every op: two of them on a busy 2-core
  * machine (the suite runs two files side by side) wait out each other's time slices, and stories260K
@@ -11,6 +12,15 @@ import { LocalModel } from "../../engine/index.js";
  * between threads, and splits a sum only in flash attention over 512 or more cached F16/F32 rows,
  * which no oracle context here holds. */
 export const ORACLE_THREADS = 1;
+
+// llama.cpp rotates Q, K and V by a Hadamard matrix when the cache is quantized and the head size a
+// multiple of 64 (llama-kv-cache.cpp attn_rot_k/v, on by default since 2026) unless
+// LLAMA_ATTN_ROT_DISABLE=1 (read as each context is made): prima's q8_0-rot and q4_0-rot are the
+// former, its plain q8_0 and q4_0 the latter.
+export function llamaRotates(types: KvCacheTypes): void {
+  if (types.k.endsWith("-rot") || types.v.endsWith("-rot")) delete process.env.LLAMA_ATTN_ROT_DISABLE;
+  else process.env.LLAMA_ATTN_ROT_DISABLE = "1";
+}
 
 export async function loadOracle(): Promise<Llama> {
   return getLlama({ gpu: false, build: "never", skipDownload: true, logLevel: "error" as never, maxThreads: ORACLE_THREADS });
