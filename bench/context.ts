@@ -12,6 +12,7 @@ import { join } from "node:path";
 import { describeModel, kvBytesPerTokenLayer, kvCacheProblem, readGguf, type KvCacheTypes } from "../model/index.js";
 import { h2oQuality } from "./context-h2o.js";
 import { attentionCurve, sparseQuality, type KlReport } from "./context-sparse.js";
+import { generateModel, padHeads } from "../modelgen/index.js";
 import { coordCli, root, start } from "./procs.js";
 
 const TEXT = `${root}test/fixtures/story.txt`;
@@ -31,7 +32,6 @@ async function perplexity(args: string[]): Promise<KlReport> {
 async function contextModel(): Promise<string> {
   const path = `${root}.cache/bench-context-small-llama-Q8_0.gguf`;
   if (!existsSync(path)) {
-    const { generateModel } = await import("../modelgen/index.js");
     await generateModel({ shape: "small-llama", type: "Q8_0", out: path, seed: 1, weightStd: 0.08 });
   }
   return path;
@@ -44,12 +44,18 @@ export async function main(threads: number, log: (s: string) => void): Promise<v
     // the families bench's model, where it has been generated
     { name: "qwen3-0.6b Q4_K_M (generated, head size 128)", path: `${root}.cache/bench-qwen3-0.6b-Q4_K_M.gguf` },
   ].filter((m) => existsSync(m.path));
+  const dir = mkdtempSync(join(tmpdir(), "prima-bench-context-"));
+  // The shipped model's trained weights with heads a quantized cache can hold (the same function: their
+  // F16 rows equal the shipped model's), so the cache types are measured on trained weights too: at 32
+  // a block holds 8 of a head's values (and the rotation, over 64, is refused), at 64 it holds 4.
+  const padded = [32, 64].map((hd) => ({
+    name: `stories260K, heads padded to ${hd} (trained, the same function)`, path: padHeads(models[0].path, join(dir, `stories260K-hd${hd}.gguf`), hd).out,
+  }));
   console.log(`\n## KV cache types: bytes and quality against the F16 cache (${TEXT.slice(root.length)}, chunks of 128)\n`);
   console.log("| model | K / V | KV bytes per token | of F16 | PPL | PPL delta | mean KL divergence | same top token |");
   console.log("|---|---|---|---|---|---|---|---|");
-  const dir = mkdtempSync(join(tmpdir(), "prima-bench-context-"));
   try {
-    for (const m of models) {
+    for (const m of [models[0], ...padded, ...models.slice(1)]) {
       const hp = describeModel(readGguf(m.path)).hparams;
       const f16Bytes = kvBytesPerTokenLayer(hp) * hp.nLayers;
       const base = join(dir, "base.kld");
@@ -76,5 +82,5 @@ export async function main(threads: number, log: (s: string) => void): Promise<v
   }
   await h2oQuality(models, TEXT, threads, log);
   attentionCurve();
-  console.log("\nKV bytes per token: every layer's K and V rows in their types (model/kv-cache.ts; test/engine/kv-types.test.ts measures the same in the process's memory). Generated models have random weights: their perplexity is high, the delta and KL divergence still measure how far a cache type moves the model from its F16 cache.");
+  console.log("\nKV bytes per token: every layer's K and V rows in their types (model/kv-cache.ts; test/engine/kv-types.test.ts measures the same in the process's memory). Generated models have random weights: their perplexity is high, the delta and KL divergence still measure how far a cache type moves the model from its F16 cache. The padded stories260K rows are trained weights (modelgen/pad-heads.ts): llama.cpp with the same cache types gives the same perplexities (test/engine/perplexity.test.ts).");
 }
