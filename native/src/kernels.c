@@ -81,6 +81,7 @@ static void fill_level(int simd, const prima_level_fns *scalar, const prima_leve
     k->dot = fns->dot[t] ? fns->dot[t] : scalar->dot[t];
     k->dot_simd = fns->dot[t] ? simd : PRIMA_SIMD_SCALAR;
     k->dot_rows = fns->dot[t] ? fns->dot_rows[t] : NULL; /* a rows kernel must match the dot it stands for */
+    k->dot_stream = fns->dot[t] ? fns->dot_stream[t] : NULL;
     k->gemm = fns->dot[t] ? fns->gemm[t] : NULL;
   }
 }
@@ -146,12 +147,14 @@ void prima_gemm(const prima_type_kernels *k, int n, const void *w, size_t w_stri
     k->gemm(n, w, w_stride, nr, a, a_stride, nt, out, out_stride, accumulate);
     return;
   }
+  /* a few tokens read each row once, from memory: the prefetching dot (quants_x86.c STREAM_FN) */
+  const prima_dot_fn dot = nt <= PRIMA_MAX_NC && k->dot_stream ? k->dot_stream : k->dot;
   for (int t0 = 0; t0 < nt; t0 += PRIMA_MAX_NC) {
     const int nc = nt - t0 < PRIMA_MAX_NC ? nt - t0 : PRIMA_MAX_NC;
     const char *at = (const char *)a + (size_t)t0 * a_stride;
     float *o = out + (size_t)t0 * out_stride, tmp[PRIMA_MAX_NC];
     for (int r = 0; r < nr; r++) {
-      k->dot(n, (const char *)w + (size_t)r * w_stride, at, a_stride, nc, tmp);
+      dot(n, (const char *)w + (size_t)r * w_stride, at, a_stride, nc, tmp);
       for (int c = 0; c < nc; c++) o[(size_t)c * out_stride + r] = accumulate ? o[(size_t)c * out_stride + r] + tmp[c] : tmp[c];
     }
   }

@@ -104,18 +104,21 @@ typedef struct {
   prima_dequantize_fn dequantize[PRIMA_TYPE_COUNT];
   prima_dot_fn dot[PRIMA_TYPE_COUNT];
   prima_dot_rows_fn dot_rows[PRIMA_TYPE_COUNT]; /* only next to that level's own dot of the type */
+  prima_dot_fn dot_stream[PRIMA_TYPE_COUNT];    /* likewise: that dot with the rows kernel's prefetch */
   prima_gemm_fn gemm[PRIMA_TYPE_COUNT];         /* likewise; a prompt kernel where blocking rows pays */
   prima_quantize_fn act_quantize[PRIMA_TYPE_COUNT];
 } prima_level_fns;
 
 /* Every weight type, as X(TYPE, name): each level defines dot_<name> (and AVX2 dot_<name>_rows) for
- * all of them and registers them with PRIMA_SET_DOTS(f) / PRIMA_SET_DOT_ROWS(f). */
+ * all of them and registers them with PRIMA_SET_DOTS(f) / PRIMA_SET_DOT_ROWS(f) (and x86's
+ * dot_<name>_stream with PRIMA_SET_DOT_STREAM(f)). */
 #define PRIMA_WEIGHT_TYPES(X)                                                                           \
   X(F32, f32) X(F16, f16) X(BF16, bf16) X(Q4_0, q4_0) X(Q4_1, q4_1) X(Q5_0, q5_0) X(Q5_1, q5_1)           \
   X(Q8_0, q8_0) X(Q2_K, q2_K) X(Q3_K, q3_K) X(Q4_K, q4_K) X(Q5_K, q5_K) X(Q6_K, q6_K)                    \
   X(IQ4_NL, iq4_nl) X(IQ4_XS, iq4_xs) X(MXFP4, mxfp4)
 #define PRIMA_SET_DOT_(T, name) fns_->dot[PRIMA_##T] = dot_##name;
 #define PRIMA_SET_DOT_ROWS_(T, name) fns_->dot_rows[PRIMA_##T] = dot_##name##_rows;
+#define PRIMA_SET_DOT_STREAM_(T, name) fns_->dot_stream[PRIMA_##T] = dot_##name##_stream;
 #define PRIMA_SET_DOTS(f)                \
   do {                                   \
     prima_level_fns *fns_ = (f);         \
@@ -125,6 +128,11 @@ typedef struct {
   do {                                    \
     prima_level_fns *fns_ = (f);          \
     PRIMA_WEIGHT_TYPES(PRIMA_SET_DOT_ROWS_) \
+  } while (0)
+#define PRIMA_SET_DOT_STREAM(f)             \
+  do {                                      \
+    prima_level_fns *fns_ = (f);            \
+    PRIMA_WEIGHT_TYPES(PRIMA_SET_DOT_STREAM_) \
   } while (0)
 
 /* A SIMD level's dot for nc = 1..8 activation columns, one function each (so the column loops

@@ -86,7 +86,30 @@ ALWAYS_INLINE void prefetch_span(const void *p, const int bytes) {
     for (int r = 0; r < lead; r++) kernel##_nc(n, (const uint8_t *)w + (size_t)r * ws, a, 0, 1, out + r, PREFETCH_BYTES); \
     for (int r = lead; r < nr; r++) kernel##_nc(n, (const uint8_t *)w + (size_t)r * ws, a, 0, 1, out + r, 0); \
   }
-#define DISPATCH_NC(kernel) PRIMA_DISPATCH_NC(kernel) ROWS_FN(kernel)
+/* A few tokens (one decode step of several sequences) read each weight once, as one token's rows do, and
+ * memory bounds them too: the same dots with the rows kernel's prefetch (a pass of 4 sequences on the
+ * benchmark model, Zen 4: 51-55 -> 42-45 ms; of 2: 38-39 -> 30-34). More tokens reread each row from
+ * cache, where prefetching cost ~4% of a prompt's speed: prima_gemm takes these only up to PRIMA_MAX_NC. */
+#define NC_STREAM_FN(kernel, k)                                                                             \
+  static __attribute__((noinline)) void kernel##_stream_##k(int n, const void *w, const void *a, size_t as, float *out) { \
+    kernel##_nc(n, w, a, as, k, out, PREFETCH_BYTES);                                                       \
+  }
+#define STREAM_FN(kernel)                                                                                   \
+  NC_STREAM_FN(kernel, 2) NC_STREAM_FN(kernel, 3) NC_STREAM_FN(kernel, 4) NC_STREAM_FN(kernel, 5)           \
+  NC_STREAM_FN(kernel, 6) NC_STREAM_FN(kernel, 7) NC_STREAM_FN(kernel, 8)                                   \
+  static void kernel##_stream(int n, const void *w, const void *a, size_t as, int nc, float *out) {       \
+    switch (nc) {                                                                                           \
+    case 1: kernel##_1(n, w, a, as, out); break;                                                            \
+    case 2: kernel##_stream_2(n, w, a, as, out); break;                                                     \
+    case 3: kernel##_stream_3(n, w, a, as, out); break;                                                     \
+    case 4: kernel##_stream_4(n, w, a, as, out); break;                                                     \
+    case 5: kernel##_stream_5(n, w, a, as, out); break;                                                     \
+    case 6: kernel##_stream_6(n, w, a, as, out); break;                                                     \
+    case 7: kernel##_stream_7(n, w, a, as, out); break;                                                     \
+    default: kernel##_stream_8(n, w, a, as, out); break;                                                    \
+    }                                                                                                       \
+  }
+#define DISPATCH_NC(kernel) PRIMA_DISPATCH_NC(kernel) ROWS_FN(kernel) STREAM_FN(kernel)
 
 /* ---------------------------------------------------------------- float formats
  * A vector of VW = 8 floats (a ymm) at every x86 level: 16-float (zmm) bodies were slower on the AVX-512
@@ -925,6 +948,7 @@ void LEVEL_FNS(prima_level_fns *f) {
   for (int h = 0; h < (1 << 16); h++) f16_table[h] = _cvtsh_ss((unsigned short)h);
   PRIMA_SET_DOTS(f);
   PRIMA_SET_DOT_ROWS(f);
+  PRIMA_SET_DOT_STREAM(f);
   f->gemm[PRIMA_IQ4_XS] = gemm_iq4_xs;
   f->act_quantize[PRIMA_F16] = quantize_act_f16;
   f->act_quantize[PRIMA_BF16] = quantize_act_bf16;

@@ -474,9 +474,10 @@ describe("dots", () => {
   it("a gemm (a prompt's product) equals the level's dot (nc = 1) bit for bit on every row and token, and scalar within tolerance", () => {
     // The matmul runs a gemm on prompt batches and the rows kernel (= the dot at nc = 1) on one token:
     // a level's gemm must give each row and token decode's bits, whatever its blocking of rows and tokens.
-    // 19 rows and 70 tokens: whole and partial panels of rows, token blocks and tiles with tails.
-    const nr = 19, nt = 70;
-    for (const l of levels) {
+    // 19 rows and 70 tokens: whole and partial panels of rows, token blocks and tiles with tails; 5
+    // tokens: a decode step of several sequences (its dots stream with prefetch on x86).
+    const nr = 19;
+    for (const nt of [70, 5]) for (const l of levels) {
       for (const t of WEIGHT_TYPES) {
         const info = typeInfo(t, l)!;
         const n = K_TYPES.has(t) ? 3 * 256 : 7 * 32;
