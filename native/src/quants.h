@@ -137,21 +137,22 @@ typedef struct {
 
 /* A SIMD level's dot for nc = 1..8 activation columns, one function each (so the column loops
  * unroll), and the dispatcher over nc. The level defines NC_FN(kernel, k) first. */
-#define PRIMA_DISPATCH_NC(kernel)                                                            \
-  NC_FN(kernel, 1) NC_FN(kernel, 2) NC_FN(kernel, 3) NC_FN(kernel, 4)                        \
-  NC_FN(kernel, 5) NC_FN(kernel, 6) NC_FN(kernel, 7) NC_FN(kernel, 8)                        \
-  static void kernel(int n, const void *w, const void *a, size_t as, int nc, float *out) { \
+#define PRIMA_NC_EACH(M, kernel) M(kernel, 1) M(kernel, 2) M(kernel, 3) M(kernel, 4) M(kernel, 5) M(kernel, 6) M(kernel, 7) M(kernel, 8)
+/* A dispatcher `name`(n, w, a, as, nc, out) over the functions name_1 .. name_8 (8 for nc > 8). */
+#define PRIMA_NC_DISPATCHER(name)                                                            \
+  static void name(int n, const void *w, const void *a, size_t as, int nc, float *out) {   \
     switch (nc) {                                                                            \
-    case 1: kernel##_1(n, w, a, as, out); break;                                             \
-    case 2: kernel##_2(n, w, a, as, out); break;                                             \
-    case 3: kernel##_3(n, w, a, as, out); break;                                             \
-    case 4: kernel##_4(n, w, a, as, out); break;                                             \
-    case 5: kernel##_5(n, w, a, as, out); break;                                             \
-    case 6: kernel##_6(n, w, a, as, out); break;                                             \
-    case 7: kernel##_7(n, w, a, as, out); break;                                             \
-    default: kernel##_8(n, w, a, as, out); break;                                            \
+    case 1: name##_1(n, w, a, as, out); break;                                               \
+    case 2: name##_2(n, w, a, as, out); break;                                               \
+    case 3: name##_3(n, w, a, as, out); break;                                               \
+    case 4: name##_4(n, w, a, as, out); break;                                               \
+    case 5: name##_5(n, w, a, as, out); break;                                               \
+    case 6: name##_6(n, w, a, as, out); break;                                               \
+    case 7: name##_7(n, w, a, as, out); break;                                               \
+    default: name##_8(n, w, a, as, out); break;                                              \
     }                                                                                        \
   }
+#define PRIMA_DISPATCH_NC(kernel) PRIMA_NC_EACH(NC_FN, kernel) PRIMA_NC_DISPATCHER(kernel)
 
 void prima_scalar_fns(prima_level_fns *f);
 /* Only the weight quantizers that must equal llama.cpp byte for byte; scalar only (the model generator). */

@@ -94,21 +94,7 @@ ALWAYS_INLINE void prefetch_span(const void *p, const int bytes) {
   static __attribute__((noinline)) void kernel##_stream_##k(int n, const void *w, const void *a, size_t as, float *out) { \
     kernel##_nc(n, w, a, as, k, out, PREFETCH_BYTES);                                                       \
   }
-#define STREAM_FN(kernel)                                                                                   \
-  NC_STREAM_FN(kernel, 2) NC_STREAM_FN(kernel, 3) NC_STREAM_FN(kernel, 4) NC_STREAM_FN(kernel, 5)           \
-  NC_STREAM_FN(kernel, 6) NC_STREAM_FN(kernel, 7) NC_STREAM_FN(kernel, 8)                                   \
-  static void kernel##_stream(int n, const void *w, const void *a, size_t as, int nc, float *out) {       \
-    switch (nc) {                                                                                           \
-    case 1: kernel##_1(n, w, a, as, out); break;                                                            \
-    case 2: kernel##_stream_2(n, w, a, as, out); break;                                                     \
-    case 3: kernel##_stream_3(n, w, a, as, out); break;                                                     \
-    case 4: kernel##_stream_4(n, w, a, as, out); break;                                                     \
-    case 5: kernel##_stream_5(n, w, a, as, out); break;                                                     \
-    case 6: kernel##_stream_6(n, w, a, as, out); break;                                                     \
-    case 7: kernel##_stream_7(n, w, a, as, out); break;                                                     \
-    default: kernel##_stream_8(n, w, a, as, out); break;                                                    \
-    }                                                                                                       \
-  }
+#define STREAM_FN(kernel) PRIMA_NC_EACH(NC_STREAM_FN, kernel) PRIMA_NC_DISPATCHER(kernel##_stream)
 #define DISPATCH_NC(kernel) PRIMA_DISPATCH_NC(kernel) ROWS_FN(kernel) STREAM_FN(kernel)
 
 /* ---------------------------------------------------------------- float formats
