@@ -147,9 +147,10 @@ void prima_gemm(const prima_type_kernels *k, int n, const void *w, size_t w_stri
     k->gemm(n, w, w_stride, nr, a, a_stride, nt, out, out_stride, accumulate);
     return;
   }
-  /* a few tokens read each row once, from memory: the prefetching dot (quants_x86.c STREAM_FN) */
-  const prima_dot_fn dot = nt <= PRIMA_MAX_NC && k->dot_stream ? k->dot_stream : k->dot;
+  /* the first group of tokens reads the rows from memory: the prefetching dot (quants_x86.c STREAM_FN);
+   * the later ones find them in cache */
   for (int t0 = 0; t0 < nt; t0 += PRIMA_MAX_NC) {
+    const prima_dot_fn dot = t0 == 0 && k->dot_stream ? k->dot_stream : k->dot;
     const int nc = nt - t0 < PRIMA_MAX_NC ? nt - t0 : PRIMA_MAX_NC;
     const char *at = (const char *)a + (size_t)t0 * a_stride;
     float *o = out + (size_t)t0 * out_stride, tmp[PRIMA_MAX_NC];

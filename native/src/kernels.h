@@ -57,7 +57,7 @@ typedef struct {
   prima_dot_fn dot;
   int dot_simd;                    /* level the dot was written for (SCALAR where a level has no twin yet) */
   prima_dot_rows_fn dot_rows;      /* NULL where the level has none: prima_dot_rows calls dot row by row */
-  prima_dot_fn dot_stream;         /* dot with the rows kernel's prefetch, for a few tokens; NULL: dot */
+  prima_dot_fn dot_stream;         /* dot with the rows kernel's prefetch, for rows read from memory; NULL: dot */
   prima_gemm_fn gemm;              /* NULL where the level has none: prima_gemm calls dot over the tokens */
 } prima_type_kernels;
 

@@ -88,8 +88,9 @@ ALWAYS_INLINE void prefetch_span(const void *p, const int bytes) {
   }
 /* A few tokens (one decode step of several sequences) read each weight once, as one token's rows do, and
  * memory bounds them too: the same dots with the rows kernel's prefetch (a pass of 4 sequences on the
- * benchmark model, Zen 4: 51-55 -> 42-45 ms; of 2: 38-39 -> 30-34). More tokens reread each row from
- * cache, where prefetching cost ~4% of a prompt's speed: prima_gemm takes these only up to PRIMA_MAX_NC. */
+ * benchmark model, Zen 4: 51-55 -> 42-45 ms; of 2: 38-39 -> 30-34). A prompt's later groups of tokens
+ * find the rows in cache: prima_gemm prefetches in its first group only (prompts of 16 tokens ~10%
+ * faster, of 128 1-2%; prefetching in every group cost ~4%). */
 #define NC_STREAM_FN(kernel, k)                                                                             \
   static __attribute__((noinline)) void kernel##_stream_##k(int n, const void *w, const void *a, size_t as, float *out) { \
     kernel##_nc(n, w, a, as, k, out, PREFETCH_BYTES);                                                       \

@@ -475,7 +475,7 @@ describe("dots", () => {
     // The matmul runs a gemm on prompt batches and the rows kernel (= the dot at nc = 1) on one token:
     // a level's gemm must give each row and token decode's bits, whatever its blocking of rows and tokens.
     // 19 rows and 70 tokens: whole and partial panels of rows, token blocks and tiles with tails; 5
-    // tokens: a decode step of several sequences (its dots stream with prefetch on x86).
+    // tokens: a decode step of several sequences (on x86 the first group of tokens streams with prefetch).
     const nr = 19;
     for (const nt of [70, 5]) for (const l of levels) {
       for (const t of WEIGHT_TYPES) {
