@@ -11,18 +11,19 @@ void prima_act_quantize_rows(int act_type, const float *x, size_t x_stride, void
 }
 
 /* Most rows of a one-token chunk: its dots go to a stack buffer when they accumulate. */
-#define MAX_CHUNK_ROWS 64
+#define MAX_CHUNK_ROWS 256
 
-/* Rows per chunk: on one token about four chunks a thread (8 to 64 rows), enough to balance them; a
- * chunk is a stream of its own (the next one a thread takes is rarely where its last ended), and
- * sixteen a thread cut a mixture of experts' small matrices (the benchmark's 512-row gate and up) into
- * 16-row streams whose start-up cost their reads: its decode on 2 threads went from 203 to 289 tok/s
- * at four (`npm run bench -- --only moe`, Zen 4), dense decode unchanged (`--only engine`). A few KiB
- * of weights on batches. */
+/* Rows per chunk: on one token about two chunks a thread (8 to 256 rows), still enough to balance them;
+ * a chunk is a stream of its own (the next one a thread takes is rarely where its last ended), and its
+ * start-up costs reads: sixteen chunks a thread cut a mixture of experts' small matrices (the
+ * benchmark's 512-row gate and up) into 16-row streams, and its decode on 2 threads went from 203 to 289
+ * tok/s at four (`npm run bench -- --only moe`, Zen 4); two a thread (up to 256 rows, was 64) took the
+ * benchmark model's decode step from 20.7-23.5 to 19.8-20.6 ms and the MoE model's from 3.3-5.6 to
+ * 2.8-3.2 ms (six interleaved pairs, each pair faster). A few KiB of weights on batches. */
 static int chunk_rows(int64_t rows, int n_tokens, int nth) {
   int cs;
   if (n_tokens == 1) {
-    cs = (int)(rows / ((int64_t)nth * 4));
+    cs = (int)(rows / ((int64_t)nth * 2));
     if (cs < 8) cs = 8;
     if (cs > MAX_CHUNK_ROWS) cs = MAX_CHUNK_ROWS;
   } else {
