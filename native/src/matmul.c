@@ -13,16 +13,19 @@ void prima_act_quantize_rows(int act_type, const float *x, size_t x_stride, void
 /* Most rows of a one-token chunk: its dots go to a stack buffer when they accumulate. */
 #define MAX_CHUNK_ROWS 256
 
-/* Rows per chunk: on one token about two chunks a thread (8 to 256 rows), still enough to balance them;
+/* Rows per chunk: on one token, and on a few (a decode step of several sequences, which reads each
+ * weight once too: a pass of 4 on the benchmark model 41-42 -> 33-34 ms with these chunks instead of 16
+ * rows), about two chunks a thread (8 to 256 rows), still enough to balance them;
  * a chunk is a stream of its own (the next one a thread takes is rarely where its last ended), and its
  * start-up costs reads: sixteen chunks a thread cut a mixture of experts' small matrices (the
  * benchmark's 512-row gate and up) into 16-row streams, and its decode on 2 threads went from 203 to 289
  * tok/s at four (`npm run bench -- --only moe`, Zen 4); two a thread (up to 256 rows, was 64) took the
  * benchmark model's decode step from 20.7-23.5 to 19.8-20.6 ms and the MoE model's from 3.3-5.6 to
- * 2.8-3.2 ms (six interleaved pairs, each pair faster). A few KiB of weights on batches. */
+ * 2.8-3.2 ms (six interleaved pairs, each pair faster). Prompts: 16 rows, a few KiB that each group of
+ * tokens rereads from cache. */
 static int chunk_rows(int64_t rows, int n_tokens, int nth) {
   int cs;
-  if (n_tokens == 1) {
+  if (n_tokens <= PRIMA_MAX_NC) {
     cs = (int)(rows / ((int64_t)nth * 2));
     if (cs < 8) cs = 8;
     if (cs > MAX_CHUNK_ROWS) cs = MAX_CHUNK_ROWS;
