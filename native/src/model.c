@@ -897,7 +897,15 @@ static void quantize_for(const prima_task *t, prima_window *w, const act_set *s,
   }
 }
 
-/* Output norm and head on one row, on the pool; the final soft-cap after every thread's rows. */
+/* The final soft-cap of n rows of logits, after every thread's rows: each thread caps its slice of each
+ * row (gemma2's 256000 logits took one thread ~1 ms a token while the other waited). */
+static void softcap_rows(const prima_task *t, const prima_model *m, float *logits, int n) {
+  prima_pool_barrier(t);
+  const int64_t V = m->hp.n_vocab, lo = V * t->ith / t->nth, hi = V * (t->ith + 1) / t->nth;
+  for (int r = 0; r < n; r++) prima_softcap(logits + (size_t)r * (size_t)V + lo, (int)(hi - lo), m->hp.final_softcap);
+}
+
+/* Output norm and head on one row, on the pool, and the final soft-cap. */
 static void head_rows(const prima_task *t, prima_model *m, const float *row, float *logits) {
   const int E = m->hp.n_embd;
   if (t->ith == 0) {
@@ -907,12 +915,7 @@ static void head_rows(const prima_task *t, prima_model *m, const float *row, flo
   prima_pool_barrier(t);
   const prima_mm mm = { &m->output, m->head_act, 0, logits, 0, 0 };
   prima_mm_run(t, &mm, 1, 1);
-  if (m->hp.final_softcap > 0) {
-    /* each thread caps a slice (gemma2's 256000 logits took one thread ~1 ms a token while the other waited) */
-    prima_pool_barrier(t);
-    const int64_t V = m->hp.n_vocab, lo = V * t->ith / t->nth, hi = V * (t->ith + 1) / t->nth;
-    prima_softcap(logits + lo, (int)(hi - lo), m->hp.final_softcap);
-  }
+  if (m->hp.final_softcap > 0) softcap_rows(t, m, logits, 1);
 }
 
 /* A batch of one sequence's rows over a dense F16 cache (attn_tile.c): each thread takes (tile of tokens,
@@ -1416,10 +1419,7 @@ static void forward_job(const prima_task *t, void *ctx) {
     prima_pool_barrier(t);
     const prima_mm mm = { &m->output, w->head_act, hb, j->logits, V, 0 };
     prima_mm_run(t, &mm, 1, n);
-    if (hp->final_softcap > 0) {
-      prima_pool_barrier(t);
-      for (int r = t->ith; r < n; r = prima_pool_next_chunk(t)) prima_softcap(j->logits + (size_t)r * V, (int)V, hp->final_softcap);
-    }
+    if (hp->final_softcap > 0) softcap_rows(t, m, j->logits, n);
   }
 }
 
