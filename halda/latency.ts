@@ -8,7 +8,7 @@ import {
   type BufferFlags, type DeviceTerms, type ModelTerms, type ResolvedOptions,
 } from "./terms.js";
 import { keptShares, namedLayers, pricedByName, rereadFromPrefix } from "./named-reread.js";
-import { hiddenReadsLatencyMs, hidesReads, type PricedDevice } from "./overlap.js";
+import { hiddenReadsLatencyMs, type PricedDevice } from "./overlap.js";
 import { HaldaError, type DeviceLatencyMs, type DeviceProfile, type DeviceSet, type HaldaOptions, type ModelProfile } from "./types.js";
 
 export interface DeviceEvaluation {
@@ -140,7 +140,7 @@ export function predictResolved(devs: readonly ResolvedDevice[], a: Assignment, 
   });
   if (layers !== m.nLayers) problems.push(`the windows cover ${layers} layers per token, the model has ${m.nLayers}`);
   // devices that read ahead, overloaded at k > 1, read while the others compute (HALDA.md §4.9)
-  return { latencyMs: hidesReads(a.k, priced) ? hiddenReadsLatencyMs(a.k, priced, m) : total, devices: out, problems };
+  return { latencyMs: hiddenReadsLatencyMs(a.k, priced, m) ?? total, devices: out, problems };
 }
 
 /**

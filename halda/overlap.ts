@@ -8,6 +8,7 @@
 import type { ResolvedDevice } from "./devices.js";
 import type { ModelTerms } from "./terms.js";
 import type { DeviceEvaluation } from "./latency.js";
+import type { DeviceSet } from "./types.js";
 
 /** One device of a plan as the price needs it: its evaluation and the RAM-side layers it runs a token. */
 export interface PricedDevice {
@@ -17,26 +18,27 @@ export interface PricedDevice {
   readonly deltaMsPerByte: number;
 }
 
-/** Whether a plan of k cycles hides some device's reads: k > 1 and a device that reads ahead is
- * overloaded (the prefetch guard keeps each of its windows within its room). */
-export function hidesReads(k: number, devices: readonly PricedDevice[]): boolean {
-  return k > 1 && devices.some((d) => d.dev.prefetches && d.ev.set !== "M4");
+/** Whether a device reads its windows ahead in a plan of k cycles: it prefetches, k > 1 and it is
+ * overloaded (the prefetch guard keeps each of its windows within its room, not all of them). */
+export function readsAhead(k: number, prefetches: boolean, set: DeviceSet): boolean {
+  return k > 1 && prefetches && set !== "M4";
 }
 
-/** The token latency with those devices' reads hidden behind the ring: the longer of the ring's work
- * without those reads and, for each such device, its own work plus its reads of every RAM-side layer
- * it runs. */
-export function hiddenReadsLatencyMs(k: number, devices: readonly PricedDevice[], m: ModelTerms): number {
-  let ring = 0, slowest = 0;
+/** The token latency with the reads of the devices that read ahead hidden behind the ring: the longer
+ * of the ring's work without those reads and, for each such device, its own work plus its reads of
+ * every RAM-side layer it runs. undefined where no device reads ahead (the plan's price is the sum). */
+export function hiddenReadsLatencyMs(k: number, devices: readonly PricedDevice[], m: ModelTerms): number | undefined {
+  let ring = 0, slowest = 0, hides = false;
   for (const d of devices) {
     const { computeMs, memoryMs, commMs, diskMs } = d.ev.latency;
     const own = computeMs + memoryMs + commMs;
-    if (k > 1 && d.dev.prefetches && d.ev.set !== "M4") {
+    if (readsAhead(k, d.dev.prefetches, d.ev.set)) {
+      hides = true;
       ring += own;
       slowest = Math.max(slowest, own + d.ramLayers * m.layerReadBytes * d.deltaMsPerByte);
     } else {
       ring += own + diskMs;
     }
   }
-  return Math.max(ring, slowest);
+  return hides ? Math.max(ring, slowest) : undefined;
 }

@@ -8,6 +8,7 @@ import { deviceRows, type IlpSolution } from "./ilp.js";
 import { evaluateDevice, fmtGiB, predictResolved, type DeviceEvaluation } from "./latency.js";
 import { bestNamedSplit } from "./named.js";
 import { pricedByName } from "./named-reread.js";
+import { readsAhead } from "./overlap.js";
 import {
   allowedSets, conservativeFlags, deviceTerms, modelTerms, resolveOptions, validKs,
   type ModelTerms, type ResolvedOptions,
@@ -43,7 +44,7 @@ function solveExactly(devs: readonly ResolvedDevice[], ks: readonly number[], m:
   if (!solution) return null;
   const prefetched = o.userK === 0 && !o.prefetchGuard && devs.some((d) => d.prefetches) ? bestPrefetched(devs, ex, ks, m, o) : null;
   if (prefetched && prefetched.latencyMs < solution.latencyMs - tieMs(solution.latencyMs)) {
-    notes.push(`k = ${prefetched.k} under the prefetch guard: ${devs.filter((d, i) => d.prefetches && prefetched.sets[i] !== "M4" && prefetched.w[i] > 0).map((d) => d.name).join(", ")} ` +
+    notes.push(`k = ${prefetched.k} under the prefetch guard: ${devs.filter((d, i) => prefetched.w[i] > 0 && readsAhead(prefetched.k, d.prefetches, prefetched.sets[i])).map((d) => d.name).join(", ")} ` +
       `read each window while the others compute (${prefetched.latencyMs.toFixed(1)} ms a token against ${solution.latencyMs.toFixed(1)} at k = ${solution.k}; HALDA.md §4.9)`);
     solution = prefetched;
   }
