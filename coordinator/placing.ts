@@ -165,10 +165,10 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
     devices.set(w, "left-out", dropReason(w));
   }
   const leftOutState: LeftOut = leftOut.map((w) => ({ device: w.id, reason: dropReason(w) }));
-  const members = workers.flatMap((w, j) => (plan.perDevice[j].length > 0 ? [{ worker: w, windows: plan.perDevice[j], releaseAfterUse: releaseAfterUse(j), prefetch: prefetch[j + 1].on }] : []));
+  const inRing = workers.flatMap((_, j) => (plan.perDevice[j].length > 0 ? [j] : []));
+  const members = inRing.map((j) => ({ worker: workers[j], windows: plan.perDevice[j], releaseAfterUse: releaseAfterUse(j), prefetch: prefetch[j + 1].on }));
   // said where it matters: with several windows a device (one window is streamed, never prefetched)
-  const inRing = [prefetch[0], ...workers.flatMap((_, j) => (plan.perDevice[j].length > 0 ? [prefetch[j + 1]] : []))];
-  const prefetchNotes = plan.cycles > 1 ? inRing.map((c) => `prefetch ${c.on ? "on" : "off"} on ${c.label}: ${c.why}`) : [];
+  const prefetchNotes = plan.cycles > 1 ? [prefetch[0], ...inRing.map((j) => prefetch[j + 1])].map((c) => `prefetch ${c.on ? "on" : "off"} on ${c.label}: ${c.why}`) : [];
   for (const n of prefetchNotes) log(n);
   if (members.length === 0) {
     if (!placement) throw new PlanError("no worker takes a layer: give the workers some layers in --layer-windows");
