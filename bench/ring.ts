@@ -197,7 +197,7 @@ export async function starved(model: string, tokens = 32, slowTokens = 8): Promi
 
 /** Halda's own plan where every device (the head too) is short of memory on a slow disk and reads
  * ahead, against plans by hand, each with Halda's price (with the reads of devices that read ahead
- * hidden at k > 1, HALDA.md §4.8) on the automatic run's profiles. */
+ * hidden at k > 1, HALDA.md §4.9) on the automatic run's profiles. */
 export async function haldaWithPrefetch(model: string, dev: string, bps: number, tokens: number): Promise<void> {
   const limit = 200 * 2 ** 20;
   const names = ["head", "w1", "w2"];

@@ -1590,7 +1590,6 @@ static int count_resident(prima_window *w, uint8_t *p, size_t len, void *arg) {
   return 0;
 }
 
-
 /* ---- window prefetch: its runs advised here, or by the model's advisor thread ---------------- */
 
 typedef struct {
