@@ -65,6 +65,9 @@ class Lane : public Napi::ObjectWrap<Lane> {
   std::shared_ptr<ModelState> st;
   std::vector<Napi::ObjectReference> windowRefs;
   std::vector<Window *> windows;
+  // Per window, its sequence slots' windows (slots[i][0] is windows[i]); the lane reads slotPtrs.
+  std::vector<std::vector<Window *>> slots;
+  std::vector<std::vector<prima_window *>> slotPtrs;
   Napi::ThreadSafeFunction tsfn;
 };
 
@@ -112,9 +115,44 @@ Lane::Lane(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Lane>(info) {
       ThrowType(env, "NativeLane: windows must be open windows of this model, cycles whole numbers 0-65535");
       return;
     }
-    lw.push_back({w->w, (int)cycle});
+    lw.push_back({w->w, (int)cycle, nullptr, 0});
     windows.push_back(w);
     windowRefs.push_back(Napi::Persistent(wv.As<Napi::Object>()));
+  }
+  // options.seqWindows (optional): per window, its sequence slots' windows, the window itself first.
+  Napi::Value sv = o.Get("seqWindows");
+  if (!sv.IsUndefined()) {
+    const char *shape = "NativeLane: options.seqWindows must hold, per window, its slots' open windows over the same layers, the window first";
+    if (!sv.IsArray() || sv.As<Napi::Array>().Length() != wins.Length()) {
+      ThrowType(env, shape);
+      return;
+    }
+    for (uint32_t i = 0; i < wins.Length(); i++) {
+      Napi::Value row = sv.As<Napi::Array>().Get(i);
+      // every window holds the same slots
+      if (!row.IsArray() || row.As<Napi::Array>().Length() < 1 || row.As<Napi::Array>().Length() > 4096 ||
+          (i > 0 && row.As<Napi::Array>().Length() != slots[0].size())) {
+        ThrowType(env, shape);
+        return;
+      }
+      std::vector<Window *> ws;
+      std::vector<prima_window *> ps;
+      for (uint32_t k = 0; k < row.As<Napi::Array>().Length(); k++) {
+        Napi::Value v = row.As<Napi::Array>().Get(k);
+        Window *w = WindowOf(v);
+        if (!w || !w->w || w->st != st || w->w->first != windows[i]->w->first || w->w->end != windows[i]->w->end ||
+            (k == 0) != (w == windows[i]) || std::find(ws.begin(), ws.end(), w) != ws.end()) {
+          ThrowType(env, shape);
+          return;
+        }
+        ws.push_back(w);
+        ps.push_back(w->w);
+        if (k > 0) windowRefs.push_back(Napi::Persistent(v.As<Napi::Object>()));
+      }
+      slots.push_back(ws);
+      slotPtrs.push_back(ps);
+    }
+    for (size_t i = 0; i < lw.size(); i++) lw[i].seqs = slotPtrs[i].data(), lw[i].n_seqs = (int)slotPtrs[i].size();
   }
   prima_lane_config cfg = {};
   cfg.model = st->m;
@@ -171,6 +209,8 @@ Lane::Lane(const Napi::CallbackInfo &info) : Napi::ObjectWrap<Lane>(info) {
     return;
   }
   for (Window *w : windows) w->busy++;
+  for (auto &row : slots)
+    for (size_t k = 1; k < row.size(); k++) row[k]->busy++;
   st->busy++;
 }
 
@@ -204,8 +244,11 @@ void Lane::Stop() {
   lane = nullptr;
   tsfn.Release();
   for (Window *w : windows) w->busy--;
+  for (auto &row : slots)
+    for (size_t k = 1; k < row.size(); k++) row[k]->busy--;
   st->busy--;
   windows.clear();
+  slots.clear();
   windowRefs.clear();
 }
 
@@ -378,13 +421,20 @@ static void RunKvShift(void *arg) {
     if (job->rc == 0) job->rc = prima_window_kv_shift(w->w, job->p0, job->d, job->n_past, job->err, sizeof job->err);
 }
 
-// kvShift(p0, nDiscard, nPast): every window's context shift, between frames.
+// kvShift(p0, nDiscard, nPast, slot?): every window's context shift (of one sequence slot's windows
+// with slot), between frames.
 Napi::Value Lane::KvShift(const Napi::CallbackInfo &info) {
   Napi::Env env = info.Env();
   if (!Running(env)) return env.Undefined();
-  int64_t p0, d, n_past;
-  if (!ShiftArgs(info, &p0, &d, &n_past)) return ThrowType(env, "kvShift(p0, nDiscard, nPast) expected (nDiscard >= 1)");
-  KvShiftJob job = {&windows, (int)p0, (int)d, (int)n_past, {0}, 0};
+  int64_t p0, d, n_past, slot = 0;
+  if (!ShiftArgs(info, &p0, &d, &n_past)) return ThrowType(env, "kvShift(p0, nDiscard, nPast, slot?) expected (nDiscard >= 1)");
+  const int64_t held = slots.empty() ? 1 : (int64_t)slots[0].size();
+  if (info.Length() > 3 && !info[3].IsUndefined() && !IntArg(info[3], 0, 1 << 30, &slot))
+    return ThrowType(env, "kvShift(p0, nDiscard, nPast, slot?) expected (nDiscard >= 1)");
+  if (slot >= held) return ThrowErr(env, "sequence slot " + std::to_string(slot) + " is not on this device (it holds " + std::to_string(held) + ")");
+  std::vector<Window *> targets;
+  for (size_t i = 0; i < windows.size(); i++) targets.push_back(slots.empty() ? windows[i] : slots[i][(size_t)slot]);
+  KvShiftJob job = {&targets, (int)p0, (int)d, (int)n_past, {0}, 0};
   prima_lane_exclusive(lane, RunKvShift, &job);
   if (job.rc != 0) return ThrowErr(env, job.err);
   return env.Undefined();

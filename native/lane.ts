@@ -37,9 +37,12 @@ export interface NativeLaneOptions {
   /** Bytes of weights in the lane's windows: a pass runs on the lane thread only while they all fit
    * the weight room (setWeightRoom). */
   readonly weightBytes: number;
-  /** A one-token pass runs on the lane thread when the window's last one took less than this many ms
-   * (and no page fault); longer ones go to runFrame. */
+  /** A one-token pass (or a decode step of several sequences) runs on the lane thread when the
+   * window's last one took less than this many ms (and no page fault); longer ones go to runFrame. */
   readonly quickPassMs: number;
+  /** Per window, its sequence slots' windows over the same layers, the window itself first (serve
+   * --parallel): SEQ_ACTIVATIONS rows run on them. Without it the lane holds one sequence. */
+  readonly seqWindows?: readonly (readonly NativeWindow[])[];
 }
 
 export interface NativeLaneWindowStats {
@@ -82,8 +85,8 @@ export interface NativeLane {
   resetStats(): void;
   kvClear(): void;
   kvTruncate(position: number): void;
-  /** Every window's context shift (NativeWindow.kvShift), between frames. */
-  kvShift(p0: number, nDiscard: number, nPast: number): void;
+  /** Every window's context shift (NativeWindow.kvShift), or of one sequence slot's windows, between frames. */
+  kvShift(p0: number, nDiscard: number, nPast: number, slot?: number): void;
   /** Each window's H2O statistics (NativeWindow.h2oScores; null without them), between frames. */
   h2oScores(): (Float32Array | null)[];
   /** Ends the thread and its sockets (no close frames). The windows are usable from JS again. */
@@ -93,7 +96,7 @@ export interface NativeLane {
 type LaneCtor = new (model: NativeModel, windows: readonly NativeWindow[], cycles: readonly number[], options: NativeLaneOptions,
   onEvent: (ev: NativeLaneEvent) => void) => NativeLane;
 
-/** The cycle of an ACTIVATIONS frame the lane would run itself under these limits, or -1 (lane.c's
+/** The cycle of an ACTIVATIONS or SEQ_ACTIVATIONS frame the lane would run itself under these limits, or -1 (lane.c's
  * prima_lane_frame_cycle): whatever it accepts, ring/validation.ts must accept too. */
 export function laneFrameCycle(frame: Uint8Array, hiddenSize: number, maxTokensPerFrame: number, maxPayloadBytes: number): number {
   return (addon.laneFrameCycle as (f: Uint8Array, h: number, t: number, p: number) => number)(frame, hiddenSize, maxTokensPerFrame, maxPayloadBytes);

@@ -13,7 +13,7 @@ import { FrameError } from "./errors.js";
 import { f16ToF32, f32ToF16 } from "./f16.js";
 import {
   CONTROL_PAYLOAD_MAX_BYTES, FRAME_HEADER_BYTES, FRAME_HEADER_VERSION, FRAME_MAGIC_BYTES, FrameTypeId, H2O_SCORE_BYTES, KV_SHIFT_PAYLOAD_BYTES, KV_SHIFT_SLOT_PAYLOAD_BYTES, PAYLOAD_DTYPE_BYTES,
-  PayloadDtypeId, SEQ_TAG_BYTES, U16_MAX, U32_MAX, validateHeader, validateHello,
+  PayloadDtypeId, SEQ_TAG_BYTES, SEQ_TAG_MAX, U16_MAX, U32_MAX, validateHeader, validateHello,
   type FrameHeader, type FrameLimits, type Hello, type PayloadDtype,
 } from "./validation.js";
 import { HeaderField as F } from "./wire.js";
@@ -92,9 +92,6 @@ export interface H2oScoresFrame {
   requestId: number;
   scores: Float32Array;
 }
-
-/** Slots and positions travel as u32 but are used as int32 (NativeWindow.forwardSeqs). */
-const SEQ_TAG_MAX = 0x7fffffff;
 
 export type Frame = HelloFrame | ActivationsFrame | ErrorFrame | KvShiftFrame | SeqActivationsFrame | H2oScoresFrame;
 

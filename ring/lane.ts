@@ -8,7 +8,7 @@
 import { INLINE_MAX_MS } from "../engine/index.js";
 import { startNativeLane, type NativeLane, type NativeLaneEvent, type NativeModel } from "../native/index.js";
 import { encodeFrame, type Frame } from "./frame.js";
-import { FRAME_HEADER_BYTES } from "./wire.js";
+import { FRAME_HEADER_BYTES, SEQ_TAG_BYTES } from "./wire.js";
 import { CLOSE_GRACE_MS, type RingLink } from "./link.js";
 import { livenessRules } from "./liveness.js";
 import { addH2oScores, errorFrameFor, noWindowMessage, type NodeStats, type RingNode } from "./node.js";
@@ -28,12 +28,12 @@ export interface RingLaneOptions {
 
 const ROOM_RENEW_MS = 1000;
 
-/** The most a predecessor can have sent and this device not yet run: the ring runs one request at a
- * time, so every position of the context once (one-token frames, f32 rows: the most bytes), and a few
- * whole messages besides (ERROR frames, the next request's first batch). Beyond it is a flood. */
-export function maxQueuedBytes(link: ResolvedLinkOptions, ctx: number): number {
-  const perToken = link.limits.hiddenSize * 4 + FRAME_HEADER_BYTES + 64;
-  return ctx * perToken + 4 * link.maxMessageBytes;
+/** The most a predecessor can have sent and this device not yet run: each sequence slot's context
+ * once (a request at a time per slot; one-token frames, f32 rows and their tags: the most bytes), and a
+ * few whole messages besides (ERROR frames, the next request's first batch). Beyond it is a flood. */
+export function maxQueuedBytes(link: ResolvedLinkOptions, ctx: number, seqSlots = 1): number {
+  const perToken = link.limits.hiddenSize * 4 + SEQ_TAG_BYTES + FRAME_HEADER_BYTES + 64;
+  return seqSlots * ctx * perToken + 4 * link.maxMessageBytes;
 }
 
 export class RingLane {
@@ -75,13 +75,14 @@ export class RingLane {
       maxTokensPerFrame: o.link.limits.maxTokensPerFrame,
       maxPayloadBytes: o.link.limits.maxPayloadBytes,
       maxMessageBytes: o.link.maxMessageBytes,
-      maxQueuedBytes: maxQueuedBytes(o.link, slots.length ? slots[0].window.info().ctx : 0),
+      maxQueuedBytes: maxQueuedBytes(o.link, slots.length ? slots[0].window.info().ctx : 0, slots.length ? slots[0].seqWindows.length : 1),
       ...livenessRules(o.link.livenessTimeoutMs),
       closeGraceMs: CLOSE_GRACE_MS,
       fragmentBytes: o.link.fragmentBytes,
       prefetch: node.prefetch,
       weightBytes: node.weightBytes,
       quickPassMs: INLINE_MAX_MS,
+      seqWindows: slots.map((s) => s.seqWindows),
     }, (ev) => self?.onEvent(ev));
     lane.setReleaseAfterUse(node.releaseAfterUse);
     self = new RingLane(lane, o, { in: fds.in, out: fds.out });
@@ -97,9 +98,7 @@ export class RingLane {
       // then the frame goes on
       try {
         if (frame.type === "h2oScores") addH2oScores(this.lane.h2oScores(), frame);
-        // a device with sequence slots runs its frames in JS (RingNode), never on the lane
-        else if (frame.slot !== undefined) throw new Error(`a kv shift of sequence slot ${frame.slot} reached the native lane, which holds one sequence`);
-        else this.lane.kvShift(frame.p0, frame.nDiscard, frame.nPast);
+        else this.lane.kvShift(frame.p0, frame.nDiscard, frame.nPast, frame.slot);
         this.lane.send(encodeFrame(frame));
       } catch (e) {
         const message = (e as Error).message;
@@ -107,17 +106,11 @@ export class RingLane {
         this.lane.send(encodeFrame(errorFrameFor(frame, message)));
       }
     }
-    else if (frame.type === "seqActivations") {
-      // Rows of several sequence slots run in JS windows (RingNode), not on the lane's: refused by name.
-      const message = "this device runs a ring's rows on its native lane, which does not carry sequence slots (serve --parallel on a ring)";
-      this.o.onError(message);
-      this.lane.send(encodeFrame(errorFrameFor(frame, message)));
-    }
-    else if (frame.type === "activations") {
+    else if (frame.type === "activations" || frame.type === "seqActivations") {
       // Valid (the codec passed it) yet not run: no window of this device is in that cycle.
       const message = noWindowMessage(frame.cycle);
       this.o.onError(message);
-      this.lane.send(encodeFrame({ type: "error", requestId: frame.requestId, firstTokenPosition: frame.firstTokenPosition, nTokens: frame.nTokens, cycle: frame.cycle, message }));
+      this.lane.send(encodeFrame(errorFrameFor(frame, message)));
     }
     this.lane.resume();
   }

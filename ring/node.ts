@@ -220,9 +220,10 @@ export class RingNode {
     return this.windows.reduce((a, w) => a + w.residency().residentBytes, 0);
   }
 
-  /** Each window with its spec, in cycle order (for the native lane, which runs them itself). */
-  get slotWindows(): readonly { readonly spec: WindowSpec; readonly window: NativeWindow }[] {
-    return this.slotsInOrder.map((s) => ({ spec: s.spec, window: s.window }));
+  /** Each window with its spec and its sequence slots' windows (the window first), in cycle order (for
+   * the native lane, which runs them itself). */
+  get slotWindows(): readonly { readonly spec: WindowSpec; readonly window: NativeWindow; readonly seqWindows: readonly NativeWindow[] }[] {
+    return this.slotsInOrder.map((s) => ({ spec: s.spec, window: s.window, seqWindows: s.seqWindows }));
   }
 
   private get slotsInOrder(): Slot[] {

@@ -23,6 +23,8 @@ export const U32_MAX = 0xffffffff;
 export const FrameTypeId = { hello: 1, activations: 2, error: 3, kvShift: 4, seqActivations: 5, h2oScores: 6 } as const;
 /** A SEQ_ACTIVATIONS frame's payload starts with one tag per row: u32 sequence slot, u32 position. */
 export const SEQ_TAG_BYTES = 8;
+/** Slots and positions travel as u32 but are used as int32 (NativeWindow.forwardSeqs): at most this. */
+export const SEQ_TAG_MAX = 0x7fffffff;
 /** A KV_SHIFT frame's payload: u32 tokens discarded, u32 positions the cache holds (nPast); one of a
  * sequence slot's cache (serve --parallel) adds u32 slot. */
 export const KV_SHIFT_PAYLOAD_BYTES = 8;
@@ -65,6 +67,8 @@ export function wireHeaderC(): string {
     ...Object.entries(PayloadDtypeId).map(([k, v]) => d(`DTYPE_${snake(k)}`, v)),
     ...Object.entries(PAYLOAD_DTYPE_BYTES).map(([k, v]) => d(`DTYPE_${snake(k)}_BYTES`, v)),
     ...Object.entries(HeaderField).map(([k, v]) => d(`AT_${snake(k)}`, v)),
+    d("SEQ_TAG_BYTES", SEQ_TAG_BYTES),
+    d("SEQ_TAG_MAX", SEQ_TAG_MAX),
     d("LINK_KEY_BYTES", LINK_KEY_BYTES),
     d("RECORD_SEQ_BYTES", RECORD_SEQ_BYTES),
     d("RECORD_TAG_BYTES", RECORD_TAG_BYTES),

@@ -160,8 +160,6 @@ export class WorkerDevice implements SessionHandler {
     this.laneSetup = () => {
       // A device without layers only passes frames on: JS does that.
       if (this.o.nativeLane === false || this.lane || !this.predecessor || !this.successor || this.node !== node || node.weightBytes === 0) return;
-      // sequence slots' rows (SEQ_ACTIVATIONS) run in JS: the lane carries one sequence
-      if (assignedSeqSlots(a) > 1) return void this.o.log(`${assignedSeqSlots(a)} sequence slots: ring frames go through JS (the native lane carries one sequence)`);
       try {
         this.lane = RingLane.start({
           model: model.native, node, link: resolveLinkOptions({ ...linkOptions(deviceId), linkKey: keys.in }), predecessor: this.predecessor,

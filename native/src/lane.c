@@ -80,6 +80,7 @@ typedef struct command {
 
 typedef struct {
   double one_token_ms; /* the last one-token pass (none yet: huge) */
+  double step_ms;      /* the last decode step of several sequences (none yet: huge) */
   uint64_t major_faults; /* during the last pass */
 } window_pass;
 
@@ -250,20 +251,29 @@ static uint32_t rd32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] 
 int prima_lane_frame_cycle(uint32_t hidden_size, uint32_t max_tokens_per_frame, uint64_t max_payload_bytes,
                            const uint8_t *f, size_t len) {
   if (len < FRAME_HEADER_BYTES || memcmp(f + PRIMA_WIRE_AT_MAGIC, PRIMA_WIRE_MAGIC, 4) != 0) return -1;
-  if (rd16(f + PRIMA_WIRE_AT_HEADER_VERSION) != PRIMA_WIRE_HEADER_VERSION || rd16(f + PRIMA_WIRE_AT_FRAME_TYPE) != PRIMA_WIRE_TYPE_ACTIVATIONS) return -1;
+  if (rd16(f + PRIMA_WIRE_AT_HEADER_VERSION) != PRIMA_WIRE_HEADER_VERSION) return -1;
+  uint32_t type = rd16(f + PRIMA_WIRE_AT_FRAME_TYPE);
+  if (type != PRIMA_WIRE_TYPE_ACTIVATIONS && type != PRIMA_WIRE_TYPE_SEQ_ACTIVATIONS) return -1;
+  const int seqs = type == PRIMA_WIRE_TYPE_SEQ_ACTIVATIONS;
   uint32_t n = rd16(f + PRIMA_WIRE_AT_N_TOKENS), dtype = rd16(f + PRIMA_WIRE_AT_PAYLOAD_DTYPE);
   uint32_t row = rd32(f + PRIMA_WIRE_AT_ROW_WIDTH), payload = rd32(f + PRIMA_WIRE_AT_PAYLOAD_BYTES);
   uint64_t pos = rd32(f + PRIMA_WIRE_AT_FIRST_TOKEN_POSITION);
   if (dtype != PRIMA_WIRE_DTYPE_F32 && dtype != PRIMA_WIRE_DTYPE_F16) return -1;
   if (rd16(f + PRIMA_WIRE_AT_RESERVED) != 0 || row != hidden_size || n < 1 || n > max_tokens_per_frame) return -1;
-  if (pos + n > PRIMA_WIRE_U32_MAX) return -1;
+  /* a SEQ_ACTIVATIONS frame's positions are in its row tags; its position field is 0 */
+  if (seqs ? pos != 0 : pos + n > PRIMA_WIRE_U32_MAX) return -1;
   uint64_t width = dtype == PRIMA_WIRE_DTYPE_F16 ? PRIMA_WIRE_DTYPE_F16_BYTES : PRIMA_WIRE_DTYPE_F32_BYTES;
-  if ((uint64_t)payload != len - FRAME_HEADER_BYTES || (uint64_t)n * row * width != payload) return -1;
-  if (payload > max_payload_bytes) return -1;
+  uint64_t tags = seqs ? (uint64_t)n * PRIMA_WIRE_SEQ_TAG_BYTES : 0;
+  if ((uint64_t)payload != len - FRAME_HEADER_BYTES || tags + (uint64_t)n * row * width != payload) return -1;
+  if (payload > max_payload_bytes + tags) return -1;
+  for (uint32_t i = 0; i < (seqs ? n : 0); i++) {
+    const uint8_t *t = f + FRAME_HEADER_BYTES + (size_t)i * PRIMA_WIRE_SEQ_TAG_BYTES;
+    if (rd32(t) > PRIMA_WIRE_SEQ_TAG_MAX || rd32(t + 4) >= PRIMA_WIRE_SEQ_TAG_MAX) return -1;
+  }
   return rd16(f + PRIMA_WIRE_AT_CYCLE);
 }
 
-/* The window for an ACTIVATIONS frame the lane may run, or -1: the frame goes to JS, whose decoder
+/* The window for an ACTIVATIONS or SEQ_ACTIVATIONS frame the lane may run, or -1: the frame goes to JS, whose decoder
  * (ring/validation.ts) names whatever is wrong with it. */
 static int runnable(const prima_lane *l, const uint8_t *f, size_t len) {
   int cycle = prima_lane_frame_cycle(l->cfg.hidden_size, l->cfg.max_tokens_per_frame, l->cfg.max_payload_bytes, f, len);
@@ -312,25 +322,92 @@ static int next_window(const prima_lane *l, int i) {
   return best;
 }
 
-/* A pass runs on the lane thread only when it is quick (RingNode's rule for running inline: one token,
- * the window's last one-token pass under quick_pass_ms without a major fault, its pages all in memory). Anything longer (a prompt
- * batch, a window paged in from disk) runs off it (prima_lane_run on a libuv thread), so the lane
- * keeps answering pings and reading: a pass of seconds must not make this device look dead. */
-static int quick(prima_lane *l, int wi, int n) {
-  return n == 1 && l->last[wi].one_token_ms < l->cfg.quick_pass_ms && l->last[wi].major_faults == 0 &&
+static int is_seqs(const uint8_t *f) { return rd16(f + PRIMA_WIRE_AT_FRAME_TYPE) == PRIMA_WIRE_TYPE_SEQ_ACTIVATIONS; }
+static uint32_t tag_slot(const uint8_t *f, int i) { return rd32(f + FRAME_HEADER_BYTES + (size_t)i * PRIMA_WIRE_SEQ_TAG_BYTES); }
+static uint32_t tag_pos(const uint8_t *f, int i) { return rd32(f + FRAME_HEADER_BYTES + (size_t)i * PRIMA_WIRE_SEQ_TAG_BYTES + 4); }
+
+/* A SEQ_ACTIVATIONS frame's rows are one slot's consecutive positions (a prompt's batch: RingNode
+ * runs them through that slot's window) or else a decode step, one row per sequence. */
+static int one_slot(const uint8_t *f, int n) {
+  for (int i = 1; i < n; i++)
+    if (tag_slot(f, i) != tag_slot(f, 0) || tag_pos(f, i) != tag_pos(f, 0) + (uint32_t)i) return 0;
+  return 1;
+}
+
+/* A pass runs on the lane thread only when it is quick (RingNode's rule for running inline: one token
+ * or one decode step of several sequences, the window's last such pass under quick_pass_ms without a
+ * major fault, its pages all in memory). Anything longer (a prompt batch, a window paged in from disk)
+ * runs off it (prima_lane_run on a libuv thread), so the lane keeps answering pings and reading: a
+ * pass of seconds must not make this device look dead. */
+static int quick(prima_lane *l, int wi, const uint8_t *f) {
+  int n = rd16(f + PRIMA_WIRE_AT_N_TOKENS);
+  double last = n == 1 ? l->last[wi].one_token_ms : is_seqs(f) && !one_slot(f, n) ? l->last[wi].step_ms : 1e300;
+  return last < l->cfg.quick_pass_ms && l->last[wi].major_faults == 0 &&
          !atomic_load(&l->release_after_use) && atomic_load(&l->room) >= l->cfg.weight_bytes;
+}
+
+/* NaN or infinite rows would go round the ring as noise (engine/quick-forward.ts checkFinite, the
+ * same rule): a sum is finite exactly when every element is, and costs one pass over the rows. */
+static int rows_finite(const float *acts, size_t nf) {
+  double sum = 0;
+  for (size_t i = 0; i < nf; i++) sum += acts[i];
+  return isfinite(sum);
+}
+
+static void nan_rows_error(const prima_window *w, char *err, size_t err_len) {
+  if (w->end - w->first == 1) snprintf(err, err_len, "layer %d made NaN or infinite activations: the model's weights are broken, or its activations overflow", w->first);
+  else snprintf(err, err_len, "layers %d-%d made NaN or infinite activations: the model's weights are broken, or its activations overflow", w->first, w->end - 1);
+}
+
+/* Runs the rows of a SEQ_ACTIVATIONS frame through window wi's sequence slots, as RingNode
+ * .processSeqs does: one slot's batch through its window, a decode step through one pass over the
+ * weights, each row attending to its own slot's cache. On NaN rows each slot forgets what the frame wrote. */
+static int forward_seqs(prima_lane *l, int wi, const uint8_t *f, int n, float *acts, char *err, size_t err_len) {
+  const prima_lane_window *lw = &l->windows[wi];
+  int *pos = malloc((size_t)n * sizeof *pos);
+  prima_window **seqs = malloc((size_t)n * sizeof *seqs);
+  if (!pos || !seqs) {
+    free(pos), free(seqs);
+    return snprintf(err, err_len, "out of memory for the rows' sequences"), -1;
+  }
+  int rc = 0;
+  for (int i = 0; i < n && rc == 0; i++) {
+    uint32_t slot = tag_slot(f, i);
+    if (slot >= (uint32_t)lw->n_seqs) {
+      snprintf(err, err_len, "sequence slot %u is not on this device (it holds %d)", slot, lw->n_seqs);
+      rc = -1;
+    } else {
+      seqs[i] = lw->seqs[slot];
+      pos[i] = (int)tag_pos(f, i);
+    }
+  }
+  if (rc == 0) {
+    if (one_slot(f, n)) rc = prima_window_forward(seqs[0], acts, pos[0], n, NULL, err, err_len);
+    else rc = prima_window_forward_seqs(seqs[0], seqs, pos, n, acts, NULL, err, err_len);
+  }
+  if (rc == 0 && !rows_finite(acts, (size_t)n * l->cfg.hidden_size)) {
+    nan_rows_error(lw->window, err, err_len);
+    for (int i = 0; i < n; i++)
+      if (seqs[i]->n_filled > pos[i]) seqs[i]->n_filled = pos[i];
+    rc = -1;
+  }
+  free(pos);
+  free(seqs);
+  return rc;
 }
 
 /* Runs window wi over the frame's rows in place (f16 rows as floats in a buffer of their own: not
  * the wire's default, so not worth keeping one); counts it. 0, or -1 with err set (nothing sent). */
 static int compute(prima_lane *l, int wi, uint8_t *f, char *err, size_t err_len) {
   int n = rd16(f + PRIMA_WIRE_AT_N_TOKENS), pos = (int)rd32(f + PRIMA_WIRE_AT_FIRST_TOKEN_POSITION);
-  int f16 = rd16(f + PRIMA_WIRE_AT_PAYLOAD_DTYPE) == PRIMA_WIRE_DTYPE_F16;
+  int f16 = rd16(f + PRIMA_WIRE_AT_PAYLOAD_DTYPE) == PRIMA_WIRE_DTYPE_F16, seqs = is_seqs(f);
+  int step = seqs && n > 1 && !one_slot(f, n);
+  uint8_t *rows = f + FRAME_HEADER_BYTES + (seqs ? (size_t)n * PRIMA_WIRE_SEQ_TAG_BYTES : 0);
   size_t nf = (size_t)n * l->cfg.hidden_size;
-  float *acts = f16 ? malloc(nf * sizeof(float)) : (float *)(f + FRAME_HEADER_BYTES);
+  float *acts = f16 ? malloc(nf * sizeof(float)) : (float *)rows;
   if (!acts) return snprintf(err, err_len, "out of memory for the rows"), -1;
   if (f16)
-    for (size_t i = 0; i < nf; i++) acts[i] = prima_fp16_to_fp32(rd16(f + FRAME_HEADER_BYTES + 2 * i));
+    for (size_t i = 0; i < nf; i++) acts[i] = prima_fp16_to_fp32(rd16(rows + 2 * i));
   prima_pool_prewake(l->cfg.model->pool);
   struct rusage ru0, ru1;
   prima_thread_clock k0, k1;
@@ -339,15 +416,12 @@ static int compute(prima_lane *l, int wi, uint8_t *f, char *err, size_t err_len)
   prima_thread_clock_read(&k0);
   double t0 = now_ms();
   prima_window *w = l->windows[wi].window;
-  int rc = prima_window_forward(w, acts, pos, n, NULL, err, err_len);
-  /* NaN or infinite rows would go round the ring as noise (engine/quick-forward.ts checkFinite, the
-   * same rule): a sum is finite exactly when every element is, and costs one pass over the rows. */
-  if (rc == 0) {
-    double sum = 0;
-    for (size_t i = 0; i < nf; i++) sum += acts[i];
-    if (!isfinite(sum)) {
-      if (w->end - w->first == 1) snprintf(err, err_len, "layer %d made NaN or infinite activations: the model's weights are broken, or its activations overflow", w->first);
-      else snprintf(err, err_len, "layers %d-%d made NaN or infinite activations: the model's weights are broken, or its activations overflow", w->first, w->end - 1);
+  int rc;
+  if (seqs) rc = forward_seqs(l, wi, f, n, acts, err, err_len);
+  else {
+    rc = prima_window_forward(w, acts, pos, n, NULL, err, err_len);
+    if (rc == 0 && !rows_finite(acts, nf)) {
+      nan_rows_error(w, err, err_len);
       if (w->n_filled > pos) w->n_filled = pos;
       rc = -1;
     }
@@ -365,13 +439,14 @@ static int compute(prima_lane *l, int wi, uint8_t *f, char *err, size_t err_len)
   ws->major_faults += (uint64_t)(ru1.ru_majflt - ru0.ru_majflt);
   l->stats.frames++;
   if (n == 1) l->last[wi].one_token_ms = t1 - t0;
+  else if (step) l->last[wi].step_ms = t1 - t0;
   l->last[wi].major_faults = (uint64_t)(ru1.ru_majflt - ru0.ru_majflt);
   pthread_mutex_unlock(&l->mu);
   if (f16) {
     for (size_t i = 0; rc == 0 && i < nf; i++) {
       uint16_t v = prima_fp32_to_fp16(acts[i]);
-      f[FRAME_HEADER_BYTES + 2 * i] = (uint8_t)v;
-      f[FRAME_HEADER_BYTES + 2 * i + 1] = (uint8_t)(v >> 8);
+      rows[2 * i] = (uint8_t)v;
+      rows[2 * i + 1] = (uint8_t)(v >> 8);
     }
     free(acts);
   }
@@ -396,7 +471,7 @@ static void advise(prima_lane *l, int wi, int more_for_this_window) {
 static void run_frame(prima_lane *l, message *m) {
   uint8_t *f = m->data;
   int wi = runnable(l, f, m->len);
-  if (wi < 0 || !quick(l, wi, rd16(f + PRIMA_WIRE_AT_N_TOKENS))) {
+  if (wi < 0 || !quick(l, wi, f)) {
     /* code 1: JS runs it off this thread (prima_lane_run); 0: JS decodes it and says what it is. */
     l->paused = 1;
     emit(l, PRIMA_LANE_EV_FRAME, PRIMA_LANE_IN, wi < 0 ? 0 : 1, NULL, NULL, f, m->len);
@@ -750,7 +825,10 @@ prima_lane *prima_lane_start(const prima_lane_config *cfg, char *err, size_t err
     return NULL;
   }
   memcpy(l->windows, cfg->windows, (size_t)cfg->n_windows * sizeof *l->windows);
-  for (int i = 0; i < cfg->n_windows; i++) l->last[i].one_token_ms = 1e300; /* no timing yet: not quick */
+  for (int i = 0; i < cfg->n_windows; i++) {
+    l->last[i].one_token_ms = l->last[i].step_ms = 1e300; /* no timing yet: not quick */
+    if (!l->windows[i].seqs || l->windows[i].n_seqs < 1) l->windows[i].seqs = &l->windows[i].window, l->windows[i].n_seqs = 1;
+  }
   l->cfg.windows = l->windows;
   for (int i = 0; i < 2; i++) {
     fcntl(l->wake[i], F_SETFL, fcntl(l->wake[i], F_GETFL) | O_NONBLOCK);

@@ -42,6 +42,10 @@ typedef struct {
 typedef struct {
   prima_window *window;
   int cycle;
+  /* Per sequence slot (serve --parallel), the window whose KV cache holds it over the same layers:
+   * seqs[0] is window. SEQ_ACTIVATIONS rows run on them; NULL with n_seqs 0: one sequence. */
+  prima_window *const *seqs;
+  int n_seqs;
 } prima_lane_window;
 
 typedef struct {
@@ -91,8 +95,8 @@ typedef struct {
 } prima_lane_link_crypto;
 
 prima_lane *prima_lane_start(const prima_lane_config *cfg, char *err, size_t err_len);
-/* The cycle of an ACTIVATIONS frame the lane would run under these limits, or -1 (it goes to JS, whose
- * decoder names the fault). Exposed so a test can check it never accepts what ring/validation.ts refuses. */
+/* The cycle of an ACTIVATIONS or SEQ_ACTIVATIONS frame the lane would run under these limits, or -1 (it
+ * goes to JS, whose decoder names the fault). Exposed so a test can check it never accepts what ring/validation.ts refuses. */
 int prima_lane_frame_cycle(uint32_t hidden_size, uint32_t max_tokens_per_frame, uint64_t max_payload_bytes,
                            const uint8_t *f, size_t len);
 /* Gives the lane a connected socket (it takes a dup of fd) from which nothing unparsed was read. With

@@ -132,6 +132,8 @@ describe("serve --parallel 3 on a two-worker ring", () => {
     expect(st.requests.slots).toHaveLength(3);
     expect(st.model.kvCache.sequenceSlots).toBe(3); // the dashboard counts KV for the 3 slots
     expect(s.proc.stderr).toMatch(/--parallel 3: 3 sequence slots of 512 tokens each on every device of the ring, in 3 groups whose steps go round at once/);
+    // the workers ran the slots' rows on their native lanes (lane.c), not in JS
+    for (const w of workers) expect(w.stderr).toMatch(/ring frames run on the native lane/);
   }, 60_000);
 
   it("a worker killed while 3 requests stream: every sequence is replayed on the devices left and each text is the uninterrupted one", async () => {

@@ -33,6 +33,14 @@ function sampleFrames(): Frame[] {
     { type: "error", requestId: 77, firstTokenPosition: 12, nTokens: 4, cycle: 1, message: "layer 7: NaN in activations ✗" },
     { type: "activations", requestId: 5, firstTokenPosition: 40, nTokens: 3, cycle: 2, rowWidth: H, dtype: "f32", activations: activations(3) },
     { type: "activations", requestId: 6, firstTokenPosition: 0, nTokens: 8, cycle: 0, rowWidth: H, dtype: "f16", activations: activations(8) },
+    {
+      type: "seqActivations", requestId: 8, nTokens: 3, cycle: 1, rowWidth: H, dtype: "f32", slots: Int32Array.of(0, 2, 1),
+      positions: Int32Array.of(17, 0, 5), activations: activations(3),
+    },
+    {
+      type: "seqActivations", requestId: 9, nTokens: 8, cycle: 0, rowWidth: H, dtype: "f16", slots: new Int32Array(8).fill(3),
+      positions: Int32Array.from({ length: 8 }, (_, i) => 40 + i), activations: activations(8),
+    },
   ];
 }
 
@@ -162,11 +170,11 @@ describe("the native lane's frame check never accepts what the decoder refuses",
     if (cycle < 0) return false;
     const out = tryDecode(buf);
     if (!out.ok) throw new Error(`the lane accepts what the decoder refuses (${out.error.message}): ${Buffer.from(buf.subarray(0, 32)).toString("hex")}`);
-    expect(out.frame.type).toBe("activations");
-    expect(out.frame.type === "activations" && out.frame.cycle).toBe(cycle);
+    expect(["activations", "seqActivations"]).toContain(out.frame.type);
+    expect((out.frame.type === "activations" || out.frame.type === "seqActivations") && out.frame.cycle).toBe(cycle);
     return true;
   };
-  const valid = sampleFrames().filter((f) => f.type === "activations").map((f) => new Uint8Array(encodeFrame(f)));
+  const valid = sampleFrames().filter((f) => f.type === "activations" || f.type === "seqActivations").map((f) => new Uint8Array(encodeFrame(f)));
 
   it("accepts the valid samples", () => {
     for (const buf of valid) expect(agree(buf)).toBe(true);
@@ -186,8 +194,9 @@ describe("the native lane's frame check never accepts what the decoder refuses",
       const base = valid[randInt(valid.length)];
       const buf = new Uint8Array(base);
       const v = new DataView(buf.buffer);
-      const mode = randInt(4);
+      const mode = randInt(5);
       if (mode === 0) buf[randInt(32)] ^= 1 << randInt(8); // one bit of the header
+      else if (mode === 4) v.setUint32(32 + 4 * randInt(6), edges[randInt(edges.length)] >>> 0, true); // a row tag (or a row's bytes)
       else if (mode === 1) {
         const at = [4, 6, 8, 12, 16, 18, 20, 22, 24, 28][randInt(10)];
         const value = edges[randInt(edges.length)];
@@ -203,7 +212,7 @@ describe("the native lane's frame check never accepts what the decoder refuses",
     }
     for (let i = 0; i < 20000; i++) {
       const buf = Uint8Array.from({ length: 32 + randInt(3) * 64 * randInt(9) }, () => randInt(256));
-      buf.set([0x50, 0x52, 0x4d, 0x41, 1, 0, 2, 0]); // magic, version, activations: the rest random
+      buf.set([0x50, 0x52, 0x4d, 0x41, 1, 0, 2 + 3 * randInt(2), 0]); // magic, version, (seq) activations: the rest random
       if (agree(buf)) accepted++;
     }
     expect(accepted).toBeGreaterThan(1000);

@@ -13,10 +13,11 @@ export async function until(cond: () => boolean, what: string, ms = 5000): Promi
   }
 }
 
-/** The device's node: every layer of the model in one window; JS never sends (the lane does). */
-export function laneNode(model: LocalModel, errors: string[]): RingNode {
+/** The device's node: every layer of the model in one window (with seqSlots sequence slots); JS never
+ * sends (the lane does). */
+export function laneNode(model: LocalModel, errors: string[], seqSlots = 1): RingNode {
   return new RingNode({
-    model, windows: [{ firstLayer: 0, endLayer: model.nLayers, cycle: 0 }], cycles: 1, ctx: 32, maxBatch: 8, prefetch: false,
+    model, windows: [{ firstLayer: 0, endLayer: model.nLayers, cycle: 0 }], cycles: 1, ctx: 32, maxBatch: 8, prefetch: false, seqSlots,
     releaseAfterUse: false, isHead: false, send: () => Promise.reject(new Error("the lane sends, not JS")), onError: (m) => errors.push(m),
   });
 }

@@ -11,7 +11,7 @@ import { mulberry32 } from "../helpers/random.js";
 import { laneNode, startLane, until } from "./lane-device.js";
 import {
   CloseCode, RingListener, dialSuccessor, encodeFrame, f16ToF32, f32ToF16, resolveLinkOptions,
-  type ActivationsFrame, type Frame, type RingLink, type RingLinkOptions,
+  type ActivationsFrame, type Frame, type RingLink, type RingLinkOptions, type SeqActivationsFrame,
 } from "../../ring/index.js";
 
 const model = LocalModel.open("models/stories260K.gguf", { threads: 1 });
@@ -40,7 +40,7 @@ function rows(pos: number, nTokens = 1): ActivationsFrame {
 
 /** predecessor (the test) -> device (the lane) -> successor (the test). */
 async function laneDevice(deviceOptions: Partial<RingLinkOptions> = {}, successorOptions: Partial<RingLinkOptions> = {},
-  predecessorOptions: Partial<RingLinkOptions> = {}) {
+  predecessorOptions: Partial<RingLinkOptions> = {}, seqSlots = 1) {
   const devOpts = options("device", deviceOptions);
   const deviceListener = await RingListener.listen({ port: 0, host: "127.0.0.1", ...devOpts });
   const successorListener = await RingListener.listen({ port: 0, host: "127.0.0.1", ...options("successor", successorOptions) });
@@ -52,7 +52,7 @@ async function laneDevice(deviceOptions: Partial<RingLinkOptions> = {}, successo
   const predecessor = await dialSuccessor(deviceListener.url, options("predecessor", predecessorOptions));
   const inLink = await incoming;
   const errors: string[] = [];
-  const node = laneNode(model, errors);
+  const node = laneNode(model, errors, seqSlots);
   const { lane, received } = startLane({ model, node, link: resolveLinkOptions(devOpts), inLink, out, predecessor, successor, errors, cleanups });
   return { lane, node, predecessor, successor, inLink, out, errors, received };
 }
@@ -99,6 +99,65 @@ describe("native lane", () => {
     await d.predecessor.send(rows(3));
     await until(() => d.received.length === 5, "the frame after the truncate");
     expect(Array.from((d.received[4] as ActivationsFrame).activations)).toEqual(Array.from((d.received[1] as ActivationsFrame).activations));
+  });
+
+  it("rows of sequence slots (serve --parallel): a slot's prompt, decode steps of several slots and a slot's shift, as JS windows run them", async () => {
+    const d = await laneDevice({}, {}, {}, 3);
+    const seqRows = (slots: number[], positions: number[], dtype: "f32" | "f16" = "f32"): SeqActivationsFrame => ({
+      type: "seqActivations", requestId: 9, nTokens: slots.length, cycle: 0, rowWidth: model.nEmbd, dtype,
+      slots: Int32Array.from(slots), positions: Int32Array.from(positions), activations: model.embed(Int32Array.from(positions, (p, i) => p + 3 * slots[i] + 1)),
+    });
+    // slot 1's prompt (4 rows), slot 0's (2), then two steps of both (the first timed off the lane
+    // thread, the next on it), one in f16, then slot 1's cache shifted and a step after it
+    const sent = [seqRows([1, 1, 1, 1], [0, 1, 2, 3]), seqRows([0, 0], [0, 1]), seqRows([0, 1], [2, 4]), seqRows([1, 0], [5, 3], "f16")];
+    for (const f of sent) await d.predecessor.send(f);
+    await until(() => d.received.length === 4, "four frames of sequence rows");
+    await d.predecessor.send({ type: "kvShift", requestId: 9, p0: 1, nDiscard: 2, nPast: 6, slot: 1 });
+    const after = seqRows([1, 0], [4, 4]);
+    await d.predecessor.send(after);
+    await until(() => d.received.length === 6, "the shift and the step after it");
+
+    const ref = [0, 1].map(() => model.window(0, nLayers, { ctx: 32, maxBatch: 8 }));
+    try {
+      const expectRows = (got: Frame, f: SeqActivationsFrame, want: Float32Array) => {
+        expect(got).toMatchObject({ type: "seqActivations", nTokens: f.nTokens, dtype: f.dtype });
+        const g = got as SeqActivationsFrame;
+        expect([Array.from(g.slots), Array.from(g.positions)]).toEqual([Array.from(f.slots), Array.from(f.positions)]);
+        expect(Array.from(g.activations)).toEqual(Array.from(want));
+      };
+      const prompt = async (i: number) => {
+        const f = sent[i], want = f.activations.slice();
+        await ref[f.slots[0]].forward(want, f.positions[0], f.nTokens);
+        expectRows(d.received[i], f, want);
+      };
+      const step = async (got: Frame, f: SeqActivationsFrame) => {
+        const want = f.dtype === "f16" ? f16ToF32(f32ToF16(f.activations)) : f.activations.slice();
+        const wins = Array.from(f.slots, (s) => ref[s]);
+        await wins[0].forwardSeqs(wins, want, f.positions);
+        expectRows(got, f, f.dtype === "f16" ? f16ToF32(f32ToF16(want)) : want);
+      };
+      await prompt(0);
+      await prompt(1);
+      await step(d.received[2], sent[2]);
+      await step(d.received[3], sent[3]);
+      expect(d.received[4]).toMatchObject({ type: "kvShift", slot: 1, p0: 1, nDiscard: 2, nPast: 6 });
+      ref[1].kvShift(1, 2, 6);
+      await step(d.received[5], after);
+    } finally {
+      for (const w of ref) w.close();
+    }
+    expect(d.errors).toEqual([]);
+    const stats = d.lane.stats();
+    expect([stats.windows[0].frames, stats.windows[0].tokens]).toEqual([5, 12]);
+
+    // a slot this device does not hold: an ERROR frame naming it, reported; the lane goes on
+    await d.predecessor.send(seqRows([0, 3], [5, 0]));
+    await until(() => d.received.length === 7, "the error frame");
+    expect(d.received[6]).toMatchObject({ type: "error", message: "sequence slot 3 is not on this device (it holds 3)" });
+    expect(d.errors).toEqual(["sequence slot 3 is not on this device (it holds 3)"]);
+    await d.predecessor.send({ type: "kvShift", requestId: 9, p0: 0, nDiscard: 1, nPast: 5, slot: 5 });
+    await until(() => d.received.length === 8, "the refused shift");
+    expect(d.received[7]).toMatchObject({ type: "error", message: "sequence slot 5 is not on this device (it holds 3)" });
   });
 
   it("frames split into WebSocket fragments both ways: assembled, run and fragmented again", async () => {
