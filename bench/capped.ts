@@ -22,7 +22,7 @@ import { coordCli, median, root, useTemporaryHome, workerCli } from "./procs.js"
 const cgBase = "/sys/fs/cgroup/memory";
 const MiB = 2 ** 20;
 const N_PREDICT = 48, CTX = 256;
-const gen = ["-p", "Once upon a time", "-n", String(N_PREDICT), "--temp", "0", "--ctx", String(CTX)];
+const gen = (nPredict: number) => ["-p", "Once upon a time", "-n", String(nPredict), "--temp", "0", "--ctx", String(CTX)];
 
 interface Proc { child: ChildProcess; out: string; err: string; exited: Promise<number | null>; signal: () => NodeJS.Signals | null }
 
@@ -110,7 +110,7 @@ const HEAD_ONLY_FLAGS = new Set(["--measure-routing"]);
 /** One ring run: the head then a worker for each further file (dev-a, dev-b, ...), each in a fresh
  * cgroup of capMiB (or of its own cap, head first), each reading its file of `files` (in that order).
  * `env`: for every process (a setup's own profile cache, its XDG_CACHE_HOME: cappedSetup). */
-async function ringRun(files: readonly string[], capMiB: number | readonly number[], windows: readonly number[] | null, tag: string, flags: readonly string[] = [], env?: NodeJS.ProcessEnv): Promise<RunJson> {
+async function ringRun(files: readonly string[], capMiB: number | readonly number[], windows: readonly number[] | null, tag: string, flags: readonly string[] = [], env?: NodeJS.ProcessEnv, nPredict = N_PREDICT): Promise<RunJson> {
   const names = workerNames(files.length - 1);
   const caps = typeof capMiB === "number" ? files.map(() => capMiB) : capMiB;
   const groups = ["head", ...names].map((n, i) => makeGroup(`prima-capped-${process.pid}-${tag}-${n}`, caps[i]));
@@ -118,7 +118,7 @@ async function ringRun(files: readonly string[], capMiB: number | readonly numbe
   try {
     dropCaches();
     await new Promise((r) => setTimeout(r, 500));
-    const head = start(groups[0], [coordCli, "run", files[0], "--json", ...gen, "--port", "0", "--min-workers", String(names.length), ...(windows ? ["--layer-windows", windows.join(",")] : []), ...flags], process.execPath, env);
+    const head = start(groups[0], [coordCli, "run", files[0], "--json", ...gen(nPredict), "--port", "0", "--min-workers", String(names.length), ...(windows ? ["--layer-windows", windows.join(",")] : []), ...flags], process.execPath, env);
     procs.push(head);
     const port = (await waitFor(head, /listening for workers on port (\d+)/, 120_000))[1];
     const tokenFile = (await waitFor(head, /--token-file (\S+)/, 5000))[1]; // the join token (trust/)
@@ -165,11 +165,11 @@ async function exitWithin(p: Proc): Promise<number | null | "timeout"> {
 const thrashed = `did not finish within ${ALONE_LIMIT_MS / 1000} s (thrashing)`;
 
 /** prima alone in one capped cgroup. */
-async function aloneRun(model: string, capMiB: number): Promise<number | string> {
+async function aloneRun(model: string, capMiB: number, nPredict = N_PREDICT): Promise<number | string> {
   const g = makeGroup(`prima-capped-${process.pid}-alone`, capMiB);
   try {
     dropCaches();
-    const p = start(g, [coordCli, "run", model, "--json", ...gen]);
+    const p = start(g, [coordCli, "run", model, "--json", ...gen(nPredict)]);
     const code = await exitWithin(p);
     if (code === "timeout") return thrashed;
     if (code !== 0) return p.signal() === "SIGKILL" ? "killed (OOM)" : `failed (${code})`;
@@ -252,11 +252,11 @@ export async function main(model: string, reps = 3, caps: readonly string[] = ["
  * `flags` go to every process (--expert-prefetch);
  * `autoVariants`: further automatic plans run beside the first each round, each with its flags too (what a
  * switch changes, e.g. MoE's expert prefetch). Returns the summary line. */
-export async function cappedSetup(model: string, o: { name: string; cap: number; devices?: number; sweep: readonly number[][]; reps: number; aloneGoal: boolean; moe?: boolean; flags?: readonly string[]; autoVariants?: readonly { name: string; flags: readonly string[] }[] }): Promise<string> {
-  const { cap, sweep, reps, flags = [], autoVariants = [], devices = 3 } = o;
+export async function cappedSetup(model: string, o: { name: string; cap: number; devices?: number; sweep: readonly number[][]; reps: number; aloneGoal: boolean; moe?: boolean; flags?: readonly string[]; autoVariants?: readonly { name: string; flags: readonly string[] }[]; nPredict?: number }): Promise<string> {
+  const { cap, sweep, reps, flags = [], autoVariants = [], devices = 3, nPredict = N_PREDICT } = o;
   const bad = sweep.find((w) => w.length !== devices);
   if (bad) throw new Error(`capped: the hand-made plan [${bad}] does not have ${devices} windows`);
-  console.log(`\n## capped devices: ${devices} x ${cap} MiB (memory cgroups), ${o.name}, decode ${N_PREDICT} tokens, ctx ${CTX}, median of ${reps} rounds\n`);
+  console.log(`\n## capped devices: ${devices} x ${cap} MiB (memory cgroups), ${o.name}, decode ${nPredict} tokens, ctx ${CTX}, median of ${reps} rounds\n`);
   // Rounds: the automatic plan and every hand-made one once each per round, so that a slow spell of
   // this shared machine falls on all of them; each setup's median over the rounds counts.
   const autoRuns: RunJson[] = [], variantRuns = autoVariants.map(() => [] as RunJson[]);
@@ -270,7 +270,7 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
   const household = mkdtempSync(join(tmpdir(), "prima-capped-cache-"));
   const env = { ...process.env, XDG_CACHE_HOME: household };
   const { first: firstRun, alone, llama } = await withDeviceFiles(model, devices, async (files) => {
-    const run = (windows: readonly number[] | null, tag: string, runFlags = flags) => ringRun(files, cap, windows, `${tag}${cap}`, runFlags, env);
+    const run = (windows: readonly number[] | null, tag: string, runFlags = flags) => ringRun(files, cap, windows, `${tag}${cap}`, runFlags, env, nPredict);
     const first = await run(null, "first");
     // Each round runs every plan once; every other round in the reverse order (ABBA), so that a drift
     // of the host over a round, or what one run leaves to the next, does not fall on one plan each time.
@@ -294,7 +294,7 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
     }
     for (let r = 0; r < reps; r++) for (const job of r % 2 === 0 ? jobs : [...jobs].reverse()) await job(r);
     // alone: on the head's copy, as the head's machine would run the model by itself
-    return { first, alone: await aloneRun(files[0], cap), llama: await llamaRun(files[0], cap) };
+    return { first, alone: await aloneRun(files[0], cap, nPredict), llama: await llamaRun(files[0], cap) };
   }).finally(() => rmSync(household, { recursive: true, force: true }));
   const auto = medianRun(autoRuns)!;
   const handRuns = handRounds.map((rs) => rs.filter((x): x is RunJson => x !== undefined));
