@@ -7,7 +7,7 @@ import {
   conservativeFlags, deviceTerms, flagsFromPlan, modelTerms, moeRereadBytes, resolveOptions, streamExtraBytes,
   type BufferFlags, type DeviceTerms, type ModelTerms, type ResolvedOptions,
 } from "./terms.js";
-import { keptShares, namedLayers, pricedByName, rereadFromPrefix } from "./named-reread.js";
+import { namedLayers, pricedByName, rereadOfRates, windowRates, type WindowRates } from "./named-reread.js";
 import { hiddenReadsLatencyMs, type PricedDevice } from "./overlap.js";
 import { HaldaError, type DeviceLatencyMs, type DeviceProfile, type DeviceSet, type HaldaOptions, type ModelProfile } from "./types.js";
 
@@ -65,12 +65,12 @@ export function evaluateDevice(t: DeviceTerms, k: number, w: number, n: number, 
 }
 
 /** A device's evaluation with its window named (MoE-3): offset is its first layer within each cycle;
- * prefix: the window's merged shares, where the caller has them. */
-export function evaluateNamed(t: DeviceTerms, k: number, w: number, offset: number, m: ModelTerms, o: ResolvedOptions, prefix?: Float64Array): DeviceEvaluation {
+ * rates: the window's experts' rates (windowRates), where the caller has them. */
+export function evaluateNamed(t: DeviceTerms, k: number, w: number, offset: number, m: ModelTerms, o: ResolvedOptions, rates?: WindowRates): DeviceEvaluation {
   const mt = m.moe!;
   const cycleLayers = m.nLayers / k;
-  const p = prefix ?? keptShares(mt, namedLayers(k, cycleLayers, offset, w));
-  return evaluateDevice(t, k, w, 0, m, o, (r, room) => rereadFromPrefix(mt, p, r, room));
+  const p = rates ?? windowRates(mt, namedLayers(k, cycleLayers, offset, w));
+  return evaluateDevice(t, k, w, 0, m, o, (r, room) => rereadOfRates(mt, p, r, room));
 }
 
 export function fmtGiB(bytes: number): string {

@@ -14,32 +14,74 @@ export function namedLayers(k: number, cycleLayers: number, offset: number, w: n
   return out;
 }
 
-/** F over a window: prefix sums of its layers' shares merged hottest first (P[i]: the i hottest). */
-export function keptShares(mt: MoeTerms, layers: readonly number[]): Float64Array {
-  const all = new Float64Array(layers.length * mt.nExpert);
-  let at = 0;
-  for (const l of layers) for (const p of mt.layerShares![l]) all[at++] = p;
-  all.sort().reverse();
-  const prefix = new Float64Array(all.length + 1);
-  for (let i = 0; i < all.length; i++) prefix[i + 1] = prefix[i] + all[i];
-  return prefix;
+/** The pseudo-assignments each expert gets before a measurement's own (Jeffreys' prior): an expert the
+ * routing text never reached is rare, not never used. */
+export const ROUTING_PRIOR = 0.5;
+
+/** A window's experts as distinct per-token access rates (k_e·p̃, p̃ a layer's share smoothed by the
+ * measurement's size, where known) with how many of its experts have each. */
+export interface WindowRates {
+  readonly rate: Float64Array;
+  readonly count: Float64Array;
 }
 
-/** ρ of r named layers from their merged prefix sums, with room C: dense parts resident first, then the
- * hottest experts of any of its layers (the last one partly), as MoE-1 with each layer's own p. */
-export function rereadFromPrefix(mt: MoeTerms, prefix: Float64Array, r: number, roomBytes: number): number {
+export function windowRates(mt: MoeTerms, layers: readonly number[]): WindowRates {
+  const A = mt.routingAssignments, n = mt.nExpert;
+  const counts = new Map<number, number>();
+  for (const l of layers) {
+    for (const p of mt.layerShares![l]) {
+      const rate = mt.nUsed * (A ? (p * A + ROUTING_PRIOR) / (A + n * ROUTING_PRIOR) : p);
+      counts.set(rate, (counts.get(rate) ?? 0) + 1);
+    }
+  }
+  const rates = [...counts.keys()].filter((r) => r > 0);
+  return { rate: Float64Array.from(rates), count: Float64Array.from(rates, (r) => counts.get(r)!) };
+}
+
+/**
+ * Experts read per token when the page cache holds `slots` of the window's experts and keeps the recently
+ * used (LRU, tokens routed independently): Che's approximation. Over T tokens an expert of rate q is
+ * touched with probability 1 − e^(−qT); the cache's characteristic time T is where the expected distinct
+ * experts touched fill it, Σ(1 − e^(−qT)) = slots; an expert is resident with probability 1 − e^(−qT), so
+ * a token misses Σ q·e^(−qT) of them. Uniform rates give MoE-1's 1 − j/n; skewed ones miss more than
+ * MoE-1's hottest-fit would (the recently used are not always the hottest).
+ */
+export function lruMissesPerToken(w: WindowRates, slots: number): number {
+  let experts = 0, total = 0;
+  for (let i = 0; i < w.rate.length; i++) (experts += w.count[i]), (total += w.count[i] * w.rate[i]);
+  if (slots <= 0) return total;
+  if (slots >= experts) return 0;
+  // g(T) = Σ c(1 − e^(−qT)) − slots is increasing and concave: Newton from a T where g <= 0 (1 − e^(−x) <= x)
+  // climbs to the root from below, every step staying at or left of it.
+  let T = slots / total;
+  for (let it = 0; it < 200; it++) {
+    let g = -slots, dg = 0;
+    for (let i = 0; i < w.rate.length; i++) {
+      const e = Math.exp(-w.rate[i] * T);
+      g += w.count[i] * (1 - e);
+      dg += w.count[i] * w.rate[i] * e;
+    }
+    if (!(dg > 0)) break;
+    const step = -g / dg;
+    T += step;
+    if (step <= 1e-12 * T) break;
+  }
+  let misses = 0;
+  for (let i = 0; i < w.rate.length; i++) misses += w.count[i] * w.rate[i] * Math.exp(-w.rate[i] * T);
+  return misses;
+}
+
+/** ρ of r named layers with room C: dense parts resident first (every token touches them), the rest
+ * of the room holds experts as LRU keeps them (lruMissesPerToken); the other two cases as MoE-1. */
+export function rereadOfRates(mt: MoeTerms, w: WindowRates, r: number, roomBytes: number): number {
   if (r <= 0) return 0;
   const dense = r * mt.denseBytesWithKv;
   const expertRoom = roomBytes - dense;
   if (expertRoom <= 0) return Math.max(0, dense + r * mt.nUsed * mt.expertBytes - roomBytes);
-  const j = Math.min(expertRoom / mt.expertBytes, prefix.length - 1); // experts resident in the window
-  const whole = Math.floor(j);
-  const kept = prefix[whole] + (whole < prefix.length - 1 ? (j - whole) * (prefix[whole + 1] - prefix[whole]) : 0);
-  return r * mt.nUsed * mt.expertBytes * Math.max(0, 1 - kept / r);
+  return mt.expertBytes * lruMissesPerToken(w, expertRoom / mt.expertBytes);
 }
 
-/** ρ for a window of named layers (MoE-3): equals moeRereadBytes when every layer has the same shares. */
+/** ρ for a window of named layers (MoE-3): equals moeRereadBytes when every layer routes uniformly. */
 export function moeNamedRereadBytes(mt: MoeTerms, layers: readonly number[], roomBytes: number): number {
-  return rereadFromPrefix(mt, keptShares(mt, layers), layers.length, roomBytes);
+  return rereadOfRates(mt, windowRates(mt, layers), layers.length, roomBytes);
 }
-

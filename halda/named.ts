@@ -5,7 +5,7 @@
 // a shortest path over (device, first layer) with each window priced by its own layers' shares: the
 // exact best split for those devices and k under MoE-1 taken layer by layer.
 import { evaluateNamed, type DeviceEvaluation } from "./latency.js";
-import { keptShares, namedLayers } from "./named-reread.js";
+import { namedLayers, windowRates, type WindowRates } from "./named-reread.js";
 import type { DeviceTerms, ModelTerms, ResolvedOptions } from "./terms.js";
 
 export interface NamedSplit {
@@ -24,16 +24,16 @@ export interface NamedSplit {
 export function bestNamedSplit(terms: readonly DeviceTerms[], k: number, m: ModelTerms, o: ResolvedOptions, prefer: readonly number[], tieMs: (ms: number) => number): NamedSplit | null {
   const A = terms.length, W = m.nLayers / k;
   const mt = m.moe!;
-  // Each window's merged shares, made once per (first layer, width): every device prices the same windows.
-  const prefixes = new Map<number, Float64Array>();
-  const prefixOf = (offset: number, w: number) => {
+  // Each window's experts' rates, made once per (first layer, width): every device prices the same windows.
+  const rates = new Map<number, WindowRates>();
+  const ratesOf = (offset: number, w: number) => {
     const key = offset * (W + 1) + w;
-    let p = prefixes.get(key);
-    if (!p) prefixes.set(key, (p = keptShares(mt, namedLayers(k, W, offset, w))));
+    let p = rates.get(key);
+    if (!p) rates.set(key, (p = windowRates(mt, namedLayers(k, W, offset, w))));
     return p;
   };
   const cost = (a: number, offset: number, w: number): number => {
-    const ev = evaluateNamed(terms[a], k, w, offset, m, o, prefixOf(offset, w));
+    const ev = evaluateNamed(terms[a], k, w, offset, m, o, ratesOf(offset, w));
     return ev.problems.length ? Infinity : ev.latency.totalMs;
   };
   // best[a][x]: least latency of devices 0..a-1 covering the cycle's first x layers
@@ -54,7 +54,7 @@ export function bestNamedSplit(terms: readonly DeviceTerms[], k: number, m: Mode
   for (let a = A, x = W; a > 0; a--) { const y = from[a][x]; windows.unshift(x - y); x = y; }
   const evaluate = (ws: readonly number[]) => {
     let offset = 0;
-    const evs = ws.map((w, a) => { const ev = evaluateNamed(terms[a], k, w, offset, m, o, prefixOf(offset, w)); offset += w; return ev; });
+    const evs = ws.map((w, a) => { const ev = evaluateNamed(terms[a], k, w, offset, m, o, ratesOf(offset, w)); offset += w; return ev; });
     return { evs, ms: evs.reduce((s, e) => s + e.latency.totalMs, 0), ok: evs.every((e) => e.problems.length === 0) };
   };
   let chosen = evaluate(windows);

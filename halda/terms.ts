@@ -115,6 +115,8 @@ export interface MoeTerms {
   /** Each layer's shares, hottest first, where measured: a plan's windows are then priced by the layers
    * they name (MoE-3, named.ts). */
   readonly layerShares?: readonly (readonly number[])[];
+  /** Assignments per layer the measurement saw (tokens · k_e): MoE-3 smooths the shares by it. */
+  readonly routingAssignments?: number;
 }
 
 /** p̄ as at most `max` segments: equal neighbours merge exactly; beyond `max`, ranks are grouped evenly
@@ -232,6 +234,7 @@ export function modelTerms(m: ModelProfile, o: ResolvedOptions): ModelTerms {
     moe = {
       nExpert: x.nExpert, nUsed: x.nExpertUsed, expertBytes: x.expertBytes, denseBytesWithKv: Math.max(0, layerBytesWithKv - x.nExpert * x.expertBytes), segments,
       ...(byLayer ? { layerShares: byLayer } : {}),
+      ...(byLayer && x.routingTokens && x.routingTokens > 0 ? { routingAssignments: x.routingTokens * x.nExpertUsed } : {}),
     };
   }
   return {

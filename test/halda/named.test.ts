@@ -1,7 +1,7 @@
 // MoE-3 (docs/HALDA.md): windows priced by the layers they name, where each layer's routing is measured.
-// The reread equals MoE-1 when the layers route alike and keeps the hottest experts of any of a window's
-// layers otherwise; Halda's split equals the best of every split in ring order; the ring order decides
-// which device gets the broadly routed layers.
+// The reread is LRU's under Che's approximation over the window's experts (MoE-1 when they route
+// uniformly, hand-worked on a small window); Halda's split equals the best of every split in ring order;
+// the ring order decides which device gets the broadly routed layers.
 import { describe, expect, test } from "vitest";
 import {
   halda, moeNamedRereadBytes, moeRereadBytes, moeTermsOf, predictLatency, routingSegments,
@@ -14,9 +14,8 @@ const terms = (layerShares: number[][], k: number, e: number, dense: number): Mo
 });
 
 describe("ρ of a window of named layers", () => {
-  test("layers that route alike: MoE-1 at every room", () => {
-    const shares = [0.3, 0.05, 0.2, 0.2, 0.1, 0.05, 0.05, 0.05].sort((a, b) => b - a);
-    const mt = terms(Array.from({ length: 6 }, () => shares), 3, 12, 200);
+  test("layers that route uniformly: MoE-1 at every room", () => {
+    const mt = terms(Array.from({ length: 6 }, () => new Array<number>(8).fill(1 / 8)), 3, 12, 200);
     const bp = mt.denseBytesWithKv + mt.nExpert * mt.expertBytes;
     for (let r = 1; r <= 6; r++) {
       const layers = Array.from({ length: r }, (_, i) => i);
@@ -24,15 +23,46 @@ describe("ρ of a window of named layers", () => {
     }
   });
 
-  test("the hottest experts of any of its layers stay: a steep layer's one hot expert before a flat layer's", () => {
-    // layer 0 routes evenly over 2 experts, layer 1 always to one; room for one expert
+  test("skewed layers: LRU misses more than the hottest-fit, less than uniform routing, and falls with room", () => {
+    const shares = [0.3, 0.05, 0.2, 0.2, 0.1, 0.05, 0.05, 0.05].sort((a, b) => b - a);
+    const mt = terms(Array.from({ length: 4 }, () => shares), 3, 12, 200);
+    const uniform = terms(Array.from({ length: 4 }, () => new Array<number>(8).fill(1 / 8)), 3, 12, 200);
+    const layers = [0, 1, 2, 3];
+    let last = Infinity;
+    for (let experts = 0.5; experts < 32; experts += 0.5) {
+      const room = 4 * 200 + experts * 12;
+      const lru = moeNamedRereadBytes(mt, layers, room);
+      expect(lru).toBeGreaterThan(moeRereadBytes(mt, 4, room) - 1e-9);
+      expect(lru).toBeLessThan(moeNamedRereadBytes(uniform, layers, room));
+      expect(lru).toBeLessThan(last);
+      last = lru;
+    }
+    expect(moeNamedRereadBytes(mt, layers, 4 * 200 + 32 * 12)).toBe(0);
+  });
+
+  test("Che's approximation on a hand-worked window: one flat layer, one that always routes to one expert", () => {
+    // layer 0 routes evenly over 2 experts, layer 1 always to one (its other expert is never touched)
     const mt = terms([[0.5, 0.5], [1, 0]], 1, 100, 0);
-    // named: layer 1's expert stays, every token misses in layer 0: 100 bytes
-    expect(moeNamedRereadBytes(mt, [0, 1], 100)).toBeCloseTo(100, 9);
-    // averaged over the layers ([0.75, 0.25]), half an expert a layer would miss 1.25 experts a token
+    // room for one expert: 2(1 − x) + (1 − x²) = 1 with x = e^(−T/2), so x = √3 − 1; a token misses
+    // 2·0.5·x + x² = 3 − √3 experts (the hottest-fit, keeping layer 1's, misses 1)
+    expect(moeNamedRereadBytes(mt, [0, 1], 100)).toBeCloseTo(100 * (3 - Math.sqrt(3)), 9);
+    // room for two: x² + 2x − 1 = 0, x = √2 − 1, misses x + x² = 2 − √2 (the hottest-fit: 0.5)
+    expect(moeNamedRereadBytes(mt, [0, 1], 200)).toBeCloseTo(100 * (2 - Math.sqrt(2)), 9);
+    // room for the three it touches: none
+    expect(moeNamedRereadBytes(mt, [0, 1], 300)).toBe(0);
+    // averaged over the layers ([0.75, 0.25]), MoE-1 with half an expert a layer misses 1.25 experts a token
     expect(moeRereadBytes(mt, 2, 100)).toBeCloseTo(125, 9);
-    // room for two: layer 1's and one of layer 0's; half the tokens miss layer 0's other
-    expect(moeNamedRereadBytes(mt, [0, 1], 200)).toBeCloseTo(50, 9);
+  });
+
+  test("a measurement's size smooths its shares: an expert it never saw is rare, not never read", () => {
+    const seen = terms([[0.5, 0.5, 0, 0]], 1, 100, 0);
+    // without the measurement's size, the two unseen experts are never touched: room for two, no reread
+    expect(moeNamedRereadBytes(seen, [0], 200)).toBe(0);
+    // measured over 8 assignments: each unseen expert gets 0.5 of 10 pseudo-assignments' share
+    const smoothed = { ...seen, routingAssignments: 8 };
+    const reread = moeNamedRereadBytes(smoothed, [0], 200);
+    expect(reread).toBeGreaterThan(0);
+    expect(reread).toBeLessThan(100 * 2 * (0.5 / 10) + 1e-9 + 100 * 0.5); // below missing both rare ones and half a hot one
   });
 });
 
