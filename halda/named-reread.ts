@@ -25,17 +25,37 @@ export interface WindowRates {
   readonly count: Float64Array;
 }
 
-export function windowRates(mt: MoeTerms, layers: readonly number[]): WindowRates {
-  const A = mt.routingAssignments, n = mt.nExpert;
-  const counts = new Map<number, number>();
-  for (const l of layers) {
-    for (const p of mt.layerShares![l]) {
+/** Each layer's distinct rates, made once per model's terms (a plan prices thousands of windows). */
+const layerRatesOf = new WeakMap<MoeTerms, WindowRates[]>();
+
+function layerRates(mt: MoeTerms, layer: number): WindowRates {
+  let all = layerRatesOf.get(mt);
+  if (!all) layerRatesOf.set(mt, (all = []));
+  let lr = all[layer];
+  if (!lr) {
+    const A = mt.routingAssignments, n = mt.nExpert;
+    const counts = new Map<number, number>();
+    for (const p of mt.layerShares![layer]) {
       const rate = mt.nUsed * (A ? (p * A + ROUTING_PRIOR) / (A + n * ROUTING_PRIOR) : p);
-      counts.set(rate, (counts.get(rate) ?? 0) + 1);
+      if (rate > 0) counts.set(rate, (counts.get(rate) ?? 0) + 1);
     }
+    all[layer] = lr = { rate: Float64Array.from(counts.keys()), count: Float64Array.from(counts.values()) };
   }
-  const rates = [...counts.keys()].filter((r) => r > 0);
-  return { rate: Float64Array.from(rates), count: Float64Array.from(rates, (r) => counts.get(r)!) };
+  return lr;
+}
+
+/** The window's layers' rates side by side (a rate may repeat: the sums do not mind). */
+export function windowRates(mt: MoeTerms, layers: readonly number[]): WindowRates {
+  const parts = layers.map((l) => layerRates(mt, l));
+  const size = parts.reduce((a, p) => a + p.rate.length, 0);
+  const rate = new Float64Array(size), count = new Float64Array(size);
+  let at = 0;
+  for (const p of parts) {
+    rate.set(p.rate, at);
+    count.set(p.count, at);
+    at += p.rate.length;
+  }
+  return { rate, count };
 }
 
 /**

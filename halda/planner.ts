@@ -6,7 +6,7 @@ import { ExactSolver, tieMs } from "./exact.js";
 import { solveFaithful } from "./faithful.js";
 import { deviceRows, type IlpSolution } from "./ilp.js";
 import { evaluateDevice, fmtGiB, predictResolved, type DeviceEvaluation } from "./latency.js";
-import { bestNamedSplit } from "./named.js";
+import { bestNamedSplit, type NamedSplit } from "./named.js";
 import { pricedByName } from "./named-reread.js";
 import { readsAhead } from "./overlap.js";
 import {
@@ -115,15 +115,34 @@ function explainInfeasible(devs: readonly ResolvedDevice[], m: ModelTerms, o: Re
   return `no assignment satisfies every device's memory limits at k ∈ {${validKs(L, M, o.userK).join(", ")}} (${detail})`;
 }
 
+/** (MoE-3) The best split of a solution's k over its devices with each window priced by the layers it
+ * names, in ring order (ring: the active devices' positions in it); null where windows are not priced by name. */
+function namedSplit(devs: readonly ResolvedDevice[], active: readonly number[], solved: Solved, m: ModelTerms, o: ResolvedOptions): { ring: number[]; split: NamedSplit } | null {
+  const sol = solved.solution;
+  if (!pricedByName(m, o, sol.n)) return null;
+  const ring = (o.ringOrder ?? devs.map((_, i) => i)).map((i) => active.indexOf(i)).filter((j) => j >= 0);
+  const split = bestNamedSplit(ring.map((j) => solved.terms[j]), sol.k, m, o, ring.map((j) => sol.w[j]), tieMs);
+  return split && { ring, split };
+}
+
+/** A subset's solution priced as its plan will be (MoE-3's split where windows are priced by name), so
+ * that subsets are compared by what they will run at, not by the ILP's averaged routing. */
+function pricedAsPlanned(devs: readonly ResolvedDevice[], active: readonly number[], solved: Solved, m: ModelTerms, o: ResolvedOptions): Solved {
+  // a plan whose reads are hidden is priced as a whole (§4.9), not as the sum of its devices
+  const named = solved.solution.prefetched ? null : namedSplit(devs, active, solved, m, o);
+  if (!named) return solved;
+  const sol = solved.solution, latencyMs = named.split.latencyMs;
+  return { ...solved, solution: { ...sol, latencyMs, objectiveMs: sol.objectiveMs + (latencyMs - sol.latencyMs) } };
+}
+
 /** The ILP's windows, or (MoE-3) the best split of its k over its devices with each window priced by
  * the layers it names in ring order; each active device's windows and evaluation. */
 function namedWindows(devs: readonly ResolvedDevice[], active: readonly number[], solved: Solved, m: ModelTerms, o: ResolvedOptions, notes: string[]): { w: readonly number[]; evals: DeviceEvaluation[] } {
   const sol = solved.solution;
   const ilp = () => ({ w: sol.w, evals: active.map((_, j) => evaluateDevice(solved.terms[j], sol.k, sol.w[j], sol.n[j], m, o)) });
-  if (!pricedByName(m, o, sol.n)) return ilp();
-  const ring = (o.ringOrder ?? devs.map((_, i) => i)).map((i) => active.indexOf(i)).filter((j) => j >= 0);
-  const split = bestNamedSplit(ring.map((j) => solved.terms[j]), sol.k, m, o, ring.map((j) => sol.w[j]), tieMs);
-  if (!split) return ilp();
+  const named = namedSplit(devs, active, solved, m, o);
+  if (!named) return ilp();
+  const { ring, split } = named;
   const w = new Array<number>(active.length), evals = new Array<DeviceEvaluation>(active.length);
   ring.forEach((j, a) => { w[j] = split.windows[a]; evals[j] = split.evaluations[a]; });
   if (ring.some((j) => w[j] !== sol.w[j])) {
@@ -194,7 +213,10 @@ export function halda(devices: readonly DeviceProfile[], model: ModelProfile, op
   const noPlan = () => new HaldaError(explainInfeasible(candidates.map((i) => devs[i]), m, o), "infeasible");
 
   if (o.userK > 0 && L / o.userK < candidates.length) throw new HaldaError(explainInfeasible(candidates.map((i) => devs[i]), m, o), "invalid-input");
-  const solve = (idx: readonly number[]) => (idx.length <= L ? solveOnce(idx.map((i) => devs[i]), m, o) : null);
+  const solve = (idx: readonly number[]) => {
+    const solved = idx.length <= L ? solveOnce(idx.map((i) => devs[i]), m, o) : null;
+    return solved && pricedAsPlanned(devs, idx, solved, m, o);
+  };
   let sel: Selection;
   if (selecting && o.selection === "best" && candidates.length <= SELECTION_EXACT_MAX_DEVICES) {
     // The bound must hold for every plan the mode may return: exact mode's buffers are the conservative
