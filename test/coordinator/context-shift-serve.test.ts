@@ -1,7 +1,7 @@
 // serve past the context (issue #33): a request whose max_tokens exceeds what its prompt leaves of the
 // context goes on by context shift to max_tokens, finish_reason "length" only there, the same tokens as
 // `run`; Ollama's options.num_keep and llama-server's n_keep choose what stays; --parallel slots shift
-// too; --no-context-shift stops at the full context as llama-server's default does.
+// too, on one device and on a ring; --no-context-shift stops at the full context as llama-server's default does.
 import { afterEach, describe, expect, it } from "vitest";
 import { Ollama } from "ollama";
 import { killAll } from "../ring/cluster.js";
@@ -52,6 +52,21 @@ describe("serve past the context", () => {
       expect(r.usage.completion_tokens).toBe(3 * CTX);
       expect(r.choices[0].text).toBe(ref.text);
     }
+  }, 180_000);
+
+  it("--parallel 2 on a two-device ring: each slot's shift goes round (the worker's native lane shifts that slot), the tokens of run", async () => {
+    const s = await startServe(["--ctx", String(CTX), "--parallel", "2", "--min-workers", "1", "--layer-windows", "2,3"], { waitReady: false });
+    const w = joinWorker(s.clusterPort, "w1");
+    await until(`${s.url}/health`, (st) => st === 200, 60_000);
+    const ref = runOnce(["-p", PROMPT, "-n", String(3 * CTX), "--ctx", String(CTX), "--temp", "0"]);
+    const [a, b] = await Promise.all([completion(s, { max_tokens: 3 * CTX }), completion(s, { max_tokens: 3 * CTX })]);
+    // 3x the context in each slot: only by shifting that slot's cache on both devices, more than once
+    for (const r of [a, b]) {
+      expect(r.usage.completion_tokens).toBe(3 * CTX);
+      expect(r.choices[0].text).toBe(ref.text);
+    }
+    expect(s.proc.stderr).toMatch(/plan: 1 cycle of \[2, 3\] layers/);
+    expect(w.stderr).toMatch(/ring frames run on the native lane/);
   }, 180_000);
 
   it("--kv-evict h2o: past the context serve evicts by H2O, the tokens of run --kv-evict h2o, not those of a plain shift", async () => {
