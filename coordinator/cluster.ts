@@ -10,7 +10,7 @@ import { EventEmitter } from "node:events";
 import { basename, extname } from "node:path";
 import type { LocalModel } from "../engine/index.js";
 import { modelFingerprint } from "../model/index.js";
-import { defaultCacheDir, memoryPressureTracker, settleMemory, systemInfo, RereadStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
+import { defaultCacheDir, memoryPressureTracker, settleMemory, systemInfo, RereadStore, RingPassStore, type DeviceReport, type SystemInfo } from "../profiler/index.js";
 import { seatsOf, type Seat } from "./placement.js";
 import type { RingPlan } from "./plan-ring.js";
 import { measuredOutcome } from "./run-outcome.js";
@@ -68,6 +68,7 @@ export class Cluster extends EventEmitter {
   private readonly historyTimer: NodeJS.Timeout;
   /** Devices' reread speeds seen in this cluster's rings, kept beside this device's profile. */
   private readonly rereads = new RereadStore(defaultCacheDir());
+  private readonly passes = new RingPassStore(defaultCacheDir());
   private headSystem: SystemInfo | undefined;
   /** The state's model part: it never changes. */
   private modelState: ClusterState["model"] | undefined;
@@ -222,7 +223,7 @@ export class Cluster extends EventEmitter {
     const generation = ++this.generation;
     this.placement = undefined;
     const placed = await placeLayers({
-      o: this.o, fingerprint: this.fingerprint, registry: this.registry, modelSource: this.modelSource, rereads: this.rereads, devices: this.devices,
+      o: this.o, fingerprint: this.fingerprint, registry: this.registry, modelSource: this.modelSource, rereads: this.rereads, passes: this.passes, devices: this.devices,
       workers, seats, recovering, generation, headReport: headNow ?? this.headReport, phases, statuses: headNow ? answered?.statuses : undefined,
       retimeHead: async () => (this.headReport = await profileHead(this.o, true)),
       onBroken: (e) => {
@@ -307,7 +308,7 @@ export class Cluster extends EventEmitter {
     this.stats.finished(result, req.prompt.length, run.cached, run.firstTokenMs);
     const outcome = await measuredOutcome({
       current, run, headPressure: pressure.pressure(), result, report: req.report ?? false, seats: this.seats, devices: this.devices,
-      placement: this.placement, rereads: this.rereads, nLayers: this.o.model.nLayers, log: this.o.log,
+      placement: this.placement, rereads: this.rereads, passes: this.passes, nLayers: this.o.model.nLayers, log: this.o.log,
       queueMs, cycles: this.planState?.cycles ?? 1, perCycle: this.perCycle,
     });
     this.finishActive();

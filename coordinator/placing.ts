@@ -3,7 +3,7 @@
 // members (ring-setup.ts) or the head's own pipeline. The cluster decides when; this is how.
 import type { Status } from "../control/index.js";
 import { LocalPipeline } from "../engine/index.js";
-import { parseDeviceReport, refreshMemory, settleMemory, systemInfo, type DeviceReport, type RereadStore } from "../profiler/index.js";
+import { parseDeviceReport, refreshMemory, settleMemory, systemInfo, type DeviceReport, type RereadStore, type RingPassStore } from "../profiler/index.js";
 import { PlanError, evenLayerWindows, ringWindows } from "../ring/index.js";
 import type { ModelSource } from "../transfer/index.js";
 import type { ClusterOptions } from "./cluster-options.js";
@@ -23,8 +23,9 @@ export interface PlaceInput {
   readonly fingerprint: string;
   readonly registry: WorkerRegistry;
   readonly modelSource: ModelSource;
-  /** Devices' reread speeds seen in earlier rings. */
+  /** Devices' reread speeds seen in earlier rings, and their passes against their price. */
   readonly rereads: RereadStore;
+  readonly passes: RingPassStore;
   readonly devices: DeviceRecords;
   /** The workers to place on, in ring order, with their seats (the head last). */
   readonly workers: readonly WorkerHandle[];
@@ -142,7 +143,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
       maxBatch: o.batch, tokens: o.plannedTokens ?? o.ctx, log, kvCacheTypes: o.kvCacheTypes, seqSlots: parallel,
       // Halda prices plans of k > 1 with these devices' reads hidden (HALDA.md §4.9)
       prefetches: prefetch.map((c) => c.on),
-      measureRouting: o.measureRouting, options: { k: o.cycles, ...(o.keepAll ? { keepAll: true } : {}) }, rereads: i.rereads, phases: i.phases, statuses: i.statuses,
+      measureRouting: o.measureRouting, options: { k: o.cycles, ...(o.keepAll ? { keepAll: true } : {}) }, rereads: i.rereads, passes: i.passes, phases: i.phases, statuses: i.statuses,
     });
     log(formatPlan(placement, placement.labels));
     perCycle = [...placement.perCycle];

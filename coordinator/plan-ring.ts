@@ -7,7 +7,7 @@ import { effectiveDiskBytesPerS, type DeviceProfile, type HaldaOptions, type Mod
 import { modelProfile, type KvCacheTypes } from "../model/index.js";
 import {
   cachedExpertRouting, hardwareId, measureLink, reclaimIdlePages, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, windowOverheadMs, rereadKey, rereadFigure,
-  RECENT_REREAD_MS, type DeviceReport, type LinkMeasurement, type RereadStore,
+  RECENT_REREAD_MS, RECENT_RING_PASS_MS, ringPassFigure, ringPassKey, withPassRatio, type DeviceReport, type LinkMeasurement, type RereadStore, type RingPassStore,
 } from "../profiler/index.js";
 import { placeRing, windowsByIndex, type Placement } from "./placement.js";
 import { recallPlan, rememberPlan } from "./plan-memory.js";
@@ -45,6 +45,9 @@ export interface RingPlanInput {
   readonly log: (line: string) => void;
   /** Devices' reread speeds seen in earlier rings: where a device has some, they price its rereads. */
   readonly rereads?: RereadStore;
+  /** Devices' in-memory work in earlier rings of this model against its price: where a device has some,
+   * they scale its compute (profiler/ring-passes.ts). */
+  readonly passes?: RingPassStore;
   /** Where planning's time goes (statuses, link probes, the head, Halda). */
   readonly phases?: Phases;
   /** The workers' statuses (in `workers`' order) a recovery just read while it asked who answers,
@@ -67,6 +70,10 @@ export interface RingPlan extends Placement {
   readonly links: readonly (LinkMeasurement | null)[];
   /** By Halda index: the key of the device's disk among reread observations (rereadKey). */
   readonly rereadKeys: readonly string[];
+  /** By Halda index: the key of the device's passes of this model (ringPassKey), and the ratio its
+   * compute was priced at (1 where none was seen): a new observation is kept against the profile's own. */
+  readonly passKeys: readonly string[];
+  readonly passRatios: readonly number[];
 }
 
 /** The report with its disk priced at the median of the device's recent rereads in a ring, where it
@@ -222,9 +229,18 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   });
   // The head hands its tokens on in JS, timed by its profile; workers hand off in C on their lane.
   const handOffMs = [Math.max(0, head.details.handOffMs ?? 0), ...reports.map(() => 0)];
-  const headProfile = withLink(head, "head", links[0], handOffMs[0], i.prefetches?.[0]);
-  const workerProfiles = reports.map((r, j) => withLink(r, i.workers[j].id, links[j + 1], 0, i.prefetches?.[j + 1]));
   const labels = ["head (this coordinator)", ...i.workers.map((w) => w.label)];
+  // Each device's compute as its recent rings of this model ran it, where they did
+  const passKeys = [head, ...reports].map((r) => ringPassKey(r, i.fingerprint));
+  const passRatios = passKeys.map((key, j) => {
+    const seen = i.passes?.recent(key) ?? [];
+    const ratio = ringPassFigure(seen);
+    if (ratio !== undefined) i.log(`device ${labels[j]}: compute priced at ${ratio.toFixed(2)}x its profile's, the median of its last ${seen.length} ring${seen.length === 1 ? "" : "s"} of this model within ${RECENT_RING_PASS_MS / 60_000} minutes`);
+    return ratio ?? 1;
+  });
+  const passed = (r: DeviceReport, j: number): DeviceReport => (passRatios[j] === 1 ? r : { ...r, profile: withPassRatio(r.profile, passRatios[j]) });
+  const headProfile = withLink(passed(head, 0), "head", links[0], handOffMs[0], i.prefetches?.[0]);
+  const workerProfiles = reports.map((r, j) => withLink(passed(r, j + 1), i.workers[j].id, links[j + 1], 0, i.prefetches?.[j + 1]));
   [headProfile, ...workerProfiles].forEach((p, j) => i.log(profileLine(labels[j], p, links[j], handOffMs[j])));
   // The windows last placed on these devices (by name and hardware, in Halda's order) for this model
   // and these settings: kept where Halda prices them near its new best (placement.ts keptOrNew).
@@ -237,5 +253,5 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     throw new Error(`no plan: ${(e as Error).message}`);
   }
   rememberPlan(planKey, { k: placement.cycles, windowLayers: windowsByIndex(placement.plan, labels.length) }, undefined, i.log);
-  return { ...placement, handOffMs, labels, model: profileModel, links, rereadKeys: [head, ...reports].map(rereadKey) };
+  return { ...placement, handOffMs, labels, model: profileModel, links, rereadKeys: [head, ...reports].map(rereadKey), passKeys, passRatios };
 }

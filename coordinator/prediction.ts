@@ -4,7 +4,7 @@
 import type { Status } from "../control/index.js";
 import type { Pipeline } from "../engine/index.js";
 import { effectiveDiskBytesPerS, type DeviceLatencyMs } from "../halda/index.js";
-import { observedRereadBytesPerS, type RereadStore } from "../profiler/index.js";
+import { observedPassRatio, observedRereadBytesPerS, type RereadStore, type RingPassStore } from "../profiler/index.js";
 import { haldaIndexAt, ms, type Placement } from "./placement.js";
 import type { RingPlan } from "./plan-ring.js";
 
@@ -203,6 +203,25 @@ export function recordRereads(p: RingPlan, rows: readonly { haldaIndex: number; 
     if (rate === undefined) continue;
     store.add(p.rereadKeys[r.haldaIndex], rate);
     said.push(`device ${p.labels[r.haldaIndex]} reread ${(c.readBytes / 2 ** 20).toFixed(0)} MiB a token at ${(rate / 1e6).toFixed(0)} MB/s (priced at ${(profiled / 1e6).toFixed(0)})`);
+  }
+  return said;
+}
+
+/** Each device that ran from memory in this decode: its own work against its price, as a ratio to its
+ * profile's own figure (the plan's ratio times what it ran at), to the store: what the next plans of
+ * this model scale its compute by. Returns what was seen, to be said. */
+export function recordPasses(p: RingPlan, rows: readonly { haldaIndex: number; cost: StepCost; before?: unknown }[], store: RingPassStore): string[] {
+  const said: string[] = [];
+  const handOff = (hi: number) => p.cycles * (p.handOffMs?.[hi] ?? 0);
+  for (const r of rows) {
+    const d = p.plan.devices.find((x) => x.index === r.haldaIndex);
+    if (!d || !r.before) continue; // only a decode's own counters
+    const c = r.cost, l = d.latency;
+    const seen = observedPassRatio(c.computeMs + c.sendMs - c.descheduledMs, l.computeMs + l.memoryMs + handOff(r.haldaIndex), l.diskMs, c.readBytes);
+    if (seen === undefined) continue;
+    const ratio = seen * (p.passRatios[r.haldaIndex] ?? 1);
+    store.add(p.passKeys[r.haldaIndex], ratio);
+    said.push(`device ${p.labels[r.haldaIndex]} ran its window in ${seen.toFixed(2)}x the time priced (${ratio.toFixed(2)}x its profile's)`);
   }
   return said;
 }

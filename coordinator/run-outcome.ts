@@ -2,11 +2,11 @@
 // decode step), kept in the device records and the reread store, and the outcome the client's front
 // door reports with it (run's report: the placement, the prediction beside the measurement).
 import type { GenerationResult } from "../engine/index.js";
-import type { RereadStore } from "../profiler/index.js";
+import type { RereadStore, RingPassStore } from "../profiler/index.js";
 import type { DeviceRecords } from "./devices.js";
 import type { Seat } from "./placement.js";
 import type { RingPlan } from "./plan-ring.js";
-import { costPerStep, decodePrediction, recordRereads } from "./prediction.js";
+import { costPerStep, decodePrediction, recordPasses, recordRereads } from "./prediction.js";
 import { HEAD_ID, aloneStatus } from "./ring-setup.js";
 import type { Current, DeviceDecodeRow, GenerationOutcome, RequestRun, RingStatuses } from "./request-run.js";
 import type { MeasuredMs } from "./state.js";
@@ -23,6 +23,7 @@ export interface MeasureInput {
   readonly devices: DeviceRecords;
   readonly placement: RingPlan | undefined;
   readonly rereads: RereadStore;
+  readonly passes: RingPassStore;
   readonly nLayers: number;
   readonly log: (line: string) => void;
 }
@@ -34,12 +35,14 @@ export async function measureRun(i: MeasureInput): Promise<DeviceDecodeRow[]> {
   const { meter } = i.run;
   const measuring = (async () => {
     const rows = await measure(i, await i.run.countersAtDecode);
-    // What streaming devices really reread at: the next plans price their rereads by it.
+    // What streaming devices really reread at, and how the others' passes ran against their price:
+    // the next plans price them by it.
     if (placement && current.kind === "ring" && meter.decodeSteps > 0) {
       try {
         for (const line of recordRereads(placement, rows, i.rereads)) log(line);
+        for (const line of recordPasses(placement, rows, i.passes)) log(line);
       } catch (e) {
-        log(`could not keep the devices' reread speeds: ${(e as Error).message}`);
+        log(`could not keep the devices' reread speeds and passes: ${(e as Error).message}`);
       }
     }
     return rows;

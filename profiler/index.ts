@@ -14,5 +14,6 @@ export { detectGpus, parseNvidiaSmi, type GpuInfo } from "./gpu.js";
 export { detectOs, systemInfo, cpuName, armCores, type ArmCore, cgroupPaths, cpuQuota, diskThrottle, lastLevelCacheBytes, parseCacheSize, type SystemInfo, type CgroupPaths, type DiskThrottle } from "./system.js";
 export { defaultCacheDir, makeDirs, writeJsonAtomically } from "./cache.js";
 export { observedRereadBytesPerS, rereadKey, rereadFigure, recentRereads, RereadStore, MIN_OBSERVED_REREAD_BYTES, RECENT_REREAD_MS, type RereadObservation } from "./rereads.js";
+export { observedPassRatio, ringPassKey, ringPassFigure, withPassRatio, RingPassStore, RECENT_RING_PASS_MS, MAX_IN_MEMORY_READ_BYTES } from "./ring-passes.js";
 export { dropFileCache } from "../native/index.js";
 export { measureExpertRouting, cachedExpertRouting, ROUTING_TEXT, type RoutingOptions } from "./routing.js";

@@ -5,10 +5,10 @@
 // ran at 5.8 to 7.8 within an hour, and the tenth session's host reread 20% slower than its cached
 // figure for hours (bench/history/2026-11-27-capped-s11.md). Plans price a disk's
 // rereads at the median of its recent observations where it has some, else at the profile's figure.
-import { readFileSync } from "node:fs";
-import { dirname, join } from "node:path";
-import { makeDirs, recentTimed, writeJsonAtomically } from "./cache.js";
+import { join } from "node:path";
+import { recentTimed } from "./cache.js";
 import type { DeviceReport } from "./report.js";
+import { middleOf, TimedStore } from "./timed-store.js";
 
 /** One observation: bytes per second, and when (Unix ms). */
 export interface RereadObservation {
@@ -52,39 +52,12 @@ export function recentRereads(list: unknown, nowMs: number): RereadObservation[]
 /** The middle of the recent observations (the upper middle of two: a slow moment is the likelier
  * outlier on a shared disk), or undefined. */
 export function rereadFigure(list: readonly RereadObservation[]): number | undefined {
-  if (list.length === 0) return undefined;
-  const s = list.map((o) => o.bytesPerS).sort((a, b) => a - b);
-  return s[s.length >> 1];
+  return middleOf(list.map((o) => o.bytesPerS));
 }
 
 /** Observations kept in a file beside the profiles (the coordinator's), by rereadKey. */
-export class RereadStore {
-  private readonly file: string;
-
+export class RereadStore extends TimedStore<"bytesPerS"> {
   constructor(dir: string) {
-    this.file = join(dir, "rereads.json");
-  }
-
-  private load(nowMs: number): Map<string, RereadObservation[]> {
-    try {
-      const j = JSON.parse(readFileSync(this.file, "utf8")) as unknown;
-      const entries = typeof j === "object" && j !== null && !Array.isArray(j) ? Object.entries(j) : [];
-      return new Map(entries.map(([k, v]) => [k, recentRereads(v, nowMs)] as const).filter(([, v]) => v.length > 0));
-    } catch {
-      return new Map(); // none yet, or unreadable: no observations
-    }
-  }
-
-  /** The recent observations of a device's disk. */
-  recent(key: string, nowMs = Date.now()): RereadObservation[] {
-    return this.load(nowMs).get(key) ?? [];
-  }
-
-  /** Adds an observation and writes the file atomically (errors are the caller's to say). */
-  add(key: string, bytesPerS: number, nowMs = Date.now()): void {
-    const all = this.load(nowMs);
-    all.set(key, recentRereads([...(all.get(key) ?? []), { bytesPerS, atMs: nowMs }], nowMs));
-    makeDirs(dirname(this.file));
-    writeJsonAtomically(this.file, Object.fromEntries(all));
+    super(join(dir, "rereads.json"), "bytesPerS", RECENT_REREAD_MS, RECENT_REREADS);
   }
 }

@@ -8,7 +8,7 @@ import { planRing } from "../../coordinator/plan-ring.js";
 import { WorkerRegistry } from "../../coordinator/registry.js";
 import { LocalModel } from "../../engine/index.js";
 import { modelFingerprint, readGguf } from "../../model/index.js";
-import { RereadStore, parseDeviceReport, rereadKey } from "../../profiler/index.js";
+import { RereadStore, RingPassStore, parseDeviceReport, rereadKey, ringPassKey } from "../../profiler/index.js";
 import { tempDir } from "../helpers/temp.js";
 import type { SessionHandler } from "../../worker/session.js";
 import { startSession } from "../helpers/worker-session.js";
@@ -120,6 +120,34 @@ describe("a plan prices rereads as the devices' rings saw them", () => {
     expect(log.join("\n")).not.toMatch(/"unseen".*rereads priced/);
     // The keys the next decode's observations are kept under, by Halda index (0: the head).
     expect(plan.rereadKeys).toEqual([rereadKey(head), ...workers.map((w) => rereadKey(parseDeviceReport(w.join.profileJson)))]);
+  });
+});
+
+describe("a plan prices compute as the devices' rings of this model ran it", () => {
+  it("scales a device's compute by the middle of its recent ratios, leaves the others, says so and keeps the ratios for the next record", async () => {
+    const { reg, address, token, model } = await planningSetup();
+    for (const name of ["ran", "new"]) {
+      const f = fakeWorker({ address, name, fingerprint: FP, token, join: { profileJson: profileJson(name, 30) } });
+      cleanups.push(() => f.close());
+      void f.next("statusRequest", 20_000).then(() => f.send({ status: idleStatus() }));
+    }
+    const workers = (await reg.waitFor(2, 5000)).sort((a, b) => a.join.deviceName.localeCompare(b.join.deviceName));
+    const head = parseDeviceReport(profileJson("head", 30));
+    const passes = new RingPassStore(tempDir("prima-passes-"));
+    const ran = parseDeviceReport(profileJson("ran", 30));
+    for (const [i, r] of [0.7, 0.6, 0.75].entries()) passes.add(ringPassKey(ran, FP), r, Date.now() - 1000 + i);
+    passes.add(ringPassKey(ran, "another model"), 0.1);
+    const log: string[] = [];
+    const plan = await planRing({ model, modelPath, fingerprint: FP, workers, head, ctx: 64, maxBatch: 8, tokens: 64, log: (l) => log.push(l), options: { keepAll: true }, passes });
+    const byName = new Map(plan.devices.map((d) => [d.name, d]));
+    const ranAt = workers.findIndex((w) => w.join.deviceName === "ran");
+    const flops = (name: string) => Object.values(byName.get(name)!.cpuFlopsPerS)[0];
+    expect(flops(workers[ranAt].id) / flops(workers[1 - ranAt].id)).toBeCloseTo(1 / 0.7, 6);
+    expect(flops("head")).toBeCloseTo(flops(workers[1 - ranAt].id), 6);
+    expect(log.join("\n")).toMatch(/device w\d "ran" \(127\.0\.0\.1\): compute priced at 0\.70x its profile's, the median of its last 3 rings of this model within 60 minutes/);
+    expect(log.join("\n")).not.toMatch(/"new".*compute priced at/);
+    expect(plan.passKeys).toEqual([head, ...workers.map((w) => parseDeviceReport(w.join.profileJson))].map((r) => ringPassKey(r, FP)));
+    expect(plan.passRatios).toEqual([1, ...workers.map((_, j) => (j === ranAt ? 0.7 : 1))]);
   });
 });
 
