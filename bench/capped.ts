@@ -105,7 +105,7 @@ async function withDeviceFiles<T>(model: string, nDevices: number, body: (files:
 }
 
 /** Flags the coordinator takes and a worker does not (the others go to every process). */
-const HEAD_ONLY_FLAGS = new Set(["--measure-routing"]);
+const HEAD_ONLY_FLAGS = new Set(["--measure-routing", "--uniform-routing"]);
 
 /** One ring run: the head then a worker for each further file (dev-a, dev-b, ...), each in a fresh
  * cgroup of capMiB (or of its own cap, head first), each reading its file of `files` (in that order).

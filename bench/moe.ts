@@ -41,7 +41,7 @@ export async function main(threads: number, reps: number, log: (s: string) => vo
 
 /** The paper's headline for MoE: the model on three loopback devices in memory cgroups whose caps sum
  * to about 1.2x its size (as capped's 3 x 256 MiB for the dense model), none able to hold it: the
- * automatic plan, with and without the expert prefetch and with the routing measured, against a sweep of hand-made plans, prima alone
+ * automatic plan (routing measured), with the expert prefetch and with uniform routing, against a sweep of hand-made plans, prima alone
  * and llama-bench alone in one such cgroup (bench/capped.ts; root). */
 export async function cappedMoe(model: string, reps: number, log: (s: string) => void, cap = MOE_CAP_MIB): Promise<void> {
   const why = cappedUnavailable();
@@ -51,7 +51,7 @@ export async function cappedMoe(model: string, reps: number, log: (s: string) =>
   }
   log(`capped MoE: 3 x ${cap} MiB, ${reps} rounds`);
   const sweep = [[4, 4, 4], [5, 4, 3], [4, 5, 3], [3, 4, 5], [6, 4, 2]];
-  console.log(`\n${await cappedSetup(model, { name: "MoE benchmark model (qwen3moe 12 x 1024, 32 experts, 4 used)", cap, sweep, reps, aloneGoal: true, moe: true, nPredict: MOE_CAPPED_TOKENS, autoVariants: [{ name: "--expert-prefetch", flags: ["--expert-prefetch"] }, { name: "--measure-routing", flags: ["--measure-routing"] }] })}`);
+  console.log(`\n${await cappedSetup(model, { name: "MoE benchmark model (qwen3moe 12 x 1024, 32 experts, 4 used)", cap, sweep, reps, aloneGoal: true, moe: true, nPredict: MOE_CAPPED_TOKENS, autoVariants: [{ name: "--expert-prefetch", flags: ["--expert-prefetch"] }, { name: "--uniform-routing", flags: ["--uniform-routing"] }] })}`);
 }
 
 /** Each device's cap for the capped MoE setup: three sum to about 1.2x the model's 411 MiB. */

@@ -46,8 +46,9 @@ export const RING_HELP = `      --min-workers N      wait for N workers before r
                            or by name (laptop=8,phone=4,head=10); default: Halda places the layers
   -k, --cycles N           ring cycles per token (with --layer-windows; default: layers / sum of windows)
       --keep-all           place layers on every device, even those Halda would leave out
-      --measure-routing    MoE: price the plan with each layer's expert routing measured on this device
-                           (once per model, then kept) instead of uniform routing (for experiments)
+      --uniform-routing    MoE: price the plan as if every expert were as hot, instead of with each
+                           layer's routing measured on this device (the default: once per model, then
+                           kept; --measure-routing says so explicitly)
       --reprofile          measure this device again instead of using its cached profile
       --prefetch           read each device's next window ahead while the others compute
       --no-prefetch        never read ahead (default: each device reads ahead unless it shares a
@@ -77,6 +78,7 @@ const SHARED_OPTIONS = {
   cycles: { type: "string", short: "k" },
   "keep-all": { type: "boolean" },
   "measure-routing": { type: "boolean" },
+  "uniform-routing": { type: "boolean" },
   "no-prefetch": { type: "boolean" },
   prefetch: { type: "boolean" },
   "expert-prefetch": { type: "boolean" },
@@ -189,7 +191,8 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
     layerWindows: str("layer-windows") === undefined ? undefined : parseLayerWindows(str("layer-windows")!),
     cycles: str("cycles") === undefined ? undefined : intArg("cycles", str("cycles"), 1, 1),
     keepAll: (v["keep-all"] as boolean | undefined) ?? false,
-    measureRouting: (v["measure-routing"] as boolean | undefined) ?? false,
+    // measured unless asked otherwise (docs/HALDA.md "Where the shares come from")
+    measureRouting: v["uniform-routing"] && v["measure-routing"] ? (() => { throw new UsageError("--measure-routing and --uniform-routing ask for opposite things: give one"); })() : !v["uniform-routing"],
     prefetch: v.prefetch ? "on" : v["no-prefetch"] ? "off" : "auto",
     expertPrefetch: (v["expert-prefetch"] as boolean | undefined) ?? false,
     reprofile: (v.reprofile as boolean | undefined) ?? false,

@@ -71,7 +71,10 @@ export async function cachedExpertRouting(model: LocalModel, profile: ModelProfi
   if (!profile.moe) return profile;
   const file = join(dir, `routing-${cacheKey({ fingerprint })}.json`);
   const cached = cachedHits(file, fingerprint, profile);
-  if (cached) return withMeasuredRouting(profile, cached.hits, cached.tokens);
+  if (cached) {
+    log(`routing: each layer's expert hits as measured before over ${cached.tokens} tokens (kept for this model)`);
+    return withMeasuredRouting(profile, cached.hits, cached.tokens);
+  }
   const t0 = performance.now();
   const measured = await expertHits(model, profile, {});
   log(`routing: each layer's expert hits measured over ${measured.tokens} tokens in ${((performance.now() - t0) / 1000).toFixed(1)} s (kept for this model)`);

@@ -25,15 +25,20 @@ describe("two-worker ring per family", () => {
     expect(r.report?.generated_ids).toEqual(expected);
   }, 90_000);
 
-  it("tiny-qwen3moe placed by Halda with --measure-routing: each layer's routing measured on the head, the same tokens as one device", async () => {
+  it("tiny-qwen3moe placed by Halda: each layer's routing measured on the head by default (not with --uniform-routing), the same tokens as one device", async () => {
     const path = await generatedModel({ shape: { ...modelShapeByName("tiny-qwen3moe")!, nLayers: 6 }, type: "Q8_0", seed: 3, weightStd: 0.08 });
     const expected = singleDevice(path, gen);
-    const r = await runRing(path, [...gen, "--measure-routing", "--keep-all"], 2);
+    const r = await runRing(path, [...gen, "--keep-all"], 2);
     expect(r.code, r.coordinator.stderr).toBe(0);
     expect(r.coordinator.stderr).toMatch(/routing: each layer's expert hits measured over \d+ tokens/);
     expect(r.report?.devices).toBe(3);
     expect(r.report?.generated_ids).toEqual(expected);
-  }, 90_000);
+    const uniform = await runRing(path, [...gen, "--keep-all", "--uniform-routing"], 2);
+    expect(uniform.code, uniform.coordinator.stderr).toBe(0);
+    // measured or kept, the routing is not used: nothing said of it
+    expect(uniform.coordinator.stderr).not.toMatch(/routing: each layer's expert hits/);
+    expect(uniform.report?.generated_ids).toEqual(expected);
+  }, 120_000);
 
   it("tiny-gemma3 at a batch of 4: its sliding-window layers' rings of 8 rows wrap on every device, the same tokens as one device", async () => {
     const path = await generatedModel({ shape: { ...modelShapeByName("tiny-gemma3")!, nLayers: 6 }, type: "Q8_0", seed: 3, weightStd: 0.08 });
