@@ -60,6 +60,18 @@ async function planningSetup() {
   return { reg, address, token, model };
 }
 
+/** Two idle workers, joined at 30 GFLOP/s and answering the plan's status once, in name order. */
+async function twoIdleWorkers(names: readonly [string, string]) {
+  const { reg, address, token, model } = await planningSetup();
+  for (const name of names) {
+    const f = fakeWorker({ address, name, fingerprint: FP, token, join: { profileJson: profileJson(name, 30) } });
+    cleanups.push(() => f.close());
+    void f.next("statusRequest", 20_000).then(() => f.send({ status: idleStatus() }));
+  }
+  const workers = (await reg.waitFor(2, 5000)).sort((a, b) => a.join.deviceName.localeCompare(b.join.deviceName));
+  return { model, workers };
+}
+
 describe("a plan times every device's pass first", () => {
   it("plans with the profile each worker timed just now, then times the head's; a broken one is said and the join's stands", async () => {
     const { reg, address, token, model } = await planningSetup();
@@ -99,13 +111,7 @@ describe("a plan times every device's pass first", () => {
 
 describe("a plan prices rereads as the devices' rings saw them", () => {
   it("uses the median of a device's recent observations where it has some, its profile's figure where not, and says so", async () => {
-    const { reg, address, token, model } = await planningSetup();
-    for (const name of ["seen", "unseen"]) {
-      const f = fakeWorker({ address, name, fingerprint: FP, token, join: { profileJson: profileJson(name, 30) } });
-      cleanups.push(() => f.close());
-      void f.next("statusRequest", 20_000).then(() => f.send({ status: idleStatus() }));
-    }
-    const workers = (await reg.waitFor(2, 5000)).sort((a, b) => a.join.deviceName.localeCompare(b.join.deviceName));
+    const { model, workers } = await twoIdleWorkers(["seen", "unseen"]);
     const head = parseDeviceReport(profileJson("head", 30));
     const rereads = new RereadStore(tempDir("prima-rereads-"));
     for (const [i, r] of [3e9, 2e9, 2.5e9].entries()) rereads.add(rereadKey(parseDeviceReport(profileJson("seen", 30))), r, Date.now() - 1000 + i);
@@ -125,13 +131,7 @@ describe("a plan prices rereads as the devices' rings saw them", () => {
 
 describe("a plan prices compute as the devices' rings of this model ran it", () => {
   it("scales a device's compute by the middle of its recent ratios, leaves the others, says so and keeps the ratios for the next record", async () => {
-    const { reg, address, token, model } = await planningSetup();
-    for (const name of ["ran", "new"]) {
-      const f = fakeWorker({ address, name, fingerprint: FP, token, join: { profileJson: profileJson(name, 30) } });
-      cleanups.push(() => f.close());
-      void f.next("statusRequest", 20_000).then(() => f.send({ status: idleStatus() }));
-    }
-    const workers = (await reg.waitFor(2, 5000)).sort((a, b) => a.join.deviceName.localeCompare(b.join.deviceName));
+    const { model, workers } = await twoIdleWorkers(["ran", "new"]);
     const head = parseDeviceReport(profileJson("head", 30));
     const passes = new RingPassStore(tempDir("prima-passes-"));
     const ran = parseDeviceReport(profileJson("ran", 30));
