@@ -10,6 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 M=${1:?model file}; MODE=${2:-pp}; REPS=${REPS:-3}; LLAMA_BENCH=${LLAMA_BENCH:-.cache/llama-build/bin/llama-bench}
 D=$(mktemp -d /tmp/prima-family-perf.XXXXXX)
+# profiles, plans and chunk hashes in the run's own folder, never the user's ~/.cache
+export XDG_CACHE_HOME="$D/cache" XDG_CONFIG_HOME="$D/config"
 trap 'rm -rf "$D"' EXIT
 top() { perf report -i "$1" --sort dso,symbol --stdio 2>/dev/null > "$1.txt" || true; grep -E "Samples|%" "$1.txt" | head -14 | cut -c1-120 || true; }
 

@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 M=.cache/bench-llama-Q4_K_M.gguf
 [ -f "$M" ] || { echo "no $M: npm run bench -- --only ring generates it" >&2; exit 2; }
 D=$(mktemp -d /tmp/prima-head-perf.XXXXXX)
+# profiles, plans and chunk hashes in the run's own folder, never the user's ~/.cache
+export XDG_CACHE_HOME="$D/cache" XDG_CONFIG_HOME="$D/config"
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$D"; }
 trap cleanup EXIT
