@@ -1,10 +1,10 @@
 // How fast a device's own in-memory work ran in its ring against what the plan priced it at, kept for
 // the next plans. A profile times a pass after a fixed idle gap (10 ms), but a pass's speed moves with
-// the gap before it, which is the ring's token less the device's own work: on the generated MoE, two
-// layers took 0.35 ms after 1 ms idle, 0.43 after 4 and 0.56-0.60 after 10-20 (threads and caches go
-// cold), so a fast ring's devices ran their windows 30% under their price (`npm run bench -- --only
-// moe`, capped). The next plans of the same model on the device price its compute and output layer by
-// the median of its recent ratios: the pass as its ring runs it.
+// the gap before it, which is the ring's token less the device's own work (threads and caches go cold:
+// `npm run bench -- --only ring`'s idle-gap table, a 7-layer window 4.95 ms back to back and 6.01 after
+// 25 ms idle, threads spread as a ring's are), so a fast ring's devices ran their windows 30% under
+// their price (`--only moe`, capped). The next plans of the same model on the device price its compute
+// and output layer by the median of its recent ratios: the pass as its ring runs it.
 import { join } from "node:path";
 import type { DeviceProfile } from "../halda/index.js";
 import type { DeviceReport } from "./report.js";
