@@ -125,6 +125,10 @@ function namedSplit(devs: readonly ResolvedDevice[], active: readonly number[], 
   return split && { ring, split };
 }
 
+/** The split pricedAsPlanned found for the solution it returned: the plan built from it takes the same
+ * (the shortest path is the costliest part of planning a MoE; once is enough). */
+const splitOf = new WeakMap<Solved, { ring: number[]; split: NamedSplit }>();
+
 /** A subset's solution priced as its plan will be (MoE-3's split where windows are priced by name), so
  * that subsets are compared by what they will run at, not by the ILP's averaged routing. */
 function pricedAsPlanned(devs: readonly ResolvedDevice[], active: readonly number[], solved: Solved, m: ModelTerms, o: ResolvedOptions): Solved {
@@ -132,7 +136,9 @@ function pricedAsPlanned(devs: readonly ResolvedDevice[], active: readonly numbe
   const named = solved.solution.prefetched ? null : namedSplit(devs, active, solved, m, o);
   if (!named) return solved;
   const sol = solved.solution, latencyMs = named.split.latencyMs;
-  return { ...solved, solution: { ...sol, latencyMs, objectiveMs: sol.objectiveMs + (latencyMs - sol.latencyMs) } };
+  const priced: Solved = { ...solved, solution: { ...sol, latencyMs, objectiveMs: sol.objectiveMs + (latencyMs - sol.latencyMs) } };
+  splitOf.set(priced, named);
+  return priced;
 }
 
 /** The ILP's windows, or (MoE-3) the best split of its k over its devices with each window priced by
@@ -140,7 +146,7 @@ function pricedAsPlanned(devs: readonly ResolvedDevice[], active: readonly numbe
 function namedWindows(devs: readonly ResolvedDevice[], active: readonly number[], solved: Solved, m: ModelTerms, o: ResolvedOptions, notes: string[]): { w: readonly number[]; evals: DeviceEvaluation[] } {
   const sol = solved.solution;
   const ilp = () => ({ w: sol.w, evals: active.map((_, j) => evaluateDevice(solved.terms[j], sol.k, sol.w[j], sol.n[j], m, o)) });
-  const named = namedSplit(devs, active, solved, m, o);
+  const named = splitOf.get(solved) ?? namedSplit(devs, active, solved, m, o);
   if (!named) return ilp();
   const { ring, split } = named;
   const w = new Array<number>(active.length), evals = new Array<DeviceEvaluation>(active.length);
