@@ -360,9 +360,9 @@ static void nan_rows_error(const prima_window *w, char *err, size_t err_len) {
 }
 
 /* Runs the rows of a SEQ_ACTIVATIONS frame through window wi's sequence slots, as RingNode
- * .processSeqs does: one slot's batch through its window, a decode step through one pass over the
- * weights, each row attending to its own slot's cache. On NaN rows each slot forgets what the frame wrote. */
-static int forward_seqs(prima_lane *l, int wi, const uint8_t *f, int n, float *acts, char *err, size_t err_len) {
+ * .processSeqs does: one slot's batch (`one`) through its window, a decode step through one pass over
+ * the weights, each row attending to its own slot's cache. On NaN rows each slot forgets what the frame wrote. */
+static int forward_seqs(prima_lane *l, int wi, const uint8_t *f, int n, int one, float *acts, char *err, size_t err_len) {
   const prima_lane_window *lw = &l->windows[wi];
   int *pos = malloc((size_t)n * sizeof *pos);
   prima_window **seqs = malloc((size_t)n * sizeof *seqs);
@@ -382,7 +382,7 @@ static int forward_seqs(prima_lane *l, int wi, const uint8_t *f, int n, float *a
     }
   }
   if (rc == 0) {
-    if (one_slot(f, n)) rc = prima_window_forward(seqs[0], acts, pos[0], n, NULL, err, err_len);
+    if (one) rc = prima_window_forward(seqs[0], acts, pos[0], n, NULL, err, err_len);
     else rc = prima_window_forward_seqs(seqs[0], seqs, pos, n, acts, NULL, err, err_len);
   }
   if (rc == 0 && !rows_finite(acts, (size_t)n * l->cfg.hidden_size)) {
@@ -401,7 +401,7 @@ static int forward_seqs(prima_lane *l, int wi, const uint8_t *f, int n, float *a
 static int compute(prima_lane *l, int wi, uint8_t *f, char *err, size_t err_len) {
   int n = rd16(f + PRIMA_WIRE_AT_N_TOKENS), pos = (int)rd32(f + PRIMA_WIRE_AT_FIRST_TOKEN_POSITION);
   int f16 = rd16(f + PRIMA_WIRE_AT_PAYLOAD_DTYPE) == PRIMA_WIRE_DTYPE_F16, seqs = is_seqs(f);
-  int step = seqs && n > 1 && !one_slot(f, n);
+  int one = seqs && one_slot(f, n), step = seqs && n > 1 && !one;
   uint8_t *rows = f + FRAME_HEADER_BYTES + (seqs ? (size_t)n * PRIMA_WIRE_SEQ_TAG_BYTES : 0);
   size_t nf = (size_t)n * l->cfg.hidden_size;
   float *acts = f16 ? malloc(nf * sizeof(float)) : (float *)rows;
@@ -417,7 +417,7 @@ static int compute(prima_lane *l, int wi, uint8_t *f, char *err, size_t err_len)
   double t0 = now_ms();
   prima_window *w = l->windows[wi].window;
   int rc;
-  if (seqs) rc = forward_seqs(l, wi, f, n, acts, err, err_len);
+  if (seqs) rc = forward_seqs(l, wi, f, n, one, acts, err, err_len);
   else {
     rc = prima_window_forward(w, acts, pos, n, NULL, err, err_len);
     if (rc == 0 && !rows_finite(acts, nf)) {
