@@ -189,39 +189,44 @@ export class DecodeMeter implements Pipeline {
 }
 
 
-/** Each placed device's reread speed in this decode, where it streamed (observedRereadBytesPerS), added
- * to the store: what the next plans price its rereads at. Returns what was seen, to be said. */
-export function recordRereads(p: RingPlan, rows: readonly { haldaIndex: number; cost: StepCost; before?: unknown }[], store: RereadStore): string[] {
+type DecodeRow = { haldaIndex: number; cost: StepCost; before?: unknown };
+
+/** Each placed device of a decode with its own counters (rows read before and after decoding): its
+ * Halda index, its cost per step, its priced latency, its own work as measured (compute and send, less
+ * preemption) and as priced without the disk (compute, memory, hand-off). What `seen` returns is said. */
+function eachDecodeDevice(p: RingPlan, rows: readonly DecodeRow[], seen: (hi: number, c: StepCost, l: DeviceLatencyMs, measuredMs: number, inMemoryMs: number) => string | undefined): string[] {
   const said: string[] = [];
-  const handOff = (hi: number) => (p.handOffMs ? p.cycles * p.handOffMs[hi] : 0);
   for (const r of rows) {
     const d = p.plan.devices.find((x) => x.index === r.haldaIndex);
     if (!d || !r.before) continue; // only a decode's own counters
     const c = r.cost, l = d.latency;
-    const profiled = effectiveDiskBytesPerS(p.devices[r.haldaIndex]) ?? 0;
-    const rate = observedRereadBytesPerS(c.readBytes, c.computeMs + c.sendMs - c.descheduledMs, l.computeMs + l.memoryMs + handOff(r.haldaIndex), profiled);
-    if (rate === undefined) continue;
-    store.add(p.rereadKeys[r.haldaIndex], rate);
-    said.push(`device ${p.labels[r.haldaIndex]} reread ${(c.readBytes / 2 ** 20).toFixed(0)} MiB a token at ${(rate / 1e6).toFixed(0)} MB/s (priced at ${(profiled / 1e6).toFixed(0)})`);
+    const line = seen(r.haldaIndex, c, l, c.computeMs + c.sendMs - c.descheduledMs, l.computeMs + l.memoryMs + p.cycles * (p.handOffMs?.[r.haldaIndex] ?? 0));
+    if (line !== undefined) said.push(line);
   }
   return said;
+}
+
+/** Each placed device's reread speed in this decode, where it streamed (observedRereadBytesPerS), added
+ * to the store: what the next plans price its rereads at. Returns what was seen, to be said. */
+export function recordRereads(p: RingPlan, rows: readonly DecodeRow[], store: RereadStore): string[] {
+  return eachDecodeDevice(p, rows, (hi, c, _l, measuredMs, inMemoryMs) => {
+    const profiled = effectiveDiskBytesPerS(p.devices[hi]) ?? 0;
+    const rate = observedRereadBytesPerS(c.readBytes, measuredMs, inMemoryMs, profiled);
+    if (rate === undefined) return undefined;
+    store.add(p.rereadKeys[hi], rate);
+    return `device ${p.labels[hi]} reread ${(c.readBytes / 2 ** 20).toFixed(0)} MiB a token at ${(rate / 1e6).toFixed(0)} MB/s (priced at ${(profiled / 1e6).toFixed(0)})`;
+  });
 }
 
 /** Each device that ran from memory in this decode: its own work against its price, as a ratio to its
  * profile's own figure (the plan's ratio times what it ran at), to the store: what the next plans of
  * this model scale its compute by. Returns what was seen, to be said. */
-export function recordPasses(p: RingPlan, rows: readonly { haldaIndex: number; cost: StepCost; before?: unknown }[], store: RingPassStore): string[] {
-  const said: string[] = [];
-  const handOff = (hi: number) => p.cycles * (p.handOffMs?.[hi] ?? 0);
-  for (const r of rows) {
-    const d = p.plan.devices.find((x) => x.index === r.haldaIndex);
-    if (!d || !r.before) continue; // only a decode's own counters
-    const c = r.cost, l = d.latency;
-    const seen = observedPassRatio(c.computeMs + c.sendMs - c.descheduledMs, l.computeMs + l.memoryMs + handOff(r.haldaIndex), l.diskMs, c.readBytes);
-    if (seen === undefined) continue;
-    const ratio = seen * (p.passRatios[r.haldaIndex] ?? 1);
-    store.add(p.passKeys[r.haldaIndex], ratio);
-    said.push(`device ${p.labels[r.haldaIndex]} ran its window in ${seen.toFixed(2)}x the time priced (${ratio.toFixed(2)}x its profile's)`);
-  }
-  return said;
+export function recordPasses(p: RingPlan, rows: readonly DecodeRow[], store: RingPassStore): string[] {
+  return eachDecodeDevice(p, rows, (hi, c, l, measuredMs, inMemoryMs) => {
+    const seen = observedPassRatio(measuredMs, inMemoryMs, l.diskMs, c.readBytes);
+    if (seen === undefined) return undefined;
+    const ratio = seen * (p.passRatios[hi] ?? 1);
+    store.add(p.passKeys[hi], ratio);
+    return `device ${p.labels[hi]} ran its window in ${seen.toFixed(2)}x the time priced (${ratio.toFixed(2)}x its profile's)`;
+  });
 }
