@@ -168,6 +168,7 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
   if (kvEvict !== undefined && kvEvict !== "h2o") throw new UsageError(`--kv-evict ${JSON.stringify(kvEvict.slice(0, 40))}: the eviction prima has is h2o`);
   if (kvEvict === undefined && str("kv-budget") !== undefined) throw new UsageError("--kv-budget needs --kv-evict h2o");
   if (v.prefetch && v["no-prefetch"]) throw new UsageError("--prefetch and --no-prefetch: choose one");
+  if (v["measure-routing"] && v["uniform-routing"]) throw new UsageError("--measure-routing and --uniform-routing: choose one");
   if (kvEvict) {
     if (command !== "run" && command !== "chat" && command !== "serve") throw new UsageError(`--kv-evict h2o: ${command} does not evict by H2O (run, chat and serve do)`);
     if (v["no-context-shift"]) throw new UsageError("--kv-evict h2o works past the context: not with --no-context-shift");
@@ -192,7 +193,7 @@ export function parseClusterArgs<E extends Extra>(argv: string[], extra: E, help
     cycles: str("cycles") === undefined ? undefined : intArg("cycles", str("cycles"), 1, 1),
     keepAll: (v["keep-all"] as boolean | undefined) ?? false,
     // measured unless asked otherwise (docs/HALDA.md "Where the shares come from")
-    measureRouting: v["uniform-routing"] && v["measure-routing"] ? (() => { throw new UsageError("--measure-routing and --uniform-routing ask for opposite things: give one"); })() : !v["uniform-routing"],
+    measureRouting: !v["uniform-routing"],
     prefetch: v.prefetch ? "on" : v["no-prefetch"] ? "off" : "auto",
     expertPrefetch: (v["expert-prefetch"] as boolean | undefined) ?? false,
     reprofile: (v.reprofile as boolean | undefined) ?? false,
