@@ -178,9 +178,9 @@ export class ParallelSequences {
   openBeside(current: Current): void {
     const { model, parallel, ctx, batch, kvCacheTypes } = this.o;
     if (current.kind === "ring") {
-      const slots = new RingSeqSlots(model, current.ring.pipeline, parallel, ctx, current.devices);
+      const slots = new RingSeqSlots(model, current.ring.pipeline, parallel, ctx, current.computeAtOnce);
       this.start(slots, () => {});
-      this.o.log(`--parallel ${parallel}: ${parallel} sequence slots of ${ctx} tokens each on every device of the ring, in ${slots.inFlight} groups whose steps go round at once`);
+      this.o.log(`--parallel ${parallel}: ${parallel} sequence slots of ${ctx} tokens each on every device of the ring, in ${slots.inFlight} group${slots.inFlight === 1 ? "" : "s"} whose steps go round at once`);
       return;
     }
     let slots: SeqSlots;

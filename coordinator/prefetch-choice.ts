@@ -17,7 +17,7 @@ export const CPU_BOUND_READ_SHARE = 0.1;
 
 export interface PrefetchDevice {
   readonly label: string;
-  /** /etc/machine-id ("" where there is none: never taken for a shared machine). */
+  /** machineOf its system (compute-sharing.ts; "" where there is none: never taken for a shared machine). */
   readonly machineId: string;
   /** The profiler's CPU share of sequential reading (absent: not measured). */
   readonly readCpuShare?: number;

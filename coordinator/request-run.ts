@@ -72,7 +72,8 @@ export interface GenerationOutcome {
 /** What runs a request: the head alone, or a ring. */
 export type Current =
   | { readonly kind: "local"; readonly pipeline: LocalPipeline; readonly devices: 1 }
-  | { readonly kind: "ring"; readonly ring: Ring; readonly devices: number };
+  /** computeAtOnce: the devices that can compute at the same moment (coordinator/compute-sharing.ts). */
+  | { readonly kind: "ring"; readonly ring: Ring; readonly devices: number; readonly computeAtOnce: number };
 
 export type RingStatuses = Awaited<ReturnType<Ring["statuses"]>>;
 

@@ -32,6 +32,9 @@ export interface SystemInfo {
   readonly logicalCpus: number;
   /** /etc/machine-id where there is one: tells two identical machines apart. */
   readonly machineId: string;
+  /** This boot's id (Linux): machines cloned from one image share a machine-id but not a boot; absent
+   * in reports from before it was sent. */
+  readonly bootId?: string;
 }
 
 export function systemInfo(): SystemInfo {
@@ -45,6 +48,7 @@ export function systemInfo(): SystemInfo {
     cpuModel: cpuName(list[0]?.model ?? "", read("/proc/cpuinfo") ?? "", read("/proc/device-tree/model")),
     logicalCpus: availableParallelism(),
     machineId: (read("/etc/machine-id") ?? read("/var/lib/dbus/machine-id") ?? "").trim(),
+    bootId: (read("/proc/sys/kernel/random/boot_id") ?? "").trim(),
   };
 }
 

@@ -3,7 +3,8 @@
 // prompt's rows go round the ring tagged with their slot and positions (SEQ_ACTIVATIONS frames); a
 // decode step's rows, one per sequence of a group, go round together, so every device runs one pass
 // over its windows' weights for all of them (RingNode, each row attending to its slot's own cache).
-// Up to one group per device is in flight at once (`inFlight`): the devices work side by side.
+// Up to one group per device that can compute at once is in flight (`inFlight`; devices sharing a
+// machine's CPUs count as many as fit in them, coordinator/compute-sharing.ts): they work side by side.
 import type { LocalModel, SeqRow } from "../engine/index.js";
 import type { RingPipeline } from "./pipeline.js";
 
@@ -11,11 +12,12 @@ export class RingSeqSlots {
   /** Per slot: positions its caches hold on every device (the frames sent wrote them). */
   private readonly filled: number[];
 
-  /** devices: the ring's, each able to work on one group of sequences while the others work on the rest. */
+  /** groups: how many of the ring's devices can compute at once, each on one group of sequences while
+   * the others work on the rest. */
   readonly inFlight: number;
 
-  constructor(private readonly model: LocalModel, private readonly pipeline: RingPipeline, readonly size: number, readonly nCtx: number, devices: number) {
-    this.inFlight = Math.max(1, Math.min(size, devices));
+  constructor(private readonly model: LocalModel, private readonly pipeline: RingPipeline, readonly size: number, readonly nCtx: number, groups: number) {
+    this.inFlight = Math.max(1, Math.min(size, groups));
     this.filled = new Array<number>(size).fill(0);
   }
 

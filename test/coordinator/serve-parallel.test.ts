@@ -3,6 +3,7 @@
 // answers of concurrent requests equal each one run alone (`prima-coord run`), a client that leaves
 // leaves the others' answers unchanged, and past the slots and the queue requests get 503. That the
 // requests really shared steps is read from the server's counters, never from timing.
+import { availableParallelism } from "node:os";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { APIError } from "openai";
 import { killAll, type Proc } from "../ring/cluster.js";
@@ -125,13 +126,16 @@ describe("serve --parallel 3 on a two-worker ring", () => {
     const refs = prompts.map((p) => runOnce(["-p", p, "-n", String(n), "--temp", "0", "--ctx", "512"]).text);
     const outs = await Promise.all(prompts.map((prompt) => s.client.completions.create({ prompt, max_tokens: n, ...greedy })));
     outs.forEach((o, i) => expect(o.choices[0].text, prompts[i]).toBe(refs[i]));
-    // a group of sequences per device (3 here), each on a different device at once: the ring kept full
-    expect(await metric(s.url, "prima_batch_passes_in_flight_max")).toBeGreaterThanOrEqual(2);
+    // a group of sequences per device that can compute at once, each on a different device at once:
+    // the ring kept full (three devices of one thread here, on this machine's CPUs)
+    const groups = Math.min(3, availableParallelism());
+    expect(await metric(s.url, "prima_batch_passes_in_flight_max")).toBe(groups);
     const st = (await (await fetch(`${s.url}/api/state`)).json()) as St;
     expect(st.plan?.ringOrder).toHaveLength(3);
     expect(st.requests.slots).toHaveLength(3);
     expect(st.model.kvCache.sequenceSlots).toBe(3); // the dashboard counts KV for the 3 slots
-    expect(s.proc.stderr).toMatch(/--parallel 3: 3 sequence slots of 512 tokens each on every device of the ring, in 3 groups whose steps go round at once/);
+    expect(s.proc.stderr).toContain(`--parallel 3: 3 sequence slots of 512 tokens each on every device of the ring, in ${groups} group${groups === 1 ? "" : "s"} whose steps go round at once`);
+    if (groups < 3) expect(s.proc.stderr).toMatch(new RegExp(`${groups} of the ring's devices compute at once: w1 .*, w2 .*, head share one machine's ${availableParallelism()} CPUs`));
     // the workers ran the slots' rows on their native lanes (lane.c), not in JS
     for (const w of workers) expect(w.stderr).toMatch(/ring frames run on the native lane/);
   }, 60_000);
