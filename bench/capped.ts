@@ -22,7 +22,10 @@ import { coordCli, median, root, useTemporaryHome, workerCli } from "./procs.js"
 const cgBase = "/sys/fs/cgroup/memory";
 const MiB = 2 ** 20;
 const N_PREDICT = 48, CTX = 256;
-const gen = (nPredict: number) => ["-p", "Once upon a time", "-n", String(nPredict), "--temp", "0", "--ctx", String(CTX)];
+/** A run's context: CTX, or the next power of two that holds the prompt and nPredict tokens (a run never
+ * shifts its context). */
+const ctxFor = (nPredict: number) => Math.max(CTX, 2 ** Math.ceil(Math.log2(nPredict + 32)));
+const gen = (nPredict: number) => ["-p", "Once upon a time", "-n", String(nPredict), "--temp", "0", "--ctx", String(ctxFor(nPredict))];
 
 interface Proc { child: ChildProcess; out: string; err: string; exited: Promise<number | null>; signal: () => NodeJS.Signals | null }
 
@@ -256,7 +259,7 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
   const { cap, sweep, reps, flags = [], autoVariants = [], devices = 3, nPredict = N_PREDICT } = o;
   const bad = sweep.find((w) => w.length !== devices);
   if (bad) throw new Error(`capped: the hand-made plan [${bad}] does not have ${devices} windows`);
-  console.log(`\n## capped devices: ${devices} x ${cap} MiB (memory cgroups), ${o.name}, decode ${nPredict} tokens, ctx ${CTX}, median of ${reps} rounds\n`);
+  console.log(`\n## capped devices: ${devices} x ${cap} MiB (memory cgroups), ${o.name}, decode ${nPredict} tokens, ctx ${ctxFor(nPredict)}, median of ${reps} rounds\n`);
   // Rounds: the automatic plan and every hand-made one once each per round, so that a slow spell of
   // this shared machine falls on all of them; each setup's median over the rounds counts.
   const autoRuns: RunJson[] = [], variantRuns = autoVariants.map(() => [] as RunJson[]);
@@ -294,7 +297,8 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
     }
     for (let r = 0; r < reps; r++) for (const job of r % 2 === 0 ? jobs : [...jobs].reverse()) await job(r);
     // alone: on the head's copy, as the head's machine would run the model by itself
-    return { first, alone: await aloneRun(files[0], cap, nPredict), llama: await llamaRun(files[0], cap) };
+    // alone runs ~30x slower: its rate needs no more than 160 tokens
+    return { first, alone: await aloneRun(files[0], cap, Math.min(nPredict, 160)), llama: await llamaRun(files[0], cap) };
   }).finally(() => rmSync(household, { recursive: true, force: true }));
   const auto = medianRun(autoRuns)!;
   const handRuns = handRounds.map((rs) => rs.filter((x): x is RunJson => x !== undefined));
