@@ -135,7 +135,7 @@ describe("serve --parallel 3 on a two-worker ring", () => {
     expect(st.requests.slots).toHaveLength(3);
     expect(st.model.kvCache.sequenceSlots).toBe(3); // the dashboard counts KV for the 3 slots
     expect(s.proc.stderr).toContain(`--parallel 3: 3 sequence slots of 512 tokens each on every device of the ring, in ${groups} group${groups === 1 ? "" : "s"} whose steps go round at once`);
-    if (groups < 3) expect(s.proc.stderr).toMatch(new RegExp(`${groups} of the ring's devices compute at once: w1 .*, w2 .*, head share one machine's ${availableParallelism()} CPUs`));
+    if (groups < 3) expect(s.proc.stderr).toMatch(new RegExp(`${groups} of the ring's devices compute at once: w\\d .*, w\\d .*, head share one machine's ${availableParallelism()} CPUs`));
     // the workers ran the slots' rows on their native lanes (lane.c), not in JS
     for (const w of workers) expect(w.stderr).toMatch(/ring frames run on the native lane/);
   }, 60_000);
