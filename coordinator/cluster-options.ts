@@ -27,8 +27,9 @@ export interface ClusterOptions {
   readonly keepAll?: boolean;
   /** MoE: plan with each layer's routing measured on the head (kept per model) instead of uniform. */
   readonly measureRouting?: boolean;
-  /** Tokens a request is expected to hold (prompt + generated), for Halda's attention term. */
-  readonly plannedTokens?: number;
+  /** The cache a request's decode steps attend to, on average (its prompt and half the tokens it will
+   * generate), for Halda's attention term; absent: the whole context (serve's requests are unknown). */
+  readonly meanCacheTokens?: number;
   /** Re-place layers soon after devices join or leave while idle (serve), instead of only before the
    *  next request (run and chat, which place once all the workers they wait for have joined). */
   readonly autoPlace?: boolean;

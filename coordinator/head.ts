@@ -29,7 +29,7 @@ export function clusterCtx(a: ClusterArgs, model: LocalModel): number {
   return Math.min(a.ctx, model.desc.hparams.nCtxTrain);
 }
 
-export function clusterFor(a: ClusterArgs, model: LocalModel, log: (line: string) => void, extra: { name?: string; plannedTokens?: number; maxQueue?: number; parallel?: number; autoPlace?: boolean; rotateToken?: boolean; allowAdvertise?: boolean } = {}): Cluster {
+export function clusterFor(a: ClusterArgs, model: LocalModel, log: (line: string) => void, extra: { name?: string; meanCacheTokens?: number; maxQueue?: number; parallel?: number; autoPlace?: boolean; rotateToken?: boolean; allowAdvertise?: boolean } = {}): Cluster {
   const kvProblem = kvCacheProblem(model.desc.hparams, a.kvCacheTypes);
   if (kvProblem) throw new UsageError(`${kvProblem}: use --cache-type-k/-v f16 with this model`);
   const hp = model.desc.hparams, ctx = clusterCtx(a, model);
@@ -44,7 +44,7 @@ export function clusterFor(a: ClusterArgs, model: LocalModel, log: (line: string
     modelPath: a.model, model, name: extra.name ?? "prima", ctx: clusterCtx(a, model), batch: a.batch,
     kvCacheTypes: a.kvCacheTypes,
     prefetch: a.prefetch, expertPrefetch: a.expertPrefetch, reprofile: a.reprofile, layerWindows: a.layerWindows, cycles: a.cycles, keepAll: a.keepAll, measureRouting: a.measureRouting,
-    plannedTokens: extra.plannedTokens, maxQueue: extra.maxQueue, parallel: extra.parallel, autoPlace: extra.autoPlace, minWorkers: a.minWorkers, log,
+    meanCacheTokens: extra.meanCacheTokens, maxQueue: extra.maxQueue, parallel: extra.parallel, autoPlace: extra.autoPlace, minWorkers: a.minWorkers, log,
     rotateToken: extra.rotateToken, allowAdvertise: extra.allowAdvertise,
   });
 }

@@ -156,7 +156,7 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
       model, modelPath: o.modelPath, fingerprint: i.fingerprint, workers, head: i.headReport, ctx: o.ctx,
       // A recovery plans with the last timed passes: a request is paused until it is placed.
       retime: !i.recovering, retimeHead: i.recovering ? undefined : i.retimeHead,
-      maxBatch: o.batch, tokens: o.plannedTokens ?? o.ctx, log, kvCacheTypes: o.kvCacheTypes, seqSlots: parallel,
+      maxBatch: o.batch, tokens: o.meanCacheTokens ?? o.ctx, log, kvCacheTypes: o.kvCacheTypes, seqSlots: parallel,
       // Halda prices plans of k > 1 with these devices' reads hidden (HALDA.md §4.9)
       prefetches: prefetch.map((c) => c.on),
       measureRouting: o.measureRouting, options: { k: o.cycles, ...(o.keepAll ? { keepAll: true } : {}) }, rereads: i.rereads, passes: i.passes, phases: i.phases, statuses: i.statuses,

@@ -34,7 +34,7 @@ export interface RingPlanInput {
   readonly kvCacheTypes?: KvCacheTypes;
   /** Sequence slots (serve --parallel): every device holds a KV cache of ctx positions per slot. */
   readonly seqSlots?: number;
-  /** Tokens the run will hold: prompt + generated (sets the attention FLOPs). */
+  /** The cache a decode step attends to (sets the attention FLOPs): a run's mean, or the context. */
   readonly tokens: number;
   readonly options: HaldaOptions;
   /** Which devices read ahead (the head, then the workers; coordinator/prefetch-choice.ts): Halda's

@@ -161,6 +161,7 @@ const e2eProblem = memProblem ?? cpuProblem;
 if (e2eProblem) console.warn(`placement.test: end-to-end placement skipped: ${e2eProblem}`);
 
 interface RunJson {
+  prompt_ids: number[];
   generated_ids: number[];
   devices: number;
   layer_windows: number[];
@@ -170,6 +171,7 @@ interface RunJson {
     labels: string[];
     devices: DeviceProfile[];
     per_cycle: number[];
+    model: { nKvForFlops: number };
     prediction: { predictedTokenMs: number; measuredTokenMs: number; error: number; decodeTokens: number; rows: { label: string; measured: { memPressure: number } }[] };
   };
 }
@@ -295,6 +297,10 @@ describe.skipIf(e2eProblem !== null)(`the ring places itself${e2eProblem ? ` (sk
       expect(coord.stderr).toMatch(/token latency: predicted [\d.]+ ms, measured [\d.]+ ms/);
       const pr = pl.prediction;
       expect(pr.decodeTokens).toBeGreaterThan(nPredict / 2);
+      // attention priced at the cache a decode step attends to on average: the prompt and half of -n
+      // (padded to 32 tokens, as llama.cpp pads the cache), not the whole run's
+      expect(pl.model.nKvForFlops).toBe(Math.min(ctx, 32 * Math.ceil((r.prompt_ids.length + nPredict / 2) / 32)));
+      expect(pl.model.nKvForFlops).toBeLessThan(32 * Math.ceil((r.prompt_ids.length + nPredict) / 32));
 
       // Memory pressure stays below 6 % of each device's memory (its cgroup limit).
       for (const row of pr.rows) expect(row.measured.memPressure, row.label).toBeLessThan(0.06);
