@@ -8,7 +8,8 @@
 // one client's tokens/s, in 2 groups 2.26x (8 clients: 2.8x and 3.0x); two threads a device, in 3
 // groups 1.12x, in 1 group 2.02x.
 
-import type { SystemInfo } from "../profiler/index.js";
+import type { DeviceProfile } from "../halda/index.js";
+import type { DeviceDetails, SystemInfo } from "../profiler/index.js";
 
 /** Which machine a device runs on, as the rules about devices sharing one compare it (this one and
  * the prefetch choice): its machine-id and boot, since machines cloned from one image share a
@@ -67,4 +68,36 @@ export function describeSharing(s: ComputeSharing): string {
   return s.crowded
     .map((m) => `${m.labels.join(", ")} share one machine's ${m.cpus} CPU${m.cpus === 1 ? "" : "s"}: ${m.atOnce} of them compute at once`)
     .join("; ");
+}
+
+/** Devices whose compute is one machine's own: the same machine and boot, CPU, threads, SIMD level and
+ * CPU quota ("" where the machine is not known: never anyone's twin). */
+export function twinKey(d: Pick<DeviceDetails, "system" | "threads" | "simd" | "cpuQuota">): string {
+  const machine = machineOf(d.system);
+  return machine ? JSON.stringify([machine, d.system.cpuModel, d.system.arch, d.system.logicalCpus, d.threads, d.simd, d.cpuQuota ?? null]) : "";
+}
+
+/** Twin devices (equal twinKey) priced alike: each one's compute (FLOP/s by type, KV copies) the median
+ * of the twins'. Each device times its own passes, and three identical processes on one machine timed
+ * Q4_K at 85, 93 and 89 GFLOP/s in one run (the MoE benchmark model), one of them 68-79 over a capped
+ * benchmark's runs; Halda read such a spread as one device slower than its twin, and so chose between
+ * plans priced within it by chance, or left a device out. Returns the profiles (new where changed), and
+ * the groups pooled, by index. */
+export function pooledTwins(profiles: readonly DeviceProfile[], keys: readonly string[]): { profiles: DeviceProfile[]; groups: number[][] } {
+  const groups = new Map<string, number[]>();
+  keys.forEach((k, i) => k && groups.set(k, [...(groups.get(k) ?? []), i]));
+  const out = [...profiles];
+  const pooled: number[][] = [];
+  for (const members of groups.values()) {
+    if (members.length < 2) continue;
+    const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
+    const types = Object.keys(profiles[members[0]].cpuFlopsPerS).filter((t) => members.every((i) => profiles[i].cpuFlopsPerS[t] > 0));
+    const flops = Object.fromEntries(types.map((t) => [t, median(members.map((i) => profiles[i].cpuFlopsPerS[t]))]));
+    const kv = members.map((i) => profiles[i].kvCopyCpuMs).filter((x): x is number => x !== undefined);
+    for (const i of members) {
+      out[i] = { ...profiles[i], cpuFlopsPerS: { ...profiles[i].cpuFlopsPerS, ...flops }, ...(kv.length === members.length ? { kvCopyCpuMs: median(kv) } : {}) };
+    }
+    pooled.push(members);
+  }
+  return { profiles: out, groups: pooled };
 }

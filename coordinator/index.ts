@@ -14,4 +14,4 @@ export { ApiServer, type ApiServerOptions } from "./http-server.js";
 export type * from "./state.js";
 export { STATE_VERSION } from "./state.js";
 export { choosePrefetch, CPU_BOUND_READ_SHARE, type PrefetchChoice, type PrefetchDevice, type PrefetchMode } from "./prefetch-choice.js";
-export { computeSharing, describeSharing, machineOf, type ComputeDevice, type ComputeSharing } from "./compute-sharing.js";
+export { computeSharing, describeSharing, machineOf, pooledTwins, twinKey, type ComputeDevice, type ComputeSharing } from "./compute-sharing.js";

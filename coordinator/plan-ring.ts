@@ -9,6 +9,7 @@ import {
   cachedExpertRouting, hardwareId, measureLink, reclaimIdlePages, settleMemory, sharedRoomBytes, parseDeviceReport, refreshMemory, windowOverheadMs, rereadKey, rereadFigure,
   RECENT_REREAD_MS, RECENT_RING_PASS_MS, ringPassFigure, ringPassKey, withPassRatio, type DeviceReport, type LinkMeasurement, type RereadStore, type RingPassStore,
 } from "../profiler/index.js";
+import { pooledTwins, twinKey } from "./compute-sharing.js";
 import { placeRing, windowsByIndex, type Placement } from "./placement.js";
 import { recallPlan, rememberPlan } from "./plan-memory.js";
 import { checkedProfile, type WorkerHandle } from "./registry.js";
@@ -239,8 +240,13 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     return ratio ?? 1;
   });
   const passed = (r: DeviceReport, j: number): DeviceReport => (passRatios[j] === 1 ? r : { ...r, profile: withPassRatio(r.profile, passRatios[j]) });
-  const headProfile = withLink(passed(head, 0), "head", links[0], handOffMs[0], i.prefetches?.[0]);
-  const workerProfiles = reports.map((r, j) => withLink(passed(r, j + 1), i.workers[j].id, links[j + 1], 0, i.prefetches?.[j + 1]));
+  // Devices on one machine with the same CPU setup compute alike: priced at their twins' median
+  const twins = pooledTwins([
+    withLink(passed(head, 0), "head", links[0], handOffMs[0], i.prefetches?.[0]),
+    ...reports.map((r, j) => withLink(passed(r, j + 1), i.workers[j].id, links[j + 1], 0, i.prefetches?.[j + 1])),
+  ], [head, ...reports].map((r) => twinKey(r.details)));
+  for (const g of twins.groups) i.log(`${g.map((j) => labels[j]).join(", ")}: one machine's twins, their compute priced at the median of their timings`);
+  const [headProfile, ...workerProfiles] = twins.profiles;
   [headProfile, ...workerProfiles].forEach((p, j) => i.log(profileLine(labels[j], p, links[j], handOffMs[j])));
   // The windows last placed on these devices (by name and hardware, in Halda's order) for this model
   // and these settings: kept where Halda prices them near its new best (placement.ts keptOrNew).

@@ -2,7 +2,8 @@
 // groups of sequences serve --parallel keeps round the ring: every device of a machine of its own; of
 // devices sharing a machine, as many as their threads fit in its CPUs.
 import { describe, expect, it } from "vitest";
-import { computeSharing, describeSharing, machineOf, type ComputeDevice } from "../../coordinator/index.js";
+import { computeSharing, describeSharing, machineOf, pooledTwins, twinKey, type ComputeDevice } from "../../coordinator/index.js";
+import type { DeviceProfile } from "../../halda/index.js";
 
 const dev = (label: string, machineId: string, threads: number, logicalCpus: number): ComputeDevice => ({ label, machineId, threads, logicalCpus });
 
@@ -40,4 +41,23 @@ describe("devices computing at once", () => {
     expect(machineOf(undefined)).toBe("");
     expect(computeSharing([dev("a", a, 2, 2), dev("b", b, 2, 2)]).count).toBe(2);
   });
+
+  it("twins (one machine and boot, CPU, threads, SIMD level and quota) are priced at the median of their timings; others keep theirs", () => {
+    const system = { machineId: "m", bootId: "b", cpuModel: "EPYC", arch: "x64", logicalCpus: 2 };
+    const details = (over: object = {}) => ({ system, threads: 2, simd: "avx512", ...over }) as Parameters<typeof twinKey>[0];
+    const keys = [details(), details(), details(), details({ cpuQuota: 0.25 }), details({ system: { ...system, bootId: "b2" } }), details({ system: { ...system, machineId: "" } })].map(twinKey);
+    expect(new Set(keys.slice(0, 3)).size).toBe(1);
+    expect(new Set(keys.slice(2, 5)).size).toBe(3); // a quota, another boot: other machines' speeds
+    expect(keys[5]).toBe(""); // no machine-id: nobody's twin
+    const prof = (name: string, q4k: number, kv?: number): DeviceProfile =>
+      ({ name, os: "linux", cpuFlopsPerS: { Q4_K: q4k, F32: q4k / 8 }, ramAvailableBytes: 1, ...(kv !== undefined ? { kvCopyCpuMs: kv } : {}) }) as DeviceProfile;
+    const ps = [prof("head", 73.7e9, 0.03), prof("w1", 68.5e9, 0.05), prof("w2", 79.1e9, 0.04), prof("slow", 20e9, 0.2), prof("other", 90e9), prof("unknown", 50e9)];
+    const { profiles, groups } = pooledTwins(ps, keys);
+    expect(groups).toEqual([[0, 1, 2]]);
+    for (const p of profiles.slice(0, 3)) expect(p).toMatchObject({ cpuFlopsPerS: { Q4_K: 73.7e9, F32: 73.7e9 / 8 }, kvCopyCpuMs: 0.04 });
+    expect(profiles.slice(3)).toEqual(ps.slice(3));
+    expect(profiles[0].name).toBe("head"); // only the compute changes
+    expect(ps[1].cpuFlopsPerS.Q4_K).toBe(68.5e9); // the inputs are left as they were
+  });
 });
+
