@@ -9,7 +9,7 @@
 // groups 1.12x, in 1 group 2.02x.
 
 import type { DeviceProfile } from "../halda/index.js";
-import type { DeviceDetails, SystemInfo } from "../profiler/index.js";
+import { median, type DeviceDetails, type SystemInfo } from "../profiler/index.js";
 
 /** Which machine a device runs on, as the rules about devices sharing one compare it (this one and
  * the prefetch choice): its machine-id and boot, since machines cloned from one image share a
@@ -21,7 +21,7 @@ export function machineOf(system: Pick<SystemInfo, "machineId" | "bootId"> | und
 export interface ComputeDevice {
   readonly label: string;
   /** machineOf its system ("" where not known: never taken for a shared machine). */
-  readonly machineId: string;
+  readonly machine: string;
   /** Compute threads the device runs a pass on. */
   readonly threads: number;
   /** Its machine's logical CPUs. */
@@ -39,13 +39,13 @@ export function computeSharing(devices: readonly ComputeDevice[]): ComputeSharin
   const machines = new Map<string, ComputeDevice[]>();
   let count = 0;
   for (const d of devices) {
-    if (d.machineId === "") {
+    if (d.machine === "") {
       count++;
       continue;
     }
-    const on = machines.get(d.machineId) ?? [];
+    const on = machines.get(d.machine) ?? [];
     on.push(d);
-    machines.set(d.machineId, on);
+    machines.set(d.machine, on);
   }
   const crowded: { labels: string[]; cpus: number; atOnce: number }[] = [];
   for (const on of machines.values()) {
@@ -78,7 +78,7 @@ export function twinKey(d: Pick<DeviceDetails, "system" | "threads" | "simd" | "
 }
 
 /** Twin devices (equal twinKey) priced alike: each one's compute (FLOP/s by type, KV copies) the median
- * of the twins'. Each device times its own passes, and three identical processes on one machine timed
+ * of the twins' (of two, their mean). Each device times its own passes, and three identical processes on one machine timed
  * Q4_K at 85, 93 and 89 GFLOP/s in one run (the MoE benchmark model), one of them 68-79 over a capped
  * benchmark's runs; Halda read such a spread as one device slower than its twin, and so chose between
  * plans priced within it by chance, or left a device out. Returns the profiles (new where changed), and
@@ -90,7 +90,6 @@ export function pooledTwins(profiles: readonly DeviceProfile[], keys: readonly s
   const pooled: number[][] = [];
   for (const members of groups.values()) {
     if (members.length < 2) continue;
-    const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1];
     const types = Object.keys(profiles[members[0]].cpuFlopsPerS).filter((t) => members.every((i) => profiles[i].cpuFlopsPerS[t] > 0));
     const flops = Object.fromEntries(types.map((t) => [t, median(members.map((i) => profiles[i].cpuFlopsPerS[t]))]));
     const kv = members.map((i) => profiles[i].kvCopyCpuMs).filter((x): x is number => x !== undefined);

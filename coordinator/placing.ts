@@ -11,8 +11,8 @@ import type { DeviceRecords } from "./devices.js";
 import { windowChunkHashes } from "./model-store.js";
 import { formatPlan, type Seat } from "./placement.js";
 import { planRing, settleHeadMemory, type RingPlan } from "./plan-ring.js";
-import { computeSharing, describeSharing, machineOf, type ComputeSharing } from "./compute-sharing.js";
-import { choosePrefetch, type PrefetchChoice, type PrefetchDevice } from "./prefetch-choice.js";
+import { computeSharing, describeSharing, machineOf, type ComputeDevice } from "./compute-sharing.js";
+import { choosePrefetch, type PrefetchDevice } from "./prefetch-choice.js";
 import type { WorkerHandle, WorkerRegistry } from "./registry.js";
 import type { Current } from "./request-run.js";
 import { HEAD_ID, Ring } from "./ring-setup.js";
@@ -109,36 +109,26 @@ export async function answering(workers: readonly WorkerHandle[], log: (line: st
   }
   return { workers: workers.filter((_, i) => answers[i]), statuses: answers.filter((s): s is Status => s !== undefined) };
 }
-/** A worker's profile as it joined (undefined: it sent none, or one that does not parse). */
-function reportOf(w: WorkerHandle): DeviceReport | undefined {
-  try {
-    return parseDeviceReport(w.join.profileJson);
-  } catch {
-    return undefined;
-  }
-}
+/** The head, then each worker, as the rules about devices sharing a machine see them (the prefetch
+ * choice, how many compute at once), from the profile each joined with: parsed once a placement. A
+ * worker without a usable profile is a machine of its own. */
+interface SharingDevice extends ComputeDevice, PrefetchDevice {}
 
-/** How many of the ring's devices (its members, then the head where it holds layers) can compute at
- * once (coordinator/compute-sharing.ts); a worker without a profile counts as a machine of its own. */
-function ringComputeSharing(o: ClusterOptions, members: readonly WorkerHandle[], headHoldsLayers: boolean): ComputeSharing {
-  const head = systemInfo();
-  return computeSharing([
-    ...members.map((w) => {
-      const d = reportOf(w)?.details;
-      return { label: w.label, machineId: machineOf(d?.system), threads: d?.threads ?? 1, logicalCpus: d?.system.logicalCpus ?? 1 };
-    }),
-    ...(headHoldsLayers ? [{ label: HEAD_ID, machineId: machineOf(head), threads: o.model.threads, logicalCpus: head.logicalCpus }] : []),
-  ]);
-}
-
-/** Whether the head and each worker read ahead (coordinator/prefetch-choice.ts), from their profiles (a
- * worker without one: its machine unknown), one choice a placement: Halda prices the plan with it and
- * the ring runs with it. A worker the plan leaves out still counts as sharing its machine (it is idle). */
-function prefetchChoices(o: ClusterOptions, headReport: DeviceReport | undefined, workers: readonly WorkerHandle[]): (PrefetchChoice & { label: string })[] {
-  const device = (label: string, r: DeviceReport | undefined, machineId: string): PrefetchDevice =>
-    ({ label, machineId: r ? machineOf(r.details.system) : machineId, readCpuShare: r?.details.disk.seqReadCpuShare });
-  const devices = [device(HEAD_ID, headReport, machineOf(systemInfo())), ...workers.map((w) => device(w.label, reportOf(w), ""))];
-  return choosePrefetch(o.prefetch, devices).map((c, j) => ({ ...c, label: devices[j].label }));
+function sharingDevices(o: ClusterOptions, headReport: DeviceReport | undefined, workers: readonly WorkerHandle[]): SharingDevice[] {
+  const head = headReport?.details.system ?? systemInfo();
+  const detailsOf = (w: WorkerHandle): DeviceReport["details"] | undefined => {
+    try {
+      return parseDeviceReport(w.join.profileJson).details;
+    } catch {
+      return undefined; // none sent, or one that does not parse
+    }
+  };
+  const worker = (w: WorkerHandle, d = detailsOf(w)): SharingDevice =>
+    ({ label: w.label, machine: machineOf(d?.system), threads: d?.threads ?? 1, logicalCpus: d?.system.logicalCpus ?? 1, readCpuShare: d?.disk.seqReadCpuShare });
+  return [
+    { label: HEAD_ID, machine: machineOf(head), threads: o.model.threads, logicalCpus: head.logicalCpus, readCpuShare: headReport?.details.disk.seqReadCpuShare },
+    ...workers.map((w) => worker(w)),
+  ];
 }
 
 export async function placeLayers(i: PlaceInput): Promise<Placed> {
@@ -146,7 +136,11 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
   const { model, log } = o;
   const parallel = o.parallel ?? 1;
   if (workers.length === 0) return local(i, undefined, [], "no workers: every layer runs on this device");
-  const prefetch = prefetchChoices(o, i.headReport, workers); // the head, then the workers
+  const sharing = sharingDevices(o, i.headReport, workers); // the head, then the workers
+  // Whether each reads ahead (coordinator/prefetch-choice.ts), one choice a placement: Halda prices the
+  // plan with it and the ring runs with it. A worker the plan leaves out still counts as sharing its
+  // machine (it is idle).
+  const prefetch = choosePrefetch(o.prefetch, sharing).map((c, j) => ({ ...c, label: sharing[j].label }));
   let perCycle: number[];
   let cycles: number | undefined;
   let placement: RingPlan | undefined;
@@ -220,10 +214,11 @@ export async function placeLayers(i: PlaceInput): Promise<Placed> {
     layersPerCycle: [...members.map((m) => m.windows[0].endLayer - m.windows[0].firstLayer), headWindows.length ? headWindows[0].endLayer - headWindows[0].firstLayer : 0],
     predictedMsPerToken: placement?.plan.latencyMs ?? null, windows, leftOut: leftOutState, notes: [...(placement?.plan.notes ?? []), ...prefetchNotes], madeUnixMs: Date.now(),
   };
-  const sharing = ringComputeSharing(o, members.map((m) => m.worker), headWindows.length > 0);
-  if (sharing.crowded.length > 0) log(`${sharing.count} of the ring's devices compute at once: ${describeSharing(sharing)}`);
+  // How many of the ring's devices (its members, and the head where it holds layers) compute at once
+  const computing = computeSharing([...inRing.map((j) => sharing[j + 1]), ...(headWindows.length > 0 ? [sharing[0]] : [])]);
+  if (computing.crowded.length > 0) log(`${computing.count} of the ring's devices compute at once: ${describeSharing(computing)}`);
   return {
-    current: { kind: "ring", ring, devices: members.length + 1, computeAtOnce: sharing.count }, placement, planState, perCycle,
+    current: { kind: "ring", ring, devices: members.length + 1, computeAtOnce: computing.count }, placement, planState, perCycle,
     said: `placed ${model.nLayers} layers on ${members.length + 1} devices, ${plan.cycles} cycle${plan.cycles === 1 ? "" : "s"} [${perCycle.join(", ")}]`,
   };
 }

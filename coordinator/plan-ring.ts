@@ -79,7 +79,7 @@ export interface RingPlan extends Placement {
 
 /** The report with its disk priced at the median of the device's recent rereads in a ring, where it
  * has some (said, beside its profile's figure); both disk fields, as Halda reads one or the other by OS. */
-function withObservedRereads(r: DeviceReport, label: string, store: RereadStore | undefined, log: (line: string) => void): DeviceReport {
+function withObservedRereads(r: DeviceReport, label: string, store: Pick<RereadStore, "recent"> | undefined, log: (line: string) => void): DeviceReport {
   const seen = store?.recent(rereadKey(r)) ?? [];
   const rate = rereadFigure(seen);
   if (rate === undefined) return r;
@@ -188,6 +188,8 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   const probe: ProbeOptions = { identity: { deviceId: "head", modelFingerprint: i.fingerprint, hiddenSize: i.model.nEmbd }, bulkTokens: Math.min(512, i.maxBatch) };
   const reports: DeviceReport[] = [];
   const links: (LinkMeasurement | null)[] = [null];
+  // earlier rings' observations, each file read once for every device
+  const rereads = i.rereads?.snapshot(), passes = i.passes?.snapshot();
   const retime = i.retime ?? true;
   // Without timing (a recovery) every worker is asked at once: the answers come from memory.
   const statuses = i.statuses ? Promise.resolve(i.statuses) : retime ? undefined : phases.time("statuses", () => Promise.all(i.workers.map((w) => w.status())));
@@ -208,7 +210,7 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
     const s = statuses ? (await statuses)[j] : await phases.time("timed passes", () => w.status(TIMED_STATUS_TIMEOUT_MS, true));
     const timed = retime ? timedProfile(s.profileJson, w.label, i.log) : lastTimed.get(w);
     if (timed) lastTimed.set(w, timed);
-    r = withObservedRereads(timed ?? r, w.label, i.rereads, i.log);
+    r = withObservedRereads(timed ?? r, w.label, rereads, i.log);
     const room = Number(s.layerRoomBytes ?? 0) > 0 ? Number(s.layerRoomBytes) : sharedRoomBytes(Number(s.memAvailableBytes));
     reports.push({ ...r, profile: { ...r.profile, ramTotalBytes: s.memTotalBytes, ramAvailableBytes: room } });
     links.push(await hopTo(w, r, retime, phases, i.log, probe));
@@ -217,7 +219,7 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   // link probes' frames) collected (settleMemory) and its group's idle pages reclaimed (reclaimIdlePages):
   // what it holds is what it will hold besides the plan's windows.
   // Its pass timed last, after the workers' (timing a window's pass leaves garbage too).
-  const headReport = withObservedRereads(i.retimeHead ? await phases.time("head's pass", i.retimeHead) : i.head, "head (this coordinator)", i.rereads, i.log);
+  const headReport = withObservedRereads(i.retimeHead ? await phases.time("head's pass", i.retimeHead) : i.head, "head (this coordinator)", rereads, i.log);
   if (!i.statuses) await phases.time("collecting garbage", settleHeadMemory);
   const head = i.statuses ? headReport : await phases.time("head's memory", () => refreshMemory(headReport, i.modelPath));
   // The head's hop goes to the first worker of the ring.
@@ -234,7 +236,7 @@ export async function planRing(i: RingPlanInput): Promise<RingPlan> {
   // Each device's compute as its recent rings of this model ran it, where they did
   const passKeys = [head, ...reports].map((r) => ringPassKey(r, i.fingerprint));
   const passRatios = passKeys.map((key, j) => {
-    const seen = i.passes?.recent(key) ?? [];
+    const seen = passes?.recent(key) ?? [];
     const ratio = ringPassFigure(seen);
     if (ratio !== undefined) i.log(`device ${labels[j]}: compute priced at ${ratio.toFixed(2)}x its profile's, the median of its last ${seen.length} ring${seen.length === 1 ? "" : "s"} of this model within ${RECENT_RING_PASS_MS / 60_000} minutes`);
     return ratio ?? 1;

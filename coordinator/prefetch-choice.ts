@@ -18,7 +18,7 @@ export const CPU_BOUND_READ_SHARE = 0.1;
 export interface PrefetchDevice {
   readonly label: string;
   /** machineOf its system (compute-sharing.ts; "" where there is none: never taken for a shared machine). */
-  readonly machineId: string;
+  readonly machine: string;
   /** The profiler's CPU share of sequential reading (absent: not measured). */
   readonly readCpuShare?: number;
 }
@@ -32,7 +32,7 @@ export interface PrefetchChoice {
 export function choosePrefetch(mode: PrefetchMode, devices: readonly PrefetchDevice[]): PrefetchChoice[] {
   return devices.map((d) => {
     if (mode !== "auto") return { on: mode === "on", why: mode === "on" ? "--prefetch" : "--no-prefetch" };
-    const sharing = devices.filter((o) => o !== d && d.machineId !== "" && o.machineId === d.machineId).map((o) => o.label);
+    const sharing = devices.filter((o) => o !== d && d.machine !== "" && o.machine === d.machine).map((o) => o.label);
     if (sharing.length === 0) return { on: true, why: "its CPU is its own: it reads while the others compute" };
     const share = d.readCpuShare;
     if (typeof share !== "number" || !Number.isFinite(share)) return { on: true, why: "its disk's CPU share was not measured" };

@@ -30,6 +30,12 @@ export class TimedStore<K extends string> {
     return this.load(nowMs).get(key) ?? [];
   }
 
+  /** The file read once, for looking up several keys (a plan's devices) as they are now. */
+  snapshot(nowMs = Date.now()): { recent(key: string): TimedObservation<K>[] } {
+    const all = this.load(nowMs);
+    return { recent: (key) => all.get(key) ?? [] };
+  }
+
   /** Adds an observation and writes the file atomically (errors are the caller's to say). */
   add(key: string, value: number, nowMs = Date.now()): void {
     const all = this.load(nowMs);

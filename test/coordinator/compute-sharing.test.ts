@@ -5,7 +5,7 @@ import { describe, expect, it } from "vitest";
 import { computeSharing, describeSharing, machineOf, pooledTwins, twinKey, type ComputeDevice } from "../../coordinator/index.js";
 import type { DeviceProfile } from "../../halda/index.js";
 
-const dev = (label: string, machineId: string, threads: number, logicalCpus: number): ComputeDevice => ({ label, machineId, threads, logicalCpus });
+const dev = (label: string, machine: string, threads: number, logicalCpus: number): ComputeDevice => ({ label, machine, threads, logicalCpus });
 
 describe("devices computing at once", () => {
   it("devices on machines of their own all compute at once, whatever their threads", () => {

@@ -3,7 +3,7 @@
 import { describe, expect, it } from "vitest";
 import { CPU_BOUND_READ_SHARE, choosePrefetch, type PrefetchDevice } from "../../coordinator/index.js";
 
-const dev = (label: string, machineId: string, readCpuShare?: number): PrefetchDevice => ({ label, machineId, readCpuShare });
+const dev = (label: string, machine: string, readCpuShare?: number): PrefetchDevice => ({ label, machine, readCpuShare });
 
 describe("the prefetch choice", () => {
   it("a device alone on its machine reads ahead, whatever its disk costs the CPU", () => {

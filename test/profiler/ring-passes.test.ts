@@ -37,6 +37,10 @@ describe("the store and the figure", () => {
     const seen = new RingPassStore(dir).recent("a|fp", t0 + 10);
     expect(seen.map((o) => o.ratio)).toEqual([0.6, 0.7, 0.65]);
     expect(ringPassFigure(seen)).toBe(0.65);
+    // a plan's devices looked up in one read of the file: the same observations, none for a key never seen
+    const snap = new RingPassStore(dir).snapshot(t0 + 10);
+    expect(snap.recent("a|fp")).toEqual(seen);
+    expect(snap.recent("b|fp")).toEqual([]);
     expect(store.recent("a|fp", t0 + RECENT_RING_PASS_MS + 10)).toEqual([]);
     expect(ringPassFigure([])).toBeUndefined();
   });
