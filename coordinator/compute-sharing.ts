@@ -3,10 +3,9 @@
 // its own always can. Devices on one machine share its CPUs: only as many as their compute threads fit
 // in the CPUs run at once, and a group beyond that waits for CPUs the others hold, its pass's threads
 // stalling at every barrier, while it keeps the rows of its sequences out of the other groups' passes
-// (which cost little more for a row more). Measured with the clients of `npm run bench -- --only serve`
-// on its three-device loopback ring (a 2-vCPU host, 4 clients): one thread a device, in 3 groups 1.80x
-// one client's tokens/s, in 2 groups 2.26x (8 clients: 2.8x and 3.0x); two threads a device, in 3
-// groups 1.12x, in 1 group 2.02x.
+// (which cost little more for a row more). `npm run bench -- --only serve`, its three-device loopback
+// ring of one-thread devices on a 2-vCPU host, 4 clients: 1.90x one client's tokens/s in 3 groups
+// (bench/history/2026-11-29-serve-before-compute-sharing.md), 2.30x and 2.32x in 2 (BENCHMARKS.md).
 
 import type { DeviceProfile } from "../halda/index.js";
 import { median, type DeviceDetails, type SystemInfo } from "../profiler/index.js";
@@ -78,11 +77,10 @@ export function twinKey(d: Pick<DeviceDetails, "system" | "threads" | "simd" | "
 }
 
 /** Twin devices (equal twinKey) priced alike: each one's compute (FLOP/s by type, KV copies) the median
- * of the twins' (of two, their mean). Each device times its own passes, and three identical processes on one machine timed
- * Q4_K at 85, 93 and 89 GFLOP/s in one run (the MoE benchmark model), one of them 68-79 over a capped
- * benchmark's runs; Halda read such a spread as one device slower than its twin, and so chose between
- * plans priced within it by chance, or left a device out. Returns the profiles (new where changed), and
- * the groups pooled, by index. */
+ * of the twins' (of two, their mean). Each device times its own passes, and identical processes on one
+ * machine time apart: in one plan of the capped MoE benchmark 52.1, 72.7 and 73.2 GFLOP/s (Q4_K), and
+ * the slow-timed worker was left out (bench/history/2026-11-29-moe-capped-efd7acb.md). Returns the
+ * profiles (new where changed), and the groups pooled, by index. */
 export function pooledTwins(profiles: readonly DeviceProfile[], keys: readonly string[]): { profiles: DeviceProfile[]; groups: number[][] } {
   const groups = new Map<string, number[]>();
   keys.forEach((k, i) => k && groups.set(k, [...(groups.get(k) ?? []), i]));

@@ -168,7 +168,8 @@ export async function runCommand(argv: string[]): Promise<number> {
   const ring = a.minWorkers > 0 || a.layerWindows !== undefined;
   // priced at the cache a decode step attends to on average: a token's attention grows with the cache, so
   // the mean over the run is at its middle (the whole run's cache priced every step: 4.18 ms a token
-  // predicted at -n 160 and 5.06 at -n 480 for the MoE benchmark model on one device, 3.3-3.5 measured)
+  // predicted at -n 160 and 5.06 at -n 480 for the MoE benchmark model on one device, 3.3-3.5 measured:
+  // bench/history/2026-11-29-moe-capped-480-tokens.md)
   const cluster = clusterFor(a, model, log, { meanCacheTokens: ids.length + Math.ceil(a.nPredict / 2) });
   try {
     if (ids.length >= cluster.o.ctx) throw new UsageError(`the prompt has ${ids.length} tokens, the context only ${cluster.o.ctx}: raise --ctx`);
