@@ -297,8 +297,7 @@ export async function cappedSetup(model: string, o: { name: string; cap: number;
     }
     for (let r = 0; r < reps; r++) for (const job of r % 2 === 0 ? jobs : [...jobs].reverse()) await job(r);
     // alone: on the head's copy, as the head's machine would run the model by itself
-    // alone runs ~30x slower: its rate needs no more than 160 tokens
-    return { first, alone: await aloneRun(files[0], cap, Math.min(nPredict, 160)), llama: await llamaRun(files[0], cap) };
+    return { first, alone: await aloneRun(files[0], cap, nPredict), llama: await llamaRun(files[0], cap) };
   }).finally(() => rmSync(household, { recursive: true, force: true }));
   const auto = medianRun(autoRuns)!;
   const handRuns = handRounds.map((rs) => rs.filter((x): x is RunJson => x !== undefined));

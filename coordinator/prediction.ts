@@ -219,8 +219,9 @@ export function recordRereads(p: RingPlan, rows: readonly DecodeRow[], store: Re
 }
 
 /** Each device that ran from memory in this decode: its own work against its price, as a ratio to its
- * profile's own figure (the plan's ratio times what it ran at), to the store: what the next plans of
- * this model scale its compute by. Returns what was seen, to be said. */
+ * profile's own figure (the plan's ratio times what it ran at; for twins on one machine, priced at
+ * their median, to that median's), to the store: what the next plans of this model scale its compute
+ * by. Returns what was seen, to be said. */
 export function recordPasses(p: RingPlan, rows: readonly DecodeRow[], store: RingPassStore): string[] {
   return eachDecodeDevice(p, rows, (hi, c, l, measuredMs, inMemoryMs) => {
     const seen = observedPassRatio(measuredMs, inMemoryMs, l.diskMs, c.readBytes);
