@@ -4,7 +4,7 @@
 // repacking of weights (GGML_CPU_REPACK off), and one for AVX2 only (what an AVX2 host's build does;
 // set PRIMA_SIMD=avx2 for prima beside it).
 import { execFileSync, spawnSync } from "node:child_process";
-import { existsSync, mkdirSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import type { KvCacheTypes } from "../model/index.js";
 import { root } from "./procs.js";
@@ -18,10 +18,26 @@ export interface PeerResult {
 
 const srcDir = join(root, "node_modules/node-llama-cpp/llama/llama.cpp");
 
+/** Whether this CPU has Intel's AMX tiles. llama.cpp's AMX matmul (what -march=native compiles in on
+ * such a CPU) segfaults on its first prompt here (Xeon 6, 2026-11-29: `ldtilecfg` of a tile config the
+ * compiler left unset; ggml-org/llama.cpp#20824, fix proposed in #26954), so the native builds leave
+ * AMX out (GCC's -mno-amx-* win over -march=native) and keep its repacked AVX-512 kernels. */
+function cpuHasAmx(): boolean {
+  try {
+    return /\bamx_int8\b/.test(readFileSync("/proc/cpuinfo", "utf8"));
+  } catch {
+    return false;
+  }
+}
+const noAmx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16";
+const native = cpuHasAmx()
+  ? { dir: "-noamx", flags: ["-DGGML_NATIVE=ON", `-DCMAKE_C_FLAGS=${noAmx}`, `-DCMAKE_CXX_FLAGS=${noAmx}`], says: "built for this CPU without AMX (its AMX path crashes here)" }
+  : { dir: "", flags: ["-DGGML_NATIVE=ON"], says: "built for this CPU" };
+
 /** The builds of llama-bench: each one's folder under .cache/ and its CMake switches. */
 export const PEER_BUILDS = {
-  native: { dir: "llama-build", flags: ["-DGGML_NATIVE=ON"], says: "built for this CPU" },
-  norepack: { dir: "llama-build-norepack", flags: ["-DGGML_NATIVE=ON", "-DGGML_CPU_REPACK=OFF"], says: "built for this CPU, its weight repacking off" },
+  native: { dir: `llama-build${native.dir}`, flags: native.flags, says: native.says },
+  norepack: { dir: `llama-build-norepack${native.dir}`, flags: [...native.flags, "-DGGML_CPU_REPACK=OFF"], says: `${native.says}, its weight repacking off` },
   avx2: {
     dir: "llama-build-avx2", says: "built for AVX2 (no AVX-512)",
     flags: ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON", "-DGGML_AVX512=OFF"],
