@@ -12,15 +12,20 @@ const root = packageRoot();
 const libDir = join(root, "node_modules", "@node-llama-cpp", "linux-x64", "bins", "linux-x64");
 const source = join(root, "test", "native", "ggml_oracle.c");
 
-/** The ggml CPU library variant matching this CPU's SIMD level (what llama.cpp would pick, minus AVX-512). */
-function cpuVariant(): string {
+/** Whether this CPU reports the feature flag (as /proc/cpuinfo names it; false off Linux). */
+export function cpuHasFlag(flag: string): boolean {
   let flags = "";
   try {
     flags = readFileSync("/proc/cpuinfo", "utf8");
   } catch {
     /* not Linux */
   }
-  return /\bavx2\b/.test(flags) && /\bfma\b/.test(flags) && /\bf16c\b/.test(flags) ? "haswell" : "x64";
+  return new RegExp(`\\b${flag}\\b`).test(flags);
+}
+
+/** The ggml CPU library variant matching this CPU's SIMD level (what llama.cpp would pick, minus AVX-512). */
+function cpuVariant(): string {
+  return cpuHasFlag("avx2") && cpuHasFlag("fma") && cpuHasFlag("f16c") ? "haswell" : "x64";
 }
 
 let built: string | null = null;

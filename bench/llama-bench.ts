@@ -4,9 +4,10 @@
 // repacking of weights (GGML_CPU_REPACK off), and one for AVX2 only (what an AVX2 host's build does;
 // set PRIMA_SIMD=avx2 for prima beside it).
 import { execFileSync, spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, readFileSync } from "node:fs";
+import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { KvCacheTypes } from "../model/index.js";
+import { cpuHasFlag } from "./ggml-oracle.js";
 import { root } from "./procs.js";
 
 export interface PeerResult {
@@ -18,19 +19,12 @@ export interface PeerResult {
 
 const srcDir = join(root, "node_modules/node-llama-cpp/llama/llama.cpp");
 
-/** Whether this CPU has Intel's AMX tiles. llama.cpp's AMX matmul (what -march=native compiles in on
+/** On CPUs with Intel's AMX tiles, llama.cpp's AMX matmul (what -march=native compiles in on
  * such a CPU) segfaults on its first prompt here (Xeon 6, 2026-11-29: `ldtilecfg` of a tile config the
  * compiler left unset; ggml-org/llama.cpp#20824, fix proposed in #26954), so the native builds leave
  * AMX out (GCC's -mno-amx-* win over -march=native) and keep its repacked AVX-512 kernels. */
-function cpuHasAmx(): boolean {
-  try {
-    return /\bamx_int8\b/.test(readFileSync("/proc/cpuinfo", "utf8"));
-  } catch {
-    return false;
-  }
-}
 const noAmx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16";
-const native = cpuHasAmx()
+const native = cpuHasFlag("amx_int8")
   ? { dir: "-noamx", flags: ["-DGGML_NATIVE=ON", `-DCMAKE_C_FLAGS=${noAmx}`, `-DCMAKE_CXX_FLAGS=${noAmx}`], says: "built for this CPU without AMX (its AMX path crashes here)" }
   : { dir: "", flags: ["-DGGML_NATIVE=ON"], says: "built for this CPU" };
 

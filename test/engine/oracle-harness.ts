@@ -1,8 +1,8 @@
 // llama.cpp (through node-llama-cpp, CPU, offline) as the live oracle, and ours on the same file: the
 // logits at every position of a prompt in one batch, and how far apart they are. Shared by the
 // oracle test (every weight type) and the families test (every architecture).
-import { readFileSync } from "node:fs";
 import { getLlama, type Llama } from "node-llama-cpp";
+import { cpuHasFlag } from "../../bench/ggml-oracle.js";
 import { LocalModel } from "../../engine/index.js";
 import type { KvCacheTypes } from "../../model/index.js";
 
@@ -112,13 +112,7 @@ export const TOL_FIRST_POSITION = 2e-4;
  * position of those types is held to the whole prompt's tolerance (`tol`), which still finds a wrong
  * format or kernel (those are off by tenths). */
 const AMX_REORDERED_TYPES = new Set(["F16", "Q4_1"]);
-const oracleHasAmx = (() => {
-  try {
-    return /\bamx_int8\b/.test(readFileSync("/proc/cpuinfo", "utf8"));
-  } catch {
-    return false;
-  }
-})();
+const oracleHasAmx = cpuHasFlag("amx_int8");
 export function firstPositionTolerance(type: string, tol: number): number {
   return oracleHasAmx && AMX_REORDERED_TYPES.has(type) ? Math.max(tol, TOL_FIRST_POSITION) : TOL_FIRST_POSITION;
 }
