@@ -129,6 +129,16 @@ function namedSplit(devs: readonly ResolvedDevice[], active: readonly number[], 
  * (the shortest path is the costliest part of planning a MoE; once is enough). */
 const splitOf = new WeakMap<Solved, { ring: number[]; split: NamedSplit }>();
 
+/** The layers' bytes a subset's windows hold beyond its devices' rooms (each device's RAM-side layers,
+ * its window as named, MoE-3, or as the ILP split them, past its room for layers), to the nearest layer. */
+const overRoomLayers = (m: ModelTerms) => (solved: Solved): number => {
+  const sol = solved.solution, named = splitOf.get(solved);
+  const w = [...sol.w];
+  if (named) named.ring.forEach((j, r) => { w[j] = named.split.windows[r]; });
+  const bytes = solved.terms.reduce((sum, t, j) => sum + Math.max(0, sol.k * (w[j] - (t.gpuLayersLeaveRam ? sol.n[j] : 0)) * m.layerBytesWithKv - t.capBytes), 0);
+  return Math.round(bytes / m.layerBytesWithKv);
+};
+
 /** A subset's solution priced as its plan will be (MoE-3's split where windows are priced by name), so
  * that subsets are compared by what they will run at, not by the ILP's averaged routing. */
 function pricedAsPlanned(devs: readonly ResolvedDevice[], active: readonly number[], solved: Solved, m: ModelTerms, o: ResolvedOptions): Solved {
@@ -229,7 +239,7 @@ export function halda(devices: readonly DeviceProfile[], model: ModelProfile, op
     // ones; faithful mode's depend on the plan, so there the bound assumes none (the most room).
     const boundDevs = o.mode === "exact" ? devs : devs.map((d) => ({ ...d, cpuComputeBufferBytes: 0, gpuComputeBufferBytes: 0 }));
     const terms = boundDevs.map((d, i) => deviceTerms(d, i === 0, conservativeFlags(d), m, o));
-    sel = bestSubset(candidates, names, solve, subsetLowerBound(terms, m, o.overloadReload)) ?? (() => { throw noPlan(); })();
+    sel = bestSubset(candidates, names, solve, subsetLowerBound(terms, m, o.overloadReload), { margin: o.overRoomMargin, layers: overRoomLayers(m) }) ?? (() => { throw noPlan(); })();
   } else {
     const all = solve(candidates);
     if (!all) throw noPlan();

@@ -130,7 +130,15 @@ export function subsetLowerBound(terms: readonly DeviceTerms[], m: ModelTerms, r
  * planned in order of their lower bound and the search stops where the bound passes the best found, so
  * the answer is that of planning them all. Null when no subset has a feasible plan.
  */
-export function bestSubset(candidates: readonly number[], names: readonly string[], solve: SolveSubset, lowerBound: (subset: readonly number[]) => number): Selection | null {
+/** What best-subset selection weighs beside latency: the margin (ResolvedOptions.overRoomMargin) and the
+ * bytes a subset's windows hold beyond its devices' rooms, counted in layers. */
+export interface OverRoom {
+  readonly margin: number;
+  readonly layers: (s: Solved, subset: readonly number[]) => number;
+}
+
+export function bestSubset(candidates: readonly number[], names: readonly string[], solve: SolveSubset, lowerBound: (subset: readonly number[]) => number,
+  overRoom?: OverRoom): Selection | null {
   const others = candidates.slice(1);
   const subsets = Array.from({ length: 2 ** others.length }, (_, mask) => {
     const subset = [candidates[0], ...others.filter((_, j) => (mask & (1 << j)) !== 0)];
@@ -152,18 +160,41 @@ export function bestSubset(candidates: readonly number[], names: readonly string
     }
     return best;
   };
-  const best = search(() => true);
-  if (!best) return null;
+  const fastest = search(() => true);
+  if (!fastest) return null;
+  const notes = [`selection: best of ${2 ** others.length} device subsets that keep the head (${cache.size} planned, the rest bounded out)`];
+  // Second stage: within the margin of the fastest price, the fewest layers beyond the rooms, then as
+  // before (a key per subset, so the choice does not depend on the order subsets are planned in).
+  let best = fastest;
+  if (overRoom && overRoom.margin > 0) {
+    const reach = latency(fastest.solved) * (1 + overRoom.margin);
+    let bestLayers = overRoom.layers(fastest.solved, fastest.s.subset);
+    for (const s of subsets) {
+      if (s.bound > reach) break;
+      const solved = planOf(s);
+      if (!solved || latency(solved) > reach) continue;
+      const layers = overRoom.layers(solved, s.subset);
+      if (layers < bestLayers || (layers === bestLayers && better(solved, s.subset.length, best.solved, best.s.subset.length))) {
+        best = { s, solved };
+        bestLayers = layers;
+      }
+    }
+    if (best !== fastest) {
+      const list = (x: typeof best) => `[${x.s.subset.map((i) => names[i]).join(", ")}]`;
+      notes.push(`selection: ${list(best)} (${ms(latency(best.solved))} ms, ${bestLayers} layer(s) beyond the devices' rooms) rather than the fastest-priced ${list(fastest)} (${ms(latency(fastest.solved))} ms, ${overRoom.layers(fastest.solved, fastest.s.subset)} beyond): within ${Math.round(overRoom.margin * 100)}%, where a window past its room runs slower than priced`);
+    }
+  }
   const without = latency(best.solved);
   const dropped: DroppedDevice[] = [];
   others.forEach((index, j) => {
     if ((best.s.mask & (1 << j)) !== 0) return;
     const withIt = search((mask) => (mask & (1 << j)) !== 0);
     const withMs = withIt ? latency(withIt.solved) : null;
-    const why = withMs !== null && withMs <= without + tieMs(without) ? "as fast without it, with one device fewer" : "the ring is faster without it";
+    const why = withMs === null || withMs > without + tieMs(without) ? "the ring is faster without it"
+      : withMs >= without - tieMs(without) ? "as fast without it, with one device fewer"
+      : "priced faster with it, but its plans hold more layers beyond the devices' rooms";
     dropped.push(droppedDevice(index, names[index], why, withMs, without, withIt ? `its best plan, window of ${withIt.solved.solution.w[withIt.s.subset.indexOf(index)]}` : "includes it"));
   });
-  const notes = [`selection: best of ${2 ** others.length} device subsets that keep the head (${cache.size} planned, the rest bounded out)`];
   return { active: best.s.subset, solved: best.solved, dropped, notes };
 }
 

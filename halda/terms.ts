@@ -21,6 +21,7 @@ export interface ResolvedOptions {
   readonly dropWindowLayers: number;
   readonly dropOnlyIfFaster: boolean;
   readonly selection: "best" | "paper";
+  readonly overRoomMargin: number;
   readonly keepAll: boolean;
   readonly overloadReload: OverloadReload;
   /** Input device indices in ring order (HaldaOptions.ringOrder); absent: as given. */
@@ -42,6 +43,7 @@ export function resolveOptions(o: HaldaOptions = {}): ResolvedOptions {
     dropWindowLayers: o.dropWindowLayers ?? 1,
     dropOnlyIfFaster: o.dropOnlyIfFaster ?? false,
     selection: o.selection ?? (o.mode === "prima" ? "paper" : "best"),
+    overRoomMargin: o.overRoomMargin ?? 0.15,
     keepAll: o.keepAll ?? false,
     overloadReload: o.overloadReload ?? "excess",
     ...(o.ringOrder ? { ringOrder: [...o.ringOrder] } : {}),
@@ -53,6 +55,7 @@ export function resolveOptions(o: HaldaOptions = {}): ResolvedOptions {
   if (!Number.isInteger(r.nUbatch) || r.nUbatch < 1) bad(`nUbatch must be a positive integer, got ${r.nUbatch}`);
   if (r.selection !== "best" && r.selection !== "paper") bad(`selection must be "best" or "paper", got ${JSON.stringify(r.selection)}`);
   if (!["excess", "window", "stream"].includes(r.overloadReload)) bad(`overloadReload must be "excess", "window" or "stream", got ${JSON.stringify(r.overloadReload)}`);
+  if (!(r.overRoomMargin >= 0 && r.overRoomMargin < 1)) bad(`overRoomMargin must be in [0, 1), got ${r.overRoomMargin}`);
   if (typeof r.keepAll !== "boolean") bad(`keepAll must be true or false, got ${JSON.stringify(r.keepAll)}`);
   if (!Number.isInteger(r.dropWindowLayers) || r.dropWindowLayers < 0) bad(`dropWindowLayers must be a non-negative integer, got ${r.dropWindowLayers}`);
   const ring = r.ringOrder;

@@ -112,6 +112,10 @@ export interface HaldaOptions {
   /** The "paper" rule's threshold: drop non-head devices left with this many layers or fewer. 0: no
    *  device selection at all, as keepAll. Default 1. */
   readonly dropWindowLayers?: number;
+  /** "best" selection: among device subsets priced within this fraction of the fastest, the one whose
+   *  windows hold the fewest layers' bytes beyond the devices' rooms (HALDA.md §4.4 [EXT]; the reclaim a
+   *  window past its room costs is unpriced). 0: the fastest-priced subset only. Default 0.15. */
+  readonly overRoomMargin?: number;
   /** "paper" rule: drop only when the smaller ring is predicted faster (HALDA.md §4.4 [EXT]). Default false. */
   readonly dropOnlyIfFaster?: boolean;
   /** The devices' indices in ring order: the first runs each cycle's first layers. Default: as given

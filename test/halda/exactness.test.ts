@@ -7,6 +7,7 @@ import { describe, expect, test } from "vitest";
 import { halda, HaldaError, type HaldaOptions, type Plan } from "../../halda/index.js";
 import { bruteForce, bruteForceSubsets, defaultOracleOptions, kCandidates, tieMs, type OracleOptions } from "./oracle.js";
 import { mulberry32, randomInstance, type InstanceShape } from "./random-instances.js";
+import { modelTerms, resolveOptions } from "../../halda/terms.js";
 
 const rel = (a: number, b: number) => Math.abs(a - b) / Math.max(1, Math.abs(b));
 
@@ -167,6 +168,8 @@ test("ties go to the head: on identical devices every split costs the same, and 
   expect(rel(plan.latencyMs, brute.latencyMs)).toBeLessThan(1e-9);
 });
 
+// The tests of selection against brute force take the fastest-priced subset (overRoomMargin 0); the
+// margin's second stage is checked after them.
 describe("device selection equals brute force over every subset", () => {
   test("the best subset, and each dropped device's best plan with it: 100 random clusters of 2-5 devices, half with an overloaded head", () => {
     let planned = 0, infeasible = 0, droppedSome = 0, beatsPaperRule = 0;
@@ -177,7 +180,7 @@ describe("device selection equals brute force over every subset", () => {
       const subsets = bruteForceSubsets(inst.devices, inst.model, oracle);
       let plan: Plan | null = null;
       try {
-        plan = halda(inst.devices, inst.model, { registerLoadTerms: inst.registerLoadTerms });
+        plan = halda(inst.devices, inst.model, { registerLoadTerms: inst.registerLoadTerms, overRoomMargin: 0 });
       } catch (e) {
         if (!(e instanceof HaldaError)) throw e;
         expect(e.reason, `seed ${seed}: ${e.message}`).toBe("infeasible");
@@ -219,7 +222,7 @@ test("whole-window reload: the best subset equals brute force over every subset 
     const subsets = bruteForceSubsets(inst.devices, inst.model, oracle);
     let plan: Plan | null = null;
     try {
-      plan = halda(inst.devices, inst.model, { registerLoadTerms: inst.registerLoadTerms, overloadReload: "window" });
+      plan = halda(inst.devices, inst.model, { registerLoadTerms: inst.registerLoadTerms, overloadReload: "window", overRoomMargin: 0 });
     } catch (e) {
       if (!(e instanceof HaldaError)) throw e;
     }
@@ -240,7 +243,7 @@ test("MoE, skewed routing: the best subset equals brute force over every subset 
     const subsets = bruteForceSubsets(inst.devices, inst.model, oracle);
     let plan: Plan | null = null;
     try {
-      plan = halda(inst.devices, inst.model, { registerLoadTerms: inst.registerLoadTerms });
+      plan = halda(inst.devices, inst.model, { registerLoadTerms: inst.registerLoadTerms, overRoomMargin: 0 });
     } catch (e) {
       if (!(e instanceof HaldaError)) throw e;
     }
@@ -251,6 +254,38 @@ test("MoE, skewed routing: the best subset equals brute force over every subset 
     expect(rel(plan.latencyMs, least), `seed ${seed}: halda ${plan.latencyMs}, brute force ${least}`).toBeLessThan(1e-9);
   }
   expect(planned).toBeGreaterThan(25);
+});
+
+test("over-room margin: within 15% of the fastest-priced subset, the fewest layers beyond the devices' rooms (every subset planned alone)", () => {
+  let planned = 0, moved = 0;
+  for (let seed = 9400; seed < 9460; seed++) {
+    const inst = randomInstance(mulberry32(seed), 4, 24, undefined, { headOverloaded: seed % 2 === 1, ...(seed % 3 === 0 ? { moe: "skewed" as const } : {}) });
+    const bp = modelTerms(inst.model, resolveOptions({})).layerBytesWithKv;
+    const beyond = (p: Plan) => Math.round(p.devices.reduce((sum, d) => sum + Math.max(0, (d.layersPerToken - d.gpuLayersPerToken) * bp - d.ramLayerCapacityBytes), 0) / bp);
+    const o = { registerLoadTerms: inst.registerLoadTerms };
+    const subsets: Plan[] = [];
+    for (let mask = 0; mask < 2 ** (inst.devices.length - 1); mask++) {
+      const subset = inst.devices.filter((_, i) => i === 0 || (mask & (1 << (i - 1))) !== 0);
+      try { subsets.push(halda(subset, inst.model, { ...o, keepAll: true, overRoomMargin: 0 })); } catch (e) { if (!(e instanceof HaldaError)) throw e; }
+    }
+    if (subsets.length === 0) continue;
+    const least = Math.min(...subsets.map((p) => p.latencyMs));
+    const within = subsets.filter((p) => p.latencyMs <= least * 1.15 * (1 + 1e-9));
+    const fewest = Math.min(...within.map(beyond));
+    const plan = halda(inst.devices, inst.model, o);
+    const where = `seed ${seed}: halda ${plan.latencyMs} [${plan.devices.map((d) => d.windowLayers)}] ${beyond(plan)} beyond; fastest ${least}; within 15%: ${within.map((p) => `${p.latencyMs} (${beyond(p)})`).join(", ")}`;
+    expect(plan.latencyMs, where).toBeLessThanOrEqual(least * 1.15 * (1 + 1e-9));
+    expect(beyond(plan), where).toBe(fewest);
+    if (plan.latencyMs > least * (1 + 1e-9)) {
+      moved++;
+      expect(plan.notes.some((n) => n.includes("rather than the fastest-priced")), where).toBe(true);
+    }
+    planned++;
+  }
+  // The instances must sometimes trade price for room, or the check means little.
+  expect(planned).toBeGreaterThan(30);
+  expect(moved).toBeGreaterThan(0);
+  console.log(`over-room margin: ${planned} planned, ${moved} took a subset priced above the fastest for fewer layers beyond the rooms`);
 });
 
 test("faithful mode's best subset is the best of its plans over every subset (the bound assumes no compute buffers there)", () => {
@@ -264,7 +299,7 @@ test("faithful mode's best subset is the best of its plans over every subset (th
       try { least = Math.min(least, halda(subset, inst.model, { ...o, keepAll: true }).latencyMs); } catch (e) { if (!(e instanceof HaldaError)) throw e; }
     }
     if (least === Infinity) continue;
-    const plan = halda(inst.devices, inst.model, { ...o, selection: "best" });
+    const plan = halda(inst.devices, inst.model, { ...o, selection: "best", overRoomMargin: 0 });
     expect(rel(plan.latencyMs, least), `seed ${seed}`).toBeLessThan(1e-9);
     checked++;
   }
