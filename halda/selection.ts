@@ -124,19 +124,21 @@ export function subsetLowerBound(terms: readonly DeviceTerms[], m: ModelTerms, r
 
 // ---- the best subset -----------------------------------------------------------------------------
 
-/**
- * The subset of `candidates` (the head first) with the least predicted latency, over every subset that
- * keeps the head; each dropped device carries the best latency of any subset that has it. Subsets are
- * planned in order of their lower bound and the search stops where the bound passes the best found, so
- * the answer is that of planning them all. Null when no subset has a feasible plan.
- */
 /** What best-subset selection weighs beside latency: the margin (ResolvedOptions.overRoomMargin) and the
  * bytes a subset's windows hold beyond its devices' rooms, counted in layers. */
 export interface OverRoom {
   readonly margin: number;
-  readonly layers: (s: Solved, subset: readonly number[]) => number;
+  readonly layers: (s: Solved) => number;
 }
 
+/**
+ * The subset of `candidates` (the head first) with the least predicted latency, over every subset that
+ * keeps the head, or with `overRoom`, of the subsets priced within its margin of that, the one holding
+ * the fewest layers beyond its devices' rooms (docs/HALDA.md §4.4); each dropped device carries the
+ * best latency of any subset that has it. Subsets are planned in order of their lower bound and the
+ * search stops where the bound passes what can still win, so the answer is that of planning them all.
+ * Null when no subset has a feasible plan.
+ */
 export function bestSubset(candidates: readonly number[], names: readonly string[], solve: SolveSubset, lowerBound: (subset: readonly number[]) => number,
   overRoom?: OverRoom): Selection | null {
   const others = candidates.slice(1);
@@ -162,18 +164,18 @@ export function bestSubset(candidates: readonly number[], names: readonly string
   };
   const fastest = search(() => true);
   if (!fastest) return null;
-  const notes = [`selection: best of ${2 ** others.length} device subsets that keep the head (${cache.size} planned, the rest bounded out)`];
+  const notes: string[] = [];
   // Second stage: within the margin of the fastest price, the fewest layers beyond the rooms, then as
   // before (a key per subset, so the choice does not depend on the order subsets are planned in).
   let best = fastest;
   if (overRoom && overRoom.margin > 0) {
     const reach = latency(fastest.solved) * (1 + overRoom.margin);
-    let bestLayers = overRoom.layers(fastest.solved, fastest.s.subset);
+    let bestLayers = overRoom.layers(fastest.solved);
     for (const s of subsets) {
       if (s.bound > reach) break;
       const solved = planOf(s);
       if (!solved || latency(solved) > reach) continue;
-      const layers = overRoom.layers(solved, s.subset);
+      const layers = overRoom.layers(solved);
       if (layers < bestLayers || (layers === bestLayers && better(solved, s.subset.length, best.solved, best.s.subset.length))) {
         best = { s, solved };
         bestLayers = layers;
@@ -181,7 +183,7 @@ export function bestSubset(candidates: readonly number[], names: readonly string
     }
     if (best !== fastest) {
       const list = (x: typeof best) => `[${x.s.subset.map((i) => names[i]).join(", ")}]`;
-      notes.push(`selection: ${list(best)} (${ms(latency(best.solved))} ms, ${bestLayers} layer(s) beyond the devices' rooms) rather than the fastest-priced ${list(fastest)} (${ms(latency(fastest.solved))} ms, ${overRoom.layers(fastest.solved, fastest.s.subset)} beyond): within ${Math.round(overRoom.margin * 100)}%, where a window past its room runs slower than priced`);
+      notes.push(`selection: ${list(best)} (${ms(latency(best.solved))} ms, ${bestLayers} layer(s) beyond the devices' rooms) rather than the fastest-priced ${list(fastest)} (${ms(latency(fastest.solved))} ms, ${overRoom.layers(fastest.solved)} beyond): within ${Math.round(overRoom.margin * 100)}%, where a window past its room runs slower than priced`);
     }
   }
   const without = latency(best.solved);
@@ -195,6 +197,7 @@ export function bestSubset(candidates: readonly number[], names: readonly string
       : "priced faster with it, but its plans hold more layers beyond the devices' rooms";
     dropped.push(droppedDevice(index, names[index], why, withMs, without, withIt ? `its best plan, window of ${withIt.solved.solution.w[withIt.s.subset.indexOf(index)]}` : "includes it"));
   });
+  notes.unshift(`selection: best of ${2 ** others.length} device subsets that keep the head (${cache.size} planned, the rest bounded out)`);
   return { active: best.s.subset, solved: best.solved, dropped, notes };
 }
 
