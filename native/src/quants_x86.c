@@ -62,21 +62,20 @@ ALWAYS_INLINE __m256i bcast16_mask(int g) { return _mm256_set1_epi16(pick16(g));
 
 /* Prefetches the bytes [p, p + bytes) (bytes a constant: unrolled). Prefetches never fault, so the
  * distance may run past the matrix and the mapping. */
-ALWAYS_INLINE void prefetch_span(const void *p, const int bytes) {
-  for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
-  if (bytes % 64) _mm_prefetch((const char *)p + bytes - 1, _MM_HINT_T0);
-}
-/* On Intel's Xeon 6 (the 2-vCPU VM of 2026-11-29) a core's own misses cap one thread's stream near
- * 8-10 GB/s (the L1's fill buffers: ~16 lines in flight over a DRAM latency), the same at prefetch
- * distances of 1.5-12 KiB. Asking the L2 for lines further ahead as well (prefetcht2, which the L2
- * serves with its own, deeper queue) 6 KiB ahead took decode on the benchmark model from 28 to 31.5 tok/s
- * (4-16 KiB alike within the noise). AMD hosts keep the one distance they were measured at (0: no far prefetch). */
+#define PREFETCH_SPAN(p, bytes, hint)                                                                       \
+  do {                                                                                                      \
+    for (int o_ = 0; o_ < (bytes); o_ += 64) _mm_prefetch((const char *)(p) + o_, hint);                    \
+    if ((bytes) % 64) _mm_prefetch((const char *)(p) + (bytes) - 1, hint);                                  \
+  } while (0)
+ALWAYS_INLINE void prefetch_span(const void *p, const int bytes) { PREFETCH_SPAN(p, bytes, _MM_HINT_T0); }
+/* On Intel's Xeon 6 (host G, a 2-vCPU VM) a thread's weight stream stayed near 8-10 GB/s at every near
+ * distance (1.5-12 KiB alike): a core's own L1 misses in flight bound it. Asking the L2 for lines 6 KiB
+ * further ahead as well (prefetcht2: the L2's own, deeper queue) took decode from 1.44x to 1.58x
+ * llama-bench, 66% to 72% of the read bandwidth (`npm run bench -- --only engine`, BENCHMARKS.md; 4-16
+ * KiB alike within the noise in hand-timed builds). AMD hosts keep the one distance they were measured
+ * at (0: no far prefetch). */
 #define FAR_PREFETCH_BYTES 6144
 static int far_prefetch_bytes;
-ALWAYS_INLINE void prefetch_far(const void *p, const int bytes) {
-  for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T2);
-  if (bytes % 64) _mm_prefetch((const char *)p + bytes - 1, _MM_HINT_T2);
-}
 static int cpu_is_intel(void) {
   unsigned a, b, c, d;
   return __get_cpuid(0, &a, &b, &c, &d) && b == 0x756e6547u; /* "Genu" of "GenuineIntel" */
@@ -86,7 +85,7 @@ static int cpu_is_intel(void) {
   do {                                                                                                      \
     if (PF) {                                                                                               \
       prefetch_span((const char *)(p) + PF, (bytes));                                                       \
-      if (far_prefetch_bytes) prefetch_far((const char *)(p) + far_prefetch_bytes, (bytes));                \
+      if (far_prefetch_bytes) PREFETCH_SPAN((const char *)(p) + far_prefetch_bytes, (bytes), _MM_HINT_T2);  \
     }                                                                                                       \
   } while (0)
 
