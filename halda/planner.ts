@@ -129,12 +129,18 @@ function namedSplit(devs: readonly ResolvedDevice[], active: readonly number[], 
  * (the shortest path is the costliest part of planning a MoE; once is enough). */
 const splitOf = new WeakMap<Solved, { ring: number[]; split: NamedSplit }>();
 
+/** A named split's figures (in ring order) by device: index j of the active devices. */
+function byDevice<T>(ring: readonly number[], inRing: readonly T[]): T[] {
+  const out = new Array<T>(ring.length);
+  ring.forEach((j, r) => { out[j] = inRing[r]; });
+  return out;
+}
+
 /** The layers' bytes a subset's windows hold beyond its devices' rooms (each device's RAM-side layers,
  * its window as named, MoE-3, or as the ILP split them, past its room for layers), to the nearest layer. */
 const overRoomLayers = (m: ModelTerms) => (solved: Solved): number => {
   const sol = solved.solution, named = splitOf.get(solved);
-  const w = [...sol.w];
-  if (named) named.ring.forEach((j, r) => { w[j] = named.split.windows[r]; });
+  const w = named ? byDevice(named.ring, named.split.windows) : sol.w;
   const bytes = solved.terms.reduce((sum, t, j) => sum + Math.max(0, sol.k * (w[j] - (t.gpuLayersLeaveRam ? sol.n[j] : 0)) * m.layerBytesWithKv - t.capBytes), 0);
   return Math.round(bytes / m.layerBytesWithKv);
 };
@@ -159,8 +165,7 @@ function namedWindows(devs: readonly ResolvedDevice[], active: readonly number[]
   const named = splitOf.get(solved) ?? namedSplit(devs, active, solved, m, o);
   if (!named) return ilp();
   const { ring, split } = named;
-  const w = new Array<number>(active.length), evals = new Array<DeviceEvaluation>(active.length);
-  ring.forEach((j, a) => { w[j] = split.windows[a]; evals[j] = split.evaluations[a]; });
+  const w = byDevice(ring, split.windows), evals = byDevice(ring, split.evaluations);
   if (ring.some((j) => w[j] !== sol.w[j])) {
     const inRing = (ws: readonly number[]) => ring.map((j) => ws[j]).join(",");
     notes.push(`windows named by layer (MoE-3): the layers' routing differs, so [${inRing(sol.w)}] in ring order became [${inRing(w)}]`);
