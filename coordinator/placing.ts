@@ -123,11 +123,12 @@ function sharingDevices(o: ClusterOptions, headReport: DeviceReport | undefined,
       return undefined; // none sent, or one that does not parse
     }
   };
-  const worker = (w: WorkerHandle, d = detailsOf(w)): SharingDevice =>
-    ({ label: w.label, machine: machineOf(d?.system), threads: d?.threads ?? 1, logicalCpus: d?.system.logicalCpus ?? 1, readCpuShare: d?.disk.seqReadCpuShare });
   return [
     { label: HEAD_ID, machine: machineOf(head), threads: o.model.threads, logicalCpus: head.logicalCpus, readCpuShare: headReport?.details.disk.seqReadCpuShare },
-    ...workers.map((w) => worker(w)),
+    ...workers.map((w) => {
+      const d = detailsOf(w);
+      return { label: w.label, machine: machineOf(d?.system), threads: d?.threads ?? 1, logicalCpus: d?.system.logicalCpus ?? 1, readCpuShare: d?.disk.seqReadCpuShare };
+    }),
   ];
 }
 

@@ -27,7 +27,7 @@ export class TimedStore<K extends string> {
 
   /** The recent observations under a key. */
   recent(key: string, nowMs = Date.now()): TimedObservation<K>[] {
-    return this.load(nowMs).get(key) ?? [];
+    return this.snapshot(nowMs).recent(key);
   }
 
   /** The file read once, for looking up several keys (a plan's devices) as they are now. */
