@@ -107,8 +107,9 @@ export const TOL_FIRST_POSITION = 2e-4;
  * computes F16 and Q4_1 matmuls by kernels of their own that sum in another order than llama.cpp's
  * plain ones (F16: its AVX-512 tiles; Q4_1: the min term added block by block, which on the generated
  * model flips a Q8 rounding tie, see the SIMD-level test). On a Xeon 6 (2026-11-29) their first
- * position differed from prima's by 2.9e-4 and 3.9e-3 of the spread; with that build taken away,
- * llama.cpp loaded its zen4 one and both were within 2e-4 as on every other host. There the first
+ * position differed from prima's by 2.9e-4 and 3.9e-3 of the spread; with that build moved out of
+ * node_modules/@node-llama-cpp/linux-x64/bins/linux-x64 (libggml-cpu-sapphirerapids.so), llama.cpp
+ * loaded its zen4 one and both were within 2e-4 as on every other host. There the first
  * position of those types is held to the whole prompt's tolerance (`tol`), which still finds a wrong
  * format or kernel (those are off by tenths). */
 const AMX_REORDERED_TYPES = new Set(["F16", "Q4_1"]);
