@@ -258,7 +258,7 @@ test("MoE, skewed routing: the best subset equals brute force over every subset 
 
 test("over-room margin: within 15% of the fastest-priced subset, the fewest layers beyond the devices' rooms (every subset planned alone)", () => {
   let planned = 0, moved = 0;
-  for (let seed = 9400; seed < 9460; seed++) {
+  for (let seed = 9400; seed < 9700; seed++) {
     const inst = randomInstance(mulberry32(seed), 4, 24, undefined, { headOverloaded: seed % 2 === 1, ...(seed % 3 === 0 ? { moe: "skewed" as const } : {}) });
     const bp = modelTerms(inst.model, resolveOptions({})).layerBytesWithKv;
     const beyond = (p: Plan) => Math.round(p.devices.reduce((sum, d) => sum + Math.max(0, (d.layersPerToken - d.gpuLayersPerToken) * bp - d.ramLayerCapacityBytes), 0) / bp);
@@ -283,8 +283,8 @@ test("over-room margin: within 15% of the fastest-priced subset, the fewest laye
     planned++;
   }
   // The instances must sometimes trade price for room, or the check means little.
-  expect(planned).toBeGreaterThan(30);
-  expect(moved).toBeGreaterThan(0);
+  expect(planned).toBeGreaterThan(200);
+  expect(moved).toBeGreaterThan(3);
   console.log(`over-room margin: ${planned} planned, ${moved} took a subset priced above the fastest for fewer layers beyond the rooms`);
 });
 
