@@ -142,12 +142,14 @@ export function formatPrediction(r: PredictionReport): string {
  */
 export class DecodeMeter implements Pipeline {
   readonly nCtx: number;
+  readonly computesElsewhere?: boolean;
   private started = false;
   private decodeMs = 0;
   private steps = 0;
 
   constructor(private readonly inner: Pipeline, private readonly onDecodeStart: () => Promise<void>) {
     this.nCtx = inner.nCtx;
+    this.computesElsewhere = inner.computesElsewhere;
   }
 
   async forward(acts: Float32Array, pos: number, nTokens: number): Promise<Float32Array> {

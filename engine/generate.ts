@@ -21,6 +21,10 @@ export interface Pipeline {
   /** H2O's statistics (native h2oScores) of the positions the cache holds, summed over every layer
    * (a ring's gathered round it); absent or null: not gathered. */
   h2oScores?(): Float32Array | null | Promise<Float32Array | null>;
+  /** forward() returns once the rows are on their way to other devices (a ring), so the loop starts a
+   * token's pass before handing the token to its caller: streaming it overlaps their compute. Absent:
+   * forward computes here, and the caller sees each token first. */
+  readonly computesElsewhere?: boolean;
 }
 
 /** Turns token ids into activation rows (the head's embedding). */
@@ -117,6 +121,21 @@ export async function generate(embedder: Embedder, pipeline: Pipeline, prompt: I
   const tok = new Int32Array(1);
   let steps = 0;
   let stopReason: StopReason = "length";
+  /** The pass of token `id` at the next position, started (a context shift first where one is due,
+   * as llama.cpp makes it when the token would take the last position, n_past + 1 >= n_ctx);
+   * undefined when the context is full. (Wrapped, so that awaiting the start does not await the pass.) */
+  const startPass = async (id: number): Promise<{ readonly logits: Promise<Float32Array> } | undefined> => {
+    if (shift && pos + 1 >= pipeline.nCtx) await shiftContext();
+    if (pos >= pipeline.nCtx) return undefined;
+    tok[0] = id;
+    return { logits: pipeline.forward(embedder.embed(tok, row), pos, 1) };
+  };
+  const passDone = (out: Float32Array) => {
+    logits = out;
+    o.journal?.forwarded(tok);
+    pos++;
+    steps++;
+  };
   // A yield costs a decode step ~5% (measured on the benchmark model): only when the loop has not
   // turned by itself since the last one (a forward on a thread resolves from a real I/O completion).
   let yieldedAt = performance.now();
@@ -137,22 +156,24 @@ export async function generate(embedder: Embedder, pipeline: Pipeline, prompt: I
       break;
     }
     ids.push(id);
+    const more = ids.length < o.maxTokens;
+    let pass: { readonly logits: Promise<Float32Array> } | undefined;
+    if (more && pipeline.computesElsewhere) pass = await startPass(id);
     if (o.onToken?.(id) === false) {
       stopReason = "caller";
+      // The pass already started ends first (a ring carries one request at a time), and is not counted:
+      // the cache ends at pos as if it had not run, and the next forward from pos overwrites its rows.
+      // One that fails is the next request's to meet: this one is complete.
+      if (pass) await pass.logits.catch(() => {});
       break;
     }
-    if (ids.length >= o.maxTokens) break;
-    // llama.cpp shifts when the next token would take the last position (n_past + 1 >= n_ctx)
-    if (shift && pos + 1 >= pipeline.nCtx) await shiftContext();
-    if (pos >= pipeline.nCtx) {
+    if (!more) break;
+    if (!pipeline.computesElsewhere) pass = await startPass(id);
+    if (!pass) {
       stopReason = "context";
       break;
     }
-    tok[0] = id;
-    logits = await pipeline.forward(embedder.embed(tok, row), pos, 1);
-    o.journal?.forwarded(tok);
-    pos++;
-    steps++;
+    passDone(await pass.logits);
   }
   return { ids, stopReason, promptTokens: prompt.length, promptMs: t1 - t0, decodeSteps: steps, decodeMs: performance.now() - t1, endPos: pos, shifts, discarded };
 }

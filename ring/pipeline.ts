@@ -45,6 +45,8 @@ export interface RingPipelineOptions {
 
 export class RingPipeline implements Pipeline {
   readonly nCtx: number;
+  /** A forward returns once its frames are sent: the devices compute while the head streams a token. */
+  readonly computesElsewhere = true;
   private requestId = 0;
   private pending: Pending | undefined;
   /** Shifts round the ring: the request's (one at a time), or sequence slots' (beside their rows). */
