@@ -6,7 +6,7 @@
 // exact best split for those devices and k under MoE-1 taken layer by layer.
 import { evaluateNamed, type DeviceEvaluation } from "./latency.js";
 import { namedLayers, windowRates, type WindowRates } from "./named-reread.js";
-import type { DeviceTerms, ModelTerms, ResolvedOptions } from "./terms.js";
+import { layersBeyondRoom, type DeviceTerms, type ModelTerms, type ResolvedOptions } from "./terms.js";
 
 export interface NamedSplit {
   /** Layers per cycle, per device in the order given (ring order). */
@@ -19,7 +19,9 @@ export interface NamedSplit {
  * The best split of k cycles' layers over these devices (ring order; each takes at least one layer a
  * cycle) with every window priced by name; `prefer` (the ILP's split, in ring order) where it is
  * within `tieMs` of the best. A device whose window has a problem (it may not overload, say) cannot take it.
- * Null when no split is free of problems.
+ * Of the splits priced within o.overRoomMargin of the best, the one with the fewest layers beyond the
+ * devices' rooms (layersBeyondRoom), as best-subset selection weighs subsets (HALDA.md §4.4): a shortest
+ * path per count of such layers. Null when no split is free of problems.
  */
 export function bestNamedSplit(terms: readonly DeviceTerms[], k: number, m: ModelTerms, o: ResolvedOptions, prefer: readonly number[], tieMs: (ms: number) => number): NamedSplit | null {
   const A = terms.length, W = m.nLayers / k;
@@ -36,29 +38,44 @@ export function bestNamedSplit(terms: readonly DeviceTerms[], k: number, m: Mode
     const ev = evaluateNamed(terms[a], k, w, offset, m, o, ratesOf(offset, w));
     return ev.problems.length ? Infinity : ev.latency.totalMs;
   };
-  // best[a][x]: least latency of devices 0..a-1 covering the cycle's first x layers
-  const best = Array.from({ length: A + 1 }, () => new Float64Array(W + 1).fill(Infinity));
-  const from = Array.from({ length: A + 1 }, () => new Int32Array(W + 1).fill(-1));
-  best[0][0] = 0;
+  // best[a][x][r]: least latency of devices 0..a-1 covering the cycle's first x layers with r layers beyond
+  // their rooms (r <= k x: a window holds at most its own layers beyond); reach[a][x]: the largest r met.
+  const R = m.nLayers + 1, at = (x: number, r: number) => x * R + r;
+  const best = Array.from({ length: A + 1 }, () => new Float64Array((W + 1) * R).fill(Infinity));
+  const from = Array.from({ length: A + 1 }, () => new Int32Array((W + 1) * R).fill(-1));
+  const reach = Array.from({ length: A + 1 }, () => new Int32Array(W + 1).fill(-1));
+  best[0][at(0, 0)] = 0;
+  reach[0][0] = 0;
   for (let a = 0; a < A; a++) {
     for (let x = a; x <= W - (A - a); x++) {
-      if (best[a][x] === Infinity) continue;
       for (let w = 1; x + w <= W - (A - a - 1); w++) {
-        const c = best[a][x] + cost(a, x, w);
-        if (c < best[a + 1][x + w]) { best[a + 1][x + w] = c; from[a + 1][x + w] = x; }
+        let c0 = NaN;
+        const beyond = layersBeyondRoom(terms[a], k, w, 0, m);
+        for (let r = 0; r <= reach[a][x]; r++) {
+          if (best[a][at(x, r)] === Infinity) continue;
+          if (Number.isNaN(c0)) c0 = cost(a, x, w);
+          const c = best[a][at(x, r)] + c0, y = at(x + w, r + beyond);
+          if (c < best[a + 1][y]) { best[a + 1][y] = c; from[a + 1][y] = at(x, r); }
+          reach[a + 1][x + w] = Math.max(reach[a + 1][x + w], r + beyond);
+        }
       }
     }
   }
-  if (best[A][W] === Infinity) return null;
+  const least = Math.min(...best[A].subarray(at(W, 0), at(W, R)));
+  if (least === Infinity) return null;
+  // the fewest layers beyond the rooms among the splits within the margin (with none, the least latency)
+  let rBest = 0;
+  while (!(best[A][at(W, rBest)] <= least * (1 + o.overRoomMargin))) rBest++;
   let windows: number[] = [];
-  for (let a = A, x = W; a > 0; a--) { const y = from[a][x]; windows.unshift(x - y); x = y; }
+  for (let a = A, s = at(W, rBest); a > 0; a--) { const p = from[a][s]; windows.unshift(Math.floor(s / R) - Math.floor(p / R)); s = p; }
   const evaluate = (ws: readonly number[]) => {
     let offset = 0;
     const evs = ws.map((w, a) => { const ev = evaluateNamed(terms[a], k, w, offset, m, o, ratesOf(offset, w)); offset += w; return ev; });
     return { evs, ms: evs.reduce((s, e) => s + e.latency.totalMs, 0), ok: evs.every((e) => e.problems.length === 0) };
   };
   let chosen = evaluate(windows);
-  const kept = evaluate(prefer); // the ILP's split: one of the DP's, so never below it
-  if (kept.ok && kept.ms <= chosen.ms + tieMs(chosen.ms)) { windows = [...prefer]; chosen = kept; }
+  const kept = evaluate(prefer); // the ILP's split: one of the DP's, so never below the least
+  const beyondOf = (ws: readonly number[]) => ws.reduce((sum, w, a) => sum + layersBeyondRoom(terms[a], k, w, 0, m), 0);
+  if (kept.ok && kept.ms <= chosen.ms + tieMs(chosen.ms) && (o.overRoomMargin === 0 || beyondOf(prefer) <= rBest)) { windows = [...prefer]; chosen = kept; }
   return { windows, evaluations: chosen.evs, latencyMs: chosen.ms };
 }

@@ -10,7 +10,7 @@ import { bestNamedSplit, type NamedSplit } from "./named.js";
 import { pricedByName } from "./named-reread.js";
 import { readsAhead } from "./overlap.js";
 import {
-  allowedSets, conservativeFlags, deviceTerms, modelTerms, resolveOptions, validKs,
+  allowedSets, conservativeFlags, deviceTerms, layersBeyondRoom, modelTerms, resolveOptions, validKs,
   type ModelTerms, type ResolvedOptions,
 } from "./terms.js";
 import {
@@ -136,13 +136,12 @@ function byDevice<T>(ring: readonly number[], inRing: readonly T[]): T[] {
   return out;
 }
 
-/** The layers' bytes a subset's windows hold beyond its devices' rooms (each device's RAM-side layers,
- * its window as named, MoE-3, or as the ILP split them, past its room for layers), to the nearest layer. */
+/** The layers a subset's windows hold beyond its devices' rooms (each window as named, MoE-3, or as the
+ * ILP split them; layersBeyondRoom). */
 const overRoomLayers = (m: ModelTerms) => (solved: Solved): number => {
   const sol = solved.solution, named = splitOf.get(solved);
   const w = named ? byDevice(named.ring, named.split.windows) : sol.w;
-  const bytes = solved.terms.reduce((sum, t, j) => sum + Math.max(0, sol.k * (w[j] - (t.gpuLayersLeaveRam ? sol.n[j] : 0)) * m.layerBytesWithKv - t.capBytes), 0);
-  return Math.round(bytes / m.layerBytesWithKv);
+  return solved.terms.reduce((sum, t, j) => sum + layersBeyondRoom(t, sol.k, w[j], sol.n[j], m), 0);
 };
 
 /** A subset's solution priced as its plan will be (MoE-3's split where windows are priced by name), so

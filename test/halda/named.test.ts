@@ -7,6 +7,7 @@ import {
   halda, moeNamedRereadBytes, moeRereadBytes, moeTermsOf, predictLatency, routingSegments,
   type DeviceProfile, type HaldaOptions, type ModelProfile, type MoeTerms,
 } from "../../halda/index.js";
+import { modelTerms, resolveOptions } from "../../halda/terms.js";
 
 const terms = (layerShares: number[][], k: number, e: number, dense: number): MoeTerms => ({
   nExpert: layerShares[0].length, nUsed: k, expertBytes: e, denseBytesWithKv: dense,
@@ -91,18 +92,24 @@ describe("Halda with each layer's routing measured", () => {
     name, os: "linux", cpuFlopsPerS: { "*": 2e10 }, ramAvailableBytes: roomLayers * b + 9 * MiB, diskSeqReadBytesPerS: 3e8, cpuComputeBufferBytes: 8 * MiB,
   });
   const devices = [device("head", 3.2), device("a", 3.2), device("b", 3.2)];
-  const options: HaldaOptions = { keepAll: true, k: 1, ringOrder: [1, 2, 0] };
+  // The exactness checks take the fastest-priced split (overRoomMargin 0); the margin is checked after them.
+  const options: HaldaOptions = { keepAll: true, k: 1, ringOrder: [1, 2, 0], overRoomMargin: 0 };
 
-  function bestByBruteForce(devs: readonly DeviceProfile[], o: HaldaOptions): { ms: number; windows: number[] } {
-    let best = { ms: Infinity, windows: [] as number[] };
+  /** Every split in ring order priced (by device index: head, a, b), those without problems. */
+  function everySplit(devs: readonly DeviceProfile[], o: HaldaOptions): { ms: number; windows: number[] }[] {
+    const splits: { ms: number; windows: number[] }[] = [];
     for (let a = 1; a < L; a++) {
       for (let c = 1; a + c < L; c++) {
-        const windows = [L - a - c, a, c]; // by device index: head, a, b
+        const windows = [L - a - c, a, c];
         const p = predictLatency(devs, model, { k: 1, windowLayers: windows, gpuLayers: [0, 0, 0] }, o);
-        if (p.problems.length === 0 && p.latencyMs < best.ms) best = { ms: p.latencyMs, windows };
+        if (p.problems.length === 0) splits.push({ ms: p.latencyMs, windows });
       }
     }
-    return best;
+    return splits;
+  }
+
+  function bestByBruteForce(devs: readonly DeviceProfile[], o: HaldaOptions): { ms: number; windows: number[] } {
+    return everySplit(devs, o).reduce((best, s) => (s.ms < best.ms ? s : best), { ms: Infinity, windows: [] as number[] });
   }
 
   test("the terms take each layer's shares, checked", () => {
@@ -140,5 +147,28 @@ describe("Halda with each layer's routing measured", () => {
     // the named plan is never priced above the flat plan's split priced by name
     const flatSplit = flatPlan.devices.map((d) => d.windowLayers);
     expect(plan.latencyMs).toBeLessThanOrEqual(predictLatency(devs, model, { k: 1, windowLayers: flatSplit, gpuLayers: [0, 0, 0] }, options).latencyMs + 1e-9);
+  });
+
+  test("over-room margin: of the splits priced within 15% of the best, the fewest layers beyond the devices' rooms", () => {
+    const bp = modelTerms(model, resolveOptions({})).layerBytesWithKv;
+    let moved = 0;
+    for (const devs of [devices, [device("head", 5), device("a", 2.5), device("b", 3.5)], [device("head", 2.2), device("a", 4.6), device("b", 3.9)]]) {
+      const o = { ...options, overRoomMargin: 0.15 };
+      const plan = halda(devs, model, o);
+      // each device's room for layers (the plan's; it does not depend on the split here)
+      const room = plan.devices.map((d) => d.ramLayerCapacityBytes);
+      const beyond = (windows: readonly number[]) => windows.reduce((sum, w, i) => sum + Math.round(Math.max(0, w * bp - room[i]) / bp), 0);
+      const splits = everySplit(devs, o), least = Math.min(...splits.map((s) => s.ms));
+      const within = splits.filter((s) => s.ms <= least * 1.15 * (1 + 1e-9));
+      const windows = plan.devices.map((d) => d.windowLayers);
+      const where = `rooms ${devs.map((d) => d.ramAvailableBytes)}: plan [${windows}] ${plan.latencyMs} ms, ${beyond(windows)} beyond; fastest ${least}`;
+      expect(plan.latencyMs, where).toBeLessThanOrEqual(least * 1.15 * (1 + 1e-9));
+      expect(beyond(windows), where).toBe(Math.min(...within.map((s) => beyond(s.windows))));
+      // the least latency among the splits with that many layers beyond
+      expect(plan.latencyMs, where).toBeCloseTo(Math.min(...within.filter((s) => beyond(s.windows) === beyond(windows)).map((s) => s.ms)), 6);
+      if (plan.latencyMs > least * (1 + 1e-9)) moved++;
+    }
+    // the margin must move some plan off the fastest, or the check means little
+    expect(moved).toBeGreaterThan(0);
   });
 });
