@@ -185,6 +185,8 @@ export async function starved(model: string, tokens = 32, slowTokens = 8): Promi
         ms.push(1000 / r.decode_tok_s);
         const chosen = prefetchChosen(r.log);
         console.log(`| ${s.name} | ${ms[ms.length - 1].toFixed(1)} | ${s.k === 1 ? "-" : chosen || "?"} |`);
+        // why each device chose as it did (its disk's measured CPU share), for a choice that looks wrong
+        if (s.flags.length === 0 && s.k > 1) console.error(`${disk.name}, ${s.name}:\n${r.log.split("\n").filter((l) => /prefetch (on|off) on /.test(l)).join("\n")}`);
       }
       const [, off, on, auto] = ms;
       console.log(`\nprefetch on/off: ${(off / on).toFixed(2)}x faster with it; automatic against the faster of the two: ${(Math.min(on, off) / auto).toFixed(2)}x`);
