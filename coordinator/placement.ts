@@ -58,9 +58,14 @@ export function seatsOf(workers: readonly WorkerHandle[]): Seat[] {
 
 /** Each of `n` devices' window by Halda index (0: not in the ring). */
 export function windowsByIndex(plan: Plan, n: number): number[] {
-  const w = new Array<number>(n).fill(0);
-  for (const d of plan.devices) w[d.index] = d.windowLayers;
-  return w;
+  return byIndex(plan, n, (d) => d.windowLayers);
+}
+
+/** A figure of each of the plan's devices by Halda index (0 for devices it leaves out). */
+function byIndex(plan: Plan, n: number, of: (d: Plan["devices"][number]) => number): number[] {
+  const out = new Array<number>(n).fill(0);
+  for (const d of plan.devices) out[d.index] = of(d);
+  return out;
 }
 
 /** A plan in force is kept while it is priced within this fraction of Halda's new best (keptOrNew). */
@@ -84,6 +89,11 @@ export function keptOrNew(plan: Plan, previous: Assignment | undefined, devices:
     return plan; // not a plan for these devices (another model's layers, a device's count)
   }
   if (kept.problems.length > 0 || kept.latencyMs > plan.latencyMs * (1 + KEEP_PLAN_WITHIN)) return plan;
+  // nor one holding more layers beyond the devices' rooms than the new plan (priced as the kept one is):
+  // selection weighs those beside the price (HALDA.md §4.4), and a plan from before it may not
+  const beyond = (p: Plan) => p.devices.reduce((s, d) => s + d.layersBeyondRoom, 0);
+  const fresh = assignmentPlan(devices, model, { k: plan.k, windowLayers: now, gpuLayers: byIndex(plan, devices.length, (d) => d.gpuLayers) }, options, plan.planner);
+  if (beyond(kept) > beyond(fresh)) return plan;
   const inForce = (p: Plan) => `[${p.devices.map((d) => d.windowLayers).join(",")}] (k = ${p.k}, ${p.latencyMs.toFixed(2)} ms)`;
   return { ...kept, runnerUp: plan.runnerUp, notes: [...plan.notes, `kept the plan in force ${inForce(kept)}: within ${KEEP_PLAN_WITHIN * 100}% of Halda's new best ${inForce(plan)}`] };
 }

@@ -10,7 +10,7 @@
 import { resolveDevice, type ResolvedDevice } from "./devices.js";
 import { initialWindows, memoryBudget } from "./faithful.js";
 import { predictResolved, type Assignment } from "./latency.js";
-import { conservativeFlags, deviceTerms, modelTerms, resolveOptions } from "./terms.js";
+import { conservativeFlags, deviceTerms, layersBeyondRoom, modelTerms, resolveOptions } from "./terms.js";
 import { HaldaError, type DevicePlan, type DeviceProfile, type HaldaOptions, type ModelProfile, type Plan, type PlannerName } from "./types.js";
 
 export type BaselineName = "even" | "memory" | "flops";
@@ -61,7 +61,7 @@ export function assignmentPlan(devices: readonly DeviceProfile[], model: ModelPr
     planDevices.push({
       index: i, name: d.name, set: ev.set, windowLayers: w, gpuLayers: n,
       layersPerToken: a.k * w, gpuLayersPerToken: a.k * n, reloadBytesPerToken: ev.reloadBytesPerToken,
-      ramLayerCapacityBytes: t.capBytes, gpuLayerCapacityBytes: t.capGpuBytes,
+      ramLayerCapacityBytes: t.capBytes, gpuLayerCapacityBytes: t.capGpuBytes, layersBeyondRoom: layersBeyondRoom(t, a.k, w, n, m),
       cpuComputeBufferBytes: t.cCpuBytes, gpuComputeBufferBytes: t.cGpuBytes, latency: ev.latency,
     });
   });

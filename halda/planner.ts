@@ -183,7 +183,7 @@ function buildPlan(planner: Plan["planner"], devs: readonly ResolvedDevice[], ac
       windowLayers: w[j], gpuLayers: sol.n[j],
       layersPerToken: sol.k * w[j], gpuLayersPerToken: sol.k * sol.n[j],
       reloadBytesPerToken: ev.reloadBytesPerToken,
-      ramLayerCapacityBytes: t.capBytes, gpuLayerCapacityBytes: t.capGpuBytes,
+      ramLayerCapacityBytes: t.capBytes, gpuLayerCapacityBytes: t.capGpuBytes, layersBeyondRoom: layersBeyondRoom(t, sol.k, w[j], sol.n[j], m),
       cpuComputeBufferBytes: t.cCpuBytes, gpuComputeBufferBytes: t.cGpuBytes,
       latency: ev.latency,
     };

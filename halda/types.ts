@@ -152,6 +152,9 @@ export interface DevicePlan {
   readonly reloadBytesPerToken: number;
   /** cap and capGpu: bytes of layers that fit RAM-side and in VRAM without overload. */
   readonly ramLayerCapacityBytes: number;
+  /** The layers its window holds beyond its room, to the nearest layer (terms.ts layersBeyondRoom): a
+   * window past its room runs slower than priced (HALDA.md §4.4). */
+  readonly layersBeyondRoom: number;
   readonly gpuLayerCapacityBytes: number;
   /** The compute buffers the latency was computed with. */
   readonly cpuComputeBufferBytes: number;

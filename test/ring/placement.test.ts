@@ -112,6 +112,27 @@ describe("placeRing: Halda's plan in ring order", () => {
     expect(windows(placeRing(head, workers, model, {}, { k: 1, windowLayers: [model.nLayers], gpuLayers: [0] }))).toEqual(best);
   });
 
+  it("does not keep a plan in force that holds more layers beyond the devices' rooms than the new one, however near its price", () => {
+    // w2 has room for 9 layers on a disk so fast that a window past its room is priced at almost nothing
+    const head = device("head", 1e11, 16, true), w1 = device("w1", 1e11, 16);
+    const w2 = { ...device("w2", 1e11, 9), diskSeqReadBytesPerS: 1e13 };
+    const fresh = placeRing(head, [w1, w2], model);
+    const beyond = (p: Placement) => p.plan.devices.reduce((s, d) => s + d.layersBeyondRoom, 0);
+    expect(beyond(fresh)).toBe(0);
+    // a plan of an older rule: w2 two layers past its room, priced within KEEP_PLAN_WITHIN of the best
+    const stale = [11, 10, 11];
+    const staleMs = assignmentPlan([head, w1, w2], model, { k: 1, windowLayers: stale, gpuLayers: [0, 0, 0] }, { ringOrder: [1, 2, 0], overloadReload: "stream" });
+    expect(staleMs.devices.find((d) => d.index === 2)!.layersBeyondRoom).toBe(2);
+    expect(staleMs.problems).toEqual([]);
+    expect(staleMs.latencyMs).toBeLessThan(fresh.plan.latencyMs * (1 + KEEP_PLAN_WITHIN));
+    const placed = placeRing(head, [w1, w2], model, {}, { k: 1, windowLayers: stale, gpuLayers: [0, 0, 0] });
+    expect(windowsByIndex(placed.plan, 3)).toEqual(windowsByIndex(fresh.plan, 3));
+    expect(placed.plan.notes.join("\n")).not.toContain("kept the plan in force");
+    // the same windows with w2 in its room are kept (the price alone decides)
+    const roomy = [12, 11, 9];
+    expect(windowsByIndex(placeRing(head, [w1, w2], model, {}, { k: 1, windowLayers: roomy, gpuLayers: [0, 0, 0] }).plan, 3)).toEqual(roomy);
+  });
+
   it("remembers the last plan per key in the profile folder, and a damaged file is no memory", () => {
     const dir = tempDir("prima-plans-");
     expect(recallPlan("a", dir)).toBeUndefined();
