@@ -32,10 +32,20 @@ class Elsewhere implements Pipeline {
 
 const greedy = (o: Partial<GenerateOptions> = {}): GenerateOptions => ({ maxTokens: 24, sampler: new Sampler({ temperature: 0 }), ...o });
 
+/** A pipeline that computes here and one that computes "elsewhere", each with a cache of ctx positions. */
+async function withBoth(ctx: number, body: (here: LocalPipeline, there: Elsewhere) => Promise<void>): Promise<void> {
+  const here = new LocalPipeline(m, ctx), there = new Elsewhere(new LocalPipeline(m, ctx));
+  try {
+    await body(here, there);
+  } finally {
+    here.close();
+    there.inner.close();
+  }
+}
+
 describe("a pipeline that computes elsewhere", () => {
   it("starts each token's pass before the caller sees the token, and gives the same tokens", async () => {
-    const here = new LocalPipeline(m, 128), there = new Elsewhere(new LocalPipeline(m, 128));
-    try {
+    await withBoth(128, async (here, there) => {
       const local = await generate(m, here, prompt, greedy());
       const ring = await generate(m, there, prompt, greedy({ onToken: (id) => void there.log.push(`token ${id}`) }));
       expect(ring.ids).toEqual(local.ids);
@@ -46,15 +56,11 @@ describe("a pipeline that computes elsewhere", () => {
       const p0 = prompt.length, last = ring.ids.length - 1;
       const order = ["start 0", "end 0", ...ring.ids.flatMap((id, i) => (i < last ? [`start ${p0 + i}`, `token ${id}`, `end ${p0 + i}`] : [`token ${id}`]))];
       expect(there.log).toEqual(order);
-    } finally {
-      here.close();
-      there.inner.close();
-    }
+    });
   });
 
   it("stopped by the caller: the pass already started is finished but not counted, and going on from there gives the uninterrupted text", async () => {
-    const here = new LocalPipeline(m, 128), there = new Elsewhere(new LocalPipeline(m, 128));
-    try {
+    await withBoth(128, async (here, there) => {
       const whole = await generate(m, here, prompt, greedy({ maxTokens: 30 }));
       const journal = new KvJournal();
       let n = 0;
@@ -68,24 +74,17 @@ describe("a pipeline that computes elsewhere", () => {
       // a request that goes on: the 10th token forwarded at endPos (over the rows of the pass not counted)
       const rest = await generate(m, there, Int32Array.from([whole.ids[9]]), greedy({ startPos: first.endPos, maxTokens: 20 }));
       expect([...first.ids, ...rest.ids]).toEqual(whole.ids);
-    } finally {
-      here.close();
-      there.inner.close();
-    }
+    });
   });
 
   it("stops where the context is full, with the tokens of a pipeline that computes here", async () => {
-    const here = new LocalPipeline(m, 16), there = new Elsewhere(new LocalPipeline(m, 16));
-    try {
+    await withBoth(16, async (here, there) => {
       const local = await generate(m, here, prompt, greedy({ maxTokens: 40 }));
       const ring = await generate(m, there, prompt, greedy({ maxTokens: 40 }));
       expect(local.stopReason).toBe("context");
       expect(ring.stopReason).toBe("context");
       expect(ring.ids).toEqual(local.ids);
       expect(ring.endPos).toBe(local.endPos);
-    } finally {
-      here.close();
-      there.inner.close();
-    }
+    });
   });
 });
