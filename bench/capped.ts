@@ -404,7 +404,11 @@ function handPrices(auto: RunJson, sweep: readonly number[][], handMedians: read
     const m = handMedians[i];
     const byPos = w.map((_, pos) => plan.devices.find((d) => d.index === haldaIndexAt(pos, n)));
     const parts = byPos.map((d) => (d ? `${d.latency.computeMs.toFixed(1)}+${d.latency.diskMs.toFixed(1)}+${d.latency.commMs.toFixed(1)}` : "-")).join(" | ");
-    return `[${w}] ${plan.latencyMs.toFixed(1)} ms (${parts})${plan.problems.length ? ` problems: ${plan.problems.join("; ")}` : ""}, measured ${m ? (1000 / m.decode_tok_s).toFixed(1) : "-"} ms`;
+    // the median run's own work per device in ring order (compute + send - preempted) and its major
+    // faults in the decode: beside the price, which device ran over it
+    const mine = m && w.map((_, pos) => m.devices_decode.find((d) => d.device.startsWith(pos < n ? `w${pos + 1} ` : "head")));
+    const ownWork = mine?.every((d) => d) ? ` (${mine.map((d) => (d!.compute_ms + d!.send_ms - d!.descheduled_ms).toFixed(1)).join(" | ")}; major faults ${mine.map((d) => d!.major_faults).join("/")})` : "";
+    return `[${w}] ${plan.latencyMs.toFixed(1)} ms (${parts})${plan.problems.length ? ` problems: ${plan.problems.join("; ")}` : ""}, measured ${m ? (1000 / m.decode_tok_s).toFixed(1) : "-"} ms${ownWork}`;
   });
   const own = `[${auto.layer_windows}] (the automatic plan) ${pl.plan.latencyMs.toFixed(1)} ms`;
   return `Halda's price of each plan, ms a token (per device in ring order: compute+disk+comm), on the automatic median run's profiles: ${own}; ${rows.join("; ")}`;
