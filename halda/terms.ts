@@ -374,14 +374,15 @@ export interface SetCoefficients {
   readonly reread?: MoeReread;
 }
 
-
-/** The layers a window of w (n of them on a GPU that takes them out of RAM) holds each cycle beyond the
- * device's room for layers, to the nearest layer: a window past its room runs slower than priced (the
- * reclaim at a memory limit, HALDA.md §4.4), so planning weighs these (ResolvedOptions.overRoomMargin). */
+/** The layers a window of w (n of them on a GPU that takes them out of RAM) holds each token beyond the
+ * device's room for layers, to the nearest layer (at most the layers it holds, where there is no room at
+ * all): a window past its room runs slower than priced (the reclaim at a memory limit, HALDA.md §4.4), so
+ * planning weighs these (ResolvedOptions.overRoomMargin). */
 export function layersBeyondRoom(t: DeviceTerms, k: number, w: number, n: number, m: ModelTerms): number {
   const ramLayers = k * (w - (t.gpuLayersLeaveRam ? n : 0));
-  return Math.round(Math.max(0, ramLayers * m.layerBytesWithKv - t.capBytes) / m.layerBytesWithKv);
+  return Math.min(ramLayers, Math.round(Math.max(0, ramLayers * m.layerBytesWithKv - t.capBytes) / m.layerBytesWithKv));
 }
+
 /** The disk term δ·ρ(r) of an overloaded MoE device (docs/HALDA.md): the ILP bounds an auxiliary
  * variable below by each line (in ms), the evaluation takes ρ itself. */
 export interface MoeReread {

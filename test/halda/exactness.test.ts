@@ -262,7 +262,10 @@ test("over-room margin: within 15% of the fastest-priced subset, the fewest laye
     const inst = randomInstance(mulberry32(seed), 4, 24, undefined, { headOverloaded: seed % 2 === 1, ...(seed % 3 === 0 ? { moe: "skewed" as const } : {}) });
     const bp = modelTerms(inst.model, resolveOptions({})).layerBytesWithKv;
     // each window's layers past its device's room, to the nearest layer, summed
-    const beyond = (p: Plan) => p.devices.reduce((sum, d) => sum + Math.round(Math.max(0, (d.layersPerToken - d.gpuLayersPerToken) * bp - d.ramLayerCapacityBytes) / bp), 0);
+    const beyond = (p: Plan) => p.devices.reduce((sum, d) => {
+      const ram = d.layersPerToken - d.gpuLayersPerToken;
+      return sum + Math.min(ram, Math.round(Math.max(0, ram * bp - d.ramLayerCapacityBytes) / bp));
+    }, 0);
     const o = { registerLoadTerms: inst.registerLoadTerms };
     const subsets: Plan[] = [];
     for (let mask = 0; mask < 2 ** (inst.devices.length - 1); mask++) {

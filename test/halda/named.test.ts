@@ -7,7 +7,7 @@ import {
   halda, moeNamedRereadBytes, moeRereadBytes, moeTermsOf, predictLatency, routingSegments,
   type DeviceProfile, type HaldaOptions, type ModelProfile, type MoeTerms,
 } from "../../halda/index.js";
-import { modelTerms, resolveOptions } from "../../halda/terms.js";
+import { layersBeyondRoom, modelTerms, resolveOptions, type DeviceTerms, type ModelTerms } from "../../halda/terms.js";
 
 const terms = (layerShares: number[][], k: number, e: number, dense: number): MoeTerms => ({
   nExpert: layerShares[0].length, nUsed: k, expertBytes: e, denseBytesWithKv: dense,
@@ -157,7 +157,7 @@ describe("Halda with each layer's routing measured", () => {
       const plan = halda(devs, model, o);
       // each device's room for layers (the plan's; it does not depend on the split here)
       const room = plan.devices.map((d) => d.ramLayerCapacityBytes);
-      const beyond = (windows: readonly number[]) => windows.reduce((sum, w, i) => sum + Math.round(Math.max(0, w * bp - room[i]) / bp), 0);
+      const beyond = (windows: readonly number[]) => windows.reduce((sum, w, i) => sum + Math.min(w, Math.round(Math.max(0, w * bp - room[i]) / bp)), 0);
       const splits = everySplit(devs, o), least = Math.min(...splits.map((s) => s.ms));
       const within = splits.filter((s) => s.ms <= least * 1.15 * (1 + 1e-9));
       const windows = plan.devices.map((d) => d.windowLayers);
@@ -171,4 +171,16 @@ describe("Halda with each layer's routing measured", () => {
     // the margin must move some plan off the fastest, or the check means little
     expect(moved).toBeGreaterThan(0);
   });
+});
+
+test("layers beyond a device's room: to the nearest layer, per token, at most the layers it holds", () => {
+  const m = { layerBytesWithKv: 100 } as ModelTerms;
+  const device = (capBytes: number, gpuLayersLeaveRam = false) => ({ capBytes, gpuLayersLeaveRam }) as DeviceTerms;
+  expect(layersBeyondRoom(device(400), 1, 4, 0, m)).toBe(0);
+  expect(layersBeyondRoom(device(360), 1, 4, 0, m)).toBe(0); // 0.4 of a layer
+  expect(layersBeyondRoom(device(340), 1, 4, 0, m)).toBe(1); // 0.6
+  expect(layersBeyondRoom(device(340), 2, 4, 0, m)).toBe(5); // 8 a token in room for 3.4
+  expect(layersBeyondRoom(device(340, true), 1, 6, 2, m)).toBe(1); // the GPU's 2 leave RAM
+  expect(layersBeyondRoom(device(340, false), 1, 6, 2, m)).toBe(3); // they stay (unified memory)
+  expect(layersBeyondRoom(device(-250), 1, 3, 0, m)).toBe(3); // no room at all: every layer it holds
 });
