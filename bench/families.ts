@@ -1,7 +1,8 @@
 // Every family against llama-bench on the same file (issue #28: decode >= 1.0x, prompt >= 0.9x): a
 // generated model of each family's real shape, cut to fewer layers where the whole would take minutes
 // to generate (the per-layer work and the output layer, which dominate a small model's decode, are the
-// real ones), at Q4_K_M, and one IQ4_XS row. Generated once into .cache/.
+// real ones), at Q4_K_M, and one IQ4_XS row; and Q8_0 rows of a 1B and a 3B shape of other families than
+// the benchmark model's, and of its own (issue #35 asks for both types). Generated once into .cache/.
 import { existsSync } from "node:fs";
 import { modelShapeByName, type ModelShape } from "../model/index.js";
 import { rooflineLine, versusLlamaBench, versusRow } from "./engine.js";
@@ -14,6 +15,9 @@ const CASES: { shape: string; layers?: number; type: string }[] = [
   { shape: "gemma3-1b", layers: 12, type: "Q4_K_M" },
   { shape: "gemma2-2b", layers: 8, type: "Q4_K_M" },
   { shape: "phi3-mini", layers: 6, type: "Q4_K_M" },
+  { shape: "gemma3-1b", layers: 12, type: "Q8_0" },
+  { shape: "phi3-mini", layers: 6, type: "Q8_0" },
+  { shape: "tinyllama-1.1b", type: "Q8_0" },
 ];
 
 async function familyModel(shapeName: string, layers: number | undefined, type: string, log: (s: string) => void): Promise<{ path: string; label: string }> {
