@@ -7,21 +7,11 @@ import { existsSync, readFileSync, mkdirSync, renameSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { packageRoot } from "../base/index.js";
+import { cpuHasFlag } from "./cpu-flags.js";
 
 const root = packageRoot();
 const libDir = join(root, "node_modules", "@node-llama-cpp", "linux-x64", "bins", "linux-x64");
 const source = join(root, "test", "native", "ggml_oracle.c");
-
-/** Whether this CPU reports the feature flag (as /proc/cpuinfo names it; false off Linux). */
-export function cpuHasFlag(flag: string): boolean {
-  let flags = "";
-  try {
-    flags = readFileSync("/proc/cpuinfo", "utf8");
-  } catch {
-    /* not Linux */
-  }
-  return new RegExp(`\\b${flag}\\b`).test(flags);
-}
 
 /** The ggml CPU library variant matching this CPU's SIMD level (what llama.cpp would pick, minus AVX-512). */
 function cpuVariant(): string {

@@ -7,7 +7,7 @@ import { execFileSync, spawnSync } from "node:child_process";
 import { existsSync, mkdirSync } from "node:fs";
 import { join } from "node:path";
 import type { KvCacheTypes } from "../model/index.js";
-import { cpuHasFlag } from "./ggml-oracle.js";
+import { cpuHasFlag } from "./cpu-flags.js";
 import { root } from "./procs.js";
 
 export interface PeerResult {

@@ -2,7 +2,7 @@
 // logits at every position of a prompt in one batch, and how far apart they are. Shared by the
 // oracle test (every weight type) and the families test (every architecture).
 import { getLlama, type Llama } from "node-llama-cpp";
-import { cpuHasFlag } from "../../bench/ggml-oracle.js";
+import { cpuHasFlag } from "../../bench/cpu-flags.js";
 import { LocalModel } from "../../engine/index.js";
 import type { KvCacheTypes } from "../../model/index.js";
 
