@@ -39,8 +39,9 @@ export function bestNamedSplit(terms: readonly DeviceTerms[], k: number, m: Mode
     return ev.problems.length ? Infinity : ev.latency.totalMs;
   };
   // best[a][x][r]: least latency of devices 0..a-1 covering the cycle's first x layers with r layers beyond
-  // their rooms (r <= k x: a window holds at most its own layers beyond); reach[a][x]: the largest r met.
-  const R = m.nLayers + 1, at = (x: number, r: number) => x * R + r;
+  // their rooms; reach[a][x]: the largest r met. r is at most each device's count at its widest window
+  // (none where every device has room: the tables stay the plain path's size).
+  const R = 1 + terms.reduce((sum, t) => sum + layersBeyondRoom(t, k, W - (A - 1), 0, m), 0), at = (x: number, r: number) => x * R + r;
   const best = Array.from({ length: A + 1 }, () => new Float64Array((W + 1) * R).fill(Infinity));
   const from = Array.from({ length: A + 1 }, () => new Int32Array((W + 1) * R).fill(-1));
   const reach = Array.from({ length: A + 1 }, () => new Int32Array(W + 1).fill(-1));
